@@ -1,0 +1,544 @@
+"""Safe readers for slime v0.1.0's debug dumps, and a writer of synthetic ones.
+
+slime v0.1.0 writes two kinds of dump with `torch.save`:
+
+* rollout dumps, `--save-debug-rollout-data .../{rollout_id}.pt` (slime/ray/buffer.py):
+  `dict(rollout_id=int, samples=[Sample.to_dict(), ...])`. Each sample dict has the `Sample` fields
+  (index, prompt, tokens, response, response_length, label, reward, loss_mask, rollout_log_probs,
+  status, metadata) as plain Python values: lists of ints/floats, `status` as its string value.
+  `tokens` is prompt + response; the response is the last `response_length` tokens.
+* train dumps, `--save-debug-train-data .../{rollout_id}_{rank}.pt` (megatron_utils/actor.py):
+  `dict(rollout_id=int, rank=int, rollout_data=dict)`, written AFTER the optimizer step (so a step that
+  crashes never writes one). `rollout_data` holds this rank's data-parallel share as per-key lists:
+  tokens (long tensors), total_lengths, response_lengths, rewards (already GRPO-normalised), truncated,
+  loss_masks (int tensors), sample_indices, rollout_log_probs (bf16 tensors), and on the last pipeline
+  stage log_probs, ref_log_probs, advantages, returns (fp32 tensors); `raw_reward` covers the whole rollout.
+  Under context parallelism (cp > 1) the per-token tensors log_probs, ref_log_probs, rollout_log_probs and
+  advantages hold only this CP rank's two zigzag chunks of the response; tokens and loss_masks stay whole.
+
+Everything is loaded with `torch.load(weights_only=True)`: a file that needs arbitrary unpickling is
+refused unless the caller passes `trust_pickle=True`. Samples are handed out one at a time as compact
+numpy arrays, and the Python lists behind each are dropped as it goes, so a scan holds the loaded
+pickle graph plus one sample's arrays.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from nanscope.errors import UserError
+
+# Keys of a train dump's rollout_data that hold one entry per sample of this rank.
+TRAIN_PER_SAMPLE_KEYS = (
+    "tokens", "total_lengths", "response_lengths", "rewards", "truncated", "loss_masks",
+    "sample_indices", "rollout_log_probs", "log_probs", "ref_log_probs", "advantages", "returns",
+)
+# Per-token keys that hold only this CP rank's share of the response under cp > 1.
+TRAIN_CP_SLICED_KEYS = ("rollout_log_probs", "log_probs", "ref_log_probs", "advantages")
+
+
+@dataclass
+class SampleData:
+    """One sample as compact arrays; what the checks read.
+
+    Per-token arrays hold one entry per position in `positions` (response positions, 0-based). For rollout
+    dumps and cp=1 train dumps `positions` is None, meaning 0..response_length-1.
+
+    Attributes:
+        sample: 0-based index of the sample in the file.
+        prompt_length: len(tokens) - response_length (the offset of response token 0 in the sequence).
+        response_length: as stored.
+        tokens_length: len(tokens).
+        loss_mask: int8 [response_length] (slime's default of all ones when the dump has None).
+        reward: the scalar reward (rollout dumps: raw, after --reward-key; train dumps: normalised `rewards`).
+        rollout_log_probs, log_probs, ref_log_probs, advantages: float arrays or None when absent.
+        positions: int64 response positions of the per-token arrays (CP-sliced train dumps), or None.
+        lengths: field name -> length as stored, for the length checks.
+    """
+
+    sample: int
+    prompt_length: int
+    response_length: int
+    tokens_length: int
+    loss_mask: np.ndarray
+    reward: float | None = None
+    rollout_log_probs: np.ndarray | None = None
+    log_probs: np.ndarray | None = None
+    ref_log_probs: np.ndarray | None = None
+    advantages: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    lengths: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Dump:
+    """A loaded dump. `samples()` streams `SampleData`; it can be consumed once.
+
+    Attributes:
+        path: the file.
+        kind: "rollout" or "train".
+        rollout_id: as stored.
+        rank: the global rank (train dumps) or None.
+        num_samples: number of samples in the file (this rank's share for train dumps).
+        keys: the per-sample fields present (rollout: of sample 0; train: of rollout_data).
+        cp_size: context-parallel size the per-token arrays are sliced for (train dumps).
+    """
+
+    path: str
+    kind: str
+    rollout_id: Any
+    rank: int | None
+    num_samples: int
+    keys: list[str]
+    cp_size: int = 1
+    _obj: Any = None
+    _convert: Any = None
+
+    def samples(self) -> Iterator[SampleData]:
+        """Yield each sample once, releasing the loaded Python lists behind it."""
+        assert self._obj is not None, "samples() consumed twice"
+        obj, self._obj = self._obj, None
+        for i in range(self.num_samples):
+            yield self._convert(obj, i)
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+def load(
+    path: str | Path,
+    *,
+    trust_pickle: bool = False,
+    reward_key: str | None = None,
+    cp_size: int = 1,
+    tp_size: int = 1,
+) -> Dump:
+    """Load a slime v0.1.0 rollout or train dump.
+
+    Args:
+        path: the .pt file.
+        trust_pickle: allow arbitrary unpickling (torch.load(weights_only=False)). Only for trusted files.
+        reward_key: slime's --reward-key: pick this key when a sample's reward is a dict.
+        cp_size, tp_size: context- and tensor-parallel sizes of the run that wrote a train dump; with
+            cp_size > 1 the CP rank is (rank // tp_size) % cp_size (Megatron's default order tp-cp-ep-dp-pp).
+
+    Raises:
+        UserError: unreadable, refused or malformed file (one line naming the field and sample).
+    """
+    path = str(path)
+    obj = _torch_load(path, trust_pickle)
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: not a slime dump: top level is {type(obj).__name__}, expected a dict")
+    if "samples" in obj:
+        return _rollout_dump(path, obj, reward_key)
+    if "rollout_data" in obj:
+        return _train_dump(path, obj, cp_size, tp_size)
+    keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
+    raise UserError(
+        f"{path}: not a slime dump: expected key 'samples' (rollout dump) or 'rollout_data' (train dump), "
+        f"found {keys}"
+    )
+
+
+def _torch_load(path: str, trust_pickle: bool) -> Any:
+    """torch.load with weights_only=True (or False if trusted), errors turned into one-line UserErrors."""
+    import pickle
+
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{path}: no such file")
+    # mmap keeps tensor storages on disk; only the zip format (torch >= 1.6 default) supports it.
+    use_mmap = zipfile.is_zipfile(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=use_mmap)
+    except pickle.UnpicklingError as e:
+        if trust_pickle:
+            raise UserError(f"{path}: unreadable even with --trust-pickle: {_first_line(e)}") from None
+        raise UserError(
+            f"{path}: refused: loading it needs arbitrary unpickling ({_weights_only_reason(e)}); nanscope "
+            "loads dumps with torch.load(weights_only=True). If you trust the file, rerun with --trust-pickle"
+        ) from None
+    except Exception as e:  # truncated zip, bad magic number, EOF, ...: all "unreadable"
+        raise UserError(f"{path}: unreadable torch.save file ({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0][:200] if lines else type(e).__name__
+
+
+def _weights_only_reason(e: BaseException) -> str:
+    """The informative line of torch's weights_only error, e.g. 'unsupported GLOBAL posix.system'."""
+    text = str(e)
+    m = re.search(r"unsupported GLOBAL ([\w.]+)", text, re.I) or re.search(r"GLOBAL ([\w.]+)", text)
+    if m:
+        return f"it references {m.group(1)}"
+    m = re.search(r"Unsupported operand (\d+)", text)
+    if m:
+        return f"pickle opcode {m.group(1)} is not allowed by the weights_only unpickler"
+    return "the weights_only unpickler rejected it"
+
+
+# ---------------------------------------------------------------------------------------- rollout dumps
+
+
+def _rollout_dump(path: str, obj: dict, reward_key: str | None) -> Dump:
+    samples = obj["samples"]
+    if not isinstance(samples, list):
+        raise UserError(f"{path}: samples: expected a list of Sample.to_dict() dicts, got {type(samples).__name__}")
+    for i, s in enumerate(samples):
+        if not isinstance(s, dict):
+            raise UserError(f"{path}: sample {i}: expected a Sample.to_dict() dict, got {type(s).__name__}")
+    keys = sorted(samples[0]) if samples else []
+
+    def convert(o: dict, i: int) -> SampleData:
+        s = o["samples"][i]
+        o["samples"][i] = None  # release the Python lists as we go
+        return _rollout_sample(path, s, i, reward_key)
+
+    return Dump(path, "rollout", obj.get("rollout_id"), None, len(samples), keys, 1, obj, convert)
+
+
+def _rollout_sample(path: str, s: dict, i: int, reward_key: str | None) -> SampleData:
+    for key in ("tokens", "response_length", "reward"):
+        if key not in s:
+            raise UserError(f"{path}: sample {i}: missing field '{key}' (not a Sample.to_dict())")
+    n_tokens = _length(path, s["tokens"], "tokens", i)
+    resp = _int(path, s["response_length"], "response_length", i)
+    if resp < 0:
+        raise UserError(f"{path}: response_length of sample {i}: {resp} is negative")
+    lengths = {"tokens": n_tokens, "response_length": resp}
+    mask = s.get("loss_mask")
+    if mask is None:  # slime: "always instantiate loss_mask if not provided"
+        mask_arr = np.ones(resp, dtype=np.int8)
+    else:
+        mask_arr = _mask(path, mask, "loss_mask", i)
+        lengths["loss_mask"] = len(mask_arr)
+    rlp = s.get("rollout_log_probs")
+    rlp_arr = None if rlp is None else _floats(path, rlp, "rollout_log_probs", i)
+    if rlp_arr is not None:
+        lengths["rollout_log_probs"] = len(rlp_arr)
+    return SampleData(
+        sample=i,
+        prompt_length=n_tokens - resp,
+        response_length=resp,
+        tokens_length=n_tokens,
+        loss_mask=mask_arr,
+        reward=_reward(path, s["reward"], i, reward_key),
+        rollout_log_probs=rlp_arr,
+        lengths=lengths,
+    )
+
+
+def _reward(path: str, r: Any, i: int, reward_key: str | None) -> float:
+    """slime's Sample.get_reward_value: reward, or reward[reward_key] with --reward-key."""
+    if reward_key is not None:
+        if not isinstance(r, dict):
+            raise UserError(f"{path}: reward of sample {i}: --reward-key {reward_key} given but reward is "
+                            f"{type(r).__name__}, not a dict")
+        if reward_key not in r:
+            raise UserError(f"{path}: reward of sample {i}: no key '{reward_key}' (has {sorted(map(str, r))})")
+        r = r[reward_key]
+    elif isinstance(r, dict):
+        raise UserError(f"{path}: reward of sample {i}: a dict with keys {sorted(map(str, r))}; pass --reward-key")
+    if _is_tensor(r) and r.numel() == 1:
+        r = r.item()
+    if isinstance(r, bool) or not isinstance(r, (int, float)):
+        raise UserError(f"{path}: reward of sample {i}: {type(r).__name__} {r!r:.40}, expected a number "
+                        "(slime v0.1.0 builds a float tensor from the rewards)")
+    return float(r)
+
+
+# ------------------------------------------------------------------------------------------ train dumps
+
+
+def _train_dump(path: str, obj: dict, cp_size: int, tp_size: int) -> Dump:
+    data = obj["rollout_data"]
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: rollout_data: expected a dict of per-key lists, got {type(data).__name__}")
+    for key in ("tokens", "response_lengths"):
+        if key not in data:
+            raise UserError(f"{path}: rollout_data: missing key '{key}' (not a slime v0.1.0 train dump)")
+    present = [k for k in TRAIN_PER_SAMPLE_KEYS if k in data and data[k] is not None]
+    for k in present:
+        if not isinstance(data[k], (list, tuple)) and not _is_tensor(data[k]):
+            raise UserError(f"{path}: rollout_data['{k}']: expected a per-sample list, got {type(data[k]).__name__}")
+    n = len(data["tokens"])
+    for k in present:
+        if len(data[k]) != n:
+            raise UserError(f"{path}: rollout_data['{k}']: {len(data[k])} entries, but tokens has {n} samples")
+    rank = obj.get("rank")
+    if cp_size > 1 and not isinstance(rank, int):
+        raise UserError(f"{path}: rank: {rank!r}; needed to find the CP rank with --context-parallel-size")
+    cp_rank = (rank // tp_size) % cp_size if cp_size > 1 else 0
+
+    def convert(o: dict, i: int) -> SampleData:
+        d = o["rollout_data"]
+        row = {k: d[k][i] for k in present}
+        for k in present:
+            if isinstance(d[k], list):
+                d[k][i] = None  # release as we go
+        return _train_sample(path, row, i, cp_size, cp_rank)
+
+    return Dump(path, "train", obj.get("rollout_id"), rank if isinstance(rank, int) else None, n,
+                present, cp_size, obj, convert)
+
+
+def _train_sample(path: str, row: dict, i: int, cp_size: int, cp_rank: int) -> SampleData:
+    n_tokens = _length(path, row["tokens"], "tokens", i)
+    resp = _int(path, row["response_lengths"], "response_lengths", i)
+    if resp < 0:
+        raise UserError(f"{path}: response_lengths of sample {i}: {resp} is negative")
+    lengths = {"tokens": n_tokens, "response_length": resp}
+    if "total_lengths" in row:
+        lengths["total_lengths"] = _int(path, row["total_lengths"], "total_lengths", i)
+    if "loss_masks" in row:
+        mask = _mask(path, row["loss_masks"], "loss_masks", i)
+        lengths["loss_mask"] = len(mask)
+    else:
+        mask = np.ones(resp, dtype=np.int8)
+    out = SampleData(sample=i, prompt_length=n_tokens - resp, response_length=resp, tokens_length=n_tokens,
+                     loss_mask=mask, lengths=lengths)
+    if "rewards" in row:
+        out.reward = _reward(path, row["rewards"], i, None)
+    for key in TRAIN_CP_SLICED_KEYS:
+        if key in row:
+            arr = _floats(path, row[key], key, i)
+            setattr(out, key, arr)
+            lengths[key] = len(arr)
+    if cp_size > 1 and 0 < resp <= n_tokens:
+        out.positions = cp_response_positions(n_tokens, resp, cp_size, cp_rank)
+    return out
+
+
+def cp_response_positions(total_length: int, response_length: int, cp_size: int, cp_rank: int) -> np.ndarray:
+    """Response positions (0-based) of one CP rank's per-token entries, in the rank's order.
+
+    Returns:
+        int64 [local_len], from `nanscope.loss.layout.segments` (slime v0.1.0's zigzag).
+    """
+    from nanscope.loss.layout import segments
+
+    parts = [np.arange(g.response_start, g.response_start + g.length, dtype=np.int64)
+             for g in segments(total_length, response_length, cp_rank, cp_size)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+# -------------------------------------------------------------------------------------- field converters
+
+
+def _is_tensor(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor)
+
+
+def _length(path: str, x: Any, name: str, i: int) -> int:
+    if _is_tensor(x):
+        if x.dim() != 1:
+            raise UserError(f"{path}: {name} of sample {i}: tensor of shape {tuple(x.shape)}, expected 1-D")
+        return int(x.shape[0])
+    if not isinstance(x, (list, tuple)):
+        raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__}, expected a list")
+    return len(x)
+
+
+def _int(path: str, x: Any, name: str, i: int) -> int:
+    if _is_tensor(x) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__} {x!r:.40}, expected an int")
+    return x
+
+
+def _floats(path: str, x: Any, name: str, i: int) -> np.ndarray:
+    """A 1-D list/tensor of numbers as float32 (tensors keep their values; bf16 widens exactly)."""
+    if _is_tensor(x):
+        if x.dim() != 1 or not x.dtype.is_floating_point:
+            raise UserError(f"{path}: {name} of sample {i}: tensor {x.dtype} {tuple(x.shape)}, expected 1-D float")
+        return x.detach().float().numpy()
+    if not isinstance(x, (list, tuple)):
+        raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__}, expected a list of floats")
+    try:
+        arr = np.array(x, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        bad = next((j for j, v in enumerate(x) if isinstance(v, bool) or not isinstance(v, (int, float))), None)
+        where = f"element {bad} is {type(x[bad]).__name__}" if bad is not None else "not a flat list of numbers"
+        raise UserError(f"{path}: {name} of sample {i}: {where}") from None
+    if arr.ndim != 1:
+        raise UserError(f"{path}: {name} of sample {i}: not a flat list of numbers")
+    nan_at = np.flatnonzero(np.isnan(arr))
+    none_at = next((int(j) for j in nan_at if x[j] is None), None)  # numpy turns None into nan
+    if none_at is not None:
+        raise UserError(f"{path}: {name} of sample {i}: element {none_at} is None")
+    return arr
+
+
+def _mask(path: str, x: Any, name: str, i: int) -> np.ndarray:
+    """A loss mask as int8; values other than 0/1 are malformed."""
+    if _is_tensor(x):
+        if x.dim() != 1:
+            raise UserError(f"{path}: {name} of sample {i}: tensor of shape {tuple(x.shape)}, expected 1-D")
+        arr = x.detach().numpy()
+    elif isinstance(x, (list, tuple)):
+        try:
+            arr = np.array(x)
+        except (TypeError, ValueError, OverflowError):
+            raise UserError(f"{path}: {name} of sample {i}: not a flat list of 0/1") from None
+    else:
+        raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__}, expected a list of 0/1")
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "biuf"):
+        raise UserError(f"{path}: {name} of sample {i}: not a flat list of 0/1")
+    if arr.size and ((arr != 0) & (arr != 1)).any():
+        j = int(np.flatnonzero((arr != 0) & (arr != 1))[0])
+        raise UserError(f"{path}: {name} of sample {i}: element {j} is {arr[j]}, expected 0 or 1")
+    return arr.astype(np.int8, copy=False)
+
+
+# ---------------------------------------------------------------------------------------- fixture writer
+
+
+def rollout_sample(
+    index: int,
+    prompt_len: int,
+    response_len: int,
+    *,
+    reward: float | dict = 1.0,
+    rng: np.random.Generator | None = None,
+    masked_span: tuple[int, int] | None = None,
+    as_lists: bool = True,
+) -> dict:
+    """One synthetic `Sample.to_dict()`: random token ids, log-probs in [-6, 0), all-ones loss mask.
+
+    Args:
+        masked_span: response positions [lo, hi) with loss_mask 0 (like a tool-call result in multi-turn).
+        as_lists: plain Python lists, as slime writes them; False gives tensors (faster to write and load).
+    """
+    import torch
+
+    rng = rng if rng is not None else np.random.default_rng(index)
+    tokens = rng.integers(0, 151936, prompt_len + response_len, dtype=np.int64)
+    logp = -rng.exponential(0.7, response_len).clip(0, 6)
+    mask = np.ones(response_len, dtype=np.int64)
+    if masked_span is not None:
+        mask[masked_span[0]:masked_span[1]] = 0
+    conv = (lambda a: a.tolist()) if as_lists else torch.from_numpy
+    return dict(
+        index=index, prompt="synthetic", tokens=conv(tokens), response="", response_length=response_len,
+        label=None, reward=reward, loss_mask=conv(mask), rollout_log_probs=conv(logp),
+        status="completed", metadata={},
+    )
+
+
+def write_rollout_dump(path: str | Path, samples: list[dict], rollout_id: int = 0) -> Path:
+    """Write `samples` (Sample.to_dict()-shaped dicts) the way slime v0.1.0's buffer does."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(dict(rollout_id=rollout_id, samples=samples), path)
+    return path
+
+
+def write_train_dump(path: str | Path, rollout_data: dict, rollout_id: int = 0, rank: int = 0) -> Path:
+    """Write a train dump the way slime v0.1.0's actor does (per-key lists in `rollout_data`)."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(dict(rollout_id=rollout_id, rank=rank, rollout_data=rollout_data), path)
+    return path
+
+
+def train_data_from_samples(samples: list[dict], normalised_rewards: list[float]) -> dict:
+    """A cp=1 train dump's rollout_data built from rollout samples, with fp32 old/ref log-probs.
+
+    log_probs starts as the rollout log-probs (the trainer agrees with the sampler) and ref_log_probs as
+    log_probs; callers plant hazards by editing the tensors. advantages = the normalised reward per token
+    (slime's get_grpo_returns with normalize_advantages off).
+    """
+    import torch
+
+    data: dict[str, list] = {k: [] for k in ("tokens", "total_lengths", "response_lengths", "rewards",
+                                              "truncated", "loss_masks", "sample_indices", "rollout_log_probs",
+                                              "log_probs", "ref_log_probs", "advantages")}
+    for s, r in zip(samples, normalised_rewards):
+        resp = s["response_length"]
+        logp = torch.tensor(s["rollout_log_probs"], dtype=torch.float32)
+        data["tokens"].append(torch.tensor(s["tokens"], dtype=torch.long))
+        data["total_lengths"].append(len(s["tokens"]))
+        data["response_lengths"].append(resp)
+        data["rewards"].append(r)
+        data["truncated"].append(0)
+        data["loss_masks"].append(torch.tensor(s["loss_mask"], dtype=torch.int))
+        data["sample_indices"].append(s["index"])
+        data["rollout_log_probs"].append(logp.to(torch.bfloat16))
+        data["log_probs"].append(logp.clone())
+        data["ref_log_probs"].append(logp.clone())
+        data["advantages"].append(torch.full((resp,), r if math.isfinite(r) else float("nan")))
+    return data
+
+
+# ------------------------------------------------------------------------------------------------- demo
+
+
+@dataclass(frozen=True)
+class Planted:
+    """A hazard planted in a demo dump: where it is and which check must find it."""
+
+    kind: str
+    sample: int
+    token: int | None
+    what: str
+
+
+def write_demo(path: str | Path, kind: str = "rollout", rollout_id: int = 12) -> list[Planted]:
+    """Write a small dump (16 samples = 2 GRPO groups of 8, prompt 24 + response 64 tokens, response
+    positions 32-47 masked like a tool result) with known hazards planted, and return them.
+
+    Args:
+        kind: "rollout" (what --save-debug-rollout-data writes) or "train" (--save-debug-train-data, cp=1).
+    """
+    rng = np.random.default_rng(1234)
+    samples = [rollout_sample(i, 24, 64, reward=float(i % 3 == 0), rng=rng, masked_span=(32, 48)) for i in range(16)]
+    samples[9]["rollout_log_probs"][17] = float("nan")
+    if kind == "rollout":
+        samples[3]["reward"] = float("nan")
+        samples[12]["rollout_log_probs"][40] = -100.0
+        samples[14]["loss_mask"] = [0] * 64
+        write_rollout_dump(path, samples, rollout_id)
+        return [
+            Planted("nonfinite-reward", 3, None, "reward nan: GRPO spreads it to group 0 (samples 0-7)"),
+            Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),
+            Planted("kl-margin", 12, 40, "rollout log-prob -100 on a masked token (bound > 88.72)"),
+            Planted("zero-loss-mask", 14, None, "loss mask all zero"),
+        ]
+    if kind != "train":
+        raise UserError(f"--demo-kind {kind}: expected rollout or train")
+    import torch
+
+    from nanscope.loss.formulas import grpo_normalize
+
+    rewards = grpo_normalize(torch.tensor([s["reward"] for s in samples]), 8).tolist()
+    data = train_data_from_samples(samples, rewards)
+    data["log_probs"][9][17] = data["ref_log_probs"][9][17] = -0.5  # the trainer's own log-prob is finite
+    data["log_probs"][5][40], data["ref_log_probs"][5][40] = -97.0, -2.0  # ref - logp = 95 > 88.72, masked
+    data["log_probs"][7][3], data["rollout_log_probs"][7][3] = -1.0, -95.0  # old - rollout = 94: TIS exp inf
+    write_train_dump(path, data, rollout_id, rank=0)
+    return [
+        Planted("kl-margin", 5, 40, "ref_logp - logp = 95 on a masked token: low_var_kl exp overflows"),
+        Planted("tis-margin", 7, 3, "old_logp - rollout_logp = 94: TIS exp is inf (clamped, no NaN)"),
+        Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),
+    ]

@@ -1,0 +1,320 @@
+"""The resolved configuration of a slime v0.1.0 run: flags, their defaults, and where each value came from.
+
+slime parses one argparse namespace (Megatron's flags plus its own). Only the fields that matter for
+layout and NaN mechanisms are modelled here; each resolved value remembers its origin: the launch
+script, the architecture JSON, slime v0.1.0's default, Megatron core_v0.15.0rc0's default, or a rule
+slime applies after parsing (`eps_clip_high = eps_clip`, `--colocate` forces the rollout GPUs, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nanscope.errors import UserError
+
+SLIME = "default (slime v0.1.0)"
+MEGATRON = "default (megatron core_v0.15.0rc0)"
+SCRIPT = "launch script"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One modelled flag.
+
+    Attributes:
+        name: the namespace field, e.g. `tensor_model_parallel_size`.
+        kind: "int" | "float" | "str" | "true" (store_true) | "false" (store_false) | "list".
+        default: the value when the flag is absent.
+        owner: SLIME or MEGATRON (whose default it is).
+        flag: the command-line spelling when it is not `--` + name with dashes.
+    """
+
+    name: str
+    kind: str
+    default: object
+    owner: str
+    flag: str = ""
+
+    @property
+    def spelling(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+
+def _f(name, kind, default, owner=SLIME, flag=""):
+    return Flag(name, kind, default, owner, flag)
+
+
+FLAGS: tuple[Flag, ...] = (
+    # cluster (slime)
+    _f("actor_num_nodes", "int", 1),
+    _f("actor_num_gpus_per_node", "int", 8),
+    _f("rollout_num_gpus", "int", None),
+    _f("rollout_num_gpus_per_engine", "int", 1),
+    _f("colocate", "true", False),
+    _f("offload", "true", False),
+    # parallelism (Megatron)
+    _f("tensor_model_parallel_size", "int", 1, MEGATRON),
+    _f("pipeline_model_parallel_size", "int", 1, MEGATRON),
+    _f("context_parallel_size", "int", 1, MEGATRON),
+    _f("expert_model_parallel_size", "int", 1, MEGATRON),
+    _f("expert_tensor_parallel_size", "int", None, MEGATRON),
+    _f("decoder_first_pipeline_num_layers", "int", None, MEGATRON),
+    _f("decoder_last_pipeline_num_layers", "int", None, MEGATRON),
+    _f("num_layers_per_virtual_pipeline_stage", "int", None, MEGATRON),
+    _f("num_virtual_stages_per_pipeline_rank", "int", None, MEGATRON),
+    _f("pipeline_model_parallel_layout", "str", None, MEGATRON),
+    _f("account_for_embedding_in_pipeline_split", "true", False, MEGATRON),
+    _f("account_for_loss_in_pipeline_split", "true", False, MEGATRON),
+    _f("use_tp_pp_dp_mapping", "true", False, MEGATRON),
+    _f("sequence_parallel", "true", False, MEGATRON),
+    _f("overlap_grad_reduce", "true", False, MEGATRON),
+    # model (Megatron; usually from the model-args file)
+    _f("num_layers", "int", None, MEGATRON),
+    _f("num_experts", "int", None, MEGATRON),
+    _f("moe_router_topk", "int", 2, MEGATRON),
+    _f("hidden_size", "int", None, MEGATRON),
+    _f("vocab_size", "int", None, MEGATRON),
+    # batches and lengths
+    _f("rollout_batch_size", "int", None),
+    _f("n_samples_per_prompt", "int", 1),
+    _f("global_batch_size", "int", None),
+    _f("num_steps_per_rollout", "int", None),
+    _f("micro_batch_size", "int", 1, MEGATRON),
+    _f("use_dynamic_batch_size", "true", False),
+    _f("max_tokens_per_gpu", "int", None),
+    _f("rollout_max_prompt_len", "int", None),
+    _f("rollout_max_response_len", "int", 1024),
+    _f("sglang_context_length", "int", None),
+    _f("seq_length", "int", None, MEGATRON),
+    # loss (slime)
+    _f("loss_type", "str", "policy_loss"),
+    _f("custom_loss_function_path", "str", None),
+    _f("advantage_estimator", "str", "grpo"),
+    _f("rollout_temperature", "float", 1.0),
+    _f("eps_clip", "float", 0.2),
+    _f("eps_clip_high", "float", None),
+    _f("eps_clip_c", "float", None),
+    _f("use_kl_loss", "true", False),
+    _f("kl_loss_coef", "float", 0.0),
+    _f("kl_loss_type", "str", "kl"),
+    _f("kl_coef", "float", 0.0),
+    _f("entropy_coef", "float", 0.0),
+    _f("use_tis", "true", False),
+    _f("tis_clip", "float", 2.0),
+    _f("tis_clip_low", "float", 0.0),
+    _f("calculate_per_token_loss", "true", False, MEGATRON),
+    _f("rewards_normalization", "false", True, flag="--disable-rewards-normalization"),
+    _f("grpo_std_normalization", "false", True, flag="--disable-grpo-std-normalization"),
+    # data boundaries (slime)
+    _f("rollout_function_path", "str", "slime.rollout.sglang_rollout.generate_rollout"),
+    _f("custom_generate_function_path", "str", None),
+    _f("custom_rm_path", "str", None),
+    _f("group_rm", "true", False),
+    _f("rm_type", "str", None),
+    _f("rollout_data_postprocess_path", "str", None),
+    # NaN checks (Megatron)
+    _f("check_for_nan_in_loss_and_grad", "false", True, MEGATRON, flag="--no-check-for-nan-in-loss-and-grad"),
+    _f("check_for_large_grads", "true", False, MEGATRON),
+    _f("rerun_mode", "str", "validate_results", MEGATRON),
+)
+
+BY_NAME = {f.name: f for f in FLAGS}
+BY_SPELLING = {f.spelling: f for f in FLAGS}
+
+
+@dataclass
+class Value:
+    """A resolved value and where it came from."""
+
+    value: object
+    origin: str
+
+
+@dataclass
+class Config:
+    """Resolved configuration.
+
+    Attributes:
+        values: field name -> Value, for every modelled flag (and derived fields).
+        given: every `--flag` in the argument list -> its raw words (modelled or not).
+        notes: what slime/Megatron change after parsing, in words.
+    """
+
+    values: dict[str, Value]
+    given: dict[str, list[str]]
+    notes: list[str] = field(default_factory=list)
+
+    def __getitem__(self, name: str):
+        return self.values[name].value
+
+    def origin(self, name: str) -> str:
+        return self.values[name].origin
+
+    def flag_text(self, name: str) -> str:
+        """`--flag value` as the user would write it, for evidence lists."""
+        spec = BY_NAME[name]
+        v = self[name]
+        if spec.kind in ("true", "false"):
+            on = v if spec.kind == "true" else not v
+            return spec.spelling if on else f"(no {spec.spelling})"
+        return f"{spec.spelling} {_show(v)}"
+
+
+def _show(v) -> str:
+    if isinstance(v, float) and v == int(v) and abs(v) < 1e15:
+        return f"{v:g}"
+    return str(v)
+
+
+def split_flags(argv: list[str]) -> dict[str, list[str]]:
+    """Group an argument list into `--flag -> values` (the last occurrence wins, as in argparse).
+
+    `--flag=value` is split; words up to the next `--word` are the flag's values.
+    """
+    out: dict[str, list[str]] = {}
+    current = None
+    for word in argv:
+        if word.startswith("--") and len(word) > 2:
+            name, eq, value = word.partition("=")
+            out[name] = [value] if eq else []
+            current = name
+        elif current is not None:
+            out[current].append(word)
+    return out
+
+
+def _convert(spec: Flag, words: list[str], unset: dict[str, int]):
+    if spec.kind == "true":
+        return True
+    if spec.kind == "false":
+        return False
+    if spec.kind == "list":
+        return list(words)
+    if len(words) != 1:
+        raise UserError(f"{spec.spelling}: expected one value, got {len(words)}: {' '.join(words) or '(none)'}")
+    word = words[0]
+    try:
+        if spec.kind == "int":
+            return int(word)
+        if spec.kind == "float":
+            return float(word)
+    except ValueError:
+        hint = ""
+        if "$" in word and unset:
+            names = ", ".join(sorted(unset))
+            hint = f" (the script reads unset variables: {names}; pass --env NAME=VALUE)"
+        raise UserError(f"{spec.spelling}: {word!r} is not a{'n integer' if spec.kind == 'int' else ' number'}"
+                        f"{hint}") from None
+    return word
+
+
+def _model_value(spec: Flag, value, origin: str):
+    expected = {"int": int, "float": (int, float), "str": str}[spec.kind]
+    if isinstance(value, bool) or not isinstance(value, expected):
+        raise UserError(f"{origin}: {spec.name}: expected {spec.kind}, got {value!r}")
+    return value
+
+
+def resolve(argv: list[str], model: dict | None = None, model_origin: str = "model.json",
+            unset: dict[str, int] | None = None) -> Config:
+    """Apply slime v0.1.0's and Megatron's defaults and post-parse rules to an argument list.
+
+    Args:
+        argv: the words after `python3 train.py`.
+        model: architecture facts (`num_layers`, `num_experts`, ...) used where the argument list
+            has no such flag (the model-args file was not shared).
+        model_origin: how to name `model` in origins, e.g. "model.json (bundled with slime-795)".
+        unset: variables the script read but never set (for error hints).
+
+    Raises:
+        UserError: a modelled flag with a value of the wrong type.
+    """
+    given = split_flags(argv)
+    values: dict[str, Value] = {}
+    for spec in FLAGS:
+        if spec.spelling in given:
+            values[spec.name] = Value(_convert(spec, given[spec.spelling], unset or {}), SCRIPT)
+        elif model and spec.name in model and spec.kind in ("int", "float", "str"):
+            values[spec.name] = Value(_model_value(spec, model[spec.name], model_origin), model_origin)
+        else:
+            values[spec.name] = Value(spec.default, spec.owner)
+    cfg = Config(values, given)
+    _post_parse(cfg)
+    return cfg
+
+
+def _post_parse(cfg: Config) -> None:
+    """What slime v0.1.0's parse_args and Megatron's validate_args change after parsing."""
+    v = cfg.values
+    if v["eps_clip_high"].value is None:
+        v["eps_clip_high"] = Value(v["eps_clip"].value, "derived (slime: eps_clip_high = eps_clip)")
+    if v["expert_tensor_parallel_size"].value is None:
+        v["expert_tensor_parallel_size"] = Value(
+            v["tensor_model_parallel_size"].value, "derived (megatron: expert_tensor_parallel_size = tp)")
+    if v["colocate"].value:
+        v["offload"] = Value(True, "derived (slime: --colocate sets --offload)")
+    world = v["actor_num_nodes"].value * v["actor_num_gpus_per_node"].value
+    if v["colocate"].value and v["rollout_num_gpus"].value != world:
+        cfg.notes.append(f"--colocate: slime overrides --rollout-num-gpus {v['rollout_num_gpus'].value} "
+                         f"with actor GPUs {world}")
+        v["rollout_num_gpus"] = Value(world, "derived (slime: --colocate uses the actor GPUs)")
+    if v["n_samples_per_prompt"].value == 1 and v["grpo_std_normalization"].value:
+        v["grpo_std_normalization"] = Value(False, "derived (slime: n_samples_per_prompt 1)")
+    if v["global_batch_size"].value is None and v["num_steps_per_rollout"].value and v["rollout_batch_size"].value:
+        gbs = v["rollout_batch_size"].value * v["n_samples_per_prompt"].value // v["num_steps_per_rollout"].value
+        v["global_batch_size"] = Value(gbs, "derived (slime: rollout x n-samples / num-steps-per-rollout)")
+    # slime never initialises Megatron's RerunStateMachine, so it is created implicitly in mode
+    # DISABLED whatever --rerun-mode says (validate_result then raises on a rejected result).
+    cfg.values["rerun_mode_effective"] = Value(
+        "disabled", "slime v0.1.0 never calls initialize_rerun_state_machine (implicit DISABLED)")
+    if v["rerun_mode"].origin == SCRIPT and v["rerun_mode"].value != "disabled":
+        cfg.notes.append(f"--rerun-mode {v['rerun_mode'].value} has no effect under slime v0.1.0 "
+                         "(the rerun state machine is never initialised: mode disabled)")
+
+
+@dataclass
+class Batches:
+    """Derived batch and length figures of one rollout.
+
+    Attributes:
+        samples_per_rollout: rollout-batch-size x n-samples-per-prompt.
+        global_batch: samples per optimizer step (Megatron: micro-batch x DP when unset).
+        steps_per_rollout: optimizer steps per rollout (slime's num_steps_per_rollout).
+        budget_tokens: tokens one micro-batch may hold per CP group (max-tokens-per-gpu x CP), or None.
+        longest_sample: the longest sample the flags allow (prompt + response), or None if unbounded.
+        longest_from: which flags bound it, in words.
+    """
+
+    samples_per_rollout: int | None
+    global_batch: int | None
+    global_batch_origin: str
+    steps_per_rollout: int | None
+    steps_remainder: int
+    budget_tokens: int | None
+    longest_sample: int | None
+    longest_from: str
+
+
+def batches(cfg: Config, dp: int, cp: int) -> Batches:
+    """Samples per rollout, optimizer steps per rollout, micro-batch token budget vs the longest sample."""
+    rbs, n = cfg["rollout_batch_size"], cfg["n_samples_per_prompt"]
+    samples = rbs * n if rbs is not None else None
+    gbs, gbs_origin = cfg["global_batch_size"], cfg.origin("global_batch_size")
+    if gbs is None:
+        gbs, gbs_origin = cfg["micro_batch_size"] * dp, "derived (megatron: micro-batch-size x dp)"
+    steps = samples // gbs if samples is not None and gbs else None
+    remainder = samples % gbs if samples is not None and gbs else 0
+    budget = cfg["max_tokens_per_gpu"] * cp if cfg["use_dynamic_batch_size"] and cfg["max_tokens_per_gpu"] else None
+    bounds = []
+    if cfg["sglang_context_length"] is not None:
+        bounds.append((cfg["sglang_context_length"], f"--sglang-context-length {cfg['sglang_context_length']}"))
+    if cfg["rollout_max_prompt_len"] is not None:
+        total = cfg["rollout_max_prompt_len"] + cfg["rollout_max_response_len"]
+        bounds.append((total, f"--rollout-max-prompt-len {cfg['rollout_max_prompt_len']} + "
+                              f"--rollout-max-response-len {cfg['rollout_max_response_len']}"))
+    if bounds:
+        longest, longest_from = min(bounds)
+    else:
+        longest, longest_from = None, (f"unbounded: response <= {cfg['rollout_max_response_len']} "
+                                       "(--rollout-max-response-len) but no prompt bound")
+    return Batches(samples, gbs, gbs_origin, steps, remainder, budget, longest, longest_from)

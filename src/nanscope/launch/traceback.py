@@ -1,0 +1,238 @@
+"""Reading a slime/Megatron NaN traceback: the failing rank, the message, and what each frame does.
+
+The error comes from megatron-core's `RerunStateMachine.validate_result` in mode DISABLED:
+`Rank {rank}, node {host}, device {cuda device}, iteration {i}: Unexpected result {r} (message='...')`.
+It is found anywhere in the text (bare, after `RuntimeError:`, or inside a Ray `RayTaskError`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nanscope.errors import UserError
+
+SLIME = "slime v0.1.0"
+MCORE = "megatron-core 0.15.0rc0"
+RAY = "ray"
+
+_ERROR = re.compile(
+    r"Rank (?P<rank>\d+), node (?P<node>\S+), device (?P<device>\d+), iteration (?P<iteration>-?\d+): "
+    r"Unexpected result (?P<result>.+?) \(message='(?P<message>.*?)'\)")
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\s*$')
+_RAY = re.compile(r"RayTaskError\((?P<exc>\w+)\): ray::(?P<call>\S+?\(\)) \((?P<info>[^)]*)\)")
+
+
+@dataclass(frozen=True)
+class KnownFrame:
+    """A frame nanscope recognises: where it lives and what it does."""
+
+    suffix: str  # path suffix, e.g. "megatron/core/rerun_state_machine.py"
+    function: str
+    release: str
+    line: int | None  # the line in `release`; None: not checked (Ray, versions vary)
+    does: str
+
+
+KNOWN_FRAMES: tuple[KnownFrame, ...] = (
+    KnownFrame("train.py", "<module>", f"{SLIME} train.py", 89,
+               "entry point: parses slime's arguments and calls train(args)."),
+    KnownFrame("train.py", "train", f"{SLIME} train.py", 61,
+               "the rollout loop: generate a rollout, then ray.get(actor_model.async_train(...)) blocks until "
+               "every actor rank has trained on it; ray.get re-raises the first failed actor's exception here."),
+    KnownFrame("ray/_private/auto_init_hook.py", "auto_init_wrapper", RAY, None,
+               "Ray plumbing: initialises Ray if needed and calls through."),
+    KnownFrame("ray/_private/client_mode_hook.py", "wrapper", RAY, None,
+               "Ray plumbing: client-mode dispatch, calls through."),
+    KnownFrame("ray/_private/worker.py", "get", RAY, None,
+               "ray.get: waits for the actor tasks' results."),
+    KnownFrame("ray/_private/worker.py", "get_objects", RAY, None,
+               "a result is an error: re-raised as RayTaskError; the real failure is in the remote actor "
+               "frames below."),
+    KnownFrame("slime/backends/megatron_utils/actor.py", "train", SLIME, 258,
+               "MegatronTrainRayActor.train: turns the rollout into per-rank data (log-probs, advantages), "
+               "then calls model.train for this rollout."),
+    KnownFrame("slime/backends/megatron_utils/model.py", "train", SLIME, 431,
+               "runs the optimizer steps of this rollout (rollout-batch x n-samples / global-batch), one "
+               "train_one_step each."),
+    KnownFrame("slime/backends/megatron_utils/model.py", "train_one_step", SLIME, 310,
+               "one optimizer step: zero the grads, forward+backward over all micro-batches through "
+               "Megatron's pipeline schedule (slime's loss runs on the last stage), then optimizer.step()."),
+    KnownFrame("megatron/core/pipeline_parallel/schedules.py", "forward_backward_pipelining_without_interleaving",
+               MCORE, 2185,
+               "the 1F1B schedule (PP > 1, no virtual stages): warm-up forwards, steady one-forward-one-backward, "
+               "cool-down backwards; after this stage's last backward it calls finalize_model_grads."),
+    KnownFrame("megatron/core/pipeline_parallel/schedules.py", "forward_backward_pipelining_with_interleaving",
+               MCORE, 1787,
+               "the interleaved 1F1B schedule (virtual pipeline stages); after the last backward it calls "
+               "finalize_model_grads."),
+    KnownFrame("megatron/core/pipeline_parallel/schedules.py", "forward_backward_no_pipelining", MCORE, 641,
+               "no pipeline (PP 1): forward+backward of every micro-batch, then finalize_model_grads."),
+    KnownFrame("megatron/core/distributed/finalize_model_grads.py", "finalize_model_grads", MCORE, 422,
+               "after backward: for each model chunk, finish the data-parallel gradient sync "
+               "(then embedding/layernorm all-reduces)."),
+    KnownFrame("megatron/core/distributed/distributed_data_parallel.py", "finish_grad_sync", MCORE, 588,
+               "DDP: for each bucket group, dense parameters first, then expert parameters, finish the "
+               "data-parallel gradient reduction."),
+    KnownFrame("megatron/core/distributed/param_and_grad_buffer.py", "finish_grad_sync", MCORE, 455,
+               "--overlap-grad-reduce is off, so the reduction starts here, synchronously."),
+    KnownFrame("megatron/core/distributed/param_and_grad_buffer.py", "start_grad_sync", MCORE, 333,
+               "before the reduce-scatter: check_for_nan_in_grad (= --check-for-nan-in-loss-and-grad, on by "
+               "default) calls check_grads."),
+    KnownFrame("megatron/core/distributed/param_and_grad_buffer.py", "check_grads", MCORE, 185,
+               "takes the L2 norm of each bucket's local gradient and validates it: isnan, then isinf."),
+    KnownFrame("megatron/core/rerun_state_machine.py", "validate_result", MCORE, 505,
+               "rerun mode DISABLED (slime never initialises the rerun state machine): a rejected result "
+               "raises RuntimeError at once; nothing is re-run or skipped."),
+)
+
+
+@dataclass
+class Frame:
+    """One `File "...", line N, in f` entry (or the Ray actor boundary)."""
+
+    path: str
+    line: int | None
+    function: str
+    code: str
+    known: KnownFrame | None
+
+    @property
+    def matches(self) -> bool | None:
+        """Whether the line number is the known release's (None: not checked or unknown frame)."""
+        if self.known is None or self.known.line is None or self.line is None:
+            return None
+        return self.line == self.known.line
+
+    @property
+    def note(self) -> str:
+        if self.path == "<ray actor>":
+            return self.code
+        if self.known is None:
+            return "unknown frame (not from slime v0.1.0, megatron-core 0.15.0rc0 or Ray): shown as is."
+        return self.known.does
+
+    @property
+    def release_text(self) -> str:
+        if self.known is None:
+            return "-"
+        if self.matches is None:
+            return f"{self.known.release} (line not checked)"
+        if self.matches:
+            return f"matches {self.known.release}:{self.known.line}"
+        return f"differs from {self.known.release}:{self.known.line}"
+
+
+@dataclass
+class Failure:
+    """The Megatron error line."""
+
+    rank: int
+    node: str
+    device: int
+    iteration: int
+    result: str
+    kind: str  # "NaN" | "Inf"
+    message: str
+    bucket: int | None
+    text: str
+
+
+@dataclass
+class Traceback:
+    """A parsed traceback: the failure and the frames, outermost first."""
+
+    failure: Failure
+    frames: list[Frame]
+    ray_ip: str | None = None
+
+
+def _known(path: str, function: str) -> KnownFrame | None:
+    norm = path.replace("\\", "/")
+    for k in KNOWN_FRAMES:
+        if k.function == function and (norm == k.suffix or norm.endswith("/" + k.suffix)):
+            return k
+    return None
+
+
+def parse_failure(text: str) -> Failure | None:
+    """The first Megatron `Rank N, node H, device D, iteration I: Unexpected result R` in `text`."""
+    m = _ERROR.search(text)
+    if m is None:
+        return None
+    message = m["message"]
+    low = (m["result"] + " " + message).lower()
+    kind = "NaN" if "nan" in low else "Inf" if "inf" in low else "?"
+    bucket = re.search(r"bucket #(\d+)", message)
+    return Failure(rank=int(m["rank"]), node=m["node"], device=int(m["device"]), iteration=int(m["iteration"]),
+                   result=m["result"], kind=kind, message=message, bucket=int(bucket[1]) if bucket else None,
+                   text=m.group(0))
+
+
+def parse_frames(text: str) -> tuple[list[Frame], str | None]:
+    """Frames outermost first; a Ray `RayTaskError` line becomes a boundary pseudo-frame."""
+    lines = text.splitlines()
+    frames, ray_ip = [], None
+    for i, line in enumerate(lines):
+        m = _FRAME.match(line)
+        if m:
+            code = ""
+            if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]):
+                code = lines[i + 1].strip()
+                code = "" if set(code) <= {"^", "~", " "} else code
+            frames.append(Frame(m["path"], int(m["line"]), m["func"], code, _known(m["path"], m["func"])))
+            continue
+        r = _RAY.search(line)
+        if r:
+            ip = re.search(r"ip=([\w.:-]+)", r["info"])
+            ray_ip = ip[1] if ip else None
+            frames.append(Frame("<ray actor>", None, r["call"],
+                                f"Ray actor boundary: the frames below ran inside the actor process "
+                                f"{r['call']} ({r['info'].split(', actor_id')[0]}); {r['exc']} is the "
+                                f"actor's exception.", None))
+    return frames, ray_ip
+
+
+def parse_traceback(text: str, origin: str = "traceback") -> Traceback:
+    """Parse a traceback text.
+
+    Raises:
+        UserError: no Megatron `Rank N, ... Unexpected result` error in it.
+    """
+    failure = parse_failure(text)
+    if failure is None:
+        raise UserError(f"{origin}: no Megatron error found (expected a line like \"Rank 50, node dgx172, "
+                        f"device 2, iteration -1: Unexpected result nan (message='...')\")")
+    frames, ip = parse_frames(text)
+    return Traceback(failure, frames, ip)
+
+
+def explain_iteration(iteration: int) -> str:
+    if iteration == -1:
+        return ("iteration -1: Megatron's RerunStateMachine starts its counter at -1 and only its own "
+                "training loop advances it (should_run_forward_backward); slime v0.1.0 drives "
+                "train_one_step itself and never does, so it is always -1: not a rollout or step index.")
+    return (f"iteration {iteration}: the RerunStateMachine's counter (advanced by Megatron's training loop, "
+            "not by slime v0.1.0).")
+
+
+def explain_bucket(bucket: int | None, pp_rank: int | None) -> str:
+    if bucket is None:
+        return ""
+    why = "PP stage > 0 and --overlap-grad-reduce off" if pp_rank else "--overlap-grad-reduce off"
+    return (f"bucket #{bucket}: buckets are numbered within one bucket group; with {why}, Megatron makes "
+            "each gradient buffer a single bucket, so #0 is this rank's whole dense (or, next, expert) "
+            "gradient buffer. It names no layer: every parameter of the stage is in it.")
+
+
+def explain_1f1b(pp: int, pp_rank: int | None) -> str:
+    if pp <= 1:
+        return "PP 1: every rank runs the whole model; any rank may report first."
+    last = pp - 1
+    head = (f"PP {pp_rank} is the last stage: " if pp_rank == last
+            else f"PP {pp_rank} is not the last stage (PP {last}); ")
+    return (head + f"in 1F1B the last stage (PP {last}) holds the loss, runs each micro-batch's backward "
+            "first and finishes its final backward before the stages upstream, so it reaches "
+            "finalize_model_grads and the gradient check first. A NaN born anywhere in the loss lands in its "
+            "gradients before it reaches earlier stages: the first reporter is the last stage whatever "
+            "layer the NaN started in.")

@@ -1,0 +1,198 @@
+"""A tiny Qwen3-MoE on megatron-core's GPTModel, wrapped and optimised as slime v0.1.0 does it.
+
+The architecture follows the case's model.json (Qwen3-235B-A22B) scaled down to run on 2 CPU cores:
+GQA with 4 query groups and kv_channels independent of hidden/heads, qk-layernorm, RMSNorm, SwiGLU,
+MoE on every layer (8 experts, top-2, softmax router computed in fp32), rotary positions, untied
+embeddings, no bias. bf16 parameters under megatron's Float16Module (so the last stage hands the loss
+fp32 logits, as slime asserts) with Float16OptimizerWithFloat16Params (fp32 main params), DDP with
+check_for_nan_in_grad and grad_reduce_in_fp32, and megatron's Adam with the case's lr / weight decay /
+betas. `bf16=False` gives an all-fp32 model (about 4x faster on CPU).
+
+Callers must have run `nanscope.megatron.cpu.install()` and `parallel_state.initialize_model_parallel`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Scale of the output layer's weights: the tiny model's logits span tens of units, like a trained
+# LLM's, so at temperature 0.8 the least likely tokens sit far below -FP32_EXP_MAX (-88.72).
+OUTPUT_INIT_STD = 16.0
+
+
+@dataclass(frozen=True)
+class TinyQwen3MoE:
+    """Sizes of the tiny model (the case's value in comments)."""
+
+    num_layers: int = 4  # 94
+    hidden_size: int = 64  # 4096
+    num_attention_heads: int = 8  # 64
+    num_query_groups: int = 4  # 4
+    kv_channels: int = 16  # 128 (heads * kv_channels != hidden, as in Qwen3)
+    ffn_hidden_size: int = 128  # 12288 (unused: every layer is MoE)
+    moe_ffn_hidden_size: int = 32  # 1536
+    num_experts: int = 8  # 128
+    moe_router_topk: int = 2  # 8
+    vocab_size: int = 512  # 151936
+    max_sequence_length: int = 512  # 262144
+    norm_epsilon: float = 1e-6  # 1e-6
+    rotary_base: int = 1_000_000  # Qwen3's rope theta
+
+
+class SequenceParallelRMSNorm(torch.nn.Module):
+    """RMSNorm that accepts sequence parallelism (the local spec's torch norm asserts it is off).
+
+    With sequence parallelism each TP rank holds a slice of the sequence, so the weight's gradient
+    is partial; `sequence_parallel=True` makes finalize_model_grads all-reduce it over TP, as
+    TransformerEngine's norm does. The same holds for the qk-norms, shared by every head.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def transformer_config(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, bf16: bool = True, seed: int = 0):
+    """The TransformerConfig for the current parallel state (TP/PP/EP sizes read from it)."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core.transformer import TransformerConfig
+
+    tp = mpu.get_tensor_model_parallel_world_size()
+    return TransformerConfig(
+        num_layers=sizes.num_layers,
+        hidden_size=sizes.hidden_size,
+        num_attention_heads=sizes.num_attention_heads,
+        num_query_groups=sizes.num_query_groups,
+        kv_channels=sizes.kv_channels,
+        ffn_hidden_size=sizes.ffn_hidden_size,
+        moe_ffn_hidden_size=sizes.moe_ffn_hidden_size,
+        num_moe_experts=sizes.num_experts,
+        moe_router_topk=sizes.moe_router_topk,
+        moe_router_score_function="softmax",
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="none",
+        moe_token_dispatcher_type="allgather",  # alltoall creates a CUDA stream at construction
+        moe_grouped_gemm=False,
+        qk_layernorm=True,
+        normalization="RMSNorm",
+        layernorm_epsilon=sizes.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=mpu.get_pipeline_model_parallel_world_size(),
+        expert_model_parallel_size=mpu.get_expert_model_parallel_world_size(),
+        expert_tensor_parallel_size=mpu.get_expert_tensor_parallel_world_size(),
+        sequence_parallel=tp > 1,  # MoE with TP > 1 requires it; the case runs TP4 with SP
+        bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        init_method_std=0.02,
+    )
+
+
+def layer_spec(config):
+    """The local (no TransformerEngine) block spec with every norm swapped for SequenceParallelRMSNorm."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    spec = get_gpt_layer_local_spec(
+        num_experts=config.num_moe_experts,
+        moe_grouped_gemm=False,
+        qk_layernorm=True,
+        normalization="RMSNorm",
+    )
+    spec.submodules.input_layernorm = SequenceParallelRMSNorm
+    spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+    spec.submodules.self_attention.submodules.q_layernorm = SequenceParallelRMSNorm
+    spec.submodules.self_attention.submodules.k_layernorm = SequenceParallelRMSNorm
+    n = get_num_layers_to_build(config)
+    return TransformerBlockSubmodules(layer_specs=[spec] * n, layer_norm=SequenceParallelRMSNorm)
+
+
+def build_model(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bool = True):
+    """This rank's pipeline stage of the tiny model, wrapped as megatron's get_model does.
+
+    Returns:
+        (ddp_model, config): `ddp_model` is DDP(Float16Module(GPTModel)) with check_for_nan_in_grad
+        and grad_reduce_in_fp32, as slime sets them.
+    """
+    from megatron.core import parallel_state as mpu
+    from megatron.core import tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    # Same seed on every run: parameters are identical across runs of one launch.
+    torch.manual_seed(seed + 100 * mpu.get_pipeline_model_parallel_rank())
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    config = transformer_config(sizes, bf16=bf16, seed=seed)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(config),
+        vocab_size=sizes.vocab_size,
+        max_sequence_length=sizes.max_sequence_length,
+        pre_process=mpu.is_pipeline_first_stage(),
+        post_process=mpu.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
+        rotary_base=sizes.rotary_base,
+    )
+    if mpu.is_pipeline_last_stage():
+        with torch.no_grad():
+            model.output_layer.weight.normal_(0.0, OUTPUT_INIT_STD / sizes.hidden_size**0.5)
+    if bf16:
+        model = Float16Module(config, model)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        check_for_nan_in_grad=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=False,
+    )
+    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    ddp.broadcast_params()
+    return ddp, config
+
+
+def build_optimizer(ddp_model, *, bf16: bool = True):
+    """Megatron's Adam set up like the case: lr 1e-6, weight decay 0.1, betas 0.9/0.98."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=1e-6,
+        weight_decay=0.1,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        adam_eps=1e-8,
+        clip_grad=1.0,
+        bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        use_distributed_optimizer=False,
+    )
+    return get_megatron_optimizer(config, [ddp_model])
+
+
+def layers_held(config) -> list[int]:
+    """0-based decoder layer indices on this pipeline stage (Megatron's layer_number is 1-based)."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    offset = get_transformer_layer_offset(config)
+    return list(range(offset, offset + get_num_layers_to_build(config)))

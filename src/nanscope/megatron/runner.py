@@ -1,0 +1,590 @@
+"""Run slime v0.1.0 training steps on the tiny Qwen3-MoE through real megatron-core, on CPU over gloo.
+
+Two halves:
+
+- the worker, `python -m nanscope.megatron.runner --spec SPEC --out DIR`, one process per rank under
+  torchrun: initialises the process group and megatron's parallel state ONCE, then executes a list of
+  runs. Each run rebuilds the model and optimizer from its seed (runs are independent), builds every
+  step's batch against the current model (slime's log-prob pass), and trains like slime's
+  train_one_step: 1F1B schedule -> finalize_model_grads -> DDP bucket NaN check -> optimizer.step().
+  A RuntimeError is caught per run and rank, recorded (message, megatron frames, time) and the worker
+  moves on after a barrier. Each rank writes `DIR/run{i}.rank{r}.json`.
+- the parent, `launch(runs, layout)`: writes the spec, spawns torchrun with a hard timeout, kills the
+  whole process tree when it expires, and returns dataclasses.
+
+How slime's micro-batches are mapped onto the local (no TransformerEngine) layer spec: slime packs a
+micro-batch's samples into one row with PackedSeqParams (thd), which the local DotProductAttention
+refuses (it asserts packed_seq_params is None). Here each sample is its own micro-batch, padded at the
+end to a fixed length (causal attention: the padding never reaches the sample's logits), so attention
+stays per sample as with thd; the loss sees slime's batch keys for one sample and `logits`
+[1, S, vocab/tp] float32, the shape GPTModel returns without labels.
+
+Context parallelism inside attention needs TransformerEngine; the harness runs CP 1 (see `Layout`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+# megatron-core's message for the case's failure; the RuntimeError prefixes "Rank R, node N, device D,
+# iteration -1: ".
+NAN_CHECK_MESSAGE = (
+    "Unexpected result nan (message='found NaN in local grad norm for bucket #0 in backward pass "
+    "before data-parallel communication collective')"
+)
+
+# The case's traceback below slime (file basename, line, function): megatron-core 0.15.0rc0.
+CASE_FRAMES = (
+    ("schedules.py", 2185, "forward_backward_pipelining_without_interleaving"),
+    ("finalize_model_grads.py", 422, "finalize_model_grads"),
+    ("distributed_data_parallel.py", 588, "finish_grad_sync"),
+    ("param_and_grad_buffer.py", 455, "finish_grad_sync"),
+    ("param_and_grad_buffer.py", 333, "start_grad_sync"),
+    ("param_and_grad_buffer.py", 185, "check_grads"),
+    ("rerun_state_machine.py", 505, "validate_result"),
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Spec and results (plain dataclasses, JSON round-trip)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel layout. world = tp * pp * dp; experts: ep * etp must divide tp * dp."""
+
+    tp: int = 2
+    pp: int = 2
+    dp: int = 1
+    ep: int = 1
+    etp: int | None = None  # None: same as tp (megatron's default)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: `steps` optimizer steps; the hazard's batch at `inject_step` (1-based), healthy elsewhere.
+
+    inject_step None means step 1 for a hazard (a healthy run is healthy at every step).
+    """
+
+    hazard: str = "healthy"
+    loss: str = "as-is"  # "as-is" | "safe": the module nanscope.loss.<as_is|safe>
+    steps: int = 1
+    inject_step: int | None = None
+    seed: int = 0
+    save_params: bool = False  # write each rank's final parameters to the output dir
+
+    def hazard_at(self, step: int) -> str:
+        at = self.inject_step if self.inject_step is not None else 1
+        return self.hazard if step == at else "healthy"
+
+
+@dataclass
+class RankRecord:
+    """What one rank saw in one run."""
+
+    rank: int
+    pp: int
+    tp: int
+    dp: int
+    ep: int
+    layers: list[int]  # 0-based decoder layers held (Megatron's layer_number is 1-based)
+    holds_output_layer: bool
+    ok: bool
+    error: str | None = None  # the full exception message
+    error_type: str | None = None
+    error_time: float | None = None  # time.time() when raised: the first raiser has the smallest
+    error_step: int | None = None
+    frames: list[tuple[str, int, str]] = field(default_factory=list)  # megatron-core frames of the traceback
+    grad_norms: list[float] = field(default_factory=list)  # local bucket grad norms, dense then expert
+    optimizer_grad_norm: list[float | None] = field(default_factory=list)  # per completed step
+    params_finite: bool | None = None
+    param_checksum: str | None = None  # sha256 over this rank's parameters, in name order
+    params_path: str | None = None
+    losses: list[dict] = field(default_factory=list)  # per step on the last stage: slime's reduced metrics
+    hazard_sites: list = field(default_factory=list)  # per step: (sample, response position) or None
+    seconds: float = 0.0
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    ranks: list[RankRecord]  # sorted by rank; ranks that wrote nothing are absent
+    missing: list[int] = field(default_factory=list)  # ranks without a record (crashed, killed)
+
+    @property
+    def observed(self) -> str:
+        """"completed", "nan-check" (every error is megatron's NaN check), "error" or "incomplete"."""
+        if self.missing:
+            return "incomplete"
+        if all(r.ok for r in self.ranks):
+            return "completed"
+        if all(r.ok or (r.error or "").endswith(NAN_CHECK_MESSAGE) for r in self.ranks):
+            return "nan-check"
+        return "error"
+
+    def first_failure(self) -> RankRecord | None:
+        failed = [r for r in self.ranks if not r.ok and r.error_time is not None]
+        return min(failed, key=lambda r: r.error_time) if failed else None
+
+
+@dataclass
+class LaunchResult:
+    layout: Layout
+    runs: list[RunResult]
+    returncode: int | None
+    timed_out: bool
+    wall_s: float  # parent-side, spawn to exit
+    startup: dict[int, dict]  # rank -> {"imports_s", "init_s"} from process start
+    stuck: dict[int, str]  # rank -> watchdog message, for ranks the watchdog ended
+    stderr_tail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+def _record_from_json(d: dict) -> RankRecord:
+    d = dict(d)
+    d["frames"] = [tuple(f) for f in d.get("frames", [])]
+    return RankRecord(**d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Parent side
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    runs: list[RunSpec],
+    layout: Layout = Layout(),
+    *,
+    timeout_s: float = 300.0,
+    rank_timeout_s: float = 120.0,
+    out_dir: str | os.PathLike | None = None,
+    bf16: bool = True,
+) -> LaunchResult:
+    """Execute `runs` in one torchrun launch of `layout.world` CPU processes.
+
+    Args:
+        runs: executed in order, each from a freshly built model.
+        timeout_s: hard limit for the whole launch; on expiry the process tree is killed.
+        rank_timeout_s: per-phase bound inside each rank (watchdog and process-group timeout).
+        out_dir: where the ranks write records (and parameters); a temp dir when None.
+        bf16: bf16 parameters with fp32 main params and grads (as the case); False for all-fp32.
+
+    Returns:
+        A LaunchResult; runs whose records are missing list the missing ranks.
+    """
+    tmp = None
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="nanscope-run-")
+        out_dir = tmp.name
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "layout": dataclasses.asdict(layout),
+        "runs": [dataclasses.asdict(r) for r in runs],
+        "rank_timeout_s": rank_timeout_s,
+        "bf16": bf16,
+    }
+    (out / "spec.json").write_text(json.dumps(spec, indent=1))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(layout.world),
+        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        "-m", "nanscope.megatron.runner", "--spec", str(out / "spec.json"), "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": ""}
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank: one session
+        output, _ = proc.communicate()
+    wall = time.time() - t0
+    result = collect(out, runs, layout, proc.returncode, timed_out, wall, output.decode(errors="replace"))
+    if tmp is not None:
+        tmp.cleanup()
+    return result
+
+
+def collect(out: Path, runs, layout, returncode, timed_out, wall, output) -> LaunchResult:
+    """Read the ranks' records from `out` into a LaunchResult."""
+    results = []
+    for i, spec in enumerate(runs):
+        records, missing = [], []
+        for r in range(layout.world):
+            path = out / f"run{i}.rank{r}.json"
+            if path.exists():
+                records.append(_record_from_json(json.loads(path.read_text())))
+            else:
+                missing.append(r)
+        results.append(RunResult(spec, records, missing))
+    startup, stuck = {}, {}
+    for r in range(layout.world):
+        s = out / f"startup.rank{r}.json"
+        if s.exists():
+            startup[r] = json.loads(s.read_text())
+        w = out / f"stuck.rank{r}.txt"
+        if w.exists():
+            stuck[r] = w.read_text()
+    tail = "\n".join(output.splitlines()[-40:])
+    return LaunchResult(layout, results, returncode, timed_out, wall, startup, stuck, tail)
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker side (inside torchrun)
+
+
+class Watchdog:
+    """Ends this process with os._exit(3) when a phase outlives its bound (a hung collective)."""
+
+    def __init__(self, out: Path, rank: int):
+        self.out, self.rank = out, rank
+        self.phase, self.deadline = "startup", float("inf")
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def arm(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.phase, self.deadline = phase, time.monotonic() + seconds
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self._lock:
+                late = time.monotonic() > self.deadline
+                phase = self.phase
+            if late:
+                msg = f"rank {self.rank}: watchdog: stuck in {phase}; exiting"
+                (self.out / f"stuck.rank{self.rank}.txt").write_text(msg)
+                print(msg, file=sys.stderr, flush=True)
+                os._exit(3)
+
+
+def _megatron_frames(tb) -> list[tuple[str, int, str]]:
+    return [
+        (os.path.basename(f.filename), f.lineno, f.name)
+        for f in traceback.extract_tb(tb)
+        if f"{os.sep}megatron{os.sep}core{os.sep}" in f.filename
+    ]
+
+
+def _pad(tokens, length: int):
+    import torch
+
+    return torch.nn.functional.pad(tokens, (0, length - tokens.numel()), value=0)
+
+
+def seq_length_for(total_lengths: list[int], tp: int) -> int:
+    """Fixed micro-batch length: the longest sample rounded up to 64 (a multiple of tp for SP)."""
+    m = 64 * tp
+    return max(m, -(-max(total_lengths) // m) * m)
+
+
+class Worker:
+    """One rank: parallel state once, then runs."""
+
+    def __init__(self, spec: dict, out: Path, watchdog: Watchdog):
+        import torch.distributed as dist
+        from megatron.core import parallel_state as mpu
+
+        self.spec, self.out, self.wd = spec, out, watchdog
+        self.layout = Layout(**spec["layout"])
+        self.bf16 = bool(spec.get("bf16", True))
+        self.rank_timeout = float(spec.get("rank_timeout_s", 120.0))
+        self.rank = dist.get_rank()
+        self.mpu = mpu
+
+    # -- model-side helpers -------------------------------------------------------------------
+
+    def build(self, seed: int):
+        from megatron.core.distributed import finalize_model_grads
+
+        from nanscope.megatron.model import build_model, build_optimizer
+
+        model, config = build_model(seed=seed, bf16=self.bf16)
+        optimizer = build_optimizer(model, bf16=self.bf16)
+        config.finalize_model_grads_func = finalize_model_grads
+        config.grad_scale_func = optimizer.scale_loss
+        config.timers = None
+        return model, config, optimizer
+
+    def policy(self, model, seq_length: int):
+        """The model as a hazards.Policy: tokens per sample -> full-vocab logits [total_i, V] (T = 1).
+
+        A collective: a forward-only pass of the pipeline schedule (one sample per micro-batch), the
+        last stage all-gathers the vocab shards over TP, and the last stage's TP-rank-0 broadcasts
+        the logits to every rank, so each rank builds the same batch.
+        """
+        import torch
+        import torch.distributed as dist
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        mpu = self.mpu
+
+        def run(tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+            def forward_step(it, m):
+                t = next(it)
+                out = m(input_ids=_pad(t, seq_length).unsqueeze(0), position_ids=None, attention_mask=None, labels=None)
+
+                def keep(logits, non_loss_data=True):
+                    full = gather_from_tensor_model_parallel_region(logits.float())  # [1, S, V]
+                    return full[0, : t.numel()].detach().clone()
+
+                return out, keep
+
+            model.eval()
+            with torch.no_grad():
+                store = get_forward_backward_func()(
+                    forward_step_func=forward_step, data_iterator=iter(tokens), model=[model],
+                    num_microbatches=len(tokens), seq_length=seq_length, micro_batch_size=1,
+                    forward_only=True, collect_non_loss_data=True,
+                )  # fmt: skip
+            model.train()
+            src = _last_stage_tp0(mpu)
+            sizes = [t.numel() for t in tokens]
+            buf = torch.cat(store) if self.rank == src else torch.empty(sum(sizes), self.vocab_size)
+            dist.broadcast(buf, src=src)
+            return list(buf.split(sizes))
+
+        return run
+
+    # -- one run ------------------------------------------------------------------------------
+
+    def execute(self, spec: RunSpec) -> RankRecord:
+        import torch
+
+        from nanscope import hazards
+        from nanscope.megatron.model import TinyQwen3MoE, layers_held
+        from nanscope.slime_args import case_args
+
+        mpu = self.mpu
+        t0 = time.time()
+        sizes = TinyQwen3MoE()
+        self.vocab_size = sizes.vocab_size
+        model, config, optimizer = self.build(spec.seed)
+        rec = RankRecord(
+            rank=self.rank,
+            pp=mpu.get_pipeline_model_parallel_rank(),
+            tp=mpu.get_tensor_model_parallel_rank(),
+            dp=mpu.get_data_parallel_rank(),
+            ep=mpu.get_expert_model_parallel_rank(),
+            layers=layers_held(config),
+            holds_output_layer=mpu.is_pipeline_last_stage(),
+            ok=True,
+        )
+        loss_module = _loss_module(spec.loss)
+        for step in range(1, spec.steps + 1):
+            rollout = hazards.case_rollout(sizes.vocab_size, seed=spec.seed * 1000 + step)
+            seq_length = seq_length_for(rollout.total_lengths, self.layout.tp)
+            batch = hazards.build(spec.hazard_at(step), self.policy(model, seq_length), rollout, seed=spec.seed * 1000 + step)
+            rec.hazard_sites.append(batch.pop("hazard_site", None))
+            try:
+                losses, grad_norm = self.train_one_step(model, config, optimizer, batch, seq_length, loss_module)
+            except RuntimeError as e:
+                rec.ok, rec.error, rec.error_type = False, str(e), type(e).__name__
+                rec.error_time, rec.error_step = time.time(), step
+                rec.frames = _megatron_frames(e.__traceback__)
+                rec.grad_norms = _bucket_grad_norms(model)
+                break
+            rec.grad_norms = _bucket_grad_norms(model, after_step=True)
+            rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
+            rec.losses.append(losses)
+        _release_grads(model, optimizer)
+        params = _named_params(model)
+        rec.params_finite = all(bool(torch.isfinite(p).all()) for p in params.values())
+        rec.param_checksum = _checksum(params)
+        if spec.save_params:
+            path = self.out / f"params.run{self._run_index}.rank{self.rank}.pt"
+            torch.save(params, path)
+            rec.params_path = str(path)
+        rec.seconds = time.time() - t0
+        return rec
+
+    def train_one_step(self, model, config, optimizer, batch, seq_length, loss_module):
+        """slime v0.1.0's train_one_step for one micro-batch per sample.
+
+        Returns:
+            (slime's reduced loss dict on the last stage else {}, the optimizer's grad norm)
+        """
+        import torch
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from nanscope.slime_args import case_args
+
+        mpu = self.mpu
+        n = len(batch["response_lengths"])
+        args = case_args(global_batch_size=n)
+        micro = [_sample(batch, i) for i in range(n)]
+        self._grads_stale = True
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+
+        def forward_step(it, m):
+            mb = next(it)
+            tokens = _pad(mb["unconcat_tokens"][0], seq_length).unsqueeze(0)
+            out = m(input_ids=tokens, position_ids=None, attention_mask=None, labels=None)
+            return out, partial(loss_module.loss_function, args, mb, n)
+
+        losses_reduced = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
+            num_microbatches=n, seq_length=seq_length, micro_batch_size=1, forward_only=False,
+        )  # fmt: skip
+        update_successful, grad_norm, _ = optimizer.step()
+        assert update_successful
+        _release_grads(model, optimizer)
+        reduced = {}
+        if mpu.is_pipeline_last_stage(ignore_virtual=True):
+            keys = losses_reduced[0]["keys"]
+            values = sum(x["values"] for x in losses_reduced)
+            torch.distributed.all_reduce(values, group=mpu.get_data_parallel_group(with_context_parallel=True))
+            values = values.tolist()
+            reduced = {k: v / values[0] for k, v in zip(keys, values[1:])}
+        return reduced, grad_norm
+
+
+def _last_stage_tp0(mpu) -> int:
+    """Global rank of (last pipeline stage, TP rank 0) in this rank's data-parallel replica."""
+    import torch.distributed as dist
+
+    last = dist.get_global_rank(mpu.get_pipeline_model_parallel_group(), mpu.get_pipeline_model_parallel_world_size() - 1)
+    # `last` shares this rank's TP rank; step back to TP rank 0 of the same stage.
+    return last - mpu.get_tensor_model_parallel_rank()
+
+
+def _loss_module(name: str):
+    import importlib
+
+    return importlib.import_module("nanscope.loss." + name.replace("-", "_"))
+
+
+def _sample(batch: dict, i: int) -> dict:
+    """Sample i of a slime batch as a one-sample micro-batch (same keys, lists of one)."""
+    keys = ("unconcat_tokens", "total_lengths", "response_lengths", "loss_masks", "log_probs",
+            "ref_log_probs", "rollout_log_probs", "advantages")  # fmt: skip
+    return {k: [batch[k][i]] for k in keys if k in batch}
+
+
+def _bucket_grad_norms(model, after_step: bool = False) -> list[float]:
+    """L2 norm of every DDP bucket's local grad (dense buckets, then expert buckets), as check_grads computes it."""
+    if after_step:
+        return list(getattr(model, "_nanscope_norms", []))
+    groups = list(model.bucket_groups) + list(model.expert_parallel_bucket_groups)
+    return [float(b.grad_data.norm(p=2)) for g in groups for b in g.buckets]
+
+
+def _release_grads(model, optimizer) -> None:
+    groups = list(model.bucket_groups) + list(model.expert_parallel_bucket_groups)
+    model._nanscope_norms = [float(b.grad_data.norm(p=2)) for g in groups for b in g.buckets]
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+
+
+def _named_params(model) -> dict:
+    return {n: p.detach().float().clone() for n, p in model.named_parameters()}
+
+
+def _checksum(params: dict) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _barrier(wd: Watchdog, seconds: float, what: str) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    wd.arm(f"barrier before {what}", seconds + 5)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds), wait_all_ranks=True)
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """Entry point of each torchrun rank."""
+    t_start = time.time()
+    p = argparse.ArgumentParser(prog="python -m nanscope.megatron.runner")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    spec = json.loads(Path(a.spec).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    wd = Watchdog(out, rank)
+    limit = float(spec.get("rank_timeout_s", 120.0))
+    wd.arm("imports", limit)
+
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from nanscope.megatron import cpu
+
+    cpu.install()
+    from megatron.core import parallel_state as mpu
+
+    t_imports = time.time()
+    wd.arm("process-group init", limit)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=limit))
+    layout = Layout(**spec["layout"])
+    assert layout.world == dist.get_world_size(), f"layout world {layout.world} != {dist.get_world_size()}"
+    mpu.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
+        distributed_timeout_minutes=max(1, int(-(-limit // 60))),
+    )
+    torch.set_num_threads(1)
+    t_init = time.time()
+    (out / f"startup.rank{rank}.json").write_text(
+        json.dumps({"imports_s": t_imports - t_start, "init_s": t_init - t_imports})
+    )
+    worker = Worker(spec, out, wd)
+    for i, run in enumerate(spec["runs"]):
+        _barrier(wd, limit, f"run {i}")
+        wd.arm(f"run {i}", limit)
+        worker._run_index = i
+        rec = worker.execute(RunSpec(**run))
+        (out / f"run{i}.rank{rank}.json").write_text(json.dumps(dataclasses.asdict(rec)))
+    _barrier(wd, limit, "exit")
+    wd.arm("shutdown", limit)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

@@ -1,0 +1,201 @@
+"""Rendering of a `nanscope scan` result: terminal table (rich), JSON, and HTML with inline SVG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import numpy as np
+
+from nanscope.dumps.checks import HIST_HI, HIST_LO, KINDS, ScanResult, hazard_count
+from nanscope.report.html import esc, page
+
+
+def fmt_value(v) -> str:
+    """A hazard value for people: nan/inf spelled out, floats to 4 significant digits."""
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if not math.isfinite(v) else f"{v:.4g}"
+    return str(v)
+
+
+def _json_value(v):
+    """JSON has no nan/inf: non-finite floats become the strings "nan", "inf", "-inf"."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+# -------------------------------------------------------------------------------------------- terminal
+
+
+def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
+    """Print the hazard table, the per-check summary and the verdict to a rich Console."""
+    from rich.table import Table
+
+    head = (f"{result.path}: {result.dump_kind} dump, rollout {result.rollout_id}"
+            + (f", rank {result.rank}" if result.rank is not None else "")
+            + f", {result.num_samples} samples, {result.response_tokens:,} response tokens")
+    console.print(head, highlight=False)
+    if result.hazards:
+        t = Table(title=f"hazards (first {min(max_rows, len(result.hazards))} of {hazard_count(result)})",
+                  title_justify="left")
+        for c in ("kind", "mechanism", "sample", "token", "abs_token", "masked", "value", "note"):
+            t.add_column(c, justify="right" if c in ("sample", "token", "abs_token", "value") else "left")
+        for h in result.hazards[:max_rows]:
+            t.add_row(h.kind, (h.mechanism or "-") + ("" if h.certain else " (bound)"), str(h.sample),
+                      _opt(h.token), _opt(h.abs_token), _opt(h.masked), fmt_value(h.value), h.detail)
+        console.print(t)
+    s = Table(title="checks", title_justify="left")
+    for c in ("check", "count", "mechanism", "note"):
+        s.add_column(c, justify="right" if c == "count" else "left")
+    for c in result.checks:
+        count = "skipped" if c.status == "skipped" else str(c.count)
+        s.add_row(c.kind, count, ", ".join(c.mechanisms) or "-", c.note)
+    console.print(s)
+    style = {"yes": "bold red", "possibly": "bold yellow", "no": "bold green"}[result.would_nan]
+    console.print(result.verdict, style=style, highlight=False)
+
+
+def _opt(x) -> str:
+    return "" if x is None else str(x).lower() if isinstance(x, bool) else str(x)
+
+
+# ------------------------------------------------------------------------------------------------ JSON
+
+
+def to_json(result: ScanResult) -> dict:
+    """The JSON document: `hazards` [{kind, mechanism, sample, token, abs_token, masked, value, certain,
+    detail}], `summary` {counts, listed, checks, would_nan, mechanisms, verdict, errors}, `dump`, `config`."""
+    hazards = []
+    for h in result.hazards:
+        d = asdict(h)
+        d["value"] = _json_value(d["value"])
+        hazards.append(d)
+    summary = {
+        "counts": {c.kind: c.count for c in result.checks if c.status == "ran"},
+        "listed": {c.kind: c.listed for c in result.checks if c.status == "ran"},
+        "checks": [asdict(c) for c in result.checks],
+        "total": hazard_count(result),
+        "would_nan": result.would_nan,
+        "mechanisms": result.mechanisms,
+        "verdict": result.verdict,
+        "errors": result.errors,
+    }
+    dump = {"path": result.path, "kind": result.dump_kind, "rollout_id": result.rollout_id, "rank": result.rank,
+            "num_samples": result.num_samples, "response_tokens": result.response_tokens}
+    return {"dump": dump, "config": asdict(result.config), "hazards": hazards, "summary": summary}
+
+
+def write_json(result: ScanResult, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(to_json(result), f, indent=1, default=str)
+        f.write("\n")
+
+
+# ------------------------------------------------------------------------------------------------ HTML
+
+
+def render_html(result: ScanResult) -> str:
+    """A self-contained page: verdict, check table, log-ratio histograms, per-sample hazard map, hazards."""
+    cls = {"yes": "bad", "possibly": "bad", "no": "ok"}[result.would_nan]
+    body = [f"<p class='{cls}'>{esc(result.verdict)}</p>",
+            f"<p class='muted'>{esc(result.path)}: {esc(result.dump_kind)} dump, rollout {esc(str(result.rollout_id))}, "
+            f"{result.num_samples} samples, {result.response_tokens:,} response tokens</p>"]
+    if result.errors:
+        body.append("<h2>errors (slime v0.1.0 would fail on these)</h2><ul>"
+                    + "".join(f"<li>{esc(e)}</li>" for e in result.errors[:50]) + "</ul>")
+    body.append("<h2>checks</h2><table><tr><th>check</th><th>count</th><th>mechanism</th><th>note</th></tr>")
+    for c in result.checks:
+        count = "skipped" if c.status == "skipped" else str(c.count)
+        body.append(f"<tr><td>{esc(c.kind)}</td><td>{count}</td><td>{esc(', '.join(c.mechanisms) or '-')}</td>"
+                    f"<td>{esc(c.note)}</td></tr>")
+    body.append("</table>")
+    from nanscope.loss.formulas import FP32_EXP_MAX
+
+    for key, h in result.histograms.items():
+        body.append(f"<h2>{esc(key)}: per-token log-ratio</h2><p class='muted'>{esc(h.label)}; "
+                    f"red line: fp32 exp limit {FP32_EXP_MAX:.2f}; grey: masked tokens; {h.nan} nan not shown</p>")
+        body.append(histogram_svg(h.all, h.masked, FP32_EXP_MAX))
+    body.append("<h2>per-sample hazard map</h2>")
+    body.append(hazard_map_svg(result.per_sample, list(KINDS), result.config.n_samples_per_prompt))
+    body.append(f"<h2>hazards (first {min(500, len(result.hazards))} listed)</h2><table><tr>"
+                + "".join(f"<th>{c}</th>" for c in ("kind", "mechanism", "sample", "token", "abs_token",
+                                                    "masked", "value", "note")) + "</tr>")
+    for h in result.hazards[:500]:
+        mech = (h.mechanism or "-") + ("" if h.certain else " (bound)")
+        body.append(f"<tr><td>{esc(h.kind)}</td><td>{esc(mech)}</td><td>{h.sample}</td><td>{_opt(h.token)}</td>"
+                    f"<td>{_opt(h.abs_token)}</td><td>{_opt(h.masked)}</td><td>{esc(fmt_value(h.value))}</td>"
+                    f"<td>{esc(h.detail)}</td></tr>")
+    body.append("</table>")
+    return page(f"nanscope scan: {result.path}", "\n".join(body))
+
+
+def histogram_svg(counts: np.ndarray, masked: np.ndarray, limit: float, w: int = 900, h: int = 220) -> str:
+    """Bars of log10(1+count) per unit bin on [HIST_LO, HIST_HI) (ends: under/overflow), a line at `limit`."""
+    n = counts.size
+    pad_l, pad_b = 40, 30
+    bw = (w - pad_l - 10) / n
+    top = max(1.0, math.log10(1 + float(counts.max())))
+
+    def bar(c: float) -> float:
+        return (h - pad_b - 10) * math.log10(1 + c) / top
+
+    out = [f"<svg width='{w}' height='{h}' xmlns='http://www.w3.org/2000/svg' font-size='11'>"]
+    for b in range(n):
+        x = pad_l + b * bw
+        for c, color in ((counts[b], "#4a78b5"), (masked[b], "#999")):
+            if c:
+                y = bar(float(c))
+                out.append(f"<rect x='{x:.1f}' y='{h - pad_b - y:.1f}' width='{max(bw - 0.5, 0.5):.1f}' "
+                           f"height='{y:.1f}' fill='{color}'><title>{_bin_label(b, n)}: {int(c)}</title></rect>")
+    lx = pad_l + (limit - HIST_LO + 1) * bw
+    out.append(f"<line x1='{lx:.1f}' x2='{lx:.1f}' y1='5' y2='{h - pad_b}' stroke='#b00020' stroke-width='2'/>")
+    out.append(f"<text x='{lx + 3:.1f}' y='15' fill='#b00020'>{limit:.2f}</text>")
+    for v in range(HIST_LO, HIST_HI + 1, 20):
+        x = pad_l + (v - HIST_LO + 1) * bw
+        out.append(f"<text x='{x:.1f}' y='{h - 12}' text-anchor='middle'>{v}</text>")
+    out.append(f"<text x='2' y='15'>log10(1+n)</text></svg>")
+    return "".join(out)
+
+
+def _bin_label(b: int, n: int) -> str:
+    if b == 0:
+        return f"< {HIST_LO}"
+    if b == n - 1:
+        return f">= {HIST_HI}"
+    return f"[{HIST_LO + b - 1}, {HIST_LO + b})"
+
+
+def hazard_map_svg(per_sample: np.ndarray, kinds: list[str], group: int, cell: int = 10) -> str:
+    """Rows: check kinds; columns: samples (a tick every GRPO group). Darker = more hazards (log scale)."""
+    num, k = per_sample.shape
+    cell = max(2, min(cell, 1400 // max(num, 1)))
+    left = 190
+    w, h = left + num * cell + 10, k * cell * 1.6 + 40
+    top = math.log10(1 + max(1, int(per_sample.max()) if per_sample.size else 1))
+    out = [f"<svg width='{w}' height='{h:.0f}' xmlns='http://www.w3.org/2000/svg' font-size='11'>"]
+    rh = cell * 1.6
+    for j, kind in enumerate(kinds):
+        y = 10 + j * rh
+        out.append(f"<text x='{left - 6}' y='{y + rh * 0.7:.1f}' text-anchor='end'>{esc(kind)}</text>")
+        for i in np.flatnonzero(per_sample[:, j]).tolist():
+            c = int(per_sample[i, j])
+            a = 0.25 + 0.75 * math.log10(1 + c) / top
+            out.append(f"<rect x='{left + i * cell}' y='{y:.1f}' width='{cell}' height='{rh - 1:.1f}' "
+                       f"fill='#b00020' fill-opacity='{a:.2f}'><title>sample {i}: {c} {esc(kind)}</title></rect>")
+    y0 = 10 + k * rh
+    out.append(f"<rect x='{left}' y='10' width='{num * cell}' height='{k * rh:.1f}' fill='none' stroke='#ccc'/>")
+    step = group if group > 0 and num // max(group, 1) <= 64 else max(1, num // 16)
+    for i in range(0, num, step):
+        out.append(f"<line x1='{left + i * cell}' x2='{left + i * cell}' y1='10' y2='{y0:.1f}' stroke='#ddd'/>"
+                   f"<text x='{left + i * cell}' y='{y0 + 14:.1f}'>{i}</text>")
+    out.append(f"<text x='{left}' y='{y0 + 28:.1f}' class='muted'>sample (ticks every {step})</text></svg>")
+    return "".join(out)
+
+
+def write_html(result: ScanResult, path: str) -> None:
+    with open(path, "w") as f:
+        f.write(render_html(result))
