@@ -144,23 +144,18 @@ def case_rollout(vocab_size: int, seed: int = 0, n_samples: int = GROUP_SIZE, sc
 
 
 def synthetic_policy(vocab_size: int, seed: int = 0, logit_std: float = 12.0) -> Policy:
-    """A position-seeded stand-in for an LLM with a realistic logit scale.
+    """A seeded stand-in for an LLM with a realistic logit scale.
 
-    Logits at (sample i, position p) are logit_std * N(0, 1) drawn from a generator seeded by
-    (seed, i, p): they span about +-40 units over a 512-token vocabulary, like a trained LLM's, so at
-    temperature 0.8 the least likely tokens sit near logp -100 while typical tokens sit near -50.
+    Logits at (sample i, position p) are logit_std * N(0, 1): they span about +-40 units over a
+    512-token vocabulary, like a trained LLM's, so at temperature 0.8 the least likely tokens sit near logp -100 while typical tokens sit near -50.
     Logits at p do not depend on the tokens, so changing token p+1 leaves them as they are.
     """
 
     def policy(tokens: list[torch.Tensor]) -> list[torch.Tensor]:
-        out = []
-        for i, seq in enumerate(tokens):
-            rows = []
-            for p in range(seq.numel()):
-                g = torch.Generator().manual_seed(seed * 1_000_003 + i * 10_007 + p)
-                rows.append(torch.randn(vocab_size, generator=g) * logit_std)
-            out.append(torch.stack(rows))
-        return out
+        # Sample i's rows come from one generator seeded by (seed, i): row p is the same whatever
+        # the sequence length, and no row depends on a token.
+        gens = [torch.Generator().manual_seed(seed * 1_000_003 + i) for i in range(len(tokens))]
+        return [torch.randn(seq.numel(), vocab_size, generator=g) * logit_std for seq, g in zip(tokens, gens)]
 
     return policy
 

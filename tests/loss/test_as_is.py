@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanscope import hazards
-from nanscope.loss import as_is, layout, microbatch
+from nanscope.loss import as_is, microbatch
 from nanscope.loss.microbatch import Parallel
 from nanscope.slime_args import case_args, loss_args
 
@@ -96,16 +96,6 @@ def test_empty_local_slice_keeps_the_graph_connected():
     assert torch.equal(logits.grad, torch.zeros_like(logits))
 
 
-def local_logits(full: torch.Tensor, batch: dict, cp_rank: int, cp_size: int) -> torch.Tensor:
-    """What CP rank `cp_rank`'s model would output: each sample's zigzag positions, zero rows for padding."""
-    rows, base = [], 0
-    for total in batch["total_lengths"]:
-        for p in layout.sequence_positions(total, cp_rank, cp_size):
-            rows.append(full[0, base + p] if p < total else torch.zeros_like(full[0, 0]))
-        base += total
-    return torch.stack(rows).unsqueeze(0)
-
-
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_cp2_pieces_sum_to_cp1(seed, per_token):
@@ -120,7 +110,7 @@ def test_cp2_pieces_sum_to_cp1(seed, per_token):
     total, grad2, values = 0.0, torch.zeros_like(full), 0
     for r in range(2):
         par = Parallel(cp_rank=r, cp_size=2, dp_cp_size=2)
-        loss_r, _, log_r = as_is.loss_function(args, microbatch.slice_for_cp(batch, par), 1, local_logits(full, batch, r, 2), parallel=par)
+        loss_r, _, log_r = as_is.loss_function(args, microbatch.slice_for_cp(batch, par), 1, microbatch.cp_local_logits(full, batch["total_lengths"], par), parallel=par)
         (g,) = torch.autograd.grad(loss_r, full)
         # loss_function multiplies by dp_cp (2 here); Megatron's DDP averages over the DP x CP group.
         total, grad2, values = total + loss_r.item() / 2, grad2 + g / 2, values + log_r["values"]

@@ -1,11 +1,114 @@
-"""`nanscope doctor` (placeholder until its issue lands)."""
+"""`nanscope doctor`: where and why a slime run hit NaN, read from its launch script and traceback.
+
+The launch script is parsed (tree-sitter-bash), never executed. The flags are resolved with slime
+v0.1.0's and Megatron's defaults, the rank layout comes from megatron-core's RankGenerator, and a
+catalogue of rules maps the flags to NaN mechanisms.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from nanscope.errors import UserError
+
+EPILOG = """examples:
+  nanscope doctor --case slime-795
+  nanscope doctor launch.sh --env TOTAL_NODES=8 --model model.json --traceback traceback.txt
+  nanscope doctor launch.sh --model-args scripts/models/qwen3-4B.sh --rank 5 --json out.json --html out.html
+"""
+
+CASE_ENV = {"slime-795": {"TOTAL_NODES": "8"}}
 
 
 def add_parser(sub):
-    p = sub.add_parser("doctor", help="(not yet implemented)")
+    p = sub.add_parser(
+        "doctor", help="explain a NaN crash from the launch script and traceback",
+        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("script", nargs="?", help="slime launch script (bash); read, never executed")
+    p.add_argument("--case", help="use a bundled case (slime-795) instead of a script")
+    p.add_argument("--env", action="append", metavar="K=V", default=[],
+                   help="a variable the script reads from its environment (repeatable)")
+    p.add_argument("--model", metavar="JSON", help="architecture JSON (num_layers, num_experts, ...) "
+                                                   "standing in for a missing model-args file")
+    p.add_argument("--model-args", metavar="FILE", help="model-args file to read where the script sources one")
+    p.add_argument("--traceback", metavar="FILE", help="the crash's traceback (Ray-wrapped or not)")
+    p.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
+    p.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON")
+    p.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
     return p
 
 
+def _load_model(path: str) -> dict:
+    import json
+
+    from nanscope.launch.script import read_text
+
+    try:
+        model = json.loads(read_text(path, "model JSON"))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    if not isinstance(model, dict):
+        raise UserError(f"{path}: expected a JSON object of architecture fields")
+    return model
+
+
+def _case_files(name: str):
+    from importlib.resources import files
+
+    root = files("nanscope") / "cases"
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    if name not in names:
+        raise UserError(f"--case {name}: unknown case (bundled: {', '.join(names)})")
+    return root / name
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as e:
+        raise UserError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
 def run(args) -> int:
-    print("nanscope doctor: not implemented yet")
-    return 2
+    import contextlib
+    import json
+    import warnings
+    from importlib.resources import as_file
+
+    from nanscope.launch.script import parse_env, read_text
+
+    if args.case and args.script:
+        raise UserError("give a launch script or --case, not both")
+    if not args.case and not args.script:
+        raise UserError("give a launch script (or --case slime-795)")
+    env = parse_env(args.env)
+    with contextlib.ExitStack() as stack:
+        script, model_path, tb_path = args.script, args.model, args.traceback
+        if args.case:
+            case = stack.enter_context(as_file(_case_files(args.case)))
+            env = {**CASE_ENV.get(args.case, {}), **env}
+            script = str(case / "launch.sh")
+            model_path = model_path or (str(case / "model.json") if (case / "model.json").is_file() else None)
+            tb_path = tb_path or (str(case / "traceback.txt") if (case / "traceback.txt").is_file() else None)
+        model = _load_model(model_path) if model_path else None
+        model_origin = None
+        if model_path:
+            model_origin = f"model.json (bundled with {args.case})" if args.case and not args.model else model_path
+        tb_text = read_text(tb_path, "traceback") if tb_path else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # megatron-core warns about missing TE/Apex on import
+            from nanscope.launch import diagnose
+
+            d = diagnose(script, env, model, model_origin, args.model_args, tb_text,
+                         tb_path or "traceback", args.rank)
+        from rich.console import Console
+
+        from nanscope.report.doctor import render_html, render_terminal, to_dict
+
+        render_terminal(d, Console(highlight=False))
+        if args.json:
+            _write(args.json, json.dumps(to_dict(d), indent=2) + "\n")
+        if args.html:
+            _write(args.html, render_html(d))
+    return 0

@@ -1,11 +1,154 @@
-"""`nanscope scan` (placeholder until its issue lands)."""
+"""`nanscope scan`: find the samples and tokens of a slime v0.1.0 dump that make its loss non-finite."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nanscope.errors import UserError
+
+DESCRIPTION = """\
+Scan a slime v0.1.0 debug dump for NaN hazards and name the sample, token and mechanism of each.
+
+Reads rollout dumps (--save-debug-rollout-data: {rollout_id}.pt) and train dumps
+(--save-debug-train-data: {rollout_id}_{rank}.pt) with torch.load(weights_only=True); a file that
+needs arbitrary unpickling is refused unless you pass --trust-pickle. Train dumps are written after
+the optimizer step, so the step that crashes leaves none: dump the rollout and replay it.
+
+Positions are 0-based: `sample` in the file, `token` in the response, `abs_token` in the sequence
+(prompt + response). Masked tokens (loss_mask 0) are hazards too: slime v0.1.0 computes exp on them
+and masks afterwards by multiplication. Rollout dumps have only rollout_log_probs, so their log-ratio
+checks are bounds ("possibly"); train dumps give exact KL and TIS log-ratios.
+
+The slime flags below decide what is a hazard; defaults are the slime-795 case's values.
+
+exit status: 0 no hazard, 1 hazards found, 2 unreadable, refused or malformed input
+(including lengths slime v0.1.0 would assert on).
+"""
+
+EPILOG = """\
+examples:
+  nanscope scan --write-demo rollout_data/12.pt     # a small dump with planted hazards
+  nanscope scan rollout_data/12.pt
+  nanscope scan rollout_data/12.pt --json scan.json --html scan.html
+  nanscope scan train_data/12_50.pt --context-parallel-size 2 --tensor-model-parallel-size 4
+  nanscope scan rollout_data/12.pt --n-samples-per-prompt 4 --reward-key score --no-use-tis
+"""
 
 
 def add_parser(sub):
-    p = sub.add_parser("scan", help="(not yet implemented)")
+    p = sub.add_parser("scan", help="find the sample/token of every NaN hazard in a slime dump",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dump", nargs="?", help="a rollout dump {rollout_id}.pt or a train dump {rollout_id}_{rank}.pt")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="PATH", help="write hazards and summary as JSON")
+    out.add_argument("--html", metavar="PATH", help="write an HTML report with log-ratio and hazard-map plots")
+    out.add_argument("--max-rows", type=int, default=30, help="hazard rows in the terminal table (default 30)")
+    out.add_argument("--max-per-sample", type=int, default=100,
+                     help="hazards listed per check and sample in JSON/HTML; counts stay exact (default 100)")
+    out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress bar on stderr (default: when stderr is a terminal)")
+    inp = p.add_argument_group("input")
+    inp.add_argument("--trust-pickle", action="store_true",
+                     help="allow arbitrary unpickling (torch.load(weights_only=False)): runs code from the file")
+    inp.add_argument("--context-parallel-size", type=int, default=1, metavar="N",
+                     help="train dumps: the run's CP size; per-token tensors are CP-sliced when > 1 (default 1)")
+    inp.add_argument("--tensor-model-parallel-size", type=int, default=1, metavar="N",
+                     help="train dumps with CP: the run's TP size, to find the CP rank of the dump's rank "
+                          "as (rank // tp) %% cp, Megatron's default order tp-cp-ep-dp-pp (default 1)")
+    inp.add_argument("--write-demo", metavar="PATH", help="write a small dump with planted hazards and exit")
+    inp.add_argument("--demo-kind", choices=("rollout", "train"), default="rollout",
+                     help="what --write-demo writes (default rollout)")
+    sl = p.add_argument_group("slime v0.1.0 flags (defaults: the slime-795 case)")
+    sl.add_argument("--n-samples-per-prompt", type=int, default=8, help="GRPO group size (default 8)")
+    sl.add_argument("--reward-key", default=None, help="key of a dict reward (default: rewards are numbers)")
+    sl.add_argument("--rollout-max-response-len", type=int, default=61440,
+                    help="flag responses longer than this (default 61440 = 65536 - 4096)")
+    sl.add_argument("--advantage-estimator", default="grpo",
+                    choices=("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
+                    help="(default grpo)")
+    sl.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization",
+                    help="no group normalisation of rewards (default: normalised)")
+    sl.add_argument("--disable-grpo-std-normalization", action="store_false", dest="grpo_std_normalization",
+                    help="subtract the group mean only (default: also divide by std + 1e-6)")
+    sl.add_argument("--use-kl-loss", action=argparse.BooleanOptionalAction, default=True,
+                    help="the KL term is computed (default: on, as in the case, even at --kl-loss-coef 0)")
+    sl.add_argument("--kl-loss-type", choices=("kl", "k2", "k3", "low_var_kl"), default="low_var_kl",
+                    help="(default low_var_kl)")
+    sl.add_argument("--use-tis", action=argparse.BooleanOptionalAction, default=True,
+                    help="truncated importance sampling with rollout_log_probs (default: on)")
     return p
 
 
 def run(args) -> int:
-    print("nanscope scan: not implemented yet")
-    return 2
+    from nanscope.dumps import checks, io
+
+    if args.write_demo:
+        return _write_demo(args, io)
+    if not args.dump:
+        raise UserError("no dump given (try: nanscope scan --write-demo rollout_data/12.pt)")
+    for flag, v in (("--n-samples-per-prompt", args.n_samples_per_prompt),
+                    ("--context-parallel-size", args.context_parallel_size),
+                    ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
+                    ("--max-per-sample", args.max_per_sample)):
+        if v < 1:
+            raise UserError(f"{flag} {v}: must be >= 1")
+    cfg = checks.ScanConfig(
+        n_samples_per_prompt=args.n_samples_per_prompt, reward_key=args.reward_key,
+        rollout_max_response_len=args.rollout_max_response_len, advantage_estimator=args.advantage_estimator,
+        rewards_normalization=args.rewards_normalization, grpo_std_normalization=args.grpo_std_normalization,
+        use_kl_loss=args.use_kl_loss, kl_loss_type=args.kl_loss_type, use_tis=args.use_tis,
+        max_listed=args.max_per_sample,
+    )
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    result = _scan(args, cfg, show)
+    _render(args, result)
+    if result.errors:
+        more = f" (and {len(result.errors) - 1} more; see the table)" if len(result.errors) > 1 else ""
+        raise UserError(result.errors[0] + more)
+    return 1 if checks.hazard_count(result) else 0
+
+
+def _scan(args, cfg, show: bool):
+    """Load and check, with a spinner while loading and a bar over samples when `show`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from nanscope.dumps import checks, io
+
+    def load():
+        return io.load(args.dump, trust_pickle=args.trust_pickle, reward_key=cfg.reward_key,
+                       cp_size=args.context_parallel_size, tp_size=args.tensor_model_parallel_size)
+
+    if not show:
+        return checks.scan(load(), cfg)
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("loading (weights_only unpickler)", total=None)
+        dump = load()
+        bar.update(task, description="checking samples", total=dump.num_samples, completed=0)
+        return checks.scan(dump, cfg, progress=lambda _tokens: bar.advance(task))
+
+
+def _render(args, result) -> None:
+    from rich.console import Console
+
+    from nanscope.report import scan as report
+
+    # Piped output is not wrapped to 80 columns: it goes to logs and CI, where lines can be long.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    report.render_terminal(result, console, max_rows=args.max_rows)
+    if args.json:
+        report.write_json(result, args.json)
+    if args.html:
+        report.write_html(result, args.html)
+
+
+def _write_demo(args, io) -> int:
+    planted = io.write_demo(args.write_demo, kind=args.demo_kind)
+    print(f"wrote {args.demo_kind} dump {args.write_demo} with {len(planted)} planted hazards:")
+    for p in planted:
+        where = f"sample {p.sample}" + (f" token {p.token}" if p.token is not None else "")
+        print(f"  {p.kind:<26} {where:<20} {p.what}")
+    print(f"now run: nanscope scan {args.write_demo}")
+    return 0

@@ -352,16 +352,16 @@ def _check_groups(rewards: list[float], cfg: ScanConfig, col: _Collector, path: 
         raw = np.array(rewards[lo:hi], dtype=np.float32)
         bad = [lo + j for j in np.flatnonzero(~np.isfinite(raw)).tolist()]
         if bad:
-            why = f"reward of sample {bad[0]} is {rewards[bad[0]]}"
+            why = f"sample {bad[0]}'s reward is {rewards[bad[0]]}"
         elif n == 1 and std:
-            why = "a group of 1: torch.std of one element is nan"
+            why = "group of 1: std of one element is nan"
         else:
-            why = "rewards overflow float32 in the mean/std"
+            why = "rewards overflow float32"
         for i in range(lo, hi):
             if not math.isfinite(norm[i]):
                 s = SampleData(i, 0, 0, 0, np.zeros(0, np.int8))
                 col.sample_level("grpo-nonfinite", s, "nan-reward", float(norm[i]),
-                                 f"group {g} (samples {lo}-{hi - 1}): {why}")
+                                 f"group {g}: {why}")
 
 
 # ------------------------------------------------------------------------------------- summary, verdict
@@ -388,7 +388,7 @@ def _skip_reason(kind: str, dump_kind: str, cfg: ScanConfig, present: set[str]) 
         return f"no {missing[0]} in this dump"
     if kind == "grpo-nonfinite":
         if dump_kind == "train":
-            return "train dumps hold the normalised rewards: see nonfinite-reward"
+            return "train dump: rewards already normalised"
         if cfg.advantage_estimator not in ("grpo", "gspo", "reinforce_plus_plus_baseline"):
             return f"--advantage-estimator {cfg.advantage_estimator} has no group normalisation"
         if not cfg.rewards_normalization:
@@ -411,7 +411,7 @@ def _skip_reason(kind: str, dump_kind: str, cfg: ScanConfig, present: set[str]) 
         if not cfg.use_tis:
             return "--no-use-tis"
         if dump_kind == "rollout":
-            return "rollout dumps have no old log-probs (the ratio/KL bounds cover this token set)"
+            return "rollout dump: no old log-probs"
         if not {"log_probs", "rollout_log_probs"} <= present:
             return "needs log_probs and rollout_log_probs"
     return ""
@@ -420,15 +420,15 @@ def _skip_reason(kind: str, dump_kind: str, cfg: ScanConfig, present: set[str]) 
 def _proxy_note(kind: str, dump_kind: str, present: set[str]) -> str:
     if kind == "kl-margin":
         if dump_kind == "rollout":
-            return "bound: -rollout_log_probs (logp ~ rollout logp, ref_logp <= 0)"
-        return "logp = log_probs (exact at the rollout's first optimizer step)"
+            return "bound -rollout_log_probs (ref_logp <= 0)"
+        return "logp = log_probs (exact at the first step)"
     if kind == "ratio-margin":
         src = "rollout_log_probs" if dump_kind == "rollout" else "log_probs"
-        return f"bound: -{src} (old_logp ~ {src}, logp <= 0; logp = old_logp at the first step)"
+        return f"bound -{src} (logp <= 0)"
     if kind == "tis-margin":
-        return "exact: log_probs - bf16(rollout_log_probs); no NaN (TIS is clamped, carries no gradient)"
+        return "exact; clamped, no NaN (tis metric inf)"
     if kind == "nonfinite-rollout-logprob":
-        return "NaN -> NaN loss with --use-tis; +-inf is clamped by TIS"
+        return "nan: NaN loss via TIS; +-inf is clamped"
     return ""
 
 

@@ -1,0 +1,139 @@
+"""Reading a slime launch (script, flags, layout, traceback) into a diagnosis: `nanscope doctor`'s data.
+
+    script.py     launch script -> argument list (tree-sitter-bash, never executed)
+    config.py     argument list -> resolved flags with origins, derived batch figures
+    topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
+    traceback.py  traceback -> failing rank, message, annotated frames
+    findings.py   flags -> NaN mechanisms (rules) and what is fine
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Diagnosis:
+    """Everything `nanscope doctor` reports; renderers only read it.
+
+    Attributes:
+        script: the parsed launch script.
+        config: resolved flags.
+        topology: the actor's layout.
+        batches: derived batch/length figures.
+        findings: rules that fired, most severe first.
+        fine: checks that passed, one line each.
+        failing: the failing (or asked-for) rank, if any.
+        traceback: the parsed traceback, if one was given.
+        explanations: why this rank reported, what `iteration -1` and `bucket #0` mean.
+        notes: inputs that were missing or overridden, in words.
+        model_origin: where num-layers/num-experts came from when not in the flags.
+        env: the `--env` values used.
+    """
+
+    script: object
+    config: object
+    topology: object
+    batches: object
+    findings: list
+    fine: list[str]
+    failing: object | None = None
+    traceback: object | None = None
+    explanations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    model_origin: str | None = None
+    env: dict = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        from nanscope.launch.findings import verdict
+
+        return verdict(self)
+
+
+def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | None = None,
+             model_origin: str | None = None, model_args: str | None = None,
+             traceback_text: str | None = None, traceback_origin: str = "traceback",
+             rank: int | None = None) -> Diagnosis:
+    """Parse, resolve, lay out, and apply the rules.
+
+    Args:
+        script_path: the launch script.
+        env: `--env` values (TOTAL_NODES=8, ...).
+        model: architecture facts standing in for a missing model-args file.
+        model_origin: how to name `model` in the report.
+        model_args: a model-args file to read in place of the script's `source`.
+        traceback_text: the traceback text, if any.
+        traceback_origin: its file name, for error messages.
+        rank: a rank to explain (overrides the traceback's).
+
+    Raises:
+        UserError: any bad input, in one line.
+    """
+    from nanscope.launch import config as config_mod
+    from nanscope.launch import findings as findings_mod
+    from nanscope.launch import topology as topology_mod
+    from nanscope.launch import traceback as tb_mod
+    from nanscope.launch.script import parse_script
+
+    env = env or {}
+    tb = tb_mod.parse_traceback(traceback_text, traceback_origin) if traceback_text is not None else None
+    script = parse_script(script_path, env, model_args)
+    cfg = config_mod.resolve(script.argv, model, model_origin or "model JSON", script.unset)
+    topo = topology_mod.build(cfg)
+    batches = config_mod.batches(cfg, topo.dp, topo.cp)
+    found = findings_mod.findings(cfg, batches, topo.world, topo.cp)
+    colocate_ok = not any(f.id.startswith(("rollout-gpus", "colocate")) for f in found)
+    fine = findings_mod.fine(cfg, batches, topo.world, colocate_ok)
+    notes = _input_notes(script, cfg, model, model_origin) + cfg.notes + topo.notes
+    d = Diagnosis(script, cfg, topo, batches, found, fine, notes=notes, model_origin=model_origin, env=env,
+                  traceback=tb)
+    asked = rank if rank is not None else (tb.failure.rank if tb else None)
+    if asked is not None:
+        d.failing = topo.rank(asked)
+        if rank is not None and tb and tb.failure.rank != rank:
+            d.notes.append(f"--rank {rank} overrides the traceback's rank {tb.failure.rank}")
+        if tb and asked == tb.failure.rank and tb.failure.device != d.failing.local_device:
+            d.notes.append(f"the traceback says device {tb.failure.device} but rank {asked} maps to local device "
+                           f"{d.failing.local_device} with {topo.gpus_per_node} GPUs per node")
+        d.explanations = _explain(d)
+    return d
+
+
+def _input_notes(script, cfg, model, model_origin) -> list[str]:
+    notes = []
+    for s in script.sources:
+        if s.status == "missing":
+            where = f"; {model_origin} stands in for it" if model else "; pass --model-args FILE or --model JSON"
+            notes.append(f"line {s.line}: source {s.path}: not found{where}")
+        elif s.followed != s.path:
+            notes.append(f"line {s.line}: source {s.path}: read {s.followed}")
+    arrays = script.unset_arrays
+    scalars = [n for n in script.unset if n not in arrays]
+    if arrays:
+        notes.append("unset arrays expanded to nothing: " + ", ".join(arrays))
+    if scalars:
+        notes.append("unset variables kept as text: " + ", ".join(scalars) + " (pass --env NAME=VALUE)")
+    for p in script.placeholders:
+        if p.kind == "command":
+            notes.append(f"line {p.line}: {p.text} is a run-time value, kept as text")
+    notes += script.assumptions
+    for name in ("num_layers", "num_experts"):
+        if model and cfg.origin(name) == model_origin:
+            notes.append(f"{name.replace('_', '-')} {cfg[name]} from {model_origin}")
+    if script.syntax_errors:
+        notes.append("tree-sitter reported syntax errors at lines " + ", ".join(map(str, script.syntax_errors)))
+    return notes
+
+
+def _explain(d: Diagnosis) -> list[str]:
+    from nanscope.launch import traceback as tb_mod
+
+    out = [tb_mod.explain_1f1b(d.topology.pp, d.failing.pp)]
+    if d.traceback is not None:
+        f = d.traceback.failure
+        out.append(tb_mod.explain_iteration(f.iteration))
+        bucket = tb_mod.explain_bucket(f.bucket, d.failing.pp)
+        if bucket:
+            out.append(bucket)
+    return out

@@ -255,8 +255,9 @@ def _post_parse(cfg: Config) -> None:
         v["offload"] = Value(True, "derived (slime: --colocate sets --offload)")
     world = v["actor_num_nodes"].value * v["actor_num_gpus_per_node"].value
     if v["colocate"].value and v["rollout_num_gpus"].value != world:
-        cfg.notes.append(f"--colocate: slime overrides --rollout-num-gpus {v['rollout_num_gpus'].value} "
-                         f"with actor GPUs {world}")
+        if v["rollout_num_gpus"].origin == SCRIPT:
+            cfg.notes.append(f"--colocate: slime overrides --rollout-num-gpus {v['rollout_num_gpus'].value} "
+                             f"with the actor GPUs ({world})")
         v["rollout_num_gpus"] = Value(world, "derived (slime: --colocate uses the actor GPUs)")
     if v["n_samples_per_prompt"].value == 1 and v["grpo_std_normalization"].value:
         v["grpo_std_normalization"] = Value(False, "derived (slime: n_samples_per_prompt 1)")

@@ -37,6 +37,7 @@ class Placeholder:
     text: str
     line: int
     file: str
+    kind: str = "command"  # "unset" (a variable never set) | "command" (run-time output) | "other"
 
 
 @dataclass
@@ -61,9 +62,11 @@ class LaunchScript:
         line: 1-based line where the train command starts.
         variables: the shell variables at the end of the script (str or list[str]).
         unset: variables read but never set, name -> first line read.
+        unset_arrays: those of `unset` read as arrays (`${X[@]}`), which expand to nothing.
         placeholders: run-time values kept as text.
         sources: the `source` statements met, in order.
         syntax_errors: 1-based lines where tree-sitter reported an error node.
+        assumptions: conditions that could not be decided statically, and what was assumed.
     """
 
     path: str
@@ -73,9 +76,11 @@ class LaunchScript:
     line: int
     variables: dict
     unset: dict[str, int]
+    unset_arrays: list[str]
     placeholders: list[Placeholder]
     sources: list[Source]
     syntax_errors: list[int] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
 
 
 def _parser():
@@ -122,6 +127,7 @@ class _Interpreter:
     def __init__(self, env: dict[str, str], model_args: str | None):
         self.vars: dict[str, str | list[str]] = dict(env)
         self.unset: dict[str, int] = {}
+        self.unset_arrays: list[str] = []
         self.placeholders: list[Placeholder] = []
         self.sources: list[Source] = []
         self.model_args = model_args
@@ -129,6 +135,8 @@ class _Interpreter:
         self.errors: list[int] = []
         self.file = ""
         self.depth = 0
+        self.assumptions: list[str] = []
+        self._empty_unset = False  # inside `[ ... ]`: unset variables read as "" (bash semantics)
 
     # ---- files -------------------------------------------------------------------------------
 
@@ -178,6 +186,8 @@ class _Interpreter:
                     self.assign(c)
         elif t == "command":
             self.command(node)
+        elif t == "if_statement":
+            self._if(node)
         elif t in ("function_definition", "comment", "heredoc_body"):
             return
         elif t in ("test_command", "command_substitution"):
@@ -235,7 +245,7 @@ class _Interpreter:
         if t == "ansi_c_string":
             return [node.text.decode()[2:-1]]
         if t in ("string", "translated_string"):
-            return [self._string(node)]
+            return self._string_fields(node)
         if t in ("simple_expansion", "expansion"):
             return [w for v in self._expand(node) for w in v.split()]
         if t == "command_substitution":
@@ -266,18 +276,33 @@ class _Interpreter:
         return " ".join(self.fields(node))
 
     def _string(self, node) -> str:
-        # Walk "...": gaps between named children are literal text.
-        out, pos, src = [], node.start_byte + 1, node.text
-        base = node.start_byte
+        return " ".join(self._string_fields(node))
+
+    def _string_fields(self, node) -> list[str]:
+        """Expand "...": one field, except that "${X[@]}" yields one field per element, as in bash."""
+        out, pos, src, base = [""], node.start_byte + 1, node.text, node.start_byte
+        only_arrays = True
         for c in node.named_children:
-            out.append(_unescape_dquote(src[pos - base : c.start_byte - base].decode()))
+            gap = _unescape_dquote(src[pos - base : c.start_byte - base].decode())
+            out[-1] += gap
+            only_arrays &= not gap
             if c.type == "string_content":
-                out.append(_unescape_dquote(c.text.decode()))
+                out[-1] += _unescape_dquote(c.text.decode())
+                only_arrays = False
+            elif c.type == "expansion" and _index(c) == "@":
+                values = self._expand(c)
+                if values:
+                    out[-1] += values[0]
+                    out.extend(values[1:])
             else:
-                out.append(self.text(c))
+                out[-1] += self.text(c)
+                only_arrays = False
             pos = c.end_byte
-        out.append(_unescape_dquote(src[pos - base : node.end_byte - 1 - base].decode()))
-        return "".join(out)
+        tail = _unescape_dquote(src[pos - base : node.end_byte - 1 - base].decode())
+        out[-1] += tail
+        if only_arrays and not tail and out == [""] and node.named_child_count:
+            return []  # "${EMPTY[@]}" is zero words
+        return out
 
     def _expand(self, node) -> list[str]:
         """`$X`, `${X}`, `${X[@]}`, `${X[i]}`, `${X:-d}`, `${#X[@]}`: the values (a list)."""
@@ -292,15 +317,19 @@ class _Interpreter:
             index = self.text(idx) if idx is not None else None
         elif head.type == "variable_name":
             name = head.text.decode()
-        else:  # $0, $@, $$ ...: run-time values
-            return [self._placeholder(node)]
+        else:  # $@, $$ ...: run-time values
+            return [self._placeholder(node, "other")]
+        if name == "0" or name == "BASH_SOURCE":
+            return [self.file]
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # $1, ${2}: positional, unknown
+            return [self._placeholder(node, "other")]
         anon = [c.type for c in node.children if not c.is_named]
         op = next((o for o in anon if o in _DEFAULT_OPS), None)
         others = set(anon) - {"$", "${", "}", "#", *_DEFAULT_OPS}
         if others:  # ${X%...}, ${X/a/b}, ...: not modelled
             return [self._placeholder(node)]
         value = self.vars.get(name)
-        if name not in self.vars and op is None:
+        if name not in self.vars and op is None and not self._empty_unset:
             self.unset.setdefault(name, _line(node))
         if op is not None:
             empty = value is None or value == "" or value == []
@@ -315,9 +344,13 @@ class _Interpreter:
         if "#" in anon and node.children[1].type == "#":  # ${#X[@]} / ${#X}
             return [str(len(value) if isinstance(value, list) else len(value or ""))]
         if value is None:
+            if self._empty_unset:
+                return [""]
             if index in ("@", "*"):
+                if name not in self.unset_arrays:
+                    self.unset_arrays.append(name)
                 return []  # unset array: expands to nothing, as in bash (recorded in `unset`)
-            return [self._placeholder(node)]
+            return [self._placeholder(node, "unset")]
         if isinstance(value, list):
             if index in ("@", "*"):
                 return list(value)
@@ -326,6 +359,10 @@ class _Interpreter:
         return [value]
 
     def _command_substitution(self, node) -> list[str]:
+        text = node.text.decode()
+        if "dirname" in text and ("BASH_SOURCE" in text or "$0" in text):
+            # SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)" and friends
+            return [str(Path(self.file).resolve().parent)]
         cmd = node.named_children[0] if node.named_child_count == 1 else None
         if cmd is not None and cmd.type == "command":
             name = cmd.child_by_field_name("name")
@@ -344,10 +381,56 @@ class _Interpreter:
                 return [str(v) for v in range(first, last + (1 if step > 0 else -1), step)]
         return [self._placeholder(node)]
 
-    def _placeholder(self, node) -> str:
+    def _placeholder(self, node, kind: str = "command") -> str:
         text = node.text.decode()
-        self.placeholders.append(Placeholder(text, _line(node), self.file))
+        self.placeholders.append(Placeholder(text, _line(node), self.file, kind))
         return text
+
+    # ---- conditions --------------------------------------------------------------------------
+
+    def _if(self, node) -> None:
+        """Run the first branch whose condition holds; an undecidable condition is assumed true."""
+        cond = node.child_by_field_name("condition")
+        skip = ("elif_clause", "else_clause", "comment")
+        branches = [(cond, [c for c in node.named_children if c != cond and c.type not in skip])]
+        for c in node.named_children:
+            named = [x for x in c.named_children if x.type != "comment"]
+            if c.type == "elif_clause" and named:
+                branches.append((named[0], named[1:]))
+            elif c.type == "else_clause":
+                branches.append((None, named))
+        for cond, body in branches:
+            holds = True if cond is None else self._test(cond)
+            if holds is None:
+                self.assumptions.append(f"line {_line(cond)}: `{cond.text.decode()}` is not known statically; "
+                                        "assumed true")
+                holds = True
+            if holds:
+                for st in body:
+                    self.statement(st)
+                return
+
+    def _test(self, cond) -> bool | None:
+        """Decide `[ -n X ]`, `[ -z X ]`, `[ A op B ]` on known values; None when unknown."""
+        if cond.type != "test_command" or cond.named_child_count != 1:
+            return None
+        expr = cond.named_children[0]
+        before = len(self.placeholders)
+        self._empty_unset = True
+        try:
+            op = expr.child_by_field_name("operator")
+            if expr.type == "unary_expression" and op is not None:
+                operand = [c for c in expr.named_children if c != op]
+                values = [self.text(operand[0])] if operand else [""]
+            elif expr.type == "binary_expression" and op is not None:
+                values = [self.text(expr.child_by_field_name("left")), self.text(expr.child_by_field_name("right"))]
+            else:
+                return None
+        finally:
+            self._empty_unset = False
+        if len(self.placeholders) > before or any("$" in v for v in values):
+            return None
+        return _compare(op.text.decode(), values)
 
     # ---- arithmetic --------------------------------------------------------------------------
 
@@ -389,6 +472,34 @@ class _Interpreter:
             cond, a, b = node.named_children
             return self._eval(a) if self._eval(cond) else self._eval(b)
         raise _Unresolved(t)
+
+
+def _index(node) -> str | None:
+    """The subscript of `${X[i]}` as written (`@`, `*`, `0`), else None."""
+    head = node.named_children[0] if node.named_child_count else None
+    if head is None or head.type != "subscript":
+        return None
+    idx = head.child_by_field_name("index")
+    return idx.text.decode() if idx is not None else None
+
+
+def _compare(op: str, values: list[str]) -> bool | None:
+    if op == "-n" and len(values) == 1:
+        return bool(values[0])
+    if op == "-z" and len(values) == 1:
+        return not values[0]
+    if len(values) != 2:
+        return None
+    a, b = values
+    if op in ("=", "=="):
+        return a == b
+    if op == "!=":
+        return a != b
+    ints = {"-eq": int.__eq__, "-ne": int.__ne__, "-gt": int.__gt__, "-ge": int.__ge__, "-lt": int.__lt__,
+            "-le": int.__le__}
+    if op in ints and re.fullmatch(r"-?\d+", a.strip()) and re.fullmatch(r"-?\d+", b.strip()):
+        return ints[op](int(a), int(b))
+    return None
 
 
 def _int(text: str) -> int:
@@ -465,8 +576,8 @@ def parse_script(path: str | os.PathLike, env: dict[str, str] | None = None,
     script, argv, launcher, line, _ = it.train
     used = [p for p in it.placeholders if any(p.text in a for a in argv)]
     unique = list({p.text: p for p in used}.values())
-    return LaunchScript(str(path), script, argv, launcher, line, it.vars, it.unset, unique,
-                        it.sources, it.errors)
+    return LaunchScript(str(path), script, argv, launcher, line, it.vars, it.unset, it.unset_arrays, unique,
+                        it.sources, it.errors, it.assumptions)
 
 
 def _lines(lines: list[int]) -> str:

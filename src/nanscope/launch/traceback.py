@@ -35,9 +35,9 @@ class KnownFrame:
 
 
 KNOWN_FRAMES: tuple[KnownFrame, ...] = (
-    KnownFrame("train.py", "<module>", f"{SLIME} train.py", 89,
+    KnownFrame("train.py", "<module>", SLIME, 89,
                "entry point: parses slime's arguments and calls train(args)."),
-    KnownFrame("train.py", "train", f"{SLIME} train.py", 61,
+    KnownFrame("train.py", "train", SLIME, 61,
                "the rollout loop: generate a rollout, then ray.get(actor_model.async_train(...)) blocks until "
                "every actor rank has trained on it; ray.get re-raises the first failed actor's exception here."),
     KnownFrame("ray/_private/auto_init_hook.py", "auto_init_wrapper", RAY, None,
@@ -118,9 +118,8 @@ class Frame:
             return "-"
         if self.matches is None:
             return f"{self.known.release} (line not checked)"
-        if self.matches:
-            return f"matches {self.known.release}:{self.known.line}"
-        return f"differs from {self.known.release}:{self.known.line}"
+        where = f"{self.known.release} {self.known.suffix.rsplit('/', 1)[-1]}:{self.known.line}"
+        return f"matches {where}" if self.matches else f"differs from {where}"
 
 
 @dataclass

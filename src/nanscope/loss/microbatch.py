@@ -171,3 +171,22 @@ def slice_for_cp(batch: dict, par: Parallel) -> dict:
                 for x, t, r in zip(batch[key], batch["total_lengths"], batch["response_lengths"])
             ]
     return out
+
+
+def cp_local_logits(full: torch.Tensor, total_lengths: list[int], par: Parallel) -> torch.Tensor:
+    """CP rank `par.cp_rank`'s packed row cut from a whole-sequence row, zero rows for padding.
+
+    Args:
+        full: [1, sum total_i, V] logits of the micro-batch without CP.
+    Returns:
+        [1, sum local_length_i, V]: what that CP rank's model outputs (differentiable w.r.t. `full`).
+    """
+    index, pad, base = [], [], 0
+    for total in total_lengths:
+        for p in layout.sequence_positions(total, par.cp_rank, par.cp_size):
+            index.append(base + min(p, total - 1))
+            pad.append(p >= total)
+        base += total
+    rows = full[0].index_select(0, torch.tensor(index, dtype=torch.long, device=full.device))
+    pad = torch.tensor(pad, device=full.device).unsqueeze(-1)
+    return torch.where(pad, torch.zeros_like(rows), rows).unsqueeze(0)

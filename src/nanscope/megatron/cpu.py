@@ -8,9 +8,15 @@ What stays unpatched and still runs on CPU (measured with torch 2.13.0 CPU): glo
 all-gather, reduce-scatter, all-to-all and p2p send/recv; megatron's RerunStateMachine and the DDP
 bucket NaN check (the code path of the case's traceback).
 
-Things that are not patches but choices made by the model builder (see `model.py`):
+Things that are not patches but choices made by the model builder (see `model.py`) and the runner:
 - the local spec's torch norm refuses sequence parallelism, so the layers use `SequenceParallelRMSNorm`;
-- the alltoall token dispatcher creates a CUDA stream at construction, so the model uses `allgather`.
+- the alltoall token dispatcher creates a CUDA stream at construction, so the model uses `allgather`
+  (which in turn refuses variable sequence lengths: micro-batches are padded to one length);
+- the local attention refuses packed (thd) sequences: one sample per micro-batch.
+
+Usage (in each torchrun worker, before building anything):
+    from nanscope.megatron import cpu
+    cpu.install()
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import contextlib
 
 import torch
 
-_INSTALLED: list[str] = []
+# (owner, attribute name, original value) of every installed patch, for `uninstall`.
+_INSTALLED: list[tuple[object, str, object]] = []
+_ABSENT = object()  # the original of an attribute that did not exist (te_general_gemm without TE)
 
 
 def _cpu_device(*_args, **_kwargs) -> torch.device:
@@ -89,7 +97,7 @@ def install() -> list[str]:
     if torch.cuda.is_available():
         return []
     if _INSTALLED:
-        return list(_INSTALLED)
+        return installed()
 
     from megatron.core.tensor_parallel import random as mp_random
     from megatron.core.transformer.moe import moe_utils
@@ -118,6 +126,21 @@ def install() -> list[str]:
         (moe_utils, "te_general_gemm", None),
     ]
     for owner, name, value in patches:
+        _INSTALLED.append((owner, name, getattr(owner, name, _ABSENT)))
         setattr(owner, name, value)
-        _INSTALLED.append(f"{getattr(owner, '__name__', owner)}.{name}")
-    return list(_INSTALLED)
+    return installed()
+
+
+def installed() -> list[str]:
+    """Names of the patched callables, e.g. 'torch.cuda.current_device' (empty when not installed)."""
+    return [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, _ in _INSTALLED]
+
+
+def uninstall() -> None:
+    """Restore every patched attribute (for tests; a worker process never needs it)."""
+    while _INSTALLED:
+        owner, name, original = _INSTALLED.pop()
+        if original is _ABSENT:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)

@@ -91,6 +91,7 @@ class RunSpec:
     inject_step: int | None = None
     seed: int = 0
     save_params: bool = False  # write each rank's final parameters to the output dir
+    fault: str | None = None  # test hook: "exit:R" (rank R dies) or "hang:R" (rank R hangs) at run start
 
     def hazard_at(self, step: int) -> str:
         at = self.inject_step if self.inject_step is not None else 1
@@ -255,7 +256,7 @@ def collect(out: Path, runs, layout, returncode, timed_out, wall, output) -> Lau
         w = out / f"stuck.rank{r}.txt"
         if w.exists():
             stuck[r] = w.read_text()
-    tail = "\n".join(output.splitlines()[-40:])
+    tail = "\n".join(output.splitlines()[-200:])
     return LaunchResult(layout, results, returncode, timed_out, wall, startup, stuck, tail)
 
 
@@ -389,6 +390,12 @@ class Worker:
 
         mpu = self.mpu
         t0 = time.time()
+        if spec.fault:
+            kind, _, who = spec.fault.partition(":")
+            if int(who) == self.rank:
+                if kind == "exit":
+                    os._exit(1)
+                time.sleep(10**6)  # "hang": the watchdog ends this process
         sizes = TinyQwen3MoE()
         self.vocab_size = sizes.vocab_size
         model, config, optimizer = self.build(spec.seed)
@@ -410,7 +417,8 @@ class Worker:
             rec.hazard_sites.append(batch.pop("hazard_site", None))
             try:
                 losses, grad_norm = self.train_one_step(model, config, optimizer, batch, seq_length, loss_module)
-            except RuntimeError as e:
+            except Exception as e:  # megatron's NaN check raises RuntimeError; record anything
+
                 rec.ok, rec.error, rec.error_type = False, str(e), type(e).__name__
                 rec.error_time, rec.error_step = time.time(), step
                 rec.frames = _megatron_frames(e.__traceback__)
@@ -453,7 +461,7 @@ class Worker:
             mb = next(it)
             tokens = _pad(mb["unconcat_tokens"][0], seq_length).unsqueeze(0)
             out = m(input_ids=tokens, position_ids=None, attention_mask=None, labels=None)
-            return out, partial(loss_module.loss_function, args, mb, n)
+            return out, partial(_unpadded_loss, loss_module.loss_function, args, mb, n)
 
         losses_reduced = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
@@ -479,6 +487,15 @@ def _last_stage_tp0(mpu) -> int:
     last = dist.get_global_rank(mpu.get_pipeline_model_parallel_group(), mpu.get_pipeline_model_parallel_world_size() - 1)
     # `last` shares this rank's TP rank; step back to TP rank 0 of the same stage.
     return last - mpu.get_tensor_model_parallel_rank()
+
+
+def _unpadded_loss(loss_function, args, batch, num_microbatches, logits):
+    """Call the loss on the sample's positions only: logits [1, S, V/tp] -> [1, total, V/tp].
+
+    slime pads its packed row to a multiple of 128 and slices by total_lengths; nanscope's loss
+    asserts an exact packed length, so the runner drops the padding first (its gradient is zero).
+    """
+    return loss_function(args, batch, num_microbatches, logits[:, : batch["total_lengths"][0]])
 
 
 def _loss_module(name: str):

@@ -33,6 +33,7 @@ def _json_value(v):
 
 def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
     """Print the hazard table, the per-check summary and the verdict to a rich Console."""
+    from rich import box
     from rich.table import Table
 
     head = (f"{result.path}: {result.dump_kind} dump, rollout {result.rollout_id}"
@@ -40,21 +41,27 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
             + f", {result.num_samples} samples, {result.response_tokens:,} response tokens")
     console.print(head, highlight=False)
     if result.hazards:
+        wide = console.width >= 130  # the note column only fits on wide terminals (it is in JSON/HTML)
         t = Table(title=f"hazards (first {min(max_rows, len(result.hazards))} of {hazard_count(result)})",
-                  title_justify="left")
-        for c in ("kind", "mechanism", "sample", "token", "abs_token", "masked", "value", "note"):
-            t.add_column(c, justify="right" if c in ("sample", "token", "abs_token", "value") else "left")
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        cols = ("sample", "token", "abs_token", "masked", "value", "kind", "mechanism") + (("note",) if wide else ())
+        for c in cols:
+            t.add_column(c, justify="right" if c in ("sample", "token", "abs_token", "value") else "left",
+                         no_wrap=c not in ("mechanism", "note"), min_width=min(len(c), 9), overflow="fold")
         for h in result.hazards[:max_rows]:
-            t.add_row(h.kind, (h.mechanism or "-") + ("" if h.certain else " (bound)"), str(h.sample),
-                      _opt(h.token), _opt(h.abs_token), _opt(h.masked), fmt_value(h.value), h.detail)
+            row = (str(h.sample), _opt(h.token), _opt(h.abs_token), _opt(h.masked), fmt_value(h.value),
+                   h.kind, (h.mechanism or "-") + ("" if h.certain else "?"), h.detail)
+            t.add_row(*row[: len(cols)])
         console.print(t)
-    s = Table(title="checks", title_justify="left")
+    s = Table(title="checks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for c in ("check", "count", "mechanism", "note"):
-        s.add_column(c, justify="right" if c == "count" else "left")
+        s.add_column(c, justify="right" if c == "count" else "left", no_wrap=c != "note", min_width=len(c))
     for c in result.checks:
         count = "skipped" if c.status == "skipped" else str(c.count)
         s.add_row(c.kind, count, ", ".join(c.mechanisms) or "-", c.note)
     console.print(s)
+    if any(not h.certain for h in result.hazards):
+        console.print("?: bound only (the dump lacks one side of the log-ratio; see the note)", style="dim")
     style = {"yes": "bold red", "possibly": "bold yellow", "no": "bold green"}[result.would_nan]
     console.print(result.verdict, style=style, highlight=False)
 

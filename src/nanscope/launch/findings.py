@@ -1,0 +1,302 @@
+"""The catalogue of rules from a slime v0.1.0 configuration to NaN mechanisms.
+
+Each rule reads the resolved configuration and returns a Finding (or nothing): the flags that are
+the evidence, the mechanism in two sentences, and the fix (a flag change where one exists, else the
+nanscope slime plugin). The semantics are slime v0.1.0's `policy_loss_function` /
+`compute_approx_kl` / `compute_policy_loss` and megatron-core 0.15.0rc0's gradient check.
+Hazard names are the ones used across nanscope (kl-exp-overflow, ratio-exp-overflow,
+nan-rollout-logprob, nan-reward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nanscope.launch.config import Batches, Config
+from nanscope.loss.formulas import FP32_EXP_MAX
+
+PLUGIN = "--loss-type custom_loss --custom-loss-function-path nanscope.slime_plugin.policy_loss"
+SEVERITIES = ("critical", "high", "medium", "low", "info")
+
+
+@dataclass
+class Finding:
+    """One rule that fired.
+
+    Attributes:
+        id: stable kebab-case id.
+        severity: one of SEVERITIES.
+        title: one line.
+        flags: the flags that are the evidence, as written (`--kl-loss-coef 0`).
+        mechanism: two sentences: what happens numerically.
+        fix: a flag change and/or the nanscope slime plugin.
+        hazards: nanscope hazard names this corresponds to.
+    """
+
+    id: str
+    severity: str
+    title: str
+    flags: list[str]
+    mechanism: str
+    fix: str
+    hazards: list[str] = field(default_factory=list)
+
+
+def _uses_plugin(cfg: Config) -> bool:
+    return cfg["loss_type"] == "custom_loss" and (cfg["custom_loss_function_path"] or "").startswith("nanscope.")
+
+
+def _kl(cfg: Config) -> Finding | None:
+    if not cfg["use_kl_loss"] or cfg["kl_loss_type"] not in ("low_var_kl", "k3") or _uses_plugin(cfg):
+        return None
+    zero = cfg["kl_loss_coef"] == 0
+    clamp = cfg["kl_loss_type"] == "low_var_kl"
+    flags = ["--use-kl-loss", cfg.flag_text("kl_loss_coef"), cfg.flag_text("kl_loss_type")]
+    mechanism = (
+        f"{cfg['kl_loss_type']} computes exp(ref_log_prob - log_prob) - 1 - (ref_log_prob - log_prob)"
+        + (", and clamps to [-10, 10] only after the exp" if clamp else " with no clamp")
+        + f": a log-ratio above {FP32_EXP_MAX:.2f} (log of fp32 max) makes the exp inf, and the backward "
+        + ("of the clamp multiplies its zero slope by that inf, 0 x inf = NaN, in the log-prob gradient. "
+           if clamp else "carries inf into the log-prob gradient. ")
+        + ("With --kl-loss-coef 0 the term adds nothing to the loss value but stays in the graph "
+           "(loss + 0 x kl_loss), so 0 x inf = NaN reaches every gradient of the micro-batch."
+           if zero else "Any token where the policy drifted that far from the reference poisons the step.")
+    )
+    fix = ("drop --use-kl-loss: with --kl-loss-coef 0 the term only adds risk (slime then does not compute it); "
+           if zero else "")
+    fix += f"to keep the KL term, use the nanscope slime plugin: {PLUGIN}."
+    return Finding("kl-loss-exp-then-clamp", "high" if zero else "medium",
+                   f"KL loss ({cfg['kl_loss_type']}) in the graph" + (" at coefficient 0" if zero else ""),
+                   flags, mechanism, fix, ["kl-exp-overflow"])
+
+
+def _ratio(cfg: Config) -> Finding | None:
+    if cfg["loss_type"] != "policy_loss":
+        return None
+    flags = [cfg.flag_text("eps_clip"), cfg.flag_text("eps_clip_high"), f"--loss-type {cfg['loss_type']}"]
+    mechanism = (
+        "compute_policy_loss takes ratio = exp(old_log_prob - log_prob) first and clamps it to "
+        f"[1 - {cfg['eps_clip']:g}, 1 + {cfg['eps_clip_high']:g}] afterwards, so a log-ratio above "
+        f"{FP32_EXP_MAX:.2f} gives ratio = inf before any clip. max(-ratio x A, -clip(ratio) x A) then keeps "
+        "inf (or inf x 0 = NaN where the advantage is 0) and the backward sends NaN into the log-probs.")
+    fix = f"use the nanscope slime plugin: {PLUGIN}."
+    return Finding("ppo-ratio-exp-then-clamp", "medium", "PPO ratio: exp before clamp", flags, mechanism, fix,
+                   ["ratio-exp-overflow"])
+
+
+def _tis(cfg: Config) -> Finding | None:
+    if not cfg["use_tis"] or _uses_plugin(cfg):
+        return None
+    custom = cfg["custom_generate_function_path"]
+    source = f"the custom generate function {custom}" if custom else "SGLang"
+    flags = ["--use-tis", cfg.flag_text("tis_clip"), cfg.flag_text("tis_clip_low")]
+    if custom:
+        flags.append(cfg.flag_text("custom_generate_function_path"))
+    mechanism = (
+        f"TIS multiplies the policy loss by clamp(exp(old_log_prob - rollout_log_prob), {cfg['tis_clip_low']:g}, "
+        f"{cfg['tis_clip']:g}), where rollout_log_probs come from {source} without validation. "
+        "The clamp bounds inf but passes NaN (clamp(NaN) = NaN), so one NaN, or a list that does not line up "
+        "with the response tokens, makes pg_loss and the gradient of the whole micro-batch NaN.")
+    fix = ("validate rollout_log_probs where they are produced (finite, one per response token, "
+           "tool tokens included); find the bad sample with `nanscope scan` on a --save-debug-rollout-data dump; "
+           f"guard the loss with the nanscope slime plugin ({PLUGIN}); "
+           "or drop --use-tis.")
+    return Finding("tis-unvalidated-rollout-logprobs", "high" if custom else "medium",
+                   "TIS fed by rollout log-probs" + (" from a custom generate function" if custom else ""),
+                   flags, mechanism, fix, ["nan-rollout-logprob"])
+
+
+def _reward(cfg: Config) -> Finding | None:
+    if not cfg["custom_rm_path"] or cfg["advantage_estimator"] not in ("grpo", "gspo"):
+        return None
+    flags = [cfg.flag_text("custom_rm_path"), cfg.flag_text("advantage_estimator"),
+             cfg.flag_text("n_samples_per_prompt")]
+    if cfg["group_rm"]:
+        flags.append("--group-rm")
+    std = " and divides by its std (+1e-6)" if cfg["grpo_std_normalization"] else ""
+    mechanism = (
+        f"GRPO subtracts each group's mean reward{std} over the {cfg['n_samples_per_prompt']} samples of a "
+        "prompt, so one NaN or inf from the custom reward function makes that group's mean and std NaN and "
+        f"all {cfg['n_samples_per_prompt']} advantages NaN. Each advantage multiplies every response token "
+        "of its sample in the policy loss, so the micro-batch gradient is NaN.")
+    fix = ("make the reward function return finite floats (check math.isfinite before returning; map "
+           "failures to a fixed reward); `nanscope scan` finds the sample in a rollout dump.")
+    return Finding("custom-reward-grpo-normalisation", "high", "custom reward feeds GRPO group normalisation",
+                   flags, mechanism, fix, ["nan-reward"])
+
+
+def _masked(cfg: Config) -> Finding | None:
+    if not cfg["custom_generate_function_path"] or _uses_plugin(cfg):
+        return None
+    flags = [cfg.flag_text("custom_generate_function_path")]
+    mechanism = (
+        "Multi-turn generate functions append tool outputs to the response with loss_mask 0, but slime "
+        "computes log-probs, the ratio, KL and TIS for every response token and applies the mask only in "
+        "sum_of_sample_mean as x * loss_mask. A masked token whose value is inf or NaN (e.g. a filler "
+        "rollout log-prob) still gives 0 x inf = NaN there, forward and backward.")
+    fix = (f"use the nanscope slime plugin: {PLUGIN}; and give tool tokens finite placeholder "
+           "log-probs in the generate function.")
+    return Finding("masked-tokens-reach-loss", "high", "multi-turn tool tokens (loss_mask 0) still reach the loss",
+                   flags, mechanism, fix, ["nan-rollout-logprob"])
+
+
+def _eps_clip_c(cfg: Config) -> Finding | None:
+    if cfg["eps_clip_c"] is None:
+        return None
+    mechanism = (
+        "slime v0.1.0 parses --eps-clip-c but policy_loss_function calls compute_policy_loss without it, "
+        "so dual-clip PPO is never applied. Negative-advantage tokens with a large ratio are not bounded "
+        "by eps-clip-c x |A| as the flag promises.")
+    return Finding("eps-clip-c-ignored", "low", "--eps-clip-c is accepted but never applied in v0.1.0",
+                   [cfg.flag_text("eps_clip_c")], mechanism,
+                   f"remove the flag (it does nothing), or apply dual-clip in a custom loss ({PLUGIN}).")
+
+
+def _nan_check(cfg: Config) -> Finding | None:
+    if not cfg["check_for_nan_in_loss_and_grad"]:
+        return None
+    flags = ["(no --no-check-for-nan-in-loss-and-grad)", "rerun mode: disabled (slime never initialises it)"]
+    mechanism = (
+        "--check-for-nan-in-loss-and-grad is on by default, so Megatron's DDP checks each gradient bucket's "
+        "local norm before the data-parallel reduce; slime v0.1.0 never initialises the RerunStateMachine, "
+        "so its mode is DISABLED and a NaN raises RuntimeError and kills the job. With "
+        "--no-check-for-nan-in-loss-and-grad, slime v0.1.0's train_one_step checks the gradient itself and "
+        "skips a non-finite optimizer step instead.")
+    return Finding("nan-check-kills-run", "medium", "a NaN gradient kills the run instead of skipping the step",
+                   flags, mechanism,
+                   "--no-check-for-nan-in-loss-and-grad to skip non-finite steps (log them; it hides the cause, "
+                   "so fix the mechanisms above too).")
+
+
+def _budget(cfg: Config, b: Batches, cp: int) -> Finding | None:
+    if b.budget_tokens is None or b.longest_sample is None or b.longest_sample <= b.budget_tokens:
+        return None
+    flags = [cfg.flag_text("max_tokens_per_gpu"), f"--context-parallel-size {cp}", "--use-dynamic-batch-size",
+             b.longest_from]
+    mechanism = (
+        f"slime packs micro-batches first-fit up to max-tokens-per-gpu x CP = {b.budget_tokens} tokens, but a "
+        f"sample may be {b.longest_sample} tokens ({b.longest_from}); such a sample gets a micro-batch of its "
+        "own, over the budget memory was sized for. That is an out-of-memory risk, not a NaN mechanism by "
+        "itself, but the longest samples are also the most off-policy ones.")
+    need = -(-b.longest_sample // cp)
+    return Finding("sample-exceeds-microbatch-budget", "low", "samples can be longer than the micro-batch budget",
+                   flags, mechanism,
+                   f"--max-tokens-per-gpu {need} (>= longest / CP), or bound the sample: lower "
+                   "--rollout-max-response-len / --sglang-context-length, set --rollout-max-prompt-len.")
+
+
+def _batches(cfg: Config, b: Batches) -> Finding | None:
+    if b.samples_per_rollout is None or not b.steps_remainder:
+        return None
+    return Finding("rollout-not-multiple-of-global-batch", "critical",
+                   "rollout x n-samples is not a multiple of the global batch",
+                   [cfg.flag_text("rollout_batch_size"), cfg.flag_text("n_samples_per_prompt"),
+                    f"--global-batch-size {b.global_batch}"],
+                   f"slime v0.1.0 asserts rollout-batch-size x n-samples-per-prompt ({b.samples_per_rollout}) "
+                   f"% global-batch-size ({b.global_batch}) == 0 at start-up. The run does not start.",
+                   "make the global batch a divisor of rollout-batch-size x n-samples-per-prompt.")
+
+
+def _colocate(cfg: Config, world: int) -> Finding | None:
+    per_engine = cfg["rollout_num_gpus_per_engine"]
+    rollout = cfg["rollout_num_gpus"]
+    if rollout is None and not cfg["colocate"]:
+        return Finding("rollout-gpus-unset", "critical", "disaggregated run without --rollout-num-gpus",
+                       ["(no --colocate)", "(no --rollout-num-gpus)"],
+                       "Without --colocate the rollout engines need their own GPUs, and slime sizes them from "
+                       "--rollout-num-gpus. Left unset, the engines cannot be placed.",
+                       "--rollout-num-gpus N (e.g. 8), or --colocate.")
+    if rollout is not None and rollout % per_engine:
+        return Finding("rollout-gpus-per-engine", "critical", "rollout GPUs not a multiple of GPUs per engine",
+                       [f"--rollout-num-gpus {rollout}", cfg.flag_text("rollout_num_gpus_per_engine")],
+                       f"slime starts rollout-num-gpus / rollout-num-gpus-per-engine = {rollout}/{per_engine} "
+                       "SGLang engines. A remainder leaves GPUs without an engine or fails placement.",
+                       "make --rollout-num-gpus a multiple of --rollout-num-gpus-per-engine.")
+    if cfg["colocate"] and "--rollout-num-gpus" in cfg.given and cfg.origin("rollout_num_gpus").startswith("derived"):
+        given = cfg.given.get("--rollout-num-gpus", ["?"])[0]
+        return Finding("colocate-rollout-gpus-overridden", "info", "--rollout-num-gpus is overridden by --colocate",
+                       ["--colocate", f"--rollout-num-gpus {given}"],
+                       f"With --colocate slime sets rollout-num-gpus to the actor GPUs ({world}). "
+                       "The value given is ignored.", "drop --rollout-num-gpus (or set it to the actor GPUs).")
+    return None
+
+
+def findings(cfg: Config, b: Batches, world: int, cp: int) -> list[Finding]:
+    """All rules that fire, most severe first (stable within a severity)."""
+    rules = [_kl(cfg), _tis(cfg), _reward(cfg), _masked(cfg), _ratio(cfg), _nan_check(cfg), _eps_clip_c(cfg),
+             _budget(cfg, b, cp), _batches(cfg, b), _colocate(cfg, world)]
+    out = [f for f in rules if f is not None]
+    return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
+
+
+def fine(cfg: Config, b: Batches, world: int, colocate_ok: bool) -> list[str]:
+    """What was checked and is fine, one line each."""
+    out = []
+    if not cfg["use_kl_loss"]:
+        out.append("no KL loss term (--use-kl-loss off): no exp of the reference log-ratio in the graph")
+    elif cfg["kl_loss_type"] in ("kl", "k2"):
+        out.append(f"--kl-loss-type {cfg['kl_loss_type']} has no exp: no KL overflow")
+    if cfg["use_tis"]:
+        out.append(f"TIS weight is clamped to [{cfg['tis_clip_low']:g}, {cfg['tis_clip']:g}]: an inf weight "
+                   "becomes the clip, only NaN passes")
+    if cfg["eps_clip_c"] is None:
+        out.append("no --eps-clip-c: nothing silently ignored in the PPO clip")
+    if cfg["entropy_coef"] == 0:
+        out.append("--entropy-coef 0: the entropy is computed (max-subtracted softmax, stable) and reported "
+                   "but weighted 0")
+    if cfg["rollout_temperature"] > 0:
+        out.append(f"--rollout-temperature {cfg['rollout_temperature']:g} > 0: logits / T stay finite")
+    if b.steps_per_rollout is not None and not b.steps_remainder:
+        out.append(f"{b.samples_per_rollout} samples per rollout / global batch {b.global_batch} = "
+                   f"{b.steps_per_rollout} optimizer step(s) per rollout")
+    if b.budget_tokens is not None and b.longest_sample is not None and b.longest_sample <= b.budget_tokens:
+        out.append(f"longest sample {b.longest_sample} <= micro-batch budget {b.budget_tokens} tokens")
+    if colocate_ok:
+        out.append(f"rollout GPUs ({cfg['rollout_num_gpus']}) consistent with actor GPUs ({world})"
+                   if cfg["colocate"] else f"disaggregated: {cfg['rollout_num_gpus']} rollout GPUs + {world} actor GPUs")
+    return out
+
+
+def _layers_text(layers: list[int]) -> str:
+    if not layers:
+        return "no decoder layers"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"decoder layers {layers[0]}-{layers[-1]}"
+    return "decoder layers " + ", ".join(map(str, layers))
+
+
+def verdict(d) -> str:
+    """The report's first paragraph: where, why it died, which flags enable which mechanism."""
+    parts = []
+    r, t = d.failing, d.topology
+    if r is not None:
+        what = ""
+        if d.traceback is not None:
+            f = d.traceback.failure
+            where = "its local gradient norm" + (f" (bucket #{f.bucket})" if f.bucket is not None else "")
+            what = (f" found {f.kind} in {where} before the data-parallel reduce, on node {f.node} "
+                    f"(node index {r.node_index}), device {f.device}.")
+        else:
+            what = f" is on node index {r.node_index}, local device {r.local_device}."
+        parts.append(f"Rank {r.rank}{what}")
+        stage = "the last pipeline stage" if r.pp == t.pp - 1 else f"pipeline stage {r.pp} of {t.pp}"
+        layers = ""
+        if r.layers is not None:
+            layers = ", " + _layers_text(r.layers) + (" plus the final norm and output layer" if r.holds_output_layer
+                                                      else "")
+        parts.append(f"It is TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp} (EP {r.ep}): {stage}{layers}.")
+        if r.pp == t.pp - 1 and t.pp > 1:
+            parts.append("The last stage holds the loss and checks its gradients first in 1F1B, so the NaN "
+                         "can have started in any layer.")
+    if d.traceback is not None and d.config["check_for_nan_in_loss_and_grad"]:
+        parts.append("The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
+                     "and slime runs Megatron's rerun state machine disabled.")
+    serious = [f for f in d.findings if f.severity in ("critical", "high")]
+    if serious:
+        parts.append(f"The flags enable {len(serious)} high-severity mechanism(s): "
+                     + "; ".join(f"{f.id} ({', '.join(f.flags[:2])})" for f in serious) + ".")
+    elif d.findings:
+        parts.append(f"{len(d.findings)} finding(s), none high-severity.")
+    else:
+        parts.append("No rule fired.")
+    return " ".join(parts)

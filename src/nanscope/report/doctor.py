@@ -1,0 +1,315 @@
+"""Rendering a `nanscope doctor` Diagnosis: JSON-ready dict, rich terminal report, self-contained HTML.
+
+The terminal report reads top-down: verdict, failing rank, layout, findings, then what is fine,
+the annotated traceback and the input notes. Layers are 0-based everywhere (Megatron's
+`layer_number` is 1-based).
+"""
+
+from __future__ import annotations
+
+from nanscope.report.html import esc, page
+
+_SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
+                   "info": "dim"}
+
+
+def _range(layers: list[int] | None) -> str:
+    if layers is None:
+        return "unknown"
+    if not layers:
+        return "none"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}-{layers[-1]}"
+    return ", ".join(map(str, layers))
+
+
+def _stage_text(stage) -> str:
+    chunks = " | ".join(_range(c.layers) for c in stage.chunks) if len(stage.chunks) > 1 else _range(stage.layers)
+    extras = [x for x, on in (("embedding", stage.embedding), ("final norm + output layer", stage.output)) if on]
+    return chunks + (" + " + ", ".join(extras) if extras else "")
+
+
+# ---- JSON ------------------------------------------------------------------------------------------
+
+def to_dict(d) -> dict:
+    """The JSON document (`--json PATH`)."""
+    t, b, cfg = d.topology, d.batches, d.config
+    out = {
+        "verdict": d.verdict,
+        "inputs": {
+            "script": d.script.path,
+            "train_script": d.script.train_script,
+            "train_command_line": d.script.line,
+            "env": d.env,
+            "model": d.model_origin,
+            "sources": [{"path": s.path, "line": s.line, "status": s.status, "read": s.followed}
+                        for s in d.script.sources],
+            "unset_variables": sorted(d.script.unset),
+            "placeholders": [p.text for p in d.script.placeholders],
+            "argv": d.script.argv,
+        },
+        "config": {name: {"value": v.value, "origin": v.origin} for name, v in cfg.values.items()},
+        "topology": {
+            "world": t.world, "nodes": t.nodes, "gpus_per_node": t.gpus_per_node,
+            "tp": t.tp, "pp": t.pp, "cp": t.cp, "dp": t.dp, "ep": t.ep, "etp": t.etp, "expert_dp": t.edp,
+            "vpp": t.vpp, "order": t.order, "num_layers": t.num_layers, "num_experts": t.num_experts,
+            "experts_per_ep_rank": t.experts_per_rank,
+            "stages": None if t.stages is None else [
+                {"pp": s.pp, "layers": s.layers, "chunks": [c.layers for c in s.chunks],
+                 "embedding": s.embedding, "output_layer": s.output} for s in t.stages],
+            "ep_groups": t.groups["ep"],
+            "samples_per_rollout": b.samples_per_rollout,
+            "global_batch_size": b.global_batch,
+            "optimizer_steps_per_rollout": b.steps_per_rollout,
+            "micro_batch_token_budget": b.budget_tokens,
+            "longest_sample_tokens": b.longest_sample,
+            "longest_sample_from": b.longest_from,
+            "rollout_gpus": cfg["rollout_num_gpus"],
+            "colocate": cfg["colocate"],
+        },
+        "failing_rank": None,
+        "failure": None,
+        "frames": [],
+        "explanations": d.explanations,
+        "findings": [{"id": f.id, "severity": f.severity, "title": f.title, "flags": f.flags,
+                      "mechanism": f.mechanism, "fix": f.fix, "hazards": f.hazards} for f in d.findings],
+        "fine": d.fine,
+        "notes": d.notes,
+    }
+    r = d.failing
+    if r is not None:
+        out["failing_rank"] = {
+            "rank": r.rank, "tp": r.tp, "cp": r.cp, "dp": r.dp, "pp": r.pp, "ep": r.ep, "etp": r.etp,
+            "expert_dp": r.edp, "node_index": r.node_index, "local_device": r.local_device,
+            "layers": r.layers, "holds_output_layer": r.holds_output_layer, "holds_embedding": r.holds_embedding,
+            "experts": r.experts, "groups": r.groups,
+        }
+    if d.traceback is not None:
+        f = d.traceback.failure
+        out["failure"] = {"rank": f.rank, "node": f.node, "device": f.device, "iteration": f.iteration,
+                          "result": f.result, "kind": f.kind, "message": f.message, "bucket": f.bucket}
+        out["frames"] = [{"path": fr.path, "line": fr.line, "function": fr.function, "note": fr.note,
+                          "release": fr.release_text, "matches": fr.matches} for fr in d.traceback.frames]
+    return out
+
+
+# ---- terminal --------------------------------------------------------------------------------------
+
+def render_terminal(d, console) -> None:
+    """Print the report on a rich Console."""
+    from rich.panel import Panel
+    from rich.table import Table
+
+    console.print(f"[bold]nanscope doctor[/bold]  {d.script.path}  "
+                  f"([dim]{d.script.train_script}, line {d.script.line}[/dim])")
+    console.print(Panel(d.verdict, title="verdict", title_align="left", border_style="red" if d.traceback else "blue"))
+
+    r, t = d.failing, d.topology
+    if r is not None:
+        table = Table(title=f"rank {r.rank}", title_justify="left", show_header=False, box=None, padding=(0, 2))
+        table.add_row("coordinates", f"TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp}   EP {r.ep} (ETP {r.etp}, "
+                                     f"expert DP {r.edp})")
+        table.add_row("where", f"node index {r.node_index} (= {r.rank} // {t.gpus_per_node}), local device "
+                               f"{r.local_device}")
+        layers = _range(r.layers)
+        if r.chunks and len(r.chunks) > 1:
+            layers = " | ".join(_range(c.layers) for c in r.chunks) + " (virtual stages)"
+        table.add_row("decoder layers", f"{layers} (0-based)")
+        table.add_row("output layer", "yes: final norm + output layer (and slime's loss)" if r.holds_output_layer
+                      else "no")
+        if r.experts:
+            table.add_row("experts", f"{_range(r.experts)} ({t.experts_per_rank} per EP rank)")
+        for key, label in (("tp", "TP group"), ("pp", "PP group"), ("dp", "DP group"), ("cp", "CP group"),
+                           ("ep", "EP group")):
+            table.add_row(label, _group_text(r.groups[key]))
+        console.print(table)
+        for line in d.explanations:
+            console.print(f"  - {line}")
+
+    console.print()
+    console.print(f"[bold]layout[/bold]  world {t.world} = {t.nodes} nodes x {t.gpus_per_node} GPUs;  "
+                  f"TP {t.tp}  PP {t.pp}  CP {t.cp}  DP {t.dp} (= {t.world}/({t.tp}*{t.pp}*{t.cp}))  "
+                  f"EP {t.ep}  ETP {t.etp}  expert DP {t.edp}"
+                  + (f"  VPP {t.vpp}" if t.vpp else "") + f";  order {t.order}")
+    if t.stages is not None:
+        st = Table(show_header=True, box=None, padding=(0, 2))
+        st.add_column("PP")
+        st.add_column("layers (0-based)")
+        st.add_column("count", justify="right")
+        for s in t.stages:
+            mark = " <" if r is not None and s.pp == r.pp else ""
+            st.add_row(str(s.pp), _stage_text(s) + mark, str(len(s.layers)))
+        console.print(st)
+    b, cfg = d.batches, d.config
+    lines = []
+    if t.num_experts:
+        lines.append(f"experts: {t.num_experts} / EP {t.ep} = {t.experts_per_rank} per EP rank")
+    if b.samples_per_rollout is not None:
+        lines.append(f"rollout: {cfg['rollout_batch_size']} prompts x {cfg['n_samples_per_prompt']} samples = "
+                     f"{b.samples_per_rollout}; / global batch {b.global_batch} = {b.steps_per_rollout} optimizer "
+                     "step(s) per rollout")
+    if b.budget_tokens is not None:
+        longest = b.longest_sample if b.longest_sample is not None else "unbounded"
+        lines.append(f"micro-batch budget: max-tokens-per-gpu {cfg['max_tokens_per_gpu']} x CP {t.cp} = "
+                     f"{b.budget_tokens} tokens; longest sample {longest} ({b.longest_from})")
+    lines.append(f"rollout GPUs {cfg['rollout_num_gpus']} ({'colocated with' if cfg['colocate'] else 'besides'} "
+                 f"{t.world} actor GPUs)")
+    for line in lines:
+        console.print(f"  {line}")
+
+    console.print()
+    console.print(f"[bold]findings[/bold] ({len(d.findings)})")
+    for f in d.findings:
+        style = _SEVERITY_STYLE.get(f.severity, "")
+        hazards = f"  [dim]hazards: {', '.join(f.hazards)}[/dim]" if f.hazards else ""
+        console.print(f"[{style}]{f.severity.upper()}[/{style}] [bold]{f.id}[/bold]: {f.title}{hazards}")
+        console.print(f"    evidence: {'  '.join(f.flags)}", highlight=False)
+        console.print(f"    why: {f.mechanism}", highlight=False)
+        console.print(f"    fix: {f.fix}", highlight=False)
+    if d.fine:
+        console.print()
+        console.print("[bold]fine[/bold]")
+        for line in d.fine:
+            console.print(f"  [green]ok[/green] {line}", highlight=False)
+
+    if d.traceback is not None:
+        console.print()
+        console.print("[bold]traceback, frame by frame[/bold] (outermost first)")
+        for fr in d.traceback.frames:
+            where = fr.function if fr.line is None else f"{_short(fr.path)}:{fr.line} {fr.function}"
+            console.print(f"  {where}  [dim]{fr.release_text}[/dim]", highlight=False)
+            console.print(f"      {fr.note}", highlight=False)
+    if d.notes:
+        console.print()
+        console.print("[bold]inputs[/bold]")
+        for line in d.notes:
+            console.print(f"  - {line}", highlight=False)
+
+
+def _short(path: str) -> str:
+    for marker in ("megatron/core/", "slime/", "ray/"):
+        i = path.find(marker)
+        if i >= 0:
+            return path[i:]
+    return path
+
+
+def _group_text(group: list[int]) -> str:
+    if len(group) > 2 and group == list(range(group[0], group[-1] + 1)):
+        return f"{group[0]}-{group[-1]}"
+    return ", ".join(map(str, group))
+
+
+# ---- HTML ------------------------------------------------------------------------------------------
+
+_EP_COLOURS = ("#dbe9f6", "#e3f1dc", "#f6e7d4", "#eadcf3", "#f3dce3", "#dcf1ef", "#f1efd9", "#e2e2e2")
+
+
+def rank_grid_svg(d) -> str:
+    """Inline SVG: one row per PP stage; in each, DP blocks of CP blocks of TP cells (one cell per rank).
+
+    Cells are filled by expert-parallel group; the failing rank is outlined in red.
+    """
+    t = d.topology
+    cell_w, cell_h, gap_cp, gap_dp, label_w = 40, 26, 6, 16, 230
+    by_coord = {(c["pp"], c["dp"], c["cp"], c["tp"]): rank for rank, c in enumerate(t.coords)}
+    ep_group_of = {rank: i for i, g in enumerate(t.groups["ep"]) for rank in g}
+    row_w = t.dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp)
+    width, height = label_w + row_w + 10, 40 + t.pp * (cell_h + 14) + 30
+    failing = d.failing.rank if d.failing is not None else None
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+           "font-family='ui-monospace,monospace' font-size='11'>"]
+    x0 = label_w
+    for dp in range(t.dp):  # column headers
+        x = x0 + dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp)
+        out.append(f"<text x='{x}' y='14'>DP {dp}</text>")
+        for cp in range(t.cp):
+            out.append(f"<text x='{x + cp * (t.tp * cell_w + gap_cp)}' y='28' fill='#777'>CP {cp}</text>")
+    for pp in range(t.pp):
+        y = 36 + pp * (cell_h + 14)
+        label = f"PP {pp}"
+        if t.stages is not None:
+            label += ": " + _stage_text(t.stages[pp]).replace("final norm + output layer", "output")
+        out.append(f"<text x='4' y='{y + 17}'>{esc(label)}</text>")
+        for dp in range(t.dp):
+            for cp in range(t.cp):
+                for tp in range(t.tp):
+                    rank = by_coord[(pp, dp, cp, tp)]
+                    x = x0 + dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp) + cp * (t.tp * cell_w + gap_cp) + tp * cell_w
+                    fill = _EP_COLOURS[ep_group_of.get(rank, 0) % len(_EP_COLOURS)]
+                    stroke, sw = ("#b00020", 3) if rank == failing else ("#888", 1)
+                    out.append(f"<rect x='{x}' y='{y}' width='{cell_w - 2}' height='{cell_h}' fill='{fill}' "
+                               f"stroke='{stroke}' stroke-width='{sw}'><title>rank {rank}: TP {tp} CP {cp} DP {dp} "
+                               f"PP {pp} EP {t.coords[rank]['ep']}</title></rect>")
+                    out.append(f"<text x='{x + 4}' y='{y + 17}'>{rank}</text>")
+    out.append(f"<text x='4' y='{height - 8}' fill='#777'>cells: global ranks, TP within CP within DP; fill colour = "
+               f"expert-parallel group (EP {t.ep}); red outline = failing rank</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def layer_split_svg(d) -> str:
+    """Inline SVG: one bar per PP stage over the decoder layers 0..num_layers-1."""
+    t = d.topology
+    if t.stages is None or not t.num_layers:
+        return "<p class='muted'>layer split unknown (num-layers not given)</p>"
+    width, label_w, bar_h = 760, 70, 18
+    scale = (width - label_w - 120) / t.num_layers
+    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{20 + t.pp * (bar_h + 6)}' "
+           "font-family='ui-monospace,monospace' font-size='11'>"]
+    failing_pp = d.failing.pp if d.failing is not None else None
+    for s in t.stages:
+        y = 8 + s.pp * (bar_h + 6)
+        out.append(f"<text x='4' y='{y + 13}'>PP {s.pp}</text>")
+        for c in s.chunks:
+            if not c.layers:
+                continue
+            x = label_w + c.layers[0] * scale
+            fill = "#f4b6b6" if s.pp == failing_pp else "#c9dcf0"
+            out.append(f"<rect x='{x:.1f}' y='{y}' width='{max(len(c.layers) * scale, 1):.1f}' height='{bar_h}' "
+                       f"fill='{fill}' stroke='#666'><title>layers {_range(c.layers)}</title></rect>")
+            out.append(f"<text x='{x + 3:.1f}' y='{y + 13}'>{_range(c.layers)}</text>")
+        if s.output:
+            out.append(f"<text x='{width - 115}' y='{y + 13}'>+ norm, output</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def render_html(d) -> str:
+    """One self-contained page: verdict, rank grid, layer split, findings, frames."""
+    body = [f"<p><b>{esc(d.verdict)}</b></p>"]
+    r, t = d.failing, d.topology
+    if r is not None:
+        body.append("<h2>Failing rank</h2><table>")
+        rows = [("rank", r.rank), ("TP / CP / DP / PP", f"{r.tp} / {r.cp} / {r.dp} / {r.pp}"), ("EP", r.ep),
+                ("node index / local device", f"{r.node_index} / {r.local_device}"),
+                ("decoder layers (0-based)", _range(r.layers)), ("holds output layer", r.holds_output_layer),
+                ("experts", _range(r.experts) if r.experts else "-"), ("EP group", _group_text(r.groups["ep"]))]
+        body += [f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in rows]
+        body.append("</table><ul>" + "".join(f"<li>{esc(x)}</li>" for x in d.explanations) + "</ul>")
+    body.append(f"<h2>Rank grid</h2><p>world {t.world} = {t.nodes} x {t.gpus_per_node}; TP {t.tp} PP {t.pp} "
+                f"CP {t.cp} DP {t.dp} EP {t.ep} ETP {t.etp}; order {esc(t.order)}</p>")
+    body.append(rank_grid_svg(d))
+    body.append("<h2>Layer split per stage</h2>" + layer_split_svg(d))
+    body.append("<h2>Findings</h2><table><tr><th>severity</th><th>id</th><th>evidence</th><th>mechanism</th>"
+                "<th>fix</th></tr>")
+    for f in d.findings:
+        cls = " class='bad'" if f.severity in ("critical", "high") else ""
+        body.append(f"<tr><td{cls}>{esc(f.severity)}</td><td><code>{esc(f.id)}</code><br>{esc(f.title)}"
+                    f"<br><span class='muted'>{esc(', '.join(f.hazards))}</span></td>"
+                    f"<td><code>{'<br>'.join(esc(x) for x in f.flags)}</code></td><td>{esc(f.mechanism)}</td>"
+                    f"<td>{esc(f.fix)}</td></tr>")
+    body.append("</table>")
+    if d.fine:
+        body.append("<h2>Fine</h2><ul>" + "".join(f"<li class='ok'>{esc(x)}</li>" for x in d.fine) + "</ul>")
+    if d.traceback is not None:
+        body.append("<h2>Traceback, frame by frame</h2><table><tr><th>frame</th><th>release</th><th>what it does"
+                    "</th></tr>")
+        for fr in d.traceback.frames:
+            where = fr.function if fr.line is None else f"{_short(fr.path)}:{fr.line} {fr.function}"
+            body.append(f"<tr><td><code>{esc(where)}</code></td><td>{esc(fr.release_text)}</td>"
+                        f"<td>{esc(fr.note)}</td></tr>")
+        body.append("</table>")
+    if d.notes:
+        body.append("<h2>Inputs</h2><ul>" + "".join(f"<li>{esc(x)}</li>" for x in d.notes) + "</ul>")
+    return page(f"nanscope doctor: {d.script.path}", "\n".join(body))

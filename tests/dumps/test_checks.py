@@ -1,0 +1,218 @@
+"""The checks: every planted hazard found at its exact sample/token, with slime v0.1.0's mechanism."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from nanscope import hazards
+from nanscope.dumps import checks, io
+from nanscope.dumps.checks import ScanConfig
+
+
+def rows(result, kinds=None):
+    """(kind, mechanism, sample, token, abs_token, masked, value-as-text, certain) of listed hazards."""
+    return [(h.kind, h.mechanism, h.sample, h.token, h.abs_token, h.masked, repr(h.value), h.certain)
+            for h in result.hazards if kinds is None or h.kind in kinds]
+
+
+def scan_samples(tmp_path, samples, cfg=ScanConfig(), **load):
+    path = io.write_rollout_dump(tmp_path / "r.pt", samples)
+    return checks.scan(io.load(path, **load), cfg)
+
+
+def test_rollout_demo_every_planted_hazard(tmp_path):
+    path = tmp_path / "rollout_data" / "12.pt"
+    io.write_demo(path)
+    r = checks.scan(io.load(path))
+    # 16 samples x (prompt 24 + response 64); response positions 32..47 masked. abs_token = 24 + token.
+    group0 = [("grpo-nonfinite", "nan-reward", i, None, None, None, "nan", True) for i in range(8)]
+    assert rows(r) == group0[:3] + [("nonfinite-reward", "nan-reward", 3, None, None, None, "nan", True)] + group0[3:] + [
+        ("nonfinite-rollout-logprob", "nan-rollout-logprob", 9, 17, 41, False, "nan", True),
+        ("kl-margin", "kl-exp-overflow", 12, 40, 64, True, "100.0", False),
+        ("ratio-margin", "ratio-exp-overflow", 12, 40, 64, True, "100.0", False),
+        ("zero-loss-mask", None, 14, None, None, None, "0", True),
+    ]
+    assert r.hazards[0].detail == "group 0: sample 3's reward is nan"
+    assert r.verdict == ("slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob, nan-reward; "
+                         "possibly also via kl-exp-overflow, ratio-exp-overflow (bounds only)")
+    assert (r.would_nan, r.num_samples, r.response_tokens, r.errors) == ("yes", 16, 16 * 64, [])
+    counts = {c.kind: (c.status, c.count) for c in r.checks}
+    assert counts["tis-margin"] == ("skipped", 0) and counts["grpo-nonfinite"] == ("ran", 8)
+    # The bound histograms hold every response token once: 16 * 64 = 1023 binned + the nan of sample 9;
+    # one (100) in bin [100, 101); masked: 16 per sample plus sample 14's other 48.
+    h = r.histograms["kl-margin"]
+    assert (h.all.sum(), h.nan, h.all[100 - checks.HIST_LO + 1], h.masked.sum()) == (1023, 1, 1, 16 * 16 + 48)
+
+
+def test_train_demo_every_planted_hazard(tmp_path):
+    path = tmp_path / "12_0.pt"
+    io.write_demo(path, kind="train")
+    r = checks.scan(io.load(path))
+    assert rows(r) == [
+        ("kl-margin", "kl-exp-overflow", 5, 40, 64, True, "95.0", True),  # -2 - (-97)
+        ("ratio-margin", "ratio-exp-overflow", 5, 40, 64, True, "97.0", False),  # bound: -(-97)
+        ("tis-margin", None, 7, 3, 27, False, "94.0", True),  # -1 - (-95)
+        ("nonfinite-rollout-logprob", "nan-rollout-logprob", 9, 17, 41, False, "nan", True),
+    ]
+    assert r.verdict == ("slime v0.1.0 would produce NaN: yes, via kl-exp-overflow, nan-rollout-logprob; "
+                         "possibly also via ratio-exp-overflow (bounds only)")
+
+
+def test_clean_dump_is_clean(tmp_path, make_samples):
+    r = scan_samples(tmp_path, make_samples(16))
+    assert (r.hazards, r.would_nan, r.verdict) == ([], "no", "slime v0.1.0 would produce NaN: no")
+    assert checks.hazard_count(r) == 0
+
+
+def test_kl_threshold_is_the_fp32_exp_limit(tmp_path):
+    # FP32_EXP_MAX = 88.7228...: a log-ratio of 88.72 is finite under exp, 88.73 overflows.
+    assert math.isfinite(torch.tensor(88.72).exp().item()) and torch.tensor(88.73).exp().item() == math.inf
+    data = {"tokens": [torch.arange(6)], "response_lengths": [3], "log_probs": [torch.tensor([-90.0, -90.0, -1.0])],
+            "ref_log_probs": [torch.tensor([-1.28, -1.27, -1.0])]}
+    io.write_train_dump(tmp_path / "t.pt", data)
+    r = checks.scan(io.load(tmp_path / "t.pt"))
+    kl = rows(r, {"kl-margin"})
+    assert len(kl) == 1 and kl[0][:6] == ("kl-margin", "kl-exp-overflow", 0, 1, 4, False)
+    assert float(kl[0][6]) == pytest.approx(88.73, abs=1e-4)
+
+
+def test_kl_check_follows_the_flags(tmp_path):
+    data = {"tokens": [torch.arange(4)], "response_lengths": [2], "log_probs": [torch.tensor([-100.0, -1.0])],
+            "ref_log_probs": [torch.tensor([-1.0, -1.0])]}
+    io.write_train_dump(tmp_path / "t.pt", data)
+    for cfg, expect in [(ScanConfig(), 1), (ScanConfig(kl_loss_type="k3"), 1), (ScanConfig(kl_loss_type="kl"), 0),
+                        (ScanConfig(use_kl_loss=False), 0)]:
+        r = checks.scan(io.load(tmp_path / "t.pt"), cfg)
+        kl = next(c for c in r.checks if c.kind == "kl-margin")
+        assert kl.count == expect and kl.status == ("ran" if expect else "skipped")
+
+
+def test_group_of_one_is_nan_for_every_sample(tmp_path, make_samples):
+    # n_samples_per_prompt 1: torch.std of one element is nan (unbiased), so every advantage is nan.
+    r = scan_samples(tmp_path, make_samples(3), ScanConfig(n_samples_per_prompt=1))
+    assert rows(r) == [("grpo-nonfinite", "nan-reward", i, None, None, None, "nan", True) for i in range(3)]
+    assert r.hazards[0].detail == "group 0: group of 1: std of one element is nan"
+    # Without std normalisation (Dr.GRPO) a group of 1 is just 0: clean.
+    r = scan_samples(tmp_path, make_samples(3), ScanConfig(n_samples_per_prompt=1, grpo_std_normalization=False))
+    assert r.hazards == []
+
+
+def test_inf_reward_spreads_to_its_group_only(tmp_path, make_samples):
+    samples = make_samples(8)
+    samples[6]["reward"] = math.inf
+    r = scan_samples(tmp_path, samples, ScanConfig(n_samples_per_prompt=4))
+    assert [(h.kind, h.sample) for h in r.hazards] == [("grpo-nonfinite", i) for i in (4, 5)] + [
+        ("nonfinite-reward", 6), ("grpo-nonfinite", 6), ("grpo-nonfinite", 7)]
+    assert r.hazards[0].detail == "group 1: sample 6's reward is inf"
+
+
+def test_groups_that_do_not_reshape_are_an_error(tmp_path, make_samples):
+    r = scan_samples(tmp_path, make_samples(13))
+    assert r.errors == [f"{tmp_path / 'r.pt'}: samples: 13 samples do not form groups of --n-samples-per-prompt 8 "
+                        "(13 % 8 = 5): slime v0.1.0's reshape(-1, 8) fails"]
+
+
+def test_length_mismatches_name_field_and_sample(tmp_path, make_samples):
+    samples = make_samples(8, prompt=4, response=8)
+    samples[2]["loss_mask"] = [1] * 7
+    samples[5]["rollout_log_probs"] = [-1.0] * 9
+    samples[6]["response_length"] = 13  # > len(tokens) = 12
+    r = scan_samples(tmp_path, samples)
+    p = tmp_path / "r.pt"
+    assert r.errors == [f"{p}: loss_mask of sample 2: length 7 != response_length 8",
+                        f"{p}: rollout_log_probs of sample 5: length 9 != response_length 8",
+                        f"{p}: response_length of sample 6: response_length 13 > len(tokens) 12",
+                        f"{p}: loss_mask of sample 6: length 8 != response_length 13"]
+    assert [(h.kind, h.sample, h.value) for h in r.hazards] == [
+        ("length-mismatch", 2, 7), ("length-mismatch", 5, 9), ("length-mismatch", 6, 13), ("length-mismatch", 6, 8)]
+
+
+def test_cp_sliced_train_dump_without_cp_flags_hints(tmp_path):
+    data = {"tokens": [torch.arange(10)], "response_lengths": [6], "log_probs": [torch.zeros(4)]}
+    io.write_train_dump(tmp_path / "t.pt", data)
+    r = checks.scan(io.load(tmp_path / "t.pt"))
+    assert r.errors == [f"{tmp_path / 't.pt'}: log_probs of sample 0: length 4 != response_length 6 "
+                        "(CP-sliced? pass --context-parallel-size and --tensor-model-parallel-size)"]
+
+
+def test_cp_sliced_hazard_maps_to_its_response_token(tmp_path):
+    # total 20, response 12, cp 2, CP rank 0 holds response tokens 8..11 (see test_io). A NaN at local
+    # entry 2 is response token 10, abs_token 8 + 10 = 18; the mask there is 0.
+    mask = torch.ones(12, dtype=torch.int)
+    mask[10] = 0
+    lp = torch.full((4,), -1.0)
+    lp[2] = math.nan
+    data = {"tokens": [torch.arange(20)], "response_lengths": [12], "loss_masks": [mask], "log_probs": [lp]}
+    io.write_train_dump(tmp_path / "t.pt", data, rank=0)
+    r = checks.scan(io.load(tmp_path / "t.pt", cp_size=2, tp_size=1))
+    assert rows(r) == [("nonfinite-log-prob", "nan-logprob", 0, 10, 18, True, "nan", True)]
+
+
+def test_rollout_logprob_is_checked_as_bf16(tmp_path, make_samples):
+    # 1e39 is a finite float64 but overflows bf16 (max ~3.39e38), the dtype slime trains with: +inf,
+    # which TIS clamps: reported, no NaN mechanism. -inf likewise.
+    samples = make_samples(8)
+    samples[1]["rollout_log_probs"][2] = 1e39
+    samples[1]["rollout_log_probs"][3] = -math.inf
+    r = scan_samples(tmp_path, samples)
+    assert rows(r, {"nonfinite-rollout-logprob"}) == [
+        ("nonfinite-rollout-logprob", None, 1, 2, 6, False, "1e+39", True),
+        ("nonfinite-rollout-logprob", None, 1, 3, 7, False, "-inf", True)]
+    assert r.would_nan == "possibly"  # -inf rollout log-prob: the KL/ratio bounds are inf
+
+
+def test_no_tis_means_no_rollout_logprob_mechanism(tmp_path, make_samples):
+    samples = make_samples(8)
+    samples[0]["rollout_log_probs"][0] = math.nan
+    r = scan_samples(tmp_path, samples, ScanConfig(use_tis=False))
+    assert rows(r) == [("nonfinite-rollout-logprob", None, 0, 0, 4, False, "nan", True)]
+    assert r.verdict == "slime v0.1.0 would produce NaN: no"
+
+
+def test_response_too_long_and_zero_mask(tmp_path, make_samples):
+    samples = make_samples(8, response=8)
+    samples[3]["loss_mask"] = [0] * 8
+    r = scan_samples(tmp_path, samples, ScanConfig(rollout_max_response_len=7))
+    assert [(h.kind, h.sample) for h in r.hazards if h.sample == 3] == [("zero-loss-mask", 3), ("response-too-long", 3)]
+    assert sum(h.kind == "response-too-long" for h in r.hazards) == 8
+
+
+def test_counts_are_exact_when_listing_is_capped(tmp_path, make_samples):
+    samples = make_samples(8, response=8)
+    samples[0]["rollout_log_probs"] = [math.nan] * 8
+    r = scan_samples(tmp_path, samples, ScanConfig(max_listed=3))
+    check = next(c for c in r.checks if c.kind == "nonfinite-rollout-logprob")
+    assert (check.count, check.listed) == (8, 3)
+    assert [h.token for h in r.hazards] == [0, 1, 2]
+    assert r.per_sample[0, list(checks.KINDS).index("nonfinite-rollout-logprob")] == 8
+
+
+@pytest.mark.parametrize("name", [h.name for h in hazards.CATALOGUE])
+def test_catalogue_batches_as_train_dumps(tmp_path, name):
+    """Each of nanscope's catalogue hazards, dumped as slime would, is found at its site by scan.
+
+    ratio-exp-overflow is found as kl-margin: a dump holds the log-prob pass's logp (old) but not the
+    training forward's; ref - old > 88.72 overflows low_var_kl when the training logp equals old, and
+    the ratio when it equals ref, so the site is right and the mechanism is one of the two.
+    """
+    policy = hazards.synthetic_policy(512, 0)
+    b = hazards.build(name, policy, hazards.case_rollout(512, 0), 0)
+    data = {k: b[k] for k in ("total_lengths", "response_lengths", "log_probs", "ref_log_probs", "advantages")}
+    data["tokens"] = b["unconcat_tokens"]
+    data["loss_masks"] = [m.int() for m in b["loss_masks"]]
+    data["rollout_log_probs"] = [x.to(torch.bfloat16) for x in b["rollout_log_probs"]]
+    data["rewards"] = [float(a[0]) for a in b["advantages"]]
+    io.write_train_dump(tmp_path / "t.pt", data)
+    r = checks.scan(io.load(tmp_path / "t.pt"))
+    site = b["hazard_site"]
+    expect = {"healthy": [], "kl-exp-overflow": ["kl-exp-overflow"], "ratio-exp-overflow": ["kl-exp-overflow"],
+              "nan-rollout-logprob": ["nan-rollout-logprob"], "nan-reward": ["nan-reward"]}[name]
+    certain = [m for m in r.mechanisms if any(h.mechanism == m and h.certain for h in r.hazards)]
+    assert certain == expect
+    if name in ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob"):
+        hit = next(h for h in r.hazards if h.mechanism == expect[0])
+        assert (hit.sample, hit.token, hit.masked) == (site[0], site[1], True)
+    if name == "nan-reward":
+        assert sorted({h.sample for h in r.hazards if h.kind == "nonfinite-reward"}) == list(range(8))
