@@ -349,8 +349,7 @@ def _check_groups(rewards: list[float], cfg: ScanConfig, col: _Collector, path: 
         norm = grpo_normalize(torch.tensor(rewards, dtype=torch.float32), n, std).numpy()
     for g in np.flatnonzero(~np.isfinite(norm.reshape(-1, n)).all(axis=1)).tolist():
         lo, hi = g * n, (g + 1) * n
-        raw = np.array(rewards[lo:hi], dtype=np.float32)
-        bad = [lo + j for j in np.flatnonzero(~np.isfinite(raw)).tolist()]
+        bad = [i for i in range(lo, hi) if not math.isfinite(rewards[i])]
         if bad:
             why = f"sample {bad[0]}'s reward is {rewards[bad[0]]}"
         elif n == 1 and std:

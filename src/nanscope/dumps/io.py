@@ -201,7 +201,7 @@ def _rollout_dump(path: str, obj: dict, reward_key: str | None) -> Dump:
     for i, s in enumerate(samples):
         if not isinstance(s, dict):
             raise UserError(f"{path}: sample {i}: expected a Sample.to_dict() dict, got {type(s).__name__}")
-    keys = sorted(samples[0]) if samples else []
+    keys = sorted(map(str, samples[0])) if samples else []
 
     def convert(o: dict, i: int) -> SampleData:
         s = o["samples"][i]
@@ -273,7 +273,7 @@ def _train_dump(path: str, obj: dict, cp_size: int, tp_size: int) -> Dump:
             raise UserError(f"{path}: rollout_data: missing key '{key}' (not a slime v0.1.0 train dump)")
     present = [k for k in TRAIN_PER_SAMPLE_KEYS if k in data and data[k] is not None]
     for k in present:
-        if not isinstance(data[k], (list, tuple)) and not _is_tensor(data[k]):
+        if not isinstance(data[k], list):
             raise UserError(f"{path}: rollout_data['{k}']: expected a per-sample list, got {type(data[k]).__name__}")
     n = len(data["tokens"])
     for k in present:
@@ -288,8 +288,7 @@ def _train_dump(path: str, obj: dict, cp_size: int, tp_size: int) -> Dump:
         d = o["rollout_data"]
         row = {k: d[k][i] for k in present}
         for k in present:
-            if isinstance(d[k], list):
-                d[k][i] = None  # release as we go
+            d[k][i] = None  # release as we go
         return _train_sample(path, row, i, cp_size, cp_rank)
 
     return Dump(path, "train", obj.get("rollout_id"), rank if isinstance(rank, int) else None, n,
@@ -476,13 +475,13 @@ def train_data_from_samples(samples: list[dict], normalised_rewards: list[float]
                                               "log_probs", "ref_log_probs", "advantages")}
     for s, r in zip(samples, normalised_rewards):
         resp = s["response_length"]
-        logp = torch.tensor(s["rollout_log_probs"], dtype=torch.float32)
-        data["tokens"].append(torch.tensor(s["tokens"], dtype=torch.long))
+        logp = torch.as_tensor(s["rollout_log_probs"], dtype=torch.float32)
+        data["tokens"].append(torch.as_tensor(s["tokens"], dtype=torch.long))
         data["total_lengths"].append(len(s["tokens"]))
         data["response_lengths"].append(resp)
         data["rewards"].append(r)
         data["truncated"].append(0)
-        data["loss_masks"].append(torch.tensor(s["loss_mask"], dtype=torch.int))
+        data["loss_masks"].append(torch.as_tensor(s["loss_mask"], dtype=torch.int))
         data["sample_indices"].append(s["index"])
         data["rollout_log_probs"].append(logp.to(torch.bfloat16))
         data["log_probs"].append(logp.clone())

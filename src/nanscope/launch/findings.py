@@ -77,7 +77,7 @@ def _ratio(cfg: Config) -> Finding | None:
     mechanism = (
         "compute_policy_loss takes ratio = exp(old_log_prob - log_prob) first and clamps it to "
         f"[1 - {cfg['eps_clip']:g}, 1 + {cfg['eps_clip_high']:g}] afterwards, so a log-ratio above "
-        f"{FP32_EXP_MAX:.2f} gives ratio = inf before any clip. max(-ratio x A, -clip(ratio) x A) then keeps "
+        f"{FP32_EXP_MAX:.2f} gives ratio = inf before any clip. Then max(-ratio x A, -clip(ratio) x A) keeps "
         "inf (or inf x 0 = NaN where the advantage is 0) and the backward sends NaN into the log-probs.")
     fix = f"use the nanscope slime plugin: {PLUGIN}."
     return Finding("ppo-ratio-exp-then-clamp", "medium", "PPO ratio: exp before clamp", flags, mechanism, fix,

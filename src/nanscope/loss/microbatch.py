@@ -67,7 +67,8 @@ def response_rows(logits: torch.Tensor, batch: dict, par: Parallel) -> tuple[tor
             index.append(torch.arange(base + s.logit_start, base + s.logit_start + s.length))
             tokens.append(seq[prompt + s.response_start : prompt + s.response_start + s.length])
         base += layout.local_length(total, par.cp_size)
-    assert base == logits.size(1), f"packed length {logits.size(1)} != sum of local sample lengths {base}"
+    # slime pads the packed row (to a multiple of 128); padding after the last sample is ignored.
+    assert base <= logits.size(1), f"packed length {logits.size(1)} < sum of local sample lengths {base}"
     index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
     tokens = torch.cat(tokens).long() if tokens else torch.zeros(0, dtype=torch.long)
     return logits[0].index_select(0, index.to(logits.device)), tokens.to(logits.device)

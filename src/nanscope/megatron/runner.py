@@ -185,6 +185,7 @@ def launch(
     *,
     timeout_s: float = 300.0,
     rank_timeout_s: float = 120.0,
+    startup_timeout_s: float = 180.0,
     out_dir: str | os.PathLike | None = None,
     bf16: bool = True,
 ) -> LaunchResult:
@@ -193,7 +194,10 @@ def launch(
     Args:
         runs: executed in order, each from a freshly built model.
         timeout_s: hard limit for the whole launch; on expiry the process tree is killed.
-        rank_timeout_s: per-phase bound inside each rank (watchdog and process-group timeout).
+        rank_timeout_s: bound on each run (and barrier) inside each rank: the watchdog ends a rank
+            stuck longer, and megatron's process groups time out after max(1, ceil(it / 60)) minutes.
+        startup_timeout_s: bound on imports and process-group init (4 ranks importing megatron-core
+            on 2 loaded cores can take 30 s).
         out_dir: where the ranks write records (and parameters); a temp dir when None.
         bf16: bf16 parameters with fp32 main params and grads (as the case); False for all-fp32.
 
@@ -210,6 +214,7 @@ def launch(
         "layout": dataclasses.asdict(layout),
         "runs": [dataclasses.asdict(r) for r in runs],
         "rank_timeout_s": rank_timeout_s,
+        "startup_timeout_s": startup_timeout_s,
         "bf16": bf16,
     }
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
@@ -561,7 +566,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     wd = Watchdog(out, rank)
     limit = float(spec.get("rank_timeout_s", 120.0))
-    wd.arm("imports", limit)
+    startup = float(spec.get("startup_timeout_s", 180.0))
+    wd.arm("imports", startup)
 
     import datetime
 
@@ -574,8 +580,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     from megatron.core import parallel_state as mpu
 
     t_imports = time.time()
-    wd.arm("process-group init", limit)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=limit))
+    wd.arm("process-group init", startup)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=startup))
     layout = Layout(**spec["layout"])
     assert layout.world == dist.get_world_size(), f"layout world {layout.world} != {dist.get_world_size()}"
     mpu.initialize_model_parallel(

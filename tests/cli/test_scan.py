@@ -1,0 +1,141 @@
+"""`nanscope scan` through argv: exit codes, one-line errors, the table, JSON and HTML."""
+
+import json
+import os
+
+import torch
+
+from nanscope.cli.main import main
+from nanscope.dumps import io
+
+
+class MkdirOnLoad:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def run(capsys, *argv):
+    rc = main(["scan", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
+    dump = str(tmp_path / "rollout_data" / "12.pt")
+    rc, out, _ = run(capsys, "--write-demo", dump)
+    assert rc == 0 and out.splitlines()[0] == f"wrote rollout dump {dump} with 4 planted hazards:"
+    rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"), "--html", str(tmp_path / "s.html"))
+    assert (rc, err) == (1, "")
+    lines = [" ".join(ln.split()) for ln in out.splitlines()]
+    # sample token abs_token masked value kind mechanism note (the table is 160 wide when piped)
+    assert "9 17 41 false nan nonfinite-rollout-logprob nan-rollout-logprob" in lines
+    assert "12 40 64 true 100 kl-margin kl-exp-overflow?" in lines
+    assert "3 nan nonfinite-reward nan-reward" in lines
+    assert "14 0 zero-loss-mask - loss_mask sums to 0" in lines
+    assert lines[-1] == ("slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob, nan-reward; possibly also "
+                         "via kl-exp-overflow, ratio-exp-overflow (bounds only)")
+
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert set(doc) == {"dump", "config", "hazards", "summary"}
+    assert doc["hazards"][9] == {"kind": "nonfinite-rollout-logprob", "mechanism": "nan-rollout-logprob", "sample": 9,
+                                 "token": 17, "abs_token": 41, "masked": False, "value": "nan", "certain": True,
+                                 "detail": ""}
+    assert doc["hazards"][10]["value"] == 100.0 and doc["hazards"][10]["certain"] is False
+    assert doc["summary"]["counts"] == {"nonfinite-reward": 1, "grpo-nonfinite": 8, "nonfinite-rollout-logprob": 1,
+                                        "kl-margin": 1, "ratio-margin": 1, "length-mismatch": 0,
+                                        "zero-loss-mask": 1, "response-too-long": 0}
+    assert (doc["summary"]["would_nan"], doc["summary"]["total"]) == ("yes", 13)
+    assert doc["dump"] == {"path": dump, "kind": "rollout", "rollout_id": 12, "rank": None, "num_samples": 16,
+                           "response_tokens": 1024}
+
+    html = (tmp_path / "s.html").read_text()
+    assert html.count("<svg") == 3  # kl-margin and ratio-margin histograms, the hazard map
+    assert "fp32 exp limit 88.72" in html and "sample 12: 1 kl-margin" in html
+
+
+def test_train_demo_verdict_and_exit(tmp_path, capsys):
+    dump = str(tmp_path / "12_0.pt")
+    assert run(capsys, "--write-demo", dump, "--demo-kind", "train")[0] == 0
+    rc, out, _ = run(capsys, dump)
+    assert rc == 1
+    assert "5 40 64 true 95 kl-margin kl-exp-overflow" in [" ".join(ln.split()) for ln in out.splitlines()]
+    assert out.splitlines()[-1].startswith("slime v0.1.0 would produce NaN: yes, via kl-exp-overflow, nan-rollout-logprob")
+
+
+def test_clean_dump_exits_0(tmp_path, capsys):
+    path = io.write_rollout_dump(tmp_path / "0.pt", [io.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)])
+    rc, out, _ = run(capsys, str(path))
+    assert rc == 0 and out.splitlines()[-1] == "slime v0.1.0 would produce NaN: no"
+
+
+def test_flags_change_the_verdict(tmp_path, capsys):
+    samples = [io.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
+    samples[2]["rollout_log_probs"][1] = float("nan")
+    path = str(io.write_rollout_dump(tmp_path / "0.pt", samples))
+    assert run(capsys, path)[1].splitlines()[-1] == "slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob"
+    rc, out, _ = run(capsys, path, "--no-use-tis")
+    assert rc == 1 and out.splitlines()[-1] == "slime v0.1.0 would produce NaN: no"  # still listed, no mechanism
+
+
+def test_code_executing_pickle_refused_exit_2_marker_absent(tmp_path, capsys):
+    marker = tmp_path / "marker"
+    path = tmp_path / "12.pt"
+    torch.save({"rollout_id": 12, "samples": [MkdirOnLoad(str(marker))]}, path)
+    rc, out, err = run(capsys, str(path))
+    assert (rc, out) == (2, "")
+    assert err == (f"nanscope scan: error: {path}: refused: loading it needs arbitrary unpickling (it references "
+                   "posix.mkdir); nanscope loads dumps with torch.load(weights_only=True). If you trust the file, "
+                   "rerun with --trust-pickle\n")
+    assert not marker.exists()
+    # With --trust-pickle the payload runs (the flag is what allows it); the result is still no dump.
+    rc, _, err = run(capsys, str(path), "--trust-pickle")
+    assert rc == 2 and marker.is_dir()
+    assert err == f"nanscope scan: error: {path}: sample 0: expected a Sample.to_dict() dict, got NoneType\n"
+
+
+def test_truncated_file_one_line_exit_2(tmp_path, capsys):
+    good = tmp_path / "good.pt"
+    io.write_demo(good)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(good.read_bytes()[:3000])
+    rc, out, err = run(capsys, str(bad))
+    assert (rc, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith(f"nanscope scan: error: {bad}: unreadable torch.save file (") and "Traceback" not in err
+
+
+def test_length_mismatch_renders_then_exits_2(tmp_path, capsys):
+    samples = [io.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
+    samples[5]["loss_mask"] = [1] * 6
+    samples[6]["loss_mask"] = [1] * 9
+    path = io.write_rollout_dump(tmp_path / "0.pt", samples)
+    rc, out, err = run(capsys, str(path), "--json", str(tmp_path / "s.json"))
+    assert rc == 2
+    assert err == (f"nanscope scan: error: {path}: loss_mask of sample 5: length 6 != response_length 8 "
+                   "(and 1 more; see the table)\n")
+    assert "length-mismatch" in out
+    assert json.loads((tmp_path / "s.json").read_text())["summary"]["counts"]["length-mismatch"] == 2
+
+
+def test_wrong_structure_and_bad_flags_exit_2(tmp_path, capsys):
+    path = tmp_path / "x.pt"
+    torch.save({"rollout_data": [1]}, path)
+    rc, _, err = run(capsys, str(path))
+    assert (rc, err) == (2, f"nanscope scan: error: {path}: rollout_data: expected a dict of per-key lists, got list\n")
+    rc, _, err = run(capsys, str(path), "--n-samples-per-prompt", "0")
+    assert (rc, err) == (2, "nanscope scan: error: --n-samples-per-prompt 0: must be >= 1\n")
+    rc, _, err = run(capsys)
+    assert (rc, err) == (2, "nanscope scan: error: no dump given (try: nanscope scan --write-demo rollout_data/12.pt)\n")
+
+
+def test_help_states_defaults(capsys):
+    try:
+        main(["scan", "--help"])
+    except SystemExit as e:
+        assert e.code == 0
+    out = capsys.readouterr().out
+    for text in ("GRPO group size (default 8)", "(default 61440 = 65536 - 4096)", "--trust-pickle",
+                 "exit status: 0 no hazard, 1 hazards found, 2 unreadable", "examples:"):
+        assert text in " ".join(out.split()), text

@@ -1,0 +1,104 @@
+"""The 4-process harness (TP2 x PP2, SP, gloo): one launch runs healthy then kl-exp-overflow.
+
+Each torchrun launch costs ~10-25 s of imports on 2 cores, so both runs share one launch (the
+runner's reason to exist); each test still has its own hard timeout.
+"""
+
+import os
+
+import pytest
+import torch
+
+from nanscope.megatron import runner
+from nanscope.megatron.runner import CASE_FRAMES, NAN_CHECK_MESSAGE, Layout, RunSpec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    out = tmp_path_factory.mktemp("harness")
+    runs = [RunSpec("healthy", save_params=True), RunSpec("kl-exp-overflow")]
+    return runner.launch(runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out)
+
+
+@pytest.mark.timeout(300)
+def test_launch_finishes_and_reports_every_rank(launched):
+    assert launched.ok, launched.stderr_tail
+    assert launched.stuck == {}
+    assert sorted(launched.startup) == [0, 1, 2, 3]
+    for run in launched.runs:
+        assert run.missing == []
+        # Megatron's order tp-cp-ep-dp-pp: rank = tp + 2 * pp.
+        assert [(r.rank, r.pp, r.tp) for r in run.ranks] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+        # 4 layers over 2 stages; only the last stage holds the output layer.
+        assert [(r.layers, r.holds_output_layer) for r in run.ranks] == [
+            ([0, 1], False), ([0, 1], False), ([2, 3], True), ([2, 3], True)
+        ]
+
+
+@pytest.mark.timeout(300)
+def test_healthy_step_completes(launched):
+    run = launched.runs[0]
+    assert run.observed == "completed"
+    for r in run.ranks:
+        assert r.ok and r.error is None and r.params_finite
+        assert len(r.optimizer_grad_norm) == 1 and r.optimizer_grad_norm[0] > 0
+        assert all(g == g and g > 0 for g in r.grad_norms)  # finite, non-zero bucket norms
+    # The grad norm is all-reduced over the model-parallel group: one value on every rank.
+    assert len({r.optimizer_grad_norm[0] for r in run.ranks}) == 1
+    last = [r for r in run.ranks if r.holds_output_layer]
+    assert {"loss", "pg_loss", "kl_loss", "tis"} <= set(last[0].losses[0])
+    assert all(r.losses == [{}] for r in run.ranks if not r.holds_output_layer)
+    # Saved parameters are the ones the checksum covers.
+    params = torch.load(run.ranks[0].params_path)
+    assert runner._checksum(params) == run.ranks[0].param_checksum
+
+
+@pytest.mark.timeout(300)
+def test_hazard_fails_megatrons_nan_check_verbatim_on_every_rank(launched):
+    run = launched.runs[1]
+    assert run.observed == "nan-check"
+    node = os.uname()[1]
+    for r in run.ranks:
+        assert not r.ok
+        assert r.error == f"Rank {r.rank}, node {node}, device cpu, iteration -1: " + (
+            "Unexpected result nan (message='found NaN in local grad norm for bucket #0 in backward pass "
+            "before data-parallel communication collective')"
+        )
+        assert r.error.endswith(NAN_CHECK_MESSAGE)
+        # The case's traceback below slime, line for line (megatron-core 0.15.0rc0).
+        assert r.frames == [
+            ("schedules.py", 2185, "forward_backward_pipelining_without_interleaving"),
+            ("finalize_model_grads.py", 422, "finalize_model_grads"),
+            ("distributed_data_parallel.py", 588, "finish_grad_sync"),
+            ("param_and_grad_buffer.py", 455, "finish_grad_sync"),
+            ("param_and_grad_buffer.py", 333, "start_grad_sync"),
+            ("param_and_grad_buffer.py", 185, "check_grads"),
+            ("rerun_state_machine.py", 505, "validate_result"),
+        ]
+        assert list(CASE_FRAMES) == r.frames
+        assert r.grad_norms[0] != r.grad_norms[0]  # bucket #0's norm is NaN
+        assert r.optimizer_grad_norm == [] and r.params_finite  # the step never ran
+    # 1F1B: the last stage finishes its backward first, so it raises first (rank 50 in the case).
+    assert run.first_failure().holds_output_layer
+
+
+@pytest.mark.timeout(300)
+def test_runs_are_independent(launched):
+    # The failed run rebuilt the model from the same seed and never stepped: its parameters are the
+    # initial ones, so they differ from the healthy run's (which took one step).
+    healthy, hazard = launched.runs
+    assert all(a.param_checksum != b.param_checksum for a, b in zip(healthy.ranks, hazard.ranks))
+
+
+@pytest.mark.timeout(200)
+def test_a_hung_rank_is_ended_and_reported(tmp_path):
+    # Rank 1 hangs at the start of the run; its watchdog ends it after rank_timeout_s, the other
+    # ranks' collectives fail or time out, and the parent reports rank 1 as stuck and missing.
+    res = runner.launch([RunSpec("healthy", fault="hang:1")], timeout_s=150, rank_timeout_s=20, out_dir=tmp_path)
+    assert not res.timed_out and res.wall_s < 150
+    assert res.returncode != 0
+    assert res.stuck[1] == "rank 1: watchdog: stuck in run 0; exiting"
+    assert 1 in res.runs[0].missing
+    assert res.runs[0].observed == "incomplete"
