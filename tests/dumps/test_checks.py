@@ -216,3 +216,17 @@ def test_catalogue_batches_as_train_dumps(tmp_path, name):
         assert (hit.sample, hit.token, hit.masked) == (site[0], site[1], True)
     if name == "nan-reward":
         assert sorted({h.sample for h in r.hazards if h.kind == "nonfinite-reward"}) == list(range(8))
+
+
+def test_bf16_rounding_matches_torch():
+    # slime builds rollout_log_probs with torch.tensor(list, dtype=bfloat16); the checks round the same way.
+    from nanscope.dumps.checks import _bf16
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 50, 5000), -rng.exponential(30, 5000),
+                        [math.nan, math.inf, -math.inf, 1e39, -1e39, 3.3895313892515355e38, 0.0, -0.0, 1e-45, -88.75]])
+    want = torch.tensor(x.tolist(), dtype=torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(_bf16(x), want)
+    # bf16 keeps 8 significant bits, a step of 0.5 in [64, 128): -88.7 -> -88.5; -88.75 is halfway between
+    # -88.5 (mantissa 0110001, odd) and -89.0 (0110010, even) and rounds to even: -89.0.
+    assert _bf16(np.array([-88.7, -88.75])).tolist() == [-88.5, -89.0]

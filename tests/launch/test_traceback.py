@@ -60,6 +60,11 @@ def test_no_megatron_error_is_a_user_error():
 
 def test_explanations():
     assert explain_iteration(-1).startswith("iteration -1: Megatron's RerunStateMachine starts its counter at -1")
-    assert "single bucket" in explain_bucket(0, 3) and explain_bucket(None, 3) == ""
+    assert explain_bucket(0, 3).endswith("on a PP stage > 0 Megatron turns bucketing off, so each gradient buffer "
+                                         "is a single bucket: the check covered all of this rank's dense parameters "
+                                         "(expert parameters are a separate buffer, checked after).")
+    assert "overlap-grad-reduce off" in explain_bucket(0, 0) and "turns bucketing off" not in explain_bucket(0, 0, True)
+    assert explain_bucket(1, 3).startswith("bucket #1: a bucket group with several buckets")
+    assert explain_bucket(None, 3) == ""
     assert explain_1f1b(4, 3).startswith("PP 3 is the last stage: in 1F1B the last stage (PP 3) holds the loss")
     assert explain_1f1b(4, 1).startswith("PP 1 is not the last stage (PP 3)")

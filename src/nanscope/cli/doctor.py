@@ -86,11 +86,14 @@ def run(args) -> int:
     with contextlib.ExitStack() as stack:
         script, model_path, tb_path = args.script, args.model, args.traceback
         if args.case:
-            case = stack.enter_context(as_file(_case_files(args.case)))
+            case = _case_files(args.case)
+            # as_file per file: works for a zipped install too (directories need Python 3.12)
+            bundled = {name: str(stack.enter_context(as_file(case / name)))
+                       for name in ("launch.sh", "model.json", "traceback.txt") if (case / name).is_file()}
             env = {**CASE_ENV.get(args.case, {}), **env}
-            script = str(case / "launch.sh")
-            model_path = model_path or (str(case / "model.json") if (case / "model.json").is_file() else None)
-            tb_path = tb_path or (str(case / "traceback.txt") if (case / "traceback.txt").is_file() else None)
+            script = bundled["launch.sh"]
+            model_path = model_path or bundled.get("model.json")
+            tb_path = tb_path or bundled.get("traceback.txt")
         model = _load_model(model_path) if model_path else None
         model_origin = None
         if model_path:

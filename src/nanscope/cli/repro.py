@@ -79,8 +79,9 @@ def repro_one(hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: flo
     failing = [r for r in run.ranks if not r.ok]
     first = run.first_failure()
     notes = [
-        f"CPU harness: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}, sequence parallel, 8 experts top-2, gloo; "
-        "context parallelism needs TransformerEngine, so CP is 1 (the case runs CP 2)",
+        f"CPU harness: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}, sequence parallel, 8 experts top-2, gloo",
+        f"context parallelism {layout.cp} at the loss level only (zigzag split of each sample's logits); "
+        "attention sees whole sequences: CP inside attention needs TransformerEngine",
         "one sample per micro-batch: the local attention spec refuses packed (thd) sequences",
     ]
     for r in run.missing:
@@ -92,7 +93,7 @@ def repro_one(hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: flo
         loss=loss,
         expected=expected_outcome(hazard, loss),
         observed=observed,
-        layout={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep},
+        layout={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp_loss_level": layout.cp},
         ranks=run.ranks,
         first_failure=first.rank if first else None,
         frames_match_case=all(tuple(r.frames) == runner.CASE_FRAMES for r in failing) if failing else None,

@@ -1,11 +1,78 @@
-"""`nanscope trace` (placeholder until its issue lands)."""
+"""`nanscope trace`: replay one micro-batch's loss and name the op that first produced NaN or inf.
+
+Every aten op of the forward and the backward pass is checked (TorchDispatchMode). The producer is
+the first op whose output holds NaN (or +-inf) that none of its inputs held; ops downstream of it
+only propagate and are not blamed. For each phase it prints the op, the autograd node (backward),
+the source line, and the sample and token of the first bad entry. A non-finite value that no op
+produced came from an input: the batch keys that hold one are listed.
+
+Input: a catalogued hazard (built against the synthetic policy, as `nanscope hazards` does) or a
+micro-batch file written by nanscope.trace.replay.save_microbatch (the slime plugin writes them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+EPILOG = """examples:
+  nanscope trace --hazard kl-exp-overflow               # exp overflow in low_var_kl, then 0 * inf in its backward
+  nanscope trace --hazard nan-reward --loss safe        # the fix on the same batch: no producer
+  nanscope trace nanscope_reports/rank50_step3_mb0.pt   # a micro-batch saved by the slime plugin
+  nanscope trace --hazard ratio-exp-overflow --json trace.json
+"""
 
 
 def add_parser(sub):
-    p = sub.add_parser("trace", help="(not yet implemented)")
+    p = sub.add_parser(
+        "trace",
+        help="name the op, source line and token that first produced NaN/inf in a replayed loss",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("file", nargs="?", metavar="FILE.pt", help="a micro-batch file (see nanscope.trace.replay)")
+    p.add_argument("--hazard", metavar="NAME", help="replay a catalogued hazard's micro-batch instead of a file")
+    p.add_argument("--loss", choices=("as-is", "safe"), help="loss to replay with (default: as-is, or the file's)")
+    p.add_argument("--allow", action="append", default=[], metavar="OP",
+                   help="never blame this op (e.g. aten.masked_fill for intentional -inf masks); repeatable")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON (key 'trace')")
+    p.add_argument("--seed", type=int, default=0, help="seed of the hazard's batch (default 0)")
     return p
 
 
 def run(args) -> int:
-    print("nanscope trace: not implemented yet")
-    return 2
+    from nanscope.errors import UserError
+    from nanscope.trace import render, replay
+
+    if (args.file is None) == (args.hazard is None):
+        raise UserError("give either FILE.pt or --hazard NAME (not both)")
+    site = None
+    if args.hazard is not None:
+        from nanscope import hazards
+
+        if args.hazard not in hazards.BY_NAME:
+            raise UserError(f"--hazard {args.hazard}: unknown hazard; known: {', '.join(hazards.BY_NAME)}")
+        doc, site = replay.hazard_microbatch(args.hazard, args.loss or "as-is", seed=args.seed)
+        what = f"hazard {args.hazard}"
+    else:
+        doc = replay.load_microbatch(args.file)
+        if args.loss:
+            doc["loss"] = args.loss
+        what = args.file
+    report = replay.replay(doc, allow=tuple(args.allow))
+
+    print(f"nanscope trace: {what} through the {doc['loss']} loss ({report.ops_seen} aten ops traced)")
+    if site is not None:
+        token = f", response token {site[1]}" if site[1] is not None else ""
+        print(f"hazard site: sample {site[0]}{token}")
+    for line in render.lines(report):
+        print(line)
+    if args.json:
+        out = {"source": what, "loss": doc["loss"], "hazard_site": list(site) if site else None, "trace": report.to_dict()}
+        try:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        except OSError as e:
+            raise UserError(f"{args.json}: cannot write: {e.strerror}") from None
+    return 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -180,12 +180,16 @@ class _Collector:
     def histogram(self, key: str, label: str, x: np.ndarray, masked: np.ndarray) -> None:
         h = self.hist.get(key) or self.hist.setdefault(key, Histogram.empty(label))
         nan = np.isnan(x)
-        h.nan += int(nan.sum())
-        # Bin b+1 holds [LO+b, LO+b+1); 0 is underflow (and -inf), last is overflow (and +inf).
-        b = np.clip(np.floor(np.where(nan, 0.0, x)) - HIST_LO + 1, 0, h.all.size - 1).astype(np.int64)
-        keep = ~nan
-        h.all += np.bincount(b[keep], minlength=h.all.size)
-        h.masked += np.bincount(b[keep & masked], minlength=h.all.size)
+        if nan.any():
+            h.nan += int(nan.sum())
+            x, masked = x[~nan], masked[~nan]
+        # Bin b holds [LO+b-1, LO+b); 0 is underflow (and -inf), the last is overflow (and +inf).
+        b = np.floor(x)
+        np.clip(b, HIST_LO - 1, HIST_HI, out=b)
+        # One bincount for both: even slots unmasked, odd slots masked.
+        both = np.bincount((b - (HIST_LO - 1)).astype(np.intp) * 2 + masked, minlength=2 * h.all.size)
+        h.all += both[0::2] + both[1::2]
+        h.masked += both[1::2]
 
 
 # ----------------------------------------------------------------------------------------- the checks
@@ -302,10 +306,17 @@ def _kl_applies(cfg: ScanConfig) -> bool:
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
-    """Round to bf16 and widen to fp32, as slime v0.1.0 stores rollout_log_probs for training."""
-    import torch
+    """Round to bf16 and widen back to fp32, as slime v0.1.0 stores rollout_log_probs for training.
 
-    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16).float().numpy()
+    Same arithmetic as torch's float -> bfloat16 (c10 round_to_nearest_even): via float32, then round
+    the low 16 bits to nearest-even; NaN stays NaN, values past bf16's max become inf. numpy bit
+    arithmetic, ~10x faster than a torch round trip.
+    """
+    with np.errstate(over="ignore"):  # float64 beyond float32's range -> inf, as in torch
+        f = np.asarray(x, dtype=np.float32)
+    u = f.view(np.uint32)
+    r = ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) & np.uint32(0xFFFF0000)).view(np.float32)
+    return np.where(np.isnan(f), f, r)
 
 
 def _nonfinite(col: _Collector, kind: str, s: SampleData, x: np.ndarray, shown: np.ndarray, pos, masked,
@@ -453,9 +464,3 @@ def _verdict(col: _Collector) -> tuple[str, list[str], str]:
 def hazard_count(result: ScanResult) -> int:
     """Total hazards found (exact, including those not listed)."""
     return sum(c.count for c in result.checks)
-
-
-def iter_listed(result: ScanResult, kinds: Iterable[str] | None = None) -> Iterable[Hazard]:
-    """Listed hazards, optionally only some kinds."""
-    keep = set(kinds) if kinds is not None else None
-    return (h for h in result.hazards if keep is None or h.kind in keep)

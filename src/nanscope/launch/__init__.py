@@ -133,7 +133,8 @@ def _explain(d: Diagnosis) -> list[str]:
     if d.traceback is not None:
         f = d.traceback.failure
         out.append(tb_mod.explain_iteration(f.iteration))
-        bucket = tb_mod.explain_bucket(f.bucket, d.failing.pp)
+        pp = d.topology.coords[f.rank]["pp"] if f.rank < d.topology.world else d.failing.pp
+        bucket = tb_mod.explain_bucket(f.bucket, pp, d.config["overlap_grad_reduce"])
         if bucket:
             out.append(bucket)
     return out

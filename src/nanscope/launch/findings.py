@@ -55,16 +55,17 @@ def _kl(cfg: Config) -> Finding | None:
     mechanism = (
         f"{cfg['kl_loss_type']} computes exp(ref_log_prob - log_prob) - 1 - (ref_log_prob - log_prob)"
         + (", and clamps to [-10, 10] only after the exp" if clamp else " with no clamp")
-        + f": a log-ratio above {FP32_EXP_MAX:.2f} (log of fp32 max) makes the exp inf, and the backward "
-        + ("of the clamp multiplies its zero slope by that inf, 0 x inf = NaN, in the log-prob gradient. "
-           if clamp else "carries inf into the log-prob gradient. ")
+        + f": a log-ratio above {FP32_EXP_MAX:.2f} (log of fp32 max) makes the exp inf, and in the backward "
+        + ("exp's derivative (inf) meets the clamp's zero gradient, 0 x inf = NaN, in the log-prob gradient. "
+           if clamp else "exp's derivative carries inf into the log-prob gradient. ")
         + ("With --kl-loss-coef 0 the term adds nothing to the loss value but stays in the graph "
            "(loss + 0 x kl_loss), so 0 x inf = NaN reaches every gradient of the micro-batch."
            if zero else "Any token where the policy drifted that far from the reference poisons the step.")
     )
     fix = ("drop --use-kl-loss: with --kl-loss-coef 0 the term only adds risk (slime then does not compute it); "
            if zero else "")
-    fix += f"to keep the KL term, use the nanscope slime plugin: {PLUGIN}."
+    fix += (f"to keep the KL term, use the nanscope slime plugin: {PLUGIN} (clamps the log-ratio to [-20, 20] "
+            "before exp; a zero-coefficient term is computed outside the graph).")
     return Finding("kl-loss-exp-then-clamp", "high" if zero else "medium",
                    f"KL loss ({cfg['kl_loss_type']}) in the graph" + (" at coefficient 0" if zero else ""),
                    flags, mechanism, fix, ["kl-exp-overflow"])
@@ -79,7 +80,7 @@ def _ratio(cfg: Config) -> Finding | None:
         f"[1 - {cfg['eps_clip']:g}, 1 + {cfg['eps_clip_high']:g}] afterwards, so a log-ratio above "
         f"{FP32_EXP_MAX:.2f} gives ratio = inf before any clip. Then max(-ratio x A, -clip(ratio) x A) keeps "
         "inf (or inf x 0 = NaN where the advantage is 0) and the backward sends NaN into the log-probs.")
-    fix = f"use the nanscope slime plugin: {PLUGIN}."
+    fix = f"use the nanscope slime plugin: {PLUGIN} (clamps the log-ratio to [-20, 20] before exp)."
     return Finding("ppo-ratio-exp-then-clamp", "medium", "PPO ratio: exp before clamp", flags, mechanism, fix,
                    ["ratio-exp-overflow"])
 
@@ -99,7 +100,8 @@ def _tis(cfg: Config) -> Finding | None:
         "with the response tokens, makes pg_loss and the gradient of the whole micro-batch NaN.")
     fix = ("validate rollout_log_probs where they are produced (finite, one per response token, "
            "tool tokens included); find the bad sample with `nanscope scan` on a --save-debug-rollout-data dump; "
-           f"guard the loss with the nanscope slime plugin ({PLUGIN}); "
+           f"the nanscope slime plugin ({PLUGIN}) takes a token with a non-finite log-prob out of the loss "
+           "and counts it in nan_guard/*; "
            "or drop --use-tis.")
     return Finding("tis-unvalidated-rollout-logprobs", "high" if custom else "medium",
                    "TIS fed by rollout log-probs" + (" from a custom generate function" if custom else ""),
@@ -107,21 +109,35 @@ def _tis(cfg: Config) -> Finding | None:
 
 
 def _reward(cfg: Config) -> Finding | None:
-    if not cfg["custom_rm_path"] or cfg["advantage_estimator"] not in ("grpo", "gspo"):
+    if not cfg["custom_rm_path"]:
         return None
-    flags = [cfg.flag_text("custom_rm_path"), cfg.flag_text("advantage_estimator"),
-             cfg.flag_text("n_samples_per_prompt")]
+    n = cfg["n_samples_per_prompt"]
+    flags = [cfg.flag_text(name) for name in ("custom_rm_path", "advantage_estimator", "n_samples_per_prompt")]
     if cfg["group_rm"]:
         flags.append("--group-rm")
-    std = " and divides by its std (+1e-6)" if cfg["grpo_std_normalization"] else ""
-    mechanism = (
-        f"GRPO subtracts each group's mean reward{std} over the {cfg['n_samples_per_prompt']} samples of a "
-        "prompt, so one NaN or inf from the custom reward function makes that group's mean and std NaN and "
-        f"all {cfg['n_samples_per_prompt']} advantages NaN. Each advantage multiplies every response token "
-        "of its sample in the policy loss, so the micro-batch gradient is NaN.")
+    grouped = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+    group = cfg["advantage_estimator"] in grouped and cfg["rewards_normalization"]
+    if group:
+        std = (" and divides by its std (+1e-6)" if cfg["grpo_std_normalization"]
+               and cfg["advantage_estimator"] in ("grpo", "gspo") else "")
+        mechanism = (
+            f"slime subtracts each group's mean reward{std} over the {n} samples of a prompt, so one NaN or inf "
+            f"from the custom reward function makes that group's mean NaN and all {n} advantages NaN. Each "
+            "advantage multiplies every response token of its sample in the policy loss, so the micro-batch "
+            "gradient is NaN.")
+        title = "custom reward feeds GRPO group normalisation"
+    else:
+        flags.append("--disable-rewards-normalization" if not cfg["rewards_normalization"]
+                     else cfg.flag_text("advantage_estimator"))
+        mechanism = (
+            "Without group normalisation the custom reward goes into the advantage of its own sample, so a NaN or "
+            "inf reward makes that sample's advantages non-finite. Each advantage multiplies every response token "
+            "of its sample in the policy loss, so the micro-batch gradient is NaN.")
+        title = "custom reward feeds the advantages unchecked"
     fix = ("make the reward function return finite floats (check math.isfinite before returning; map "
-           "failures to a fixed reward); `nanscope scan` finds the sample in a rollout dump.")
-    return Finding("custom-reward-grpo-normalisation", "high", "custom reward feeds GRPO group normalisation",
+           "failures to a fixed reward); `nanscope scan` finds the sample in a rollout dump; as a backstop the "
+           f"nanscope slime plugin ({PLUGIN}) drops a sample whose advantage is non-finite and counts it.")
+    return Finding("custom-reward-grpo-normalisation" if group else "custom-reward-unchecked", "high", title,
                    flags, mechanism, fix, ["nan-reward"])
 
 
@@ -134,8 +150,9 @@ def _masked(cfg: Config) -> Finding | None:
         "computes log-probs, the ratio, KL and TIS for every response token and applies the mask only in "
         "sum_of_sample_mean as x * loss_mask. A masked token whose value is inf or NaN (e.g. a filler "
         "rollout log-prob) still gives 0 x inf = NaN there, forward and backward.")
-    fix = (f"use the nanscope slime plugin: {PLUGIN}; and give tool tokens finite placeholder "
-           "log-probs in the generate function.")
+    fix = (f"use the nanscope slime plugin: {PLUGIN} (masks select instead of multiply, so a masked "
+           "position reaches neither the sum nor the backward); and give tool tokens finite log-probs in the "
+           "generate function.")
     return Finding("masked-tokens-reach-loss", "high", "multi-turn tool tokens (loss_mask 0) still reach the loss",
                    flags, mechanism, fix, ["nan-rollout-logprob"])
 
@@ -252,8 +269,9 @@ def fine(cfg: Config, b: Batches, world: int, colocate_ok: bool) -> list[str]:
     if b.budget_tokens is not None and b.longest_sample is not None and b.longest_sample <= b.budget_tokens:
         out.append(f"longest sample {b.longest_sample} <= micro-batch budget {b.budget_tokens} tokens")
     if colocate_ok:
-        out.append(f"rollout GPUs ({cfg['rollout_num_gpus']}) consistent with actor GPUs ({world})"
-                   if cfg["colocate"] else f"disaggregated: {cfg['rollout_num_gpus']} rollout GPUs + {world} actor GPUs")
+        rollout = cfg["rollout_num_gpus"]
+        out.append(f"rollout GPUs ({rollout}) consistent with actor GPUs ({world})" if cfg["colocate"]
+                   else f"disaggregated: {rollout} rollout GPUs + {world} actor GPUs")
     return out
 
 
@@ -271,13 +289,15 @@ def verdict(d) -> str:
     r, t = d.failing, d.topology
     if r is not None:
         what = ""
-        if d.traceback is not None:
+        if d.traceback is not None and d.traceback.failure.rank == r.rank:
             f = d.traceback.failure
             where = "its local gradient norm" + (f" (bucket #{f.bucket})" if f.bucket is not None else "")
             what = (f" found {f.kind} in {where} before the data-parallel reduce, on node {f.node} "
                     f"(node index {r.node_index}), device {f.device}.")
         else:
             what = f" is on node index {r.node_index}, local device {r.local_device}."
+            if d.traceback is not None:
+                what += f" (The traceback's failing rank is {d.traceback.failure.rank}.)"
         parts.append(f"Rank {r.rank}{what}")
         stage = "the last pipeline stage" if r.pp == t.pp - 1 else f"pipeline stage {r.pp} of {t.pp}"
         layers = ""
@@ -285,7 +305,7 @@ def verdict(d) -> str:
             layers = ", " + _layers_text(r.layers) + (" plus the final norm and output layer" if r.holds_output_layer
                                                       else "")
         parts.append(f"It is TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp} (EP {r.ep}): {stage}{layers}.")
-        if r.pp == t.pp - 1 and t.pp > 1:
+        if r.pp == t.pp - 1 and t.pp > 1 and d.traceback is not None and d.traceback.failure.rank == r.rank:
             parts.append("The last stage holds the loss and checks its gradients first in 1F1B, so the NaN "
                          "can have started in any layer.")
     if d.traceback is not None and d.config["check_for_nan_in_loss_and_grad"]:

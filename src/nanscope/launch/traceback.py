@@ -215,13 +215,22 @@ def explain_iteration(iteration: int) -> str:
             "not by slime v0.1.0).")
 
 
-def explain_bucket(bucket: int | None, pp_rank: int | None) -> str:
+def explain_bucket(bucket: int | None, pp_rank: int | None, overlap_grad_reduce: bool = False) -> str:
     if bucket is None:
         return ""
-    why = "PP stage > 0 and --overlap-grad-reduce off" if pp_rank else "--overlap-grad-reduce off"
-    return (f"bucket #{bucket}: buckets are numbered within one bucket group; with {why}, Megatron makes "
-            "each gradient buffer a single bucket, so #0 is this rank's whole dense (or, next, expert) "
-            "gradient buffer. It names no layer: every parameter of the stage is in it.")
+    if bucket > 0:
+        return (f"bucket #{bucket}: a bucket group with several buckets (fp8 parameters, or a forced single "
+                "bucket group); the index counts buckets in that group and names no layer.")
+    if pp_rank:
+        scope = "on a PP stage > 0 Megatron turns bucketing off"
+    elif not overlap_grad_reduce:
+        scope = "with --overlap-grad-reduce off (the default) Megatron turns bucketing off"
+    else:
+        scope = ""
+    whole = (f"; {scope}, so each gradient buffer is a single bucket: the check covered all of this rank's dense "
+             "parameters (expert parameters are a separate buffer, checked after)") if scope else ""
+    return (f"bucket #0: the index counts buckets within one bucket group, and without fp8 parameters every "
+            f"group holds one bucket, so it is always #0 and names no layer{whole}.")
 
 
 def explain_1f1b(pp: int, pp_rank: int | None) -> str:

@@ -19,7 +19,8 @@ end to a fixed length (causal attention: the padding never reaches the sample's 
 stays per sample as with thd; the loss sees slime's batch keys for one sample and `logits`
 [1, S, vocab/tp] float32, the shape GPTModel returns without labels.
 
-Context parallelism inside attention needs TransformerEngine; the harness runs CP 1 (see `Layout`).
+Context parallelism inside attention needs TransformerEngine, so CP is applied at the loss level only
+(`Layout.cp`, default 2 as in the case): see `_cp_loss`.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ class Layout:
     dp: int = 1
     ep: int = 1
     etp: int | None = None  # None: same as tp (megatron's default)
+    # Context parallelism at the loss level only: the model sees whole sequences (CP inside attention
+    # needs TransformerEngine); each sample's logits are cut into slime's zigzag chunks and the loss
+    # runs once per simulated CP rank, with that rank's slice of the batch. 2 as in the case.
+    cp: int = 2
 
     @property
     def world(self) -> int:
@@ -154,9 +159,10 @@ class LaunchResult:
     returncode: int | None
     timed_out: bool
     wall_s: float  # parent-side, spawn to exit
-    startup: dict[int, dict]  # rank -> {"imports_s", "init_s"} from process start
+    startup: dict[int, dict]  # rank -> {"started" (time.time() at worker entry), "imports_s", "init_s"}
     stuck: dict[int, str]  # rank -> watchdog message, for ranks the watchdog ended
     stderr_tail: str
+    launched_at: float = 0.0  # time.time() when the parent spawned torchrun
 
     @property
     def ok(self) -> bool:
@@ -204,6 +210,7 @@ def launch(
     Returns:
         A LaunchResult; runs whose records are missing list the missing ranks.
     """
+    _validate(runs, layout)
     tmp = None
     if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="nanscope-run-")
@@ -236,9 +243,24 @@ def launch(
         output, _ = proc.communicate()
     wall = time.time() - t0
     result = collect(out, runs, layout, proc.returncode, timed_out, wall, output.decode(errors="replace"))
+    result.launched_at = t0
     if tmp is not None:
         tmp.cleanup()
     return result
+
+
+def _validate(runs: list[RunSpec], layout: Layout) -> None:
+    """Fail in the parent, not after 20 s of imports in every rank."""
+    import importlib.util
+
+    from nanscope import hazards
+
+    for r in runs:
+        hazards.get(r.hazard)
+        if importlib.util.find_spec("nanscope.loss." + r.loss.replace("-", "_")) is None:
+            raise ValueError(f"loss {r.loss!r}: no module nanscope.loss.{r.loss.replace('-', '_')}")
+        assert r.steps >= 1 and (r.inject_step is None or 1 <= r.inject_step <= r.steps), r
+    assert min(layout.tp, layout.pp, layout.dp, layout.ep, layout.cp) >= 1, layout
 
 
 def collect(out: Path, runs, layout, returncode, timed_out, wall, output) -> LaunchResult:
@@ -348,7 +370,7 @@ class Worker:
 
         A collective: a forward-only pass of the pipeline schedule (one sample per micro-batch), the
         last stage all-gathers the vocab shards over TP, and the last stage's TP-rank-0 broadcasts
-        the logits to every rank, so each rank builds the same batch.
+        the logits over the model-parallel group, so each rank builds the same batch.
         """
         import torch
         import torch.distributed as dist
@@ -379,7 +401,7 @@ class Worker:
             src = _last_stage_tp0(mpu)
             sizes = [t.numel() for t in tokens]
             buf = torch.cat(store) if self.rank == src else torch.empty(sum(sizes), self.vocab_size)
-            dist.broadcast(buf, src=src)
+            dist.broadcast(buf, src=src, group=mpu.get_model_parallel_group())  # within this replica
             return list(buf.split(sizes))
 
         return run
@@ -387,52 +409,64 @@ class Worker:
     # -- one run ------------------------------------------------------------------------------
 
     def execute(self, spec: RunSpec) -> RankRecord:
-        import torch
-
-        from nanscope import hazards
-        from nanscope.megatron.model import TinyQwen3MoE, layers_held
-        from nanscope.slime_args import case_args
+        """One run on this rank; any exception is recorded in the returned record, never raised."""
+        from nanscope.megatron.model import TinyQwen3MoE
 
         mpu = self.mpu
         t0 = time.time()
-        if spec.fault:
-            kind, _, who = spec.fault.partition(":")
-            if int(who) == self.rank:
-                if kind == "exit":
-                    os._exit(1)
-                time.sleep(10**6)  # "hang": the watchdog ends this process
-        sizes = TinyQwen3MoE()
-        self.vocab_size = sizes.vocab_size
-        model, config, optimizer = self.build(spec.seed)
+        _apply_fault(spec.fault, self.rank)
+        self.vocab_size = TinyQwen3MoE().vocab_size
         rec = RankRecord(
             rank=self.rank,
             pp=mpu.get_pipeline_model_parallel_rank(),
             tp=mpu.get_tensor_model_parallel_rank(),
             dp=mpu.get_data_parallel_rank(),
             ep=mpu.get_expert_model_parallel_rank(),
-            layers=layers_held(config),
+            layers=[],
             holds_output_layer=mpu.is_pipeline_last_stage(),
             ok=True,
         )
+        model = None
+        try:
+            model = self.steps(spec, rec)
+        except Exception as e:  # megatron's NaN check raises RuntimeError; record anything
+            rec.ok, rec.error, rec.error_type = False, str(e), type(e).__name__
+            rec.error_time, rec.error_step = time.time(), len(rec.hazard_sites)
+            rec.frames = _megatron_frames(e.__traceback__)
+            model = getattr(self, "_model", None)
+            if model is not None:
+                rec.grad_norms = _bucket_grad_norms(model)
+        if model is not None:
+            self.finish_record(spec, rec, model)
+        self._model = None
+        rec.seconds = time.time() - t0
+        return rec
+
+    def steps(self, spec: RunSpec, rec: RankRecord):
+        """Build the model, then per step: the batch against the current model, then train_one_step."""
+        from nanscope import hazards
+        from nanscope.megatron.model import layers_held
+
+        model, config, optimizer = self.build(spec.seed)
+        self._model = model
+        rec.layers = layers_held(config)
         loss_module = _loss_module(spec.loss)
         for step in range(1, spec.steps + 1):
-            rollout = hazards.case_rollout(sizes.vocab_size, seed=spec.seed * 1000 + step)
+            seed = spec.seed * 1000 + step
+            rollout = hazards.case_rollout(self.vocab_size, seed=seed)
             seq_length = seq_length_for(rollout.total_lengths, self.layout.tp)
-            batch = hazards.build(spec.hazard_at(step), self.policy(model, seq_length), rollout, seed=spec.seed * 1000 + step)
+            batch = hazards.build(spec.hazard_at(step), self.policy(model, seq_length), rollout, seed=seed)
             rec.hazard_sites.append(batch.pop("hazard_site", None))
-            try:
-                losses, grad_norm = self.train_one_step(model, config, optimizer, batch, seq_length, loss_module)
-            except Exception as e:  # megatron's NaN check raises RuntimeError; record anything
-
-                rec.ok, rec.error, rec.error_type = False, str(e), type(e).__name__
-                rec.error_time, rec.error_step = time.time(), step
-                rec.frames = _megatron_frames(e.__traceback__)
-                rec.grad_norms = _bucket_grad_norms(model)
-                break
-            rec.grad_norms = _bucket_grad_norms(model, after_step=True)
+            losses, grad_norm, rec.grad_norms = self.train_one_step(model, optimizer, batch, seq_length, loss_module)
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
             rec.losses.append(losses)
-        _release_grads(model, optimizer)
+        return model
+
+    def finish_record(self, spec: RunSpec, rec: RankRecord, model) -> None:
+        """Parameters after the run: finiteness, checksum, optionally the tensors themselves."""
+        import torch
+
+        model.zero_grad_buffer()
         params = _named_params(model)
         rec.params_finite = all(bool(torch.isfinite(p).all()) for p in params.values())
         rec.param_checksum = _checksum(params)
@@ -440,14 +474,13 @@ class Worker:
             path = self.out / f"params.run{self._run_index}.rank{self.rank}.pt"
             torch.save(params, path)
             rec.params_path = str(path)
-        rec.seconds = time.time() - t0
-        return rec
 
-    def train_one_step(self, model, config, optimizer, batch, seq_length, loss_module):
+    def train_one_step(self, model, optimizer, batch, seq_length, loss_module):
         """slime v0.1.0's train_one_step for one micro-batch per sample.
 
         Returns:
-            (slime's reduced loss dict on the last stage else {}, the optimizer's grad norm)
+            (slime's reduced loss dict on the last stage else {}, the optimizer's grad norm,
+             the local bucket grad norms before the step)
         """
         import torch
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -455,10 +488,13 @@ class Worker:
         from nanscope.slime_args import case_args
 
         mpu = self.mpu
+        # The global batch is split over data-parallel replicas (sample i -> replica i % dp); each
+        # replica runs its samples as micro-batches, slime's scaling uses the global batch size.
         n = len(batch["response_lengths"])
+        dp, d = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
         args = case_args(global_batch_size=n)
-        micro = [_sample(batch, i) for i in range(n)]
-        self._grads_stale = True
+        micro = [_sample(batch, i) for i in range(d, n, dp)]
+        num_microbatches = len(micro)
         model.zero_grad_buffer()
         optimizer.zero_grad()
 
@@ -466,23 +502,26 @@ class Worker:
             mb = next(it)
             tokens = _pad(mb["unconcat_tokens"][0], seq_length).unsqueeze(0)
             out = m(input_ids=tokens, position_ids=None, attention_mask=None, labels=None)
-            return out, partial(_unpadded_loss, loss_module.loss_function, args, mb, n)
+            return out, partial(_cp_loss, loss_module.loss_function, args, mb, num_microbatches, self.layout.cp)
 
         losses_reduced = get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
-            num_microbatches=n, seq_length=seq_length, micro_batch_size=1, forward_only=False,
+            num_microbatches=num_microbatches, seq_length=seq_length, micro_batch_size=1, forward_only=False,
         )  # fmt: skip
+        bucket_norms = _bucket_grad_norms(model)
         update_successful, grad_norm, _ = optimizer.step()
         assert update_successful
-        _release_grads(model, optimizer)
+        model.zero_grad_buffer()  # release grads, as slime does
+        optimizer.zero_grad()
         reduced = {}
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
             keys = losses_reduced[0]["keys"]
             values = sum(x["values"] for x in losses_reduced)
             torch.distributed.all_reduce(values, group=mpu.get_data_parallel_group(with_context_parallel=True))
             values = values.tolist()
-            reduced = {k: v / values[0] for k, v in zip(keys, values[1:])}
-        return reduced, grad_norm
+            # slime: value * cp_size / num_samples (num_samples counted once per CP rank)
+            reduced = {k: v * self.layout.cp / values[0] for k, v in zip(keys, values[1:])}
+        return reduced, grad_norm, bucket_norms
 
 
 def _last_stage_tp0(mpu) -> int:
@@ -494,13 +533,47 @@ def _last_stage_tp0(mpu) -> int:
     return last - mpu.get_tensor_model_parallel_rank()
 
 
-def _unpadded_loss(loss_function, args, batch, num_microbatches, logits):
-    """Call the loss on the sample's positions only: logits [1, S, V/tp] -> [1, total, V/tp].
+def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
+    """The loss of one sample as `cp` context-parallel ranks compute it, summed, from whole logits.
 
-    slime pads its packed row to a multiple of 128 and slices by total_lengths; nanscope's loss
-    asserts an exact packed length, so the runner drops the padding first (its gradient is zero).
+    logits [1, S, V/tp]: the sample's `total` positions then padding. slime pads its packed row to a
+    multiple of 128 and slices by total_lengths; nanscope's loss asserts an exact packed length, so
+    the padding is dropped first (its gradient is zero). For cp > 1, CP rank r gets chunks r and
+    2cp-1-r of the sample (zigzag, chunk = ceil(total / 2cp), zero-padded) and its slice of the batch
+    (`microbatch.slice_for_cp`), exactly as slime hands them to the loss on a real CP rank.
+
+    Scaling: on a real CP rank slime multiplies by dp*cp and DDP averages over dp*cp; here DDP averages
+    over dp only, so the CP ranks' losses are summed and divided by cp. The metric values are summed
+    over CP ranks, as slime's all-reduce over the data-parallel-with-CP group does.
     """
-    return loss_function(args, batch, num_microbatches, logits[:, : batch["total_lengths"][0]])
+    from megatron.core import parallel_state as mpu
+
+    from nanscope.loss import layout, microbatch
+
+    total = batch["total_lengths"][0]
+    logits = logits[:, :total]
+    if cp == 1:
+        return loss_function(args, batch, num_microbatches, logits)
+    chunk = layout.chunk_size(total, cp)
+    padded = torch_pad_rows(logits, 2 * cp * chunk)
+    losses, values, keys, normalizer = [], 0, None, None
+    for r in range(cp):
+        par = microbatch.Parallel(
+            tp_group=mpu.get_tensor_model_parallel_group(), cp_rank=r, cp_size=cp,
+            dp_cp_size=mpu.get_data_parallel_world_size() * cp,
+        )  # fmt: skip
+        local = padded[:, [*range(r * chunk, (r + 1) * chunk), *range((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk)]]
+        loss, normalizer, log = loss_function(args, microbatch.slice_for_cp(batch, par), num_microbatches, local, parallel=par)
+        losses.append(loss)
+        values, keys = values + log["values"], log["keys"]
+    return sum(losses) / cp, normalizer, {"keys": keys, "values": values}
+
+
+def torch_pad_rows(x, rows: int):
+    """Zero-pad dim 1 of [1, T, V] to `rows`."""
+    import torch
+
+    return torch.nn.functional.pad(x, (0, 0, 0, rows - x.size(1)))
 
 
 def _loss_module(name: str):
@@ -516,19 +589,22 @@ def _sample(batch: dict, i: int) -> dict:
     return {k: [batch[k][i]] for k in keys if k in batch}
 
 
-def _bucket_grad_norms(model, after_step: bool = False) -> list[float]:
+def _bucket_grad_norms(model) -> list[float]:
     """L2 norm of every DDP bucket's local grad (dense buckets, then expert buckets), as check_grads computes it."""
-    if after_step:
-        return list(getattr(model, "_nanscope_norms", []))
     groups = list(model.bucket_groups) + list(model.expert_parallel_bucket_groups)
     return [float(b.grad_data.norm(p=2)) for g in groups for b in g.buckets]
 
 
-def _release_grads(model, optimizer) -> None:
-    groups = list(model.bucket_groups) + list(model.expert_parallel_bucket_groups)
-    model._nanscope_norms = [float(b.grad_data.norm(p=2)) for g in groups for b in g.buckets]
-    model.zero_grad_buffer()
-    optimizer.zero_grad()
+def _apply_fault(fault: str | None, rank: int) -> None:
+    """Test hook: "exit:R" ends rank R at once; "hang:R" blocks rank R until its watchdog fires."""
+    if not fault:
+        return
+    kind, _, who = fault.partition(":")
+    assert kind in ("exit", "hang"), f"unknown fault {fault!r}"
+    if int(who) == rank:
+        if kind == "exit":
+            os._exit(1)
+        time.sleep(10**6)
 
 
 def _named_params(model) -> dict:
@@ -594,7 +670,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     t_init = time.time()
     (out / f"startup.rank{rank}.json").write_text(
-        json.dumps({"imports_s": t_imports - t_start, "init_s": t_init - t_imports})
+        json.dumps({"started": t_start, "imports_s": t_imports - t_start, "init_s": t_init - t_imports})
     )
     worker = Worker(spec, out, wd)
     for i, run in enumerate(spec["runs"]):

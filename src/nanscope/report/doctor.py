@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from nanscope.report.html import esc, page
 
+# The resolved flags shown in the report (all modelled flags are in the JSON's "config").
+KEY_FLAGS = ("advantage_estimator", "loss_type", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef",
+             "eps_clip", "eps_clip_high", "eps_clip_c", "use_tis", "tis_clip", "tis_clip_low", "rollout_temperature",
+             "check_for_nan_in_loss_and_grad", "rerun_mode_effective", "custom_generate_function_path",
+             "custom_rm_path", "num_layers", "num_experts")
+
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
 
@@ -96,51 +102,70 @@ def to_dict(d) -> dict:
 # ---- terminal --------------------------------------------------------------------------------------
 
 def render_terminal(d, console) -> None:
-    """Print the report on a rich Console."""
+    """Print the report on a rich Console, top-down: verdict, rank, layout, findings, the rest."""
+    from rich.markup import escape
     from rich.panel import Panel
-    from rich.table import Table
 
-    console.print(f"[bold]nanscope doctor[/bold]  {d.script.path}  "
-                  f"([dim]{d.script.train_script}, line {d.script.line}[/dim])")
-    console.print(Panel(d.verdict, title="verdict", title_align="left", border_style="red" if d.traceback else "blue"))
+    console.print(f"[bold]nanscope doctor[/bold]  {escape(d.script.path)}  "
+                  f"([dim]{escape(d.script.train_script)}, line {d.script.line}[/dim])")
+    console.print(Panel(escape(d.verdict), title="verdict", title_align="left",
+                        border_style="red" if d.traceback else "blue"))
+    for section in (_rank_section, _layout_section, _findings_section, _flags_section, _frames_section,
+                    _notes_section):
+        section(d, console)
 
-    r, t = d.failing, d.topology
-    if r is not None:
-        table = Table(title=f"rank {r.rank}", title_justify="left", show_header=False, box=None, padding=(0, 2))
-        table.add_row("coordinates", f"TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp}   EP {r.ep} (ETP {r.etp}, "
-                                     f"expert DP {r.edp})")
-        table.add_row("where", f"node index {r.node_index} (= {r.rank} // {t.gpus_per_node}), local device "
-                               f"{r.local_device}")
-        layers = _range(r.layers)
-        if r.chunks and len(r.chunks) > 1:
-            layers = " | ".join(_range(c.layers) for c in r.chunks) + " (virtual stages)"
-        table.add_row("decoder layers", f"{layers} (0-based)")
-        table.add_row("output layer", "yes: final norm + output layer (and slime's loss)" if r.holds_output_layer
-                      else "no")
-        if r.experts:
-            table.add_row("experts", f"{_range(r.experts)} ({t.experts_per_rank} per EP rank)")
-        for key, label in (("tp", "TP group"), ("pp", "PP group"), ("dp", "DP group"), ("cp", "CP group"),
-                           ("ep", "EP group")):
-            table.add_row(label, _group_text(r.groups[key]))
-        console.print(table)
-        for line in d.explanations:
-            console.print(f"  - {line}")
+
+def _plain(console, text: str) -> None:
+    console.print(text, markup=False, highlight=False)
+
+
+def _heading(console, title: str, rest: str = "") -> None:
+    from rich.markup import escape
 
     console.print()
-    console.print(f"[bold]layout[/bold]  world {t.world} = {t.nodes} nodes x {t.gpus_per_node} GPUs;  "
-                  f"TP {t.tp}  PP {t.pp}  CP {t.cp}  DP {t.dp} (= {t.world}/({t.tp}*{t.pp}*{t.cp}))  "
-                  f"EP {t.ep}  ETP {t.etp}  expert DP {t.edp}"
-                  + (f"  VPP {t.vpp}" if t.vpp else "") + f";  order {t.order}")
+    console.print(f"[bold]{title}[/bold]" + (f" {escape(rest)}" if rest else ""))
+
+
+def _rank_section(d, console) -> None:
+    from rich.table import Table
+
+    r, t = d.failing, d.topology
+    if r is None:
+        return
+    table = Table(title=f"rank {r.rank}", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    layers = _range(r.layers)
+    if r.chunks and len(r.chunks) > 1:
+        layers = " | ".join(_range(c.layers) for c in r.chunks) + " (virtual stages)"
+    rows = [("coordinates", f"TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp}   EP {r.ep} (ETP {r.etp}, "
+                            f"expert DP {r.edp})"),
+            ("where", f"node index {r.node_index} (= {r.rank} // {t.gpus_per_node}), local device {r.local_device}"),
+            ("decoder layers", f"{layers} (0-based)"),
+            ("output layer", "yes: final norm + output layer (and slime's loss)" if r.holds_output_layer else "no")]
+    if r.experts:
+        rows.append(("experts", f"{_range(r.experts)} ({t.experts_per_rank} per EP rank)"))
+    rows += [(f"{k.upper()} group", _group_text(r.groups[k])) for k in ("tp", "pp", "dp", "cp", "ep")]
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+    for line in d.explanations:
+        _plain(console, f"  - {line}")
+
+
+def _layout_section(d, console) -> None:
+    from rich.table import Table
+
+    r, t, b, cfg = d.failing, d.topology, d.batches, d.config
+    _heading(console, "layout", f"world {t.world} = {t.nodes} nodes x {t.gpus_per_node} GPUs;  TP {t.tp}  PP {t.pp}  "
+                                f"CP {t.cp}  DP {t.dp} (= {t.world}/({t.tp}*{t.pp}*{t.cp}))  EP {t.ep}  ETP {t.etp}  "
+                                f"expert DP {t.edp}" + (f"  VPP {t.vpp}" if t.vpp else "") + f";  order {t.order}")
     if t.stages is not None:
         st = Table(show_header=True, box=None, padding=(0, 2))
-        st.add_column("PP")
-        st.add_column("layers (0-based)")
-        st.add_column("count", justify="right")
+        for name, justify in (("PP", "left"), ("layers (0-based)", "left"), ("count", "right")):
+            st.add_column(name, justify=justify)
         for s in t.stages:
             mark = " <" if r is not None and s.pp == r.pp else ""
             st.add_row(str(s.pp), _stage_text(s) + mark, str(len(s.layers)))
         console.print(st)
-    b, cfg = d.batches, d.config
     lines = []
     if t.num_experts:
         lines.append(f"experts: {t.num_experts} / EP {t.ep} = {t.experts_per_rank} per EP rank")
@@ -155,35 +180,65 @@ def render_terminal(d, console) -> None:
     lines.append(f"rollout GPUs {cfg['rollout_num_gpus']} ({'colocated with' if cfg['colocate'] else 'besides'} "
                  f"{t.world} actor GPUs)")
     for line in lines:
-        console.print(f"  {line}")
+        _plain(console, f"  {line}")
 
-    console.print()
-    console.print(f"[bold]findings[/bold] ({len(d.findings)})")
+
+def _findings_section(d, console) -> None:
+    from rich.markup import escape
+
+    _heading(console, "findings", f"({len(d.findings)})")
     for f in d.findings:
         style = _SEVERITY_STYLE.get(f.severity, "")
-        hazards = f"  [dim]hazards: {', '.join(f.hazards)}[/dim]" if f.hazards else ""
-        console.print(f"[{style}]{f.severity.upper()}[/{style}] [bold]{f.id}[/bold]: {f.title}{hazards}")
-        console.print(f"    evidence: {'  '.join(f.flags)}", highlight=False)
-        console.print(f"    why: {f.mechanism}", highlight=False)
-        console.print(f"    fix: {f.fix}", highlight=False)
+        hazards = f"  [dim]hazards: {escape(', '.join(f.hazards))}[/dim]" if f.hazards else ""
+        console.print(f"[{style}]{f.severity.upper()}[/{style}] [bold]{escape(f.id)}[/bold]: {escape(f.title)}"
+                      f"{hazards}", highlight=False)
+        _plain(console, f"    evidence: {'  '.join(f.flags)}")
+        _plain(console, f"    why: {f.mechanism}")
+        _plain(console, f"    fix: {f.fix}")
     if d.fine:
-        console.print()
-        console.print("[bold]fine[/bold]")
+        _heading(console, "fine")
         for line in d.fine:
-            console.print(f"  [green]ok[/green] {line}", highlight=False)
+            _plain(console, f"  ok  {line}")
 
-    if d.traceback is not None:
-        console.print()
-        console.print("[bold]traceback, frame by frame[/bold] (outermost first)")
-        for fr in d.traceback.frames:
-            where = fr.function if fr.line is None else f"{_short(fr.path)}:{fr.line} {fr.function}"
-            console.print(f"  {where}  [dim]{fr.release_text}[/dim]", highlight=False)
-            console.print(f"      {fr.note}", highlight=False)
+
+def _flags_section(d, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    _heading(console, "resolved flags", "(value, where it came from)")
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for name, value, origin in key_flags(d):
+        table.add_row(escape(name), escape(value), f"[dim]{escape(origin)}[/dim]")
+    console.print(table)
+
+
+def _frames_section(d, console) -> None:
+    from rich.markup import escape
+
+    if d.traceback is None:
+        return
+    _heading(console, "traceback, frame by frame", "(outermost first)")
+    for fr in d.traceback.frames:
+        where = fr.function if fr.line is None else f"{_short(fr.path)}:{fr.line} {fr.function}"
+        console.print(f"  {escape(where)}  [dim]{escape(fr.release_text)}[/dim]", highlight=False)
+        _plain(console, f"      {fr.note}")
+
+
+def _notes_section(d, console) -> None:
     if d.notes:
-        console.print()
-        console.print("[bold]inputs[/bold]")
+        _heading(console, "inputs")
         for line in d.notes:
-            console.print(f"  - {line}", highlight=False)
+            _plain(console, f"  - {line}")
+
+
+def key_flags(d) -> list[tuple[str, str, str]]:
+    """(flag name, value, origin) for the flags that matter to the NaN mechanisms."""
+    rows = []
+    for name in KEY_FLAGS:
+        v = d.config.values[name]
+        label = "rerun mode (effective)" if name == "rerun_mode_effective" else name.replace("_", "-")
+        rows.append((label, "-" if v.value is None else f"{v.value}", v.origin))
+    return rows
 
 
 def _short(path: str) -> str:
@@ -215,7 +270,7 @@ def rank_grid_svg(d) -> str:
     by_coord = {(c["pp"], c["dp"], c["cp"], c["tp"]): rank for rank, c in enumerate(t.coords)}
     ep_group_of = {rank: i for i, g in enumerate(t.groups["ep"]) for rank in g}
     row_w = t.dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp)
-    width, height = label_w + row_w + 10, 40 + t.pp * (cell_h + 14) + 30
+    width, height = max(label_w + row_w + 10, 760), 40 + t.pp * (cell_h + 14) + 30
     failing = d.failing.rank if d.failing is not None else None
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
            "font-family='ui-monospace,monospace' font-size='11'>"]
@@ -235,7 +290,8 @@ def rank_grid_svg(d) -> str:
             for cp in range(t.cp):
                 for tp in range(t.tp):
                     rank = by_coord[(pp, dp, cp, tp)]
-                    x = x0 + dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp) + cp * (t.tp * cell_w + gap_cp) + tp * cell_w
+                    x = (x0 + dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp) + cp * (t.tp * cell_w + gap_cp)
+                         + tp * cell_w)
                     fill = _EP_COLOURS[ep_group_of.get(rank, 0) % len(_EP_COLOURS)]
                     stroke, sw = ("#b00020", 3) if rank == failing else ("#888", 1)
                     out.append(f"<rect x='{x}' y='{y}' width='{cell_w - 2}' height='{cell_h}' fill='{fill}' "
@@ -300,6 +356,9 @@ def render_html(d) -> str:
                     f"<td><code>{'<br>'.join(esc(x) for x in f.flags)}</code></td><td>{esc(f.mechanism)}</td>"
                     f"<td>{esc(f.fix)}</td></tr>")
     body.append("</table>")
+    body.append("<h2>Resolved flags</h2><table><tr><th>flag</th><th>value</th><th>from</th></tr>"
+                + "".join(f"<tr><td><code>{esc(n)}</code></td><td>{esc(v)}</td><td class='muted'>{esc(o)}</td></tr>"
+                          for n, v, o in key_flags(d)) + "</table>")
     if d.fine:
         body.append("<h2>Fine</h2><ul>" + "".join(f"<li class='ok'>{esc(x)}</li>" for x in d.fine) + "</ul>")
     if d.traceback is not None:

@@ -1,0 +1,56 @@
+"""A TraceReport in words (terminal text; JSON is TraceReport.to_dict())."""
+
+from __future__ import annotations
+
+from nanscope.trace.locator import Event, TraceReport
+
+
+def _counts(c: dict) -> str:
+    parts = [f"{c[k]} {k}" for k in ("nan", "posinf", "neginf") if c.get(k)]
+    return ", ".join(parts) or "none"
+
+
+def _produced(e: Event) -> str:
+    return {"nan": "NaN", "inf": "inf", "nan+inf": "NaN and inf"}.get(e.produced, "non-finite")
+
+
+def event_lines(title: str, e: Event | None, first: Event | None, inputs: list) -> list[str]:
+    """Lines for one phase: its producer, or why there is none."""
+    if e is not None:
+        free = {"nan": "NaN-free", "inf": "inf-free"}.get(e.produced, "finite")
+        out = [f"{title}: {e.op} produced {_produced(e)} from {free} inputs"]
+        if e.node:
+            out.append(f"  autograd node: {e.node}" + (f" (created in forward by {e.created_by})" if e.created_by else ""))
+        out.append(f"  module:  {e.module if e.module is not None else '- (outside the watched modules)'}")
+        out.append(f"  source:  {e.source or '- (no Python frame outside torch)'}")
+        out.append(f"  token:   {e.token_text()}")
+        out.append(f"  output:  {e.shape} with {_counts(e.nonfinite)}; first at flat index {e.first_index}")
+        out += [f"  input {i}: {s}" for i, s in enumerate(e.input_summary)]
+        return out
+    if first is None:
+        return [f"{title}: none (every op output was finite)"]
+    origin = ", ".join(i.name for i in inputs) or "a tensor created outside the trace"
+    return [
+        f"{title}: none; no op turned finite values into non-finite ones: they came from an input ({origin})",
+        f"  first non-finite output: {first.op}, {first.where()}; {first.token_text()}",
+    ]
+
+
+def lines(report: TraceReport) -> list[str]:
+    """The whole report: inputs, forward, backward."""
+    out = []
+    if report.inputs:
+        out.append("non-finite inputs (present before the step ran):")
+        for i in report.inputs:
+            where = f"sample {i.sample}" + (f", response token {i.token}" if i.token is not None else "")
+            mask = "" if i.masked is None else (", loss_mask 0 (masked)" if i.masked else ", loss_mask 1")
+            out.append(f"  {i.name}: {_counts(i.nonfinite)}; first at {where}{mask}")
+    else:
+        out.append("non-finite inputs: none")
+    out += event_lines("forward producer", report.forward, report.first_forward, report.inputs)
+    out += event_lines("backward producer", report.backward, report.first_backward, report.inputs)
+    o = report.outcome
+    if o:
+        loss = f"{o['loss']:.6g}" + ("" if o["loss_finite"] else " (non-finite)")
+        out.append(f"outcome: loss {loss}; d loss / d logits has {o['grad_nonfinite']} non-finite entries")
+    return out

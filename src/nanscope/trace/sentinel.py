@@ -1,0 +1,269 @@
+"""An always-on NaN/inf sentinel for training steps: on-device flags, one host sync per step.
+
+Forward hooks on every module compute `isfinite(output).all()` (a 0-dim bool on the output's device)
+and append it to a list; tensor hooks on every parameter do the same for the gradient that arrives
+for it in backward (before it is accumulated: megatron's DDP then moves .grad into main_grad). No
+hook ever reads a flag on the host. `read()` stacks the flags, finds the first False in each phase
+on the device, and copies two integers (plus the optional gradient-buffer flags) to the host:
+ONE sync per step. The position in the list is the call order, so the first non-finite module in
+forward order and the first non-finite parameter gradient in backward order are recovered exactly,
+together with the micro-batch each belongs to.
+
+    sentinel = Sentinel(model_chunks)
+    for step in ...:
+        forward_backward(...)              # any number of micro-batches
+        reading = sentinel.read(grads=True)  # Reading(forward=Hit|None, backward=Hit|None, grads=[...])
+        if not reading.finite: write_report(reading)
+    sentinel.remove()
+
+Micro-batch index: the number of forward calls of the module's model chunk so far this step
+(0-based); in backward, the micro-batch whose chunk output received its gradient most recently.
+Fused weight-gradient kernels (TransformerEngine's gradient_accumulation_fusion) write main_grad
+without calling parameter hooks: `read(grads=True)` / `check_grads` still see those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+_FOLD = 1024  # flags kept before folding them into a running first-index (bounds memory per step)
+_NONE = 1 << 62  # "no non-finite call" as an index
+
+
+@dataclass
+class Hit:
+    """The first non-finite value of a phase.
+
+    module: module path (names from named_modules(), "chunk<i>." prefix with several chunks);
+    microbatch: 0-based micro-batch within the step; order: 0-based call index in the phase (forward:
+    module-output checks, backward: parameter-gradient checks); param: backward, the parameter.
+    """
+
+    module: str
+    microbatch: int
+    order: int
+    param: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Reading:
+    """One step's sentinel result. grads: parameters whose accumulated gradient (main_grad if
+    present, else .grad) is non-finite, when read(grads=True)."""
+
+    step: int
+    forward: Hit | None
+    backward: Hit | None
+    grads: list = field(default_factory=list)
+
+    @property
+    def finite(self) -> bool:
+        return self.forward is None and self.backward is None and not self.grads
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "finite": self.finite,
+            "forward": None if self.forward is None else self.forward.to_dict(),
+            "backward": None if self.backward is None else self.backward.to_dict(),
+            "grads": list(self.grads),
+        }
+
+
+class _Phase:
+    """Flags of one phase: a list of 0-dim bool tensors (True = finite) and their host-side labels."""
+
+    def __init__(self):
+        self.flags: list[torch.Tensor] = []
+        self.labels: list[tuple] = []  # (module, microbatch, param) per call, in call order
+        self.first: torch.Tensor | None = None  # running first bad index of folded flags (device)
+        self.folded = 0
+
+    def add(self, ok: torch.Tensor, label: tuple) -> None:
+        self.flags.append(ok)
+        self.labels.append(label)
+        if len(self.flags) >= _FOLD:
+            self.fold()
+
+    def fold(self) -> None:
+        """Reduce the pending flags on the device to the first bad index (no host sync)."""
+        if not self.flags:
+            return
+        ok = torch.stack(self.flags)
+        index = torch.arange(self.folded, self.folded + ok.numel(), device=ok.device)
+        first = torch.where(ok, torch.full_like(index, _NONE), index).min()
+        self.first = first if self.first is None else torch.minimum(self.first, first.to(self.first.device))
+        self.folded += ok.numel()
+        self.flags.clear()
+
+    def result(self) -> torch.Tensor | None:
+        self.fold()
+        return self.first
+
+    def hit(self, index: int) -> Hit | None:
+        if index >= _NONE:
+            return None
+        module, mb, param = self.labels[index]
+        return Hit(module, mb, index, param)
+
+
+def _all_finite(output) -> torch.Tensor | None:
+    """isfinite(...).all() over the float tensors of a module output (a tensor or a flat tuple/list)."""
+    if isinstance(output, torch.Tensor):
+        return torch.isfinite(output).all() if output.is_floating_point() else None
+    ok = None
+    if isinstance(output, (tuple, list)):
+        for t in output:
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                f = torch.isfinite(t).all()
+                ok = f if ok is None else ok & f
+    return ok
+
+
+def _first_tensor(output) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((t for t in output if isinstance(t, torch.Tensor)), None)
+    return None
+
+
+def grad_of(param: torch.Tensor) -> torch.Tensor | None:
+    """The accumulated gradient of a parameter: megatron DDP's main_grad if present, else .grad."""
+    g = getattr(param, "main_grad", None)
+    return g if g is not None else param.grad
+
+
+def check_grads(named_params) -> list[str]:
+    """Names of the parameters whose accumulated gradient is non-finite (one host sync).
+
+    Args:
+        named_params: an nn.Module (its named_parameters()) or an iterable of (name, param).
+    """
+    items = named_params.named_parameters() if isinstance(named_params, torch.nn.Module) else named_params
+    names, flags = _grad_flags(items)
+    if not flags:
+        return []
+    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist()
+    return [n for n, good in zip(names, ok) if not good]
+
+
+def _grad_flags(items) -> tuple[list[str], list[torch.Tensor]]:
+    names, flags = [], []
+    for name, p in items:
+        g = grad_of(p)
+        if g is not None:
+            names.append(name)
+            flags.append(torch.isfinite(g).all())
+    return names, flags
+
+
+class Sentinel:
+    """Finiteness flags on every module output and parameter gradient of some model chunks.
+
+    Args:
+        modules: the model chunks (nn.Modules; megatron's list of virtual-pipeline chunks).
+        params: also hook parameter gradients (backward order). Default True.
+    """
+
+    def __init__(self, modules, params: bool = True):
+        self.roots = list(modules) if not isinstance(modules, torch.nn.Module) else [modules]
+        self.step = 0
+        self._fwd, self._bwd = _Phase(), _Phase()
+        self._mb = [0] * len(self.roots)  # forward calls of each chunk this step
+        self._bwd_mb = 0
+        self._handles = []
+        self._named_params: list[tuple[str, torch.Tensor]] = []
+        many = len(self.roots) > 1
+        for c, root in enumerate(self.roots):
+            prefix = f"chunk{c}." if many else ""
+            self._handles.append(root.register_forward_pre_hook(self._chunk_pre(c)))
+            self._handles.append(root.register_forward_hook(self._chunk_post(c)))
+            for name, m in root.named_modules():
+                self._handles.append(m.register_forward_hook(self._output_hook((prefix + name).rstrip("."), c)))
+            for name, p in root.named_parameters():
+                self._named_params.append((prefix + name, p))
+                if params and p.requires_grad:
+                    module = (prefix + name).rpartition(".")[0]
+                    self._handles.append(p.register_hook(self._grad_hook(module, prefix + name)))
+
+    # -- hooks (no host sync in any of them) -----------------------------------------------
+    def _chunk_pre(self, c: int):
+        def hook(module, args):
+            self._mb[c] += 1
+
+        return hook
+
+    def _chunk_post(self, c: int):
+        def hook(module, args, output):
+            mb = self._mb[c] - 1
+            out = _first_tensor(output)
+            if out is not None and out.requires_grad:
+                out.register_hook(lambda grad: self._set_bwd_mb(mb))
+
+        return hook
+
+    def _set_bwd_mb(self, mb: int) -> None:
+        self._bwd_mb = mb
+
+    def _output_hook(self, path: str, c: int):
+        def hook(module, args, output):
+            ok = _all_finite(output)
+            if ok is not None:
+                self._fwd.add(ok, (path, self._mb[c] - 1, None))
+
+        return hook
+
+    def _grad_hook(self, module: str, name: str):
+        def hook(grad):
+            if grad is not None:
+                self._bwd.add(torch.isfinite(grad).all(), (module, self._bwd_mb, name))
+
+        return hook
+
+    # -- the one sync per step -------------------------------------------------------------
+    def read(self, grads: bool = False) -> Reading:
+        """Everything flagged since the last read, with ONE device-to-host copy; starts a new step.
+
+        Args:
+            grads: also check every parameter's accumulated gradient (main_grad or .grad).
+        """
+        parts, device = [], None
+        for phase in (self._fwd, self._bwd):
+            first = phase.result()
+            if first is not None:
+                device = device or first.device
+            parts.append(first)
+        names, flags = _grad_flags(self._named_params) if grads else ([], [])
+        if flags:
+            device = device or flags[0].device
+        device = device or torch.device("cpu")
+        none = torch.tensor(_NONE, device=device)
+        head = [(p if p is not None else none).to(device).reshape(1) for p in parts]
+        tail = [torch.stack([f.to(device) for f in flags]).long()] if flags else []
+        values = torch.cat(head + tail).tolist()  # the host sync
+        reading = Reading(
+            self.step,
+            self._fwd.hit(values[0]),
+            self._bwd.hit(values[1]),
+            [n for n, ok in zip(names, values[2:]) if not ok],
+        )
+        self.reset()
+        self.step += 1
+        return reading
+
+    def reset(self) -> None:
+        """Drop this step's flags (call at step start if a step was abandoned without read())."""
+        self._fwd, self._bwd = _Phase(), _Phase()
+        self._mb = [0] * len(self.roots)
+        self._bwd_mb = 0
+
+    def remove(self) -> None:
+        """Remove every hook."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()

@@ -1,0 +1,68 @@
+"""`nanscope repro`: input errors and exit codes without a launch, then one real 4-process run."""
+
+import json
+
+import pytest
+
+from nanscope.cli import repro
+from nanscope.cli.main import main
+from nanscope.megatron.runner import NAN_CHECK_MESSAGE, RankRecord
+
+
+def test_unknown_hazard_is_one_line_user_error(capsys):
+    assert main(["repro", "--hazard", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "nanscope repro: error: --hazard: unknown hazard 'nope'; known: healthy, kl-exp-overflow, "
+        "ratio-exp-overflow, nan-rollout-logprob, nan-reward\n"
+    )
+
+
+def test_expected_outcome_follows_the_catalogue():
+    # The as-is loss fails the check exactly where the catalogue's gradient is not finite.
+    assert repro.expected_outcome("healthy", "as-is") == "completed"
+    for name in ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"):
+        assert repro.expected_outcome(name, "as-is") == "nan-check"
+        assert repro.expected_outcome(name, "safe") == "completed"
+
+
+def _rank(rank, pp, ok):
+    err = None if ok else f"Rank {rank}, node n, device cpu, iteration -1: {NAN_CHECK_MESSAGE}"
+    return RankRecord(rank=rank, pp=pp, tp=rank % 2, dp=0, ep=0, layers=[2 * pp, 2 * pp + 1],
+                      holds_output_layer=pp == 1, ok=ok, error=err, error_time=None if ok else 10.0 - rank,
+                      optimizer_grad_norm=[1.5] if ok else [])  # fmt: skip
+
+
+def test_verdict_and_exit_code_compare_observed_with_expected():
+    failed = repro.Repro("kl-exp-overflow", "as-is", "nan-check", "nan-check", {}, [_rank(r, r // 2, False) for r in range(4)],
+                         first_failure=3, frames_match_case=True)  # fmt: skip
+    assert failed.ok
+    assert repro.verdict(failed) == (
+        "as expected: kl-exp-overflow under the as-is loss fails megatron-core's DDP NaN check on 4/4 ranks; "
+        "first to raise: rank 3 (pp 1, last stage); frames match the case's traceback"
+    )
+    done = repro.Repro("kl-exp-overflow", "as-is", "nan-check", "completed", {}, [_rank(r, r // 2, True) for r in range(4)])
+    assert not done.ok
+    assert repro.verdict(done) == (
+        "UNEXPECTED (expected nan-check): kl-exp-overflow under the as-is loss: the step completed on all 4 ranks (grad norm [1.5])"
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    assert main(["repro", "--hazard", "nan-reward", "--loss", "as-is", "--json", str(path), "--timeout", "350"]) == 0
+    out = capsys.readouterr().out
+    assert "fails megatron-core's DDP NaN check on 4/4 ranks" in out
+    assert "param_and_grad_buffer.py:185 in check_grads" in out
+    doc = json.loads(path.read_text())
+    assert (doc["expected"], doc["observed"], doc["ok"]) == ("nan-check", "nan-check", True)
+    assert doc["frames_match_case"] is True
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+    for r in doc["ranks"]:
+        assert {"rank", "pp", "tp", "ok", "error", "grad_norms", "frames"} <= set(r)
+        assert r["ok"] is False and r["error"].startswith(f"Rank {r['rank']}, node ")
+        assert r["error"].endswith(NAN_CHECK_MESSAGE)
+    first = next(r for r in doc["ranks"] if r["rank"] == doc["first_failure"])
+    assert first["pp"] == 1  # the last pipeline stage raises first, as rank 50 in the case

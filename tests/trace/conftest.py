@@ -1,0 +1,21 @@
+import pytest
+
+from nanscope import hazards
+from nanscope.trace import replay
+
+
+@pytest.fixture(scope="session")
+def hazard_trace():
+    """(report, hazard site) of each (hazard, loss) replay, computed once per session."""
+    cache = {}
+
+    def get(name: str, loss: str = "as-is"):
+        if (name, loss) not in cache:
+            doc, site = replay.hazard_microbatch(name, loss)
+            cache[name, loss] = (replay.replay(doc), site)
+        return cache[name, loss]
+
+    return get
+
+
+HAZARDS = [h.name for h in hazards.CATALOGUE]
