@@ -70,3 +70,26 @@ def test_nan_rollout_logprob_is_on_a_masked_token():
     batch = build("nan-rollout-logprob")
     i, j = batch["hazard_site"]
     assert torch.isnan(batch["rollout_log_probs"][i][j]) and batch["loss_masks"][i][j] == 0
+
+
+@pytest.mark.parametrize("name", ["kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"])
+def test_defused_twin_differs_only_at_the_site(name):
+    policy = hazards.synthetic_policy(512, 0)
+    hot = hazards.build(name, policy, hazards.case_rollout(512, 0), 0)
+    cold = hazards.build(name, policy, hazards.case_rollout(512, 0), 0, defused=True)
+    assert all(torch.equal(a, b) for a, b in zip(hot["unconcat_tokens"], cold["unconcat_tokens"]))
+    i, j = hot["hazard_site"]
+    differing = {
+        k for k in ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
+        if not all(torch.equal(a, b) for a, b in zip(hot[k], cold[k]))
+    }
+    assert differing == {"kl-exp-overflow": {"ref_log_probs"}, "ratio-exp-overflow": {"log_probs"},
+                         "nan-rollout-logprob": {"rollout_log_probs"}, "nan-reward": {"advantages"}}[name]
+    # the defused twin is healthy for as-is
+    logits = hazards.packed_logits(policy, cold["unconcat_tokens"]).requires_grad_(True)
+    from nanscope.loss import as_is
+    from nanscope.loss.microbatch import Parallel
+    from nanscope.slime_args import case_args
+    loss, _, _ = as_is.loss_function(case_args(global_batch_size=8), cold, 1, logits, parallel=Parallel())
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()

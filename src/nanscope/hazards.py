@@ -208,7 +208,23 @@ def plant_least_likely_tool_token(rollout: Rollout, policy: Policy, temperature:
     return i, j
 
 
-def build(name: str, policy: Policy, rollout: Rollout, seed: int = 0, temperature: float = TEMPERATURE) -> dict:
+def _site(name: str, policy: Policy, rollout: Rollout, temperature: float) -> tuple[int, int | None] | None:
+    """Where hazard `name` strikes: (sample, response position), (sample, None) for a whole sample."""
+    if name == "kl-exp-overflow":
+        return plant_least_likely_tool_token(rollout, policy, temperature)
+    if name == "ratio-exp-overflow":
+        i = max(range(len(rollout.rewards)), key=lambda k: rollout.rewards[k])  # positive advantage: clipped branch wins
+        return i, int((rollout.loss_masks[i] == 0).nonzero()[0])
+    if name == "nan-rollout-logprob":
+        return _masked_positions(rollout)[0]
+    if name == "nan-reward":
+        return 0, None
+    return None
+
+
+def build(
+    name: str, policy: Policy, rollout: Rollout, seed: int = 0, temperature: float = TEMPERATURE, defused: bool = False
+) -> dict:
     """Build hazard `name`'s micro-batch (slime's keys, whole sequences, cp_size 1).
 
     Args:
@@ -216,6 +232,8 @@ def build(name: str, policy: Policy, rollout: Rollout, seed: int = 0, temperatur
         policy: the policy the loss will be computed with (its log-prob pass gives log_probs).
         rollout: the skeleton; modified in place where the hazard plants a token.
         seed: seeds the reference/rollout noise.
+        defused: build the same batch (same planted token, same site) but leave the trigger value
+            out: the hazard's "clean twin", to compare a fixed run against.
 
     Returns:
         dict with unconcat_tokens, total_lengths, response_lengths, loss_masks, log_probs,
@@ -223,30 +241,27 @@ def build(name: str, policy: Policy, rollout: Rollout, seed: int = 0, temperatur
     """
     get(name)
     g = torch.Generator().manual_seed(seed + 1)
-    site = plant_least_likely_tool_token(rollout, policy, temperature) if name == "kl-exp-overflow" else None
+    site = _site(name, policy, rollout, temperature)
     logp = policy_log_probs(policy(rollout.tokens), rollout, temperature)
     old = [x.clone() for x in logp]
     ref = [_noisy(x, g) for x in logp]
     roll = [torch.where(m.bool(), _noisy(x, g), torch.zeros_like(x)) for x, m in zip(logp, rollout.loss_masks)]
     rewards = list(rollout.rewards)
 
-    if name == "kl-exp-overflow":
+    if site is not None and not defused:
         i, j = site
-        # The reference model still finds the tool text plausible; the drifted policy does not.
-        assert logp[i][j] < -(FP32_EXP_MAX + 2), f"policy logp {float(logp[i][j]):.1f} of the least likely tool token is not below -90.7: logit scale too small"
-        ref[i][j] = -1.0
-    elif name == "ratio-exp-overflow":
-        i = max(range(len(rewards)), key=lambda k: rewards[k])  # positive advantage: the clipped branch wins
-        j = int((rollout.loss_masks[i] == 0).nonzero()[0])
-        old[i][j] = logp[i][j] - (FP32_EXP_MAX + 10)
-        site = (i, j)
-    elif name == "nan-rollout-logprob":
-        i, j = _masked_positions(rollout)[0]
-        roll[i][j] = float("nan")
-        site = (i, j)
-    elif name == "nan-reward":
-        rewards[0] = float("nan")
-        site = (0, None)
+        if name == "kl-exp-overflow":
+            # The reference model still finds the tool text plausible; the drifted policy does not.
+            assert logp[i][j] < -(FP32_EXP_MAX + 2), (
+                f"policy logp {float(logp[i][j]):.1f} of the least likely tool token is not below -90.7: logit scale too small"
+            )
+            ref[i][j] = -1.0
+        elif name == "ratio-exp-overflow":
+            old[i][j] = logp[i][j] - (FP32_EXP_MAX + 10)
+        elif name == "nan-rollout-logprob":
+            roll[i][j] = float("nan")
+        elif name == "nan-reward":
+            rewards[i] = float("nan")
 
     normalized = grpo_normalize(torch.tensor(rewards), min(GROUP_SIZE, len(rewards)))
     return {

@@ -53,8 +53,7 @@ def test_masked_token_hazard_gives_the_healthy_gradient(name):
     # The hazard sits on a masked token: safe's gradient on the hazard batch equals its gradient on
     # the same batch without the hazard (and as-is's there), exactly.
     batch, logits = hazard_batch(name)
-    clean = hazards.build("healthy", hazards.synthetic_policy(512, 0), hazards.Rollout(
-        batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"], hazards.case_rollout(512, 0).rewards), 0)
+    clean = hazards.build(name, hazards.synthetic_policy(512, 0), hazards.case_rollout(512, 0), 0, defused=True)
     _, g_safe, metrics = grads(safe, batch, logits)
     _, g_clean, _ = grads(as_is, clean, logits)
     assert torch.equal(g_safe, g_clean)

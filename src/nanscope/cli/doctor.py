@@ -70,30 +70,37 @@ def _write(path: str, text: str) -> None:
         raise UserError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
-def run(args) -> int:
-    import contextlib
-    import json
-    import warnings
+def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
+    """(script, env, model JSON path, traceback path), with --case's bundled files as defaults."""
     from importlib.resources import as_file
 
-    from nanscope.launch.script import parse_env, read_text
+    from nanscope.launch.script import parse_env
 
     if args.case and args.script:
         raise UserError("give a launch script or --case, not both")
     if not args.case and not args.script:
         raise UserError("give a launch script (or --case slime-795)")
     env = parse_env(args.env)
+    if not args.case:
+        return args.script, env, args.model, args.traceback
+    case = _case_files(args.case)
+    # as_file per file: works for a zipped install too (directories need Python 3.12)
+    bundled = {name: str(stack.enter_context(as_file(case / name)))
+               for name in ("launch.sh", "model.json", "traceback.txt") if (case / name).is_file()}
+    env = {**CASE_ENV.get(args.case, {}), **env}
+    return (bundled["launch.sh"], env, args.model or bundled.get("model.json"),
+            args.traceback or bundled.get("traceback.txt"))
+
+
+def run(args) -> int:
+    import contextlib
+    import json
+    import warnings
+
+    from nanscope.launch.script import read_text
+
     with contextlib.ExitStack() as stack:
-        script, model_path, tb_path = args.script, args.model, args.traceback
-        if args.case:
-            case = _case_files(args.case)
-            # as_file per file: works for a zipped install too (directories need Python 3.12)
-            bundled = {name: str(stack.enter_context(as_file(case / name)))
-                       for name in ("launch.sh", "model.json", "traceback.txt") if (case / name).is_file()}
-            env = {**CASE_ENV.get(args.case, {}), **env}
-            script = bundled["launch.sh"]
-            model_path = model_path or bundled.get("model.json")
-            tb_path = tb_path or bundled.get("traceback.txt")
+        script, env, model_path, tb_path = _inputs(args, stack)
         model = _load_model(model_path) if model_path else None
         model_origin = None
         if model_path:
@@ -103,15 +110,15 @@ def run(args) -> int:
             warnings.simplefilter("ignore")  # megatron-core warns about missing TE/Apex on import
             from nanscope.launch import diagnose
 
-            d = diagnose(script, env, model, model_origin, args.model_args, tb_text,
-                         tb_path or "traceback", args.rank)
-        from rich.console import Console
+            d = diagnose(script, env, model, model_origin, args.model_args, tb_text, tb_path or "traceback",
+                         args.rank)
+    from rich.console import Console
 
-        from nanscope.report.doctor import render_html, render_terminal, to_dict
+    from nanscope.report.doctor import render_html, render_terminal, to_dict
 
-        render_terminal(d, Console(highlight=False))
-        if args.json:
-            _write(args.json, json.dumps(to_dict(d), indent=2) + "\n")
-        if args.html:
-            _write(args.html, render_html(d))
+    if args.json:  # files first: a closed stdout pipe (| head) must not lose them
+        _write(args.json, json.dumps(to_dict(d), indent=2) + "\n")
+    if args.html:
+        _write(args.html, render_html(d))
+    render_terminal(d, Console(highlight=False))
     return 0
