@@ -4,7 +4,10 @@ import pytest
 import torch
 
 from nanscope import hazards
+from nanscope.loss import as_is
 from nanscope.loss.formulas import FP32_EXP_MAX
+from nanscope.loss.microbatch import Parallel
+from nanscope.slime_args import case_args
 
 
 @pytest.mark.parametrize("name", [h.name for h in hazards.CATALOGUE])
@@ -87,9 +90,6 @@ def test_defused_twin_differs_only_at_the_site(name):
                          "nan-rollout-logprob": {"rollout_log_probs"}, "nan-reward": {"advantages"}}[name]
     # the defused twin is healthy for as-is
     logits = hazards.packed_logits(policy, cold["unconcat_tokens"]).requires_grad_(True)
-    from nanscope.loss import as_is
-    from nanscope.loss.microbatch import Parallel
-    from nanscope.slime_args import case_args
     loss, _, _ = as_is.loss_function(case_args(global_batch_size=8), cold, 1, logits, parallel=Parallel())
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
