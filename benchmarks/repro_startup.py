@@ -20,7 +20,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 
 def single_process_import_s() -> float:

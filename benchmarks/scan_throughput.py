@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 import torch
 torch.set_num_threads(2)
@@ -49,11 +49,18 @@ if phase == "staged":
     t0 = time.perf_counter()
     result = checks.scan(staged, checks.ScanConfig())
     out["checks_s"] = time.perf_counter() - t0
+    staged._obj = samples
+    t0 = time.perf_counter()
+    checks.scan(staged, checks.ScanConfig(histograms=True))
+    out["checks_hist_s"] = time.perf_counter() - t0
     out["hazards"] = checks.hazard_count(result)
     out["response_tokens"] = result.response_tokens
-out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["peak_rss_mb"] = hwm()
 print(json.dumps(out))
 """
+
+# Peak RSS of the process itself: VmHWM starts afresh at exec (ru_maxrss would inherit the parent's peak).
+HWM = "def hwm():\n    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024\n"
 
 
 def lengths(n: int, max_total: int, seed: int) -> list[tuple[int, int]]:
@@ -67,7 +74,7 @@ def lengths(n: int, max_total: int, seed: int) -> list[tuple[int, int]]:
     return list(zip(prompts.tolist(), responses.tolist()))
 
 
-def write_dumps(tmp: Path, n: int, max_total: int, seed: int) -> tuple[Path, Path, int]:
+def write_dumps(tmp: Path, n: int, max_total: int, seed: int) -> None:
     """A rollout dump (lists) and a train dump (tensors) of the same samples, hazards planted in a few."""
     import numpy as np
     import torch
@@ -82,24 +89,24 @@ def write_dumps(tmp: Path, n: int, max_total: int, seed: int) -> tuple[Path, Pat
     samples[5]["rollout_log_probs"][0] = float("nan")
     samples[n // 2]["rollout_log_probs"][-1] = -100.0
     train = io.train_data_from_samples(samples, [0.0] * n)
-    train_path = io.write_train_dump(tmp / "12_0.pt", train, rollout_id=12)
+    io.write_train_dump(tmp / "12_0.pt", train, rollout_id=12)
     del train
     for s in samples:  # slime writes plain lists
         for k in ("tokens", "loss_mask", "rollout_log_probs"):
             s[k] = s[k].tolist()
-    rollout_path = io.write_rollout_dump(tmp / "12.pt", samples, rollout_id=12)
-    return rollout_path, train_path, sum(p + r for p, r in lengths(n, max_total, seed))
+    io.write_rollout_dump(tmp / "12.pt", samples, rollout_id=12)
 
 
 def child(path: Path, phase: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path), phase], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", HWM + CHILD, str(path), phase], check=True, capture_output=True,
+                         text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def e2e(path: Path, tmp: Path) -> dict:
-    code = ("import resource, sys, time; from nanscope.cli.main import main; t = time.perf_counter(); "
-            "rc = main(['scan', sys.argv[1], '--json', sys.argv[2], '--no-progress']); "
-            "print('E2E', time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, rc)")
+    code = HWM + ("import sys, time; t = time.perf_counter(); from nanscope.cli.main import main; "
+                  "rc = main(['scan', sys.argv[1], '--json', sys.argv[2], '--no-progress']); "
+                  "print('E2E', time.perf_counter() - t, hwm(), rc)")
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     out = subprocess.run([sys.executable, "-c", code, str(path), str(tmp / "scan.json")], capture_output=True,
                          text=True, env=env, timeout=3600)
@@ -114,15 +121,27 @@ def main() -> None:
     ap.add_argument("--max-total", type=int, default=65536)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="64 samples of up to 8,192 tokens")
+    ap.add_argument("--dir", help="keep the generated dumps here and reuse them on the next run")
+    ap.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.samples, args.max_total = 64, 8192
+    if args.generate_only:
+        write_dumps(Path(args.dir), args.samples, args.max_total, args.seed)
+        return
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        t0 = time.perf_counter()
-        rollout, train, tokens = write_dumps(tmp, args.samples, args.max_total, args.seed)
-        print(f"generated {args.samples} samples, {tokens:,} tokens in {time.perf_counter() - t0:.0f} s; "
-              f"rollout dump {rollout.stat().st_size / 2**20:.0f} MiB, train dump {train.stat().st_size / 2**20:.0f} MiB")
+        tmp = Path(args.dir or d)
+        tmp.mkdir(parents=True, exist_ok=True)
+        rollout, train = tmp / "12.pt", tmp / "12_0.pt"
+        tokens = sum(p + r for p, r in lengths(args.samples, args.max_total, args.seed))
+        if not (rollout.exists() and train.exists()):
+            t0 = time.perf_counter()
+            # In a child, so this process stays small (children's peak RSS is measured apart anyway).
+            subprocess.run([sys.executable, __file__, "--generate-only", "--dir", str(tmp), "--samples",
+                            str(args.samples), "--max-total", str(args.max_total), "--seed", str(args.seed)], check=True)
+            print(f"generated in {time.perf_counter() - t0:.0f} s")
+        print(f"{args.samples} samples, {tokens:,} tokens; rollout dump {rollout.stat().st_size / 2**20:.0f} MiB, "
+              f"train dump {train.stat().st_size / 2**20:.0f} MiB")
         for name, path in (("rollout (lists)", rollout), ("train (tensors)", train)):
             staged = child(path, "staged")
             end = e2e(path, tmp)
@@ -131,8 +150,10 @@ def main() -> None:
             print(f"{name}: {resp:,} response tokens, {staged['hazards']} hazards, exit {end['rc']}")
             print(f"  load     {staged['load_s']:7.2f} s  {rate(staged['load_s']):7.2f} M tok/s")
             print(f"  convert  {staged['convert_s']:7.2f} s  {rate(staged['convert_s']):7.2f} M tok/s")
-            print(f"  checks   {staged['checks_s']:7.2f} s  {rate(staged['checks_s']):7.2f} M tok/s")
-            print(f"  e2e      {end['e2e_s']:7.2f} s  {rate(end['e2e_s']):7.2f} M tok/s   peak RSS {end['peak_rss_mb']:.0f} MB")
+            print(f"  checks   {staged['checks_s']:7.2f} s  {rate(staged['checks_s']):7.2f} M tok/s   "
+                  f"(with --html histograms {staged['checks_hist_s']:.2f} s, {rate(staged['checks_hist_s']):.2f} M tok/s)")
+            print(f"  e2e      {end['e2e_s']:7.2f} s  {rate(end['e2e_s']):7.2f} M tok/s   peak RSS {end['peak_rss_mb']:.0f} MB "
+                  f"(load+convert+checks alone: {staged['peak_rss_mb']:.0f} MB)")
             print(f"  ratios   load/checks {staged['load_s'] / staged['checks_s']:.1f}x, "
                   f"e2e/checks {end['e2e_s'] / staged['checks_s']:.1f}x")
 

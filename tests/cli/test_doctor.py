@@ -33,11 +33,16 @@ def test_case_terminal_json_html(tmp_path, capsys):
     out = capsys.readouterr().out
     flat = _flat(out)
     # The verdict is on the first screen, before the rank table.
-    head = _flat("\n".join(out.splitlines()[:12]))
+    head = _flat("\n".join(out.splitlines()[:24]))
     assert "Rank 50 found NaN in its local gradient norm (bucket #0) before the data-parallel reduce" in head
     assert ("It is TP 2 / CP 0 / DP 0 / PP 3 (EP 2): the last pipeline stage, decoder layers 72-93 plus the final "
             "norm and output layer.") in head
-    assert "kl-loss-exp-then-clamp (--use-kl-loss, --kl-loss-coef 0)" in head
+    assert ("The flags enable 4 high-severity mechanism(s): kl-loss-exp-then-clamp (--use-kl-loss, --kl-loss-coef 0, "
+            "--kl-loss-type low_var_kl); tis-unvalidated-rollout-logprobs (--use-tis, --custom-generate-function-path "
+            "deepresearch.generate.generate, --tis-clip 2); custom-reward-grpo-normalisation (--custom-rm-path "
+            "deepresearch.reward.reward_func, --advantage-estimator grpo, --n-samples-per-prompt 8); "
+            "masked-tokens-reach-loss (--custom-generate-function-path deepresearch.generate.generate). "
+            "3 more finding(s) below.") in head
     assert "node index 6 (= 50 // 8), local device 2" in flat
     assert "EP group 48-63" in flat
     assert "DP 2 (= 64/(4*4*2))" in flat
@@ -190,3 +195,11 @@ def test_bad_model_json(tmp_path, capsys):
     bad.write_text("{not json")
     msg = _error(["doctor", "--case", "slime-795", "--model", str(bad)], capsys)
     assert msg.startswith(f"{bad}: not valid JSON: ")
+
+
+def test_traceback_rank_outside_world(tmp_path, capsys):
+    tb = tmp_path / "tb.txt"
+    tb.write_text("RuntimeError: Rank 70, node n9, device 6, iteration -1: Unexpected result nan (message='x')\n")
+    msg = _error(["doctor", "--case", "slime-795", "--traceback", str(tb)], capsys)
+    assert msg == (f"{tb}: the failing rank 70 is outside this launch's world: 0..63 (= 8 nodes x 8 GPUs); "
+                   "check --env and the script")

@@ -139,3 +139,11 @@ def test_help_states_defaults(capsys):
     for text in ("GRPO group size (default 8)", "(default 61440 = 65536 - 4096)", "--trust-pickle",
                  "exit status: 0 no hazard, 1 hazards found, 2 unreadable", "examples:"):
         assert text in " ".join(out.split()), text
+
+
+def test_progress_bar_goes_to_stderr(tmp_path, capsys):
+    dump = str(tmp_path / "12.pt")
+    io.write_demo(dump)
+    rc, out, err = run(capsys, dump, "--progress")
+    assert rc == 1 and out.splitlines()[-1].startswith("slime v0.1.0 would produce NaN: yes")
+    assert "Traceback" not in err

@@ -25,7 +25,7 @@ def scan_samples(tmp_path, samples, cfg=ScanConfig(), **load):
 def test_rollout_demo_every_planted_hazard(tmp_path):
     path = tmp_path / "rollout_data" / "12.pt"
     io.write_demo(path)
-    r = checks.scan(io.load(path))
+    r = checks.scan(io.load(path), ScanConfig(histograms=True))
     # 16 samples x (prompt 24 + response 64); response positions 32..47 masked. abs_token = 24 + token.
     group0 = [("grpo-nonfinite", "nan-reward", i, None, None, None, "nan", True) for i in range(8)]
     assert rows(r) == group0[:3] + [("nonfinite-reward", "nan-reward", 3, None, None, None, "nan", True)] + group0[3:] + [

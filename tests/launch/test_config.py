@@ -86,3 +86,9 @@ def test_batches_derived_global_batch_and_prompt_bound():
     b = batches(resolve(argv), dp=2, cp=1)
     assert (b.global_batch, b.steps_per_rollout, b.longest_sample) == (8, 2, 4000)  # 16 / 2; 1000 + 3000
     assert b.budget_tokens is None  # no dynamic batch size
+
+
+def test_hugging_face_config_names():
+    cfg = resolve([], {"num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8}, "config.json")
+    assert (cfg["num_layers"], cfg["num_experts"], cfg["moe_router_topk"]) == (48, 128, 8)
+    assert cfg.origin("num_layers") == "config.json"

@@ -62,6 +62,8 @@ def test_plugin_and_flag_fixes_silence_rules():
     _, _, found = _run(argv)
     # the reward function is outside the loss: still reported
     assert list(found) == ["custom-reward-grpo-normalisation"]
+    cfg, b, _ = _run(argv)
+    assert fine(cfg, b, 64, True)[0].startswith("the loss is nanscope's plugin (nanscope.slime_plugin.policy_loss)")
 
 
 def test_kl_with_k2_is_fine_and_nonzero_coef_is_medium():
@@ -96,3 +98,26 @@ def test_rollout_gpus_not_multiple_of_engine():
     _, _, found = _run(["--rollout-num-gpus", "6", "--rollout-num-gpus-per-engine", "4", "--rollout-batch-size",
                         "1"], world=8, dp=8, cp=1)
     assert "6/4" in found["rollout-gpus-per-engine"].mechanism
+
+
+def test_sft_debug_train_only_needs_no_rollout_gpus():
+    _, _, found = _run(["--loss-type", "sft_loss", "--debug-train-only", "--use-kl-loss", "--kl-loss-type",
+                        "low_var_kl", "--rollout-batch-size", "8"], world=8, dp=8, cp=1)
+    # sft_loss never computes the KL / ratio terms; --debug-train-only starts no rollout engines
+    assert list(found) == ["nan-check-kills-run"]
+
+
+def test_reward_without_group_normalisation():
+    _, _, found = _run(["--custom-rm-path", "m.rm", "--disable-rewards-normalization", "--rollout-batch-size", "1"],
+                       world=8, dp=8, cp=1)
+    f = found["custom-reward-unchecked"]
+    assert f.flags[-1] == "--disable-rewards-normalization" and f.hazards == ["nan-reward"]
+
+
+def test_hazard_names_are_nanscopes():
+    from nanscope.hazards import BY_NAME
+
+    _, _, found = _run(CASE_FLAGS)
+    named = {h for f in found.values() for h in f.hazards}
+    assert named == {"kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"}
+    assert named <= set(BY_NAME)

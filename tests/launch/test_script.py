@@ -144,3 +144,9 @@ def test_parse_env():
     assert parse_env(["TOTAL_NODES=8", "A=b=c"]) == {"TOTAL_NODES": "8", "A": "b=c"}
     with pytest.raises(UserError, match="--env 'TOTAL_NODES': expected NAME=VALUE"):
         parse_env(["TOTAL_NODES"])
+
+
+def test_arithmetic_inside_default_value(tmp_path):
+    # tree-sitter-bash parses `${R:-$((N - A))}` as a command substitution of a subshell; it is re-read
+    s = parse_script(_script(tmp_path, 'N=${N:-4}\nA=1\nR=${R:-$((N - A))}\npython3 t.py --r $R\n'))
+    assert s.argv == ["--r", "3"]

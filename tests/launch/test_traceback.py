@@ -50,7 +50,9 @@ def test_error_line_found_inside_other_text():
            "Unexpected result tensor(nan, device='cuda:3') (message='found NaN in local grad norm for bucket #2 ...')"
     tb = parse_traceback(text)
     assert (tb.failure.rank, tb.failure.iteration, tb.failure.kind, tb.failure.bucket) == (3, 12, "NaN", 2)
-    assert tb.frames == []
+    assert tb.frames == [] and tb.other_ranks == []
+    later = text.replace("Rank 3,", "Rank 7,").replace("device 3", "device 7")
+    assert parse_traceback(text + "\n" + later + "\n" + text).other_ranks == [7]
 
 
 def test_no_megatron_error_is_a_user_error():

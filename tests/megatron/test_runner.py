@@ -102,6 +102,24 @@ def test_a_hung_rank_is_ended_and_reported(tmp_path):
     assert not res.timed_out and res.returncode != 0
     assert res.stuck, res.stderr_tail
     for rank, message in res.stuck.items():
-        assert message == f"rank {rank}: watchdog: stuck in run 0; exiting"
+        assert message.startswith(f"rank {rank}: watchdog: stuck in run 0") and message.endswith("; exiting")
     assert 1 in res.runs[0].missing
     assert res.runs[0].observed == "incomplete"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_data_parallel_replica_without_the_nan_blocks_and_the_next_run_is_relaunched(tmp_path):
+    # TP2 x DP2 x EP2 (etp 1), PP1: the hazard's NaN sample lands on replica 0 (sample i -> i % dp),
+    # so only ranks 0 and 1 fail the NaN check; replica 1's grads are finite, it passes the check and
+    # blocks in the data-parallel all-reduce its peers never join, until its watchdog ends it. The
+    # run after it is executed by a fresh launch.
+    layout = Layout(tp=2, pp=1, dp=2, ep=2, etp=1)
+    runs = [RunSpec("nan-rollout-logprob"), RunSpec("healthy")]
+    res = runner.launch(runs, layout, timeout_s=380, rank_timeout_s=45, out_dir=tmp_path)
+    hazard, healthy = res.runs
+    assert [(r.rank, r.dp, r.ok) for r in hazard.ranks] == [(0, 0, False), (1, 0, False)]
+    assert all(r.error.endswith(NAN_CHECK_MESSAGE) for r in hazard.ranks)
+    assert hazard.missing == [2, 3] and hazard.observed == "incomplete"
+    assert any("train_one_step" in m for m in res.stuck.values())
+    assert res.launches == 2 and healthy.observed == "completed"

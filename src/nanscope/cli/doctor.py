@@ -28,8 +28,8 @@ def add_parser(sub):
     p.add_argument("--case", help="use a bundled case (slime-795) instead of a script")
     p.add_argument("--env", action="append", metavar="K=V", default=[],
                    help="a variable the script reads from its environment (repeatable)")
-    p.add_argument("--model", metavar="JSON", help="architecture JSON (num_layers, num_experts, ...) "
-                                                   "standing in for a missing model-args file")
+    p.add_argument("--model", metavar="JSON", help="architecture JSON standing in for a missing model-args file: "
+                                                   "Megatron names (num_layers, num_experts) or a HF config.json")
     p.add_argument("--model-args", metavar="FILE", help="model-args file to read where the script sources one")
     p.add_argument("--traceback", metavar="FILE", help="the crash's traceback (Ray-wrapped or not)")
     p.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")

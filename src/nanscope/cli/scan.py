@@ -12,8 +12,8 @@ Scan a slime v0.1.0 debug dump for NaN hazards and name the sample, token and me
 
 Reads rollout dumps (--save-debug-rollout-data: {rollout_id}.pt) and train dumps
 (--save-debug-train-data: {rollout_id}_{rank}.pt) with torch.load(weights_only=True); a file that
-needs arbitrary unpickling is refused unless you pass --trust-pickle. Train dumps are written after
-the optimizer step, so the step that crashes leaves none: dump the rollout and replay it.
+needs arbitrary unpickling is refused unless you pass --trust-pickle. slime writes a train dump after
+the optimizer step, so the step that crashes leaves none: scan that step's rollout dump.
 
 Positions are 0-based: `sample` in the file, `token` in the response, `abs_token` in the sequence
 (prompt + response). Masked tokens (loss_mask 0) are hazards too: slime v0.1.0 computes exp on them
@@ -98,7 +98,7 @@ def run(args) -> int:
         rollout_max_response_len=args.rollout_max_response_len, advantage_estimator=args.advantage_estimator,
         rewards_normalization=args.rewards_normalization, grpo_std_normalization=args.grpo_std_normalization,
         use_kl_loss=args.use_kl_loss, kl_loss_type=args.kl_loss_type, use_tis=args.use_tis,
-        max_listed=args.max_per_sample,
+        max_listed=args.max_per_sample, histograms=bool(args.html),
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
     result = _scan(args, cfg, show)

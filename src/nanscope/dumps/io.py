@@ -365,9 +365,14 @@ def _int(path: str, x: Any, name: str, i: int) -> int:
 def _floats(path: str, x: Any, name: str, i: int) -> np.ndarray:
     """A 1-D list/tensor of numbers as float32 (tensors keep their values; bf16 widens exactly)."""
     if _is_tensor(x):
+        import torch
+
         if x.dim() != 1 or not x.dtype.is_floating_point:
             raise UserError(f"{path}: {name} of sample {i}: tensor {x.dtype} {tuple(x.shape)}, expected 1-D float")
-        return x.detach().float().numpy()
+        x = x.detach()
+        if x.dtype == torch.bfloat16:  # widen exactly by bit shift: bf16 is the top half of an fp32
+            return (x.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return x.float().numpy()
     if not isinstance(x, (list, tuple)):
         raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__}, expected a list of floats")
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanscope.errors import UserError
+
 
 @dataclass
 class Diagnosis:
@@ -90,6 +92,10 @@ def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | 
                   traceback=tb)
     asked = rank if rank is not None else (tb.failure.rank if tb else None)
     if asked is not None:
+        if rank is None and not 0 <= asked < topo.world:
+            raise UserError(f"{traceback_origin}: the failing rank {asked} is outside this launch's world: "
+                            f"0..{topo.world - 1} (= {topo.nodes} nodes x {topo.gpus_per_node} GPUs); "
+                            "check --env and the script")
         d.failing = topo.rank(asked)
         if rank is not None and tb and tb.failure.rank != rank:
             d.notes.append(f"--rank {rank} overrides the traceback's rank {tb.failure.rank}")
@@ -97,6 +103,9 @@ def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | 
             d.notes.append(f"the traceback says device {tb.failure.device} but rank {asked} maps to local device "
                            f"{d.failing.local_device} with {topo.gpus_per_node} GPUs per node")
         d.explanations = _explain(d)
+    if tb and tb.other_ranks:
+        d.notes.append(f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, tb.other_ranks))}; "
+                       f"the first, rank {tb.failure.rank}, is explained")
     return d
 
 

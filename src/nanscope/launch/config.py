@@ -51,6 +51,8 @@ FLAGS: tuple[Flag, ...] = (
     _f("rollout_num_gpus", "int", None),
     _f("rollout_num_gpus_per_engine", "int", 1),
     _f("colocate", "true", False),
+    _f("debug_train_only", "true", False),
+    _f("debug_rollout_only", "true", False),
     _f("offload", "true", False),
     # parallelism (Megatron)
     _f("tensor_model_parallel_size", "int", 1, MEGATRON),
@@ -119,6 +121,10 @@ FLAGS: tuple[Flag, ...] = (
 )
 
 BY_NAME = {f.name: f for f in FLAGS}
+
+# Hugging Face config.json names -> Megatron field names, so `--model config.json` works too.
+MODEL_ALIASES = {"num_hidden_layers": "num_layers", "num_local_experts": "num_experts",
+                 "n_routed_experts": "num_experts", "num_experts_per_tok": "moe_router_topk"}
 BY_SPELLING = {f.spelling: f for f in FLAGS}
 
 
@@ -230,6 +236,8 @@ def resolve(argv: list[str], model: dict | None = None, model_origin: str = "mod
         UserError: a modelled flag with a value of the wrong type.
     """
     given = split_flags(argv)
+    if model:
+        model = {**{MODEL_ALIASES[k]: v for k, v in model.items() if k in MODEL_ALIASES}, **model}
     values: dict[str, Value] = {}
     for spec in FLAGS:
         if spec.spelling in given:

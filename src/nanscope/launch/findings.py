@@ -46,8 +46,13 @@ def _uses_plugin(cfg: Config) -> bool:
     return cfg["loss_type"] == "custom_loss" and (cfg["custom_loss_function_path"] or "").startswith("nanscope.")
 
 
+def _slime_policy_loss(cfg: Config) -> bool:
+    """The loss-side rules are about slime v0.1.0's own policy_loss_function."""
+    return cfg["loss_type"] == "policy_loss"
+
+
 def _kl(cfg: Config) -> Finding | None:
-    if not cfg["use_kl_loss"] or cfg["kl_loss_type"] not in ("low_var_kl", "k3") or _uses_plugin(cfg):
+    if not cfg["use_kl_loss"] or cfg["kl_loss_type"] not in ("low_var_kl", "k3") or not _slime_policy_loss(cfg):
         return None
     zero = cfg["kl_loss_coef"] == 0
     clamp = cfg["kl_loss_type"] == "low_var_kl"
@@ -86,13 +91,12 @@ def _ratio(cfg: Config) -> Finding | None:
 
 
 def _tis(cfg: Config) -> Finding | None:
-    if not cfg["use_tis"] or _uses_plugin(cfg):
+    if not cfg["use_tis"] or not _slime_policy_loss(cfg):
         return None
     custom = cfg["custom_generate_function_path"]
     source = f"the custom generate function {custom}" if custom else "SGLang"
-    flags = ["--use-tis", cfg.flag_text("tis_clip"), cfg.flag_text("tis_clip_low")]
-    if custom:
-        flags.append(cfg.flag_text("custom_generate_function_path"))
+    flags = ["--use-tis"] + ([cfg.flag_text("custom_generate_function_path")] if custom else [])
+    flags += [cfg.flag_text("tis_clip"), cfg.flag_text("tis_clip_low")]
     mechanism = (
         f"TIS multiplies the policy loss by clamp(exp(old_log_prob - rollout_log_prob), {cfg['tis_clip_low']:g}, "
         f"{cfg['tis_clip']:g}), where rollout_log_probs come from {source} without validation. "
@@ -142,7 +146,7 @@ def _reward(cfg: Config) -> Finding | None:
 
 
 def _masked(cfg: Config) -> Finding | None:
-    if not cfg["custom_generate_function_path"] or _uses_plugin(cfg):
+    if not cfg["custom_generate_function_path"] or not _slime_policy_loss(cfg):
         return None
     flags = [cfg.flag_text("custom_generate_function_path")]
     mechanism = (
@@ -217,7 +221,7 @@ def _batches(cfg: Config, b: Batches) -> Finding | None:
 def _colocate(cfg: Config, world: int) -> Finding | None:
     per_engine = cfg["rollout_num_gpus_per_engine"]
     rollout = cfg["rollout_num_gpus"]
-    if rollout is None and not cfg["colocate"]:
+    if rollout is None and not cfg["colocate"] and not cfg["debug_train_only"]:
         return Finding("rollout-gpus-unset", "critical", "disaggregated run without --rollout-num-gpus",
                        ["(no --colocate)", "(no --rollout-num-gpus)"],
                        "Without --colocate the rollout engines need their own GPUs, and slime sizes them from "
@@ -249,6 +253,9 @@ def findings(cfg: Config, b: Batches, world: int, cp: int) -> list[Finding]:
 def fine(cfg: Config, b: Batches, world: int, colocate_ok: bool) -> list[str]:
     """What was checked and is fine, one line each."""
     out = []
+    if _uses_plugin(cfg):
+        out.append(f"the loss is nanscope's plugin ({cfg['custom_loss_function_path']}): log-ratios clamped before "
+                   "exp, masks select, non-finite inputs dropped and counted")
     if not cfg["use_kl_loss"]:
         out.append("no KL loss term (--use-kl-loss off): no exp of the reference log-ratio in the graph")
     elif cfg["kl_loss_type"] in ("kl", "k2"):
@@ -313,8 +320,10 @@ def verdict(d) -> str:
                      "and slime runs Megatron's rerun state machine disabled.")
     serious = [f for f in d.findings if f.severity in ("critical", "high")]
     if serious:
+        rest = len(d.findings) - len(serious)
         parts.append(f"The flags enable {len(serious)} high-severity mechanism(s): "
-                     + "; ".join(f"{f.id} ({', '.join(f.flags[:2])})" for f in serious) + ".")
+                     + "; ".join(f"{f.id} ({', '.join(f.flags[:3])})" for f in serious) + "."
+                     + (f" {rest} more finding(s) below." if rest else ""))
     elif d.findings:
         parts.append(f"{len(d.findings)} finding(s), none high-severity.")
     else:

@@ -306,50 +306,63 @@ class _Interpreter:
 
     def _expand(self, node) -> list[str]:
         """`$X`, `${X}`, `${X[@]}`, `${X[i]}`, `${X:-d}`, `${#X[@]}`: the values (a list)."""
-        named = node.named_children
-        if not named:
+        ref = self._reference(node)
+        if isinstance(ref, list):
+            return ref
+        name, index = ref
+        anon = [c.type for c in node.children if not c.is_named]
+        if set(anon) - {"$", "${", "}", "#", *_DEFAULT_OPS}:  # ${X%...}, ${X/a/b}, ...: not modelled
             return [self._placeholder(node)]
-        head = named[0]
-        index = None
-        if head.type == "subscript":
-            name = head.child_by_field_name("name").text.decode()
+        value = self.vars.get(name)
+        op = next((o for o in anon if o in _DEFAULT_OPS), None)
+        if op is not None:
+            replaced = self._operator(name, value, op, node.named_children[1:])
+            if replaced is not None:
+                return replaced
+        elif name not in self.vars and not self._empty_unset:
+            self.unset.setdefault(name, _line(node))
+        if "#" in anon and node.children[1].type == "#":  # ${#X[@]} / ${#X}
+            return [str(len(value) if isinstance(value, list) else len(value or ""))]
+        return self._lookup(node, name, index, value)
+
+    def _reference(self, node) -> tuple[str, str | None] | list[str]:
+        """(name, subscript) of an expansion, or its final value for special/positional ones."""
+        head = node.named_children[0] if node.named_child_count else None
+        if head is not None and head.type == "subscript":
             idx = head.child_by_field_name("index")
+            name = head.child_by_field_name("name").text.decode()
             index = self.text(idx) if idx is not None else None
-        elif head.type == "variable_name":
-            name = head.text.decode()
+        elif head is not None and head.type == "variable_name":
+            name, index = head.text.decode(), None
         else:  # $@, $$ ...: run-time values
             return [self._placeholder(node, "other")]
-        if name == "0" or name == "BASH_SOURCE":
+        if name in ("0", "BASH_SOURCE"):
             return [self.file]
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # $1, ${2}: positional, unknown
             return [self._placeholder(node, "other")]
-        anon = [c.type for c in node.children if not c.is_named]
-        op = next((o for o in anon if o in _DEFAULT_OPS), None)
-        others = set(anon) - {"$", "${", "}", "#", *_DEFAULT_OPS}
-        if others:  # ${X%...}, ${X/a/b}, ...: not modelled
-            return [self._placeholder(node)]
-        value = self.vars.get(name)
-        if name not in self.vars and op is None and not self._empty_unset:
-            self.unset.setdefault(name, _line(node))
-        if op is not None:
-            empty = value is None or value == "" or value == []
-            missing = empty if op.startswith(":") else value is None
-            word = " ".join(self.text(c) for c in named[1:])
-            if op.endswith("+"):  # alternate value: only when set
-                return [] if missing else [word]
-            if missing:
-                if op.endswith("="):
-                    self.vars[name] = word
-                return [word]
-        if "#" in anon and node.children[1].type == "#":  # ${#X[@]} / ${#X}
-            return [str(len(value) if isinstance(value, list) else len(value or ""))]
+        return name, index
+
+    def _operator(self, name: str, value, op: str, word_nodes) -> list[str] | None:
+        """`:-`, `-`, `:=`, `=`, `:+`, `+`: the replacement, or None to use the value."""
+        empty = value is None or value == "" or value == []
+        missing = empty if op.startswith(":") else value is None
+        word = " ".join(self.text(c) for c in word_nodes)
+        if op.endswith("+"):  # alternate value: only when set
+            return [] if missing else [word]
+        if not missing:
+            return None
+        if op.endswith("="):
+            self.vars[name] = word
+        return [word]
+
+    def _lookup(self, node, name: str, index: str | None, value) -> list[str]:
         if value is None:
             if self._empty_unset:
                 return [""]
-            if index in ("@", "*"):
+            if index in ("@", "*"):  # unset array: expands to nothing, as in bash (recorded)
                 if name not in self.unset_arrays:
                     self.unset_arrays.append(name)
-                return []  # unset array: expands to nothing, as in bash (recorded in `unset`)
+                return []
             return [self._placeholder(node, "unset")]
         if isinstance(value, list):
             if index in ("@", "*"):
@@ -363,6 +376,12 @@ class _Interpreter:
         if "dirname" in text and ("BASH_SOURCE" in text or "$0" in text):
             # SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)" and friends
             return [str(Path(self.file).resolve().parent)]
+        if text.startswith("$((") and text.endswith("))"):
+            # tree-sitter-bash reads `${X:-$((A - B))}` as `$( (A - B) )`: re-parse it as arithmetic
+            tree = _parser().parse(b"X=" + node.text)
+            value = tree.root_node.named_children[0].child_by_field_name("value")
+            if value is not None and value.type == "arithmetic_expansion":
+                return [self._arithmetic(value)]
         cmd = node.named_children[0] if node.named_child_count == 1 else None
         if cmd is not None and cmd.type == "command":
             name = cmd.child_by_field_name("name")
@@ -573,6 +592,8 @@ def parse_script(path: str | os.PathLike, env: dict[str, str] | None = None,
         hint = f" (tree-sitter reported syntax errors at lines {_lines(it.errors)})" if it.errors else ""
         raise UserError(f"{path}: no train command found: expected `python3 <train script>.py ...`, "
                         f"directly or after `ray job submit ... --`{hint}")
+    if model_args is not None and it.model_args is not None:
+        it.assumptions.append(f"--model-args {model_args}: not used (no `source` in the script was missing)")
     script, argv, launcher, line, _ = it.train
     used = [p for p in it.placeholders if any(p.text in a for a in argv)]
     unique = list({p.text: p for p in used}.values())

@@ -8,7 +8,7 @@ It is found anywhere in the text (bare, after `RuntimeError:`, or inside a Ray `
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
 
@@ -144,6 +144,7 @@ class Traceback:
     failure: Failure
     frames: list[Frame]
     ray_ip: str | None = None
+    other_ranks: list[int] = field(default_factory=list)  # later Megatron errors in the same text
 
 
 def _known(path: str, function: str) -> KnownFrame | None:
@@ -203,7 +204,8 @@ def parse_traceback(text: str, origin: str = "traceback") -> Traceback:
         raise UserError(f"{origin}: no Megatron error found (expected a line like \"Rank 50, node dgx172, "
                         f"device 2, iteration -1: Unexpected result nan (message='...')\")")
     frames, ip = parse_frames(text)
-    return Traceback(failure, frames, ip)
+    others = sorted({int(m["rank"]) for m in _ERROR.finditer(text)} - {failure.rank})
+    return Traceback(failure, frames, ip, others)
 
 
 def explain_iteration(iteration: int) -> str:

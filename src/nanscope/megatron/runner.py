@@ -156,13 +156,14 @@ class RunResult:
 class LaunchResult:
     layout: Layout
     runs: list[RunResult]
-    returncode: int | None
+    returncode: int | None  # torchrun's exit code; the first non-zero one when a relaunch followed
     timed_out: bool
     wall_s: float  # parent-side, spawn to exit
     startup: dict[int, dict]  # rank -> {"started" (time.time() at worker entry), "imports_s", "init_s"}
     stuck: dict[int, str]  # rank -> watchdog message, for ranks the watchdog ended
     stderr_tail: str
-    launched_at: float = 0.0  # time.time() when the parent spawned torchrun
+    launched_at: float = 0.0  # time.time() when the parent spawned the first torchrun
+    launches: int = 1  # torchrun launches it took (relaunches after a launch died mid-way)
 
     @property
     def ok(self) -> bool:
@@ -194,8 +195,13 @@ def launch(
     startup_timeout_s: float = 180.0,
     out_dir: str | os.PathLike | None = None,
     bf16: bool = True,
+    max_relaunches: int = 2,
 ) -> LaunchResult:
-    """Execute `runs` in one torchrun launch of `layout.world` CPU processes.
+    """Execute `runs` in one torchrun launch of `layout.world` CPU processes (more if one dies).
+
+    When a launch dies inside run i (a rank hung and its watchdog ended it, or a rank crashed), the
+    runs after i are executed by a fresh launch, at most `max_relaunches` times; run i keeps the
+    records its ranks did write and lists the others as missing.
 
     Args:
         runs: executed in order, each from a freshly built model.
@@ -206,6 +212,7 @@ def launch(
             on 2 loaded cores can take 30 s).
         out_dir: where the ranks write records (and parameters); a temp dir when None.
         bf16: bf16 parameters with fp32 main params and grads (as the case); False for all-fp32.
+        max_relaunches: fresh launches allowed after a launch dies mid-way.
 
     Returns:
         A LaunchResult; runs whose records are missing list the missing ranks.
@@ -223,30 +230,58 @@ def launch(
         "rank_timeout_s": rank_timeout_s,
         "startup_timeout_s": startup_timeout_s,
         "bf16": bf16,
+        "first_run": 0,
     }
+    t0 = time.time()
+    outputs, stuck, returncode, timed_out, launches = [], {}, None, False, 0
+    while True:
+        launches += 1
+        code, timed_out, output = _torchrun(out, spec, layout.world, timeout_s - (time.time() - t0))
+        returncode = code if not returncode else returncode  # the first failure's code sticks
+        outputs.append(output)
+        for r in range(layout.world):  # the watchdog's notes, kept across relaunches
+            w = out / f"stuck.rank{r}.txt"
+            if w.exists():
+                stuck[r] = "; ".join(filter(None, [stuck.get(r), w.read_text()]))
+                w.unlink()
+        broken = _first_incomplete(out, len(runs), layout.world, spec["first_run"])
+        if code == 0 or timed_out or broken is None or broken + 1 >= len(runs) or launches > max_relaunches:
+            break
+        spec["first_run"] = broken + 1  # the launch died in run `broken`: resume after it
+    result = collect(out, runs, layout, returncode, timed_out, time.time() - t0, "\n".join(outputs))
+    result.stuck, result.launched_at, result.launches = stuck, t0, launches
+    if tmp is not None:
+        tmp.cleanup()
+    return result
+
+
+def _torchrun(out: Path, spec: dict, world: int, timeout_s: float) -> tuple[int, bool, str]:
+    """One torchrun of the worker over `spec`; kills the process tree after `timeout_s`."""
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", str(layout.world),
+        "--nproc-per-node", str(world),
         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
         "-m", "nanscope.megatron.runner", "--spec", str(out / "spec.json"), "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": ""}
-    t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     timed_out = False
     try:
-        output, _ = proc.communicate(timeout=timeout_s)
+        output, _ = proc.communicate(timeout=max(1.0, timeout_s))
     except subprocess.TimeoutExpired:
         timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank: one session
         output, _ = proc.communicate()
-    wall = time.time() - t0
-    result = collect(out, runs, layout, proc.returncode, timed_out, wall, output.decode(errors="replace"))
-    result.launched_at = t0
-    if tmp is not None:
-        tmp.cleanup()
-    return result
+    return proc.returncode, timed_out, output.decode(errors="replace")
+
+
+def _first_incomplete(out: Path, n_runs: int, world: int, first: int) -> int | None:
+    """Index of the first run from `first` on that some rank wrote no record for."""
+    for i in range(first, n_runs):
+        if any(not (out / f"run{i}.rank{r}.json").exists() for r in range(world)):
+            return i
+    return None
 
 
 def _validate(runs: list[RunSpec], layout: Layout) -> None:
@@ -332,7 +367,7 @@ def _pad(tokens, length: int):
 
 
 def seq_length_for(total_lengths: list[int], tp: int) -> int:
-    """Fixed micro-batch length: the longest sample rounded up to 64 (a multiple of tp for SP)."""
+    """Fixed micro-batch length: the longest sample rounded up to a multiple of 64 * tp (SP splits it by tp)."""
     m = 64 * tp
     return max(m, -(-max(total_lengths) // m) * m)
 
@@ -447,6 +482,8 @@ class Worker:
         from nanscope import hazards
         from nanscope.megatron.model import layers_held
 
+        run = f"run {self._run_index}"
+        self.wd.arm(f"{run}: build", self.rank_timeout)
         model, config, optimizer = self.build(spec.seed)
         self._model = model
         rec.layers = layers_held(config)
@@ -455,8 +492,10 @@ class Worker:
             seed = spec.seed * 1000 + step
             rollout = hazards.case_rollout(self.vocab_size, seed=seed)
             seq_length = seq_length_for(rollout.total_lengths, self.layout.tp)
+            self.wd.arm(f"{run} step {step}: log-prob pass", self.rank_timeout)
             batch = hazards.build(spec.hazard_at(step), self.policy(model, seq_length), rollout, seed=seed)
             rec.hazard_sites.append(batch.pop("hazard_site", None))
+            self.wd.arm(f"{run} step {step}: train_one_step", self.rank_timeout)
             losses, grad_norm, rec.grad_norms = self.train_one_step(model, optimizer, batch, seq_length, loss_module)
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
             rec.losses.append(losses)
@@ -673,16 +712,19 @@ def worker_main(argv: list[str] | None = None) -> int:
         json.dumps({"started": t_start, "imports_s": t_imports - t_start, "init_s": t_init - t_imports})
     )
     worker = Worker(spec, out, wd)
-    for i, run in enumerate(spec["runs"]):
+    for i in range(int(spec.get("first_run", 0)), len(spec["runs"])):
+        run = spec["runs"][i]
         _barrier(wd, limit, f"run {i}")
         wd.arm(f"run {i}", limit)
         worker._run_index = i
         rec = worker.execute(RunSpec(**run))
         (out / f"run{i}.rank{rank}.json").write_text(json.dumps(dataclasses.asdict(rec)))
     _barrier(wd, limit, "exit")
-    wd.arm("shutdown", limit)
-    dist.destroy_process_group()
-    return 0
+    # Every record is on disk and every rank is past the barrier: skip destroy_process_group and the
+    # interpreter's teardown of torch/megatron (seconds per rank on 2 cores).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -266,7 +266,9 @@ def rank_grid_svg(d) -> str:
     Cells are filled by expert-parallel group; the failing rank is outlined in red.
     """
     t = d.topology
-    cell_w, cell_h, gap_cp, gap_dp, label_w = 40, 26, 6, 16, 230
+    cols = t.dp * t.cp * t.tp
+    cell_w = 40 if cols <= 32 else max(10, 1300 // cols)  # wide worlds: narrower cells, numbers in tooltips
+    cell_h, gap_cp, gap_dp, label_w = 26, 6, 16, 230
     by_coord = {(c["pp"], c["dp"], c["cp"], c["tp"]): rank for rank, c in enumerate(t.coords)}
     ep_group_of = {rank: i for i, g in enumerate(t.groups["ep"]) for rank in g}
     row_w = t.dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp)
@@ -292,14 +294,16 @@ def rank_grid_svg(d) -> str:
                     rank = by_coord[(pp, dp, cp, tp)]
                     x = (x0 + dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp) + cp * (t.tp * cell_w + gap_cp)
                          + tp * cell_w)
-                    fill = _EP_COLOURS[ep_group_of.get(rank, 0) % len(_EP_COLOURS)]
+                    fill = _EP_COLOURS[ep_group_of[rank] % len(_EP_COLOURS)] if t.ep > 1 else _EP_COLOURS[0]
                     stroke, sw = ("#b00020", 3) if rank == failing else ("#888", 1)
                     out.append(f"<rect x='{x}' y='{y}' width='{cell_w - 2}' height='{cell_h}' fill='{fill}' "
                                f"stroke='{stroke}' stroke-width='{sw}'><title>rank {rank}: TP {tp} CP {cp} DP {dp} "
                                f"PP {pp} EP {t.coords[rank]['ep']}</title></rect>")
-                    out.append(f"<text x='{x + 4}' y='{y + 17}'>{rank}</text>")
-    out.append(f"<text x='4' y='{height - 8}' fill='#777'>cells: global ranks, TP within CP within DP; fill colour = "
-               f"expert-parallel group (EP {t.ep}); red outline = failing rank</text>")
+                    if cell_w >= 30:
+                        out.append(f"<text x='{x + 4}' y='{y + 17}'>{rank}</text>")
+    colour = f"fill colour = expert-parallel group (EP {t.ep}); " if t.ep > 1 else ""
+    out.append(f"<text x='4' y='{height - 8}' fill='#777'>cells: global ranks, TP within CP within DP; {colour}"
+               "red outline = failing rank</text>")
     out.append("</svg>")
     return "".join(out)
 

@@ -58,7 +58,7 @@ class Site(NamedTuple):
 
     sample: int
     token: int
-    axis: str
+    axis: str = "response"
     masked: bool | None = None
 
 
@@ -391,9 +391,11 @@ class Tracer:
             produced.append("inf")
         op = str(func)
         is_producer = bool(produced) and not self._allowed(op, self._where(phase)[0])
-        for key, wanted in ((phase, is_producer), ("first_" + phase, True)):
-            if wanted and key not in self.events:
-                self.events[key] = self._event(op, phase, flat, out.shape, counts, produced if key == phase else [], ins)
+        keys = [k for k, wanted in ((phase, is_producer), ("first_" + phase, True)) if wanted and k not in self.events]
+        if keys:
+            ev = self._event(op, phase, flat, out.shape, counts, produced if is_producer else [], ins)
+            for k in keys:
+                self.events[k] = ev
 
     def _where(self, phase: str) -> tuple:
         """(module, source, node name, created_by) of the op running now."""
@@ -421,5 +423,6 @@ class Tracer:
                    input_summary=[_summary(x, first, shape) for x in ins], index=self.ops_seen, produced="+".join(produced))
         site = self.token_map(tuple(shape), first) if self.token_map is not None else None
         if site is not None:
+            site = Site(*site)  # a plain (sample, token) tuple works too
             ev.sample, ev.token, ev.axis, ev.masked = site.sample, site.token, site.axis, site.masked
         return ev

@@ -1,11 +1,15 @@
 """An always-on NaN/inf sentinel for training steps: on-device flags, one host sync per step.
 
-Forward hooks on every module compute `isfinite(output).all()` (a 0-dim bool on the output's device)
-and append it to a list; tensor hooks on every parameter do the same for the gradient that arrives
-for it in backward (before it is accumulated: megatron's DDP then moves .grad into main_grad). No
-hook ever reads a flag on the host. `read()` stacks the flags, finds the first False in each phase
-on the device, and copies two integers (plus the optional gradient-buffer flags) to the host:
-ONE sync per step. The position in the list is the call order, so the first non-finite module in
+Forward hooks on every module compute `output.sum(dtype=float32)` (one reduction kernel, a 0-dim
+tensor on the output's device: NaN or +-inf iff some entry is, since NaN and inf propagate through
+a sum) and append it to a list; tensor hooks on every parameter do the same for the gradient that
+arrives for it in backward (before it is accumulated: megatron's DDP then moves .grad into
+main_grad). No hook ever reads a value on the host. `read()` stacks the sums, finds the first
+non-finite one in each phase on the device, and copies two integers (plus the optional
+gradient-buffer flags) to the host: ONE sync per step. A sum is 1 kernel where
+isfinite(x).all() is 2 plus a bool tensor as large as x (on CPU: 3.5 us vs 30 us per check); the
+price is that finite entries summing beyond the fp32 range (3.4e38) would be flagged, which no
+healthy activation or gradient comes near. The position in the list is the call order, so the first non-finite module in
 forward order and the first non-finite parameter gradient in backward order are recovered exactly,
 together with the micro-batch each belongs to.
 
@@ -75,7 +79,7 @@ class Reading:
 
 
 class _Phase:
-    """Flags of one phase: a list of 0-dim bool tensors (True = finite) and their host-side labels."""
+    """Checks of one phase: 0-dim float32 sums (finite iff the checked tensor is), host-side labels."""
 
     def __init__(self):
         self.flags: list[torch.Tensor] = []
@@ -83,8 +87,8 @@ class _Phase:
         self.first: torch.Tensor | None = None  # running first bad index of folded flags (device)
         self.folded = 0
 
-    def add(self, ok: torch.Tensor, label: tuple) -> None:
-        self.flags.append(ok)
+    def add(self, total: torch.Tensor, label: tuple) -> None:
+        self.flags.append(total)
         self.labels.append(label)
         if len(self.flags) >= _FOLD:
             self.fold()
@@ -93,7 +97,7 @@ class _Phase:
         """Reduce the pending flags on the device to the first bad index (no host sync)."""
         if not self.flags:
             return
-        ok = torch.stack(self.flags)
+        ok = torch.isfinite(torch.stack(self.flags))
         index = torch.arange(self.folded, self.folded + ok.numel(), device=ok.device)
         first = torch.where(ok, torch.full_like(index, _NONE), index).min()
         self.first = first if self.first is None else torch.minimum(self.first, first.to(self.first.device))
@@ -111,17 +115,18 @@ class _Phase:
         return Hit(module, mb, index, param)
 
 
-def _all_finite(output) -> torch.Tensor | None:
-    """isfinite(...).all() over the float tensors of a module output (a tensor or a flat tuple/list)."""
+def _check_sum(output) -> torch.Tensor | None:
+    """fp32 sum over the float tensors of a module output (a tensor or a flat tuple/list): non-finite
+    iff one of their entries is (see the module docstring)."""
     if isinstance(output, torch.Tensor):
-        return torch.isfinite(output).all() if output.is_floating_point() else None
-    ok = None
+        return output.detach().sum(dtype=torch.float32) if output.is_floating_point() else None
+    total = None
     if isinstance(output, (tuple, list)):
         for t in output:
             if isinstance(t, torch.Tensor) and t.is_floating_point():
-                f = torch.isfinite(t).all()
-                ok = f if ok is None else ok & f
-    return ok
+                x = t.detach().sum(dtype=torch.float32)
+                total = x if total is None else total + x
+    return total
 
 
 def _first_tensor(output) -> torch.Tensor | None:
@@ -145,21 +150,27 @@ def check_grads(named_params) -> list[str]:
         named_params: an nn.Module (its named_parameters()) or an iterable of (name, param).
     """
     items = named_params.named_parameters() if isinstance(named_params, torch.nn.Module) else named_params
-    names, flags = _grad_flags(items)
-    if not flags:
+    names, norms = _grad_norms(items)
+    if norms is None:
         return []
-    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist()
+    ok = torch.isfinite(norms).tolist()
     return [n for n, good in zip(names, ok) if not good]
 
 
-def _grad_flags(items) -> tuple[list[str], list[torch.Tensor]]:
-    names, flags = [], []
+def _grad_norms(items) -> tuple[list[str], torch.Tensor | None]:
+    """(names, max-abs of each accumulated gradient [n] fp32): one foreach kernel per device and dtype;
+    max-abs is NaN or inf iff the gradient has such an entry, and never overflows."""
+    names, grads = [], []
     for name, p in items:
         g = grad_of(p)
         if g is not None:
             names.append(name)
-            flags.append(torch.isfinite(g).all())
-    return names, flags
+            grads.append(g.detach())
+    if not grads:
+        return names, None
+    device = grads[0].device
+    norms = [n.float().to(device) for n in torch._foreach_norm(grads, float("inf"))]
+    return names, torch.stack(norms)
 
 
 class Sentinel:
@@ -212,16 +223,16 @@ class Sentinel:
 
     def _output_hook(self, path: str, c: int):
         def hook(module, args, output):
-            ok = _all_finite(output)
-            if ok is not None:
-                self._fwd.add(ok, (path, self._mb[c] - 1, None))
+            total = _check_sum(output)
+            if total is not None:
+                self._fwd.add(total, (path, self._mb[c] - 1, None))
 
         return hook
 
     def _grad_hook(self, module: str, name: str):
         def hook(grad):
             if grad is not None:
-                self._bwd.add(torch.isfinite(grad).all(), (module, self._bwd_mb, name))
+                self._bwd.add(grad.detach().sum(dtype=torch.float32), (module, self._bwd_mb, name))
 
         return hook
 
@@ -238,13 +249,13 @@ class Sentinel:
             if first is not None:
                 device = device or first.device
             parts.append(first)
-        names, flags = _grad_flags(self._named_params) if grads else ([], [])
-        if flags:
-            device = device or flags[0].device
+        names, norms = _grad_norms(self._named_params) if grads else ([], None)
+        if norms is not None:
+            device = device or norms.device
         device = device or torch.device("cpu")
         none = torch.tensor(_NONE, device=device)
         head = [(p if p is not None else none).to(device).reshape(1) for p in parts]
-        tail = [torch.stack([f.to(device) for f in flags]).long()] if flags else []
+        tail = [torch.isfinite(norms.to(device)).long()] if norms is not None else []
         values = torch.cat(head + tail).tolist()  # the host sync
         reading = Reading(
             self.step,

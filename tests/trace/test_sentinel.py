@@ -1,0 +1,114 @@
+"""The sentinel: first non-finite module in forward and backward order, per micro-batch, no host sync."""
+
+import pytest
+import torch
+
+from nanscope.trace import Hit, Sentinel, sentinel as sentinel_mod
+
+
+class Exp(torch.nn.Module):
+    def forward(self, x):
+        return x.exp()
+
+
+class Net(torch.nn.Module):
+    """fc1 -> exp -> fc2: an input of 100 overflows exp (fp32 limit 88.72)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(2, 2)
+        self.exp = Exp()
+        self.fc2 = torch.nn.Linear(2, 1)
+        with torch.no_grad():
+            self.fc1.weight.copy_(torch.eye(2))
+            self.fc1.bias.zero_()
+
+    def forward(self, x):
+        return self.fc2(self.exp(self.fc1(x)))
+
+
+GOOD = torch.tensor([[0.5, -0.5]])
+BAD = torch.tensor([[100.0, 0.0]])
+
+
+def _step(net, inputs):
+    for x in inputs:  # one micro-batch each, gradients accumulate
+        net(x).sum().backward()
+
+
+def test_first_module_in_forward_and_backward_order_with_its_microbatch():
+    net = Net()
+    s = Sentinel([net])
+    _step(net, [GOOD, BAD, BAD])
+    r = s.read()
+    # Per micro-batch the output checks run fc1, exp, fc2, root (post-hooks: inner modules first):
+    # micro-batch 1 starts at call 4, its exp is call 5.
+    assert r.forward == Hit("exp", 1, 5, None)
+    # Backward: fc2's weight gradient is grad^T @ exp output (inf): the first bad parameter gradient.
+    # fc2.bias gets sum(grad) = 1 (finite). Micro-batch 0 checked 4 parameter gradients first.
+    assert (r.backward.module, r.backward.param, r.backward.microbatch) == ("fc2", "fc2.weight", 1)
+    assert r.backward.order >= 4
+    assert r.step == 0 and not r.finite
+    # read() starts a new step.
+    _step(net, [GOOD])
+    r2 = s.read()
+    assert (r2.step, r2.forward, r2.backward) == (1, None, None)
+    # .grad accumulated over steps still holds the bad values: read(grads=True) sees them. fc2.weight:
+    # inf; fc1: d/dh = w2 * exp(h) = inf, times x = (100, 0) -> inf and 0 * inf = NaN; fc2.bias: finite.
+    assert s.read(grads=True).grads == ["fc1.weight", "fc1.bias", "fc2.weight"]
+
+
+def test_grads_reads_main_grad_when_present():
+    net = Net()
+    s = Sentinel([net], params=False)
+    for p in net.parameters():
+        p.main_grad = torch.zeros_like(p)
+    net.fc1.bias.main_grad[1] = float("nan")
+    r = s.read(grads=True)
+    assert r.grads == ["fc1.bias"] and r.forward is None and r.backward is None
+    assert sentinel_mod.check_grads(net) == ["fc1.bias"]
+    assert sentinel_mod.check_grads([("w", torch.nn.Parameter(torch.zeros(2)))]) == []  # no grad yet
+
+
+def test_hooks_never_read_a_flag_on_the_host(monkeypatch):
+    """No .item()/bool()/tolist() while the step runs: the only sync is read()."""
+    net = Net()
+    s = Sentinel([net])
+
+    def boom(*_args, **_kwargs):
+        raise AssertionError("host sync inside a sentinel hook")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy"):
+            m.setattr(torch.Tensor, name, boom)
+        _step(net, [GOOD, BAD])
+    assert s.read().forward == Hit("exp", 1, 5, None)
+
+
+def test_folding_keeps_the_exact_order(monkeypatch):
+    monkeypatch.setattr(sentinel_mod, "_FOLD", 3)
+    net = Net()
+    s = Sentinel([net])
+    _step(net, [GOOD] * 5 + [BAD])  # 5 clean micro-batches x 4 checks: exp of micro-batch 5 is call 21
+    assert s.read().forward == Hit("exp", 5, 21, None)
+
+
+def test_several_chunks_and_remove():
+    a, b = Net(), Net()
+    s = Sentinel([a, b])
+    a(GOOD).sum().backward()
+    b(BAD).sum().backward()
+    r = s.read()
+    assert (r.forward.module, r.forward.microbatch, r.backward.param) == ("chunk1.exp", 0, "chunk1.fc2.weight")
+    s.remove()
+    b(BAD).sum().backward()
+    assert s.read().forward is None
+    assert all(not m._forward_hooks for m in b.modules())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_every_nonfinite_class_is_flagged(bad):
+    lin = torch.nn.Linear(2, 2)
+    s = Sentinel(lin)
+    lin(torch.tensor([[bad, 0.0]]))
+    assert s.read().forward == Hit("", 0, 0, None)
