@@ -1,12 +1,12 @@
 """Sentinel overhead on a training step, and tracer replay vs torch.autograd.detect_anomaly.
 
-    python benchmarks/trace_overhead.py                 # tiny Qwen3-MoE (fp32), 4 micro-batches, 1 thread, ~2 min
-    python benchmarks/trace_overhead.py --repeats 9 --micro-batches 8 --bf16
+    python benchmarks/trace_overhead.py                 # tiny Qwen3-MoE (fp32), 1 thread, ~2 min
+    python benchmarks/trace_overhead.py --repeats 15 --samples-per-microbatch 1 --bf16
 
 One process: a gloo group of one rank, megatron-core on CPU (nanscope.megatron.cpu), the tiny model of
 nanscope.megatron.model (DDP + Float16Module when --bf16 + megatron's Adam), a healthy case-shaped
-rollout group (hazards.case_rollout / build "healthy") as micro-batches of one sample, and slime
-v0.1.0's loss through megatron's forward_backward_func, as the harness runs it.
+rollout group (hazards.case_rollout / build "healthy", log-probs from the model itself) packed into
+micro-batches, and slime v0.1.0's loss through megatron's forward_backward_func.
 
 Figures, all ratios measured side by side in one run (runs interleaved, medians of per-round ratios):
   sentinel:  (training step + Sentinel hooks + one Sentinel.read(grads=True)) / training step,
@@ -46,7 +46,7 @@ def setup():
     mpu.initialize_model_parallel(1, 1)
 
 
-def make_step(bf16: bool, n_micro: int, seed: int = 0):
+def make_step(bf16: bool, per_micro: int, seed: int = 0):
     """(train_step(), fwd_bwd(), model, batch): a healthy micro-batch list on the tiny model."""
     import torch
     from megatron.core.distributed import finalize_model_grads
@@ -64,27 +64,30 @@ def make_step(bf16: bool, n_micro: int, seed: int = 0):
     config.grad_scale_func = optimizer.scale_loss
     config.timers = None
     rollout = hazards.case_rollout(vocab, seed)
-    seq_length = -(-max(rollout.total_lengths) // 64) * 64
 
-    def policy(tokens):  # the model itself: log-probs of the batch match the model's (healthy)
+    def run(tokens: torch.Tensor) -> torch.Tensor:  # [S] -> logits [1, S, V], S padded to a multiple of 64
+        padded = -(-tokens.numel() // 64) * 64
+        x = torch.nn.functional.pad(tokens, (0, padded - tokens.numel())).unsqueeze(0)
+        return model(input_ids=x, position_ids=None, attention_mask=None, labels=None)
+
+    def policy(tokens):  # the model itself: the batch's log-probs match the model's (a healthy batch)
         with torch.no_grad():
-            return [model(input_ids=torch.nn.functional.pad(t, (0, seq_length - t.numel())).unsqueeze(0), position_ids=None,
-                          attention_mask=None, labels=None)[0, : t.numel()].float() for t in tokens]
+            return [run(t)[0, : t.numel()].float() for t in tokens]
 
     batch = hazards.build("healthy", policy, rollout, seed)
     keys = ("unconcat_tokens", "total_lengths", "response_lengths", "loss_masks") + ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
-    micro = [{k: [batch[k][i]] for k in keys} for i in range(min(n_micro, len(batch["total_lengths"])))]
-    args = case_args(global_batch_size=len(micro))
+    n = len(batch["total_lengths"])
+    # slime's dynamic batching packs samples into one row per micro-batch (the case: 16384 tokens per GPU).
+    micro = [{k: batch[k][i : i + per_micro] for k in keys} for i in range(0, n, per_micro)]
+    seq_length = -(-max(sum(m["total_lengths"]) for m in micro) // 64) * 64
+    args = case_args(global_batch_size=n)
 
     def loss(mb, logits):
-        total = mb["total_lengths"][0]
-        return as_is.loss_function(args, mb, len(micro), logits[:, :total].float())[:3]
+        return as_is.loss_function(args, mb, len(micro), logits[:, : sum(mb["total_lengths"])].float())[:3]
 
     def forward_step(it, m):
         mb = next(it)
-        tokens = torch.nn.functional.pad(mb["unconcat_tokens"][0], (0, seq_length - mb["total_lengths"][0])).unsqueeze(0)
-        out = m(input_ids=tokens, position_ids=None, attention_mask=None, labels=None)
-        return out, partial(loss, mb)
+        return run(torch.cat(mb["unconcat_tokens"])), partial(loss, mb)
 
     def fwd_bwd():
         model.zero_grad_buffer()
@@ -111,9 +114,11 @@ def timed(fn) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=5, help="rounds (each: plain, sentinel, plain, tracer, anomaly)")
+    p.add_argument("--repeats", type=int, default=10, help="rounds (each: plain, sentinel, plain, tracer, anomaly)")
     p.add_argument("--bf16", action="store_true", help="bf16 parameters as in the case (about 4x slower on CPU)")
-    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step, one sample each (max 8)")
+    p.add_argument("--samples-per-microbatch", type=int, default=8,
+                   help="samples packed per micro-batch (default 8: the whole group in one row, as slime's dynamic "
+                        "batching does; 1: one micro-batch per sample, the most hook calls per token)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadier timings)")
     a = p.parse_args()
 
@@ -123,7 +128,7 @@ def main() -> None:
     from nanscope.trace import Sentinel, Tracer
 
     setup()
-    train_step, fwd_bwd, model, _ = make_step(a.bf16, a.micro_batches)
+    train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
     def with_sentinel():  # hooks registered and removed outside the timing
         s = Sentinel([model])
         t = timed(lambda: (train_step(), s.read(grads=True)))
@@ -145,7 +150,7 @@ def main() -> None:
     for fn in (train_step, with_sentinel, fwd_bwd, with_tracer, with_anomaly):  # warm-up
         fn()
     rows = [(timed(train_step), with_sentinel(), timed(fwd_bwd), with_tracer(), with_anomaly()) for _ in range(a.repeats)]
-    print(f"tiny Qwen3-MoE ({'bf16' if a.bf16 else 'fp32'}), {a.micro_batches} micro-batches of one sample, "
+    print(f"tiny Qwen3-MoE ({'bf16' if a.bf16 else 'fp32'}), 8 samples, {a.samples_per_microbatch} per micro-batch, "
           f"{torch.get_num_threads()} threads, {a.repeats} rounds, {with_tracer.ops} aten ops traced per forward_backward")
     for k, clock in enumerate(("wall", "cpu")):
         col = lambda j: [r[j][k] for r in rows]  # noqa: E731

@@ -43,7 +43,7 @@ def test_case_terminal_json_html(tmp_path, capsys):
             "deepresearch.reward.reward_func, --advantage-estimator grpo, --n-samples-per-prompt 8); "
             "masked-tokens-reach-loss (--custom-generate-function-path deepresearch.generate.generate). "
             "3 more finding(s) below.") in head
-    assert "node index 6 (= 50 // 8), local device 2" in flat
+    assert "node index 6 (= 50 // 8, nodes in slime's placement order: sorted by IP), local device 2" in flat
     assert "EP group 48-63" in flat
     assert "DP 2 (= 64/(4*4*2))" in flat
     assert "3 72-93 + final norm + output layer < 22" in flat

@@ -230,3 +230,17 @@ def test_bf16_rounding_matches_torch():
     # bf16 keeps 8 significant bits, a step of 0.5 in [64, 128): -88.7 -> -88.5; -88.75 is halfway between
     # -88.5 (mantissa 0110001, odd) and -89.0 (0110010, even) and rounds to even: -89.0.
     assert _bf16(np.array([-88.7, -88.75])).tolist() == [-88.5, -89.0]
+
+
+def test_histogram_bins():
+    # Bin 0: < -40 (and -inf); bin b: [-41 + b, -40 + b); last bin 161: >= 120 (and +inf); nan apart.
+    col = checks._Collector(1, ScanConfig(histograms=True))
+    x = np.array([-1e9, -41.0, -40.5, -math.inf, -40.0, -0.5, 0.0, 0.99, 88.72, 88.73, 119.9, 120.0, math.inf,
+                  math.nan], np.float32)
+    masked = np.zeros(x.size, bool)
+    masked[8] = True
+    col.histogram("k", "label", x, masked)
+    h = col.hist["k"]
+    nz = np.flatnonzero(h.all)
+    assert dict(zip(nz.tolist(), h.all[nz].tolist())) == {0: 4, 1: 1, 40: 1, 41: 2, 129: 2, 160: 1, 161: 2}
+    assert np.flatnonzero(h.masked).tolist() == [129] and h.nan == 1

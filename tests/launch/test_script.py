@@ -150,3 +150,11 @@ def test_arithmetic_inside_default_value(tmp_path):
     # tree-sitter-bash parses `${R:-$((N - A))}` as a command substitution of a subshell; it is re-read
     s = parse_script(_script(tmp_path, 'N=${N:-4}\nA=1\nR=${R:-$((N - A))}\npython3 t.py --r $R\n'))
     assert s.argv == ["--r", "3"]
+
+
+def test_script_is_never_executed(tmp_path):
+    marker = tmp_path / "executed"
+    text = f'touch {marker}\nX=$(touch {marker}.sub)\nsource <(touch {marker}.src)\npython3 t.py --x "$X"\n'
+    s = parse_script(_script(tmp_path, text))
+    assert not marker.exists() and not (tmp_path / "executed.sub").exists()
+    assert s.argv == ["--x", f"$(touch {marker}.sub)"]

@@ -28,7 +28,7 @@ def test_zigzag_cp2_matches_whole_sequence(single_process, hazard):
     total = mb["total_lengths"][0]
     # [1, S, V]: the sample's logits then padding to the runner's fixed length (zeros, as a model's
     # padded positions would be ignored).
-    logits = torch.cat(policy(mb["unconcat_tokens"]))[None]
+    logits = policy(batch["unconcat_tokens"])[i][None]  # the synthetic policy's logits depend on i
     padded = torch.nn.functional.pad(logits, (0, 0, 0, runner.seq_length_for([total], 1) - total))
 
     out = {}
@@ -42,7 +42,7 @@ def test_zigzag_cp2_matches_whole_sequence(single_process, hazard):
     (l1, g1, m1, n1), (l2, g2, m2, n2) = out[1], out[2]
     assert n1 == n2 == 1
     torch.testing.assert_close(l2, l1)
-    torch.testing.assert_close(m2, m1)
+    torch.testing.assert_close(m2, m1, rtol=1e-5, atol=1e-6)  # fp32 sums in a different order
     finite = torch.isfinite(g1)
     assert torch.equal(finite, torch.isfinite(g2))  # NaN in the same places (kl-exp-overflow)
     torch.testing.assert_close(g2[finite], g1[finite])

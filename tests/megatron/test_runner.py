@@ -107,6 +107,16 @@ def test_a_hung_rank_is_ended_and_reported(tmp_path):
     assert res.runs[0].observed == "incomplete"
 
 
+@pytest.mark.timeout(60)
+def test_parent_timeout_kills_the_process_tree(tmp_path):
+    # 4 ranks cannot import megatron-core in 3 s: the parent kills torchrun's whole session.
+    res = runner.launch([RunSpec("healthy")], timeout_s=3, out_dir=tmp_path)
+    assert res.timed_out and not res.ok
+    assert res.wall_s < 10
+    assert res.runs[0].missing == [0, 1, 2, 3] and res.runs[0].observed == "incomplete"
+    assert res.returncode == -9  # SIGKILL
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_data_parallel_replica_without_the_nan_blocks_and_the_next_run_is_relaunched(tmp_path):

@@ -41,9 +41,9 @@ def test_first_module_in_forward_and_backward_order_with_its_microbatch():
     s = Sentinel([net])
     _step(net, [GOOD, BAD, BAD])
     r = s.read()
-    # Per micro-batch the output checks run fc1, exp, fc2, root (post-hooks: inner modules first):
-    # micro-batch 1 starts at call 4, its exp is call 5.
-    assert r.forward == Hit("exp", 1, 5, None)
+    # Per micro-batch the output checks run fc1, exp, fc2 (post-hooks: inner modules first; the root
+    # returns fc2's tensor itself, which is not checked twice): micro-batch 1's exp is call 3 + 1 = 4.
+    assert r.forward == Hit("exp", 1, 4, None)
     # Backward: fc2's weight gradient is grad^T @ exp output (inf): the first bad parameter gradient.
     # fc2.bias gets sum(grad) = 1 (finite). Micro-batch 0 checked 4 parameter gradients first.
     assert (r.backward.module, r.backward.param, r.backward.microbatch) == ("fc2", "fc2.weight", 1)
@@ -82,15 +82,15 @@ def test_hooks_never_read_a_flag_on_the_host(monkeypatch):
         for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy"):
             m.setattr(torch.Tensor, name, boom)
         _step(net, [GOOD, BAD])
-    assert s.read().forward == Hit("exp", 1, 5, None)
+    assert s.read().forward == Hit("exp", 1, 4, None)
 
 
 def test_folding_keeps_the_exact_order(monkeypatch):
     monkeypatch.setattr(sentinel_mod, "_FOLD", 3)
     net = Net()
     s = Sentinel([net])
-    _step(net, [GOOD] * 5 + [BAD])  # 5 clean micro-batches x 4 checks: exp of micro-batch 5 is call 21
-    assert s.read().forward == Hit("exp", 5, 21, None)
+    _step(net, [GOOD] * 5 + [BAD])  # 5 clean micro-batches x 3 checks: exp of micro-batch 5 is call 16
+    assert s.read().forward == Hit("exp", 5, 16, None)
 
 
 def test_several_chunks_and_remove():
@@ -112,3 +112,12 @@ def test_every_nonfinite_class_is_flagged(bad):
     s = Sentinel(lin)
     lin(torch.tensor([[bad, 0.0]]))
     assert s.read().forward == Hit("", 0, 0, None)
+
+
+def test_identity_modules_are_not_checked_twice():
+    net = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Dropout(0.0), Exp())
+    s = Sentinel(net)
+    net.eval()
+    net(BAD)
+    # Identity and Dropout return their input tensor: only Exp's output is checked (call 0).
+    assert s.read().forward == Hit("2", 0, 0, None)

@@ -184,11 +184,14 @@ class _Collector:
         if nan.any():
             h.nan += int(nan.sum())
             x, masked = x[~nan], masked[~nan]
-        # Bin b holds [LO+b-1, LO+b); 0 is underflow (and -inf), the last is overflow (and +inf).
-        b = np.floor(x)
-        np.clip(b, HIST_LO - 1, HIST_HI, out=b)
-        # One bincount for both: even slots unmasked, odd slots masked.
-        both = np.bincount((b - (HIST_LO - 1)).astype(np.intp) * 2 + masked, minlength=2 * h.all.size)
+        # Bin b holds [LO+b-1, LO+b); 0 is underflow (and -inf), the last is overflow (and +inf). Shifted
+        # to be >= 0 before the cast, truncation is floor. Even slots count unmasked tokens, odd masked.
+        t = np.subtract(x, HIST_LO - 1, dtype=np.float32)
+        np.clip(t, 0, h.all.size - 1, out=t)
+        b = t.astype(np.int32)
+        b *= 2
+        b += masked
+        both = np.bincount(b, minlength=2 * h.all.size)
         h.all += both[0::2] + both[1::2]
         h.masked += both[1::2]
 

@@ -90,6 +90,13 @@ def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | 
     notes = _input_notes(script, cfg, model, model_origin) + cfg.notes + topo.notes
     d = Diagnosis(script, cfg, topo, batches, found, fine, notes=notes, model_origin=model_origin, env=env,
                   traceback=tb)
+    _place_failing(d, rank, traceback_origin)
+    return d
+
+
+def _place_failing(d: Diagnosis, rank: int | None, traceback_origin: str) -> None:
+    """Locate the asked-for (or the traceback's) rank and note where the inputs disagree."""
+    tb, topo = d.traceback, d.topology
     asked = rank if rank is not None else (tb.failure.rank if tb else None)
     if asked is not None:
         if rank is None and not 0 <= asked < topo.world:
@@ -106,7 +113,6 @@ def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | 
     if tb and tb.other_ranks:
         d.notes.append(f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, tb.other_ranks))}; "
                        f"the first, rank {tb.failure.rank}, is explained")
-    return d
 
 
 def _input_notes(script, cfg, model, model_origin) -> list[str]:
@@ -116,7 +122,9 @@ def _input_notes(script, cfg, model, model_origin) -> list[str]:
             where = f"; {model_origin} stands in for it" if model else "; pass --model-args FILE or --model JSON"
             notes.append(f"line {s.line}: source {s.path}: not found{where}")
         elif s.followed != s.path:
-            notes.append(f"line {s.line}: source {s.path}: read {s.followed}")
+            notes.append(f"line {s.line}: source {s.path}: read {s.followed} in its place")
+        else:
+            notes.append(f"line {s.line}: source {s.path}: followed")
     arrays = script.unset_arrays
     scalars = [n for n in script.unset if n not in arrays]
     if arrays:

@@ -313,8 +313,8 @@ def verdict(d) -> str:
                                                       else "")
         parts.append(f"It is TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp} (EP {r.ep}): {stage}{layers}.")
         if r.pp == t.pp - 1 and t.pp > 1 and d.traceback is not None and d.traceback.failure.rank == r.rank:
-            parts.append("The last stage holds the loss and checks its gradients first in 1F1B, so the NaN "
-                         "can have started in any layer.")
+            parts.append("The last stage holds the loss and checks its gradients first in 1F1B, so the "
+                         f"{d.traceback.failure.kind} can have started in any layer.")
     if d.traceback is not None and d.config["check_for_nan_in_loss_and_grad"]:
         parts.append("The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
                      "and slime runs Megatron's rerun state machine disabled.")

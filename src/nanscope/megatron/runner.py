@@ -7,10 +7,18 @@ Two halves:
   runs. Each run rebuilds the model and optimizer from its seed (runs are independent), builds every
   step's batch against the current model (slime's log-prob pass), and trains like slime's
   train_one_step: 1F1B schedule -> finalize_model_grads -> DDP bucket NaN check -> optimizer.step().
-  A RuntimeError is caught per run and rank, recorded (message, megatron frames, time) and the worker
-  moves on after a barrier. Each rank writes `DIR/run{i}.rank{r}.json`.
+  An exception (megatron's NaN check raises RuntimeError) is caught per run and rank, recorded
+  (message, megatron frames, time) and the worker moves on after a barrier. Each rank writes
+  `DIR/run{i}.rank{r}.json`. A watchdog thread ends a rank stuck in one phase (a collective whose
+  peers raised) with os._exit(3).
 - the parent, `launch(runs, layout)`: writes the spec, spawns torchrun with a hard timeout, kills the
-  whole process tree when it expires, and returns dataclasses.
+  whole process tree when it expires, relaunches for the remaining runs when a launch died mid-way,
+  and returns dataclasses.
+
+Which ranks raise (measured): at TP2 x PP2 (DP 1) every rank fails the NaN check in finish_grad_sync,
+the last stage first (1F1B: it finishes its backward first) — NaN flows back through every stage and
+TP rank. With DP > 1 only the replicas whose samples carry the NaN raise; the others pass their local
+check and block in the data-parallel all-reduce until the watchdog ends them.
 
 How slime's micro-batches are mapped onto the local (no TransformerEngine) layer spec: slime packs a
 micro-batch's samples into one row with PackedSeqParams (thd), which the local DotProductAttention

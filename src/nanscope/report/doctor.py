@@ -138,7 +138,8 @@ def _rank_section(d, console) -> None:
         layers = " | ".join(_range(c.layers) for c in r.chunks) + " (virtual stages)"
     rows = [("coordinates", f"TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp}   EP {r.ep} (ETP {r.etp}, "
                             f"expert DP {r.edp})"),
-            ("where", f"node index {r.node_index} (= {r.rank} // {t.gpus_per_node}), local device {r.local_device}"),
+            ("where", f"node index {r.node_index} (= {r.rank} // {t.gpus_per_node}, nodes in slime's placement "
+                      f"order: sorted by IP), local device {r.local_device}"),
             ("decoder layers", f"{layers} (0-based)"),
             ("output layer", "yes: final norm + output layer (and slime's loss)" if r.holds_output_layer else "no")]
     if r.experts:
@@ -219,8 +220,7 @@ def _frames_section(d, console) -> None:
         return
     _heading(console, "traceback, frame by frame", "(outermost first)")
     for fr in d.traceback.frames:
-        where = fr.function if fr.line is None else f"{_short(fr.path)}:{fr.line} {fr.function}"
-        console.print(f"  {escape(where)}  [dim]{escape(fr.release_text)}[/dim]", highlight=False)
+        console.print(f"  {escape(_where(fr))}  [dim]{escape(fr.release_text)}[/dim]", highlight=False)
         _plain(console, f"      {fr.note}")
 
 
@@ -241,12 +241,12 @@ def key_flags(d) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _short(path: str) -> str:
-    for marker in ("megatron/core/", "slime/", "ray/"):
-        i = path.find(marker)
-        if i >= 0:
-            return path[i:]
-    return path
+def _where(fr) -> str:
+    """`path:line function` with known library paths cut to their package-relative suffix."""
+    if fr.line is None:
+        return fr.function
+    path = fr.known.suffix if fr.known is not None and "/" in fr.known.suffix else fr.path
+    return f"{path}:{fr.line} {fr.function}"
 
 
 def _group_text(group: list[int]) -> str:
@@ -369,8 +369,7 @@ def render_html(d) -> str:
         body.append("<h2>Traceback, frame by frame</h2><table><tr><th>frame</th><th>release</th><th>what it does"
                     "</th></tr>")
         for fr in d.traceback.frames:
-            where = fr.function if fr.line is None else f"{_short(fr.path)}:{fr.line} {fr.function}"
-            body.append(f"<tr><td><code>{esc(where)}</code></td><td>{esc(fr.release_text)}</td>"
+            body.append(f"<tr><td><code>{esc(_where(fr))}</code></td><td>{esc(fr.release_text)}</td>"
                         f"<td>{esc(fr.note)}</td></tr>")
         body.append("</table>")
     if d.notes:

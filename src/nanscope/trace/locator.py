@@ -33,6 +33,7 @@ dispatch time.
 from __future__ import annotations
 
 import linecache
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -80,6 +81,8 @@ class Event:
     input_summary: one line per tensor input (dtype, shape, finiteness, range, value at first_index).
     index: ordinal of the op among all ops seen (forward and backward together).
     produced: "nan", "inf" or "nan+inf": the class(es) no input had; "" for a propagator.
+    microbatch: the micro-batch set with Tracer.microbatch() (backward: the one whose forward
+        created the node), None if never set; sample/token are within that micro-batch.
     """
 
     op: str
@@ -98,6 +101,7 @@ class Event:
     input_summary: list = field(default_factory=list)
     index: int = 0
     produced: str = ""
+    microbatch: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,11 +180,13 @@ class TraceReport:
 
 
 class _Origin(NamedTuple):
-    """Where a forward torch function created an autograd node."""
+    """Where a forward torch function created an autograd node, and for which micro-batch."""
 
     fn: str
     module: str | None
     source: str | None
+    microbatch: int | None = None
+    token_map: object = None
 
 
 def user_frame(skip_dirs: tuple = (_TORCH_DIR, _TRACE_DIR)):
@@ -211,11 +217,21 @@ def _frame_source() -> str | None:
 
 
 def _float_tensors(tree) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every entry is finite: an fp32 sum first (one fast kernel; NaN and inf propagate
+    through it), the exact elementwise check only when the sum is not finite (overflow)."""
+    if t.numel() == 0 or math.isfinite(t.detach().sum(dtype=torch.float32).item()):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def _classes(t: torch.Tensor) -> tuple[bool, bool]:
-    """(has NaN, has +-inf) with two reductions and one host sync."""
+    """(has NaN, has +-inf) with one host sync when finite, three otherwise."""
+    if _finite(t):
+        return False, False
     flags = torch.stack((t.isnan().any(), t.isinf().any())).tolist()
     return bool(flags[0]), bool(flags[1])
 
@@ -261,10 +277,10 @@ class _NodeRecorder(TorchFunctionMode):
         nodes = t._nodes
         for x in tree_leaves(args):  # nodes made by custom autograd.Functions: first use
             if isinstance(x, torch.Tensor) and x.grad_fn is not None and x.grad_fn not in nodes:
-                nodes[x.grad_fn] = _Origin(type(x.grad_fn).__name__ + " (custom Function; first used here)", t._module(), _frame_source())
+                nodes[x.grad_fn] = _Origin(type(x.grad_fn).__name__ + " (custom Function; first used here)", t._module(), _frame_source(), t._mb, t.token_map)
         for x in tree_leaves(out):
             if isinstance(x, torch.Tensor) and x.grad_fn is not None and x.grad_fn not in nodes:
-                nodes[x.grad_fn] = _Origin(getattr(func, "__name__", str(func)), t._module(), _frame_source())
+                nodes[x.grad_fn] = _Origin(getattr(func, "__name__", str(func)), t._module(), _frame_source(), t._mb, t.token_map)
         return out
 
 
@@ -289,7 +305,7 @@ class _OpChecker(TorchDispatchMode):
         outs = _float_tensors(out)
         if not outs:
             return out
-        bad = [o for o in outs if o.numel() and not bool(torch.isfinite(o).all())]
+        bad = [o for o in outs if not _finite(o)]
         if bad:
             t._on_nonfinite(func, phase, bad[0], args, kwargs, before)
         return out
@@ -309,6 +325,7 @@ class Tracer:
     def __init__(self, modules=(), token_map: TokenMap | None = None, allow=()):
         self.modules = list(modules)
         self.token_map = token_map
+        self._mb: int | None = None
         self.allow = allow
         self.ops_seen = 0
         self.events: dict[str, Event] = {}  # "forward"/"backward"/"first_forward"/"first_backward"
@@ -341,6 +358,14 @@ class Tracer:
         self._handles.clear()
         self._nodes.clear()
         self._stack.clear()
+
+    def microbatch(self, index: int, token_map: TokenMap | None = None) -> None:
+        """Mark the start of micro-batch `index` (e.g. in megatron's forward_step) and set its token
+        map. Backward events use the micro-batch and token map their node was created under, so
+        pipelined schedules (1F1B) that run backward passes later are mapped correctly."""
+        self._mb = index
+        if token_map is not None:
+            self.token_map = token_map
 
     def report(self, inputs: list | None = None) -> TraceReport:
         """The trace so far; `inputs`: non-finite inputs found before the replay, if any."""
@@ -398,19 +423,19 @@ class Tracer:
                 self.events[k] = ev
 
     def _where(self, phase: str) -> tuple:
-        """(module, source, node name, created_by) of the op running now."""
+        """(module, source, node name, created_by, micro-batch, token map) of the op running now."""
         if phase == "forward":
-            return self._module(), _frame_source(), None, None
+            return self._module(), _frame_source(), None, None, self._mb, self.token_map
         node = torch._C._current_autograd_node()
         name = node.name()
         origin = self._nodes.get(node)
         if origin is not None:
-            return origin.module, origin.source, name, origin.fn
+            return origin.module, origin.source, name, origin.fn, origin.microbatch, origin.token_map
         variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter it accumulates into
         if variable is not None and id(variable) in self._params:
             pname = self._params[id(variable)]
-            return pname.rpartition(".")[0], None, name, f"parameter {pname}"
-        return None, _frame_source(), name, None
+            return pname.rpartition(".")[0], None, name, f"parameter {pname}", None, None
+        return None, _frame_source(), name, None, None, self.token_map
 
     def _event(self, op, phase, flat, shape, counts, produced, ins) -> Event:
         if "nan" in produced or (not produced and counts["nan"]):
@@ -418,10 +443,11 @@ class Tracer:
         else:
             bad = torch.isinf(flat) if flat.is_floating_point() else ~torch.isfinite(flat)
         first = int(bad.nonzero()[0, 0])
-        module, source, node, created_by = self._where(phase)
+        module, source, node, created_by, mb, tmap = self._where(phase)
         ev = Event(op, phase, module, source, counts, first, list(shape), node=node, created_by=created_by,
-                   input_summary=[_summary(x, first, shape) for x in ins], index=self.ops_seen, produced="+".join(produced))
-        site = self.token_map(tuple(shape), first) if self.token_map is not None else None
+                   input_summary=[_summary(x, first, shape) for x in ins], index=self.ops_seen,
+                   produced="+".join(produced), microbatch=mb)
+        site = tmap(tuple(shape), first) if tmap is not None else None
         if site is not None:
             site = Site(*site)  # a plain (sample, token) tuple works too
             ev.sample, ev.token, ev.axis, ev.masked = site.sample, site.token, site.axis, site.masked

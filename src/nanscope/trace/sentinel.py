@@ -187,6 +187,7 @@ class Sentinel:
         self._fwd, self._bwd = _Phase(), _Phase()
         self._mb = [0] * len(self.roots)  # forward calls of each chunk this step
         self._bwd_mb = 0
+        self._last = None  # the tensor checked last (one reference, dropped by read/reset)
         self._handles = []
         self._named_params: list[tuple[str, torch.Tensor]] = []
         many = len(self.roots) > 1
@@ -223,8 +224,14 @@ class Sentinel:
 
     def _output_hook(self, path: str, c: int):
         def hook(module, args, output):
+            first = _first_tensor(output)
+            # Identity modules (IdentityOp, Dropout(p=0)) and wrappers that return their last child's
+            # output (megatron's MLP returns linear_fc2's tensor): that tensor was just checked.
+            if first is None or first is self._last or (args and first is args[0]):
+                return
             total = _check_sum(output)
             if total is not None:
+                self._last = first
                 self._fwd.add(total, (path, self._mb[c] - 1, None))
 
         return hook
@@ -272,6 +279,7 @@ class Sentinel:
         self._fwd, self._bwd = _Phase(), _Phase()
         self._mb = [0] * len(self.roots)
         self._bwd_mb = 0
+        self._last = None
 
     def remove(self) -> None:
         """Remove every hook."""

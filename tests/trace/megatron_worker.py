@@ -1,0 +1,113 @@
+"""One process, real megatron-core on CPU: the sentinel and the tracer around forward_backward_func.
+
+    python tests/trace/megatron_worker.py OUT.json
+
+The tiny Qwen3-MoE (fp32) under DDP with check_for_nan_in_grad; the kl-exp-overflow hazard's batch
+built from the model's own log-probs (hazards.build with the model as policy), 8 samples packed into
+2 micro-batches of 4. Each pass ends in megatron's "Unexpected result nan" (the DDP bucket check);
+the worker catches it and writes the sentinel reading and the trace report as JSON.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+from functools import partial
+
+PER_MICRO = 4
+
+
+def main(out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from nanscope.megatron import cpu
+
+    cpu.install()
+    from megatron.core import parallel_state as mpu
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from nanscope import hazards
+    from nanscope.loss import as_is
+    from nanscope.megatron.model import TinyQwen3MoE, build_model, build_optimizer
+    from nanscope.slime_args import case_args
+    from nanscope.trace import Sentinel, Tracer, replay
+
+    torch.set_num_threads(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+    mpu.initialize_model_parallel(1, 1)
+
+    model, config = build_model(seed=0, bf16=False)
+    optimizer = build_optimizer(model, bf16=False)
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    config.timers = None
+    vocab = TinyQwen3MoE().vocab_size
+
+    def run(tokens):  # [S] -> logits [1, S_padded, V]
+        padded = -(-tokens.numel() // 64) * 64
+        x = torch.nn.functional.pad(tokens, (0, padded - tokens.numel())).unsqueeze(0)
+        return model(input_ids=x, position_ids=None, attention_mask=None, labels=None)
+
+    def policy(tokens):
+        with torch.no_grad():
+            return [run(t)[0, : t.numel()].float() for t in tokens]
+
+    batch = hazards.build("kl-exp-overflow", policy, hazards.case_rollout(vocab, 0), 0)
+    keys = replay.SAMPLE_KEYS + replay.TOKEN_KEYS
+    n = len(batch["total_lengths"])
+    micro = [{k: batch[k][i : i + PER_MICRO] for k in keys} for i in range(0, n, PER_MICRO)]
+    seq_length = -(-max(sum(m["total_lengths"]) for m in micro) // 64) * 64
+    args = case_args(global_batch_size=n)
+    tracer = None
+
+    def loss(mb, logits):
+        return as_is.loss_function(args, mb, len(micro), logits[:, : sum(mb["total_lengths"])].float())[:3]
+
+    def forward_step(it, m):
+        index, mb = next(it)
+        if tracer is not None:
+            tracer.microbatch(index, replay.token_map(mb, packed_length=-(-sum(mb["total_lengths"]) // 64) * 64))
+        return run(torch.cat(mb["unconcat_tokens"])), partial(loss, mb)
+
+    def fwd_bwd() -> str:
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        try:
+            get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(enumerate(micro)), model=[model],
+                num_microbatches=len(micro), seq_length=seq_length, micro_batch_size=1, forward_only=False,
+            )  # fmt: skip
+        except RuntimeError as e:
+            return str(e).splitlines()[0]
+        return ""
+
+    sentinel = Sentinel([model])
+    error_sentinel = fwd_bwd()
+    reading = sentinel.read(grads=True)
+    sentinel.remove()
+
+    with Tracer(modules=[model]) as t:
+        tracer = t
+        error_trace = fwd_bwd()
+    report = t.report()
+
+    with open(out_path, "w") as f:
+        json.dump({
+            "site": list(batch["hazard_site"]), "per_micro": PER_MICRO,
+            "error_sentinel": error_sentinel, "error_trace": error_trace,
+            "reading": reading.to_dict(), "trace": report.to_dict(),
+            "param_names": [n for n, _ in model.named_parameters()],
+        }, f)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
