@@ -74,8 +74,9 @@ def test_plugin_under_megatron_parallel_state(tmp_path, layout):
         loss, grad, log = reference(h.name)
         assert torch.isfinite(got["loss"]) and torch.isfinite(got["grad"]).all(), h.name
         # TP shards the vocabulary sums and CP splits the sample sums: fp32 reassociation, and the
-        # loss is a cancelling sum of O(1) per-sample terms, so compare at 1e-6 of their scale.
+        # loss is a cancelling sum of O(1) per-sample terms, so compare at 1e-6 of their scale; the
+        # logits gradient is rounded to bf16 (megatron's fused backward), so allow one bf16 ulp (2^-7).
         assert got["loss"].item() == pytest.approx(loss.item(), abs=1e-6), h.name
-        assert torch.allclose(got["grad"], grad, rtol=1e-3, atol=1e-5 * grad.abs().max().item()), h.name
+        assert torch.allclose(got["grad"], grad, rtol=2**-7, atol=1e-5 * grad.abs().max().item()), h.name
         metrics = dict(zip(got["keys"], got["values"][1:].tolist()))
         assert all(math.isfinite(v) for v in metrics.values()), h.name

@@ -10,7 +10,7 @@ model of the harness):
                  one optimizer step per rollout in the case, so old == current policy)
     ref_log_probs  the reference model's: the policy's plus small noise (it has not drifted far)
     rollout_log_probs  SGLang's: the policy's plus small noise on model tokens; 0.0 on tool-output
-                 tokens, as multi-turn generate functions fill them
+                 tokens, as multi-turn generate functions fill them; bfloat16, as slime stores them
     advantages   GRPO: raw rewards normalised per group (mean, std + 1e-6), broadcast per token
 
 A hazard then changes one thing, at one token or sample, the way it happens in a real run.
@@ -271,7 +271,8 @@ def build(
         "loss_masks": [m.clone() for m in rollout.loss_masks],
         "log_probs": old,
         "ref_log_probs": ref,
-        "rollout_log_probs": roll,
+        # slime v0.1.0's data path hard-codes rollout log-probs to bfloat16 (backends/utils/data.py).
+        "rollout_log_probs": [x.bfloat16() for x in roll],
         "advantages": [torch.full((r,), float(a)) for r, a in zip(rollout.response_lengths, normalized)],
         "rewards": rewards,
         "hazard_site": site,

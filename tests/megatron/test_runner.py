@@ -82,6 +82,12 @@ def test_hazard_fails_megatrons_nan_check_verbatim_on_every_rank(launched):
         assert r.optimizer_grad_norm == [] and r.params_finite  # the step never ran
     # 1F1B: the last stage finishes its backward first, so it raises first (rank 50 in the case).
     assert run.first_failure().holds_output_layer
+    # The trigger comes from the model, not the loss: at the planted tool token the model's own
+    # log-prob (T 0.8) is below -90.72 and the reference's exceeds it by more than 88.72 nats, so
+    # low_var_kl's exp(ref - logp) overflows fp32.
+    site = run.ranks[0].site_log_probs[0]
+    assert site["policy"] < -(88.72 + 2) and site["ref"] - site["policy"] > 88.72
+    assert all(r.site_log_probs == run.ranks[0].site_log_probs for r in run.ranks)  # one batch everywhere
 
 
 @pytest.mark.timeout(300)

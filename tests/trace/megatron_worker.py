@@ -4,8 +4,9 @@
 
 The tiny Qwen3-MoE (fp32) under DDP with check_for_nan_in_grad; the kl-exp-overflow hazard's batch
 built from the model's own log-probs (hazards.build with the model as policy), 8 samples packed into
-2 micro-batches of 4. Each pass ends in megatron's "Unexpected result nan" (the DDP bucket check);
-the worker catches it and writes the sentinel reading and the trace report as JSON.
+2 micro-batches of 4; then a healthy batch with one inf weight in layer 2's input norm. Each pass
+ends in megatron's "Unexpected result nan" (the DDP bucket check); the worker catches it and writes
+the sentinel readings and the trace reports as JSON.
 """
 
 from __future__ import annotations
@@ -100,12 +101,29 @@ def main(out_path: str) -> None:
         error_trace = fwd_bwd()
     report = t.report()
 
+    # Second pass: a healthy batch, but one weight of layer 2's input norm is inf.
+    healthy = hazards.build("healthy", policy, hazards.case_rollout(vocab, 0), 0)
+    micro[:] = [{k: healthy[k][i : i + PER_MICRO] for k in keys} for i in range(0, n, PER_MICRO)]
+    weight = model.module.decoder.layers[2].input_layernorm.weight
+    with torch.no_grad():
+        weight[5] = float("inf")
+    tracer = None
+    sentinel = Sentinel([model])
+    poisoned_error = fwd_bwd()
+    poisoned_reading = sentinel.read()
+    sentinel.remove()
+    with Tracer(modules=[model]) as t:
+        tracer = t
+        fwd_bwd()
+    poisoned = t.report()
+
     with open(out_path, "w") as f:
         json.dump({
             "site": list(batch["hazard_site"]), "per_micro": PER_MICRO,
             "error_sentinel": error_sentinel, "error_trace": error_trace,
             "reading": reading.to_dict(), "trace": report.to_dict(),
             "param_names": [n for n, _ in model.named_parameters()],
+            "poisoned_error": poisoned_error, "poisoned_reading": poisoned_reading.to_dict(), "poisoned_trace": poisoned.to_dict(),
         }, f)  # fmt: skip
 
 

@@ -144,3 +144,18 @@ def test_several_chunks_get_prefixed_paths():
     with Tracer(modules=[a, b]) as t:
         b(torch.randn(3, 4))
     assert t.report().forward.module == "chunk1.blocks.1"
+
+
+def test_nonfinite_parameters_are_reported_as_inputs():
+    from nanscope.trace import render
+
+    net = Net()
+    with torch.no_grad():
+        net.head.weight[0, 2] = float("inf")
+    with Tracer(modules=[net]) as t:
+        net.head(torch.ones(1, 4))
+    r = t.report()
+    assert [(i.name, i.nonfinite) for i in r.inputs] == [("parameter head.weight", {"nan": 0, "posinf": 1, "neginf": 0})]
+    # The Linear multiplies the inf weight by finite inputs: propagation, no producer.
+    assert r.forward is None and r.first_forward.module == "head"
+    assert "  parameter head.weight: 1 posinf\n" in "\n".join(render.lines(r)) + "\n"

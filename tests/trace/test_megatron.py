@@ -35,3 +35,18 @@ def test_sentinel_and_tracer_name_the_kl_overflow_under_megatron(tmp_path):
     assert (f["op"], f["microbatch"], f["sample"], f["token"], f["masked"]) == ("aten.exp.default", mb, local, token, True)
     assert " in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`" in f["source"]
     assert (b["op"], b["node"], b["microbatch"], b["sample"], b["token"]) == ("aten.mul.Tensor", "ExpBackward0", mb, local, token)
+    # Second pass, a healthy batch with one inf weight in layer 2's input norm (0-based layer 2 =
+    # megatron's layer_number 3). Sentinel: the first non-finite module output in forward order is
+    # that norm's, in micro-batch 0.
+    p = d["poisoned_reading"]
+    assert "Unexpected result nan" in d["poisoned_error"]
+    assert (p["forward"]["module"], p["forward"]["microbatch"]) == ("module.decoder.layers.2.input_layernorm", 0)
+    # Tracer: the inf parameter is an input (no op produced the inf); the first non-finite op output
+    # is in that norm, at the first token; the first NaN comes later, out of inf inputs.
+    t = d["poisoned_trace"]
+    assert [i["name"] for i in t["inputs"]] == ["parameter module.decoder.layers.2.input_layernorm.weight"]
+    ff = t["first_forward"]
+    assert (ff["module"], ff["produced"], ff["microbatch"], ff["sample"], ff["token"], ff["axis"]) == (
+        "module.decoder.layers.2.input_layernorm", "", 0, 0, 0, "sequence")
+    assert t["forward"]["produced"] == "nan" and t["forward"]["index"] > ff["index"]
+    assert t["forward"]["module"].startswith("module.decoder.layers.2.")

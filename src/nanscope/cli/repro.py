@@ -51,6 +51,8 @@ class Repro:
     frames_match_case: bool | None = None  # every failing rank's megatron frames == the case's
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    site: list | None = None  # (sample, response position) the hazard changed, None for healthy
+    site_log_probs: dict | None = None  # {"policy", "ref", "rollout"} log-probs at the site
 
     @property
     def ok(self) -> bool:
@@ -99,6 +101,8 @@ def repro_one(hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: flo
         frames_match_case=all(tuple(r.frames) == runner.CASE_FRAMES for r in failing) if failing else None,
         wall_s=launched.wall_s,
         notes=notes,
+        site=run.ranks[0].hazard_sites[0] if run.ranks and run.ranks[0].hazard_sites else None,
+        site_log_probs=run.ranks[0].site_log_probs[0] if run.ranks and run.ranks[0].site_log_probs else None,
     )
 
 
@@ -148,6 +152,10 @@ def render(rep: Repro, console) -> None:
         console.print(f"megatron-core frames of rank {first.rank} (case: {'same' if rep.frames_match_case else 'different'}):")
         for name, line, func in first.frames:
             console.print(f"  {name}:{line} in {func}", highlight=False)
+    if rep.site is not None:
+        where = f"sample {rep.site[0]}" + (f", response token {rep.site[1]}" if rep.site[1] is not None else "")
+        lps = ", ".join(f"{k} {v:.2f}" for k, v in (rep.site_log_probs or {}).items())
+        console.print(f"hazard site (built against the model's log-prob pass): {where}" + (f": log-probs {lps}" if lps else ""), highlight=False)
     for note in rep.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(verdict(rep), highlight=False)
@@ -178,6 +186,8 @@ def to_json(rep: Repro) -> dict:
         "frames_match_case": rep.frames_match_case,
         "case_frames": [list(f) for f in CASE_FRAMES],
         "ranks": ranks,
+        "hazard_site": rep.site,
+        "site_log_probs": rep.site_log_probs,
         "wall_s": rep.wall_s,
         "notes": rep.notes,
         "verdict": verdict(rep),

@@ -102,6 +102,12 @@ class Dump:
     _obj: Any = None
     _convert: Any = None
 
+    @classmethod
+    def from_samples(cls, path: str, kind: str, samples: list[SampleData], rollout_id: Any = None,
+                     rank: int | None = None) -> "Dump":
+        """A Dump over samples already converted (to time the checks apart from loading)."""
+        return cls(path, kind, rollout_id, rank, len(samples), [], 1, list(samples), lambda o, i: o[i])
+
     def samples(self) -> Iterator[SampleData]:
         """Yield each sample once, releasing the loaded Python lists behind it."""
         assert self._obj is not None, "samples() consumed twice"

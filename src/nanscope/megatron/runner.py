@@ -135,6 +135,9 @@ class RankRecord:
     params_path: str | None = None
     losses: list[dict] = field(default_factory=list)  # per step on the last stage: slime's reduced metrics
     hazard_sites: list = field(default_factory=list)  # per step: (sample, response position) or None
+    # per step: the batch's log-probs at the hazard site (policy = the log-prob pass at T 0.8, i.e.
+    # log_probs; ref_log_probs; rollout_log_probs), e.g. policy -113 vs ref -1 for kl-exp-overflow
+    site_log_probs: list = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -179,7 +182,8 @@ class LaunchResult:
 
 
 def _record_from_json(d: dict) -> RankRecord:
-    d = dict(d)
+    known = {f.name for f in dataclasses.fields(RankRecord)}
+    d = {k: v for k, v in d.items() if k in known}  # records from a newer worker still load
     d["frames"] = [tuple(f) for f in d.get("frames", [])]
     return RankRecord(**d)
 
@@ -502,7 +506,9 @@ class Worker:
             seq_length = seq_length_for(rollout.total_lengths, self.layout.tp)
             self.wd.arm(f"{run} step {step}: log-prob pass", self.rank_timeout)
             batch = hazards.build(spec.hazard_at(step), self.policy(model, seq_length), rollout, seed=seed)
-            rec.hazard_sites.append(batch.pop("hazard_site", None))
+            site = batch.pop("hazard_site", None)
+            rec.hazard_sites.append(site)
+            rec.site_log_probs.append(_site_log_probs(batch, site))
             self.wd.arm(f"{run} step {step}: train_one_step", self.rank_timeout)
             losses, grad_norm, rec.grad_norms = self.train_one_step(model, optimizer, batch, seq_length, loss_module)
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
@@ -640,6 +646,15 @@ def _bucket_grad_norms(model) -> list[float]:
     """L2 norm of every DDP bucket's local grad (dense buckets, then expert buckets), as check_grads computes it."""
     groups = list(model.bucket_groups) + list(model.expert_parallel_bucket_groups)
     return [float(b.grad_data.norm(p=2)) for g in groups for b in g.buckets]
+
+
+def _site_log_probs(batch: dict, site) -> dict | None:
+    """{"policy", "ref", "rollout"} log-probs at a (sample, response position) site, or None."""
+    if not site or site[1] is None:
+        return None
+    i, j = site
+    keys = (("policy", "log_probs"), ("ref", "ref_log_probs"), ("rollout", "rollout_log_probs"))
+    return {name: float(batch[key][i][j]) for name, key in keys if key in batch}
 
 
 def _apply_fault(fault: str | None, rank: int) -> None:

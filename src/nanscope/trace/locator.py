@@ -13,7 +13,7 @@ Where an op sits:
   backward ops run under an autograd node (torch._C._current_autograd_node()); a TorchFunctionMode
            records, in forward, which torch function created each node (out.grad_fn), in which
            module and at which source line, so a backward producer is named e.g.
-           "aten.mul.Tensor in ExpBackward0, created by exp in <module> at formulas.py:151".
+           "aten.mul.Tensor in ExpBackward0, created by exp at formulas.py:155 in approx_kl".
   token    `token_map(shape, flat_index) -> Site | None` maps an output entry to (sample, token);
            see nanscope.trace.replay.token_map for slime micro-batches.
 
@@ -23,6 +23,12 @@ Use (one rank, one step; all state lives and dies with the `with` block):
         loss = loss_fn(model(x))
         loss.backward()
     report = t.report()          # TraceReport(forward=Event|None, backward=Event|None, ...)
+
+Around megatron's forward_backward_func, call `t.microbatch(i, token_map)` in forward_step: events
+then carry the micro-batch index, and backward events use the token map of the micro-batch whose
+forward created their node. The phase is not declared: an op runs in backward exactly when an
+autograd node is executing. The watched modules' parameters are checked on entry; non-finite ones
+appear in report().inputs as "parameter <name>".
 
 Constant non-finite arguments (masked_fill(mask, float("-inf"))) count as inputs, so intentional
 masks are not producers; `allow=("aten.masked_fill",)` or a predicate silences other ops.
@@ -262,6 +268,16 @@ def _summary(t: torch.Tensor, index: int, out_shape) -> str:
     return text
 
 
+def _nonfinite_params(named: list) -> list[InputFinding]:
+    """InputFindings for parameters holding NaN/inf: one foreach max-abs kernel, one host sync."""
+    named = [(n, p) for n, p in named if p.is_floating_point() and p.numel()]
+    if not named:
+        return []
+    norms = torch._foreach_norm([p.detach() for _, p in named], float("inf"))
+    ok = torch.isfinite(torch.stack([x.float().to(norms[0].device) for x in norms])).tolist()
+    return [InputFinding(f"parameter {n}", _counts(p.detach().reshape(-1))) for (n, p), good in zip(named, ok) if not good]
+
+
 class _NodeRecorder(TorchFunctionMode):
     """Forward: remember which torch function, module and line created each autograd node."""
 
@@ -333,6 +349,7 @@ class Tracer:
         self._stack: list[str] = []
         self._handles: list = []
         self._params: dict = {}  # id(param) -> "module.param"
+        self._bad_params: list = []
         self._modes = (_NodeRecorder(self), _OpChecker(self))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -346,6 +363,7 @@ class Tracer:
                 self._handles.append(m.register_forward_hook(self._pop(path), always_call=True))
             for name, p in root.named_parameters():
                 self._params[id(p)] = prefix + name
+        self._bad_params = _nonfinite_params([(self._params[id(p)], p) for root in self.modules for p in root.parameters()])
         for mode in self._modes:
             mode.__enter__()
         return self
@@ -368,9 +386,11 @@ class Tracer:
             self.token_map = token_map
 
     def report(self, inputs: list | None = None) -> TraceReport:
-        """The trace so far; `inputs`: non-finite inputs found before the replay, if any."""
+        """The trace so far. `inputs`: non-finite inputs found before the replay (batch keys); the
+        watched modules' non-finite parameters (checked on entry) are added as "parameter <name>"."""
         e = self.events
-        return TraceReport(e.get("forward"), e.get("backward"), self.ops_seen, e.get("first_forward"), e.get("first_backward"), list(inputs or []))
+        found = list(inputs or []) + self._bad_params
+        return TraceReport(e.get("forward"), e.get("backward"), self.ops_seen, e.get("first_forward"), e.get("first_backward"), found)
 
     # -- module stack ----------------------------------------------------------------------
     def _push(self, path: str):

@@ -42,9 +42,11 @@ def lines(report: TraceReport) -> list[str]:
     if report.inputs:
         out.append("non-finite inputs (present before the step ran):")
         for i in report.inputs:
-            where = f"sample {i.sample}" + (f", response token {i.token}" if i.token is not None else "")
-            mask = "" if i.masked is None else (", loss_mask 0 (masked)" if i.masked else ", loss_mask 1")
-            out.append(f"  {i.name}: {_counts(i.nonfinite)}; first at {where}{mask}")
+            where = ""
+            if i.sample is not None:
+                where = f"; first at sample {i.sample}" + (f", response token {i.token}" if i.token is not None else "")
+                where += "" if i.masked is None else (", loss_mask 0 (masked)" if i.masked else ", loss_mask 1")
+            out.append(f"  {i.name}: {_counts(i.nonfinite)}{where}")
     else:
         out.append("non-finite inputs: none")
     out += event_lines("forward producer", report.forward, report.first_forward, report.inputs)
