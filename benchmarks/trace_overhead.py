@@ -114,7 +114,7 @@ def timed(fn) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=10, help="rounds (each: plain, sentinel, plain, tracer, anomaly)")
+    p.add_argument("--repeats", type=int, default=10, help="rounds (each: step, sentinel step, fwd_bwd, tracer, anomaly)")
     p.add_argument("--bf16", action="store_true", help="bf16 parameters as in the case (about 4x slower on CPU)")
     p.add_argument("--samples-per-microbatch", type=int, default=8,
                    help="samples packed per micro-batch (default 8: the whole group in one row, as slime's dynamic "
@@ -131,7 +131,13 @@ def main() -> None:
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
     def with_sentinel():  # hooks registered and removed outside the timing
         s = Sentinel([model])
-        t = timed(lambda: (train_step(), s.read(grads=True)))
+
+        def step():
+            train_step()
+            with_sentinel.checks = (s._fwd.folded + len(s._fwd.flags), s._bwd.folded + len(s._bwd.flags))
+            s.read(grads=True)
+
+        t = timed(step)
         s.remove()
         return t
 
@@ -151,7 +157,9 @@ def main() -> None:
         fn()
     rows = [(timed(train_step), with_sentinel(), timed(fwd_bwd), with_tracer(), with_anomaly()) for _ in range(a.repeats)]
     print(f"tiny Qwen3-MoE ({'bf16' if a.bf16 else 'fp32'}), 8 samples, {a.samples_per_microbatch} per micro-batch, "
-          f"{torch.get_num_threads()} threads, {a.repeats} rounds, {with_tracer.ops} aten ops traced per forward_backward")
+          f"{torch.get_num_threads()} threads, {a.repeats} rounds, {with_tracer.ops} aten ops traced per forward_backward, "
+          f"sentinel checks per step: {with_sentinel.checks[0]} module outputs + {with_sentinel.checks[1]} parameter gradients "
+          f"+ {sum(1 for p in model.parameters())} accumulated gradients")
     for k, clock in enumerate(("wall", "cpu")):
         col = lambda j: [r[j][k] for r in rows]  # noqa: E731
         ratio = lambda j, base: [x / b for x, b in zip(col(j), col(base))]  # noqa: E731

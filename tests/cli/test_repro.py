@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from nanscope.cli import repro
+from nanscope import repro
+from nanscope.report import repro as report
 from nanscope.cli.main import main
 from nanscope.megatron.runner import NAN_CHECK_MESSAGE, RankRecord
 
@@ -37,13 +38,13 @@ def test_verdict_and_exit_code_compare_observed_with_expected():
     failed = repro.Repro("kl-exp-overflow", "as-is", "nan-check", "nan-check", {}, [_rank(r, r // 2, False) for r in range(4)],
                          first_failure=3, frames_match_case=True)  # fmt: skip
     assert failed.ok
-    assert repro.verdict(failed) == (
-        "as expected: kl-exp-overflow under the as-is loss fails megatron-core's DDP NaN check on 4/4 ranks; "
-        "first to raise: rank 3 (pp 1, last stage); frames match the case's traceback"
+    assert report.verdict(failed) == (
+        "as expected: kl-exp-overflow under the as-is loss fails megatron-core's DDP NaN check: "
+        "NaN check on 4/4 ranks, rank 3 first (last stage); frames match the case's traceback"
     )
     done = repro.Repro("kl-exp-overflow", "as-is", "nan-check", "completed", {}, [_rank(r, r // 2, True) for r in range(4)])
     assert not done.ok
-    assert repro.verdict(done) == (
+    assert report.verdict(done) == (
         "UNEXPECTED (expected nan-check): kl-exp-overflow under the as-is loss: the step completed on all 4 ranks (grad norm [1.5])"
     )
 
@@ -54,7 +55,7 @@ def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys):
     path = tmp_path / "r.json"
     assert main(["repro", "--hazard", "nan-reward", "--loss", "as-is", "--json", str(path), "--timeout", "350"]) == 0
     out = capsys.readouterr().out
-    assert "fails megatron-core's DDP NaN check on 4/4 ranks" in out
+    assert "fails megatron-core's DDP NaN check: NaN check on 4/4 ranks" in out
     assert "param_and_grad_buffer.py:185 in check_grads" in out
     doc = json.loads(path.read_text())
     assert (doc["expected"], doc["observed"], doc["ok"]) == ("nan-check", "nan-check", True)

@@ -1,20 +1,12 @@
 """`nanscope scan` through argv: exit codes, one-line errors, the table, JSON and HTML."""
 
 import json
-import os
 
 import torch
 
 from nanscope.cli.main import main
 from nanscope.dumps import io
-
-
-class MkdirOnLoad:
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.mkdir, (self.path,))
+from tests.dumps.test_io import MkdirOnLoad
 
 
 def run(capsys, *argv):

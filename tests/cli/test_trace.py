@@ -51,6 +51,14 @@ def test_trace_input_hazard_and_safe_loss(capsys):
     assert "d loss / d logits has 0 non-finite entries" in text
 
 
+def test_trace_allow_list(capsys):
+    assert main(["trace", "--hazard", "kl-exp-overflow", "--allow", "aten.exp"]) == 0
+    text = capsys.readouterr().out
+    assert "forward producer: none outside the allow-list; the first non-finite output is allow-listed: aten.exp.default produced inf" in text
+    # The backward NaN comes from ExpBackward0's mul, not from exp itself: still a producer.
+    assert "backward producer: aten.mul.Tensor produced NaN from NaN-free inputs\n" in text
+
+
 def test_trace_file(tmp_path, capsys):
     doc, site = replay.hazard_microbatch("ratio-exp-overflow")
     path = tmp_path / "mb.pt"
@@ -75,6 +83,10 @@ def test_trace_bad_input_is_one_line_exit_2(tmp_path, capsys):
         (["trace", str(tmp_path / "none.pt")], f"nanscope trace: error: {tmp_path / 'none.pt'}: no such file\n"),
         (["trace", str(tmp_path / "x.pt")], f"nanscope trace: error: {tmp_path / 'x.pt'}: missing key 'logits' (expected batch, logits, args, loss)\n"),
     ]
+    doc, _ = replay.hazard_microbatch("healthy")
+    replay.save_microbatch(tmp_path / "gspo.pt", doc["batch"], doc["logits"], {**doc["args"], "advantage_estimator": "gspo"}, "as-is")
+    cases.append((["trace", str(tmp_path / "gspo.pt")], f"nanscope trace: error: {tmp_path / 'gspo.pt'}: the as-is loss rejected it: "
+                  "advantage_estimator 'gspo' (sequence-level ratio) is not modelled by nanscope\n"))
     for argv, err in cases:
         assert main(argv) == 2
         assert capsys.readouterr().err == err

@@ -159,3 +159,20 @@ def test_nonfinite_parameters_are_reported_as_inputs():
     # The Linear multiplies the inf weight by finite inputs: propagation, no producer.
     assert r.forward is None and r.first_forward.module == "head"
     assert "  parameter head.weight: 1 posinf\n" in "\n".join(render.lines(r)) + "\n"
+
+
+def test_uninitialised_memory_is_not_blamed():
+    with Tracer() as t:
+        x = torch.empty(4)
+        x.fill_(float("nan"))  # filling with a constant NaN: the constant is an input
+        torch.empty_strided((2, 2), (2, 1)).zero_()
+    r = t.report()
+    assert r.forward is None and r.first_forward.op == "aten.fill_.Scalar"
+
+
+def test_out_buffers_are_not_inputs():
+    buf = torch.full((2,), float("nan"))  # stale NaN in the out= buffer: overwritten, not read
+    with Tracer() as t:
+        torch.exp(torch.tensor([1.0, 100.0]), out=buf)
+    f = t.report().forward
+    assert (f.op, f.produced, f.first_index) == ("aten.exp.out", "inf", 1)

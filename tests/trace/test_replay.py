@@ -59,8 +59,9 @@ def test_input_hazards_have_no_producer_and_name_the_batch_key(hazard_trace, nam
     if name == "nan-rollout-logprob":
         # One planted NaN at a masked tool-output token.
         assert (finding.token, finding.masked, finding.nonfinite["nan"]) == (site[1], True, 1)
-        # The first non-finite op output is the concatenation of that input, at the same token.
-        assert r.first_forward.op == "aten.cat.default" and (r.first_forward.sample, r.first_forward.token) == site
+        # The first non-finite op output is where the loss reads that input (microbatch.concat: the
+        # bf16 -> fp32 copy of the sample's log-probs), a propagator.
+        assert r.first_forward.source.startswith("nanscope/loss/microbatch.py:") and r.first_forward.produced == ""
     else:
         # GRPO spreads the NaN reward to its whole group of 8: every response token's advantage.
         doc, _ = replay.hazard_microbatch(name)
@@ -149,3 +150,15 @@ def test_load_rejects_bad_files(tmp_path):
     torch.save({"batch": argparse.Namespace(a=1)}, tmp_path / "evil.pt")
     with pytest.raises(UserError, match="not a nanscope micro-batch file"):
         replay.load_microbatch(tmp_path / "evil.pt")
+
+
+def test_select_samples_keeps_the_event(hazard_trace):
+    doc, site = replay.hazard_microbatch("kl-exp-overflow")
+    small = replay.select_samples(doc, [site[0]])
+    # Only that sample's rows of the packed logits: [1, total_i, V].
+    assert small["logits"].shape == (1, doc["batch"]["total_lengths"][site[0]], doc["logits"].size(2))
+    r = replay.replay(small)
+    full, _ = hazard_trace("kl-exp-overflow")
+    assert (r.forward.op, r.forward.sample, r.forward.token) == ("aten.exp.default", 0, site[1])
+    assert (r.backward.node, r.backward.sample, r.backward.token) == ("ExpBackward0", 0, site[1])
+    assert r.forward.input_summary[0].rsplit(": ", 1)[1] == full.forward.input_summary[0].rsplit(": ", 1)[1]

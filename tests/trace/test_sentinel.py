@@ -121,3 +121,26 @@ def test_identity_modules_are_not_checked_twice():
     net(BAD)
     # Identity and Dropout return their input tensor: only Exp's output is checked (call 0).
     assert s.read().forward == Hit("2", 0, 0, None)
+
+
+def test_include_selects_the_checked_modules():
+    net = Net()
+    s = Sentinel([net], params=False, include=lambda name, m: name != "exp")
+    _step(net, [BAD])
+    # exp is not checked: the first non-finite output is fc2's (call 1 after fc1's call 0).
+    assert s.read().forward == Hit("fc2", 0, 1, None)
+
+
+def test_sentinel_keeps_no_activation_alive():
+    import gc
+    import weakref
+
+    net = Net()
+    s = Sentinel([net])
+    with torch.no_grad():
+        out = net(GOOD)
+    ref = weakref.ref(out)
+    del out
+    gc.collect()
+    assert ref() is None  # only 0-dim sums and a weak reference are kept
+    assert s.read().finite

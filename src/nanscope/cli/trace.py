@@ -60,7 +60,10 @@ def run(args) -> int:
         if args.loss:
             doc["loss"] = args.loss
         what = args.file
-    report = replay.replay(doc, allow=tuple(args.allow))
+    try:
+        report = replay.replay(doc, allow=tuple(args.allow))
+    except ValueError as e:  # the loss refuses the file's args (e.g. an unmodelled advantage estimator)
+        raise UserError(f"{what}: the {doc['loss']} loss rejected it: {e}") from None
 
     print(f"nanscope trace: {what} through the {doc['loss']} loss ({report.ops_seen} aten ops traced)")
     if site is not None:

@@ -104,6 +104,8 @@ class RunSpec:
     inject_step: int | None = None
     seed: int = 0
     save_params: bool = False  # write each rank's final parameters to the output dir
+    save_grads: bool = False  # write each rank's fp32 main grads of the last step (before the optimizer)
+    defused: bool = False  # the hazard's clean twin: same batch and site, no trigger (hazards.build)
     fault: str | None = None  # test hook: "exit:R" (rank R dies) or "hang:R" (rank R hangs) at run start
 
     def hazard_at(self, step: int) -> str:
@@ -133,6 +135,7 @@ class RankRecord:
     params_finite: bool | None = None
     param_checksum: str | None = None  # sha256 over this rank's parameters, in name order
     params_path: str | None = None
+    grads_path: str | None = None
     losses: list[dict] = field(default_factory=list)  # per step on the last stage: slime's reduced metrics
     hazard_sites: list = field(default_factory=list)  # per step: (sample, response position) or None
     # per step: the batch's log-probs at the hazard site (policy = the log-prob pass at T 0.8, i.e.
@@ -283,9 +286,47 @@ def _torchrun(out: Path, spec: dict, world: int, timeout_s: float) -> tuple[int,
         output, _ = proc.communicate(timeout=max(1.0, timeout_s))
     except subprocess.TimeoutExpired:
         timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank: one session
-        output, _ = proc.communicate()
+        kill_tree(proc.pid)
+        try:
+            output, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a descendant we could not see still holds the pipe
+            proc.kill()
+            output = b"(output lost: the process tree did not exit after SIGKILL)"
     return proc.returncode, timed_out, output.decode(errors="replace")
+
+
+def _children() -> dict[int, list[int]]:
+    """ppid -> pids, from /proc (Linux)."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL `pid` and all its descendants; returns the pids signalled.
+
+    torchrun starts each rank in a new session, so killing torchrun's process group alone would
+    orphan the ranks (and they would keep the output pipe open): the tree is collected first.
+    """
+    pids, todo = [], [pid]
+    tree = _children() if os.path.isdir("/proc") else {}
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        todo.extend(tree.get(p, []))
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
 
 
 def _first_incomplete(out: Path, n_runs: int, world: int, first: int) -> int | None:
@@ -499,13 +540,16 @@ class Worker:
         model, config, optimizer = self.build(spec.seed)
         self._model = model
         rec.layers = layers_held(config)
+        if spec.save_grads:
+            rec.grads_path = str(self.out / f"grads.run{self._run_index}.rank{self.rank}.pt")
+        self._grads_path = rec.grads_path
         loss_module = _loss_module(spec.loss)
         for step in range(1, spec.steps + 1):
             seed = spec.seed * 1000 + step
             rollout = hazards.case_rollout(self.vocab_size, seed=seed)
             seq_length = seq_length_for(rollout.total_lengths, self.layout.tp)
             self.wd.arm(f"{run} step {step}: log-prob pass", self.rank_timeout)
-            batch = hazards.build(spec.hazard_at(step), self.policy(model, seq_length), rollout, seed=seed)
+            batch = hazards.build(spec.hazard_at(step), self.policy(model, seq_length), rollout, seed=seed, defused=spec.defused)
             site = batch.pop("hazard_site", None)
             rec.hazard_sites.append(site)
             rec.site_log_probs.append(_site_log_probs(batch, site))
@@ -562,6 +606,8 @@ class Worker:
             num_microbatches=num_microbatches, seq_length=seq_length, micro_batch_size=1, forward_only=False,
         )  # fmt: skip
         bucket_norms = _bucket_grad_norms(model)
+        if self._grads_path:
+            torch.save({n: p.main_grad.detach().clone() for n, p in model.named_parameters()}, self._grads_path)
         update_successful, grad_norm, _ = optimizer.step()
         assert update_successful
         model.zero_grad_buffer()  # release grads, as slime does
@@ -589,9 +635,8 @@ def _last_stage_tp0(mpu) -> int:
 def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
     """The loss of one sample as `cp` context-parallel ranks compute it, summed, from whole logits.
 
-    logits [1, S, V/tp]: the sample's `total` positions then padding. slime pads its packed row to a
-    multiple of 128 and slices by total_lengths; nanscope's loss asserts an exact packed length, so
-    the padding is dropped first (its gradient is zero). For cp > 1, CP rank r gets chunks r and
+    logits [1, S, V/tp]: the sample's `total` positions then padding (slime pads its packed row to a
+    multiple of 128 and slices by total_lengths); the padding is dropped first (its gradient is zero). For cp > 1, CP rank r gets chunks r and
     2cp-1-r of the sample (zigzag, chunk = ceil(total / 2cp), zero-padded) and its slice of the batch
     (`microbatch.slice_for_cp`), exactly as slime hands them to the loss on a real CP rank.
 
@@ -608,7 +653,7 @@ def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
     if cp == 1:
         return loss_function(args, batch, num_microbatches, logits)
     chunk = layout.chunk_size(total, cp)
-    padded = torch_pad_rows(logits, 2 * cp * chunk)
+    padded = _pad_rows(logits, 2 * cp * chunk)
     losses, values, keys, normalizer = [], 0, None, None
     for r in range(cp):
         par = microbatch.Parallel(
@@ -622,7 +667,7 @@ def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
     return sum(losses) / cp, normalizer, {"keys": keys, "values": values}
 
 
-def torch_pad_rows(x, rows: int):
+def _pad_rows(x, rows: int):
     """Zero-pad dim 1 of [1, T, V] to `rows`."""
     import torch
 
@@ -683,6 +728,14 @@ def _checksum(params: dict) -> str:
     return h.hexdigest()
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this rank when torchrun dies (prctl PR_SET_PDEATHSIG), so no rank outlives it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 def _barrier(wd: Watchdog, seconds: float, what: str) -> None:
     import datetime
 
@@ -702,6 +755,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     spec = json.loads(Path(a.spec).read_text())
     rank = int(os.environ.get("RANK", "0"))
+    _die_with_parent()
     wd = Watchdog(out, rank)
     limit = float(spec.get("rank_timeout_s", 120.0))
     startup = float(spec.get("startup_timeout_s", 180.0))

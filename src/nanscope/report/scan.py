@@ -39,7 +39,7 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
     head = (f"{result.path}: {result.dump_kind} dump, rollout {result.rollout_id}"
             + (f", rank {result.rank}" if result.rank is not None else "")
             + f", {result.num_samples} samples, {result.response_tokens:,} response tokens")
-    console.print(head, highlight=False)
+    console.print(head, highlight=False, markup=False)
     if result.hazards:
         wide = console.width >= 130  # the note column only fits on wide terminals (it is in JSON/HTML)
         t = Table(title=f"hazards (first {min(max_rows, len(result.hazards))} of {hazard_count(result)})",
@@ -63,7 +63,7 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
     if any(not h.certain for h in result.hazards):
         console.print("?: bound only (the dump lacks one side of the log-ratio; see the note)", style="dim")
     style = {"yes": "bold red", "possibly": "bold yellow", "no": "bold green"}[result.would_nan]
-    console.print(result.verdict, style=style, highlight=False)
+    console.print(result.verdict, style=style, highlight=False, markup=False)
 
 
 def _opt(x) -> str:

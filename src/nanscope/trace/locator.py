@@ -33,7 +33,7 @@ appear in report().inputs as "parameter <name>".
 Constant non-finite arguments (masked_fill(mask, float("-inf"))) count as inputs, so intentional
 masks are not producers; `allow=("aten.masked_fill",)` or a predicate silences other ops.
 Collectives (c10d ops) are not checked: with async process groups their outputs are not ready at
-dispatch time.
+dispatch time. Nor are ops returning uninitialised memory (empty, new_empty_strided, ...).
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ from torch.utils._pytree import tree_leaves
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _TRACE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SKIP_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+# Ops returning uninitialised memory: whatever bits they hold (NaN included) are not a result.
+_UNINITIALISED = frozenset(("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided", "resize_", "resize_as_"))
 
 
 class Site(NamedTuple):
@@ -87,6 +89,7 @@ class Event:
     input_summary: one line per tensor input (dtype, shape, finiteness, range, value at first_index).
     index: ordinal of the op among all ops seen (forward and backward together).
     produced: "nan", "inf" or "nan+inf": the class(es) no input had; "" for a propagator.
+    allowed: a producer the allow-list exempts (only ever a first_forward/first_backward event).
     microbatch: the micro-batch set with Tracer.microbatch() (backward: the one whose forward
         created the node), None if never set; sample/token are within that micro-batch.
     """
@@ -108,6 +111,7 @@ class Event:
     index: int = 0
     produced: str = ""
     microbatch: int | None = None
+    allowed: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -234,6 +238,12 @@ def _finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+def _inputs(func, args, kwargs) -> list[torch.Tensor]:
+    """The float tensor inputs of an op call, without its out= buffers (their old contents are not read)."""
+    outs = {a.name for a in func._schema.arguments if a.is_out}
+    return _float_tensors((args, {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs))
+
+
 def _classes(t: torch.Tensor) -> tuple[bool, bool]:
     """(has NaN, has +-inf) with one host sync when finite, three otherwise."""
     if _finite(t):
@@ -312,11 +322,11 @@ class _OpChecker(TorchDispatchMode):
         t = self.tracer
         t.ops_seen += 1
         phase = "backward" if torch._C._current_autograd_node() is not None else "forward"
-        if t._done(phase) or func.namespace in _SKIP_NAMESPACES:
+        if t._done(phase) or func.namespace in _SKIP_NAMESPACES or func._opname in _UNINITIALISED:
             return func(*args, **kwargs)
         before = None
         if func._schema.is_mutable:  # in-place: classify the inputs before they are overwritten
-            before = [_classes(x) for x in _float_tensors((args, kwargs))]
+            before = [_classes(x) for x in _inputs(func, args, kwargs)]
         out = func(*args, **kwargs)
         outs = _float_tensors(out)
         if not outs:
@@ -419,7 +429,7 @@ class Tracer:
         return any(op == a or op.startswith(a + ".") for a in self.allow)
 
     def _on_nonfinite(self, func, phase, out: torch.Tensor, args, kwargs, before) -> None:
-        ins = _float_tensors((args, kwargs))
+        ins = _inputs(func, args, kwargs)
         classes = before if before is not None else [_classes(x) for x in ins]
         in_nan = any(n for n, _ in classes)
         in_inf = any(i for _, i in classes)
@@ -435,10 +445,12 @@ class Tracer:
         if (counts["posinf"] or counts["neginf"]) and not in_inf:
             produced.append("inf")
         op = str(func)
-        is_producer = bool(produced) and not self._allowed(op, self._where(phase)[0])
+        allowed = bool(produced) and self._allowed(op, self._where(phase)[0])
+        is_producer = bool(produced) and not allowed
         keys = [k for k, wanted in ((phase, is_producer), ("first_" + phase, True)) if wanted and k not in self.events]
         if keys:
-            ev = self._event(op, phase, flat, out.shape, counts, produced if is_producer else [], ins)
+            ev = self._event(op, phase, flat, out.shape, counts, produced, ins)
+            ev.allowed = allowed
             for k in keys:
                 self.events[k] = ev
 

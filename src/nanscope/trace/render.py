@@ -29,6 +29,9 @@ def event_lines(title: str, e: Event | None, first: Event | None, inputs: list) 
         return out
     if first is None:
         return [f"{title}: none (every op output was finite)"]
+    if first.allowed:
+        return [f"{title}: none outside the allow-list; the first non-finite output is allow-listed: {first.op} "
+                f"produced {_produced(first)}, {first.where()}; {first.token_text()}"]
     origin = ", ".join(i.name for i in inputs) or "a tensor created outside the trace"
     return [
         f"{title}: none; no op turned finite values into non-finite ones: they came from an input ({origin})",

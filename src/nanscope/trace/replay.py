@@ -11,7 +11,8 @@ torch.load(weights_only=True): plain tensors, lists, numbers and strings only):
           "response_lengths":  [int, ...],
           "loss_masks":        [float32 [response_i], ...],
           "log_probs", "ref_log_probs", "rollout_log_probs", "advantages":
-                               [float32 [n_i], ...]      # this CP rank's tokens; keys optional
+                               [float [n_i], ...]        # this CP rank's tokens; log_probs and advantages
+                                                         # required, the others when the args use them
       },
       "logits":   float32 [1, T_local, V_local],         # the model output the loss received
       "args":     {field: value}                         # slime loss args (slime_args.LOSS_DEFAULTS names)
@@ -20,7 +21,8 @@ torch.load(weights_only=True): plain tensors, lists, numbers and strings only):
     }
 
 A tensor-parallel vocabulary shard (tp_size > 1) replays as if the shard were the whole vocabulary:
-the log-probs differ, the positions of exp overflows in the loss terms mostly do not.
+the log-probs differ, the positions of exp overflows in the loss terms mostly do not. Case-sized
+logits are several GB: `save_microbatch(..., samples=[i])` keeps only some samples' rows.
 """
 
 from __future__ import annotations
@@ -181,16 +183,40 @@ def document(batch: dict, logits: torch.Tensor, args, loss: str, parallel: dict 
     return doc
 
 
-def save_microbatch(path, batch: dict, logits: torch.Tensor, args, loss: str, parallel: dict | None = None) -> None:
+def select_samples(doc: dict, samples: list[int]) -> dict:
+    """A document holding only some samples of a micro-batch, and only their rows of the logits.
+
+    A case-sized micro-batch's logits are [1, 16384, 151936 / TP] fp32 (several GB); the samples
+    around a non-finite event are usually enough to replay it. Sample numbers are renumbered
+    0, 1, ... in the order given; the loss's per-sample means do not mix samples, so a sample's
+    terms are the same as in the whole micro-batch.
+    """
+    batch, par = doc["batch"], doc.get("parallel") or {}
+    cp = int(par.get("cp_size", 1))
+    starts, base = [], 0
+    for total in batch["total_lengths"]:
+        starts.append(base)
+        base += layout.local_length(int(total), cp)
+    rows = [torch.arange(starts[i], starts[i] + layout.local_length(int(batch["total_lengths"][i]), cp)) for i in samples]
+    out = {k: [v[i] for i in samples] for k, v in batch.items()}
+    return {**doc, "batch": out, "logits": doc["logits"][:, torch.cat(rows)].clone()}
+
+
+def save_microbatch(path, batch: dict, logits: torch.Tensor, args, loss: str, parallel: dict | None = None,
+                    samples: list[int] | None = None) -> None:
     """Write a micro-batch file for `nanscope trace FILE.pt` (format in the module docstring).
 
     Args:
         batch: the slime micro-batch the loss received; logits: [1, T_local, V_local] model output;
         args: slime's args namespace (or a dict); loss: "as-is" or "safe";
-        parallel: {"cp_rank", "cp_size", "tp_size"} of the rank that saw it, if not one process.
+        parallel: {"cp_rank", "cp_size", "tp_size"} of the rank that saw it, if not one process;
+        samples: keep only these samples (see select_samples), e.g. the one an event points at.
     """
+    doc = document(batch, logits, args, loss, parallel)
+    if samples is not None:
+        doc = select_samples(doc, samples)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save(document(batch, logits, args, loss, parallel), path)
+    torch.save(doc, path)
 
 
 def load_microbatch(path) -> dict:

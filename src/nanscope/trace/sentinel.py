@@ -28,12 +28,17 @@ without calling parameter hooks: `read(grads=True)` / `check_grads` still see th
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 _FOLD = 1024  # flags kept before folding them into a running first-index (bounds memory per step)
 _NONE = 1 << 62  # "no non-finite call" as an index
+
+
+def _dead():
+    return None
 
 
 @dataclass
@@ -179,15 +184,18 @@ class Sentinel:
     Args:
         modules: the model chunks (nn.Modules; megatron's list of virtual-pipeline chunks).
         params: also hook parameter gradients (backward order). Default True.
+        include: `include(name, module) -> bool` selects the modules whose outputs are checked
+            (default: all). Each check is one small kernel launch; on a model made of many tiny
+            modules (e.g. MoE experts) `lambda n, m: ".local_experts." not in n` trims the count.
     """
 
-    def __init__(self, modules, params: bool = True):
+    def __init__(self, modules, params: bool = True, include=None):
         self.roots = list(modules) if not isinstance(modules, torch.nn.Module) else [modules]
         self.step = 0
         self._fwd, self._bwd = _Phase(), _Phase()
         self._mb = [0] * len(self.roots)  # forward calls of each chunk this step
         self._bwd_mb = 0
-        self._last = None  # the tensor checked last (one reference, dropped by read/reset)
+        self._last = _dead  # weak reference to the tensor checked last (never keeps logits alive)
         self._handles = []
         self._named_params: list[tuple[str, torch.Tensor]] = []
         many = len(self.roots) > 1
@@ -196,7 +204,9 @@ class Sentinel:
             self._handles.append(root.register_forward_pre_hook(self._chunk_pre(c)))
             self._handles.append(root.register_forward_hook(self._chunk_post(c)))
             for name, m in root.named_modules():
-                self._handles.append(m.register_forward_hook(self._output_hook((prefix + name).rstrip("."), c)))
+                path = (prefix + name).rstrip(".")
+                if include is None or include(path, m):
+                    self._handles.append(m.register_forward_hook(self._output_hook(path, c)))
             for name, p in root.named_parameters():
                 self._named_params.append((prefix + name, p))
                 if params and p.requires_grad:
@@ -227,11 +237,11 @@ class Sentinel:
             first = _first_tensor(output)
             # Identity modules (IdentityOp, Dropout(p=0)) and wrappers that return their last child's
             # output (megatron's MLP returns linear_fc2's tensor): that tensor was just checked.
-            if first is None or first is self._last or (args and first is args[0]):
+            if first is None or first is self._last() or (args and first is args[0]):
                 return
             total = _check_sum(output)
             if total is not None:
-                self._last = first
+                self._last = weakref.ref(first)
                 self._fwd.add(total, (path, self._mb[c] - 1, None))
 
         return hook
@@ -279,7 +289,7 @@ class Sentinel:
         self._fwd, self._bwd = _Phase(), _Phase()
         self._mb = [0] * len(self.roots)
         self._bwd_mb = 0
-        self._last = None
+        self._last = _dead
 
     def remove(self) -> None:
         """Remove every hook."""

@@ -1,0 +1,230 @@
+"""Reproduce the case through real megatron-core on CPU, and show the fix passing: data and execution.
+
+Three shapes of evidence, each one torchrun launch of the 4-process harness (nanscope.megatron.runner):
+
+- `repro_one(hazard, loss)`: one hazard under one loss, one optimizer step.
+- `run_matrix()`: every hazard x {as-is, safe}; as-is must fail megatron's NaN check exactly where the
+  catalogue says its gradient is non-finite, safe must complete everywhere; on healthy batches the
+  two losses' gradients are compared entry by entry.
+- `run_steps(hazard)`: several optimizer steps with the hazard injected at one of them; as-is dies
+  there, safe completes every step, and (hazard on a masked token) safe's final parameters equal
+  those of an as-is run on the hazard's defused twin.
+
+Rendering lives in nanscope.report.repro.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Hazards whose trigger sits on a masked token: the fix must leave the step exactly as without it.
+MASKED_TOKEN_HAZARDS = ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob")
+
+
+@dataclass
+class Repro:
+    """One hazard x loss through the harness."""
+
+    hazard: str
+    loss: str
+    expected: str  # "nan-check" | "completed"
+    observed: str  # RunResult.observed, or "timeout"
+    layout: dict
+    ranks: list = field(default_factory=list)  # runner.RankRecord, by rank
+    first_failure: int | None = None
+    frames_match_case: bool | None = None  # every failing rank's megatron frames == the case's
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    site: list | None = None  # (sample, response position) the hazard changed, None for healthy
+    site_log_probs: dict | None = None  # {"policy", "ref", "rollout"} log-probs at the site
+
+    @property
+    def ok(self) -> bool:
+        return self.observed == self.expected
+
+    @property
+    def params_finite(self) -> bool:
+        return all(r.params_finite for r in self.ranks) if self.ranks else False
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The optimizer's (global) grad norm of the last completed step."""
+        norms = [r.optimizer_grad_norm[-1] for r in self.ranks if r.optimizer_grad_norm]
+        return norms[0] if norms else None
+
+
+def expected_outcome(hazard: str, loss: str) -> str:
+    """The as-is loss fails the NaN check exactly when the catalogue says its gradient is not finite."""
+    from nanscope import hazards
+
+    if loss == "as-is" and not hazards.get(hazard).grad_finite:
+        return "nan-check"
+    return "completed"
+
+
+def harness_notes(layout) -> list[str]:
+    """What the CPU harness does differently from the case's GPUs, said once per report."""
+    return [
+        f"CPU harness: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}, sequence parallel, 8 experts top-2, gloo",
+        f"context parallelism {layout.cp} at the loss level only (zigzag split of each sample's logits); "
+        "attention sees whole sequences: CP inside attention needs TransformerEngine",
+        "one sample per micro-batch: the local attention spec refuses packed (thd) sequences",
+    ]
+
+
+def from_run(run, launched, layout, expected: str | None = None) -> Repro:
+    """A Repro from one run of a launch (runner.RunResult within runner.LaunchResult)."""
+    from nanscope.megatron import runner
+
+    spec = run.spec
+    observed = "timeout" if launched.timed_out and run.observed == "incomplete" else run.observed
+    failing = [r for r in run.ranks if not r.ok]
+    first = run.first_failure()
+    notes = [f"rank {r}: no record ({launched.stuck.get(r, 'crashed or killed')})" for r in run.missing]
+    if observed in ("incomplete", "timeout", "error"):
+        notes.append("torchrun output (tail):\n" + launched.stderr_tail[-3000:])
+    head = run.ranks[0] if run.ranks else None
+    sites = [s for s in (head.hazard_sites if head else []) if s is not None]
+    lps = [s for s in (head.site_log_probs if head else []) if s is not None]
+    return Repro(
+        hazard=spec.hazard,
+        loss=spec.loss,
+        expected=expected or expected_outcome(spec.hazard, spec.loss),
+        observed=observed,
+        layout={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp_loss_level": layout.cp},
+        ranks=run.ranks,
+        first_failure=first.rank if first else None,
+        frames_match_case=all(tuple(r.frames) == runner.CASE_FRAMES for r in failing) if failing else None,
+        wall_s=launched.wall_s,
+        notes=notes,
+        site=sites[0] if sites else None,
+        site_log_probs=lps[0] if lps else None,
+    )
+
+
+def repro_one(hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: float = 300.0) -> Repro:
+    """Run one hazard under one loss through the 4-process harness and compare with the expectation."""
+    from nanscope.megatron import runner
+
+    layout = runner.Layout()
+    launched = runner.launch([runner.RunSpec(hazard=hazard, loss=loss, seed=seed)], layout, timeout_s=timeout_s)
+    rep = from_run(launched.runs[0], launched, layout)
+    rep.notes = harness_notes(layout) + rep.notes
+    return rep
+
+
+def max_abs_diff(paths_a: list[str | None], paths_b: list[str | None]) -> float | None:
+    """max |a - b| over every tensor of per-rank saved dicts (grads or params); None if any is missing."""
+    import torch
+
+    worst = 0.0
+    for pa, pb in zip(paths_a, paths_b):
+        if not pa or not pb or not Path(pa).exists() or not Path(pb).exists():
+            return None
+        a, b = torch.load(pa, weights_only=True), torch.load(pb, weights_only=True)
+        assert a.keys() == b.keys()
+        for k in a:
+            worst = max(worst, float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0)
+    return worst
+
+
+@dataclass
+class MatrixRow:
+    hazard: str
+    mechanism: str
+    as_is: Repro
+    safe: Repro
+    grad_diff: float | None = None  # max |grad safe - grad as-is| over every rank's parameters (healthy)
+
+
+@dataclass
+class Matrix:
+    """Every hazard x {as-is, safe}."""
+
+    rows: list[MatrixRow]
+    wall_s: float
+    layout: dict
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """as-is fails exactly where expected and safe passes everywhere."""
+        return all(row.as_is.ok and row.safe.ok and row.safe.params_finite for row in self.rows)
+
+
+def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
+    """Every catalogue hazard under as-is and safe, in one launch (one process group for all runs)."""
+    from nanscope import hazards
+    from nanscope.megatron import runner
+
+    layout = runner.Layout()
+    specs = [
+        runner.RunSpec(hazard=h.name, loss=loss, seed=seed, save_grads=h.name == "healthy")
+        for h in hazards.CATALOGUE
+        for loss in ("as-is", "safe")
+    ]
+    with tempfile.TemporaryDirectory(prefix="nanscope-matrix-") as out:
+        launched = runner.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
+        reps = [from_run(run, launched, layout) for run in launched.runs]
+        rows = []
+        for h, (as_is, safe) in zip(hazards.CATALOGUE, zip(reps[::2], reps[1::2])):
+            diff = None
+            if h.name == "healthy":
+                diff = max_abs_diff([r.grads_path for r in as_is.ranks], [r.grads_path for r in safe.ranks])
+            rows.append(MatrixRow(h.name, h.mechanism, as_is, safe, diff))
+    return Matrix(rows, launched.wall_s, rows[0].as_is.layout, harness_notes(layout))
+
+
+@dataclass
+class StepsCheck:
+    """`steps` optimizer steps, the hazard injected at `inject_step`."""
+
+    hazard: str
+    steps: int
+    inject_step: int
+    as_is: Repro  # expected: dies at inject_step
+    safe: Repro  # expected: completes every step with finite parameters
+    twin: Repro | None  # as-is on the defused twin (masked-token hazards): completes
+    param_diff: float | None  # max |safe params - twin params| after the last step
+    wall_s: float
+    notes: list[str]
+
+    @property
+    def as_is_died_at(self) -> int | None:
+        steps = {r.error_step for r in self.as_is.ranks if not r.ok}
+        return min(steps) if steps else None
+
+    @property
+    def safe_steps(self) -> int:
+        return min((len(r.optimizer_grad_norm) for r in self.safe.ranks), default=0)
+
+    @property
+    def ok(self) -> bool:
+        ok = self.as_is.observed == "nan-check" and self.as_is_died_at == self.inject_step
+        ok &= self.safe.ok and self.safe_steps == self.steps and self.safe.params_finite
+        if self.twin is not None:
+            ok &= self.twin.ok and self.param_diff == 0.0
+        return ok
+
+
+def run_steps(hazard: str, *, steps: int = 5, inject_step: int = 3, seed: int = 0, timeout_s: float = 600.0) -> StepsCheck:
+    """as-is and safe over `steps` steps with `hazard` at `inject_step`, plus the defused twin."""
+    from nanscope.megatron import runner
+
+    layout = runner.Layout()
+    common = dict(hazard=hazard, steps=steps, inject_step=inject_step, seed=seed)
+    twin = hazard in MASKED_TOKEN_HAZARDS
+    specs = [runner.RunSpec(loss="as-is", **common), runner.RunSpec(loss="safe", save_params=twin, **common)]
+    if twin:
+        specs.append(runner.RunSpec(loss="as-is", defused=True, save_params=True, **common))
+    with tempfile.TemporaryDirectory(prefix="nanscope-steps-") as out:
+        launched = runner.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
+        as_is = from_run(launched.runs[0], launched, layout)
+        safe = from_run(launched.runs[1], launched, layout)
+        twin_rep = from_run(launched.runs[2], launched, layout, expected="completed") if twin else None
+        diff = None
+        if twin:
+            diff = max_abs_diff([r.params_path for r in safe.ranks], [r.params_path for r in twin_rep.ranks])
+    return StepsCheck(hazard, steps, inject_step, as_is, safe, twin_rep, diff, launched.wall_s, harness_notes(layout))

@@ -1,0 +1,47 @@
+"""Parent-side pieces of the runner that need no torchrun."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nanscope.megatron import runner
+from nanscope.megatron.runner import RunSpec
+
+
+def test_kill_tree_reaches_descendants_in_their_own_session():
+    # Like torchrun: the child starts its own child in a NEW session (killpg would miss it), and
+    # both hold the parent's stdout pipe.
+    code = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+        "print('up', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline() == b"up\n"
+    time.sleep(0.2)  # let the grandchild start
+    pids = runner.kill_tree(proc.pid)
+    assert len(pids) == 2 and pids[0] == proc.pid
+    t = time.time()
+    proc.communicate(timeout=10)  # returns only once the grandchild released the pipe too
+    assert time.time() - t < 5
+
+
+def test_bad_runs_fail_in_the_parent_before_any_launch(tmp_path):
+    with pytest.raises(ValueError, match="unknown hazard 'nope'"):
+        runner.launch([RunSpec("nope")], out_dir=tmp_path)
+    with pytest.raises(ValueError, match="no module nanscope.loss.typo"):
+        runner.launch([RunSpec("healthy", loss="typo")], out_dir=tmp_path)
+    assert not (tmp_path / "spec.json").exists()
+
+
+def test_run_spec_injects_the_hazard_at_one_step():
+    spec = RunSpec("kl-exp-overflow", steps=3, inject_step=2)
+    assert [spec.hazard_at(s) for s in (1, 2, 3)] == ["healthy", "kl-exp-overflow", "healthy"]
+    assert RunSpec("nan-reward", steps=2).hazard_at(1) == "nan-reward"  # default: the first step
+
+
+def test_seq_length_is_a_multiple_of_64_tp():
+    assert runner.seq_length_for([44, 30], tp=2) == 128
+    assert runner.seq_length_for([129], tp=1) == 192
