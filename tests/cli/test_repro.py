@@ -67,3 +67,46 @@ def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys):
         assert r["error"].endswith(NAN_CHECK_MESSAGE)
     first = next(r for r in doc["ranks"] if r["rank"] == doc["first_failure"])
     assert first["pp"] == 1  # the last pipeline stage raises first, as rank 50 in the case
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(500)
+def test_repro_without_arguments_runs_the_matrix(tmp_path, capsys):
+    path = tmp_path / "m.json"
+    assert main(["repro", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["ok"] is True
+    rows = {r["hazard"]: r for r in doc["matrix"]}
+    assert list(rows) == ["healthy", "kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"]
+    for name, row in rows.items():
+        assert row["safe"]["observed"] == "completed" and row["safe_params_finite"] is True, name
+        if name == "healthy":
+            assert row["as_is"]["observed"] == "completed"
+            assert row["max_grad_diff_safe_vs_as_is"] == 0.0  # the fix leaves a healthy gradient bit for bit
+        else:
+            a = row["as_is"]
+            assert a["observed"] == "nan-check" and a["frames_match_case"] is True, name
+            first = next(r for r in a["ranks"] if r["rank"] == a["first_failure"])
+            assert first["holds_output_layer"] is True, name  # a last-stage rank raises first
+            assert first["error"].startswith(f"Rank {first['rank']}, node ")
+            assert first["error"].endswith(f", device cpu, iteration -1: {NAN_CHECK_MESSAGE}")
+    assert "as expected: slime v0.1.0's loss fails megatron-core's NaN check" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(500)
+def test_repro_several_steps(tmp_path):
+    path = tmp_path / "s.json"
+    assert main(["repro", "--hazard", "kl-exp-overflow", "--steps", "5", "--inject-step", "3", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert (doc["ok"], doc["as_is_died_at"], doc["safe_steps_completed"]) == (True, 3, 5)
+    assert doc["max_param_diff_safe_vs_defused_twin"] == 0.0  # bitwise
+    assert all(r["params_finite"] for r in doc["safe"]["ranks"])
+
+
+def test_steps_needs_a_hazard_and_a_step_inside(capsys):
+    assert main(["repro", "--hazard", "healthy", "--steps", "5"]) == 2
+    assert main(["repro", "--steps", "5", "--inject-step", "7"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["nanscope repro: error: --steps needs a hazard to inject (--hazard NAME, not healthy)",
+                   "nanscope repro: error: --inject-step 7 is outside steps 1..5"]

@@ -139,3 +139,11 @@ def test_progress_bar_goes_to_stderr(tmp_path, capsys):
     rc, out, err = run(capsys, dump, "--progress")
     assert rc == 1 and out.splitlines()[-1].startswith("slime v0.1.0 would produce NaN: yes")
     assert "Traceback" not in err
+
+
+def test_unwritable_output_is_one_line(tmp_path, capsys):
+    dump = str(tmp_path / "12.pt")
+    io.write_demo(dump)
+    rc, _, err = run(capsys, dump, "--json", str(tmp_path / "no" / "such" / "dir.json"))
+    assert (rc, err) == (2, f"nanscope scan: error: --json {tmp_path}/no/such/dir.json: cannot write "
+                            "(No such file or directory)\n")

@@ -244,3 +244,31 @@ def test_histogram_bins():
     nz = np.flatnonzero(h.all)
     assert dict(zip(nz.tolist(), h.all[nz].tolist())) == {0: 4, 1: 1, 40: 1, 41: 2, 129: 2, 160: 1, 161: 2}
     assert np.flatnonzero(h.masked).tolist() == [129] and h.nan == 1
+
+
+@pytest.mark.parametrize("key", ["log_probs", "ref_log_probs", "rollout_log_probs"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_verdict_agrees_with_slime_loss_model(tmp_path, key, value):
+    """One non-finite value on a masked token: scan says "yes" exactly when nanscope's model of slime
+    v0.1.0's loss (loss.as_is) gives a non-finite loss or gradient. E.g. +-inf rollout log-probs are
+    clamped by TIS (finite), -inf ref log-probs make low_var_kl's exp 0 (finite), +inf ref overflows it."""
+    from nanscope.loss import as_is
+    from nanscope.slime_args import case_args
+
+    policy = hazards.synthetic_policy(512, 0)
+    b = hazards.build("healthy", policy, hazards.case_rollout(512, 0), 0)
+    j = int((b["loss_masks"][0] == 0).nonzero()[0])
+    b[key][0][j] = value
+    logits = hazards.packed_logits(policy, b["unconcat_tokens"]).requires_grad_(True)
+    loss, _, _ = as_is.loss_function(case_args(global_batch_size=len(b["response_lengths"])), b, 1, logits)
+    loss.backward()
+    nan_in_slime = not (torch.isfinite(loss) and torch.isfinite(logits.grad).all())
+
+    data = {k: b[k] for k in ("total_lengths", "response_lengths", "log_probs", "ref_log_probs", "advantages")}
+    data.update(tokens=b["unconcat_tokens"], loss_masks=[m.int() for m in b["loss_masks"]],
+                rollout_log_probs=[x.to(torch.bfloat16) for x in b["rollout_log_probs"]],
+                rewards=[float(a[0]) for a in b["advantages"]])
+    io.write_train_dump(tmp_path / "t.pt", data)
+    r = checks.scan(io.load(tmp_path / "t.pt"))
+    assert (r.would_nan == "yes") == nan_in_slime
+    assert any(h.sample == 0 and h.token == j and h.masked for h in r.hazards)  # the site is listed either way

@@ -90,9 +90,11 @@ def test_truncated_file_is_one_line(tmp_path, make_samples, keep):
     assert "\n" not in str(e.value)
 
 
-def test_missing_file(tmp_path):
+def test_missing_file_and_directory(tmp_path):
     with pytest.raises(UserError, match=r"nope.pt: no such file$"):
         io.load(tmp_path / "nope.pt")
+    with pytest.raises(UserError, match=r": not a file \(scan one dump file, e.g. rollout_data/12.pt\)$"):
+        io.load(tmp_path)
 
 
 @pytest.mark.parametrize(

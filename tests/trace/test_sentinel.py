@@ -68,6 +68,9 @@ def test_grads_reads_main_grad_when_present():
     assert r.grads == ["fc1.bias"] and r.forward is None and r.backward is None
     assert sentinel_mod.check_grads(net) == ["fc1.bias"]
     assert sentinel_mod.check_grads([("w", torch.nn.Parameter(torch.zeros(2)))]) == []  # no grad yet
+    # 1e20 is finite, but its square overflows the 2-norm used as a fast screen: re-checked exactly.
+    net.fc1.bias.main_grad.fill_(1e20)
+    assert s.read(grads=True).grads == [] and sentinel_mod.check_grads(net) == []
 
 
 def test_hooks_never_read_a_flag_on_the_host(monkeypatch):
@@ -144,3 +147,21 @@ def test_sentinel_keeps_no_activation_alive():
     gc.collect()
     assert ref() is None  # only 0-dim sums and a weak reference are kept
     assert s.read().finite
+
+
+def test_reading_in_words():
+    from nanscope.trace import render
+
+    net = Net()
+    s = Sentinel([net])
+    _step(net, [GOOD, BAD])
+    assert render.reading_lines(s.read(grads=True)) == [
+        "sentinel step 0: non-finite values",
+        "  forward:  first non-finite module output: 'exp', micro-batch 1 (check #4)",
+        # micro-batch 0 checked 4 gradients (#0-#3); in micro-batch 1 the engine accumulates fc2.bias
+        # (= sum of ones, finite: #4) before fc2.weight (#5).
+        "  backward: first non-finite parameter gradient: fc2.weight (module 'fc2'), micro-batch 1 (check #5)",
+        "  accumulated gradients non-finite: fc1.weight, fc1.bias, fc2.weight",
+    ]
+    _step(net, [GOOD])
+    assert render.reading_lines(s.read()) == ["sentinel step 1: every module output and parameter gradient finite"]

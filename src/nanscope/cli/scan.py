@@ -138,10 +138,12 @@ def _render(args, result) -> None:
     # Piped output is not wrapped to 80 columns: it goes to logs and CI, where lines can be long.
     console = Console() if sys.stdout.isatty() else Console(width=160)
     report.render_terminal(result, console, max_rows=args.max_rows)
-    if args.json:
-        report.write_json(result, args.json)
-    if args.html:
-        report.write_html(result, args.html)
+    for flag, path, write in (("--json", args.json, report.write_json), ("--html", args.html, report.write_html)):
+        if path:
+            try:
+                write(result, path)
+            except OSError as e:
+                raise UserError(f"{flag} {path}: cannot write ({e.strerror or e})") from None
 
 
 def _write_demo(args, io) -> int:

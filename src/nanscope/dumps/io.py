@@ -161,8 +161,10 @@ def _torch_load(path: str, trust_pickle: bool) -> Any:
     import torch
 
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise UserError(f"{path}: no such file")
+    if not p.is_file():
+        raise UserError(f"{path}: not a file (scan one dump file, e.g. rollout_data/12.pt)")
     # mmap keeps tensor storages on disk; only the zip format (torch >= 1.6 default) supports it.
     use_mmap = zipfile.is_zipfile(path)
     try:

@@ -1,8 +1,9 @@
-"""A TraceReport in words (terminal text; JSON is TraceReport.to_dict())."""
+"""A TraceReport or a sentinel Reading in words (terminal text; JSON is their to_dict())."""
 
 from __future__ import annotations
 
 from nanscope.trace.locator import Event, TraceReport
+from nanscope.trace.sentinel import Reading
 
 
 def _counts(c: dict) -> str:
@@ -58,4 +59,20 @@ def lines(report: TraceReport) -> list[str]:
     if o:
         loss = f"{o['loss']:.6g}" + ("" if o["loss_finite"] else " (non-finite)")
         out.append(f"outcome: loss {loss}; d loss / d logits has {o['grad_nonfinite']} non-finite entries")
+    return out
+
+
+def reading_lines(reading: Reading) -> list[str]:
+    """A sentinel reading: the first non-finite module in forward and in backward order."""
+    if reading.finite:
+        return [f"sentinel step {reading.step}: every module output and parameter gradient finite"]
+    out = [f"sentinel step {reading.step}: non-finite values"]
+    f, b = reading.forward, reading.backward
+    out.append("  forward:  " + (f"first non-finite module output: {f.module!r}, micro-batch {f.microbatch} (check #{f.order})"
+                                 if f else "every module output finite"))
+    out.append("  backward: " + (f"first non-finite parameter gradient: {b.param} (module {b.module!r}), micro-batch {b.microbatch} "
+                                 f"(check #{b.order})" if b else "every parameter gradient finite"))
+    if reading.grads:
+        more = f" and {len(reading.grads) - 3} more" if len(reading.grads) > 3 else ""
+        out.append(f"  accumulated gradients non-finite: {', '.join(reading.grads[:3])}{more}")
     return out

@@ -6,7 +6,8 @@ a sum) and append it to a list; tensor hooks on every parameter do the same for 
 arrives for it in backward (before it is accumulated: megatron's DDP then moves .grad into
 main_grad). No hook ever reads a value on the host. `read()` stacks the sums, finds the first
 non-finite one in each phase on the device, and copies two integers (plus the optional
-gradient-buffer flags) to the host: ONE sync per step. A sum is 1 kernel where
+gradient-buffer flags) to the host: ONE sync per step (plus one per flagged accumulated gradient,
+re-checked exactly, on a step that has any). A sum is 1 kernel where
 isfinite(x).all() is 2 plus a bool tensor as large as x (on CPU: 3.5 us vs 30 us per check); the
 price is that finite entries summing beyond the fp32 range (3.4e38) would be flagged, which no
 healthy activation or gradient comes near. The position in the list is the call order, so the first non-finite module in
@@ -149,22 +150,30 @@ def grad_of(param: torch.Tensor) -> torch.Tensor | None:
 
 
 def check_grads(named_params) -> list[str]:
-    """Names of the parameters whose accumulated gradient is non-finite (one host sync).
+    """Names of the parameters whose accumulated gradient is non-finite (one host sync when none is).
 
     Args:
         named_params: an nn.Module (its named_parameters()) or an iterable of (name, param).
     """
     items = named_params.named_parameters() if isinstance(named_params, torch.nn.Module) else named_params
-    names, norms = _grad_norms(items)
+    items_list = list(items)
+    names, norms = _grad_norms(items_list)
     if norms is None:
         return []
     ok = torch.isfinite(norms).tolist()
-    return [n for n, good in zip(names, ok) if not good]
+    return _exactly_bad(dict(items_list), [n for n, good in zip(names, ok) if not good])
+
+
+def _exactly_bad(params: dict, flagged: list[str]) -> list[str]:
+    """Of the flagged parameters, those whose gradient really holds NaN/inf (not a norm overflow).
+    Only runs, with its host syncs, when something was flagged."""
+    return [n for n in flagged if not bool(torch.isfinite(grad_of(params[n])).all())]
 
 
 def _grad_norms(items) -> tuple[list[str], torch.Tensor | None]:
-    """(names, max-abs of each accumulated gradient [n] fp32): one foreach kernel per device and dtype;
-    max-abs is NaN or inf iff the gradient has such an entry, and never overflows."""
+    """(names, 2-norm of each accumulated gradient [n] fp32): one foreach kernel (on CPU 8x faster than
+    the max-abs norm). NaN or inf when the gradient has such an entry; also inf when its squares
+    overflow (entries near 1e19), so callers re-check flagged gradients exactly (`_exactly_bad`)."""
     names, grads = [], []
     for name, p in items:
         g = grad_of(p)
@@ -174,7 +183,7 @@ def _grad_norms(items) -> tuple[list[str], torch.Tensor | None]:
     if not grads:
         return names, None
     device = grads[0].device
-    norms = [n.float().to(device) for n in torch._foreach_norm(grads, float("inf"))]
+    norms = [n.float().to(device) for n in torch._foreach_norm(grads, 2)]
     return names, torch.stack(norms)
 
 
@@ -255,7 +264,8 @@ class Sentinel:
 
     # -- the one sync per step -------------------------------------------------------------
     def read(self, grads: bool = False) -> Reading:
-        """Everything flagged since the last read, with ONE device-to-host copy; starts a new step.
+        """Everything flagged since the last read, with ONE device-to-host copy (plus an exact re-check
+        of each flagged accumulated gradient); starts a new step.
 
         Args:
             grads: also check every parameter's accumulated gradient (main_grad or .grad).
@@ -278,7 +288,7 @@ class Sentinel:
             self.step,
             self._fwd.hit(values[0]),
             self._bwd.hit(values[1]),
-            [n for n, ok in zip(names, values[2:]) if not ok],
+            _exactly_bad(dict(self._named_params), [n for n, ok in zip(names, values[2:]) if not ok]),
         )
         self.reset()
         self.step += 1
