@@ -80,3 +80,34 @@ def test_plugin_under_megatron_parallel_state(tmp_path, layout):
         assert torch.allclose(got["grad"], grad, rtol=2**-7, atol=1e-5 * grad.abs().max().item()), h.name
         metrics = dict(zip(got["keys"], got["values"][1:].tolist()))
         assert all(math.isfinite(v) for v in metrics.values()), h.name
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_before_train_step_hook_raise_and_skip_on_the_cpu_harness(tmp_path):
+    import json
+
+    from nanscope.megatron import runner
+
+    specs = [
+        # slime's own loss with only the hook added: the step dies as without nanscope, with a report
+        runner.RunSpec(hazard="kl-exp-overflow", loss="as-is", hook=True, on_nonfinite="raise"),
+        # NANSCOPE_ON_NONFINITE=skip: step 2 of 3 is skipped on every rank, the run goes on
+        runner.RunSpec(hazard="kl-exp-overflow", loss="as-is", steps=3, inject_step=2, hook=True, on_nonfinite="skip"),
+    ]
+    res = runner.launch(specs, runner.Layout(), timeout_s=350, out_dir=tmp_path)
+    raised, skipped = res.runs
+    assert raised.observed == "nan-check"
+    for r in raised.ranks:
+        assert r.error.endswith(runner.NAN_CHECK_MESSAGE) and len(r.reports) == 1
+        report = json.loads(open(r.reports[0]).read())
+        assert (report["rank"], report["rollout_id"], report["step_id"], report["mode"]) == (r.rank, 0, 0, "raise")
+        assert report["first_backward"] is not None  # the first module whose gradient went non-finite
+        if r.holds_output_layer:  # the NaN is born in the loss, behind the output layer
+            assert report["first_forward"] is None and report["first_backward"]["module"].endswith(".output_layer")
+            saved = torch.load(report["microbatch_file"], weights_only=True)
+            assert saved["microbatch"] == report["first_backward"]["microbatch"] and saved["input_ids"].dim() == 2
+    assert skipped.observed == "completed"
+    for r in skipped.ranks:
+        assert r.skipped_steps == 1 and r.params_finite is True
+        assert r.optimizer_grad_norm[1] == 0.0 and r.optimizer_grad_norm[0] > 0 and r.optimizer_grad_norm[2] > 0

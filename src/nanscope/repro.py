@@ -39,6 +39,7 @@ class Repro:
     notes: list[str] = field(default_factory=list)
     site: list | None = None  # (sample, response position) the hazard changed, None for healthy
     site_log_probs: dict | None = None  # {"policy", "ref", "rollout"} log-probs at the site
+    trace: dict | None = None  # the tracer's report on the first failing rank (else the last rank)
 
     @property
     def ok(self) -> bool:
@@ -68,8 +69,9 @@ def harness_notes(layout) -> list[str]:
     """What the CPU harness does differently from the case's GPUs, said once per report."""
     return [
         f"CPU harness: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}, sequence parallel, 8 experts top-2, gloo",
-        f"context parallelism {layout.cp} at the loss level only (zigzag split of each sample's logits); "
-        "attention sees whole sequences: CP inside attention needs TransformerEngine",
+        (f"context parallelism {layout.cp} at the loss level only (zigzag split of each sample's logits); "
+         if layout.cp > 1 else "context parallelism off (the tracer maps whole samples); ")
+        + "attention sees whole sequences: CP inside attention needs TransformerEngine",
         "one sample per micro-batch: the local attention spec refuses packed (thd) sequences",
     ]
 
@@ -101,15 +103,21 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
         notes=notes,
         site=sites[0] if sites else None,
         site_log_probs=lps[0] if lps else None,
+        trace=(first or (run.ranks[-1] if run.ranks else None)).trace if run.ranks else None,
     )
 
 
-def repro_one(hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: float = 300.0) -> Repro:
-    """Run one hazard under one loss through the 4-process harness and compare with the expectation."""
+def repro_one(hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: float = 300.0, trace: bool = False) -> Repro:
+    """Run one hazard under one loss through the 4-process harness and compare with the expectation.
+
+    trace: replay the step under the tracer on every rank (CP 1: the tracer's token map reads whole
+    samples) and report the first op that produced a non-finite value.
+    """
     from nanscope.megatron import runner
 
-    layout = runner.Layout()
-    launched = runner.launch([runner.RunSpec(hazard=hazard, loss=loss, seed=seed)], layout, timeout_s=timeout_s)
+    layout = runner.Layout(cp=1) if trace else runner.Layout()
+    spec = runner.RunSpec(hazard=hazard, loss=loss, seed=seed, trace=trace)
+    launched = runner.launch([spec], layout, timeout_s=timeout_s)
     rep = from_run(launched.runs[0], launched, layout)
     rep.notes = harness_notes(layout) + rep.notes
     return rep

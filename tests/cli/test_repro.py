@@ -110,3 +110,23 @@ def test_steps_needs_a_hazard_and_a_step_inside(capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == ["nanscope repro: error: --steps needs a hazard to inject (--hazard NAME, not healthy)",
                    "nanscope repro: error: --inject-step 7 is outside steps 1..5"]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_repro_trace_names_the_exp_backward_in_the_kl_term_and_the_masked_token(tmp_path):
+    path = tmp_path / "t.json"
+    assert main(["repro", "--hazard", "kl-exp-overflow", "--loss", "as-is", "--trace", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    fwd, bwd = doc["trace"]["forward"], doc["trace"]["backward"]
+    sample, token = doc["hazard_site"]
+    assert (fwd["op"], fwd["produced"], fwd["masked"]) == ("aten.exp.default", "inf", True)
+    assert (bwd["node"], bwd["produced"], bwd["masked"]) == ("ExpBackward0", "nan", True)
+    for e in (fwd, bwd):
+        assert "in approx_kl" in e["source"] and "formulas.py" in e["source"]
+        assert (e["microbatch"], e["token"]) == (sample, token)  # one sample per micro-batch
+
+
+def test_trace_needs_one_hazard(capsys):
+    assert main(["repro", "--trace"]) == 2
+    assert capsys.readouterr().err == "nanscope repro: error: --trace goes with --hazard NAME (one step of one hazard)\n"

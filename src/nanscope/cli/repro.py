@@ -17,6 +17,7 @@ examples:
   nanscope repro --hazard kl-exp-overflow --loss as-is # the case's exact error, from a last-stage rank
   nanscope repro --hazard healthy --json healthy.json
   nanscope repro --hazard kl-exp-overflow --steps 5 --inject-step 3   # as-is dies at 3, safe runs 5
+  nanscope repro --hazard kl-exp-overflow --loss as-is --trace --json t.json  # the op and token
 
 exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
 exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input.
@@ -35,6 +36,7 @@ def add_parser(sub):
     p.add_argument("--loss", default="as-is", choices=("as-is", "safe"), help="with --hazard: slime v0.1.0's loss or the fix")
     p.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
     p.add_argument("--inject-step", type=int, default=None, metavar="K", help="with --steps: the step carrying the hazard (default: middle)")
+    p.add_argument("--trace", action="store_true", help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
@@ -51,6 +53,8 @@ def run(args) -> int:
     if args.hazard is not None and args.hazard not in hazards.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(hazards.BY_NAME)}")
     console = Console(width=160)
+    if args.trace and (args.hazard is None or args.steps is not None):
+        raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
     if args.steps is not None:
         hazard = args.hazard or "kl-exp-overflow"
         if hazard == "healthy":
@@ -62,7 +66,7 @@ def run(args) -> int:
         report.render_steps(result, console)
         doc = report.steps_to_json(result)
     elif args.hazard is not None:
-        result = repro.repro_one(args.hazard, args.loss, seed=args.seed, timeout_s=args.timeout)
+        result = repro.repro_one(args.hazard, args.loss, seed=args.seed, timeout_s=args.timeout, trace=args.trace)
         report.render(result, console)
         doc = report.to_json(result)
     else:

@@ -106,6 +106,9 @@ class RunSpec:
     save_params: bool = False  # write each rank's final parameters to the output dir
     save_grads: bool = False  # write each rank's fp32 main grads of the last step (before the optimizer)
     defused: bool = False  # the hazard's clean twin: same batch and site, no trigger (hazards.build)
+    hook: bool = False  # call nanscope.slime_plugin.before_train_step before each step, as slime does
+    on_nonfinite: str = "raise"  # NANSCOPE_ON_NONFINITE for the hook: "raise" | "skip"
+    trace: bool = False  # run the steps under the tracer (nanscope.trace.Tracer) and record its report
     fault: str | None = None  # test hook: "exit:R" (rank R dies) or "hang:R" (rank R hangs) at run start
 
     def hazard_at(self, step: int) -> str:
@@ -136,6 +139,9 @@ class RankRecord:
     param_checksum: str | None = None  # sha256 over this rank's parameters, in name order
     params_path: str | None = None
     grads_path: str | None = None
+    skipped_steps: int = 0  # steps the plugin hook skipped (on_nonfinite "skip")
+    reports: list[str] = field(default_factory=list)  # report files the plugin hook wrote
+    trace: dict | None = None  # TraceReport.to_dict() of this rank (spec.trace)
     losses: list[dict] = field(default_factory=list)  # per step on the last stage: slime's reduced metrics
     hazard_sites: list = field(default_factory=list)  # per step: (sample, response position) or None
     # per step: the batch's log-probs at the hazard site (policy = the log-prob pass at T 0.8, i.e.
@@ -543,6 +549,13 @@ class Worker:
         if spec.save_grads:
             rec.grads_path = str(self.out / f"grads.run{self._run_index}.rank{self.rank}.pt")
         self._grads_path = rec.grads_path
+        self._hook = None
+        if spec.hook:
+            from nanscope import slime_plugin
+
+            os.environ["NANSCOPE_ON_NONFINITE"] = spec.on_nonfinite
+            os.environ["NANSCOPE_REPORT_DIR"] = str(self.out / f"reports.run{self._run_index}")
+            self._hook = slime_plugin
         loss_module = _loss_module(spec.loss)
         for step in range(1, spec.steps + 1):
             seed = spec.seed * 1000 + step
@@ -554,7 +567,21 @@ class Worker:
             rec.hazard_sites.append(site)
             rec.site_log_probs.append(_site_log_probs(batch, site))
             self.wd.arm(f"{run} step {step}: train_one_step", self.rank_timeout)
-            losses, grad_norm, rec.grad_norms = self.train_one_step(model, optimizer, batch, seq_length, loss_module)
+            self._tracer = None
+            try:
+                if spec.trace:
+                    from nanscope.trace import Tracer
+
+                    with Tracer(modules=[model]) as self._tracer:
+                        try:
+                            losses, grad_norm, rec.grad_norms = self.train_one_step(model, optimizer, batch, seq_length, loss_module, step)
+                        finally:
+                            rec.trace = self._tracer.report().to_dict()
+                else:
+                    losses, grad_norm, rec.grad_norms = self.train_one_step(model, optimizer, batch, seq_length, loss_module, step)
+            finally:
+                if self._hook is not None:
+                    rec.skipped_steps, rec.reports = self._hook.skipped_steps(), self._hook.reports()
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
             rec.losses.append(losses)
         return model
@@ -572,7 +599,7 @@ class Worker:
             torch.save(params, path)
             rec.params_path = str(path)
 
-    def train_one_step(self, model, optimizer, batch, seq_length, loss_module):
+    def train_one_step(self, model, optimizer, batch, seq_length, loss_module, step: int = 1):
         """slime v0.1.0's train_one_step for one micro-batch per sample.
 
         Returns:
@@ -594,15 +621,21 @@ class Worker:
         num_microbatches = len(micro)
         model.zero_grad_buffer()
         optimizer.zero_grad()
+        if self._hook is not None:  # slime calls the hook after zeroing the grads
+            self._hook.before_train_step(args, 0, step - 1, [model], optimizer, None)
 
         def forward_step(it, m):
-            mb = next(it)
+            index, mb = next(it)
+            if self._tracer is not None:
+                from nanscope.trace import replay
+
+                self._tracer.microbatch(index, replay.token_map(mb, packed_length=seq_length))
             tokens = _pad(mb["unconcat_tokens"][0], seq_length).unsqueeze(0)
             out = m(input_ids=tokens, position_ids=None, attention_mask=None, labels=None)
             return out, partial(_cp_loss, loss_module.loss_function, args, mb, num_microbatches, self.layout.cp)
 
         losses_reduced = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
+            forward_step_func=forward_step, data_iterator=iter(enumerate(micro)), model=[model],
             num_microbatches=num_microbatches, seq_length=seq_length, micro_batch_size=1, forward_only=False,
         )  # fmt: skip
         bucket_norms = _bucket_grad_norms(model)

@@ -59,9 +59,27 @@ def render(rep: Repro, console) -> None:
         where = f"sample {rep.site[0]}" + (f", response token {rep.site[1]}" if rep.site[1] is not None else "")
         lps = ", ".join(f"{k} {v:.2f}" for k, v in (rep.site_log_probs or {}).items())
         console.print(f"hazard site (built against the model's log-prob pass): {where}" + (f": log-probs {lps}" if lps else ""), highlight=False)
+    if rep.trace is not None:
+        console.print(f"trace (rank {rep.first_failure if rep.first_failure is not None else rep.ranks[-1].rank}):")
+        for line in _trace_lines(rep.trace):
+            console.print("  " + line, highlight=False)
     for note in rep.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(verdict(rep), highlight=False)
+
+
+def _trace_lines(trace: dict) -> list[str]:
+    """The forward and backward producers of a TraceReport dict, one line each."""
+    out = []
+    for phase in ("forward", "backward"):
+        e = trace.get(phase)
+        if e is None:
+            out.append(f"{phase}: no op produced a non-finite value")
+            continue
+        token = "" if e.get("token") is None else f", sample {e.get('sample')} token {e.get('token')}" + (" (masked)" if e.get("masked") else "")
+        node = f" in {e['node']}" if e.get("node") else ""
+        out.append(f"{phase}: {e['op']}{node} produced {e['nonfinite']} at {e.get('source')}{token}")
+    return out
 
 
 def to_json(rep: Repro) -> dict:
@@ -94,6 +112,7 @@ def to_json(rep: Repro) -> dict:
         "wall_s": rep.wall_s,
         "notes": rep.notes,
         "verdict": verdict(rep),
+        **({"trace": rep.trace} if rep.trace is not None else {}),
     }
 
 
