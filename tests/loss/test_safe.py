@@ -142,3 +142,10 @@ def test_pitfall_selecting_after_exp_still_gives_nan():
 
 def test_pitfall_clamp_passes_nan():
     assert math.isnan(torch.tensor([float("nan")]).clamp(-20, 20).item())
+
+
+def test_the_equivalence_measure_can_fail(monkeypatch):
+    # A bound that binds on healthy data must show up as a difference.
+    monkeypatch.setattr(safe, "LOG_RATIO_BOUND", 0.01)
+    d = equivalence.compare(equivalence.random_case(3))
+    assert d.loss > 1e-3 and d.grad > 1e-3
