@@ -139,3 +139,16 @@ def test_data_parallel_replica_without_the_nan_blocks_and_the_next_run_is_relaun
     assert hazard.missing == [2, 3] and hazard.observed == "incomplete"
     assert any("train_one_step" in m for m in res.stuck.values())
     assert res.launches == 2 and healthy.observed == "completed"
+
+
+def test_case_frames_are_the_bundled_traceback_s_megatron_frames():
+    # One truth: the runner's CASE_FRAMES are the megatron-core frames of the case's own traceback,
+    # as nanscope doctor parses it.
+    from importlib.resources import files
+
+    from nanscope.launch.traceback import parse_frames
+
+    text = files("nanscope").joinpath("cases/slime-795/traceback.txt").read_text()
+    frames, _ = parse_frames(text)
+    megatron = [(f.path.rsplit("/", 1)[-1], f.line, f.function) for f in frames if "/megatron/core/" in f.path]
+    assert tuple(megatron) == CASE_FRAMES

@@ -115,7 +115,9 @@ def policy_loss(
     masks = microbatch.local_masks(batch, par)
     sizes = [m.numel() for m in masks]
     adv, adv_finite = inputs["advantages"]
-    sample_ok = torch.cat([torch.full((n,), bool(f.all())) for f, n in zip(adv_finite.split(sizes), sizes)]).to(device)
+    # per sample: are all its local advantages finite? [B] bool, then broadcast to its tokens [N]
+    sample_finite = torch.stack([f.all() for f in adv_finite.split(sizes)]) if sizes else adv_finite.new_zeros(0)
+    sample_ok = torch.repeat_interleave(sample_finite, torch.tensor(sizes, device=device))
     keep = sample_ok.clone()
     for key in keys:
         keep &= inputs[key][1]
@@ -162,11 +164,11 @@ def policy_loss(
         metrics["tis"] = ssm(tis)
         metrics["ois"] = ssm(ois)
         metrics["tis_clipfrac"] = ssm((tis_clipped != tis).float())
-    metrics.update(_guard_counters(inputs, keys, masks, keep, sizes, logp.detach(), old, args))
+    metrics.update(_guard_counters(inputs, keys, masks, keep, sample_finite, logp.detach(), old, args))
     return loss, {k: v.detach().clone() for k, v in metrics.items()}
 
 
-def _guard_counters(inputs, keys, masks, keep, sizes, logp, old, args) -> dict:
+def _guard_counters(inputs, keys, masks, keep, sample_finite, logp, old, args) -> dict:
     """nan_guard/* metrics: what the guards neutralised in this micro-batch.
 
     <key>: non-finite entries of that input (tokens); advantages: samples with a non-finite
@@ -174,8 +176,7 @@ def _guard_counters(inputs, keys, masks, keep, sizes, logp, old, args) -> dict:
     prevented by the clamp; dropped_tokens: tokens with loss_mask 1 removed from the loss.
     """
     out = {f"nan_guard/{k}": (~inputs[k][1]).sum().float() for k in keys if k != "advantages"}
-    adv_finite = inputs["advantages"][1]
-    out["nan_guard/advantages"] = torch.tensor(float(sum(not bool(f.all()) for f in adv_finite.split(sizes))))
+    out["nan_guard/advantages"] = (~sample_finite).sum().float()
     with torch.no_grad():
         overflow = (logp - old) > FP32_EXP_MAX
         if args.use_kl_loss:
