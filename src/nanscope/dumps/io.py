@@ -334,13 +334,11 @@ def cp_response_positions(total_length: int, response_length: int, cp_size: int,
     """Response positions (0-based) of one CP rank's per-token entries, in the rank's order.
 
     Returns:
-        int64 [local_len], from `nanscope.loss.layout.segments` (slime v0.1.0's zigzag).
+        int64 [local_len], from `nanscope.loss.layout.response_positions` (slime v0.1.0's zigzag).
     """
-    from nanscope.loss.layout import segments
+    from nanscope.loss.layout import response_positions
 
-    parts = [np.arange(g.response_start, g.response_start + g.length, dtype=np.int64)
-             for g in segments(total_length, response_length, cp_rank, cp_size)]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return np.asarray(response_positions(total_length, response_length, cp_rank, cp_size), dtype=np.int64)
 
 
 # -------------------------------------------------------------------------------------- field converters

@@ -679,32 +679,23 @@ def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
     """
     from megatron.core import parallel_state as mpu
 
-    from nanscope.loss import layout, microbatch
+    from nanscope.loss import microbatch
 
     total = batch["total_lengths"][0]
     logits = logits[:, :total]
     if cp == 1:
         return loss_function(args, batch, num_microbatches, logits)
-    chunk = layout.chunk_size(total, cp)
-    padded = _pad_rows(logits, 2 * cp * chunk)
     losses, values, keys, normalizer = [], 0, None, None
     for r in range(cp):
         par = microbatch.Parallel(
             tp_group=mpu.get_tensor_model_parallel_group(), cp_rank=r, cp_size=cp,
             dp_cp_size=mpu.get_data_parallel_world_size() * cp,
         )  # fmt: skip
-        local = padded[:, [*range(r * chunk, (r + 1) * chunk), *range((2 * cp - 1 - r) * chunk, (2 * cp - r) * chunk)]]
+        local = microbatch.cp_local_logits(logits, [total], par)
         loss, normalizer, log = loss_function(args, microbatch.slice_for_cp(batch, par), num_microbatches, local, parallel=par)
         losses.append(loss)
         values, keys = values + log["values"], log["keys"]
     return sum(losses) / cp, normalizer, {"keys": keys, "values": values}
-
-
-def _pad_rows(x, rows: int):
-    """Zero-pad dim 1 of [1, T, V] to `rows`."""
-    import torch
-
-    return torch.nn.functional.pad(x, (0, 0, 0, rows - x.size(1)))
 
 
 def _loss_module(name: str):
