@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nanscope import hazards
+from nanscope import case, hazards
 from nanscope.loss import as_is
 from nanscope.loss.formulas import FP32_EXP_MAX
 from nanscope.loss.microbatch import Parallel
@@ -33,7 +33,7 @@ def test_batches_are_mutually_consistent():
     batch = build("healthy")
     # old log-probs are the policy's own log-probs of the tokens (one step per rollout)
     rollout = hazards.Rollout(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"], batch["rewards"])
-    logp = hazards.policy_log_probs(policy(rollout.tokens), rollout)
+    logp = hazards.policy_log_probs(policy(rollout.tokens), rollout, case.temperature())
     for old, x in zip(batch["log_probs"], logp):
         assert torch.equal(old, x)
     # tool-output tokens are masked and have rollout log-prob 0.0; model tokens are noisy copies
@@ -42,7 +42,7 @@ def test_batches_are_mutually_consistent():
         assert roll.dtype == torch.bfloat16  # as slime's data path stores them
         # noise (std 0.02) plus bf16 rounding (half a spacing: |x| * 2^-8)
         assert ((roll.float() - old)[m == 1].abs() < 0.1 + old[m == 1].abs() * 2**-8).all()
-    assert len(batch["response_lengths"]) == hazards.GROUP_SIZE
+    assert len(batch["response_lengths"]) == case.group_size()
 
 
 def test_kl_trigger_comes_from_the_policy_logits():

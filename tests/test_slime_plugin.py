@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanscope import hazards
+from nanscope import case, hazards
 from nanscope.loss import safe
 from nanscope.loss.microbatch import Parallel
 from nanscope.slime_args import case_args
@@ -99,7 +99,7 @@ def test_before_train_step_hook_raise_and_skip_on_the_cpu_harness(tmp_path):
     raised, skipped = res.runs
     assert raised.observed == "nan-check"
     for r in raised.ranks:
-        assert r.error.endswith(runner.NAN_CHECK_MESSAGE) and len(r.reports) == 1
+        assert r.error.endswith(case.nan_check_message()) and len(r.reports) == 1
         report = json.loads(open(r.reports[0]).read())
         assert (report["rank"], report["rollout_id"], report["step_id"], report["mode"]) == (r.rank, 0, 0, "raise")
         assert report["first_backward"] is not None  # the first module whose gradient went non-finite

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,19 +18,12 @@ from nanscope.slime_args import case_args
 
 @dataclass(frozen=True)
 class Case:
-    """One healthy configuration to compare on."""
+    """One healthy configuration to compare on: the case's loss flags with `flags` applied."""
 
     seed: int = 0
     cp_size: int = 1
-    temperature: float = 0.8
-    kl_loss_type: str = "low_var_kl"
-    kl_loss_coef: float = 0.0
-    entropy_coef: float = 0.0
-    use_tis: bool = True
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    per_token: bool = False
     mask_p: float = 0.7  # probability that a token keeps loss_mask 1
+    flags: dict = field(default_factory=dict)  # slime loss fields over the case's (slime_args.LOSS_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -47,13 +40,9 @@ def compare(case: Case, vocab_size: int = 128) -> Difference:
     rollout = hazards.case_rollout(vocab_size, case.seed, n_samples=4)
     g = torch.Generator().manual_seed(case.seed)
     rollout.loss_masks = [(torch.rand(m.shape, generator=g) < case.mask_p).float() for m in rollout.loss_masks]
-    batch = hazards.build("healthy", policy, rollout, case.seed, temperature=case.temperature)
+    args = case_args(global_batch_size=4, **case.flags)
+    batch = hazards.build(hazards.HEALTHY.name, policy, rollout, case.seed, temperature=args.rollout_temperature)
     full = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
-    args = case_args(
-        global_batch_size=4, rollout_temperature=case.temperature, kl_loss_type=case.kl_loss_type,
-        kl_loss_coef=case.kl_loss_coef, entropy_coef=case.entropy_coef, use_tis=case.use_tis,
-        eps_clip=case.eps_clip, eps_clip_high=case.eps_clip_high, calculate_per_token_loss=case.per_token,
-    )
     results = []
     for module in (as_is, safe):
         loss_sum, grad_sum = 0.0, torch.zeros_like(full)
@@ -75,12 +64,13 @@ def random_case(seed: int) -> Case:
     """A healthy configuration drawn from the space the equivalence claim covers."""
     g = torch.Generator().manual_seed(seed)
     pick = lambda xs: xs[int(torch.randint(len(xs), (1,), generator=g))]
-    return Case(
-        seed=seed, cp_size=pick([1, 2]), temperature=pick([0.6, 0.8, 1.0]),
-        kl_loss_type=pick(["kl", "k2", "k3", "low_var_kl"]), kl_loss_coef=pick([0.0, 0.01]),
-        entropy_coef=pick([0.0, 0.001]), use_tis=pick([True, False]), eps_clip=pick([0.1, 0.2]),
-        eps_clip_high=pick([0.2, 0.28]), per_token=pick([False, True]), mask_p=pick([0.3, 0.7, 1.0]),
+    cp_size = pick([1, 2])  # drawn in this order: the cases stay the ones measured before
+    flags = dict(
+        rollout_temperature=pick([0.6, 0.8, 1.0]), kl_loss_type=pick(["kl", "k2", "k3", "low_var_kl"]),
+        kl_loss_coef=pick([0.0, 0.01]), entropy_coef=pick([0.0, 0.001]), use_tis=pick([True, False]),
+        eps_clip=pick([0.1, 0.2]), eps_clip_high=pick([0.2, 0.28]), calculate_per_token_loss=pick([False, True]),
     )
+    return Case(seed=seed, cp_size=cp_size, mask_p=pick([0.3, 0.7, 1.0]), flags=flags)
 
 
 def main() -> None:

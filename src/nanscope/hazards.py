@@ -25,80 +25,90 @@ from typing import Callable
 
 import torch
 
+from nanscope import case
+from nanscope.errors import UserError
 from nanscope.loss.formulas import FP32_EXP_MAX, grpo_normalize, log_probs
 
 # A policy maps per-sample token sequences [total_i] to full-vocabulary logits [total_i, V] (T = 1).
 Policy = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
-TEMPERATURE = 0.8  # --rollout-temperature of the case
-GROUP_SIZE = 8  # --n-samples-per-prompt of the case
-
-
 @dataclass(frozen=True)
 class Hazard:
-    """One catalogue entry. `loss_finite` / `grad_finite` are what slime v0.1.0 produces on it."""
+    """One catalogue entry. `loss_finite` / `grad_finite` are what slime v0.1.0 produces on it.
+
+    Attributes:
+        name: the hazard's one spelling (CLI, JSON, scan's mechanisms, doctor's findings).
+        mechanism: the chain of ops from the trigger to the non-finite value, in words.
+        flags: the case's flags that enable it.
+        loss_finite, grad_finite: slime v0.1.0's loss on the hazard's batch.
+        masked_token: the trigger sits on a masked (loss_mask 0) token, so the fix must leave the step
+            exactly as it is on the hazard's defused twin.
+    """
 
     name: str
     mechanism: str
-    flags: tuple[str, ...]  # the case's flags that enable it
+    flags: tuple[str, ...]
     loss_finite: bool
     grad_finite: bool
+    masked_token: bool = False
 
 
-CATALOGUE: tuple[Hazard, ...] = (
-    Hazard(
-        "healthy",
-        "A case-shaped GRPO batch with nothing extreme in it: every term stays finite.",
-        (),
-        True,
-        True,
-    ),
-    Hazard(
-        "kl-exp-overflow",
-        "At a masked tool-output token the reference model's log-prob exceeds the policy's by more than "
-        "88.72 nats; low_var_kl computes exp(ref - logp) = inf BEFORE its [-10, 10] clamp, so the loss "
-        "stays finite but the backward pass multiplies the clamp's zero gradient by exp's inf: NaN, "
-        "even at --kl-loss-coef 0 and on a token the loss mask removes.",
-        ("--use-kl-loss", "--kl-loss-type low_var_kl", "--kl-loss-coef 0.00"),
-        True,
-        False,
-    ),
-    Hazard(
-        "ratio-exp-overflow",
-        "At a masked token the training forward's log-prob exceeds the log-prob pass's (old_log_probs) by more "
-        "than 88.72 nats; the PPO ratio exp(logp - old) overflows to inf BEFORE the eps-clip, the clipped "
-        "branch wins for a positive advantage so the loss stays finite, and the backward pass computes 0 * inf = NaN. "
-        "It needs the two passes to disagree (stale or reloaded weights, more than one step per rollout).",
-        ("--eps-clip 0.2", "--eps-clip-high 0.28"),
-        True,
-        False,
-    ),
-    Hazard(
-        "nan-rollout-logprob",
-        "The custom generate function hands back a NaN rollout log-prob for one tool-output token; TIS computes "
-        "clamp(exp(old - NaN)) = NaN (clamp passes NaN), multiplies the token's loss by it, and the mask "
-        "multiplication keeps NaN * 0 = NaN: NaN loss and gradient.",
-        ("--use-tis", "--custom-generate-function-path"),
-        False,
-        False,
-    ),
-    Hazard(
-        "nan-reward",
-        "The custom reward function returns NaN for one sample; GRPO group normalisation (mean, std) spreads it "
-        "to all 8 samples of the prompt, every advantage of the group is NaN: NaN loss and gradient.",
-        ("--custom-rm-path", "--advantage-estimator grpo", "--n-samples-per-prompt 8"),
-        False,
-        False,
-    ),
+HEALTHY = Hazard(
+    "healthy",
+    "A case-shaped GRPO batch with nothing extreme in it: every term stays finite.",
+    (),
+    loss_finite=True,
+    grad_finite=True,
+)
+KL_EXP_OVERFLOW = Hazard(
+    "kl-exp-overflow",
+    "At a masked tool-output token the reference model's log-prob exceeds the policy's by more than "
+    "88.72 nats; low_var_kl computes exp(ref - logp) = inf BEFORE its [-10, 10] clamp, so the loss "
+    "stays finite but the backward pass multiplies the clamp's zero gradient by exp's inf: NaN, "
+    "even at --kl-loss-coef 0 and on a token the loss mask removes.",
+    ("--use-kl-loss", "--kl-loss-type low_var_kl", "--kl-loss-coef 0.00"),
+    loss_finite=True,
+    grad_finite=False,
+    masked_token=True,
+)
+RATIO_EXP_OVERFLOW = Hazard(
+    "ratio-exp-overflow",
+    "At a masked token the training forward's log-prob exceeds the log-prob pass's (old_log_probs) by more "
+    "than 88.72 nats; the PPO ratio exp(logp - old) overflows to inf BEFORE the eps-clip, the clipped "
+    "branch wins for a positive advantage so the loss stays finite, and the backward pass computes 0 * inf = NaN. "
+    "It needs the two passes to disagree (stale or reloaded weights, more than one step per rollout).",
+    ("--eps-clip 0.2", "--eps-clip-high 0.28"),
+    loss_finite=True,
+    grad_finite=False,
+    masked_token=True,
+)
+NAN_ROLLOUT_LOGPROB = Hazard(
+    "nan-rollout-logprob",
+    "The custom generate function hands back a NaN rollout log-prob for one tool-output token; TIS computes "
+    "clamp(exp(old - NaN)) = NaN (clamp passes NaN), multiplies the token's loss by it, and the mask "
+    "multiplication keeps NaN * 0 = NaN: NaN loss and gradient.",
+    ("--use-tis", "--custom-generate-function-path"),
+    loss_finite=False,
+    grad_finite=False,
+    masked_token=True,
+)
+NAN_REWARD = Hazard(
+    "nan-reward",
+    "The custom reward function returns NaN for one sample; GRPO group normalisation (mean, std) spreads it "
+    "to all 8 samples of the prompt, every advantage of the group is NaN: NaN loss and gradient.",
+    ("--custom-rm-path", "--advantage-estimator grpo", "--n-samples-per-prompt 8"),
+    loss_finite=False,
+    grad_finite=False,
 )
 
+CATALOGUE: tuple[Hazard, ...] = (HEALTHY, KL_EXP_OVERFLOW, RATIO_EXP_OVERFLOW, NAN_ROLLOUT_LOGPROB, NAN_REWARD)
 BY_NAME = {h.name: h for h in CATALOGUE}
 
 
 def get(name: str) -> Hazard:
-    """Look a hazard up by name; ValueError lists the known names."""
+    """Look a hazard up by name; an unknown name is a UserError (a ValueError) listing the known ones."""
     if name not in BY_NAME:
-        raise ValueError(f"unknown hazard {name!r}; known: {', '.join(BY_NAME)}")
+        raise UserError(f"unknown hazard {name!r}; known: {', '.join(BY_NAME)}")
     return BY_NAME[name]
 
 
@@ -119,12 +129,13 @@ class Rollout:
         return [t.numel() for t in self.tokens]
 
 
-def case_rollout(vocab_size: int, seed: int = 0, n_samples: int = GROUP_SIZE, scale: int = 1) -> Rollout:
+def case_rollout(vocab_size: int, seed: int = 0, n_samples: int | None = None, scale: int = 1) -> Rollout:
     """A multi-turn tool-using rollout group shaped like the case, `scale` times the base lengths.
 
     Each response: model tokens (thinking + tool call), a tool-output span with loss_mask 0, then
     the model's answer. Rewards are 0/1 with at least one of each, so GRPO advantages are non-zero.
     """
+    n_samples = case.group_size() if n_samples is None else n_samples
     g = torch.Generator().manual_seed(seed)
 
     def n(lo: int, hi: int) -> int:
@@ -160,7 +171,7 @@ def synthetic_policy(vocab_size: int, seed: int = 0, logit_std: float = 12.0) ->
     return policy
 
 
-def policy_log_probs(logits: list[torch.Tensor], rollout: Rollout, temperature: float = TEMPERATURE) -> list[torch.Tensor]:
+def policy_log_probs(logits: list[torch.Tensor], rollout: Rollout, temperature: float) -> list[torch.Tensor]:
     """The log-prob pass: each response token's log-prob under full-vocab logits / temperature.
 
     Args:
@@ -184,7 +195,7 @@ def _masked_positions(rollout: Rollout) -> list[tuple[int, int]]:
     return [(i, int(j)) for i, m in enumerate(rollout.loss_masks) for j in (m == 0).nonzero().flatten()]
 
 
-def plant_least_likely_tool_token(rollout: Rollout, policy: Policy, temperature: float = TEMPERATURE) -> tuple[int, int]:
+def plant_least_likely_tool_token(rollout: Rollout, policy: Policy, temperature: float) -> tuple[int, int]:
     """Make one tool-output token the one the policy finds least likely, from a forward pass.
 
     Among all masked (tool-output) response positions, picks the one whose least likely vocabulary
@@ -210,20 +221,20 @@ def plant_least_likely_tool_token(rollout: Rollout, policy: Policy, temperature:
 
 def _site(name: str, policy: Policy, rollout: Rollout, temperature: float) -> tuple[int, int | None] | None:
     """Where hazard `name` strikes: (sample, response position), (sample, None) for a whole sample."""
-    if name == "kl-exp-overflow":
+    if name == KL_EXP_OVERFLOW.name:
         return plant_least_likely_tool_token(rollout, policy, temperature)
-    if name == "ratio-exp-overflow":
+    if name == RATIO_EXP_OVERFLOW.name:
         i = max(range(len(rollout.rewards)), key=lambda k: rollout.rewards[k])  # positive advantage: clipped branch wins
         return i, int((rollout.loss_masks[i] == 0).nonzero()[0])
-    if name == "nan-rollout-logprob":
+    if name == NAN_ROLLOUT_LOGPROB.name:
         return _masked_positions(rollout)[0]
-    if name == "nan-reward":
+    if name == NAN_REWARD.name:
         return 0, None
     return None
 
 
 def build(
-    name: str, policy: Policy, rollout: Rollout, seed: int = 0, temperature: float = TEMPERATURE, defused: bool = False
+    name: str, policy: Policy, rollout: Rollout, seed: int = 0, temperature: float | None = None, defused: bool = False
 ) -> dict:
     """Build hazard `name`'s micro-batch (slime's keys, whole sequences, cp_size 1).
 
@@ -240,6 +251,7 @@ def build(
         ref_log_probs, rollout_log_probs, advantages, plus "hazard_site": (sample, position) or None.
     """
     get(name)
+    temperature = case.temperature() if temperature is None else temperature
     g = torch.Generator().manual_seed(seed + 1)
     site = _site(name, policy, rollout, temperature)
     logp = policy_log_probs(policy(rollout.tokens), rollout, temperature)
@@ -250,20 +262,20 @@ def build(
 
     if site is not None and not defused:
         i, j = site
-        if name == "kl-exp-overflow":
+        if name == KL_EXP_OVERFLOW.name:
             # The reference model still finds the tool text plausible; the drifted policy does not.
             assert logp[i][j] < -(FP32_EXP_MAX + 2), (
                 f"policy logp {float(logp[i][j]):.1f} of the least likely tool token is not below -90.7: logit scale too small"
             )
             ref[i][j] = -1.0
-        elif name == "ratio-exp-overflow":
+        elif name == RATIO_EXP_OVERFLOW.name:
             old[i][j] = logp[i][j] - (FP32_EXP_MAX + 10)
-        elif name == "nan-rollout-logprob":
+        elif name == NAN_ROLLOUT_LOGPROB.name:
             roll[i][j] = float("nan")
-        elif name == "nan-reward":
+        elif name == NAN_REWARD.name:
             rewards[i] = float("nan")
 
-    normalized = grpo_normalize(torch.tensor(rewards), min(GROUP_SIZE, len(rewards)))
+    normalized = grpo_normalize(torch.tensor(rewards), min(case.group_size(), len(rewards)))
     return {
         "unconcat_tokens": [t.clone() for t in rollout.tokens],
         "total_lengths": rollout.total_lengths,
@@ -304,11 +316,10 @@ def run_loss(name: str, loss: str = "as-is", vocab_size: int = 512, seed: int = 
     Args:
         loss: "as-is" (slime v0.1.0) or "safe" (nanscope's fix).
     """
-    import importlib
-
+    from nanscope import loss as losses
     from nanscope.slime_args import case_args
 
-    module = importlib.import_module("nanscope.loss." + loss.replace("-", "_"))
+    module = losses.get(loss)
     policy = synthetic_policy(vocab_size, seed)
     batch = build(name, policy, case_rollout(vocab_size, seed), seed)
     logits = packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)

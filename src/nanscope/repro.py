@@ -19,10 +19,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Hazards whose trigger sits on a masked token: the fix must leave the step exactly as without it.
-MASKED_TOKEN_HAZARDS = ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob")
-
-
 @dataclass
 class Repro:
     """One hazard x loss through the harness."""
@@ -78,7 +74,7 @@ def harness_notes(layout) -> list[str]:
 
 def from_run(run, launched, layout, expected: str | None = None) -> Repro:
     """A Repro from one run of a launch (runner.RunResult within runner.LaunchResult)."""
-    from nanscope.megatron import runner
+    from nanscope import case
 
     spec = run.spec
     observed = "timeout" if launched.timed_out and run.observed == "incomplete" else run.observed
@@ -98,7 +94,7 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
         layout={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp_loss_level": layout.cp},
         ranks=run.ranks,
         first_failure=first.rank if first else None,
-        frames_match_case=all(tuple(r.frames) == runner.CASE_FRAMES for r in failing) if failing else None,
+        frames_match_case=all(tuple(r.frames) == case.frames() for r in failing) if failing else None,
         wall_s=launched.wall_s,
         notes=notes,
         site=sites[0] if sites else None,
@@ -164,14 +160,14 @@ class Matrix:
 
 def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
     """Every catalogue hazard under as-is and safe, in one launch (one process group for all runs)."""
-    from nanscope import hazards
+    from nanscope import hazards, loss
     from nanscope.megatron import runner
 
     layout = runner.Layout()
     specs = [
-        runner.RunSpec(hazard=h.name, loss=loss, seed=seed, save_grads=h.name == "healthy")
+        runner.RunSpec(hazard=h.name, loss=name, seed=seed, save_grads=h.name == "healthy")
         for h in hazards.CATALOGUE
-        for loss in ("as-is", "safe")
+        for name in loss.NAMES
     ]
     with tempfile.TemporaryDirectory(prefix="nanscope-matrix-") as out:
         launched = runner.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
@@ -219,11 +215,12 @@ class StepsCheck:
 
 def run_steps(hazard: str, *, steps: int = 5, inject_step: int = 3, seed: int = 0, timeout_s: float = 600.0) -> StepsCheck:
     """as-is and safe over `steps` steps with `hazard` at `inject_step`, plus the defused twin."""
+    from nanscope import hazards
     from nanscope.megatron import runner
 
     layout = runner.Layout()
     common = dict(hazard=hazard, steps=steps, inject_step=inject_step, seed=seed)
-    twin = hazard in MASKED_TOKEN_HAZARDS
+    twin = hazards.get(hazard).masked_token
     specs = [runner.RunSpec(loss="as-is", **common), runner.RunSpec(loss="safe", save_params=twin, **common)]
     if twin:
         specs.append(runner.RunSpec(loss="as-is", defused=True, save_params=True, **common))

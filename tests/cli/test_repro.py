@@ -7,7 +7,8 @@ import pytest
 from nanscope import repro
 from nanscope.report import repro as report
 from nanscope.cli.main import main
-from nanscope.megatron.runner import NAN_CHECK_MESSAGE, RankRecord
+from nanscope import case
+from nanscope.megatron.runner import RankRecord
 
 
 def test_unknown_hazard_is_one_line_user_error(capsys):
@@ -28,7 +29,7 @@ def test_expected_outcome_follows_the_catalogue():
 
 
 def _rank(rank, pp, ok):
-    err = None if ok else f"Rank {rank}, node n, device cpu, iteration -1: {NAN_CHECK_MESSAGE}"
+    err = None if ok else f"Rank {rank}, node n, device cpu, iteration -1: {case.nan_check_message()}"
     return RankRecord(rank=rank, pp=pp, tp=rank % 2, dp=0, ep=0, layers=[2 * pp, 2 * pp + 1],
                       holds_output_layer=pp == 1, ok=ok, error=err, error_time=None if ok else 10.0 - rank,
                       optimizer_grad_norm=[1.5] if ok else [])  # fmt: skip
@@ -64,7 +65,7 @@ def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys):
     for r in doc["ranks"]:
         assert {"rank", "pp", "tp", "ok", "error", "grad_norms", "frames"} <= set(r)
         assert r["ok"] is False and r["error"].startswith(f"Rank {r['rank']}, node ")
-        assert r["error"].endswith(NAN_CHECK_MESSAGE)
+        assert r["error"].endswith(case.nan_check_message())
     first = next(r for r in doc["ranks"] if r["rank"] == doc["first_failure"])
     assert first["pp"] == 1  # the last pipeline stage raises first, as rank 50 in the case
 
@@ -89,7 +90,7 @@ def test_repro_without_arguments_runs_the_matrix(tmp_path, capsys):
             first = next(r for r in a["ranks"] if r["rank"] == a["first_failure"])
             assert first["holds_output_layer"] is True, name  # a last-stage rank raises first
             assert first["error"].startswith(f"Rank {first['rank']}, node ")
-            assert first["error"].endswith(f", device cpu, iteration -1: {NAN_CHECK_MESSAGE}")
+            assert first["error"].endswith(f", device cpu, iteration -1: {case.nan_check_message()}")
     assert "as expected: slime v0.1.0's loss fails megatron-core's NaN check" in capsys.readouterr().out
 
 

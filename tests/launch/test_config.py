@@ -4,7 +4,8 @@ import pytest
 
 from nanscope.errors import UserError
 from nanscope.launch.config import MEGATRON, SCRIPT, SLIME, batches, resolve, split_flags
-from nanscope.slime_args import CASE_LOSS_FLAGS, LOSS_DEFAULTS
+from nanscope import case
+from nanscope.slime_args import LOSS_DEFAULTS
 
 
 def test_split_flags_last_wins_and_equals_form():
@@ -29,7 +30,7 @@ def test_case_loss_flags_resolve_like_slime_args():
             "low_var_kl", "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28", "--use-tis",
             "--rollout-temperature", "0.8", "--n-samples-per-prompt", "8"]
     cfg = resolve(argv)
-    for name, value in CASE_LOSS_FLAGS.items():
+    for name, value in case.loss_flags().items():
         assert cfg[name] == value, name
         assert cfg.origin(name) == SCRIPT
 

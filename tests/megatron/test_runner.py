@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nanscope.megatron import runner
-from nanscope.megatron.runner import CASE_FRAMES, NAN_CHECK_MESSAGE, Layout, RunSpec
+from nanscope import case
+from nanscope.megatron.runner import Layout, RunSpec
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ def test_hazard_fails_megatrons_nan_check_verbatim_on_every_rank(launched):
             "Unexpected result nan (message='found NaN in local grad norm for bucket #0 in backward pass "
             "before data-parallel communication collective')"
         )
-        assert r.error.endswith(NAN_CHECK_MESSAGE)
+        assert r.error.endswith(case.nan_check_message())
         # The case's traceback below slime, line for line (megatron-core 0.15.0rc0).
         assert r.frames == [
             ("schedules.py", 2185, "forward_backward_pipelining_without_interleaving"),
@@ -77,7 +78,7 @@ def test_hazard_fails_megatrons_nan_check_verbatim_on_every_rank(launched):
             ("param_and_grad_buffer.py", 185, "check_grads"),
             ("rerun_state_machine.py", 505, "validate_result"),
         ]
-        assert list(CASE_FRAMES) == r.frames
+        assert list(case.frames()) == r.frames
         assert r.grad_norms[0] != r.grad_norms[0]  # bucket #0's norm is NaN
         assert r.optimizer_grad_norm == [] and r.params_finite  # the step never ran
     # 1F1B: the last stage finishes its backward first, so it raises first (rank 50 in the case).
@@ -135,20 +136,7 @@ def test_data_parallel_replica_without_the_nan_blocks_and_the_next_run_is_relaun
     res = runner.launch(runs, layout, timeout_s=380, rank_timeout_s=45, out_dir=tmp_path)
     hazard, healthy = res.runs
     assert [(r.rank, r.dp, r.ok) for r in hazard.ranks] == [(0, 0, False), (1, 0, False)]
-    assert all(r.error.endswith(NAN_CHECK_MESSAGE) for r in hazard.ranks)
+    assert all(r.error.endswith(case.nan_check_message()) for r in hazard.ranks)
     assert hazard.missing == [2, 3] and hazard.observed == "incomplete"
     assert any("train_one_step" in m for m in res.stuck.values())
     assert res.launches == 2 and healthy.observed == "completed"
-
-
-def test_case_frames_are_the_bundled_traceback_s_megatron_frames():
-    # One truth: the runner's CASE_FRAMES are the megatron-core frames of the case's own traceback,
-    # as nanscope doctor parses it.
-    from importlib.resources import files
-
-    from nanscope.launch.traceback import parse_frames
-
-    text = files("nanscope").joinpath("cases/slime-795/traceback.txt").read_text()
-    frames, _ = parse_frames(text)
-    megatron = [(f.path.rsplit("/", 1)[-1], f.line, f.function) for f in frames if "/megatron/core/" in f.path]
-    assert tuple(megatron) == CASE_FRAMES

@@ -17,7 +17,6 @@ EPILOG = """examples:
   nanscope doctor launch.sh --model-args scripts/models/qwen3-4B.sh --rank 5 --json out.json --html out.html
 """
 
-CASE_ENV = {"slime-795": {"TOTAL_NODES": "8"}}
 
 
 def add_parser(sub):
@@ -52,16 +51,6 @@ def _load_model(path: str) -> dict:
     return model
 
 
-def _case_files(name: str):
-    from importlib.resources import files
-
-    root = files("nanscope") / "cases"
-    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
-    if name not in names:
-        raise UserError(f"--case {name}: unknown case (bundled: {', '.join(names)})")
-    return root / name
-
-
 def _write(path: str, text: str) -> None:
     try:
         with open(path, "w", encoding="utf-8") as fh:
@@ -74,6 +63,7 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
     """(script, env, model JSON path, traceback path), with --case's bundled files as defaults."""
     from importlib.resources import as_file
 
+    from nanscope import case
     from nanscope.launch.script import parse_env
 
     if args.case and args.script:
@@ -83,11 +73,11 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
     env = parse_env(args.env)
     if not args.case:
         return args.script, env, args.model, args.traceback
-    case = _case_files(args.case)
+    if args.case != case.NAME:
+        raise UserError(f"--case {args.case}: unknown case (bundled: {case.NAME})")
     # as_file per file: works for a zipped install too (directories need Python 3.12)
-    bundled = {name: str(stack.enter_context(as_file(case / name)))
-               for name in ("launch.sh", "model.json", "traceback.txt") if (case / name).is_file()}
-    env = {**CASE_ENV.get(args.case, {}), **env}
+    bundled = {name: str(stack.enter_context(as_file(case.root() / name))) for name in case.FILES}
+    env = {**case.ENV, **env}
     return (bundled["launch.sh"], env, args.model or bundled.get("model.json"),
             args.traceback or bundled.get("traceback.txt"))
 

@@ -9,7 +9,8 @@ RerunStateMachine -> optimizer step. With no arguments: every hazard x {as-is, s
 from __future__ import annotations
 
 import argparse
-import json
+
+from nanscope.loss import NAMES as LOSS_NAMES
 
 EPILOG = """\
 examples:
@@ -33,7 +34,7 @@ def add_parser(sub):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--hazard", metavar="NAME", help="one hazard of the catalogue (default: all, as a matrix)")
-    p.add_argument("--loss", default="as-is", choices=("as-is", "safe"), help="with --hazard: slime v0.1.0's loss or the fix")
+    p.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
     p.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
     p.add_argument("--inject-step", type=int, default=None, metavar="K", help="with --steps: the step carrying the hazard (default: middle)")
     p.add_argument("--trace", action="store_true", help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value")
@@ -48,10 +49,13 @@ def run(args) -> int:
 
     from nanscope import hazards, repro
     from nanscope.errors import UserError
+    from nanscope.report import files
     from nanscope.report import repro as report
 
     if args.hazard is not None and args.hazard not in hazards.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(hazards.BY_NAME)}")
+    if args.json:
+        files.check_writable(args.json)
     console = Console(width=160)
     if args.trace and (args.hazard is None or args.steps is not None):
         raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
@@ -74,6 +78,5 @@ def run(args) -> int:
         report.render_matrix(result, console)
         doc = report.matrix_to_json(result)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        files.write_json(args.json, doc)
     return 0 if result.ok else 1

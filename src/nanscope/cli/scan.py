@@ -112,7 +112,13 @@ def run(args) -> int:
 def _scan(args, cfg, show: bool):
     """Load and check, with a spinner while loading and a bar over samples when `show`."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from nanscope.dumps import checks, io
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from nanscope.loss import NAMES as LOSS_NAMES
+
 EPILOG = """examples:
   nanscope trace --hazard kl-exp-overflow               # exp overflow in low_var_kl, then 0 * inf in its backward
   nanscope trace --hazard nan-reward --loss safe        # the fix on the same batch: no producer
@@ -33,7 +35,7 @@ def add_parser(sub):
     )
     p.add_argument("file", nargs="?", metavar="FILE.pt", help="a micro-batch file (see nanscope.trace.replay)")
     p.add_argument("--hazard", metavar="NAME", help="replay a catalogued hazard's micro-batch instead of a file")
-    p.add_argument("--loss", choices=("as-is", "safe"), help="loss to replay with (default: as-is, or the file's)")
+    p.add_argument("--loss", choices=LOSS_NAMES, help="loss to replay with (default: as-is, or the file's)")
     p.add_argument("--allow", action="append", default=[], metavar="OP",
                    help="never blame this op (e.g. aten.masked_fill for intentional -inf masks); repeatable")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON (key 'trace')")

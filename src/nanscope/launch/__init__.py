@@ -3,7 +3,7 @@
     script.py     launch script -> argument list (tree-sitter-bash, never executed)
     config.py     argument list -> resolved flags with origins, derived batch figures
     topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
-    traceback.py  traceback -> failing rank, message, annotated frames
+    tracebacks.py traceback -> failing rank, message, annotated frames
     findings.py   flags -> NaN mechanisms (rules) and what is fine
 """
 
@@ -75,7 +75,7 @@ def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | 
     from nanscope.launch import config as config_mod
     from nanscope.launch import findings as findings_mod
     from nanscope.launch import topology as topology_mod
-    from nanscope.launch import traceback as tb_mod
+    from nanscope.launch import tracebacks as tb_mod
     from nanscope.launch.script import parse_script
 
     env = env or {}
@@ -144,7 +144,7 @@ def _input_notes(script, cfg, model, model_origin) -> list[str]:
 
 
 def _explain(d: Diagnosis) -> list[str]:
-    from nanscope.launch import traceback as tb_mod
+    from nanscope.launch import tracebacks as tb_mod
 
     out = [tb_mod.explain_1f1b(d.topology.pp, d.failing.pp)]
     if d.traceback is not None:

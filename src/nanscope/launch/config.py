@@ -251,11 +251,16 @@ def resolve(argv: list[str], model: dict | None = None, model_origin: str = "mod
     return cfg
 
 
+def eps_clip_high(eps_clip: float, eps_clip_high: float | None) -> float:
+    """slime's rule after parsing: an unset --eps-clip-high is --eps-clip (a symmetric clip)."""
+    return eps_clip if eps_clip_high is None else eps_clip_high
+
+
 def _post_parse(cfg: Config) -> None:
     """What slime v0.1.0's parse_args and Megatron's validate_args change after parsing."""
     v = cfg.values
     if v["eps_clip_high"].value is None:
-        v["eps_clip_high"] = Value(v["eps_clip"].value, "derived (slime: eps_clip_high = eps_clip)")
+        v["eps_clip_high"] = Value(eps_clip_high(v["eps_clip"].value, None), "derived (slime: eps_clip_high = eps_clip)")
     if v["expert_tensor_parallel_size"].value is None:
         v["expert_tensor_parallel_size"] = Value(
             v["tensor_model_parallel_size"].value, "derived (megatron: expert_tensor_parallel_size = tp)")

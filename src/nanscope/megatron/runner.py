@@ -49,25 +49,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-# megatron-core's message for the case's failure; the RuntimeError prefixes "Rank R, node N, device D,
-# iteration -1: ".
-NAN_CHECK_MESSAGE = (
-    "Unexpected result nan (message='found NaN in local grad norm for bucket #0 in backward pass "
-    "before data-parallel communication collective')"
-)
-
-# The case's traceback below slime (file basename, line, function): megatron-core 0.15.0rc0.
-CASE_FRAMES = (
-    ("schedules.py", 2185, "forward_backward_pipelining_without_interleaving"),
-    ("finalize_model_grads.py", 422, "finalize_model_grads"),
-    ("distributed_data_parallel.py", 588, "finish_grad_sync"),
-    ("param_and_grad_buffer.py", 455, "finish_grad_sync"),
-    ("param_and_grad_buffer.py", 333, "start_grad_sync"),
-    ("param_and_grad_buffer.py", 185, "check_grads"),
-    ("rerun_state_machine.py", 505, "validate_result"),
-)
-
-
 # ----------------------------------------------------------------------------------------------
 # Spec and results (plain dataclasses, JSON round-trip)
 
@@ -163,7 +144,9 @@ class RunResult:
             return "incomplete"
         if all(r.ok for r in self.ranks):
             return "completed"
-        if all(r.ok or (r.error or "").endswith(NAN_CHECK_MESSAGE) for r in self.ranks):
+        from nanscope import case
+
+        if all(r.ok or (r.error or "").endswith(case.nan_check_message()) for r in self.ranks):
             return "nan-check"
         return "error"
 
@@ -345,14 +328,11 @@ def _first_incomplete(out: Path, n_runs: int, world: int, first: int) -> int | N
 
 def _validate(runs: list[RunSpec], layout: Layout) -> None:
     """Fail in the parent, not after 20 s of imports in every rank."""
-    import importlib.util
-
-    from nanscope import hazards
+    from nanscope import hazards, loss
 
     for r in runs:
         hazards.get(r.hazard)
-        if importlib.util.find_spec("nanscope.loss." + r.loss.replace("-", "_")) is None:
-            raise ValueError(f"loss {r.loss!r}: no module nanscope.loss.{r.loss.replace('-', '_')}")
+        loss.get(r.loss)
         assert r.steps >= 1 and (r.inject_step is None or 1 <= r.inject_step <= r.steps), r
     assert min(layout.tp, layout.pp, layout.dp, layout.ep, layout.cp) >= 1, layout
 
@@ -539,6 +519,7 @@ class Worker:
     def steps(self, spec: RunSpec, rec: RankRecord):
         """Build the model, then per step: the batch against the current model, then train_one_step."""
         from nanscope import hazards
+        from nanscope import loss as losses
         from nanscope.megatron.model import layers_held
 
         run = f"run {self._run_index}"
@@ -556,7 +537,7 @@ class Worker:
             os.environ["NANSCOPE_ON_NONFINITE"] = spec.on_nonfinite
             os.environ["NANSCOPE_REPORT_DIR"] = str(self.out / f"reports.run{self._run_index}")
             self._hook = slime_plugin
-        loss_module = _loss_module(spec.loss)
+        loss_module = losses.get(spec.loss)
         for step in range(1, spec.steps + 1):
             seed = spec.seed * 1000 + step
             rollout = hazards.case_rollout(self.vocab_size, seed=seed)
@@ -696,12 +677,6 @@ def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
         losses.append(loss)
         values, keys = values + log["values"], log["keys"]
     return sum(losses) / cp, normalizer, {"keys": keys, "values": values}
-
-
-def _loss_module(name: str):
-    import importlib
-
-    return importlib.import_module("nanscope.loss." + name.replace("-", "_"))
 
 
 def _sample(batch: dict, i: int) -> dict:

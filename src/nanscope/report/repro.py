@@ -11,11 +11,11 @@ def _layers(r) -> str:
 
 
 def _rank_outcome(r) -> str:
-    from nanscope.megatron.runner import NAN_CHECK_MESSAGE
+    from nanscope import case
 
     if r.ok:
         return "ok"
-    return "NaN check" if (r.error or "").endswith(NAN_CHECK_MESSAGE) else (r.error_type or "error")
+    return "NaN check" if (r.error or "").endswith(case.nan_check_message()) else (r.error_type or "error")
 
 
 def outcome(rep: Repro) -> str:
@@ -84,7 +84,7 @@ def _trace_lines(trace: dict) -> list[str]:
 
 def to_json(rep: Repro) -> dict:
     """`{"ranks": [{"rank", "pp", "tp", "ok", "error", "grad_norms", ...}], "expected", "observed", ...}`."""
-    from nanscope.megatron.runner import CASE_FRAMES
+    from nanscope import case
 
     ranks = [
         {
@@ -105,7 +105,7 @@ def to_json(rep: Repro) -> dict:
         "layout": rep.layout,
         "first_failure": rep.first_failure,
         "frames_match_case": rep.frames_match_case,
-        "case_frames": [list(f) for f in CASE_FRAMES],
+        "case_frames": [list(f) for f in case.frames()],
         "ranks": ranks,
         "hazard_site": rep.site,
         "site_log_probs": rep.site_log_probs,

@@ -33,11 +33,12 @@ import os
 import torch
 
 from nanscope.errors import UserError
+from nanscope.loss import NAMES as LOSSES
+from nanscope.loss import get as loss_module
 from nanscope.loss import layout
 from nanscope.trace.locator import InputFinding, Site, TokenMap, TraceReport, Tracer
 
 FORMAT = "nanscope-microbatch/1"
-LOSSES = ("as-is", "safe")
 SAMPLE_KEYS = ("unconcat_tokens", "total_lengths", "response_lengths", "loss_masks")
 TOKEN_KEYS = ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
 
@@ -120,11 +121,9 @@ def replay(doc: dict, allow=()) -> TraceReport:
     The loss sees one micro-batch of one process (num_microbatches 1, dp_cp_size 1): the scale of
     the loss differs from the run's, not where non-finite values appear.
     """
-    import importlib
-
     from nanscope.slime_args import loss_args
 
-    module = importlib.import_module("nanscope.loss." + doc["loss"].replace("-", "_"))
+    module = loss_module(doc["loss"])
     batch, par_args = doc["batch"], doc.get("parallel") or {}
     par = _parallel(**par_args)
     args = loss_args(**doc["args"])
@@ -145,13 +144,12 @@ def hazard_microbatch(name: str, loss: str = "as-is", seed: int = 0, vocab_size:
     Returns:
         (document, hazard site (sample, response position) or None).
     """
-    from nanscope import hazards
-    from nanscope.slime_args import CASE_LOSS_FLAGS
+    from nanscope import case, hazards
 
     policy = hazards.synthetic_policy(vocab_size, seed)
     batch = hazards.build(name, policy, hazards.case_rollout(vocab_size, seed), seed)
     logits = hazards.packed_logits(policy, batch["unconcat_tokens"])
-    args = {**CASE_LOSS_FLAGS, "global_batch_size": len(batch["response_lengths"])}
+    args = {**case.loss_flags(), "global_batch_size": len(batch["response_lengths"])}
     return document(batch, logits, args, loss), batch["hazard_site"]
 
 

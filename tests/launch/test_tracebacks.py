@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from nanscope.errors import UserError
-from nanscope.launch.traceback import explain_1f1b, explain_bucket, explain_iteration, parse_traceback
+from nanscope.launch.tracebacks import explain_1f1b, explain_bucket, explain_iteration, parse_traceback
 
 CASE = Path(__file__).resolve().parents[2] / "src" / "nanscope" / "cases" / "slime-795"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
