@@ -1,0 +1,23 @@
+"""nanscope inside a real slime v0.1.0 run: the NaN-safe loss and a before-train-step hook.
+
+Add to the launch script (slime v0.1.0 already has these flags):
+
+    --loss-type custom_loss
+    --custom-loss-function-path nanscope.slime_plugin.policy_loss
+    --custom-megatron-before-train-step-hook-path nanscope.slime_plugin.before_train_step
+
+Environment variables:
+    NANSCOPE_NAN_POLICY   drop (default) | strict: what the loss does with a non-finite log-prob or
+                          advantage (drop the token/sample and count it, or raise naming it)
+    NANSCOPE_REPORT_DIR   where the sentinel writes its report and the micro-batch to replay
+                          (default ./nanscope_reports)
+    NANSCOPE_ON_NONFINITE raise (default: Megatron's check kills the step, as without nanscope)
+                          | skip (zero the gradients, skip the optimizer step, count it)
+"""
+
+from __future__ import annotations
+
+from nanscope.slime_plugin.hook import before_train_step, reports, skipped_steps
+from nanscope.slime_plugin.loss import policy_loss
+
+__all__ = ["before_train_step", "policy_loss", "reports", "skipped_steps"]
