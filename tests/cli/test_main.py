@@ -1,0 +1,43 @@
+"""The top-level guard: an internal error is one line and exit 2; --debug shows the traceback."""
+
+import pytest
+
+from nanscope.cli import hazards, main, scan
+from nanscope.cli.main import main as nanscope
+
+
+def _boom(args):
+    raise RecursionError("maximum recursion depth exceeded\nsecond line")
+
+
+def test_internal_error_is_one_line_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(scan, "run", _boom)
+    assert nanscope(["scan", "rollout_data/12.pt"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "nanscope scan: internal error on rollout_data/12.pt: RecursionError: maximum recursion depth exceeded "
+        "(rerun with --debug for the traceback)\n"
+    )
+
+
+def test_debug_raises_before_or_after_the_command(monkeypatch):
+    monkeypatch.setattr(hazards, "run", _boom)
+    for argv in (["--debug", "hazards"], ["hazards", "--debug"]):
+        with pytest.raises(RecursionError):
+            nanscope(argv)
+
+
+def test_input_named_by_flag_when_no_file(monkeypatch, capsys):
+    monkeypatch.setattr(hazards, "run", _boom)
+    assert nanscope(["hazards"]) == 2
+    assert capsys.readouterr().err.startswith("nanscope hazards: internal error: RecursionError: ")
+    assert main._input(type("A", (), {"case": "slime-795"})()) == " on --case slime-795"
+
+
+def test_user_error_and_no_command(capsys):
+    assert nanscope([]) == 2
+    assert nanscope(["repro", "--hazard", "nope"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "nanscope repro: error: --hazard: unknown hazard 'nope'; known: healthy, kl-exp-overflow, ratio-exp-overflow, "
+        "nan-rollout-logprob, nan-reward\n"
+    )
