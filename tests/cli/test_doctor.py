@@ -203,3 +203,11 @@ def test_traceback_rank_outside_world(tmp_path, capsys):
     msg = _error(["doctor", "--case", "slime-795", "--traceback", str(tb)], capsys)
     assert msg == (f"{tb}: the failing rank 70 is outside this launch's world: 0..63 (= 8 nodes x 8 GPUs); "
                    "check --env and the script")
+
+
+def test_one_range_formatter():
+    from nanscope.report.text import span
+
+    assert (span(list(range(72, 94))), span([6, 7, 14, 15]), span([]), span(None)) == (
+        "72-93", "6, 7, 14, 15", "none", "unknown")
+    assert (span([3, 4], min_run=3), span([48, 49, 50], min_run=3), span([], empty="-")) == ("3, 4", "48-50", "-")

@@ -2,9 +2,9 @@
 
 import pytest
 
+from nanscope import case
 from nanscope.errors import UserError
 from nanscope.launch.config import MEGATRON, SCRIPT, SLIME, batches, resolve, split_flags
-from nanscope import case
 from nanscope.slime_args import LOSS_DEFAULTS
 
 

@@ -16,7 +16,7 @@ from nanscope.errors import UserError
 
 @dataclass
 class Diagnosis:
-    """Everything `nanscope doctor` reports; renderers only read it.
+    """Everything `nanscope doctor` reports; renderers (nanscope.report.doctor) only read it and write the prose.
 
     Attributes:
         script: the parsed launch script.
@@ -45,12 +45,6 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     model_origin: str | None = None
     env: dict = field(default_factory=dict)
-
-    @property
-    def verdict(self) -> str:
-        from nanscope.launch.findings import verdict
-
-        return verdict(self)
 
 
 def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | None = None,

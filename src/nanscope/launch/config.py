@@ -260,7 +260,8 @@ def _post_parse(cfg: Config) -> None:
     """What slime v0.1.0's parse_args and Megatron's validate_args change after parsing."""
     v = cfg.values
     if v["eps_clip_high"].value is None:
-        v["eps_clip_high"] = Value(eps_clip_high(v["eps_clip"].value, None), "derived (slime: eps_clip_high = eps_clip)")
+        v["eps_clip_high"] = Value(eps_clip_high(v["eps_clip"].value, None),
+                                   "derived (slime: eps_clip_high = eps_clip)")
     if v["expert_tensor_parallel_size"].value is None:
         v["expert_tensor_parallel_size"] = Value(
             v["tensor_model_parallel_size"].value, "derived (megatron: expert_tensor_parallel_size = tp)")

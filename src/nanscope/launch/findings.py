@@ -4,14 +4,15 @@ Each rule reads the resolved configuration and returns a Finding (or nothing): t
 the evidence, the mechanism in two sentences, and the fix (a flag change where one exists, else the
 nanscope slime plugin). The semantics are slime v0.1.0's `policy_loss_function` /
 `compute_approx_kl` / `compute_policy_loss` and megatron-core 0.15.0rc0's gradient check.
-Hazard names are the ones used across nanscope (kl-exp-overflow, ratio-exp-overflow,
-nan-rollout-logprob, nan-reward).
+Each finding names its hazards by the records in `nanscope.hazards`. The verdict prose that
+summarises the findings is rendered in `nanscope.report.doctor`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanscope import hazards
 from nanscope.launch.config import Batches, Config
 from nanscope.loss.formulas import FP32_EXP_MAX
 
@@ -73,7 +74,7 @@ def _kl(cfg: Config) -> Finding | None:
             "before exp; a zero-coefficient term is computed outside the graph).")
     return Finding("kl-loss-exp-then-clamp", "high" if zero else "medium",
                    f"KL loss ({cfg['kl_loss_type']}) in the graph" + (" at coefficient 0" if zero else ""),
-                   flags, mechanism, fix, ["kl-exp-overflow"])
+                   flags, mechanism, fix, [hazards.KL_EXP_OVERFLOW.name])
 
 
 def _ratio(cfg: Config) -> Finding | None:
@@ -87,7 +88,7 @@ def _ratio(cfg: Config) -> Finding | None:
         "inf (or inf x 0 = NaN where the advantage is 0) and the backward sends NaN into the log-probs.")
     fix = f"use the nanscope slime plugin: {PLUGIN} (clamps the log-ratio to [-20, 20] before exp)."
     return Finding("ppo-ratio-exp-then-clamp", "medium", "PPO ratio: exp before clamp", flags, mechanism, fix,
-                   ["ratio-exp-overflow"])
+                   [hazards.RATIO_EXP_OVERFLOW.name])
 
 
 def _tis(cfg: Config) -> Finding | None:
@@ -109,7 +110,7 @@ def _tis(cfg: Config) -> Finding | None:
            "or drop --use-tis.")
     return Finding("tis-unvalidated-rollout-logprobs", "high" if custom else "medium",
                    "TIS fed by rollout log-probs" + (" from a custom generate function" if custom else ""),
-                   flags, mechanism, fix, ["nan-rollout-logprob"])
+                   flags, mechanism, fix, [hazards.NAN_ROLLOUT_LOGPROB.name])
 
 
 def _reward(cfg: Config) -> Finding | None:
@@ -142,7 +143,7 @@ def _reward(cfg: Config) -> Finding | None:
            "failures to a fixed reward); `nanscope scan` finds the sample in a rollout dump; as a backstop the "
            f"nanscope slime plugin ({PLUGIN}) drops a sample whose advantage is non-finite and counts it.")
     return Finding("custom-reward-grpo-normalisation" if group else "custom-reward-unchecked", "high", title,
-                   flags, mechanism, fix, ["nan-reward"])
+                   flags, mechanism, fix, [hazards.NAN_REWARD.name])
 
 
 def _masked(cfg: Config) -> Finding | None:
@@ -158,7 +159,7 @@ def _masked(cfg: Config) -> Finding | None:
            "position reaches neither the sum nor the backward); and give tool tokens finite log-probs in the "
            "generate function.")
     return Finding("masked-tokens-reach-loss", "high", "multi-turn tool tokens (loss_mask 0) still reach the loss",
-                   flags, mechanism, fix, ["nan-rollout-logprob"])
+                   flags, mechanism, fix, [hazards.NAN_ROLLOUT_LOGPROB.name])
 
 
 def _eps_clip_c(cfg: Config) -> Finding | None:
@@ -280,52 +281,3 @@ def fine(cfg: Config, b: Batches, world: int, colocate_ok: bool) -> list[str]:
         out.append(f"rollout GPUs ({rollout}) consistent with actor GPUs ({world})" if cfg["colocate"]
                    else f"disaggregated: {rollout} rollout GPUs + {world} actor GPUs")
     return out
-
-
-def _layers_text(layers: list[int]) -> str:
-    if not layers:
-        return "no decoder layers"
-    if layers == list(range(layers[0], layers[-1] + 1)):
-        return f"decoder layers {layers[0]}-{layers[-1]}"
-    return "decoder layers " + ", ".join(map(str, layers))
-
-
-def verdict(d) -> str:
-    """The report's first paragraph: where, why it died, which flags enable which mechanism."""
-    parts = []
-    r, t = d.failing, d.topology
-    if r is not None:
-        what = ""
-        if d.traceback is not None and d.traceback.failure.rank == r.rank:
-            f = d.traceback.failure
-            where = "its local gradient norm" + (f" (bucket #{f.bucket})" if f.bucket is not None else "")
-            what = (f" found {f.kind} in {where} before the data-parallel reduce, on node {f.node} "
-                    f"(node index {r.node_index}), device {f.device}.")
-        else:
-            what = f" is on node index {r.node_index}, local device {r.local_device}."
-            if d.traceback is not None:
-                what += f" (The traceback's failing rank is {d.traceback.failure.rank}.)"
-        parts.append(f"Rank {r.rank}{what}")
-        stage = "the last pipeline stage" if r.pp == t.pp - 1 else f"pipeline stage {r.pp} of {t.pp}"
-        layers = ""
-        if r.layers is not None:
-            layers = ", " + _layers_text(r.layers) + (" plus the final norm and output layer" if r.holds_output_layer
-                                                      else "")
-        parts.append(f"It is TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp} (EP {r.ep}): {stage}{layers}.")
-        if r.pp == t.pp - 1 and t.pp > 1 and d.traceback is not None and d.traceback.failure.rank == r.rank:
-            parts.append("The last stage holds the loss and checks its gradients first in 1F1B, so the "
-                         f"{d.traceback.failure.kind} can have started in any layer.")
-    if d.traceback is not None and d.config["check_for_nan_in_loss_and_grad"]:
-        parts.append("The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
-                     "and slime runs Megatron's rerun state machine disabled.")
-    serious = [f for f in d.findings if f.severity in ("critical", "high")]
-    if serious:
-        rest = len(d.findings) - len(serious)
-        parts.append(f"The flags enable {len(serious)} high-severity mechanism(s): "
-                     + "; ".join(f"{f.id} ({', '.join(f.flags[:3])})" for f in serious) + "."
-                     + (f" {rest} more finding(s) below." if rest else ""))
-    elif d.findings:
-        parts.append(f"{len(d.findings)} finding(s), none high-severity.")
-    else:
-        parts.append("No rule fired.")
-    return " ".join(parts)

@@ -275,9 +275,6 @@ class _Interpreter:
             return "".join(self.text(c) for c in node.named_children)
         return " ".join(self.fields(node))
 
-    def _string(self, node) -> str:
-        return " ".join(self._string_fields(node))
-
     def _string_fields(self, node) -> list[str]:
         """Expand "...": one field, except that "${X[@]}" yields one field per element, as in bash."""
         out, pos, src, base = [""], node.start_byte + 1, node.text, node.start_byte

@@ -206,18 +206,18 @@ def _stage_count(num_layers, pp, r, first, last, emb, loss) -> int:
 
 def _offset(num_layers, pp, r, vp, vpp, first, last, emb, loss) -> int:
     if first is not None or last is not None:
-        f, l = first or 0, last or 0
+        head, tail = first or 0, last or 0
         middle_stages = pp - (first is not None) - (last is not None)
-        middle = num_layers - f - l
+        middle = num_layers - head - tail
         middle_rank = r if first is None else r - 1
         if vpp:
-            fc, lc, mc = f // vpp, l // vpp, middle // vpp
+            fc, lc, mc = head // vpp, tail // vpp, middle // vpp
             total = fc + mc + lc
             if r == 0:
                 return vp * total
             return vp * total + fc + middle_rank * (mc // middle_stages if middle_stages else 0)
         per = middle // middle_stages if middle_stages else 0
-        return 0 if r == 0 else middle_rank * per + f
+        return 0 if r == 0 else middle_rank * per + head
     n = num_layers + emb + loss
     per = n // pp
     offset = vp * (n // vpp) + r * (per // vpp) if vpp else r * per

@@ -8,6 +8,7 @@ the annotated traceback and the input notes. Layers are 0-based everywhere (Mega
 from __future__ import annotations
 
 from nanscope.report.html import esc, page
+from nanscope.report.text import span
 
 # The resolved flags shown in the report (all modelled flags are in the JSON's "config").
 KEY_FLAGS = ("advantage_estimator", "loss_type", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef",
@@ -19,20 +20,61 @@ _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium"
                    "info": "dim"}
 
 
-def _range(layers: list[int] | None) -> str:
-    if layers is None:
-        return "unknown"
-    if not layers:
-        return "none"
-    if layers == list(range(layers[0], layers[-1] + 1)):
-        return f"{layers[0]}-{layers[-1]}"
-    return ", ".join(map(str, layers))
-
-
 def _stage_text(stage) -> str:
-    chunks = " | ".join(_range(c.layers) for c in stage.chunks) if len(stage.chunks) > 1 else _range(stage.layers)
+    chunks = " | ".join(span(c.layers) for c in stage.chunks) if len(stage.chunks) > 1 else span(stage.layers)
     extras = [x for x, on in (("embedding", stage.embedding), ("final norm + output layer", stage.output)) if on]
     return chunks + (" + " + ", ".join(extras) if extras else "")
+
+
+# ---- verdict ---------------------------------------------------------------------------------------
+
+def verdict(d) -> str:
+    """The report's first paragraph: where, why it died, which flags enable which mechanism."""
+    parts = _rank_sentences(d) if d.failing is not None else []
+    if d.traceback is not None and d.config["check_for_nan_in_loss_and_grad"]:
+        parts.append("The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
+                     "and slime runs Megatron's rerun state machine disabled.")
+    parts.append(_findings_sentence(d.findings))
+    return " ".join(parts)
+
+
+def _rank_sentences(d) -> list[str]:
+    """Where the failing (or asked-for) rank sits and what it reported."""
+    r, t = d.failing, d.topology
+    reported = d.traceback is not None and d.traceback.failure.rank == r.rank
+    if reported:
+        f = d.traceback.failure
+        where = "its local gradient norm" + (f" (bucket #{f.bucket})" if f.bucket is not None else "")
+        what = (f" found {f.kind} in {where} before the data-parallel reduce, on node {f.node} "
+                f"(node index {r.node_index}), device {f.device}.")
+    else:
+        what = f" is on node index {r.node_index}, local device {r.local_device}."
+        if d.traceback is not None:
+            what += f" (The traceback's failing rank is {d.traceback.failure.rank}.)"
+    last = r.pp == t.pp - 1
+    stage = "the last pipeline stage" if last else f"pipeline stage {r.pp} of {t.pp}"
+    layers = ""
+    if r.layers is not None:
+        layers = ", " + (f"decoder layers {span(r.layers)}" if r.layers else "no decoder layers")
+        layers += " plus the final norm and output layer" if r.holds_output_layer else ""
+    parts = [f"Rank {r.rank}{what}",
+             f"It is TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp} (EP {r.ep}): {stage}{layers}."]
+    if last and t.pp > 1 and reported:
+        parts.append("The last stage holds the loss and checks its gradients first in 1F1B, so the "
+                     f"{d.traceback.failure.kind} can have started in any layer.")
+    return parts
+
+
+def _findings_sentence(findings: list) -> str:
+    serious = [f for f in findings if f.severity in ("critical", "high")]
+    if serious:
+        rest = len(findings) - len(serious)
+        return (f"The flags enable {len(serious)} high-severity mechanism(s): "
+                + "; ".join(f"{f.id} ({', '.join(f.flags[:3])})" for f in serious) + "."
+                + (f" {rest} more finding(s) below." if rest else ""))
+    if findings:
+        return f"{len(findings)} finding(s), none high-severity."
+    return "No rule fired."
 
 
 # ---- JSON ------------------------------------------------------------------------------------------
@@ -41,7 +83,7 @@ def to_dict(d) -> dict:
     """The JSON document (`--json PATH`)."""
     t, b, cfg = d.topology, d.batches, d.config
     out = {
-        "verdict": d.verdict,
+        "verdict": verdict(d),
         "inputs": {
             "script": d.script.path,
             "train_script": d.script.train_script,
@@ -108,7 +150,7 @@ def render_terminal(d, console) -> None:
 
     console.print(f"[bold]nanscope doctor[/bold]  {escape(d.script.path)}  "
                   f"([dim]{escape(d.script.train_script)}, line {d.script.line}[/dim])")
-    console.print(Panel(escape(d.verdict), title="verdict", title_align="left",
+    console.print(Panel(escape(verdict(d)), title="verdict", title_align="left",
                         border_style="red" if d.traceback else "blue"))
     for section in (_rank_section, _layout_section, _findings_section, _flags_section, _frames_section,
                     _notes_section):
@@ -133,9 +175,9 @@ def _rank_section(d, console) -> None:
     if r is None:
         return
     table = Table(title=f"rank {r.rank}", title_justify="left", show_header=False, box=None, padding=(0, 2))
-    layers = _range(r.layers)
+    layers = span(r.layers)
     if r.chunks and len(r.chunks) > 1:
-        layers = " | ".join(_range(c.layers) for c in r.chunks) + " (virtual stages)"
+        layers = " | ".join(span(c.layers) for c in r.chunks) + " (virtual stages)"
     rows = [("coordinates", f"TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp}   EP {r.ep} (ETP {r.etp}, "
                             f"expert DP {r.edp})"),
             ("where", f"node index {r.node_index} (= {r.rank} // {t.gpus_per_node}, nodes in slime's placement "
@@ -143,8 +185,8 @@ def _rank_section(d, console) -> None:
             ("decoder layers", f"{layers} (0-based)"),
             ("output layer", "yes: final norm + output layer (and slime's loss)" if r.holds_output_layer else "no")]
     if r.experts:
-        rows.append(("experts", f"{_range(r.experts)} ({t.experts_per_rank} per EP rank)"))
-    rows += [(f"{k.upper()} group", _group_text(r.groups[k])) for k in ("tp", "pp", "dp", "cp", "ep")]
+        rows.append(("experts", f"{span(r.experts)} ({t.experts_per_rank} per EP rank)"))
+    rows += [(f"{k.upper()} group", span(r.groups[k], min_run=3)) for k in ("tp", "pp", "dp", "cp", "ep")]
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
@@ -249,12 +291,6 @@ def _where(fr) -> str:
     return f"{path}:{fr.line} {fr.function}"
 
 
-def _group_text(group: list[int]) -> str:
-    if len(group) > 2 and group == list(range(group[0], group[-1] + 1)):
-        return f"{group[0]}-{group[-1]}"
-    return ", ".join(map(str, group))
-
-
 # ---- HTML ------------------------------------------------------------------------------------------
 
 _EP_COLOURS = ("#dbe9f6", "#e3f1dc", "#f6e7d4", "#eadcf3", "#f3dce3", "#dcf1ef", "#f1efd9", "#e2e2e2")
@@ -327,8 +363,8 @@ def layer_split_svg(d) -> str:
             x = label_w + c.layers[0] * scale
             fill = "#f4b6b6" if s.pp == failing_pp else "#c9dcf0"
             out.append(f"<rect x='{x:.1f}' y='{y}' width='{max(len(c.layers) * scale, 1):.1f}' height='{bar_h}' "
-                       f"fill='{fill}' stroke='#666'><title>layers {_range(c.layers)}</title></rect>")
-            out.append(f"<text x='{x + 3:.1f}' y='{y + 13}'>{_range(c.layers)}</text>")
+                       f"fill='{fill}' stroke='#666'><title>layers {span(c.layers)}</title></rect>")
+            out.append(f"<text x='{x + 3:.1f}' y='{y + 13}'>{span(c.layers)}</text>")
         if s.output:
             out.append(f"<text x='{width - 115}' y='{y + 13}'>+ norm, output</text>")
     out.append("</svg>")
@@ -337,14 +373,14 @@ def layer_split_svg(d) -> str:
 
 def render_html(d) -> str:
     """One self-contained page: verdict, rank grid, layer split, findings, frames."""
-    body = [f"<p><b>{esc(d.verdict)}</b></p>"]
+    body = [f"<p><b>{esc(verdict(d))}</b></p>"]
     r, t = d.failing, d.topology
     if r is not None:
         body.append("<h2>Failing rank</h2><table>")
         rows = [("rank", r.rank), ("TP / CP / DP / PP", f"{r.tp} / {r.cp} / {r.dp} / {r.pp}"), ("EP", r.ep),
                 ("node index / local device", f"{r.node_index} / {r.local_device}"),
-                ("decoder layers (0-based)", _range(r.layers)), ("holds output layer", r.holds_output_layer),
-                ("experts", _range(r.experts) if r.experts else "-"), ("EP group", _group_text(r.groups["ep"]))]
+                ("decoder layers (0-based)", span(r.layers)), ("holds output layer", r.holds_output_layer),
+                ("experts", span(r.experts) if r.experts else "-"), ("EP group", span(r.groups["ep"], min_run=3))]
         body += [f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in rows]
         body.append("</table><ul>" + "".join(f"<li>{esc(x)}</li>" for x in d.explanations) + "</ul>")
     body.append(f"<h2>Rank grid</h2><p>world {t.world} = {t.nodes} x {t.gpus_per_node}; TP {t.tp} PP {t.pp} "

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from nanscope.report.text import span
 from nanscope.repro import Matrix, Repro, StepsCheck
 
 
 def _layers(r) -> str:
-    span = f"{r.layers[0]}-{r.layers[-1]}" if r.layers else "-"
-    return span + (" + output" if r.holds_output_layer else "")
+    return span(r.layers, empty="-") + (" + output" if r.holds_output_layer else "")
 
 
 def _rank_outcome(r) -> str:
