@@ -147,7 +147,7 @@ def test_several_chunks_get_prefixed_paths():
 
 
 def test_nonfinite_parameters_are_reported_as_inputs():
-    from nanscope.trace import render
+    from nanscope.report import trace as render
 
     net = Net()
     with torch.no_grad():

@@ -150,7 +150,7 @@ def test_sentinel_keeps_no_activation_alive():
 
 
 def test_reading_in_words():
-    from nanscope.trace import render
+    from nanscope.report import trace as render
 
     net = Net()
     s = Sentinel([net])

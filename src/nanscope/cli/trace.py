@@ -7,20 +7,22 @@ the source line, and the sample and token of the first bad entry. A non-finite v
 produced came from an input: the batch keys that hold one are listed.
 
 Input: a catalogued hazard (built against the synthetic policy, as `nanscope hazards` does) or a
-micro-batch file written by nanscope.trace.replay.save_microbatch (the slime plugin writes them).
+micro-batch file written by nanscope.trace.replay.save_microbatch (batch, logits, args). In a real
+slime run the plugin traces the step itself: rerun it with NANSCOPE_TRACE_STEP as its report says.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 from nanscope.loss import NAMES as LOSS_NAMES
+
+DEFAULT_LIMIT_MB = 4096  # case-sized logits are several GB (replay.select_samples keeps fewer samples)
 
 EPILOG = """examples:
   nanscope trace --hazard kl-exp-overflow               # exp overflow in low_var_kl, then 0 * inf in its backward
   nanscope trace --hazard nan-reward --loss safe        # the fix on the same batch: no producer
-  nanscope trace nanscope_reports/rank50_step3_mb0.pt   # a micro-batch saved by the slime plugin
+  nanscope trace mb.pt                                  # a file from nanscope.trace.replay.save_microbatch
   nanscope trace --hazard ratio-exp-overflow --json trace.json
 """
 
@@ -40,15 +42,24 @@ def add_parser(sub):
                    help="never blame this op (e.g. aten.masked_fill for intentional -inf masks); repeatable")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON (key 'trace')")
     p.add_argument("--seed", type=int, default=0, help="seed of the hazard's batch (default 0)")
+    p.add_argument("--max-input-mb", type=float, default=DEFAULT_LIMIT_MB, metavar="MB",
+                   help=f"refuse a FILE.pt larger than this (default {DEFAULT_LIMIT_MB})")
     return p
 
 
 def run(args) -> int:
     from nanscope.errors import UserError
-    from nanscope.trace import render, replay
+    from nanscope.inputs import MiB
+    from nanscope.report import files
+    from nanscope.report import trace as render
+    from nanscope.trace import replay
 
     if (args.file is None) == (args.hazard is None):
         raise UserError("give either FILE.pt or --hazard NAME (not both)")
+    if not args.max_input_mb > 0:
+        raise UserError(f"--max-input-mb {args.max_input_mb}: must be a number > 0")
+    if args.json:
+        files.check_writable(args.json)
     site = None
     if args.hazard is not None:
         from nanscope import hazards
@@ -58,7 +69,7 @@ def run(args) -> int:
         doc, site = replay.hazard_microbatch(args.hazard, args.loss or "as-is", seed=args.seed)
         what = f"hazard {args.hazard}"
     else:
-        doc = replay.load_microbatch(args.file)
+        doc = replay.load_microbatch(args.file, int(min(args.max_input_mb * MiB, 2**62)), "--max-input-mb")
         if args.loss:
             doc["loss"] = args.loss
         what = args.file
@@ -75,9 +86,5 @@ def run(args) -> int:
         print(line)
     if args.json:
         out = {"source": what, "loss": doc["loss"], "hazard_site": list(site) if site else None, "trace": report.to_dict()}
-        try:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=2)
-        except OSError as e:
-            raise UserError(f"{args.json}: cannot write: {e.strerror}") from None
+        files.write_json(args.json, out)
     return 0

@@ -14,7 +14,7 @@
                                           # backward order, with its micro-batch
 
 Modules: locator (Tracer, Event, TraceReport), sentinel (Sentinel, Reading, Hit, check_grads),
-replay (micro-batch files, token maps, hazard replays), render (TraceReport as text).
+replay (micro-batch files, token maps, hazard replays). Rendering: nanscope.report.trace.
 """
 
 from nanscope.trace.locator import Event, InputFinding, Site, TraceReport, Tracer

@@ -33,12 +33,15 @@ import os
 import torch
 
 from nanscope.errors import UserError
+from nanscope.inputs import check_file
 from nanscope.loss import NAMES as LOSSES
 from nanscope.loss import get as loss_module
 from nanscope.loss import layout
-from nanscope.trace.locator import InputFinding, Site, TokenMap, TraceReport, Tracer
+from nanscope.trace.locator import InputFinding, Site, TokenMap, Tracer, TraceReport
 
 FORMAT = "nanscope-microbatch/1"
+# The sentinel's own .pt (slime_plugin.hook): a micro-batch's input_ids, no logits; not replayable here.
+SENTINEL_FORMAT = "nanscope-sentinel-microbatch/1"
 SAMPLE_KEYS = ("unconcat_tokens", "total_lengths", "response_lengths", "loss_masks")
 TOKEN_KEYS = ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
 
@@ -217,32 +220,94 @@ def save_microbatch(path, batch: dict, logits: torch.Tensor, args, loss: str, pa
     torch.save(doc, path)
 
 
-def load_microbatch(path) -> dict:
-    """Read and validate a micro-batch file. Raises UserError naming the file and field."""
-    from nanscope.slime_args import LOSS_DEFAULTS
+def load_microbatch(path, limit: int | None = None, option: str | None = None) -> dict:
+    """Read and validate a micro-batch file. Raises UserError (one line) naming the file, field and sample.
 
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: no such file")
+    Args:
+        limit: the largest file accepted, in bytes (None: any size); option: the CLI option that raises it.
+    """
+    check_file(path, "micro-batch file", limit, option)
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle errors, not a torch file, unsafe globals
-        raise UserError(f"{path}: not a nanscope micro-batch file (torch.load weights_only: {str(e).splitlines()[0]})") from None
+    except Exception as e:  # pickle errors, not a torch file, unsafe globals, an empty file
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"{path}: not a nanscope micro-batch file (torch.load weights_only: {why})") from None
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a dict with keys batch, logits, args, loss; got {type(doc).__name__}")
+    if doc.get("format") == SENTINEL_FORMAT:
+        raise UserError(f"{path}: the sentinel's copy of a micro-batch's input_ids, no logits to replay: "
+                        f"rerun the step as the report's \"replay\" says ({_step_env(doc)})")
     for key in ("batch", "logits", "args", "loss"):
         if key not in doc:
             raise UserError(f"{path}: missing key {key!r} (expected batch, logits, args, loss)")
-    if doc["loss"] not in LOSSES:
+    if not isinstance(doc["loss"], str) or doc["loss"] not in LOSSES:
         raise UserError(f"{path}: loss {doc['loss']!r}: expected one of {', '.join(LOSSES)}")
     logits = doc["logits"]
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.size(0) != 1 or not logits.is_floating_point():
-        what = f"shape {tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+    shaped = _plain(logits) and logits.dim() == 3 and logits.size(0) == 1 and logits.numel() > 0
+    if not shaped or not logits.is_floating_point():
+        what = type(logits).__name__
+        if isinstance(logits, torch.Tensor):
+            what = f"shape {tuple(logits.shape)} {logits.dtype}"
         raise UserError(f"{path}: logits: expected a float tensor [1, T, V], got {what}")
-    if not isinstance(doc["args"], dict) or set(doc["args"]) - set(LOSS_DEFAULTS):
-        bad = sorted(set(doc["args"]) - set(LOSS_DEFAULTS)) if isinstance(doc["args"], dict) else type(doc["args"]).__name__
-        raise UserError(f"{path}: args: not slime loss fields: {bad}")
-    _check_batch(path, doc["batch"], doc.get("parallel") or {}, logits.size(1))
+    _check_args(path, doc["args"])
+    par = _check_parallel(path, doc.get("parallel") or {})
+    _check_batch(path, doc["batch"], par, logits.size(1))
     return doc
+
+
+def _step_env(doc: dict) -> str:
+    return f"NANSCOPE_TRACE_STEP={doc.get('rollout_id')}:{doc.get('step_id')}"
+
+
+def _plain(x) -> bool:
+    """A dense CPU tensor (not meta, not sparse): what the loss can read."""
+    return isinstance(x, torch.Tensor) and x.layout == torch.strided and not x.is_meta
+
+
+def _check_args(path, args) -> None:
+    from nanscope.slime_args import LOSS_DEFAULTS
+
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args) or set(args) - set(LOSS_DEFAULTS):
+        bad = sorted(map(str, set(args) - set(LOSS_DEFAULTS))) if isinstance(args, dict) else type(args).__name__
+        raise UserError(f"{path}: args: not slime loss fields: {bad}")
+    for name, value in args.items():
+        default = LOSS_DEFAULTS[name]
+        kinds = (bool,) if isinstance(default, bool) else (str,) if isinstance(default, str) else (int, float)
+        if default is None:
+            kinds = (type(None), str, int, float)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise UserError(f"{path}: args: {name} {value!r}: expected {' or '.join(k.__name__ for k in kinds)}")
+
+
+def _int(path, value, what: str) -> int:
+    if isinstance(value, torch.Tensor) and _plain(value) and value.numel() == 1 and not value.is_floating_point():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UserError(f"{path}: {what}: expected an integer, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+def _check_parallel(path, par) -> dict:
+    if not isinstance(par, dict) or set(par) - {"cp_rank", "cp_size", "tp_size"}:
+        raise UserError(f"{path}: parallel: expected a dict with cp_rank, cp_size, tp_size")
+    out = {k: _int(path, v, f"parallel {k}") for k, v in par.items()}
+    cp_rank, cp_size, tp_size = out.get("cp_rank", 0), out.get("cp_size", 1), out.get("tp_size", 1)
+    if cp_size < 1 or tp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise UserError(f"{path}: parallel: cp_rank {cp_rank}, cp_size {cp_size}, tp_size {tp_size}: "
+                        "need sizes >= 1 and 0 <= cp_rank < cp_size")
+    return {"cp_rank": cp_rank, "cp_size": cp_size}
+
+
+def _numel(path, x, what: str) -> int:
+    """Entries of a per-sample tensor (or list of numbers), refused unless dense and numeric."""
+    if not isinstance(x, torch.Tensor):
+        try:
+            x = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError):
+            raise UserError(f"{path}: {what}: expected a tensor or a list of numbers, got {type(x).__name__}") from None
+    if not _plain(x) or x.dtype == torch.bool or x.is_complex():
+        raise UserError(f"{path}: {what}: expected a dense real tensor, got {x.dtype}, {x.layout}, on {x.device.type}")
+    return x.numel()
 
 
 def _check_batch(path, batch, par: dict, packed: int) -> None:
@@ -251,25 +316,34 @@ def _check_batch(path, batch, par: dict, packed: int) -> None:
     for key in SAMPLE_KEYS + ("log_probs", "advantages"):
         if key not in batch:
             raise UserError(f"{path}: batch: missing key {key!r}")
+    keys = SAMPLE_KEYS + tuple(k for k in TOKEN_KEYS if k in batch)
+    for key in keys:
+        if not isinstance(batch[key], (list, tuple)):
+            got = type(batch[key]).__name__
+            raise UserError(f"{path}: batch: {key}: expected a list (one entry per sample), got {got}")
     n = len(batch["total_lengths"])
-    cp_rank, cp_size = int(par.get("cp_rank", 0)), int(par.get("cp_size", 1))
-    for key in SAMPLE_KEYS[:1] + SAMPLE_KEYS[2:] + tuple(k for k in TOKEN_KEYS if k in batch):
+    if n == 0:
+        raise UserError(f"{path}: batch: no samples (total_lengths is empty)")
+    for key in keys:
         if len(batch[key]) != n:
             raise UserError(f"{path}: batch: {key} has {len(batch[key])} samples, total_lengths has {n}")
+    cp_rank, cp_size = par["cp_rank"], par["cp_size"]
     used = 0
     for i in range(n):
-        total, response = int(batch["total_lengths"][i]), int(batch["response_lengths"][i])
+        total = _int(path, batch["total_lengths"][i], f"total_lengths of sample {i}")
+        response = _int(path, batch["response_lengths"][i], f"response_lengths of sample {i}")
         if not 0 < response < total:
             raise UserError(f"{path}: response_lengths of sample {i}: {response} must be in [1, total_length {total})")
-        if torch.as_tensor(batch["unconcat_tokens"][i]).numel() != total:
-            raise UserError(f"{path}: unconcat_tokens of sample {i}: {torch.as_tensor(batch['unconcat_tokens'][i]).numel()} tokens != total_length {total}")
-        if torch.as_tensor(batch["loss_masks"][i]).numel() != response:
-            raise UserError(f"{path}: loss_masks of sample {i}: {torch.as_tensor(batch['loss_masks'][i]).numel()} entries != response_length {response}")
+        tokens = _numel(path, batch["unconcat_tokens"][i], f"unconcat_tokens of sample {i}")
+        if tokens != total:
+            raise UserError(f"{path}: unconcat_tokens of sample {i}: {tokens} tokens != total_length {total}")
+        masks = _numel(path, batch["loss_masks"][i], f"loss_masks of sample {i}")
+        if masks != response:
+            raise UserError(f"{path}: loss_masks of sample {i}: {masks} entries != response_length {response}")
         local = len(layout.response_positions(total, response, cp_rank, cp_size))
         for key in TOKEN_KEYS:
-            if key in batch and torch.as_tensor(batch[key][i]).numel() != local:
-                raise UserError(f"{path}: {key} of sample {i}: {torch.as_tensor(batch[key][i]).numel()} entries != {local} local response tokens")
+            if key in batch and (got := _numel(path, batch[key][i], f"{key} of sample {i}")) != local:
+                raise UserError(f"{path}: {key} of sample {i}: {got} entries != {local} local response tokens")
         used += layout.local_length(total, cp_size)
     if used > packed:
         raise UserError(f"{path}: logits: packed length {packed} < sum of the samples' local lengths {used}")
-
