@@ -50,7 +50,7 @@ if phase == "staged":
         for _ in range(2):
             staged = io.Dump.from_samples(path, dump.kind, samples)
             t0 = time.perf_counter()
-            result = checks.scan(staged, checks.ScanConfig(histograms=hist))
+            result = checks.scan(staged, checks.ScanConfig.for_case(histograms=hist))
             times.append(time.perf_counter() - t0)
         out[key] = min(times)
     out["hazards"] = checks.hazard_count(result)
@@ -79,22 +79,22 @@ def write_dumps(tmp: Path, n: int, max_total: int, seed: int) -> None:
     import numpy as np
     import torch
 
-    from nanscope.dumps import io
+    from nanscope.dumps import demo
 
     rng = np.random.default_rng(seed)
     samples = []
     for i, (p, r) in enumerate(lengths(n, max_total, seed)):
-        s = io.rollout_sample(i, p, r, reward=float(i % 2), rng=rng, masked_span=(r // 3, r // 2), as_lists=False)
+        s = demo.rollout_sample(i, p, r, reward=float(i % 2), rng=rng, masked_span=(r // 3, r // 2), as_lists=False)
         samples.append(s)
     samples[5]["rollout_log_probs"][0] = float("nan")
     samples[n // 2]["rollout_log_probs"][-1] = -100.0
-    train = io.train_data_from_samples(samples, [0.0] * n)
-    io.write_train_dump(tmp / "12_0.pt", train, rollout_id=12)
+    train = demo.train_data_from_samples(samples, [0.0] * n)
+    demo.write_train_dump(tmp / "12_0.pt", train, rollout_id=12)
     del train
     for s in samples:  # slime writes plain lists
         for k in ("tokens", "loss_mask", "rollout_log_probs"):
             s[k] = s[k].tolist()
-    io.write_rollout_dump(tmp / "12.pt", samples, rollout_id=12)
+    demo.write_rollout_dump(tmp / "12.pt", samples, rollout_id=12)
 
 
 def child(path: Path, phase: str) -> dict:

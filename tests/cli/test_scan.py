@@ -5,7 +5,7 @@ import json
 import torch
 
 from nanscope.cli.main import main
-from nanscope.dumps import io
+from nanscope.dumps import demo
 from tests.dumps.test_io import MkdirOnLoad
 
 
@@ -54,19 +54,21 @@ def test_train_demo_verdict_and_exit(tmp_path, capsys):
     rc, out, _ = run(capsys, dump)
     assert rc == 1
     assert "5 40 64 true 95 kl-margin kl-exp-overflow" in [" ".join(ln.split()) for ln in out.splitlines()]
-    assert out.splitlines()[-1].startswith("slime v0.1.0 would produce NaN: yes, via kl-exp-overflow, nan-rollout-logprob")
+    verdict = "slime v0.1.0 would produce NaN: yes, via kl-exp-overflow, nan-rollout-logprob"
+    assert out.splitlines()[-1].startswith(verdict)
 
 
 def test_clean_dump_exits_0(tmp_path, capsys):
-    path = io.write_rollout_dump(tmp_path / "0.pt", [io.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)])
+    samples = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
+    path = demo.write_rollout_dump(tmp_path / "0.pt", samples)
     rc, out, _ = run(capsys, str(path))
     assert rc == 0 and out.splitlines()[-1] == "slime v0.1.0 would produce NaN: no"
 
 
 def test_flags_change_the_verdict(tmp_path, capsys):
-    samples = [io.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
+    samples = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
     samples[2]["rollout_log_probs"][1] = float("nan")
-    path = str(io.write_rollout_dump(tmp_path / "0.pt", samples))
+    path = str(demo.write_rollout_dump(tmp_path / "0.pt", samples))
     assert run(capsys, path)[1].splitlines()[-1] == "slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob"
     rc, out, _ = run(capsys, path, "--no-use-tis")
     assert rc == 1 and out.splitlines()[-1] == "slime v0.1.0 would produce NaN: no"  # still listed, no mechanism
@@ -90,7 +92,7 @@ def test_code_executing_pickle_refused_exit_2_marker_absent(tmp_path, capsys):
 
 def test_truncated_file_one_line_exit_2(tmp_path, capsys):
     good = tmp_path / "good.pt"
-    io.write_demo(good)
+    demo.write_demo(good)
     bad = tmp_path / "bad.pt"
     bad.write_bytes(good.read_bytes()[:3000])
     rc, out, err = run(capsys, str(bad))
@@ -99,10 +101,10 @@ def test_truncated_file_one_line_exit_2(tmp_path, capsys):
 
 
 def test_length_mismatch_renders_then_exits_2(tmp_path, capsys):
-    samples = [io.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
+    samples = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
     samples[5]["loss_mask"] = [1] * 6
     samples[6]["loss_mask"] = [1] * 9
-    path = io.write_rollout_dump(tmp_path / "0.pt", samples)
+    path = demo.write_rollout_dump(tmp_path / "0.pt", samples)
     rc, out, err = run(capsys, str(path), "--json", str(tmp_path / "s.json"))
     assert rc == 2
     assert err == (f"nanscope scan: error: {path}: loss_mask of sample 5: length 6 != response_length 8 "
@@ -119,7 +121,8 @@ def test_wrong_structure_and_bad_flags_exit_2(tmp_path, capsys):
     rc, _, err = run(capsys, str(path), "--n-samples-per-prompt", "0")
     assert (rc, err) == (2, "nanscope scan: error: --n-samples-per-prompt 0: must be >= 1\n")
     rc, _, err = run(capsys)
-    assert (rc, err) == (2, "nanscope scan: error: no dump given (try: nanscope scan --write-demo rollout_data/12.pt)\n")
+    assert (rc, err) == (2, "nanscope scan: error: no dump given "
+                            "(try: nanscope scan --write-demo rollout_data/12.pt)\n")
 
 
 def test_help_states_defaults(capsys):
@@ -128,14 +131,14 @@ def test_help_states_defaults(capsys):
     except SystemExit as e:
         assert e.code == 0
     out = capsys.readouterr().out
-    for text in ("GRPO group size (default 8)", "(default 61440 = 65536 - 4096)", "--trust-pickle",
+    for text in ("GRPO group size (default 8)", "(default 61440)", "--trust-pickle",
                  "exit status: 0 no hazard, 1 hazards found, 2 unreadable", "examples:"):
         assert text in " ".join(out.split()), text
 
 
 def test_progress_bar_goes_to_stderr(tmp_path, capsys):
     dump = str(tmp_path / "12.pt")
-    io.write_demo(dump)
+    demo.write_demo(dump)
     rc, out, err = run(capsys, dump, "--progress")
     assert rc == 1 and out.splitlines()[-1].startswith("slime v0.1.0 would produce NaN: yes")
     assert "Traceback" not in err
@@ -143,7 +146,17 @@ def test_progress_bar_goes_to_stderr(tmp_path, capsys):
 
 def test_unwritable_output_is_one_line(tmp_path, capsys):
     dump = str(tmp_path / "12.pt")
-    io.write_demo(dump)
-    rc, _, err = run(capsys, dump, "--json", str(tmp_path / "no" / "such" / "dir.json"))
-    assert (rc, err) == (2, f"nanscope scan: error: --json {tmp_path}/no/such/dir.json: cannot write "
-                            "(No such file or directory)\n")
+    demo.write_demo(dump)
+    rc, out, err = run(capsys, dump, "--json", str(tmp_path / "no" / "such" / "dir.json"))
+    assert (rc, out, err) == (2, "", f"nanscope scan: error: --json {tmp_path}/no/such/dir.json: no such directory: "
+                                     f"{tmp_path}/no/such\n")  # refused before loading: no table
+
+
+def test_flag_defaults_are_the_case(tmp_path):
+    from nanscope.cli.main import build_parser
+    from nanscope.dumps.config import ScanConfig
+
+    args = build_parser()[0].parse_args(["scan", "x.pt"])
+    case = ScanConfig.for_case()
+    got = {k: getattr(args, k) for k in vars(case) if hasattr(args, k)}
+    assert got == {k: v for k, v in vars(case).items() if k not in ("max_listed", "histograms")}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from nanscope.dumps import io
+from nanscope.dumps import demo
 
 
 @pytest.fixture
@@ -12,6 +12,6 @@ def make_samples():
 
     def make(n: int, prompt: int = 4, response: int = 8) -> list[dict]:
         rng = np.random.default_rng(0)
-        return [io.rollout_sample(i, prompt, response, reward=float(i % 2), rng=rng) for i in range(n)]
+        return [demo.rollout_sample(i, prompt, response, reward=float(i % 2), rng=rng) for i in range(n)]
 
     return make

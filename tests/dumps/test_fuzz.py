@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nanscope.dumps import checks, io
+from nanscope.dumps import checks, demo, io
 from nanscope.errors import UserError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -15,7 +15,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 def scan_or_user_error(path, **load) -> str:
     """'ok' if the file scans, else the UserError text (which must be one line). Anything else fails."""
     try:
-        checks.scan(io.load(path, **load), checks.ScanConfig(n_samples_per_prompt=2))
+        checks.scan(io.load(path, **load), checks.ScanConfig.for_case(n_samples_per_prompt=2))
         return "ok"
     except UserError as e:
         assert "\n" not in str(e), str(e)
@@ -25,7 +25,7 @@ def scan_or_user_error(path, **load) -> str:
 @SETTINGS
 @given(data=st.data())
 def test_corrupted_bytes(tmp_path, data):
-    good = io.write_rollout_dump(tmp_path / "good.pt", [io.rollout_sample(i, 3, 5) for i in range(4)])
+    good = demo.write_rollout_dump(tmp_path / "good.pt", [demo.rollout_sample(i, 3, 5) for i in range(4)])
     raw = bytearray(good.read_bytes())
     for _ in range(data.draw(st.integers(1, 8))):
         raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
@@ -78,13 +78,13 @@ def test_random_train_structures(tmp_path, n, data, cp):
     for key in data.draw(st.lists(st.sampled_from(train_keys), unique=True)):
         length = data.draw(st.sampled_from([n, n, n + 1]))
         rollout_data[key] = data.draw(st.lists(weird, min_size=length, max_size=length))
-    path = io.write_train_dump(tmp_path / "t.pt", rollout_data, rank=data.draw(st.integers(0, 7)))
+    path = demo.write_train_dump(tmp_path / "t.pt", rollout_data, rank=data.draw(st.integers(0, 7)))
     scan_or_user_error(path, cp_size=cp, tp_size=2)
 
 
 def test_valid_but_extreme_values_scan(tmp_path):
-    s = io.rollout_sample(0, 2, 4)
+    s = demo.rollout_sample(0, 2, 4)
     s["rollout_log_probs"] = [math.nan, math.inf, -math.inf, 1e308]
     s["reward"] = 1e308  # overflows float32 in slime's reward tensor
-    path = io.write_rollout_dump(tmp_path / "x.pt", [s, io.rollout_sample(1, 2, 4)])
+    path = demo.write_rollout_dump(tmp_path / "x.pt", [s, demo.rollout_sample(1, 2, 4)])
     assert scan_or_user_error(path) == "ok"

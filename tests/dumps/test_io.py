@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from nanscope.dumps import io
+from nanscope.dumps import demo, io
 from nanscope.errors import UserError
 
 
@@ -24,7 +24,7 @@ class MkdirOnLoad:
 def test_rollout_dump_round_trip(tmp_path, make_samples):
     samples = make_samples(2, prompt=4, response=8)
     samples[1]["loss_mask"] = None  # slime fills all ones
-    path = io.write_rollout_dump(tmp_path / "3.pt", samples, rollout_id=3)
+    path = demo.write_rollout_dump(tmp_path / "3.pt", samples, rollout_id=3)
     dump = io.load(path)
     assert (dump.kind, dump.rollout_id, dump.rank, dump.num_samples) == ("rollout", 3, None, 2)
     s0, s1 = list(dump.samples())
@@ -36,7 +36,7 @@ def test_rollout_dump_round_trip(tmp_path, make_samples):
 
 
 def test_samples_release_the_loaded_lists(tmp_path, make_samples):
-    path = io.write_rollout_dump(tmp_path / "0.pt", make_samples(3))
+    path = demo.write_rollout_dump(tmp_path / "0.pt", make_samples(3))
     dump = io.load(path)
     obj = dump._obj
     it = dump.samples()
@@ -47,7 +47,7 @@ def test_samples_release_the_loaded_lists(tmp_path, make_samples):
 def test_reward_key_picks_from_dict_rewards(tmp_path, make_samples):
     samples = make_samples(1)
     samples[0]["reward"] = {"score": 0.5, "len": 3}
-    path = io.write_rollout_dump(tmp_path / "0.pt", samples)
+    path = demo.write_rollout_dump(tmp_path / "0.pt", samples)
     assert next(io.load(path, reward_key="score").samples()).reward == 0.5
     with pytest.raises(UserError) as e:
         next(io.load(path).samples())
@@ -75,13 +75,13 @@ def test_code_executing_pickle_is_refused_and_not_run(tmp_path):
 def test_plain_pickle_is_refused(tmp_path):
     path = tmp_path / "plain.pt"
     path.write_bytes(pickle.dumps({"samples": []}, protocol=4))
-    with pytest.raises(UserError, match=r"plain.pt: refused: loading it needs arbitrary unpickling \(pickle opcode 149"):
+    with pytest.raises(UserError, match=r"plain.pt: refused: loading it needs arbitrary unpickling \(pickle opcode 149"):  # noqa: E501
         io.load(path)
 
 
 @pytest.mark.parametrize("keep", [0, 10, 200, 2000])
 def test_truncated_file_is_one_line(tmp_path, make_samples, keep):
-    good = io.write_rollout_dump(tmp_path / "good.pt", make_samples(4))
+    good = demo.write_rollout_dump(tmp_path / "good.pt", make_samples(4))
     bad = tmp_path / "bad.pt"
     bad.write_bytes(good.read_bytes()[:keep])
     with pytest.raises(UserError) as e:
@@ -103,7 +103,8 @@ def test_missing_file_and_directory(tmp_path):
         ([1, 2], "not a slime dump: top level is list, expected a dict"),
         ({"x": 1}, "not a slime dump: expected key 'samples' (rollout dump) or 'rollout_data' (train dump), found x"),
         ({"samples": 5}, "samples: expected a list of Sample.to_dict() dicts, got int"),
-        ({"samples": [{"tokens": [1], "reward": 1.0}]}, "sample 0: missing field 'response_length' (not a Sample.to_dict())"),
+        ({"samples": [{"tokens": [1], "reward": 1.0}]},
+         "sample 0: missing field 'response_length' (not a Sample.to_dict())"),
         ({"samples": [{"tokens": [1, 2], "response_length": "1", "reward": 1.0}]},
          "response_length of sample 0: str '1', expected an int"),
         ({"samples": [{"tokens": 3, "response_length": 1, "reward": 1.0}]}, "tokens of sample 0: int, expected a list"),
@@ -115,7 +116,8 @@ def test_missing_file_and_directory(tmp_path):
          "rollout_log_probs of sample 0: element 1 is None"),
         ({"samples": [{"tokens": [1, 2], "response_length": 2, "reward": 1.0, "rollout_log_probs": [-1.0, "x"]}]},
          "rollout_log_probs of sample 0: element 1 is str"),
-        ({"rollout_data": {"tokens": [[1]]}}, "rollout_data: missing key 'response_lengths' (not a slime v0.1.0 train dump)"),
+        ({"rollout_data": {"tokens": [[1]]}},
+         "rollout_data: missing key 'response_lengths' (not a slime v0.1.0 train dump)"),
         ({"rollout_data": {"tokens": [[1], [2]], "response_lengths": [1]}},
          "rollout_data['response_lengths']: 1 entries, but tokens has 2 samples"),
     ],
@@ -130,7 +132,7 @@ def test_wrong_structure_names_field_and_sample(tmp_path, obj, message):
 
 def test_train_dump_round_trip_cp1(tmp_path):
     path = tmp_path / "train" / "4_0.pt"
-    io.write_demo(path, kind="train", rollout_id=4)
+    demo.write_demo(path, kind="train", rollout_id=4)
     dump = io.load(path)
     assert (dump.kind, dump.rollout_id, dump.rank, dump.num_samples, dump.cp_size) == ("train", 4, 0, 16, 1)
     s = list(dump.samples())
@@ -144,13 +146,13 @@ def test_train_dump_cp_positions_follow_the_zigzag(tmp_path):
     # response tokens 0..5 (layout.segments' docstring example); CP rank 0 holds no response logit.
     data = {"tokens": [torch.arange(10)], "response_lengths": [6], "loss_masks": [torch.ones(6, dtype=torch.int)],
             "log_probs": [torch.zeros(6)]}
-    io.write_train_dump(tmp_path / "r1.pt", data, rank=1)
+    demo.write_train_dump(tmp_path / "r1.pt", data, rank=1)
     s = next(io.load(tmp_path / "r1.pt", cp_size=2, tp_size=1).samples())
     assert s.positions.tolist() == [0, 1, 2, 3, 4, 5]
     # rank 4 with tp 4: cp rank (4 // 4) % 2 = 1 as well; rank 2 with tp 4: cp rank 0 -> no entries.
-    io.write_train_dump(tmp_path / "r4.pt", data, rank=4)
+    demo.write_train_dump(tmp_path / "r4.pt", data, rank=4)
     assert next(io.load(tmp_path / "r4.pt", cp_size=2, tp_size=4).samples()).positions.tolist() == [0, 1, 2, 3, 4, 5]
-    io.write_train_dump(tmp_path / "r2.pt", data, rank=2)
+    demo.write_train_dump(tmp_path / "r2.pt", data, rank=2)
     assert next(io.load(tmp_path / "r2.pt", cp_size=2, tp_size=4).samples()).positions.tolist() == []
 
 

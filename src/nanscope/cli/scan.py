@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nanscope.dumps.config import ScanConfig
 from nanscope.errors import UserError
 
 DESCRIPTION = """\
@@ -59,32 +60,40 @@ def add_parser(sub):
     inp.add_argument("--write-demo", metavar="PATH", help="write a small dump with planted hazards and exit")
     inp.add_argument("--demo-kind", choices=("rollout", "train"), default="rollout",
                      help="what --write-demo writes (default rollout)")
+    case = ScanConfig.for_case()
     sl = p.add_argument_group("slime v0.1.0 flags (defaults: the slime-795 case)")
-    sl.add_argument("--n-samples-per-prompt", type=int, default=8, help="GRPO group size (default 8)")
-    sl.add_argument("--reward-key", default=None, help="key of a dict reward (default: rewards are numbers)")
-    sl.add_argument("--rollout-max-response-len", type=int, default=61440,
-                    help="flag responses longer than this (default 61440 = 65536 - 4096)")
-    sl.add_argument("--advantage-estimator", default="grpo",
+    sl.add_argument("--n-samples-per-prompt", type=int, default=case.n_samples_per_prompt,
+                    help=f"GRPO group size (default {case.n_samples_per_prompt})")
+    sl.add_argument("--reward-key", default=case.reward_key,
+                    help="key of a dict reward (default: rewards are numbers)")
+    sl.add_argument("--rollout-max-response-len", type=int, default=case.rollout_max_response_len,
+                    help=f"flag responses longer than this (default {case.rollout_max_response_len})")
+    sl.add_argument("--advantage-estimator", default=case.advantage_estimator,
                     choices=("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
-                    help="(default grpo)")
+                    help=f"(default {case.advantage_estimator})")
     sl.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization",
-                    help="no group normalisation of rewards (default: normalised)")
+                    default=case.rewards_normalization, help="no group normalisation of rewards (default: "
+                    f"{'normalised' if case.rewards_normalization else 'not normalised'})")
     sl.add_argument("--disable-grpo-std-normalization", action="store_false", dest="grpo_std_normalization",
-                    help="subtract the group mean only (default: also divide by std + 1e-6)")
-    sl.add_argument("--use-kl-loss", action=argparse.BooleanOptionalAction, default=True,
-                    help="the KL term is computed (default: on, as in the case, even at --kl-loss-coef 0)")
-    sl.add_argument("--kl-loss-type", choices=("kl", "k2", "k3", "low_var_kl"), default="low_var_kl",
-                    help="(default low_var_kl)")
-    sl.add_argument("--use-tis", action=argparse.BooleanOptionalAction, default=True,
-                    help="truncated importance sampling with rollout_log_probs (default: on)")
+                    default=case.grpo_std_normalization, help="subtract the group mean only (default: "
+                    f"{'also divide by std + 1e-6' if case.grpo_std_normalization else 'mean only'})")
+    sl.add_argument("--use-kl-loss", action=argparse.BooleanOptionalAction, default=case.use_kl_loss,
+                    help="the KL term is computed, even at --kl-loss-coef 0 "
+                    f"(default: {'on' if case.use_kl_loss else 'off'})")
+    sl.add_argument("--kl-loss-type", choices=("kl", "k2", "k3", "low_var_kl"), default=case.kl_loss_type,
+                    help=f"(default {case.kl_loss_type})")
+    sl.add_argument("--use-tis", action=argparse.BooleanOptionalAction, default=case.use_tis,
+                    help="truncated importance sampling with rollout_log_probs "
+                    f"(default: {'on' if case.use_tis else 'off'})")
     return p
 
 
 def run(args) -> int:
-    from nanscope.dumps import checks, io
+    from nanscope.dumps import checks
+    from nanscope.report import files
 
     if args.write_demo:
-        return _write_demo(args, io)
+        return _write_demo(args)
     if not args.dump:
         raise UserError("no dump given (try: nanscope scan --write-demo rollout_data/12.pt)")
     for flag, v in (("--n-samples-per-prompt", args.n_samples_per_prompt),
@@ -93,7 +102,10 @@ def run(args) -> int:
                     ("--max-per-sample", args.max_per_sample)):
         if v < 1:
             raise UserError(f"{flag} {v}: must be >= 1")
-    cfg = checks.ScanConfig(
+    for flag, path in (("--json", args.json), ("--html", args.html)):
+        if path:
+            files.check_writable(path, flag)
+    cfg = ScanConfig(
         n_samples_per_prompt=args.n_samples_per_prompt, reward_key=args.reward_key,
         rollout_max_response_len=args.rollout_max_response_len, advantage_estimator=args.advantage_estimator,
         rewards_normalization=args.rewards_normalization, grpo_std_normalization=args.grpo_std_normalization,
@@ -144,16 +156,16 @@ def _render(args, result) -> None:
     # Piped output is not wrapped to 80 columns: it goes to logs and CI, where lines can be long.
     console = Console() if sys.stdout.isatty() else Console(width=160)
     report.render_terminal(result, console, max_rows=args.max_rows)
-    for flag, path, write in (("--json", args.json, report.write_json), ("--html", args.html, report.write_html)):
-        if path:
-            try:
-                write(result, path)
-            except OSError as e:
-                raise UserError(f"{flag} {path}: cannot write ({e.strerror or e})") from None
+    if args.json:
+        report.write_json(result, args.json)
+    if args.html:
+        report.write_html(result, args.html)
 
 
-def _write_demo(args, io) -> int:
-    planted = io.write_demo(args.write_demo, kind=args.demo_kind)
+def _write_demo(args) -> int:
+    from nanscope.dumps import demo
+
+    planted = demo.write_demo(args.write_demo, kind=args.demo_kind)
     print(f"wrote {args.demo_kind} dump {args.write_demo} with {len(planted)} planted hazards:")
     for p in planted:
         where = f"sample {p.sample}" + (f" token {p.token}" if p.token is not None else "")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 
 import numpy as np
 
 from nanscope.dumps.checks import HIST_HI, HIST_LO, KINDS, ScanResult, hazard_count
+from nanscope.report import files
 from nanscope.report.html import esc, page
 
 
@@ -97,9 +97,8 @@ def to_json(result: ScanResult) -> dict:
 
 
 def write_json(result: ScanResult, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(to_json(result), f, indent=1, default=str)
-        f.write("\n")
+    """`--json PATH`: the document of `to_json` (an unwritable path is one UserError line)."""
+    files.write_json(path, to_json(result), "--json")
 
 
 # ------------------------------------------------------------------------------------------------ HTML
@@ -109,7 +108,8 @@ def render_html(result: ScanResult) -> str:
     """A self-contained page: verdict, check table, log-ratio histograms, per-sample hazard map, hazards."""
     cls = {"yes": "bad", "possibly": "bad", "no": "ok"}[result.would_nan]
     body = [f"<p class='{cls}'>{esc(result.verdict)}</p>",
-            f"<p class='muted'>{esc(result.path)}: {esc(result.dump_kind)} dump, rollout {esc(str(result.rollout_id))}, "
+            f"<p class='muted'>{esc(result.path)}: {esc(result.dump_kind)} dump, "
+            f"rollout {esc(str(result.rollout_id))}, "
             f"{result.num_samples} samples, {result.response_tokens:,} response tokens</p>"]
     if result.errors:
         body.append("<h2>errors (slime v0.1.0 would fail on these)</h2><ul>"
@@ -164,7 +164,7 @@ def histogram_svg(counts: np.ndarray, masked: np.ndarray, limit: float, w: int =
     for v in range(HIST_LO, HIST_HI + 1, 20):
         x = pad_l + (v - HIST_LO + 1) * bw
         out.append(f"<text x='{x:.1f}' y='{h - 12}' text-anchor='middle'>{v}</text>")
-    out.append(f"<text x='2' y='15'>log10(1+n)</text></svg>")
+    out.append("<text x='2' y='15'>log10(1+n)</text></svg>")
     return "".join(out)
 
 
@@ -204,5 +204,5 @@ def hazard_map_svg(per_sample: np.ndarray, kinds: list[str], group: int, cell: i
 
 
 def write_html(result: ScanResult, path: str) -> None:
-    with open(path, "w") as f:
-        f.write(render_html(result))
+    """`--html PATH`: the page of `render_html` (an unwritable path is one UserError line)."""
+    files.write_text(path, render_html(result), "--html")
