@@ -10,7 +10,7 @@ Measured side by side in one invocation:
   2. one torchrun launch with 1 healthy run (what `nanscope repro --hazard healthy` does), split into
      the ranks' own imports / process-group init, the run, and the rest (torchrun, teardown);
   3. one launch with N healthy runs: (wall_N - wall_1) / (N - 1) is the marginal cost of a run when
-     the process group is reused, which is how the runner executes a matrix.
+     the process group is reused, which is how the launcher executes a matrix.
 The projected matrix (every hazard x {as-is, safe}) is startup + runs x marginal run cost.
 """
 
@@ -30,7 +30,8 @@ def single_process_import_s() -> float:
 
 def launch_healthy(n: int) -> dict:
     """Phases of one launch of `n` healthy runs, in seconds (slowest rank for the rank-side ones)."""
-    from nanscope.megatron.runner import RunSpec, launch
+    from nanscope.megatron.launcher import launch
+    from nanscope.megatron.spec import RunSpec
 
     res = launch([RunSpec("healthy", seed=0) for _ in range(n)], timeout_s=900)
     assert res.ok and all(r.observed == "completed" for r in res.runs), res.stderr_tail

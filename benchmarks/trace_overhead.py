@@ -20,49 +20,25 @@ clocks are both reported: on a shared, loaded machine the CPU clock is the stead
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import socket
 import statistics
 import time
 import warnings
 from functools import partial
 
 
-def setup():
-    import torch.distributed as dist
-
-    from nanscope.megatron import cpu
-
-    cpu.install()
-    from megatron.core import parallel_state as mpu
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=120))
-    mpu.initialize_model_parallel(1, 1)
-
-
 def make_step(bf16: bool, per_micro: int, seed: int = 0):
     """(train_step(), fwd_bwd(), model, batch): a healthy micro-batch list on the tiny model."""
     import torch
-    from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nanscope import hazards
     from nanscope.loss import as_is
-    from nanscope.megatron.model import TinyQwen3MoE, build_model, build_optimizer
+    from nanscope.megatron import bootstrap
+    from nanscope.megatron.model import TinyQwen3MoE
     from nanscope.slime_args import case_args
 
     vocab = TinyQwen3MoE().vocab_size
-    model, config = build_model(seed=seed, bf16=bf16)
-    optimizer = build_optimizer(model, bf16=bf16)
-    config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss
-    config.timers = None
+    model, _, optimizer = bootstrap.build_training(seed=seed, bf16=bf16)
     rollout = hazards.case_rollout(vocab, seed)
 
     def run(tokens: torch.Tensor) -> torch.Tensor:  # [S] -> logits [1, S, V], S padded to a multiple of 64
@@ -125,9 +101,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    from nanscope.megatron import bootstrap
     from nanscope.trace import Sentinel, Tracer
 
-    setup()
+    bootstrap.init()
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
     def with_sentinel():  # hooks registered and removed outside the timing
         s = Sentinel([model])

@@ -87,15 +87,16 @@ def test_plugin_under_megatron_parallel_state(tmp_path, layout):
 def test_before_train_step_hook_raise_and_skip_on_the_cpu_harness(tmp_path):
     import json
 
-    from nanscope.megatron import runner
+    from nanscope.megatron import launcher
+    from nanscope.megatron.spec import Layout, RunSpec
 
     specs = [
         # slime's own loss with only the hook added: the step dies as without nanscope, with a report
-        runner.RunSpec(hazard="kl-exp-overflow", loss="as-is", hook=True, on_nonfinite="raise"),
+        RunSpec(hazard="kl-exp-overflow", loss="as-is", hook=True, on_nonfinite="raise"),
         # NANSCOPE_ON_NONFINITE=skip: step 2 of 3 is skipped on every rank, the run goes on
-        runner.RunSpec(hazard="kl-exp-overflow", loss="as-is", steps=3, inject_step=2, hook=True, on_nonfinite="skip"),
+        RunSpec(hazard="kl-exp-overflow", loss="as-is", steps=3, inject_step=2, hook=True, on_nonfinite="skip"),
     ]
-    res = runner.launch(specs, runner.Layout(), timeout_s=350, out_dir=tmp_path)
+    res = launcher.launch(specs, Layout(), timeout_s=350, out_dir=tmp_path)
     raised, skipped = res.runs
     assert raised.observed == "nan-check"
     for r in raised.ranks:

@@ -1,6 +1,6 @@
 """Reproduce the case through real megatron-core on CPU, and show the fix passing: data and execution.
 
-Three shapes of evidence, each one torchrun launch of the 4-process harness (nanscope.megatron.runner):
+Three shapes of evidence, each one torchrun launch of the 4-process harness (nanscope.megatron.launcher):
 
 - `repro_one(hazard, loss)`: one hazard under one loss, one optimizer step.
 - `run_matrix()`: every hazard x {as-is, safe}; as-is must fail megatron's NaN check exactly where the
@@ -28,7 +28,7 @@ class Repro:
     expected: str  # "nan-check" | "completed"
     observed: str  # RunResult.observed, or "timeout"
     layout: dict
-    ranks: list = field(default_factory=list)  # runner.RankRecord, by rank
+    ranks: list = field(default_factory=list)  # spec.RankRecord, by rank
     first_failure: int | None = None
     frames_match_case: bool | None = None  # every failing rank's megatron frames == the case's
     wall_s: float = 0.0
@@ -73,7 +73,7 @@ def harness_notes(layout) -> list[str]:
 
 
 def from_run(run, launched, layout, expected: str | None = None) -> Repro:
-    """A Repro from one run of a launch (runner.RunResult within runner.LaunchResult)."""
+    """A Repro from one run of a launch (spec.RunResult within spec.LaunchResult)."""
     from nanscope import case
 
     spec = run.spec
@@ -109,11 +109,12 @@ def repro_one(hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: flo
     trace: replay the step under the tracer on every rank (CP 1: the tracer's token map reads whole
     samples) and report the first op that produced a non-finite value.
     """
-    from nanscope.megatron import runner
+    from nanscope.megatron import launcher
+    from nanscope.megatron.spec import Layout, RunSpec
 
-    layout = runner.Layout(cp=1) if trace else runner.Layout()
-    spec = runner.RunSpec(hazard=hazard, loss=loss, seed=seed, trace=trace)
-    launched = runner.launch([spec], layout, timeout_s=timeout_s)
+    layout = Layout(cp=1) if trace else Layout()
+    spec = RunSpec(hazard=hazard, loss=loss, seed=seed, trace=trace)
+    launched = launcher.launch([spec], layout, timeout_s=timeout_s)
     rep = from_run(launched.runs[0], launched, layout)
     rep.notes = harness_notes(layout) + rep.notes
     return rep
@@ -161,16 +162,17 @@ class Matrix:
 def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
     """Every catalogue hazard under as-is and safe, in one launch (one process group for all runs)."""
     from nanscope import hazards, loss
-    from nanscope.megatron import runner
+    from nanscope.megatron import launcher
+    from nanscope.megatron.spec import Layout, RunSpec
 
-    layout = runner.Layout()
+    layout = Layout()
     specs = [
-        runner.RunSpec(hazard=h.name, loss=name, seed=seed, save_grads=h.name == "healthy")
+        RunSpec(hazard=h.name, loss=name, seed=seed, save_grads=h.name == "healthy")
         for h in hazards.CATALOGUE
         for name in loss.NAMES
     ]
     with tempfile.TemporaryDirectory(prefix="nanscope-matrix-") as out:
-        launched = runner.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
+        launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
         reps = [from_run(run, launched, layout) for run in launched.runs]
         rows = []
         for h, (as_is, safe) in zip(hazards.CATALOGUE, zip(reps[::2], reps[1::2])):
@@ -216,16 +218,17 @@ class StepsCheck:
 def run_steps(hazard: str, *, steps: int = 5, inject_step: int = 3, seed: int = 0, timeout_s: float = 600.0) -> StepsCheck:
     """as-is and safe over `steps` steps with `hazard` at `inject_step`, plus the defused twin."""
     from nanscope import hazards
-    from nanscope.megatron import runner
+    from nanscope.megatron import launcher
+    from nanscope.megatron.spec import Layout, RunSpec
 
-    layout = runner.Layout()
+    layout = Layout()
     common = dict(hazard=hazard, steps=steps, inject_step=inject_step, seed=seed)
     twin = hazards.get(hazard).masked_token
-    specs = [runner.RunSpec(loss="as-is", **common), runner.RunSpec(loss="safe", save_params=twin, **common)]
+    specs = [RunSpec(loss="as-is", **common), RunSpec(loss="safe", save_params=twin, **common)]
     if twin:
-        specs.append(runner.RunSpec(loss="as-is", defused=True, save_params=True, **common))
+        specs.append(RunSpec(loss="as-is", defused=True, save_params=True, **common))
     with tempfile.TemporaryDirectory(prefix="nanscope-steps-") as out:
-        launched = runner.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
+        launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
         as_is = from_run(launched.runs[0], launched, layout)
         safe = from_run(launched.runs[1], launched, layout)
         twin_rep = from_run(launched.runs[2], launched, layout, expected="completed") if twin else None

@@ -8,7 +8,7 @@ from nanscope import repro
 from nanscope.report import repro as report
 from nanscope.cli.main import main
 from nanscope import case
-from nanscope.megatron.runner import RankRecord
+from nanscope.megatron.spec import RankRecord
 
 
 def test_unknown_hazard_is_one_line_user_error(capsys):

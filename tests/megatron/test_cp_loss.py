@@ -6,7 +6,7 @@ import torch
 
 from nanscope import hazards
 from nanscope.loss import as_is
-from nanscope.megatron import runner
+from nanscope.megatron import step
 from nanscope.slime_args import case_args
 
 
@@ -24,17 +24,17 @@ def test_zigzag_cp2_matches_whole_sequence(single_process, hazard):
     batch = hazards.build(hazard, policy, hazards.case_rollout(512, seed=3), seed=3)
     args = case_args(global_batch_size=8)
     i = batch["hazard_site"][0] if batch["hazard_site"] else 0
-    mb = runner._sample(batch, i)
+    mb = step._sample(batch, i)
     total = mb["total_lengths"][0]
-    # [1, S, V]: the sample's logits then padding to the runner's fixed length (zeros, as a model's
+    # [1, S, V]: the sample's logits then padding to the harness's fixed length (zeros, as a model's
     # padded positions would be ignored).
     logits = policy(batch["unconcat_tokens"])[i][None]  # the synthetic policy's logits depend on i
-    padded = torch.nn.functional.pad(logits, (0, 0, 0, runner.seq_length_for([total], 1) - total))
+    padded = torch.nn.functional.pad(logits, (0, 0, 0, step.seq_length_for([total], 1) - total))
 
     out = {}
     for cp in (1, 2):
         x = padded.clone().requires_grad_(True)
-        loss, normalizer, log = runner._cp_loss(as_is.loss_function, args, mb, 8, cp, x)
+        loss, normalizer, log = step._cp_loss(as_is.loss_function, args, mb, 8, cp, x)
         loss.backward()
         # slime's reduction on the last stage: value * cp / num_samples (counted once per CP rank)
         metrics = (log["values"][1:] * cp / log["values"][0]).tolist()

@@ -1,4 +1,4 @@
-"""Parent-side pieces of the runner that need no torchrun."""
+"""Parent-side pieces of the harness that need no torchrun."""
 
 import subprocess
 import sys
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from nanscope.megatron import runner
-from nanscope.megatron.runner import RunSpec
+from nanscope.megatron import launcher, step
+from nanscope.megatron.spec import RunSpec
 
 
 def test_kill_tree_reaches_descendants_in_their_own_session():
@@ -21,7 +21,7 @@ def test_kill_tree_reaches_descendants_in_their_own_session():
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout.readline() == b"up\n"
     time.sleep(0.2)  # let the grandchild start
-    pids = runner.kill_tree(proc.pid)
+    pids = launcher.kill_tree(proc.pid)
     assert len(pids) == 2 and pids[0] == proc.pid
     t = time.time()
     proc.communicate(timeout=10)  # returns only once the grandchild released the pipe too
@@ -30,9 +30,9 @@ def test_kill_tree_reaches_descendants_in_their_own_session():
 
 def test_bad_runs_fail_in_the_parent_before_any_launch(tmp_path):
     with pytest.raises(ValueError, match="unknown hazard 'nope'"):
-        runner.launch([RunSpec("nope")], out_dir=tmp_path)
-    with pytest.raises(ValueError, match="no module nanscope.loss.typo"):
-        runner.launch([RunSpec("healthy", loss="typo")], out_dir=tmp_path)
+        launcher.launch([RunSpec("nope")], out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"^unknown loss .typo.; known: as-is, safe$"):
+        launcher.launch([RunSpec("healthy", loss="typo")], out_dir=tmp_path)
     assert not (tmp_path / "spec.json").exists()
 
 
@@ -43,5 +43,5 @@ def test_run_spec_injects_the_hazard_at_one_step():
 
 
 def test_seq_length_is_a_multiple_of_64_tp():
-    assert runner.seq_length_for([44, 30], tp=2) == 128
-    assert runner.seq_length_for([129], tp=1) == 192
+    assert step.seq_length_for([44, 30], tp=2) == 128
+    assert step.seq_length_for([129], tp=1) == 192

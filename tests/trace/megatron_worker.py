@@ -11,10 +11,7 @@ the sentinel readings and the trace reports as JSON.
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import socket
 import sys
 from functools import partial
 
@@ -23,34 +20,18 @@ PER_MICRO = 4
 
 def main(out_path: str) -> None:
     import torch
-    import torch.distributed as dist
-
-    from nanscope.megatron import cpu
-
-    cpu.install()
-    from megatron.core import parallel_state as mpu
-    from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from nanscope import hazards
     from nanscope.loss import as_is
-    from nanscope.megatron.model import TinyQwen3MoE, build_model, build_optimizer
+    from nanscope.megatron import bootstrap
+    from nanscope.megatron.model import TinyQwen3MoE
     from nanscope.slime_args import case_args
     from nanscope.trace import Sentinel, Tracer, replay
 
     torch.set_num_threads(1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    dist.init_process_group("gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
-    mpu.initialize_model_parallel(1, 1)
-
-    model, config = build_model(seed=0, bf16=False)
-    optimizer = build_optimizer(model, bf16=False)
-    config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss
-    config.timers = None
+    bootstrap.init(timeout_s=60)
+    model, _, optimizer = bootstrap.build_training(seed=0, bf16=False)
     vocab = TinyQwen3MoE().vocab_size
 
     def run(tokens):  # [S] -> logits [1, S_padded, V]

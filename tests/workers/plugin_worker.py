@@ -23,13 +23,10 @@ def main() -> None:
     p.add_argument("--cp", type=int, default=1)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    dist.init_process_group("gloo")
+    from nanscope.megatron import bootstrap
+
+    bootstrap.init(tp=a.tp, cp=a.cp)
     from megatron.core import parallel_state as ps
-
-    from nanscope.megatron import cpu
-
-    cpu.install()
-    ps.initialize_model_parallel(tensor_model_parallel_size=a.tp, context_parallel_size=a.cp)
 
     from nanscope import hazards
     from nanscope.loss import as_is, microbatch

@@ -1,7 +1,7 @@
 """The 4-process harness (TP2 x PP2, SP, gloo): one launch runs healthy then kl-exp-overflow.
 
 Each torchrun launch costs ~10-25 s of imports on 2 cores, so both runs share one launch (the
-runner's reason to exist); each test still has its own hard timeout.
+harness's reason to exist); each test still has its own hard timeout.
 """
 
 import os
@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from nanscope.megatron import runner
 from nanscope import case
-from nanscope.megatron.runner import Layout, RunSpec
+from nanscope.megatron import launcher, worker
+from nanscope.megatron.spec import Layout, RunSpec
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def launched(tmp_path_factory):
     out = tmp_path_factory.mktemp("harness")
     runs = [RunSpec("healthy", save_params=True), RunSpec("kl-exp-overflow")]
-    return runner.launch(runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out)
+    return launcher.launch(runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out)
 
 
 @pytest.mark.timeout(300)
@@ -53,7 +53,7 @@ def test_healthy_step_completes(launched):
     assert all(r.losses == [{}] for r in run.ranks if not r.holds_output_layer)
     # Saved parameters are the ones the checksum covers.
     params = torch.load(run.ranks[0].params_path)
-    assert runner._checksum(params) == run.ranks[0].param_checksum
+    assert worker.checksum(params) == run.ranks[0].param_checksum
 
 
 @pytest.mark.timeout(300)
@@ -105,7 +105,7 @@ def test_a_hung_rank_is_ended_and_reported(tmp_path):
     # stuck in a collective with it) ends its process after rank_timeout_s; the peers' collectives
     # then fail, torchrun stops the rest, and the parent reports who was stuck and who is missing,
     # well before its own hard timeout.
-    res = runner.launch([RunSpec("healthy", fault="hang:1")], timeout_s=250, rank_timeout_s=20, out_dir=tmp_path)
+    res = launcher.launch([RunSpec("healthy", fault="hang:1")], timeout_s=250, rank_timeout_s=20, out_dir=tmp_path)
     assert not res.timed_out and res.returncode != 0
     assert res.stuck, res.stderr_tail
     for rank, message in res.stuck.items():
@@ -117,7 +117,7 @@ def test_a_hung_rank_is_ended_and_reported(tmp_path):
 @pytest.mark.timeout(60)
 def test_parent_timeout_kills_the_process_tree(tmp_path):
     # 4 ranks cannot import megatron-core in 3 s: the parent kills torchrun's whole session.
-    res = runner.launch([RunSpec("healthy")], timeout_s=3, out_dir=tmp_path)
+    res = launcher.launch([RunSpec("healthy")], timeout_s=3, out_dir=tmp_path)
     assert res.timed_out and not res.ok
     assert res.wall_s < 10
     assert res.runs[0].missing == [0, 1, 2, 3] and res.runs[0].observed == "incomplete"
@@ -133,7 +133,7 @@ def test_data_parallel_replica_without_the_nan_blocks_and_the_next_run_is_relaun
     # run after it is executed by a fresh launch.
     layout = Layout(tp=2, pp=1, dp=2, ep=2, etp=1)
     runs = [RunSpec("nan-rollout-logprob"), RunSpec("healthy")]
-    res = runner.launch(runs, layout, timeout_s=380, rank_timeout_s=45, out_dir=tmp_path)
+    res = launcher.launch(runs, layout, timeout_s=380, rank_timeout_s=45, out_dir=tmp_path)
     hazard, healthy = res.runs
     assert [(r.rank, r.dp, r.ok) for r in hazard.ranks] == [(0, 0, False), (1, 0, False)]
     assert all(r.error.endswith(case.nan_check_message()) for r in hazard.ranks)

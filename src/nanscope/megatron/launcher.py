@@ -1,0 +1,187 @@
+"""The parent side of the harness: spawn torchrun over the worker, bound it in time, collect the records.
+
+    from nanscope.megatron.launcher import launch
+    from nanscope.megatron.spec import Layout, RunSpec
+    result = launch([RunSpec("healthy"), RunSpec("kl-exp-overflow")], Layout())
+
+`launch` writes the WorkerSpec, spawns `torchrun ... -m nanscope.megatron.worker` with a hard timeout,
+kills the whole process tree when it expires, relaunches for the remaining runs when a launch died
+mid-way, and returns a LaunchResult.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nanscope.megatron.spec import Layout, LaunchResult, RankRecord, RunResult, RunSpec, WorkerSpec
+
+
+def launch(
+    runs: list[RunSpec],
+    layout: Layout = Layout(),
+    *,
+    timeout_s: float = 300.0,
+    rank_timeout_s: float = 120.0,
+    startup_timeout_s: float = 180.0,
+    out_dir: str | os.PathLike | None = None,
+    bf16: bool = True,
+    max_relaunches: int = 2,
+) -> LaunchResult:
+    """Execute `runs` in one torchrun launch of `layout.world` CPU processes (more if one dies).
+
+    When a launch dies inside run i (a rank hung and its watchdog ended it, or a rank crashed), the
+    runs after i are executed by a fresh launch, at most `max_relaunches` times; run i keeps the
+    records its ranks did write and lists the others as missing.
+
+    Args:
+        runs: executed in order, each from a freshly built model.
+        timeout_s: hard limit for the whole launch; on expiry the process tree is killed.
+        rank_timeout_s: bound on each run (and barrier) inside each rank: the watchdog ends a rank
+            stuck longer, and megatron's process groups time out after max(1, ceil(it / 60)) minutes.
+        startup_timeout_s: bound on imports and process-group init (4 ranks importing megatron-core
+            on 2 loaded cores can take 30 s).
+        out_dir: where the ranks write records (and parameters); a temp dir when None.
+        bf16: bf16 parameters with fp32 main params and grads (as the case); False for all-fp32.
+        max_relaunches: fresh launches allowed after a launch dies mid-way.
+
+    Returns:
+        A LaunchResult; runs whose records are missing list the missing ranks.
+    """
+    _validate(runs, layout)
+    tmp = None
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="nanscope-run-")
+        out_dir = tmp.name
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = WorkerSpec(layout, tuple(runs), rank_timeout_s, startup_timeout_s, bf16)
+    t0 = time.time()
+    outputs, stuck, returncode, timed_out, launches = [], {}, None, False, 0
+    while True:
+        launches += 1
+        code, timed_out, output = _torchrun(out, spec, timeout_s - (time.time() - t0))
+        returncode = code if not returncode else returncode  # the first failure's code sticks
+        outputs.append(output)
+        for r in range(layout.world):  # the watchdog's notes, kept across relaunches
+            w = out / f"stuck.rank{r}.txt"
+            if w.exists():
+                stuck[r] = "; ".join(filter(None, [stuck.get(r), w.read_text()]))
+                w.unlink()
+        broken = _first_incomplete(out, len(runs), layout.world, spec.first_run)
+        if code == 0 or timed_out or broken is None or broken + 1 >= len(runs) or launches > max_relaunches:
+            break
+        spec = dataclasses.replace(spec, first_run=broken + 1)  # the launch died in run `broken`: resume after
+    result = collect(out, runs, layout, returncode, timed_out, time.time() - t0, "\n".join(outputs))
+    result.stuck, result.launched_at, result.launches = stuck, t0, launches
+    if tmp is not None:
+        tmp.cleanup()
+    return result
+
+
+def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float) -> tuple[int, bool, str]:
+    """One torchrun of the worker over `spec`; kills the process tree after `timeout_s`."""
+    from nanscope.megatron.bootstrap import free_port
+
+    (out / "spec.json").write_text(spec.to_json())
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(spec.layout.world),
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        "-m", "nanscope.megatron.worker", "--spec", str(out / "spec.json"), "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": ""}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=max(1.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        kill_tree(proc.pid)
+        try:
+            output, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a descendant we could not see still holds the pipe
+            proc.kill()
+            output = b"(output lost: the process tree did not exit after SIGKILL)"
+    return proc.returncode, timed_out, output.decode(errors="replace")
+
+
+def _children() -> dict[int, list[int]]:
+    """ppid -> pids, from /proc (Linux)."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL `pid` and all its descendants; returns the pids signalled.
+
+    torchrun starts each rank in a new session, so killing torchrun's process group alone would
+    orphan the ranks (and they would keep the output pipe open): the tree is collected first.
+    """
+    pids, todo = [], [pid]
+    tree = _children() if os.path.isdir("/proc") else {}
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        todo.extend(tree.get(p, []))
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def _first_incomplete(out: Path, n_runs: int, world: int, first: int) -> int | None:
+    """Index of the first run from `first` on that some rank wrote no record for."""
+    for i in range(first, n_runs):
+        if any(not (out / f"run{i}.rank{r}.json").exists() for r in range(world)):
+            return i
+    return None
+
+
+def _validate(runs: list[RunSpec], layout: Layout) -> None:
+    """Fail in the parent, not after 20 s of imports in every rank."""
+    from nanscope import hazards, loss
+
+    for r in runs:
+        hazards.get(r.hazard)
+        loss.get(r.loss)
+        assert r.steps >= 1 and (r.inject_step is None or 1 <= r.inject_step <= r.steps), r
+    assert min(layout.tp, layout.pp, layout.dp, layout.ep, layout.cp) >= 1, layout
+
+
+def collect(out: Path, runs, layout, returncode, timed_out, wall, output) -> LaunchResult:
+    """Read the ranks' records and startup times from `out` into a LaunchResult (stuck notes: `launch`)."""
+    results = []
+    for i, spec in enumerate(runs):
+        records, missing = [], []
+        for r in range(layout.world):
+            path = out / f"run{i}.rank{r}.json"
+            if path.exists():
+                records.append(RankRecord.from_json(path.read_text()))
+            else:
+                missing.append(r)
+        results.append(RunResult(spec, records, missing))
+    startup = {}
+    for r in range(layout.world):
+        s = out / f"startup.rank{r}.json"
+        if s.exists():
+            startup[r] = json.loads(s.read_text())
+    tail = "\n".join(output.splitlines()[-200:])
+    return LaunchResult(layout, results, returncode, timed_out, wall, startup, {}, tail)

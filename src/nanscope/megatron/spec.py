@@ -1,0 +1,161 @@
+"""What the harness is asked to run and what it reports: plain dataclasses with a JSON round-trip.
+
+The parent (`launcher`) writes a `WorkerSpec` as JSON; every torchrun rank (`worker`) reads it, writes one
+`RankRecord` per run as JSON, and the parent reads those back into `RunResult`s of a `LaunchResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel layout. world = tp * pp * dp; experts: ep * etp must divide tp * dp."""
+
+    tp: int = 2
+    pp: int = 2
+    dp: int = 1
+    ep: int = 1
+    etp: int | None = None  # None: same as tp (megatron's default)
+    # Context parallelism at the loss level only: the model sees whole sequences (CP inside attention
+    # needs TransformerEngine); each sample's logits are cut into slime's zigzag chunks and the loss
+    # runs once per simulated CP rank, with that rank's slice of the batch. 2 as in the case.
+    cp: int = 2
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: `steps` optimizer steps; the hazard's batch at `inject_step` (1-based), healthy elsewhere.
+
+    inject_step None means step 1 for a hazard (a healthy run is healthy at every step).
+    """
+
+    hazard: str = "healthy"
+    loss: str = "as-is"  # a name of nanscope.loss.NAMES
+    steps: int = 1
+    inject_step: int | None = None
+    seed: int = 0
+    save_params: bool = False  # write each rank's final parameters to the output dir
+    save_grads: bool = False  # write each rank's fp32 main grads of the last step (before the optimizer)
+    defused: bool = False  # the hazard's clean twin: same batch and site, no trigger (hazards.build)
+    hook: bool = False  # call nanscope.slime_plugin.before_train_step before each step, as slime does
+    on_nonfinite: str = "raise"  # NANSCOPE_ON_NONFINITE for the hook: "raise" | "skip"
+    trace: bool = False  # run the steps under the tracer (nanscope.trace.Tracer) and record its report
+    fault: str | None = None  # test hook: "exit:R" (rank R dies) or "hang:R" (rank R hangs) at run start
+
+    def hazard_at(self, step: int) -> str:
+        at = self.inject_step if self.inject_step is not None else 1
+        return self.hazard if step == at else "healthy"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """The worker's input (spec.json): the layout, every run, and the bounds inside each rank."""
+
+    layout: Layout
+    runs: tuple[RunSpec, ...]
+    rank_timeout_s: float  # bound on each run and barrier (the watchdog) and megatron's groups
+    startup_timeout_s: float  # bound on imports and process-group init
+    bf16: bool
+    first_run: int = 0  # index of the first run this launch executes (a relaunch resumes there)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        d = json.loads(text)
+        runs = tuple(RunSpec(**r) for r in d.pop("runs"))
+        return cls(layout=Layout(**d.pop("layout")), runs=runs, **d)
+
+
+@dataclass
+class RankRecord:
+    """What one rank saw in one run."""
+
+    rank: int
+    pp: int
+    tp: int
+    dp: int
+    ep: int
+    layers: list[int]  # 0-based decoder layers held (Megatron's layer_number is 1-based)
+    holds_output_layer: bool
+    ok: bool
+    error: str | None = None  # the full exception message
+    error_type: str | None = None
+    error_time: float | None = None  # time.time() when raised: the first raiser has the smallest
+    error_step: int | None = None
+    frames: list[tuple[str, int, str]] = field(default_factory=list)  # megatron-core frames of the traceback
+    grad_norms: list[float] = field(default_factory=list)  # local bucket grad norms, dense then expert
+    optimizer_grad_norm: list[float | None] = field(default_factory=list)  # per completed step
+    params_finite: bool | None = None
+    param_checksum: str | None = None  # sha256 over this rank's parameters, in name order
+    params_path: str | None = None
+    grads_path: str | None = None
+    skipped_steps: int = 0  # steps the plugin hook skipped (on_nonfinite "skip")
+    reports: list[str] = field(default_factory=list)  # report files the plugin hook wrote
+    trace: dict | None = None  # TraceReport.to_dict() of this rank (spec.trace)
+    losses: list[dict] = field(default_factory=list)  # per step on the last stage: slime's reduced metrics
+    hazard_sites: list = field(default_factory=list)  # per step: (sample, response position) or None
+    # per step: the batch's log-probs at the hazard site (policy = the log-prob pass at T 0.8, i.e.
+    # log_probs; ref_log_probs; rollout_log_probs), e.g. policy -113 vs ref -1 for kl-exp-overflow
+    site_log_probs: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RankRecord:
+        d = json.loads(text)
+        d["frames"] = [tuple(f) for f in d["frames"]]
+        return cls(**d)
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    ranks: list[RankRecord]  # sorted by rank; ranks that wrote nothing are absent
+    missing: list[int] = field(default_factory=list)  # ranks without a record (crashed, killed)
+
+    @property
+    def observed(self) -> str:
+        """"completed", "nan-check" (every error is megatron's NaN check), "error" or "incomplete"."""
+        if self.missing:
+            return "incomplete"
+        if all(r.ok for r in self.ranks):
+            return "completed"
+        from nanscope import case
+
+        if all(r.ok or (r.error or "").endswith(case.nan_check_message()) for r in self.ranks):
+            return "nan-check"
+        return "error"
+
+    def first_failure(self) -> RankRecord | None:
+        failed = [r for r in self.ranks if not r.ok and r.error_time is not None]
+        return min(failed, key=lambda r: r.error_time) if failed else None
+
+
+@dataclass
+class LaunchResult:
+    layout: Layout
+    runs: list[RunResult]
+    returncode: int | None  # torchrun's exit code; the first non-zero one when a relaunch followed
+    timed_out: bool
+    wall_s: float  # parent-side, spawn to exit
+    startup: dict[int, dict]  # rank -> {"started" (time.time() at worker entry), "imports_s", "init_s"}
+    stuck: dict[int, str]  # rank -> watchdog message, for ranks the watchdog ended
+    stderr_tail: str
+    launched_at: float = 0.0  # time.time() when the parent spawned the first torchrun
+    launches: int = 1  # torchrun launches it took (relaunches after a launch died mid-way)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out

@@ -1,0 +1,317 @@
+"""The torchrun worker: `python -m nanscope.megatron.worker --spec SPEC --out DIR`, one process per rank.
+
+Starts megatron on CPU ONCE (`bootstrap.init`), then executes the spec's runs in order. Each run rebuilds
+the model and optimizer from its seed (runs are independent), builds every step's batch against the
+current model (slime's log-prob pass), and trains like slime's train_one_step (`step.py`). An exception
+(megatron's NaN check raises RuntimeError) is caught per run and rank, recorded (message, megatron
+frames, time) and the worker moves on after a barrier. Each rank writes `DIR/run{i}.rank{r}.json`. A
+watchdog thread ends a rank stuck in one phase (a collective whose peers raised) with os._exit(3),
+leaving `DIR/stuck.rank{r}.txt`.
+
+Which ranks raise (measured): at TP2 x PP2 (DP 1) every rank fails the NaN check in finish_grad_sync,
+the last stage first (1F1B: it finishes its backward first) — NaN flows back through every stage and
+TP rank. With DP > 1 only the replicas whose samples carry the NaN raise; the others pass their local
+check and block in the data-parallel all-reduce until the watchdog ends them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from nanscope.megatron.spec import Layout, RankRecord, RunSpec, WorkerSpec
+
+
+class Watchdog:
+    """Ends this process with os._exit(3) when a phase outlives its bound (a hung collective)."""
+
+    def __init__(self, out: Path, rank: int):
+        self.out, self.rank = out, rank
+        self.phase, self.deadline = "startup", float("inf")
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def arm(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.phase, self.deadline = phase, time.monotonic() + seconds
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            with self._lock:
+                late = time.monotonic() > self.deadline
+                phase = self.phase
+            if late:
+                msg = f"rank {self.rank}: watchdog: stuck in {phase}; exiting"
+                (self.out / f"stuck.rank{self.rank}.txt").write_text(msg)
+                print(msg, file=sys.stderr, flush=True)
+                os._exit(3)
+
+
+@dataclass
+class RunContext:
+    """One run on this rank: everything its steps use, made once when the run starts."""
+
+    index: int  # the run's position in the spec
+    spec: RunSpec
+    layout: Layout
+    out: Path
+    record: RankRecord  # filled in as the run goes
+    vocab_size: int
+    model: Any = None  # DDP(Float16Module(GPTModel)) once built
+    config: Any = None  # its TransformerConfig
+    optimizer: Any = None
+    hook: ModuleType | None = None  # nanscope.slime_plugin when spec.hook (before_train_step, ...)
+    tracer: Any = None  # the nanscope.trace.Tracer of the current step when spec.trace
+    grads_path: Path | None = None  # where train_one_step saves the main grads (spec.save_grads)
+
+    @property
+    def name(self) -> str:
+        return f"run {self.index}"
+
+    def path(self, kind: str, suffix: str = ".pt") -> Path:
+        """This rank's file of this run in the output dir, e.g. params.run3.rank1.pt."""
+        return self.out / f"{kind}.run{self.index}.rank{self.record.rank}{suffix}"
+
+    def hook_env(self) -> dict[str, str]:
+        """The environment slime's hook reads for this run (empty without the hook)."""
+        if not self.spec.hook:
+            return {}
+        report_dir = self.out / f"reports.run{self.index}"
+        return {"NANSCOPE_ON_NONFINITE": self.spec.on_nonfinite, "NANSCOPE_REPORT_DIR": str(report_dir)}
+
+
+class Worker:
+    """One rank: parallel state is up (bootstrap.init); executes runs."""
+
+    def __init__(self, spec: WorkerSpec, out: Path, watchdog: Watchdog):
+        import torch.distributed as dist
+
+        self.spec, self.out, self.wd = spec, out, watchdog
+        self.rank = dist.get_rank()
+
+    def execute(self, index: int, run: RunSpec) -> RankRecord:
+        """One run on this rank; any exception is recorded in the returned record, never raised."""
+        from megatron.core import parallel_state as mpu
+
+        from nanscope.megatron import step
+        from nanscope.megatron.model import TinyQwen3MoE
+
+        t0 = time.time()
+        _apply_fault(run.fault, self.rank)
+        rec = RankRecord(
+            rank=self.rank,
+            pp=mpu.get_pipeline_model_parallel_rank(),
+            tp=mpu.get_tensor_model_parallel_rank(),
+            dp=mpu.get_data_parallel_rank(),
+            ep=mpu.get_expert_model_parallel_rank(),
+            layers=[],
+            holds_output_layer=mpu.is_pipeline_last_stage(),
+            ok=True,
+        )
+        ctx = RunContext(index, run, self.spec.layout, self.out, rec, TinyQwen3MoE().vocab_size)
+        try:
+            with _scoped_env(ctx.hook_env()):
+                self.steps(ctx)
+        except Exception as e:  # megatron's NaN check raises RuntimeError; record anything
+            rec.ok, rec.error, rec.error_type = False, str(e), type(e).__name__
+            rec.error_time, rec.error_step = time.time(), len(rec.hazard_sites)
+            rec.frames = _megatron_frames(e.__traceback__)
+            if ctx.model is not None:
+                rec.grad_norms = step.bucket_grad_norms(ctx.model)
+        if ctx.model is not None:
+            self.finish_record(ctx)
+        rec.seconds = time.time() - t0
+        return rec
+
+    def steps(self, ctx: RunContext) -> None:
+        """Build the model, then per step: the batch against the current model, then train_one_step."""
+        from nanscope import hazards, loss
+        from nanscope.megatron import bootstrap, step
+        from nanscope.megatron.model import layers_held
+
+        spec, rec, limit = ctx.spec, ctx.record, self.spec.rank_timeout_s
+        self.wd.arm(f"{ctx.name}: build", limit)
+        ctx.model, ctx.config, ctx.optimizer = bootstrap.build_training(seed=spec.seed, bf16=self.spec.bf16)
+        rec.layers = layers_held(ctx.config)
+        if spec.save_grads:
+            ctx.grads_path = ctx.path("grads")
+            rec.grads_path = str(ctx.grads_path)
+        if spec.hook:
+            from nanscope import slime_plugin
+
+            ctx.hook = slime_plugin
+        loss_module = loss.get(spec.loss)
+        for i in range(1, spec.steps + 1):
+            seed = spec.seed * 1000 + i
+            rollout = hazards.case_rollout(ctx.vocab_size, seed=seed)
+            seq_length = step.seq_length_for(rollout.total_lengths, ctx.layout.tp)
+            self.wd.arm(f"{ctx.name} step {i}: log-prob pass", limit)
+            policy = step.policy(ctx, seq_length)
+            batch = hazards.build(spec.hazard_at(i), policy, rollout, seed=seed, defused=spec.defused)
+            site = batch.pop("hazard_site", None)
+            rec.hazard_sites.append(site)
+            rec.site_log_probs.append(_site_log_probs(batch, site))
+            self.wd.arm(f"{ctx.name} step {i}: train_one_step", limit)
+            try:
+                losses, grad_norm, rec.grad_norms = self.train(ctx, batch, seq_length, loss_module, i)
+            finally:
+                if ctx.hook is not None:
+                    rec.skipped_steps, rec.reports = ctx.hook.skipped_steps(), ctx.hook.reports()
+            rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
+            rec.losses.append(losses)
+
+    def train(self, ctx: RunContext, batch: dict, seq_length: int, loss_module, i: int):
+        """step.train_one_step, under the tracer when the run asks for it (its report into the record)."""
+        from nanscope.megatron import step
+
+        if not ctx.spec.trace:
+            return step.train_one_step(ctx, batch, seq_length, loss_module, i)
+        from nanscope.trace import Tracer
+
+        with Tracer(modules=[ctx.model]) as ctx.tracer:
+            try:
+                return step.train_one_step(ctx, batch, seq_length, loss_module, i)
+            finally:
+                ctx.record.trace = ctx.tracer.report().to_dict()
+                ctx.tracer = None
+
+    def finish_record(self, ctx: RunContext) -> None:
+        """Parameters after the run: finiteness, checksum, optionally the tensors themselves."""
+        import torch
+
+        ctx.model.zero_grad_buffer()
+        params = {n: p.detach().float().clone() for n, p in ctx.model.named_parameters()}
+        ctx.record.params_finite = all(bool(torch.isfinite(p).all()) for p in params.values())
+        ctx.record.param_checksum = checksum(params)
+        if ctx.spec.save_params:
+            torch.save(params, ctx.path("params"))
+            ctx.record.params_path = str(ctx.path("params"))
+
+
+@contextlib.contextmanager
+def _scoped_env(values: dict[str, str]):
+    """Set environment variables for the block; restore (or remove) them after."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def checksum(params: dict) -> str:
+    """sha256 over {name: tensor} in name order (names and bytes)."""
+    h = hashlib.sha256()
+    for name in sorted(params):
+        h.update(name.encode())
+        h.update(params[name].contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _megatron_frames(tb) -> list[tuple[str, int, str]]:
+    return [
+        (os.path.basename(f.filename), f.lineno, f.name)
+        for f in traceback.extract_tb(tb)
+        if f"{os.sep}megatron{os.sep}core{os.sep}" in f.filename
+    ]
+
+
+def _site_log_probs(batch: dict, site) -> dict | None:
+    """{"policy", "ref", "rollout"} log-probs at a (sample, response position) site, or None."""
+    if not site or site[1] is None:
+        return None
+    i, j = site
+    keys = (("policy", "log_probs"), ("ref", "ref_log_probs"), ("rollout", "rollout_log_probs"))
+    return {name: float(batch[key][i][j]) for name, key in keys if key in batch}
+
+
+def _apply_fault(fault: str | None, rank: int) -> None:
+    """Test hook: "exit:R" ends rank R at once; "hang:R" blocks rank R until its watchdog fires."""
+    if not fault:
+        return
+    kind, _, who = fault.partition(":")
+    assert kind in ("exit", "hang"), f"unknown fault {fault!r}"
+    if int(who) == rank:
+        if kind == "exit":
+            os._exit(1)
+        time.sleep(10**6)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this rank when torchrun dies (prctl PR_SET_PDEATHSIG), so no rank outlives it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def _barrier(wd: Watchdog, seconds: float, what: str) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    wd.arm(f"barrier before {what}", seconds + 5)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds), wait_all_ranks=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of each torchrun rank."""
+    t_start = time.time()
+    p = argparse.ArgumentParser(prog="python -m nanscope.megatron.worker")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    spec = WorkerSpec.from_json(Path(a.spec).read_text())
+    rank = int(os.environ["RANK"])
+    _die_with_parent()
+    wd = Watchdog(out, rank)
+    wd.arm("imports", spec.startup_timeout_s)
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state  # noqa: F401  (timed here, apart from the init below)
+
+    from nanscope.megatron import bootstrap
+
+    t_imports = time.time()
+    wd.arm("process-group init", spec.startup_timeout_s)
+    layout = spec.layout
+    bootstrap.init(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
+                   timeout_s=spec.startup_timeout_s, group_timeout_s=spec.rank_timeout_s)  # fmt: skip
+    assert layout.world == dist.get_world_size(), f"layout world {layout.world} != {dist.get_world_size()}"
+    torch.set_num_threads(1)
+    t_init = time.time()
+    startup = {"started": t_start, "imports_s": t_imports - t_start, "init_s": t_init - t_imports}
+    (out / f"startup.rank{rank}.json").write_text(json.dumps(startup))
+    worker = Worker(spec, out, wd)
+    for i in range(spec.first_run, len(spec.runs)):
+        _barrier(wd, spec.rank_timeout_s, f"run {i}")
+        wd.arm(f"run {i}", spec.rank_timeout_s)
+        rec = worker.execute(i, spec.runs[i])
+        (out / f"run{i}.rank{rank}.json").write_text(rec.to_json())
+    _barrier(wd, spec.rank_timeout_s, "exit")
+    # Every record is on disk and every rank is past the barrier: skip destroy_process_group and the
+    # interpreter's teardown of torch/megatron (seconds per rank on 2 cores).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+if __name__ == "__main__":
+    sys.exit(main())
