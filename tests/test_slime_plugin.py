@@ -111,4 +111,5 @@ def test_before_train_step_hook_raise_and_skip_on_the_cpu_harness(tmp_path):
     assert skipped.observed == "completed"
     for r in skipped.ranks:
         assert r.skipped_steps == 1 and r.params_finite is True
-        assert r.optimizer_grad_norm[1] == 0.0 and r.optimizer_grad_norm[0] > 0 and r.optimizer_grad_norm[2] > 0
+        norms = r.optimizer_grad_norm  # the skipped step reports a NaN grad norm, as slime treats an invalid step
+        assert norms[1] != norms[1] and norms[0] > 0 and norms[2] > 0

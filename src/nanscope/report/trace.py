@@ -1,4 +1,5 @@
-"""A TraceReport or a sentinel Reading in words (terminal text; JSON is their to_dict())."""
+"""A TraceReport, a sentinel Reading, or a step traced on every rank, in words (terminal text; JSON is
+their to_dict())."""
 
 from __future__ import annotations
 
@@ -75,4 +76,31 @@ def reading_lines(reading: Reading) -> list[str]:
     if reading.grads:
         more = f" and {len(reading.grads) - 3} more" if len(reading.grads) > 3 else ""
         out.append(f"  accumulated gradients non-finite: {', '.join(reading.grads[:3])}{more}")
+    return out
+
+
+def event_summary(e: Event) -> str:
+    """One event on one line: op, autograd node, module, source line, micro-batch, token."""
+    node = f" in {e.node}" if e.node else ""
+    module = f"module {e.module!r}" if e.module is not None else "outside the watched modules"
+    mb = f", micro-batch {e.microbatch}" if e.microbatch is not None else ""
+    return f"{e.op}{node} produced {_produced(e)}, {module}, at {e.source or '-'}{mb}; {e.token_text()}"
+
+
+def summary_lines(report: TraceReport) -> list[str]:
+    """The forward and backward producers, one line each."""
+    return [f"{phase}: " + (event_summary(e) if e is not None else "no op produced a non-finite value")
+            for phase, e in (("forward", report.forward), ("backward", report.backward))]
+
+
+def first_lines(first: dict) -> list[str]:
+    """The first producer of each phase over all ranks (nanscope.trace.step.first_across_ranks)."""
+    out = []
+    for phase in ("forward", "backward"):
+        e = first.get(phase)
+        if e is None:
+            out.append(f"{phase}: no op produced a non-finite value on any rank")
+            continue
+        out.append(f"{phase}: rank {e['rank']} (pp {e['pp']}, tp {e['tp']}): {event_summary(Event.from_dict(e))}")
+    out += [f"non-finite input on rank {i['rank']}: {i['name']}" for i in first.get("inputs", [])]
     return out

@@ -12,12 +12,17 @@ Environment variables:
     NANSCOPE_REPORT_DIR   where the sentinel writes its report and the micro-batch to replay
                           (default ./nanscope_reports)
     NANSCOPE_ON_NONFINITE raise (default: Megatron's check kills the step, as without nanscope)
-                          | skip (zero the gradients, skip the optimizer step, count it)
+                          | skip (zero the gradients, skip the optimizer step, grad norm NaN, log
+                          nanscope/skipped_steps)
+    NANSCOPE_MAX_SKIPS    K: with skip, end the run with an error after K skipped steps in a row
+    NANSCOPE_TRACE_STEP   R:S: trace rollout R's step S op by op (rerun with --load-debug-rollout-data)
+
+`uninstall()` removes the hook and restores the model chunks and the optimizer.
 """
 
 from __future__ import annotations
 
-from nanscope.slime_plugin.hook import before_train_step, reports, skipped_steps
+from nanscope.slime_plugin.hook import before_train_step, logged, reports, skipped_steps, uninstall
 from nanscope.slime_plugin.loss import policy_loss
 
-__all__ = ["before_train_step", "policy_loss", "reports", "skipped_steps"]
+__all__ = ["before_train_step", "logged", "policy_loss", "reports", "skipped_steps", "uninstall"]

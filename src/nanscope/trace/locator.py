@@ -42,7 +42,7 @@ import linecache
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, NamedTuple
 
 import torch
@@ -116,6 +116,11 @@ class Event:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Event":
+        """The inverse of to_dict (keys that are not fields, e.g. a rank added by a merge, are dropped)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
     def where(self) -> str:
         """"module M, source S" in words."""
         parts = []
@@ -171,6 +176,13 @@ class TraceReport:
     first_backward: Event | None = None
     inputs: list = field(default_factory=list)
     outcome: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TraceReport":
+        """The inverse of to_dict."""
+        ev = lambda e: None if e is None else Event.from_dict(e)  # noqa: E731
+        return cls(ev(d["forward"]), ev(d["backward"]), d["ops_seen"], ev(d["first_forward"]), ev(d["first_backward"]),
+                   [InputFinding(**i) for i in d["inputs"]], dict(d["outcome"]))
 
     @property
     def clean(self) -> bool:

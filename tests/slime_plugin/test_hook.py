@@ -1,0 +1,119 @@
+"""The plugin's before-train-step hook: its settings, and its life on real megatron-core chunks (one process)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanscope import case, hazards
+from nanscope.slime_args import case_args
+from nanscope.slime_plugin.hook import Settings, replay_instruction
+
+WORKER = Path(__file__).parents[1] / "workers" / "hook_worker.py"
+
+
+def test_settings_from_the_environment():
+    assert Settings.from_env({}) == Settings("nanscope_reports", "raise", None, None)
+    env = {"NANSCOPE_REPORT_DIR": "/r", "NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "3",
+           "NANSCOPE_TRACE_STEP": "12:0"}
+    assert Settings.from_env(env) == Settings("/r", "skip", 3, (12, 0))
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"NANSCOPE_ON_NONFINITE": "ignore"}, "NANSCOPE_ON_NONFINITE='ignore': expected one of raise, skip"),
+    ({"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "0"}, "NANSCOPE_MAX_SKIPS='0': expected an integer >= 1"),
+    ({"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "-1"},
+     "NANSCOPE_MAX_SKIPS='-1': expected an integer >= 1"),
+    ({"NANSCOPE_MAX_SKIPS": "2"}, "NANSCOPE_MAX_SKIPS=2 needs NANSCOPE_ON_NONFINITE=skip (it is raise)"),
+    ({"NANSCOPE_TRACE_STEP": "12"}, "NANSCOPE_TRACE_STEP='12': expected ROLLOUT:STEP, e.g. 12:0"),
+    ({"NANSCOPE_TRACE_STEP": "a:1"}, "NANSCOPE_TRACE_STEP='a:1': expected ROLLOUT:STEP, e.g. 12:0"),
+])
+def test_bad_settings_are_one_line(env, message):
+    with pytest.raises(ValueError) as e:
+        Settings.from_env(env)
+    assert str(e.value) == message
+
+
+def test_replay_instruction_names_the_step_and_the_saved_rollouts():
+    args = case_args()
+    args.save_debug_rollout_data = "/root/dumps/rollout_data/{rollout_id}.pt"
+    r = replay_instruction(args, 12, 1)
+    assert r == {"NANSCOPE_TRACE_STEP": "12:1", "load_debug_rollout_data": "/root/dumps/rollout_data/{rollout_id}.pt",
+                 "text": "rerun from the checkpoint before rollout 12 with NANSCOPE_TRACE_STEP=12:1 in the environment "
+                         "and --load-debug-rollout-data /root/dumps/rollout_data/{rollout_id}.pt"}
+    assert replay_instruction(case_args(), 0, 0)["text"].endswith(
+        "--load-debug-rollout-data <the --save-debug-rollout-data path; this run saved no rollouts>")
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hook")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "result.json").read_text()), proc.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_installing_twice_or_on_new_chunks_leaves_one_set_and_uninstall_restores(worker):
+    life = worker[0]["lifecycle"]
+    before = life["a_before"]
+    assert before["finish_grad_sync"] is False and before["step"] is False
+    installed = life["a_once"]
+    assert installed["hooks"] > before["hooks"] and installed["finish_grad_sync"] and installed["step"]
+    assert life["a_twice"] == installed  # a second call on the same chunks adds nothing
+    assert life["a_after_b"] == before  # new chunks: the old ones are restored, every hook removed
+    assert life["b_installed"] == installed  # the same model built again: exactly one set
+    assert life["b_after_uninstall"] == before
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_skip_reports_a_nan_grad_norm_logs_skipped_steps_and_leaves_the_parameters_of_a_run_without_that_step(worker):
+    result, stdout = worker
+    skip = result["skip"]
+    norms = skip["grad_norms"]
+    assert norms[0] > 0 and norms[1] != norms[1] and norms[2] > 0  # the skipped step's grad norm is NaN
+    assert skip["skipped"] == 1 and skip["error"] is None
+    logged = [{"rollout_id": i, "step_id": 0, "nanscope/skipped_steps": n} for i, n in enumerate([0, 1, 1])]
+    assert skip["logged"] == logged
+    assert "nanscope: rollout 1 step 0: {'nanscope/skipped_steps': 1}\n" in stdout
+    # The NaN never reaches the parameters: bitwise those of a run that never trained on the bad rollout.
+    assert result["params_finite"] and result["params_equal"]
+    assert result["without_bad_step"]["grad_norms"] == [norms[0], norms[2]]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_max_skips_ends_the_run_after_k_skips_in_a_row(worker):
+    m = worker[0]["max_skips"]
+    # [bad, healthy, bad, bad]: the healthy step resets the count; the second bad in a row stops the run.
+    nan, healthy, nan_again = m["grad_norms"]  # the fourth step raised before its optimizer step
+    assert nan != nan and healthy > 0 and nan_again != nan_again
+    assert m["skipped"] == 3
+    assert m["error"].startswith("nanscope: 2 step(s) in a row had non-finite gradients (the last: rollout 3 step 0); "
+                                 "NANSCOPE_MAX_SKIPS=2: stopping the run. Reports: ")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_trace_step_names_the_op_module_line_sample_and_token(worker):
+    result, stdout = worker
+    t = result["trace"]
+    assert t["error"].endswith(case.nan_check_message())  # raise mode: megatron's check still ends the step
+    sample, token = t["site"]
+    report, trace = [result["files"][p] for p in t["reports"]]
+    assert (report["rollout_id"], report["step_id"], report["replay"]["NANSCOPE_TRACE_STEP"]) == (1, 0, "1:0")
+    fwd, bwd = trace["first"]["forward"], trace["first"]["backward"]
+    assert (fwd["op"], fwd["sample"], fwd["token"], fwd["masked"], fwd["microbatch"]) == (
+        "aten.exp.default", sample, token, True, sample)  # one sample per micro-batch
+    assert " in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`" in fwd["source"]
+    assert (bwd["op"], bwd["node"], bwd["sample"], bwd["token"]) == ("aten.mul.Tensor", "ExpBackward0", sample, token)
+    assert trace["microbatch_samples"] == {str(i): [i] for i in range(len(hazards.case_rollout(512, 2).total_lengths))}
+    assert ("nanscope trace of rollout 1 step 0 (all ranks):\n"
+            "  forward: rank 0 (pp 0, tp 0): aten.exp.default produced inf") in stdout

@@ -1,0 +1,140 @@
+"""One process, real megatron-core on CPU: the plugin's hook as slime v0.1.0's train_one_step calls it.
+
+    python tests/workers/hook_worker.py OUT_DIR
+
+The tiny Qwen3-MoE (fp32) under megatron's DDP (bucket NaN check on) and Adam; every step is one
+rollout of 8 samples (one micro-batch each) built against the current model, trained like slime's
+train_one_step: zero grads -> before_train_step -> 1F1B -> finalize_model_grads -> optimizer.step.
+Scenarios, each on a freshly built model (so the hook reinstalls on new chunks):
+
+  lifecycle  installing twice, then on new chunks, then uninstall(): hook counts and wrapped attributes
+  skip       NANSCOPE_ON_NONFINITE=skip over [healthy, kl-exp-overflow, healthy]; and a run without the
+             bad rollout's step, [healthy, healthy] on the same seeds: its final parameters
+  max_skips  skip with NANSCOPE_MAX_SKIPS=2 over [bad, healthy, bad, bad]
+  trace      NANSCOPE_TRACE_STEP=1:0 with --load-debug-rollout-data over [healthy, kl-exp-overflow]
+
+Writes OUT_DIR/result.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+SEEDS = {"healthy": 1, "bad": 2, "later": 3}  # batch seeds: the bad one at rollout 1, the next healthy one
+
+
+def main(out: Path) -> None:
+    import torch
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from nanscope import hazards, slime_plugin
+    from nanscope.loss import as_is
+    from nanscope.megatron import bootstrap
+    from nanscope.megatron.model import TinyQwen3MoE
+    from nanscope.slime_args import case_args
+
+    torch.set_num_threads(1)
+    bootstrap.init()
+    vocab = TinyQwen3MoE().vocab_size
+    args = case_args(global_batch_size=8)
+    args.load_debug_rollout_data = str(out / "rollout_data" / "{rollout_id}.pt")
+
+    def run(model, tokens):  # [S] -> logits [1, S_padded, V]
+        padded = -(-tokens.numel() // 64) * 64
+        return model(input_ids=torch.nn.functional.pad(tokens, (0, padded - tokens.numel())).unsqueeze(0),
+                     position_ids=None, attention_mask=None, labels=None)
+
+    def batch_for(model, hazard, seed):
+        def policy(tokens):
+            with torch.no_grad():
+                return [run(model, t)[0, : t.numel()].float() for t in tokens]
+
+        batch = hazards.build(hazard, policy, hazards.case_rollout(vocab, seed), seed)
+        return batch, batch.pop("hazard_site")
+
+    def save_rollout(batch, rollout_id):  # slime's --save-debug-rollout-data: Sample.to_dict() rows
+        samples = [{"tokens": t.tolist(), "response_length": r, "loss_mask": m.int().tolist()}
+                   for t, r, m in zip(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"])]
+        path = Path(args.load_debug_rollout_data.format(rollout_id=rollout_id))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"rollout_id": rollout_id, "samples": samples}, path)
+
+    def train_one_step(model, optimizer, batch, rollout_id, hook=True):
+        n = len(batch["response_lengths"])
+        micro = [{k: [v[i]] for k, v in batch.items()} for i in range(n)]
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        if hook:
+            slime_plugin.before_train_step(args, rollout_id, 0, [model], optimizer, None)
+
+        def forward_step(it, m):
+            mb = next(it)
+            loss = lambda logits: as_is.loss_function(args, mb, n, logits[:, : mb["total_lengths"][0]].float())  # noqa: E731
+            return run(m, mb["unconcat_tokens"][0]), loss
+
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
+                                    num_microbatches=n, seq_length=256, micro_batch_size=1, forward_only=False)
+        ok, grad_norm, _ = optimizer.step()
+        assert ok
+        return grad_norm
+
+    def train(hazards_at, hook=True, **env):
+        """A fresh model, then one rollout per entry of `hazards_at` ("healthy" / "bad" / "later")."""
+        os.environ.update({"NANSCOPE_REPORT_DIR": str(out / "reports"), **env})
+        model, _, optimizer = bootstrap.build_training(seed=0, bf16=False)
+        norms, error = [], None
+        for rollout_id, name in enumerate(hazards_at):
+            batch, site = batch_for(model, "kl-exp-overflow" if name == "bad" else "healthy", SEEDS[name])
+            save_rollout(batch, rollout_id)
+            try:
+                norms.append(float(train_one_step(model, optimizer, batch, rollout_id, hook)))
+            except RuntimeError as e:
+                error = str(e)
+                break
+        for k in env:
+            del os.environ[k]
+        return model, optimizer, {"grad_norms": norms, "error": error, "site": site, "logged": slime_plugin.logged(),
+                                  "skipped": slime_plugin.skipped_steps(), "reports": slime_plugin.reports()}
+
+    result = {"lifecycle": lifecycle(bootstrap, slime_plugin, args)}
+    model, _, result["skip"] = train(["healthy", "bad", "later"], NANSCOPE_ON_NONFINITE="skip")
+    ref, _, result["without_bad_step"] = train(["healthy", "later"], hook=False)
+    skipped_params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
+    result["params_finite"] = all(bool(torch.isfinite(p).all()) for p in skipped_params.values())
+    result["params_equal"] = all(torch.equal(skipped_params[k], ref_params[k]) for k in ref_params)
+    skip_two = {"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "2"}
+    result["max_skips"] = train(["bad", "healthy", "bad", "bad"], **skip_two)[2]
+    result["trace"] = train(["healthy", "bad"], NANSCOPE_TRACE_STEP="1:0")[2]
+    result["files"] = {p: json.loads(Path(p).read_text()) for p in result["trace"]["reports"]}
+    slime_plugin.uninstall()
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def lifecycle(bootstrap, slime_plugin, args) -> dict:
+    """Hook counts on the chunks and wrapped attributes after each install / uninstall."""
+
+    def state(model, optimizer):
+        hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+        hooks += sum(len(p._backward_hooks or {}) for p in model.parameters())
+        wrapped = {"finish_grad_sync": "finish_grad_sync" in vars(model), "step": "step" in vars(optimizer)}
+        return {"hooks": hooks, **wrapped}
+
+    a, _, opt_a = bootstrap.build_training(seed=0, bf16=False)
+    b, _, opt_b = bootstrap.build_training(seed=0, bf16=False)
+    out = {"a_before": state(a, opt_a)}
+    slime_plugin.before_train_step(args, 0, 0, [a], opt_a, None)
+    out["a_once"] = state(a, opt_a)
+    slime_plugin.before_train_step(args, 0, 1, [a], opt_a, None)
+    out["a_twice"] = state(a, opt_a)
+    slime_plugin.before_train_step(args, 1, 0, [b], opt_b, None)
+    out["a_after_b"], out["b_installed"] = state(a, opt_a), state(b, opt_b)
+    slime_plugin.uninstall()
+    out["b_after_uninstall"] = state(b, opt_b)
+    return out
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
