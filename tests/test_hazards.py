@@ -1,16 +1,23 @@
 """The catalogue: each hazard gives its stated finiteness through slime v0.1.0's loss."""
 
+import re
+
 import pytest
 import torch
 
 from nanscope import case, hazards
+from nanscope.errors import UserError
 from nanscope.loss import as_is
 from nanscope.loss.formulas import FP32_EXP_MAX
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_args import case_args
+from nanscope.slime_args import LOSS_FIELDS, case_args
+from nanscope.trace.classify import CLASSES
+
+KNOWN = hazards.CATALOGUE + hazards.PENDING
+BATCH = [h.name for h in KNOWN if h.level == "batch"]
 
 
-@pytest.mark.parametrize("name", [h.name for h in hazards.CATALOGUE])
+@pytest.mark.parametrize("name", BATCH)
 def test_as_is_gives_the_stated_finiteness(name):
     h = hazards.get(name)
     o = hazards.run_loss(name, "as-is")
@@ -18,9 +25,36 @@ def test_as_is_gives_the_stated_finiteness(name):
     assert (o.nan_grad_entries == 0) == h.grad_finite
 
 
-def test_unknown_name_lists_the_catalogue():
-    with pytest.raises(ValueError, match="unknown hazard 'nope'; known: healthy, kl-exp-overflow"):
+@pytest.mark.parametrize("name", [h.name for h in hazards.PENDING if h.level == "batch"])
+def test_safe_gives_the_stated_finiteness(name):
+    o = hazards.run_loss(name, "safe")
+    assert (o.loss_finite and o.grad_finite) == hazards.get(name).safe_finite
+
+
+def test_unknown_name_lists_every_known_hazard():
+    with pytest.raises(ValueError, match="unknown hazard 'nope'; known: healthy, kl-exp-overflow, .*, zero-temp"):
         hazards.get("nope")
+
+
+def test_records_are_complete():
+    assert len({h.name for h in KNOWN} | {c.name for c in hazards.IMMUNE}) == len(KNOWN) + len(hazards.IMMUNE)
+    for h in KNOWN[1:]:
+        assert h.cause_class in CLASSES and h.fix and h.discriminator, h.name
+        assert h.level in ("batch", "model") and (h.fault is not None) == (h.level == "model"), h.name
+        assert set(h.loss_overrides) <= set(LOSS_FIELDS)
+    assert hazards.HEALTHY.cause_class is None
+    for h in KNOWN:
+        if h.fault:
+            assert re.fullmatch(r"decoder\.[\w.]+:(forward|backward):(nan|inf)", h.fault), h.fault
+    for c in hazards.IMMUNE:
+        assert c.cause_class in CLASSES
+        for ev in c.evidence:
+            assert re.fullmatch(r"(slime|megatron)/[\w/]+\.py:\d+ \((slime v0\.1\.0|megatron-core 0\.15\.0rc0)\)", ev)
+
+
+def test_pending_hazards_are_not_in_the_harness_catalogue_yet():
+    assert not set(hazards.PENDING) & set(hazards.CATALOGUE)
+    assert set(hazards.BY_NAME) == {h.name for h in hazards.CATALOGUE}
 
 
 def build(name, seed=0):
@@ -32,7 +66,8 @@ def test_batches_are_mutually_consistent():
     policy = hazards.synthetic_policy(512, 0)
     batch = build("healthy")
     # old log-probs are the policy's own log-probs of the tokens (one step per rollout)
-    rollout = hazards.Rollout(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"], batch["rewards"])
+    rollout = hazards.Rollout(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"],
+                              batch["rewards"])
     logp = hazards.policy_log_probs(policy(rollout.tokens), rollout, case.temperature())
     for old, x in zip(batch["log_probs"], logp):
         assert torch.equal(old, x)
@@ -95,3 +130,38 @@ def test_defused_twin_differs_only_at_the_site(name):
     loss, _, _ = as_is.loss_function(case_args(global_batch_size=8), cold, 1, logits, parallel=Parallel())
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+
+
+def test_zero_temperature_poisons_the_log_prob_pass_not_sglang():
+    batch = build("zero-temperature")
+    assert batch["hazard_site"] is None
+    assert all(torch.isnan(x).all() for key in ("log_probs", "ref_log_probs") for x in batch[key])
+    assert all(torch.isfinite(x).all() for x in batch["rollout_log_probs"])
+    healthy = build("healthy")
+    assert all(torch.equal(a, b) for a, b in zip(batch["rollout_log_probs"], healthy["rollout_log_probs"]))
+    # the hazard is the flag: the loss sees it through the override, the defused twin is the healthy batch
+    assert hazards.ZERO_TEMPERATURE.loss_overrides == {"rollout_temperature": 0.0}
+    cold = hazards.build("zero-temperature", hazards.synthetic_policy(512, 0), hazards.case_rollout(512, 0), 0,
+                         defused=True)
+    assert all(torch.equal(a, b) for a, b in zip(cold["log_probs"], healthy["log_probs"]))
+
+
+def test_rollout_logprob_shift_is_misaligned_by_one_token_and_stays_finite():
+    batch, healthy = build("rollout-logprob-shift"), build("healthy")
+    for shifted, aligned in zip(batch["rollout_log_probs"], healthy["rollout_log_probs"]):
+        assert torch.equal(shifted[:-1], aligned[1:]) and shifted[-1] == 0
+    o = hazards.run_loss("rollout-logprob-shift", "as-is")
+    assert o.loss_finite and o.grad_finite
+    # the tis metric (a sum of per-sample means) explodes far past tis_clip: the mismatch shows there only
+    healthy = hazards.run_loss("healthy", "as-is").metrics
+    assert healthy["tis"] < case_args().tis_clip * case.group_size() < 1e20 < o.metrics["tis"]
+    assert healthy["tis_clipfrac"] == 0 and o.metrics["tis_clipfrac"] > 0.25 * case.group_size()
+
+
+@pytest.mark.parametrize("h", [h for h in hazards.PENDING if h.level == "model"], ids=lambda h: h.name)
+def test_model_faults_have_no_batch(h):
+    batch, healthy = build(h.name), build("healthy")
+    assert all(torch.equal(a, b) for a, b in zip(batch["log_probs"], healthy["log_probs"]))
+    with pytest.raises(UserError, match=f"hazard '{h.name}' is a fault in the model, not a batch: run "
+                                        f"`nanscope repro --hazard {h.name}`"):
+        hazards.run_loss(h.name)

@@ -13,21 +13,27 @@ model of the harness):
                  tokens, as multi-turn generate functions fill them; bfloat16, as slime stores them
     advantages   GRPO: raw rewards normalised per group (mean, std + 1e-6), broadcast per token
 
-A hazard then changes one thing, at one token or sample, the way it happens in a real run.
+A hazard then changes one thing, at one token or sample, or one loss flag, the way it happens in a real
+run (level "batch"), or names a fault to plant in the harness model (level "model"). Each record also
+carries its class of cause (nanscope.trace.classify), where the fix lives and the cheapest observation
+that tells it apart. `IMMUNE` lists causes real runs hit that slime v0.1.0's own code rules out, with
+the file:line that shows it.
 
     python -c "from nanscope import hazards; print([h.name for h in hazards.CATALOGUE])"
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from nanscope import case
 from nanscope.errors import UserError
+from nanscope.launch.tracebacks import MCORE, SLIME
 from nanscope.loss.formulas import FP32_EXP_MAX, grpo_normalize, log_probs
+from nanscope.trace.classify import DATA, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_FORWARD, OPTIMIZER
 
 # A policy maps per-sample token sequences [total_i] to full-vocabulary logits [total_i, V] (T = 1).
 Policy = Callable[[list[torch.Tensor]], list[torch.Tensor]]
@@ -39,10 +45,20 @@ class Hazard:
     Attributes:
         name: the hazard's one spelling (CLI, JSON, scan's mechanisms, doctor's findings).
         mechanism: the chain of ops from the trigger to the non-finite value, in words.
-        flags: the case's flags that enable it.
-        loss_finite, grad_finite: slime v0.1.0's loss on the hazard's batch.
+        flags: the flags that enable it (for the first five, the case's own).
+        loss_finite, grad_finite: slime v0.1.0's loss on the hazard's batch (level "model": the harness
+            run with the fault planted).
         masked_token: the trigger sits on a masked (loss_mask 0) token, so the fix must leave the step
             exactly as it is on the hazard's defused twin.
+        cause_class: the class of cause (nanscope.trace.classify.CLASSES); None for the healthy batch.
+        level: "batch" (a change to the micro-batch or a loss flag) or "model" (a fault planted in the
+            harness model, named by `fault`: MODULE:forward|backward:nan|inf).
+        fix: where the fix lives.
+        discriminator: the single cheapest observation that confirms or excludes it.
+        loss_overrides: slime loss fields (slime_args.LOSS_FIELDS) the hazard sets, e.g. a flag value.
+        fault: level "model": the fault spec planted in the harness model.
+        safe_finite: nanscope's safe loss gives a finite loss and gradient on it (False where the fix
+            lives elsewhere: a flag, the model).
     """
 
     name: str
@@ -51,7 +67,36 @@ class Hazard:
     loss_finite: bool
     grad_finite: bool
     masked_token: bool = False
+    cause_class: str | None = None
+    level: str = "batch"
+    fix: str = ""
+    discriminator: str = ""
+    loss_overrides: dict = field(default_factory=dict, hash=False)
+    fault: str | None = None
+    safe_finite: bool = True
 
+
+@dataclass(frozen=True)
+class Immune:
+    """A cause that real RL runs hit but slime v0.1.0 cannot: the catalogue says so instead of inventing a hazard.
+
+    Attributes:
+        name: kebab-case id (doctor's candidates use it).
+        cause: what would go wrong, in words.
+        why: why slime v0.1.0 is immune.
+        evidence: "file:line (release)" that shows it, at slime v0.1.0 or megatron-core 0.15.0rc0.
+        cause_class: the class it would have (nanscope.trace.classify.CLASSES).
+    """
+
+    name: str
+    cause: str
+    why: str
+    evidence: tuple[str, ...]
+    cause_class: str
+
+
+PLUGIN_FIX = "the loss: nanscope.slime_plugin.policy_loss (--loss-type custom_loss)"
+TRACE_CLASS = "the sentinel's class from one rerun step (repro --json `sentinel`, the plugin's report `class`)"
 
 HEALTHY = Hazard(
     "healthy",
@@ -70,6 +115,9 @@ KL_EXP_OVERFLOW = Hazard(
     loss_finite=True,
     grad_finite=False,
     masked_token=True,
+    cause_class=LOSS_NUMERICS,
+    fix=f"{PLUGIN_FIX} (clamps the log-ratio before exp); or drop --use-kl-loss while --kl-loss-coef is 0",
+    discriminator=f"{TRACE_CLASS}: loss-numerics, and `nanscope trace` names ExpBackward0 created in approx_kl",
 )
 RATIO_EXP_OVERFLOW = Hazard(
     "ratio-exp-overflow",
@@ -81,6 +129,10 @@ RATIO_EXP_OVERFLOW = Hazard(
     loss_finite=True,
     grad_finite=False,
     masked_token=True,
+    cause_class=LOSS_NUMERICS,
+    fix=f"{PLUGIN_FIX} (clamps the log-ratio before exp)",
+    discriminator=f"{TRACE_CLASS}: loss-numerics, and `nanscope trace` names ExpBackward0 created in "
+    "ppo_clip_loss; a ppo_kl metric far from 0 on earlier steps",
 )
 NAN_ROLLOUT_LOGPROB = Hazard(
     "nan-rollout-logprob",
@@ -91,6 +143,11 @@ NAN_ROLLOUT_LOGPROB = Hazard(
     loss_finite=False,
     grad_finite=False,
     masked_token=True,
+    cause_class=DATA,
+    fix="the generate function (return one finite log-prob per response token, tool tokens included); "
+    f"as a backstop {PLUGIN_FIX} drops the token",
+    discriminator="`nanscope scan` of the rollout dump (--save-debug-rollout-data): a nonfinite-rollout-logprob "
+    "row names the sample and token",
 )
 NAN_REWARD = Hazard(
     "nan-reward",
@@ -99,17 +156,125 @@ NAN_REWARD = Hazard(
     ("--custom-rm-path", "--advantage-estimator grpo", "--n-samples-per-prompt 8"),
     loss_finite=False,
     grad_finite=False,
+    cause_class=DATA,
+    fix=f"the reward function (return finite floats); as a backstop {PLUGIN_FIX} drops the group",
+    discriminator="`nanscope scan` of the rollout dump: a nonfinite-reward row names the sample (the rollout's "
+    "logged raw reward is NaN too)",
 )
 
 CATALOGUE: tuple[Hazard, ...] = (HEALTHY, KL_EXP_OVERFLOW, RATIO_EXP_OVERFLOW, NAN_ROLLOUT_LOGPROB, NAN_REWARD)
+
+ZERO_TEMPERATURE = Hazard(
+    "zero-temperature",
+    "--rollout-temperature 0 (greedy rollouts): slime v0.1.0 divides the logits by it in the log-prob pass and in "
+    "the loss (backends/megatron_utils/loss.py:54) and never checks it is positive. Every logit becomes +-inf, "
+    "the log-softmax computes inf - inf = NaN: log_probs and ref_log_probs are NaN for every token, and so are the "
+    "training loss and its gradient. (SGLang treats temperature 0 as greedy, so rollout_log_probs stay finite.)",
+    ("--rollout-temperature 0",),
+    loss_finite=False,
+    grad_finite=False,
+    cause_class=DATA,
+    fix="the launch flags: a positive --rollout-temperature (slime v0.1.0's arguments.py accepts 0)",
+    discriminator="the flag itself: `nanscope doctor` reads --rollout-temperature from the launch script",
+    loss_overrides={"rollout_temperature": 0.0},
+    safe_finite=False,
+)
+ROLLOUT_LOGPROB_SHIFT = Hazard(
+    "rollout-logprob-shift",
+    "The generate function (or a weight-sync / conversion bug) returns rollout log-probs misaligned by one token: "
+    "token j gets token j+1's log-prob. They are finite, so TIS's exp(old - rollout) is huge but only data: "
+    "slime clamps it to [tis_clip_low, tis_clip] after the exp and no gradient flows through it. Loss and "
+    "gradient stay finite; the tis metric explodes (inf or NaN when a log-ratio passes 88.72) and tis_clipfrac "
+    "jumps. Its NaN variant, a run of token id 0 with NaN log-probs, is nan-rollout-logprob.",
+    ("--use-tis", "--custom-generate-function-path"),
+    loss_finite=True,
+    grad_finite=True,
+    cause_class=DATA,
+    fix="the generate function or the weight sync (one rollout log-prob per response token, in order)",
+    discriminator="the tis and tis_clipfrac metrics: a mean TIS weight far above --tis-clip, a large clip "
+    "fraction; `nanscope scan` counts tis-margin tokens",
+)
+ACTIVATION_OVERFLOW = Hazard(
+    "activation-overflow",
+    "One layer's output becomes inf in the forward pass: bf16/fp16 past the format's max, or a kernel that reads "
+    "uninitialised memory (MoE experts that receive zero tokens are a recurring example). The next RMSNorm "
+    "computes inf / inf = NaN, the logits and the loss are NaN, and so is every gradient. Planted in the harness "
+    "as an inf in the MoE layer's output.",
+    (),
+    loss_finite=False,
+    grad_finite=False,
+    cause_class=MODEL_FORWARD,
+    level="model",
+    fix="the model: the layer the sentinel names (its precision, initialisation or kernel)",
+    discriminator=f"{TRACE_CLASS}: model-forward, naming the layer",
+    fault="decoder.layers.1.mlp:forward:inf",
+    safe_finite=False,
+)
+BACKWARD_ONLY_FAULT = Hazard(
+    "backward-only-fault",
+    "A module whose backward produces NaN from finite inputs, standing in for a kernel bug: the forward, the "
+    "loss and the gradient the loss sends back are all finite, and the module's parameter gradients are NaN.",
+    (),
+    loss_finite=True,
+    grad_finite=False,
+    cause_class=MODEL_BACKWARD,
+    level="model",
+    fix="the model: the kernel behind the module the sentinel names",
+    discriminator=f"{TRACE_CLASS}: model-backward, naming the module",
+    fault="decoder.layers.0.self_attention:backward:nan",
+    safe_finite=False,
+)
+
+# Checked against slime v0.1.0 but not yet runnable by the megatron harness: merged into CATALOGUE
+# once `nanscope repro` runs them. `get` already knows them.
+PENDING: tuple[Hazard, ...] = (ZERO_TEMPERATURE, ROLLOUT_LOGPROB_SHIFT, ACTIVATION_OVERFLOW, BACKWARD_ONLY_FAULT)
 BY_NAME = {h.name: h for h in CATALOGUE}
+_KNOWN = {h.name: h for h in CATALOGUE + PENDING}
+
+IMMUNE: tuple[Immune, ...] = (
+    Immune(
+        "singleton-group",
+        "a GRPO group of one sample (--n-samples-per-prompt 1): the unbiased std of one value is NaN",
+        "slime turns GRPO std normalisation off when n-samples-per-prompt is 1, and reshapes the rewards into "
+        "groups of exactly n-samples-per-prompt, so a group of one never meets std() (the same rule holds in "
+        "v0.2.4 and v0.3.1)",
+        (f"slime/utils/arguments.py:996 ({SLIME})", f"slime/ray/buffer.py:93 ({SLIME})"),
+        DATA,
+    ),
+    Immune(
+        "zero-std-group",
+        "a group whose rewards are all equal: std 0 divides the centred rewards",
+        "slime divides by std + 1e-6, and the centred rewards are exactly 0: advantages 0, finite",
+        (f"slime/ray/buffer.py:99 ({SLIME})",),
+        DATA,
+    ),
+    Immune(
+        "empty-loss-mask",
+        "a sample whose loss mask is all zero (a response of tool output only): a per-sample mean of 0 / 0",
+        "slime divides each sample's masked sum by clamp_min(loss_mask.sum(), 1)",
+        (f"slime/backends/megatron_utils/cp_utils.py:60 ({SLIME})",
+         f"slime/backends/megatron_utils/cp_utils.py:86 ({SLIME})"),
+        LOSS_NUMERICS,
+    ),
+    Immune(
+        "inf-grad-clip",
+        "an inf gradient that gradient clipping turns into NaN parameters (clip coefficient max_norm / inf = 0, "
+        "0 x inf = NaN)",
+        "with --check-for-nan-in-loss-and-grad (the default) megatron's DDP rejects an inf bucket norm before the "
+        "optimizer (the job dies with 'found Inf in local grad norm'); without it slime skips a step whose grad "
+        "norm is NaN or inf",
+        (f"megatron/core/distributed/param_and_grad_buffer.py:195 ({MCORE})",
+         f"slime/backends/megatron_utils/model.py:322 ({SLIME})"),
+        OPTIMIZER,
+    ),
+)
 
 
 def get(name: str) -> Hazard:
     """Look a hazard up by name; an unknown name is a UserError (a ValueError) listing the known ones."""
-    if name not in BY_NAME:
-        raise UserError(f"unknown hazard {name!r}; known: {', '.join(BY_NAME)}")
-    return BY_NAME[name]
+    if name not in _KNOWN:
+        raise UserError(f"unknown hazard {name!r}; known: {', '.join(_KNOWN)}")
+    return _KNOWN[name]
 
 
 @dataclass
@@ -158,7 +323,8 @@ def synthetic_policy(vocab_size: int, seed: int = 0, logit_std: float = 12.0) ->
     """A seeded stand-in for an LLM with a realistic logit scale.
 
     Logits at (sample i, position p) are logit_std * N(0, 1): they span about +-40 units over a
-    512-token vocabulary, like a trained LLM's, so at temperature 0.8 the least likely tokens sit near logp -100 while typical tokens sit near -50.
+    512-token vocabulary, like a trained LLM's, so at temperature 0.8 the least likely tokens sit near
+    logp -100 while typical tokens sit near -50.
     Logits at p do not depend on the tokens, so changing token p+1 leaves them as they are.
     """
 
@@ -224,7 +390,8 @@ def _site(name: str, policy: Policy, rollout: Rollout, temperature: float) -> tu
     if name == KL_EXP_OVERFLOW.name:
         return plant_least_likely_tool_token(rollout, policy, temperature)
     if name == RATIO_EXP_OVERFLOW.name:
-        i = max(range(len(rollout.rewards)), key=lambda k: rollout.rewards[k])  # positive advantage: clipped branch wins
+        # a positive advantage: the clipped branch wins
+        i = max(range(len(rollout.rewards)), key=lambda k: rollout.rewards[k])
         return i, int((rollout.loss_masks[i] == 0).nonzero()[0])
     if name == NAN_ROLLOUT_LOGPROB.name:
         return _masked_positions(rollout)[0]
@@ -238,11 +405,16 @@ def build(
 ) -> dict:
     """Build hazard `name`'s micro-batch (slime's keys, whole sequences, cp_size 1).
 
+    A level "model" hazard's batch is the healthy one: its fault lives in the model. A hazard with a
+    `rollout_temperature` override runs the log-prob pass (log_probs, ref_log_probs) at that temperature;
+    rollout_log_probs stay SGLang's, at `temperature`.
+
     Args:
-        name: a catalogue name.
+        name: a hazard name (`get`).
         policy: the policy the loss will be computed with (its log-prob pass gives log_probs).
         rollout: the skeleton; modified in place where the hazard plants a token.
         seed: seeds the reference/rollout noise.
+        temperature: the rollout temperature (default: the case's).
         defused: build the same batch (same planted token, same site) but leave the trigger value
             out: the hazard's "clean twin", to compare a fixed run against.
 
@@ -250,14 +422,21 @@ def build(
         dict with unconcat_tokens, total_lengths, response_lengths, loss_masks, log_probs,
         ref_log_probs, rollout_log_probs, advantages, plus "hazard_site": (sample, position) or None.
     """
-    get(name)
+    hazard = get(name)
     temperature = case.temperature() if temperature is None else temperature
+    # slime's log-prob pass (old and reference log-probs) runs at the hazard's --rollout-temperature.
+    pass_temperature = temperature if defused else hazard.loss_overrides.get("rollout_temperature", temperature)
     g = torch.Generator().manual_seed(seed + 1)
     site = _site(name, policy, rollout, temperature)
-    logp = policy_log_probs(policy(rollout.tokens), rollout, temperature)
-    old = [x.clone() for x in logp]
-    ref = [_noisy(x, g) for x in logp]
+    logits = policy(rollout.tokens)
+    logp = policy_log_probs(logits, rollout, temperature)
+    logp_pass = logp if pass_temperature == temperature else policy_log_probs(logits, rollout, pass_temperature)
+    old = [x.clone() for x in logp_pass]
+    ref = [_noisy(x, g) for x in logp_pass]
     roll = [torch.where(m.bool(), _noisy(x, g), torch.zeros_like(x)) for x, m in zip(logp, rollout.loss_masks)]
+    if name == ROLLOUT_LOGPROB_SHIFT.name and not defused:
+        # Misaligned by one token: token j gets token j+1's log-prob, the last one the filler 0.0.
+        roll = [torch.cat((x[1:], x.new_zeros(1))) for x in roll]
     rewards = list(rollout.rewards)
 
     if site is not None and not defused:
@@ -265,7 +444,8 @@ def build(
         if name == KL_EXP_OVERFLOW.name:
             # The reference model still finds the tool text plausible; the drifted policy does not.
             assert logp[i][j] < -(FP32_EXP_MAX + 2), (
-                f"policy logp {float(logp[i][j]):.1f} of the least likely tool token is not below -90.7: logit scale too small"
+                f"policy logp {float(logp[i][j]):.1f} of the least likely tool token is not below -90.7: "
+                "logit scale too small"
             )
             ref[i][j] = -1.0
         elif name == RATIO_EXP_OVERFLOW.name:
@@ -313,21 +493,27 @@ class Outcome:
 def run_loss(name: str, loss: str = "as-is", vocab_size: int = 512, seed: int = 0) -> Outcome:
     """Build hazard `name` against the synthetic policy and push it through a loss, forward and backward.
 
+    The case's loss flags apply, with the hazard's `loss_overrides` on top.
+
     Args:
+        name: a level "batch" hazard (a "model" one needs the harness: `nanscope repro --hazard NAME`).
         loss: "as-is" (slime v0.1.0) or "safe" (nanscope's fix).
     """
     from nanscope import loss as losses
     from nanscope.slime_args import case_args
 
+    hazard = get(name)
+    if hazard.level != "batch":
+        raise UserError(f"hazard {name!r} is a fault in the model, not a batch: run `nanscope repro --hazard {name}`")
     module = losses.get(loss)
     policy = synthetic_policy(vocab_size, seed)
     batch = build(name, policy, case_rollout(vocab_size, seed), seed)
     logits = packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
-    args = case_args(global_batch_size=len(batch["response_lengths"]))
+    args = case_args(global_batch_size=len(batch["response_lengths"]), **hazard.loss_overrides)
     value, _, log = module.loss_function(args, batch, 1, logits)
     value.backward()
     bad = int((~torch.isfinite(logits.grad)).sum())
     return Outcome(
-        name, get(name).mechanism, loss, float(value.detach()), bool(torch.isfinite(value)), bad == 0, bad,
+        name, hazard.mechanism, loss, float(value.detach()), bool(torch.isfinite(value)), bad == 0, bad,
         dict(zip(log["keys"], log["values"][1:].tolist())),
     )

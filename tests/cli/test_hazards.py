@@ -8,12 +8,24 @@ def test_hazards_cli_json(tmp_path, capsys):
     assert main(["hazards", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     rows = {h["name"]: h for h in doc["hazards"]}
-    assert set(rows) == {"healthy", "kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"}
-    assert set(rows["healthy"]) == {"name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries"}
+    assert set(rows) == {"healthy", "kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward",
+                         "zero-temperature", "rollout-logprob-shift"}
+    assert set(rows["healthy"]) == {"name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries", "metrics",
+                                    "class", "level", "flags", "fix", "discriminator"}
     assert (rows["kl-exp-overflow"]["loss_finite"], rows["kl-exp-overflow"]["grad_finite"]) == (True, False)
     assert rows["nan-reward"]["loss_finite"] is False and rows["nan-reward"]["nan_grad_entries"] > 0
-    assert rows["healthy"]["nan_grad_entries"] == 0
-    assert "kl-exp-overflow" in capsys.readouterr().out
+    assert rows["healthy"]["nan_grad_entries"] == 0 and rows["healthy"]["class"] is None
+    zero, shift = rows["zero-temperature"], rows["rollout-logprob-shift"]
+    assert (zero["class"], zero["flags"]) == ("data", ["--rollout-temperature 0"])
+    assert shift["grad_finite"] is True and shift["metrics"]["tis"] > 1e20
+    faults = {h["name"]: h for h in doc["model_level"]}
+    assert faults["activation-overflow"]["fault"] == "decoder.layers.1.mlp:forward:inf"
+    assert faults["backward-only-fault"]["class"] == "model-backward"
+    immune = {c["name"]: c for c in doc["immune"]}
+    assert immune["singleton-group"]["evidence"][0] == "slime/utils/arguments.py:996 (slime v0.1.0)"
+    text = " ".join(capsys.readouterr().out.split())  # undo the terminal's line wrapping
+    assert "kl-exp-overflow" in text and "causes slime v0.1.0 is immune to" in text
+    assert "clamps it to [tis_clip_low, tis_clip] after the exp" in text  # markup escaped, not eaten
 
 
 def test_no_command_prints_help(capsys):

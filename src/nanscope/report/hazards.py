@@ -1,35 +1,77 @@
-"""`nanscope hazards` rendered: a terminal table with each hazard's mechanism, and its JSON."""
+"""`nanscope hazards` rendered: terminal tables (batch hazards run, model faults, immune causes) and JSON."""
 
 from __future__ import annotations
+
+from rich.markup import escape
 
 from nanscope import hazards
 
 
-def render(outcomes: list, loss: str, console) -> None:
-    """The table (observed vs what slime v0.1.0 gives), then each mechanism in words."""
+def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: tuple = ()) -> None:
+    """The batch hazards (observed vs what slime v0.1.0 gives), the model faults, the immune causes, the mechanisms.
+
+    Args:
+        outcomes: hazards.Outcome of each batch-level hazard.
+        model_level: level "model" hazards (not run here: they need the harness model).
+        immune: hazards.Immune records.
+    """
     from rich.table import Table
 
     table = Table(title=f"hazards through the {loss} loss (case slime-795 flags)")
-    for col in ("hazard", "loss finite", "grad finite", "non-finite grad entries", "expected (as-is)"):
+    for col in ("hazard", "class", "loss finite", "grad finite", "non-finite grad entries", "expected (as-is)"):
         table.add_column(col, no_wrap=(col == "hazard"))
     for o in outcomes:
         h = hazards.get(o.name)
         table.add_row(
             o.name,
+            h.cause_class or "-",
             _yes(o.loss_finite),
             _yes(o.grad_finite),
             str(o.nan_grad_entries),
-            f"loss {'finite' if h.loss_finite else 'NaN'}, grad {'finite' if h.grad_finite else 'NaN'}",
+            _expected(h),
         )
     console.print(table)
+    if model_level:
+        faults = Table(title="faults in the model (run: nanscope repro --hazard NAME)")
+        for col in ("hazard", "class", "fault", "expected (as-is)"):
+            faults.add_column(col, no_wrap=(col == "hazard"))
+        for h in model_level:
+            faults.add_row(h.name, h.cause_class, h.fault, _expected(h))
+        console.print(faults)
+    if immune:
+        console.print("[bold]causes slime v0.1.0 is immune to[/]")
+        for c in immune:
+            console.print(f"  [bold]{c.name}[/] ({c.cause_class}): {escape(c.cause)}. Not in slime v0.1.0: "
+                          f"{escape(c.why)}. Evidence: {'; '.join(c.evidence)}.")
     for o in outcomes:
-        console.print(f"[bold]{o.name}[/]: {o.mechanism}")
+        console.print(f"[bold]{o.name}[/]: {escape(o.mechanism)}")
+    for h in model_level:
+        console.print(f"[bold]{h.name}[/]: {escape(h.mechanism)}")
 
 
-def to_json(outcomes: list, loss: str) -> dict:
-    """`{"loss", "hazards": [{"name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries"}]}`."""
-    keys = ("name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries")
-    return {"loss": loss, "hazards": [{k: getattr(o, k) for k in keys} for o in outcomes]}
+def to_json(outcomes: list, loss: str, model_level: tuple = (), immune: tuple = ()) -> dict:
+    """`{"loss", "hazards": [...], "model_level": [...], "immune": [...]}`.
+
+    hazards: {"name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries", "metrics"} as run, plus
+    the record's {"class", "level", "flags", "fix", "discriminator"}. model_level: the record's fields with
+    "fault" and the expected "loss_finite" / "grad_finite". immune: {"name", "cause", "why", "evidence", "class"}.
+    """
+    keys = ("name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries", "metrics")
+    rows = [{k: getattr(o, k) for k in keys} | _record(hazards.get(o.name)) for o in outcomes]
+    faults = [{"name": h.name, "mechanism": h.mechanism, "fault": h.fault, "loss_finite": h.loss_finite,
+               "grad_finite": h.grad_finite} | _record(h) for h in model_level]
+    safe = [{"name": c.name, "cause": c.cause, "why": c.why, "evidence": list(c.evidence), "class": c.cause_class}
+            for c in immune]
+    return {"loss": loss, "hazards": rows, "model_level": faults, "immune": safe}
+
+
+def _record(h) -> dict:
+    return {"class": h.cause_class, "level": h.level, "flags": list(h.flags), "fix": h.fix,
+            "discriminator": h.discriminator}
+
+
+def _expected(h) -> str:
+    return f"loss {'finite' if h.loss_finite else 'NaN'}, grad {'finite' if h.grad_finite else 'NaN'}"
 
 
 def _yes(ok: bool) -> str:

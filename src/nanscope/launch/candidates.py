@@ -1,0 +1,180 @@
+"""A differential diagnosis from a launch: every catalogued cause, ruled out, enabled or undecidable by the flags.
+
+`found NaN in local grad norm for bucket #0` has many causes. For each hazard of `nanscope.hazards` (and
+each cause slime v0.1.0 is immune to) this module says what the resolved flags show:
+
+    enabled      the flags switch the mechanism on (evidence: those flags)
+    ruled-out    the flags, or slime v0.1.0's own code, exclude it (evidence: the flag, or file:line)
+    undecidable  no flag decides it (a fault in the model, a custom function nanscope cannot read)
+
+and, for each one not ruled out, the single cheapest observation that confirms or excludes it (the
+hazard record's `discriminator`). A parsed traceback adds one fact: the gradient was non-finite, so a
+hazard that leaves slime v0.1.0's gradient finite cannot have raised it.
+
+Pure: `candidates(config, traceback=None)` -> [Candidate], enabled first, then undecidable, then ruled out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nanscope import hazards
+from nanscope.launch.config import BY_NAME, Config
+
+ENABLED, UNDECIDABLE, RULED_OUT = "enabled", "undecidable", "ruled-out"
+STATUSES = (ENABLED, UNDECIDABLE, RULED_OUT)
+
+
+@dataclass
+class Candidate:
+    """One cause and what the launch says about it.
+
+    Attributes:
+        id: the hazard's (or immune cause's) name.
+        status: one of STATUSES.
+        evidence: the flags (as written) or code that decide the status, one per line.
+        discriminator: the cheapest observation that tells it apart; None when ruled out.
+        cause_class: its class (nanscope.trace.classify.CLASSES).
+    """
+
+    id: str
+    status: str
+    evidence: list[str] = field(default_factory=list)
+    discriminator: str | None = None
+    cause_class: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "status": self.status, "evidence": list(self.evidence),
+                "discriminator": self.discriminator, "class": self.cause_class}
+
+
+def candidates(cfg: Config, traceback=None) -> list[Candidate]:
+    """Every catalogued cause with its status under `cfg` (and `traceback`, a launch.tracebacks.Traceback).
+
+    Args:
+        cfg: the resolved launch (launch.config.resolve).
+        traceback: the parsed traceback, if one was given: its failure means the gradient was non-finite.
+    """
+    out = []
+    for h in hazards.CATALOGUE + hazards.PENDING:
+        if h is hazards.HEALTHY:
+            continue
+        status, evidence = _status(h, cfg)
+        if traceback is not None and traceback.failure is not None and h.grad_finite and status != RULED_OUT:
+            status = RULED_OUT
+            evidence = evidence + [f"the traceback's check found {traceback.failure.kind} in a gradient, and through "
+                                   "slime v0.1.0's loss this hazard leaves the gradient finite (`nanscope hazards`)"]
+        out.append(Candidate(h.name, status, evidence, None if status == RULED_OUT else h.discriminator,
+                             h.cause_class))
+    for c in hazards.IMMUNE:
+        out.append(Candidate(c.name, RULED_OUT, [f"slime v0.1.0 is immune: {c.why}", *c.evidence], None, c.cause_class))
+    return sorted(out, key=lambda c: STATUSES.index(c.status))
+
+
+def remaining(cands: list[Candidate]) -> list[Candidate]:
+    """The candidates not ruled out (the differential the verdict must not collapse to one)."""
+    return [c for c in cands if c.status != RULED_OUT]
+
+
+def _status(h, cfg: Config) -> tuple[str, list[str]]:
+    """(status, evidence) for one hazard: the loss in use first, then the hazard's own rule."""
+    if h.level == "batch" and h.safe_finite:
+        loss = _custom_loss(cfg)
+        if loss is not None:
+            return loss
+    return _RULES[h.name](cfg)
+
+
+def _custom_loss(cfg: Config) -> tuple[str, list[str]] | None:
+    """A loss other than slime's decides each hazard the nanscope loss fixes: out with nanscope's, unknown otherwise."""
+    if cfg["loss_type"] == "policy_loss":
+        return None
+    path = cfg["custom_loss_function_path"] or ""
+    flags = [cfg.flag_text("loss_type"), cfg.flag_text("custom_loss_function_path")]
+    if path.startswith("nanscope."):
+        return RULED_OUT, flags + ["the nanscope loss is finite on this hazard (`nanscope hazards --loss safe`)"]
+    return UNDECIDABLE, flags + ["a custom loss nanscope cannot read: the mechanism depends on its code"]
+
+
+def _kl(cfg: Config) -> tuple[str, list[str]]:
+    if not cfg["use_kl_loss"]:
+        return RULED_OUT, [cfg.flag_text("use_kl_loss") + ": slime computes no KL term"]
+    if cfg["kl_loss_type"] in ("kl", "k2"):
+        return RULED_OUT, [cfg.flag_text("kl_loss_type") + ": no exp in the KL estimator"]
+    zero = " (the term stays in the graph at coefficient 0)" if cfg["kl_loss_coef"] == 0 else ""
+    return ENABLED, ["--use-kl-loss", cfg.flag_text("kl_loss_type") + ": exp before the clamp",
+                     cfg.flag_text("kl_loss_coef") + zero]
+
+
+def _ratio(cfg: Config) -> tuple[str, list[str]]:
+    evidence = [cfg.flag_text("loss_type") + ": exp(log-ratio) before the eps-clip",
+                cfg.flag_text("eps_clip"), cfg.flag_text("eps_clip_high")]
+    rbs, n, gbs = cfg["rollout_batch_size"], cfg["n_samples_per_prompt"], cfg["global_batch_size"]
+    if rbs and gbs and rbs * n // gbs == 1:
+        evidence.append(f"{rbs} x {n} / {gbs} = 1 optimizer step per rollout: the log-prob pass and the training "
+                        "forward use the same weights, so only a forward that differs between them (a model fault) "
+                        "moves the log-ratio past 88.72")
+    return ENABLED, evidence
+
+
+def _tis_input(cfg: Config) -> tuple[str, list[str]] | None:
+    if not cfg["use_tis"]:
+        return RULED_OUT, [cfg.flag_text("use_tis") + ": slime v0.1.0's loss never reads rollout_log_probs"]
+    return None
+
+
+def _rollout_source(cfg: Config) -> str:
+    custom = cfg["custom_generate_function_path"]
+    return cfg.flag_text("custom_generate_function_path") if custom else "rollout log-probs from SGLang"
+
+
+def _nan_rollout_logprob(cfg: Config) -> tuple[str, list[str]]:
+    return _tis_input(cfg) or (ENABLED, ["--use-tis: clamp(exp(old - rollout)) passes NaN", _rollout_source(cfg)])
+
+
+def _logprob_shift(cfg: Config) -> tuple[str, list[str]]:
+    return _tis_input(cfg) or (ENABLED, ["--use-tis: misaligned rollout log-probs reach the TIS weight",
+                                         _rollout_source(cfg),
+                                         "through slime v0.1.0's loss the gradient stays finite: the tis metric "
+                                         "shows it"])
+
+
+def _reward(cfg: Config) -> tuple[str, list[str]]:
+    if cfg["custom_rm_path"]:
+        return ENABLED, [cfg.flag_text("custom_rm_path"), cfg.flag_text("advantage_estimator"),
+                         cfg.flag_text("n_samples_per_prompt") + ": one NaN reward poisons its group"]
+    open_ends = []
+    if (cfg["rm_type"] or "").removeprefix("boxed_") == "remote_rm":
+        open_ends.append(cfg.flag_text("rm_type") + ": the remote reward model's JSON may hold NaN")
+    if cfg["rollout_function_path"] != BY_NAME["rollout_function_path"].default:
+        open_ends.append(cfg.flag_text("rollout_function_path") + ": a custom rollout function sets the rewards")
+    if "--custom-reward-post-process-path" in cfg.given:
+        open_ends.append("--custom-reward-post-process-path: a custom function computes the advantages' rewards")
+    if open_ends:
+        return UNDECIDABLE, open_ends
+    return RULED_OUT, [cfg.flag_text("rm_type") + ": slime's built-in rule-based reward returns finite values"]
+
+
+def _temperature(cfg: Config) -> tuple[str, list[str]]:
+    if cfg["rollout_temperature"] == 0:
+        return ENABLED, [cfg.flag_text("rollout_temperature") + ": the logits are divided by 0"]
+    return RULED_OUT, [cfg.flag_text("rollout_temperature") + ": not 0"]
+
+
+def _model(cfg: Config) -> tuple[str, list[str]]:
+    evidence = ["a fault in the model: no flag enables or excludes it"]
+    if "--fp16" in cfg.given:
+        evidence.append("--fp16: an activation past 65504 is inf")
+    return UNDECIDABLE, evidence
+
+
+_RULES = {
+    hazards.KL_EXP_OVERFLOW.name: _kl,
+    hazards.RATIO_EXP_OVERFLOW.name: _ratio,
+    hazards.NAN_ROLLOUT_LOGPROB.name: _nan_rollout_logprob,
+    hazards.NAN_REWARD.name: _reward,
+    hazards.ZERO_TEMPERATURE.name: _temperature,
+    hazards.ROLLOUT_LOGPROB_SHIFT.name: _logprob_shift,
+    hazards.ACTIVATION_OVERFLOW.name: _model,
+    hazards.BACKWARD_ONLY_FAULT.name: _model,
+}
