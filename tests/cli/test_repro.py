@@ -1,6 +1,13 @@
 """`nanscope repro`: input errors and exit codes without a launch, then one real 4-process run."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
 
 import pytest
 
@@ -52,9 +59,12 @@ def test_verdict_and_exit_code_compare_observed_with_expected():
 
 @pytest.mark.integration
 @pytest.mark.timeout(400)
-def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys):
-    path = tmp_path / "r.json"
+def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys, monkeypatch):
+    path, tmp = tmp_path / "r.json", tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # this process's temp dirs and torchrun's
     assert main(["repro", "--hazard", "nan-reward", "--loss", "as-is", "--json", str(path), "--timeout", "350"]) == 0
+    assert list(tmp.iterdir()) == []  # no nanscope-* nor torchelastic_* left behind
     out = capsys.readouterr().out
     assert "fails megatron-core's DDP NaN check: NaN check on 4/4 ranks" in out
     assert "param_and_grad_buffer.py:185 in check_grads" in out
@@ -131,3 +141,64 @@ def test_repro_trace_names_the_exp_backward_in_the_kl_term_and_the_masked_token(
 def test_trace_needs_one_hazard(capsys):
     assert main(["repro", "--trace"]) == 2
     assert capsys.readouterr().err == "nanscope repro: error: --trace goes with --hazard NAME (one step of one hazard)\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--timeout", "nan"], "--timeout nan: must be a finite number of seconds > 0"),
+        (["--timeout", "0"], "--timeout 0: must be a finite number of seconds > 0"),
+        (["--timeout", "-5"], "--timeout -5: must be a finite number of seconds > 0"),
+        (["--timeout", "inf"], "--timeout inf: must be a finite number of seconds > 0"),
+        (["--hazard", "nan-reward", "--inject-step", "2"], "--inject-step 2 goes with --steps N"),
+        (["--steps", "0"], "--steps 0: must be >= 1"),
+        (["--steps", "-1", "--inject-step", "1"], "--steps -1: must be >= 1"),
+    ],
+)
+def test_bad_numbers_are_one_line_errors_before_any_launch(argv, message, capsys):
+    assert main(["repro", *argv]) == 2
+    assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
+
+
+def _ours(tag: str) -> list[tuple[int, str]]:
+    """(pid, cmdline) of every live (not zombie) process whose environment carries NANSCOPE_TEST_TAG=tag."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = open(f"/proc/{entry}/environ", "rb").read()
+            state = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0]
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if f"NANSCOPE_TEST_TAG={tag}".encode() in environ.split(b"\0") and state != "Z":
+            found.append((int(entry), cmdline))
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_kills_every_worker_and_removes_the_temp_dirs(tmp_path, sig, code):
+    tag, tmp = uuid.uuid4().hex, tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "NANSCOPE_TEST_TAG": tag, "TMPDIR": str(tmp)}
+    argv = [sys.executable, "-m", "nanscope.cli.main", "repro", "--hazard", "kl-exp-overflow", "--steps", "12",
+            "--inject-step", "11"]  # fmt: skip
+    # As from a terminal: SIGINT at its default even when pytest runs in a background job.
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while sum("nanscope.megatron.worker" in c and "torch.distributed.run" not in c for _, c in _ours(tag)) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, "the 4 workers never started"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code
+    assert err.decode() == "nanscope repro: interrupted; 4 workers stopped\n"
+    assert _ours(tag) == []
+    assert sorted(p.name for p in tmp.iterdir()) == []  # no torchelastic_*, nanscope-* left

@@ -1,12 +1,14 @@
 """Parent-side pieces of the harness that need no torchrun."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from nanscope.megatron import launcher, step
+from nanscope.megatron import launcher, proctree, step
 from nanscope.megatron.spec import RunSpec
 
 
@@ -21,7 +23,7 @@ def test_kill_tree_reaches_descendants_in_their_own_session():
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
     assert proc.stdout.readline() == b"up\n"
     time.sleep(0.2)  # let the grandchild start
-    pids = launcher.kill_tree(proc.pid)
+    pids = proctree.kill_tree(proc.pid)
     assert len(pids) == 2 and pids[0] == proc.pid
     t = time.time()
     proc.communicate(timeout=10)  # returns only once the grandchild released the pipe too
@@ -45,3 +47,46 @@ def test_run_spec_injects_the_hazard_at_one_step():
 def test_seq_length_is_a_multiple_of_64_tp():
     assert step.seq_length_for([44, 30], tp=2) == 128
     assert step.seq_length_for([129], tp=1) == 192
+
+
+def test_stop_signals_are_noted_then_raised_with_the_exit_code():
+    before = signal.getsignal(signal.SIGHUP)
+    with proctree.StopSignals() as stop:
+        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal changes nothing: the first one counts
+        time.sleep(0.1)  # the handler runs in the main thread between bytecodes
+        assert stop.signum == signal.SIGHUP
+        with pytest.raises(proctree.Interrupted) as e:
+            stop.check(workers=4)
+    assert (e.value.exit_code, e.value.workers) == (129, 4)
+    assert signal.getsignal(signal.SIGHUP) is before  # restored
+
+
+def test_an_ignored_stop_signal_stays_ignored():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        with proctree.StopSignals() as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.1)
+            assert stop.signum is None
+            stop.check()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_kill_tree_catches_a_child_forked_while_the_tree_is_read():
+    # A parent that keeps forking: freezing (SIGSTOP) before killing leaves no survivor.
+    code = (
+        "import subprocess, sys, time\n"
+        "print('up', flush=True)\n"
+        "while True:\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "    time.sleep(0.05)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline() == b"up\n"
+    time.sleep(0.5)
+    pids = proctree.kill_tree(proc.pid)
+    proc.wait(timeout=10)
+    assert len(pids) >= 3 and proctree.wait_gone(pids[1:], timeout_s=10) == []

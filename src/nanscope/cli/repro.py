@@ -21,7 +21,8 @@ examples:
   nanscope repro --hazard kl-exp-overflow --loss as-is --trace --json t.json  # the op and token
 
 exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
-exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input.
+exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129
+when SIGINT, SIGTERM or SIGHUP stopped it (the workers are killed and the temp dirs removed first).
 """
 
 
@@ -44,28 +45,56 @@ def add_parser(sub):
     return p
 
 
-def run(args) -> int:
-    from rich.console import Console
+def validate(args) -> None:
+    """Every check on the arguments that needs no launch; raises UserError (one line)."""
+    import math
 
-    from nanscope import hazards, repro
+    from nanscope import hazards
     from nanscope.errors import UserError
-    from nanscope.report import files
-    from nanscope.report import repro as report
 
     if args.hazard is not None and args.hazard not in hazards.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(hazards.BY_NAME)}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
+    if args.trace and (args.hazard is None or args.steps is not None):
+        raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
+    if args.inject_step is not None and args.steps is None:
+        raise UserError(f"--inject-step {args.inject_step} goes with --steps N")
+    if args.steps is not None:
+        if args.steps < 1:
+            raise UserError(f"--steps {args.steps}: must be >= 1")
+        if args.hazard == hazards.HEALTHY.name:
+            raise UserError("--steps needs a hazard to inject (--hazard NAME, not healthy)")
+        if args.inject_step is not None and not 1 <= args.inject_step <= args.steps:
+            raise UserError(f"--inject-step {args.inject_step} is outside steps 1..{args.steps}")
+
+
+def run(args) -> int:
+    import sys
+
+    from nanscope.megatron.proctree import Interrupted
+
+    try:
+        return _run(args)
+    except Interrupted as e:
+        print(f"nanscope repro: interrupted; {e.workers} workers stopped", file=sys.stderr)
+        return e.exit_code
+
+
+def _run(args) -> int:
+    from rich.console import Console
+
+    from nanscope import hazards, repro
+    from nanscope.report import files
+    from nanscope.report import repro as report
+
+    validate(args)
     if args.json:
         files.check_writable(args.json)
     console = Console(width=160)
-    if args.trace and (args.hazard is None or args.steps is not None):
-        raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
     if args.steps is not None:
-        hazard = args.hazard or "kl-exp-overflow"
-        if hazard == "healthy":
-            raise UserError("--steps needs a hazard to inject (--hazard NAME, not healthy)")
+        hazard = args.hazard or hazards.KL_EXP_OVERFLOW.name
         inject = args.inject_step if args.inject_step is not None else (args.steps + 1) // 2
-        if not 1 <= inject <= args.steps:
-            raise UserError(f"--inject-step {inject} is outside steps 1..{args.steps}")
         result = repro.run_steps(hazard, steps=args.steps, inject_step=inject, seed=args.seed, timeout_s=args.timeout)
         report.render_steps(result, console)
         doc = report.steps_to_json(result)

@@ -5,23 +5,28 @@
     result = launch([RunSpec("healthy"), RunSpec("kl-exp-overflow")], Layout())
 
 `launch` writes the WorkerSpec, spawns `torchrun ... -m nanscope.megatron.worker` with a hard timeout,
-kills the whole process tree when it expires, relaunches for the remaining runs when a launch died
-mid-way, and returns a LaunchResult.
+kills the whole process tree when it expires or when a stop signal arrives, relaunches for the
+remaining runs when a launch died mid-way, and returns a LaunchResult. torchrun's TMPDIR is a temp
+dir of the launch, so its `torchelastic_*` dirs go with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from nanscope.megatron import proctree
+from nanscope.megatron.proctree import StopSignals
 from nanscope.megatron.spec import Layout, LaunchResult, RankRecord, RunResult, RunSpec, WorkerSpec
+
+POLL_S = 0.25  # how often a running launch looks for a stop signal
 
 
 def launch(
@@ -54,42 +59,51 @@ def launch(
 
     Returns:
         A LaunchResult; runs whose records are missing list the missing ranks.
+
+    Raises:
+        proctree.Interrupted: SIGINT, SIGTERM or SIGHUP arrived during the launch; torchrun's whole
+            process tree has been killed and waited for, and the launch's temp dirs removed.
     """
     _validate(runs, layout)
-    tmp = None
-    if out_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="nanscope-run-")
-        out_dir = tmp.name
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    spec = WorkerSpec(layout, tuple(runs), rank_timeout_s, startup_timeout_s, bf16)
-    t0 = time.time()
-    outputs, stuck, returncode, timed_out, launches = [], {}, None, False, 0
-    while True:
-        launches += 1
-        code, timed_out, output = _torchrun(out, spec, timeout_s - (time.time() - t0))
-        returncode = code if not returncode else returncode  # the first failure's code sticks
-        outputs.append(output)
-        for r in range(layout.world):  # the watchdog's notes, kept across relaunches
-            w = out / f"stuck.rank{r}.txt"
-            if w.exists():
-                stuck[r] = "; ".join(filter(None, [stuck.get(r), w.read_text()]))
-                w.unlink()
-        broken = _first_incomplete(out, len(runs), layout.world, spec.first_run)
-        if code == 0 or timed_out or broken is None or broken + 1 >= len(runs) or launches > max_relaunches:
-            break
-        spec = dataclasses.replace(spec, first_run=broken + 1)  # the launch died in run `broken`: resume after
-    result = collect(out, runs, layout, returncode, timed_out, time.time() - t0, "\n".join(outputs))
+    with contextlib.ExitStack() as stack:
+        stop = stack.enter_context(StopSignals())
+        if out_dir is None:
+            out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="nanscope-run-"))
+        # torchrun's own temp dirs (torchelastic_*) go here, removed with it.
+        child_tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="nanscope-tmp-"))
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        spec = WorkerSpec(layout, tuple(runs), rank_timeout_s, startup_timeout_s, bf16)
+        t0 = time.time()
+        outputs, stuck, returncode, timed_out, launches = [], {}, None, False, 0
+        while True:
+            launches += 1
+            code, timed_out, output = _torchrun(out, spec, timeout_s - (time.time() - t0), child_tmp, stop)
+            returncode = code if not returncode else returncode  # the first failure's code sticks
+            outputs.append(output)
+            for r in range(layout.world):  # the watchdog's notes, kept across relaunches
+                w = out / f"stuck.rank{r}.txt"
+                if w.exists():
+                    stuck[r] = "; ".join(filter(None, [stuck.get(r), w.read_text()]))
+                    w.unlink()
+            broken = _first_incomplete(out, len(runs), layout.world, spec.first_run)
+            if code == 0 or timed_out or broken is None or broken + 1 >= len(runs) or launches > max_relaunches:
+                break
+            spec = dataclasses.replace(spec, first_run=broken + 1)  # the launch died in run `broken`: resume after
+        result = collect(out, runs, layout, returncode, timed_out, time.time() - t0, "\n".join(outputs))
+        stop.check()
     result.stuck, result.launched_at, result.launches = stuck, t0, launches
-    if tmp is not None:
-        tmp.cleanup()
     return result
 
 
-def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float) -> tuple[int, bool, str]:
-    """One torchrun of the worker over `spec`; kills the process tree after `timeout_s`."""
+def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: StopSignals) -> tuple[int, bool, str]:
+    """One torchrun of the worker over `spec`, with TMPDIR `tmp`.
+
+    Kills the process tree after `timeout_s`, or at once on a stop signal (then raises Interrupted).
+    """
     from nanscope.megatron.bootstrap import free_port
 
+    stop.check()
     (out / "spec.json").write_text(spec.to_json())
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
@@ -97,53 +111,36 @@ def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float) -> tuple[int, bool,
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
         "-m", "nanscope.megatron.worker", "--spec", str(out / "spec.json"), "--out", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": ""}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": "",
+           "TMPDIR": tmp}  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    timed_out = False
+    deadline = time.monotonic() + max(1.0, timeout_s)
+    while True:
+        try:  # short waits: a stop signal is acted on within POLL_S
+            output, _ = proc.communicate(timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
+            return proc.returncode, False, output.decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            if stop.signum is not None:
+                pids = _stop(proc)
+                stop.check(workers=len(pids) - 1)
+            if time.monotonic() >= deadline:
+                break
+    pids = proctree.kill_tree(proc.pid)
     try:
-        output, _ = proc.communicate(timeout=max(1.0, timeout_s))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_tree(proc.pid)
-        try:
-            output, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:  # a descendant we could not see still holds the pipe
-            proc.kill()
-            output = b"(output lost: the process tree did not exit after SIGKILL)"
-    return proc.returncode, timed_out, output.decode(errors="replace")
+        output, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # a descendant we could not see still holds the pipe
+        proc.kill()
+        output = b"(output lost: the process tree did not exit after SIGKILL)"
+    proctree.wait_gone(pids[1:])
+    return proc.returncode, True, output.decode(errors="replace")
 
 
-def _children() -> dict[int, list[int]]:
-    """ppid -> pids, from /proc (Linux)."""
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def kill_tree(pid: int) -> list[int]:
-    """SIGKILL `pid` and all its descendants; returns the pids signalled.
-
-    torchrun starts each rank in a new session, so killing torchrun's process group alone would
-    orphan the ranks (and they would keep the output pipe open): the tree is collected first.
-    """
-    pids, todo = [], [pid]
-    tree = _children() if os.path.isdir("/proc") else {}
-    while todo:
-        p = todo.pop()
-        pids.append(p)
-        todo.extend(tree.get(p, []))
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _stop(proc: subprocess.Popen) -> list[int]:
+    """Kill torchrun's tree, reap torchrun, wait for the ranks to be gone; returns the pids killed."""
+    pids = proctree.kill_tree(proc.pid)
+    proc.wait()
+    proc.stdout.close()
+    proctree.wait_gone(pids[1:])
     return pids
 
 

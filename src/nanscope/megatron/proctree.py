@@ -1,0 +1,127 @@
+"""A launch's processes: stop signals noted instead of obeyed, and the whole torchrun tree killed (Linux /proc).
+
+torchrun runs in its own session (a Ctrl-C in the terminal does not reach it) and its ranks may start
+new sessions of their own, so neither the terminal nor a process-group kill ends them: the parent
+collects the tree from /proc and kills it pid by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+# The signals that end `nanscope repro` (exit 128 + signal number: 130, 143, 129).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    """A stop signal arrived during a launch; its process tree is gone when this is raised.
+
+    A BaseException, like KeyboardInterrupt: not an error of the run, so `except Exception` lets it pass.
+    """
+
+    def __init__(self, signum: int, workers: int):
+        super().__init__(f"{signal.Signals(signum).name}: {workers} workers stopped")
+        self.signum, self.workers = signum, workers
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class StopSignals:
+    """Within `with StopSignals() as stop:`, SIGINT/SIGTERM/SIGHUP only set `stop.signum` (the first one).
+
+    The caller polls it at points where it can clean up. Outside the main thread (where Python
+    cannot set handlers) nothing is changed and `signum` stays None; so are ignored signals.
+    """
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def _note(self, signum, _frame) -> None:
+        self.signum = self.signum or signum
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            # A signal the user chose to ignore (nohup: SIGHUP) stays ignored.
+            mine = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+            self._previous = {s: signal.signal(s, self._note) for s in mine}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def check(self, workers: int = 0) -> None:
+        """Raise Interrupted if a stop signal arrived (`workers`: how many processes were stopped)."""
+        if self.signum is not None:
+            raise Interrupted(self.signum, workers)
+
+
+def children() -> dict[int, list[int]]:
+    """ppid -> pids, from /proc (empty without /proc: then only the root is signalled)."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants, parents before children."""
+    tree, out, todo = children(), [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(tree.get(p, []))
+    return out
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL `pid` and all its descendants; returns the pids signalled, `pid` first.
+
+    The tree is frozen first (SIGSTOP, repeated until no new descendant appears), so a process
+    that forks while the tree is being read is caught too.
+    """
+    seen: list[int] = []
+    while new := [p for p in _tree(pid) if p not in seen]:
+        for p in new:
+            _signal(p, signal.SIGSTOP)
+        seen += new
+    for p in seen:
+        _signal(p, signal.SIGKILL)
+    return seen
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie has exited; only its parent's wait is missing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
+    """Wait until none of `pids` is alive; returns those still alive after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
