@@ -55,10 +55,11 @@ def policy_loss(args, batch, logits, sum_of_sample_mean):
     Returns:
         (loss, metrics): the release's loss and metrics plus nan_guard/* counters.
     """
+    target = releases.running()
     if not any(b is batch for b in _step_microbatches):  # a recomputation calls it again on the same batch
         _step_microbatches.append(batch)
     nan_policy = os.environ.get("NANSCOPE_NAN_POLICY", "drop")
-    return call(releases.running(), args, batch, logits, sum_of_sample_mean, nan_policy=nan_policy)
+    return call(target, args, batch, logits, sum_of_sample_mean, nan_policy=nan_policy)
 
 
 def call(target: releases.Target, args, batch: dict, logits, sum_of_sample_mean, *, nan_policy="drop", parallel=None):

@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
 
+import torch
+
 from nanscope.errors import UserError
 
 SLIME_LOSS = "slime.backends.megatron_utils.loss"
@@ -209,6 +211,8 @@ def _parameters(qualname: str) -> tuple[str, ...] | None:
 def mismatches(release: Release) -> list[str]:
     """What the loaded modules lack for `release`, one phrase per name; empty if it matches."""
     out = []
+    if release.inline_exp and getattr(sys.modules.get(release.module), "torch", None) is not torch:
+        out.append(f"{release.module}.torch is not the torch module")
     for qualname, expected in release.signatures.items():
         found = _parameters(qualname)
         if found is None:

@@ -1,0 +1,186 @@
+"""nanscope.slime_plugin.policy_loss without slime installed: the guard around nanscope's model of slime
+v0.1.0 (nanscope.loss.as_is), called the way slime's loss_function calls a custom loss.
+
+tests/slime_releases runs the same plugin inside the real releases (v0.1.0, v0.2.4, v0.3.1, main).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.utils.checkpoint
+
+from nanscope import equivalence, hazards, slime_plugin
+from nanscope.loss import as_is, microbatch
+from nanscope.loss.microbatch import Parallel
+from nanscope.slime_args import case_args
+from nanscope.slime_plugin import loss as plugin_loss
+from nanscope.slime_plugin import releases
+
+PLUGIN = "nanscope.slime_plugin.policy_loss"
+
+
+@pytest.fixture(autouse=True)
+def fresh_step(monkeypatch):
+    monkeypatch.setattr(plugin_loss, "_step_microbatches", [])
+    monkeypatch.delenv("NANSCOPE_NAN_POLICY", raising=False)
+
+
+def hazard_batch(name, seed=0, defused=False, temperature=None):
+    policy = hazards.synthetic_policy(512, seed)
+    batch = hazards.build(name, policy, hazards.case_rollout(512, seed), seed, temperature, defused)
+    return batch, hazards.packed_logits(policy, batch["unconcat_tokens"])
+
+
+def through_slime(args, batch, logits, custom: bool):
+    """slime v0.1.0's loss_function (nanscope's model of it), with its own loss or with the plugin."""
+    if custom:
+        args.loss_type, args.custom_loss_function_path = "custom_loss", PLUGIN
+    x = logits.clone().requires_grad_(True)
+    loss, _, log = as_is.loss_function(args, batch, 1, x, parallel=Parallel())
+    loss.backward()
+    return loss.detach(), x.grad, log["keys"], log["values"]
+
+
+FLAG_SETS = [{}] + [equivalence.random_case(seed).flags for seed in range(6)]
+
+
+@pytest.mark.parametrize("flags", FLAG_SETS, ids=[f"flags{i}" for i in range(len(FLAG_SETS))])
+def test_healthy_batches_give_as_is_bitwise_plus_zero_guard_counters(flags):
+    args = case_args(global_batch_size=8, **flags)
+    batch, logits = hazard_batch("healthy", temperature=args.rollout_temperature)
+    g = torch.Generator().manual_seed(1)  # old != current policy: ratios away from 1, the clip binds somewhere
+    batch["log_probs"] = [x + 0.3 * torch.randn(x.shape, generator=g) for x in batch["log_probs"]]
+    own = through_slime(args, batch, logits, custom=False)
+    plugin = through_slime(case_args(global_batch_size=8, **flags), batch, logits, custom=True)
+    assert own[3][own[2].index("pg_clipfrac") + 1] > 0
+    assert torch.equal(plugin[0], own[0]) and torch.equal(plugin[1], own[1])
+    n = len(own[2])
+    assert plugin[2][:n] == own[2] and all(k.startswith("nan_guard/") for k in plugin[2][n:])
+    assert torch.equal(plugin[3][: n + 1], own[3]) and set(plugin[3][n + 1 :].tolist()) == {0.0}
+
+
+@pytest.mark.parametrize("name", [h.name for h in hazards.CATALOGUE])
+def test_every_hazard_is_finite_and_a_masked_one_leaves_the_step_as_its_defused_twin(name):
+    batch, logits = hazard_batch(name)
+    loss, grad, keys, values = through_slime(case_args(global_batch_size=8), batch, logits, custom=True)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all() and torch.isfinite(values).all()
+    if hazards.get(name).masked_token:
+        twin, _ = hazard_batch(name, defused=True)
+        own = through_slime(case_args(global_batch_size=8), twin, logits, custom=False)
+        assert torch.equal(loss, own[0]) and torch.equal(grad, own[1])
+
+
+@pytest.mark.parametrize("name, counter", [
+    ("kl-exp-overflow", "nan_guard/exp_overflow"), ("ratio-exp-overflow", "nan_guard/exp_overflow"),
+    ("nan-rollout-logprob", "nan_guard/rollout_log_probs"), ("nan-reward", "nan_guard/advantages"),
+])
+def test_the_guard_counts_what_it_neutralised(name, counter):
+    batch, logits = hazard_batch(name)
+    _, metrics = slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits.requires_grad_(True),
+                                          microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False))
+    expected = {"nan_guard/advantages": 8.0}.get(counter, 1.0)  # a NaN reward takes its whole group of 8
+    assert metrics[counter].item() == expected
+    others = {k: v.item() for k, v in metrics.items()
+              if k.startswith("nan_guard/") and k not in (counter, "nan_guard/dropped_tokens")}
+    assert set(others.values()) == {0.0}, others
+
+
+def test_a_non_finite_ref_logprob_is_not_counted_as_an_overflow():
+    batch, logits = hazard_batch("healthy")
+    i = 1
+    j = int((batch["loss_masks"][i] == 0).nonzero()[0])
+    batch["ref_log_probs"][i][j] = float("inf")  # exp(inf - logp) would be inf, but it is bad input, not overflow
+    _, metrics = slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits,
+                                          microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False))
+    assert (metrics["nan_guard/ref_log_probs"].item(), metrics["nan_guard/exp_overflow"].item()) == (1.0, 0.0)
+
+
+def test_an_unmasked_nan_logprob_leaves_the_loss_and_the_callers_batch_is_untouched():
+    batch, logits = hazard_batch("healthy")
+    i, j = 2, 0  # response token 0 of sample 2 is a model token (loss_mask 1)
+    assert batch["loss_masks"][i][j] == 1
+    batch["log_probs"][i][j] = float("nan")
+    batch["loss_masks"] = [m.int() for m in batch["loss_masks"]]  # slime's actor moves them to int
+    before = {k: [t.clone() for t in batch[k]] for k in ("log_probs", "loss_masks")}
+    loss, grad, keys, values = through_slime(case_args(global_batch_size=8), batch, logits, custom=True)
+    assert torch.isfinite(grad).all()
+    row = sum(batch["total_lengths"][:i]) + batch["total_lengths"][i] - batch["response_lengths"][i] - 1 + j
+    assert torch.equal(grad[0, row], torch.zeros_like(grad[0, row]))  # the token gets no gradient
+    metrics = dict(zip(keys, values[1:].tolist()))
+    assert metrics["nan_guard/log_probs"] == 1.0 and metrics["nan_guard/dropped_tokens"] == 1.0
+    for k, tensors in before.items():  # the plugin worked on a copy
+        for a, b in zip(batch[k], tensors):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    assert math.isnan(batch["log_probs"][i][j]) and batch["loss_masks"][i][j] == 1
+
+
+def test_a_finite_batch_reaches_the_release_as_the_same_object(monkeypatch):
+    import functools
+
+    seen = []
+    original = as_is.policy_loss
+
+    @functools.wraps(original)
+    def spy(args, batch, *rest, **kwargs):
+        seen.append(batch)
+        return original(args, batch, *rest, **kwargs)
+
+    monkeypatch.setattr(as_is, "policy_loss", spy)
+    healthy, logits = hazard_batch("healthy")
+    hazard, _ = hazard_batch("nan-rollout-logprob")
+    ssm = microbatch.make_sum_of_sample_mean(healthy, Parallel(), False, select=False)
+    slime_plugin.policy_loss(case_args(global_batch_size=8), healthy, logits, ssm)
+    slime_plugin.policy_loss(case_args(global_batch_size=8), hazard, logits, ssm)
+    assert seen[0] is healthy
+    i, j = hazard["hazard_site"]
+    assert seen[1] is not hazard and seen[1]["rollout_log_probs"][i][j] == 0 and seen[1]["loss_masks"][i][j] == 0
+
+
+def test_patched_helpers_are_restored_after_the_call_and_after_an_exception():
+    names = list(releases.MODEL.clamps)
+    originals = {n: getattr(as_is, n) for n in names}
+    batch, logits = hazard_batch("kl-exp-overflow")
+    ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
+    slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits, ssm)
+    assert {n: getattr(as_is, n) for n in names} == originals
+    with pytest.raises(ValueError, match="advantage_estimator 'gspo'"):  # raised by as_is inside the call
+        slime_plugin.policy_loss(case_args(global_batch_size=8, advantage_estimator="gspo"), batch, logits, ssm)
+    assert {n: getattr(as_is, n) for n in names} == originals
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_recompute_loss_function_gives_the_same_gradient_and_records_the_batch_once(reentrant):
+    # --recompute-loss-function: slime v0.2.x calls the custom loss through torch.utils.checkpoint
+    batch, logits = hazard_batch("kl-exp-overflow")
+    ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
+    args = case_args(global_batch_size=8)
+    grads = []
+    for recompute in (False, True):
+        x = logits.clone().requires_grad_(True)
+        if recompute:
+            loss, _ = torch.utils.checkpoint.checkpoint(
+                slime_plugin.policy_loss, args, batch, x, ssm, use_reentrant=reentrant
+            )
+        else:
+            loss, _ = slime_plugin.policy_loss(args, batch, x, ssm)
+        loss.backward()
+        grads.append(x.grad)
+    assert torch.isfinite(grads[1]).all() and torch.equal(grads[0], grads[1])
+    assert plugin_loss._step_microbatches == [batch] and plugin_loss._step_microbatches[0] is batch
+
+
+def test_strict_policy_names_the_sample_and_token(monkeypatch):
+    monkeypatch.setenv("NANSCOPE_NAN_POLICY", "strict")
+    batch, logits = hazard_batch("nan-reward")
+    ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
+    with pytest.raises(plugin_loss.NonFiniteInputError) as e:
+        slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits, ssm)
+    assert str(e.value) == "advantages is nan at sample 0, response token 0 (nan_policy=strict)"
+
+
+def test_an_unknown_nan_policy_is_refused(monkeypatch):
+    monkeypatch.setenv("NANSCOPE_NAN_POLICY", "ignore")
+    batch, logits = hazard_batch("healthy")
+    with pytest.raises(ValueError, match="^nan_policy 'ignore': expected one of drop, strict$"):
+        slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits, None)
