@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nanscope.dumps import demo, io
+from nanscope.dumps.limits import Limits
 from nanscope.errors import UserError
 
 
@@ -90,11 +91,21 @@ def test_truncated_file_is_one_line(tmp_path, make_samples, keep):
     assert "\n" not in str(e.value)
 
 
-def test_missing_file_and_directory(tmp_path):
-    with pytest.raises(UserError, match=r"nope.pt: no such file$"):
+def test_missing_file_directory_fifo_and_size_cap(tmp_path, make_samples):
+    with pytest.raises(UserError, match=r"nope.pt: dump: no such file$"):
         io.load(tmp_path / "nope.pt")
-    with pytest.raises(UserError, match=r": not a file \(scan one dump file, e.g. rollout_data/12.pt\)$"):
+    with pytest.raises(UserError, match=r": dump: is a directory, expected a file$"):
         io.load(tmp_path)
+    os.mkfifo(tmp_path / "fifo")  # opening it would block forever: refused from stat alone
+    with pytest.raises(UserError, match=r"fifo: dump: not a regular file \(a FIFO\)$"):
+        io.load(tmp_path / "fifo")
+    with pytest.raises(UserError, match=r"^/dev/zero: dump: not a regular file \(a character device\)$"):
+        io.load("/dev/zero")
+    path = demo.write_rollout_dump(tmp_path / "0.pt", make_samples(2))
+    with pytest.raises(UserError) as e:
+        io.load(path, limits=Limits(max_bytes=100))
+    assert str(e.value) == f"{path}: dump: {path.stat().st_size} bytes is over the 100 bytes limit (raise it with " \
+                           "--max-dump-mb)"
 
 
 @pytest.mark.parametrize(
@@ -162,3 +173,35 @@ def test_cp_response_positions_split_response(tmp_path):
     # rank 1: chunks [5,10) and [10,15) -> logits 7..9 and 10..14 -> response 0..2 and 3..7.
     assert io.cp_response_positions(20, 12, 2, 0).tolist() == [8, 9, 10, 11]
     assert io.cp_response_positions(20, 12, 2, 1).tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_shared_sample_dict_and_strided_tensor_are_refused(tmp_path):
+    s = {"tokens": [1, 2, 3], "response_length": 2, "reward": 1.0}
+    torch.save({"rollout_id": 0, "samples": [s, dict(s), s]}, tmp_path / "r.pt")
+    with pytest.raises(UserError) as e:
+        io.load(tmp_path / "r.pt")
+    assert str(e.value) == (f"{tmp_path / 'r.pt'}: sample 2: the same object as sample 0 (a shared reference, not "
+                            "slime's one dict per sample)")
+    data = {"tokens": [torch.arange(8)], "response_lengths": [2], "log_probs": [torch.zeros(4)[::2]]}
+    demo.write_train_dump(tmp_path / "t.pt", data)
+    with pytest.raises(UserError) as e:
+        list(io.load(tmp_path / "t.pt").samples())
+    assert str(e.value) == (f"{tmp_path / 't.pt'}: log_probs of sample 0: tensor of 2 elements with stride 2 over "
+                            "a storage of 4, expected a contiguous one")
+
+
+def test_error_lines_show_types_not_containers(tmp_path):
+    # A 10^6-entry list, a 10^6-character string, a 2^1100 int: the line shows a type or a short repr.
+    torch.save({"samples": [{"tokens": [1], "response_length": 1, "reward": 2**1100}]}, tmp_path / "a.pt")
+    with pytest.raises(UserError, match=r"reward of sample 0: int of 1101 bits, too large for the float tensor"):
+        list(io.load(tmp_path / "a.pt").samples())
+    torch.save({"samples": [{"tokens": [1], "response_length": "7" * 10**6, "reward": 1.0}]}, tmp_path / "s.pt")
+    with pytest.raises(UserError, match=r"response_length of sample 0: str '7{39}, expected an int$"):
+        list(io.load(tmp_path / "s.pt").samples())
+    torch.save({"samples": [{"tokens": [1], "response_length": 1, "reward": [0.5] * 10**6}]}, tmp_path / "b.pt")
+    with pytest.raises(UserError, match=r"reward of sample 0: list, expected a number \(slime"):
+        list(io.load(tmp_path / "b.pt").samples())
+    torch.save({"samples": [{"tokens": [1], "response_length": 1, "reward": {(1, 2): 1.0, 7: 2.0, "s": 0}}]},
+               tmp_path / "c.pt")
+    with pytest.raises(UserError, match=r"reward of sample 0: a dict with keys \['7', '<tuple>', 's'\]; pass"):
+        list(io.load(tmp_path / "c.pt").samples())

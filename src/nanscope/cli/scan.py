@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from nanscope.dumps.config import ScanConfig
+from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS
 from nanscope.errors import UserError
 
 DESCRIPTION = """\
@@ -57,6 +58,11 @@ def add_parser(sub):
     inp.add_argument("--tensor-model-parallel-size", type=int, default=1, metavar="N",
                      help="train dumps with CP: the run's TP size, to find the CP rank of the dump's rank "
                           "as (rank // tp) %% cp, Megatron's default order tp-cp-ep-dp-pp (default 1)")
+    inp.add_argument("--max-dump-mb", type=int, default=MAX_DUMP_MB, metavar="MB",
+                     help=f"refuse dump files larger than this (default {MAX_DUMP_MB})")
+    inp.add_argument("--max-sample-tokens", type=int, default=MAX_SAMPLE_TOKENS, metavar="N",
+                     help="refuse a sample whose fields hold, or whose response_length declares, more entries "
+                          f"(default {MAX_SAMPLE_TOKENS:,})")
     inp.add_argument("--write-demo", metavar="PATH", help="write a small dump with planted hazards and exit")
     inp.add_argument("--demo-kind", choices=("rollout", "train"), default="rollout",
                      help="what --write-demo writes (default rollout)")
@@ -99,7 +105,8 @@ def run(args) -> int:
     for flag, v in (("--n-samples-per-prompt", args.n_samples_per_prompt),
                     ("--context-parallel-size", args.context_parallel_size),
                     ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
-                    ("--max-per-sample", args.max_per_sample)):
+                    ("--max-per-sample", args.max_per_sample), ("--max-dump-mb", args.max_dump_mb),
+                    ("--max-sample-tokens", args.max_sample_tokens)):
         if v < 1:
             raise UserError(f"{flag} {v}: must be >= 1")
     for flag, path in (("--json", args.json), ("--html", args.html)):
@@ -133,10 +140,13 @@ def _scan(args, cfg, show: bool):
     )
 
     from nanscope.dumps import checks, io
+    from nanscope.dumps.limits import Limits
+    from nanscope.inputs import MiB
 
     def load():
         return io.load(args.dump, trust_pickle=args.trust_pickle, reward_key=cfg.reward_key,
-                       cp_size=args.context_parallel_size, tp_size=args.tensor_model_parallel_size)
+                       cp_size=args.context_parallel_size, tp_size=args.tensor_model_parallel_size,
+                       limits=Limits(args.max_dump_mb * MiB, args.max_sample_tokens))
 
     if not show:
         return checks.scan(load(), cfg)

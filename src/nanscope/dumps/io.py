@@ -20,6 +20,13 @@ Everything is loaded with `torch.load(weights_only=True)`: a file that needs arb
 refused unless the caller passes `trust_pickle=True`. Samples are handed out one at a time as compact
 numpy arrays, and the Python lists behind each are dropped as it goes, so a scan holds the loaded
 pickle graph plus one sample's arrays.
+
+Nothing a file declares is trusted (`Limits`): the file must be a regular file under a size cap; a
+sample's fields and declared response length under a per-sample cap; a tensor must be dense, on the CPU,
+1-D and contiguous inside its own storage (a stride-0 view declaring 10^10 elements over one is refused,
+as are meta, sparse, quantized and nested tensors); and the entries converted over the whole file are at
+most one per byte of it, so samples sharing one list cannot multiply the work. Each refusal is one line
+naming the file, the field and the sample.
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from nanscope.dumps.limits import SAMPLE_COST, Budget, Limits
 from nanscope.errors import UserError
+from nanscope.inputs import check_file
 
 # Keys of a train dump's rollout_data that hold one entry per sample of this rank.
 TRAIN_PER_SAMPLE_KEYS = (
@@ -57,7 +66,8 @@ class SampleData:
         prompt_length: len(tokens) - response_length (the offset of response token 0 in the sequence).
         response_length: as stored.
         tokens_length: len(tokens).
-        loss_mask: int8 [response_length] (slime's default of all ones when the dump has None).
+        loss_mask: int8 [response_length] (slime's default of all ones when the dump has None; empty then
+            if response_length > len(tokens), a length mismatch that stops the sample's checks).
         reward: the scalar reward (rollout dumps: raw, after --reward-key; train dumps: normalised `rewards`).
         rollout_log_probs, log_probs, ref_log_probs, advantages: float arrays or None when absent.
         positions: int64 response positions of the per-token arrays (CP-sliced train dumps), or None.
@@ -126,6 +136,7 @@ def load(
     reward_key: str | None = None,
     cp_size: int = 1,
     tp_size: int = 1,
+    limits: Limits | None = None,
 ) -> Dump:
     """Load a slime v0.1.0 rollout or train dump.
 
@@ -135,22 +146,24 @@ def load(
         reward_key: slime's --reward-key: pick this key when a sample's reward is a dict.
         cp_size, tp_size: context- and tensor-parallel sizes of the run that wrote a train dump; with
             cp_size > 1 the CP rank is (rank // tp_size) % cp_size (Megatron's default order tp-cp-ep-dp-pp).
+        limits: size caps (default `Limits()`); a file or sample over them is refused before it is converted.
 
     Raises:
-        UserError: unreadable, refused or malformed file (one line naming the field and sample).
+        UserError: unreadable, refused, oversized or malformed file (one line naming the field and sample).
     """
-    path = str(path)
+    path, limits = str(path), limits or Limits()
+    size = check_file(path, "dump", limits.max_bytes, "--max-dump-mb")
     obj = _torch_load(path, trust_pickle)
     if not isinstance(obj, dict):
         raise UserError(f"{path}: not a slime dump: top level is {type(obj).__name__}, expected a dict")
+    fields = _Fields(path, limits, Budget(path, size))
     if "samples" in obj:
-        return _rollout_dump(path, obj, reward_key)
+        return _rollout_dump(fields, obj, reward_key)
     if "rollout_data" in obj:
-        return _train_dump(path, obj, cp_size, tp_size)
-    keys = ", ".join(sorted(map(str, obj))[:8]) or "none"
+        return _train_dump(fields, obj, cp_size, tp_size)
     raise UserError(
         f"{path}: not a slime dump: expected key 'samples' (rollout dump) or 'rollout_data' (train dump), "
-        f"found {keys}"
+        f"found {', '.join(_keys(obj)) or 'none'}"
     )
 
 
@@ -160,11 +173,6 @@ def _torch_load(path: str, trust_pickle: bool) -> Any:
 
     import torch
 
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"{path}: no such file")
-    if not p.is_file():
-        raise UserError(f"{path}: not a file (scan one dump file, e.g. rollout_data/12.pt)")
     # mmap keeps tensor storages on disk; only the zip format (torch >= 1.6 default) supports it.
     use_mmap = zipfile.is_zipfile(path)
     try:
@@ -202,40 +210,44 @@ def _weights_only_reason(e: BaseException) -> str:
 # ---------------------------------------------------------------------------------------- rollout dumps
 
 
-def _rollout_dump(path: str, obj: dict, reward_key: str | None) -> Dump:
-    samples = obj["samples"]
+def _rollout_dump(f: _Fields, obj: dict, reward_key: str | None) -> Dump:
+    path, samples = f.path, obj["samples"]
     if not isinstance(samples, list):
         raise UserError(f"{path}: samples: expected a list of Sample.to_dict() dicts, got {type(samples).__name__}")
+    first: dict[int, int] = {}
     for i, s in enumerate(samples):
         if not isinstance(s, dict):
             raise UserError(f"{path}: sample {i}: expected a Sample.to_dict() dict, got {type(s).__name__}")
-    keys = sorted(map(str, samples[0])) if samples else []
+        j = first.setdefault(id(s), i)
+        if j != i:
+            raise UserError(f"{path}: sample {i}: the same object as sample {j} (a shared reference, not "
+                            "slime's one dict per sample)")
+    keys = sorted(k for k in samples[0] if isinstance(k, str)) if samples else []
 
     def convert(o: dict, i: int) -> SampleData:
         s = o["samples"][i]
         o["samples"][i] = None  # release the Python lists as we go
-        return _rollout_sample(path, s, i, reward_key)
+        return _rollout_sample(f, s, i, reward_key)
 
     return Dump(path, "rollout", _rollout_id(obj.get("rollout_id")), None, len(samples), keys, 1, obj, convert)
 
 
-def _rollout_sample(path: str, s: dict, i: int, reward_key: str | None) -> SampleData:
+def _rollout_sample(f: _Fields, s: dict, i: int, reward_key: str | None) -> SampleData:
     for key in ("tokens", "response_length", "reward"):
         if key not in s:
-            raise UserError(f"{path}: sample {i}: missing field '{key}' (not a Sample.to_dict())")
-    n_tokens = _length(path, s["tokens"], "tokens", i)
-    resp = _int(path, s["response_length"], "response_length", i)
-    if resp < 0:
-        raise UserError(f"{path}: response_length of sample {i}: {resp} is negative")
+            raise UserError(f"{f.path}: sample {i}: missing field '{key}' (not a Sample.to_dict())")
+    f.budget.take(SAMPLE_COST, "sample", i)
+    n_tokens = f.length(s["tokens"], "tokens", i)
+    resp = f.response_length(s["response_length"], "response_length", i)
     lengths = {"tokens": n_tokens, "response_length": resp}
     mask = s.get("loss_mask")
     if mask is None:  # slime: "always instantiate loss_mask if not provided"
-        mask_arr = np.ones(resp, dtype=np.int8)
+        mask_arr = f.default_mask(resp, n_tokens, "loss_mask", i)
     else:
-        mask_arr = _mask(path, mask, "loss_mask", i)
+        mask_arr = f.mask(mask, "loss_mask", i)
         lengths["loss_mask"] = len(mask_arr)
     rlp = s.get("rollout_log_probs")
-    rlp_arr = None if rlp is None else _floats(path, rlp, "rollout_log_probs", i)
+    rlp_arr = None if rlp is None else f.floats(rlp, "rollout_log_probs", i)
     if rlp_arr is not None:
         lengths["rollout_log_probs"] = len(rlp_arr)
     return SampleData(
@@ -244,36 +256,17 @@ def _rollout_sample(path: str, s: dict, i: int, reward_key: str | None) -> Sampl
         response_length=resp,
         tokens_length=n_tokens,
         loss_mask=mask_arr,
-        reward=_reward(path, s["reward"], i, reward_key),
+        reward=f.reward(s["reward"], i, reward_key),
         rollout_log_probs=rlp_arr,
         lengths=lengths,
     )
 
 
-def _reward(path: str, r: Any, i: int, reward_key: str | None) -> float:
-    """slime's Sample.get_reward_value: reward, or reward[reward_key] with --reward-key."""
-    if reward_key is not None:
-        if not isinstance(r, dict):
-            raise UserError(f"{path}: reward of sample {i}: --reward-key {reward_key} given but reward is "
-                            f"{type(r).__name__}, not a dict")
-        if reward_key not in r:
-            raise UserError(f"{path}: reward of sample {i}: no key '{reward_key}' (has {sorted(map(str, r))})")
-        r = r[reward_key]
-    elif isinstance(r, dict):
-        raise UserError(f"{path}: reward of sample {i}: a dict with keys {sorted(map(str, r))}; pass --reward-key")
-    if _is_tensor(r) and r.numel() == 1:
-        r = r.item()
-    if isinstance(r, bool) or not isinstance(r, (int, float)):
-        raise UserError(f"{path}: reward of sample {i}: {type(r).__name__} {r!r:.40}, expected a number "
-                        "(slime v0.1.0 builds a float tensor from the rewards)")
-    return float(r)
-
-
 # ------------------------------------------------------------------------------------------ train dumps
 
 
-def _train_dump(path: str, obj: dict, cp_size: int, tp_size: int) -> Dump:
-    data = obj["rollout_data"]
+def _train_dump(f: _Fields, obj: dict, cp_size: int, tp_size: int) -> Dump:
+    path, data = f.path, obj["rollout_data"]
     if not isinstance(data, dict):
         raise UserError(f"{path}: rollout_data: expected a dict of per-key lists, got {type(data).__name__}")
     for key in ("tokens", "response_lengths"):
@@ -288,8 +281,8 @@ def _train_dump(path: str, obj: dict, cp_size: int, tp_size: int) -> Dump:
         if len(data[k]) != n:
             raise UserError(f"{path}: rollout_data['{k}']: {len(data[k])} entries, but tokens has {n} samples")
     rank = obj.get("rank")
-    if cp_size > 1 and not isinstance(rank, int):
-        raise UserError(f"{path}: rank: {rank!r}; needed to find the CP rank with --context-parallel-size")
+    if cp_size > 1 and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise UserError(f"{path}: rank: {_brief(rank)}; needed to find the CP rank with --context-parallel-size")
     cp_rank = (rank // tp_size) % cp_size if cp_size > 1 else 0
 
     def convert(o: dict, i: int) -> SampleData:
@@ -297,35 +290,35 @@ def _train_dump(path: str, obj: dict, cp_size: int, tp_size: int) -> Dump:
         row = {k: d[k][i] for k in present}
         for k in present:
             d[k][i] = None  # release as we go
-        return _train_sample(path, row, i, cp_size, cp_rank)
+        return _train_sample(f, row, i, cp_size, cp_rank)
 
     return Dump(path, "train", _rollout_id(obj.get("rollout_id")), rank if isinstance(rank, int) else None, n,
                 present, cp_size, obj, convert)
 
 
-def _train_sample(path: str, row: dict, i: int, cp_size: int, cp_rank: int) -> SampleData:
-    n_tokens = _length(path, row["tokens"], "tokens", i)
-    resp = _int(path, row["response_lengths"], "response_lengths", i)
-    if resp < 0:
-        raise UserError(f"{path}: response_lengths of sample {i}: {resp} is negative")
+def _train_sample(f: _Fields, row: dict, i: int, cp_size: int, cp_rank: int) -> SampleData:
+    f.budget.take(SAMPLE_COST, "sample", i)
+    n_tokens = f.length(row["tokens"], "tokens", i)
+    resp = f.response_length(row["response_lengths"], "response_lengths", i)
     lengths = {"tokens": n_tokens, "response_length": resp}
     if "total_lengths" in row:
-        lengths["total_lengths"] = _int(path, row["total_lengths"], "total_lengths", i)
+        lengths["total_lengths"] = f.int(row["total_lengths"], "total_lengths", i)
     if "loss_masks" in row:
-        mask = _mask(path, row["loss_masks"], "loss_masks", i)
+        mask = f.mask(row["loss_masks"], "loss_masks", i)
         lengths["loss_mask"] = len(mask)
     else:
-        mask = np.ones(resp, dtype=np.int8)
+        mask = f.default_mask(resp, n_tokens, "loss_masks", i)
     out = SampleData(sample=i, prompt_length=n_tokens - resp, response_length=resp, tokens_length=n_tokens,
                      loss_mask=mask, lengths=lengths)
     if "rewards" in row:
-        out.reward = _reward(path, row["rewards"], i, None)
+        out.reward = f.reward(row["rewards"], i, None)
     for key in TRAIN_CP_SLICED_KEYS:
         if key in row:
-            arr = _floats(path, row[key], key, i)
+            arr = f.floats(row[key], key, i)
             setattr(out, key, arr)
             lengths[key] = len(arr)
     if cp_size > 1 and 0 < resp <= n_tokens:
+        f.budget.take(n_tokens, "tokens", i)
         out.positions = cp_response_positions(n_tokens, resp, cp_size, cp_rank)
     return out
 
@@ -344,6 +337,150 @@ def cp_response_positions(total_length: int, response_length: int, cp_size: int,
 # -------------------------------------------------------------------------------------- field converters
 
 
+class _Fields:
+    """Converts one sample's fields, refusing before any allocation what the limits do not allow.
+
+    Every message is one line: `{path}: {field} of sample {i}: ...`.
+    """
+
+    def __init__(self, path: str, limits: Limits, budget: Budget):
+        self.path, self.limits, self.budget = path, limits, budget
+
+    def _error(self, name: str, i: int, what: str) -> UserError:
+        return UserError(f"{self.path}: {name} of sample {i}: {what}")
+
+    def _capped(self, n: int, name: str, i: int, what: str = "entries") -> int:
+        cap = self.limits.max_sample_tokens
+        if n > cap:
+            raise self._error(name, i, f"{n:,} {what}, over the per-sample cap of {cap:,} "
+                                       "(raise it with --max-sample-tokens)")
+        return n
+
+    def tensor(self, x: Any, name: str, i: int) -> Any:
+        """`x` if it is a plain dense CPU tensor whose elements all lie in its own storage, once each."""
+        import torch
+
+        if type(x) not in (torch.Tensor, torch.nn.Parameter) or x.is_quantized or x.is_nested:
+            raise self._error(name, i, f"a {type(x).__name__} tensor, expected a plain tensor")
+        if x.layout != torch.strided:
+            raise self._error(name, i, f"a {str(x.layout).removeprefix('torch.')} tensor, expected a dense one")
+        if x.device.type != "cpu":
+            raise self._error(name, i, f"a tensor on device {x.device.type} (no data in the file), expected cpu")
+        if x.dim() > 1:
+            raise self._error(name, i, f"tensor of shape {tuple(x.shape)}, expected 1-D")
+        n = x.numel()
+        if n > 1 and x.stride(0) != 1:
+            raise self._error(name, i, f"tensor of {n:,} elements with stride {x.stride(0)} over a storage of "
+                                       f"{_storage_len(x):,}, expected a contiguous one")
+        if x.storage_offset() + n > _storage_len(x):
+            raise self._error(name, i, f"tensor of {n:,} elements at offset {x.storage_offset():,} past its "
+                                       f"storage of {_storage_len(x):,}")
+        return x
+
+    def length(self, x: Any, name: str, i: int) -> int:
+        if _is_tensor(x):
+            if self.tensor(x, name, i).dim() != 1:
+                raise self._error(name, i, f"tensor of shape {tuple(x.shape)}, expected 1-D")
+            return self._capped(x.numel(), name, i)
+        if not isinstance(x, (list, tuple)):
+            raise self._error(name, i, f"{type(x).__name__}, expected a list")
+        return self._capped(len(x), name, i)
+
+    def int(self, x: Any, name: str, i: int) -> int:
+        if _is_tensor(x) and self.tensor(x, name, i).numel() == 1:
+            x = x.item()
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise self._error(name, i, f"{_brief(x)}, expected an int")
+        return x
+
+    def response_length(self, x: Any, name: str, i: int) -> int:
+        """A declared response length: an int in [0, the per-sample cap]."""
+        n = self.int(x, name, i)
+        if n < 0:
+            raise UserError(f"{self.path}: {name} of sample {i}: {n} is negative")
+        return self._capped(n, name, i, "tokens declared")
+
+    def default_mask(self, resp: int, n_tokens: int, name: str, i: int) -> np.ndarray:
+        """slime's all-ones loss mask of a sample that has none: int8 [resp]; empty when resp > n_tokens, a
+        length mismatch whose sample is not checked further."""
+        n = resp if resp <= n_tokens else 0
+        self.budget.take(n, name, i)
+        return np.ones(n, dtype=np.int8)
+
+    def floats(self, x: Any, name: str, i: int) -> np.ndarray:
+        """A 1-D list/tensor of numbers as float32 (tensors keep their values; bf16 widens exactly)."""
+        if _is_tensor(x):
+            import torch
+
+            self.tensor(x, name, i)
+            if x.dim() != 1 or not x.dtype.is_floating_point:
+                raise self._error(name, i, f"tensor {x.dtype} {tuple(x.shape)}, expected 1-D float")
+            self.budget.take(self._capped(x.numel(), name, i), name, i)
+            x = x.detach()
+            if x.dtype == torch.bfloat16:  # widen exactly by bit shift: bf16 is the top half of an fp32
+                return (x.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            return x.float().numpy()
+        if not isinstance(x, (list, tuple)):
+            raise self._error(name, i, f"{type(x).__name__}, expected a list of floats")
+        self.budget.take(self._capped(len(x), name, i), name, i)
+        try:
+            arr = np.array(x, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError, RecursionError):
+            bad = next((j for j, v in enumerate(x) if isinstance(v, bool) or not isinstance(v, (int, float))), None)
+            where = f"element {bad} is {type(x[bad]).__name__}" if bad is not None else "not a flat list of numbers"
+            raise self._error(name, i, where) from None
+        if arr.ndim != 1:
+            raise self._error(name, i, "not a flat list of numbers")
+        nan_at = np.flatnonzero(np.isnan(arr))
+        none_at = next((int(j) for j in nan_at if x[j] is None), None)  # numpy turns None into nan
+        if none_at is not None:
+            raise self._error(name, i, f"element {none_at} is None")
+        return arr
+
+    def mask(self, x: Any, name: str, i: int) -> np.ndarray:
+        """A loss mask as int8; values other than 0/1 are malformed."""
+        if _is_tensor(x):
+            self.tensor(x, name, i)
+            if x.dim() != 1:
+                raise self._error(name, i, f"tensor of shape {tuple(x.shape)}, expected 1-D")
+            self.budget.take(self._capped(x.numel(), name, i), name, i)
+            arr = x.detach().numpy()
+        elif isinstance(x, (list, tuple)):
+            self.budget.take(self._capped(len(x), name, i), name, i)
+            try:
+                arr = np.array(x)
+            except (TypeError, ValueError, OverflowError, RecursionError):
+                raise self._error(name, i, "not a flat list of 0/1") from None
+        else:
+            raise self._error(name, i, f"{type(x).__name__}, expected a list of 0/1")
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "biuf"):
+            raise self._error(name, i, "not a flat list of 0/1")
+        if arr.size and ((arr != 0) & (arr != 1)).any():
+            j = int(np.flatnonzero((arr != 0) & (arr != 1))[0])
+            raise self._error(name, i, f"element {j} is {arr[j]}, expected 0 or 1")
+        return arr.astype(np.int8, copy=False)
+
+    def reward(self, r: Any, i: int, reward_key: str | None) -> float:
+        """slime's Sample.get_reward_value: reward, or reward[reward_key] with --reward-key."""
+        if reward_key is not None:
+            if not isinstance(r, dict):
+                raise self._error("reward", i, f"--reward-key {reward_key} given but reward is "
+                                               f"{type(r).__name__}, not a dict")
+            if reward_key not in r:
+                raise self._error("reward", i, f"no key '{reward_key}' (has {_keys(r)})")
+            r = r[reward_key]
+        elif isinstance(r, dict):
+            raise self._error("reward", i, f"a dict with keys {_keys(r)}; pass --reward-key")
+        if _is_tensor(r) and self.tensor(r, "reward", i).numel() == 1:
+            r = r.item()
+        if isinstance(r, bool) or not isinstance(r, (int, float)):
+            raise self._error("reward", i, f"{_brief(r)}, expected a number "
+                                           "(slime v0.1.0 builds a float tensor from the rewards)")
+        if isinstance(r, int) and r.bit_length() > 1024:
+            raise self._error("reward", i, f"{_brief(r)}, too large for the float tensor slime v0.1.0 builds")
+        return float(r)
+
+
 def _rollout_id(x: Any) -> int | float | str | None:
     """The stored rollout id as reports can show it: a plain number or string, else its type in brackets."""
     if x is None or isinstance(x, (int, float)):
@@ -357,68 +494,30 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
 
 
-def _length(path: str, x: Any, name: str, i: int) -> int:
-    if _is_tensor(x):
-        if x.dim() != 1:
-            raise UserError(f"{path}: {name} of sample {i}: tensor of shape {tuple(x.shape)}, expected 1-D")
-        return int(x.shape[0])
-    if not isinstance(x, (list, tuple)):
-        raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__}, expected a list")
-    return len(x)
+def _storage_len(x: Any) -> int:
+    """Elements of x's dtype its storage holds (the bytes the file gave it)."""
+    return x.untyped_storage().nbytes() // x.element_size()
 
 
-def _int(path: str, x: Any, name: str, i: int) -> int:
-    if _is_tensor(x) and x.numel() == 1:
-        x = x.item()
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__} {x!r:.40}, expected an int")
-    return x
+def _brief(x: Any) -> str:
+    """A value for an error line: the type and a short repr of a scalar; only the type of anything else,
+    whose repr could be huge or nested deeper than Python's recursion limit."""
+    if isinstance(x, int) and x.bit_length() > 64:
+        return f"int of {x.bit_length()} bits"
+    if x is None or isinstance(x, (int, float, str)):
+        return f"{type(x).__name__} {x!r:.40}"
+    return type(x).__name__
 
 
-def _floats(path: str, x: Any, name: str, i: int) -> np.ndarray:
-    """A 1-D list/tensor of numbers as float32 (tensors keep their values; bf16 widens exactly)."""
-    if _is_tensor(x):
-        import torch
-
-        if x.dim() != 1 or not x.dtype.is_floating_point:
-            raise UserError(f"{path}: {name} of sample {i}: tensor {x.dtype} {tuple(x.shape)}, expected 1-D float")
-        x = x.detach()
-        if x.dtype == torch.bfloat16:  # widen exactly by bit shift: bf16 is the top half of an fp32
-            return (x.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        return x.float().numpy()
-    if not isinstance(x, (list, tuple)):
-        raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__}, expected a list of floats")
-    try:
-        arr = np.array(x, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError):
-        bad = next((j for j, v in enumerate(x) if isinstance(v, bool) or not isinstance(v, (int, float))), None)
-        where = f"element {bad} is {type(x[bad]).__name__}" if bad is not None else "not a flat list of numbers"
-        raise UserError(f"{path}: {name} of sample {i}: {where}") from None
-    if arr.ndim != 1:
-        raise UserError(f"{path}: {name} of sample {i}: not a flat list of numbers")
-    nan_at = np.flatnonzero(np.isnan(arr))
-    none_at = next((int(j) for j in nan_at if x[j] is None), None)  # numpy turns None into nan
-    if none_at is not None:
-        raise UserError(f"{path}: {name} of sample {i}: element {none_at} is None")
-    return arr
+def _keys(d: dict) -> list[str]:
+    """The first 8 of a dict's keys as text, sorted (see `_key_text`)."""
+    return sorted(map(_key_text, d))[:8]
 
 
-def _mask(path: str, x: Any, name: str, i: int) -> np.ndarray:
-    """A loss mask as int8; values other than 0/1 are malformed."""
-    if _is_tensor(x):
-        if x.dim() != 1:
-            raise UserError(f"{path}: {name} of sample {i}: tensor of shape {tuple(x.shape)}, expected 1-D")
-        arr = x.detach().numpy()
-    elif isinstance(x, (list, tuple)):
-        try:
-            arr = np.array(x)
-        except (TypeError, ValueError, OverflowError):
-            raise UserError(f"{path}: {name} of sample {i}: not a flat list of 0/1") from None
-    else:
-        raise UserError(f"{path}: {name} of sample {i}: {type(x).__name__}, expected a list of 0/1")
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "biuf"):
-        raise UserError(f"{path}: {name} of sample {i}: not a flat list of 0/1")
-    if arr.size and ((arr != 0) & (arr != 1)).any():
-        j = int(np.flatnonzero((arr != 0) & (arr != 1))[0])
-        raise UserError(f"{path}: {name} of sample {i}: element {j} is {arr[j]}, expected 0 or 1")
-    return arr.astype(np.int8, copy=False)
+def _key_text(k: Any) -> str:
+    """A key as text: a string cut to 40 characters, an int of up to 64 bits as is, else its type in brackets."""
+    if isinstance(k, str):
+        return k[:40]
+    if isinstance(k, int) and k.bit_length() <= 64:
+        return str(k)
+    return f"<{type(k).__name__}>"

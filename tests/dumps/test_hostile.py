@@ -1,0 +1,209 @@
+"""Hostile dumps are refused cheaply: one stderr line naming file, sample and field, exit 2, no traceback.
+
+Every case runs `nanscope scan` in its own process under RLIMIT_AS (2 GiB) and a wall-clock alarm: a
+reader that allocates what a file only declares (931 GiB for a response_length of 10^12, 37 GiB for a
+stride-0 view) dies of the limit or the alarm instead of passing. One driver process imports nanscope
+once under the limit and forks a child per case, so a case costs milliseconds, not an interpreter start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nanscope.dumps.limits import MAX_SAMPLE_TOKENS
+from tests.dumps.hostile import PLACEHOLDER, nested_dict, nested_list, rollout, train, with_raw
+
+ADDRESS_SPACE = 2 << 30  # RLIMIT_AS of every case: importing torch and scanning a real dump fit in 0.7 GiB
+CASE_SECONDS = 20  # SIGALRM per case
+
+DRIVER = r"""
+import json, os, resource, signal, sys
+limit, seconds, cases = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.stdin.read())
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from nanscope.cli.main import build_parser, main
+from nanscope.dumps import checks, io
+build_parser()  # every command's imports, once, before the forks
+results = []
+for argv in cases:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.dup2(w, 2)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        signal.alarm(seconds)
+        try:
+            rc = main(["scan", "--no-progress", *argv])
+        except BaseException as e:  # argparse's SystemExit: report, never pass
+            print(f"driver: {type(e).__name__}: {e}", file=sys.stderr)
+            rc = 99
+        sys.stderr.flush()
+        os._exit(rc)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode(errors="replace")
+    status = os.waitpid(pid, 0)[1]
+    results.append({"rc": os.waitstatus_to_exitcode(status), "stderr": err})
+print(json.dumps(results))
+"""
+
+
+def scan_isolated(cases: list[list[str]]) -> list[dict]:
+    """Run `nanscope scan ARGV` for each case in its own forked process under the limits above."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(ADDRESS_SPACE), str(CASE_SECONDS)], env=env,
+                          input=json.dumps(cases), capture_output=True, text=True,
+                          timeout=60 + CASE_SECONDS * len(cases))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def assert_refused(results: list[dict], expected: list[str]) -> None:
+    """Each result: exit 2 and exactly the expected one line (`nanscope scan: error: ` + text)."""
+    for res, want in zip(results, expected, strict=True):
+        assert (res["rc"], res["stderr"]) == (2, f"nanscope scan: error: {want}\n"), res
+
+
+def test_handwritten_hostile_dumps_are_one_line_each(tmp_path):
+    cap = f"{MAX_SAMPLE_TOKENS:,}"
+    p = {name: str(tmp_path / f"{name}.pt") for name in (
+        "resp", "resp_tensor", "stride0", "meta", "sparse", "deep_reward", "deep_mask", "deep_logp", "deep_dict")}
+    torch.save(rollout({"response_length": 10**12, "loss_mask": None}), p["resp"])
+    torch.save(train(response_lengths=[torch.tensor(10**12)]), p["resp_tensor"])
+    torch.save(train(log_probs=[torch.zeros(1).expand(10**10)]), p["stride0"])  # 1.5 KB file
+    torch.save(train(tokens=[torch.empty(10**12, dtype=torch.long, device="meta")]), p["meta"])
+    torch.save(train(loss_masks=[sparse(10**12)]), p["sparse"])
+    with_raw(p["deep_reward"], rollout({"reward": PLACEHOLDER}), nested_list(100_000))
+    with_raw(p["deep_mask"], rollout({"loss_mask": PLACEHOLDER}), nested_list(100_000))
+    with_raw(p["deep_logp"], rollout({"rollout_log_probs": PLACEHOLDER}), nested_list(100_000))
+    with_raw(p["deep_dict"], rollout({"reward": PLACEHOLDER}), nested_dict(100_000))
+    os.mkfifo(tmp_path / "fifo")
+    big = tmp_path / "big.pt"
+    torch.save(train(log_probs=[torch.zeros(300_000)]), big)  # 1.1 MiB
+    cases = [[p["resp"]], [p["resp_tensor"]], [p["stride0"]], [p["meta"]], [p["sparse"]], [p["deep_reward"]],
+             [p["deep_mask"]], [p["deep_logp"]], [p["deep_dict"]], [p["deep_dict"], "--reward-key", "a"],
+             [str(tmp_path / "fifo")], ["/dev/zero"], [str(big), "--max-dump-mb", "1"]]
+    assert_refused(scan_isolated(cases), [
+        f"{p['resp']}: response_length of sample 0: 1,000,000,000,000 tokens declared, over the per-sample cap "
+        f"of {cap} (raise it with --max-sample-tokens)",
+        f"{p['resp_tensor']}: response_lengths of sample 0: 1,000,000,000,000 tokens declared, over the per-sample "
+        f"cap of {cap} (raise it with --max-sample-tokens)",
+        f"{p['stride0']}: log_probs of sample 0: tensor of 10,000,000,000 elements with stride 0 over a storage "
+        "of 1, expected a contiguous one",
+        f"{p['meta']}: tokens of sample 0: a tensor on device meta (no data in the file), expected cpu",
+        f"{p['sparse']}: loss_masks of sample 0: a sparse_coo tensor, expected a dense one",
+        f"{p['deep_reward']}: reward of sample 0: list, expected a number (slime v0.1.0 builds a float tensor "
+        "from the rewards)",
+        f"{p['deep_mask']}: loss_mask of sample 0: not a flat list of 0/1",
+        f"{p['deep_logp']}: rollout_log_probs of sample 0: element 0 is list",
+        f"{p['deep_dict']}: reward of sample 0: a dict with keys ['a']; pass --reward-key",
+        f"{p['deep_dict']}: reward of sample 0: dict, expected a number (slime v0.1.0 builds a float tensor "
+        "from the rewards)",
+        f"{tmp_path / 'fifo'}: dump: not a regular file (a FIFO)",
+        "/dev/zero: dump: not a regular file (a character device)",
+        f"{big}: dump: {big.stat().st_size / 2**20:.1f} MiB is over the 1.0 MiB limit (raise it with --max-dump-mb)",
+    ])
+
+
+def test_the_harness_catches_an_allocation():
+    """The limit is real: a scan that allocates 931 GiB dies inside its case instead of passing."""
+    code = "import numpy as np; np.ones(10**12, np.int8)"
+    res = subprocess.run([sys.executable, "-c", f"import resource; resource.setrlimit(resource.RLIMIT_AS, "
+                          f"({ADDRESS_SPACE}, {ADDRESS_SPACE})); {code}"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "MemoryError" in res.stderr
+
+
+def sparse(n: int) -> torch.Tensor:
+    """A 1-D sparse tensor declaring n elements, two of them stored."""
+    return torch.sparse_coo_tensor(torch.tensor([[0, n - 1]]), torch.ones(2), (n,), check_invariants=False)
+
+
+TOKEN_FIELDS = ("tokens", "loss_masks", "log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
+DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.int32)
+
+
+def _declared_length(d, path: Path) -> tuple[list[str], str]:
+    n = d.draw(st.integers(MAX_SAMPLE_TOKENS + 1, 2**62), "declared length")
+    as_tensor = d.draw(st.booleans(), "as a 0-d tensor")
+    value = torch.tensor(n) if as_tensor else n
+    if d.draw(st.booleans(), "rollout dump"):
+        torch.save(rollout({"response_length": value, "loss_mask": None}), path)
+        field = "response_length"
+    else:
+        torch.save(train(response_lengths=[value]), path)
+        field = "response_lengths"
+    return [str(path)], (f"{path}: {field} of sample 0: {n:,} tokens declared, over the per-sample cap of "
+                         f"{MAX_SAMPLE_TOKENS:,} (raise it with --max-sample-tokens)")
+
+
+def _expanded_tensor(d, path: Path) -> tuple[list[str], str]:
+    n = d.draw(st.integers(2, 10**12), "elements")
+    field, dtype = d.draw(st.sampled_from(TOKEN_FIELDS), "field"), d.draw(st.sampled_from(DTYPES), "dtype")
+    torch.save(train(**{field: [torch.zeros(1, dtype=dtype).expand(n)]}), path)
+    return [str(path)], (f"{path}: {field} of sample 0: tensor of {n:,} elements with stride 0 over a storage "
+                         "of 1, expected a contiguous one")
+
+
+def _meta_or_sparse(d, path: Path) -> tuple[list[str], str]:
+    n = d.draw(st.integers(1, 10**12), "size")
+    field = d.draw(st.sampled_from(TOKEN_FIELDS), "field")
+    if d.draw(st.booleans(), "meta"):
+        torch.save(train(**{field: [torch.empty(n, dtype=d.draw(st.sampled_from(DTYPES)), device="meta")]}), path)
+        return [str(path)], f"{path}: {field} of sample 0: a tensor on device meta (no data in the file), expected cpu"
+    torch.save(train(**{field: [sparse(max(n, 2))]}), path)
+    return [str(path)], f"{path}: {field} of sample 0: a sparse_coo tensor, expected a dense one"
+
+
+def _nesting(d, path: Path) -> tuple[list[str], str]:
+    depth = d.draw(st.integers(2_000, 200_000), "depth")
+    field = d.draw(st.sampled_from(("reward", "loss_mask", "rollout_log_probs", "response_length")), "field")
+    if d.draw(st.booleans(), "dict") and field == "reward":
+        with_raw(path, rollout({"reward": PLACEHOLDER}), nested_dict(depth))
+        return [str(path), "--reward-key", "a"], (f"{path}: reward of sample 0: dict, expected a number (slime "
+                                                  "v0.1.0 builds a float tensor from the rewards)")
+    with_raw(path, rollout({field: PLACEHOLDER}), nested_list(depth))
+    return [str(path)], f"{path}: {field} of sample 0: " + {
+        "reward": "list, expected a number (slime v0.1.0 builds a float tensor from the rewards)",
+        "loss_mask": "not a flat list of 0/1", "rollout_log_probs": "element 0 is list",
+        "response_length": "list, expected an int"}[field]
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(d=st.data())
+def test_generated_hostile_dumps_are_one_line_each(d):
+    """Two cases of each class per example, drawn at random, run as one batch of isolated scans."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cases, expected = [], []
+        for k, make in enumerate([_declared_length, _expanded_tensor, _meta_or_sparse, _nesting] * 2):
+            argv, line = make(d, Path(tmp) / f"{k}.pt")
+            cases.append(argv)
+            expected.append(line)
+        assert_refused(scan_isolated(cases), expected)
+
+
+@pytest.mark.parametrize("field", ["loss_mask", "rollout_log_probs"])
+def test_a_list_shared_by_every_sample_is_refused_past_the_budget(tmp_path, field):
+    """4,000 samples naming one 10,000-entry list: 40M entries to convert from a file of ~0.2 MB."""
+    shared = [0.0] * 10_000 if field == "rollout_log_probs" else [1] * 10_000
+    samples = [{"tokens": [1] * 10_001, "response_length": 10_000, "reward": 1.0, field: shared}
+               for _ in range(4_000)]
+    for s in samples:
+        s["tokens"] = samples[0]["tokens"]
+    path = tmp_path / "shared.pt"
+    torch.save({"rollout_id": 0, "samples": samples}, path)
+    [res] = scan_isolated([[str(path)]])
+    size = path.stat().st_size
+    assert res["rc"] == 2 and res["stderr"].count("\n") == 1, res
+    assert res["stderr"].startswith(f"nanscope scan: error: {path}: {field} of sample ")
+    assert res["stderr"].endswith(f"the samples so far need more entries than the file's {size:,} bytes can "
+                                  "hold (lists or tensors shared between samples); refusing to expand them\n")
