@@ -202,3 +202,21 @@ def test_a_stop_signal_kills_every_worker_and_removes_the_temp_dirs(tmp_path, si
     assert err.decode() == "nanscope repro: interrupted; 4 workers stopped\n"
     assert _ours(tag) == []
     assert sorted(p.name for p in tmp.iterdir()) == []  # no torchelastic_*, nanscope-* left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_repro_where_every_process_sees_cuda(tmp_path):
+    # A sitecustomize makes torch report one CUDA device in the parent, torchrun and every rank, as
+    # on a GPU machine: the harness still runs on CPU and reproduces the case.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import torch\ntorch.cuda.is_available = lambda: True\ntorch.cuda.device_count = lambda: 1\n"
+    )
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    argv = [sys.executable, "-m", "nanscope.cli.main", "repro", "--hazard", "kl-exp-overflow",
+            "--json", str(tmp_path / "r.json")]  # fmt: skip
+    proc = subprocess.run(argv, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True, timeout=380)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert (doc["observed"], doc["frames_match_case"]) == ("nan-check", True)
+    assert all(", device cpu, " in r["error"] for r in doc["ranks"])

@@ -1,14 +1,18 @@
-"""The CPU compatibility layer: every patch does what its comment says, and undoes cleanly."""
+"""The CPU compatibility layer: every patch does what its comment says, and undoes cleanly; the harness
+switches it on itself, also where CUDA is visible."""
 
 import ast
 import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from nanscope import case
 from nanscope.megatron import cpu
-
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the layer is inert with CUDA")
 
 PATCHED = [
     "torch.cuda.current_device",
@@ -39,21 +43,45 @@ def test_install_lists_every_patch_once_and_is_idempotent(installed):
 
 
 def test_uninstall_restores_torch():
+    from megatron.core.transformer.moe import moe_utils
+
     original = (torch.tensor, torch.zeros, torch.ones, torch.Tensor.cuda, torch.Tensor.type, torch.cuda.current_device)
+    had_te_gemm = hasattr(moe_utils, "te_general_gemm")
     cpu.install()
     cpu.uninstall()
     assert (torch.tensor, torch.zeros, torch.ones, torch.Tensor.cuda, torch.Tensor.type, torch.cuda.current_device) == original
     assert cpu.installed() == []
-    from megatron.core.transformer.moe import moe_utils
-
-    assert not hasattr(moe_utils, "te_general_gemm")  # absent without TransformerEngine, as before
+    assert hasattr(moe_utils, "te_general_gemm") == had_te_gemm  # absent without TransformerEngine, as before
 
 
-def test_noop_when_cuda_is_available(monkeypatch):
+def test_installs_where_cuda_is_visible(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    before = torch.tensor
-    assert cpu.install() == []
-    assert torch.tensor is before
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    try:
+        assert cpu.install() == PATCHED
+        assert torch.zeros(1, device="cuda").device.type == "cpu"
+    finally:
+        cpu.uninstall()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(200)
+def test_harness_builds_and_steps_on_cpu_where_cuda_is_visible(tmp_path):
+    # A process where torch.cuda.is_available() is True and one device is counted, as on a GPU
+    # machine: bootstrap.init, the model, a healthy step and megatron's NaN check still run on CPU.
+    worker = Path(__file__).with_name("cuda_visible_worker.py")
+    proc = subprocess.run([sys.executable, str(worker), str(tmp_path)], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.splitlines()[-1])
+    assert doc["patched"] == PATCHED
+    healthy, hazard = doc["records"]
+    assert healthy["ok"] and healthy["params_finite"], healthy["error"]
+    assert len(healthy["optimizer_grad_norm"]) == 1 and healthy["optimizer_grad_norm"][0] > 0
+    assert not hazard["ok"]
+    assert hazard["error"].startswith("Rank 0, node ") and ", device cpu, iteration -1: " in hazard["error"]
+    assert hazard["error"].endswith(case.nan_check_message())
+    # One stage: the no-pipelining schedule, then the case's frames from finalize_model_grads on.
+    assert [tuple(f) for f in hazard["frames"][1:]] == list(case.frames())[1:]
 
 
 def test_factories_with_cuda_literal_land_on_cpu(installed):

@@ -1,22 +1,22 @@
 """Run megatron-core 0.15.0rc0 on CPU over gloo: the one place nanscope patches megatron or torch.
 
 GPTModel (local layer spec), DDP, the pipeline schedules and the optimizer are device-agnostic apart
-from a handful of CUDA-only calls. `install()` redirects exactly those; it is a no-op when CUDA is
-available, so the same harness runs the real code unchanged on a GPU machine.
+from a handful of CUDA-only calls. `install()` redirects exactly those. The harness switches it on
+itself (`bootstrap.init`), whether or not CUDA is visible: the harness builds on CPU over gloo by
+design, so on a GPU machine the CUDA-only calls must land on CPU all the same. Nothing outside the
+harness installs it (the slime plugin runs on the real GPUs, unpatched).
 
 What stays unpatched and still runs on CPU (measured with torch 2.13.0 CPU): gloo's all-reduce,
 all-gather, reduce-scatter, all-to-all and p2p send/recv; megatron's RerunStateMachine and the DDP
 bucket NaN check (the code path of the case's traceback).
 
-Things that are not patches but choices made by the model builder (see `model.py`) and the runner:
+Things that are not patches but choices made by the model builder (see `model.py`) and the harness:
 - the local spec's torch norm refuses sequence parallelism, so the layers use `SequenceParallelRMSNorm`;
 - the alltoall token dispatcher creates a CUDA stream at construction, so the model uses `allgather`
   (which in turn refuses variable sequence lengths: micro-batches are padded to one length);
 - the local attention refuses packed (thd) sequences: one sample per micro-batch.
 
-Usage (in each torchrun worker, before building anything):
-    from nanscope.megatron import cpu
-    cpu.install()
+Usage: `nanscope.megatron.bootstrap.init(...)` calls `cpu.install()` first; nothing else needs to.
 """
 
 from __future__ import annotations
@@ -89,13 +89,11 @@ class _CpuRngTracker:
 
 
 def install() -> list[str]:
-    """Redirect megatron-core's CUDA-only calls to CPU. Idempotent; no-op when CUDA is available.
+    """Redirect megatron-core's CUDA-only calls to CPU, whether or not CUDA is visible. Idempotent.
 
     Returns:
-        The names of the patched callables (empty on a CUDA machine).
+        The names of the patched callables.
     """
-    if torch.cuda.is_available():
-        return []
     if _INSTALLED:
         return installed()
 

@@ -1,0 +1,33 @@
+"""One process that sees CUDA (torch.cuda.is_available() True, one device) runs the harness on CPU.
+
+    python tests/megatron/cuda_visible_worker.py OUT_DIR     # prints the runs' RankRecords as JSON
+
+What `nanscope repro` meets on a GPU machine: bootstrap.init must still switch the CPU layer on, and
+the harness build the model and run a healthy step and a hazard step (megatron's NaN check) on CPU.
+"""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+
+
+def main(out: Path) -> None:
+    from nanscope.megatron import bootstrap, cpu, worker
+    from nanscope.megatron.spec import Layout, RunSpec, WorkerSpec
+
+    bootstrap.init()
+    runs = (RunSpec("healthy"), RunSpec("kl-exp-overflow"))
+    spec = WorkerSpec(Layout(tp=1, pp=1), runs, rank_timeout_s=120, startup_timeout_s=60, bf16=True)
+    w = worker.Worker(spec, out, worker.Watchdog(out, rank=0))
+    records = [dataclasses.asdict(w.execute(i, run)) for i, run in enumerate(runs)]
+    print(json.dumps({"patched": cpu.installed(), "records": records}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
