@@ -8,7 +8,9 @@ Three shapes of evidence, each one torchrun launch of the 4-process harness (nan
   two losses' gradients are compared entry by entry.
 - `run_steps(hazard)`: several optimizer steps with the hazard injected at one of them; as-is dies
   there, safe completes every step, and (hazard on a masked token) safe's final parameters equal
-  those of an as-is run on the hazard's defused twin.
+  those of an as-is run on the hazard's defused twin. With `plugin=True` slime runs with nanscope's
+  plugin installed as the README says (`PluginCheck`): the hook in raise and in skip mode, the fix
+  through slime's custom-loss path, and a second launch that replays the raise run's report.
 
 Rendering lives in nanscope.report.repro.
 """
@@ -184,6 +186,36 @@ def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
 
 
 @dataclass
+class PluginCheck:
+    """slime's own loss with the plugin's hook, and the replay the hook's report asks for."""
+
+    inject_step: int
+    raised: Repro  # NANSCOPE_ON_NONFINITE=raise: megatron's check ends the hazard's step, each rank reports
+    skipped: Repro  # NANSCOPE_ON_NONFINITE=skip, NANSCOPE_MAX_SKIPS as given
+    max_skips: int | None
+    reports: list[dict]  # the raise run's report JSONs, one per rank
+    replay: dict | None  # the replay launch: NANSCOPE_TRACE_STEP, instruction, and first_across_ranks
+
+    @property
+    def skip_expected(self) -> str:
+        """A skipped step completes the run, unless NANSCOPE_MAX_SKIPS=1 ends it there."""
+        return "error" if self.max_skips == 1 else "completed"
+
+    @property
+    def ok(self) -> bool:
+        """Every rank reported the hazard's step with one replay instruction; the replay found where the
+        non-finite values began; skip mode skipped exactly that step (grad norm NaN) on every rank."""
+        steps = {(r["rollout_id"], r["step_id"], r["replay"]["NANSCOPE_TRACE_STEP"]) for r in self.reports}
+        found = self.replay is not None and any(self.replay[k] for k in ("forward", "backward", "first_forward"))
+        k = self.inject_step - 1
+        norms = [r.optimizer_grad_norm for r in self.skipped.ranks]
+        skipped = all(r.skipped_steps == 1 for r in self.skipped.ranks)
+        skipped &= all(len(n) == k or n[k] != n[k] for n in norms)  # NaN at the skipped step (or stopped there)
+        return (len(self.reports) == len(self.raised.ranks) and steps == {(k, 0, f"{k}:0")} and found
+                and self.skipped.observed == self.skip_expected and bool(self.skipped.ranks) and skipped)
+
+
+@dataclass
 class StepsCheck:
     """`steps` optimizer steps, the hazard injected at `inject_step`."""
 
@@ -196,6 +228,7 @@ class StepsCheck:
     param_diff: float | None  # max |safe params - twin params| after the last step
     wall_s: float
     notes: list[str]
+    plugin: PluginCheck | None = None  # run_steps(plugin=True)
 
     @property
     def as_is_died_at(self) -> int | None:
@@ -212,21 +245,31 @@ class StepsCheck:
         ok &= self.safe.ok and self.safe_steps == self.steps and self.safe.params_finite
         if self.twin is not None:
             ok &= self.twin.ok and self.param_diff == 0.0
-        return ok
+        return ok and (self.plugin is None or self.plugin.ok)
 
 
-def run_steps(hazard: str, *, steps: int = 5, inject_step: int = 3, seed: int = 0, timeout_s: float = 600.0) -> StepsCheck:
-    """as-is and safe over `steps` steps with `hazard` at `inject_step`, plus the defused twin."""
+def run_steps(hazard: str, *, steps: int = 5, inject_step: int = 3, seed: int = 0, timeout_s: float = 600.0,
+              plugin: bool = False, max_skips: int | None = None) -> StepsCheck:
+    """as-is and safe over `steps` steps with `hazard` at `inject_step`, plus the defused twin.
+
+    plugin: slime with nanscope's plugin (hook on every run; safe = the plugin's loss through slime's
+        custom-loss path), a skip-mode run with NANSCOPE_MAX_SKIPS=`max_skips`, then the replay of the
+        raise run's report in a second launch; CP 1 (the tracer maps whole samples).
+    """
     from nanscope import hazards
     from nanscope.megatron import launcher
     from nanscope.megatron.spec import Layout, RunSpec
 
-    layout = Layout()
+    layout = Layout(cp=1) if plugin else Layout()
     common = dict(hazard=hazard, steps=steps, inject_step=inject_step, seed=seed)
+    hook = dict(plugin=True, hook=True) if plugin else {}
     twin = hazards.get(hazard).masked_token
-    specs = [RunSpec(loss="as-is", **common), RunSpec(loss="safe", save_params=twin, **common)]
+    specs = [RunSpec(loss="as-is", **hook, **common), RunSpec(loss="safe", save_params=twin, **hook, **common)]
     if twin:
         specs.append(RunSpec(loss="as-is", defused=True, save_params=True, **common))
+    if plugin:
+        env = {"NANSCOPE_MAX_SKIPS": str(max_skips or "")}
+        specs.append(RunSpec(loss="as-is", on_nonfinite="skip", env=env, **hook, **common))
     with tempfile.TemporaryDirectory(prefix="nanscope-steps-") as out:
         launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
         as_is = from_run(launched.runs[0], launched, layout)
@@ -235,4 +278,38 @@ def run_steps(hazard: str, *, steps: int = 5, inject_step: int = 3, seed: int = 
         diff = None
         if twin:
             diff = max_abs_diff([r.params_path for r in safe.ranks], [r.params_path for r in twin_rep.ranks])
-    return StepsCheck(hazard, steps, inject_step, as_is, safe, twin_rep, diff, launched.wall_s, harness_notes(layout))
+        check = None
+        if plugin:
+            skipped = from_run(launched.runs[-1], launched, layout, expected="completed")
+            check = _plugin_check(as_is, skipped, seed, inject_step, max_skips, Path(out) / "replay", timeout_s)
+    notes = harness_notes(layout) + (["plugin: harness step k is rollout k-1 (one optimizer step per rollout); "
+                                      "the replay rebuilds each step's batch from its seed, as the saved rollout "
+                                      "holds it"] if plugin else [])
+    return StepsCheck(hazard, steps, inject_step, as_is, safe, twin_rep, diff, launched.wall_s, notes, check)
+
+
+def _plugin_check(raised: Repro, skipped: Repro, seed: int, inject_step: int, max_skips, out: Path,
+                  timeout_s: float) -> PluginCheck:
+    """Read the raise run's reports and run the replay each one prints: NANSCOPE_TRACE_STEP with the
+    saved rollouts as --load-debug-rollout-data."""
+    import json
+
+    from nanscope.megatron import launcher
+    from nanscope.megatron.spec import Layout, RunSpec
+
+    files = [Path(p) for r in raised.ranks for p in r.reports if not p.endswith(".trace.json")]
+    reports = [json.loads(p.read_text()) for p in files]
+    check = PluginCheck(inject_step, raised, skipped, max_skips, reports, None)
+    if not reports:
+        return check
+    how = reports[0]["replay"]
+    spec = RunSpec(hazard=raised.hazard, loss=raised.loss, steps=inject_step, inject_step=inject_step, seed=seed,
+                   plugin=True, hook=True, env={"NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"]},
+                   load_rollouts=how["load_debug_rollout_data"])
+    launched = launcher.launch([spec], Layout(cp=1), timeout_s=timeout_s, out_dir=out)
+    traces = [Path(p) for r in launched.runs[0].ranks for p in r.reports if p.endswith(".trace.json")]
+    if traces:
+        first = json.loads(traces[0].read_text())["first"]
+        check.replay = {"NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"], "instruction": how["text"],
+                        "ranks_traced": len(traces), "wall_s": launched.wall_s, **first}
+    return check

@@ -85,5 +85,7 @@ def test_first_across_ranks_forward_by_stage_backward_by_reverse_stage():
     assert first["forward"] == {"op": "f3", "microbatch": 0, "rank": 3, "pp": 1, "tp": 1}
     assert first["backward"] == {"op": "b2", "microbatch": 1, "rank": 2, "pp": 1, "tp": 0}
     assert first["inputs"] == [{"name": "parameter w", "rank": 3}]
+    assert first["first_forward"] is first["first_backward"] is None  # no rank's trace has them
     clean = [{**r, "trace": {"forward": None, "backward": None, "inputs": []}} for r in records]
-    assert step.first_across_ranks(clean) == {"forward": None, "backward": None, "inputs": []}
+    assert step.first_across_ranks(clean) == dict.fromkeys(("forward", "backward", "first_forward", "first_backward")) | {
+        "inputs": []}

@@ -48,6 +48,12 @@ class RunSpec:
     hook: bool = False  # call nanscope.slime_plugin.before_train_step before each step, as slime does
     on_nonfinite: str = "raise"  # NANSCOPE_ON_NONFINITE for the hook: "raise" | "skip"
     trace: bool = False  # run the steps under the tracer (nanscope.trace.Tracer) and record its report
+    # slime with nanscope's plugin as its README installs it: the hook (needs hook=True), the "safe" loss
+    # through slime's custom-loss path, each step's rollout saved (--save-debug-rollout-data); step k is
+    # rollout k-1 (one optimizer step per rollout)
+    plugin: bool = False
+    env: dict = field(default_factory=dict)  # NANSCOPE_* variables for the hook, e.g. a replay's NANSCOPE_TRACE_STEP
+    load_rollouts: str | None = None  # --load-debug-rollout-data of a replay: the template a plugin run saved
     fault: str | None = None  # test hook: "exit:R" (rank R dies) or "hang:R" (rank R hangs) at run start
 
     def hazard_at(self, step: int) -> str:
@@ -101,6 +107,7 @@ class RankRecord:
     grads_path: str | None = None
     skipped_steps: int = 0  # steps the plugin hook skipped (on_nonfinite "skip")
     reports: list[str] = field(default_factory=list)  # report files the plugin hook wrote
+    hook_log: list[dict] = field(default_factory=list)  # what the plugin hook logged (skip: nanscope/skipped_steps)
     trace: dict | None = None  # TraceReport.to_dict() of this rank (spec.trace)
     losses: list[dict] = field(default_factory=list)  # per step on the last stage: slime's reduced metrics
     hazard_sites: list = field(default_factory=list)  # per step: (sample, response position) or None

@@ -15,6 +15,7 @@ Every function here runs inside a worker after `bootstrap.init`; `ctx` is the wo
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -90,18 +91,16 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
     from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from nanscope.slime_args import case_args
-
     model, optimizer, cp = ctx.model, ctx.optimizer, ctx.layout.cp
     n = len(batch["response_lengths"])
     dp, d = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
-    args = case_args(global_batch_size=n)
+    args = slime_args(ctx, n)
     micro = [_sample(batch, i) for i in range(d, n, dp)]
     num_microbatches = len(micro)
     model.zero_grad_buffer()
     optimizer.zero_grad()
-    if ctx.hook is not None:  # slime calls the hook after zeroing the grads
-        ctx.hook.before_train_step(args, 0, step - 1, [model], optimizer, None)
+    if ctx.hook is not None:  # slime calls the hook after zeroing the grads; step k is rollout k-1
+        ctx.hook.before_train_step(args, step - 1, 0, [model], optimizer, None)
 
     def forward_step(it, m):
         index, mb = next(it)
@@ -133,6 +132,32 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
         # slime: value * cp_size / num_samples (num_samples counted once per CP rank)
         reduced = {k: v * cp / values[0] for k, v in zip(keys, values[1:])}
     return reduced, grad_norm, bucket_norms
+
+
+def slime_args(ctx: RunContext, n: int):
+    """slime's args for a step of n samples: the case's loss flags; a plugin run adds what its launch
+    script would (the custom loss when the run's loss is the fix, the debug rollout paths)."""
+    from nanscope import loss, slime_plugin
+    from nanscope.loss import as_is
+    from nanscope.slime_args import case_args
+
+    args = case_args(global_batch_size=n)
+    if ctx.spec.plugin:
+        if loss.get(ctx.spec.loss) is not as_is:  # the fix: slime's --loss-type custom_loss, the plugin's loss
+            args.loss_type, args.custom_loss_function_path = "custom_loss", slime_plugin.LOSS_FUNCTION_PATH
+        args.save_debug_rollout_data, args.load_debug_rollout_data = ctx.rollouts, ctx.spec.load_rollouts
+    return args
+
+
+def save_rollout(path: str, batch: dict, rollout_id: int) -> None:
+    """The batch as slime's --save-debug-rollout-data writes a rollout: Sample.to_dict() rows (the fields
+    the plugin's replay reads, and the rollout log-probs)."""
+    samples = [{"index": i, "tokens": t.tolist(), "response_length": r, "loss_mask": m.int().tolist(),
+                "rollout_log_probs": lp.float().tolist()}
+               for i, (t, r, m, lp) in enumerate(zip(batch["unconcat_tokens"], batch["response_lengths"],
+                                                     batch["loss_masks"], batch["rollout_log_probs"]))]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save({"rollout_id": rollout_id, "samples": samples}, path)
 
 
 def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):

@@ -90,7 +90,13 @@ class RunContext:
         if not self.spec.hook:
             return {}
         report_dir = self.out / f"reports.run{self.index}"
-        return {"NANSCOPE_ON_NONFINITE": self.spec.on_nonfinite, "NANSCOPE_REPORT_DIR": str(report_dir)}
+        return {"NANSCOPE_ON_NONFINITE": self.spec.on_nonfinite, "NANSCOPE_REPORT_DIR": str(report_dir),
+                "NANSCOPE_MAX_SKIPS": "", "NANSCOPE_TRACE_STEP": "", **self.spec.env}
+
+    @property
+    def rollouts(self) -> str | None:
+        """--save-debug-rollout-data of a plugin run: where each step's rollout goes."""
+        return str(self.out / f"rollouts.run{self.index}" / "{rollout_id}.pt") if self.spec.plugin else None
 
 
 class Worker:
@@ -133,12 +139,15 @@ class Worker:
                 rec.grad_norms = step.bucket_grad_norms(ctx.model)
         if ctx.model is not None:
             self.finish_record(ctx)
+        if ctx.hook is not None:  # the next run builds new chunks
+            ctx.hook.uninstall()
         rec.seconds = time.time() - t0
         return rec
 
     def steps(self, ctx: RunContext) -> None:
         """Build the model, then per step: the batch against the current model, then train_one_step."""
         from nanscope import hazards, loss
+        from nanscope.loss import as_is
         from nanscope.megatron import bootstrap, step
         from nanscope.megatron.model import layers_held
 
@@ -153,7 +162,7 @@ class Worker:
             from nanscope import slime_plugin
 
             ctx.hook = slime_plugin
-        loss_module = loss.get(spec.loss)
+        loss_module = as_is if spec.plugin else loss.get(spec.loss)  # plugin: slime's loss_function dispatches
         for i in range(1, spec.steps + 1):
             seed = spec.seed * 1000 + i
             rollout = hazards.case_rollout(ctx.vocab_size, seed=seed)
@@ -164,12 +173,15 @@ class Worker:
             site = batch.pop("hazard_site", None)
             rec.hazard_sites.append(site)
             rec.site_log_probs.append(_site_log_probs(batch, site))
+            if ctx.rollouts and self.rank == 0:  # slime's buffer saves the rollout once
+                step.save_rollout(ctx.rollouts.format(rollout_id=i - 1), batch, i - 1)
             self.wd.arm(f"{ctx.name} step {i}: train_one_step", limit)
             try:
                 losses, grad_norm, rec.grad_norms = self.train(ctx, batch, seq_length, loss_module, i)
             finally:
                 if ctx.hook is not None:
                     rec.skipped_steps, rec.reports = ctx.hook.skipped_steps(), ctx.hook.reports()
+                    rec.hook_log = ctx.hook.logged()
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
             rec.losses.append(losses)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nanscope.report.text import span
-from nanscope.repro import Matrix, Repro, StepsCheck
+from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
 
 
 def _layers(r) -> str:
@@ -69,17 +69,11 @@ def render(rep: Repro, console) -> None:
 
 
 def _trace_lines(trace: dict) -> list[str]:
-    """The forward and backward producers of a TraceReport dict, one line each."""
-    out = []
-    for phase in ("forward", "backward"):
-        e = trace.get(phase)
-        if e is None:
-            out.append(f"{phase}: no op produced a non-finite value")
-            continue
-        token = "" if e.get("token") is None else f", sample {e.get('sample')} token {e.get('token')}" + (" (masked)" if e.get("masked") else "")
-        node = f" in {e['node']}" if e.get("node") else ""
-        out.append(f"{phase}: {e['op']}{node} produced {e['nonfinite']} at {e.get('source')}{token}")
-    return out
+    """The forward and backward producers of a TraceReport dict, one line each (report.trace's words)."""
+    from nanscope.report import trace as trace_text
+    from nanscope.trace.locator import TraceReport
+
+    return trace_text.summary_lines(TraceReport.from_dict(trace))
 
 
 def to_json(rep: Repro) -> dict:
@@ -197,7 +191,16 @@ def steps_verdict(s: StepsCheck) -> str:
         twin = f"; safe's parameters after step {s.steps} {same} those of as-is on the hazard's defused twin"
     died = f"dies at step {s.as_is_died_at}" if s.as_is_died_at else f"{s.as_is.observed}"
     return f"{head}: {s.hazard} at step {s.inject_step} of {s.steps}: as-is {died}; safe completes {s.safe_steps}/{s.steps} steps" + (
-        ", parameters finite" if s.safe.params_finite else ", parameters NOT finite") + twin
+        ", parameters finite" if s.safe.params_finite else ", parameters NOT finite") + twin + (
+        _plugin_verdict(s.plugin) if s.plugin else "")
+
+
+def _plugin_verdict(p: PluginCheck) -> str:
+    from nanscope.trace.locator import Event
+
+    found = p.replay and (p.replay["forward"] or p.replay["first_forward"])
+    where = f"{found['op']} at {found['source']}, {Event.from_dict(found).token_text()}" if found else "nothing"
+    return f"; plugin: {len(p.reports)} ranks reported step {p.inject_step}, its replay names {where}"
 
 
 def render_steps(s: StepsCheck, console) -> None:
@@ -207,14 +210,63 @@ def render_steps(s: StepsCheck, console) -> None:
     for col in ("run", "outcome", "steps completed", "grad norm per step", "params finite"):
         table.add_column(col, overflow="fold")
     runs = [("as-is", s.as_is), ("safe", s.safe)] + ([("as-is, defused twin", s.twin)] if s.twin else [])
+    if s.plugin:
+        skip = "as-is + hook, skip" + (f", max skips {s.plugin.max_skips}" if s.plugin.max_skips else "")
+        runs = [("as-is + hook", s.as_is), ("safe (the plugin's loss) + hook", s.safe)] + runs[2:] + [
+            (skip, s.plugin.skipped)]
     for name, rep in runs:
         norms = rep.ranks[0].optimizer_grad_norm if rep.ranks else []
         table.add_row(name, outcome(rep), str(min((len(r.optimizer_grad_norm) for r in rep.ranks), default=0)),
                       ", ".join(_fmt(n) for n in norms), "yes" if rep.params_finite else "no")
     console.print(table)
+    for line in plugin_lines(s.plugin) if s.plugin else []:
+        console.print(line, highlight=False)
     for note in s.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(steps_verdict(s), highlight=False)
+
+
+def plugin_lines(p: PluginCheck) -> list[str]:
+    """The raise run's report, the instruction it printed, what the replay found, and skip mode."""
+    from nanscope.report import trace as trace_text
+
+    if not p.reports:
+        return [f"plugin: no rank wrote a report at step {p.inject_step} ({outcome(p.raised)})"]
+    r = p.reports[0]
+    hit = r["first_forward"] or r["first_backward"]
+    where = f"module {hit['module']!r}, micro-batch {hit['microbatch']}" if hit else "accumulated gradients"
+    out = [f"plugin: ranks {span(sorted(x['rank'] for x in p.reports))} reported rollout {r['rollout_id']} step "
+           f"{r['step_id']} (harness step {p.inject_step}); rank {r['rank']}'s first non-finite: {where}",
+           f"the report says: {r['replay']['text']}"]
+    if p.replay is None:
+        out.append("replay: no rank wrote a trace")
+    else:
+        rp = p.replay
+        out.append(f"replay with NANSCOPE_TRACE_STEP={rp['NANSCOPE_TRACE_STEP']} ({rp['ranks_traced']} ranks traced, "
+                   f"{rp['wall_s']:.0f} s):")
+        out += ["  " + line for line in trace_text.first_lines(p.replay)]
+    log = next((x.hook_log for x in p.skipped.ranks if x.hook_log), [])
+    logged = ", ".join(str(e["nanscope/skipped_steps"]) for e in log)
+    out.append(f"skip mode: {outcome(p.skipped)}; grad norm per step {_norms(p.skipped)}; "
+               f"nanscope/skipped_steps logged per step: {logged or '-'}")
+    errors = {x.error for x in p.skipped.ranks if x.error}
+    out += [f"skip mode stopped: {e}" for e in errors]
+    return out
+
+
+def _norms(rep: Repro) -> str:
+    return ", ".join(_fmt(n) for n in (rep.ranks[0].optimizer_grad_norm if rep.ranks else []))
+
+
+def plugin_to_json(p: PluginCheck) -> dict:
+    return {
+        "ok": p.ok,
+        "reports": p.reports,
+        "replay": p.replay,
+        "skip": {**to_json(p.skipped), "expected": p.skip_expected, "max_skips": p.max_skips,
+                 "skipped_steps": [r.skipped_steps for r in p.skipped.ranks],
+                 "log": next((r.hook_log for r in p.skipped.ranks if r.hook_log), [])},
+    }
 
 
 def steps_to_json(s: StepsCheck) -> dict:
@@ -230,6 +282,7 @@ def steps_to_json(s: StepsCheck) -> dict:
         "as_is": to_json(s.as_is),
         "safe": to_json(s.safe),
         "defused_twin": to_json(s.twin) if s.twin else None,
+        **({"plugin": plugin_to_json(s.plugin)} if s.plugin else {}),
         "wall_s": s.wall_s,
         "notes": s.notes,
     }

@@ -2,13 +2,15 @@
 
     --custom-megatron-before-train-step-hook-path nanscope.slime_plugin.before_train_step
 
-Environment, read when the hook installs (the first training step); a bad value raises there:
+Environment, read when the hook installs (the first training step); a bad value raises there, an
+empty one counts as unset:
     NANSCOPE_REPORT_DIR    where reports go (default ./nanscope_reports)
     NANSCOPE_ON_NONFINITE  raise (default): Megatron's check ends the step, as without nanscope
                            | skip: zero the step's gradients on every rank, skip the optimizer and
                            learning-rate steps; optimizer.step returns grad norm NaN, as slime's own
                            check_for_nan_in_loss_and_grad=False path treats an invalid step
     NANSCOPE_MAX_SKIPS     K >= 1: with skip, end the run with an error when K steps in a row were skipped
+                           (ignored with raise)
     NANSCOPE_TRACE_STEP    R:S: run rollout R's step S under the op tracer (nanscope.trace.step) on every
                            rank and write which op first made a non-finite value, its module, source
                            line, sample and response token
@@ -44,19 +46,17 @@ class Settings:
 
     @classmethod
     def from_env(cls, env=os.environ) -> Settings:
-        mode = env.get("NANSCOPE_ON_NONFINITE", "raise")
+        mode = env.get("NANSCOPE_ON_NONFINITE") or "raise"
         if mode not in ON_NONFINITE:
             raise ValueError(f"NANSCOPE_ON_NONFINITE={mode!r}: expected one of {', '.join(ON_NONFINITE)}")
-        max_skips = env.get("NANSCOPE_MAX_SKIPS")
+        max_skips = env.get("NANSCOPE_MAX_SKIPS") or None
         if max_skips is not None and not (max_skips.isdigit() and int(max_skips) >= 1):
             raise ValueError(f"NANSCOPE_MAX_SKIPS={max_skips!r}: expected an integer >= 1")
-        if max_skips is not None and mode != "skip":
-            raise ValueError(f"NANSCOPE_MAX_SKIPS={max_skips} needs NANSCOPE_ON_NONFINITE=skip (it is {mode})")
-        step = env.get("NANSCOPE_TRACE_STEP")
+        step = env.get("NANSCOPE_TRACE_STEP") or None
         parts = (step or "").split(":")
         if step is not None and not (len(parts) == 2 and all(p.isdigit() for p in parts)):
             raise ValueError(f"NANSCOPE_TRACE_STEP={step!r}: expected ROLLOUT:STEP, e.g. 12:0")
-        return cls(env.get("NANSCOPE_REPORT_DIR", cls.report_dir), mode, int(max_skips) if max_skips else None,
+        return cls(env.get("NANSCOPE_REPORT_DIR") or cls.report_dir, mode, int(max_skips) if max_skips else None,
                    (int(parts[0]), int(parts[1])) if step is not None else None)
 
 

@@ -171,13 +171,15 @@ class StepTrace:
 
 
 def first_across_ranks(records: list[dict]) -> dict:
-    """The first producer of each phase over every rank's trace, and the non-finite inputs.
+    """The first producer of each phase over every rank's trace, the first non-finite op output of each
+    phase (producer or not: it shows where values from a non-finite input surfaced), and the inputs.
 
     Args:
         records: per rank {"rank", "pp", "tp", "trace": TraceReport.to_dict()}.
 
     Returns:
-        {"forward": event dict + rank/pp/tp or None, "backward": same, "inputs": [finding + rank]}.
+        {"forward", "backward", "first_forward", "first_backward": event dict + rank/pp/tp or None,
+         "inputs": [finding + rank]}.
     """
     def first(phase: str, stage_sign: int):
         found = [(r, r["trace"][phase]) for r in records if r["trace"].get(phase)]
@@ -189,4 +191,5 @@ def first_across_ranks(records: list[dict]) -> dict:
         return {**ev, "rank": r["rank"], "pp": r["pp"], "tp": r["tp"]}
 
     inputs = [{**i, "rank": r["rank"]} for r in records for i in r["trace"].get("inputs", [])]
-    return {"forward": first("forward", 1), "backward": first("backward", -1), "inputs": inputs}
+    return {"forward": first("forward", 1), "backward": first("backward", -1), "first_forward": first("first_forward", 1),
+            "first_backward": first("first_backward", -1), "inputs": inputs}
