@@ -145,12 +145,12 @@ def _error(argv, capsys) -> str:
 
 def test_unreadable_script(tmp_path, capsys):
     msg = _error(["doctor", str(tmp_path / "missing.sh")], capsys)
-    assert msg == f"{tmp_path / 'missing.sh'}: cannot read launch script: No such file or directory"
+    assert msg == f"{tmp_path / 'missing.sh'}: launch script: no such file"
 
 
 def test_unreadable_traceback(tmp_path, capsys):
     msg = _error(["doctor", "--case", "slime-795", "--traceback", str(tmp_path / "tb.txt")], capsys)
-    assert msg == f"{tmp_path / 'tb.txt'}: cannot read traceback: No such file or directory"
+    assert msg == f"{tmp_path / 'tb.txt'}: traceback: no such file"
 
 
 def test_no_train_command(capsys):

@@ -18,7 +18,6 @@ EPILOG = """examples:
 """
 
 
-
 def add_parser(sub):
     p = sub.add_parser(
         "doctor", help="explain a NaN crash from the launch script and traceback",
@@ -34,29 +33,39 @@ def add_parser(sub):
     p.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
     p.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON")
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
+    p.add_argument("--max-input-mb", type=_megabytes, default=_megabytes("4"), metavar="MB",
+                   help="largest script, sourced file, model file or traceback read (default 4)")
     return p
 
 
-def _load_model(path: str) -> dict:
-    import json
-
-    from nanscope.launch.script import read_text
+def _megabytes(text: str) -> int:
+    """`--max-input-mb` in bytes."""
+    from nanscope.inputs import MiB
 
     try:
-        model = json.loads(read_text(path, "model JSON"))
+        mb = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < mb <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"{text}: expected a size in MiB, > 0 and <= {1 << 20}")
+    return int(mb * MiB)
+
+
+def _load_model(path: str, limit: int) -> dict:
+    import json
+
+    from nanscope.inputs import read_text
+    from nanscope.launch.script import OPTION
+
+    try:
+        model = json.loads(read_text(path, "model JSON", limit, OPTION))
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    except RecursionError:
+        raise UserError(f"{path}: model JSON nested too deeply (expected an object of architecture fields)") from None
     if not isinstance(model, dict):
         raise UserError(f"{path}: expected a JSON object of architecture fields")
     return model
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    except OSError as e:
-        raise UserError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
 def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
@@ -84,31 +93,41 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
 
 def run(args) -> int:
     import contextlib
-    import json
     import warnings
 
-    from nanscope.launch.script import read_text
+    from nanscope.inputs import read_text
+    from nanscope.launch.script import OPTION
+    from nanscope.report.files import check_writable
 
+    for flag, path in (("--json", args.json), ("--html", args.html)):
+        if path:
+            check_writable(path, flag)
+    limit = args.max_input_mb
     with contextlib.ExitStack() as stack:
         script, env, model_path, tb_path = _inputs(args, stack)
-        model = _load_model(model_path) if model_path else None
+        model = _load_model(model_path, limit) if model_path else None
         model_origin = None
         if model_path:
             model_origin = f"model.json (bundled with {args.case})" if args.case and not args.model else model_path
-        tb_text = read_text(tb_path, "traceback") if tb_path else None
+        tb_text = read_text(tb_path, "traceback", limit, OPTION) if tb_path else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron-core warns about missing TE/Apex on import
             from nanscope.launch import diagnose
 
             d = diagnose(script, env, model, model_origin, args.model_args, tb_text, tb_path or "traceback",
-                         args.rank)
+                         args.rank, limit)
+    _report(d, args)
+    return 0
+
+
+def _report(d, args) -> None:
     from rich.console import Console
 
     from nanscope.report.doctor import render_html, render_terminal, to_dict
+    from nanscope.report.files import write_json, write_text
 
     if args.json:  # files first: a closed stdout pipe (| head) must not lose them
-        _write(args.json, json.dumps(to_dict(d), indent=2) + "\n")
+        write_json(args.json, to_dict(d))
     if args.html:
-        _write(args.html, render_html(d))
+        write_text(args.html, render_html(d))
     render_terminal(d, Console(highlight=False))
-    return 0

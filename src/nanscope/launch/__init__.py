@@ -50,7 +50,7 @@ class Diagnosis:
 def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | None = None,
              model_origin: str | None = None, model_args: str | None = None,
              traceback_text: str | None = None, traceback_origin: str = "traceback",
-             rank: int | None = None) -> Diagnosis:
+             rank: int | None = None, limit: int | None = None) -> Diagnosis:
     """Parse, resolve, lay out, and apply the rules.
 
     Args:
@@ -62,22 +62,24 @@ def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | 
         traceback_text: the traceback text, if any.
         traceback_origin: its file name, for error messages.
         rank: a rank to explain (overrides the traceback's).
+        limit: the most bytes read from one file (default: launch.script.INPUT_LIMIT).
 
     Raises:
         UserError: any bad input, in one line.
     """
     from nanscope.launch import config as config_mod
-    from nanscope.launch import findings as findings_mod
     from nanscope.launch import topology as topology_mod
     from nanscope.launch import tracebacks as tb_mod
-    from nanscope.launch.script import parse_script
+    from nanscope.launch.script import INPUT_LIMIT, parse_script
 
     env = env or {}
     tb = tb_mod.parse_traceback(traceback_text, traceback_origin) if traceback_text is not None else None
-    script = parse_script(script_path, env, model_args)
+    script = parse_script(script_path, env, model_args, INPUT_LIMIT if limit is None else limit)
     cfg = config_mod.resolve(script.argv, model, model_origin or "model JSON", script.unset)
     topo = topology_mod.build(cfg)
     batches = config_mod.batches(cfg, topo.dp, topo.cp)
+    from nanscope.launch import findings as findings_mod  # imports torch: after the inputs are known good
+
     found = findings_mod.findings(cfg, batches, topo.world, topo.cp)
     colocate_ok = not any(f.id.startswith(("rollout-gpus", "colocate")) for f in found)
     fine = findings_mod.fine(cfg, batches, topo.world, colocate_ok)
@@ -104,6 +106,9 @@ def _place_failing(d: Diagnosis, rank: int | None, traceback_origin: str) -> Non
             d.notes.append(f"the traceback says device {tb.failure.device} but rank {asked} maps to local device "
                            f"{d.failing.local_device} with {topo.gpus_per_node} GPUs per node")
         d.explanations = _explain(d)
+    if tb and tb.failure.truncated:
+        d.notes.append(f"{traceback_origin}: line {tb.failure.line}: the Megatron error is cut short before its "
+                       "closing `')`; its message is read as far as it goes")
     if tb and tb.other_ranks:
         d.notes.append(f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, tb.other_ranks))}; "
                        f"the first, rank {tb.failure.rank}, is explained")
@@ -128,7 +133,7 @@ def _input_notes(script, cfg, model, model_origin) -> list[str]:
     for p in script.placeholders:
         if p.kind == "command":
             notes.append(f"line {p.line}: {p.text} is a run-time value, kept as text")
-    notes += script.assumptions
+    notes += script.assumptions + script.limits
     for name in ("num_layers", "num_experts"):
         if model and cfg.origin(name) == model_origin:
             notes.append(f"{name.replace('_', '-')} {cfg[name]} from {model_origin}")

@@ -8,9 +8,12 @@ slime applies after parsing (`eps_clip_high = eps_clip`, `--colocate` forces the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
+
+_INT64 = 1 << 63  # slime and Megatron hand integer flags to torch and C++: 64-bit
 
 SLIME = "default (slime v0.1.0)"
 MEGATRON = "default (megatron core_v0.15.0rc0)"
@@ -167,7 +170,7 @@ class Config:
 
 
 def _show(v) -> str:
-    if isinstance(v, float) and v == int(v) and abs(v) < 1e15:
+    if isinstance(v, float) and math.isfinite(v) and v == int(v) and abs(v) < 1e15:
         return f"{v:g}"
     return str(v)
 
@@ -197,27 +200,36 @@ def _convert(spec: Flag, words: list[str], unset: dict[str, int]):
     if spec.kind == "list":
         return list(words)
     if len(words) != 1:
-        raise UserError(f"{spec.spelling}: expected one value, got {len(words)}: {' '.join(words) or '(none)'}")
+        shown = _short(" ".join(words)) or "(none)"
+        raise UserError(f"{spec.spelling}: expected one value, got {len(words)}: {shown}{_unset_hint(words, unset)}")
     word = words[0]
     try:
-        if spec.kind == "int":
-            return int(word)
-        if spec.kind == "float":
-            return float(word)
+        value = int(word) if spec.kind == "int" else float(word) if spec.kind == "float" else word
     except ValueError:
-        hint = ""
-        if "$" in word and unset:
-            names = ", ".join(sorted(unset))
-            hint = f" (the script reads unset variables: {names}; pass --env NAME=VALUE)"
-        raise UserError(f"{spec.spelling}: {word!r} is not a{'n integer' if spec.kind == 'int' else ' number'}"
-                        f"{hint}") from None
-    return word
+        raise UserError(f"{spec.spelling}: {_short(word)!r} is not a{'n integer' if spec.kind == 'int' else ' number'}"
+                        f"{_unset_hint(words, unset)}") from None
+    if spec.kind == "int" and not -_INT64 <= value < _INT64:
+        raise UserError(f"{spec.spelling}: {_short(word)} is not a 64-bit integer")
+    return value
+
+
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _unset_hint(words: list[str], unset: dict[str, int]) -> str:
+    """Name the unset variables when a value still holds a `$` (they are kept as text)."""
+    if not unset or not any("$" in w for w in words):
+        return ""
+    return f" (the script reads unset variables: {', '.join(sorted(unset))}; pass --env NAME=VALUE)"
 
 
 def _model_value(spec: Flag, value, origin: str):
     expected = {"int": int, "float": (int, float), "str": str}[spec.kind]
     if isinstance(value, bool) or not isinstance(value, expected):
-        raise UserError(f"{origin}: {spec.name}: expected {spec.kind}, got {value!r}")
+        raise UserError(f"{origin}: {spec.name}: expected {spec.kind}, got {_short(repr(value))}")
+    if isinstance(value, int) and not -_INT64 <= value < _INT64:
+        raise UserError(f"{origin}: {spec.name}: {_short(str(value))} is not a 64-bit integer")
     return value
 
 
@@ -265,6 +277,8 @@ def _post_parse(cfg: Config) -> None:
     if v["expert_tensor_parallel_size"].value is None:
         v["expert_tensor_parallel_size"] = Value(
             v["tensor_model_parallel_size"].value, "derived (megatron: expert_tensor_parallel_size = tp)")
+    if v["rollout_num_gpus_per_engine"].value < 1:
+        raise UserError(f"--rollout-num-gpus-per-engine {v['rollout_num_gpus_per_engine'].value}: must be >= 1")
     if v["colocate"].value:
         v["offload"] = Value(True, "derived (slime: --colocate sets --offload)")
     world = v["actor_num_nodes"].value * v["actor_num_gpus_per_node"].value

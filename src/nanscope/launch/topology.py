@@ -13,7 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
-from nanscope.launch.config import Config
+from nanscope.launch.config import BY_NAME, Config
+
+MAX_WORLD = 1 << 20  # ranks (1,048,576); laying out 1M ranks through RankGenerator takes about a minute
+MAX_LAYERS = 1 << 16  # decoder layers
+MAX_EXPERTS = 1 << 16  # routed experts
+REPRO_EXTRA = "pip install 'nanscope[repro]'"  # the extra that brings megatron-core
 
 
 @dataclass
@@ -105,14 +110,32 @@ class Topology:
 
 
 def _sizes(cfg: Config) -> dict[str, int]:
-    nodes, gpn = cfg["actor_num_nodes"], cfg["actor_num_gpus_per_node"]
-    s = dict(nodes=nodes, gpn=gpn, world=nodes * gpn, tp=cfg["tensor_model_parallel_size"],
-             pp=cfg["pipeline_model_parallel_size"], cp=cfg["context_parallel_size"],
-             ep=cfg["expert_model_parallel_size"], etp=cfg["expert_tensor_parallel_size"])
-    for k, v in s.items():
-        if v < 1:
-            raise UserError(f"{k} must be >= 1, got {v}")
+    """Parallel sizes from the flags, each checked: >= 1, and the world at most MAX_WORLD ranks."""
+    fields = dict(nodes="actor_num_nodes", gpn="actor_num_gpus_per_node", tp="tensor_model_parallel_size",
+                  pp="pipeline_model_parallel_size", cp="context_parallel_size", ep="expert_model_parallel_size",
+                  etp="expert_tensor_parallel_size")
+    s = {k: cfg[name] for k, name in fields.items()}
+    for k, name in fields.items():
+        if s[k] < 1:
+            raise UserError(f"{BY_NAME[name].spelling} {s[k]}: must be >= 1")
+    s["world"] = s["nodes"] * s["gpn"]
+    if s["world"] > MAX_WORLD:
+        raise UserError(f"world({s['world']}) = actor-num-nodes({s['nodes']}) x actor-num-gpus-per-node({s['gpn']}) "
+                        f"is over {MAX_WORLD:,} ranks")
     return s
+
+
+def _check_count(cfg: Config, name: str, high: int) -> int | None:
+    """A model size (num_layers, num_experts): None when unknown, else in 1..high."""
+    value = cfg[name]
+    if value is None:
+        return None
+    where = f"{BY_NAME[name].spelling} {value} ({cfg.origin(name)})"
+    if value < 1:
+        raise UserError(f"{where}: must be >= 1")
+    if value > high:
+        raise UserError(f"{where}: over {high:,}, more than nanscope lays out")
+    return value
 
 
 def _check_divides(s: dict[str, int]) -> tuple[int, int]:
@@ -128,6 +151,10 @@ def _check_divides(s: dict[str, int]) -> tuple[int, int]:
 def virtual_size(cfg: Config, num_layers: int | None, pp: int) -> int | None:
     """Megatron's virtual_pipeline_model_parallel_size from the two VPP flags (None when 1)."""
     per_rank, stages = cfg["num_virtual_stages_per_pipeline_rank"], cfg["num_layers_per_virtual_pipeline_stage"]
+    for name, value in (("num_virtual_stages_per_pipeline_rank", per_rank),
+                        ("num_layers_per_virtual_pipeline_stage", stages)):
+        if value is not None and value < 1:
+            raise UserError(f"{BY_NAME[name].spelling} {value}: must be >= 1")
     if per_rank is not None and stages is not None:
         raise UserError("--num-virtual-stages-per-pipeline-rank and --num-layers-per-virtual-pipeline-stage "
                         "are mutually exclusive")
@@ -160,6 +187,9 @@ def split_layers(num_layers: int, pp: int, vpp: int | None = None, first: int | 
     """
     v = vpp or 1
     uneven = first is not None or last is not None
+    for name, value in (("decoder-first-pipeline-num-layers", first), ("decoder-last-pipeline-num-layers", last)):
+        if value is not None and not 1 <= value <= num_layers:  # Megatron: "must be larger than 0"
+            raise UserError(f"--{name} {value}: must be in 1..num-layers({num_layers})")
     if uneven and (emb or loss):
         raise UserError("uneven pipeline (--decoder-first/last-pipeline-num-layers) cannot be combined with "
                         "--account-for-embedding/loss-in-pipeline-split")
@@ -190,13 +220,16 @@ def _stage_count(num_layers, pp, r, first, last, emb, loss) -> int:
     if first is None and last is None:
         n = num_layers + emb + loss
         if n % pp:
-            raise UserError(f"num-layers({n}) is not divisible by pipeline-model-parallel-size({pp})")
+            total = f"num-layers({num_layers})" + " + 1 (embedding)" * emb + " + 1 (loss)" * loss
+            raise UserError(f"{total} % pp({pp}) = {n % pp} != 0: Megatron splits the layers evenly over the "
+                            "pipeline stages (uneven: --decoder-first/last-pipeline-num-layers)")
         return n // pp
     rest = num_layers - (first or 0) - (last or 0)
     left = pp - (first is not None) - (last is not None)
-    if left > 0 and (rest < 0 or rest % left):
+    if left > 0 and (rest < 1 or rest % left):
+        why = f"is not divisible by the {left} middle stages" if rest > 0 else "leaves no layers for the middle stages"
         raise UserError(f"uneven pipeline: num-layers({num_layers}) - first({first or 0}) - last({last or 0}) "
-                        f"= {rest} is not divisible by the {left} middle stages")
+                        f"= {rest} {why}")
     if r == 0 and first is not None:
         return first
     if r == pp - 1 and last is not None:
@@ -227,7 +260,10 @@ def _offset(num_layers, pp, r, vp, vpp, first, last, emb, loss) -> int:
 
 
 def _rank_coords(s: dict[str, int], dp: int, edp: int, order: str):
-    from megatron.core.parallel_state import RankGenerator
+    try:
+        from megatron.core.parallel_state import RankGenerator
+    except ImportError:
+        raise UserError(f"rank coordinates need megatron-core's RankGenerator: {REPRO_EXTRA}") from None
 
     dense = RankGenerator(tp=s["tp"], ep=1, dp=dp, pp=s["pp"], cp=s["cp"], order=order, rank_offset=0)
     expert = RankGenerator(tp=s["etp"], ep=s["ep"], dp=edp, pp=s["pp"], cp=1, order=order, rank_offset=0)
@@ -261,7 +297,8 @@ def build(cfg: Config) -> Topology:
     if not order.endswith("pp") and s["pp"] > 1 and edp != dp:
         raise UserError(f"--use-tp-pp-dp-mapping needs expert dp({edp}) == dp({dp})")
     notes = []
-    num_layers, num_experts = cfg["num_layers"], cfg["num_experts"]
+    num_layers = _check_count(cfg, "num_layers", MAX_LAYERS)
+    num_experts = _check_count(cfg, "num_experts", MAX_EXPERTS)
     experts_per_rank = None
     if num_experts is not None:
         if num_experts % s["ep"]:

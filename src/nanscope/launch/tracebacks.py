@@ -2,12 +2,16 @@
 
 The error comes from megatron-core's `RerunStateMachine.validate_result` in mode DISABLED:
 `Rank {rank}, node {host}, device {cuda device}, iteration {i}: Unexpected result {r} (message='...')`.
-It is found anywhere in the text (bare, after `RuntimeError:`, or inside a Ray `RayTaskError`).
+It is found anywhere in the text (bare, after `RuntimeError:`, or inside a Ray `RayTaskError`), also
+when the text is cut short before the closing `')` (the failure is then marked truncated). Reading is
+linear in the length of the text.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
@@ -16,10 +20,16 @@ SLIME = "slime v0.1.0"
 MCORE = "megatron-core 0.15.0rc0"
 RAY = "ray"
 
-_ERROR = re.compile(
-    r"Rank (?P<rank>\d+), node (?P<node>\S+), device (?P<device>\d+), iteration (?P<iteration>-?\d+): "
-    r"Unexpected result (?P<result>.+?) \(message='(?P<message>.*?)'\)")
-_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\s*$')
+# The error line, read in two steps so that reading stays linear in the text's length (one regex with
+# lazy groups for the result and the message is cubic on a long line of repeated prefixes):
+# `Rank R, node H, device D, iteration I: ` by this regex, the rest by fixed markers.
+_PREFIX = re.compile(r"Rank (?P<rank>\d+), node (?P<node>[^\s,]+), device (?P<device>\d+), "
+                     r"iteration (?P<iteration>-?\d+): ")
+_RESULT = "Unexpected result "
+_MESSAGE = " (message='"
+_END = "')"
+_MAX_DIGITS = 18  # a number with more digits is not a rank, device, iteration or line Megatron prints
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d{1,18}), in (?P<func>\S+)\s*$')
 _RAY = re.compile(r"RayTaskError\((?P<exc>\w+)\): ray::(?P<call>\S+?\(\)) \((?P<info>[^)]*)\)")
 
 
@@ -135,6 +145,8 @@ class Failure:
     message: str
     bucket: int | None
     text: str
+    truncated: bool = False  # the line ends before its closing `')`: message (or result) kept as far as it goes
+    line: int = 0  # 1-based line of the text
 
 
 @dataclass
@@ -155,18 +167,65 @@ def _known(path: str, function: str) -> KnownFrame | None:
     return None
 
 
-def parse_failure(text: str) -> Failure | None:
+def parse_failure(text: str, origin: str = "traceback") -> Failure | None:
     """The first Megatron `Rank N, node H, device D, iteration I: Unexpected result R` in `text`."""
-    m = _ERROR.search(text)
-    if m is None:
-        return None
-    message = m["message"]
-    low = (m["result"] + " " + message).lower()
+    return next(failures(text, origin), None)
+
+
+def failures(text: str, origin: str = "traceback") -> Iterator[Failure]:
+    """Every Megatron error line in `text`, in order; one cut short before its `')` is marked truncated.
+
+    Raises:
+        UserError: a rank, device or iteration with more digits than any Megatron prints.
+    """
+    for number, line in enumerate(text.split("\n"), 1):
+        if "Rank " in line:
+            yield from _line_failures(line, number, origin)
+
+
+def _line_failures(line: str, number: int, origin: str) -> Iterator[Failure]:
+    """Errors on one line, left to right, without overlap; each marker position is looked up, not rescanned."""
+    messages = [m.start() for m in re.finditer(re.escape(_MESSAGE), line)]
+    ends = [m.start() for m in re.finditer(re.escape(_END), line)]
+    pos = 0
+    while (m := _PREFIX.search(line, pos)) is not None:
+        start = m.end()
+        if not line.startswith(_RESULT, start) and not (len(line) - start < len(_RESULT)
+                                                         and _RESULT.startswith(line[start:])):
+            pos = start  # the same prefix on another kind of Megatron log line
+            continue
+        result_at = start + len(_RESULT)
+        result_end = _next(messages, result_at + 1)  # the result has at least one character
+        if result_end is None:
+            result, message, end, truncated = line[result_at:].strip(), "", len(line), True
+        else:
+            message_at = result_end + len(_MESSAGE)
+            message_end = _next(ends, message_at)
+            truncated = message_end is None
+            end = len(line) if truncated else message_end + len(_END)
+            result, message = line[result_at:result_end], line[message_at:message_end]
+        yield _failure(m, result, message, line[m.start():end], truncated, number, origin)
+        pos = end
+
+
+def _next(positions: list[int], at: int) -> int | None:
+    """The first position >= `at`, or None."""
+    i = bisect.bisect_left(positions, at)
+    return positions[i] if i < len(positions) else None
+
+
+def _failure(m: re.Match, result: str, message: str, text: str, truncated: bool, number: int,
+             origin: str) -> Failure:
+    for name in ("rank", "device", "iteration"):
+        if len(m[name].lstrip("-")) > _MAX_DIGITS:
+            raise UserError(f"{origin}: line {number}: the {name} has {len(m[name].lstrip('-'))} digits, "
+                            "more than Megatron ever prints: not a Megatron error line")
+    low = (result + " " + message).lower()
     kind = "NaN" if "nan" in low else "Inf" if "inf" in low else "?"
-    bucket = re.search(r"bucket #(\d+)", message)
+    bucket = re.search(r"bucket #(\d{1,18})\b", message)
     return Failure(rank=int(m["rank"]), node=m["node"], device=int(m["device"]), iteration=int(m["iteration"]),
-                   result=m["result"], kind=kind, message=message, bucket=int(bucket[1]) if bucket else None,
-                   text=m.group(0))
+                   result=result, kind=kind, message=message, bucket=int(bucket[1]) if bucket else None,
+                   text=text, truncated=truncated, line=number)
 
 
 def parse_frames(text: str) -> tuple[list[Frame], str | None]:
@@ -199,12 +258,13 @@ def parse_traceback(text: str, origin: str = "traceback") -> Traceback:
     Raises:
         UserError: no Megatron `Rank N, ... Unexpected result` error in it.
     """
-    failure = parse_failure(text)
+    found = failures(text, origin)
+    failure = next(found, None)
     if failure is None:
         raise UserError(f"{origin}: no Megatron error found (expected a line like \"Rank 50, node dgx172, "
                         f"device 2, iteration -1: Unexpected result nan (message='...')\")")
     frames, ip = parse_frames(text)
-    others = sorted({int(m["rank"]) for m in _ERROR.finditer(text)} - {failure.rank})
+    others = sorted({f.rank for f in found} - {failure.rank})
     return Traceback(failure, frames, ip, others)
 
 

@@ -135,7 +135,8 @@ def to_dict(d) -> dict:
     if d.traceback is not None:
         f = d.traceback.failure
         out["failure"] = {"rank": f.rank, "node": f.node, "device": f.device, "iteration": f.iteration,
-                          "result": f.result, "kind": f.kind, "message": f.message, "bucket": f.bucket}
+                          "result": f.result, "kind": f.kind, "message": f.message, "bucket": f.bucket,
+                          "truncated": f.truncated}
         out["frames"] = [{"path": fr.path, "line": fr.line, "function": fr.function, "note": fr.note,
                           "release": fr.release_text, "matches": fr.matches} for fr in d.traceback.frames]
     return out
