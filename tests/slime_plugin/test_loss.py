@@ -11,13 +11,13 @@ import torch
 import torch.utils.checkpoint
 
 from nanscope import equivalence, hazards, slime_plugin
-from nanscope.loss import as_is, microbatch
+from nanscope.loss import as_is, layout, microbatch
 from nanscope.loss.microbatch import Parallel
 from nanscope.slime_args import case_args
 from nanscope.slime_plugin import loss as plugin_loss
 from nanscope.slime_plugin import releases
 
-PLUGIN = "nanscope.slime_plugin.policy_loss"
+PLUGIN = slime_plugin.LOSS_FUNCTION_PATH
 
 
 @pytest.fixture(autouse=True)
@@ -184,3 +184,35 @@ def test_an_unknown_nan_policy_is_refused(monkeypatch):
     batch, logits = hazard_batch("healthy")
     with pytest.raises(ValueError, match="^nan_policy 'ignore': expected one of drop, strict$"):
         slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits, None)
+
+
+def test_under_cp_a_dropped_token_is_cut_at_its_own_response_position():
+    # A NaN old log-prob on a trained token: the CP ranks' gradients add up to the single-process one,
+    # and the token's logit row gets no gradient, so each rank cut the token at the right position.
+    from nanscope.loss import safe
+
+    batch, logits = hazard_batch("healthy")
+    i, j = 3, int((batch["loss_masks"][3] == 1).nonzero()[-1])  # the last trained token of sample 3
+    batch["log_probs"][i][j] = float("nan")
+    args = case_args(global_batch_size=8)
+    grads = {}
+    for cp in (1, 2):
+        full = logits.clone().requires_grad_(True)
+        for r in range(cp):
+            par = Parallel(cp_rank=r, cp_size=cp, dp_cp_size=cp)
+            local = microbatch.cp_local_logits(full, batch["total_lengths"], par)
+            loss, _, log = safe.loss_function(args, microbatch.slice_for_cp(batch, par), 1, local, parallel=par)
+            loss.backward()
+            dropped = dict(zip(log["keys"], log["values"][1:].tolist()))["nan_guard/dropped_tokens"]
+            assert dropped == (1.0 if cp == 1 or j in layout.response_positions(
+                batch["total_lengths"][i], batch["response_lengths"][i], r, cp) else 0.0)
+        grads[cp] = full.grad / cp  # each CP rank's loss is scaled by dp_cp = cp
+    row = sum(batch["total_lengths"][:i]) + batch["total_lengths"][i] - batch["response_lengths"][i] - 1 + j
+    assert torch.isfinite(grads[2]).all() and grads[2][0, row].abs().max() == 0
+    torch.testing.assert_close(grads[2], grads[1], rtol=1e-5, atol=1e-7)
+
+
+def test_runs_of_positions():
+    assert plugin_loss._runs([3, 4, 5, 9]) == [(3, 6), (9, 10)]
+    assert plugin_loss._runs([]) == []
+    assert plugin_loss._runs(layout.response_positions(10, 6, 1, 2)) == [(0, 6)]

@@ -26,10 +26,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.slime_releases
 
+from nanscope.slime_plugin import LOSS_FUNCTION_PATH  # noqa: E402
 from tests.slime_releases.standins import load_loss_module  # noqa: E402
 
 ORDER = ("v0.1.0", "v0.2.4", "v0.3.1", "main")
-PLUGIN = "nanscope.slime_plugin.policy_loss"
+PLUGIN = LOSS_FUNCTION_PATH
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"
 OUTSIDE_TIS = "__main__.outside_tis"
 MASKED = ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "inf-ref-logprob")  # hazard on a masked token

@@ -193,14 +193,24 @@ def _cat(parts) -> torch.Tensor:
 
 
 def _local(masks, positions: list[list[int]]) -> torch.Tensor:
-    """This rank's entries of whole-response masks, samples concatenated: [N] with the masks' dtype."""
-    flat = [torch.as_tensor(m) for m in masks]
-    index, base = [], 0
-    for m, pos in zip(flat, positions):
-        index.extend(base + p for p in pos)
-        base += m.numel()
-    whole = torch.cat(flat)
-    return whole[torch.tensor(index, dtype=torch.long, device=whole.device)]
+    """This rank's entries of whole-response masks, samples concatenated: [N] with the masks' dtype.
+
+    Cut with slices (a CP rank holds runs of consecutive positions), so no index tensor is copied to the
+    device and nothing waits for it.
+    """
+    parts = [torch.as_tensor(m)[start:stop] for m, pos in zip(masks, positions) for start, stop in _runs(pos)]
+    return torch.cat(parts) if parts else torch.as_tensor(masks[0])[:0]
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """[start, stop) of each run of consecutive positions, in order: [3, 4, 5, 9] -> [(3, 6), (9, 10)]."""
+    runs = []
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1] = (runs[-1][0], p + 1)
+        else:
+            runs.append((p, p + 1))
+    return runs
 
 
 class _Overflow:
