@@ -11,11 +11,10 @@ import uuid
 
 import pytest
 
-from nanscope import repro
-from nanscope.report import repro as report
+from nanscope import case, repro
 from nanscope.cli.main import main
-from nanscope import case
 from nanscope.megatron.spec import RankRecord
+from nanscope.report import repro as report
 
 
 def test_unknown_hazard_is_one_line_user_error(capsys):

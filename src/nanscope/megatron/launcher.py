@@ -24,7 +24,7 @@ from pathlib import Path
 
 from nanscope.megatron import proctree
 from nanscope.megatron.proctree import StopSignals
-from nanscope.megatron.spec import Layout, LaunchResult, RankRecord, RunResult, RunSpec, WorkerSpec
+from nanscope.megatron.spec import LaunchResult, Layout, RankRecord, RunResult, RunSpec, WorkerSpec
 
 POLL_S = 0.25  # how often a running launch looks for a stop signal
 

@@ -6,7 +6,7 @@ current model (slime's log-prob pass), and trains like slime's train_one_step (`
 (megatron's NaN check raises RuntimeError) is caught per run and rank, recorded (message, megatron
 frames, time) and the worker moves on after a barrier. Each rank writes `DIR/run{i}.rank{r}.json`. A
 watchdog thread ends a rank stuck in one phase (a collective whose peers raised) with os._exit(3),
-leaving `DIR/stuck.rank{r}.txt`.
+leaving `DIR/stuck.rank{r}.txt` (`watchdog.py`).
 
 Which ranks raise (measured): at TP2 x PP2 (DP 1) every rank fails the NaN check in finish_grad_sync,
 the last stage first (1F1B: it finishes its backward first) — NaN flows back through every stage and
@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -32,32 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from nanscope.megatron.spec import Layout, RankRecord, RunSpec, WorkerSpec
-
-
-class Watchdog:
-    """Ends this process with os._exit(3) when a phase outlives its bound (a hung collective)."""
-
-    def __init__(self, out: Path, rank: int):
-        self.out, self.rank = out, rank
-        self.phase, self.deadline = "startup", float("inf")
-        self._lock = threading.Lock()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def arm(self, phase: str, seconds: float) -> None:
-        with self._lock:
-            self.phase, self.deadline = phase, time.monotonic() + seconds
-
-    def _watch(self) -> None:
-        while True:
-            time.sleep(0.5)
-            with self._lock:
-                late = time.monotonic() > self.deadline
-                phase = self.phase
-            if late:
-                msg = f"rank {self.rank}: watchdog: stuck in {phase}; exiting"
-                (self.out / f"stuck.rank{self.rank}.txt").write_text(msg)
-                print(msg, file=sys.stderr, flush=True)
-                os._exit(3)
+from nanscope.megatron.watchdog import Watchdog, barrier
 
 
 @dataclass
@@ -274,15 +248,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-def _barrier(wd: Watchdog, seconds: float, what: str) -> None:
-    import datetime
-
-    import torch.distributed as dist
-
-    wd.arm(f"barrier before {what}", seconds + 5)
-    dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds), wait_all_ranks=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of each torchrun rank."""
     t_start = time.time()
@@ -314,11 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"startup.rank{rank}.json").write_text(json.dumps(startup))
     worker = Worker(spec, out, wd)
     for i in range(spec.first_run, len(spec.runs)):
-        _barrier(wd, spec.rank_timeout_s, f"run {i}")
+        barrier(wd, spec.rank_timeout_s, f"run {i}")
         wd.arm(f"run {i}", spec.rank_timeout_s)
         rec = worker.execute(i, spec.runs[i])
         (out / f"run{i}.rank{rank}.json").write_text(rec.to_json())
-    _barrier(wd, spec.rank_timeout_s, "exit")
+    barrier(wd, spec.rank_timeout_s, "exit")
     # Every record is on disk and every rank is past the barrier: skip destroy_process_group and the
     # interpreter's teardown of torch/megatron (seconds per rank on 2 cores).
     sys.stdout.flush()
