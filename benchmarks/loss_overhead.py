@@ -57,8 +57,8 @@ def main() -> None:
     batch, logits = make_batch(a.samples, a.min_tokens, a.max_tokens, a.vocab)
     print(f"{a.samples} samples x {a.min_tokens}-{a.max_tokens} tokens ({sum(batch['total_lengths'])} packed), vocab {a.vocab}, "
           f"{torch.get_num_threads()} threads, {a.repeats} alternating pairs")
-    # The case's flags (zero KL and entropy coefficients: safe leaves those terms out of the graph),
-    # then every term weighted (the guards' own cost: same graph size for both losses).
+    # The case's flags (zero KL and entropy coefficients), then every term weighted. safe is as-is inside
+    # the plugin's guard, so both losses build the same graph: the ratio is the guards' own cost.
     configs = {
         "case flags (kl-loss-coef 0, entropy-coef 0)": case_args(global_batch_size=a.samples),
         "all terms on (kl-loss-coef 0.01, entropy-coef 0.001)": case_args(global_batch_size=a.samples, kl_loss_coef=0.01, entropy_coef=0.001),
