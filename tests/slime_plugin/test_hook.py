@@ -63,9 +63,10 @@ def worker(tmp_path_factory):
 def test_installing_twice_or_on_new_chunks_leaves_one_set_and_uninstall_restores(worker):
     life = worker[0]["lifecycle"]
     before = life["a_before"]
-    assert before["finish_grad_sync"] is False and before["step"] is False
+    assert not (before["finish_grad_sync"] or before["step"] or before["scheduler_step"])
     installed = life["a_once"]
-    assert installed["hooks"] > before["hooks"] and installed["finish_grad_sync"] and installed["step"]
+    assert installed["hooks"] > before["hooks"]
+    assert installed["finish_grad_sync"] and installed["step"] and installed["scheduler_step"]
     assert life["a_twice"] == installed  # a second call on the same chunks adds nothing
     assert life["a_after_b"] == before  # new chunks: the old ones are restored, every hook removed
     assert life["b_installed"] == installed  # the same model built again: exactly one set
@@ -80,6 +81,7 @@ def test_skip_reports_a_nan_grad_norm_logs_skipped_steps_and_leaves_the_paramete
     norms = skip["grad_norms"]
     assert norms[0] > 0 and norms[1] != norms[1] and norms[2] > 0  # the skipped step's grad norm is NaN
     assert skip["skipped"] == 1 and skip["error"] is None
+    assert skip["lr_steps"] == result["without_bad_step"]["lr_steps"] == 2 * 8  # the LR schedule skipped it too
     logged = [{"rollout_id": i, "step_id": 0, "nanscope/skipped_steps": n} for i, n in enumerate([0, 1, 1])]
     assert skip["logged"] == logged
     assert "nanscope: rollout 1 step 0: {'nanscope/skipped_steps': 1}\n" in stdout

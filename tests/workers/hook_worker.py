@@ -2,9 +2,10 @@
 
     python tests/workers/hook_worker.py OUT_DIR
 
-The tiny Qwen3-MoE (fp32) under megatron's DDP (bucket NaN check on) and Adam; every step is one
-rollout of 8 samples (one micro-batch each) built against the current model, trained like slime's
-train_one_step: zero grads -> before_train_step -> 1F1B -> finalize_model_grads -> optimizer.step.
+The tiny Qwen3-MoE (fp32) under megatron's DDP (bucket NaN check on), Adam and a linearly decaying
+learning rate (megatron's OptimizerParamScheduler); every step is one rollout of 8 samples (one
+micro-batch each) built against the current model, trained like slime's train_one_step: zero grads
+-> before_train_step -> 1F1B -> finalize_model_grads -> optimizer.step -> scheduler.step.
 Scenarios, each on a freshly built model (so the hook reinstalls on new chunks):
 
   lifecycle  installing twice, then on new chunks, then uninstall(): hook counts and wrapped attributes
@@ -62,13 +63,13 @@ def main(out: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"rollout_id": rollout_id, "samples": samples}, path)
 
-    def train_one_step(model, optimizer, batch, rollout_id, hook=True):
+    def train_one_step(model, optimizer, scheduler, batch, rollout_id, hook=True):
         n = len(batch["response_lengths"])
         micro = [{k: [v[i]] for k, v in batch.items()} for i in range(n)]
         model.zero_grad_buffer()
         optimizer.zero_grad()
         if hook:
-            slime_plugin.before_train_step(args, rollout_id, 0, [model], optimizer, None)
+            slime_plugin.before_train_step(args, rollout_id, 0, [model], optimizer, scheduler)
 
         def forward_step(it, m):
             mb = next(it)
@@ -79,25 +80,28 @@ def main(out: Path) -> None:
                                     num_microbatches=n, seq_length=256, micro_batch_size=1, forward_only=False)
         ok, grad_norm, _ = optimizer.step()
         assert ok
+        scheduler.step(increment=n)
         return grad_norm
 
     def train(hazards_at, hook=True, **env):
         """A fresh model, then one rollout per entry of `hazards_at` ("healthy" / "bad" / "later")."""
         os.environ.update({"NANSCOPE_REPORT_DIR": str(out / "reports"), **env})
         model, _, optimizer = bootstrap.build_training(seed=0, bf16=False)
+        scheduler = lr_schedule(optimizer)
         norms, error = [], None
         for rollout_id, name in enumerate(hazards_at):
             batch, site = batch_for(model, "kl-exp-overflow" if name == "bad" else "healthy", SEEDS[name])
             save_rollout(batch, rollout_id)
             try:
-                norms.append(float(train_one_step(model, optimizer, batch, rollout_id, hook)))
+                norms.append(float(train_one_step(model, optimizer, scheduler, batch, rollout_id, hook)))
             except RuntimeError as e:
                 error = str(e)
                 break
         for k in env:
             del os.environ[k]
         return model, optimizer, {"grad_norms": norms, "error": error, "site": site, "logged": slime_plugin.logged(),
-                                  "skipped": slime_plugin.skipped_steps(), "reports": slime_plugin.reports()}
+                                  "skipped": slime_plugin.skipped_steps(), "reports": slime_plugin.reports(),
+                                  "lr_steps": scheduler.num_steps}
 
     result = {"lifecycle": lifecycle(bootstrap, slime_plugin, args)}
     model, _, result["skip"] = train(["healthy", "bad", "later"], NANSCOPE_ON_NONFINITE="skip")
@@ -113,26 +117,39 @@ def main(out: Path) -> None:
     (out / "result.json").write_text(json.dumps(result, indent=1))
 
 
+def lr_schedule(optimizer):
+    """1e-6 decaying linearly to 0 over 64 samples: a step the schedule counts changes the next update."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    for group in optimizer.param_groups:  # megatron's groups carry their own bounds (None here: use these)
+        group.update(max_lr=1e-6, min_lr=0.0)
+    return OptimizerParamScheduler(optimizer, init_lr=1e-6, max_lr=1e-6, min_lr=0.0, lr_warmup_steps=0, lr_decay_steps=64,
+                                   lr_decay_style="linear", start_wd=0.1, end_wd=0.1, wd_incr_steps=64,
+                                   wd_incr_style="constant")
+
+
 def lifecycle(bootstrap, slime_plugin, args) -> dict:
     """Hook counts on the chunks and wrapped attributes after each install / uninstall."""
 
-    def state(model, optimizer):
+    def state(model, optimizer, scheduler):
         hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
         hooks += sum(len(p._backward_hooks or {}) for p in model.parameters())
-        wrapped = {"finish_grad_sync": "finish_grad_sync" in vars(model), "step": "step" in vars(optimizer)}
+        wrapped = {"finish_grad_sync": "finish_grad_sync" in vars(model), "step": "step" in vars(optimizer),
+                   "scheduler_step": "step" in vars(scheduler)}
         return {"hooks": hooks, **wrapped}
 
     a, _, opt_a = bootstrap.build_training(seed=0, bf16=False)
     b, _, opt_b = bootstrap.build_training(seed=0, bf16=False)
-    out = {"a_before": state(a, opt_a)}
-    slime_plugin.before_train_step(args, 0, 0, [a], opt_a, None)
-    out["a_once"] = state(a, opt_a)
-    slime_plugin.before_train_step(args, 0, 1, [a], opt_a, None)
-    out["a_twice"] = state(a, opt_a)
-    slime_plugin.before_train_step(args, 1, 0, [b], opt_b, None)
-    out["a_after_b"], out["b_installed"] = state(a, opt_a), state(b, opt_b)
+    sched_a, sched_b = lr_schedule(opt_a), lr_schedule(opt_b)
+    out = {"a_before": state(a, opt_a, sched_a)}
+    slime_plugin.before_train_step(args, 0, 0, [a], opt_a, sched_a)
+    out["a_once"] = state(a, opt_a, sched_a)
+    slime_plugin.before_train_step(args, 0, 1, [a], opt_a, sched_a)
+    out["a_twice"] = state(a, opt_a, sched_a)
+    slime_plugin.before_train_step(args, 1, 0, [b], opt_b, sched_b)
+    out["a_after_b"], out["b_installed"] = state(a, opt_a, sched_a), state(b, opt_b, sched_b)
     slime_plugin.uninstall()
-    out["b_after_uninstall"] = state(b, opt_b)
+    out["b_after_uninstall"] = state(b, opt_b, sched_b)
     return out
 
 

@@ -27,6 +27,5 @@ from nanscope.slime_plugin.loss import policy_loss
 
 __all__ = ["before_train_step", "logged", "policy_loss", "reports", "skipped_steps", "uninstall"]
 
-# The paths slime's flags take (--custom-loss-function-path, --custom-megatron-before-train-step-hook-path).
+# What slime's --custom-loss-function-path takes to run the plugin's loss.
 LOSS_FUNCTION_PATH = f"{__name__}.policy_loss"
-HOOK_PATH = f"{__name__}.before_train_step"
