@@ -26,7 +26,7 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 
 import torch
@@ -191,7 +191,7 @@ class Target:
 
     release: Release
     module: ModuleType
-    slicer: Callable | None = field(default=None)
+    slicer: Callable | None = None
 
     @property
     def entry(self) -> Callable:
