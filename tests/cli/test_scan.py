@@ -80,9 +80,9 @@ def test_code_executing_pickle_refused_exit_2_marker_absent(tmp_path, capsys):
     torch.save({"rollout_id": 12, "samples": [MkdirOnLoad(str(marker))]}, path)
     rc, out, err = run(capsys, str(path))
     assert (rc, out) == (2, "")
-    assert err == (f"nanscope scan: error: {path}: refused: loading it needs arbitrary unpickling (it references "
-                   "posix.mkdir); nanscope loads dumps with torch.load(weights_only=True). If you trust the file, "
-                   "rerun with --trust-pickle\n")
+    assert err == (f"nanscope scan: error: {path}: sample 0: refused: loading it needs arbitrary unpickling (it "
+                   "references posix.mkdir); nanscope reads dumps with a restricted unpickler, a subset of "
+                   "torch.load(weights_only=True). If you trust the file, rerun with --trust-pickle\n")
     assert not marker.exists()
     # With --trust-pickle the payload runs (the flag is what allows it); the result is still no dump.
     rc, _, err = run(capsys, str(path), "--trust-pickle")
@@ -160,3 +160,40 @@ def test_flag_defaults_are_the_case(tmp_path):
     case = ScanConfig.for_case()
     got = {k: getattr(args, k) for k in vars(case) if hasattr(args, k)}
     assert got == {k: v for k, v in vars(case).items() if k not in ("max_listed", "histograms")}
+
+
+def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
+    demo.write_demo(tmp_path / "rollout_data" / "12.pt")
+    demo.write_demo(tmp_path / "train_data" / "12_0.pt", kind="train")
+    clean = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
+    demo.write_rollout_dump(tmp_path / "rollout_data" / "13.pt", clean, rollout_id=13)
+    (tmp_path / "notes.txt").write_text("not a dump")
+    rc, out, err = run(capsys, str(tmp_path), "--json", str(tmp_path / "s.json"), "--workers", "2")
+    assert (rc, err) == (1, "")
+    lines = [" ".join(ln.split()) for ln in out.splitlines()]
+    assert ("rollout_data/12.pt rollout 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
+            "ratio-exp-overflow") in lines
+    assert "rollout_data/13.pt rollout 8 64 0 no -" in lines
+    assert "train_data/12_0.pt train 16 1,024 4 yes kl-exp-overflow, nan-rollout-logprob, ratio-exp-overflow" in lines
+    assert lines[-1] == ("3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; "
+                         "0 failed; 17 findings")
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert [f["path"] for f in doc["files"]] == [f"{tmp_path}/rollout_data/{n}.pt" for n in (12, 13)] + [
+        f"{tmp_path}/train_data/12_0.pt"]
+    assert doc["files"][0]["counts"]["grpo-nonfinite"] == 8 and doc["summary"]["failed"] == 0
+
+
+def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
+    demo.write_demo(tmp_path / "12.pt")
+    (tmp_path / "13.pt").write_bytes(b"PK\x03\x04 truncated")
+    rc, out, err = run(capsys, str(tmp_path), "--workers", "1")
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith(f"nanscope scan: error: 1 of 2 dumps failed; the first: {tmp_path}/13.pt: unreadable "
+                          "torch.save file (")
+    assert "1 failed" in out.splitlines()[-1]
+    rc, _, err = run(capsys, str(tmp_path), "--html", str(tmp_path / "x.html"))
+    assert (rc, err) == (2, f"nanscope scan: error: --html {tmp_path}/x.html: takes one dump, not a directory "
+                            f"(use --json for {tmp_path})\n")
+    (tmp_path / "empty").mkdir()
+    rc, _, err = run(capsys, str(tmp_path / "empty"))
+    assert (rc, err) == (2, f"nanscope scan: error: {tmp_path}/empty: no *.pt dumps in this directory or below\n")

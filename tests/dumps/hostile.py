@@ -15,14 +15,29 @@ import torch
 PLACEHOLDER = "NANSCOPE_PLACEHOLDER"
 
 
-def torch_zip(path: str | Path, data_pkl: bytes) -> Path:
-    """A torch.save-format archive (torch's own writer) whose data.pkl is `data_pkl`, no storages."""
+def torch_zip(path: str | Path, data_pkl: bytes, records: dict[str, bytes] | None = None) -> Path:
+    """A torch.save-format archive (torch's own writer) whose data.pkl is `data_pkl`, with `records` (storages
+    as data/<key>, byteorder, ...; byteorder little by default)."""
     path = Path(path)
     w = torch._C.PyTorchFileWriter(str(path))
     w.write_record("data.pkl", data_pkl, len(data_pkl))
-    w.write_record("byteorder", b"little", len(b"little"))
+    for name, data in {"byteorder": b"little", **(records or {})}.items():
+        w.write_record(name, data, len(data))
     w.write_end_of_file()
     return path
+
+
+def records(path: str | Path) -> dict[str, bytes]:
+    """Every record of a torch.save archive, by name (data.pkl included)."""
+    r = torch._C.PyTorchFileReader(str(path))
+    return {name: r.get_record(name) for name in r.get_all_records() if not name.startswith(".data/")}
+
+
+def rewrap(src: str | Path, dst: str | Path, data_pkl: bytes) -> Path:
+    """`src`'s archive with its data.pkl replaced by `data_pkl` (storages kept)."""
+    recs = records(src)
+    del recs["data.pkl"]
+    return torch_zip(dst, data_pkl, recs)
 
 
 def with_raw(path: str | Path, obj, raw: bytes) -> Path:

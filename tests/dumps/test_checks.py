@@ -236,7 +236,7 @@ def test_bf16_rounding_matches_torch():
 
 def test_histogram_bins():
     # Bin 0: < -40 (and -inf); bin b: [-41 + b, -40 + b); last bin 161: >= 120 (and +inf); nan apart.
-    col = checks._Collector(1, ScanConfig.for_case(histograms=True))
+    col = checks._Collector(ScanConfig.for_case(histograms=True))
     x = np.array([-1e9, -41.0, -40.5, -math.inf, -40.0, -0.5, 0.0, 0.99, 88.72, 88.73, 119.9, 120.0, math.inf,
                   math.nan], np.float32)
     masked = np.zeros(x.size, bool)

@@ -13,9 +13,13 @@ DESCRIPTION = """\
 Scan a slime v0.1.0 debug dump for NaN hazards and name the sample, token and mechanism of each.
 
 Reads rollout dumps (--save-debug-rollout-data: {rollout_id}.pt) and train dumps
-(--save-debug-train-data: {rollout_id}_{rank}.pt) with torch.load(weights_only=True); a file that
-needs arbitrary unpickling is refused unless you pass --trust-pickle. slime writes a train dump after
-the optimizer step, so the step that crashes leaves none: scan that step's rollout dump.
+(--save-debug-train-data: {rollout_id}_{rank}.pt) with a restricted unpickler that accepts a subset of
+what torch.load(weights_only=True) accepts (and reads a case-sized rollout dump in seconds, not
+minutes); a file that needs more is refused unless you pass --trust-pickle. slime writes a train dump
+after the optimizer step, so the step that crashes leaves none: scan that step's rollout dump.
+
+Given a directory, scans every *.pt file under it, several at a time on the available cores, and
+prints one line per file and a summary (--json writes them).
 
 Positions are 0-based: `sample` in the file, `token` in the response, `abs_token` in the sequence
 (prompt + response). Masked tokens (loss_mask 0) are hazards too: slime v0.1.0 computes exp on them
@@ -35,21 +39,26 @@ examples:
   nanscope scan rollout_data/12.pt --json scan.json --html scan.html
   nanscope scan train_data/12_50.pt --context-parallel-size 2 --tensor-model-parallel-size 4
   nanscope scan rollout_data/12.pt --n-samples-per-prompt 4 --reward-key score --no-use-tis
+  nanscope scan /root/dumps/ --json scan.json        # every dump under the directory
 """
 
 
 def add_parser(sub):
     p = sub.add_parser("scan", help="find the sample/token of every NaN hazard in a slime dump",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dump", nargs="?", help="a rollout dump {rollout_id}.pt or a train dump {rollout_id}_{rank}.pt")
+    p.add_argument("dump", nargs="?", help="a rollout dump {rollout_id}.pt, a train dump {rollout_id}_{rank}.pt, "
+                                           "or a directory of them")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="write hazards and summary as JSON")
-    out.add_argument("--html", metavar="PATH", help="write an HTML report with log-ratio and hazard-map plots")
+    out.add_argument("--html", metavar="PATH", help="write an HTML report with log-ratio and hazard-map plots "
+                                                    "(one dump, not a directory)")
     out.add_argument("--max-rows", type=int, default=30, help="hazard rows in the terminal table (default 30)")
     out.add_argument("--max-per-sample", type=int, default=100,
                      help="hazards listed per check and sample in JSON/HTML; counts stay exact (default 100)")
     out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="progress bar on stderr (default: when stderr is a terminal)")
+                     help="progress bar with tokens/s on stderr (default: when stderr is a terminal)")
+    out.add_argument("--workers", type=int, default=None, metavar="N",
+                     help="directories: files scanned at once (default: the cores available)")
     inp = p.add_argument_group("input")
     inp.add_argument("--trust-pickle", action="store_true",
                      help="allow arbitrary unpickling (torch.load(weights_only=False)): runs code from the file")
@@ -95,7 +104,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from nanscope.dumps import checks
+    from pathlib import Path
+
     from nanscope.report import files
 
     if args.write_demo:
@@ -106,9 +116,12 @@ def run(args) -> int:
                     ("--context-parallel-size", args.context_parallel_size),
                     ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
                     ("--max-per-sample", args.max_per_sample), ("--max-dump-mb", args.max_dump_mb),
-                    ("--max-sample-tokens", args.max_sample_tokens)):
+                    ("--max-sample-tokens", args.max_sample_tokens), ("--workers", args.workers or 1)):
         if v < 1:
             raise UserError(f"{flag} {v}: must be >= 1")
+    directory = Path(args.dump).is_dir()
+    if directory and args.html:
+        raise UserError(f"--html {args.html}: takes one dump, not a directory (use --json for {args.dump})")
     for flag, path in (("--json", args.json), ("--html", args.html)):
         if path:
             files.check_writable(path, flag)
@@ -120,7 +133,22 @@ def run(args) -> int:
         max_listed=args.max_per_sample, histograms=bool(args.html),
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    result = _scan(args, cfg, show)
+    return _run_directory(args, cfg, show) if directory else _run_file(args, cfg, show)
+
+
+def _limits(args):
+    from nanscope.dumps.limits import Limits
+    from nanscope.inputs import MiB
+
+    return Limits(args.max_dump_mb * MiB, args.max_sample_tokens)
+
+
+def _run_file(args, cfg: ScanConfig, show: bool) -> int:
+    from nanscope.dumps import checks, io
+
+    dump = io.load(args.dump, trust_pickle=args.trust_pickle, reward_key=cfg.reward_key,
+                   cp_size=args.context_parallel_size, tp_size=args.tensor_model_parallel_size, limits=_limits(args))
+    result = _scan(dump, cfg, show)
     _render(args, result)
     if result.errors:
         more = f" (and {len(result.errors) - 1} more; see the table)" if len(result.errors) > 1 else ""
@@ -128,34 +156,62 @@ def run(args) -> int:
     return 1 if checks.hazard_count(result) else 0
 
 
-def _scan(args, cfg, show: bool):
-    """Load and check, with a spinner while loading and a bar over samples when `show`."""
+def _scan(dump, cfg: ScanConfig, show: bool):
+    """Check the streaming samples, with a bar (file read, or samples done) and tokens/s when `show`."""
+    import time
+
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-    from nanscope.dumps import checks, io
-    from nanscope.dumps.limits import Limits
-    from nanscope.inputs import MiB
-
-    def load():
-        return io.load(args.dump, trust_pickle=args.trust_pickle, reward_key=cfg.reward_key,
-                       cp_size=args.context_parallel_size, tp_size=args.tensor_model_parallel_size,
-                       limits=Limits(args.max_dump_mb * MiB, args.max_sample_tokens))
+    from nanscope.dumps import checks
 
     if not show:
-        return checks.scan(load(), cfg)
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        return checks.scan(dump, cfg)
+    cols = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+            TextColumn("{task.fields[tokens]:,} tokens, {task.fields[rate]}"), TimeElapsedColumn())
     with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("loading (weights_only unpickler)", total=None)
-        dump = load()
-        bar.update(task, description="checking samples", total=dump.num_samples, completed=0)
-        return checks.scan(dump, cfg, progress=lambda _tokens: bar.advance(task))
+        task = bar.add_task(f"scanning {dump.path}", total=None, tokens=0, rate="")
+        t0, tokens = time.perf_counter(), 0
+
+        def step(n: int) -> None:
+            nonlocal tokens
+            tokens += n
+            done, total = dump.progress()
+            rate = f"{tokens / max(time.perf_counter() - t0, 1e-9) / 1e6:.1f}M tokens/s"
+            bar.update(task, completed=done, total=total, tokens=tokens, rate=rate)
+
+        return checks.scan(dump, cfg, progress=step)
+
+
+def _run_directory(args, cfg: ScanConfig, show: bool) -> int:
+    from rich.console import Console
+
+    from nanscope.dumps import many
+    from nanscope.report import scan as report
+
+    paths = many.find_dumps(args.dump)
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    opts = dict(trust_pickle=args.trust_pickle, cp_size=args.context_parallel_size,
+                tp_size=args.tensor_model_parallel_size, limits=_limits(args), workers=args.workers)
+    if show:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[tokens]:,} tokens"), TimeElapsedColumn())
+        with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task(f"scanning {args.dump}", total=len(paths), tokens=0)
+            summaries = many.scan_files(paths, cfg, **opts, done=lambda s: bar.update(
+                task, advance=1, tokens=bar.tasks[0].fields["tokens"] + s.response_tokens))
+    else:
+        summaries = many.scan_files(paths, cfg, **opts)
+    report.render_directory(summaries, console, args.dump)
+    if args.json:
+        report.write_directory_json(summaries, args.json)
+    failed = [s for s in summaries if s.error or s.errors]
+    if failed:
+        first = failed[0].error or failed[0].errors[0]
+        raise UserError(f"{len(failed)} of {len(summaries)} dumps failed; the first: {first}")
+    return 1 if any(s.total for s in summaries) else 0
 
 
 def _render(args, result) -> None:

@@ -48,6 +48,9 @@ MECHANISMS = (hazards.KL_EXP_OVERFLOW.name, hazards.RATIO_EXP_OVERFLOW.name, haz
 # Per-sample fields a check can need; `present` sets hold these names.
 FIELDS = ("reward", "rollout_log_probs", "log_probs", "ref_log_probs", "advantages")
 
+# Findings listed in all (counts stay exact): a hostile file cannot make the list outgrow memory.
+MAX_LISTED = 100_000
+
 # Histogram of per-token log-ratios: unit bins on [LO, HI), plus an underflow and an overflow bin.
 HIST_LO, HIST_HI = -40, 120
 
@@ -124,29 +127,43 @@ class ScanResult:
 class _Collector:
     """Accumulates exact counts, a capped list of findings, per-sample counts and histograms."""
 
-    def __init__(self, num_samples: int, cfg: ScanConfig):
+    def __init__(self, cfg: ScanConfig):
         self.cfg = cfg
         self.hazards: list[Finding] = []
         self.counts = dict.fromkeys(KINDS, 0)
         self.listed = dict.fromkeys(KINDS, 0)
         self.mechs: dict[str, dict[str, bool]] = {k: {} for k in KINDS}  # kind -> mechanism -> any certain
-        self.per_sample = np.zeros((num_samples, len(KINDS)), np.int64)
+        self.rows: dict[int, np.ndarray] = {}  # sample -> counts per kind, for samples with findings only
         self.col = {k: j for j, k in enumerate(KINDS)}
         self.hist: dict[str, Histogram] = {}
         self.errors: list[str] = []
 
     def _note(self, kind: str, mechanism: str | None, certain: bool, n: int, sample: int) -> None:
         self.counts[kind] += n
-        self.per_sample[sample, self.col[kind]] += n
+        row = self.rows.get(sample)
+        if row is None:
+            row = self.rows[sample] = np.zeros(len(KINDS), np.int64)
+        row[self.col[kind]] += n
         if mechanism is not None:
             m = self.mechs[kind]
             m[mechanism] = m.get(mechanism, False) or certain
 
+    def per_sample(self, num_samples: int) -> np.ndarray:
+        """int64 [num_samples, len(KINDS)]: findings per sample and check."""
+        out = np.zeros((num_samples, len(KINDS)), np.int64)
+        for i, row in self.rows.items():
+            out[i] = row
+        return out
+
+    def _room(self) -> bool:
+        return len(self.hazards) < MAX_LISTED
+
     def sample_level(self, kind: str, sample: int, mechanism: str | None, value, detail: str = "",
                      certain: bool = True) -> None:
         self._note(kind, mechanism, certain, 1, sample)
-        self.listed[kind] += 1
-        self.hazards.append(Finding(kind, mechanism, sample, None, None, None, value, certain, detail))
+        if self._room():
+            self.listed[kind] += 1
+            self.hazards.append(Finding(kind, mechanism, sample, None, None, None, value, certain, detail))
 
     def tokens(self, kind: str, s: SampleData, hit: np.ndarray, values: np.ndarray, pos: np.ndarray | None,
                masked: np.ndarray, mechanism: str | None, certain: bool = True) -> None:
@@ -155,7 +172,7 @@ class _Collector:
         if idx.size == 0:
             return
         self._note(kind, mechanism, certain, int(idx.size), s.sample)
-        idx = idx[: self.cfg.max_listed]
+        idx = idx[: min(self.cfg.max_listed, MAX_LISTED - len(self.hazards))]
         self.listed[kind] += int(idx.size)
         tok = idx if pos is None else pos[idx]
         for j, t in zip(idx.tolist(), tok.tolist()):
@@ -498,7 +515,7 @@ def scan(dump: Dump, cfg: ScanConfig | None = None, progress: Callable[[int], No
         progress: called with each sample's response length after it is checked.
     """
     cfg = ScanConfig.for_case() if cfg is None else cfg
-    col = _Collector(dump.num_samples, cfg)
+    col = _Collector(cfg)
     rewards: list[float] = []
     present: set[str] = set()
     response_tokens = 0
@@ -518,7 +535,8 @@ def scan(dump: Dump, cfg: ScanConfig | None = None, progress: Callable[[int], No
     would, mechs, verdict = _verdict(col)
     col.hazards.sort(key=lambda h: (h.sample, -1 if h.token is None else h.token, KINDS.index(h.kind)))
     return ScanResult(dump.path, dump.kind, dump.rollout_id, dump.rank, dump.num_samples, response_tokens, cfg,
-                      col.hazards, checks, col.per_sample, col.hist, col.errors, would, mechs, verdict)
+                      col.hazards, checks, col.per_sample(dump.num_samples), col.hist, col.errors, would, mechs,
+                      verdict)
 
 
 def _check_sample(v: _Sample) -> None:

@@ -16,10 +16,11 @@ slime v0.1.0 writes two kinds of dump with `torch.save`:
   Under context parallelism (cp > 1) the per-token tensors log_probs, ref_log_probs, rollout_log_probs and
   advantages hold only this CP rank's two zigzag chunks of the response; tokens and loss_masks stay whole.
 
-Everything is loaded with `torch.load(weights_only=True)`: a file that needs arbitrary unpickling is
-refused unless the caller passes `trust_pickle=True`. Samples are handed out one at a time as compact
-numpy arrays, and the Python lists behind each are dropped as it goes, so a scan holds the loaded
-pickle graph plus one sample's arrays.
+Everything is read by `nanscope.dumps.unpickler`, a restricted unpickler that accepts a subset of what
+`torch.load(weights_only=True)` accepts and loads the same objects, with lists of numbers kept as numpy
+arrays; a file that needs anything more is refused unless the caller passes `trust_pickle=True`
+(`torch.load(weights_only=False)`). A rollout dump's samples are converted and handed out as the file is
+read, so a scan of one needs the pickle bytes and the compact arrays, never Python's object graph.
 
 Nothing a file declares is trusted (`Limits`): the file must be a regular file under a size cap; a
 sample's fields and declared response length under a per-sample cap; a tensor must be dense, on the CPU,
@@ -31,10 +32,11 @@ naming the file, the field and the sample.
 
 from __future__ import annotations
 
-import re
+import itertools
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from nanscope.dumps.limits import SAMPLE_COST, Budget, Limits
+from nanscope.dumps.unpickler import CList, Loader, Refused, Unreadable
 from nanscope.errors import UserError
 from nanscope.inputs import check_file
 
@@ -90,15 +93,15 @@ class SampleData:
 
 @dataclass
 class Dump:
-    """A loaded dump. `samples()` streams `SampleData`; it can be consumed once.
+    """A dump being read. `samples()` streams `SampleData` once; for a rollout dump read by the restricted
+    unpickler the file is still being parsed while samples come out.
 
     Attributes:
         path: the file.
         kind: "rollout" or "train".
-        rollout_id: as stored.
+        rollout_id: as stored (a rollout dump's is known once `samples()` is exhausted).
         rank: the global rank (train dumps) or None.
-        num_samples: number of samples in the file (this rank's share for train dumps).
-        keys: the per-sample fields present (rollout: of sample 0; train: of rollout_data).
+        num_samples: samples handed out so far; the file's number once `samples()` is exhausted.
         cp_size: context-parallel size the per-token arrays are sliced for (train dumps).
     """
 
@@ -106,24 +109,28 @@ class Dump:
     kind: str
     rollout_id: Any
     rank: int | None
-    num_samples: int
-    keys: list[str]
     cp_size: int = 1
-    _obj: Any = None
-    _convert: Any = None
+    num_samples: int = 0
+    _rows: Iterator[SampleData] | None = None
+    _progress: Callable[[], tuple[int, int]] | None = None
 
     @classmethod
     def from_samples(cls, path: str, kind: str, samples: list[SampleData], rollout_id: Any = None,
                      rank: int | None = None) -> Dump:
         """A Dump over samples already converted (to time the checks apart from loading)."""
-        return cls(path, kind, rollout_id, rank, len(samples), [], 1, list(samples), lambda o, i: o[i])
+        return cls(path, kind, rollout_id, rank, _rows=iter(samples))
 
     def samples(self) -> Iterator[SampleData]:
-        """Yield each sample once, releasing the loaded Python lists behind it."""
-        assert self._obj is not None, "samples() consumed twice"
-        obj, self._obj = self._obj, None
-        for i in range(self.num_samples):
-            yield self._convert(obj, i)
+        """Yield each sample once."""
+        assert self._rows is not None, "samples() consumed twice"
+        rows, self._rows = self._rows, None
+        for s in rows:
+            self.num_samples += 1
+            yield s
+
+    def progress(self) -> tuple[int, int]:
+        """(done, total) in the reader's own units: pickle bytes while streaming, else samples."""
+        return self._progress() if self._progress else (self.num_samples, self.num_samples)
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -138,7 +145,7 @@ def load(
     tp_size: int = 1,
     limits: Limits | None = None,
 ) -> Dump:
-    """Load a slime v0.1.0 rollout or train dump.
+    """Open a slime v0.1.0 rollout or train dump; its samples stream from `Dump.samples()`.
 
     Args:
         path: the .pt file.
@@ -149,45 +156,89 @@ def load(
         limits: size caps (default `Limits()`); a file or sample over them is refused before it is converted.
 
     Raises:
-        UserError: unreadable, refused, oversized or malformed file (one line naming the field and sample).
+        UserError: unreadable, refused, oversized or malformed file (one line naming the field and sample),
+            here or while the samples stream.
     """
     path, limits = str(path), limits or Limits()
     size = check_file(path, "dump", limits.max_bytes, "--max-dump-mb")
-    obj = _torch_load(path, trust_pickle)
-    if not isinstance(obj, dict):
-        raise UserError(f"{path}: not a slime dump: top level is {type(obj).__name__}, expected a dict")
     fields = _Fields(path, limits, Budget(path, size))
+    if trust_pickle:
+        return _from_object(fields, _torch_load(path), reward_key, cp_size, tp_size)
+    with _one_line(path):
+        loader = Loader.open(path)
+        events = _one_line_rows(path, loader.events())
+        first = next(events, None)
+    if first is None:  # no sample streamed: the whole file is read
+        return _from_object(fields, loader.result, reward_key, cp_size, tp_size)
+    dump = Dump(path, "rollout", None, None, _progress=lambda: (loader.pos, len(loader.data)))
+
+    def rows() -> Iterator[SampleData]:
+        yield from (_rollout_sample(fields, s, i, reward_key) for i, s in itertools.chain([first], events))
+        dump._progress = None
+        dump.rollout_id = _rollout_id(loader.result.get("rollout_id"))
+        yield from _rollout_rows(fields, loader.result["samples"], reward_key, loader.handed)
+
+    dump._rows = rows()
+    return dump
+
+
+def _from_object(f: _Fields, obj: Any, reward_key: str | None, cp_size: int, tp_size: int) -> Dump:
+    """A Dump over a fully loaded object."""
+    if not isinstance(obj, dict):
+        raise UserError(f"{f.path}: not a slime dump: top level is {_type(obj)}, expected a dict")
     if "samples" in obj:
-        return _rollout_dump(fields, obj, reward_key)
+        samples = obj["samples"]
+        if not isinstance(samples, _SEQUENCES):
+            raise UserError(f"{f.path}: samples: expected a list of Sample.to_dict() dicts, got {_type(samples)}")
+        return Dump(f.path, "rollout", _rollout_id(obj.get("rollout_id")), None,
+                    _rows=_rollout_rows(f, samples, reward_key, []))
     if "rollout_data" in obj:
-        return _train_dump(fields, obj, cp_size, tp_size)
+        return _train_dump(f, obj, cp_size, tp_size)
     raise UserError(
-        f"{path}: not a slime dump: expected key 'samples' (rollout dump) or 'rollout_data' (train dump), "
+        f"{f.path}: not a slime dump: expected key 'samples' (rollout dump) or 'rollout_data' (train dump), "
         f"found {', '.join(_keys(obj)) or 'none'}"
     )
 
 
-def _torch_load(path: str, trust_pickle: bool) -> Any:
-    """torch.load with weights_only=True (or False if trusted), errors turned into one-line UserErrors."""
-    import pickle
+@contextmanager
+def _one_line(path: str):
+    """The restricted unpickler's refusals as one UserError line."""
+    try:
+        yield
+    except Refused as e:
+        raise UserError(f"{path}: {_located(e.where)}refused: {e}; nanscope reads dumps with a restricted "
+                        "unpickler, a subset of torch.load(weights_only=True). If you trust the file, rerun with "
+                        "--trust-pickle") from None
+    except Unreadable as e:
+        raise UserError(f"{path}: {_located(e.where)}unreadable torch.save file ({e})") from None
 
+
+def _located(where: tuple) -> str:
+    """Where in the file a refusal happened: "{field} of sample {i}: " in slime's layouts, else the path."""
+    if where[:1] == ("samples",) and len(where) > 1 and type(where[1]) is int:
+        field = where[2] if len(where) > 2 and type(where[2]) is str else None
+        return f"{field[:40]} of sample {where[1]}: " if field else f"sample {where[1]}: "
+    if where[:1] == ("rollout_data",) and len(where) > 2 and type(where[1]) is str and type(where[2]) is int:
+        return f"{where[1][:40]} of sample {where[2]}: "
+    return f"at {''.join(f'[{str(p)[:40]!r}]' for p in where)}: " if where else ""
+
+
+def _one_line_rows(path: str, rows: Iterator) -> Iterator:
+    with _one_line(path):
+        yield from rows
+
+
+def _torch_load(path: str) -> Any:
+    """torch.load(weights_only=False) for --trust-pickle, errors turned into one-line UserErrors."""
     import torch
 
-    # mmap keeps tensor storages on disk; only the zip format (torch >= 1.6 default) supports it.
-    use_mmap = zipfile.is_zipfile(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=use_mmap)
-    except pickle.UnpicklingError as e:
-        if trust_pickle:
-            raise UserError(f"{path}: unreadable even with --trust-pickle: {_first_line(e)}") from None
-        raise UserError(
-            f"{path}: refused: loading it needs arbitrary unpickling ({_weights_only_reason(e)}); nanscope "
-            "loads dumps with torch.load(weights_only=True). If you trust the file, rerun with --trust-pickle"
-        ) from None
-    except Exception as e:  # truncated zip, bad magic number, EOF, ...: all "unreadable"
-        raise UserError(f"{path}: unreadable torch.save file ({type(e).__name__}: {_first_line(e)})") from None
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(path))
+    except Exception as e:  # truncated zip, bad magic number, EOF, a payload that raises, ...
+        raise UserError(f"{path}: unreadable even with --trust-pickle ({type(e).__name__}: "
+                        f"{_first_line(e)})") from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -195,41 +246,22 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:200] if lines else type(e).__name__
 
 
-def _weights_only_reason(e: BaseException) -> str:
-    """The informative line of torch's weights_only error, e.g. 'unsupported GLOBAL posix.system'."""
-    text = str(e)
-    m = re.search(r"unsupported GLOBAL ([\w.]+)", text, re.I) or re.search(r"GLOBAL ([\w.]+)", text)
-    if m:
-        return f"it references {m.group(1)}"
-    m = re.search(r"Unsupported operand (\d+)", text)
-    if m:
-        return f"pickle opcode {m.group(1)} is not allowed by the weights_only unpickler"
-    return "the weights_only unpickler rejected it"
-
-
 # ---------------------------------------------------------------------------------------- rollout dumps
 
 
-def _rollout_dump(f: _Fields, obj: dict, reward_key: str | None) -> Dump:
-    path, samples = f.path, obj["samples"]
-    if not isinstance(samples, list):
-        raise UserError(f"{path}: samples: expected a list of Sample.to_dict() dicts, got {type(samples).__name__}")
-    first: dict[int, int] = {}
+def _rollout_rows(f: _Fields, samples, reward_key: str | None, handed: list[dict]) -> Iterator[SampleData]:
+    """The samples after the `handed` ones (already streamed), each a dict seen once, converted in turn."""
+    first = {id(s): i for i, s in enumerate(handed)}
     for i, s in enumerate(samples):
+        if i < len(handed):
+            continue
         if not isinstance(s, dict):
-            raise UserError(f"{path}: sample {i}: expected a Sample.to_dict() dict, got {type(s).__name__}")
+            raise UserError(f"{f.path}: sample {i}: expected a Sample.to_dict() dict, got {_type(s)}")
         j = first.setdefault(id(s), i)
         if j != i:
-            raise UserError(f"{path}: sample {i}: the same object as sample {j} (a shared reference, not "
+            raise UserError(f"{f.path}: sample {i}: the same object as sample {j} (a shared reference, not "
                             "slime's one dict per sample)")
-    keys = sorted(k for k in samples[0] if isinstance(k, str)) if samples else []
-
-    def convert(o: dict, i: int) -> SampleData:
-        s = o["samples"][i]
-        o["samples"][i] = None  # release the Python lists as we go
-        return _rollout_sample(f, s, i, reward_key)
-
-    return Dump(path, "rollout", _rollout_id(obj.get("rollout_id")), None, len(samples), keys, 1, obj, convert)
+        yield _rollout_sample(f, s, i, reward_key)
 
 
 def _rollout_sample(f: _Fields, s: dict, i: int, reward_key: str | None) -> SampleData:
@@ -268,14 +300,14 @@ def _rollout_sample(f: _Fields, s: dict, i: int, reward_key: str | None) -> Samp
 def _train_dump(f: _Fields, obj: dict, cp_size: int, tp_size: int) -> Dump:
     path, data = f.path, obj["rollout_data"]
     if not isinstance(data, dict):
-        raise UserError(f"{path}: rollout_data: expected a dict of per-key lists, got {type(data).__name__}")
+        raise UserError(f"{path}: rollout_data: expected a dict of per-key lists, got {_type(data)}")
     for key in ("tokens", "response_lengths"):
         if key not in data:
             raise UserError(f"{path}: rollout_data: missing key '{key}' (not a slime v0.1.0 train dump)")
     present = [k for k in TRAIN_PER_SAMPLE_KEYS if k in data and data[k] is not None]
     for k in present:
-        if not isinstance(data[k], list):
-            raise UserError(f"{path}: rollout_data['{k}']: expected a per-sample list, got {type(data[k]).__name__}")
+        if not isinstance(data[k], _SEQUENCES):
+            raise UserError(f"{path}: rollout_data['{k}']: expected a per-sample list, got {_type(data[k])}")
     n = len(data["tokens"])
     for k in present:
         if len(data[k]) != n:
@@ -284,16 +316,9 @@ def _train_dump(f: _Fields, obj: dict, cp_size: int, tp_size: int) -> Dump:
     if cp_size > 1 and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
         raise UserError(f"{path}: rank: {_brief(rank)}; needed to find the CP rank with --context-parallel-size")
     cp_rank = (rank // tp_size) % cp_size if cp_size > 1 else 0
-
-    def convert(o: dict, i: int) -> SampleData:
-        d = o["rollout_data"]
-        row = {k: d[k][i] for k in present}
-        for k in present:
-            d[k][i] = None  # release as we go
-        return _train_sample(f, row, i, cp_size, cp_rank)
-
-    return Dump(path, "train", _rollout_id(obj.get("rollout_id")), rank if isinstance(rank, int) else None, n,
-                present, cp_size, obj, convert)
+    rows = (_train_sample(f, {k: _entry(data[k], i) for k in present}, i, cp_size, cp_rank) for i in range(n))
+    return Dump(path, "train", _rollout_id(obj.get("rollout_id")), rank if isinstance(rank, int) else None,
+                cp_size, _rows=rows)
 
 
 def _train_sample(f: _Fields, row: dict, i: int, cp_size: int, cp_rank: int) -> SampleData:
@@ -382,8 +407,8 @@ class _Fields:
             if self.tensor(x, name, i).dim() != 1:
                 raise self._error(name, i, f"tensor of shape {tuple(x.shape)}, expected 1-D")
             return self._capped(x.numel(), name, i)
-        if not isinstance(x, (list, tuple)):
-            raise self._error(name, i, f"{type(x).__name__}, expected a list")
+        if not isinstance(x, _SEQUENCES):
+            raise self._error(name, i, f"{_type(x)}, expected a list")
         return self._capped(len(x), name, i)
 
     def int(self, x: Any, name: str, i: int) -> int:
@@ -420,14 +445,19 @@ class _Fields:
             if x.dtype == torch.bfloat16:  # widen exactly by bit shift: bf16 is the top half of an fp32
                 return (x.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
             return x.float().numpy()
-        if not isinstance(x, (list, tuple)):
-            raise self._error(name, i, f"{type(x).__name__}, expected a list of floats")
+        if not isinstance(x, _SEQUENCES):
+            raise self._error(name, i, f"{_type(x)}, expected a list of floats")
         self.budget.take(self._capped(len(x), name, i), name, i)
+        if type(x) is CList:  # all number runs: already an array; else the list it stands for
+            arr = x.array()
+            if arr is not None:
+                return arr.astype(np.float64, copy=False)
+            x = x.tolist()
         try:
             arr = np.array(x, dtype=np.float64)
         except (TypeError, ValueError, OverflowError, RecursionError):
             bad = next((j for j, v in enumerate(x) if isinstance(v, bool) or not isinstance(v, (int, float))), None)
-            where = f"element {bad} is {type(x[bad]).__name__}" if bad is not None else "not a flat list of numbers"
+            where = f"element {bad} is {_type(x[bad])}" if bad is not None else "not a flat list of numbers"
             raise self._error(name, i, where) from None
         if arr.ndim != 1:
             raise self._error(name, i, "not a flat list of numbers")
@@ -445,14 +475,15 @@ class _Fields:
                 raise self._error(name, i, f"tensor of shape {tuple(x.shape)}, expected 1-D")
             self.budget.take(self._capped(x.numel(), name, i), name, i)
             arr = x.detach().numpy()
-        elif isinstance(x, (list, tuple)):
+        elif isinstance(x, _SEQUENCES):
             self.budget.take(self._capped(len(x), name, i), name, i)
+            arr = x.array() if type(x) is CList else None
             try:
-                arr = np.array(x)
+                arr = np.array(x.tolist() if type(x) is CList else x) if arr is None else arr
             except (TypeError, ValueError, OverflowError, RecursionError):
                 raise self._error(name, i, "not a flat list of 0/1") from None
         else:
-            raise self._error(name, i, f"{type(x).__name__}, expected a list of 0/1")
+            raise self._error(name, i, f"{_type(x)}, expected a list of 0/1")
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "biuf"):
             raise self._error(name, i, "not a flat list of 0/1")
         if arr.size and ((arr != 0) & (arr != 1)).any():
@@ -465,7 +496,7 @@ class _Fields:
         if reward_key is not None:
             if not isinstance(r, dict):
                 raise self._error("reward", i, f"--reward-key {reward_key} given but reward is "
-                                               f"{type(r).__name__}, not a dict")
+                                               f"{_type(r)}, not a dict")
             if reward_key not in r:
                 raise self._error("reward", i, f"no key '{reward_key}' (has {_keys(r)})")
             r = r[reward_key]
@@ -488,6 +519,19 @@ def _rollout_id(x: Any) -> int | float | str | None:
     return x[:200] if isinstance(x, str) else f"<{type(x).__name__}>"
 
 
+_SEQUENCES = (list, tuple, CList)
+
+
+def _type(x: Any) -> str:
+    """A value's type for an error line: a CList is the list the file holds."""
+    return "list" if type(x) is CList else type(x).__name__
+
+
+def _entry(col, i: int) -> Any:
+    """Entry i of a per-sample list (a CList gives Python numbers for its number runs)."""
+    return col.item(i) if type(col) is CList else col[i]
+
+
 def _is_tensor(x: Any) -> bool:
     import torch
 
@@ -506,7 +550,7 @@ def _brief(x: Any) -> str:
         return f"int of {x.bit_length()} bits"
     if x is None or isinstance(x, (int, float, str)):
         return f"{type(x).__name__} {x!r:.40}"
-    return type(x).__name__
+    return _type(x)
 
 
 def _keys(d: dict) -> list[str]:

@@ -206,3 +206,49 @@ def hazard_map_svg(per_sample: np.ndarray, kinds: list[str], group: int, cell: i
 def write_html(result: ScanResult, path: str) -> None:
     """`--html PATH`: the page of `render_html` (an unwritable path is one UserError line)."""
     files.write_text(path, render_html(result), "--html")
+
+
+# ------------------------------------------------------------------------------------------- directories
+
+
+def directory_summary(summaries: list) -> dict:
+    """Counts over the files of a directory scan: verdicts, failures, findings, samples, tokens."""
+    verdicts = {v: sum(s.would_nan == v for s in summaries) for v in ("yes", "possibly", "no")}
+    return {"files": len(summaries), "failed": sum(bool(s.error or s.errors) for s in summaries),
+            "would_nan": verdicts, "total": sum(s.total for s in summaries),
+            "num_samples": sum(s.num_samples for s in summaries),
+            "response_tokens": sum(s.response_tokens for s in summaries)}
+
+
+def render_directory(summaries: list, console, root: str) -> None:
+    """One row per file (its path under `root`; verdict, findings, mechanisms, or its error), then the
+    directory's summary line."""
+    import os
+
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("file", "kind", "samples", "tokens", "findings", "would NaN", "mechanisms / error"):
+        t.add_column(c, justify="right" if c in ("samples", "tokens", "findings") else "left",
+                     no_wrap=c != "mechanisms / error", overflow="fold")
+    for s in summaries:
+        name = os.path.relpath(s.path, root)
+        if s.error:
+            t.add_row(name, "-", "-", "-", "-", "error", s.error)
+            continue
+        note = ", ".join(s.mechanisms) or "-"
+        if s.errors:
+            note += f"; {len(s.errors)} length errors (slime would fail): {s.errors[0]}"
+        t.add_row(name, s.kind, str(s.num_samples), f"{s.response_tokens:,}", str(s.total), s.would_nan, note)
+    console.print(t)
+    d = directory_summary(summaries)
+    v = d["would_nan"]
+    console.print(f"{d['files']} dumps, {d['num_samples']:,} samples, {d['response_tokens']:,} response tokens: "
+                  f"would produce NaN: {v['yes']} yes, {v['possibly']} possibly, {v['no']} no; {d['failed']} failed; "
+                  f"{d['total']:,} findings", highlight=False, markup=False)
+
+
+def write_directory_json(summaries: list, path: str) -> None:
+    """`--json PATH` of a directory scan: {"files": [one summary per file], "summary": directory_summary}."""
+    files.write_json(path, {"files": [asdict(s) for s in summaries], "summary": directory_summary(summaries)}, "--json")

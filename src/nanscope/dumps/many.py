@@ -1,0 +1,100 @@
+"""Scanning every dump under a directory, files in parallel on the available cores, one summary each.
+
+Each file is scanned in a worker process (a forkserver that has imported the reader and the checks once),
+so a slow or large file does not hold the others and a file's memory is returned when it is done. A file
+that cannot be read is a summary with its one-line error, not the end of the batch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+from nanscope.dumps.config import ScanConfig
+from nanscope.dumps.limits import Limits
+from nanscope.errors import UserError
+
+
+@dataclass
+class FileSummary:
+    """One file's scan, small enough to send back from a worker.
+
+    Attributes:
+        path: the file.
+        error: the one-line UserError that stopped its scan (unreadable, refused, malformed), or "".
+        kind, rollout_id, rank, num_samples, response_tokens: as in ScanResult ("" / None / 0 on error).
+        would_nan: "yes", "possibly", "no", or "" on error.
+        mechanisms: as in ScanResult.
+        counts: check kind -> findings (checks that ran).
+        total: all findings.
+        errors: the length errors slime v0.1.0 would fail on (ScanResult.errors).
+        seconds: wall time of the file's scan.
+    """
+
+    path: str
+    error: str = ""
+    kind: str = ""
+    rollout_id: object = None
+    rank: int | None = None
+    num_samples: int = 0
+    response_tokens: int = 0
+    would_nan: str = ""
+    mechanisms: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def find_dumps(directory: str | Path) -> list[Path]:
+    """The *.pt files under `directory` (recursively), sorted; a directory without any is a UserError."""
+    paths = sorted(p for p in Path(directory).rglob("*.pt") if p.is_file())
+    if not paths:
+        raise UserError(f"{directory}: no *.pt dumps in this directory or below")
+    return paths
+
+
+def scan_file(path: str, cfg: ScanConfig, load: dict) -> FileSummary:
+    """Scan one file; a UserError becomes the summary's `error`."""
+    from nanscope.dumps import checks, io
+
+    t0 = time.perf_counter()
+    try:
+        r = checks.scan(io.load(path, reward_key=cfg.reward_key, **load), cfg)
+    except UserError as e:
+        return FileSummary(path, error=str(e), seconds=time.perf_counter() - t0)
+    except Exception as e:  # one file's bug or MemoryError must not end the batch; it still fails the run
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        return FileSummary(path, error=f"{path}: internal error: {type(e).__name__}: {text} (rerun this file "
+                                       "alone with --debug)", seconds=time.perf_counter() - t0)
+    return FileSummary(path, "", r.dump_kind, r.rollout_id, r.rank, r.num_samples, r.response_tokens, r.would_nan,
+                       r.mechanisms, {c.kind: c.count for c in r.checks if c.status == "ran"},
+                       checks.hazard_count(r), r.errors, time.perf_counter() - t0)
+
+
+def scan_files(paths: list[Path], cfg: ScanConfig, *, trust_pickle: bool = False, cp_size: int = 1,
+               tp_size: int = 1, limits: Limits | None = None, workers: int | None = None,
+               done: Callable[[FileSummary], None] | None = None) -> list[FileSummary]:
+    """Scan `paths` on `workers` processes (default: the cores this process may use), in the paths' order.
+
+    Args:
+        done: called with each summary as its file finishes (in completion order).
+    """
+    load = dict(trust_pickle=trust_pickle, cp_size=cp_size, tp_size=tp_size, limits=limits or Limits())
+    workers = min(workers or len(os.sched_getaffinity(0)), len(paths))
+    ctx = get_context("forkserver")
+    ctx.set_forkserver_preload(["nanscope.dumps.io", "nanscope.dumps.checks"])
+    out: dict[str, FileSummary] = {}
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        futures = [pool.submit(scan_file, str(p), cfg, load) for p in paths]
+        for f in as_completed(futures):
+            s = f.result()
+            out[s.path] = s
+            if done is not None:
+                done(s)
+    return [out[str(p)] for p in paths]
