@@ -87,5 +87,5 @@ def test_first_across_ranks_forward_by_stage_backward_by_reverse_stage():
     assert first["inputs"] == [{"name": "parameter w", "rank": 3}]
     assert first["first_forward"] is first["first_backward"] is None  # no rank's trace has them
     clean = [{**r, "trace": {"forward": None, "backward": None, "inputs": []}} for r in records]
-    assert step.first_across_ranks(clean) == dict.fromkeys(("forward", "backward", "first_forward", "first_backward")) | {
-        "inputs": []}
+    phases = ("forward", "backward", "first_forward", "first_backward")
+    assert step.first_across_ranks(clean) == dict.fromkeys(phases) | {"inputs": []}

@@ -123,9 +123,9 @@ def lr_schedule(optimizer):
 
     for group in optimizer.param_groups:  # megatron's groups carry their own bounds (None here: use these)
         group.update(max_lr=1e-6, min_lr=0.0)
-    return OptimizerParamScheduler(optimizer, init_lr=1e-6, max_lr=1e-6, min_lr=0.0, lr_warmup_steps=0, lr_decay_steps=64,
-                                   lr_decay_style="linear", start_wd=0.1, end_wd=0.1, wd_incr_steps=64,
-                                   wd_incr_style="constant")
+    return OptimizerParamScheduler(optimizer, init_lr=1e-6, max_lr=1e-6, min_lr=0.0, lr_warmup_steps=0,
+                                   lr_decay_steps=64, lr_decay_style="linear", start_wd=0.1, end_wd=0.1,
+                                   wd_incr_steps=64, wd_incr_style="constant")
 
 
 def lifecycle(bootstrap, slime_plugin, args) -> dict:

@@ -19,6 +19,8 @@ examples:
   nanscope repro --hazard healthy --json healthy.json
   nanscope repro --hazard kl-exp-overflow --steps 5 --inject-step 3   # as-is dies at 3, safe runs 5
   nanscope repro --hazard kl-exp-overflow --loss as-is --trace --json t.json  # the op and token
+  nanscope repro --hazard kl-exp-overflow --steps 4 --inject-step 2 --plugin  # the slime plugin: report, replay
+  NANSCOPE_MAX_SKIPS=1 nanscope repro --hazard kl-exp-overflow --steps 2 --inject-step 2 --plugin
 
 exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
 exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129
@@ -39,6 +41,10 @@ def add_parser(sub):
     p.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
     p.add_argument("--inject-step", type=int, default=None, metavar="K", help="with --steps: the step carrying the hazard (default: middle)")
     p.add_argument("--trace", action="store_true", help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value")
+    p.add_argument("--plugin", action="store_true",
+                   help="with --steps: slime with nanscope's plugin installed as documented (hook in raise and in skip "
+                        "mode, the fix as slime's custom loss), then the replay that the hook's report prints; "
+                        "NANSCOPE_MAX_SKIPS from the environment applies to the skip run")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
@@ -58,6 +64,8 @@ def validate(args) -> None:
         raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
     if args.trace and (args.hazard is None or args.steps is not None):
         raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
+    if args.plugin and (args.hazard is None or args.steps is None):
+        raise UserError("--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)")
     if args.inject_step is not None and args.steps is None:
         raise UserError(f"--inject-step {args.inject_step} goes with --steps N")
     if args.steps is not None:
@@ -67,6 +75,19 @@ def validate(args) -> None:
             raise UserError("--steps needs a hazard to inject (--hazard NAME, not healthy)")
         if args.inject_step is not None and not 1 <= args.inject_step <= args.steps:
             raise UserError(f"--inject-step {args.inject_step} is outside steps 1..{args.steps}")
+
+
+def _max_skips() -> int | None:
+    """NANSCOPE_MAX_SKIPS from the environment, checked as the plugin's hook checks it."""
+    import os
+
+    from nanscope.errors import UserError
+    from nanscope.slime_plugin.hook import Settings
+
+    try:
+        return Settings.from_env({"NANSCOPE_MAX_SKIPS": os.environ.get("NANSCOPE_MAX_SKIPS", "")}).max_skips
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def run(args) -> int:
@@ -95,7 +116,8 @@ def _run(args) -> int:
     if args.steps is not None:
         hazard = args.hazard or hazards.KL_EXP_OVERFLOW.name
         inject = args.inject_step if args.inject_step is not None else (args.steps + 1) // 2
-        result = repro.run_steps(hazard, steps=args.steps, inject_step=inject, seed=args.seed, timeout_s=args.timeout)
+        result = repro.run_steps(hazard, steps=args.steps, inject_step=inject, seed=args.seed, timeout_s=args.timeout,
+                                 plugin=args.plugin, max_skips=_max_skips() if args.plugin else None)
         report.render_steps(result, console)
         doc = report.steps_to_json(result)
     elif args.hazard is not None:

@@ -232,7 +232,7 @@ def plugin_lines(p: PluginCheck) -> list[str]:
 
     if not p.reports:
         return [f"plugin: no rank wrote a report at step {p.inject_step} ({outcome(p.raised)})"]
-    r = p.reports[0]
+    r = next((x for x in p.reports if x["rank"] == p.raised.first_failure), p.reports[0])  # the first to fail
     hit = r["first_forward"] or r["first_backward"]
     where = f"module {hit['module']!r}, micro-batch {hit['microbatch']}" if hit else "accumulated gradients"
     out = [f"plugin: ranks {span(sorted(x['rank'] for x in p.reports))} reported rollout {r['rollout_id']} step "

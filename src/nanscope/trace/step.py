@@ -191,5 +191,5 @@ def first_across_ranks(records: list[dict]) -> dict:
         return {**ev, "rank": r["rank"], "pp": r["pp"], "tp": r["tp"]}
 
     inputs = [{**i, "rank": r["rank"]} for r in records for i in r["trace"].get("inputs", [])]
-    return {"forward": first("forward", 1), "backward": first("backward", -1), "first_forward": first("first_forward", 1),
-            "first_backward": first("first_backward", -1), "inputs": inputs}
+    return {"forward": first("forward", 1), "backward": first("backward", -1),
+            "first_forward": first("first_forward", 1), "first_backward": first("first_backward", -1), "inputs": inputs}
