@@ -1,10 +1,19 @@
 """`nanscope doctor` through the CLI: the bundled case, the fixtures, JSON/HTML, and bad input."""
 
 import json
+import os
 import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nanscope.cli.main import main
 
@@ -211,3 +220,222 @@ def test_one_range_formatter():
     assert (span(list(range(72, 94))), span([6, 7, 14, 15]), span([]), span(None)) == (
         "72-93", "6, 7, 14, 15", "none", "unknown")
     assert (span([3, 4], min_run=3), span([48, 49, 50], min_run=3), span([], empty="-")) == ("3, 4", "48-50", "-")
+
+
+# ---- hostile and careless input (issue 15) --------------------------------------------------------------
+# Each case runs `python -m nanscope.cli.main doctor ...` in its own process under RLIMIT_AS (2 GiB) and a
+# wall-clock timeout: a FIFO that blocks the read, /dev/zero that fills memory, or a bash bomb that expands
+# to 2^48 characters fails its case instead of passing. Two at a time (the machine has two cores).
+
+ADDRESS_SPACE = 2 << 30
+CASE_SECONDS = 30
+TRAIN = "python3 train.py --colocate --rollout-batch-size 1 --num-layers 4 "
+
+
+def _address_space():
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def _doctor_isolated(cases: list[list[str]], cwd: Path) -> list[tuple[int, str, float]]:
+    """(exit code, stderr, seconds) of `nanscope doctor ARGV` for each case, each in its own limited process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
+
+    def one(argv):
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "nanscope.cli.main", "doctor", *argv], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=CASE_SECONDS, preexec_fn=_address_space)
+        return proc.returncode, proc.stderr, time.monotonic() - start
+
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(one, cases))
+
+
+def _matches(message: str, want: str) -> bool:
+    """`want` with `<...>` standing for any text (a long value the message shortens)."""
+    return re.fullmatch(".*".join(map(re.escape, want.split("<...>"))), message) is not None
+
+
+def _refused(result: tuple[int, str, float]) -> str:
+    """Exit 2 and exactly one `nanscope doctor: error: ` line, no traceback: the line's message."""
+    rc, err, _ = result
+    lines = err.splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("nanscope doctor: error: "), (rc, err[-3000:])
+    return lines[0][len("nanscope doctor: error: "):]
+
+
+def test_hostile_files_are_one_line_each(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink("/dev/zero", tmp_path / "zero")
+    with open(tmp_path / "big.sh", "w") as f:  # 4.5 MiB of comments, then a bad flag to stop at
+        f.write(("#" * 1023 + "\n") * 4608 + TRAIN + "--rollout-num-gpus-per-engine 0\n")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "huge_int.json").write_text('{"num_layers": ' + "9" * 5000 + "}")
+    (tmp_path / "tb.txt").write_text(f"Rank {'1' * 5000}, node a, device 1, iteration 1: Unexpected result nan "
+                                     "(message='x')\n")
+    case = ["--case", "slime-795"]
+    cases = {
+        "fifo: launch script: not a regular file (a FIFO)": ["fifo"],
+        "fifo: traceback: not a regular file (a FIFO)": [*case, "--traceback", "fifo"],
+        "/dev/zero: launch script: not a regular file (a character device)": ["/dev/zero"],
+        "zero: traceback: not a regular file (a character device)": [*case, "--traceback", "zero"],
+        "zero: model JSON: not a regular file (a character device)": [*case, "--model", "zero"],
+        "fifo: model-args file: not a regular file (a FIFO)": [*case, "--model-args", "fifo"],
+        ".: launch script: is a directory, expected a file": ["."],
+        "big.sh: launch script: 4.5 MiB is over the 4.0 MiB limit (raise it with --max-input-mb)": ["big.sh"],
+        "--rollout-num-gpus-per-engine 0: must be >= 1": ["big.sh", "--max-input-mb", "5"],
+        "deep.json: model JSON nested too deeply (expected an object of architecture fields)":
+            [*case, "--model", "deep.json"],
+        "huge_int.json: not valid JSON: Exceeds the limit (4300 digits) for integer string conversion":
+            [*case, "--model", "huge_int.json"],
+        "tb.txt: line 1: the rank has 5000 digits, more than Megatron ever prints: not a Megatron error line":
+            [*case, "--traceback", "tb.txt"],
+        "--json nowhere/d.json: no such directory: nowhere": [*case, "--json", "nowhere/d.json"],
+    }
+    results = _doctor_isolated(list(cases.values()), tmp_path)
+    for want, result in zip(cases, results):
+        assert _refused(result) == want
+
+
+def _scripts(tmp_path: Path, texts: list[str]) -> list[list[str]]:
+    """Write each text as a launch script; the doctor argv for each."""
+    cases = []
+    for i, text in enumerate(texts):
+        (tmp_path / f"{i}.sh").write_text(text)
+        cases.append([f"{i}.sh"])
+    return cases
+
+
+def test_bash_bombs_and_bad_sizes_are_one_line_each(tmp_path):
+    deep = 5000
+    nodes = TRAIN + '--actor-num-nodes "$X"\n'
+    cases = {
+        # bash bombs: the value becomes its own text, with the reason, and the flag that needs it says so
+        'X=$(seq 1 10000000000)\n' + nodes:
+            "--actor-num-nodes: '$(seq 1 10000000000)' is not an integer (kept as text: `seq` gives "
+            "10,000,000,000 numbers, more than 65,536)",
+        'X=$((1<<99999999999))\n' + nodes:
+            "--actor-num-nodes: '$((1<<99999999999))' is not an integer (kept as text: shift count 99999999999 is "
+            "outside 0..63)",
+        'X=$((7**99999999999))\n' + nodes:
+            "--actor-num-nodes: '$((7**99999999999))' is not an integer (kept as text: overflows bash's signed "
+            "64-bit arithmetic)",
+        'X=ab\n' + 'X="$X$X"\n' * 48 + nodes:
+            "--actor-num-nodes: '\"$X$X\"\"$X$X<...>...' is not an integer (kept as text: longer than "
+            "1,048,576 characters or 65,536 words)",
+        'X=$(( 08 + 1 ))\n' + nodes: "--actor-num-nodes: '$(( 08 + 1 ))' is not an integer (kept as text: 08: "
+                                     "value too great for base)",
+        'X=$((65#1))\n' + nodes: "--actor-num-nodes: '$((65#1))' is not an integer (kept as text: 65#1: invalid "
+                                 "arithmetic base)",
+        "X=" + "$(" * deep + "hostname" + ")" * deep + "\n" + nodes:
+            "--actor-num-nodes: '$($($(<...>...' is not an integer",
+        "X=$((" + "(" * deep + "1" + ")" * deep + "))\n" + nodes:
+            "--actor-num-nodes: '$((((<...>...' is not an integer (kept as text: nested more than 100 deep)",
+        "X=" + "${A:-" * deep + "x" + "}" * deep + "\n" + nodes:
+            "--actor-num-nodes: '${A:-${A:-<...>...' is not an integer (kept as text: nested more than 100 deep)",
+        # sizes: Megatron's arithmetic, sane bounds
+        TRAIN.replace("--num-layers 4", "--num-layers 1000000000"):
+            "--num-layers 1000000000 (launch script): over 65,536, more than nanscope lays out",
+        TRAIN + "--actor-num-nodes 100000000":
+            "world(800000000) = actor-num-nodes(100000000) x actor-num-gpus-per-node(8) is over 1,048,576 ranks",
+        TRAIN.replace("--num-layers 4", "--num-layers -4"): "--num-layers -4 (launch script): must be >= 1",
+        TRAIN.replace("--num-layers 4", "--num-layers 0") + "--pipeline-model-parallel-size 2":
+            "--num-layers 0 (launch script): must be >= 1",
+        TRAIN + "--num-experts -8": "--num-experts -8 (launch script): must be >= 1",
+        TRAIN.replace("--num-layers 4", "--num-layers 94") + "--pipeline-model-parallel-size 4":
+            "num-layers(94) % pp(4) = 2 != 0: Megatron splits the layers evenly over the pipeline stages "
+            "(uneven: --decoder-first/last-pipeline-num-layers)",
+        TRAIN + "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 0":
+            "--decoder-first-pipeline-num-layers 0: must be in 1..num-layers(4)",
+        TRAIN + "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 0":
+            "--num-virtual-stages-per-pipeline-rank 0: must be >= 1",
+        TRAIN + "--tensor-model-parallel-size 0": "--tensor-model-parallel-size 0: must be >= 1",
+        TRAIN + "--actor-num-nodes " + "9" * 30: "--actor-num-nodes: " + "9" * 30 + " is not a 64-bit integer",
+        TRAIN + "--lr 1e-6 --eps-clip inf": "--eps-clip: 'inf' is not a finite number",
+        TRAIN + "--kl-loss-coef nan": "--kl-loss-coef: 'nan' is not a finite number",
+        # careless: an unset variable that was meant to hold the flag's value
+        TRAIN + "--tensor-model-parallel-size $EXTRA_ARGS 2":
+            "--tensor-model-parallel-size: expected one value, got 2: $EXTRA_ARGS 2 (the script reads unset "
+            "variables: EXTRA_ARGS; pass --env NAME=VALUE)",
+    }
+    results = _doctor_isolated(_scripts(tmp_path, list(cases)), tmp_path)
+    for (text, want), result in zip(cases.items(), results):
+        assert _matches(_refused(result), want), (text[:200], result)
+        assert result[2] < 10, text[:200]
+
+
+def _bomb(d) -> str:
+    """Lines that leave a drawn hostile value in X: deep nesting, a huge seq or shift, doubling, any number."""
+    kind = d.draw(st.sampled_from(["nest", "seq", "arith", "double", "array", "number"]))
+    if kind == "nest":
+        left, right = d.draw(st.sampled_from([("$(", ")"), ("$((", "))"), ("${A:-", "}"), ('"$(', ')"')]))
+        depth = d.draw(st.integers(1, 3000))
+        return f'X="{left * depth}1{right * depth}"\n'
+    if kind == "seq":
+        return f'X="$(seq {d.draw(st.integers(-10**20, 10**20))} {d.draw(st.integers(-10**20, 10**20))})"\n'
+    if kind == "arith":
+        op = d.draw(st.sampled_from(["<<", ">>", "**", "*", "/", "%", "+"]))
+        return f'X="$(( {d.draw(st.integers(-10**25, 10**25))} {op} {d.draw(st.integers(-10**12, 10**12))} ))"\n'
+    if kind == "double":
+        return "X=ab\n" + 'X="$X$X"\n' * d.draw(st.integers(0, 64))
+    if kind == "array":
+        return "X=(a b)\n" + 'X=("${X[@]}" "${X[@]}")\n' * d.draw(st.integers(0, 40)) + 'X="${X[*]}"\n'
+    return f'X="$(( {d.draw(st.text("0123456789abcxyzXZ@_#", min_size=1, max_size=40))} ))"\n'
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(d=st.data())
+def test_generated_bash_bombs_are_one_line_each(d):
+    """Eight scripts per example, each with a drawn bomb feeding a flag, then a flag slime rejects."""
+    texts = [_bomb(d) + TRAIN + '--actor-num-nodes "$X" --rollout-num-gpus-per-engine 0\n' for _ in range(8)]
+    with tempfile.TemporaryDirectory() as tmp:
+        results = _doctor_isolated(_scripts(Path(tmp), texts), Path(tmp))
+    for text, result in zip(texts, results):
+        message = _refused(result)
+        assert message.startswith(("--actor-num-nodes", "--rollout-num-gpus-per-engine 0: must be >= 1",
+                                   "world(")), (text[:300], message)
+        assert result[2] < 10, text[:300]
+
+
+def _size(good: list[int]) -> st.SearchStrategy[int]:
+    """Mostly a size that lays out, sometimes one that must be refused."""
+    bad = [0, -3, 3, 16, 10**9, 2**63 - 1, -(2**63)]
+    return st.integers(0, 11).flatmap(lambda i: st.sampled_from(bad if i == 0 else good))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(world=st.tuples(_size([1, 2, 4, 8]), _size([1, 2, 4, 8])),
+       parallel=st.tuples(*[_size([1, 1, 2])] * 4), model=st.tuples(*[_size([4, 8, 16, 32])] * 2),
+       first=st.one_of(st.none(), _size([1, 2, 4])), vpp=st.one_of(st.none(), _size([1, 2])))
+def test_any_sizes_give_a_layout_or_one_line(tmp_path_factory, capsys, world, parallel, model, first, vpp):
+    """Drawn parallel and model sizes: a report (exit 0), or exit 2 with one `error:` line; never a crash."""
+    names = ("actor-num-nodes", "actor-num-gpus-per-node", "tensor-model-parallel-size",
+             "pipeline-model-parallel-size", "context-parallel-size", "expert-model-parallel-size", "num-layers",
+             "num-experts", "decoder-first-pipeline-num-layers", "num-virtual-stages-per-pipeline-rank")
+    values = (*world, *parallel, *model, first, vpp)
+    argv = " ".join(f"--{name} {v}" for name, v in zip(names, values) if v is not None)
+    script = tmp_path_factory.mktemp("sizes") / "s.sh"
+    script.write_text("python3 train.py --colocate --rollout-batch-size 1 " + argv + "\n")
+    start = time.monotonic()
+    rc = main(["doctor", str(script), "--rank", "0"])
+    err = capsys.readouterr().err
+    assert time.monotonic() - start < 20, argv
+    if rc == 2:
+        assert len(err.splitlines()) == 1 and err.startswith("nanscope doctor: error: "), (argv, err)
+    else:
+        assert (rc, err) == (0, ""), argv
+
+
+def test_without_megatron_core_the_layout_names_the_extra(tmp_path):
+    """Parsing needs no megatron-core; the rank coordinates say in one line which extra brings it."""
+    block = ("import importlib.abc, sys\n"
+             "class Refuse(importlib.abc.MetaPathFinder):\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name.split('.')[0] == 'megatron':\n"
+             "            raise ModuleNotFoundError(f'No module named {name!r} (blocked by the test)')\n"
+             "sys.meta_path.insert(0, Refuse())\n"
+             "from nanscope.cli.main import main\n"
+             f"sys.exit(main(['doctor', {str(FIXTURES / 'qwen3_4b_colocate.sh')!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (
+        2, "nanscope doctor: error: rank coordinates need megatron-core's RankGenerator: "
+           "pip install 'nanscope[repro]'\n")

@@ -1,10 +1,17 @@
 """Static parsing of launch scripts: arrays, expansions, arithmetic, seq, sources, placeholders, errors."""
 
+import re
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanscope.errors import UserError
+from nanscope.launch import script
 from nanscope.launch.script import parse_env, parse_script
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
@@ -158,3 +165,118 @@ def test_script_is_never_executed(tmp_path):
     s = parse_script(_script(tmp_path, text))
     assert not marker.exists() and not (tmp_path / "executed.sub").exists()
     assert s.argv == ["--x", f"$(touch {marker}.sub)"]
+
+
+def _x(tmp_path, lines: str) -> tuple[str, list[str]]:
+    """The value `--x "$X"` reads after `lines`, and the script's limit notes."""
+    s = parse_script(_script(tmp_path, lines + 'python3 t.py --x "$X"\n'))
+    return s.argv[1], s.limits
+
+
+@pytest.mark.parametrize(("expr", "value"), [
+    ("010 + 0x1f + 0X1F", 8 + 31 + 31), ("2#101 + 8#17 + 16#ff + 36#Z + 36#z", 5 + 15 + 255 + 35 + 35),
+    ("64#zz + 64#_ + 64#@ + 64#A", 35 * 64 + 35 + 63 + 62 + 36), ("10#08", 8), ("0x", 0),
+    ("9223372036854775807", 2**63 - 1), ("-9223372036854775807 - 1", -(2**63)), ("1 << 62", 2**62),
+    ("-7 / 2", -3), ("-7 % 2", -1), ("3 ** 39", 3**39), ("-8 >> 63", -1),
+])
+def test_bash_numbers(tmp_path, expr, value):
+    assert _x(tmp_path, f"X=$(( {expr} ))\n") == (str(value), [])
+
+
+@pytest.mark.parametrize(("expr", "reason"), [
+    ("08 + 1", "08: value too great for base"), ("2#2", "2#2: value too great for base"),
+    ("65#1", "65#1: invalid arithmetic base"), ("1#1", "1#1: invalid arithmetic base"),
+    ("1 / 0", "division by 0"), ("5 % 0", "division by 0"),
+    ("2 ** -1", "exponent less than 0"), ("1 << -1", "shift count -1 is outside 0..63"),
+    ("5 >> 64", "shift count 64 is outside 0..63"),
+    ("9223372036854775808", "overflows bash's signed 64-bit arithmetic"),
+    ("9" * 5000, "overflows bash's signed 64-bit arithmetic"),
+    ("1 << 99999999999", "shift count 99999999999 is outside 0..63"),
+    ("1 << 63", "overflows bash's signed 64-bit arithmetic"),
+    ("3 ** 99999999999", "overflows bash's signed 64-bit arithmetic"),
+    ("9223372036854775807 + 1", "overflows bash's signed 64-bit arithmetic"),
+])
+def test_what_bash_rejects_or_overflows_is_kept_as_text_with_a_note(tmp_path, expr, reason):
+    text = f"$(( {expr} ))"
+    shown = text if len(text) <= 200 else text[:200] + "..."
+    assert _x(tmp_path, f"X={text}\n") == (shown, [f"line 1: `{shown}`: {reason}; kept as text"])
+
+
+def test_caps_keep_the_value_as_text_and_the_rest_reads(tmp_path):
+    value, limits = _x(tmp_path, "X=$(seq 1 10000000000)\nY=$(seq 3)\n")
+    assert value == "$(seq 1 10000000000)"
+    assert limits == ["line 1: `$(seq 1 10000000000)`: `seq` gives 10,000,000,000 numbers, more than 65,536; "
+                      "kept as text"]
+    # doubling: 2 chars x 2^19 = 1 Mi characters is the last that fits; the next is kept as text, then it grows again
+    value, limits = _x(tmp_path, "X=ab\n" + 'X="$X$X"\n' * 20)
+    assert value == '"$X$X"' and limits == [
+        'line 21: `"$X$X"`: longer than 1,048,576 characters or 65,536 words; kept as text']
+    s = parse_script(_script(tmp_path, "X=(a b)\n" + 'X=("${X[@]}" "${X[@]}")\n' * 15 + "python3 t.py --n ${#X[@]}\n"))
+    assert s.argv == ["--n", "65536"] and s.limits == []  # 2 x 2^15 words: at the cap, not over
+    s = parse_script(_script(tmp_path, "X=(a b)\n" + 'X=("${X[@]}" "${X[@]}")\n' * 16 + "python3 t.py --n ${#X[@]}\n"))
+    assert s.argv == ["--n", str(len('("${X[@]}" "${X[@]}")'))] and len(s.limits) == 1
+
+
+@pytest.mark.parametrize(("left", "right"), [("$(", ")"), ("$((", "))"), ("${A:-", "}"), ("$(echo ", ")")])
+def test_nesting_past_the_cap_is_kept_as_text(tmp_path, left, right):
+    start = time.perf_counter()
+    value, _ = _x(tmp_path, f'X="{left * 5000}1{right * 5000}"\n')
+    assert value.startswith(left * 3) and value.endswith("...") and time.perf_counter() - start < 2
+    assert _x(tmp_path, f'X="{left * 20}1{right * 20}"\n')[1] == []  # 20 deep reads
+
+
+def test_nesting_past_the_cap_is_noted():
+    s = parse_script(CASE / "launch.sh", {"TOTAL_NODES": "8"})
+    assert s.limits == []
+
+
+def test_a_script_of_too_many_statements_stops_with_a_hint(tmp_path, monkeypatch):
+    monkeypatch.setattr(script, "MAX_STEPS", 3000)  # each `a=1` is 3 steps: the statement, the value, its word
+    path = _script(tmp_path, "a=1\n" * 2000 + "python3 t.py\n")
+    with pytest.raises(UserError, match=r"no train command found: .* \(reading stopped at line 1001: more than "
+                                        r"3,000 statements, words and operations\)$"):
+        parse_script(path)
+
+
+def test_a_file_over_the_limit_is_refused_and_the_limit_can_be_raised(tmp_path):
+    path = _script(tmp_path, "# padding\n" * 200 + "python3 t.py --x 1\n")
+    with pytest.raises(UserError, match=r"run\.sh: launch script: 2019 bytes is over the 1024 bytes limit "
+                                        r"\(raise it with --max-input-mb\)$"):
+        parse_script(path, limit=1024)
+    assert parse_script(path, limit=4096).argv == ["--x", "1"]
+
+
+OPERATORS = ["+", "-", "*", "/", "%", "<<", ">>", "**", "&", "|", "^", "<", ">", "<=", ">=", "==", "!=", "&&", "||"]
+
+
+def _constant() -> st.SearchStrategy[str]:
+    digits = "0123456789abcdefxyzABCXYZ@_"
+    return st.one_of(
+        st.integers(0, 2**70).map(str),
+        st.text("01234567", min_size=1, max_size=25).map(lambda s: "0" + s),
+        st.text("0123456789abcdefABCDEF", min_size=1, max_size=18).map(lambda s: "0x" + s),
+        st.tuples(st.integers(1, 66), st.text(digits, min_size=1, max_size=12)).map(lambda t: f"{t[0]}#{t[1]}"),
+        st.text("0123456789", min_size=1, max_size=4),
+    )
+
+
+def _expression() -> st.SearchStrategy[str]:
+    return st.recursive(
+        _constant(),
+        lambda inner: st.one_of(
+            st.tuples(inner, st.sampled_from(OPERATORS), inner).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
+            inner.map(lambda e: f"( {e} )"), inner.map(lambda e: f"-{e}"), inner.map(lambda e: f"~{e}")),
+        max_leaves=4)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to compare with")
+@settings(max_examples=150, deadline=None)
+@given(expr=_expression())
+def test_arithmetic_agrees_with_bash(tmp_path_factory, expr):
+    """A number we compute is bash's number; where bash stops with an error, we keep the text with a note."""
+    bash = subprocess.run(["bash", "-c", f"echo $(( {expr} ))"], capture_output=True, text=True, timeout=10)
+    value, limits = _x(tmp_path_factory.mktemp("arith"), f"X=$(( {expr} ))\n")
+    if re.fullmatch(r"-?\d+", value):
+        assert bash.returncode == 0 and bash.stdout.strip() == value, (expr, bash.stderr)
+    elif bash.returncode != 0:
+        assert limits, (expr, bash.stderr)

@@ -1,5 +1,6 @@
 """Traceback parsing: the Megatron error line, NaN vs Inf, bucket, frames annotated against releases."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,45 @@ def test_explanations():
     assert explain_bucket(None, 3) == ""
     assert explain_1f1b(4, 3).startswith("PP 3 is the last stage: in 1F1B the last stage (PP 3) holds the loss")
     assert explain_1f1b(4, 1).startswith("PP 1 is not the last stage (PP 3)")
+
+
+def test_cut_before_closing_quote_is_parsed_and_marked_truncated():
+    text = (CASE / "traceback.txt").read_text().rstrip()
+    assert text.endswith("collective')")
+    f = parse_traceback(text[:-2]).failure
+    assert (f.rank, f.node, f.device, f.iteration, f.kind, f.bucket, f.truncated, f.line) == (
+        50, "dgx172", 2, -1, "NaN", 0, True, 42)
+    assert f.message.endswith("communication collective")
+    assert parse_traceback(text).failure.truncated is False
+    # cut inside the result: the rank is still there, the message is empty
+    cut = parse_traceback("Rank 3, node n1, device 3, iteration 12: Unexpected result na").failure
+    assert (cut.rank, cut.result, cut.message, cut.truncated) == (3, "na", "", True)
+
+
+def test_other_megatron_log_lines_with_the_same_prefix_are_not_failures():
+    text = "Rank 3, node n1, device 3, iteration 12: Rerunning the step\n"
+    with pytest.raises(UserError, match="no Megatron error found"):
+        parse_traceback(text)
+
+
+@pytest.mark.parametrize("line", [
+    "Rank 1, node a, device 1, iteration 1: Unexpected result (message='",  # the probe: cubic before
+    "Rank 1, node a, device 1, iteration 1: Unexpected result x (message='y') ",  # many complete errors
+    "Rank 1, node ",  # a node name that never ends
+    "RayTaskError(E): ray::a() (",
+    '  File "x", line 1, in f ',
+])
+def test_a_1mb_adversarial_line_parses_in_linear_time(line):
+    text = line * (1_000_000 // len(line))
+    start = time.perf_counter()
+    try:
+        parse_traceback(text)
+    except UserError:
+        pass
+    assert time.perf_counter() - start < 1.0
+
+
+def test_a_number_no_megatron_prints_is_one_user_error():
+    text = "Rank " + "1" * 5000 + ", node a, device 1, iteration -1: Unexpected result nan (message='x')\n"
+    with pytest.raises(UserError, match=r"^tb\.txt: line 1: the rank has 5000 digits, more than Megatron ever prints"):
+        parse_traceback(text, "tb.txt")

@@ -57,12 +57,15 @@ def _load_model(path: str, limit: int) -> dict:
     from nanscope.inputs import read_text
     from nanscope.launch.script import OPTION
 
+    text = read_text(path, "model JSON", limit, OPTION)
     try:
-        model = json.loads(read_text(path, "model JSON", limit, OPTION))
+        model = json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON: {e.msg} at line {e.lineno}") from None
     except RecursionError:
         raise UserError(f"{path}: model JSON nested too deeply (expected an object of architecture fields)") from None
+    except ValueError as e:  # an integer past Python's 4,300-digit conversion limit
+        raise UserError(f"{path}: not valid JSON: {str(e).split(':')[0]}") from None
     if not isinstance(model, dict):
         raise UserError(f"{path}: expected a JSON object of architecture fields")
     return model

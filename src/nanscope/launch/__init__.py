@@ -75,7 +75,8 @@ def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | 
     env = env or {}
     tb = tb_mod.parse_traceback(traceback_text, traceback_origin) if traceback_text is not None else None
     script = parse_script(script_path, env, model_args, INPUT_LIMIT if limit is None else limit)
-    cfg = config_mod.resolve(script.argv, model, model_origin or "model JSON", script.unset)
+    kept = {p.text: p.reason for p in script.placeholders if p.kind == "limit"}
+    cfg = config_mod.resolve(script.argv, model, model_origin or "model JSON", script.unset, kept)
     topo = topology_mod.build(cfg)
     batches = config_mod.batches(cfg, topo.dp, topo.cp)
     from nanscope.launch import findings as findings_mod  # imports torch: after the inputs are known good

@@ -170,7 +170,7 @@ class Config:
 
 
 def _show(v) -> str:
-    if isinstance(v, float) and math.isfinite(v) and v == int(v) and abs(v) < 1e15:
+    if isinstance(v, float) and v == int(v) and abs(v) < 1e15:
         return f"{v:g}"
     return str(v)
 
@@ -192,7 +192,7 @@ def split_flags(argv: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def _convert(spec: Flag, words: list[str], unset: dict[str, int]):
+def _convert(spec: Flag, words: list[str], unset: dict[str, int], kept: dict[str, str]):
     if spec.kind == "true":
         return True
     if spec.kind == "false":
@@ -201,15 +201,17 @@ def _convert(spec: Flag, words: list[str], unset: dict[str, int]):
         return list(words)
     if len(words) != 1:
         shown = _short(" ".join(words)) or "(none)"
-        raise UserError(f"{spec.spelling}: expected one value, got {len(words)}: {shown}{_unset_hint(words, unset)}")
+        raise UserError(f"{spec.spelling}: expected one value, got {len(words)}: {shown}{_hint(words, unset, kept)}")
     word = words[0]
     try:
         value = int(word) if spec.kind == "int" else float(word) if spec.kind == "float" else word
     except ValueError:
         raise UserError(f"{spec.spelling}: {_short(word)!r} is not a{'n integer' if spec.kind == 'int' else ' number'}"
-                        f"{_unset_hint(words, unset)}") from None
+                        f"{_hint(words, unset, kept)}") from None
     if spec.kind == "int" and not -_INT64 <= value < _INT64:
         raise UserError(f"{spec.spelling}: {_short(word)} is not a 64-bit integer")
+    if spec.kind == "float" and not math.isfinite(value):
+        raise UserError(f"{spec.spelling}: {word!r} is not a finite number")
     return value
 
 
@@ -217,9 +219,13 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def _unset_hint(words: list[str], unset: dict[str, int]) -> str:
-    """Name the unset variables when a value still holds a `$` (they are kept as text)."""
-    if not unset or not any("$" in w for w in words):
+def _hint(words: list[str], unset: dict[str, int], kept: dict[str, str]) -> str:
+    """Why a value is still script text: a reading limit it hit, or the unset variables it may read."""
+    text = " ".join(words)
+    reason = next((why for placeholder, why in kept.items() if placeholder in text), None)
+    if reason is not None:
+        return f" (kept as text: {reason})"
+    if not unset or "$" not in text:
         return ""
     return f" (the script reads unset variables: {', '.join(sorted(unset))}; pass --env NAME=VALUE)"
 
@@ -230,11 +236,13 @@ def _model_value(spec: Flag, value, origin: str):
         raise UserError(f"{origin}: {spec.name}: expected {spec.kind}, got {_short(repr(value))}")
     if isinstance(value, int) and not -_INT64 <= value < _INT64:
         raise UserError(f"{origin}: {spec.name}: {_short(str(value))} is not a 64-bit integer")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{origin}: {spec.name}: {value} is not a finite number")
     return value
 
 
 def resolve(argv: list[str], model: dict | None = None, model_origin: str = "model.json",
-            unset: dict[str, int] | None = None) -> Config:
+            unset: dict[str, int] | None = None, kept: dict[str, str] | None = None) -> Config:
     """Apply slime v0.1.0's and Megatron's defaults and post-parse rules to an argument list.
 
     Args:
@@ -243,6 +251,7 @@ def resolve(argv: list[str], model: dict | None = None, model_origin: str = "mod
             has no such flag (the model-args file was not shared).
         model_origin: how to name `model` in origins, e.g. "model.json (bundled with slime-795)".
         unset: variables the script read but never set (for error hints).
+        kept: script text kept in place of a value at a reading limit -> why (for error hints).
 
     Raises:
         UserError: a modelled flag with a value of the wrong type.
@@ -253,7 +262,7 @@ def resolve(argv: list[str], model: dict | None = None, model_origin: str = "mod
     values: dict[str, Value] = {}
     for spec in FLAGS:
         if spec.spelling in given:
-            values[spec.name] = Value(_convert(spec, given[spec.spelling], unset or {}), SCRIPT)
+            values[spec.name] = Value(_convert(spec, given[spec.spelling], unset or {}, kept or {}), SCRIPT)
         elif model and spec.name in model and spec.kind in ("int", "float", "str"):
             values[spec.name] = Value(_model_value(spec, model[spec.name], model_origin), model_origin)
         else:

@@ -64,6 +64,7 @@ class Placeholder:
     line: int
     file: str
     kind: str = "command"  # "unset" (never set) | "command" (run-time output) | "limit" (see limits) | "other"
+    reason: str = ""  # for "limit": why static reading gave up on the value
 
 
 @dataclass
@@ -150,9 +151,9 @@ def _snippet(node) -> str:
 
 def _joined(parts: Iterable[str], sep: str = "") -> str:
     """`sep.join(parts)`, stopping (a _Cap) as soon as it grows past MAX_VALUE."""
-    out, size = [], 0
+    out, size = [], -len(sep)
     for part in parts:
-        size += len(part) + len(sep)
+        size += len(sep) + len(part)
         if size > MAX_VALUE:
             raise _Cap(_too_long())
         out.append(part)
@@ -399,24 +400,22 @@ class _Interpreter:
         """Expand "...": one field, except that "${X[@]}" yields one field per element, as in bash."""
         out, pos, src, base = [""], node.start_byte + 1, node.text, node.start_byte
         only_arrays = True
-        size = 0
+        size = 0  # characters in `out`
         for c in node.named_children:
             gap = _unescape_dquote(src[pos - base : c.start_byte - base].decode())
-            out[-1] += gap
             only_arrays &= not gap
             if c.type == "string_content":
-                out[-1] += _unescape_dquote(c.text.decode())
+                values = [gap + _unescape_dquote(c.text.decode())]
                 only_arrays = False
             elif c.type == "expansion" and _index(c) == "@":
-                values = self._expand(c)
-                if values:
-                    out[-1] += values[0]
-                    out.extend(values[1:])
-                size += sum(len(v) for v in values)
+                values = self._expand(c) or [""]
+                values[0] = gap + values[0]
             else:
-                out[-1] += self.text(c)
+                values = [gap + self.text(c)]
                 only_arrays = False
-            size += len(out[-1])
+            out[-1] += values[0]
+            out.extend(values[1:])
+            size += sum(len(v) for v in values)
             if size > MAX_VALUE or len(out) > MAX_ITEMS:
                 raise _Cap(_too_long())
             pos = c.end_byte
@@ -528,11 +527,11 @@ class _Interpreter:
             raise _Cap(f"`seq` gives {len(values):,} numbers, more than {MAX_ITEMS:,}")
         return [str(v) for v in values]
 
-    def _placeholder(self, node, kind: str = "command") -> str:
+    def _placeholder(self, node, kind: str = "command", reason: str = "") -> str:
         text = _snippet(node)
         self.made += 1
         if text in self.placeholders or len(self.placeholders) < _MAX_PLACEHOLDERS:
-            self.placeholders[text] = Placeholder(text, _line(node), self.file, kind)
+            self.placeholders[text] = Placeholder(text, _line(node), self.file, kind, reason)
         return text
 
     # ---- bounds ------------------------------------------------------------------------------
@@ -564,7 +563,7 @@ class _Interpreter:
 
     def _capped(self, node, reason: str) -> str:
         """A placeholder for a value static reading gave up on, with its note."""
-        text = self._placeholder(node, "limit")
+        text = self._placeholder(node, "limit", reason)
         self._note(node, f"`{text}`: {reason}; kept as text")
         return text
 
@@ -653,9 +652,7 @@ class _Interpreter:
         if t == "parenthesized_expression":
             return self._eval(node.named_children[0])
         if t == "unary_expression":
-            op = node.children[0].type
-            v = self._eval(node.named_children[0])
-            return {"-": -v, "+": v, "!": int(not v), "~": ~v}.get(op, v)
+            return self._unary([node.children[0].type], node.named_children[0])
         if t == "binary_expression":
             left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
             op = node.child_by_field_name("operator").type
@@ -664,6 +661,24 @@ class _Interpreter:
             cond, a, b = node.named_children
             return self._eval(a) if self._eval(cond) else self._eval(b)
         raise _Unresolved(t)
+
+    def _unary(self, ops: list[str], node) -> int:
+        """`-x`, `+x`, `!x`, `~x`: bash binds them tighter than any binary operator, tree-sitter-bash looser
+        (`-7 - 1` is read as -(7 - 1)), so the operators (`ops`, outermost first) go down to the leftmost operand."""
+        with self._deeper():
+            if node.type == "unary_expression":
+                return self._unary([*ops, node.children[0].type], node.named_children[0])
+            if node.type == "binary_expression":
+                left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+                operator = node.child_by_field_name("operator").type
+                return _int64(_binary(operator, self._unary(ops, left), self._eval(right)))
+            if node.type == "ternary_expression":
+                cond, a, b = node.named_children
+                return self._eval(a) if self._unary(ops, cond) else self._eval(b)
+            v = self._eval(node)
+            for op in reversed(ops):
+                v = _int64({"-": -v, "+": v, "!": int(not v), "~": ~v}.get(op, v))
+            return v
 
 
 def _index(node) -> str | None:
@@ -759,13 +774,9 @@ def _binary(op: str, a: int, b: int) -> int:
             raise _Cap("overflows bash's signed 64-bit arithmetic")
         return a**b
     if op in ("<<", ">>"):
-        if b < 0:
-            raise _Cap("negative shift count")
-        if op == ">>":
-            return a >> b
-        if a and b >= 64:
-            raise _Cap("overflows bash's signed 64-bit arithmetic")
-        return a << b
+        if not 0 <= b < 64:  # bash shifts by the count modulo 64 on x86: machine-dependent
+            raise _Cap(f"shift count {b} is outside 0..63")
+        return a << b if op == "<<" else a >> b
     if op not in _OPS:
         raise _Unresolved(op)
     return int(_OPS[op](a, b))
@@ -829,7 +840,8 @@ def parse_script(path: str | os.PathLike, env: dict[str, str] | None = None,
     if model_args is not None and it.model_args is not None:
         it.assumptions.append(f"--model-args {model_args}: not used (no `source` in the script was missing)")
     script, argv, launcher, line, _ = it.train
-    used = [p for p in it.placeholders.values() if any(p.text in a for a in argv)]
+    words = " ".join(argv)  # a placeholder with spaces may have been split into several words
+    used = [p for p in it.placeholders.values() if p.text in words]
     limits = it.limits + ([f"{it.dropped} more value(s) kept as text at a reading limit"] if it.dropped else [])
     return LaunchScript(str(path), script, argv, launcher, line, it.vars, it.unset, it.unset_arrays, used,
                         it.sources, it.errors, it.assumptions, limits)

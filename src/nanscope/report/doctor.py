@@ -16,8 +16,21 @@ KEY_FLAGS = ("advantage_estimator", "loss_type", "use_kl_loss", "kl_loss_coef", 
              "check_for_nan_in_loss_and_grad", "rerun_mode_effective", "custom_generate_function_path",
              "custom_rm_path", "num_layers", "num_experts")
 
+GRID_MAX_RANKS = 4096  # the HTML rank grid draws one cell per rank up to this world
+MAX_STAGE_ROWS = 64  # pipeline stages listed in the terminal layout and drawn in the HTML layer split
+
 _SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
                    "info": "dim"}
+
+
+def _ranks(group: list[int]) -> str:
+    """A group of ranks: `48-63`, `2, 18, 34, 50`; a long strided one as `0, 8, ..., 1016 (128 ranks, every 8)`."""
+    if len(group) <= 8 or group == list(range(group[0], group[-1] + 1)):
+        return span(group, min_run=3)
+    step = group[1] - group[0]
+    if group == list(range(group[0], group[-1] + 1, step)):
+        return f"{group[0]}, {group[1]}, ..., {group[-1]} ({len(group):,} ranks, every {step})"
+    return ", ".join(map(str, group[:8])) + f", ... ({len(group):,} ranks)"
 
 
 def _stage_text(stage) -> str:
@@ -187,7 +200,7 @@ def _rank_section(d, console) -> None:
             ("output layer", "yes: final norm + output layer (and slime's loss)" if r.holds_output_layer else "no")]
     if r.experts:
         rows.append(("experts", f"{span(r.experts)} ({t.experts_per_rank} per EP rank)"))
-    rows += [(f"{k.upper()} group", span(r.groups[k], min_run=3)) for k in ("tp", "pp", "dp", "cp", "ep")]
+    rows += [(f"{k.upper()} group", _ranks(r.groups[k])) for k in ("tp", "pp", "dp", "cp", "ep")]
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
@@ -206,10 +219,12 @@ def _layout_section(d, console) -> None:
         st = Table(show_header=True, box=None, padding=(0, 2))
         for name, justify in (("PP", "left"), ("layers (0-based)", "left"), ("count", "right")):
             st.add_column(name, justify=justify)
-        for s in t.stages:
+        for s in t.stages[:MAX_STAGE_ROWS]:
             mark = " <" if r is not None and s.pp == r.pp else ""
             st.add_row(str(s.pp), _stage_text(s) + mark, str(len(s.layers)))
         console.print(st)
+        if len(t.stages) > MAX_STAGE_ROWS:
+            _plain(console, f"  ... {len(t.stages) - MAX_STAGE_ROWS:,} more stages (all in --json)")
     lines = []
     if t.num_experts:
         lines.append(f"experts: {t.num_experts} / EP {t.ep} = {t.experts_per_rank} per EP rank")
@@ -303,6 +318,8 @@ def rank_grid_svg(d) -> str:
     Cells are filled by expert-parallel group; the failing rank is outlined in red.
     """
     t = d.topology
+    if t.world > GRID_MAX_RANKS:
+        return f"<p class='muted'>not drawn: {t.world:,} ranks (one cell per rank up to {GRID_MAX_RANKS:,})</p>"
     cols = t.dp * t.cp * t.tp
     cell_w = 40 if cols <= 32 else max(10, 1300 // cols)  # wide worlds: narrower cells, numbers in tooltips
     cell_h, gap_cp, gap_dp, label_w = 26, 6, 16, 230
@@ -350,6 +367,8 @@ def layer_split_svg(d) -> str:
     t = d.topology
     if t.stages is None or not t.num_layers:
         return "<p class='muted'>layer split unknown (num-layers not given)</p>"
+    if len(t.stages) > MAX_STAGE_ROWS:
+        return f"<p class='muted'>not drawn: {len(t.stages):,} pipeline stages (drawn up to {MAX_STAGE_ROWS})</p>"
     width, label_w, bar_h = 760, 70, 18
     scale = (width - label_w - 120) / t.num_layers
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{20 + t.pp * (bar_h + 6)}' "
@@ -381,7 +400,7 @@ def render_html(d) -> str:
         rows = [("rank", r.rank), ("TP / CP / DP / PP", f"{r.tp} / {r.cp} / {r.dp} / {r.pp}"), ("EP", r.ep),
                 ("node index / local device", f"{r.node_index} / {r.local_device}"),
                 ("decoder layers (0-based)", span(r.layers)), ("holds output layer", r.holds_output_layer),
-                ("experts", span(r.experts) if r.experts else "-"), ("EP group", span(r.groups["ep"], min_run=3))]
+                ("experts", span(r.experts) if r.experts else "-"), ("EP group", _ranks(r.groups["ep"]))]
         body += [f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in rows]
         body.append("</table><ul>" + "".join(f"<li>{esc(x)}</li>" for x in d.explanations) + "</ul>")
     body.append(f"<h2>Rank grid</h2><p>world {t.world} = {t.nodes} x {t.gpus_per_node}; TP {t.tp} PP {t.pp} "
