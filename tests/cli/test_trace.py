@@ -44,7 +44,7 @@ def test_trace_input_hazard_and_safe_loss(capsys):
     n = sum(replay.hazard_microbatch("nan-reward")[0]["batch"]["response_lengths"])
     assert f"  advantages: {n} nan; first at sample 0, response token 0, loss_mask 1\n" in text
     assert "forward producer: none; no op turned finite values into non-finite ones: they came from an input (advantages)\n" in text
-    assert main(["trace", "--hazard", "ratio-exp-overflow", "--loss", "safe"]) == 0
+    assert main(["trace", "--hazard", "kl-exp-overflow", "--loss", "safe"]) == 0
     text = capsys.readouterr().out
     assert "forward producer: none (every op output was finite)\n" in text
     assert "backward producer: none (every op output was finite)\n" in text
@@ -60,7 +60,7 @@ def test_trace_allow_list(capsys):
 
 
 def test_trace_file(tmp_path, capsys):
-    doc, site = replay.hazard_microbatch("ratio-exp-overflow")
+    doc, site = replay.hazard_microbatch("ratio-exp-overflow")  # the PPO ratio's exp overflows
     path = tmp_path / "mb.pt"
     replay.save_microbatch(path, doc["batch"], doc["logits"], case_args(global_batch_size=8), "as-is")
     out = tmp_path / "t.json"
@@ -69,9 +69,12 @@ def test_trace_file(tmp_path, capsys):
     fwd = json.loads(out.read_text())["trace"]["forward"]
     assert (fwd["op"], fwd["sample"], fwd["token"]) == ("aten.exp.default", site[0], site[1])
     assert fwd["source"].startswith(f"nanscope/loss/formulas.py:{_exp_line(formulas.ppo_clip_loss)} in ppo_clip_loss")
-    # --loss overrides the file's loss.
+    # --loss overrides the file's loss: the fix's ratio never overflows (only the OIS metric's inline exp
+    # does, left out of the metric), and no backward op makes a NaN.
     assert main(["trace", str(path), "--loss", "safe", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["trace"]["forward"] is None
+    trace = json.loads(out.read_text())["trace"]
+    assert " in policy_loss `ois = (-ppo_kl).exp()`" in trace["forward"]["source"] and trace["backward"] is None
+    assert trace["outcome"]["grad_nonfinite"] == 0
 
 
 def test_trace_bad_input_is_one_line_exit_2(tmp_path, capsys):
