@@ -11,6 +11,7 @@ from __future__ import annotations
 import copyreg
 import math
 import os
+import pickle
 import struct
 import subprocess
 import tempfile
@@ -167,6 +168,11 @@ def same(a, b, seen: dict[int, int]) -> bool:
         return len(a) == len(b) and all(same(x, y, seen) for x, y in zip(a, b))
     if type(a) in (dict, OrderedDict):
         return list(a) == list(b) and all(same(a[k], b[k], seen) for k in a)
+    if type(a) is torch.storage.TypedStorage:  # a storage left unrebuilt by an edit that dropped the REDUCE
+        sa, sb = a._untyped_storage, b._untyped_storage
+        return (a.dtype, a._size()) == (b.dtype, b._size()) and sa.tolist() == sb.tolist()
+    if callable(a) or isinstance(a, torch.serialization.StorageType):  # an allowlisted global, not called
+        return a is b
     if type(a) is torch.Tensor:
         sa, sb = a.untyped_storage(), b.untyped_storage()
         key = ("storage", sa.data_ptr())
@@ -196,7 +202,7 @@ def tensors(draw):
     if view == "slice" and t.dim() and t.shape[0] > 1:
         t = t[1:]
     elif view == "transpose" and t.dim() >= 2:
-        t = t.t()
+        t = t.transpose(0, -1)
     elif view == "expand" and t.numel():
         t = t.reshape(-1)[:1].expand(draw(st.integers(0, 5)))
     elif view == "grad" and dtype.is_floating_point:
@@ -254,6 +260,8 @@ def test_corrupted_pickles_agree(obj, data):
         torch.save(obj, good)
         raw = bytearray(records(good)["data.pkl"])
         for _ in range(data.draw(st.integers(1, 2))):
+            if len(raw) < 5:
+                break
             at = data.draw(st.integers(2, len(raw) - 2))  # after PROTO, before STOP
             edit = data.draw(st.sampled_from(["byte", "insert", "delete"]))
             if edit == "byte":
@@ -302,3 +310,38 @@ def test_number_runs_are_arrays(tmp_path):
         ["float64", "float64"], ["int32", "int32", "int32"], ["uint8", "uint8"]]
     assert r["mixed"].array() is None and r["mixed"].tolist() == [1, 2.5]
     assert r["tok"].array().tolist() == [1, 300, 70_000] * 700
+
+
+def test_a_compressed_record_is_refused_before_it_is_inflated(tmp_path):
+    """torch's zip reader inflates a deflated record to its declared size: 10 MB from a 10 KB file here."""
+    import zipfile
+
+    data = b"\x80\x02}(" + u("samples") + b"]" + u("pad") + u("a" * 10**7) + b"u."
+    path = tmp_path / "z.pt"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, body in (("data.pkl", data), ("byteorder", b"little"), ("version", b"3\n")):
+            z.writestr(f"z/{name}", body)
+    assert path.stat().st_size < 20_000 and len(weights_only(path)["pad"]) == 10**7
+    with pytest.raises(Refused) as e:
+        fast(path)
+    assert str(e.value).startswith("record z/data.pkl is compressed (") and str(e.value).endswith(
+        f"bytes declaring {len(data):,}); torch.save stores records uncompressed")
+
+
+def test_why_not_the_c_unpickler_with_a_restricted_find_class(tmp_path):
+    """The route issue 13 proposed, pickle.Unpickler with find_class limited to the same globals, is not a
+    subset of weights_only: opcodes that need no global (DUP, FROZENSET) and targets weights_only checks
+    (SETITEM on a list) pass through it. weights_only and this loader refuse all three."""
+    import io
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError(f"{module}.{name}")
+
+    for body, loaded in ((b"\x80\x02]2\x86.", ([], [])), (b"\x80\x02(K\x01\x91.", frozenset({1})),
+                         (b"\x80\x02](K\x00K\x01eK\x00K\x07s.", [7, 1])):
+        assert Restricted(io.BytesIO(body)).load() == loaded
+        path = torch_zip(tmp_path / "x.pt", body)
+        assert outcome(weights_only, path)[0] == "refused"
+        with pytest.raises(Refused):
+            fast(path)

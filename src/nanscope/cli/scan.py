@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from nanscope.dumps.config import ScanConfig
@@ -170,7 +171,7 @@ def _scan(dump, cfg: ScanConfig, show: bool):
     cols = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
             TextColumn("{task.fields[tokens]:,} tokens, {task.fields[rate]}"), TimeElapsedColumn())
     with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(f"scanning {dump.path}", total=None, tokens=0, rate="")
+        task = bar.add_task(f"scanning {os.path.basename(dump.path)}", total=None, tokens=0, rate="")
         t0, tokens = time.perf_counter(), 0
 
         def step(n: int) -> None:

@@ -112,7 +112,8 @@ class Dump:
     cp_size: int = 1
     num_samples: int = 0
     _rows: Iterator[SampleData] | None = None
-    _progress: Callable[[], tuple[int, int]] | None = None
+    _progress: Callable[[], tuple[int, int]] | None = None  # while streaming: (pickle bytes read, all)
+    _total: int = 0  # samples in the file, when known before they stream
 
     @classmethod
     def from_samples(cls, path: str, kind: str, samples: list[SampleData], rollout_id: Any = None,
@@ -130,7 +131,7 @@ class Dump:
 
     def progress(self) -> tuple[int, int]:
         """(done, total) in the reader's own units: pickle bytes while streaming, else samples."""
-        return self._progress() if self._progress else (self.num_samples, self.num_samples)
+        return self._progress() if self._progress else (self.num_samples, max(self._total, self.num_samples))
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -191,7 +192,7 @@ def _from_object(f: _Fields, obj: Any, reward_key: str | None, cp_size: int, tp_
         if not isinstance(samples, _SEQUENCES):
             raise UserError(f"{f.path}: samples: expected a list of Sample.to_dict() dicts, got {_type(samples)}")
         return Dump(f.path, "rollout", _rollout_id(obj.get("rollout_id")), None,
-                    _rows=_rollout_rows(f, samples, reward_key, []))
+                    _rows=_rollout_rows(f, samples, reward_key, []), _total=len(samples))
     if "rollout_data" in obj:
         return _train_dump(f, obj, cp_size, tp_size)
     raise UserError(
@@ -318,7 +319,7 @@ def _train_dump(f: _Fields, obj: dict, cp_size: int, tp_size: int) -> Dump:
     cp_rank = (rank // tp_size) % cp_size if cp_size > 1 else 0
     rows = (_train_sample(f, {k: _entry(data[k], i) for k in present}, i, cp_size, cp_rank) for i in range(n))
     return Dump(path, "train", _rollout_id(obj.get("rollout_id")), rank if isinstance(rank, int) else None,
-                cp_size, _rows=rows)
+                cp_size, _rows=rows, _total=n)
 
 
 def _train_sample(f: _Fields, row: dict, i: int, cp_size: int, cp_rank: int) -> SampleData:

@@ -1,8 +1,9 @@
 """A restricted loader for `torch.save` files: a subset of `torch.load(weights_only=True)`, numbers at C speed.
 
 torch's weights_only unpickler runs every pickle opcode in Python; slime's rollout dumps are lists of Python
-numbers, about three opcodes a token, so a case-sized dump (512 samples of up to 65,536 tokens) takes
-minutes. This loader runs the same opcode semantics, but:
+numbers, about three opcodes a token, so a case-sized dump (512 samples of up to 65,536 tokens) takes from
+45 seconds on an idle laptop core to minutes on a busy one, and 1.9 GB. This loader runs the same opcode
+semantics, but:
 
 * a run of number opcodes inside one list batch (`MARK`, up to 1,000 `BININT*`/`BINFLOAT`, `APPENDS`: how
   the pickler writes every list) is validated and decoded as a whole, by numpy (floats, small ints) or by
@@ -12,12 +13,20 @@ minutes. This loader runs the same opcode semantics, but:
   rest of the file is still being read.
 
 What it accepts is a strict subset of what torch's weights_only unpickler accepts, and it loads the same
-object (with `CList` in place of list). Refused, where weights_only accepts: globals other than `ALLOWED`
+object (with `CList` in place of list). Refused, where weights_only accepts: globals other than `_allowed()`
 (collections.OrderedDict, torch._utils._rebuild_tensor_v2 and the dtype storage markers, all taken from
 torch's own allowlist), BUILD, NEWOBJ, REDUCE other than `OrderedDict()` and a plain tensor rebuild,
 dict keys other than str/int/float/bool/None (a deeply nested tuple key crashes CPython's hash), storages
-whose record size differs from their declared size, big-endian archives, the legacy non-zip format.
-Every opcode weights_only lacks (INST, OBJ, STACK_GLOBAL, EXT*, FRAME, ...) is refused too.
+whose record size differs from their declared size, archives of the other byte order, the legacy non-zip
+format. Every opcode weights_only lacks (INST, OBJ, STACK_GLOBAL, EXT*, FRAME, ...) is refused too. A
+refusal carries `where`, the path of the value being read (`samples`, 3, `tokens`).
+
+Why not `pickle.Unpickler` with `find_class` limited to the same globals (the route issue 13 proposed): it
+is not a subset of weights_only. Opcodes that need no global (DUP, FROZENSET, ...) and mutations
+weights_only checks the target of (SETITEM on a list) pass through it; a 9-byte pickle (LONG_BINPUT 2^31-1)
+makes it allocate a 16 GiB memo table; and it builds the whole object graph before returning: 3.4 GB on a
+case-sized rollout dump of full-length responses (benchmarks/scan_throughput.py). This loader: 1.15 GB,
+streaming, in a third of its time.
 
     loader = Loader.open("rollout_data/12.pt")
     for index, sample in loader.events():   # rollout samples as they complete (dicts of CLists)
@@ -39,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-# Opcodes, as ints (pickle's own constants are bytes).
+# The opcodes read here (as pickle's own constants: one-byte bytes).
 MARK, STOP, BININT, BININT1, BININT2, NONE = b"(", b".", b"J", b"K", b"M", b"N"
 BINPERSID, REDUCE, BINUNICODE, APPEND, BUILD, GLOBAL = b"Q", b"R", b"X", b"a", b"b", b"c"
 EMPTY_DICT, APPENDS, BINGET, LONG_BINGET, EMPTY_LIST = b"}", b"e", b"h", b"j", b"]"
@@ -183,13 +192,14 @@ class Loader:
 
         Raises:
             Unreadable: not a zip archive, a TorchScript archive, no data.pkl, an unknown byte order.
-            Refused: a big-endian archive.
+            Refused: an archive of the other byte order (torch would byteswap it; this loader does not).
         """
         import torch
 
         with open(path, "rb") as f:
             if f.read(4) != b"PK\x03\x04":
                 raise Unreadable("not a torch.save zip archive (torch >= 1.6 format)")
+        _check_directory(path)
         try:
             reader = torch._C.PyTorchFileReader(path)
             records = set(reader.get_all_records())
@@ -201,10 +211,10 @@ class Loader:
             data = reader.get_record("data.pkl")
         except RuntimeError as e:
             raise Unreadable(_first_line(e)) from None
-        if order == b"big":
-            raise Refused("a big-endian archive")
-        if order != b"little":
+        if order not in (b"little", b"big"):
             raise Unreadable(f"unknown byte order {order[:20]!r}")
+        if order != sys.byteorder.encode():
+            raise Refused(f"a {order.decode()}-endian archive on a {sys.byteorder}-endian machine")
         return cls(path, reader, bytes(data))
 
     # ----------------------------------------------------------------------------------------- driving
@@ -538,6 +548,28 @@ class Loader:
             raise Refused("the samples handed out are not the file's samples list (rearranged after reading)")
 
 
+def _check_directory(path: str) -> None:
+    """Every record stored uncompressed, once: then none can hold more than the file's own bytes.
+
+    torch.save never compresses; torch's reader inflates a deflated record to the size its header declares,
+    so a small file could otherwise ask for gigabytes.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
+        raise Unreadable(f"not a readable zip archive: {_first_line(e)}") from None
+    names = [i.filename for i in infos]
+    if len(set(names)) != len(names):
+        raise Unreadable("a record name appears twice in the archive")
+    packed = next((i for i in infos if i.compress_type != zipfile.ZIP_STORED or i.file_size != i.compress_size), None)
+    if packed is not None:
+        raise Refused(f"record {packed.filename[:80]} is compressed ({packed.compress_size:,} bytes declaring "
+                      f"{packed.file_size:,}); torch.save stores records uncompressed")
+
+
 def _homogeneous(data: bytes, pos: int, width: int, op: bytes) -> int:
     """How many opcodes `op` of `width` bytes follow each other from `pos`."""
     k = 0
@@ -557,5 +589,3 @@ def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[0][:200] if lines else type(e).__name__
 
-
-assert sys.byteorder == "little", "nanscope reads little-endian archives on little-endian machines only"
