@@ -24,9 +24,9 @@ refusal carries `where`, the path of the value being read (`samples`, 3, `tokens
 Why not `pickle.Unpickler` with `find_class` limited to the same globals (the route issue 13 proposed): it
 is not a subset of weights_only. Opcodes that need no global (DUP, FROZENSET, ...) and mutations
 weights_only checks the target of (SETITEM on a list) pass through it; a 9-byte pickle (LONG_BINPUT 2^31-1)
-makes it allocate a 16 GiB memo table; and it builds the whole object graph before returning: 3.4 GB on a
-case-sized rollout dump of full-length responses (benchmarks/scan_throughput.py). This loader: 1.15 GB,
-streaming, in a third of its time.
+makes it try to allocate a 16 GiB memo table; and it builds the whole object graph before returning: 3.4 GB
+on a case-sized rollout dump of full-length responses (benchmarks/scan_throughput.py). This loader: 1.15 GB,
+streaming, in 40 % of its time.
 
     loader = Loader.open("rollout_data/12.pt")
     for index, sample in loader.events():   # rollout samples as they complete (dicts of CLists)
