@@ -379,7 +379,9 @@ def _bomb(d) -> str:
         return "X=ab\n" + 'X="$X$X"\n' * d.draw(st.integers(0, 64))
     if kind == "array":
         return "X=(a b)\n" + 'X=("${X[@]}" "${X[@]}")\n' * d.draw(st.integers(0, 40)) + 'X="${X[*]}"\n'
-    return f'X="$(( {d.draw(st.text("0123456789abcxyzXZ@_#", min_size=1, max_size=40))} ))"\n'
+    # not starting with "#": after "$(( " that begins a comment, and the script is a syntax error
+    number = d.draw(st.text("0123456789abcxyzXZ@_#", min_size=1, max_size=40).filter(lambda t: t[0] != "#"))
+    return f'X="$(( {number} ))"\n'
 
 
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
