@@ -1,6 +1,6 @@
-"""nanscope inside a real slime v0.1.0 run: the NaN-safe loss and a before-train-step hook.
+"""nanscope inside a real slime run (v0.1.0, v0.2.4, v0.3.1, main): the NaN-safe loss and a before-train-step hook.
 
-Add to the launch script (slime v0.1.0 already has these flags):
+Add to the launch script (every supported release has these flags):
 
     --loss-type custom_loss
     --custom-loss-function-path nanscope.slime_plugin.policy_loss
