@@ -29,8 +29,12 @@ def make_batch(n_samples: int, lo: int, hi: int, vocab: int, seed: int = 0):
     masks = [(torch.rand(r, generator=g) < 0.8).float() for r in responses]
     lp = lambda r: -torch.rand(r, generator=g) * 3
     batch = {
-        "unconcat_tokens": tokens, "total_lengths": totals, "response_lengths": responses, "loss_masks": masks,
-        "log_probs": [lp(r) for r in responses], "ref_log_probs": [lp(r) for r in responses],
+        "unconcat_tokens": tokens,
+        "total_lengths": totals,
+        "response_lengths": responses,
+        "loss_masks": masks,
+        "log_probs": [lp(r) for r in responses],
+        "ref_log_probs": [lp(r) for r in responses],
         "rollout_log_probs": [lp(r) for r in responses],
         "advantages": [torch.full((r,), float(torch.randn(1, generator=g))) for r in responses],
     }
@@ -55,22 +59,30 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     a = p.parse_args()
     batch, logits = make_batch(a.samples, a.min_tokens, a.max_tokens, a.vocab)
-    print(f"{a.samples} samples x {a.min_tokens}-{a.max_tokens} tokens ({sum(batch['total_lengths'])} packed), vocab {a.vocab}, "
-          f"{torch.get_num_threads()} threads, {a.repeats} alternating pairs")
+    print(
+        f"{a.samples} samples x {a.min_tokens}-{a.max_tokens} tokens ({sum(batch['total_lengths'])} packed), vocab {a.vocab}, "
+        f"{torch.get_num_threads()} threads, {a.repeats} alternating pairs"
+    )
     # The case's flags (zero KL and entropy coefficients), then every term weighted. safe is as-is inside
     # the plugin's guard, so both losses build the same graph: the ratio is the guards' own cost.
     configs = {
         "case flags (kl-loss-coef 0, entropy-coef 0)": case_args(global_batch_size=a.samples),
-        "all terms on (kl-loss-coef 0.01, entropy-coef 0.001)": case_args(global_batch_size=a.samples, kl_loss_coef=0.01, entropy_coef=0.001),
+        "all terms on (kl-loss-coef 0.01, entropy-coef 0.001)": case_args(
+            global_batch_size=a.samples, kl_loss_coef=0.01, entropy_coef=0.001
+        ),
     }
     for name, args in configs.items():
         for module in (as_is, safe):  # warm-up
             time_once(module, args, batch, logits)
-        pairs = [(time_once(as_is, args, batch, logits), time_once(safe, args, batch, logits)) for _ in range(a.repeats)]
+        pairs = [
+            (time_once(as_is, args, batch, logits), time_once(safe, args, batch, logits)) for _ in range(a.repeats)
+        ]
         ratios = [s / x for x, s in pairs]
-        print(f"{name}: as-is median {statistics.median(x for x, _ in pairs):.3f} s, safe median "
-              f"{statistics.median(s for _, s in pairs):.3f} s; safe / as-is median ratio {statistics.median(ratios):.3f} "
-              f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+        print(
+            f"{name}: as-is median {statistics.median(x for x, _ in pairs):.3f} s, safe median "
+            f"{statistics.median(s for _, s in pairs):.3f} s; safe / as-is median ratio {statistics.median(ratios):.3f} "
+            f"(min {min(ratios):.3f}, max {max(ratios):.3f})"
+        )
 
 
 if __name__ == "__main__":

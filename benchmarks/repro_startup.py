@@ -46,7 +46,9 @@ def launch_healthy(n: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5, help="healthy runs in the multi-run launch (default 5)")
-    p.add_argument("--matrix", type=int, default=10, help="runs in the projected matrix (default 10: 5 hazards x 2 losses)")
+    p.add_argument(
+        "--matrix", type=int, default=10, help="runs in the projected matrix (default 10: 5 hazards x 2 losses)"
+    )
     a = p.parse_args(argv)
 
     load = os.getloadavg()[0]
@@ -59,15 +61,22 @@ def main(argv=None) -> int:
     print(f"cores {os.cpu_count()}, load average at start {load:.1f}")
     print(f"import megatron-core, 1 process alone            {alone:6.1f} s")
     print(f"nanscope repro --hazard healthy (1 launch, 1 run) {w:6.1f} s wall")
-    for name, key in (("torchrun spawn -> worker entry", "spawn"), ("imports in the ranks (4 on 2 cores)", "imports"),
-                      ("process group + parallel state", "init")):
+    for name, key in (
+        ("torchrun spawn -> worker entry", "spawn"),
+        ("imports in the ranks (4 on 2 cores)", "imports"),
+        ("process group + parallel state", "init"),
+    ):
         print(f"  {name:<44}{one[key]:6.1f} s  ({one[key] / w:4.0%})")
     print(f"  {'the run (build, log-prob pass, step)':<44}{one['runs'][0]:6.1f} s  ({one['runs'][0] / w:4.0%})")
     print(f"  {'teardown (barrier, exit, torchrun)':<44}{one['rest']:6.1f} s  ({one['rest'] / w:4.0%})")
-    print(f"{a.runs} healthy runs in one launch: wall {many['wall']:.1f} s; runs {', '.join(f'{r:.1f}' for r in many['runs'])} s")
+    print(
+        f"{a.runs} healthy runs in one launch: wall {many['wall']:.1f} s; runs {', '.join(f'{r:.1f}' for r in many['runs'])} s"
+    )
     print(f"marginal run (runs 2..{a.runs})                       {marginal:6.1f} s")
-    print(f"projected matrix, {a.matrix} runs in one launch         {fixed + a.matrix * marginal:6.1f} s  "
-          f"(vs {a.matrix * w:.0f} s as {a.matrix} launches: startup is {fixed / w:.0%} of a single repro)")
+    print(
+        f"projected matrix, {a.matrix} runs in one launch         {fixed + a.matrix * marginal:6.1f} s  "
+        f"(vs {a.matrix * w:.0f} s as {a.matrix} launches: startup is {fixed / w:.0%} of a single repro)"
+    )
     return 0
 
 

@@ -35,8 +35,10 @@ import time
 from pathlib import Path
 
 # Peak RSS of the process itself: VmHWM starts afresh at exec (ru_maxrss would inherit the parent's peak).
-HWM = ("def hwm():\n"
-       "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024\n")
+HWM = (
+    "def hwm():\n"
+    "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024\n"
+)
 
 PHASES = {
     "torch.load": """
@@ -131,8 +133,9 @@ def write_dumps(tmp: Path, n: int, max_total: int, seed: int, full: bool) -> Non
 
 def child(code: str, *argv: str) -> dict:
     """Run `code` in a fresh interpreter on 2 threads; it sets `out`; returns out + its peak RSS in MB."""
-    script = (HWM + "import sys, time, json\npath = sys.argv[1]\n" + code
-              + "\nout['rss_mb'] = hwm()\nprint(json.dumps(out))")
+    script = (
+        HWM + "import sys, time, json\npath = sys.argv[1]\n" + code + "\nout['rss_mb'] = hwm()\nprint(json.dumps(out))"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     res = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=env, timeout=3600)
     if res.returncode != 0:
@@ -156,32 +159,41 @@ def best(run, times: int) -> dict:
 
 def bench_file(name: str, path: Path, skip_torch_load: bool) -> dict:
     phases = [k for k in PHASES if not (skip_torch_load and k == "torch.load")]
-    got = {phase: best(lambda p=phase: child(PHASES[p], str(path)), 1 if phase == "torch.load" else 2)
-           for phase in phases}
+    got = {
+        phase: best(lambda p=phase: child(PHASES[p], str(path)), 1 if phase == "torch.load" else 2) for phase in phases
+    }
     got["e2e"] = best(lambda: cli("scan", str(path), "--json", f"{path}.json", "--no-progress"), 2)
     phases.append("e2e")
     tokens = got["checks"]["response_tokens"]
     rate = lambda s: tokens / s / 1e6  # noqa: E731  M response tokens / s
-    print(f"{name}: {path.stat().st_size / 2**20:.0f} MiB, {tokens:,} response tokens, "
-          f"{got['checks']['findings']} findings, exit {got['e2e']['rc']}")
+    print(
+        f"{name}: {path.stat().st_size / 2**20:.0f} MiB, {tokens:,} response tokens, "
+        f"{got['checks']['findings']} findings, exit {got['e2e']['rc']}"
+    )
     for phase in phases:
         extra = f"   (with --html histograms {got['checks']['hist_s']:.2f} s)" if phase == "checks" else ""
-        print(f"  {phase:<12} {got[phase]['s']:8.2f} s  {rate(got[phase]['s']):8.2f} M tok/s  "
-              f"peak RSS {got[phase]['rss_mb']:6.0f} MB{extra}")
+        print(
+            f"  {phase:<12} {got[phase]['s']:8.2f} s  {rate(got[phase]['s']):8.2f} M tok/s  "
+            f"peak RSS {got[phase]['rss_mb']:6.0f} MB{extra}"
+        )
     e2e, checks = got["e2e"]["s"], got["checks"]["s"]
     line = f"  ratios     e2e/checks {e2e / checks:.1f}x"
     if "torch.load" in got:
-        line += (f", torch.load/e2e {got['torch.load']['s'] / e2e:.1f}x, "
-                 f"torch.load/unpickler {got['torch.load']['s'] / got['unpickler']['s']:.1f}x, "
-                 f"C unpickler/unpickler {got['C unpickler']['s'] / got['unpickler']['s']:.1f}x")
+        line += (
+            f", torch.load/e2e {got['torch.load']['s'] / e2e:.1f}x, "
+            f"torch.load/unpickler {got['torch.load']['s'] / got['unpickler']['s']:.1f}x, "
+            f"C unpickler/unpickler {got['C unpickler']['s'] / got['unpickler']['s']:.1f}x"
+        )
     print(line)
     return got
 
 
 def bench_directory(tmp: Path) -> None:
     got = best(lambda: cli("scan", str(tmp), "--json", str(tmp / "scan.json"), "--no-progress"), 2)
-    print(f"directory: nanscope scan {tmp} (both dumps, {len(os.sched_getaffinity(0))} workers): {got['s']:.2f} s, "
-          f"exit {got['rc']}")
+    print(
+        f"directory: nanscope scan {tmp} (both dumps, {len(os.sched_getaffinity(0))} workers): {got['s']:.2f} s, "
+        f"exit {got['rc']}"
+    )
 
 
 def main() -> None:
@@ -206,13 +218,28 @@ def main() -> None:
         if not (rollout.exists() and train.exists()):
             t0 = time.perf_counter()
             # In a child, so this process stays small (children's peak RSS is measured apart anyway).
-            subprocess.run([sys.executable, __file__, "--generate-only", "--dir", str(tmp), "--samples",
-                            str(args.samples), "--max-total", str(args.max_total), "--seed", str(args.seed)]
-                           + ["--full"] * args.full, check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--generate-only",
+                    "--dir",
+                    str(tmp),
+                    "--samples",
+                    str(args.samples),
+                    "--max-total",
+                    str(args.max_total),
+                    "--seed",
+                    str(args.seed),
+                ]
+                + ["--full"] * args.full,
+                check=True,
+            )
             print(f"generated in {time.perf_counter() - t0:.0f} s")
         tokens = sum(p + r for p, r in lengths(args.samples, args.max_total, args.seed, args.full))
-        print(f"{args.samples} samples, {tokens:,} tokens; {os.cpu_count()} CPUs, load average "
-              f"{os.getloadavg()[0]:.1f}")
+        print(
+            f"{args.samples} samples, {tokens:,} tokens; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+        )
         for name, path in (("rollout (lists)", rollout), ("train (tensors)", train)):
             bench_file(name, path, args.skip_torch_load)
         bench_directory(tmp)

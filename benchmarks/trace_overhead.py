@@ -51,7 +51,12 @@ def make_step(bf16: bool, per_micro: int, seed: int = 0):
             return [run(t)[0, : t.numel()].float() for t in tokens]
 
     batch = hazards.build("healthy", policy, rollout, seed)
-    keys = ("unconcat_tokens", "total_lengths", "response_lengths", "loss_masks") + ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
+    keys = ("unconcat_tokens", "total_lengths", "response_lengths", "loss_masks") + (
+        "log_probs",
+        "ref_log_probs",
+        "rollout_log_probs",
+        "advantages",
+    )
     n = len(batch["total_lengths"])
     # slime's dynamic batching packs samples into one row per micro-batch (the case: 16384 tokens per GPU).
     micro = [{k: batch[k][i : i + per_micro] for k in keys} for i in range(0, n, per_micro)]
@@ -90,11 +95,17 @@ def timed(fn) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=10, help="rounds (each: step, sentinel step, fwd_bwd, tracer, anomaly)")
+    p.add_argument(
+        "--repeats", type=int, default=10, help="rounds (each: step, sentinel step, fwd_bwd, tracer, anomaly)"
+    )
     p.add_argument("--bf16", action="store_true", help="bf16 parameters as in the case (about 4x slower on CPU)")
-    p.add_argument("--samples-per-microbatch", type=int, default=8,
-                   help="samples packed per micro-batch (default 8: the whole group in one row, as slime's dynamic "
-                        "batching does; 1: one micro-batch per sample, the most hook calls per token)")
+    p.add_argument(
+        "--samples-per-microbatch",
+        type=int,
+        default=8,
+        help="samples packed per micro-batch (default 8: the whole group in one row, as slime's dynamic "
+        "batching does; 1: one micro-batch per sample, the most hook calls per token)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadier timings)")
     a = p.parse_args()
 
@@ -106,6 +117,7 @@ def main() -> None:
 
     bootstrap.init()
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
+
     def with_sentinel():  # hooks registered and removed outside the timing
         s = Sentinel([model])
 
@@ -132,20 +144,30 @@ def main() -> None:
 
     for fn in (train_step, with_sentinel, fwd_bwd, with_tracer, with_anomaly):  # warm-up
         fn()
-    rows = [(timed(train_step), with_sentinel(), timed(fwd_bwd), with_tracer(), with_anomaly()) for _ in range(a.repeats)]
-    print(f"tiny Qwen3-MoE ({'bf16' if a.bf16 else 'fp32'}), 8 samples, {a.samples_per_microbatch} per micro-batch, "
-          f"{torch.get_num_threads()} threads, {a.repeats} rounds, {with_tracer.ops} aten ops traced per forward_backward, "
-          f"sentinel checks per step: {with_sentinel.checks[0]} module outputs + {with_sentinel.checks[1]} parameter gradients "
-          f"+ {sum(1 for p in model.parameters())} accumulated gradients")
+    rows = [
+        (timed(train_step), with_sentinel(), timed(fwd_bwd), with_tracer(), with_anomaly()) for _ in range(a.repeats)
+    ]
+    print(
+        f"tiny Qwen3-MoE ({'bf16' if a.bf16 else 'fp32'}), 8 samples, {a.samples_per_microbatch} per micro-batch, "
+        f"{torch.get_num_threads()} threads, {a.repeats} rounds, {with_tracer.ops} aten ops traced per forward_backward, "
+        f"sentinel checks per step: {with_sentinel.checks[0]} module outputs + {with_sentinel.checks[1]} parameter gradients "
+        f"+ {sum(1 for p in model.parameters())} accumulated gradients"
+    )
     for k, clock in enumerate(("wall", "cpu")):
         col = lambda j: [r[j][k] for r in rows]  # noqa: E731
         ratio = lambda j, base: [x / b for x, b in zip(col(j), col(base))]  # noqa: E731
-        print(f"[{clock} clock] training step median {statistics.median(col(0)):.3f} s, "
-              f"forward_backward median {statistics.median(col(2)):.3f} s")
-        for name, j, base in (("sentinel: (step + read) / step", 1, 0), ("tracer:   replay / forward_backward", 3, 2),
-                              ("anomaly:  detect_anomaly / forward_backward", 4, 2)):
+        print(
+            f"[{clock} clock] training step median {statistics.median(col(0)):.3f} s, "
+            f"forward_backward median {statistics.median(col(2)):.3f} s"
+        )
+        for name, j, base in (
+            ("sentinel: (step + read) / step", 1, 0),
+            ("tracer:   replay / forward_backward", 3, 2),
+            ("anomaly:  detect_anomaly / forward_backward", 4, 2),
+        ):
             r = ratio(j, base)
             print(f"  {name:45s} median {statistics.median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})")
+
 
 if __name__ == "__main__":
     main()

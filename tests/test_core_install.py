@@ -40,6 +40,7 @@ def test_imports_without_megatron_core_and_rich(module):
 
 
 def test_the_block_can_fail():
-    proc = subprocess.run([sys.executable, "-c", BLOCK + "import megatron.core"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCK + "import megatron.core"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1 and "blocked by the test" in proc.stderr

@@ -66,8 +66,9 @@ def test_batches_are_mutually_consistent():
     policy = hazards.synthetic_policy(512, 0)
     batch = build("healthy")
     # old log-probs are the policy's own log-probs of the tokens (one step per rollout)
-    rollout = hazards.Rollout(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"],
-                              batch["rewards"])
+    rollout = hazards.Rollout(
+        batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"], batch["rewards"]
+    )
     logp = hazards.policy_log_probs(policy(rollout.tokens), rollout, case.temperature())
     for old, x in zip(batch["log_probs"], logp):
         assert torch.equal(old, x)
@@ -120,11 +121,19 @@ def test_defused_twin_differs_only_at_the_site(name):
     assert all(torch.equal(a, b) for a, b in zip(hot["unconcat_tokens"], cold["unconcat_tokens"]))
     i, j = hot["hazard_site"]
     differing = {
-        k for k in ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
+        k
+        for k in ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
         if not all(torch.equal(a, b) for a, b in zip(hot[k], cold[k]))
     }
-    assert differing == {"kl-exp-overflow": {"ref_log_probs"}, "ratio-exp-overflow": {"log_probs"},
-                         "nan-rollout-logprob": {"rollout_log_probs"}, "nan-reward": {"advantages"}}[name]
+    assert (
+        differing
+        == {
+            "kl-exp-overflow": {"ref_log_probs"},
+            "ratio-exp-overflow": {"log_probs"},
+            "nan-rollout-logprob": {"rollout_log_probs"},
+            "nan-reward": {"advantages"},
+        }[name]
+    )
     # the defused twin is healthy for as-is
     logits = hazards.packed_logits(policy, cold["unconcat_tokens"]).requires_grad_(True)
     loss, _, _ = as_is.loss_function(case_args(global_batch_size=8), cold, 1, logits, parallel=Parallel())
@@ -141,8 +150,9 @@ def test_zero_temperature_poisons_the_log_prob_pass_not_sglang():
     assert all(torch.equal(a, b) for a, b in zip(batch["rollout_log_probs"], healthy["rollout_log_probs"]))
     # the hazard is the flag: the loss sees it through the override, the defused twin is the healthy batch
     assert hazards.ZERO_TEMPERATURE.loss_overrides == {"rollout_temperature": 0.0}
-    cold = hazards.build("zero-temperature", hazards.synthetic_policy(512, 0), hazards.case_rollout(512, 0), 0,
-                         defused=True)
+    cold = hazards.build(
+        "zero-temperature", hazards.synthetic_policy(512, 0), hazards.case_rollout(512, 0), 0, defused=True
+    )
     assert all(torch.equal(a, b) for a, b in zip(cold["log_probs"], healthy["log_probs"]))
 
 
@@ -162,6 +172,8 @@ def test_rollout_logprob_shift_is_misaligned_by_one_token_and_stays_finite():
 def test_model_faults_have_no_batch(h):
     batch, healthy = build(h.name), build("healthy")
     assert all(torch.equal(a, b) for a, b in zip(batch["log_probs"], healthy["log_probs"]))
-    with pytest.raises(UserError, match=f"hazard '{h.name}' is a fault in the model, not a batch: run "
-                                        f"`nanscope repro --hazard {h.name}`"):
+    with pytest.raises(
+        UserError,
+        match=f"hazard '{h.name}' is a fault in the model, not a batch: run `nanscope repro --hazard {h.name}`",
+    ):
         hazards.run_loss(h.name)

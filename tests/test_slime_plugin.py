@@ -37,7 +37,9 @@ def test_plugin_called_like_slime_single_process():
     batch = hazards.build("kl-exp-overflow", policy, hazards.case_rollout(512, 0), 0)
     logits = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
     ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
-    loss, metrics = slime_plugin.policy_loss(args=case_args(global_batch_size=8), batch=batch, logits=logits, sum_of_sample_mean=ssm)
+    loss, metrics = slime_plugin.policy_loss(
+        args=case_args(global_batch_size=8), batch=batch, logits=logits, sum_of_sample_mean=ssm
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
     assert metrics["nan_guard/exp_overflow"].item() == 1.0
@@ -53,8 +55,12 @@ def test_plugin_strict_policy_from_environment(monkeypatch):
     logits = hazards.packed_logits(policy, batch["unconcat_tokens"])
     i, j = batch["hazard_site"]
     with pytest.raises(safe.NonFiniteInputError, match=f"rollout_log_probs is nan at sample {i}, response token {j}"):
-        slime_plugin.policy_loss(args=case_args(global_batch_size=8), batch=batch, logits=logits,
-                                 sum_of_sample_mean=microbatch.make_sum_of_sample_mean(batch, Parallel(), False, False))
+        slime_plugin.policy_loss(
+            args=case_args(global_batch_size=8),
+            batch=batch,
+            logits=logits,
+            sum_of_sample_mean=microbatch.make_sum_of_sample_mean(batch, Parallel(), False, False),
+        )
 
 
 @pytest.mark.integration
@@ -65,8 +71,20 @@ def test_plugin_under_megatron_parallel_state(tmp_path, layout):
     with socket.socket() as sock:  # torchrun's --master-port 0 hangs in rendezvous: pick a free port
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-           str(WORKER), layout, "2", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        port,
+        str(WORKER),
+        layout,
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for h in hazards.CATALOGUE:

@@ -1,6 +1,6 @@
 """Measure safe vs as-is on healthy batches: the fix must not change a single healthy gradient.
 
-    python -m nanscope.equivalence --cases 200     # prints the maximum relative differences
+python -m nanscope.equivalence --cases 200     # prints the maximum relative differences
 """
 
 from __future__ import annotations
@@ -66,9 +66,14 @@ def random_case(seed: int) -> Case:
     pick = lambda xs: xs[int(torch.randint(len(xs), (1,), generator=g))]
     cp_size = pick([1, 2])  # drawn in this order: the cases stay the ones measured before
     flags = dict(
-        rollout_temperature=pick([0.6, 0.8, 1.0]), kl_loss_type=pick(["kl", "k2", "k3", "low_var_kl"]),
-        kl_loss_coef=pick([0.0, 0.01]), entropy_coef=pick([0.0, 0.001]), use_tis=pick([True, False]),
-        eps_clip=pick([0.1, 0.2]), eps_clip_high=pick([0.2, 0.28]), calculate_per_token_loss=pick([False, True]),
+        rollout_temperature=pick([0.6, 0.8, 1.0]),
+        kl_loss_type=pick(["kl", "k2", "k3", "low_var_kl"]),
+        kl_loss_coef=pick([0.0, 0.01]),
+        entropy_coef=pick([0.0, 0.001]),
+        use_tis=pick([True, False]),
+        eps_clip=pick([0.1, 0.2]),
+        eps_clip_high=pick([0.2, 0.28]),
+        calculate_per_token_loss=pick([False, True]),
     )
     return Case(seed=seed, cp_size=cp_size, mask_p=pick([0.3, 0.7, 1.0]), flags=flags)
 
@@ -78,8 +83,10 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=200)
     args = parser.parse_args()
     diffs = [compare(random_case(s)) for s in range(args.cases)]
-    print(f"{args.cases} healthy cases: max relative difference safe vs as-is: "
-          f"loss {max(d.loss for d in diffs):.3g}, gradient {max(d.grad for d in diffs):.3g}")
+    print(
+        f"{args.cases} healthy cases: max relative difference safe vs as-is: "
+        f"loss {max(d.loss for d in diffs):.3g}, gradient {max(d.grad for d in diffs):.3g}"
+    )
 
 
 if __name__ == "__main__":

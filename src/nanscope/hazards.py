@@ -38,6 +38,7 @@ from nanscope.trace.classify import DATA, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_F
 # A policy maps per-sample token sequences [total_i] to full-vocabulary logits [total_i, V] (T = 1).
 Policy = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
+
 @dataclass(frozen=True)
 class Hazard:
     """One catalogue entry. `loss_finite` / `grad_finite` are what slime v0.1.0 produces on it.
@@ -252,8 +253,10 @@ IMMUNE: tuple[Immune, ...] = (
         "empty-loss-mask",
         "a sample whose loss mask is all zero (a response of tool output only): a per-sample mean of 0 / 0",
         "slime divides each sample's masked sum by clamp_min(loss_mask.sum(), 1)",
-        (f"slime/backends/megatron_utils/cp_utils.py:60 ({SLIME})",
-         f"slime/backends/megatron_utils/cp_utils.py:86 ({SLIME})"),
+        (
+            f"slime/backends/megatron_utils/cp_utils.py:60 ({SLIME})",
+            f"slime/backends/megatron_utils/cp_utils.py:86 ({SLIME})",
+        ),
         LOSS_NUMERICS,
     ),
     Immune(
@@ -263,8 +266,10 @@ IMMUNE: tuple[Immune, ...] = (
         "with --check-for-nan-in-loss-and-grad (the default) megatron's DDP rejects an inf bucket norm before the "
         "optimizer (the job dies with 'found Inf in local grad norm'); without it slime skips a step whose grad "
         "norm is NaN or inf",
-        (f"megatron/core/distributed/param_and_grad_buffer.py:195 ({MCORE})",
-         f"slime/backends/megatron_utils/model.py:322 ({SLIME})"),
+        (
+            f"megatron/core/distributed/param_and_grad_buffer.py:195 ({MCORE})",
+            f"slime/backends/megatron_utils/model.py:322 ({SLIME})",
+        ),
         OPTIMIZER,
     ),
 )
@@ -514,6 +519,12 @@ def run_loss(name: str, loss: str = "as-is", vocab_size: int = 512, seed: int = 
     value.backward()
     bad = int((~torch.isfinite(logits.grad)).sum())
     return Outcome(
-        name, hazard.mechanism, loss, float(value.detach()), bool(torch.isfinite(value)), bad == 0, bad,
+        name,
+        hazard.mechanism,
+        loss,
+        float(value.detach()),
+        bool(torch.isfinite(value)),
+        bad == 0,
+        bad,
         dict(zip(log["keys"], log["values"][1:].tolist())),
     )

@@ -35,8 +35,10 @@ def check_file(path: str | os.PathLike, what: str, limit: int | None = None, opt
     if not stat.S_ISREG(st.st_mode):
         raise UserError(f"{path}: {what}: not a regular file ({_kind(st.st_mode)})")
     if limit is not None and st.st_size > limit:
-        raise UserError(f"{path}: {what}: {_size(st.st_size)} is over the {_size(limit)} limit"
-                        + (f" (raise it with {option})" if option else ""))
+        raise UserError(
+            f"{path}: {what}: {_size(st.st_size)} is over the {_size(limit)} limit"
+            + (f" (raise it with {option})" if option else "")
+        )
     return st.st_size
 
 
@@ -55,8 +57,12 @@ def read_text(path: str | os.PathLike, what: str, limit: int | None = None, opti
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a plain file"

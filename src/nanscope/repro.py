@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+
 @dataclass
 class Repro:
     """One hazard x loss through the harness."""
@@ -67,8 +68,11 @@ def harness_notes(layout) -> list[str]:
     """What the CPU harness does differently from the case's GPUs, said once per report."""
     return [
         f"CPU harness: tp {layout.tp} x pp {layout.pp} x dp {layout.dp}, sequence parallel, 8 experts top-2, gloo",
-        (f"context parallelism {layout.cp} at the loss level only (zigzag split of each sample's logits); "
-         if layout.cp > 1 else "context parallelism off (the tracer maps whole samples); ")
+        (
+            f"context parallelism {layout.cp} at the loss level only (zigzag split of each sample's logits); "
+            if layout.cp > 1
+            else "context parallelism off (the tracer maps whole samples); "
+        )
         + "attention sees whole sequences: CP inside attention needs TransformerEngine",
         "one sample per micro-batch: the local attention spec refuses packed (thd) sequences",
     ]
@@ -105,7 +109,9 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
     )
 
 
-def repro_one(hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: float = 300.0, trace: bool = False) -> Repro:
+def repro_one(
+    hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: float = 300.0, trace: bool = False
+) -> Repro:
     """Run one hazard under one loss through the 4-process harness and compare with the expectation.
 
     trace: replay the step under the tracer on every rank (CP 1: the tracer's token map reads whole
@@ -211,8 +217,14 @@ class PluginCheck:
         norms = [r.optimizer_grad_norm for r in self.skipped.ranks]
         skipped = all(r.skipped_steps == 1 for r in self.skipped.ranks)
         skipped &= all(len(n) == k or n[k] != n[k] for n in norms)  # NaN at the skipped step (or stopped there)
-        return (len(self.reports) == len(self.raised.ranks) and steps == {(k, 0, f"{k}:0")} and found
-                and self.skipped.observed == self.skip_expected and bool(self.skipped.ranks) and skipped)
+        return (
+            len(self.reports) == len(self.raised.ranks)
+            and steps == {(k, 0, f"{k}:0")}
+            and found
+            and self.skipped.observed == self.skip_expected
+            and bool(self.skipped.ranks)
+            and skipped
+        )
 
 
 @dataclass
@@ -248,8 +260,16 @@ class StepsCheck:
         return ok and (self.plugin is None or self.plugin.ok)
 
 
-def run_steps(hazard: str, *, steps: int = 5, inject_step: int = 3, seed: int = 0, timeout_s: float = 600.0,
-              plugin: bool = False, max_skips: int | None = None) -> StepsCheck:
+def run_steps(
+    hazard: str,
+    *,
+    steps: int = 5,
+    inject_step: int = 3,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+    plugin: bool = False,
+    max_skips: int | None = None,
+) -> StepsCheck:
     """as-is and safe over `steps` steps with `hazard` at `inject_step`, plus the defused twin.
 
     plugin: slime with nanscope's plugin (hook on every run; safe = the plugin's loss through slime's
@@ -282,14 +302,21 @@ def run_steps(hazard: str, *, steps: int = 5, inject_step: int = 3, seed: int = 
         if plugin:
             skipped = from_run(launched.runs[-1], launched, layout, expected="completed")
             check = _plugin_check(as_is, skipped, seed, inject_step, max_skips, Path(out) / "replay", timeout_s)
-    notes = harness_notes(layout) + (["plugin: harness step k is rollout k-1 (one optimizer step per rollout); "
-                                      "the replay rebuilds each step's batch from its seed, as the saved rollout "
-                                      "holds it"] if plugin else [])
+    notes = harness_notes(layout) + (
+        [
+            "plugin: harness step k is rollout k-1 (one optimizer step per rollout); "
+            "the replay rebuilds each step's batch from its seed, as the saved rollout "
+            "holds it"
+        ]
+        if plugin
+        else []
+    )
     return StepsCheck(hazard, steps, inject_step, as_is, safe, twin_rep, diff, launched.wall_s, notes, check)
 
 
-def _plugin_check(raised: Repro, skipped: Repro, seed: int, inject_step: int, max_skips, out: Path,
-                  timeout_s: float) -> PluginCheck:
+def _plugin_check(
+    raised: Repro, skipped: Repro, seed: int, inject_step: int, max_skips, out: Path, timeout_s: float
+) -> PluginCheck:
     """Read the raise run's reports and run the replay each one prints: NANSCOPE_TRACE_STEP with the
     saved rollouts as --load-debug-rollout-data."""
     import json
@@ -303,13 +330,26 @@ def _plugin_check(raised: Repro, skipped: Repro, seed: int, inject_step: int, ma
     if not reports:
         return check
     how = reports[0]["replay"]
-    spec = RunSpec(hazard=raised.hazard, loss=raised.loss, steps=inject_step, inject_step=inject_step, seed=seed,
-                   plugin=True, hook=True, env={"NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"]},
-                   load_rollouts=how["load_debug_rollout_data"])
+    spec = RunSpec(
+        hazard=raised.hazard,
+        loss=raised.loss,
+        steps=inject_step,
+        inject_step=inject_step,
+        seed=seed,
+        plugin=True,
+        hook=True,
+        env={"NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"]},
+        load_rollouts=how["load_debug_rollout_data"],
+    )
     launched = launcher.launch([spec], Layout(cp=1), timeout_s=timeout_s, out_dir=out)
     traces = [Path(p) for r in launched.runs[0].ranks for p in r.reports if p.endswith(".trace.json")]
     if traces:
         first = json.loads(traces[0].read_text())["first"]
-        check.replay = {"NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"], "instruction": how["text"],
-                        "ranks_traced": len(traces), "wall_s": launched.wall_s, **first}
+        check.replay = {
+            "NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"],
+            "instruction": how["text"],
+            "ranks_traced": len(traces),
+            "wall_s": launched.wall_s,
+            **first,
+        }
     return check

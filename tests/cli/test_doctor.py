@@ -44,14 +44,18 @@ def test_case_terminal_json_html(tmp_path, capsys):
     # The verdict is on the first screen, before the rank table.
     head = _flat("\n".join(out.splitlines()[:24]))
     assert "Rank 50 found NaN in its local gradient norm (bucket #0) before the data-parallel reduce" in head
-    assert ("It is TP 2 / CP 0 / DP 0 / PP 3 (EP 2): the last pipeline stage, decoder layers 72-93 plus the final "
-            "norm and output layer.") in head
-    assert ("The flags enable 4 high-severity mechanism(s): kl-loss-exp-then-clamp (--use-kl-loss, --kl-loss-coef 0, "
-            "--kl-loss-type low_var_kl); tis-unvalidated-rollout-logprobs (--use-tis, --custom-generate-function-path "
-            "deepresearch.generate.generate, --tis-clip 2); custom-reward-grpo-normalisation (--custom-rm-path "
-            "deepresearch.reward.reward_func, --advantage-estimator grpo, --n-samples-per-prompt 8); "
-            "masked-tokens-reach-loss (--custom-generate-function-path deepresearch.generate.generate). "
-            "3 more finding(s) below.") in head
+    assert (
+        "It is TP 2 / CP 0 / DP 0 / PP 3 (EP 2): the last pipeline stage, decoder layers 72-93 plus the final "
+        "norm and output layer."
+    ) in head
+    assert (
+        "The flags enable 4 high-severity mechanism(s): kl-loss-exp-then-clamp (--use-kl-loss, --kl-loss-coef 0, "
+        "--kl-loss-type low_var_kl); tis-unvalidated-rollout-logprobs (--use-tis, --custom-generate-function-path "
+        "deepresearch.generate.generate, --tis-clip 2); custom-reward-grpo-normalisation (--custom-rm-path "
+        "deepresearch.reward.reward_func, --advantage-estimator grpo, --n-samples-per-prompt 8); "
+        "masked-tokens-reach-loss (--custom-generate-function-path deepresearch.generate.generate). "
+        "3 more finding(s) below."
+    ) in head
     assert "node index 6 (= 50 // 8, nodes in slime's placement order: sorted by IP), local device 2" in flat
     assert "EP group 48-63" in flat
     assert "DP 2 (= 64/(4*4*2))" in flat
@@ -61,18 +65,42 @@ def test_case_terminal_json_html(tmp_path, capsys):
 
     doc = json.loads(js.read_text())
     assert doc["failing_rank"] | {"layers": None, "groups": None, "experts": None} == {
-        "rank": 50, "tp": 2, "cp": 0, "dp": 0, "pp": 3, "ep": 2, "etp": 0, "expert_dp": 0, "node_index": 6,
-        "local_device": 2, "layers": None, "holds_output_layer": True, "holds_embedding": False, "groups": None,
-        "experts": None}
+        "rank": 50,
+        "tp": 2,
+        "cp": 0,
+        "dp": 0,
+        "pp": 3,
+        "ep": 2,
+        "etp": 0,
+        "expert_dp": 0,
+        "node_index": 6,
+        "local_device": 2,
+        "layers": None,
+        "holds_output_layer": True,
+        "holds_embedding": False,
+        "groups": None,
+        "experts": None,
+    }
     assert doc["failing_rank"]["layers"] == list(range(72, 94))
     topo = doc["topology"]
     assert (topo["world"], topo["tp"], topo["pp"], topo["cp"], topo["dp"], topo["ep"], topo["etp"]) == (
-        64, 4, 4, 2, 2, 16, 1)
+        64,
+        4,
+        4,
+        2,
+        2,
+        16,
+        1,
+    )
     assert [s["layers"][0] for s in topo["stages"]] == [0, 24, 48, 72]
     assert (topo["optimizer_steps_per_rollout"], topo["micro_batch_token_budget"]) == (1, 32768)
     ids = [f["id"] for f in doc["findings"]]
-    assert ids[:4] == ["kl-loss-exp-then-clamp", "tis-unvalidated-rollout-logprobs",
-                       "custom-reward-grpo-normalisation", "masked-tokens-reach-loss"]
+    assert ids[:4] == [
+        "kl-loss-exp-then-clamp",
+        "tis-unvalidated-rollout-logprobs",
+        "custom-reward-grpo-normalisation",
+        "masked-tokens-reach-loss",
+    ]
     assert set(doc["findings"][0]) == {"id", "severity", "title", "flags", "mechanism", "fix", "hazards"}
     assert doc["failure"]["iteration"] == -1 and doc["failure"]["kind"] == "NaN"
     assert doc["config"]["num_layers"] == {"value": 94, "origin": "model.json (bundled with slime-795)"}
@@ -104,8 +132,16 @@ def test_colocated_qwen3_4b_rank_5(tmp_path, capsys):
 
 def test_disaggregated_moe_rank_13(tmp_path, capsys):
     js = tmp_path / "m.json"
-    argv = ["doctor", str(FIXTURES / "disaggregated_moe.sh"), "--env", "MASTER_ADDR=10.0.0.1", "--rank", "13",
-            "--json", str(js)]
+    argv = [
+        "doctor",
+        str(FIXTURES / "disaggregated_moe.sh"),
+        "--env",
+        "MASTER_ADDR=10.0.0.1",
+        "--rank",
+        "13",
+        "--json",
+        str(js),
+    ]
     assert main(argv) == 0
     doc = json.loads(js.read_text())
     t, r = doc["topology"], doc["failing_rank"]
@@ -117,8 +153,13 @@ def test_disaggregated_moe_rank_13(tmp_path, capsys):
     assert r["groups"]["ep"] == list(range(8, 16))
     assert t["optimizer_steps_per_rollout"] == 2  # 16 x 4 / 32
     ids = {f["id"]: f for f in doc["findings"]}
-    assert set(ids) == {"tis-unvalidated-rollout-logprobs", "custom-reward-grpo-normalisation",
-                        "ppo-ratio-exp-then-clamp", "eps-clip-c-ignored", "sample-exceeds-microbatch-budget"}
+    assert set(ids) == {
+        "tis-unvalidated-rollout-logprobs",
+        "custom-reward-grpo-normalisation",
+        "ppo-ratio-exp-then-clamp",
+        "eps-clip-c-ignored",
+        "sample-exceeds-microbatch-budget",
+    }
     assert ids["tis-unvalidated-rollout-logprobs"]["severity"] == "medium"  # SGLang log-probs, no custom generate
     # budget 8192 x CP 1 < 2048 + 8192 = 10240
     assert ids["sample-exceeds-microbatch-budget"]["fix"].startswith("--max-tokens-per-gpu 10240")
@@ -127,8 +168,14 @@ def test_disaggregated_moe_rank_13(tmp_path, capsys):
 
 def test_vpp_with_bare_traceback(tmp_path, capsys):
     js = tmp_path / "v.json"
-    argv = ["doctor", str(FIXTURES / "vpp_dense.sh"), "--traceback", str(FIXTURES / "vpp_traceback.txt"),
-            "--json", str(js)]
+    argv = [
+        "doctor",
+        str(FIXTURES / "vpp_dense.sh"),
+        "--traceback",
+        str(FIXTURES / "vpp_traceback.txt"),
+        "--json",
+        str(js),
+    ]
     assert main(argv) == 0
     doc = json.loads(js.read_text())
     r = doc["failing_rank"]
@@ -149,7 +196,7 @@ def _error(argv, capsys) -> str:
     err = captured.err.strip()
     assert "Traceback" not in captured.err and len(err.splitlines()) == 1, err
     assert err.startswith("nanscope doctor: error: ")
-    return err[len("nanscope doctor: error: "):]
+    return err[len("nanscope doctor: error: ") :]
 
 
 def test_unreadable_script(tmp_path, capsys):
@@ -169,8 +216,7 @@ def test_no_train_command(capsys):
 
 def test_sizes_do_not_divide_world(capsys):
     msg = _error(["doctor", str(FIXTURES / "bad_divide.sh")], capsys)
-    assert msg == ("tp(4)*pp(1)*cp(1) = 4 does not divide world(6) = actor-num-nodes(1) x "
-                   "actor-num-gpus-per-node(6)")
+    assert msg == ("tp(4)*pp(1)*cp(1) = 4 does not divide world(6) = actor-num-nodes(1) x actor-num-gpus-per-node(6)")
 
 
 def test_rank_outside_world(capsys):
@@ -189,9 +235,11 @@ def test_case_script_without_total_nodes(capsys):
 
     script = files("nanscope") / "cases" / "slime-795" / "launch.sh"
     msg = _error(["doctor", str(script)], capsys)
-    assert msg == ("--actor-num-nodes: '$((NODES))' is not an integer (the script reads unset variables: "
-                   "DISTRIBUTED_ARGS, MASTER_ADDR, MODEL_ARGS, SHARED_STORAGE_DATA, TOTAL_NODES, WANDB_API_KEY; "
-                   "pass --env NAME=VALUE)")
+    assert msg == (
+        "--actor-num-nodes: '$((NODES))' is not an integer (the script reads unset variables: "
+        "DISTRIBUTED_ARGS, MASTER_ADDR, MODEL_ARGS, SHARED_STORAGE_DATA, TOTAL_NODES, WANDB_API_KEY; "
+        "pass --env NAME=VALUE)"
+    )
 
 
 def test_unknown_case_and_missing_inputs(capsys):
@@ -210,15 +258,21 @@ def test_traceback_rank_outside_world(tmp_path, capsys):
     tb = tmp_path / "tb.txt"
     tb.write_text("RuntimeError: Rank 70, node n9, device 6, iteration -1: Unexpected result nan (message='x')\n")
     msg = _error(["doctor", "--case", "slime-795", "--traceback", str(tb)], capsys)
-    assert msg == (f"{tb}: the failing rank 70 is outside this launch's world: 0..63 (= 8 nodes x 8 GPUs); "
-                   "check --env and the script")
+    assert msg == (
+        f"{tb}: the failing rank 70 is outside this launch's world: 0..63 (= 8 nodes x 8 GPUs); "
+        "check --env and the script"
+    )
 
 
 def test_one_range_formatter():
     from nanscope.report.text import span
 
     assert (span(list(range(72, 94))), span([6, 7, 14, 15]), span([]), span(None)) == (
-        "72-93", "6, 7, 14, 15", "none", "unknown")
+        "72-93",
+        "6, 7, 14, 15",
+        "none",
+        "unknown",
+    )
     assert (span([3, 4], min_run=3), span([48, 49, 50], min_run=3), span([], empty="-")) == ("3, 4", "48-50", "-")
 
 
@@ -242,8 +296,15 @@ def _doctor_isolated(cases: list[list[str]], cwd: Path) -> list[tuple[int, str, 
 
     def one(argv):
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "nanscope.cli.main", "doctor", *argv], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=CASE_SECONDS, preexec_fn=_address_space)
+        proc = subprocess.run(
+            [sys.executable, "-m", "nanscope.cli.main", "doctor", *argv],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CASE_SECONDS,
+            preexec_fn=_address_space,
+        )
         return proc.returncode, proc.stderr, time.monotonic() - start
 
     with ThreadPoolExecutor(2) as pool:
@@ -260,7 +321,7 @@ def _refused(result: tuple[int, str, float]) -> str:
     rc, err, _ = result
     lines = err.splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("nanscope doctor: error: "), (rc, err[-3000:])
-    return lines[0][len("nanscope doctor: error: "):]
+    return lines[0][len("nanscope doctor: error: ") :]
 
 
 def test_hostile_files_are_one_line_each(tmp_path):
@@ -270,8 +331,9 @@ def test_hostile_files_are_one_line_each(tmp_path):
         f.write(("#" * 1023 + "\n") * 4608 + TRAIN + "--rollout-num-gpus-per-engine 0\n")
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (tmp_path / "huge_int.json").write_text('{"num_layers": ' + "9" * 5000 + "}")
-    (tmp_path / "tb.txt").write_text(f"Rank {'1' * 5000}, node a, device 1, iteration 1: Unexpected result nan "
-                                     "(message='x')\n")
+    (tmp_path / "tb.txt").write_text(
+        f"Rank {'1' * 5000}, node a, device 1, iteration 1: Unexpected result nan (message='x')\n"
+    )
     case = ["--case", "slime-795"]
     cases = {
         "fifo: launch script: not a regular file (a FIFO)": ["fifo"],
@@ -283,12 +345,21 @@ def test_hostile_files_are_one_line_each(tmp_path):
         ".: launch script: is a directory, expected a file": ["."],
         "big.sh: launch script: 4.5 MiB is over the 4.0 MiB limit (raise it with --max-input-mb)": ["big.sh"],
         "--rollout-num-gpus-per-engine 0: must be >= 1": ["big.sh", "--max-input-mb", "5"],
-        "deep.json: model JSON nested too deeply (expected an object of architecture fields)":
-            [*case, "--model", "deep.json"],
-        "huge_int.json: not valid JSON: Exceeds the limit (4300 digits) for integer string conversion":
-            [*case, "--model", "huge_int.json"],
-        "tb.txt: line 1: the rank has 5000 digits, more than Megatron ever prints: not a Megatron error line":
-            [*case, "--traceback", "tb.txt"],
+        "deep.json: model JSON nested too deeply (expected an object of architecture fields)": [
+            *case,
+            "--model",
+            "deep.json",
+        ],
+        "huge_int.json: not valid JSON: Exceeds the limit (4300 digits) for integer string conversion": [
+            *case,
+            "--model",
+            "huge_int.json",
+        ],
+        "tb.txt: line 1: the rank has 5000 digits, more than Megatron ever prints: not a Megatron error line": [
+            *case,
+            "--traceback",
+            "tb.txt",
+        ],
         "--json nowhere/d.json: no such directory: nowhere": [*case, "--json", "nowhere/d.json"],
     }
     results = _doctor_isolated(list(cases.values()), tmp_path)
@@ -310,52 +381,66 @@ def test_bash_bombs_and_bad_sizes_are_one_line_each(tmp_path):
     nodes = TRAIN + '--actor-num-nodes "$X"\n'
     cases = {
         # bash bombs: the value becomes its own text, with the reason, and the flag that needs it says so
-        'X=$(seq 1 10000000000)\n' + nodes:
-            "--actor-num-nodes: '$(seq 1 10000000000)' is not an integer (kept as text: `seq` gives "
-            "10,000,000,000 numbers, more than 65,536)",
-        'X=$((1<<99999999999))\n' + nodes:
-            "--actor-num-nodes: '$((1<<99999999999))' is not an integer (kept as text: shift count 99999999999 is "
-            "outside 0..63)",
-        'X=$((7**99999999999))\n' + nodes:
-            "--actor-num-nodes: '$((7**99999999999))' is not an integer (kept as text: overflows bash's signed "
-            "64-bit arithmetic)",
-        'X=ab\n' + 'X="$X$X"\n' * 48 + nodes:
-            "--actor-num-nodes: '\"$X$X\"\"$X$X<...>...' is not an integer (kept as text: longer than "
-            "1,048,576 characters or 65,536 words)",
-        'X=$(( 08 + 1 ))\n' + nodes: "--actor-num-nodes: '$(( 08 + 1 ))' is not an integer (kept as text: 08: "
-                                     "value too great for base)",
-        'X=$((65#1))\n' + nodes: "--actor-num-nodes: '$((65#1))' is not an integer (kept as text: 65#1: invalid "
-                                 "arithmetic base)",
-        "X=" + "$(" * deep + "hostname" + ")" * deep + "\n" + nodes:
-            "--actor-num-nodes: '$($($(<...>...' is not an integer",
-        "X=$((" + "(" * deep + "1" + ")" * deep + "))\n" + nodes:
-            "--actor-num-nodes: '$((((<...>...' is not an integer (kept as text: nested more than 100 deep)",
-        "X=" + "${A:-" * deep + "x" + "}" * deep + "\n" + nodes:
-            "--actor-num-nodes: '${A:-${A:-<...>...' is not an integer (kept as text: nested more than 100 deep)",
+        "X=$(seq 1 10000000000)\n"
+        + nodes: "--actor-num-nodes: '$(seq 1 10000000000)' is not an integer (kept as text: `seq` gives "
+        "10,000,000,000 numbers, more than 65,536)",
+        "X=$((1<<99999999999))\n"
+        + nodes: "--actor-num-nodes: '$((1<<99999999999))' is not an integer (kept as text: shift count 99999999999 is "
+        "outside 0..63)",
+        "X=$((7**99999999999))\n"
+        + nodes: "--actor-num-nodes: '$((7**99999999999))' is not an integer (kept as text: overflows bash's signed "
+        "64-bit arithmetic)",
+        "X=ab\n"
+        + 'X="$X$X"\n' * 48
+        + nodes: '--actor-num-nodes: \'"$X$X""$X$X<...>...\' is not an integer (kept as text: longer than '
+        "1,048,576 characters or 65,536 words)",
+        "X=$(( 08 + 1 ))\n" + nodes: "--actor-num-nodes: '$(( 08 + 1 ))' is not an integer (kept as text: 08: "
+        "value too great for base)",
+        "X=$((65#1))\n" + nodes: "--actor-num-nodes: '$((65#1))' is not an integer (kept as text: 65#1: invalid "
+        "arithmetic base)",
+        "X="
+        + "$(" * deep
+        + "hostname"
+        + ")" * deep
+        + "\n"
+        + nodes: "--actor-num-nodes: '$($($(<...>...' is not an integer",
+        "X=$(("
+        + "(" * deep
+        + "1"
+        + ")" * deep
+        + "))\n"
+        + nodes: "--actor-num-nodes: '$((((<...>...' is not an integer (kept as text: nested more than 100 deep)",
+        "X="
+        + "${A:-" * deep
+        + "x"
+        + "}" * deep
+        + "\n"
+        + nodes: "--actor-num-nodes: '${A:-${A:-<...>...' is not an integer (kept as text: nested more than 100 deep)",
         # sizes: Megatron's arithmetic, sane bounds
-        TRAIN.replace("--num-layers 4", "--num-layers 1000000000"):
-            "--num-layers 1000000000 (launch script): over 65,536, more than nanscope lays out",
-        TRAIN + "--actor-num-nodes 100000000":
-            "world(800000000) = actor-num-nodes(100000000) x actor-num-gpus-per-node(8) is over 1,048,576 ranks",
+        TRAIN.replace(
+            "--num-layers 4", "--num-layers 1000000000"
+        ): "--num-layers 1000000000 (launch script): over 65,536, more than nanscope lays out",
+        TRAIN
+        + "--actor-num-nodes 100000000": "world(800000000) = actor-num-nodes(100000000) x actor-num-gpus-per-node(8) is over 1,048,576 ranks",
         TRAIN.replace("--num-layers 4", "--num-layers -4"): "--num-layers -4 (launch script): must be >= 1",
-        TRAIN.replace("--num-layers 4", "--num-layers 0") + "--pipeline-model-parallel-size 2":
-            "--num-layers 0 (launch script): must be >= 1",
+        TRAIN.replace("--num-layers 4", "--num-layers 0")
+        + "--pipeline-model-parallel-size 2": "--num-layers 0 (launch script): must be >= 1",
         TRAIN + "--num-experts -8": "--num-experts -8 (launch script): must be >= 1",
-        TRAIN.replace("--num-layers 4", "--num-layers 94") + "--pipeline-model-parallel-size 4":
-            "num-layers(94) % pp(4) = 2 != 0: Megatron splits the layers evenly over the pipeline stages "
-            "(uneven: --decoder-first/last-pipeline-num-layers)",
-        TRAIN + "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 0":
-            "--decoder-first-pipeline-num-layers 0: must be in 1..num-layers(4)",
-        TRAIN + "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 0":
-            "--num-virtual-stages-per-pipeline-rank 0: must be >= 1",
+        TRAIN.replace("--num-layers 4", "--num-layers 94")
+        + "--pipeline-model-parallel-size 4": "num-layers(94) % pp(4) = 2 != 0: Megatron splits the layers evenly over the pipeline stages "
+        "(uneven: --decoder-first/last-pipeline-num-layers)",
+        TRAIN
+        + "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 0": "--decoder-first-pipeline-num-layers 0: must be in 1..num-layers(4)",
+        TRAIN
+        + "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 0": "--num-virtual-stages-per-pipeline-rank 0: must be >= 1",
         TRAIN + "--tensor-model-parallel-size 0": "--tensor-model-parallel-size 0: must be >= 1",
         TRAIN + "--actor-num-nodes " + "9" * 30: "--actor-num-nodes: " + "9" * 30 + " is not a 64-bit integer",
         TRAIN + "--lr 1e-6 --eps-clip inf": "--eps-clip: 'inf' is not a finite number",
         TRAIN + "--kl-loss-coef nan": "--kl-loss-coef: 'nan' is not a finite number",
         # careless: an unset variable that was meant to hold the flag's value
-        TRAIN + "--tensor-model-parallel-size $EXTRA_ARGS 2":
-            "--tensor-model-parallel-size: expected one value, got 2: $EXTRA_ARGS 2 (the script reads unset "
-            "variables: EXTRA_ARGS; pass --env NAME=VALUE)",
+        TRAIN
+        + "--tensor-model-parallel-size $EXTRA_ARGS 2": "--tensor-model-parallel-size: expected one value, got 2: $EXTRA_ARGS 2 (the script reads unset "
+        "variables: EXTRA_ARGS; pass --env NAME=VALUE)",
     }
     results = _doctor_isolated(_scripts(tmp_path, list(cases)), tmp_path)
     for (text, want), result in zip(cases.items(), results):
@@ -371,10 +456,10 @@ def _bomb(d) -> str:
         depth = d.draw(st.integers(1, 3000))
         return f'X="{left * depth}1{right * depth}"\n'
     if kind == "seq":
-        return f'X="$(seq {d.draw(st.integers(-10**20, 10**20))} {d.draw(st.integers(-10**20, 10**20))})"\n'
+        return f'X="$(seq {d.draw(st.integers(-(10**20), 10**20))} {d.draw(st.integers(-(10**20), 10**20))})"\n'
     if kind == "arith":
         op = d.draw(st.sampled_from(["<<", ">>", "**", "*", "/", "%", "+"]))
-        return f'X="$(( {d.draw(st.integers(-10**25, 10**25))} {op} {d.draw(st.integers(-10**12, 10**12))} ))"\n'
+        return f'X="$(( {d.draw(st.integers(-(10**25), 10**25))} {op} {d.draw(st.integers(-(10**12), 10**12))} ))"\n'
     if kind == "double":
         return "X=ab\n" + 'X="$X$X"\n' * d.draw(st.integers(0, 64))
     if kind == "array":
@@ -393,8 +478,10 @@ def test_generated_bash_bombs_are_one_line_each(d):
         results = _doctor_isolated(_scripts(Path(tmp), texts), Path(tmp))
     for text, result in zip(texts, results):
         message = _refused(result)
-        assert message.startswith(("--actor-num-nodes", "--rollout-num-gpus-per-engine 0: must be >= 1",
-                                   "world(")), (text[:300], message)
+        assert message.startswith(("--actor-num-nodes", "--rollout-num-gpus-per-engine 0: must be >= 1", "world(")), (
+            text[:300],
+            message,
+        )
         assert result[2] < 10, text[:300]
 
 
@@ -405,14 +492,27 @@ def _size(good: list[int]) -> st.SearchStrategy[int]:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(world=st.tuples(_size([1, 2, 4, 8]), _size([1, 2, 4, 8])),
-       parallel=st.tuples(*[_size([1, 1, 2])] * 4), model=st.tuples(*[_size([4, 8, 16, 32])] * 2),
-       first=st.one_of(st.none(), _size([1, 2, 4])), vpp=st.one_of(st.none(), _size([1, 2])))
+@given(
+    world=st.tuples(_size([1, 2, 4, 8]), _size([1, 2, 4, 8])),
+    parallel=st.tuples(*[_size([1, 1, 2])] * 4),
+    model=st.tuples(*[_size([4, 8, 16, 32])] * 2),
+    first=st.one_of(st.none(), _size([1, 2, 4])),
+    vpp=st.one_of(st.none(), _size([1, 2])),
+)
 def test_any_sizes_give_a_layout_or_one_line(tmp_path_factory, capsys, world, parallel, model, first, vpp):
     """Drawn parallel and model sizes: a report (exit 0), or exit 2 with one `error:` line; never a crash."""
-    names = ("actor-num-nodes", "actor-num-gpus-per-node", "tensor-model-parallel-size",
-             "pipeline-model-parallel-size", "context-parallel-size", "expert-model-parallel-size", "num-layers",
-             "num-experts", "decoder-first-pipeline-num-layers", "num-virtual-stages-per-pipeline-rank")
+    names = (
+        "actor-num-nodes",
+        "actor-num-gpus-per-node",
+        "tensor-model-parallel-size",
+        "pipeline-model-parallel-size",
+        "context-parallel-size",
+        "expert-model-parallel-size",
+        "num-layers",
+        "num-experts",
+        "decoder-first-pipeline-num-layers",
+        "num-virtual-stages-per-pipeline-rank",
+    )
     values = (*world, *parallel, *model, first, vpp)
     argv = " ".join(f"--{name} {v}" for name, v in zip(names, values) if v is not None)
     script = tmp_path_factory.mktemp("sizes") / "s.sh"
@@ -429,15 +529,18 @@ def test_any_sizes_give_a_layout_or_one_line(tmp_path_factory, capsys, world, pa
 
 def test_without_megatron_core_the_layout_names_the_extra(tmp_path):
     """Parsing needs no megatron-core; the rank coordinates say in one line which extra brings it."""
-    block = ("import importlib.abc, sys\n"
-             "class Refuse(importlib.abc.MetaPathFinder):\n"
-             "    def find_spec(self, name, path=None, target=None):\n"
-             "        if name.split('.')[0] == 'megatron':\n"
-             "            raise ModuleNotFoundError(f'No module named {name!r} (blocked by the test)')\n"
-             "sys.meta_path.insert(0, Refuse())\n"
-             "from nanscope.cli.main import main\n"
-             f"sys.exit(main(['doctor', {str(FIXTURES / 'qwen3_4b_colocate.sh')!r}]))\n")
+    block = (
+        "import importlib.abc, sys\n"
+        "class Refuse(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'megatron':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r} (blocked by the test)')\n"
+        "sys.meta_path.insert(0, Refuse())\n"
+        "from nanscope.cli.main import main\n"
+        f"sys.exit(main(['doctor', {str(FIXTURES / 'qwen3_4b_colocate.sh')!r}]))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stderr) == (
-        2, "nanscope doctor: error: rank coordinates need megatron-core's RankGenerator: "
-           "pip install 'nanscope[repro]'\n")
+        2,
+        "nanscope doctor: error: rank coordinates need megatron-core's RankGenerator: pip install 'nanscope[repro]'\n",
+    )

@@ -8,10 +8,28 @@ def test_hazards_cli_json(tmp_path, capsys):
     assert main(["hazards", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     rows = {h["name"]: h for h in doc["hazards"]}
-    assert set(rows) == {"healthy", "kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward",
-                         "zero-temperature", "rollout-logprob-shift"}
-    assert set(rows["healthy"]) == {"name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries", "metrics",
-                                    "class", "level", "flags", "fix", "discriminator"}
+    assert set(rows) == {
+        "healthy",
+        "kl-exp-overflow",
+        "ratio-exp-overflow",
+        "nan-rollout-logprob",
+        "nan-reward",
+        "zero-temperature",
+        "rollout-logprob-shift",
+    }
+    assert set(rows["healthy"]) == {
+        "name",
+        "mechanism",
+        "loss_finite",
+        "grad_finite",
+        "nan_grad_entries",
+        "metrics",
+        "class",
+        "level",
+        "flags",
+        "fix",
+        "discriminator",
+    }
     assert (rows["kl-exp-overflow"]["loss_finite"], rows["kl-exp-overflow"]["grad_finite"]) == (True, False)
     assert rows["nan-reward"]["loss_finite"] is False and rows["nan-reward"]["nan_grad_entries"] > 0
     assert rows["healthy"]["nan_grad_entries"] == 0 and rows["healthy"]["class"] is None

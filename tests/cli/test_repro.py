@@ -49,7 +49,9 @@ def test_verdict_and_exit_code_compare_observed_with_expected():
         "as expected: kl-exp-overflow under the as-is loss fails megatron-core's DDP NaN check: "
         "NaN check on 4/4 ranks, rank 3 first (last stage); frames match the case's traceback"
     )
-    done = repro.Repro("kl-exp-overflow", "as-is", "nan-check", "completed", {}, [_rank(r, r // 2, True) for r in range(4)])
+    done = repro.Repro(
+        "kl-exp-overflow", "as-is", "nan-check", "completed", {}, [_rank(r, r // 2, True) for r in range(4)]
+    )
     assert not done.ok
     assert report.verdict(done) == (
         "UNEXPECTED (expected nan-check): kl-exp-overflow under the as-is loss: the step completed on all 4 ranks (grad norm [1.5])"
@@ -107,7 +109,9 @@ def test_repro_without_arguments_runs_the_matrix(tmp_path, capsys):
 @pytest.mark.timeout(500)
 def test_repro_several_steps(tmp_path):
     path = tmp_path / "s.json"
-    assert main(["repro", "--hazard", "kl-exp-overflow", "--steps", "5", "--inject-step", "3", "--json", str(path)]) == 0
+    assert (
+        main(["repro", "--hazard", "kl-exp-overflow", "--steps", "5", "--inject-step", "3", "--json", str(path)]) == 0
+    )
     doc = json.loads(path.read_text())
     assert (doc["ok"], doc["as_is_died_at"], doc["safe_steps_completed"]) == (True, 3, 5)
     assert doc["max_param_diff_safe_vs_defused_twin"] == 0.0  # bitwise
@@ -118,8 +122,10 @@ def test_steps_needs_a_hazard_and_a_step_inside(capsys):
     assert main(["repro", "--hazard", "healthy", "--steps", "5"]) == 2
     assert main(["repro", "--steps", "5", "--inject-step", "7"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == ["nanscope repro: error: --steps needs a hazard to inject (--hazard NAME, not healthy)",
-                   "nanscope repro: error: --inject-step 7 is outside steps 1..5"]
+    assert err == [
+        "nanscope repro: error: --steps needs a hazard to inject (--hazard NAME, not healthy)",
+        "nanscope repro: error: --inject-step 7 is outside steps 1..5",
+    ]
 
 
 @pytest.mark.integration
@@ -139,7 +145,9 @@ def test_repro_trace_names_the_exp_backward_in_the_kl_term_and_the_masked_token(
 
 def test_trace_needs_one_hazard(capsys):
     assert main(["repro", "--trace"]) == 2
-    assert capsys.readouterr().err == "nanscope repro: error: --trace goes with --hazard NAME (one step of one hazard)\n"
+    assert (
+        capsys.readouterr().err == "nanscope repro: error: --trace goes with --hazard NAME (one step of one hazard)\n"
+    )
 
 
 @pytest.mark.parametrize(

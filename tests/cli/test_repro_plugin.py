@@ -26,8 +26,18 @@ def _exp_line() -> int:
 def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NANSCOPE_MAX_SKIPS", raising=False)
     out = tmp_path / "out.json"
-    argv = ["repro", "--hazard", "kl-exp-overflow", "--steps", "4", "--inject-step", "2", "--plugin",
-            "--json", str(out)]
+    argv = [
+        "repro",
+        "--hazard",
+        "kl-exp-overflow",
+        "--steps",
+        "4",
+        "--inject-step",
+        "2",
+        "--plugin",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     text = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
     doc = json.loads(out.read_text())
@@ -39,18 +49,32 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
     instruction = {r["replay"]["text"] for r in plugin["reports"]}
     assert len(instruction) == 1 and {(r["rollout_id"], r["step_id"]) for r in plugin["reports"]} == {(1, 0)}
     (said,) = instruction
-    assert said.startswith("rerun from the checkpoint before rollout 1 with NANSCOPE_TRACE_STEP=1:0 in the "
-                           "environment and --load-debug-rollout-data ")
+    assert said.startswith(
+        "rerun from the checkpoint before rollout 1 with NANSCOPE_TRACE_STEP=1:0 in the "
+        "environment and --load-debug-rollout-data "
+    )
     assert f"the report says: {said} replay with NANSCOPE_TRACE_STEP=1:0 (4 ranks traced" in text
     # The replay: exp in approx_kl on the last stage (the loss), then ExpBackward0's mul, at the hazard's token.
     replay = plugin["replay"]
     fwd, bwd = replay["forward"], replay["backward"]
     source = f"nanscope/loss/formulas.py:{_exp_line()} in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`"
     assert (fwd["op"], fwd["module"], fwd["source"], fwd["sample"], fwd["token"], fwd["masked"]) == (
-        "aten.exp.default", None, source, sample, token, True)
+        "aten.exp.default",
+        None,
+        source,
+        sample,
+        token,
+        True,
+    )
     assert fwd["pp"] == 1 and fwd["microbatch"] == sample  # one sample per micro-batch in the harness
     assert (bwd["op"], bwd["node"], bwd["source"], bwd["sample"], bwd["token"], bwd["pp"]) == (
-        "aten.mul.Tensor", "ExpBackward0", source, sample, token, 1)
+        "aten.mul.Tensor",
+        "ExpBackward0",
+        source,
+        sample,
+        token,
+        1,
+    )
     # Skip mode: step 2 skipped on every rank with a NaN grad norm, the run goes on; the log says so.
     skip = plugin["skip"]
     assert skip["observed"] == "completed" and skip["skipped_steps"] == [1, 1, 1, 1]
@@ -66,23 +90,44 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
 def test_max_skips_stops_the_skip_run(tmp_path, monkeypatch):
     monkeypatch.setenv("NANSCOPE_MAX_SKIPS", "1")
     out = tmp_path / "out.json"
-    argv = ["repro", "--hazard", "kl-exp-overflow", "--steps", "2", "--inject-step", "2", "--plugin",
-            "--json", str(out)]
+    argv = [
+        "repro",
+        "--hazard",
+        "kl-exp-overflow",
+        "--steps",
+        "2",
+        "--inject-step",
+        "2",
+        "--plugin",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     skip = json.loads(out.read_text())["plugin"]["skip"]
     assert skip["observed"] == "error" and skip["expected"] == "error" and skip["skipped_steps"] == [1, 1, 1, 1]
     for r in skip["ranks"]:
-        assert r["error"].startswith("nanscope: 1 step(s) in a row had non-finite gradients (the last: rollout 1 "
-                                     "step 0); NANSCOPE_MAX_SKIPS=1: stopping the run.")
+        assert r["error"].startswith(
+            "nanscope: 1 step(s) in a row had non-finite gradients (the last: rollout 1 "
+            "step 0); NANSCOPE_MAX_SKIPS=1: stopping the run."
+        )
 
 
-@pytest.mark.parametrize("argv,env,message", [
-    (["--plugin"], {}, "--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)"),
-    (["--hazard", "kl-exp-overflow", "--plugin"], {},
-     "--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)"),
-    (["--hazard", "kl-exp-overflow", "--steps", "2", "--plugin"], {"NANSCOPE_MAX_SKIPS": "0"},
-     "NANSCOPE_MAX_SKIPS='0': expected an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv,env,message",
+    [
+        (["--plugin"], {}, "--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)"),
+        (
+            ["--hazard", "kl-exp-overflow", "--plugin"],
+            {},
+            "--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)",
+        ),
+        (
+            ["--hazard", "kl-exp-overflow", "--steps", "2", "--plugin"],
+            {"NANSCOPE_MAX_SKIPS": "0"},
+            "NANSCOPE_MAX_SKIPS='0': expected an integer >= 1",
+        ),
+    ],
+)
 def test_plugin_input_errors_are_one_line_before_any_launch(argv, env, message, capsys, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -27,21 +27,44 @@ def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
     assert "12 40 64 true 100 kl-margin kl-exp-overflow?" in lines
     assert "3 nan nonfinite-reward nan-reward" in lines
     assert "14 0 zero-loss-mask - loss_mask sums to 0" in lines
-    assert lines[-1] == ("slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob, nan-reward; possibly also "
-                         "via kl-exp-overflow, ratio-exp-overflow (bounds only)")
+    assert lines[-1] == (
+        "slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob, nan-reward; possibly also "
+        "via kl-exp-overflow, ratio-exp-overflow (bounds only)"
+    )
 
     doc = json.loads((tmp_path / "s.json").read_text())
     assert set(doc) == {"dump", "config", "hazards", "summary"}
-    assert doc["hazards"][9] == {"kind": "nonfinite-rollout-logprob", "mechanism": "nan-rollout-logprob", "sample": 9,
-                                 "token": 17, "abs_token": 41, "masked": False, "value": "nan", "certain": True,
-                                 "detail": ""}
+    assert doc["hazards"][9] == {
+        "kind": "nonfinite-rollout-logprob",
+        "mechanism": "nan-rollout-logprob",
+        "sample": 9,
+        "token": 17,
+        "abs_token": 41,
+        "masked": False,
+        "value": "nan",
+        "certain": True,
+        "detail": "",
+    }
     assert doc["hazards"][10]["value"] == 100.0 and doc["hazards"][10]["certain"] is False
-    assert doc["summary"]["counts"] == {"nonfinite-reward": 1, "grpo-nonfinite": 8, "nonfinite-rollout-logprob": 1,
-                                        "kl-margin": 1, "ratio-margin": 1, "length-mismatch": 0,
-                                        "zero-loss-mask": 1, "response-too-long": 0}
+    assert doc["summary"]["counts"] == {
+        "nonfinite-reward": 1,
+        "grpo-nonfinite": 8,
+        "nonfinite-rollout-logprob": 1,
+        "kl-margin": 1,
+        "ratio-margin": 1,
+        "length-mismatch": 0,
+        "zero-loss-mask": 1,
+        "response-too-long": 0,
+    }
     assert (doc["summary"]["would_nan"], doc["summary"]["total"]) == ("yes", 13)
-    assert doc["dump"] == {"path": dump, "kind": "rollout", "rollout_id": 12, "rank": None, "num_samples": 16,
-                           "response_tokens": 1024}
+    assert doc["dump"] == {
+        "path": dump,
+        "kind": "rollout",
+        "rollout_id": 12,
+        "rank": None,
+        "num_samples": 16,
+        "response_tokens": 1024,
+    }
 
     html = (tmp_path / "s.html").read_text()
     assert html.count("<svg") == 3  # kl-margin and ratio-margin histograms, the hazard map
@@ -80,9 +103,11 @@ def test_code_executing_pickle_refused_exit_2_marker_absent(tmp_path, capsys):
     torch.save({"rollout_id": 12, "samples": [MkdirOnLoad(str(marker))]}, path)
     rc, out, err = run(capsys, str(path))
     assert (rc, out) == (2, "")
-    assert err == (f"nanscope scan: error: {path}: sample 0: refused: loading it needs arbitrary unpickling (it "
-                   "references posix.mkdir); nanscope reads dumps with a restricted unpickler, a subset of "
-                   "torch.load(weights_only=True). If you trust the file, rerun with --trust-pickle\n")
+    assert err == (
+        f"nanscope scan: error: {path}: sample 0: refused: loading it needs arbitrary unpickling (it "
+        "references posix.mkdir); nanscope reads dumps with a restricted unpickler, a subset of "
+        "torch.load(weights_only=True). If you trust the file, rerun with --trust-pickle\n"
+    )
     assert not marker.exists()
     # With --trust-pickle the payload runs (the flag is what allows it); the result is still no dump.
     rc, _, err = run(capsys, str(path), "--trust-pickle")
@@ -107,8 +132,10 @@ def test_length_mismatch_renders_then_exits_2(tmp_path, capsys):
     path = demo.write_rollout_dump(tmp_path / "0.pt", samples)
     rc, out, err = run(capsys, str(path), "--json", str(tmp_path / "s.json"))
     assert rc == 2
-    assert err == (f"nanscope scan: error: {path}: loss_mask of sample 5: length 6 != response_length 8 "
-                   "(and 1 more; see the table)\n")
+    assert err == (
+        f"nanscope scan: error: {path}: loss_mask of sample 5: length 6 != response_length 8 "
+        "(and 1 more; see the table)\n"
+    )
     assert "length-mismatch" in out
     assert json.loads((tmp_path / "s.json").read_text())["summary"]["counts"]["length-mismatch"] == 2
 
@@ -121,8 +148,10 @@ def test_wrong_structure_and_bad_flags_exit_2(tmp_path, capsys):
     rc, _, err = run(capsys, str(path), "--n-samples-per-prompt", "0")
     assert (rc, err) == (2, "nanscope scan: error: --n-samples-per-prompt 0: must be >= 1\n")
     rc, _, err = run(capsys)
-    assert (rc, err) == (2, "nanscope scan: error: no dump given "
-                            "(try: nanscope scan --write-demo rollout_data/12.pt)\n")
+    assert (rc, err) == (
+        2,
+        "nanscope scan: error: no dump given (try: nanscope scan --write-demo rollout_data/12.pt)\n",
+    )
 
 
 def test_help_states_defaults(capsys):
@@ -131,8 +160,13 @@ def test_help_states_defaults(capsys):
     except SystemExit as e:
         assert e.code == 0
     out = capsys.readouterr().out
-    for text in ("GRPO group size (default 8)", "(default 61440)", "--trust-pickle",
-                 "exit status: 0 no hazard, 1 hazards found, 2 unreadable", "examples:"):
+    for text in (
+        "GRPO group size (default 8)",
+        "(default 61440)",
+        "--trust-pickle",
+        "exit status: 0 no hazard, 1 hazards found, 2 unreadable",
+        "examples:",
+    ):
         assert text in " ".join(out.split()), text
 
 
@@ -148,8 +182,11 @@ def test_unwritable_output_is_one_line(tmp_path, capsys):
     dump = str(tmp_path / "12.pt")
     demo.write_demo(dump)
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "no" / "such" / "dir.json"))
-    assert (rc, out, err) == (2, "", f"nanscope scan: error: --json {tmp_path}/no/such/dir.json: no such directory: "
-                                     f"{tmp_path}/no/such\n")  # refused before loading: no table
+    assert (rc, out, err) == (
+        2,
+        "",
+        f"nanscope scan: error: --json {tmp_path}/no/such/dir.json: no such directory: {tmp_path}/no/such\n",
+    )  # refused before loading: no table
 
 
 def test_flag_defaults_are_the_case(tmp_path):
@@ -171,15 +208,19 @@ def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
     rc, out, err = run(capsys, str(tmp_path), "--json", str(tmp_path / "s.json"), "--workers", "2")
     assert (rc, err) == (1, "")
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
-    assert ("rollout_data/12.pt rollout 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
-            "ratio-exp-overflow") in lines
+    assert (
+        "rollout_data/12.pt rollout 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
+        "ratio-exp-overflow"
+    ) in lines
     assert "rollout_data/13.pt rollout 8 64 0 no -" in lines
     assert "train_data/12_0.pt train 16 1,024 4 yes kl-exp-overflow, nan-rollout-logprob, ratio-exp-overflow" in lines
-    assert lines[-1] == ("3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; "
-                         "0 failed; 17 findings")
+    assert lines[-1] == (
+        "3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; 0 failed; 17 findings"
+    )
     doc = json.loads((tmp_path / "s.json").read_text())
     assert [f["path"] for f in doc["files"]] == [f"{tmp_path}/rollout_data/{n}.pt" for n in (12, 13)] + [
-        f"{tmp_path}/train_data/12_0.pt"]
+        f"{tmp_path}/train_data/12_0.pt"
+    ]
     assert doc["files"][0]["counts"]["grpo-nonfinite"] == 8 and doc["summary"]["failed"] == 0
 
 
@@ -188,12 +229,16 @@ def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
     (tmp_path / "13.pt").write_bytes(b"PK\x03\x04 truncated")
     rc, out, err = run(capsys, str(tmp_path), "--workers", "1")
     assert rc == 2 and err.count("\n") == 1
-    assert err.startswith(f"nanscope scan: error: 1 of 2 dumps failed; the first: {tmp_path}/13.pt: unreadable "
-                          "torch.save file (")
+    assert err.startswith(
+        f"nanscope scan: error: 1 of 2 dumps failed; the first: {tmp_path}/13.pt: unreadable torch.save file ("
+    )
     assert "1 failed" in out.splitlines()[-1]
     rc, _, err = run(capsys, str(tmp_path), "--html", str(tmp_path / "x.html"))
-    assert (rc, err) == (2, f"nanscope scan: error: --html {tmp_path}/x.html: takes one dump, not a directory "
-                            f"(use --json for {tmp_path})\n")
+    assert (rc, err) == (
+        2,
+        f"nanscope scan: error: --html {tmp_path}/x.html: takes one dump, not a directory "
+        f"(use --json for {tmp_path})\n",
+    )
     (tmp_path / "empty").mkdir()
     rc, _, err = run(capsys, str(tmp_path / "empty"))
     assert (rc, err) == (2, f"nanscope scan: error: {tmp_path}/empty: no *.pt dumps in this directory or below\n")

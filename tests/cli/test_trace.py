@@ -27,7 +27,12 @@ def test_trace_hazard_prints_both_producers_and_writes_json(tmp_path, capsys):
     assert "forward producer: aten.exp.default produced inf from inf-free inputs\n" in text
     assert "backward producer: aten.mul.Tensor produced NaN from NaN-free inputs\n" in text
     assert "  autograd node: ExpBackward0 (created in forward by exp)\n" in text
-    assert text.count(f"  source:  nanscope/loss/formulas.py:{line} in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`\n") == 2
+    assert (
+        text.count(
+            f"  source:  nanscope/loss/formulas.py:{line} in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`\n"
+        )
+        == 2
+    )
     assert text.count(f"  token:   sample {site[0]}, response token {site[1]}, loss_mask 0 (masked)\n") == 2
     doc = json.loads(out.read_text())
     assert doc["hazard_site"] == list(site) and doc["loss"] == "as-is"
@@ -43,7 +48,10 @@ def test_trace_input_hazard_and_safe_loss(capsys):
     # The NaN reward spreads to the whole group of 8 = every sample: all response tokens are NaN.
     n = sum(replay.hazard_microbatch("nan-reward")[0]["batch"]["response_lengths"])
     assert f"  advantages: {n} nan; first at sample 0, response token 0, loss_mask 1\n" in text
-    assert "forward producer: none; no op turned finite values into non-finite ones: they came from an input (advantages)\n" in text
+    assert (
+        "forward producer: none; no op turned finite values into non-finite ones: they came from an input (advantages)\n"
+        in text
+    )
     assert main(["trace", "--hazard", "kl-exp-overflow", "--loss", "safe"]) == 0
     text = capsys.readouterr().out
     assert "forward producer: none (every op output was finite)\n" in text
@@ -54,7 +62,10 @@ def test_trace_input_hazard_and_safe_loss(capsys):
 def test_trace_allow_list(capsys):
     assert main(["trace", "--hazard", "kl-exp-overflow", "--allow", "aten.exp"]) == 0
     text = capsys.readouterr().out
-    assert "forward producer: none outside the allow-list; the first non-finite output is allow-listed: aten.exp.default produced inf" in text
+    assert (
+        "forward producer: none outside the allow-list; the first non-finite output is allow-listed: aten.exp.default produced inf"
+        in text
+    )
     # The backward NaN comes from ExpBackward0's mul, not from exp itself: still a producer.
     assert "backward producer: aten.mul.Tensor produced NaN from NaN-free inputs\n" in text
 
@@ -81,15 +92,28 @@ def test_trace_bad_input_is_one_line_exit_2(tmp_path, capsys):
     torch.save({"batch": {}}, tmp_path / "x.pt")
     cases = [
         (["trace"], "give either FILE.pt or --hazard NAME (not both)"),
-        (["trace", "--hazard", "nope"], "--hazard nope: unknown hazard; known: healthy, kl-exp-overflow, "
-         "ratio-exp-overflow, nan-rollout-logprob, nan-reward"),
+        (
+            ["trace", "--hazard", "nope"],
+            "--hazard nope: unknown hazard; known: healthy, kl-exp-overflow, "
+            "ratio-exp-overflow, nan-rollout-logprob, nan-reward",
+        ),
         (["trace", str(tmp_path / "none.pt")], f"{tmp_path / 'none.pt'}: micro-batch file: no such file"),
-        (["trace", str(tmp_path / "x.pt")], f"{tmp_path / 'x.pt'}: missing key 'logits' (expected batch, logits, args, loss)"),
+        (
+            ["trace", str(tmp_path / "x.pt")],
+            f"{tmp_path / 'x.pt'}: missing key 'logits' (expected batch, logits, args, loss)",
+        ),
     ]
     doc, _ = replay.hazard_microbatch("healthy")
-    replay.save_microbatch(tmp_path / "gspo.pt", doc["batch"], doc["logits"], {**doc["args"], "advantage_estimator": "gspo"}, "as-is")
-    cases.append((["trace", str(tmp_path / "gspo.pt")], f"{tmp_path / 'gspo.pt'}: the as-is loss rejected it: "
-                  "advantage_estimator 'gspo' (sequence-level ratio) is not modelled by nanscope"))
+    replay.save_microbatch(
+        tmp_path / "gspo.pt", doc["batch"], doc["logits"], {**doc["args"], "advantage_estimator": "gspo"}, "as-is"
+    )
+    cases.append(
+        (
+            ["trace", str(tmp_path / "gspo.pt")],
+            f"{tmp_path / 'gspo.pt'}: the as-is loss rejected it: "
+            "advantage_estimator 'gspo' (sequence-level ratio) is not modelled by nanscope",
+        )
+    )
     for argv, err in cases:
         assert main(argv) == 2
         assert capsys.readouterr().err == f"nanscope trace: error: {err}\n"
@@ -101,26 +125,40 @@ def test_trace_hostile_files_are_one_line_exit_2(tmp_path, capsys):
     files = {  # name -> (document or None for raw bytes, the error after "PATH: ")
         "empty.pt": (b"", "not a nanscope micro-batch file (torch.load weights_only: EOFError)"),
         "text.pt": (b"hello", "not a nanscope micro-batch file (torch.load weights_only: "),
-        "strlen.pt": ({**doc, "batch": {**batch, "total_lengths": ["34"] * 8}},
-                      "total_lengths of sample 0: expected an integer, got str '34'"),
-        "cp0.pt": ({**doc, "parallel": {"cp_rank": 0, "cp_size": 0}},
-                   "parallel: cp_rank 0, cp_size 0, tp_size 1: need sizes >= 1 and 0 <= cp_rank < cp_size"),
-        "argtype.pt": ({**doc, "args": {**doc["args"], "eps_clip": "0.2"}},
-                       "args: eps_clip '0.2': expected int or float"),
+        "strlen.pt": (
+            {**doc, "batch": {**batch, "total_lengths": ["34"] * 8}},
+            "total_lengths of sample 0: expected an integer, got str '34'",
+        ),
+        "cp0.pt": (
+            {**doc, "parallel": {"cp_rank": 0, "cp_size": 0}},
+            "parallel: cp_rank 0, cp_size 0, tp_size 1: need sizes >= 1 and 0 <= cp_rank < cp_size",
+        ),
+        "argtype.pt": (
+            {**doc, "args": {**doc["args"], "eps_clip": "0.2"}},
+            "args: eps_clip '0.2': expected int or float",
+        ),
         "nosamples.pt": ({**doc, "batch": {k: [] for k in batch}}, "batch: no samples (total_lengths is empty)"),
-        "vocab0.pt": ({**doc, "logits": doc["logits"][..., :0]},
-                      f"logits: expected a float tensor [1, T, V], got shape (1, {doc['logits'].size(1)}, 0) "
-                      "torch.float32"),
-        "nested.pt": ({**doc, "batch": {**batch, "unconcat_tokens": [["a"]] * 8}},
-                      "unconcat_tokens of sample 0: expected a tensor or a list of numbers, got list"),
-        "meta.pt": ({**doc, "batch": {**batch, "log_probs": [torch.empty(3, device="meta")] * 8}},
-                    "log_probs of sample 0: expected a dense real tensor, got torch.float32, torch.strided, on meta"),
-        "huge.pt": ({**doc, "batch": {**batch, "total_lengths": [10**30] * 8}},
-                    f"unconcat_tokens of sample 0: {batch['total_lengths'][0]} tokens != total_length {10**30}"),
-        "sentinel.pt": ({"format": replay.SENTINEL_FORMAT, "rollout_id": 3, "step_id": 1,
-                         "input_ids": torch.zeros(1, 8)},
-                        "the sentinel's copy of a micro-batch's input_ids, no logits to replay: rerun the step as the "
-                        'report\'s "replay" says (NANSCOPE_TRACE_STEP=3:1)'),
+        "vocab0.pt": (
+            {**doc, "logits": doc["logits"][..., :0]},
+            f"logits: expected a float tensor [1, T, V], got shape (1, {doc['logits'].size(1)}, 0) torch.float32",
+        ),
+        "nested.pt": (
+            {**doc, "batch": {**batch, "unconcat_tokens": [["a"]] * 8}},
+            "unconcat_tokens of sample 0: expected a tensor or a list of numbers, got list",
+        ),
+        "meta.pt": (
+            {**doc, "batch": {**batch, "log_probs": [torch.empty(3, device="meta")] * 8}},
+            "log_probs of sample 0: expected a dense real tensor, got torch.float32, torch.strided, on meta",
+        ),
+        "huge.pt": (
+            {**doc, "batch": {**batch, "total_lengths": [10**30] * 8}},
+            f"unconcat_tokens of sample 0: {batch['total_lengths'][0]} tokens != total_length {10**30}",
+        ),
+        "sentinel.pt": (
+            {"format": replay.SENTINEL_FORMAT, "rollout_id": 3, "step_id": 1, "input_ids": torch.zeros(1, 8)},
+            "the sentinel's copy of a micro-batch's input_ids, no logits to replay: rerun the step as the "
+            'report\'s "replay" says (NANSCOPE_TRACE_STEP=3:1)',
+        ),
     }
     for name, (obj, err) in files.items():
         path = tmp_path / name
@@ -134,12 +172,16 @@ def test_trace_hostile_files_are_one_line_exit_2(tmp_path, capsys):
     for argv, err in [
         ([str(tmp_path / "dir.pt")], f"{tmp_path / 'dir.pt'}: micro-batch file: is a directory, expected a file"),
         (["/dev/zero"], "/dev/zero: micro-batch file: not a regular file (a character device)"),
-        ([str(tmp_path / "ok.pt"), "--max-input-mb", "0.01"],
-         f"{tmp_path / 'ok.pt'}: micro-batch file: {size} bytes is over the 10485 bytes limit "
-         "(raise it with --max-input-mb)"),
+        (
+            [str(tmp_path / "ok.pt"), "--max-input-mb", "0.01"],
+            f"{tmp_path / 'ok.pt'}: micro-batch file: {size} bytes is over the 10485 bytes limit "
+            "(raise it with --max-input-mb)",
+        ),
         ([str(tmp_path / "ok.pt"), "--max-input-mb", "nan"], "--max-input-mb nan: must be a number > 0"),
-        ([str(tmp_path / "ok.pt"), "--json", str(tmp_path / "no" / "t.json")],
-         f"--json {tmp_path / 'no' / 't.json'}: no such directory: {tmp_path / 'no'}"),
+        (
+            [str(tmp_path / "ok.pt"), "--json", str(tmp_path / "no" / "t.json")],
+            f"--json {tmp_path / 'no' / 't.json'}: no such directory: {tmp_path / 'no'}",
+        ),
     ]:
         assert main(["trace", *argv]) == 2
         assert capsys.readouterr().err == f"nanscope trace: error: {err}\n"

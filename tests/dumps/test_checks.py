@@ -13,8 +13,11 @@ from nanscope.dumps.config import ScanConfig
 
 def rows(result, kinds=None):
     """(kind, mechanism, sample, token, abs_token, masked, value-as-text, certain) of listed hazards."""
-    return [(h.kind, h.mechanism, h.sample, h.token, h.abs_token, h.masked, repr(h.value), h.certain)
-            for h in result.hazards if kinds is None or h.kind in kinds]
+    return [
+        (h.kind, h.mechanism, h.sample, h.token, h.abs_token, h.masked, repr(h.value), h.certain)
+        for h in result.hazards
+        if kinds is None or h.kind in kinds
+    ]
 
 
 def scan_samples(tmp_path, samples, cfg=None, **load):
@@ -36,8 +39,10 @@ def test_rollout_demo_every_planted_hazard(tmp_path):
         ("zero-loss-mask", None, 14, None, None, None, "0", True),
     ]
     assert r.hazards[0].detail == "group 0: sample 3's reward is nan"
-    assert r.verdict == ("slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob, nan-reward; "
-                         "possibly also via kl-exp-overflow, ratio-exp-overflow (bounds only)")
+    assert r.verdict == (
+        "slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob, nan-reward; "
+        "possibly also via kl-exp-overflow, ratio-exp-overflow (bounds only)"
+    )
     assert (r.would_nan, r.num_samples, r.response_tokens, r.errors) == ("yes", 16, 16 * 64, [])
     counts = {c.kind: (c.status, c.count) for c in r.checks}
     assert counts["tis-margin"] == ("skipped", 0) and counts["grpo-nonfinite"] == ("ran", 8)
@@ -57,8 +62,10 @@ def test_train_demo_every_planted_hazard(tmp_path):
         ("tis-margin", None, 7, 3, 27, False, "94.0", True),  # -1 - (-95)
         ("nonfinite-rollout-logprob", "nan-rollout-logprob", 9, 17, 41, False, "nan", True),
     ]
-    assert r.verdict == ("slime v0.1.0 would produce NaN: yes, via kl-exp-overflow, nan-rollout-logprob; "
-                         "possibly also via ratio-exp-overflow (bounds only)")
+    assert r.verdict == (
+        "slime v0.1.0 would produce NaN: yes, via kl-exp-overflow, nan-rollout-logprob; "
+        "possibly also via ratio-exp-overflow (bounds only)"
+    )
 
 
 def test_clean_dump_is_clean(tmp_path, make_samples):
@@ -70,8 +77,12 @@ def test_clean_dump_is_clean(tmp_path, make_samples):
 def test_kl_threshold_is_the_fp32_exp_limit(tmp_path):
     # FP32_EXP_MAX = 88.7228...: a log-ratio of 88.72 is finite under exp, 88.73 overflows.
     assert math.isfinite(torch.tensor(88.72).exp().item()) and torch.tensor(88.73).exp().item() == math.inf
-    data = {"tokens": [torch.arange(6)], "response_lengths": [3], "log_probs": [torch.tensor([-90.0, -90.0, -1.0])],
-            "ref_log_probs": [torch.tensor([-1.28, -1.27, -1.0])]}
+    data = {
+        "tokens": [torch.arange(6)],
+        "response_lengths": [3],
+        "log_probs": [torch.tensor([-90.0, -90.0, -1.0])],
+        "ref_log_probs": [torch.tensor([-1.28, -1.27, -1.0])],
+    }
     demo.write_train_dump(tmp_path / "t.pt", data)
     r = checks.scan(io.load(tmp_path / "t.pt"))
     kl = rows(r, {"kl-margin"})
@@ -80,8 +91,12 @@ def test_kl_threshold_is_the_fp32_exp_limit(tmp_path):
 
 
 def test_kl_check_follows_the_flags(tmp_path):
-    data = {"tokens": [torch.arange(4)], "response_lengths": [2], "log_probs": [torch.tensor([-100.0, -1.0])],
-            "ref_log_probs": [torch.tensor([-1.0, -1.0])]}
+    data = {
+        "tokens": [torch.arange(4)],
+        "response_lengths": [2],
+        "log_probs": [torch.tensor([-100.0, -1.0])],
+        "ref_log_probs": [torch.tensor([-1.0, -1.0])],
+    }
     demo.write_train_dump(tmp_path / "t.pt", data)
     cases = [({}, 1), ({"kl_loss_type": "k3"}, 1), ({"kl_loss_type": "kl"}, 0), ({"use_kl_loss": False}, 0)]
     for flags, expect in cases:
@@ -106,14 +121,19 @@ def test_inf_reward_spreads_to_its_group_only(tmp_path, make_samples):
     samples[6]["reward"] = math.inf
     r = scan_samples(tmp_path, samples, ScanConfig.for_case(n_samples_per_prompt=4))
     assert [(h.kind, h.sample) for h in r.hazards] == [("grpo-nonfinite", i) for i in (4, 5)] + [
-        ("nonfinite-reward", 6), ("grpo-nonfinite", 6), ("grpo-nonfinite", 7)]
+        ("nonfinite-reward", 6),
+        ("grpo-nonfinite", 6),
+        ("grpo-nonfinite", 7),
+    ]
     assert r.hazards[0].detail == "group 1: sample 6's reward is inf"
 
 
 def test_groups_that_do_not_reshape_are_an_error(tmp_path, make_samples):
     r = scan_samples(tmp_path, make_samples(13))
-    assert r.errors == [f"{tmp_path / 'r.pt'}: samples: 13 samples do not form groups of --n-samples-per-prompt 8 "
-                        "(13 % 8 = 5): slime v0.1.0's reshape(-1, 8) fails"]
+    assert r.errors == [
+        f"{tmp_path / 'r.pt'}: samples: 13 samples do not form groups of --n-samples-per-prompt 8 "
+        "(13 % 8 = 5): slime v0.1.0's reshape(-1, 8) fails"
+    ]
 
 
 def test_length_mismatches_name_field_and_sample(tmp_path, make_samples):
@@ -123,20 +143,28 @@ def test_length_mismatches_name_field_and_sample(tmp_path, make_samples):
     samples[6]["response_length"] = 13  # > len(tokens) = 12
     r = scan_samples(tmp_path, samples)
     p = tmp_path / "r.pt"
-    assert r.errors == [f"{p}: loss_mask of sample 2: length 7 != response_length 8",
-                        f"{p}: rollout_log_probs of sample 5: length 9 != response_length 8",
-                        f"{p}: response_length of sample 6: response_length 13 > len(tokens) 12",
-                        f"{p}: loss_mask of sample 6: length 8 != response_length 13"]
+    assert r.errors == [
+        f"{p}: loss_mask of sample 2: length 7 != response_length 8",
+        f"{p}: rollout_log_probs of sample 5: length 9 != response_length 8",
+        f"{p}: response_length of sample 6: response_length 13 > len(tokens) 12",
+        f"{p}: loss_mask of sample 6: length 8 != response_length 13",
+    ]
     assert [(h.kind, h.sample, h.value) for h in r.hazards] == [
-        ("length-mismatch", 2, 7), ("length-mismatch", 5, 9), ("length-mismatch", 6, 13), ("length-mismatch", 6, 8)]
+        ("length-mismatch", 2, 7),
+        ("length-mismatch", 5, 9),
+        ("length-mismatch", 6, 13),
+        ("length-mismatch", 6, 8),
+    ]
 
 
 def test_cp_sliced_train_dump_without_cp_flags_hints(tmp_path):
     data = {"tokens": [torch.arange(10)], "response_lengths": [6], "log_probs": [torch.zeros(4)]}
     demo.write_train_dump(tmp_path / "t.pt", data)
     r = checks.scan(io.load(tmp_path / "t.pt"))
-    assert r.errors == [f"{tmp_path / 't.pt'}: log_probs of sample 0: length 4 != response_length 6 "
-                        "(CP-sliced? pass --context-parallel-size and --tensor-model-parallel-size)"]
+    assert r.errors == [
+        f"{tmp_path / 't.pt'}: log_probs of sample 0: length 4 != response_length 6 "
+        "(CP-sliced? pass --context-parallel-size and --tensor-model-parallel-size)"
+    ]
 
 
 def test_cp_sliced_hazard_maps_to_its_response_token(tmp_path):
@@ -161,7 +189,8 @@ def test_rollout_logprob_is_checked_as_bf16(tmp_path, make_samples):
     r = scan_samples(tmp_path, samples)
     assert rows(r, {"nonfinite-rollout-logprob"}) == [
         ("nonfinite-rollout-logprob", None, 1, 2, 6, False, "1e+39", True),
-        ("nonfinite-rollout-logprob", None, 1, 3, 7, False, "-inf", True)]
+        ("nonfinite-rollout-logprob", None, 1, 3, 7, False, "-inf", True),
+    ]
     assert r.would_nan == "possibly"  # -inf rollout log-prob: the KL/ratio bounds are inf
 
 
@@ -209,8 +238,13 @@ def test_catalogue_batches_as_train_dumps(tmp_path, name):
     demo.write_train_dump(tmp_path / "t.pt", data)
     r = checks.scan(io.load(tmp_path / "t.pt"))
     site = b["hazard_site"]
-    expect = {"healthy": [], "kl-exp-overflow": ["kl-exp-overflow"], "ratio-exp-overflow": ["kl-exp-overflow"],
-              "nan-rollout-logprob": ["nan-rollout-logprob"], "nan-reward": ["nan-reward"]}[name]
+    expect = {
+        "healthy": [],
+        "kl-exp-overflow": ["kl-exp-overflow"],
+        "ratio-exp-overflow": ["kl-exp-overflow"],
+        "nan-rollout-logprob": ["nan-rollout-logprob"],
+        "nan-reward": ["nan-reward"],
+    }[name]
     certain = [m for m in r.mechanisms if any(h.mechanism == m and h.certain for h in r.hazards)]
     assert certain == expect
     if name in ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob"):
@@ -225,8 +259,13 @@ def test_bf16_rounding_matches_torch():
     from nanscope.dumps.checks import _bf16
 
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.normal(0, 50, 5000), -rng.exponential(30, 5000),
-                        [math.nan, math.inf, -math.inf, 1e39, -1e39, 3.3895313892515355e38, 0.0, -0.0, 1e-45, -88.75]])
+    x = np.concatenate(
+        [
+            rng.normal(0, 50, 5000),
+            -rng.exponential(30, 5000),
+            [math.nan, math.inf, -math.inf, 1e39, -1e39, 3.3895313892515355e38, 0.0, -0.0, 1e-45, -88.75],
+        ]
+    )
     want = torch.tensor(x.tolist(), dtype=torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(_bf16(x), want)
     # bf16 keeps 8 significant bits, a step of 0.5 in [64, 128): -88.7 -> -88.5; -88.75 is halfway between
@@ -237,8 +276,10 @@ def test_bf16_rounding_matches_torch():
 def test_histogram_bins():
     # Bin 0: < -40 (and -inf); bin b: [-41 + b, -40 + b); last bin 161: >= 120 (and +inf); nan apart.
     col = checks._Collector(ScanConfig.for_case(histograms=True))
-    x = np.array([-1e9, -41.0, -40.5, -math.inf, -40.0, -0.5, 0.0, 0.99, 88.72, 88.73, 119.9, 120.0, math.inf,
-                  math.nan], np.float32)
+    x = np.array(
+        [-1e9, -41.0, -40.5, -math.inf, -40.0, -0.5, 0.0, 0.99, 88.72, 88.73, 119.9, 120.0, math.inf, math.nan],
+        np.float32,
+    )
     masked = np.zeros(x.size, bool)
     masked[8] = True
     col.histogram("k", "label", x, masked)
@@ -267,9 +308,12 @@ def test_verdict_agrees_with_slime_loss_model(tmp_path, key, value):
     nan_in_slime = not (torch.isfinite(loss) and torch.isfinite(logits.grad).all())
 
     data = {k: b[k] for k in ("total_lengths", "response_lengths", "log_probs", "ref_log_probs", "advantages")}
-    data.update(tokens=b["unconcat_tokens"], loss_masks=[m.int() for m in b["loss_masks"]],
-                rollout_log_probs=[x.to(torch.bfloat16) for x in b["rollout_log_probs"]],
-                rewards=[float(a[0]) for a in b["advantages"]])
+    data.update(
+        tokens=b["unconcat_tokens"],
+        loss_masks=[m.int() for m in b["loss_masks"]],
+        rollout_log_probs=[x.to(torch.bfloat16) for x in b["rollout_log_probs"]],
+        rewards=[float(a[0]) for a in b["advantages"]],
+    )
     demo.write_train_dump(tmp_path / "t.pt", data)
     r = checks.scan(io.load(tmp_path / "t.pt"))
     assert (r.would_nan == "yes") == nan_in_slime
@@ -281,16 +325,23 @@ def test_config_for_case_reads_the_case():
 
     cfg, flags = ScanConfig.for_case(), case.loss_flags()
     assert (cfg.n_samples_per_prompt, cfg.advantage_estimator, cfg.use_kl_loss, cfg.kl_loss_type, cfg.use_tis) == (
-        flags["n_samples_per_prompt"], flags["advantage_estimator"], flags["use_kl_loss"], flags["kl_loss_type"],
-        flags["use_tis"])
+        flags["n_samples_per_prompt"],
+        flags["advantage_estimator"],
+        flags["use_kl_loss"],
+        flags["kl_loss_type"],
+        flags["use_tis"],
+    )
     assert (cfg.rollout_max_response_len, cfg.rewards_normalization, cfg.grpo_std_normalization) == (61440, True, True)
-    assert ScanConfig.for_case(use_tis=False, max_listed=3) == ScanConfig(**{**vars(cfg), "use_tis": False,
-                                                                             "max_listed": 3})
+    assert ScanConfig.for_case(use_tis=False, max_listed=3) == ScanConfig(
+        **{**vars(cfg), "use_tis": False, "max_listed": 3}
+    )
 
 
 def test_mechanisms_are_catalogue_names_plus_scan_own():
-    assert checks.MECHANISMS[:4] == tuple(h.name for h in (hazards.KL_EXP_OVERFLOW, hazards.RATIO_EXP_OVERFLOW,
-                                                           hazards.NAN_ROLLOUT_LOGPROB, hazards.NAN_REWARD))
+    assert checks.MECHANISMS[:4] == tuple(
+        h.name
+        for h in (hazards.KL_EXP_OVERFLOW, hazards.RATIO_EXP_OVERFLOW, hazards.NAN_ROLLOUT_LOGPROB, hazards.NAN_REWARD)
+    )
     assert checks.MECHANISMS[4] == checks.NAN_LOGPROB not in hazards.BY_NAME
 
 
@@ -299,7 +350,8 @@ def test_every_check_is_one_record_in_report_order(tmp_path):
     r = checks.scan(io.load(tmp_path / "12.pt"))
     assert [c.kind for c in r.checks] == [c.kind for c in checks.CHECKS] == list(checks.KINDS)
     assert len(set(checks.KINDS)) == len(checks.KINDS) and [c for c in checks.CHECKS if c.gate] == [
-        checks.BY_KIND["length-mismatch"]]
+        checks.BY_KIND["length-mismatch"]
+    ]
     notes = {c.kind: (c.status, c.note) for c in r.checks}
     assert notes["tis-margin"] == ("skipped", "rollout dump: no old log-probs")
     assert notes["kl-margin"] == ("ran", "bound -rollout_log_probs (ref_logp <= 0)")

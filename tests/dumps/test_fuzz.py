@@ -35,10 +35,19 @@ def test_corrupted_bytes(tmp_path, data):
     scan_or_user_error(bad)
 
 
-numbers = st.one_of(st.integers(-3, 2**40), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
-                    st.none(), st.text(max_size=3))
-weird = st.one_of(numbers, st.lists(numbers, max_size=6), st.lists(st.lists(numbers, max_size=2), max_size=3),
-                  st.lists(st.floats(width=32), max_size=6).map(torch.tensor))
+numbers = st.one_of(
+    st.integers(-3, 2**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=3),
+)
+weird = st.one_of(
+    numbers,
+    st.lists(numbers, max_size=6),
+    st.lists(st.lists(numbers, max_size=2), max_size=3),
+    st.lists(st.floats(width=32), max_size=6).map(torch.tensor),
+)
 
 
 def mostly(valid):
@@ -53,9 +62,12 @@ sample = st.fixed_dictionaries(
         "response_length": mostly(st.integers(0, 6)),
         "reward": mostly(st.one_of(st.floats(), st.dictionaries(st.sampled_from(["a", "b"]), st.floats(), max_size=2))),
     },
-    optional={"loss_mask": mostly(st.lists(st.integers(0, 1), min_size=4, max_size=4)),
-              "rollout_log_probs": mostly(logps), "status": st.sampled_from(["completed", 3]),
-              "metadata": st.dictionaries(st.text(max_size=2), numbers, max_size=2)},
+    optional={
+        "loss_mask": mostly(st.lists(st.integers(0, 1), min_size=4, max_size=4)),
+        "rollout_log_probs": mostly(logps),
+        "status": st.sampled_from(["completed", 3]),
+        "metadata": st.dictionaries(st.text(max_size=2), numbers, max_size=2),
+    },
 )
 
 
@@ -67,8 +79,17 @@ def test_random_rollout_structures(tmp_path, samples, reward_key):
     scan_or_user_error(path, reward_key=reward_key)
 
 
-train_keys = ["tokens", "response_lengths", "total_lengths", "loss_masks", "rewards", "log_probs",
-              "ref_log_probs", "rollout_log_probs", "advantages"]
+train_keys = [
+    "tokens",
+    "response_lengths",
+    "total_lengths",
+    "loss_masks",
+    "rewards",
+    "log_probs",
+    "ref_log_probs",
+    "rollout_log_probs",
+    "advantages",
+]
 
 
 @SETTINGS

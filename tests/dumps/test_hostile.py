@@ -60,9 +60,14 @@ print(json.dumps(results))
 def scan_isolated(cases: list[list[str]]) -> list[dict]:
     """Run `nanscope scan ARGV` for each case in its own forked process under the limits above."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(ADDRESS_SPACE), str(CASE_SECONDS)], env=env,
-                          input=json.dumps(cases), capture_output=True, text=True,
-                          timeout=60 + CASE_SECONDS * len(cases))
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(ADDRESS_SPACE), str(CASE_SECONDS)],
+        env=env,
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=60 + CASE_SECONDS * len(cases),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -70,9 +75,11 @@ def scan_isolated(cases: list[list[str]]) -> list[dict]:
 def outside(name: str) -> str:
     """The refusal of a global torch's weights_only allowlist has and nanscope's subset leaves out."""
     full = name if name.startswith("torch.") else f"torch._utils.{name}"
-    return (f"{full} is in torch's weights_only allowlist but not in nanscope's subset of it (a scan reads plain "
-            "dense tensors: no meta, sparse, quantized or nested ones); nanscope reads dumps with a restricted "
-            "unpickler, a subset of torch.load(weights_only=True). If you trust the file, rerun with --trust-pickle")
+    return (
+        f"{full} is in torch's weights_only allowlist but not in nanscope's subset of it (a scan reads plain "
+        "dense tensors: no meta, sparse, quantized or nested ones); nanscope reads dumps with a restricted "
+        "unpickler, a subset of torch.load(weights_only=True). If you trust the file, rerun with --trust-pickle"
+    )
 
 
 def assert_refused(results: list[dict], expected: list[str]) -> None:
@@ -83,8 +90,20 @@ def assert_refused(results: list[dict], expected: list[str]) -> None:
 
 def test_handwritten_hostile_dumps_are_one_line_each(tmp_path):
     cap = f"{MAX_SAMPLE_TOKENS:,}"
-    p = {name: str(tmp_path / f"{name}.pt") for name in (
-        "resp", "resp_tensor", "stride0", "meta", "sparse", "deep_reward", "deep_mask", "deep_logp", "deep_dict")}
+    p = {
+        name: str(tmp_path / f"{name}.pt")
+        for name in (
+            "resp",
+            "resp_tensor",
+            "stride0",
+            "meta",
+            "sparse",
+            "deep_reward",
+            "deep_mask",
+            "deep_logp",
+            "deep_dict",
+        )
+    }
     torch.save(rollout({"response_length": 10**12, "loss_mask": None}), p["resp"])
     torch.save(train(response_lengths=[torch.tensor(10**12)]), p["resp_tensor"])
     torch.save(train(log_probs=[torch.zeros(1).expand(10**10)]), p["stride0"])  # 1.5 KB file
@@ -97,36 +116,59 @@ def test_handwritten_hostile_dumps_are_one_line_each(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     big = tmp_path / "big.pt"
     torch.save(train(log_probs=[torch.zeros(300_000)]), big)  # 1.1 MiB
-    cases = [[p["resp"]], [p["resp_tensor"]], [p["stride0"]], [p["meta"]], [p["sparse"]], [p["deep_reward"]],
-             [p["deep_mask"]], [p["deep_logp"]], [p["deep_dict"]], [p["deep_dict"], "--reward-key", "a"],
-             [str(tmp_path / "fifo")], ["/dev/zero"], [str(big), "--max-dump-mb", "1"]]
-    assert_refused(scan_isolated(cases), [
-        f"{p['resp']}: response_length of sample 0: 1,000,000,000,000 tokens declared, over the per-sample cap "
-        f"of {cap} (raise it with --max-sample-tokens)",
-        f"{p['resp_tensor']}: response_lengths of sample 0: 1,000,000,000,000 tokens declared, over the per-sample "
-        f"cap of {cap} (raise it with --max-sample-tokens)",
-        f"{p['stride0']}: log_probs of sample 0: tensor of 10,000,000,000 elements with stride 0 over a storage "
-        "of 1, expected a contiguous one",
-        f"{p['meta']}: tokens of sample 0: refused: {outside('torch._utils._rebuild_meta_tensor_no_storage')}",
-        f"{p['sparse']}: loss_masks of sample 0: refused: {outside('torch._utils._rebuild_sparse_tensor')}",
-        f"{p['deep_reward']}: reward of sample 0: list, expected a number (slime v0.1.0 builds a float tensor "
-        "from the rewards)",
-        f"{p['deep_mask']}: loss_mask of sample 0: not a flat list of 0/1",
-        f"{p['deep_logp']}: rollout_log_probs of sample 0: element 0 is list",
-        f"{p['deep_dict']}: reward of sample 0: a dict with keys ['a']; pass --reward-key",
-        f"{p['deep_dict']}: reward of sample 0: dict, expected a number (slime v0.1.0 builds a float tensor "
-        "from the rewards)",
-        f"{tmp_path / 'fifo'}: dump: not a regular file (a FIFO)",
-        "/dev/zero: dump: not a regular file (a character device)",
-        f"{big}: dump: {big.stat().st_size / 2**20:.1f} MiB is over the 1.0 MiB limit (raise it with --max-dump-mb)",
-    ])
+    cases = [
+        [p["resp"]],
+        [p["resp_tensor"]],
+        [p["stride0"]],
+        [p["meta"]],
+        [p["sparse"]],
+        [p["deep_reward"]],
+        [p["deep_mask"]],
+        [p["deep_logp"]],
+        [p["deep_dict"]],
+        [p["deep_dict"], "--reward-key", "a"],
+        [str(tmp_path / "fifo")],
+        ["/dev/zero"],
+        [str(big), "--max-dump-mb", "1"],
+    ]
+    assert_refused(
+        scan_isolated(cases),
+        [
+            f"{p['resp']}: response_length of sample 0: 1,000,000,000,000 tokens declared, over the per-sample cap "
+            f"of {cap} (raise it with --max-sample-tokens)",
+            f"{p['resp_tensor']}: response_lengths of sample 0: 1,000,000,000,000 tokens declared, over the per-sample "
+            f"cap of {cap} (raise it with --max-sample-tokens)",
+            f"{p['stride0']}: log_probs of sample 0: tensor of 10,000,000,000 elements with stride 0 over a storage "
+            "of 1, expected a contiguous one",
+            f"{p['meta']}: tokens of sample 0: refused: {outside('torch._utils._rebuild_meta_tensor_no_storage')}",
+            f"{p['sparse']}: loss_masks of sample 0: refused: {outside('torch._utils._rebuild_sparse_tensor')}",
+            f"{p['deep_reward']}: reward of sample 0: list, expected a number (slime v0.1.0 builds a float tensor "
+            "from the rewards)",
+            f"{p['deep_mask']}: loss_mask of sample 0: not a flat list of 0/1",
+            f"{p['deep_logp']}: rollout_log_probs of sample 0: element 0 is list",
+            f"{p['deep_dict']}: reward of sample 0: a dict with keys ['a']; pass --reward-key",
+            f"{p['deep_dict']}: reward of sample 0: dict, expected a number (slime v0.1.0 builds a float tensor "
+            "from the rewards)",
+            f"{tmp_path / 'fifo'}: dump: not a regular file (a FIFO)",
+            "/dev/zero: dump: not a regular file (a character device)",
+            f"{big}: dump: {big.stat().st_size / 2**20:.1f} MiB is over the 1.0 MiB limit (raise it with --max-dump-mb)",
+        ],
+    )
 
 
 def test_the_harness_catches_an_allocation():
     """The limit is real: a scan that allocates 931 GiB dies inside its case instead of passing."""
     code = "import numpy as np; np.ones(10**12, np.int8)"
-    res = subprocess.run([sys.executable, "-c", f"import resource; resource.setrlimit(resource.RLIMIT_AS, "
-                          f"({ADDRESS_SPACE}, {ADDRESS_SPACE})); {code}"], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE}, {ADDRESS_SPACE})); {code}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1 and "MemoryError" in res.stderr
 
 
@@ -149,16 +191,20 @@ def _declared_length(d, path: Path) -> tuple[list[str], str]:
     else:
         torch.save(train(response_lengths=[value]), path)
         field = "response_lengths"
-    return [str(path)], (f"{path}: {field} of sample 0: {n:,} tokens declared, over the per-sample cap of "
-                         f"{MAX_SAMPLE_TOKENS:,} (raise it with --max-sample-tokens)")
+    return [str(path)], (
+        f"{path}: {field} of sample 0: {n:,} tokens declared, over the per-sample cap of "
+        f"{MAX_SAMPLE_TOKENS:,} (raise it with --max-sample-tokens)"
+    )
 
 
 def _expanded_tensor(d, path: Path) -> tuple[list[str], str]:
     n = d.draw(st.integers(2, 10**12), "elements")
     field, dtype = d.draw(st.sampled_from(TOKEN_FIELDS), "field"), d.draw(st.sampled_from(DTYPES), "dtype")
     torch.save(train(**{field: [torch.zeros(1, dtype=dtype).expand(n)]}), path)
-    return [str(path)], (f"{path}: {field} of sample 0: tensor of {n:,} elements with stride 0 over a storage "
-                         "of 1, expected a contiguous one")
+    return [str(path)], (
+        f"{path}: {field} of sample 0: tensor of {n:,} elements with stride 0 over a storage "
+        "of 1, expected a contiguous one"
+    )
 
 
 def _meta_or_sparse(d, path: Path) -> tuple[list[str], str]:
@@ -176,13 +222,16 @@ def _nesting(d, path: Path) -> tuple[list[str], str]:
     field = d.draw(st.sampled_from(("reward", "loss_mask", "rollout_log_probs", "response_length")), "field")
     if d.draw(st.booleans(), "dict") and field == "reward":
         with_raw(path, rollout({"reward": PLACEHOLDER}), nested_dict(depth))
-        return [str(path), "--reward-key", "a"], (f"{path}: reward of sample 0: dict, expected a number (slime "
-                                                  "v0.1.0 builds a float tensor from the rewards)")
+        return [str(path), "--reward-key", "a"], (
+            f"{path}: reward of sample 0: dict, expected a number (slime v0.1.0 builds a float tensor from the rewards)"
+        )
     with_raw(path, rollout({field: PLACEHOLDER}), nested_list(depth))
     return [str(path)], f"{path}: {field} of sample 0: " + {
         "reward": "list, expected a number (slime v0.1.0 builds a float tensor from the rewards)",
-        "loss_mask": "not a flat list of 0/1", "rollout_log_probs": "element 0 is list",
-        "response_length": "list, expected an int"}[field]
+        "loss_mask": "not a flat list of 0/1",
+        "rollout_log_probs": "element 0 is list",
+        "response_length": "list, expected an int",
+    }[field]
 
 
 @settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
@@ -210,5 +259,7 @@ def test_a_list_shared_by_every_sample_is_refused_past_the_budget(tmp_path):
         size = path.stat().st_size
         assert res["rc"] == 2 and res["stderr"].count("\n") == 1, res
         assert res["stderr"].startswith(f"nanscope scan: error: {path}: {field} of sample ")
-        assert res["stderr"].endswith(f"the samples so far need more entries than the file's {size:,} bytes can "
-                                      "hold (lists or tensors shared between samples); refusing to expand them\n")
+        assert res["stderr"].endswith(
+            f"the samples so far need more entries than the file's {size:,} bytes can "
+            "hold (lists or tensors shared between samples); refusing to expand them\n"
+        )

@@ -68,7 +68,8 @@ def test_code_executing_pickle_is_refused_and_not_run(tmp_path):
     assert str(e.value) == (
         f"{path}: sample 0: refused: loading it needs arbitrary unpickling (it references posix.mkdir); nanscope reads "
         "dumps with a restricted unpickler, a subset of torch.load(weights_only=True). If you trust the file, "
-        "rerun with --trust-pickle")
+        "rerun with --trust-pickle"
+    )
     # Only --trust-pickle runs it: the payload's return value (None) then fails the structure check.
     with pytest.raises(UserError, match=r"evil.pt: sample 0: expected a Sample.to_dict\(\) dict, got NoneType"):
         list(io.load(path, trust_pickle=True).samples())
@@ -107,8 +108,10 @@ def test_missing_file_directory_fifo_and_size_cap(tmp_path, make_samples):
     path = demo.write_rollout_dump(tmp_path / "0.pt", make_samples(2))
     with pytest.raises(UserError) as e:
         io.load(path, limits=Limits(max_bytes=100))
-    assert str(e.value) == f"{path}: dump: {path.stat().st_size} bytes is over the 100 bytes limit (raise it with " \
-                           "--max-dump-mb)"
+    assert (
+        str(e.value) == f"{path}: dump: {path.stat().st_size} bytes is over the 100 bytes limit (raise it with "
+        "--max-dump-mb)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -117,23 +120,39 @@ def test_missing_file_directory_fifo_and_size_cap(tmp_path, make_samples):
         ([1, 2], "not a slime dump: top level is list, expected a dict"),
         ({"x": 1}, "not a slime dump: expected key 'samples' (rollout dump) or 'rollout_data' (train dump), found x"),
         ({"samples": 5}, "samples: expected a list of Sample.to_dict() dicts, got int"),
-        ({"samples": [{"tokens": [1], "reward": 1.0}]},
-         "sample 0: missing field 'response_length' (not a Sample.to_dict())"),
-        ({"samples": [{"tokens": [1, 2], "response_length": "1", "reward": 1.0}]},
-         "response_length of sample 0: str '1', expected an int"),
+        (
+            {"samples": [{"tokens": [1], "reward": 1.0}]},
+            "sample 0: missing field 'response_length' (not a Sample.to_dict())",
+        ),
+        (
+            {"samples": [{"tokens": [1, 2], "response_length": "1", "reward": 1.0}]},
+            "response_length of sample 0: str '1', expected an int",
+        ),
         ({"samples": [{"tokens": 3, "response_length": 1, "reward": 1.0}]}, "tokens of sample 0: int, expected a list"),
-        ({"samples": [{"tokens": [1, 2], "response_length": 1, "reward": None}]},
-         "reward of sample 0: NoneType None, expected a number (slime v0.1.0 builds a float tensor from the rewards)"),
-        ({"samples": [{"tokens": [1, 2], "response_length": 2, "reward": 1.0, "loss_mask": [1, 2]}]},
-         "loss_mask of sample 0: element 1 is 2, expected 0 or 1"),
-        ({"samples": [{"tokens": [1, 2], "response_length": 2, "reward": 1.0, "rollout_log_probs": [-1.0, None]}]},
-         "rollout_log_probs of sample 0: element 1 is None"),
-        ({"samples": [{"tokens": [1, 2], "response_length": 2, "reward": 1.0, "rollout_log_probs": [-1.0, "x"]}]},
-         "rollout_log_probs of sample 0: element 1 is str"),
-        ({"rollout_data": {"tokens": [[1]]}},
-         "rollout_data: missing key 'response_lengths' (not a slime v0.1.0 train dump)"),
-        ({"rollout_data": {"tokens": [[1], [2]], "response_lengths": [1]}},
-         "rollout_data['response_lengths']: 1 entries, but tokens has 2 samples"),
+        (
+            {"samples": [{"tokens": [1, 2], "response_length": 1, "reward": None}]},
+            "reward of sample 0: NoneType None, expected a number (slime v0.1.0 builds a float tensor from the rewards)",
+        ),
+        (
+            {"samples": [{"tokens": [1, 2], "response_length": 2, "reward": 1.0, "loss_mask": [1, 2]}]},
+            "loss_mask of sample 0: element 1 is 2, expected 0 or 1",
+        ),
+        (
+            {"samples": [{"tokens": [1, 2], "response_length": 2, "reward": 1.0, "rollout_log_probs": [-1.0, None]}]},
+            "rollout_log_probs of sample 0: element 1 is None",
+        ),
+        (
+            {"samples": [{"tokens": [1, 2], "response_length": 2, "reward": 1.0, "rollout_log_probs": [-1.0, "x"]}]},
+            "rollout_log_probs of sample 0: element 1 is str",
+        ),
+        (
+            {"rollout_data": {"tokens": [[1]]}},
+            "rollout_data: missing key 'response_lengths' (not a slime v0.1.0 train dump)",
+        ),
+        (
+            {"rollout_data": {"tokens": [[1], [2]], "response_lengths": [1]}},
+            "rollout_data['response_lengths']: 1 entries, but tokens has 2 samples",
+        ),
     ],
 )
 def test_wrong_structure_names_field_and_sample(tmp_path, obj, message):
@@ -158,8 +177,12 @@ def test_train_dump_round_trip_cp1(tmp_path):
 def test_train_dump_cp_positions_follow_the_zigzag(tmp_path):
     # total 10, response 6, cp 2: chunk 3; CP rank 1 holds positions 3-5 and 6-8, i.e. logits 3..8 ->
     # response tokens 0..5 (layout.segments' docstring example); CP rank 0 holds no response logit.
-    data = {"tokens": [torch.arange(10)], "response_lengths": [6], "loss_masks": [torch.ones(6, dtype=torch.int)],
-            "log_probs": [torch.zeros(6)]}
+    data = {
+        "tokens": [torch.arange(10)],
+        "response_lengths": [6],
+        "loss_masks": [torch.ones(6, dtype=torch.int)],
+        "log_probs": [torch.zeros(6)],
+    }
     demo.write_train_dump(tmp_path / "r1.pt", data, rank=1)
     s = next(io.load(tmp_path / "r1.pt", cp_size=2, tp_size=1).samples())
     assert s.positions.tolist() == [0, 1, 2, 3, 4, 5]
@@ -183,14 +206,18 @@ def test_shared_sample_dict_and_strided_tensor_are_refused(tmp_path):
     torch.save({"rollout_id": 0, "samples": [s, dict(s), s]}, tmp_path / "r.pt")
     with pytest.raises(UserError) as e:
         list(io.load(tmp_path / "r.pt").samples())
-    assert str(e.value) == (f"{tmp_path / 'r.pt'}: sample 2: the same object as sample 0 (a shared reference, not "
-                            "slime's one dict per sample)")
+    assert str(e.value) == (
+        f"{tmp_path / 'r.pt'}: sample 2: the same object as sample 0 (a shared reference, not "
+        "slime's one dict per sample)"
+    )
     data = {"tokens": [torch.arange(8)], "response_lengths": [2], "log_probs": [torch.zeros(4)[::2]]}
     demo.write_train_dump(tmp_path / "t.pt", data)
     with pytest.raises(UserError) as e:
         list(io.load(tmp_path / "t.pt").samples())
-    assert str(e.value) == (f"{tmp_path / 't.pt'}: log_probs of sample 0: tensor of 2 elements with stride 2 over "
-                            "a storage of 4, expected a contiguous one")
+    assert str(e.value) == (
+        f"{tmp_path / 't.pt'}: log_probs of sample 0: tensor of 2 elements with stride 2 over "
+        "a storage of 4, expected a contiguous one"
+    )
 
 
 def test_error_lines_show_types_not_containers(tmp_path):
@@ -204,7 +231,8 @@ def test_error_lines_show_types_not_containers(tmp_path):
     torch.save({"samples": [{"tokens": [1], "response_length": 1, "reward": [0.5] * 10**6}]}, tmp_path / "b.pt")
     with pytest.raises(UserError, match=r"reward of sample 0: list, expected a number \(slime"):
         list(io.load(tmp_path / "b.pt").samples())
-    torch.save({"samples": [{"tokens": [1], "response_length": 1, "reward": {2**70: 1.0, 7: 2.0, "s": 0}}]},
-               tmp_path / "c.pt")
+    torch.save(
+        {"samples": [{"tokens": [1], "response_length": 1, "reward": {2**70: 1.0, 7: 2.0, "s": 0}}]}, tmp_path / "c.pt"
+    )
     with pytest.raises(UserError, match=r"reward of sample 0: a dict with keys \['7', '<int>', 's'\]; pass"):
         list(io.load(tmp_path / "c.pt").samples())

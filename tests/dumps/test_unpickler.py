@@ -57,23 +57,44 @@ def corpus(marker: str) -> dict[str, bytes]:
         "reduce subprocess.check_call": g("subprocess", "check_call") + b"](" + u("mkdir") + m + b"e\x85R",
         "reduce builtins.eval": g("builtins", "eval") + u(f"__import__('os').mkdir({marker!r})") + b"\x85R",
         "reduce builtins.exec": g("builtins", "exec") + u(f"import os; os.mkdir({marker!r})") + b"\x85R",
-        "getattr chain": g("builtins", "getattr") + g("builtins", "__import__") + u("os") + b"\x85R" + u("mkdir")
-        + b"\x86R" + m + b"\x85R",
+        "getattr chain": g("builtins", "getattr")
+        + g("builtins", "__import__")
+        + u("os")
+        + b"\x85R"
+        + u("mkdir")
+        + b"\x86R"
+        + m
+        + b"\x85R",
         "global to an importable module": g("shutil", "copytree") + u(str(Path(marker).parent)) + m + b"\x86R",
-        "copyreg._reconstructor": g("copyreg", "_reconstructor") + g("subprocess", "Popen") * 2 + b"](" + u("mkdir")
-        + m + b"e\x87R",
+        "copyreg._reconstructor": g("copyreg", "_reconstructor")
+        + g("subprocess", "Popen") * 2
+        + b"]("
+        + u("mkdir")
+        + m
+        + b"e\x87R",
         "copyreg extension code (EXT2)": b"\x83\xef\xbe" + m + b"\x85R",
         "custom class (NEWOBJ + BUILD)": g(__name__, "Boom") + b")\x81}" + u("marker") + m + b"sb",
-        "nested torch.save: torch.load of embedded bytes": g("torch", "load") + g("io", "BytesIO") + b"C\x04PK\x03\x04"
+        "nested torch.save: torch.load of embedded bytes": g("torch", "load")
+        + g("io", "BytesIO")
+        + b"C\x04PK\x03\x04"
         + b"\x85R\x85R",
-        "tensor subclass rebuild": g("torch._tensor", "_rebuild_from_type_v2") + g("torch._utils", "_rebuild_tensor_v2")
-        + g(__name__, "Boom") + b")}\x87R",
+        "tensor subclass rebuild": g("torch._tensor", "_rebuild_from_type_v2")
+        + g("torch._utils", "_rebuild_tensor_v2")
+        + g(__name__, "Boom")
+        + b")}\x87R",
         "STACK_GLOBAL (protocol 4)": b"\x8c\x02os\x94\x8c\x05mkdir\x94\x93" + m + b"\x85R",
         "INST opcode": b"(" + m + b"ios\nmkdir\n",
         "OBJ opcode": b"(" + g("os", "mkdir") + m + b"o",
-        "storage key outside the archive": g("torch._utils", "_rebuild_tensor_v2") + b"((" + u("storage")
-        + g("torch", "FloatStorage") + u("../../etc/passwd") + u("cpu") + b"K\x04tQK\x00K\x04\x85K\x01\x85\x89"
-        + g("collections", "OrderedDict") + b")Rt" + b"R",
+        "storage key outside the archive": g("torch._utils", "_rebuild_tensor_v2")
+        + b"(("
+        + u("storage")
+        + g("torch", "FloatStorage")
+        + u("../../etc/passwd")
+        + u("cpu")
+        + b"K\x04tQK\x00K\x04\x85K\x01\x85\x89"
+        + g("collections", "OrderedDict")
+        + b")Rt"
+        + b"R",
     }
 
 
@@ -145,8 +166,22 @@ def test_allowlist_is_a_subset_of_torchs():
     ours, theirs = _allowed(), _torch_allowed()
     assert ours and all(theirs[name] is value for name, value in ours.items())
     assert set(ours) == {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2"} | {
-        f"torch.{t}Storage" for t in ("Byte", "Char", "Short", "Int", "Long", "Half", "Float", "Double", "Bool",
-                                      "BFloat16", "ComplexFloat", "ComplexDouble")}
+        f"torch.{t}Storage"
+        for t in (
+            "Byte",
+            "Char",
+            "Short",
+            "Int",
+            "Long",
+            "Half",
+            "Float",
+            "Double",
+            "Bool",
+            "BFloat16",
+            "ComplexFloat",
+            "ComplexDouble",
+        )
+    }
 
 
 # ------------------------------------------------------------------------------------------ same objects
@@ -179,14 +214,27 @@ def same(a, b, seen: dict[int, int]) -> bool:
         if key in seen and seen[key] != sb.data_ptr():
             return False
         seen[key] = sb.data_ptr()
-        return ((a.dtype, a.shape, a.stride(), a.storage_offset(), a.requires_grad, a._backward_hooks)
-                == (b.dtype, b.shape, b.stride(), b.storage_offset(), b.requires_grad, b._backward_hooks)
-                and sa.tolist() == sb.tolist())
+        return (a.dtype, a.shape, a.stride(), a.storage_offset(), a.requires_grad, a._backward_hooks) == (
+            b.dtype,
+            b.shape,
+            b.stride(),
+            b.storage_offset(),
+            b.requires_grad,
+            b._backward_hooks,
+        ) and sa.tolist() == sb.tolist()
     return a == b
 
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8,
-          torch.bool]
+DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+]
 
 
 @st.composite
@@ -210,19 +258,32 @@ def tensors(draw):
     return t
 
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.integers(-(2**300), 2**300),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8))
-number_lists = st.one_of(st.lists(st.integers(0, 151_935), min_size=0, max_size=2500),
-                         st.lists(st.floats(allow_nan=True, width=64), max_size=2500),
-                         st.lists(st.integers(0, 1), max_size=2500),
-                         st.lists(st.one_of(st.integers(-(2**31), 2**31 - 1), st.floats()), max_size=50))
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.integers(-(2**300), 2**300),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+)
+number_lists = st.one_of(
+    st.lists(st.integers(0, 151_935), min_size=0, max_size=2500),
+    st.lists(st.floats(allow_nan=True, width=64), max_size=2500),
+    st.lists(st.integers(0, 1), max_size=2500),
+    st.lists(st.one_of(st.integers(-(2**31), 2**31 - 1), st.floats()), max_size=50),
+)
 keys = st.one_of(st.text(max_size=6), st.integers(-5, 5))
 objects = st.recursive(
     st.one_of(scalars, number_lists, tensors()),
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
-                            st.dictionaries(keys, inner, max_size=4),
-                            st.dictionaries(keys, inner, max_size=3).map(OrderedDict),
-                            st.sets(st.integers(0, 3), max_size=2), st.binary(max_size=4), inner.map(lambda x: [x, x])),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.tuples(inner, inner),
+        st.dictionaries(keys, inner, max_size=4),
+        st.dictionaries(keys, inner, max_size=3).map(OrderedDict),
+        st.sets(st.integers(0, 3), max_size=2),
+        st.binary(max_size=4),
+        inner.map(lambda x: [x, x]),
+    ),
     max_leaves=12,
 )
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -246,9 +307,33 @@ def test_generated_objects_load_the_same(obj):
         event(check_agree(path))
 
 
-OPCODES = [b"(", b"t", b"e", b"a", b"s", b"u", b"R", b"b", b"\x81", b"0", b"2", b"N", b"]", b"}", b"\x85", b"h\x00",
-           b"q\x00", b"K\x07", b"G" + b"\x7f" * 8, g("os", "system"), g("collections", "OrderedDict"),
-           g("torch", "FloatStorage"), b"Q", b".", b"\x8c\x01a"]
+OPCODES = [
+    b"(",
+    b"t",
+    b"e",
+    b"a",
+    b"s",
+    b"u",
+    b"R",
+    b"b",
+    b"\x81",
+    b"0",
+    b"2",
+    b"N",
+    b"]",
+    b"}",
+    b"\x85",
+    b"h\x00",
+    b"q\x00",
+    b"K\x07",
+    b"G" + b"\x7f" * 8,
+    g("os", "system"),
+    g("collections", "OrderedDict"),
+    g("torch", "FloatStorage"),
+    b"Q",
+    b".",
+    b"\x8c\x01a",
+]
 
 
 @SETTINGS
@@ -303,11 +388,15 @@ def test_a_sample_changed_after_it_was_handed_out_is_refused(tmp_path):
 
 def test_number_runs_are_arrays(tmp_path):
     """Lists of numbers come back as arrays without Python objects: log-probs float64, tokens int32, masks uint8."""
-    torch.save({"lp": [-0.5] * 1500, "tok": [1, 300, 70_000] * 700, "mask": [1, 0] * 900, "mixed": [1, 2.5]},
-               tmp_path / "n.pt")
+    torch.save(
+        {"lp": [-0.5] * 1500, "tok": [1, 300, 70_000] * 700, "mask": [1, 0] * 900, "mixed": [1, 2.5]}, tmp_path / "n.pt"
+    )
     r = fast(tmp_path / "n.pt")
     assert [[c.dtype.name for c in r[k].chunks] for k in ("lp", "tok", "mask")] == [
-        ["float64", "float64"], ["int32", "int32", "int32"], ["uint8", "uint8"]]
+        ["float64", "float64"],
+        ["int32", "int32", "int32"],
+        ["uint8", "uint8"],
+    ]
     assert r["mixed"].array() is None and r["mixed"].tolist() == [1, 2.5]
     assert r["tok"].array().tolist() == [1, 300, 70_000] * 700
 
@@ -325,7 +414,8 @@ def test_a_compressed_record_is_refused_before_it_is_inflated(tmp_path):
     with pytest.raises(Refused) as e:
         fast(path)
     assert str(e.value).startswith("record z/data.pkl is compressed (") and str(e.value).endswith(
-        f"bytes declaring {len(data):,}); torch.save stores records uncompressed")
+        f"bytes declaring {len(data):,}); torch.save stores records uncompressed"
+    )
 
 
 def test_why_not_the_c_unpickler_with_a_restricted_find_class(tmp_path):
@@ -338,8 +428,11 @@ def test_why_not_the_c_unpickler_with_a_restricted_find_class(tmp_path):
         def find_class(self, module, name):
             raise pickle.UnpicklingError(f"{module}.{name}")
 
-    for body, loaded in ((b"\x80\x02]2\x86.", ([], [])), (b"\x80\x02(K\x01\x91.", frozenset({1})),
-                         (b"\x80\x02](K\x00K\x01eK\x00K\x07s.", [7, 1])):
+    for body, loaded in (
+        (b"\x80\x02]2\x86.", ([], [])),
+        (b"\x80\x02(K\x01\x91.", frozenset({1})),
+        (b"\x80\x02](K\x00K\x01eK\x00K\x07s.", [7, 1]),
+    ):
         assert Restricted(io.BytesIO(body)).load() == loaded
         path = torch_zip(tmp_path / "x.pt", body)
         assert outcome(weights_only, path)[0] == "refused"

@@ -29,29 +29,47 @@ def test_case_with_its_traceback():
     cands = candidates(case.config(), case.traceback())
     status = {c.id: c.status for c in cands}
     assert status == {
-        "kl-exp-overflow": ENABLED, "ratio-exp-overflow": ENABLED, "nan-rollout-logprob": ENABLED,
-        "nan-reward": ENABLED, "activation-overflow": UNDECIDABLE, "backward-only-fault": UNDECIDABLE,
-        "zero-temperature": RULED_OUT, "rollout-logprob-shift": RULED_OUT, "singleton-group": RULED_OUT,
-        "zero-std-group": RULED_OUT, "empty-loss-mask": RULED_OUT, "inf-grad-clip": RULED_OUT,
+        "kl-exp-overflow": ENABLED,
+        "ratio-exp-overflow": ENABLED,
+        "nan-rollout-logprob": ENABLED,
+        "nan-reward": ENABLED,
+        "activation-overflow": UNDECIDABLE,
+        "backward-only-fault": UNDECIDABLE,
+        "zero-temperature": RULED_OUT,
+        "rollout-logprob-shift": RULED_OUT,
+        "singleton-group": RULED_OUT,
+        "zero-std-group": RULED_OUT,
+        "empty-loss-mask": RULED_OUT,
+        "inf-grad-clip": RULED_OUT,
     }
     assert [c.status for c in cands] == sorted((c.status for c in cands), key=STATUSES.index)
     by_id = {c.id: c for c in cands}
     assert by_id["kl-exp-overflow"].evidence == [
-        "--use-kl-loss", "--kl-loss-type low_var_kl: exp before the clamp",
-        "--kl-loss-coef 0 (the term stays in the graph at coefficient 0)"]
+        "--use-kl-loss",
+        "--kl-loss-type low_var_kl: exp before the clamp",
+        "--kl-loss-coef 0 (the term stays in the graph at coefficient 0)",
+    ]
     assert "64 x 8 / 512 = 1 optimizer step per rollout" in by_id["ratio-exp-overflow"].evidence[-1]
     assert by_id["zero-temperature"].evidence == ["--rollout-temperature 0.8: not 0"]
     assert by_id["rollout-logprob-shift"].evidence[-1].startswith("the traceback's check found NaN in a gradient")
-    assert by_id["singleton-group"].evidence[1:] == ["slime/utils/arguments.py:996 (slime v0.1.0)",
-                                                     "slime/ray/buffer.py:93 (slime v0.1.0)"]
+    assert by_id["singleton-group"].evidence[1:] == [
+        "slime/utils/arguments.py:996 (slime v0.1.0)",
+        "slime/ray/buffer.py:93 (slime v0.1.0)",
+    ]
 
 
 def test_every_candidate_not_ruled_out_names_its_discriminator():
     cands = candidates(case.config(), case.traceback())
     for c in cands:
         assert (c.discriminator is None) == (c.status == RULED_OUT), c.id
-    assert [c.id for c in remaining(cands)] == ["kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob",
-                                                "nan-reward", "activation-overflow", "backward-only-fault"]
+    assert [c.id for c in remaining(cands)] == [
+        "kl-exp-overflow",
+        "ratio-exp-overflow",
+        "nan-rollout-logprob",
+        "nan-reward",
+        "activation-overflow",
+        "backward-only-fault",
+    ]
     assert set(cands[0].to_dict()) == {"id", "status", "evidence", "discriminator", "class"}
 
 
@@ -71,13 +89,19 @@ def test_zero_temperature_is_enabled_by_its_flag():
     assert c.discriminator == hazards.ZERO_TEMPERATURE.discriminator
 
 
-@pytest.mark.parametrize("replace, ruled_out, evidence", [
-    ({"use_kl_loss": None}, "kl-exp-overflow", "(no --use-kl-loss): slime computes no KL term"),
-    ({"kl_loss_type": "k2"}, "kl-exp-overflow", "--kl-loss-type k2: no exp in the KL estimator"),
-    ({"use_tis": None}, "nan-rollout-logprob", "(no --use-tis): slime v0.1.0's loss never reads rollout_log_probs"),
-    ({"custom_rm_path": None, "rm_type": "math"}, "nan-reward",
-     "--rm-type math: slime's built-in rule-based reward returns finite values"),
-])
+@pytest.mark.parametrize(
+    "replace, ruled_out, evidence",
+    [
+        ({"use_kl_loss": None}, "kl-exp-overflow", "(no --use-kl-loss): slime computes no KL term"),
+        ({"kl_loss_type": "k2"}, "kl-exp-overflow", "--kl-loss-type k2: no exp in the KL estimator"),
+        ({"use_tis": None}, "nan-rollout-logprob", "(no --use-tis): slime v0.1.0's loss never reads rollout_log_probs"),
+        (
+            {"custom_rm_path": None, "rm_type": "math"},
+            "nan-reward",
+            "--rm-type math: slime's built-in rule-based reward returns finite values",
+        ),
+    ],
+)
 def test_a_flag_rules_a_cause_out(replace, ruled_out, evidence):
     c = _by_id(_flags(**replace))[ruled_out]
     assert (c.status, c.evidence, c.discriminator) == (RULED_OUT, [evidence], None)
@@ -85,13 +109,21 @@ def test_a_flag_rules_a_cause_out(replace, ruled_out, evidence):
 
 def test_remote_reward_model_is_undecidable():
     c = _by_id(_flags(custom_rm_path=None, rm_type="boxed_remote_rm"))["nan-reward"]
-    assert (c.status, c.evidence) == (UNDECIDABLE, ["--rm-type boxed_remote_rm: the remote reward model's JSON "
-                                                    "may hold NaN"])
+    assert (c.status, c.evidence) == (
+        UNDECIDABLE,
+        ["--rm-type boxed_remote_rm: the remote reward model's JSON may hold NaN"],
+    )
 
 
 def test_the_nanscope_loss_rules_out_what_it_fixes_but_not_zero_temperature():
-    argv = CASE_FLAGS + ["--loss-type", "custom_loss", "--custom-loss-function-path",
-                         "nanscope.slime_plugin.policy_loss", "--rollout-temperature", "0"]
+    argv = CASE_FLAGS + [
+        "--loss-type",
+        "custom_loss",
+        "--custom-loss-function-path",
+        "nanscope.slime_plugin.policy_loss",
+        "--rollout-temperature",
+        "0",
+    ]
     found = _by_id(argv)
     for name in ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"):
         assert found[name].status == RULED_OUT and "(`nanscope hazards --loss safe`)" in found[name].evidence[-1]
@@ -101,8 +133,10 @@ def test_the_nanscope_loss_rules_out_what_it_fixes_but_not_zero_temperature():
 def test_an_unknown_custom_loss_is_undecidable():
     argv = CASE_FLAGS + ["--loss-type", "custom_loss", "--custom-loss-function-path", "team.loss.fn"]
     c = _by_id(argv)["kl-exp-overflow"]
-    assert (c.status, c.evidence[:2]) == (UNDECIDABLE, ["--loss-type custom_loss",
-                                                        "--custom-loss-function-path team.loss.fn"])
+    assert (c.status, c.evidence[:2]) == (
+        UNDECIDABLE,
+        ["--loss-type custom_loss", "--custom-loss-function-path team.loss.fn"],
+    )
 
 
 def test_fp16_is_noted_for_model_faults():

@@ -14,8 +14,19 @@ def test_split_flags_last_wins_and_equals_form():
 
 def test_defaults_match_slime_args_module():
     cfg = resolve(["--rollout-batch-size", "4"])
-    for name in ("eps_clip", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef", "use_tis", "tis_clip",
-                 "tis_clip_low", "n_samples_per_prompt", "check_for_nan_in_loss_and_grad", "loss_type"):
+    for name in (
+        "eps_clip",
+        "use_kl_loss",
+        "kl_loss_coef",
+        "kl_loss_type",
+        "entropy_coef",
+        "use_tis",
+        "tis_clip",
+        "tis_clip_low",
+        "n_samples_per_prompt",
+        "check_for_nan_in_loss_and_grad",
+        "loss_type",
+    ):
         assert cfg[name] == LOSS_DEFAULTS[name], name
     assert cfg.origin("tis_clip") == SLIME and cfg.origin("check_for_nan_in_loss_and_grad") == MEGATRON
 
@@ -26,9 +37,26 @@ def test_eps_clip_high_defaults_to_eps_clip():
 
 
 def test_case_loss_flags_resolve_like_slime_args():
-    argv = ["--advantage-estimator", "grpo", "--use-kl-loss", "--kl-loss-coef", "0.00", "--kl-loss-type",
-            "low_var_kl", "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28", "--use-tis",
-            "--rollout-temperature", "0.8", "--n-samples-per-prompt", "8"]
+    argv = [
+        "--advantage-estimator",
+        "grpo",
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.00",
+        "--kl-loss-type",
+        "low_var_kl",
+        "--entropy-coef",
+        "0.00",
+        "--eps-clip",
+        "0.2",
+        "--eps-clip-high",
+        "0.28",
+        "--use-tis",
+        "--rollout-temperature",
+        "0.8",
+        "--n-samples-per-prompt",
+        "8",
+    ]
     cfg = resolve(argv)
     for name, value in case.loss_flags().items():
         assert cfg[name] == value, name
@@ -39,8 +67,10 @@ def test_no_check_for_nan_flag_and_rerun_mode():
     cfg = resolve(["--no-check-for-nan-in-loss-and-grad", "--rerun-mode", "validate_results"])
     assert cfg["check_for_nan_in_loss_and_grad"] is False
     assert cfg["rerun_mode_effective"] == "disabled"
-    assert cfg.notes == ["--rerun-mode validate_results has no effect under slime v0.1.0 "
-                         "(the rerun state machine is never initialised: mode disabled)"]
+    assert cfg.notes == [
+        "--rerun-mode validate_results has no effect under slime v0.1.0 "
+        "(the rerun state machine is never initialised: mode disabled)"
+    ]
 
 
 def test_model_json_fills_missing_flags_and_flags_win():
@@ -61,8 +91,11 @@ def test_etp_defaults_to_tp():
 
 
 def test_bad_int_names_unset_variables():
-    with pytest.raises(UserError, match=r"--actor-num-nodes: '\$\(\(NODES\)\)' is not an integer \(the script reads "
-                                        r"unset variables: TOTAL_NODES; pass --env NAME=VALUE\)"):
+    with pytest.raises(
+        UserError,
+        match=r"--actor-num-nodes: '\$\(\(NODES\)\)' is not an integer \(the script reads "
+        r"unset variables: TOTAL_NODES; pass --env NAME=VALUE\)",
+    ):
         resolve(["--actor-num-nodes", "$((NODES))"], unset={"TOTAL_NODES": 25})
 
 
@@ -72,9 +105,21 @@ def test_bad_model_json_type():
 
 
 def test_case_batches():
-    argv = ["--rollout-batch-size", "64", "--n-samples-per-prompt", "8", "--global-batch-size", "512",
-            "--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384", "--rollout-max-response-len", "61440",
-            "--sglang-context-length", "65536"]
+    argv = [
+        "--rollout-batch-size",
+        "64",
+        "--n-samples-per-prompt",
+        "8",
+        "--global-batch-size",
+        "512",
+        "--use-dynamic-batch-size",
+        "--max-tokens-per-gpu",
+        "16384",
+        "--rollout-max-response-len",
+        "61440",
+        "--sglang-context-length",
+        "65536",
+    ]
     b = batches(resolve(argv), dp=2, cp=2)
     # 64 x 8 = 512 samples; / 512 = 1 step; budget 16384 x CP 2 = 32768; longest bounded by sglang 65536
     assert (b.samples_per_rollout, b.steps_per_rollout, b.budget_tokens, b.longest_sample) == (512, 1, 32768, 65536)
@@ -82,8 +127,18 @@ def test_case_batches():
 
 
 def test_batches_derived_global_batch_and_prompt_bound():
-    argv = ["--rollout-batch-size", "8", "--n-samples-per-prompt", "2", "--num-steps-per-rollout", "2",
-            "--rollout-max-prompt-len", "1000", "--rollout-max-response-len", "3000"]
+    argv = [
+        "--rollout-batch-size",
+        "8",
+        "--n-samples-per-prompt",
+        "2",
+        "--num-steps-per-rollout",
+        "2",
+        "--rollout-max-prompt-len",
+        "1000",
+        "--rollout-max-response-len",
+        "3000",
+    ]
     b = batches(resolve(argv), dp=2, cp=1)
     assert (b.global_batch, b.steps_per_rollout, b.longest_sample) == (8, 2, 4000)  # 16 / 2; 1000 + 3000
     assert b.budget_tokens is None  # no dynamic batch size

@@ -28,7 +28,7 @@ def _value(argv: list[str], flag: str) -> list[str]:
     """The words after `flag` up to the next --flag."""
     i = argv.index(flag)
     out = []
-    for w in argv[i + 1:]:
+    for w in argv[i + 1 :]:
         if w.startswith("--"):
             break
         out.append(w)
@@ -58,7 +58,8 @@ def test_case_script_resolves_arrays_arithmetic_and_seq():
 def test_case_script_reports_missing_source_and_unset_variables():
     s = parse_script(CASE / "launch.sh", {"TOTAL_NODES": "8"})
     assert [(x.path, x.line, x.status) for x in s.sources] == [
-        ("scripts/slime_models/Qwen3-235B-A22B-Thinking-2507_model_args.sh", 15, "missing")]
+        ("scripts/slime_models/Qwen3-235B-A22B-Thinking-2507_model_args.sh", 15, "missing")
+    ]
     assert s.unset_arrays == ["MODEL_ARGS", "DISTRIBUTED_ARGS"]
     assert {"SHARED_STORAGE_DATA", "WANDB_API_KEY", "MASTER_ADDR"} <= set(s.unset)
     # unset scalars stay visible as their own text
@@ -124,8 +125,10 @@ def test_model_args_file_stands_in_for_missing_source(tmp_path):
 
 
 def test_arithmetic_operators_and_indexing(tmp_path):
-    text = ("A=7\nB=(x y z)\nC=$(( (A + 2) % 4 * 3 - -1 ))\nD=$(( A / 2 ))\nE=$(( -7 / 2 ))\nF=$(( 2 ** 10 ))\n"
-            'python3 t.py --c $C --d $D --e $E --f $F --b1 ${B[1]} --n ${#B[@]} --s "$A-${B[2]}"\n')
+    text = (
+        "A=7\nB=(x y z)\nC=$(( (A + 2) % 4 * 3 - -1 ))\nD=$(( A / 2 ))\nE=$(( -7 / 2 ))\nF=$(( 2 ** 10 ))\n"
+        'python3 t.py --c $C --d $D --e $E --f $F --b1 ${B[1]} --n ${#B[@]} --s "$A-${B[2]}"\n'
+    )
     s = parse_script(_script(tmp_path, text))
     # (7+2)%4*3 - -1 = 1*3+1 = 4; 7/2 = 3; -7/2 truncates to -3 as in bash; 2**10 = 1024
     assert s.argv == ["--c", "4", "--d", "3", "--e", "-3", "--f", "1024", "--b1", "y", "--n", "3", "--s", "7-z"]
@@ -155,7 +158,7 @@ def test_parse_env():
 
 def test_arithmetic_inside_default_value(tmp_path):
     # tree-sitter-bash parses `${R:-$((N - A))}` as a command substitution of a subshell; it is re-read
-    s = parse_script(_script(tmp_path, 'N=${N:-4}\nA=1\nR=${R:-$((N - A))}\npython3 t.py --r $R\n'))
+    s = parse_script(_script(tmp_path, "N=${N:-4}\nA=1\nR=${R:-$((N - A))}\npython3 t.py --r $R\n"))
     assert s.argv == ["--r", "3"]
 
 
@@ -173,29 +176,47 @@ def _x(tmp_path, lines: str) -> tuple[str, list[str]]:
     return s.argv[1], s.limits
 
 
-@pytest.mark.parametrize(("expr", "value"), [
-    ("010 + 0x1f + 0X1F", 8 + 31 + 31), ("2#101 + 8#17 + 16#ff + 36#Z + 36#z", 5 + 15 + 255 + 35 + 35),
-    ("64#zz + 64#_ + 64#@ + 64#A", 35 * 64 + 35 + 63 + 62 + 36), ("10#08", 8), ("0x", 0),
-    ("9223372036854775807", 2**63 - 1), ("-9223372036854775807 - 1", -(2**63)), ("1 << 62", 2**62),
-    ("-7 / 2", -3), ("-7 % 2", -1), ("3 ** 39", 3**39), ("-8 >> 63", -1),
-])
+@pytest.mark.parametrize(
+    ("expr", "value"),
+    [
+        ("010 + 0x1f + 0X1F", 8 + 31 + 31),
+        ("2#101 + 8#17 + 16#ff + 36#Z + 36#z", 5 + 15 + 255 + 35 + 35),
+        ("64#zz + 64#_ + 64#@ + 64#A", 35 * 64 + 35 + 63 + 62 + 36),
+        ("10#08", 8),
+        ("0x", 0),
+        ("9223372036854775807", 2**63 - 1),
+        ("-9223372036854775807 - 1", -(2**63)),
+        ("1 << 62", 2**62),
+        ("-7 / 2", -3),
+        ("-7 % 2", -1),
+        ("3 ** 39", 3**39),
+        ("-8 >> 63", -1),
+    ],
+)
 def test_bash_numbers(tmp_path, expr, value):
     assert _x(tmp_path, f"X=$(( {expr} ))\n") == (str(value), [])
 
 
-@pytest.mark.parametrize(("expr", "reason"), [
-    ("08 + 1", "08: value too great for base"), ("2#2", "2#2: value too great for base"),
-    ("65#1", "65#1: invalid arithmetic base"), ("1#1", "1#1: invalid arithmetic base"),
-    ("1 / 0", "division by 0"), ("5 % 0", "division by 0"),
-    ("2 ** -1", "exponent less than 0"), ("1 << -1", "shift count -1 is outside 0..63"),
-    ("5 >> 64", "shift count 64 is outside 0..63"),
-    ("9223372036854775808", "overflows bash's signed 64-bit arithmetic"),
-    ("9" * 5000, "overflows bash's signed 64-bit arithmetic"),
-    ("1 << 99999999999", "shift count 99999999999 is outside 0..63"),
-    ("1 << 63", "overflows bash's signed 64-bit arithmetic"),
-    ("3 ** 99999999999", "overflows bash's signed 64-bit arithmetic"),
-    ("9223372036854775807 + 1", "overflows bash's signed 64-bit arithmetic"),
-])
+@pytest.mark.parametrize(
+    ("expr", "reason"),
+    [
+        ("08 + 1", "08: value too great for base"),
+        ("2#2", "2#2: value too great for base"),
+        ("65#1", "65#1: invalid arithmetic base"),
+        ("1#1", "1#1: invalid arithmetic base"),
+        ("1 / 0", "division by 0"),
+        ("5 % 0", "division by 0"),
+        ("2 ** -1", "exponent less than 0"),
+        ("1 << -1", "shift count -1 is outside 0..63"),
+        ("5 >> 64", "shift count 64 is outside 0..63"),
+        ("9223372036854775808", "overflows bash's signed 64-bit arithmetic"),
+        ("9" * 5000, "overflows bash's signed 64-bit arithmetic"),
+        ("1 << 99999999999", "shift count 99999999999 is outside 0..63"),
+        ("1 << 63", "overflows bash's signed 64-bit arithmetic"),
+        ("3 ** 99999999999", "overflows bash's signed 64-bit arithmetic"),
+        ("9223372036854775807 + 1", "overflows bash's signed 64-bit arithmetic"),
+    ],
+)
 def test_what_bash_rejects_or_overflows_is_kept_as_text_with_a_note(tmp_path, expr, reason):
     text = f"$(( {expr} ))"
     shown = text if len(text) <= 200 else text[:200] + "..."
@@ -205,12 +226,14 @@ def test_what_bash_rejects_or_overflows_is_kept_as_text_with_a_note(tmp_path, ex
 def test_caps_keep_the_value_as_text_and_the_rest_reads(tmp_path):
     value, limits = _x(tmp_path, "X=$(seq 1 10000000000)\nY=$(seq 3)\n")
     assert value == "$(seq 1 10000000000)"
-    assert limits == ["line 1: `$(seq 1 10000000000)`: `seq` gives 10,000,000,000 numbers, more than 65,536; "
-                      "kept as text"]
+    assert limits == [
+        "line 1: `$(seq 1 10000000000)`: `seq` gives 10,000,000,000 numbers, more than 65,536; kept as text"
+    ]
     # doubling: 2 chars x 2^19 = 1 Mi characters is the last that fits; the next is kept as text, then it grows again
     value, limits = _x(tmp_path, "X=ab\n" + 'X="$X$X"\n' * 20)
     assert value == '"$X$X"' and limits == [
-        'line 21: `"$X$X"`: longer than 1,048,576 characters or 65,536 words; kept as text']
+        'line 21: `"$X$X"`: longer than 1,048,576 characters or 65,536 words; kept as text'
+    ]
     s = parse_script(_script(tmp_path, "X=(a b)\n" + 'X=("${X[@]}" "${X[@]}")\n' * 15 + "python3 t.py --n ${#X[@]}\n"))
     assert s.argv == ["--n", "65536"] and s.limits == []  # 2 x 2^15 words: at the cap, not over
     s = parse_script(_script(tmp_path, "X=(a b)\n" + 'X=("${X[@]}" "${X[@]}")\n' * 16 + "python3 t.py --n ${#X[@]}\n"))
@@ -233,15 +256,21 @@ def test_nesting_past_the_cap_is_noted():
 def test_a_script_of_too_many_statements_stops_with_a_hint(tmp_path, monkeypatch):
     monkeypatch.setattr(script, "MAX_STEPS", 3000)  # each `a=1` is 3 steps: the statement, the value, its word
     path = _script(tmp_path, "a=1\n" * 2000 + "python3 t.py\n")
-    with pytest.raises(UserError, match=r"no train command found: .* \(reading stopped at line 1001: more than "
-                                        r"3,000 statements, words and operations\)$"):
+    with pytest.raises(
+        UserError,
+        match=r"no train command found: .* \(reading stopped at line 1001: more than "
+        r"3,000 statements, words and operations\)$",
+    ):
         parse_script(path)
 
 
 def test_a_file_over_the_limit_is_refused_and_the_limit_can_be_raised(tmp_path):
     path = _script(tmp_path, "# padding\n" * 200 + "python3 t.py --x 1\n")
-    with pytest.raises(UserError, match=r"run\.sh: launch script: 2019 bytes is over the 1024 bytes limit "
-                                        r"\(raise it with --max-input-mb\)$"):
+    with pytest.raises(
+        UserError,
+        match=r"run\.sh: launch script: 2019 bytes is over the 1024 bytes limit "
+        r"\(raise it with --max-input-mb\)$",
+    ):
         parse_script(path, limit=1024)
     assert parse_script(path, limit=4096).argv == ["--x", "1"]
 
@@ -265,8 +294,12 @@ def _expression() -> st.SearchStrategy[str]:
         _constant(),
         lambda inner: st.one_of(
             st.tuples(inner, st.sampled_from(OPERATORS), inner).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
-            inner.map(lambda e: f"( {e} )"), inner.map(lambda e: f"-{e}"), inner.map(lambda e: f"~{e}")),
-        max_leaves=4)
+            inner.map(lambda e: f"( {e} )"),
+            inner.map(lambda e: f"-{e}"),
+            inner.map(lambda e: f"~{e}"),
+        ),
+        max_leaves=4,
+    )
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to compare with")

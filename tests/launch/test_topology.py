@@ -14,10 +14,26 @@ from nanscope.launch.topology import build, split_layers
 
 CASE = Path(__file__).resolve().parents[2] / "src" / "nanscope" / "cases" / "slime-795"
 
-CASE_ARGV = ["--actor-num-nodes", "8", "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "4",
-             "--pipeline-model-parallel-size", "4", "--context-parallel-size", "2",
-             "--expert-model-parallel-size", "16", "--expert-tensor-parallel-size", "1",
-             "--decoder-last-pipeline-num-layers", "22", "--rollout-batch-size", "64"]
+CASE_ARGV = [
+    "--actor-num-nodes",
+    "8",
+    "--actor-num-gpus-per-node",
+    "8",
+    "--tensor-model-parallel-size",
+    "4",
+    "--pipeline-model-parallel-size",
+    "4",
+    "--context-parallel-size",
+    "2",
+    "--expert-model-parallel-size",
+    "16",
+    "--expert-tensor-parallel-size",
+    "1",
+    "--decoder-last-pipeline-num-layers",
+    "22",
+    "--rollout-batch-size",
+    "64",
+]
 
 
 def _topo(argv, model=None):
@@ -54,7 +70,12 @@ def test_case_every_rank_follows_tp_cp_ep_dp_pp(case_topo):
     for rank in range(64):
         c = case_topo.coords[rank]
         assert (c["tp"], c["cp"], c["dp"], c["pp"], c["ep"]) == (
-            rank % 4, rank // 4 % 2, rank // 8 % 2, rank // 16, rank % 16), rank
+            rank % 4,
+            rank // 4 % 2,
+            rank // 8 % 2,
+            rank // 16,
+            rank % 16,
+        ), rank
 
 
 def test_case_layer_split(case_topo):
@@ -65,9 +86,23 @@ def test_case_layer_split(case_topo):
 
 
 def test_tp_pp_dp_mapping_changes_order():
-    t = _topo(["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "8", "--tensor-model-parallel-size", "2",
-               "--pipeline-model-parallel-size", "2", "--use-tp-pp-dp-mapping", "--num-layers", "4",
-               "--rollout-batch-size", "1"])
+    t = _topo(
+        [
+            "--actor-num-nodes",
+            "2",
+            "--actor-num-gpus-per-node",
+            "8",
+            "--tensor-model-parallel-size",
+            "2",
+            "--pipeline-model-parallel-size",
+            "2",
+            "--use-tp-pp-dp-mapping",
+            "--num-layers",
+            "4",
+            "--rollout-batch-size",
+            "1",
+        ]
+    )
     assert t.order == "tp-cp-ep-pp-dp" and t.dp == 4
     r = t.rank(5)
     assert (r.tp, r.pp, r.dp) == (1, 0, 1)  # tp = 5 % 2; pp = (5 // 2) % 2; dp = 5 // 4
@@ -83,12 +118,24 @@ def _megatron_split(num_layers, pp, vpp, first, last, emb, loss):
     from megatron.core import parallel_state as ps
     from megatron.core.transformer import transformer_block, transformer_layer
 
-    cfg = SimpleNamespace(pipeline_model_parallel_layout=None, num_layers=num_layers,
-                          num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last,
-                          account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss,
-                          pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp)
-    saved = {n: getattr(ps, n) for n in ("get_pipeline_model_parallel_rank", "get_pipeline_model_parallel_world_size",
-                                         "get_virtual_pipeline_model_parallel_world_size")}
+    cfg = SimpleNamespace(
+        pipeline_model_parallel_layout=None,
+        num_layers=num_layers,
+        num_layers_in_first_pipeline_stage=first,
+        num_layers_in_last_pipeline_stage=last,
+        account_for_embedding_in_pipeline_split=emb,
+        account_for_loss_in_pipeline_split=loss,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+    )
+    saved = {
+        n: getattr(ps, n)
+        for n in (
+            "get_pipeline_model_parallel_rank",
+            "get_pipeline_model_parallel_world_size",
+            "get_virtual_pipeline_model_parallel_world_size",
+        )
+    }
     out = []
     try:
         ps.get_pipeline_model_parallel_world_size = lambda *a, **k: pp
@@ -112,8 +159,11 @@ def test_split_matches_megatron_on_a_grid():
     cases = []
     for pp, vpp, first, last in itertools.product((2, 3, 4), (None, 2), (None, 2, 4), (None, 2, 6)):
         cases.append((24, pp, vpp, first, last, False, False))
-    cases += [(15, 4, None, None, None, True, False), (14, 4, None, None, None, True, True),
-              (15, 2, 2, None, None, True, False)]
+    cases += [
+        (15, 4, None, None, None, True, False),
+        (14, 4, None, None, None, True, True),
+        (15, 2, 2, None, None, True, False),
+    ]
     checked = 0
     for num_layers, pp, vpp, first, last, emb, loss in cases:
         try:
@@ -126,8 +176,11 @@ def test_split_matches_megatron_on_a_grid():
 
 
 def test_world_not_divisible_is_a_user_error():
-    with pytest.raises(UserError, match=r"tp\(4\)\*pp\(4\)\*cp\(2\) = 32 does not divide world\(48\) = "
-                                        r"actor-num-nodes\(6\) x actor-num-gpus-per-node\(8\)"):
+    with pytest.raises(
+        UserError,
+        match=r"tp\(4\)\*pp\(4\)\*cp\(2\) = 32 does not divide world\(48\) = "
+        r"actor-num-nodes\(6\) x actor-num-gpus-per-node\(8\)",
+    ):
         _topo([*CASE_ARGV, "--actor-num-nodes", "6"])
 
 

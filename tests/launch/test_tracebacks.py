@@ -14,8 +14,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 
 def test_case_failure_line():
     f = parse_traceback((CASE / "traceback.txt").read_text()).failure
-    assert (f.rank, f.node, f.device, f.iteration, f.result, f.kind, f.bucket) == (
-        50, "dgx172", 2, -1, "nan", "NaN", 0)
+    assert (f.rank, f.node, f.device, f.iteration, f.result, f.kind, f.bucket) == (50, "dgx172", 2, -1, "nan", "NaN", 0)
     assert f.message.startswith("found NaN in local grad norm for bucket #0 in backward pass")
 
 
@@ -23,8 +22,12 @@ def test_case_frames_all_match_the_releases():
     tb = parse_traceback((CASE / "traceback.txt").read_text())
     # 6 driver/Ray frames, the Ray actor boundary, 3 slime frames, 7 megatron-core frames
     assert len(tb.frames) == 17
-    assert [fr.function for fr in tb.frames[-4:]] == ["finish_grad_sync", "start_grad_sync", "check_grads",
-                                                       "validate_result"]
+    assert [fr.function for fr in tb.frames[-4:]] == [
+        "finish_grad_sync",
+        "start_grad_sync",
+        "check_grads",
+        "validate_result",
+    ]
     checked = [fr for fr in tb.frames if fr.matches is not None]
     assert len(checked) == 12 and all(fr.matches for fr in checked)  # 2 train.py + 3 slime + 7 megatron
     assert tb.frames[6].path == "<ray actor>" and "ip=172.27.6.172" in tb.frames[6].note
@@ -47,8 +50,10 @@ def test_bare_traceback_inf_unknown_frame_and_line_mismatch():
 
 
 def test_error_line_found_inside_other_text():
-    text = "2025-01-01 INFO ... (MegatronTrainRayActor pid=1) Rank 3, node n1, device 3, iteration 12: " \
-           "Unexpected result tensor(nan, device='cuda:3') (message='found NaN in local grad norm for bucket #2 ...')"
+    text = (
+        "2025-01-01 INFO ... (MegatronTrainRayActor pid=1) Rank 3, node n1, device 3, iteration 12: "
+        "Unexpected result tensor(nan, device='cuda:3') (message='found NaN in local grad norm for bucket #2 ...')"
+    )
     tb = parse_traceback(text)
     assert (tb.failure.rank, tb.failure.iteration, tb.failure.kind, tb.failure.bucket) == (3, 12, "NaN", 2)
     assert tb.frames == [] and tb.other_ranks == []
@@ -63,9 +68,11 @@ def test_no_megatron_error_is_a_user_error():
 
 def test_explanations():
     assert explain_iteration(-1).startswith("iteration -1: Megatron's RerunStateMachine starts its counter at -1")
-    assert explain_bucket(0, 3).endswith("on a PP stage > 0 Megatron turns bucketing off, so each gradient buffer "
-                                         "is a single bucket: the check covered all of this rank's dense parameters "
-                                         "(expert parameters are a separate buffer, checked after).")
+    assert explain_bucket(0, 3).endswith(
+        "on a PP stage > 0 Megatron turns bucketing off, so each gradient buffer "
+        "is a single bucket: the check covered all of this rank's dense parameters "
+        "(expert parameters are a separate buffer, checked after)."
+    )
     assert "overlap-grad-reduce off" in explain_bucket(0, 0) and "turns bucketing off" not in explain_bucket(0, 0, True)
     assert explain_bucket(1, 3).startswith("bucket #1: a bucket group with several buckets")
     assert explain_bucket(None, 3) == ""
@@ -78,7 +85,15 @@ def test_cut_before_closing_quote_is_parsed_and_marked_truncated():
     assert text.endswith("collective')")
     f = parse_traceback(text[:-2]).failure
     assert (f.rank, f.node, f.device, f.iteration, f.kind, f.bucket, f.truncated, f.line) == (
-        50, "dgx172", 2, -1, "NaN", 0, True, 42)
+        50,
+        "dgx172",
+        2,
+        -1,
+        "NaN",
+        0,
+        True,
+        42,
+    )
     assert f.message.endswith("communication collective")
     assert parse_traceback(text).failure.truncated is False
     # cut inside the result: the rank is still there, the message is empty
@@ -92,13 +107,16 @@ def test_other_megatron_log_lines_with_the_same_prefix_are_not_failures():
         parse_traceback(text)
 
 
-@pytest.mark.parametrize("line", [
-    "Rank 1, node a, device 1, iteration 1: Unexpected result (message='",  # the probe: cubic before
-    "Rank 1, node a, device 1, iteration 1: Unexpected result x (message='y') ",  # many complete errors
-    "Rank 1, node ",  # a node name that never ends
-    "RayTaskError(E): ray::a() (",
-    '  File "x", line 1, in f ',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Rank 1, node a, device 1, iteration 1: Unexpected result (message='",  # the probe: cubic before
+        "Rank 1, node a, device 1, iteration 1: Unexpected result x (message='y') ",  # many complete errors
+        "Rank 1, node ",  # a node name that never ends
+        "RayTaskError(E): ray::a() (",
+        '  File "x", line 1, in f ',
+    ],
+)
 def test_a_1mb_adversarial_line_parses_in_linear_time(line):
     text = line * (1_000_000 // len(line))
     start = time.perf_counter()

@@ -65,7 +65,9 @@ def test_hand_derived_clip():
     # TIS weight exp(old - rollout) = 1.
     batch, logits = two_sample_batch(old_shift=0.5)
     args = case_args(global_batch_size=2, rollout_temperature=1.0)
-    loss, log = as_is.policy_loss(args, batch, logits, microbatch.make_sum_of_sample_mean(batch, Parallel(), False, False))
+    loss, log = as_is.policy_loss(
+        args, batch, logits, microbatch.make_sum_of_sample_mean(batch, Parallel(), False, False)
+    )
     assert loss.item() == pytest.approx(-1.28 + 0.5 * math.exp(0.5), rel=1e-6)
     assert log["pg_clipfrac"].item() == 1.0  # A's token (clipped) counts 1, B's 0
 
@@ -73,8 +75,12 @@ def test_hand_derived_clip():
 def test_temperature_divides_logits():
     # logits [0, 2 ln 3] at T = 2 -> [0, ln 3] -> p(token 1) = 3/4.
     batch = {
-        "unconcat_tokens": [torch.tensor([0, 1])], "total_lengths": [2], "response_lengths": [1],
-        "loss_masks": [torch.ones(1)], "log_probs": [torch.zeros(1)], "advantages": [torch.zeros(1)],
+        "unconcat_tokens": [torch.tensor([0, 1])],
+        "total_lengths": [2],
+        "response_lengths": [1],
+        "loss_masks": [torch.ones(1)],
+        "log_probs": [torch.zeros(1)],
+        "advantages": [torch.zeros(1)],
     }
     logits = torch.tensor([[[0.0, 2 * math.log(3)], [0.0, 0.0]]])
     logp, _ = microbatch.log_probs_and_entropy(logits, batch, 2.0, Parallel())
@@ -85,12 +91,19 @@ def test_empty_local_slice_keeps_the_graph_connected():
     # cp rank 0 of total 10 / response 6 holds no response token (see test_layout).
     batch, _ = two_sample_batch()
     batch = {
-        "unconcat_tokens": [torch.arange(10)], "total_lengths": [10], "response_lengths": [6],
-        "loss_masks": [torch.ones(6)], "log_probs": [torch.zeros(0)], "ref_log_probs": [torch.zeros(0)],
-        "rollout_log_probs": [torch.zeros(0)], "advantages": [torch.zeros(0)],
+        "unconcat_tokens": [torch.arange(10)],
+        "total_lengths": [10],
+        "response_lengths": [6],
+        "loss_masks": [torch.ones(6)],
+        "log_probs": [torch.zeros(0)],
+        "ref_log_probs": [torch.zeros(0)],
+        "rollout_log_probs": [torch.zeros(0)],
+        "advantages": [torch.zeros(0)],
     }
     logits = torch.zeros(1, 6, 16, requires_grad=True)
-    loss, _, _ = as_is.loss_function(case_args(global_batch_size=1), batch, 1, logits, parallel=Parallel(cp_rank=0, cp_size=2, dp_cp_size=2))
+    loss, _, _ = as_is.loss_function(
+        case_args(global_batch_size=1), batch, 1, logits, parallel=Parallel(cp_rank=0, cp_size=2, dp_cp_size=2)
+    )
     assert loss.item() == 0.0
     loss.backward()
     assert torch.equal(logits.grad, torch.zeros_like(logits))
@@ -110,7 +123,13 @@ def test_cp2_pieces_sum_to_cp1(seed, per_token):
     total, grad2, values = 0.0, torch.zeros_like(full), 0
     for r in range(2):
         par = Parallel(cp_rank=r, cp_size=2, dp_cp_size=2)
-        loss_r, _, log_r = as_is.loss_function(args, microbatch.slice_for_cp(batch, par), 1, microbatch.cp_local_logits(full, batch["total_lengths"], par), parallel=par)
+        loss_r, _, log_r = as_is.loss_function(
+            args,
+            microbatch.slice_for_cp(batch, par),
+            1,
+            microbatch.cp_local_logits(full, batch["total_lengths"], par),
+            parallel=par,
+        )
         (g,) = torch.autograd.grad(loss_r, full)
         # loss_function multiplies by dp_cp (2 here); Megatron's DDP averages over the DP x CP group.
         total, grad2, values = total + loss_r.item() / 2, grad2 + g / 2, values + log_r["values"]
@@ -143,7 +162,8 @@ def test_healthy_batches_are_finite(seed, temperature, kl_type, use_tis, mask_p)
 
 
 def test_custom_loss_is_dispatched_like_slime(monkeypatch):
-    import types, sys
+    import sys
+    import types
 
     calls = {}
 

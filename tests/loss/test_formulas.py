@@ -19,6 +19,7 @@ def test_fp32_exp_max_is_the_overflow_threshold():
 
 # ---- log_probs / entropy -------------------------------------------------------------------
 
+
 def test_log_probs_matches_fp64_log_softmax():
     torch.manual_seed(0)
     logits = torch.randn(7, 50) * 5
@@ -74,11 +75,14 @@ def test_entropy_adversarial():
 
 # ---- approx_kl ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["kl", "k2", "k3", "low_var_kl"])
 def test_approx_kl_against_fp64(kind):
     r = torch.linspace(-2, 2, 41)
     rd = r.double()
-    ref = {"kl": rd, "k2": rd**2 / 2, "k3": (-rd).exp() - 1 + rd, "low_var_kl": ((-rd).exp() - 1 + rd).clamp(-10, 10)}[kind]
+    ref = {"kl": rd, "k2": rd**2 / 2, "k3": (-rd).exp() - 1 + rd, "low_var_kl": ((-rd).exp() - 1 + rd).clamp(-10, 10)}[
+        kind
+    ]
     assert torch.allclose(F.approx_kl(r, kind).double(), ref, atol=1e-6)
 
 
@@ -98,6 +102,7 @@ def test_approx_kl_nan_and_unknown_type():
 
 
 # ---- ppo_clip_loss --------------------------------------------------------------------------
+
 
 def test_ppo_clip_hand_derived():
     # ppo_kl = old - logp. Token 0: ratio e^0.1 = 1.10517 inside [0.8, 1.28], adv 1 -> -1.10517.
@@ -136,6 +141,7 @@ def test_ppo_empty():
 
 # ---- tis_weights ----------------------------------------------------------------------------
 
+
 def test_tis_hand_derived_and_adversarial():
     tis, clipped = F.tis_weights(torch.tensor([0.0, math.log(3.0), -1.0]), 0.0, 2.0)
     assert tis.tolist() == pytest.approx([1.0, 3.0, math.exp(-1)], rel=1e-6)
@@ -146,6 +152,7 @@ def test_tis_hand_derived_and_adversarial():
 
 
 # ---- sum_of_sample_mean ---------------------------------------------------------------------
+
 
 def test_sum_of_sample_mean_hand_derived():
     # sample 0: (1*1 + 2*0 + 3*1) / 2 = 2; sample 1: (4*1) / 1 = 4; total 6.
@@ -174,6 +181,7 @@ def test_sum_of_sample_mean_all_masked_and_empty():
 
 
 # ---- grpo_normalize -------------------------------------------------------------------------
+
 
 def test_grpo_normalize_hand_derived():
     # group [0, 1, 1, 0]: mean .5, centred [-.5, .5, .5, -.5], unbiased std sqrt(1/3) = .57735

@@ -58,8 +58,11 @@ def test_masked_token_hazard_gives_the_healthy_gradient(name):
     _, g_safe, metrics = grads(safe, batch, logits)
     _, g_clean, _ = grads(as_is, clean, logits)
     assert torch.equal(g_safe, g_clean)
-    expected = {"kl-exp-overflow": "nan_guard/exp_overflow", "ratio-exp-overflow": "nan_guard/exp_overflow",
-                "nan-rollout-logprob": "nan_guard/rollout_log_probs"}[name]
+    expected = {
+        "kl-exp-overflow": "nan_guard/exp_overflow",
+        "ratio-exp-overflow": "nan_guard/exp_overflow",
+        "nan-rollout-logprob": "nan_guard/rollout_log_probs",
+    }[name]
     assert metrics[expected] == 1.0 and metrics["nan_guard/dropped_tokens"] == 0.0
 
 
@@ -93,12 +96,23 @@ def test_strict_names_sample_and_token():
 
 def test_strict_names_the_global_token_under_cp():
     # cp rank 1 of (total 10, response 6) holds response tokens 0-5; put a NaN at token 4.
-    batch = {"unconcat_tokens": [torch.arange(10)], "total_lengths": [10], "response_lengths": [6],
-             "loss_masks": [torch.ones(6)], "log_probs": [torch.zeros(6)], "advantages": [torch.ones(6)]}
+    batch = {
+        "unconcat_tokens": [torch.arange(10)],
+        "total_lengths": [10],
+        "response_lengths": [6],
+        "loss_masks": [torch.ones(6)],
+        "log_probs": [torch.zeros(6)],
+        "advantages": [torch.ones(6)],
+    }
     batch["log_probs"][0][4] = float("inf")
     with pytest.raises(safe.NonFiniteInputError, match="log_probs is inf at sample 0, response token 4"):
-        safe.policy_loss(case_args(use_tis=False, use_kl_loss=False), batch, torch.zeros(1, 6, 8),
-                         parallel=Parallel(cp_rank=1, cp_size=2), nan_policy="strict")
+        safe.policy_loss(
+            case_args(use_tis=False, use_kl_loss=False),
+            batch,
+            torch.zeros(1, 6, 8),
+            parallel=Parallel(cp_rank=1, cp_size=2),
+            nan_policy="strict",
+        )
 
 
 def test_unknown_nan_policy():
@@ -119,6 +133,7 @@ def test_zero_coefficient_terms_are_reported_and_contribute_exact_zeros():
 
 
 # ---- the two pitfalls other frameworks fell into --------------------------------------------
+
 
 def test_pitfall_selecting_after_exp_still_gives_nan():
     # torch.where after exp fixes the forward only: the unselected branch gets a zero gradient and

@@ -49,7 +49,14 @@ def test_uninstall_restores_torch():
     had_te_gemm = hasattr(moe_utils, "te_general_gemm")
     cpu.install()
     cpu.uninstall()
-    assert (torch.tensor, torch.zeros, torch.ones, torch.Tensor.cuda, torch.Tensor.type, torch.cuda.current_device) == original
+    assert (
+        torch.tensor,
+        torch.zeros,
+        torch.ones,
+        torch.Tensor.cuda,
+        torch.Tensor.type,
+        torch.cuda.current_device,
+    ) == original
     assert cpu.installed() == []
     assert hasattr(moe_utils, "te_general_gemm") == had_te_gemm  # absent without TransformerEngine, as before
 

@@ -34,7 +34,10 @@ def test_launch_finishes_and_reports_every_rank(launched):
         assert [(r.rank, r.pp, r.tp) for r in run.ranks] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
         # 4 layers over 2 stages; only the last stage holds the output layer.
         assert [(r.layers, r.holds_output_layer) for r in run.ranks] == [
-            ([0, 1], False), ([0, 1], False), ([2, 3], True), ([2, 3], True)
+            ([0, 1], False),
+            ([0, 1], False),
+            ([2, 3], True),
+            ([2, 3], True),
         ]
 
 

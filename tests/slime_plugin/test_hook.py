@@ -17,20 +17,32 @@ WORKER = Path(__file__).parents[1] / "workers" / "hook_worker.py"
 
 def test_settings_from_the_environment():
     assert Settings.from_env({}) == Settings("nanscope_reports", "raise", None, None)
-    env = {"NANSCOPE_REPORT_DIR": "/r", "NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "3",
-           "NANSCOPE_TRACE_STEP": "12:0"}
+    env = {
+        "NANSCOPE_REPORT_DIR": "/r",
+        "NANSCOPE_ON_NONFINITE": "skip",
+        "NANSCOPE_MAX_SKIPS": "3",
+        "NANSCOPE_TRACE_STEP": "12:0",
+    }
     assert Settings.from_env(env) == Settings("/r", "skip", 3, (12, 0))
     assert Settings.from_env({k: "" for k in env}) == Settings()  # empty is unset
 
 
-@pytest.mark.parametrize("env,message", [
-    ({"NANSCOPE_ON_NONFINITE": "ignore"}, "NANSCOPE_ON_NONFINITE='ignore': expected one of raise, skip"),
-    ({"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "0"}, "NANSCOPE_MAX_SKIPS='0': expected an integer >= 1"),
-    ({"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "-1"},
-     "NANSCOPE_MAX_SKIPS='-1': expected an integer >= 1"),
-    ({"NANSCOPE_TRACE_STEP": "12"}, "NANSCOPE_TRACE_STEP='12': expected ROLLOUT:STEP, e.g. 12:0"),
-    ({"NANSCOPE_TRACE_STEP": "a:1"}, "NANSCOPE_TRACE_STEP='a:1': expected ROLLOUT:STEP, e.g. 12:0"),
-])
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"NANSCOPE_ON_NONFINITE": "ignore"}, "NANSCOPE_ON_NONFINITE='ignore': expected one of raise, skip"),
+        (
+            {"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "0"},
+            "NANSCOPE_MAX_SKIPS='0': expected an integer >= 1",
+        ),
+        (
+            {"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "-1"},
+            "NANSCOPE_MAX_SKIPS='-1': expected an integer >= 1",
+        ),
+        ({"NANSCOPE_TRACE_STEP": "12"}, "NANSCOPE_TRACE_STEP='12': expected ROLLOUT:STEP, e.g. 12:0"),
+        ({"NANSCOPE_TRACE_STEP": "a:1"}, "NANSCOPE_TRACE_STEP='a:1': expected ROLLOUT:STEP, e.g. 12:0"),
+    ],
+)
 def test_bad_settings_are_one_line(env, message):
     with pytest.raises(ValueError) as e:
         Settings.from_env(env)
@@ -41,11 +53,15 @@ def test_replay_instruction_names_the_step_and_the_saved_rollouts():
     args = case_args()
     args.save_debug_rollout_data = "/root/dumps/rollout_data/{rollout_id}.pt"
     r = replay_instruction(args, 12, 1)
-    assert r == {"NANSCOPE_TRACE_STEP": "12:1", "load_debug_rollout_data": "/root/dumps/rollout_data/{rollout_id}.pt",
-                 "text": "rerun from the checkpoint before rollout 12 with NANSCOPE_TRACE_STEP=12:1 in the environment "
-                         "and --load-debug-rollout-data /root/dumps/rollout_data/{rollout_id}.pt"}
+    assert r == {
+        "NANSCOPE_TRACE_STEP": "12:1",
+        "load_debug_rollout_data": "/root/dumps/rollout_data/{rollout_id}.pt",
+        "text": "rerun from the checkpoint before rollout 12 with NANSCOPE_TRACE_STEP=12:1 in the environment "
+        "and --load-debug-rollout-data /root/dumps/rollout_data/{rollout_id}.pt",
+    }
     assert replay_instruction(case_args(), 0, 0)["text"].endswith(
-        "--load-debug-rollout-data <the --save-debug-rollout-data path; this run saved no rollouts>")
+        "--load-debug-rollout-data <the --save-debug-rollout-data path; this run saved no rollouts>"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +114,10 @@ def test_max_skips_ends_the_run_after_k_skips_in_a_row(worker):
     nan, healthy, nan_again = m["grad_norms"]  # the fourth step raised before its optimizer step
     assert nan != nan and healthy > 0 and nan_again != nan_again
     assert m["skipped"] == 3
-    assert m["error"].startswith("nanscope: 2 step(s) in a row had non-finite gradients (the last: rollout 3 step 0); "
-                                 "NANSCOPE_MAX_SKIPS=2: stopping the run. Reports: ")
+    assert m["error"].startswith(
+        "nanscope: 2 step(s) in a row had non-finite gradients (the last: rollout 3 step 0); "
+        "NANSCOPE_MAX_SKIPS=2: stopping the run. Reports: "
+    )
 
 
 @pytest.mark.integration
@@ -113,9 +131,15 @@ def test_trace_step_names_the_op_module_line_sample_and_token(worker):
     assert (report["rollout_id"], report["step_id"], report["replay"]["NANSCOPE_TRACE_STEP"]) == (1, 0, "1:0")
     fwd, bwd = trace["first"]["forward"], trace["first"]["backward"]
     assert (fwd["op"], fwd["sample"], fwd["token"], fwd["masked"], fwd["microbatch"]) == (
-        "aten.exp.default", sample, token, True, sample)  # one sample per micro-batch
+        "aten.exp.default",
+        sample,
+        token,
+        True,
+        sample,
+    )  # one sample per micro-batch
     assert " in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`" in fwd["source"]
     assert (bwd["op"], bwd["node"], bwd["sample"], bwd["token"]) == ("aten.mul.Tensor", "ExpBackward0", sample, token)
     assert trace["microbatch_samples"] == {str(i): [i] for i in range(len(hazards.case_rollout(512, 2).total_lengths))}
-    assert ("nanscope trace of rollout 1 step 0 (all ranks):\n"
-            "  forward: rank 0 (pp 0, tp 0): aten.exp.default produced inf") in stdout
+    assert (
+        "nanscope trace of rollout 1 step 0 (all ranks):\n  forward: rank 0 (pp 0, tp 0): aten.exp.default produced inf"
+    ) in stdout

@@ -71,18 +71,30 @@ def test_every_hazard_is_finite_and_a_masked_one_leaves_the_step_as_its_defused_
         assert torch.equal(loss, own[0]) and torch.equal(grad, own[1])
 
 
-@pytest.mark.parametrize("name, counter", [
-    ("kl-exp-overflow", "nan_guard/exp_overflow"), ("ratio-exp-overflow", "nan_guard/exp_overflow"),
-    ("nan-rollout-logprob", "nan_guard/rollout_log_probs"), ("nan-reward", "nan_guard/advantages"),
-])
+@pytest.mark.parametrize(
+    "name, counter",
+    [
+        ("kl-exp-overflow", "nan_guard/exp_overflow"),
+        ("ratio-exp-overflow", "nan_guard/exp_overflow"),
+        ("nan-rollout-logprob", "nan_guard/rollout_log_probs"),
+        ("nan-reward", "nan_guard/advantages"),
+    ],
+)
 def test_the_guard_counts_what_it_neutralised(name, counter):
     batch, logits = hazard_batch(name)
-    _, metrics = slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits.requires_grad_(True),
-                                          microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False))
+    _, metrics = slime_plugin.policy_loss(
+        case_args(global_batch_size=8),
+        batch,
+        logits.requires_grad_(True),
+        microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False),
+    )
     expected = {"nan_guard/advantages": 8.0}.get(counter, 1.0)  # a NaN reward takes its whole group of 8
     assert metrics[counter].item() == expected
-    others = {k: v.item() for k, v in metrics.items()
-              if k.startswith("nan_guard/") and k not in (counter, "nan_guard/dropped_tokens")}
+    others = {
+        k: v.item()
+        for k, v in metrics.items()
+        if k.startswith("nan_guard/") and k not in (counter, "nan_guard/dropped_tokens")
+    }
     assert set(others.values()) == {0.0}, others
 
 
@@ -91,8 +103,12 @@ def test_a_non_finite_ref_logprob_is_not_counted_as_an_overflow():
     i = 1
     j = int((batch["loss_masks"][i] == 0).nonzero()[0])
     batch["ref_log_probs"][i][j] = float("inf")  # exp(inf - logp) would be inf, but it is bad input, not overflow
-    _, metrics = slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits,
-                                          microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False))
+    _, metrics = slime_plugin.policy_loss(
+        case_args(global_batch_size=8),
+        batch,
+        logits,
+        microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False),
+    )
     assert (metrics["nan_guard/ref_log_probs"].item(), metrics["nan_guard/exp_overflow"].item()) == (1.0, 0.0)
 
 
@@ -204,8 +220,12 @@ def test_under_cp_a_dropped_token_is_cut_at_its_own_response_position():
             loss, _, log = safe.loss_function(args, microbatch.slice_for_cp(batch, par), 1, local, parallel=par)
             loss.backward()
             dropped = dict(zip(log["keys"], log["values"][1:].tolist()))["nan_guard/dropped_tokens"]
-            assert dropped == (1.0 if cp == 1 or j in layout.response_positions(
-                batch["total_lengths"][i], batch["response_lengths"][i], r, cp) else 0.0)
+            assert dropped == (
+                1.0
+                if cp == 1
+                or j in layout.response_positions(batch["total_lengths"][i], batch["response_lengths"][i], r, cp)
+                else 0.0
+            )
         grads[cp] = full.grad / cp  # each CP rank's loss is scaled by dp_cp = cp
     row = sum(batch["total_lengths"][:i]) + batch["total_lengths"][i] - batch["response_lengths"][i] - 1 + j
     assert torch.isfinite(grads[2]).all() and grads[2][0, row].abs().max() == 0

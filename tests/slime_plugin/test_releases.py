@@ -52,8 +52,11 @@ def installed(monkeypatch):
 
 @pytest.mark.parametrize(
     "loss, cp, name",
-    [(V0_1_0_LOSS, V0_1_0_CP, "v0.1.0"), (V0_3_1_LOSS, V0_3_1_CP, "v0.3.1"),
-     (MAIN_LOSS, V0_3_1_CP, "main (2026-08-21, 624b824)")],
+    [
+        (V0_1_0_LOSS, V0_1_0_CP, "v0.1.0"),
+        (V0_3_1_LOSS, V0_3_1_CP, "v0.3.1"),
+        (MAIN_LOSS, V0_3_1_CP, "main (2026-08-21, 624b824)"),
+    ],
 )
 def test_each_release_is_identified_by_its_signatures(installed, loss, cp, name):
     module = installed(loss, cp)
@@ -76,10 +79,13 @@ def test_a_missing_name_is_refused_in_one_line_naming_it_and_the_release(install
 
 def test_a_changed_signature_is_refused(installed):
     installed(V0_1_0_LOSS.replace("log_probs_base, kl_loss_type", "log_probs_base, kl_type"), V0_1_0_CP)
-    with pytest.raises(releases.UnsupportedRelease, match=(
-        r"closest is v0\.1\.0, but slime\.backends\.megatron_utils\.loss\.compute_approx_kl"
-        r"\(log_probs, log_probs_base, kl_type\) is not \(log_probs, log_probs_base, kl_loss_type\);"
-    )):
+    with pytest.raises(
+        releases.UnsupportedRelease,
+        match=(
+            r"closest is v0\.1\.0, but slime\.backends\.megatron_utils\.loss\.compute_approx_kl"
+            r"\(log_probs, log_probs_base, kl_type\) is not \(log_probs, log_probs_base, kl_loss_type\);"
+        ),
+    ):
         releases.running()
 
 

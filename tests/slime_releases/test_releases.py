@@ -32,8 +32,10 @@ TOLERANCE = 1e-6
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
-        not SRC, reason="NANSCOPE_SLIME_SRC is not set (a directory with one slime checkout per tag: "
-        + ", ".join(RELEASES) + "; see this module's docstring)"
+        not SRC,
+        reason="NANSCOPE_SLIME_SRC is not set (a directory with one slime checkout per tag: "
+        + ", ".join(RELEASES)
+        + "; see this module's docstring)",
     ),
 ]
 
@@ -51,8 +53,20 @@ def run(request, tmp_path_factory):
     if not checkout.is_dir():
         pytest.skip(f"no slime checkout for {request.param} at {checkout}")
     out = tmp_path_factory.mktemp(request.param)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port(),
-           str(WORKER), "--slime-src", str(checkout), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        _free_port(),
+        str(WORKER),
+        "--slime-src",
+        str(checkout),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -68,8 +68,11 @@ HEALTHY = [
     Config("use-rollout-logprobs", dict(use_rollout_logprobs=True), since="v0.2.4"),
     Config("opsm", dict(use_opsm=True), since="v0.2.4"),
     Config("mismatch-metrics", dict(get_mismatch_metrics=True), since="v0.2.4"),
-    Config("unbiased-kl", dict(use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=0.01, use_unbiased_kl=True),
-           since="v0.2.4"),
+    Config(
+        "unbiased-kl",
+        dict(use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=0.01, use_unbiased_kl=True),
+        since="v0.2.4",
+    ),
     Config("recompute-loss-function", dict(CASE, recompute_loss_function=True), since="v0.2.4"),
     Config("custom-tis-outside-slime", dict(use_tis=True, custom_tis_function_path=OUTSIDE_TIS), since="v0.2.4"),
     Config("cispo", dict(advantage_estimator="cispo", eps_clip=1.0, eps_clip_high=0.28), since="v0.3.1"),
@@ -86,25 +89,49 @@ HAZARDS = [
     Config("nan-old-logprob", {}, hazard="nan-old-logprob"),
     Config("inf-ref-logprob", CASE, hazard="inf-ref-logprob"),
     Config("gspo nan-old-logprob", dict(advantage_estimator="gspo"), hazard="nan-old-logprob"),
-    Config("unbiased-kl ratio-exp-overflow", dict(CASE, use_unbiased_kl=True), since="v0.2.4",
-           hazard="ratio-exp-overflow"),
-    Config("icepop nan-rollout-logprob", dict(CASE, custom_tis_function_path=ICEPOP), since="v0.2.4",
-           hazard="nan-rollout-logprob"),
-    Config("mismatch-metrics nan-rollout-logprob", dict(get_mismatch_metrics=True), since="v0.2.4",
-           hazard="nan-rollout-logprob"),
-    Config("use-rollout-logprobs nan-rollout-logprob", dict(use_rollout_logprobs=True), since="v0.2.4",
-           hazard="nan-rollout-logprob"),
-    Config("custom-tis-outside-slime nan-rollout-logprob", dict(CASE, custom_tis_function_path=OUTSIDE_TIS),
-           since="v0.2.4", hazard="nan-rollout-logprob"),
+    Config(
+        "unbiased-kl ratio-exp-overflow", dict(CASE, use_unbiased_kl=True), since="v0.2.4", hazard="ratio-exp-overflow"
+    ),
+    Config(
+        "icepop nan-rollout-logprob",
+        dict(CASE, custom_tis_function_path=ICEPOP),
+        since="v0.2.4",
+        hazard="nan-rollout-logprob",
+    ),
+    Config(
+        "mismatch-metrics nan-rollout-logprob",
+        dict(get_mismatch_metrics=True),
+        since="v0.2.4",
+        hazard="nan-rollout-logprob",
+    ),
+    Config(
+        "use-rollout-logprobs nan-rollout-logprob",
+        dict(use_rollout_logprobs=True),
+        since="v0.2.4",
+        hazard="nan-rollout-logprob",
+    ),
+    Config(
+        "custom-tis-outside-slime nan-rollout-logprob",
+        dict(CASE, custom_tis_function_path=OUTSIDE_TIS),
+        since="v0.2.4",
+        hazard="nan-rollout-logprob",
+    ),
     Config("opsm nan-reward", dict(use_opsm=True), since="v0.2.4", hazard="nan-reward"),
-    Config("recompute kl-exp-overflow", dict(CASE, recompute_loss_function=True), since="v0.2.4",
-           hazard="kl-exp-overflow"),
+    Config(
+        "recompute kl-exp-overflow", dict(CASE, recompute_loss_function=True), since="v0.2.4", hazard="kl-exp-overflow"
+    ),
     # cispo stops the gradient at its clipped ratio, so the overflow stays out of the backward
-    Config("cispo ratio-exp-overflow", dict(advantage_estimator="cispo"), since="v0.3.1", hazard="ratio-exp-overflow",
-           breaks_release=False),
+    Config(
+        "cispo ratio-exp-overflow",
+        dict(advantage_estimator="cispo"),
+        since="v0.3.1",
+        hazard="ratio-exp-overflow",
+        breaks_release=False,
+    ),
     Config("cispo nan-old-logprob", dict(advantage_estimator="cispo"), since="v0.3.1", hazard="nan-old-logprob"),
-    Config("top-p kl-exp-overflow", dict(CASE, rollout_top_p=0.9), since="v0.3.1", hazard="kl-exp-overflow",
-           top_p=True),
+    Config(
+        "top-p kl-exp-overflow", dict(CASE, rollout_top_p=0.9), since="v0.3.1", hazard="kl-exp-overflow", top_p=True
+    ),
 ]
 
 
@@ -222,10 +249,16 @@ def evaluate(module, release: str, cfg: Config, cp_size: int) -> dict:
     batch, full = build_batch(cfg)
     own = run(module.loss_function, args, batch, full, cp_size)
     plugin = run(module.loss_function, plugin_args, batch, full, cp_size)
-    record = {"config": cfg.name, "cp": cp_size, "hazard": cfg.hazard, "breaks_release": cfg.breaks_release,
-              "release_finite": finite(own),
-              "plugin_finite": finite(plugin), "release_metrics": dict(zip(own[2], own[3][1:].tolist())),
-              "plugin_metrics": dict(zip(plugin[2], plugin[3][1:].tolist()))}
+    record = {
+        "config": cfg.name,
+        "cp": cp_size,
+        "hazard": cfg.hazard,
+        "breaks_release": cfg.breaks_release,
+        "release_finite": finite(own),
+        "plugin_finite": finite(plugin),
+        "release_metrics": dict(zip(own[2], own[3][1:].tolist())),
+        "plugin_metrics": dict(zip(plugin[2], plugin[3][1:].tolist())),
+    }
     if cfg.hazard is None:
         record.update(compare(own, plugin))
     elif cfg.hazard in MASKED:  # a masked token: the plugin's step is the release's own on the defused twin

@@ -74,8 +74,9 @@ def _step(fault=None, loss="plain", advantages=None, lr=None):
         torch.optim.SGD(net.parameters(), lr=lr).step()
         params = tuple(n for n, p in net.named_parameters() if not torch.isfinite(p).all())
     inputs = {"advantages": (int((~torch.isfinite(adv)).sum()), adv.numel())}
-    return Observation(reading.forward, reading.backward, tuple(reading.grads), inputs, all(out_grads),
-                       nonfinite_params=params)
+    return Observation(
+        reading.forward, reading.backward, tuple(reading.grads), inputs, all(out_grads), nonfinite_params=params
+    )
 
 
 def test_healthy_step_has_no_class():
@@ -110,8 +111,10 @@ def test_nonfinite_advantage_is_data():
     adv = torch.tensor([1.0, float("nan"), 1.0, 1.0])
     c = classify(_step(advantages=adv))
     assert (c.cls, c.module) == (DATA, None)
-    assert c.evidence == ["the model's forward was finite",
-                          "non-finite loss inputs: advantages: 1 of 4 entries non-finite"]
+    assert c.evidence == [
+        "the model's forward was finite",
+        "non-finite loss inputs: advantages: 1 of 4 entries non-finite",
+    ]
 
 
 def test_update_that_writes_nonfinite_parameters_is_optimizer():
@@ -121,11 +124,14 @@ def test_update_that_writes_nonfinite_parameters_is_optimizer():
 
 
 def test_all_log_probs_nonfinite_points_at_the_log_prob_pass():
-    c = classify(Observation(loss_inputs={"log_probs": (96, 96), "ref_log_probs": (96, 96),
-                                          "rollout_log_probs": (0, 96)}))
+    c = classify(
+        Observation(loss_inputs={"log_probs": (96, 96), "ref_log_probs": (96, 96), "rollout_log_probs": (0, 96)})
+    )
     assert c.cls == DATA
-    assert c.evidence[1] == ("non-finite loss inputs: log_probs: 96 of 96 entries non-finite (all); "
-                             "ref_log_probs: 96 of 96 entries non-finite (all)")
+    assert c.evidence[1] == (
+        "non-finite loss inputs: log_probs: 96 of 96 entries non-finite (all); "
+        "ref_log_probs: 96 of 96 entries non-finite (all)"
+    )
     assert "--rollout-temperature" in c.evidence[2]
 
 
@@ -136,14 +142,17 @@ def test_a_forward_fault_outranks_the_poisoned_loss_inputs():
     assert "decoder.layers.1.mlp (decoder layer 3)" in c.evidence[0]
 
 
-@pytest.mark.parametrize("output_grad, last, inputs, cls, candidates", [
-    (None, True, None, None, (DATA, LOSS_NUMERICS, MODEL_BACKWARD)),
-    (None, True, {}, None, (LOSS_NUMERICS, MODEL_BACKWARD)),
-    (False, True, None, None, (DATA, LOSS_NUMERICS)),
-    (False, True, {}, LOSS_NUMERICS, (LOSS_NUMERICS,)),
-    (False, False, None, None, (DATA, LOSS_NUMERICS, MODEL_FORWARD, MODEL_BACKWARD)),
-    (True, False, None, MODEL_BACKWARD, (MODEL_BACKWARD,)),
-])
+@pytest.mark.parametrize(
+    "output_grad, last, inputs, cls, candidates",
+    [
+        (None, True, None, None, (DATA, LOSS_NUMERICS, MODEL_BACKWARD)),
+        (None, True, {}, None, (LOSS_NUMERICS, MODEL_BACKWARD)),
+        (False, True, None, None, (DATA, LOSS_NUMERICS)),
+        (False, True, {}, LOSS_NUMERICS, (LOSS_NUMERICS,)),
+        (False, False, None, None, (DATA, LOSS_NUMERICS, MODEL_FORWARD, MODEL_BACKWARD)),
+        (True, False, None, MODEL_BACKWARD, (MODEL_BACKWARD,)),
+    ],
+)
 def test_backward_hits_decide_only_what_was_observed(output_grad, last, inputs, cls, candidates):
     hit = Hit("output_layer", 0, 0, "output_layer.weight")
     c = classify(Observation(backward=hit, output_grad_finite=output_grad, last_stage=last, loss_inputs=inputs))
@@ -159,10 +168,20 @@ def test_fused_gradient_seen_only_accumulated():
 
 def test_to_dict_keys():
     d = classify(Observation(forward=Hit("embedding", 0, 0))).to_dict()
-    assert d == {"class": MODEL_FORWARD, "candidates": [MODEL_FORWARD], "module": "embedding", "direction": "forward",
-                 "microbatch": 0, "evidence": d["evidence"]}
+    assert d == {
+        "class": MODEL_FORWARD,
+        "candidates": [MODEL_FORWARD],
+        "module": "embedding",
+        "direction": "forward",
+        "microbatch": 0,
+        "evidence": d["evidence"],
+    }
 
 
 def test_layer_of():
-    assert [layer_of("decoder.layers.12.mlp"), layer_of("layers.3"), layer_of("decoder.final_layernorm"),
-            layer_of("decoder.layers.0", 24)] == [12, 3, None, 24]
+    assert [
+        layer_of("decoder.layers.12.mlp"),
+        layer_of("layers.3"),
+        layer_of("decoder.final_layernorm"),
+        layer_of("decoder.layers.0", 24),
+    ] == [12, 3, None, 24]

@@ -43,7 +43,9 @@ def test_forward_producer_is_the_log_in_its_module_not_the_layers_after_it():
     r = t.report()
     f = r.forward
     assert (f.op, f.phase, f.module, f.produced) == ("aten.log.default", "forward", "blocks.1", "nan")
-    assert f.source.endswith(f"test_locator.py:{_line(LogBlock.forward, 'torch.log')} in forward `return torch.log(self.fc(x))  # NaN where fc(x) < 0`")
+    assert f.source.endswith(
+        f"test_locator.py:{_line(LogBlock.forward, 'torch.log')} in forward `return torch.log(self.fc(x))  # NaN where fc(x) < 0`"
+    )
     assert r.first_forward is f  # nothing non-finite before it
     # The first NaN entry: the log's input there is negative.
     assert float(f.input_summary[0].rsplit(": ", 1)[1]) < 0
@@ -122,7 +124,9 @@ def test_nonfinite_input_is_propagation_and_token_map_applies():
     x = torch.zeros(4, 2)
     x[2, 1] = float("nan")
     lin = torch.nn.Linear(2, 2)
-    with Tracer(modules=[lin], token_map=lambda shape, i: (i // shape[-1], 0, "response", None) if len(shape) == 2 else None) as t:
+    with Tracer(
+        modules=[lin], token_map=lambda shape, i: (i // shape[-1], 0, "response", None) if len(shape) == 2 else None
+    ) as t:
         lin(x)
     r = t.report()
     assert r.forward is None
@@ -155,7 +159,9 @@ def test_nonfinite_parameters_are_reported_as_inputs():
     with Tracer(modules=[net]) as t:
         net.head(torch.ones(1, 4))
     r = t.report()
-    assert [(i.name, i.nonfinite) for i in r.inputs] == [("parameter head.weight", {"nan": 0, "posinf": 1, "neginf": 0})]
+    assert [(i.name, i.nonfinite) for i in r.inputs] == [
+        ("parameter head.weight", {"nan": 0, "posinf": 1, "neginf": 0})
+    ]
     # The Linear multiplies the inf weight by finite inputs: propagation, no producer.
     assert r.forward is None and r.first_forward.module == "head"
     assert "  parameter head.weight: 1 posinf\n" in "\n".join(render.lines(r)) + "\n"

@@ -27,14 +27,31 @@ def test_sentinel_and_tracer_name_the_kl_overflow_under_megatron(tmp_path):
     r = d["reading"]
     assert r["forward"] is None
     n_params = len(d["param_names"])
-    assert r["backward"] == {"module": "module.output_layer", "microbatch": mb, "order": mb * n_params, "param": "module.output_layer.weight"}
+    assert r["backward"] == {
+        "module": "module.output_layer",
+        "microbatch": mb,
+        "order": mb * n_params,
+        "param": "module.output_layer.weight",
+    }
     assert "module.output_layer.weight" in r["grads"]
     # Tracer: exp in approx_kl (forward) and ExpBackward0's mul (backward) at the hazard's token,
     # sample numbered within its micro-batch.
     f, b = d["trace"]["forward"], d["trace"]["backward"]
-    assert (f["op"], f["microbatch"], f["sample"], f["token"], f["masked"]) == ("aten.exp.default", mb, local, token, True)
+    assert (f["op"], f["microbatch"], f["sample"], f["token"], f["masked"]) == (
+        "aten.exp.default",
+        mb,
+        local,
+        token,
+        True,
+    )
     assert " in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`" in f["source"]
-    assert (b["op"], b["node"], b["microbatch"], b["sample"], b["token"]) == ("aten.mul.Tensor", "ExpBackward0", mb, local, token)
+    assert (b["op"], b["node"], b["microbatch"], b["sample"], b["token"]) == (
+        "aten.mul.Tensor",
+        "ExpBackward0",
+        mb,
+        local,
+        token,
+    )
     # Second pass, a healthy batch with one inf weight in layer 2's input norm (0-based layer 2 =
     # megatron's layer_number 3). Sentinel: the first non-finite module output in forward order is
     # that norm's, in micro-batch 0.
@@ -47,6 +64,12 @@ def test_sentinel_and_tracer_name_the_kl_overflow_under_megatron(tmp_path):
     assert [i["name"] for i in t["inputs"]] == ["parameter module.decoder.layers.2.input_layernorm.weight"]
     ff = t["first_forward"]
     assert (ff["module"], ff["produced"], ff["microbatch"], ff["sample"], ff["token"], ff["axis"]) == (
-        "module.decoder.layers.2.input_layernorm", "", 0, 0, 0, "sequence")
+        "module.decoder.layers.2.input_layernorm",
+        "",
+        0,
+        0,
+        0,
+        "sequence",
+    )
     assert t["forward"]["produced"] == "nan" and t["forward"]["index"] > ff["index"]
     assert t["forward"]["module"].startswith("module.decoder.layers.2.")

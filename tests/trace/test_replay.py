@@ -30,7 +30,13 @@ def test_kl_exp_overflow_names_exp_forward_and_exp_backward_at_the_masked_token(
     # Its input at that index is the overflowing exponent: above log(float32 max).
     assert float(f.input_summary[0].rsplit(": ", 1)[1]) > formulas.FP32_EXP_MAX
     # Backward: ExpBackward0 computes grad * result = 0 (the clamp's zero gradient) * inf = NaN.
-    assert (b.op, b.phase, b.produced, b.node, b.created_by) == ("aten.mul.Tensor", "backward", "nan", "ExpBackward0", "exp")
+    assert (b.op, b.phase, b.produced, b.node, b.created_by) == (
+        "aten.mul.Tensor",
+        "backward",
+        "nan",
+        "ExpBackward0",
+        "exp",
+    )
     assert b.source == f.source
     assert (b.sample, b.token, b.masked) == site + (True,)
     assert b.nonfinite == {"nan": 1, "posinf": 0, "neginf": 0}
@@ -143,8 +149,14 @@ def test_load_rejects_bad_files(tmp_path):
     cases = {
         "list.pt": ([1, 2], "expected a dict with keys batch, logits, args, loss; got list"),
         "noloss.pt": ({k: v for k, v in doc.items() if k != "loss"}, "missing key 'loss'"),
-        "logits.pt": ({**doc, "logits": doc["logits"][0]}, f"logits: expected a float tensor [1, T, V], got shape ({doc['logits'].size(1)}, 512) torch.float32"),
-        "mask.pt": ({**doc, "batch": {**doc["batch"], "loss_masks": [m[:-1] for m in doc["batch"]["loss_masks"]]}}, "loss_masks of sample 0:"),
+        "logits.pt": (
+            {**doc, "logits": doc["logits"][0]},
+            f"logits: expected a float tensor [1, T, V], got shape ({doc['logits'].size(1)}, 512) torch.float32",
+        ),
+        "mask.pt": (
+            {**doc, "batch": {**doc["batch"], "loss_masks": [m[:-1] for m in doc["batch"]["loss_masks"]]}},
+            "loss_masks of sample 0:",
+        ),
         "args.pt": ({**doc, "args": {"bogus": 1}}, "args: not slime loss fields: ['bogus']"),
     }
     for name, (obj, msg) in cases.items():

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from nanscope.trace import Hit, Sentinel, sentinel as sentinel_mod
+from nanscope.trace import Hit, Sentinel
+from nanscope.trace import sentinel as sentinel_mod
 
 
 class Exp(torch.nn.Module):

@@ -15,8 +15,10 @@ ORDER = [2, 0, 1]  # the micro-batch packs the rollout's samples 2, 0, 1
 
 def _rollout():
     g = torch.Generator().manual_seed(0)
-    out = [{"tokens": torch.randint(1, 500, (n,), generator=g), "response_length": r, "loss_mask": torch.ones(r)}
-           for n, r in SHAPES]
+    out = [
+        {"tokens": torch.randint(1, 500, (n,), generator=g), "response_length": r, "loss_mask": torch.ones(r)}
+        for n, r in SHAPES
+    ]
     out[1]["loss_mask"][2] = 0
     return out
 
@@ -78,8 +80,12 @@ def test_first_across_ranks_forward_by_stage_backward_by_reverse_stage():
     records = [
         {"rank": 0, "pp": 0, "tp": 0, "trace": {"forward": _ev("f0", 1), "backward": _ev("b0", 1), "inputs": []}},
         {"rank": 2, "pp": 1, "tp": 0, "trace": {"forward": _ev("f2", 1), "backward": _ev("b2", 1), "inputs": []}},
-        {"rank": 3, "pp": 1, "tp": 1, "trace": {"forward": _ev("f3", 0), "backward": None,
-                                                 "inputs": [{"name": "parameter w"}]}},
+        {
+            "rank": 3,
+            "pp": 1,
+            "tp": 1,
+            "trace": {"forward": _ev("f3", 0), "backward": None, "inputs": [{"name": "parameter w"}]},
+        },
     ]
     first = step.first_across_ranks(records)
     assert first["forward"] == {"op": "f3", "microbatch": 0, "rank": 3, "pp": 1, "tp": 1}

@@ -45,8 +45,12 @@ def main(out: Path) -> None:
 
     def run(model, tokens):  # [S] -> logits [1, S_padded, V]
         padded = -(-tokens.numel() // 64) * 64
-        return model(input_ids=torch.nn.functional.pad(tokens, (0, padded - tokens.numel())).unsqueeze(0),
-                     position_ids=None, attention_mask=None, labels=None)
+        return model(
+            input_ids=torch.nn.functional.pad(tokens, (0, padded - tokens.numel())).unsqueeze(0),
+            position_ids=None,
+            attention_mask=None,
+            labels=None,
+        )
 
     def batch_for(model, hazard, seed):
         def policy(tokens):
@@ -57,8 +61,10 @@ def main(out: Path) -> None:
         return batch, batch.pop("hazard_site")
 
     def save_rollout(batch, rollout_id):  # slime's --save-debug-rollout-data: Sample.to_dict() rows
-        samples = [{"tokens": t.tolist(), "response_length": r, "loss_mask": m.int().tolist()}
-                   for t, r, m in zip(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"])]
+        samples = [
+            {"tokens": t.tolist(), "response_length": r, "loss_mask": m.int().tolist()}
+            for t, r, m in zip(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"])
+        ]
         path = Path(args.load_debug_rollout_data.format(rollout_id=rollout_id))
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"rollout_id": rollout_id, "samples": samples}, path)
@@ -76,8 +82,15 @@ def main(out: Path) -> None:
             loss = lambda logits: as_is.loss_function(args, mb, n, logits[:, : mb["total_lengths"][0]].float())  # noqa: E731
             return run(m, mb["unconcat_tokens"][0]), loss
 
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(micro), model=[model],
-                                    num_microbatches=n, seq_length=256, micro_batch_size=1, forward_only=False)
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro),
+            model=[model],
+            num_microbatches=n,
+            seq_length=256,
+            micro_batch_size=1,
+            forward_only=False,
+        )
         ok, grad_norm, _ = optimizer.step()
         assert ok
         scheduler.step(increment=n)
@@ -99,9 +112,19 @@ def main(out: Path) -> None:
                 break
         for k in env:
             del os.environ[k]
-        return model, optimizer, {"grad_norms": norms, "error": error, "site": site, "logged": slime_plugin.logged(),
-                                  "skipped": slime_plugin.skipped_steps(), "reports": slime_plugin.reports(),
-                                  "lr_steps": scheduler.num_steps}
+        return (
+            model,
+            optimizer,
+            {
+                "grad_norms": norms,
+                "error": error,
+                "site": site,
+                "logged": slime_plugin.logged(),
+                "skipped": slime_plugin.skipped_steps(),
+                "reports": slime_plugin.reports(),
+                "lr_steps": scheduler.num_steps,
+            },
+        )
 
     result = {"lifecycle": lifecycle(bootstrap, slime_plugin, args)}
     model, _, result["skip"] = train(["healthy", "bad", "later"], NANSCOPE_ON_NONFINITE="skip")
@@ -123,9 +146,19 @@ def lr_schedule(optimizer):
 
     for group in optimizer.param_groups:  # megatron's groups carry their own bounds (None here: use these)
         group.update(max_lr=1e-6, min_lr=0.0)
-    return OptimizerParamScheduler(optimizer, init_lr=1e-6, max_lr=1e-6, min_lr=0.0, lr_warmup_steps=0,
-                                   lr_decay_steps=64, lr_decay_style="linear", start_wd=0.1, end_wd=0.1,
-                                   wd_incr_steps=64, wd_incr_style="constant")
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=1e-6,
+        max_lr=1e-6,
+        min_lr=0.0,
+        lr_warmup_steps=0,
+        lr_decay_steps=64,
+        lr_decay_style="linear",
+        start_wd=0.1,
+        end_wd=0.1,
+        wd_incr_steps=64,
+        wd_incr_style="constant",
+    )
 
 
 def lifecycle(bootstrap, slime_plugin, args) -> dict:
@@ -134,8 +167,11 @@ def lifecycle(bootstrap, slime_plugin, args) -> dict:
     def state(model, optimizer, scheduler):
         hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
         hooks += sum(len(p._backward_hooks or {}) for p in model.parameters())
-        wrapped = {"finish_grad_sync": "finish_grad_sync" in vars(model), "step": "step" in vars(optimizer),
-                   "scheduler_step": "step" in vars(scheduler)}
+        wrapped = {
+            "finish_grad_sync": "finish_grad_sync" in vars(model),
+            "step": "step" in vars(optimizer),
+            "scheduler_step": "step" in vars(scheduler),
+        }
         return {"hooks": hooks, **wrapped}
 
     a, _, opt_a = bootstrap.build_training(seed=0, bf16=False)

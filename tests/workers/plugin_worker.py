@@ -35,14 +35,18 @@ def main() -> None:
 
     par = Parallel.from_megatron()
     assert (par.cp_size, dist.get_world_size(par.tp_group)) == (a.cp, a.tp), par
-    args = case_args(global_batch_size=8, loss_type="custom_loss", custom_loss_function_path="nanscope.slime_plugin.policy_loss")
+    args = case_args(
+        global_batch_size=8, loss_type="custom_loss", custom_loss_function_path="nanscope.slime_plugin.policy_loss"
+    )
     for h in hazards.CATALOGUE:
         policy = hazards.synthetic_policy(512, 0)
         batch = hazards.build(h.name, policy, hazards.case_rollout(512, 0), 0)
         full = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
         shard = 512 // a.tp
         tp_rank = ps.get_tensor_model_parallel_rank()
-        local = microbatch.cp_local_logits(full, batch["total_lengths"], par)[..., tp_rank * shard : (tp_rank + 1) * shard]
+        local = microbatch.cp_local_logits(full, batch["total_lengths"], par)[
+            ..., tp_rank * shard : (tp_rank + 1) * shard
+        ]
         # slime's loss_function (modelled by as_is) reads parallel state itself, then calls the plugin
         loss, _, log = as_is.loss_function(args, microbatch.slice_for_cp(batch, par), 1, local)
         (grad,) = torch.autograd.grad(loss, full)
@@ -58,8 +62,10 @@ def main() -> None:
         else:
             loss_value = loss.detach()
         if dist.get_rank() == 0:
-            torch.save({"loss": loss_value, "grad": grad, "keys": log["keys"], "values": values},
-                       os.path.join(a.out, f"{h.name}.pt"))
+            torch.save(
+                {"loss": loss_value, "grad": grad, "keys": log["keys"], "values": values},
+                os.path.join(a.out, f"{h.name}.pt"),
+            )
     dist.barrier()
     dist.destroy_process_group()
 

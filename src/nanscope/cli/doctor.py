@@ -20,21 +20,39 @@ EPILOG = """examples:
 
 def add_parser(sub):
     p = sub.add_parser(
-        "doctor", help="explain a NaN crash from the launch script and traceback",
-        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "doctor",
+        help="explain a NaN crash from the launch script and traceback",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("script", nargs="?", help="slime launch script (bash); read, never executed")
     p.add_argument("--case", help="use a bundled case (slime-795) instead of a script")
-    p.add_argument("--env", action="append", metavar="K=V", default=[],
-                   help="a variable the script reads from its environment (repeatable)")
-    p.add_argument("--model", metavar="JSON", help="architecture JSON standing in for a missing model-args file: "
-                                                   "Megatron names (num_layers, num_experts) or a HF config.json")
+    p.add_argument(
+        "--env",
+        action="append",
+        metavar="K=V",
+        default=[],
+        help="a variable the script reads from its environment (repeatable)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="JSON",
+        help="architecture JSON standing in for a missing model-args file: "
+        "Megatron names (num_layers, num_experts) or a HF config.json",
+    )
     p.add_argument("--model-args", metavar="FILE", help="model-args file to read where the script sources one")
     p.add_argument("--traceback", metavar="FILE", help="the crash's traceback (Ray-wrapped or not)")
     p.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
     p.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON")
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
-    p.add_argument("--max-input-mb", type=_megabytes, default=_megabytes("4"), metavar="MB",
-                   help="largest script, sourced file, model file or traceback read (default 4)")
+    p.add_argument(
+        "--max-input-mb",
+        type=_megabytes,
+        default=_megabytes("4"),
+        metavar="MB",
+        help="largest script, sourced file, model file or traceback read (default 4)",
+    )
     return p
 
 
@@ -90,8 +108,12 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
     # as_file per file: works for a zipped install too (directories need Python 3.12)
     bundled = {name: str(stack.enter_context(as_file(case.root() / name))) for name in case.FILES}
     env = {**case.ENV, **env}
-    return (bundled["launch.sh"], env, args.model or bundled.get("model.json"),
-            args.traceback or bundled.get("traceback.txt"))
+    return (
+        bundled["launch.sh"],
+        env,
+        args.model or bundled.get("model.json"),
+        args.traceback or bundled.get("traceback.txt"),
+    )
 
 
 def run(args) -> int:
@@ -117,8 +139,9 @@ def run(args) -> int:
             warnings.simplefilter("ignore")  # megatron-core warns about missing TE/Apex on import
             from nanscope.launch import diagnose
 
-            d = diagnose(script, env, model, model_origin, args.model_args, tb_text, tb_path or "traceback",
-                         args.rank, limit)
+            d = diagnose(
+                script, env, model, model_origin, args.model_args, tb_text, tb_path or "traceback", args.rank, limit
+            )
     _report(d, args)
     return 0
 

@@ -55,8 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the backstop: a bug must not read as exit 1 ("found"), nor flood stderr
         if args.debug:
             raise
-        print(f"nanscope {args.command}: internal error{_input(args)}: {type(e).__name__}: {_first_line(e)} "
-              "(rerun with --debug for the traceback)", file=sys.stderr)
+        print(
+            f"nanscope {args.command}: internal error{_input(args)}: {type(e).__name__}: {_first_line(e)} "
+            "(rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -39,12 +39,25 @@ def add_parser(sub):
     p.add_argument("--hazard", metavar="NAME", help="one hazard of the catalogue (default: all, as a matrix)")
     p.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
     p.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
-    p.add_argument("--inject-step", type=int, default=None, metavar="K", help="with --steps: the step carrying the hazard (default: middle)")
-    p.add_argument("--trace", action="store_true", help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value")
-    p.add_argument("--plugin", action="store_true",
-                   help="with --steps: slime with nanscope's plugin installed as documented (hook in raise and in skip "
-                        "mode, the fix as slime's custom loss), then the replay that the hook's report prints; "
-                        "NANSCOPE_MAX_SKIPS from the environment applies to the skip run")
+    p.add_argument(
+        "--inject-step",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --steps: the step carrying the hazard (default: middle)",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value",
+    )
+    p.add_argument(
+        "--plugin",
+        action="store_true",
+        help="with --steps: slime with nanscope's plugin installed as documented (hook in raise and in skip "
+        "mode, the fix as slime's custom loss), then the replay that the hook's report prints; "
+        "NANSCOPE_MAX_SKIPS from the environment applies to the skip run",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
@@ -116,8 +129,15 @@ def _run(args) -> int:
     if args.steps is not None:
         hazard = args.hazard or hazards.KL_EXP_OVERFLOW.name
         inject = args.inject_step if args.inject_step is not None else (args.steps + 1) // 2
-        result = repro.run_steps(hazard, steps=args.steps, inject_step=inject, seed=args.seed, timeout_s=args.timeout,
-                                 plugin=args.plugin, max_skips=_max_skips() if args.plugin else None)
+        result = repro.run_steps(
+            hazard,
+            steps=args.steps,
+            inject_step=inject,
+            seed=args.seed,
+            timeout_s=args.timeout,
+            plugin=args.plugin,
+            max_skips=_max_skips() if args.plugin else None,
+        )
         report.render_steps(result, console)
         doc = report.steps_to_json(result)
     elif args.hazard is not None:

@@ -45,62 +45,143 @@ examples:
 
 
 def add_parser(sub):
-    p = sub.add_parser("scan", help="find the sample/token of every NaN hazard in a slime dump",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dump", nargs="?", help="a rollout dump {rollout_id}.pt, a train dump {rollout_id}_{rank}.pt, "
-                                           "or a directory of them")
+    p = sub.add_parser(
+        "scan",
+        help="find the sample/token of every NaN hazard in a slime dump",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "dump",
+        nargs="?",
+        help="a rollout dump {rollout_id}.pt, a train dump {rollout_id}_{rank}.pt, or a directory of them",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="PATH", help="write hazards and summary as JSON")
-    out.add_argument("--html", metavar="PATH", help="write an HTML report with log-ratio and hazard-map plots "
-                                                    "(one dump, not a directory)")
+    out.add_argument(
+        "--html",
+        metavar="PATH",
+        help="write an HTML report with log-ratio and hazard-map plots (one dump, not a directory)",
+    )
     out.add_argument("--max-rows", type=int, default=30, help="hazard rows in the terminal table (default 30)")
-    out.add_argument("--max-per-sample", type=int, default=100,
-                     help="hazards listed per check and sample in JSON/HTML; counts stay exact (default 100)")
-    out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="progress bar with tokens/s on stderr (default: when stderr is a terminal)")
-    out.add_argument("--workers", type=int, default=None, metavar="N",
-                     help="directories: files scanned at once (default: the cores available)")
+    out.add_argument(
+        "--max-per-sample",
+        type=int,
+        default=100,
+        help="hazards listed per check and sample in JSON/HTML; counts stay exact (default 100)",
+    )
+    out.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar with tokens/s on stderr (default: when stderr is a terminal)",
+    )
+    out.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="directories: files scanned at once (default: the cores available)",
+    )
     inp = p.add_argument_group("input")
-    inp.add_argument("--trust-pickle", action="store_true",
-                     help="allow arbitrary unpickling (torch.load(weights_only=False)): runs code from the file")
-    inp.add_argument("--context-parallel-size", type=int, default=1, metavar="N",
-                     help="train dumps: the run's CP size; per-token tensors are CP-sliced when > 1 (default 1)")
-    inp.add_argument("--tensor-model-parallel-size", type=int, default=1, metavar="N",
-                     help="train dumps with CP: the run's TP size, to find the CP rank of the dump's rank "
-                          "as (rank // tp) %% cp, Megatron's default order tp-cp-ep-dp-pp (default 1)")
-    inp.add_argument("--max-dump-mb", type=int, default=MAX_DUMP_MB, metavar="MB",
-                     help=f"refuse dump files larger than this (default {MAX_DUMP_MB})")
-    inp.add_argument("--max-sample-tokens", type=int, default=MAX_SAMPLE_TOKENS, metavar="N",
-                     help="refuse a sample whose fields hold, or whose response_length declares, more entries "
-                          f"(default {MAX_SAMPLE_TOKENS:,})")
+    inp.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow arbitrary unpickling (torch.load(weights_only=False)): runs code from the file",
+    )
+    inp.add_argument(
+        "--context-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train dumps: the run's CP size; per-token tensors are CP-sliced when > 1 (default 1)",
+    )
+    inp.add_argument(
+        "--tensor-model-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train dumps with CP: the run's TP size, to find the CP rank of the dump's rank "
+        "as (rank // tp) %% cp, Megatron's default order tp-cp-ep-dp-pp (default 1)",
+    )
+    inp.add_argument(
+        "--max-dump-mb",
+        type=int,
+        default=MAX_DUMP_MB,
+        metavar="MB",
+        help=f"refuse dump files larger than this (default {MAX_DUMP_MB})",
+    )
+    inp.add_argument(
+        "--max-sample-tokens",
+        type=int,
+        default=MAX_SAMPLE_TOKENS,
+        metavar="N",
+        help="refuse a sample whose fields hold, or whose response_length declares, more entries "
+        f"(default {MAX_SAMPLE_TOKENS:,})",
+    )
     inp.add_argument("--write-demo", metavar="PATH", help="write a small dump with planted hazards and exit")
-    inp.add_argument("--demo-kind", choices=("rollout", "train"), default="rollout",
-                     help="what --write-demo writes (default rollout)")
+    inp.add_argument(
+        "--demo-kind",
+        choices=("rollout", "train"),
+        default="rollout",
+        help="what --write-demo writes (default rollout)",
+    )
     case = ScanConfig.for_case()
     sl = p.add_argument_group("slime v0.1.0 flags (defaults: the slime-795 case)")
-    sl.add_argument("--n-samples-per-prompt", type=int, default=case.n_samples_per_prompt,
-                    help=f"GRPO group size (default {case.n_samples_per_prompt})")
-    sl.add_argument("--reward-key", default=case.reward_key,
-                    help="key of a dict reward (default: rewards are numbers)")
-    sl.add_argument("--rollout-max-response-len", type=int, default=case.rollout_max_response_len,
-                    help=f"flag responses longer than this (default {case.rollout_max_response_len})")
-    sl.add_argument("--advantage-estimator", default=case.advantage_estimator,
-                    choices=("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
-                    help=f"(default {case.advantage_estimator})")
-    sl.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization",
-                    default=case.rewards_normalization, help="no group normalisation of rewards (default: "
-                    f"{'normalised' if case.rewards_normalization else 'not normalised'})")
-    sl.add_argument("--disable-grpo-std-normalization", action="store_false", dest="grpo_std_normalization",
-                    default=case.grpo_std_normalization, help="subtract the group mean only (default: "
-                    f"{'also divide by std + 1e-6' if case.grpo_std_normalization else 'mean only'})")
-    sl.add_argument("--use-kl-loss", action=argparse.BooleanOptionalAction, default=case.use_kl_loss,
-                    help="the KL term is computed, even at --kl-loss-coef 0 "
-                    f"(default: {'on' if case.use_kl_loss else 'off'})")
-    sl.add_argument("--kl-loss-type", choices=("kl", "k2", "k3", "low_var_kl"), default=case.kl_loss_type,
-                    help=f"(default {case.kl_loss_type})")
-    sl.add_argument("--use-tis", action=argparse.BooleanOptionalAction, default=case.use_tis,
-                    help="truncated importance sampling with rollout_log_probs "
-                    f"(default: {'on' if case.use_tis else 'off'})")
+    sl.add_argument(
+        "--n-samples-per-prompt",
+        type=int,
+        default=case.n_samples_per_prompt,
+        help=f"GRPO group size (default {case.n_samples_per_prompt})",
+    )
+    sl.add_argument("--reward-key", default=case.reward_key, help="key of a dict reward (default: rewards are numbers)")
+    sl.add_argument(
+        "--rollout-max-response-len",
+        type=int,
+        default=case.rollout_max_response_len,
+        help=f"flag responses longer than this (default {case.rollout_max_response_len})",
+    )
+    sl.add_argument(
+        "--advantage-estimator",
+        default=case.advantage_estimator,
+        choices=("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
+        help=f"(default {case.advantage_estimator})",
+    )
+    sl.add_argument(
+        "--disable-rewards-normalization",
+        action="store_false",
+        dest="rewards_normalization",
+        default=case.rewards_normalization,
+        help="no group normalisation of rewards (default: "
+        f"{'normalised' if case.rewards_normalization else 'not normalised'})",
+    )
+    sl.add_argument(
+        "--disable-grpo-std-normalization",
+        action="store_false",
+        dest="grpo_std_normalization",
+        default=case.grpo_std_normalization,
+        help="subtract the group mean only (default: "
+        f"{'also divide by std + 1e-6' if case.grpo_std_normalization else 'mean only'})",
+    )
+    sl.add_argument(
+        "--use-kl-loss",
+        action=argparse.BooleanOptionalAction,
+        default=case.use_kl_loss,
+        help=f"the KL term is computed, even at --kl-loss-coef 0 (default: {'on' if case.use_kl_loss else 'off'})",
+    )
+    sl.add_argument(
+        "--kl-loss-type",
+        choices=("kl", "k2", "k3", "low_var_kl"),
+        default=case.kl_loss_type,
+        help=f"(default {case.kl_loss_type})",
+    )
+    sl.add_argument(
+        "--use-tis",
+        action=argparse.BooleanOptionalAction,
+        default=case.use_tis,
+        help=f"truncated importance sampling with rollout_log_probs (default: {'on' if case.use_tis else 'off'})",
+    )
     return p
 
 
@@ -113,11 +194,15 @@ def run(args) -> int:
         return _write_demo(args)
     if not args.dump:
         raise UserError("no dump given (try: nanscope scan --write-demo rollout_data/12.pt)")
-    for flag, v in (("--n-samples-per-prompt", args.n_samples_per_prompt),
-                    ("--context-parallel-size", args.context_parallel_size),
-                    ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
-                    ("--max-per-sample", args.max_per_sample), ("--max-dump-mb", args.max_dump_mb),
-                    ("--max-sample-tokens", args.max_sample_tokens), ("--workers", args.workers or 1)):
+    for flag, v in (
+        ("--n-samples-per-prompt", args.n_samples_per_prompt),
+        ("--context-parallel-size", args.context_parallel_size),
+        ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
+        ("--max-per-sample", args.max_per_sample),
+        ("--max-dump-mb", args.max_dump_mb),
+        ("--max-sample-tokens", args.max_sample_tokens),
+        ("--workers", args.workers or 1),
+    ):
         if v < 1:
             raise UserError(f"{flag} {v}: must be >= 1")
     directory = Path(args.dump).is_dir()
@@ -127,11 +212,17 @@ def run(args) -> int:
         if path:
             files.check_writable(path, flag)
     cfg = ScanConfig(
-        n_samples_per_prompt=args.n_samples_per_prompt, reward_key=args.reward_key,
-        rollout_max_response_len=args.rollout_max_response_len, advantage_estimator=args.advantage_estimator,
-        rewards_normalization=args.rewards_normalization, grpo_std_normalization=args.grpo_std_normalization,
-        use_kl_loss=args.use_kl_loss, kl_loss_type=args.kl_loss_type, use_tis=args.use_tis,
-        max_listed=args.max_per_sample, histograms=bool(args.html),
+        n_samples_per_prompt=args.n_samples_per_prompt,
+        reward_key=args.reward_key,
+        rollout_max_response_len=args.rollout_max_response_len,
+        advantage_estimator=args.advantage_estimator,
+        rewards_normalization=args.rewards_normalization,
+        grpo_std_normalization=args.grpo_std_normalization,
+        use_kl_loss=args.use_kl_loss,
+        kl_loss_type=args.kl_loss_type,
+        use_tis=args.use_tis,
+        max_listed=args.max_per_sample,
+        histograms=bool(args.html),
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
     return _run_directory(args, cfg, show) if directory else _run_file(args, cfg, show)
@@ -147,8 +238,14 @@ def _limits(args):
 def _run_file(args, cfg: ScanConfig, show: bool) -> int:
     from nanscope.dumps import checks, io
 
-    dump = io.load(args.dump, trust_pickle=args.trust_pickle, reward_key=cfg.reward_key,
-                   cp_size=args.context_parallel_size, tp_size=args.tensor_model_parallel_size, limits=_limits(args))
+    dump = io.load(
+        args.dump,
+        trust_pickle=args.trust_pickle,
+        reward_key=cfg.reward_key,
+        cp_size=args.context_parallel_size,
+        tp_size=args.tensor_model_parallel_size,
+        limits=_limits(args),
+    )
     result = _scan(dump, cfg, show)
     _render(args, result)
     if result.errors:
@@ -168,8 +265,13 @@ def _scan(dump, cfg: ScanConfig, show: bool):
 
     if not show:
         return checks.scan(dump, cfg)
-    cols = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-            TextColumn("{task.fields[tokens]:,} tokens, {task.fields[rate]}"), TimeElapsedColumn())
+    cols = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[tokens]:,} tokens, {task.fields[rate]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"scanning {os.path.basename(dump.path)}", total=None, tokens=0, rate="")
         t0, tokens = time.perf_counter(), 0
@@ -192,17 +294,31 @@ def _run_directory(args, cfg: ScanConfig, show: bool) -> int:
 
     paths = many.find_dumps(args.dump)
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    opts = dict(trust_pickle=args.trust_pickle, cp_size=args.context_parallel_size,
-                tp_size=args.tensor_model_parallel_size, limits=_limits(args), workers=args.workers)
+    opts = dict(
+        trust_pickle=args.trust_pickle,
+        cp_size=args.context_parallel_size,
+        tp_size=args.tensor_model_parallel_size,
+        limits=_limits(args),
+        workers=args.workers,
+    )
     if show:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[tokens]:,} tokens"), TimeElapsedColumn())
+        cols = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[tokens]:,} tokens"),
+            TimeElapsedColumn(),
+        )
         with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task(f"scanning {args.dump}", total=len(paths), tokens=0)
-            summaries = many.scan_files(paths, cfg, **opts, done=lambda s: bar.update(
-                task, advance=1, tokens=bar.tasks[0].fields["tokens"] + s.response_tokens))
+            summaries = many.scan_files(
+                paths,
+                cfg,
+                **opts,
+                done=lambda s: bar.update(task, advance=1, tokens=bar.tasks[0].fields["tokens"] + s.response_tokens),
+            )
     else:
         summaries = many.scan_files(paths, cfg, **opts)
     report.render_directory(summaries, console, args.dump)

@@ -38,12 +38,22 @@ def add_parser(sub):
     p.add_argument("file", nargs="?", metavar="FILE.pt", help="a micro-batch file (see nanscope.trace.replay)")
     p.add_argument("--hazard", metavar="NAME", help="replay a catalogued hazard's micro-batch instead of a file")
     p.add_argument("--loss", choices=LOSS_NAMES, help="loss to replay with (default: as-is, or the file's)")
-    p.add_argument("--allow", action="append", default=[], metavar="OP",
-                   help="never blame this op (e.g. aten.masked_fill for intentional -inf masks); repeatable")
+    p.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="OP",
+        help="never blame this op (e.g. aten.masked_fill for intentional -inf masks); repeatable",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON (key 'trace')")
     p.add_argument("--seed", type=int, default=0, help="seed of the hazard's batch (default 0)")
-    p.add_argument("--max-input-mb", type=float, default=DEFAULT_LIMIT_MB, metavar="MB",
-                   help=f"refuse a FILE.pt larger than this (default {DEFAULT_LIMIT_MB})")
+    p.add_argument(
+        "--max-input-mb",
+        type=float,
+        default=DEFAULT_LIMIT_MB,
+        metavar="MB",
+        help=f"refuse a FILE.pt larger than this (default {DEFAULT_LIMIT_MB})",
+    )
     return p
 
 
@@ -85,6 +95,11 @@ def run(args) -> int:
     for line in render.lines(report):
         print(line)
     if args.json:
-        out = {"source": what, "loss": doc["loss"], "hazard_site": list(site) if site else None, "trace": report.to_dict()}
+        out = {
+            "source": what,
+            "loss": doc["loss"],
+            "hazard_site": list(site) if site else None,
+            "trace": report.to_dict(),
+        }
         files.write_json(args.json, out)
     return 0

@@ -42,8 +42,13 @@ NAN_LOGPROB = "nan-logprob"
 dump makes the PPO ratio or the KL term NaN, so the loss is NaN."""
 
 # Mechanisms in verdict order.
-MECHANISMS = (hazards.KL_EXP_OVERFLOW.name, hazards.RATIO_EXP_OVERFLOW.name, hazards.NAN_ROLLOUT_LOGPROB.name,
-              hazards.NAN_REWARD.name, NAN_LOGPROB)
+MECHANISMS = (
+    hazards.KL_EXP_OVERFLOW.name,
+    hazards.RATIO_EXP_OVERFLOW.name,
+    hazards.NAN_ROLLOUT_LOGPROB.name,
+    hazards.NAN_REWARD.name,
+    NAN_LOGPROB,
+)
 
 # Per-sample fields a check can need; `present` sets hold these names.
 FIELDS = ("reward", "rollout_log_probs", "log_probs", "ref_log_probs", "advantages")
@@ -158,15 +163,25 @@ class _Collector:
     def _room(self) -> bool:
         return len(self.hazards) < MAX_LISTED
 
-    def sample_level(self, kind: str, sample: int, mechanism: str | None, value, detail: str = "",
-                     certain: bool = True) -> None:
+    def sample_level(
+        self, kind: str, sample: int, mechanism: str | None, value, detail: str = "", certain: bool = True
+    ) -> None:
         self._note(kind, mechanism, certain, 1, sample)
         if self._room():
             self.listed[kind] += 1
             self.hazards.append(Finding(kind, mechanism, sample, None, None, None, value, certain, detail))
 
-    def tokens(self, kind: str, s: SampleData, hit: np.ndarray, values: np.ndarray, pos: np.ndarray | None,
-               masked: np.ndarray, mechanism: str | None, certain: bool = True) -> None:
+    def tokens(
+        self,
+        kind: str,
+        s: SampleData,
+        hit: np.ndarray,
+        values: np.ndarray,
+        pos: np.ndarray | None,
+        masked: np.ndarray,
+        mechanism: str | None,
+        certain: bool = True,
+    ) -> None:
         """Record the local entries where `hit` is True (values/masked are local-indexed like hit)."""
         idx = np.flatnonzero(hit)
         if idx.size == 0:
@@ -176,8 +191,9 @@ class _Collector:
         self.listed[kind] += int(idx.size)
         tok = idx if pos is None else pos[idx]
         for j, t in zip(idx.tolist(), tok.tolist()):
-            self.hazards.append(Finding(kind, mechanism, s.sample, t, s.prompt_length + t, bool(masked[j]),
-                                        float(values[j]), certain))
+            self.hazards.append(
+                Finding(kind, mechanism, s.sample, t, s.prompt_length + t, bool(masked[j]), float(values[j]), certain)
+            )
 
     def histogram(self, key: str, label: str, x: np.ndarray, masked: np.ndarray) -> None:
         h = self.hist.get(key) or self.hist.setdefault(key, Histogram.empty(label))
@@ -226,8 +242,9 @@ class _Sample:
     def ref(self) -> np.ndarray:
         return self.s.ref_log_probs.astype(np.float32, copy=False)
 
-    def nonfinite(self, kind: str, x: np.ndarray, shown: np.ndarray, nan_mechanism: str | None,
-                  inf_mechanism: str | None = None) -> None:
+    def nonfinite(
+        self, kind: str, x: np.ndarray, shown: np.ndarray, nan_mechanism: str | None, inf_mechanism: str | None = None
+    ) -> None:
         """Findings where x is NaN (nan_mechanism) or +-inf (inf_mechanism); `shown` gives reported values."""
         bad = ~np.isfinite(x)
         if not bad.any():
@@ -272,8 +289,13 @@ def _lengths(v: _Sample) -> bool:
     if R > s.tokens_length:
         bad.append(("response_length", R, f"response_length {R} > len(tokens) {s.tokens_length}"))
     if "total_lengths" in L and L["total_lengths"] != s.tokens_length:
-        bad.append(("total_lengths", L["total_lengths"],
-                    f"total_lengths {L['total_lengths']} != len(tokens) {s.tokens_length}"))
+        bad.append(
+            (
+                "total_lengths",
+                L["total_lengths"],
+                f"total_lengths {L['total_lengths']} != len(tokens) {s.tokens_length}",
+            )
+        )
     if "loss_mask" in L and L["loss_mask"] != R:
         bad.append(("loss_mask", L["loss_mask"], f"length {L['loss_mask']} != response_length {R}"))
     if not bad:
@@ -299,8 +321,9 @@ def _zero_loss_mask(v: _Sample) -> None:
 def _too_long(v: _Sample) -> None:
     limit, n = v.cfg.rollout_max_response_len, v.s.response_length
     if limit is not None and n > limit:
-        v.col.sample_level("response-too-long", v.s.sample, None, n,
-                           f"response_length {n} > --rollout-max-response-len {limit}")
+        v.col.sample_level(
+            "response-too-long", v.s.sample, None, n, f"response_length {n} > --rollout-max-response-len {limit}"
+        )
 
 
 def _reward(v: _Sample) -> None:
@@ -365,7 +388,8 @@ def _groups(g: _Rollout) -> None:
     if len(rewards) % n:
         col.errors.append(
             f"{g.path}: samples: {len(rewards)} samples do not form groups of --n-samples-per-prompt {n} "
-            f"({len(rewards)} % {n} = {len(rewards) % n}): slime v0.1.0's reshape(-1, {n}) fails")
+            f"({len(rewards)} % {n} = {len(rewards) % n}): slime v0.1.0's reshape(-1, {n}) fails"
+        )
         return
     std = cfg.grpo_std_normalization and cfg.advantage_estimator in ("grpo", "gspo")
     # torch.std of a single element is nan (unbiased): a group of 1 is all-nan by itself.
@@ -476,26 +500,65 @@ class Check:
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("nonfinite-reward", "reward (rollout dump: raw, after --reward-key; train dump: the normalised rewards)",
-          _reward, _needs("reward")),
-    Check("grpo-nonfinite", "GRPO group normalisation of the rewards gives a non-finite advantage",
-          _groups, _skip_groups, per_rollout=True),
-    Check("nonfinite-rollout-logprob", "rollout_log_probs (as bf16, as slime feeds TIS)", _rollout_logprob,
-          _needs("rollout_log_probs"), lambda dump_kind: "nan: NaN loss via TIS; +-inf is clamped"),
+    Check(
+        "nonfinite-reward",
+        "reward (rollout dump: raw, after --reward-key; train dump: the normalised rewards)",
+        _reward,
+        _needs("reward"),
+    ),
+    Check(
+        "grpo-nonfinite",
+        "GRPO group normalisation of the rewards gives a non-finite advantage",
+        _groups,
+        _skip_groups,
+        per_rollout=True,
+    ),
+    Check(
+        "nonfinite-rollout-logprob",
+        "rollout_log_probs (as bf16, as slime feeds TIS)",
+        _rollout_logprob,
+        _needs("rollout_log_probs"),
+        lambda dump_kind: "nan: NaN loss via TIS; +-inf is clamped",
+    ),
     Check("nonfinite-log-prob", "log_probs (old policy, fp32)", _log_prob, _needs("log_probs")),
     Check("nonfinite-ref-log-prob", "ref_log_probs (fp32)", _ref_log_prob, _skip_ref),
     Check("nonfinite-advantage", "advantages", _advantage, _needs("advantages")),
-    Check("kl-margin", "ref_logp - logp > 88.72 (low_var_kl / k3 exp)", _kl, _skip_kl,
-          lambda dump_kind: ("bound -rollout_log_probs (ref_logp <= 0)" if dump_kind == "rollout"
-                             else "logp = log_probs (exact at the first step)")),
-    Check("ratio-margin", "logp - old_logp > 88.72 (PPO ratio exp)", _ratio, _skip_ratio,
-          lambda dump_kind: f"bound -{'rollout_log_probs' if dump_kind == 'rollout' else 'log_probs'} (logp <= 0)"),
-    Check("tis-margin", "old_logp - rollout_logp > 88.72 (TIS exp; clamped, so only the tis metric is inf)", _tis,
-          _skip_tis, lambda dump_kind: "exact; clamped, no NaN (tis metric inf)"),
-    Check("length-mismatch", "tokens / response_length / loss_mask / per-token lengths disagree (slime asserts)",
-          _lengths, gate=True),
-    Check("zero-loss-mask", "loss_mask all zero (the sample adds nothing, but its tokens still go through exp)",
-          _zero_loss_mask),
+    Check(
+        "kl-margin",
+        "ref_logp - logp > 88.72 (low_var_kl / k3 exp)",
+        _kl,
+        _skip_kl,
+        lambda dump_kind: (
+            "bound -rollout_log_probs (ref_logp <= 0)"
+            if dump_kind == "rollout"
+            else "logp = log_probs (exact at the first step)"
+        ),
+    ),
+    Check(
+        "ratio-margin",
+        "logp - old_logp > 88.72 (PPO ratio exp)",
+        _ratio,
+        _skip_ratio,
+        lambda dump_kind: f"bound -{'rollout_log_probs' if dump_kind == 'rollout' else 'log_probs'} (logp <= 0)",
+    ),
+    Check(
+        "tis-margin",
+        "old_logp - rollout_logp > 88.72 (TIS exp; clamped, so only the tis metric is inf)",
+        _tis,
+        _skip_tis,
+        lambda dump_kind: "exact; clamped, no NaN (tis metric inf)",
+    ),
+    Check(
+        "length-mismatch",
+        "tokens / response_length / loss_mask / per-token lengths disagree (slime asserts)",
+        _lengths,
+        gate=True,
+    ),
+    Check(
+        "zero-loss-mask",
+        "loss_mask all zero (the sample adds nothing, but its tokens still go through exp)",
+        _zero_loss_mask,
+    ),
     Check("response-too-long", "response_length > --rollout-max-response-len", _too_long),
 )
 BY_KIND = {c.kind: c for c in CHECKS}
@@ -534,9 +597,23 @@ def scan(dump: Dump, cfg: ScanConfig | None = None, progress: Callable[[int], No
     checks = [_summary(c, dump.kind, cfg, col, present) for c in CHECKS]
     would, mechs, verdict = _verdict(col)
     col.hazards.sort(key=lambda h: (h.sample, -1 if h.token is None else h.token, KINDS.index(h.kind)))
-    return ScanResult(dump.path, dump.kind, dump.rollout_id, dump.rank, dump.num_samples, response_tokens, cfg,
-                      col.hazards, checks, col.per_sample(dump.num_samples), col.hist, col.errors, would, mechs,
-                      verdict)
+    return ScanResult(
+        dump.path,
+        dump.kind,
+        dump.rollout_id,
+        dump.rank,
+        dump.num_samples,
+        response_tokens,
+        cfg,
+        col.hazards,
+        checks,
+        col.per_sample(dump.num_samples),
+        col.hist,
+        col.errors,
+        would,
+        mechs,
+        verdict,
+    )
 
 
 def _check_sample(v: _Sample) -> None:
@@ -550,8 +627,14 @@ def _check_sample(v: _Sample) -> None:
 
 def _summary(c: Check, dump_kind: str, cfg: ScanConfig, col: _Collector, present: set[str]) -> CheckSummary:
     skip = c.skip(cfg, dump_kind, present)
-    return CheckSummary(c.kind, "skipped" if skip else "ran", col.counts[c.kind], col.listed[c.kind],
-                        [m for m in MECHANISMS if m in col.mechs[c.kind]], skip or c.note(dump_kind))
+    return CheckSummary(
+        c.kind,
+        "skipped" if skip else "ran",
+        col.counts[c.kind],
+        col.listed[c.kind],
+        [m for m in MECHANISMS if m in col.mechs[c.kind]],
+        skip or c.note(dump_kind),
+    )
 
 
 def _verdict(col: _Collector) -> tuple[str, list[str], str]:
@@ -568,8 +651,14 @@ def _verdict(col: _Collector) -> tuple[str, list[str], str]:
             text += f"; possibly also via {', '.join(maybe)} (bounds only)"
         return "yes", yes + maybe, text
     if maybe:
-        return "possibly", maybe, (f"slime v0.1.0 would produce NaN: possibly, via {', '.join(maybe)} "
-                                   "(bounds only: dump train data to confirm)")
+        return (
+            "possibly",
+            maybe,
+            (
+                f"slime v0.1.0 would produce NaN: possibly, via {', '.join(maybe)} "
+                "(bounds only: dump train data to confirm)"
+            ),
+        )
     return "no", [], "slime v0.1.0 would produce NaN: no"
 
 

@@ -39,12 +39,20 @@ def rollout_sample(
     logp = -rng.exponential(0.7, response_len).clip(0, 6)
     mask = np.ones(response_len, dtype=np.int64)
     if masked_span is not None:
-        mask[masked_span[0]:masked_span[1]] = 0
+        mask[masked_span[0] : masked_span[1]] = 0
     conv = (lambda a: a.tolist()) if as_lists else torch.from_numpy
     return dict(
-        index=index, prompt="synthetic", tokens=conv(tokens), response="", response_length=response_len,
-        label=None, reward=reward, loss_mask=conv(mask), rollout_log_probs=conv(logp),
-        status="completed", metadata={},
+        index=index,
+        prompt="synthetic",
+        tokens=conv(tokens),
+        response="",
+        response_length=response_len,
+        label=None,
+        reward=reward,
+        loss_mask=conv(mask),
+        rollout_log_probs=conv(logp),
+        status="completed",
+        metadata={},
     )
 
 
@@ -77,9 +85,22 @@ def train_data_from_samples(samples: list[dict], normalised_rewards: list[float]
     """
     import torch
 
-    data: dict[str, list] = {k: [] for k in ("tokens", "total_lengths", "response_lengths", "rewards",
-                                              "truncated", "loss_masks", "sample_indices", "rollout_log_probs",
-                                              "log_probs", "ref_log_probs", "advantages")}
+    data: dict[str, list] = {
+        k: []
+        for k in (
+            "tokens",
+            "total_lengths",
+            "response_lengths",
+            "rewards",
+            "truncated",
+            "loss_masks",
+            "sample_indices",
+            "rollout_log_probs",
+            "log_probs",
+            "ref_log_probs",
+            "advantages",
+        )
+    }
     for s, r in zip(samples, normalised_rewards):
         resp = s["response_length"]
         logp = torch.as_tensor(s["rollout_log_probs"], dtype=torch.float32)

@@ -50,8 +50,18 @@ from nanscope.inputs import check_file
 
 # Keys of a train dump's rollout_data that hold one entry per sample of this rank.
 TRAIN_PER_SAMPLE_KEYS = (
-    "tokens", "total_lengths", "response_lengths", "rewards", "truncated", "loss_masks",
-    "sample_indices", "rollout_log_probs", "log_probs", "ref_log_probs", "advantages", "returns",
+    "tokens",
+    "total_lengths",
+    "response_lengths",
+    "rewards",
+    "truncated",
+    "loss_masks",
+    "sample_indices",
+    "rollout_log_probs",
+    "log_probs",
+    "ref_log_probs",
+    "advantages",
+    "returns",
 )
 # Per-token keys that hold only this CP rank's share of the response under cp > 1.
 TRAIN_CP_SLICED_KEYS = ("rollout_log_probs", "log_probs", "ref_log_probs", "advantages")
@@ -116,8 +126,9 @@ class Dump:
     _total: int = 0  # samples in the file, when known before they stream
 
     @classmethod
-    def from_samples(cls, path: str, kind: str, samples: list[SampleData], rollout_id: Any = None,
-                     rank: int | None = None) -> Dump:
+    def from_samples(
+        cls, path: str, kind: str, samples: list[SampleData], rollout_id: Any = None, rank: int | None = None
+    ) -> Dump:
         """A Dump over samples already converted (to time the checks apart from loading)."""
         return cls(path, kind, rollout_id, rank, _rows=iter(samples))
 
@@ -191,8 +202,14 @@ def _from_object(f: _Fields, obj: Any, reward_key: str | None, cp_size: int, tp_
         samples = obj["samples"]
         if not isinstance(samples, _SEQUENCES):
             raise UserError(f"{f.path}: samples: expected a list of Sample.to_dict() dicts, got {_type(samples)}")
-        return Dump(f.path, "rollout", _rollout_id(obj.get("rollout_id")), None,
-                    _rows=_rollout_rows(f, samples, reward_key, []), _total=len(samples))
+        return Dump(
+            f.path,
+            "rollout",
+            _rollout_id(obj.get("rollout_id")),
+            None,
+            _rows=_rollout_rows(f, samples, reward_key, []),
+            _total=len(samples),
+        )
     if "rollout_data" in obj:
         return _train_dump(f, obj, cp_size, tp_size)
     raise UserError(
@@ -207,9 +224,11 @@ def _one_line(path: str):
     try:
         yield
     except Refused as e:
-        raise UserError(f"{path}: {_located(e.where)}refused: {e}; nanscope reads dumps with a restricted "
-                        "unpickler, a subset of torch.load(weights_only=True). If you trust the file, rerun with "
-                        "--trust-pickle") from None
+        raise UserError(
+            f"{path}: {_located(e.where)}refused: {e}; nanscope reads dumps with a restricted "
+            "unpickler, a subset of torch.load(weights_only=True). If you trust the file, rerun with "
+            "--trust-pickle"
+        ) from None
     except Unreadable as e:
         raise UserError(f"{path}: {_located(e.where)}unreadable torch.save file ({e})") from None
 
@@ -238,8 +257,7 @@ def _torch_load(path: str) -> Any:
             warnings.simplefilter("ignore")
             return torch.load(path, map_location="cpu", weights_only=False, mmap=zipfile.is_zipfile(path))
     except Exception as e:  # truncated zip, bad magic number, EOF, a payload that raises, ...
-        raise UserError(f"{path}: unreadable even with --trust-pickle ({type(e).__name__}: "
-                        f"{_first_line(e)})") from None
+        raise UserError(f"{path}: unreadable even with --trust-pickle ({type(e).__name__}: {_first_line(e)})") from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -260,8 +278,10 @@ def _rollout_rows(f: _Fields, samples, reward_key: str | None, handed: list[dict
             raise UserError(f"{f.path}: sample {i}: expected a Sample.to_dict() dict, got {_type(s)}")
         j = first.setdefault(id(s), i)
         if j != i:
-            raise UserError(f"{f.path}: sample {i}: the same object as sample {j} (a shared reference, not "
-                            "slime's one dict per sample)")
+            raise UserError(
+                f"{f.path}: sample {i}: the same object as sample {j} (a shared reference, not "
+                "slime's one dict per sample)"
+            )
         yield _rollout_sample(f, s, i, reward_key)
 
 
@@ -318,8 +338,15 @@ def _train_dump(f: _Fields, obj: dict, cp_size: int, tp_size: int) -> Dump:
         raise UserError(f"{path}: rank: {_brief(rank)}; needed to find the CP rank with --context-parallel-size")
     cp_rank = (rank // tp_size) % cp_size if cp_size > 1 else 0
     rows = (_train_sample(f, {k: _entry(data[k], i) for k in present}, i, cp_size, cp_rank) for i in range(n))
-    return Dump(path, "train", _rollout_id(obj.get("rollout_id")), rank if isinstance(rank, int) else None,
-                cp_size, _rows=rows, _total=n)
+    return Dump(
+        path,
+        "train",
+        _rollout_id(obj.get("rollout_id")),
+        rank if isinstance(rank, int) else None,
+        cp_size,
+        _rows=rows,
+        _total=n,
+    )
 
 
 def _train_sample(f: _Fields, row: dict, i: int, cp_size: int, cp_rank: int) -> SampleData:
@@ -334,8 +361,14 @@ def _train_sample(f: _Fields, row: dict, i: int, cp_size: int, cp_rank: int) -> 
         lengths["loss_mask"] = len(mask)
     else:
         mask = f.default_mask(resp, n_tokens, "loss_masks", i)
-    out = SampleData(sample=i, prompt_length=n_tokens - resp, response_length=resp, tokens_length=n_tokens,
-                     loss_mask=mask, lengths=lengths)
+    out = SampleData(
+        sample=i,
+        prompt_length=n_tokens - resp,
+        response_length=resp,
+        tokens_length=n_tokens,
+        loss_mask=mask,
+        lengths=lengths,
+    )
     if "rewards" in row:
         out.reward = f.reward(row["rewards"], i, None)
     for key in TRAIN_CP_SLICED_KEYS:
@@ -378,8 +411,9 @@ class _Fields:
     def _capped(self, n: int, name: str, i: int, what: str = "entries") -> int:
         cap = self.limits.max_sample_tokens
         if n > cap:
-            raise self._error(name, i, f"{n:,} {what}, over the per-sample cap of {cap:,} "
-                                       "(raise it with --max-sample-tokens)")
+            raise self._error(
+                name, i, f"{n:,} {what}, over the per-sample cap of {cap:,} (raise it with --max-sample-tokens)"
+            )
         return n
 
     def tensor(self, x: Any, name: str, i: int) -> Any:
@@ -396,11 +430,18 @@ class _Fields:
             raise self._error(name, i, f"tensor of shape {tuple(x.shape)}, expected 1-D")
         n = x.numel()
         if n > 1 and x.stride(0) != 1:
-            raise self._error(name, i, f"tensor of {n:,} elements with stride {x.stride(0)} over a storage of "
-                                       f"{_storage_len(x):,}, expected a contiguous one")
+            raise self._error(
+                name,
+                i,
+                f"tensor of {n:,} elements with stride {x.stride(0)} over a storage of "
+                f"{_storage_len(x):,}, expected a contiguous one",
+            )
         if x.storage_offset() + n > _storage_len(x):
-            raise self._error(name, i, f"tensor of {n:,} elements at offset {x.storage_offset():,} past its "
-                                       f"storage of {_storage_len(x):,}")
+            raise self._error(
+                name,
+                i,
+                f"tensor of {n:,} elements at offset {x.storage_offset():,} past its storage of {_storage_len(x):,}",
+            )
         return x
 
     def length(self, x: Any, name: str, i: int) -> int:
@@ -496,8 +537,7 @@ class _Fields:
         """slime's Sample.get_reward_value: reward, or reward[reward_key] with --reward-key."""
         if reward_key is not None:
             if not isinstance(r, dict):
-                raise self._error("reward", i, f"--reward-key {reward_key} given but reward is "
-                                               f"{_type(r)}, not a dict")
+                raise self._error("reward", i, f"--reward-key {reward_key} given but reward is {_type(r)}, not a dict")
             if reward_key not in r:
                 raise self._error("reward", i, f"no key '{reward_key}' (has {_keys(r)})")
             r = r[reward_key]
@@ -506,8 +546,9 @@ class _Fields:
         if _is_tensor(r) and self.tensor(r, "reward", i).numel() == 1:
             r = r.item()
         if isinstance(r, bool) or not isinstance(r, (int, float)):
-            raise self._error("reward", i, f"{_brief(r)}, expected a number "
-                                           "(slime v0.1.0 builds a float tensor from the rewards)")
+            raise self._error(
+                "reward", i, f"{_brief(r)}, expected a number (slime v0.1.0 builds a float tensor from the rewards)"
+            )
         if isinstance(r, int) and r.bit_length() > 1024:
             raise self._error("reward", i, f"{_brief(r)}, too large for the float tensor slime v0.1.0 builds")
         return float(r)

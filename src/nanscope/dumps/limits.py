@@ -44,6 +44,8 @@ class Budget:
         """Charge `n` entries about to be converted for `name` of sample `i`; refuse past the budget."""
         self.left -= n
         if self.left < 0:
-            raise UserError(f"{self.path}: {name} of sample {i}: the samples so far need more entries than the "
-                            f"file's {self.size:,} bytes can hold (lists or tensors shared between samples); "
-                            "refusing to expand them")
+            raise UserError(
+                f"{self.path}: {name} of sample {i}: the samples so far need more entries than the "
+                f"file's {self.size:,} bytes can hold (lists or tensors shared between samples); "
+                "refusing to expand them"
+            )

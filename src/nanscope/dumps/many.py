@@ -70,16 +70,39 @@ def scan_file(path: str, cfg: ScanConfig, load: dict) -> FileSummary:
         return FileSummary(path, error=str(e), seconds=time.perf_counter() - t0)
     except Exception as e:  # one file's bug or MemoryError must not end the batch; it still fails the run
         text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        return FileSummary(path, error=f"{path}: internal error: {type(e).__name__}: {text} (rerun this file "
-                                       "alone with --debug)", seconds=time.perf_counter() - t0)
-    return FileSummary(path, "", r.dump_kind, r.rollout_id, r.rank, r.num_samples, r.response_tokens, r.would_nan,
-                       r.mechanisms, {c.kind: c.count for c in r.checks if c.status == "ran"},
-                       checks.hazard_count(r), r.errors, time.perf_counter() - t0)
+        return FileSummary(
+            path,
+            error=f"{path}: internal error: {type(e).__name__}: {text} (rerun this file alone with --debug)",
+            seconds=time.perf_counter() - t0,
+        )
+    return FileSummary(
+        path,
+        "",
+        r.dump_kind,
+        r.rollout_id,
+        r.rank,
+        r.num_samples,
+        r.response_tokens,
+        r.would_nan,
+        r.mechanisms,
+        {c.kind: c.count for c in r.checks if c.status == "ran"},
+        checks.hazard_count(r),
+        r.errors,
+        time.perf_counter() - t0,
+    )
 
 
-def scan_files(paths: list[Path], cfg: ScanConfig, *, trust_pickle: bool = False, cp_size: int = 1,
-               tp_size: int = 1, limits: Limits | None = None, workers: int | None = None,
-               done: Callable[[FileSummary], None] | None = None) -> list[FileSummary]:
+def scan_files(
+    paths: list[Path],
+    cfg: ScanConfig,
+    *,
+    trust_pickle: bool = False,
+    cp_size: int = 1,
+    tp_size: int = 1,
+    limits: Limits | None = None,
+    workers: int | None = None,
+    done: Callable[[FileSummary], None] | None = None,
+) -> list[FileSummary]:
     """Scan `paths` on `workers` processes (default: the cores this process may use), in the paths' order.
 
     Args:

@@ -241,8 +241,16 @@ class Loader:
         except (Refused, Unreadable) as e:
             e.where = self.where()
             raise
-        except (IndexError, KeyError, struct.error, UnicodeDecodeError, OverflowError, ValueError, TypeError,
-                RuntimeError) as e:
+        except (
+            IndexError,
+            KeyError,
+            struct.error,
+            UnicodeDecodeError,
+            OverflowError,
+            ValueError,
+            TypeError,
+            RuntimeError,
+        ) as e:
             error = Unreadable(f"malformed pickle at byte {self.pos - 1}: {type(e).__name__}: {_first_line(e)}")
             error.where = self.where()
             raise error from None
@@ -403,8 +411,10 @@ class Loader:
         if full in self._allowed:
             self._push(self._allowed[full])
         elif module not in _BLOCKED_MODULES and full in _torch_allowed():
-            raise Refused(f"{full} is in torch's weights_only allowlist but not in nanscope's subset of it (a scan "
-                          "reads plain dense tensors: no meta, sparse, quantized or nested ones)")
+            raise Refused(
+                f"{full} is in torch's weights_only allowlist but not in nanscope's subset of it (a scan "
+                "reads plain dense tensors: no meta, sparse, quantized or nested ones)"
+            )
         else:
             raise Refused(f"loading it needs arbitrary unpickling (it references {full[:100]})")
 
@@ -439,8 +449,14 @@ class Loader:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
             raise Refused("a persistent id other than a storage")
         _, marker, key, location, numel = pid
-        if (not isinstance(marker, torch.serialization.StorageType) or type(key) is not str or not key.isdigit()
-                or type(location) is not str or type(numel) is not int or numel < 0):
+        if (
+            not isinstance(marker, torch.serialization.StorageType)
+            or type(key) is not str
+            or not key.isdigit()
+            or type(location) is not str
+            or type(numel) is not int
+            or numel < 0
+        ):
             raise Refused("a malformed storage reference")
         storage = self.storages.get(key) or self._storage(key, marker.dtype, numel)
         if numel:  # as torch: an empty storage is not cached, each reference gets its own
@@ -467,9 +483,17 @@ class Loader:
         if type(args) is not tuple or len(args) != 6:
             raise Refused("a tensor rebuild with other than 6 arguments")
         storage, offset, size, stride, requires_grad, hooks = args
-        if (id(storage) not in self.storage_ids or not _ints(size) or not _ints(stride)
-                or len(size) != len(stride) or type(offset) is not int or offset < 0
-                or type(requires_grad) is not bool or type(hooks) is not OrderedDict or hooks):
+        if (
+            id(storage) not in self.storage_ids
+            or not _ints(size)
+            or not _ints(stride)
+            or len(size) != len(stride)
+            or type(offset) is not int
+            or offset < 0
+            or type(requires_grad) is not bool
+            or type(hooks) is not OrderedDict
+            or hooks
+        ):
             raise Refused("a tensor rebuild outside the subset (plain storage, sizes, strides, no hooks)")
         elements = storage._size()  # the public size() warns that TypedStorage is deprecated
         if all(size) and offset + sum((n - 1) * s for n, s in zip(size, stride)) >= elements:
@@ -508,8 +532,14 @@ class Loader:
         """A list about to be the value of the top-level dict's 'samples' key (how torch.save lays it out:
         the root dict alone at depth 0, its MARK open, the key 'samples' just pushed)."""
         st = self.stack
-        return (self.samples is None and len(self.meta) == 1 and len(self.meta[0]) == 1
-                and type(self.owners[0]) is dict and len(st) % 2 == 1 and st[-1] == "samples")
+        return (
+            self.samples is None
+            and len(self.meta) == 1
+            and len(self.meta[0]) == 1
+            and type(self.owners[0]) is dict
+            and len(st) % 2 == 1
+            and st[-1] == "samples"
+        )
 
     def _maybe_sample(self, d: dict) -> None:
         """After SETITEM(S) into d: if d sits in the frame that fills the samples list, it is complete.
@@ -543,8 +573,11 @@ class Loader:
         if not self.handed:
             return
         final = self.result.get("samples") if type(self.result) is dict else None
-        if final is not self.samples or len(final) < len(self.handed) or any(
-                a is not b for a, b in zip(final, self.handed)):
+        if (
+            final is not self.samples
+            or len(final) < len(self.handed)
+            or any(a is not b for a, b in zip(final, self.handed))
+        ):
             raise Refused("the samples handed out are not the file's samples list (rearranged after reading)")
 
 
@@ -566,8 +599,10 @@ def _check_directory(path: str) -> None:
         raise Unreadable("a record name appears twice in the archive")
     packed = next((i for i in infos if i.compress_type != zipfile.ZIP_STORED or i.file_size != i.compress_size), None)
     if packed is not None:
-        raise Refused(f"record {packed.filename[:80]} is compressed ({packed.compress_size:,} bytes declaring "
-                      f"{packed.file_size:,}); torch.save stores records uncompressed")
+        raise Refused(
+            f"record {packed.filename[:80]} is compressed ({packed.compress_size:,} bytes declaring "
+            f"{packed.file_size:,}); torch.save stores records uncompressed"
+        )
 
 
 def _homogeneous(data: bytes, pos: int, width: int, op: bytes) -> int:
@@ -588,4 +623,3 @@ def _ints(x: Any) -> bool:
 def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[0][:200] if lines else type(e).__name__
-

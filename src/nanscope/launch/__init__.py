@@ -1,10 +1,10 @@
 """Reading a slime launch (script, flags, layout, traceback) into a diagnosis: `nanscope doctor`'s data.
 
-    script.py     launch script -> argument list (tree-sitter-bash, never executed)
-    config.py     argument list -> resolved flags with origins, derived batch figures
-    topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
-    tracebacks.py traceback -> failing rank, message, annotated frames
-    findings.py   flags -> NaN mechanisms (rules) and what is fine
+script.py     launch script -> argument list (tree-sitter-bash, never executed)
+config.py     argument list -> resolved flags with origins, derived batch figures
+topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
+tracebacks.py traceback -> failing rank, message, annotated frames
+findings.py   flags -> NaN mechanisms (rules) and what is fine
 """
 
 from __future__ import annotations
@@ -47,10 +47,17 @@ class Diagnosis:
     env: dict = field(default_factory=dict)
 
 
-def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | None = None,
-             model_origin: str | None = None, model_args: str | None = None,
-             traceback_text: str | None = None, traceback_origin: str = "traceback",
-             rank: int | None = None, limit: int | None = None) -> Diagnosis:
+def diagnose(
+    script_path: str,
+    env: dict[str, str] | None = None,
+    model: dict | None = None,
+    model_origin: str | None = None,
+    model_args: str | None = None,
+    traceback_text: str | None = None,
+    traceback_origin: str = "traceback",
+    rank: int | None = None,
+    limit: int | None = None,
+) -> Diagnosis:
     """Parse, resolve, lay out, and apply the rules.
 
     Args:
@@ -85,8 +92,9 @@ def diagnose(script_path: str, env: dict[str, str] | None = None, model: dict | 
     colocate_ok = not any(f.id.startswith(("rollout-gpus", "colocate")) for f in found)
     fine = findings_mod.fine(cfg, batches, topo.world, colocate_ok)
     notes = _input_notes(script, cfg, model, model_origin) + cfg.notes + topo.notes
-    d = Diagnosis(script, cfg, topo, batches, found, fine, notes=notes, model_origin=model_origin, env=env,
-                  traceback=tb)
+    d = Diagnosis(
+        script, cfg, topo, batches, found, fine, notes=notes, model_origin=model_origin, env=env, traceback=tb
+    )
     _place_failing(d, rank, traceback_origin)
     return d
 
@@ -97,22 +105,30 @@ def _place_failing(d: Diagnosis, rank: int | None, traceback_origin: str) -> Non
     asked = rank if rank is not None else (tb.failure.rank if tb else None)
     if asked is not None:
         if rank is None and not 0 <= asked < topo.world:
-            raise UserError(f"{traceback_origin}: the failing rank {asked} is outside this launch's world: "
-                            f"0..{topo.world - 1} (= {topo.nodes} nodes x {topo.gpus_per_node} GPUs); "
-                            "check --env and the script")
+            raise UserError(
+                f"{traceback_origin}: the failing rank {asked} is outside this launch's world: "
+                f"0..{topo.world - 1} (= {topo.nodes} nodes x {topo.gpus_per_node} GPUs); "
+                "check --env and the script"
+            )
         d.failing = topo.rank(asked)
         if rank is not None and tb and tb.failure.rank != rank:
             d.notes.append(f"--rank {rank} overrides the traceback's rank {tb.failure.rank}")
         if tb and asked == tb.failure.rank and tb.failure.device != d.failing.local_device:
-            d.notes.append(f"the traceback says device {tb.failure.device} but rank {asked} maps to local device "
-                           f"{d.failing.local_device} with {topo.gpus_per_node} GPUs per node")
+            d.notes.append(
+                f"the traceback says device {tb.failure.device} but rank {asked} maps to local device "
+                f"{d.failing.local_device} with {topo.gpus_per_node} GPUs per node"
+            )
         d.explanations = _explain(d)
     if tb and tb.failure.truncated:
-        d.notes.append(f"{traceback_origin}: line {tb.failure.line}: the Megatron error is cut short before its "
-                       "closing `')`; its message is read as far as it goes")
+        d.notes.append(
+            f"{traceback_origin}: line {tb.failure.line}: the Megatron error is cut short before its "
+            "closing `')`; its message is read as far as it goes"
+        )
     if tb and tb.other_ranks:
-        d.notes.append(f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, tb.other_ranks))}; "
-                       f"the first, rank {tb.failure.rank}, is explained")
+        d.notes.append(
+            f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, tb.other_ranks))}; "
+            f"the first, rank {tb.failure.rank}, is explained"
+        )
 
 
 def _input_notes(script, cfg, model, model_origin) -> list[str]:

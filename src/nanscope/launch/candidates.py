@@ -44,8 +44,13 @@ class Candidate:
     cause_class: str | None = None
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "status": self.status, "evidence": list(self.evidence),
-                "discriminator": self.discriminator, "class": self.cause_class}
+        return {
+            "id": self.id,
+            "status": self.status,
+            "evidence": list(self.evidence),
+            "discriminator": self.discriminator,
+            "class": self.cause_class,
+        }
 
 
 def candidates(cfg: Config, traceback=None) -> list[Candidate]:
@@ -62,10 +67,11 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         status, evidence = _status(h, cfg)
         if traceback is not None and traceback.failure is not None and h.grad_finite and status != RULED_OUT:
             status = RULED_OUT
-            evidence = evidence + [f"the traceback's check found {traceback.failure.kind} in a gradient, and through "
-                                   "slime v0.1.0's loss this hazard leaves the gradient finite (`nanscope hazards`)"]
-        out.append(Candidate(h.name, status, evidence, None if status == RULED_OUT else h.discriminator,
-                             h.cause_class))
+            evidence = evidence + [
+                f"the traceback's check found {traceback.failure.kind} in a gradient, and through "
+                "slime v0.1.0's loss this hazard leaves the gradient finite (`nanscope hazards`)"
+            ]
+        out.append(Candidate(h.name, status, evidence, None if status == RULED_OUT else h.discriminator, h.cause_class))
     for c in hazards.IMMUNE:
         out.append(Candidate(c.name, RULED_OUT, [f"slime v0.1.0 is immune: {c.why}", *c.evidence], None, c.cause_class))
     return sorted(out, key=lambda c: STATUSES.index(c.status))
@@ -102,18 +108,26 @@ def _kl(cfg: Config) -> tuple[str, list[str]]:
     if cfg["kl_loss_type"] in ("kl", "k2"):
         return RULED_OUT, [cfg.flag_text("kl_loss_type") + ": no exp in the KL estimator"]
     zero = " (the term stays in the graph at coefficient 0)" if cfg["kl_loss_coef"] == 0 else ""
-    return ENABLED, ["--use-kl-loss", cfg.flag_text("kl_loss_type") + ": exp before the clamp",
-                     cfg.flag_text("kl_loss_coef") + zero]
+    return ENABLED, [
+        "--use-kl-loss",
+        cfg.flag_text("kl_loss_type") + ": exp before the clamp",
+        cfg.flag_text("kl_loss_coef") + zero,
+    ]
 
 
 def _ratio(cfg: Config) -> tuple[str, list[str]]:
-    evidence = [cfg.flag_text("loss_type") + ": exp(log-ratio) before the eps-clip",
-                cfg.flag_text("eps_clip"), cfg.flag_text("eps_clip_high")]
+    evidence = [
+        cfg.flag_text("loss_type") + ": exp(log-ratio) before the eps-clip",
+        cfg.flag_text("eps_clip"),
+        cfg.flag_text("eps_clip_high"),
+    ]
     rbs, n, gbs = cfg["rollout_batch_size"], cfg["n_samples_per_prompt"], cfg["global_batch_size"]
     if rbs and gbs and rbs * n // gbs == 1:
-        evidence.append(f"{rbs} x {n} / {gbs} = 1 optimizer step per rollout: the log-prob pass and the training "
-                        "forward use the same weights, so only a forward that differs between them (a model fault) "
-                        "moves the log-ratio past 88.72")
+        evidence.append(
+            f"{rbs} x {n} / {gbs} = 1 optimizer step per rollout: the log-prob pass and the training "
+            "forward use the same weights, so only a forward that differs between them (a model fault) "
+            "moves the log-ratio past 88.72"
+        )
     return ENABLED, evidence
 
 
@@ -133,16 +147,23 @@ def _nan_rollout_logprob(cfg: Config) -> tuple[str, list[str]]:
 
 
 def _logprob_shift(cfg: Config) -> tuple[str, list[str]]:
-    return _tis_input(cfg) or (ENABLED, ["--use-tis: misaligned rollout log-probs reach the TIS weight",
-                                         _rollout_source(cfg),
-                                         "through slime v0.1.0's loss the gradient stays finite: the tis metric "
-                                         "shows it"])
+    return _tis_input(cfg) or (
+        ENABLED,
+        [
+            "--use-tis: misaligned rollout log-probs reach the TIS weight",
+            _rollout_source(cfg),
+            "through slime v0.1.0's loss the gradient stays finite: the tis metric shows it",
+        ],
+    )
 
 
 def _reward(cfg: Config) -> tuple[str, list[str]]:
     if cfg["custom_rm_path"]:
-        return ENABLED, [cfg.flag_text("custom_rm_path"), cfg.flag_text("advantage_estimator"),
-                         cfg.flag_text("n_samples_per_prompt") + ": one NaN reward poisons its group"]
+        return ENABLED, [
+            cfg.flag_text("custom_rm_path"),
+            cfg.flag_text("advantage_estimator"),
+            cfg.flag_text("n_samples_per_prompt") + ": one NaN reward poisons its group",
+        ]
     open_ends = []
     if (cfg["rm_type"] or "").removeprefix("boxed_") == "remote_rm":
         open_ends.append(cfg.flag_text("rm_type") + ": the remote reward model's JSON may hold NaN")

@@ -126,8 +126,12 @@ FLAGS: tuple[Flag, ...] = (
 BY_NAME = {f.name: f for f in FLAGS}
 
 # Hugging Face config.json names -> Megatron field names, so `--model config.json` works too.
-MODEL_ALIASES = {"num_hidden_layers": "num_layers", "num_local_experts": "num_experts",
-                 "n_routed_experts": "num_experts", "num_experts_per_tok": "moe_router_topk"}
+MODEL_ALIASES = {
+    "num_hidden_layers": "num_layers",
+    "num_local_experts": "num_experts",
+    "n_routed_experts": "num_experts",
+    "num_experts_per_tok": "moe_router_topk",
+}
 BY_SPELLING = {f.spelling: f for f in FLAGS}
 
 
@@ -206,8 +210,10 @@ def _convert(spec: Flag, words: list[str], unset: dict[str, int], kept: dict[str
     try:
         value = int(word) if spec.kind == "int" else float(word) if spec.kind == "float" else word
     except ValueError:
-        raise UserError(f"{spec.spelling}: {_short(word)!r} is not a{'n integer' if spec.kind == 'int' else ' number'}"
-                        f"{_hint(words, unset, kept)}") from None
+        raise UserError(
+            f"{spec.spelling}: {_short(word)!r} is not a{'n integer' if spec.kind == 'int' else ' number'}"
+            f"{_hint(words, unset, kept)}"
+        ) from None
     if spec.kind == "int" and not -_INT64 <= value < _INT64:
         raise UserError(f"{spec.spelling}: {_short(word)} is not a 64-bit integer")
     if spec.kind == "float" and not math.isfinite(value):
@@ -241,8 +247,13 @@ def _model_value(spec: Flag, value, origin: str):
     return value
 
 
-def resolve(argv: list[str], model: dict | None = None, model_origin: str = "model.json",
-            unset: dict[str, int] | None = None, kept: dict[str, str] | None = None) -> Config:
+def resolve(
+    argv: list[str],
+    model: dict | None = None,
+    model_origin: str = "model.json",
+    unset: dict[str, int] | None = None,
+    kept: dict[str, str] | None = None,
+) -> Config:
     """Apply slime v0.1.0's and Megatron's defaults and post-parse rules to an argument list.
 
     Args:
@@ -281,11 +292,13 @@ def _post_parse(cfg: Config) -> None:
     """What slime v0.1.0's parse_args and Megatron's validate_args change after parsing."""
     v = cfg.values
     if v["eps_clip_high"].value is None:
-        v["eps_clip_high"] = Value(eps_clip_high(v["eps_clip"].value, None),
-                                   "derived (slime: eps_clip_high = eps_clip)")
+        v["eps_clip_high"] = Value(
+            eps_clip_high(v["eps_clip"].value, None), "derived (slime: eps_clip_high = eps_clip)"
+        )
     if v["expert_tensor_parallel_size"].value is None:
         v["expert_tensor_parallel_size"] = Value(
-            v["tensor_model_parallel_size"].value, "derived (megatron: expert_tensor_parallel_size = tp)")
+            v["tensor_model_parallel_size"].value, "derived (megatron: expert_tensor_parallel_size = tp)"
+        )
     if v["rollout_num_gpus_per_engine"].value < 1:
         raise UserError(f"--rollout-num-gpus-per-engine {v['rollout_num_gpus_per_engine'].value}: must be >= 1")
     if v["colocate"].value:
@@ -293,8 +306,10 @@ def _post_parse(cfg: Config) -> None:
     world = v["actor_num_nodes"].value * v["actor_num_gpus_per_node"].value
     if v["colocate"].value and v["rollout_num_gpus"].value != world:
         if v["rollout_num_gpus"].origin == SCRIPT:
-            cfg.notes.append(f"--colocate: slime overrides --rollout-num-gpus {v['rollout_num_gpus'].value} "
-                             f"with the actor GPUs ({world})")
+            cfg.notes.append(
+                f"--colocate: slime overrides --rollout-num-gpus {v['rollout_num_gpus'].value} "
+                f"with the actor GPUs ({world})"
+            )
         v["rollout_num_gpus"] = Value(world, "derived (slime: --colocate uses the actor GPUs)")
     if v["n_samples_per_prompt"].value == 1 and v["grpo_std_normalization"].value:
         v["grpo_std_normalization"] = Value(False, "derived (slime: n_samples_per_prompt 1)")
@@ -304,10 +319,13 @@ def _post_parse(cfg: Config) -> None:
     # slime never initialises Megatron's RerunStateMachine, so it is created implicitly in mode
     # DISABLED whatever --rerun-mode says (validate_result then raises on a rejected result).
     cfg.values["rerun_mode_effective"] = Value(
-        "disabled", "slime v0.1.0 never calls initialize_rerun_state_machine (implicit DISABLED)")
+        "disabled", "slime v0.1.0 never calls initialize_rerun_state_machine (implicit DISABLED)"
+    )
     if v["rerun_mode"].origin == SCRIPT and v["rerun_mode"].value != "disabled":
-        cfg.notes.append(f"--rerun-mode {v['rerun_mode'].value} has no effect under slime v0.1.0 "
-                         "(the rerun state machine is never initialised: mode disabled)")
+        cfg.notes.append(
+            f"--rerun-mode {v['rerun_mode'].value} has no effect under slime v0.1.0 "
+            "(the rerun state machine is never initialised: mode disabled)"
+        )
 
 
 @dataclass
@@ -348,11 +366,21 @@ def batches(cfg: Config, dp: int, cp: int) -> Batches:
         bounds.append((cfg["sglang_context_length"], f"--sglang-context-length {cfg['sglang_context_length']}"))
     if cfg["rollout_max_prompt_len"] is not None:
         total = cfg["rollout_max_prompt_len"] + cfg["rollout_max_response_len"]
-        bounds.append((total, f"--rollout-max-prompt-len {cfg['rollout_max_prompt_len']} + "
-                              f"--rollout-max-response-len {cfg['rollout_max_response_len']}"))
+        bounds.append(
+            (
+                total,
+                f"--rollout-max-prompt-len {cfg['rollout_max_prompt_len']} + "
+                f"--rollout-max-response-len {cfg['rollout_max_response_len']}",
+            )
+        )
     if bounds:
         longest, longest_from = min(bounds)
     else:
-        longest, longest_from = None, (f"unbounded: response <= {cfg['rollout_max_response_len']} "
-                                       "(--rollout-max-response-len) but no prompt bound")
+        longest, longest_from = (
+            None,
+            (
+                f"unbounded: response <= {cfg['rollout_max_response_len']} "
+                "(--rollout-max-response-len) but no prompt bound"
+            ),
+        )
     return Batches(samples, gbs, gbs_origin, steps, remainder, budget, longest, longest_from)

@@ -62,19 +62,36 @@ def _kl(cfg: Config) -> Finding | None:
         f"{cfg['kl_loss_type']} computes exp(ref_log_prob - log_prob) - 1 - (ref_log_prob - log_prob)"
         + (", and clamps to [-10, 10] only after the exp" if clamp else " with no clamp")
         + f": a log-ratio above {FP32_EXP_MAX:.2f} (log of fp32 max) makes the exp inf, and in the backward "
-        + ("exp's derivative (inf) meets the clamp's zero gradient, 0 x inf = NaN, in the log-prob gradient. "
-           if clamp else "exp's derivative carries inf into the log-prob gradient. ")
-        + ("With --kl-loss-coef 0 the term adds nothing to the loss value but stays in the graph "
-           "(loss + 0 x kl_loss), so 0 x inf = NaN reaches every gradient of the micro-batch."
-           if zero else "Any token where the policy drifted that far from the reference poisons the step.")
+        + (
+            "exp's derivative (inf) meets the clamp's zero gradient, 0 x inf = NaN, in the log-prob gradient. "
+            if clamp
+            else "exp's derivative carries inf into the log-prob gradient. "
+        )
+        + (
+            "With --kl-loss-coef 0 the term adds nothing to the loss value but stays in the graph "
+            "(loss + 0 x kl_loss), so 0 x inf = NaN reaches every gradient of the micro-batch."
+            if zero
+            else "Any token where the policy drifted that far from the reference poisons the step."
+        )
     )
-    fix = ("drop --use-kl-loss: with --kl-loss-coef 0 the term only adds risk (slime then does not compute it); "
-           if zero else "")
-    fix += (f"to keep the KL term, use the nanscope slime plugin: {PLUGIN} (clamps the log-ratio to [-20, 20] "
-            "before exp; a zero-coefficient term is computed outside the graph).")
-    return Finding("kl-loss-exp-then-clamp", "high" if zero else "medium",
-                   f"KL loss ({cfg['kl_loss_type']}) in the graph" + (" at coefficient 0" if zero else ""),
-                   flags, mechanism, fix, [hazards.KL_EXP_OVERFLOW.name])
+    fix = (
+        "drop --use-kl-loss: with --kl-loss-coef 0 the term only adds risk (slime then does not compute it); "
+        if zero
+        else ""
+    )
+    fix += (
+        f"to keep the KL term, use the nanscope slime plugin: {PLUGIN} (clamps the log-ratio to [-20, 20] "
+        "before exp; a zero-coefficient term is computed outside the graph)."
+    )
+    return Finding(
+        "kl-loss-exp-then-clamp",
+        "high" if zero else "medium",
+        f"KL loss ({cfg['kl_loss_type']}) in the graph" + (" at coefficient 0" if zero else ""),
+        flags,
+        mechanism,
+        fix,
+        [hazards.KL_EXP_OVERFLOW.name],
+    )
 
 
 def _ratio(cfg: Config) -> Finding | None:
@@ -85,10 +102,18 @@ def _ratio(cfg: Config) -> Finding | None:
         "compute_policy_loss takes ratio = exp(old_log_prob - log_prob) first and clamps it to "
         f"[1 - {cfg['eps_clip']:g}, 1 + {cfg['eps_clip_high']:g}] afterwards, so a log-ratio above "
         f"{FP32_EXP_MAX:.2f} gives ratio = inf before any clip. Then max(-ratio x A, -clip(ratio) x A) keeps "
-        "inf (or inf x 0 = NaN where the advantage is 0) and the backward sends NaN into the log-probs.")
+        "inf (or inf x 0 = NaN where the advantage is 0) and the backward sends NaN into the log-probs."
+    )
     fix = f"use the nanscope slime plugin: {PLUGIN} (clamps the log-ratio to [-20, 20] before exp)."
-    return Finding("ppo-ratio-exp-then-clamp", "medium", "PPO ratio: exp before clamp", flags, mechanism, fix,
-                   [hazards.RATIO_EXP_OVERFLOW.name])
+    return Finding(
+        "ppo-ratio-exp-then-clamp",
+        "medium",
+        "PPO ratio: exp before clamp",
+        flags,
+        mechanism,
+        fix,
+        [hazards.RATIO_EXP_OVERFLOW.name],
+    )
 
 
 def _tis(cfg: Config) -> Finding | None:
@@ -102,15 +127,24 @@ def _tis(cfg: Config) -> Finding | None:
         f"TIS multiplies the policy loss by clamp(exp(old_log_prob - rollout_log_prob), {cfg['tis_clip_low']:g}, "
         f"{cfg['tis_clip']:g}), where rollout_log_probs come from {source} without validation. "
         "The clamp bounds inf but passes NaN (clamp(NaN) = NaN), so one NaN, or a list that does not line up "
-        "with the response tokens, makes pg_loss and the gradient of the whole micro-batch NaN.")
-    fix = ("validate rollout_log_probs where they are produced (finite, one per response token, "
-           "tool tokens included); find the bad sample with `nanscope scan` on a --save-debug-rollout-data dump; "
-           f"the nanscope slime plugin ({PLUGIN}) takes a token with a non-finite log-prob out of the loss "
-           "and counts it in nan_guard/*; "
-           "or drop --use-tis.")
-    return Finding("tis-unvalidated-rollout-logprobs", "high" if custom else "medium",
-                   "TIS fed by rollout log-probs" + (" from a custom generate function" if custom else ""),
-                   flags, mechanism, fix, [hazards.NAN_ROLLOUT_LOGPROB.name])
+        "with the response tokens, makes pg_loss and the gradient of the whole micro-batch NaN."
+    )
+    fix = (
+        "validate rollout_log_probs where they are produced (finite, one per response token, "
+        "tool tokens included); find the bad sample with `nanscope scan` on a --save-debug-rollout-data dump; "
+        f"the nanscope slime plugin ({PLUGIN}) takes a token with a non-finite log-prob out of the loss "
+        "and counts it in nan_guard/*; "
+        "or drop --use-tis."
+    )
+    return Finding(
+        "tis-unvalidated-rollout-logprobs",
+        "high" if custom else "medium",
+        "TIS fed by rollout log-probs" + (" from a custom generate function" if custom else ""),
+        flags,
+        mechanism,
+        fix,
+        [hazards.NAN_ROLLOUT_LOGPROB.name],
+    )
 
 
 def _reward(cfg: Config) -> Finding | None:
@@ -123,27 +157,44 @@ def _reward(cfg: Config) -> Finding | None:
     grouped = ("grpo", "gspo", "reinforce_plus_plus_baseline")
     group = cfg["advantage_estimator"] in grouped and cfg["rewards_normalization"]
     if group:
-        std = (" and divides by its std (+1e-6)" if cfg["grpo_std_normalization"]
-               and cfg["advantage_estimator"] in ("grpo", "gspo") else "")
+        std = (
+            " and divides by its std (+1e-6)"
+            if cfg["grpo_std_normalization"] and cfg["advantage_estimator"] in ("grpo", "gspo")
+            else ""
+        )
         mechanism = (
             f"slime subtracts each group's mean reward{std} over the {n} samples of a prompt, so one NaN or inf "
             f"from the custom reward function makes that group's mean NaN and all {n} advantages NaN. Each "
             "advantage multiplies every response token of its sample in the policy loss, so the micro-batch "
-            "gradient is NaN.")
+            "gradient is NaN."
+        )
         title = "custom reward feeds GRPO group normalisation"
     else:
-        flags.append("--disable-rewards-normalization" if not cfg["rewards_normalization"]
-                     else cfg.flag_text("advantage_estimator"))
+        flags.append(
+            "--disable-rewards-normalization"
+            if not cfg["rewards_normalization"]
+            else cfg.flag_text("advantage_estimator")
+        )
         mechanism = (
             "Without group normalisation the custom reward goes into the advantage of its own sample, so a NaN or "
             "inf reward makes that sample's advantages non-finite. Each advantage multiplies every response token "
-            "of its sample in the policy loss, so the micro-batch gradient is NaN.")
+            "of its sample in the policy loss, so the micro-batch gradient is NaN."
+        )
         title = "custom reward feeds the advantages unchecked"
-    fix = ("make the reward function return finite floats (check math.isfinite before returning; map "
-           "failures to a fixed reward); `nanscope scan` finds the sample in a rollout dump; as a backstop the "
-           f"nanscope slime plugin ({PLUGIN}) drops a sample whose advantage is non-finite and counts it.")
-    return Finding("custom-reward-grpo-normalisation" if group else "custom-reward-unchecked", "high", title,
-                   flags, mechanism, fix, [hazards.NAN_REWARD.name])
+    fix = (
+        "make the reward function return finite floats (check math.isfinite before returning; map "
+        "failures to a fixed reward); `nanscope scan` finds the sample in a rollout dump; as a backstop the "
+        f"nanscope slime plugin ({PLUGIN}) drops a sample whose advantage is non-finite and counts it."
+    )
+    return Finding(
+        "custom-reward-grpo-normalisation" if group else "custom-reward-unchecked",
+        "high",
+        title,
+        flags,
+        mechanism,
+        fix,
+        [hazards.NAN_REWARD.name],
+    )
 
 
 def _masked(cfg: Config) -> Finding | None:
@@ -154,12 +205,22 @@ def _masked(cfg: Config) -> Finding | None:
         "Multi-turn generate functions append tool outputs to the response with loss_mask 0, but slime "
         "computes log-probs, the ratio, KL and TIS for every response token and applies the mask only in "
         "sum_of_sample_mean as x * loss_mask. A masked token whose value is inf or NaN (e.g. a filler "
-        "rollout log-prob) still gives 0 x inf = NaN there, forward and backward.")
-    fix = (f"use the nanscope slime plugin: {PLUGIN} (masks select instead of multiply, so a masked "
-           "position reaches neither the sum nor the backward); and give tool tokens finite log-probs in the "
-           "generate function.")
-    return Finding("masked-tokens-reach-loss", "high", "multi-turn tool tokens (loss_mask 0) still reach the loss",
-                   flags, mechanism, fix, [hazards.NAN_ROLLOUT_LOGPROB.name])
+        "rollout log-prob) still gives 0 x inf = NaN there, forward and backward."
+    )
+    fix = (
+        f"use the nanscope slime plugin: {PLUGIN} (masks select instead of multiply, so a masked "
+        "position reaches neither the sum nor the backward); and give tool tokens finite log-probs in the "
+        "generate function."
+    )
+    return Finding(
+        "masked-tokens-reach-loss",
+        "high",
+        "multi-turn tool tokens (loss_mask 0) still reach the loss",
+        flags,
+        mechanism,
+        fix,
+        [hazards.NAN_ROLLOUT_LOGPROB.name],
+    )
 
 
 def _eps_clip_c(cfg: Config) -> Finding | None:
@@ -168,10 +229,16 @@ def _eps_clip_c(cfg: Config) -> Finding | None:
     mechanism = (
         "slime v0.1.0 parses --eps-clip-c but policy_loss_function calls compute_policy_loss without it, "
         "so dual-clip PPO is never applied. Negative-advantage tokens with a large ratio are not bounded "
-        "by eps-clip-c x |A| as the flag promises.")
-    return Finding("eps-clip-c-ignored", "low", "--eps-clip-c is accepted but never applied in v0.1.0",
-                   [cfg.flag_text("eps_clip_c")], mechanism,
-                   f"remove the flag (it does nothing), or apply dual-clip in a custom loss ({PLUGIN}).")
+        "by eps-clip-c x |A| as the flag promises."
+    )
+    return Finding(
+        "eps-clip-c-ignored",
+        "low",
+        "--eps-clip-c is accepted but never applied in v0.1.0",
+        [cfg.flag_text("eps_clip_c")],
+        mechanism,
+        f"remove the flag (it does nothing), or apply dual-clip in a custom loss ({PLUGIN}).",
+    )
 
 
 def _nan_check(cfg: Config) -> Finding | None:
@@ -183,70 +250,114 @@ def _nan_check(cfg: Config) -> Finding | None:
         "local norm before the data-parallel reduce; slime v0.1.0 never initialises the RerunStateMachine, "
         "so its mode is DISABLED and a NaN raises RuntimeError and kills the job. With "
         "--no-check-for-nan-in-loss-and-grad, slime v0.1.0's train_one_step checks the gradient itself and "
-        "skips a non-finite optimizer step instead.")
-    return Finding("nan-check-kills-run", "medium", "a NaN gradient kills the run instead of skipping the step",
-                   flags, mechanism,
-                   "--no-check-for-nan-in-loss-and-grad to skip non-finite steps (log them; it hides the cause, "
-                   "so fix the mechanisms above too).")
+        "skips a non-finite optimizer step instead."
+    )
+    return Finding(
+        "nan-check-kills-run",
+        "medium",
+        "a NaN gradient kills the run instead of skipping the step",
+        flags,
+        mechanism,
+        "--no-check-for-nan-in-loss-and-grad to skip non-finite steps (log them; it hides the cause, "
+        "so fix the mechanisms above too).",
+    )
 
 
 def _budget(cfg: Config, b: Batches, cp: int) -> Finding | None:
     if b.budget_tokens is None or b.longest_sample is None or b.longest_sample <= b.budget_tokens:
         return None
-    flags = [cfg.flag_text("max_tokens_per_gpu"), f"--context-parallel-size {cp}", "--use-dynamic-batch-size",
-             b.longest_from]
+    flags = [
+        cfg.flag_text("max_tokens_per_gpu"),
+        f"--context-parallel-size {cp}",
+        "--use-dynamic-batch-size",
+        b.longest_from,
+    ]
     mechanism = (
         f"slime packs micro-batches first-fit up to max-tokens-per-gpu x CP = {b.budget_tokens} tokens, but a "
         f"sample may be {b.longest_sample} tokens ({b.longest_from}); such a sample gets a micro-batch of its "
         "own, over the budget memory was sized for. That is an out-of-memory risk, not a NaN mechanism by "
-        "itself, but the longest samples are also the most off-policy ones.")
+        "itself, but the longest samples are also the most off-policy ones."
+    )
     need = -(-b.longest_sample // cp)
-    return Finding("sample-exceeds-microbatch-budget", "low", "samples can be longer than the micro-batch budget",
-                   flags, mechanism,
-                   f"--max-tokens-per-gpu {need} (>= longest / CP), or bound the sample: lower "
-                   "--rollout-max-response-len / --sglang-context-length, set --rollout-max-prompt-len.")
+    return Finding(
+        "sample-exceeds-microbatch-budget",
+        "low",
+        "samples can be longer than the micro-batch budget",
+        flags,
+        mechanism,
+        f"--max-tokens-per-gpu {need} (>= longest / CP), or bound the sample: lower "
+        "--rollout-max-response-len / --sglang-context-length, set --rollout-max-prompt-len.",
+    )
 
 
 def _batches(cfg: Config, b: Batches) -> Finding | None:
     if b.samples_per_rollout is None or not b.steps_remainder:
         return None
-    return Finding("rollout-not-multiple-of-global-batch", "critical",
-                   "rollout x n-samples is not a multiple of the global batch",
-                   [cfg.flag_text("rollout_batch_size"), cfg.flag_text("n_samples_per_prompt"),
-                    f"--global-batch-size {b.global_batch}"],
-                   f"slime v0.1.0 asserts rollout-batch-size x n-samples-per-prompt ({b.samples_per_rollout}) "
-                   f"% global-batch-size ({b.global_batch}) == 0 at start-up. The run does not start.",
-                   "make the global batch a divisor of rollout-batch-size x n-samples-per-prompt.")
+    return Finding(
+        "rollout-not-multiple-of-global-batch",
+        "critical",
+        "rollout x n-samples is not a multiple of the global batch",
+        [
+            cfg.flag_text("rollout_batch_size"),
+            cfg.flag_text("n_samples_per_prompt"),
+            f"--global-batch-size {b.global_batch}",
+        ],
+        f"slime v0.1.0 asserts rollout-batch-size x n-samples-per-prompt ({b.samples_per_rollout}) "
+        f"% global-batch-size ({b.global_batch}) == 0 at start-up. The run does not start.",
+        "make the global batch a divisor of rollout-batch-size x n-samples-per-prompt.",
+    )
 
 
 def _colocate(cfg: Config, world: int) -> Finding | None:
     per_engine = cfg["rollout_num_gpus_per_engine"]
     rollout = cfg["rollout_num_gpus"]
     if rollout is None and not cfg["colocate"] and not cfg["debug_train_only"]:
-        return Finding("rollout-gpus-unset", "critical", "disaggregated run without --rollout-num-gpus",
-                       ["(no --colocate)", "(no --rollout-num-gpus)"],
-                       "Without --colocate the rollout engines need their own GPUs, and slime sizes them from "
-                       "--rollout-num-gpus. Left unset, the engines cannot be placed.",
-                       "--rollout-num-gpus N (e.g. 8), or --colocate.")
+        return Finding(
+            "rollout-gpus-unset",
+            "critical",
+            "disaggregated run without --rollout-num-gpus",
+            ["(no --colocate)", "(no --rollout-num-gpus)"],
+            "Without --colocate the rollout engines need their own GPUs, and slime sizes them from "
+            "--rollout-num-gpus. Left unset, the engines cannot be placed.",
+            "--rollout-num-gpus N (e.g. 8), or --colocate.",
+        )
     if rollout is not None and rollout % per_engine:
-        return Finding("rollout-gpus-per-engine", "critical", "rollout GPUs not a multiple of GPUs per engine",
-                       [f"--rollout-num-gpus {rollout}", cfg.flag_text("rollout_num_gpus_per_engine")],
-                       f"slime starts rollout-num-gpus / rollout-num-gpus-per-engine = {rollout}/{per_engine} "
-                       "SGLang engines. A remainder leaves GPUs without an engine or fails placement.",
-                       "make --rollout-num-gpus a multiple of --rollout-num-gpus-per-engine.")
+        return Finding(
+            "rollout-gpus-per-engine",
+            "critical",
+            "rollout GPUs not a multiple of GPUs per engine",
+            [f"--rollout-num-gpus {rollout}", cfg.flag_text("rollout_num_gpus_per_engine")],
+            f"slime starts rollout-num-gpus / rollout-num-gpus-per-engine = {rollout}/{per_engine} "
+            "SGLang engines. A remainder leaves GPUs without an engine or fails placement.",
+            "make --rollout-num-gpus a multiple of --rollout-num-gpus-per-engine.",
+        )
     if cfg["colocate"] and "--rollout-num-gpus" in cfg.given and cfg.origin("rollout_num_gpus").startswith("derived"):
         given = cfg.given.get("--rollout-num-gpus", ["?"])[0]
-        return Finding("colocate-rollout-gpus-overridden", "info", "--rollout-num-gpus is overridden by --colocate",
-                       ["--colocate", f"--rollout-num-gpus {given}"],
-                       f"With --colocate slime sets rollout-num-gpus to the actor GPUs ({world}). "
-                       "The value given is ignored.", "drop --rollout-num-gpus (or set it to the actor GPUs).")
+        return Finding(
+            "colocate-rollout-gpus-overridden",
+            "info",
+            "--rollout-num-gpus is overridden by --colocate",
+            ["--colocate", f"--rollout-num-gpus {given}"],
+            f"With --colocate slime sets rollout-num-gpus to the actor GPUs ({world}). The value given is ignored.",
+            "drop --rollout-num-gpus (or set it to the actor GPUs).",
+        )
     return None
 
 
 def findings(cfg: Config, b: Batches, world: int, cp: int) -> list[Finding]:
     """All rules that fire, most severe first (stable within a severity)."""
-    rules = [_kl(cfg), _tis(cfg), _reward(cfg), _masked(cfg), _ratio(cfg), _nan_check(cfg), _eps_clip_c(cfg),
-             _budget(cfg, b, cp), _batches(cfg, b), _colocate(cfg, world)]
+    rules = [
+        _kl(cfg),
+        _tis(cfg),
+        _reward(cfg),
+        _masked(cfg),
+        _ratio(cfg),
+        _nan_check(cfg),
+        _eps_clip_c(cfg),
+        _budget(cfg, b, cp),
+        _batches(cfg, b),
+        _colocate(cfg, world),
+    ]
     out = [f for f in rules if f is not None]
     return sorted(out, key=lambda f: SEVERITIES.index(f.severity))
 
@@ -255,29 +366,39 @@ def fine(cfg: Config, b: Batches, world: int, colocate_ok: bool) -> list[str]:
     """What was checked and is fine, one line each."""
     out = []
     if _uses_plugin(cfg):
-        out.append(f"the loss is nanscope's plugin ({cfg['custom_loss_function_path']}): log-ratios clamped before "
-                   "exp, masks select, non-finite inputs dropped and counted")
+        out.append(
+            f"the loss is nanscope's plugin ({cfg['custom_loss_function_path']}): log-ratios clamped before "
+            "exp, masks select, non-finite inputs dropped and counted"
+        )
     if not cfg["use_kl_loss"]:
         out.append("no KL loss term (--use-kl-loss off): no exp of the reference log-ratio in the graph")
     elif cfg["kl_loss_type"] in ("kl", "k2"):
         out.append(f"--kl-loss-type {cfg['kl_loss_type']} has no exp: no KL overflow")
     if cfg["use_tis"]:
-        out.append(f"TIS weight is clamped to [{cfg['tis_clip_low']:g}, {cfg['tis_clip']:g}]: an inf weight "
-                   "becomes the clip, only NaN passes")
+        out.append(
+            f"TIS weight is clamped to [{cfg['tis_clip_low']:g}, {cfg['tis_clip']:g}]: an inf weight "
+            "becomes the clip, only NaN passes"
+        )
     if cfg["eps_clip_c"] is None:
         out.append("no --eps-clip-c: nothing silently ignored in the PPO clip")
     if cfg["entropy_coef"] == 0:
-        out.append("--entropy-coef 0: the entropy is computed (max-subtracted softmax, stable) and reported "
-                   "but weighted 0")
+        out.append(
+            "--entropy-coef 0: the entropy is computed (max-subtracted softmax, stable) and reported but weighted 0"
+        )
     if cfg["rollout_temperature"] > 0:
         out.append(f"--rollout-temperature {cfg['rollout_temperature']:g} > 0: logits / T stay finite")
     if b.steps_per_rollout is not None and not b.steps_remainder:
-        out.append(f"{b.samples_per_rollout} samples per rollout / global batch {b.global_batch} = "
-                   f"{b.steps_per_rollout} optimizer step(s) per rollout")
+        out.append(
+            f"{b.samples_per_rollout} samples per rollout / global batch {b.global_batch} = "
+            f"{b.steps_per_rollout} optimizer step(s) per rollout"
+        )
     if b.budget_tokens is not None and b.longest_sample is not None and b.longest_sample <= b.budget_tokens:
         out.append(f"longest sample {b.longest_sample} <= micro-batch budget {b.budget_tokens} tokens")
     if colocate_ok:
         rollout = cfg["rollout_num_gpus"]
-        out.append(f"rollout GPUs ({rollout}) consistent with actor GPUs ({world})" if cfg["colocate"]
-                   else f"disaggregated: {rollout} rollout GPUs + {world} actor GPUs")
+        out.append(
+            f"rollout GPUs ({rollout}) consistent with actor GPUs ({world})"
+            if cfg["colocate"]
+            else f"disaggregated: {rollout} rollout GPUs + {world} actor GPUs"
+        )
     return out

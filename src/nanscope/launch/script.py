@@ -518,8 +518,9 @@ class _Interpreter:
         if not all(re.fullmatch(r"-?[0-9]{1,18}", w) for w in words):
             return [self._placeholder(node)]
         nums = [int(w) for w in words]
-        first, step, last = (1, 1, nums[0]) if len(nums) == 1 else (
-            (nums[0], 1, nums[1]) if len(nums) == 2 else tuple(nums))
+        first, step, last = (
+            (1, 1, nums[0]) if len(nums) == 1 else ((nums[0], 1, nums[1]) if len(nums) == 2 else tuple(nums))
+        )
         if step == 0:
             return [self._placeholder(node)]
         values = range(first, last + (1 if step > 0 else -1), step)
@@ -589,8 +590,7 @@ class _Interpreter:
         for cond, body in branches:
             holds = True if cond is None else self._test(cond)
             if holds is None:
-                self.assumptions.append(f"line {_line(cond)}: `{_snippet(cond)}` is not known statically; "
-                                        "assumed true")
+                self.assumptions.append(f"line {_line(cond)}: `{_snippet(cond)}` is not known statically; assumed true")
                 holds = True
             if holds:
                 for st in body:
@@ -702,8 +702,14 @@ def _compare(op: str, values: list[str]) -> bool | None:
         return a == b
     if op == "!=":
         return a != b
-    ints = {"-eq": int.__eq__, "-ne": int.__ne__, "-gt": int.__gt__, "-ge": int.__ge__, "-lt": int.__lt__,
-            "-le": int.__le__}
+    ints = {
+        "-eq": int.__eq__,
+        "-ne": int.__ne__,
+        "-gt": int.__gt__,
+        "-ge": int.__ge__,
+        "-lt": int.__lt__,
+        "-le": int.__le__,
+    }
     if op in ints and re.fullmatch(r"-?[0-9]{1,18}", a.strip()) and re.fullmatch(r"-?[0-9]{1,18}", b.strip()):
         return ints[op](int(a), int(b))
     return None
@@ -754,9 +760,20 @@ def _int_or_raise(value) -> int:
 
 
 _OPS = {
-    "+": operator.add, "-": operator.sub, "*": operator.mul, "&": operator.and_, "|": operator.or_,
-    "^": operator.xor, "<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge, "==": operator.eq,
-    "!=": operator.ne, "&&": lambda a, b: bool(a and b), "||": lambda a, b: bool(a or b),
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "&": operator.and_,
+    "|": operator.or_,
+    "^": operator.xor,
+    "<": operator.lt,
+    ">": operator.gt,
+    "<=": operator.le,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "&&": lambda a, b: bool(a and b),
+    "||": lambda a, b: bool(a or b),
 }
 
 
@@ -813,8 +830,9 @@ def _train_command(words: list[str]) -> tuple[str, list[str], list[str]] | None:
     return None
 
 
-def parse_script(path: str | os.PathLike, env: dict[str, str] | None = None,
-                 model_args: str | None = None, limit: int = INPUT_LIMIT) -> LaunchScript:
+def parse_script(
+    path: str | os.PathLike, env: dict[str, str] | None = None, model_args: str | None = None, limit: int = INPUT_LIMIT
+) -> LaunchScript:
     """Read a launch script statically and return its train command's arguments.
 
     Args:
@@ -835,16 +853,31 @@ def parse_script(path: str | os.PathLike, env: dict[str, str] | None = None,
         hint = f" (tree-sitter reported syntax errors at lines {_lines(it.errors)})" if it.errors else ""
         if it.stopped is not None:
             hint += f" (reading stopped at line {it.stopped}: more than {MAX_STEPS:,} statements, words and operations)"
-        raise UserError(f"{path}: no train command found: expected `python3 <train script>.py ...`, "
-                        f"directly or after `ray job submit ... --`{hint}")
+        raise UserError(
+            f"{path}: no train command found: expected `python3 <train script>.py ...`, "
+            f"directly or after `ray job submit ... --`{hint}"
+        )
     if model_args is not None and it.model_args is not None:
         it.assumptions.append(f"--model-args {model_args}: not used (no `source` in the script was missing)")
     script, argv, launcher, line, _ = it.train
     words = " ".join(argv)  # a placeholder with spaces may have been split into several words
     used = [p for p in it.placeholders.values() if p.text in words]
     limits = it.limits + ([f"{it.dropped} more value(s) kept as text at a reading limit"] if it.dropped else [])
-    return LaunchScript(str(path), script, argv, launcher, line, it.vars, it.unset, it.unset_arrays, used,
-                        it.sources, it.errors, it.assumptions, limits)
+    return LaunchScript(
+        str(path),
+        script,
+        argv,
+        launcher,
+        line,
+        it.vars,
+        it.unset,
+        it.unset_arrays,
+        used,
+        it.sources,
+        it.errors,
+        it.assumptions,
+        limits,
+    )
 
 
 def _lines(lines: list[int]) -> str:

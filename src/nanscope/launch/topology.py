@@ -92,8 +92,10 @@ class Topology:
     def rank(self, rank: int) -> RankInfo:
         """Coordinates, node, device, layers and groups of one global rank."""
         if not 0 <= rank < self.world:
-            raise UserError(f"rank {rank} is outside the world: 0..{self.world - 1} "
-                            f"(= {self.nodes} nodes x {self.gpus_per_node} GPUs)")
+            raise UserError(
+                f"rank {rank} is outside the world: 0..{self.world - 1} "
+                f"(= {self.nodes} nodes x {self.gpus_per_node} GPUs)"
+            )
         c = self.coords[rank]
         stage = self.stages[c["pp"]] if self.stages else None
         experts = None
@@ -101,27 +103,46 @@ class Topology:
             experts = list(range(c["ep"] * self.experts_per_rank, (c["ep"] + 1) * self.experts_per_rank))
         groups = {token: next(g for g in gs if rank in g) for token, gs in self.groups.items()}
         return RankInfo(
-            rank=rank, tp=c["tp"], cp=c["cp"], dp=c["dp"], pp=c["pp"], ep=c["ep"], etp=c["etp"], edp=c["edp"],
-            node_index=rank // self.gpus_per_node, local_device=rank % self.gpus_per_node,
-            layers=stage.layers if stage else None, chunks=stage.chunks if stage else None,
-            holds_output_layer=c["pp"] == self.pp - 1, holds_embedding=c["pp"] == 0,
-            experts=experts, groups=groups,
+            rank=rank,
+            tp=c["tp"],
+            cp=c["cp"],
+            dp=c["dp"],
+            pp=c["pp"],
+            ep=c["ep"],
+            etp=c["etp"],
+            edp=c["edp"],
+            node_index=rank // self.gpus_per_node,
+            local_device=rank % self.gpus_per_node,
+            layers=stage.layers if stage else None,
+            chunks=stage.chunks if stage else None,
+            holds_output_layer=c["pp"] == self.pp - 1,
+            holds_embedding=c["pp"] == 0,
+            experts=experts,
+            groups=groups,
         )
 
 
 def _sizes(cfg: Config) -> dict[str, int]:
     """Parallel sizes from the flags, each checked: >= 1, and the world at most MAX_WORLD ranks."""
-    fields = dict(nodes="actor_num_nodes", gpn="actor_num_gpus_per_node", tp="tensor_model_parallel_size",
-                  pp="pipeline_model_parallel_size", cp="context_parallel_size", ep="expert_model_parallel_size",
-                  etp="expert_tensor_parallel_size")
+    fields = dict(
+        nodes="actor_num_nodes",
+        gpn="actor_num_gpus_per_node",
+        tp="tensor_model_parallel_size",
+        pp="pipeline_model_parallel_size",
+        cp="context_parallel_size",
+        ep="expert_model_parallel_size",
+        etp="expert_tensor_parallel_size",
+    )
     s = {k: cfg[name] for k, name in fields.items()}
     for k, name in fields.items():
         if s[k] < 1:
             raise UserError(f"{BY_NAME[name].spelling} {s[k]}: must be >= 1")
     s["world"] = s["nodes"] * s["gpn"]
     if s["world"] > MAX_WORLD:
-        raise UserError(f"world({s['world']}) = actor-num-nodes({s['nodes']}) x actor-num-gpus-per-node({s['gpn']}) "
-                        f"is over {MAX_WORLD:,} ranks")
+        raise UserError(
+            f"world({s['world']}) = actor-num-nodes({s['nodes']}) x actor-num-gpus-per-node({s['gpn']}) "
+            f"is over {MAX_WORLD:,} ranks"
+        )
     return s
 
 
@@ -151,32 +172,45 @@ def _check_divides(s: dict[str, int]) -> tuple[int, int]:
 def virtual_size(cfg: Config, num_layers: int | None, pp: int) -> int | None:
     """Megatron's virtual_pipeline_model_parallel_size from the two VPP flags (None when 1)."""
     per_rank, stages = cfg["num_virtual_stages_per_pipeline_rank"], cfg["num_layers_per_virtual_pipeline_stage"]
-    for name, value in (("num_virtual_stages_per_pipeline_rank", per_rank),
-                        ("num_layers_per_virtual_pipeline_stage", stages)):
+    for name, value in (
+        ("num_virtual_stages_per_pipeline_rank", per_rank),
+        ("num_layers_per_virtual_pipeline_stage", stages),
+    ):
         if value is not None and value < 1:
             raise UserError(f"{BY_NAME[name].spelling} {value}: must be >= 1")
     if per_rank is not None and stages is not None:
-        raise UserError("--num-virtual-stages-per-pipeline-rank and --num-layers-per-virtual-pipeline-stage "
-                        "are mutually exclusive")
+        raise UserError(
+            "--num-virtual-stages-per-pipeline-rank and --num-layers-per-virtual-pipeline-stage are mutually exclusive"
+        )
     vpp = per_rank
     if stages is not None:
         if cfg["decoder_first_pipeline_num_layers"] is not None or cfg["decoder_last_pipeline_num_layers"] is not None:
-            raise UserError("uneven pipeline (--decoder-first/last-pipeline-num-layers) needs "
-                            "--num-virtual-stages-per-pipeline-rank, not --num-layers-per-virtual-pipeline-stage")
+            raise UserError(
+                "uneven pipeline (--decoder-first/last-pipeline-num-layers) needs "
+                "--num-virtual-stages-per-pipeline-rank, not --num-layers-per-virtual-pipeline-stage"
+            )
         if num_layers is None:
             return None
         n = num_layers + cfg["account_for_embedding_in_pipeline_split"] + cfg["account_for_loss_in_pipeline_split"]
         if n % pp or (n // pp) % stages:
-            raise UserError(f"num-layers({n}) / pp({pp}) is not a multiple of "
-                            f"num-layers-per-virtual-pipeline-stage({stages})")
+            raise UserError(
+                f"num-layers({n}) / pp({pp}) is not a multiple of num-layers-per-virtual-pipeline-stage({stages})"
+            )
         vpp = n // pp // stages
     if vpp is not None and vpp > 1 and pp == 1:
         raise UserError("virtual pipeline stages need pipeline-model-parallel-size > 1")
     return vpp if vpp and vpp > 1 else None
 
 
-def split_layers(num_layers: int, pp: int, vpp: int | None = None, first: int | None = None,
-                 last: int | None = None, emb: bool = False, loss: bool = False) -> list[list[list[int]]]:
+def split_layers(
+    num_layers: int,
+    pp: int,
+    vpp: int | None = None,
+    first: int | None = None,
+    last: int | None = None,
+    emb: bool = False,
+    loss: bool = False,
+) -> list[list[list[int]]]:
     """Decoder layers (0-based) per pipeline rank per virtual stage, as Megatron builds them.
 
     Returns:
@@ -191,14 +225,15 @@ def split_layers(num_layers: int, pp: int, vpp: int | None = None, first: int | 
         if value is not None and not 1 <= value <= num_layers:  # Megatron: "must be larger than 0"
             raise UserError(f"--{name} {value}: must be in 1..num-layers({num_layers})")
     if uneven and (emb or loss):
-        raise UserError("uneven pipeline (--decoder-first/last-pipeline-num-layers) cannot be combined with "
-                        "--account-for-embedding/loss-in-pipeline-split")
+        raise UserError(
+            "uneven pipeline (--decoder-first/last-pipeline-num-layers) cannot be combined with "
+            "--account-for-embedding/loss-in-pipeline-split"
+        )
     out = []
     for r in range(pp):
         count = _stage_count(num_layers, pp, r, first, last, emb, loss)
         if count % v:
-            raise UserError(f"layers on pipeline stage {r} ({count}) are not divisible by "
-                            f"virtual stages ({v})")
+            raise UserError(f"layers on pipeline stage {r} ({count}) are not divisible by virtual stages ({v})")
         chunks = []
         for vp in range(v):
             n = count // v
@@ -211,8 +246,10 @@ def split_layers(num_layers: int, pp: int, vpp: int | None = None, first: int | 
         out.append(chunks)
     flat = sorted(layer for stage in out for chunk in stage for layer in chunk)
     if flat != list(range(num_layers)):
-        raise UserError(f"this pipeline split does not cover layers 0..{num_layers - 1} exactly once "
-                        f"(pp {pp}, vpp {vpp}, first {first}, last {last})")
+        raise UserError(
+            f"this pipeline split does not cover layers 0..{num_layers - 1} exactly once "
+            f"(pp {pp}, vpp {vpp}, first {first}, last {last})"
+        )
     return out
 
 
@@ -221,15 +258,18 @@ def _stage_count(num_layers, pp, r, first, last, emb, loss) -> int:
         n = num_layers + emb + loss
         if n % pp:
             total = f"num-layers({num_layers})" + " + 1 (embedding)" * emb + " + 1 (loss)" * loss
-            raise UserError(f"{total} % pp({pp}) = {n % pp} != 0: Megatron splits the layers evenly over the "
-                            "pipeline stages (uneven: --decoder-first/last-pipeline-num-layers)")
+            raise UserError(
+                f"{total} % pp({pp}) = {n % pp} != 0: Megatron splits the layers evenly over the "
+                "pipeline stages (uneven: --decoder-first/last-pipeline-num-layers)"
+            )
         return n // pp
     rest = num_layers - (first or 0) - (last or 0)
     left = pp - (first is not None) - (last is not None)
     if left > 0 and (rest < 1 or rest % left):
         why = f"is not divisible by the {left} middle stages" if rest > 0 else "leaves no layers for the middle stages"
-        raise UserError(f"uneven pipeline: num-layers({num_layers}) - first({first or 0}) - last({last or 0}) "
-                        f"= {rest} {why}")
+        raise UserError(
+            f"uneven pipeline: num-layers({num_layers}) - first({first or 0}) - last({last or 0}) = {rest} {why}"
+        )
     if r == 0 and first is not None:
         return first
     if r == pp - 1 and last is not None:
@@ -268,13 +308,22 @@ def _rank_coords(s: dict[str, int], dp: int, edp: int, order: str):
     dense = RankGenerator(tp=s["tp"], ep=1, dp=dp, pp=s["pp"], cp=s["cp"], order=order, rank_offset=0)
     expert = RankGenerator(tp=s["etp"], ep=s["ep"], dp=edp, pp=s["pp"], cp=1, order=order, rank_offset=0)
     if dense.get_ranks("pp") != expert.get_ranks("pp"):
-        raise UserError(f"order {order}: pipeline groups of dense and expert layers differ "
-                        f"(dp {dp} vs expert dp {edp}); Megatron rejects this layout")
+        raise UserError(
+            f"order {order}: pipeline groups of dense and expert layers differ "
+            f"(dp {dp} vs expert dp {edp}); Megatron rejects this layout"
+        )
     coords = [dict() for _ in range(s["world"])]
     groups = {}
-    for key, gen, token in (("tp", dense, "tp"), ("cp", dense, "cp"), ("dp", dense, "dp"), ("pp", dense, "pp"),
-                            ("dp_cp", dense, "dp-cp"), ("ep", expert, "ep"), ("etp", expert, "tp"),
-                            ("edp", expert, "dp")):
+    for key, gen, token in (
+        ("tp", dense, "tp"),
+        ("cp", dense, "cp"),
+        ("dp", dense, "dp"),
+        ("pp", dense, "pp"),
+        ("dp_cp", dense, "dp-cp"),
+        ("ep", expert, "ep"),
+        ("etp", expert, "tp"),
+        ("edp", expert, "dp"),
+    ):
         groups[key] = gen.get_ranks(token)
         if key == "dp_cp":
             continue
@@ -313,14 +362,38 @@ def build(cfg: Config) -> Topology:
     elif num_layers is None:
         notes.append("num-layers unknown: pass --model JSON or --model-args FILE to derive the layer split")
     else:
-        split = split_layers(num_layers, s["pp"], vpp, cfg["decoder_first_pipeline_num_layers"],
-                             cfg["decoder_last_pipeline_num_layers"],
-                             cfg["account_for_embedding_in_pipeline_split"],
-                             cfg["account_for_loss_in_pipeline_split"])
-        stages = [Stage(r, [Chunk(vp, layers) for vp, layers in enumerate(chunks)], r == 0, r == s["pp"] - 1)
-                  for r, chunks in enumerate(split)]
+        split = split_layers(
+            num_layers,
+            s["pp"],
+            vpp,
+            cfg["decoder_first_pipeline_num_layers"],
+            cfg["decoder_last_pipeline_num_layers"],
+            cfg["account_for_embedding_in_pipeline_split"],
+            cfg["account_for_loss_in_pipeline_split"],
+        )
+        stages = [
+            Stage(r, [Chunk(vp, layers) for vp, layers in enumerate(chunks)], r == 0, r == s["pp"] - 1)
+            for r, chunks in enumerate(split)
+        ]
     coords, groups = _rank_coords(s, dp, edp, order)
-    return Topology(world=s["world"], nodes=s["nodes"], gpus_per_node=s["gpn"], tp=s["tp"], pp=s["pp"],
-                    cp=s["cp"], dp=dp, ep=s["ep"], etp=s["etp"], edp=edp, vpp=vpp, order=order,
-                    num_layers=num_layers, num_experts=num_experts, stages=stages,
-                    experts_per_rank=experts_per_rank, coords=coords, groups=groups, notes=notes)
+    return Topology(
+        world=s["world"],
+        nodes=s["nodes"],
+        gpus_per_node=s["gpn"],
+        tp=s["tp"],
+        pp=s["pp"],
+        cp=s["cp"],
+        dp=dp,
+        ep=s["ep"],
+        etp=s["etp"],
+        edp=edp,
+        vpp=vpp,
+        order=order,
+        num_layers=num_layers,
+        num_experts=num_experts,
+        stages=stages,
+        experts_per_rank=experts_per_rank,
+        coords=coords,
+        groups=groups,
+        notes=notes,
+    )

@@ -23,8 +23,10 @@ RAY = "ray"
 # The error line, read in two steps so that reading stays linear in the text's length (one regex with
 # lazy groups for the result and the message is cubic on a long line of repeated prefixes):
 # `Rank R, node H, device D, iteration I: ` by this regex, the rest by fixed markers.
-_PREFIX = re.compile(r"Rank (?P<rank>\d+), node (?P<node>[^\s,]+), device (?P<device>\d+), "
-                     r"iteration (?P<iteration>-?\d+): ")
+_PREFIX = re.compile(
+    r"Rank (?P<rank>\d+), node (?P<node>[^\s,]+), device (?P<device>\d+), "
+    r"iteration (?P<iteration>-?\d+): "
+)
 _RESULT = "Unexpected result "
 _MESSAGE = " (message='"
 _END = "')"
@@ -45,55 +47,125 @@ class KnownFrame:
 
 
 KNOWN_FRAMES: tuple[KnownFrame, ...] = (
-    KnownFrame("train.py", "<module>", SLIME, 89,
-               "entry point: parses slime's arguments and calls train(args)."),
-    KnownFrame("train.py", "train", SLIME, 61,
-               "the rollout loop: generate a rollout, then ray.get(actor_model.async_train(...)) blocks until "
-               "every actor rank has trained on it; ray.get re-raises the first failed actor's exception here."),
-    KnownFrame("ray/_private/auto_init_hook.py", "auto_init_wrapper", RAY, None,
-               "Ray plumbing: initialises Ray if needed and calls through."),
-    KnownFrame("ray/_private/client_mode_hook.py", "wrapper", RAY, None,
-               "Ray plumbing: client-mode dispatch, calls through."),
-    KnownFrame("ray/_private/worker.py", "get", RAY, None,
-               "ray.get: waits for the actor tasks' results."),
-    KnownFrame("ray/_private/worker.py", "get_objects", RAY, None,
-               "a result is an error: re-raised as RayTaskError; the real failure is in the remote actor "
-               "frames below."),
-    KnownFrame("slime/backends/megatron_utils/actor.py", "train", SLIME, 258,
-               "MegatronTrainRayActor.train: turns the rollout into per-rank data (log-probs, advantages), "
-               "then calls model.train for this rollout."),
-    KnownFrame("slime/backends/megatron_utils/model.py", "train", SLIME, 431,
-               "runs the optimizer steps of this rollout (rollout-batch x n-samples / global-batch), one "
-               "train_one_step each."),
-    KnownFrame("slime/backends/megatron_utils/model.py", "train_one_step", SLIME, 310,
-               "one optimizer step: zero the grads, forward+backward over all micro-batches through "
-               "Megatron's pipeline schedule (slime's loss runs on the last stage), then optimizer.step()."),
-    KnownFrame("megatron/core/pipeline_parallel/schedules.py", "forward_backward_pipelining_without_interleaving",
-               MCORE, 2185,
-               "the 1F1B schedule (PP > 1, no virtual stages): warm-up forwards, steady one-forward-one-backward, "
-               "cool-down backwards; after this stage's last backward it calls finalize_model_grads."),
-    KnownFrame("megatron/core/pipeline_parallel/schedules.py", "forward_backward_pipelining_with_interleaving",
-               MCORE, 1787,
-               "the interleaved 1F1B schedule (virtual pipeline stages); after the last backward it calls "
-               "finalize_model_grads."),
-    KnownFrame("megatron/core/pipeline_parallel/schedules.py", "forward_backward_no_pipelining", MCORE, 641,
-               "no pipeline (PP 1): forward+backward of every micro-batch, then finalize_model_grads."),
-    KnownFrame("megatron/core/distributed/finalize_model_grads.py", "finalize_model_grads", MCORE, 422,
-               "after backward: for each model chunk, finish the data-parallel gradient sync "
-               "(then embedding/layernorm all-reduces)."),
-    KnownFrame("megatron/core/distributed/distributed_data_parallel.py", "finish_grad_sync", MCORE, 588,
-               "DDP: for each bucket group, dense parameters first, then expert parameters, finish the "
-               "data-parallel gradient reduction."),
-    KnownFrame("megatron/core/distributed/param_and_grad_buffer.py", "finish_grad_sync", MCORE, 455,
-               "--overlap-grad-reduce is off, so the reduction starts here, synchronously."),
-    KnownFrame("megatron/core/distributed/param_and_grad_buffer.py", "start_grad_sync", MCORE, 333,
-               "before the reduce-scatter: check_for_nan_in_grad (= --check-for-nan-in-loss-and-grad, on by "
-               "default) calls check_grads."),
-    KnownFrame("megatron/core/distributed/param_and_grad_buffer.py", "check_grads", MCORE, 185,
-               "takes the L2 norm of each bucket's local gradient and validates it: isnan, then isinf."),
-    KnownFrame("megatron/core/rerun_state_machine.py", "validate_result", MCORE, 505,
-               "rerun mode DISABLED (slime never initialises the rerun state machine): a rejected result "
-               "raises RuntimeError at once; nothing is re-run or skipped."),
+    KnownFrame("train.py", "<module>", SLIME, 89, "entry point: parses slime's arguments and calls train(args)."),
+    KnownFrame(
+        "train.py",
+        "train",
+        SLIME,
+        61,
+        "the rollout loop: generate a rollout, then ray.get(actor_model.async_train(...)) blocks until "
+        "every actor rank has trained on it; ray.get re-raises the first failed actor's exception here.",
+    ),
+    KnownFrame(
+        "ray/_private/auto_init_hook.py",
+        "auto_init_wrapper",
+        RAY,
+        None,
+        "Ray plumbing: initialises Ray if needed and calls through.",
+    ),
+    KnownFrame(
+        "ray/_private/client_mode_hook.py", "wrapper", RAY, None, "Ray plumbing: client-mode dispatch, calls through."
+    ),
+    KnownFrame("ray/_private/worker.py", "get", RAY, None, "ray.get: waits for the actor tasks' results."),
+    KnownFrame(
+        "ray/_private/worker.py",
+        "get_objects",
+        RAY,
+        None,
+        "a result is an error: re-raised as RayTaskError; the real failure is in the remote actor frames below.",
+    ),
+    KnownFrame(
+        "slime/backends/megatron_utils/actor.py",
+        "train",
+        SLIME,
+        258,
+        "MegatronTrainRayActor.train: turns the rollout into per-rank data (log-probs, advantages), "
+        "then calls model.train for this rollout.",
+    ),
+    KnownFrame(
+        "slime/backends/megatron_utils/model.py",
+        "train",
+        SLIME,
+        431,
+        "runs the optimizer steps of this rollout (rollout-batch x n-samples / global-batch), one train_one_step each.",
+    ),
+    KnownFrame(
+        "slime/backends/megatron_utils/model.py",
+        "train_one_step",
+        SLIME,
+        310,
+        "one optimizer step: zero the grads, forward+backward over all micro-batches through "
+        "Megatron's pipeline schedule (slime's loss runs on the last stage), then optimizer.step().",
+    ),
+    KnownFrame(
+        "megatron/core/pipeline_parallel/schedules.py",
+        "forward_backward_pipelining_without_interleaving",
+        MCORE,
+        2185,
+        "the 1F1B schedule (PP > 1, no virtual stages): warm-up forwards, steady one-forward-one-backward, "
+        "cool-down backwards; after this stage's last backward it calls finalize_model_grads.",
+    ),
+    KnownFrame(
+        "megatron/core/pipeline_parallel/schedules.py",
+        "forward_backward_pipelining_with_interleaving",
+        MCORE,
+        1787,
+        "the interleaved 1F1B schedule (virtual pipeline stages); after the last backward it calls "
+        "finalize_model_grads.",
+    ),
+    KnownFrame(
+        "megatron/core/pipeline_parallel/schedules.py",
+        "forward_backward_no_pipelining",
+        MCORE,
+        641,
+        "no pipeline (PP 1): forward+backward of every micro-batch, then finalize_model_grads.",
+    ),
+    KnownFrame(
+        "megatron/core/distributed/finalize_model_grads.py",
+        "finalize_model_grads",
+        MCORE,
+        422,
+        "after backward: for each model chunk, finish the data-parallel gradient sync "
+        "(then embedding/layernorm all-reduces).",
+    ),
+    KnownFrame(
+        "megatron/core/distributed/distributed_data_parallel.py",
+        "finish_grad_sync",
+        MCORE,
+        588,
+        "DDP: for each bucket group, dense parameters first, then expert parameters, finish the "
+        "data-parallel gradient reduction.",
+    ),
+    KnownFrame(
+        "megatron/core/distributed/param_and_grad_buffer.py",
+        "finish_grad_sync",
+        MCORE,
+        455,
+        "--overlap-grad-reduce is off, so the reduction starts here, synchronously.",
+    ),
+    KnownFrame(
+        "megatron/core/distributed/param_and_grad_buffer.py",
+        "start_grad_sync",
+        MCORE,
+        333,
+        "before the reduce-scatter: check_for_nan_in_grad (= --check-for-nan-in-loss-and-grad, on by "
+        "default) calls check_grads.",
+    ),
+    KnownFrame(
+        "megatron/core/distributed/param_and_grad_buffer.py",
+        "check_grads",
+        MCORE,
+        185,
+        "takes the L2 norm of each bucket's local gradient and validates it: isnan, then isinf.",
+    ),
+    KnownFrame(
+        "megatron/core/rerun_state_machine.py",
+        "validate_result",
+        MCORE,
+        505,
+        "rerun mode DISABLED (slime never initialises the rerun state machine): a rejected result "
+        "raises RuntimeError at once; nothing is re-run or skipped.",
+    ),
 )
 
 
@@ -190,8 +262,9 @@ def _line_failures(line: str, number: int, origin: str) -> Iterator[Failure]:
     pos = 0
     while (m := _PREFIX.search(line, pos)) is not None:
         start = m.end()
-        if not line.startswith(_RESULT, start) and not (len(line) - start < len(_RESULT)
-                                                         and _RESULT.startswith(line[start:])):
+        if not line.startswith(_RESULT, start) and not (
+            len(line) - start < len(_RESULT) and _RESULT.startswith(line[start:])
+        ):
             pos = start  # the same prefix on another kind of Megatron log line
             continue
         result_at = start + len(_RESULT)
@@ -204,7 +277,7 @@ def _line_failures(line: str, number: int, origin: str) -> Iterator[Failure]:
             truncated = message_end is None
             end = len(line) if truncated else message_end + len(_END)
             result, message = line[result_at:result_end], line[message_at:message_end]
-        yield _failure(m, result, message, line[m.start():end], truncated, number, origin)
+        yield _failure(m, result, message, line[m.start() : end], truncated, number, origin)
         pos = end
 
 
@@ -214,18 +287,29 @@ def _next(positions: list[int], at: int) -> int | None:
     return positions[i] if i < len(positions) else None
 
 
-def _failure(m: re.Match, result: str, message: str, text: str, truncated: bool, number: int,
-             origin: str) -> Failure:
+def _failure(m: re.Match, result: str, message: str, text: str, truncated: bool, number: int, origin: str) -> Failure:
     for name in ("rank", "device", "iteration"):
         if len(m[name].lstrip("-")) > _MAX_DIGITS:
-            raise UserError(f"{origin}: line {number}: the {name} has {len(m[name].lstrip('-'))} digits, "
-                            "more than Megatron ever prints: not a Megatron error line")
+            raise UserError(
+                f"{origin}: line {number}: the {name} has {len(m[name].lstrip('-'))} digits, "
+                "more than Megatron ever prints: not a Megatron error line"
+            )
     low = (result + " " + message).lower()
     kind = "NaN" if "nan" in low else "Inf" if "inf" in low else "?"
     bucket = re.search(r"bucket #(\d{1,18})\b", message)
-    return Failure(rank=int(m["rank"]), node=m["node"], device=int(m["device"]), iteration=int(m["iteration"]),
-                   result=result, kind=kind, message=message, bucket=int(bucket[1]) if bucket else None,
-                   text=text, truncated=truncated, line=number)
+    return Failure(
+        rank=int(m["rank"]),
+        node=m["node"],
+        device=int(m["device"]),
+        iteration=int(m["iteration"]),
+        result=result,
+        kind=kind,
+        message=message,
+        bucket=int(bucket[1]) if bucket else None,
+        text=text,
+        truncated=truncated,
+        line=number,
+    )
 
 
 def parse_frames(text: str) -> tuple[list[Frame], str | None]:
@@ -245,10 +329,17 @@ def parse_frames(text: str) -> tuple[list[Frame], str | None]:
         if r:
             ip = re.search(r"ip=([\w.:-]+)", r["info"])
             ray_ip = ip[1] if ip else None
-            frames.append(Frame("<ray actor>", None, r["call"],
-                                f"Ray actor boundary: the frames below ran inside the actor process "
-                                f"{r['call']} ({r['info'].split(', actor_id')[0]}); {r['exc']} is the "
-                                f"actor's exception.", None))
+            frames.append(
+                Frame(
+                    "<ray actor>",
+                    None,
+                    r["call"],
+                    f"Ray actor boundary: the frames below ran inside the actor process "
+                    f"{r['call']} ({r['info'].split(', actor_id')[0]}); {r['exc']} is the "
+                    f"actor's exception.",
+                    None,
+                )
+            )
     return frames, ray_ip
 
 
@@ -261,8 +352,10 @@ def parse_traceback(text: str, origin: str = "traceback") -> Traceback:
     found = failures(text, origin)
     failure = next(found, None)
     if failure is None:
-        raise UserError(f"{origin}: no Megatron error found (expected a line like \"Rank 50, node dgx172, "
-                        f"device 2, iteration -1: Unexpected result nan (message='...')\")")
+        raise UserError(
+            f'{origin}: no Megatron error found (expected a line like "Rank 50, node dgx172, '
+            f"device 2, iteration -1: Unexpected result nan (message='...')\")"
+        )
     frames, ip = parse_frames(text)
     others = sorted({f.rank for f in found} - {failure.rank})
     return Traceback(failure, frames, ip, others)
@@ -270,39 +363,56 @@ def parse_traceback(text: str, origin: str = "traceback") -> Traceback:
 
 def explain_iteration(iteration: int) -> str:
     if iteration == -1:
-        return ("iteration -1: Megatron's RerunStateMachine starts its counter at -1 and only its own "
-                "training loop advances it (should_run_forward_backward); slime v0.1.0 drives "
-                "train_one_step itself and never does, so it is always -1: not a rollout or step index.")
-    return (f"iteration {iteration}: the RerunStateMachine's counter (advanced by Megatron's training loop, "
-            "not by slime v0.1.0).")
+        return (
+            "iteration -1: Megatron's RerunStateMachine starts its counter at -1 and only its own "
+            "training loop advances it (should_run_forward_backward); slime v0.1.0 drives "
+            "train_one_step itself and never does, so it is always -1: not a rollout or step index."
+        )
+    return (
+        f"iteration {iteration}: the RerunStateMachine's counter (advanced by Megatron's training loop, "
+        "not by slime v0.1.0)."
+    )
 
 
 def explain_bucket(bucket: int | None, pp_rank: int | None, overlap_grad_reduce: bool = False) -> str:
     if bucket is None:
         return ""
     if bucket > 0:
-        return (f"bucket #{bucket}: a bucket group with several buckets (fp8 parameters, or a forced single "
-                "bucket group); the index counts buckets in that group and names no layer.")
+        return (
+            f"bucket #{bucket}: a bucket group with several buckets (fp8 parameters, or a forced single "
+            "bucket group); the index counts buckets in that group and names no layer."
+        )
     if pp_rank:
         scope = "on a PP stage > 0 Megatron turns bucketing off"
     elif not overlap_grad_reduce:
         scope = "with --overlap-grad-reduce off (the default) Megatron turns bucketing off"
     else:
         scope = ""
-    whole = (f"; {scope}, so each gradient buffer is a single bucket: the check covered all of this rank's dense "
-             "parameters (expert parameters are a separate buffer, checked after)") if scope else ""
-    return (f"bucket #0: the index counts buckets within one bucket group, and without fp8 parameters every "
-            f"group holds one bucket, so it is always #0 and names no layer{whole}.")
+    whole = (
+        (
+            f"; {scope}, so each gradient buffer is a single bucket: the check covered all of this rank's dense "
+            "parameters (expert parameters are a separate buffer, checked after)"
+        )
+        if scope
+        else ""
+    )
+    return (
+        f"bucket #0: the index counts buckets within one bucket group, and without fp8 parameters every "
+        f"group holds one bucket, so it is always #0 and names no layer{whole}."
+    )
 
 
 def explain_1f1b(pp: int, pp_rank: int | None) -> str:
     if pp <= 1:
         return "PP 1: every rank runs the whole model; any rank may report first."
     last = pp - 1
-    head = (f"PP {pp_rank} is the last stage: " if pp_rank == last
-            else f"PP {pp_rank} is not the last stage (PP {last}); ")
-    return (head + f"in 1F1B the last stage (PP {last}) holds the loss, runs each micro-batch's backward "
-            "first and finishes its final backward before the stages upstream, so it reaches "
-            "finalize_model_grads and the gradient check first. A NaN born anywhere in the loss lands in its "
-            "gradients before it reaches earlier stages: the first reporter is the last stage whatever "
-            "layer the NaN started in.")
+    head = (
+        f"PP {pp_rank} is the last stage: " if pp_rank == last else f"PP {pp_rank} is not the last stage (PP {last}); "
+    )
+    return (
+        head + f"in 1F1B the last stage (PP {last}) holds the loss, runs each micro-batch's backward "
+        "first and finishes its final backward before the stages upstream, so it reaches "
+        "finalize_model_grads and the gradient check first. A NaN born anywhere in the loss lands in its "
+        "gradients before it reaches earlier stages: the first reporter is the last stage whatever "
+        "layer the NaN started in."
+    )

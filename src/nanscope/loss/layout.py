@@ -57,7 +57,9 @@ def segments(total_length: int, response_length: int, cp_rank: int = 0, cp_size:
         cp_size 2 (chunk 3): rank 0 holds positions 0-2 and 9-11, no response logit -> [];
             rank 1 holds positions 3-5 then 6-8 -> [Segment(0, 0, 3), Segment(3, 3, 3)].
     """
-    assert 0 < response_length < total_length, f"response {response_length} needs a prompt token before it (total {total_length})"
+    assert 0 < response_length < total_length, (
+        f"response {response_length} needs a prompt token before it (total {total_length})"
+    )
     assert 0 <= cp_rank < cp_size, f"cp_rank {cp_rank} outside cp_size {cp_size}"
     prompt_length = total_length - response_length
     if cp_size == 1:
@@ -76,7 +78,9 @@ def segments(total_length: int, response_length: int, cp_rank: int = 0, cp_size:
 
 def response_positions(total_length: int, response_length: int, cp_rank: int = 0, cp_size: int = 1) -> list[int]:
     """Response token indices (0-based) a CP rank holds, in its concatenation order."""
-    return [s.response_start + i for s in segments(total_length, response_length, cp_rank, cp_size) for i in range(s.length)]
+    return [
+        s.response_start + i for s in segments(total_length, response_length, cp_rank, cp_size) for i in range(s.length)
+    ]
 
 
 def sequence_positions(total_length: int, cp_rank: int = 0, cp_size: int = 1) -> list[int]:

@@ -32,7 +32,7 @@ class Parallel:
     dp_cp_size: int = 1  # data-parallel world size including context parallelism
 
     @classmethod
-    def from_megatron(cls) -> "Parallel":
+    def from_megatron(cls) -> Parallel:
         """Read megatron-core's parallel state when it is initialised, else a single process.
 
         Looks in sys.modules rather than importing megatron: if it was never imported, its parallel
@@ -137,7 +137,9 @@ def concat(batch: dict, key: str, device) -> torch.Tensor:
     return (torch.cat(parts) if parts else torch.zeros(0)).to(device)
 
 
-def finish(loss: torch.Tensor, log: dict, batch: dict, args, num_microbatches: int, logits: torch.Tensor, par: Parallel):
+def finish(
+    loss: torch.Tensor, log: dict, batch: dict, args, num_microbatches: int, logits: torch.Tensor, par: Parallel
+):
     """slime v0.1.0's loss_function tail: scale for Megatron and pack the metrics.
 
     Megatron sums micro-batch losses, multiplies by cp_size and averages gradients over the DP x CP
@@ -151,7 +153,10 @@ def finish(loss: torch.Tensor, log: dict, batch: dict, args, num_microbatches: i
     num_samples = len(batch["response_lengths"])
     per_token = args.calculate_per_token_loss
     loss = loss * num_microbatches / args.global_batch_size * par.dp_cp_size
-    values = torch.stack([torch.as_tensor(float(num_tokens if per_token else num_samples))] + [torch.as_tensor(v).float().reshape(()) for v in log.values()])
+    values = torch.stack(
+        [torch.as_tensor(float(num_tokens if per_token else num_samples))]
+        + [torch.as_tensor(v).float().reshape(()) for v in log.values()]
+    )
     return loss, (num_tokens if per_token else 1), {"keys": list(log.keys()), "values": values.to(logits.device)}
 
 

@@ -53,7 +53,7 @@ class SequenceParallelRMSNorm(torch.nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
-        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+        self.weight.sequence_parallel = config.sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.rms_norm(x, (x.size(-1),), self.weight, self.eps)

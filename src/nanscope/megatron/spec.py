@@ -134,7 +134,7 @@ class RunResult:
 
     @property
     def observed(self) -> str:
-        """"completed", "nan-check" (every error is megatron's NaN check), "error" or "incomplete"."""
+        """ "completed", "nan-check" (every error is megatron's NaN check), "error" or "incomplete"."""
         if self.missing:
             return "incomplete"
         if all(r.ok for r in self.ranks):

@@ -152,10 +152,18 @@ def slime_args(ctx: RunContext, n: int):
 def save_rollout(path: str, batch: dict, rollout_id: int) -> None:
     """The batch as slime's --save-debug-rollout-data writes a rollout: Sample.to_dict() rows (the fields
     the plugin's replay reads, and the rollout log-probs)."""
-    samples = [{"index": i, "tokens": t.tolist(), "response_length": r, "loss_mask": m.int().tolist(),
-                "rollout_log_probs": lp.float().tolist()}
-               for i, (t, r, m, lp) in enumerate(zip(batch["unconcat_tokens"], batch["response_lengths"],
-                                                     batch["loss_masks"], batch["rollout_log_probs"]))]
+    samples = [
+        {
+            "index": i,
+            "tokens": t.tolist(),
+            "response_length": r,
+            "loss_mask": m.int().tolist(),
+            "rollout_log_probs": lp.float().tolist(),
+        }
+        for i, (t, r, m, lp) in enumerate(
+            zip(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"], batch["rollout_log_probs"])
+        )
+    ]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     torch.save({"rollout_id": rollout_id, "samples": samples}, path)
 

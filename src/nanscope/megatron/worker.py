@@ -64,8 +64,13 @@ class RunContext:
         if not self.spec.hook:
             return {}
         report_dir = self.out / f"reports.run{self.index}"
-        return {"NANSCOPE_ON_NONFINITE": self.spec.on_nonfinite, "NANSCOPE_REPORT_DIR": str(report_dir),
-                "NANSCOPE_MAX_SKIPS": "", "NANSCOPE_TRACE_STEP": "", **self.spec.env}
+        return {
+            "NANSCOPE_ON_NONFINITE": self.spec.on_nonfinite,
+            "NANSCOPE_REPORT_DIR": str(report_dir),
+            "NANSCOPE_MAX_SKIPS": "",
+            "NANSCOPE_TRACE_STEP": "",
+            **self.spec.env,
+        }
 
     @property
     def rollouts(self) -> str | None:
@@ -289,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
 
 if __name__ == "__main__":
     sys.exit(main())

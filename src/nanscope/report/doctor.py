@@ -11,16 +11,38 @@ from nanscope.report.html import esc, page
 from nanscope.report.text import span
 
 # The resolved flags shown in the report (all modelled flags are in the JSON's "config").
-KEY_FLAGS = ("advantage_estimator", "loss_type", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef",
-             "eps_clip", "eps_clip_high", "eps_clip_c", "use_tis", "tis_clip", "tis_clip_low", "rollout_temperature",
-             "check_for_nan_in_loss_and_grad", "rerun_mode_effective", "custom_generate_function_path",
-             "custom_rm_path", "num_layers", "num_experts")
+KEY_FLAGS = (
+    "advantage_estimator",
+    "loss_type",
+    "use_kl_loss",
+    "kl_loss_coef",
+    "kl_loss_type",
+    "entropy_coef",
+    "eps_clip",
+    "eps_clip_high",
+    "eps_clip_c",
+    "use_tis",
+    "tis_clip",
+    "tis_clip_low",
+    "rollout_temperature",
+    "check_for_nan_in_loss_and_grad",
+    "rerun_mode_effective",
+    "custom_generate_function_path",
+    "custom_rm_path",
+    "num_layers",
+    "num_experts",
+)
 
 GRID_MAX_RANKS = 4096  # the HTML rank grid draws one cell per rank up to this world
 MAX_STAGE_ROWS = 64  # pipeline stages listed in the terminal layout and drawn in the HTML layer split
 
-_SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "medium": "yellow", "low": "cyan",
-                   "info": "dim"}
+_SEVERITY_STYLE = {
+    "critical": "bold white on red",
+    "high": "bold red",
+    "medium": "yellow",
+    "low": "cyan",
+    "info": "dim",
+}
 
 
 def _ranks(group: list[int]) -> str:
@@ -41,12 +63,15 @@ def _stage_text(stage) -> str:
 
 # ---- verdict ---------------------------------------------------------------------------------------
 
+
 def verdict(d) -> str:
     """The report's first paragraph: where, why it died, which flags enable which mechanism."""
     parts = _rank_sentences(d) if d.failing is not None else []
     if d.traceback is not None and d.config["check_for_nan_in_loss_and_grad"]:
-        parts.append("The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
-                     "and slime runs Megatron's rerun state machine disabled.")
+        parts.append(
+            "The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
+            "and slime runs Megatron's rerun state machine disabled."
+        )
     parts.append(_findings_sentence(d.findings))
     return " ".join(parts)
 
@@ -58,8 +83,10 @@ def _rank_sentences(d) -> list[str]:
     if reported:
         f = d.traceback.failure
         where = "its local gradient norm" + (f" (bucket #{f.bucket})" if f.bucket is not None else "")
-        what = (f" found {f.kind} in {where} before the data-parallel reduce, on node {f.node} "
-                f"(node index {r.node_index}), device {f.device}.")
+        what = (
+            f" found {f.kind} in {where} before the data-parallel reduce, on node {f.node} "
+            f"(node index {r.node_index}), device {f.device}."
+        )
     else:
         what = f" is on node index {r.node_index}, local device {r.local_device}."
         if d.traceback is not None:
@@ -70,11 +97,15 @@ def _rank_sentences(d) -> list[str]:
     if r.layers is not None:
         layers = ", " + (f"decoder layers {span(r.layers)}" if r.layers else "no decoder layers")
         layers += " plus the final norm and output layer" if r.holds_output_layer else ""
-    parts = [f"Rank {r.rank}{what}",
-             f"It is TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp} (EP {r.ep}): {stage}{layers}."]
+    parts = [
+        f"Rank {r.rank}{what}",
+        f"It is TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp} (EP {r.ep}): {stage}{layers}.",
+    ]
     if last and t.pp > 1 and reported:
-        parts.append("The last stage holds the loss and checks its gradients first in 1F1B, so the "
-                     f"{d.traceback.failure.kind} can have started in any layer.")
+        parts.append(
+            "The last stage holds the loss and checks its gradients first in 1F1B, so the "
+            f"{d.traceback.failure.kind} can have started in any layer."
+        )
     return parts
 
 
@@ -82,15 +113,19 @@ def _findings_sentence(findings: list) -> str:
     serious = [f for f in findings if f.severity in ("critical", "high")]
     if serious:
         rest = len(findings) - len(serious)
-        return (f"The flags enable {len(serious)} high-severity mechanism(s): "
-                + "; ".join(f"{f.id} ({', '.join(f.flags[:3])})" for f in serious) + "."
-                + (f" {rest} more finding(s) below." if rest else ""))
+        return (
+            f"The flags enable {len(serious)} high-severity mechanism(s): "
+            + "; ".join(f"{f.id} ({', '.join(f.flags[:3])})" for f in serious)
+            + "."
+            + (f" {rest} more finding(s) below." if rest else "")
+        )
     if findings:
         return f"{len(findings)} finding(s), none high-severity."
     return "No rule fired."
 
 
 # ---- JSON ------------------------------------------------------------------------------------------
+
 
 def to_dict(d) -> dict:
     """The JSON document (`--json PATH`)."""
@@ -103,21 +138,42 @@ def to_dict(d) -> dict:
             "train_command_line": d.script.line,
             "env": d.env,
             "model": d.model_origin,
-            "sources": [{"path": s.path, "line": s.line, "status": s.status, "read": s.followed}
-                        for s in d.script.sources],
+            "sources": [
+                {"path": s.path, "line": s.line, "status": s.status, "read": s.followed} for s in d.script.sources
+            ],
             "unset_variables": sorted(d.script.unset),
             "placeholders": [p.text for p in d.script.placeholders],
             "argv": d.script.argv,
         },
         "config": {name: {"value": v.value, "origin": v.origin} for name, v in cfg.values.items()},
         "topology": {
-            "world": t.world, "nodes": t.nodes, "gpus_per_node": t.gpus_per_node,
-            "tp": t.tp, "pp": t.pp, "cp": t.cp, "dp": t.dp, "ep": t.ep, "etp": t.etp, "expert_dp": t.edp,
-            "vpp": t.vpp, "order": t.order, "num_layers": t.num_layers, "num_experts": t.num_experts,
+            "world": t.world,
+            "nodes": t.nodes,
+            "gpus_per_node": t.gpus_per_node,
+            "tp": t.tp,
+            "pp": t.pp,
+            "cp": t.cp,
+            "dp": t.dp,
+            "ep": t.ep,
+            "etp": t.etp,
+            "expert_dp": t.edp,
+            "vpp": t.vpp,
+            "order": t.order,
+            "num_layers": t.num_layers,
+            "num_experts": t.num_experts,
             "experts_per_ep_rank": t.experts_per_rank,
-            "stages": None if t.stages is None else [
-                {"pp": s.pp, "layers": s.layers, "chunks": [c.layers for c in s.chunks],
-                 "embedding": s.embedding, "output_layer": s.output} for s in t.stages],
+            "stages": None
+            if t.stages is None
+            else [
+                {
+                    "pp": s.pp,
+                    "layers": s.layers,
+                    "chunks": [c.layers for c in s.chunks],
+                    "embedding": s.embedding,
+                    "output_layer": s.output,
+                }
+                for s in t.stages
+            ],
             "ep_groups": t.groups["ep"],
             "samples_per_rollout": b.samples_per_rollout,
             "global_batch_size": b.global_batch,
@@ -132,42 +188,83 @@ def to_dict(d) -> dict:
         "failure": None,
         "frames": [],
         "explanations": d.explanations,
-        "findings": [{"id": f.id, "severity": f.severity, "title": f.title, "flags": f.flags,
-                      "mechanism": f.mechanism, "fix": f.fix, "hazards": f.hazards} for f in d.findings],
+        "findings": [
+            {
+                "id": f.id,
+                "severity": f.severity,
+                "title": f.title,
+                "flags": f.flags,
+                "mechanism": f.mechanism,
+                "fix": f.fix,
+                "hazards": f.hazards,
+            }
+            for f in d.findings
+        ],
         "fine": d.fine,
         "notes": d.notes,
     }
     r = d.failing
     if r is not None:
         out["failing_rank"] = {
-            "rank": r.rank, "tp": r.tp, "cp": r.cp, "dp": r.dp, "pp": r.pp, "ep": r.ep, "etp": r.etp,
-            "expert_dp": r.edp, "node_index": r.node_index, "local_device": r.local_device,
-            "layers": r.layers, "holds_output_layer": r.holds_output_layer, "holds_embedding": r.holds_embedding,
-            "experts": r.experts, "groups": r.groups,
+            "rank": r.rank,
+            "tp": r.tp,
+            "cp": r.cp,
+            "dp": r.dp,
+            "pp": r.pp,
+            "ep": r.ep,
+            "etp": r.etp,
+            "expert_dp": r.edp,
+            "node_index": r.node_index,
+            "local_device": r.local_device,
+            "layers": r.layers,
+            "holds_output_layer": r.holds_output_layer,
+            "holds_embedding": r.holds_embedding,
+            "experts": r.experts,
+            "groups": r.groups,
         }
     if d.traceback is not None:
         f = d.traceback.failure
-        out["failure"] = {"rank": f.rank, "node": f.node, "device": f.device, "iteration": f.iteration,
-                          "result": f.result, "kind": f.kind, "message": f.message, "bucket": f.bucket,
-                          "truncated": f.truncated}
-        out["frames"] = [{"path": fr.path, "line": fr.line, "function": fr.function, "note": fr.note,
-                          "release": fr.release_text, "matches": fr.matches} for fr in d.traceback.frames]
+        out["failure"] = {
+            "rank": f.rank,
+            "node": f.node,
+            "device": f.device,
+            "iteration": f.iteration,
+            "result": f.result,
+            "kind": f.kind,
+            "message": f.message,
+            "bucket": f.bucket,
+            "truncated": f.truncated,
+        }
+        out["frames"] = [
+            {
+                "path": fr.path,
+                "line": fr.line,
+                "function": fr.function,
+                "note": fr.note,
+                "release": fr.release_text,
+                "matches": fr.matches,
+            }
+            for fr in d.traceback.frames
+        ]
     return out
 
 
 # ---- terminal --------------------------------------------------------------------------------------
+
 
 def render_terminal(d, console) -> None:
     """Print the report on a rich Console, top-down: verdict, rank, layout, findings, the rest."""
     from rich.markup import escape
     from rich.panel import Panel
 
-    console.print(f"[bold]nanscope doctor[/bold]  {escape(d.script.path)}  "
-                  f"([dim]{escape(d.script.train_script)}, line {d.script.line}[/dim])")
-    console.print(Panel(escape(verdict(d)), title="verdict", title_align="left",
-                        border_style="red" if d.traceback else "blue"))
-    for section in (_rank_section, _layout_section, _findings_section, _flags_section, _frames_section,
-                    _notes_section):
+    console.print(
+        f"[bold]nanscope doctor[/bold]  {escape(d.script.path)}  "
+        f"([dim]{escape(d.script.train_script)}, line {d.script.line}[/dim])"
+    )
+    console.print(
+        Panel(escape(verdict(d)), title="verdict", title_align="left", border_style="red" if d.traceback else "blue")
+    )
+    for section in (_rank_section, _layout_section, _findings_section, _flags_section, _frames_section, _notes_section):
         section(d, console)
 
 
@@ -192,12 +289,16 @@ def _rank_section(d, console) -> None:
     layers = span(r.layers)
     if r.chunks and len(r.chunks) > 1:
         layers = " | ".join(span(c.layers) for c in r.chunks) + " (virtual stages)"
-    rows = [("coordinates", f"TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp}   EP {r.ep} (ETP {r.etp}, "
-                            f"expert DP {r.edp})"),
-            ("where", f"node index {r.node_index} (= {r.rank} // {t.gpus_per_node}, nodes in slime's placement "
-                      f"order: sorted by IP), local device {r.local_device}"),
-            ("decoder layers", f"{layers} (0-based)"),
-            ("output layer", "yes: final norm + output layer (and slime's loss)" if r.holds_output_layer else "no")]
+    rows = [
+        ("coordinates", f"TP {r.tp} / CP {r.cp} / DP {r.dp} / PP {r.pp}   EP {r.ep} (ETP {r.etp}, expert DP {r.edp})"),
+        (
+            "where",
+            f"node index {r.node_index} (= {r.rank} // {t.gpus_per_node}, nodes in slime's placement "
+            f"order: sorted by IP), local device {r.local_device}",
+        ),
+        ("decoder layers", f"{layers} (0-based)"),
+        ("output layer", "yes: final norm + output layer (and slime's loss)" if r.holds_output_layer else "no"),
+    ]
     if r.experts:
         rows.append(("experts", f"{span(r.experts)} ({t.experts_per_rank} per EP rank)"))
     rows += [(f"{k.upper()} group", _ranks(r.groups[k])) for k in ("tp", "pp", "dp", "cp", "ep")]
@@ -212,9 +313,13 @@ def _layout_section(d, console) -> None:
     from rich.table import Table
 
     r, t, b, cfg = d.failing, d.topology, d.batches, d.config
-    _heading(console, "layout", f"world {t.world} = {t.nodes} nodes x {t.gpus_per_node} GPUs;  TP {t.tp}  PP {t.pp}  "
-                                f"CP {t.cp}  DP {t.dp} (= {t.world}/({t.tp}*{t.pp}*{t.cp}))  EP {t.ep}  ETP {t.etp}  "
-                                f"expert DP {t.edp}" + (f"  VPP {t.vpp}" if t.vpp else "") + f";  order {t.order}")
+    _heading(
+        console,
+        "layout",
+        f"world {t.world} = {t.nodes} nodes x {t.gpus_per_node} GPUs;  TP {t.tp}  PP {t.pp}  "
+        f"CP {t.cp}  DP {t.dp} (= {t.world}/({t.tp}*{t.pp}*{t.cp}))  EP {t.ep}  ETP {t.etp}  "
+        f"expert DP {t.edp}" + (f"  VPP {t.vpp}" if t.vpp else "") + f";  order {t.order}",
+    )
     if t.stages is not None:
         st = Table(show_header=True, box=None, padding=(0, 2))
         for name, justify in (("PP", "left"), ("layers (0-based)", "left"), ("count", "right")):
@@ -229,15 +334,21 @@ def _layout_section(d, console) -> None:
     if t.num_experts:
         lines.append(f"experts: {t.num_experts} / EP {t.ep} = {t.experts_per_rank} per EP rank")
     if b.samples_per_rollout is not None:
-        lines.append(f"rollout: {cfg['rollout_batch_size']} prompts x {cfg['n_samples_per_prompt']} samples = "
-                     f"{b.samples_per_rollout}; / global batch {b.global_batch} = {b.steps_per_rollout} optimizer "
-                     "step(s) per rollout")
+        lines.append(
+            f"rollout: {cfg['rollout_batch_size']} prompts x {cfg['n_samples_per_prompt']} samples = "
+            f"{b.samples_per_rollout}; / global batch {b.global_batch} = {b.steps_per_rollout} optimizer "
+            "step(s) per rollout"
+        )
     if b.budget_tokens is not None:
         longest = b.longest_sample if b.longest_sample is not None else "unbounded"
-        lines.append(f"micro-batch budget: max-tokens-per-gpu {cfg['max_tokens_per_gpu']} x CP {t.cp} = "
-                     f"{b.budget_tokens} tokens; longest sample {longest} ({b.longest_from})")
-    lines.append(f"rollout GPUs {cfg['rollout_num_gpus']} ({'colocated with' if cfg['colocate'] else 'besides'} "
-                 f"{t.world} actor GPUs)")
+        lines.append(
+            f"micro-batch budget: max-tokens-per-gpu {cfg['max_tokens_per_gpu']} x CP {t.cp} = "
+            f"{b.budget_tokens} tokens; longest sample {longest} ({b.longest_from})"
+        )
+    lines.append(
+        f"rollout GPUs {cfg['rollout_num_gpus']} ({'colocated with' if cfg['colocate'] else 'besides'} "
+        f"{t.world} actor GPUs)"
+    )
     for line in lines:
         _plain(console, f"  {line}")
 
@@ -249,8 +360,10 @@ def _findings_section(d, console) -> None:
     for f in d.findings:
         style = _SEVERITY_STYLE.get(f.severity, "")
         hazards = f"  [dim]hazards: {escape(', '.join(f.hazards))}[/dim]" if f.hazards else ""
-        console.print(f"[{style}]{f.severity.upper()}[/{style}] [bold]{escape(f.id)}[/bold]: {escape(f.title)}"
-                      f"{hazards}", highlight=False)
+        console.print(
+            f"[{style}]{f.severity.upper()}[/{style}] [bold]{escape(f.id)}[/bold]: {escape(f.title)}{hazards}",
+            highlight=False,
+        )
         _plain(console, f"    evidence: {'  '.join(f.flags)}")
         _plain(console, f"    why: {f.mechanism}")
         _plain(console, f"    fix: {f.fix}")
@@ -328,8 +441,10 @@ def rank_grid_svg(d) -> str:
     row_w = t.dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp)
     width, height = max(label_w + row_w + 10, 760), 40 + t.pp * (cell_h + 14) + 30
     failing = d.failing.rank if d.failing is not None else None
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-           "font-family='ui-monospace,monospace' font-size='11'>"]
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+        "font-family='ui-monospace,monospace' font-size='11'>"
+    ]
     x0 = label_w
     for dp in range(t.dp):  # column headers
         x = x0 + dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp)
@@ -346,18 +461,26 @@ def rank_grid_svg(d) -> str:
             for cp in range(t.cp):
                 for tp in range(t.tp):
                     rank = by_coord[(pp, dp, cp, tp)]
-                    x = (x0 + dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp) + cp * (t.tp * cell_w + gap_cp)
-                         + tp * cell_w)
+                    x = (
+                        x0
+                        + dp * (t.cp * (t.tp * cell_w + gap_cp) + gap_dp)
+                        + cp * (t.tp * cell_w + gap_cp)
+                        + tp * cell_w
+                    )
                     fill = _EP_COLOURS[ep_group_of[rank] % len(_EP_COLOURS)] if t.ep > 1 else _EP_COLOURS[0]
                     stroke, sw = ("#b00020", 3) if rank == failing else ("#888", 1)
-                    out.append(f"<rect x='{x}' y='{y}' width='{cell_w - 2}' height='{cell_h}' fill='{fill}' "
-                               f"stroke='{stroke}' stroke-width='{sw}'><title>rank {rank}: TP {tp} CP {cp} DP {dp} "
-                               f"PP {pp} EP {t.coords[rank]['ep']}</title></rect>")
+                    out.append(
+                        f"<rect x='{x}' y='{y}' width='{cell_w - 2}' height='{cell_h}' fill='{fill}' "
+                        f"stroke='{stroke}' stroke-width='{sw}'><title>rank {rank}: TP {tp} CP {cp} DP {dp} "
+                        f"PP {pp} EP {t.coords[rank]['ep']}</title></rect>"
+                    )
                     if cell_w >= 30:
                         out.append(f"<text x='{x + 4}' y='{y + 17}'>{rank}</text>")
     colour = f"fill colour = expert-parallel group (EP {t.ep}); " if t.ep > 1 else ""
-    out.append(f"<text x='4' y='{height - 8}' fill='#777'>cells: global ranks, TP within CP within DP; {colour}"
-               "red outline = failing rank</text>")
+    out.append(
+        f"<text x='4' y='{height - 8}' fill='#777'>cells: global ranks, TP within CP within DP; {colour}"
+        "red outline = failing rank</text>"
+    )
     out.append("</svg>")
     return "".join(out)
 
@@ -371,8 +494,10 @@ def layer_split_svg(d) -> str:
         return f"<p class='muted'>not drawn: {len(t.stages):,} pipeline stages (drawn up to {MAX_STAGE_ROWS})</p>"
     width, label_w, bar_h = 760, 70, 18
     scale = (width - label_w - 120) / t.num_layers
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{20 + t.pp * (bar_h + 6)}' "
-           "font-family='ui-monospace,monospace' font-size='11'>"]
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{20 + t.pp * (bar_h + 6)}' "
+        "font-family='ui-monospace,monospace' font-size='11'>"
+    ]
     failing_pp = d.failing.pp if d.failing is not None else None
     for s in t.stages:
         y = 8 + s.pp * (bar_h + 6)
@@ -382,8 +507,10 @@ def layer_split_svg(d) -> str:
                 continue
             x = label_w + c.layers[0] * scale
             fill = "#f4b6b6" if s.pp == failing_pp else "#c9dcf0"
-            out.append(f"<rect x='{x:.1f}' y='{y}' width='{max(len(c.layers) * scale, 1):.1f}' height='{bar_h}' "
-                       f"fill='{fill}' stroke='#666'><title>layers {span(c.layers)}</title></rect>")
+            out.append(
+                f"<rect x='{x:.1f}' y='{y}' width='{max(len(c.layers) * scale, 1):.1f}' height='{bar_h}' "
+                f"fill='{fill}' stroke='#666'><title>layers {span(c.layers)}</title></rect>"
+            )
             out.append(f"<text x='{x + 3:.1f}' y='{y + 13}'>{span(c.layers)}</text>")
         if s.output:
             out.append(f"<text x='{width - 115}' y='{y + 13}'>+ norm, output</text>")
@@ -397,36 +524,55 @@ def render_html(d) -> str:
     r, t = d.failing, d.topology
     if r is not None:
         body.append("<h2>Failing rank</h2><table>")
-        rows = [("rank", r.rank), ("TP / CP / DP / PP", f"{r.tp} / {r.cp} / {r.dp} / {r.pp}"), ("EP", r.ep),
-                ("node index / local device", f"{r.node_index} / {r.local_device}"),
-                ("decoder layers (0-based)", span(r.layers)), ("holds output layer", r.holds_output_layer),
-                ("experts", span(r.experts) if r.experts else "-"), ("EP group", _ranks(r.groups["ep"]))]
+        rows = [
+            ("rank", r.rank),
+            ("TP / CP / DP / PP", f"{r.tp} / {r.cp} / {r.dp} / {r.pp}"),
+            ("EP", r.ep),
+            ("node index / local device", f"{r.node_index} / {r.local_device}"),
+            ("decoder layers (0-based)", span(r.layers)),
+            ("holds output layer", r.holds_output_layer),
+            ("experts", span(r.experts) if r.experts else "-"),
+            ("EP group", _ranks(r.groups["ep"])),
+        ]
         body += [f"<tr><th>{esc(k)}</th><td>{esc(str(v))}</td></tr>" for k, v in rows]
         body.append("</table><ul>" + "".join(f"<li>{esc(x)}</li>" for x in d.explanations) + "</ul>")
-    body.append(f"<h2>Rank grid</h2><p>world {t.world} = {t.nodes} x {t.gpus_per_node}; TP {t.tp} PP {t.pp} "
-                f"CP {t.cp} DP {t.dp} EP {t.ep} ETP {t.etp}; order {esc(t.order)}</p>")
+    body.append(
+        f"<h2>Rank grid</h2><p>world {t.world} = {t.nodes} x {t.gpus_per_node}; TP {t.tp} PP {t.pp} "
+        f"CP {t.cp} DP {t.dp} EP {t.ep} ETP {t.etp}; order {esc(t.order)}</p>"
+    )
     body.append(rank_grid_svg(d))
     body.append("<h2>Layer split per stage</h2>" + layer_split_svg(d))
-    body.append("<h2>Findings</h2><table><tr><th>severity</th><th>id</th><th>evidence</th><th>mechanism</th>"
-                "<th>fix</th></tr>")
+    body.append(
+        "<h2>Findings</h2><table><tr><th>severity</th><th>id</th><th>evidence</th><th>mechanism</th><th>fix</th></tr>"
+    )
     for f in d.findings:
         cls = " class='bad'" if f.severity in ("critical", "high") else ""
-        body.append(f"<tr><td{cls}>{esc(f.severity)}</td><td><code>{esc(f.id)}</code><br>{esc(f.title)}"
-                    f"<br><span class='muted'>{esc(', '.join(f.hazards))}</span></td>"
-                    f"<td><code>{'<br>'.join(esc(x) for x in f.flags)}</code></td><td>{esc(f.mechanism)}</td>"
-                    f"<td>{esc(f.fix)}</td></tr>")
+        body.append(
+            f"<tr><td{cls}>{esc(f.severity)}</td><td><code>{esc(f.id)}</code><br>{esc(f.title)}"
+            f"<br><span class='muted'>{esc(', '.join(f.hazards))}</span></td>"
+            f"<td><code>{'<br>'.join(esc(x) for x in f.flags)}</code></td><td>{esc(f.mechanism)}</td>"
+            f"<td>{esc(f.fix)}</td></tr>"
+        )
     body.append("</table>")
-    body.append("<h2>Resolved flags</h2><table><tr><th>flag</th><th>value</th><th>from</th></tr>"
-                + "".join(f"<tr><td><code>{esc(n)}</code></td><td>{esc(v)}</td><td class='muted'>{esc(o)}</td></tr>"
-                          for n, v, o in key_flags(d)) + "</table>")
+    body.append(
+        "<h2>Resolved flags</h2><table><tr><th>flag</th><th>value</th><th>from</th></tr>"
+        + "".join(
+            f"<tr><td><code>{esc(n)}</code></td><td>{esc(v)}</td><td class='muted'>{esc(o)}</td></tr>"
+            for n, v, o in key_flags(d)
+        )
+        + "</table>"
+    )
     if d.fine:
         body.append("<h2>Fine</h2><ul>" + "".join(f"<li class='ok'>{esc(x)}</li>" for x in d.fine) + "</ul>")
     if d.traceback is not None:
-        body.append("<h2>Traceback, frame by frame</h2><table><tr><th>frame</th><th>release</th><th>what it does"
-                    "</th></tr>")
+        body.append(
+            "<h2>Traceback, frame by frame</h2><table><tr><th>frame</th><th>release</th><th>what it does</th></tr>"
+        )
         for fr in d.traceback.frames:
-            body.append(f"<tr><td><code>{esc(_where(fr))}</code></td><td>{esc(fr.release_text)}</td>"
-                        f"<td>{esc(fr.note)}</td></tr>")
+            body.append(
+                f"<tr><td><code>{esc(_where(fr))}</code></td><td>{esc(fr.release_text)}</td>"
+                f"<td>{esc(fr.note)}</td></tr>"
+            )
         body.append("</table>")
     if d.notes:
         body.append("<h2>Inputs</h2><ul>" + "".join(f"<li>{esc(x)}</li>" for x in d.notes) + "</ul>")

@@ -1,8 +1,8 @@
 """Writing a report to a user-named path: one clear line (UserError) when the path can't take it.
 
-    check_writable(path)      before a long run: the directory exists and accepts a file
-    write_text(path, text)    HTML, terminal transcripts
-    write_json(path, doc)     every command's --json
+check_writable(path)      before a long run: the directory exists and accepts a file
+write_text(path, text)    HTML, terminal transcripts
+write_json(path, doc)     every command's --json
 """
 
 from __future__ import annotations

@@ -41,8 +41,10 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
     if immune:
         console.print("[bold]causes slime v0.1.0 is immune to[/]")
         for c in immune:
-            console.print(f"  [bold]{c.name}[/] ({c.cause_class}): {escape(c.cause)}. Not in slime v0.1.0: "
-                          f"{escape(c.why)}. Evidence: {'; '.join(c.evidence)}.")
+            console.print(
+                f"  [bold]{c.name}[/] ({c.cause_class}): {escape(c.cause)}. Not in slime v0.1.0: "
+                f"{escape(c.why)}. Evidence: {'; '.join(c.evidence)}."
+            )
     for o in outcomes:
         console.print(f"[bold]{o.name}[/]: {escape(o.mechanism)}")
     for h in model_level:
@@ -58,16 +60,32 @@ def to_json(outcomes: list, loss: str, model_level: tuple = (), immune: tuple = 
     """
     keys = ("name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries", "metrics")
     rows = [{k: getattr(o, k) for k in keys} | _record(hazards.get(o.name)) for o in outcomes]
-    faults = [{"name": h.name, "mechanism": h.mechanism, "fault": h.fault, "loss_finite": h.loss_finite,
-               "grad_finite": h.grad_finite} | _record(h) for h in model_level]
-    safe = [{"name": c.name, "cause": c.cause, "why": c.why, "evidence": list(c.evidence), "class": c.cause_class}
-            for c in immune]
+    faults = [
+        {
+            "name": h.name,
+            "mechanism": h.mechanism,
+            "fault": h.fault,
+            "loss_finite": h.loss_finite,
+            "grad_finite": h.grad_finite,
+        }
+        | _record(h)
+        for h in model_level
+    ]
+    safe = [
+        {"name": c.name, "cause": c.cause, "why": c.why, "evidence": list(c.evidence), "class": c.cause_class}
+        for c in immune
+    ]
     return {"loss": loss, "hazards": rows, "model_level": faults, "immune": safe}
 
 
 def _record(h) -> dict:
-    return {"class": h.cause_class, "level": h.level, "flags": list(h.flags), "fix": h.fix,
-            "discriminator": h.discriminator}
+    return {
+        "class": h.cause_class,
+        "level": h.level,
+        "flags": list(h.flags),
+        "fix": h.fix,
+        "discriminator": h.discriminator,
+    }
 
 
 def _expected(h) -> str:

@@ -35,7 +35,9 @@ def verdict(rep: Repro) -> str:
         norms = sorted({round(g, 4) for r in rep.ranks for g in r.optimizer_grad_norm if g is not None})
         return f"{head}: {rep.hazard} under the {rep.loss} loss: the step completed on all {len(rep.ranks)} ranks (grad norm {norms})"
     if rep.observed == "nan-check":
-        frames = "frames match the case's traceback" if rep.frames_match_case else "frames DIFFER from the case's traceback"
+        frames = (
+            "frames match the case's traceback" if rep.frames_match_case else "frames DIFFER from the case's traceback"
+        )
         return f"{head}: {rep.hazard} under the {rep.loss} loss fails megatron-core's DDP NaN check: {outcome(rep)}; {frames}"
     return f"{head}: {rep.hazard} under the {rep.loss} loss: {rep.observed}"
 
@@ -52,13 +54,18 @@ def render(rep: Repro, console) -> None:
     console.print(table)
     first = next((r for r in rep.ranks if r.rank == rep.first_failure), None)
     if first is not None and first.frames:
-        console.print(f"megatron-core frames of rank {first.rank} (case: {'same' if rep.frames_match_case else 'different'}):")
+        console.print(
+            f"megatron-core frames of rank {first.rank} (case: {'same' if rep.frames_match_case else 'different'}):"
+        )
         for name, line, func in first.frames:
             console.print(f"  {name}:{line} in {func}", highlight=False)
     if rep.site is not None:
         where = f"sample {rep.site[0]}" + (f", response token {rep.site[1]}" if rep.site[1] is not None else "")
         lps = ", ".join(f"{k} {v:.2f}" for k, v in (rep.site_log_probs or {}).items())
-        console.print(f"hazard site (built against the model's log-prob pass): {where}" + (f": log-probs {lps}" if lps else ""), highlight=False)
+        console.print(
+            f"hazard site (built against the model's log-prob pass): {where}" + (f": log-probs {lps}" if lps else ""),
+            highlight=False,
+        )
     if rep.trace is not None:
         console.print(f"trace (rank {rep.first_failure if rep.first_failure is not None else rep.ranks[-1].rank}):")
         for line in _trace_lines(rep.trace):
@@ -82,11 +89,21 @@ def to_json(rep: Repro) -> dict:
 
     ranks = [
         {
-            "rank": r.rank, "pp": r.pp, "tp": r.tp, "dp": r.dp, "layers": r.layers,
-            "holds_output_layer": r.holds_output_layer, "ok": r.ok, "error": r.error,
-            "error_time": r.error_time, "error_step": r.error_step, "grad_norms": r.grad_norms,
-            "optimizer_grad_norm": r.optimizer_grad_norm, "params_finite": r.params_finite,
-            "losses": r.losses, "frames": [list(f) for f in r.frames],
+            "rank": r.rank,
+            "pp": r.pp,
+            "tp": r.tp,
+            "dp": r.dp,
+            "layers": r.layers,
+            "holds_output_layer": r.holds_output_layer,
+            "ok": r.ok,
+            "error": r.error,
+            "error_time": r.error_time,
+            "error_step": r.error_step,
+            "grad_norms": r.grad_norms,
+            "optimizer_grad_norm": r.optimizer_grad_norm,
+            "params_finite": r.params_finite,
+            "losses": r.losses,
+            "frames": [list(f) for f in r.frames],
         }  # fmt: skip
         for r in rep.ranks
     ]
@@ -132,8 +149,17 @@ def _fmt(x: float | None) -> str:
 def render_matrix(m: Matrix, console) -> None:
     from rich.table import Table
 
-    table = Table(title="nanscope repro: case slime-795 scaled down, every hazard x {as-is, safe} through megatron-core")
-    for col in ("hazard", "as-is (slime v0.1.0)", "safe (nanscope)", "grad norm (safe)", "params finite (safe)", "max |grad safe - as-is|"):
+    table = Table(
+        title="nanscope repro: case slime-795 scaled down, every hazard x {as-is, safe} through megatron-core"
+    )
+    for col in (
+        "hazard",
+        "as-is (slime v0.1.0)",
+        "safe (nanscope)",
+        "grad norm (safe)",
+        "params finite (safe)",
+        "max |grad safe - as-is|",
+    ):
         table.add_column(col, overflow="fold")
     for row in m.rows:
         table.add_row(
@@ -149,8 +175,13 @@ def render_matrix(m: Matrix, console) -> None:
     if example is not None:
         first = next(r for r in example.ranks if r.rank == example.first_failure)
         console.print(f"as-is error ({example.hazard}, rank {first.rank}): {first.error}", highlight=False)
-        console.print("frames " + ("match" if all(r.as_is.frames_match_case is not False for r in m.rows) else "DIFFER from") +
-                      " the case's traceback: " + " -> ".join(f"{n}:{ln}" for n, ln, _ in first.frames), highlight=False)
+        console.print(
+            "frames "
+            + ("match" if all(r.as_is.frames_match_case is not False for r in m.rows) else "DIFFER from")
+            + " the case's traceback: "
+            + " -> ".join(f"{n}:{ln}" for n, ln, _ in first.frames),
+            highlight=False,
+        )
     for row in m.rows:
         console.print(f"[bold]{row.hazard}[/]: {row.mechanism}")
     for note in m.notes:
@@ -190,9 +221,12 @@ def steps_verdict(s: StepsCheck) -> str:
         same = "equal (bitwise)" if s.param_diff == 0.0 else f"differ (max |diff| {_fmt(s.param_diff)})"
         twin = f"; safe's parameters after step {s.steps} {same} those of as-is on the hazard's defused twin"
     died = f"dies at step {s.as_is_died_at}" if s.as_is_died_at else f"{s.as_is.observed}"
-    return f"{head}: {s.hazard} at step {s.inject_step} of {s.steps}: as-is {died}; safe completes {s.safe_steps}/{s.steps} steps" + (
-        ", parameters finite" if s.safe.params_finite else ", parameters NOT finite") + twin + (
-        _plugin_verdict(s.plugin) if s.plugin else "")
+    return (
+        f"{head}: {s.hazard} at step {s.inject_step} of {s.steps}: as-is {died}; safe completes {s.safe_steps}/{s.steps} steps"
+        + (", parameters finite" if s.safe.params_finite else ", parameters NOT finite")
+        + twin
+        + (_plugin_verdict(s.plugin) if s.plugin else "")
+    )
 
 
 def _plugin_verdict(p: PluginCheck) -> str:
@@ -212,12 +246,20 @@ def render_steps(s: StepsCheck, console) -> None:
     runs = [("as-is", s.as_is), ("safe", s.safe)] + ([("as-is, defused twin", s.twin)] if s.twin else [])
     if s.plugin:
         skip = "as-is + hook, skip" + (f", max skips {s.plugin.max_skips}" if s.plugin.max_skips else "")
-        runs = [("as-is + hook", s.as_is), ("safe (the plugin's loss) + hook", s.safe)] + runs[2:] + [
-            (skip, s.plugin.skipped)]
+        runs = (
+            [("as-is + hook", s.as_is), ("safe (the plugin's loss) + hook", s.safe)]
+            + runs[2:]
+            + [(skip, s.plugin.skipped)]
+        )
     for name, rep in runs:
         norms = rep.ranks[0].optimizer_grad_norm if rep.ranks else []
-        table.add_row(name, outcome(rep), str(min((len(r.optimizer_grad_norm) for r in rep.ranks), default=0)),
-                      ", ".join(_fmt(n) for n in norms), "yes" if rep.params_finite else "no")
+        table.add_row(
+            name,
+            outcome(rep),
+            str(min((len(r.optimizer_grad_norm) for r in rep.ranks), default=0)),
+            ", ".join(_fmt(n) for n in norms),
+            "yes" if rep.params_finite else "no",
+        )
     console.print(table)
     for line in plugin_lines(s.plugin) if s.plugin else []:
         console.print(line, highlight=False)
@@ -235,20 +277,26 @@ def plugin_lines(p: PluginCheck) -> list[str]:
     r = next((x for x in p.reports if x["rank"] == p.raised.first_failure), p.reports[0])  # the first to fail
     hit = r["first_forward"] or r["first_backward"]
     where = f"module {hit['module']!r}, micro-batch {hit['microbatch']}" if hit else "accumulated gradients"
-    out = [f"plugin: ranks {span(sorted(x['rank'] for x in p.reports))} reported rollout {r['rollout_id']} step "
-           f"{r['step_id']} (harness step {p.inject_step}); rank {r['rank']}'s first non-finite: {where}",
-           f"the report says: {r['replay']['text']}"]
+    out = [
+        f"plugin: ranks {span(sorted(x['rank'] for x in p.reports))} reported rollout {r['rollout_id']} step "
+        f"{r['step_id']} (harness step {p.inject_step}); rank {r['rank']}'s first non-finite: {where}",
+        f"the report says: {r['replay']['text']}",
+    ]
     if p.replay is None:
         out.append("replay: no rank wrote a trace")
     else:
         rp = p.replay
-        out.append(f"replay with NANSCOPE_TRACE_STEP={rp['NANSCOPE_TRACE_STEP']} ({rp['ranks_traced']} ranks traced, "
-                   f"{rp['wall_s']:.0f} s):")
+        out.append(
+            f"replay with NANSCOPE_TRACE_STEP={rp['NANSCOPE_TRACE_STEP']} ({rp['ranks_traced']} ranks traced, "
+            f"{rp['wall_s']:.0f} s):"
+        )
         out += ["  " + line for line in trace_text.first_lines(p.replay)]
     log = next((x.hook_log for x in p.skipped.ranks if x.hook_log), [])
     logged = ", ".join(str(e["nanscope/skipped_steps"]) for e in log)
-    out.append(f"skip mode: {outcome(p.skipped)}; grad norm per step {_norms(p.skipped)}; "
-               f"nanscope/skipped_steps logged per step: {logged or '-'}")
+    out.append(
+        f"skip mode: {outcome(p.skipped)}; grad norm per step {_norms(p.skipped)}; "
+        f"nanscope/skipped_steps logged per step: {logged or '-'}"
+    )
     errors = {x.error for x in p.skipped.ranks if x.error}
     out += [f"skip mode stopped: {e}" for e in errors]
     return out
@@ -263,9 +311,13 @@ def plugin_to_json(p: PluginCheck) -> dict:
         "ok": p.ok,
         "reports": p.reports,
         "replay": p.replay,
-        "skip": {**to_json(p.skipped), "expected": p.skip_expected, "max_skips": p.max_skips,
-                 "skipped_steps": [r.skipped_steps for r in p.skipped.ranks],
-                 "log": next((r.hook_log for r in p.skipped.ranks if r.hook_log), [])},
+        "skip": {
+            **to_json(p.skipped),
+            "expected": p.skip_expected,
+            "max_skips": p.max_skips,
+            "skipped_steps": [r.skipped_steps for r in p.skipped.ranks],
+            "log": next((r.hook_log for r in p.skipped.ranks if r.hook_log), []),
+        },
     }
 
 

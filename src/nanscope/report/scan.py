@@ -36,21 +36,40 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
     from rich import box
     from rich.table import Table
 
-    head = (f"{result.path}: {result.dump_kind} dump, rollout {result.rollout_id}"
-            + (f", rank {result.rank}" if result.rank is not None else "")
-            + f", {result.num_samples} samples, {result.response_tokens:,} response tokens")
+    head = (
+        f"{result.path}: {result.dump_kind} dump, rollout {result.rollout_id}"
+        + (f", rank {result.rank}" if result.rank is not None else "")
+        + f", {result.num_samples} samples, {result.response_tokens:,} response tokens"
+    )
     console.print(head, highlight=False, markup=False)
     if result.hazards:
         wide = console.width >= 130  # the note column only fits on wide terminals (it is in JSON/HTML)
-        t = Table(title=f"hazards (first {min(max_rows, len(result.hazards))} of {hazard_count(result)})",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        t = Table(
+            title=f"hazards (first {min(max_rows, len(result.hazards))} of {hazard_count(result)})",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+        )
         cols = ("sample", "token", "abs_token", "masked", "value", "kind", "mechanism") + (("note",) if wide else ())
         for c in cols:
-            t.add_column(c, justify="right" if c in ("sample", "token", "abs_token", "value") else "left",
-                         no_wrap=c not in ("mechanism", "note"), min_width=min(len(c), 9), overflow="fold")
+            t.add_column(
+                c,
+                justify="right" if c in ("sample", "token", "abs_token", "value") else "left",
+                no_wrap=c not in ("mechanism", "note"),
+                min_width=min(len(c), 9),
+                overflow="fold",
+            )
         for h in result.hazards[:max_rows]:
-            row = (str(h.sample), _opt(h.token), _opt(h.abs_token), _opt(h.masked), fmt_value(h.value),
-                   h.kind, (h.mechanism or "-") + ("" if h.certain else "?"), h.detail)
+            row = (
+                str(h.sample),
+                _opt(h.token),
+                _opt(h.abs_token),
+                _opt(h.masked),
+                fmt_value(h.value),
+                h.kind,
+                (h.mechanism or "-") + ("" if h.certain else "?"),
+                h.detail,
+            )
             t.add_row(*row[: len(cols)])
         console.print(t)
     s = Table(title="checks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -91,8 +110,14 @@ def to_json(result: ScanResult) -> dict:
         "verdict": result.verdict,
         "errors": result.errors,
     }
-    dump = {"path": result.path, "kind": result.dump_kind, "rollout_id": result.rollout_id, "rank": result.rank,
-            "num_samples": result.num_samples, "response_tokens": result.response_tokens}
+    dump = {
+        "path": result.path,
+        "kind": result.dump_kind,
+        "rollout_id": result.rollout_id,
+        "rank": result.rank,
+        "num_samples": result.num_samples,
+        "response_tokens": result.response_tokens,
+    }
     return {"dump": dump, "config": asdict(result.config), "hazards": hazards, "summary": summary}
 
 
@@ -107,35 +132,50 @@ def write_json(result: ScanResult, path: str) -> None:
 def render_html(result: ScanResult) -> str:
     """A self-contained page: verdict, check table, log-ratio histograms, per-sample hazard map, hazards."""
     cls = {"yes": "bad", "possibly": "bad", "no": "ok"}[result.would_nan]
-    body = [f"<p class='{cls}'>{esc(result.verdict)}</p>",
-            f"<p class='muted'>{esc(result.path)}: {esc(result.dump_kind)} dump, "
-            f"rollout {esc(str(result.rollout_id))}, "
-            f"{result.num_samples} samples, {result.response_tokens:,} response tokens</p>"]
+    body = [
+        f"<p class='{cls}'>{esc(result.verdict)}</p>",
+        f"<p class='muted'>{esc(result.path)}: {esc(result.dump_kind)} dump, "
+        f"rollout {esc(str(result.rollout_id))}, "
+        f"{result.num_samples} samples, {result.response_tokens:,} response tokens</p>",
+    ]
     if result.errors:
-        body.append("<h2>errors (slime v0.1.0 would fail on these)</h2><ul>"
-                    + "".join(f"<li>{esc(e)}</li>" for e in result.errors[:50]) + "</ul>")
+        body.append(
+            "<h2>errors (slime v0.1.0 would fail on these)</h2><ul>"
+            + "".join(f"<li>{esc(e)}</li>" for e in result.errors[:50])
+            + "</ul>"
+        )
     body.append("<h2>checks</h2><table><tr><th>check</th><th>count</th><th>mechanism</th><th>note</th></tr>")
     for c in result.checks:
         count = "skipped" if c.status == "skipped" else str(c.count)
-        body.append(f"<tr><td>{esc(c.kind)}</td><td>{count}</td><td>{esc(', '.join(c.mechanisms) or '-')}</td>"
-                    f"<td>{esc(c.note)}</td></tr>")
+        body.append(
+            f"<tr><td>{esc(c.kind)}</td><td>{count}</td><td>{esc(', '.join(c.mechanisms) or '-')}</td>"
+            f"<td>{esc(c.note)}</td></tr>"
+        )
     body.append("</table>")
     from nanscope.loss.formulas import FP32_EXP_MAX
 
     for key, h in result.histograms.items():
-        body.append(f"<h2>{esc(key)}: per-token log-ratio</h2><p class='muted'>{esc(h.label)}; "
-                    f"red line: fp32 exp limit {FP32_EXP_MAX:.2f}; grey: masked tokens; {h.nan} nan not shown</p>")
+        body.append(
+            f"<h2>{esc(key)}: per-token log-ratio</h2><p class='muted'>{esc(h.label)}; "
+            f"red line: fp32 exp limit {FP32_EXP_MAX:.2f}; grey: masked tokens; {h.nan} nan not shown</p>"
+        )
         body.append(histogram_svg(h.all, h.masked, FP32_EXP_MAX))
     body.append("<h2>per-sample hazard map</h2>")
     body.append(hazard_map_svg(result.per_sample, list(KINDS), result.config.n_samples_per_prompt))
-    body.append(f"<h2>hazards (first {min(500, len(result.hazards))} listed)</h2><table><tr>"
-                + "".join(f"<th>{c}</th>" for c in ("kind", "mechanism", "sample", "token", "abs_token",
-                                                    "masked", "value", "note")) + "</tr>")
+    body.append(
+        f"<h2>hazards (first {min(500, len(result.hazards))} listed)</h2><table><tr>"
+        + "".join(
+            f"<th>{c}</th>" for c in ("kind", "mechanism", "sample", "token", "abs_token", "masked", "value", "note")
+        )
+        + "</tr>"
+    )
     for h in result.hazards[:500]:
         mech = (h.mechanism or "-") + ("" if h.certain else " (bound)")
-        body.append(f"<tr><td>{esc(h.kind)}</td><td>{esc(mech)}</td><td>{h.sample}</td><td>{_opt(h.token)}</td>"
-                    f"<td>{_opt(h.abs_token)}</td><td>{_opt(h.masked)}</td><td>{esc(fmt_value(h.value))}</td>"
-                    f"<td>{esc(h.detail)}</td></tr>")
+        body.append(
+            f"<tr><td>{esc(h.kind)}</td><td>{esc(mech)}</td><td>{h.sample}</td><td>{_opt(h.token)}</td>"
+            f"<td>{_opt(h.abs_token)}</td><td>{_opt(h.masked)}</td><td>{esc(fmt_value(h.value))}</td>"
+            f"<td>{esc(h.detail)}</td></tr>"
+        )
     body.append("</table>")
     return page(f"nanscope scan: {result.path}", "\n".join(body))
 
@@ -156,8 +196,10 @@ def histogram_svg(counts: np.ndarray, masked: np.ndarray, limit: float, w: int =
         for c, color in ((counts[b], "#4a78b5"), (masked[b], "#999")):
             if c:
                 y = bar(float(c))
-                out.append(f"<rect x='{x:.1f}' y='{h - pad_b - y:.1f}' width='{max(bw - 0.5, 0.5):.1f}' "
-                           f"height='{y:.1f}' fill='{color}'><title>{_bin_label(b, n)}: {int(c)}</title></rect>")
+                out.append(
+                    f"<rect x='{x:.1f}' y='{h - pad_b - y:.1f}' width='{max(bw - 0.5, 0.5):.1f}' "
+                    f"height='{y:.1f}' fill='{color}'><title>{_bin_label(b, n)}: {int(c)}</title></rect>"
+                )
     lx = pad_l + (limit - HIST_LO + 1) * bw
     out.append(f"<line x1='{lx:.1f}' x2='{lx:.1f}' y1='5' y2='{h - pad_b}' stroke='#b00020' stroke-width='2'/>")
     out.append(f"<text x='{lx + 3:.1f}' y='15' fill='#b00020'>{limit:.2f}</text>")
@@ -191,14 +233,18 @@ def hazard_map_svg(per_sample: np.ndarray, kinds: list[str], group: int, cell: i
         for i in np.flatnonzero(per_sample[:, j]).tolist():
             c = int(per_sample[i, j])
             a = 0.25 + 0.75 * math.log10(1 + c) / top
-            out.append(f"<rect x='{left + i * cell}' y='{y:.1f}' width='{cell}' height='{rh - 1:.1f}' "
-                       f"fill='#b00020' fill-opacity='{a:.2f}'><title>sample {i}: {c} {esc(kind)}</title></rect>")
+            out.append(
+                f"<rect x='{left + i * cell}' y='{y:.1f}' width='{cell}' height='{rh - 1:.1f}' "
+                f"fill='#b00020' fill-opacity='{a:.2f}'><title>sample {i}: {c} {esc(kind)}</title></rect>"
+            )
     y0 = 10 + k * rh
     out.append(f"<rect x='{left}' y='10' width='{num * cell}' height='{k * rh:.1f}' fill='none' stroke='#ccc'/>")
     step = group if group > 0 and num // max(group, 1) <= 64 else max(1, num // 16)
     for i in range(0, num, step):
-        out.append(f"<line x1='{left + i * cell}' x2='{left + i * cell}' y1='10' y2='{y0:.1f}' stroke='#ddd'/>"
-                   f"<text x='{left + i * cell}' y='{y0 + 14:.1f}'>{i}</text>")
+        out.append(
+            f"<line x1='{left + i * cell}' x2='{left + i * cell}' y1='10' y2='{y0:.1f}' stroke='#ddd'/>"
+            f"<text x='{left + i * cell}' y='{y0 + 14:.1f}'>{i}</text>"
+        )
     out.append(f"<text x='{left}' y='{y0 + 28:.1f}' class='muted'>sample (ticks every {step})</text></svg>")
     return "".join(out)
 
@@ -214,10 +260,14 @@ def write_html(result: ScanResult, path: str) -> None:
 def directory_summary(summaries: list) -> dict:
     """Counts over the files of a directory scan: verdicts, failures, findings, samples, tokens."""
     verdicts = {v: sum(s.would_nan == v for s in summaries) for v in ("yes", "possibly", "no")}
-    return {"files": len(summaries), "failed": sum(bool(s.error or s.errors) for s in summaries),
-            "would_nan": verdicts, "total": sum(s.total for s in summaries),
-            "num_samples": sum(s.num_samples for s in summaries),
-            "response_tokens": sum(s.response_tokens for s in summaries)}
+    return {
+        "files": len(summaries),
+        "failed": sum(bool(s.error or s.errors) for s in summaries),
+        "would_nan": verdicts,
+        "total": sum(s.total for s in summaries),
+        "num_samples": sum(s.num_samples for s in summaries),
+        "response_tokens": sum(s.response_tokens for s in summaries),
+    }
 
 
 def render_directory(summaries: list, console, root: str) -> None:
@@ -230,8 +280,12 @@ def render_directory(summaries: list, console, root: str) -> None:
 
     t = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for c in ("file", "kind", "samples", "tokens", "findings", "would NaN", "mechanisms / error"):
-        t.add_column(c, justify="right" if c in ("samples", "tokens", "findings") else "left",
-                     no_wrap=c != "mechanisms / error", overflow="fold")
+        t.add_column(
+            c,
+            justify="right" if c in ("samples", "tokens", "findings") else "left",
+            no_wrap=c != "mechanisms / error",
+            overflow="fold",
+        )
     for s in summaries:
         name = os.path.relpath(s.path, root)
         if s.error:
@@ -244,9 +298,13 @@ def render_directory(summaries: list, console, root: str) -> None:
     console.print(t)
     d = directory_summary(summaries)
     v = d["would_nan"]
-    console.print(f"{d['files']} dumps, {d['num_samples']:,} samples, {d['response_tokens']:,} response tokens: "
-                  f"would produce NaN: {v['yes']} yes, {v['possibly']} possibly, {v['no']} no; {d['failed']} failed; "
-                  f"{d['total']:,} findings", highlight=False, markup=False)
+    console.print(
+        f"{d['files']} dumps, {d['num_samples']:,} samples, {d['response_tokens']:,} response tokens: "
+        f"would produce NaN: {v['yes']} yes, {v['possibly']} possibly, {v['no']} no; {d['failed']} failed; "
+        f"{d['total']:,} findings",
+        highlight=False,
+        markup=False,
+    )
 
 
 def write_directory_json(summaries: list, path: str) -> None:

@@ -22,7 +22,9 @@ def event_lines(title: str, e: Event | None, first: Event | None, inputs: list) 
         free = {"nan": "NaN-free", "inf": "inf-free"}.get(e.produced, "finite")
         out = [f"{title}: {e.op} produced {_produced(e)} from {free} inputs"]
         if e.node:
-            out.append(f"  autograd node: {e.node}" + (f" (created in forward by {e.created_by})" if e.created_by else ""))
+            out.append(
+                f"  autograd node: {e.node}" + (f" (created in forward by {e.created_by})" if e.created_by else "")
+            )
         out.append(f"  module:  {e.module if e.module is not None else '- (outside the watched modules)'}")
         out.append(f"  source:  {e.source or '- (no Python frame outside torch)'}")
         out.append(f"  token:   {e.token_text()}")
@@ -32,8 +34,10 @@ def event_lines(title: str, e: Event | None, first: Event | None, inputs: list) 
     if first is None:
         return [f"{title}: none (every op output was finite)"]
     if first.allowed:
-        return [f"{title}: none outside the allow-list; the first non-finite output is allow-listed: {first.op} "
-                f"produced {_produced(first)}, {first.where()}; {first.token_text()}"]
+        return [
+            f"{title}: none outside the allow-list; the first non-finite output is allow-listed: {first.op} "
+            f"produced {_produced(first)}, {first.where()}; {first.token_text()}"
+        ]
     origin = ", ".join(i.name for i in inputs) or "a tensor created outside the trace"
     return [
         f"{title}: none; no op turned finite values into non-finite ones: they came from an input ({origin})",
@@ -69,10 +73,23 @@ def reading_lines(reading: Reading) -> list[str]:
         return [f"sentinel step {reading.step}: every module output and parameter gradient finite"]
     out = [f"sentinel step {reading.step}: non-finite values"]
     f, b = reading.forward, reading.backward
-    out.append("  forward:  " + (f"first non-finite module output: {f.module!r}, micro-batch {f.microbatch} (check #{f.order})"
-                                 if f else "every module output finite"))
-    out.append("  backward: " + (f"first non-finite parameter gradient: {b.param} (module {b.module!r}), micro-batch {b.microbatch} "
-                                 f"(check #{b.order})" if b else "every parameter gradient finite"))
+    out.append(
+        "  forward:  "
+        + (
+            f"first non-finite module output: {f.module!r}, micro-batch {f.microbatch} (check #{f.order})"
+            if f
+            else "every module output finite"
+        )
+    )
+    out.append(
+        "  backward: "
+        + (
+            f"first non-finite parameter gradient: {b.param} (module {b.module!r}), micro-batch {b.microbatch} "
+            f"(check #{b.order})"
+            if b
+            else "every parameter gradient finite"
+        )
+    )
     if reading.grads:
         more = f" and {len(reading.grads) - 3} more" if len(reading.grads) > 3 else ""
         out.append(f"  accumulated gradients non-finite: {', '.join(reading.grads[:3])}{more}")
@@ -89,8 +106,10 @@ def event_summary(e: Event) -> str:
 
 def summary_lines(report: TraceReport) -> list[str]:
     """The forward and backward producers, one line each."""
-    return [f"{phase}: " + (event_summary(e) if e is not None else "no op produced a non-finite value")
-            for phase, e in (("forward", report.forward), ("backward", report.backward))]
+    return [
+        f"{phase}: " + (event_summary(e) if e is not None else "no op produced a non-finite value")
+        for phase, e in (("forward", report.forward), ("backward", report.backward))
+    ]
 
 
 def first_lines(first: dict) -> list[str]:

@@ -56,8 +56,12 @@ class Settings:
         parts = (step or "").split(":")
         if step is not None and not (len(parts) == 2 and all(p.isdigit() for p in parts)):
             raise ValueError(f"NANSCOPE_TRACE_STEP={step!r}: expected ROLLOUT:STEP, e.g. 12:0")
-        return cls(env.get("NANSCOPE_REPORT_DIR") or cls.report_dir, mode, int(max_skips) if max_skips else None,
-                   (int(parts[0]), int(parts[1])) if step is not None else None)
+        return cls(
+            env.get("NANSCOPE_REPORT_DIR") or cls.report_dir,
+            mode,
+            int(max_skips) if max_skips else None,
+            (int(parts[0]), int(parts[1])) if step is not None else None,
+        )
 
 
 def replay_instruction(args, rollout_id, step_id) -> dict:
@@ -68,7 +72,7 @@ def replay_instruction(args, rollout_id, step_id) -> dict:
         "NANSCOPE_TRACE_STEP": f"{rollout_id}:{step_id}",
         "load_debug_rollout_data": saved,
         "text": f"rerun from the checkpoint before rollout {rollout_id} with NANSCOPE_TRACE_STEP={rollout_id}:"
-                f"{step_id} in the environment and --load-debug-rollout-data {data}",
+        f"{step_id} in the environment and --load-debug-rollout-data {data}",
     }
 
 
@@ -76,16 +80,26 @@ def _coords() -> dict:
     """This rank's place: global rank, pipeline stage, tensor-parallel and context-parallel ranks."""
     import torch.distributed as dist
 
-    out = {"rank": dist.get_rank() if dist.is_initialized() else 0, "pp": 0, "tp": 0, "cp_rank": 0, "cp_size": 1,
-           "logs": True}
+    out = {
+        "rank": dist.get_rank() if dist.is_initialized() else 0,
+        "pp": 0,
+        "tp": 0,
+        "cp_rank": 0,
+        "cp_size": 1,
+        "logs": True,
+    }
     try:
         from megatron.core import parallel_state as mpu
     except ImportError:
         return out
     if mpu.model_parallel_is_initialized():
         pp, last = mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size() - 1
-        out.update(pp=pp, tp=mpu.get_tensor_model_parallel_rank(), cp_rank=mpu.get_context_parallel_rank(),
-                   cp_size=mpu.get_context_parallel_world_size())
+        out.update(
+            pp=pp,
+            tp=mpu.get_tensor_model_parallel_rank(),
+            cp_rank=mpu.get_context_parallel_rank(),
+            cp_size=mpu.get_context_parallel_world_size(),
+        )
         # the rank slime logs from: data-parallel (with CP) rank 0, TP rank 0, last pipeline stage
         out["logs"] = mpu.get_data_parallel_rank(with_context_parallel=True) == 0 and out["tp"] == 0 and pp == last
     return out
@@ -216,7 +230,8 @@ class _Guard:
             raise RuntimeError(
                 f"nanscope: {self.in_a_row} step(s) in a row had non-finite gradients (the last: rollout "
                 f"{self.where['rollout_id']} step {self.where['step_id']}); NANSCOPE_MAX_SKIPS={limit}: stopping "
-                f"the run. Reports: {os.path.abspath(self.settings.report_dir)}")
+                f"the run. Reports: {os.path.abspath(self.settings.report_dir)}"
+            )
 
     def log(self, metrics: dict) -> None:
         """On the rank slime logs from: print as slime does, and to wandb when slime uses it."""
@@ -252,10 +267,22 @@ class _Guard:
             batch = _step_microbatches[hit.microbatch] if hit.microbatch < len(_step_microbatches) else None
             cpu = None
             if batch is not None:  # slime's micro-batch dict, when the nanscope loss saw it
-                cpu = {k: [torch.as_tensor(x).detach().cpu() for x in v] if isinstance(v, list) else v
-                       for k, v in batch.items() if k != "packed_seq_params"}
-            torch.save({"format": SENTINEL_FORMAT, **self.where, "rank": rank, "microbatch": hit.microbatch,
-                        "input_ids": self.inputs[hit.microbatch].detach().cpu(), "batch": cpu}, dump)
+                cpu = {
+                    k: [torch.as_tensor(x).detach().cpu() for x in v] if isinstance(v, list) else v
+                    for k, v in batch.items()
+                    if k != "packed_seq_params"
+                }
+            torch.save(
+                {
+                    "format": SENTINEL_FORMAT,
+                    **self.where,
+                    "rank": rank,
+                    "microbatch": hit.microbatch,
+                    "input_ids": self.inputs[hit.microbatch].detach().cpu(),
+                    "batch": cpu,
+                },
+                dump,
+            )
         replay = replay_instruction(self.args, **self.where)
         doc = {
             "rank": rank,
@@ -270,8 +297,11 @@ class _Guard:
         }
         with open(stem + ".json", "w") as f:
             json.dump(doc, f, indent=1)
-        print(f"nanscope: rank {rank}: non-finite values at rollout {self.where['rollout_id']} step "
-              f"{self.where['step_id']}: {stem}.json; to name the op: {replay['text']}", flush=True)
+        print(
+            f"nanscope: rank {rank}: non-finite values at rollout {self.where['rollout_id']} step "
+            f"{self.where['step_id']}: {stem}.json; to name the op: {replay['text']}",
+            flush=True,
+        )
         return stem + ".json"
 
     def write_trace(self) -> str:
@@ -288,8 +318,13 @@ class _Guard:
             records = [None] * dist.get_world_size()
             dist.all_gather_object(records, mine)
         first = first_across_ranks(records)
-        doc = {**mine, **self.where, "microbatch_samples": self.trace.microbatches,
-               "rollout_data": getattr(self.args, "load_debug_rollout_data", None), "first": first}
+        doc = {
+            **mine,
+            **self.where,
+            "microbatch_samples": self.trace.microbatches,
+            "rollout_data": getattr(self.args, "load_debug_rollout_data", None),
+            "first": first,
+        }
         self.trace = None
         path = self._stem() + ".trace.json"
         with open(path, "w") as f:
@@ -314,8 +349,12 @@ def before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_sch
     """
     global _guard
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-    if _guard is None or _guard.chunks != chunks or _guard.optimizer is not optimizer \
-            or _guard.scheduler is not opt_param_scheduler:
+    if (
+        _guard is None
+        or _guard.chunks != chunks
+        or _guard.optimizer is not optimizer
+        or _guard.scheduler is not opt_param_scheduler
+    ):
         uninstall()
         _guard = _Guard(chunks, optimizer, opt_param_scheduler, Settings.from_env())
     _guard.begin(args, rollout_id, step_id)

@@ -94,13 +94,15 @@ V0_1_0 = Release(
     name="v0.1.0",
     module=SLIME_LOSS,
     entry="policy_loss_function",
-    signatures=_frozen({
-        f"{SLIME_LOSS}.policy_loss_function": _CUSTOM_LOSS,
-        f"{SLIME_LOSS}.loss_function": ("args", "batch", "num_microbatches", "logits"),
-        f"{SLIME_LOSS}.compute_policy_loss": _PPO,
-        f"{SLIME_LOSS}.compute_approx_kl": _KL_V1,
-        f"{SLIME_CP}.slice_log_prob_with_cp": _SLICE,
-    }),
+    signatures=_frozen(
+        {
+            f"{SLIME_LOSS}.policy_loss_function": _CUSTOM_LOSS,
+            f"{SLIME_LOSS}.loss_function": ("args", "batch", "num_microbatches", "logits"),
+            f"{SLIME_LOSS}.compute_policy_loss": _PPO,
+            f"{SLIME_LOSS}.compute_approx_kl": _KL_V1,
+            f"{SLIME_CP}.slice_log_prob_with_cp": _SLICE,
+        }
+    ),
     clamps=_frozen({"compute_policy_loss": EXP_NEG_FIRST, "compute_approx_kl": EXP_SECOND_MINUS_FIRST}),
     inline_exp=True,
     slicer=f"{SLIME_CP}.slice_log_prob_with_cp",
@@ -110,15 +112,17 @@ V0_2_4 = Release(
     name="v0.2.4",
     module=SLIME_LOSS,
     entry="policy_loss_function",
-    signatures=_frozen({
-        f"{SLIME_LOSS}.policy_loss_function": _CUSTOM_LOSS,
-        f"{SLIME_LOSS}.loss_function": ("args", "batch", "num_microbatches", "logits"),
-        f"{SLIME_LOSS}.compute_policy_loss": _PPO,
-        f"{SLIME_LOSS}.compute_approx_kl": _KL_V1 + ("importance_ratio",),
-        f"{SLIME_LOSS}.vanilla_tis_function": _TIS,
-        f"{SLIME_LOSS}.icepop_function": _TIS,
-        f"{SLIME_CP}.slice_log_prob_with_cp": _SLICE + ("qkv_format", "max_token_len"),
-    }),
+    signatures=_frozen(
+        {
+            f"{SLIME_LOSS}.policy_loss_function": _CUSTOM_LOSS,
+            f"{SLIME_LOSS}.loss_function": ("args", "batch", "num_microbatches", "logits"),
+            f"{SLIME_LOSS}.compute_policy_loss": _PPO,
+            f"{SLIME_LOSS}.compute_approx_kl": _KL_V1 + ("importance_ratio",),
+            f"{SLIME_LOSS}.vanilla_tis_function": _TIS,
+            f"{SLIME_LOSS}.icepop_function": _TIS,
+            f"{SLIME_CP}.slice_log_prob_with_cp": _SLICE + ("qkv_format", "max_token_len"),
+        }
+    ),
     clamps=_frozen({"compute_policy_loss": EXP_NEG_FIRST, "compute_approx_kl": EXP_SECOND_MINUS_FIRST}),
     inline_exp=True,
     slicer=f"{SLIME_CP}.slice_log_prob_with_cp",
@@ -136,11 +140,13 @@ _V0_3_SIGNATURES = {
     f"{SLIME_LOSS}.icepop_function": _TIS,
     f"{SLIME_CP}.slice_log_prob_with_cp": _SLICE,
 }
-_V0_3_CLAMPS = _frozen({
-    "compute_policy_loss": EXP_NEG_FIRST,
-    "compute_cispo_loss": EXP_NEG_FIRST,
-    "compute_approx_kl": EXP_SECOND_MINUS_FIRST,
-})
+_V0_3_CLAMPS = _frozen(
+    {
+        "compute_policy_loss": EXP_NEG_FIRST,
+        "compute_cispo_loss": EXP_NEG_FIRST,
+        "compute_approx_kl": EXP_SECOND_MINUS_FIRST,
+    }
+)
 
 V0_3_1 = Release(
     name="v0.3.1",
@@ -170,12 +176,14 @@ MODEL = Release(
     name="nanscope's model of slime v0.1.0 (nanscope.loss.as_is; slime is not installed)",
     module=MODEL_LOSS,
     entry="policy_loss",
-    signatures=_frozen({
-        f"{MODEL_LOSS}.policy_loss": _CUSTOM_LOSS + ("parallel",),
-        f"{MODEL_LOSS}.ppo_clip_loss": _PPO,
-        f"{MODEL_LOSS}.approx_kl": ("log_ratio", "kl_loss_type"),
-        f"{MODEL_LOSS}.tis_weights": ("log_ratio", "tis_clip_low", "tis_clip"),
-    }),
+    signatures=_frozen(
+        {
+            f"{MODEL_LOSS}.policy_loss": _CUSTOM_LOSS + ("parallel",),
+            f"{MODEL_LOSS}.ppo_clip_loss": _PPO,
+            f"{MODEL_LOSS}.approx_kl": ("log_ratio", "kl_loss_type"),
+            f"{MODEL_LOSS}.tis_weights": ("log_ratio", "tis_clip_low", "tis_clip"),
+        }
+    ),
     clamps=_frozen({"ppo_clip_loss": EXP_NEG_FIRST, "approx_kl": EXP_NEG_FIRST, "tis_weights": EXP_FIRST}),
     inline_exp=False,
     slicer=None,

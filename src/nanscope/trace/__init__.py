@@ -17,7 +17,7 @@ Modules: locator (Tracer, Event, TraceReport), sentinel (Sentinel, Reading, Hit,
 replay (micro-batch files, token maps, hazard replays). Rendering: nanscope.report.trace.
 """
 
-from nanscope.trace.locator import Event, InputFinding, Site, TraceReport, Tracer
+from nanscope.trace.locator import Event, InputFinding, Site, Tracer, TraceReport
 from nanscope.trace.sentinel import Hit, Reading, Sentinel, check_grads
 
 __all__ = ["Event", "Hit", "InputFinding", "Reading", "Sentinel", "Site", "TraceReport", "Tracer", "check_grads"]

@@ -90,8 +90,14 @@ class Classification:
         return not self.candidates
 
     def to_dict(self) -> dict:
-        return {"class": self.cls, "candidates": list(self.candidates), "evidence": list(self.evidence),
-                "module": self.module, "direction": self.direction, "microbatch": self.microbatch}
+        return {
+            "class": self.cls,
+            "candidates": list(self.candidates),
+            "evidence": list(self.evidence),
+            "module": self.module,
+            "direction": self.direction,
+            "microbatch": self.microbatch,
+        }
 
 
 def layer_of(module: str, offset: int = 0) -> int | None:
@@ -111,8 +117,11 @@ def _names(names: tuple[str, ...], shown: int = 3) -> str:
 
 
 def _bad_inputs(loss_inputs: dict[str, tuple[int, int]]) -> list[str]:
-    return [f"{name}: {bad} of {total} entries non-finite" + (" (all)" if bad == total else "")
-            for name, (bad, total) in loss_inputs.items() if bad]
+    return [
+        f"{name}: {bad} of {total} entries non-finite" + (" (all)" if bad == total else "")
+        for name, (bad, total) in loss_inputs.items()
+        if bad
+    ]
 
 
 def classify(obs: Observation) -> Classification:
@@ -124,20 +133,27 @@ def classify(obs: Observation) -> Classification:
     if obs.backward is not None or obs.grads:
         return _backward(obs)
     if obs.nonfinite_params:
-        return Classification(OPTIMIZER, (OPTIMIZER,), [
-            "the forward, the loss inputs and every gradient were finite",
-            f"non-finite parameters after the step: {_names(obs.nonfinite_params)}: the optimizer update wrote them"])
+        return Classification(
+            OPTIMIZER,
+            (OPTIMIZER,),
+            [
+                "the forward, the loss inputs and every gradient were finite",
+                f"non-finite parameters after the step: {_names(obs.nonfinite_params)}: the optimizer update wrote them",
+            ],
+        )
     return Classification(None, (), ["no non-finite module output, loss input, gradient or parameter"])
 
 
 def _forward(obs: Observation) -> Classification:
     f = obs.forward
-    evidence = [f"first non-finite output in forward order: {_where(f.module, obs.layer_offset)}, "
-                f"micro-batch {f.microbatch}",
-                "every module before it in forward order gave finite outputs"]
+    evidence = [
+        f"first non-finite output in forward order: {_where(f.module, obs.layer_offset)}, micro-batch {f.microbatch}",
+        "every module before it in forward order gave finite outputs",
+    ]
     if obs.nonfinite_params:
-        evidence.append(f"non-finite parameters: {_names(obs.nonfinite_params)} (an earlier update may have "
-                        "written them)")
+        evidence.append(
+            f"non-finite parameters: {_names(obs.nonfinite_params)} (an earlier update may have written them)"
+        )
     return Classification(MODEL_FORWARD, (MODEL_FORWARD,), evidence, f.module, "forward", f.microbatch)
 
 
@@ -145,8 +161,10 @@ def _data(loss_inputs: dict[str, tuple[int, int]]) -> Classification:
     evidence = ["the model's forward was finite", "non-finite loss inputs: " + "; ".join(_bad_inputs(loss_inputs))]
     bad, total = loss_inputs.get("log_probs", (0, 0))
     if total and bad == total:
-        evidence.append("every log-prob is non-finite: the log-prob pass itself failed (a zero "
-                        "--rollout-temperature divides the logits by 0)")
+        evidence.append(
+            "every log-prob is non-finite: the log-prob pass itself failed (a zero "
+            "--rollout-temperature divides the logits by 0)"
+        )
     return Classification(DATA, (DATA,), evidence)
 
 
@@ -154,30 +172,44 @@ def _backward(obs: Observation) -> Classification:
     hit = obs.backward
     if hit is not None:
         module, mb = hit.module, hit.microbatch
-        where = (f"first non-finite parameter gradient in backward order: {hit.param} "
-                 f"({_where(module, obs.layer_offset)}), micro-batch {mb}")
+        where = (
+            f"first non-finite parameter gradient in backward order: {hit.param} "
+            f"({_where(module, obs.layer_offset)}), micro-batch {mb}"
+        )
     else:
         module, mb = obs.grads[0].rpartition(".")[0], None
         where = f"non-finite accumulated gradient: {obs.grads[0]} (no per-call hook saw it: a fused kernel)"
     seen = obs.loss_inputs is not None  # and finite: _data took the non-finite ones
     data = () if seen else (DATA,)
-    evidence = ["the model's forward was finite", "every loss input was finite" if seen else
-                "the loss inputs were not observed", where]
+    evidence = [
+        "the model's forward was finite",
+        "every loss input was finite" if seen else "the loss inputs were not observed",
+        where,
+    ]
     if obs.output_grad_finite is None:
-        evidence.append("the gradient arriving at the model's output was not observed: it was non-finite if "
-                        "the loss produced the value, finite if this module's backward did (one rerun under "
-                        "`nanscope trace` tells)")
+        evidence.append(
+            "the gradient arriving at the model's output was not observed: it was non-finite if "
+            "the loss produced the value, finite if this module's backward did (one rerun under "
+            "`nanscope trace` tells)"
+        )
         return Classification(None, (*data, LOSS_NUMERICS, MODEL_BACKWARD), evidence, module, "backward", mb)
     if obs.output_grad_finite:
-        evidence.append("the gradient arriving at the model's output was finite: this module's backward "
-                        "produced the non-finite value")
+        evidence.append(
+            "the gradient arriving at the model's output was finite: this module's backward "
+            "produced the non-finite value"
+        )
         return Classification(MODEL_BACKWARD, (MODEL_BACKWARD,), evidence, module, "backward", mb)
     if not obs.last_stage:
-        evidence.append("the gradient arrived non-finite from the next pipeline stage: the cause is "
-                        "downstream (read the next stage's report)")
-        return Classification(None, (DATA, LOSS_NUMERICS, MODEL_FORWARD, MODEL_BACKWARD), evidence, module,
-                              "backward", mb)
-    evidence.append("the gradient the loss sent into the model (d loss / d logits) was non-finite"
-                    + (": the loss's backward produced it (`nanscope trace` names the op)" if seen else ""))
+        evidence.append(
+            "the gradient arrived non-finite from the next pipeline stage: the cause is "
+            "downstream (read the next stage's report)"
+        )
+        return Classification(
+            None, (DATA, LOSS_NUMERICS, MODEL_FORWARD, MODEL_BACKWARD), evidence, module, "backward", mb
+        )
+    evidence.append(
+        "the gradient the loss sent into the model (d loss / d logits) was non-finite"
+        + (": the loss's backward produced it (`nanscope trace` names the op)" if seen else "")
+    )
     cls = LOSS_NUMERICS if seen else None
     return Classification(cls, (*data, LOSS_NUMERICS), evidence, module, "backward", mb)

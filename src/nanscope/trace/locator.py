@@ -42,8 +42,9 @@ import linecache
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -54,7 +55,18 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _TRACE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _SKIP_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 # Ops returning uninitialised memory: whatever bits they hold (NaN included) are not a result.
-_UNINITIALISED = frozenset(("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided", "resize_", "resize_as_"))
+_UNINITIALISED = frozenset(
+    (
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "empty_permuted",
+        "new_empty",
+        "new_empty_strided",
+        "resize_",
+        "resize_as_",
+    )
+)
 
 
 class Site(NamedTuple):
@@ -117,12 +129,12 @@ class Event:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Event":
+    def from_dict(cls, d: dict) -> Event:
         """The inverse of to_dict (keys that are not fields, e.g. a rank added by a merge, are dropped)."""
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
     def where(self) -> str:
-        """"module M, source S" in words."""
+        """ "module M, source S" in words."""
         parts = []
         if self.node:
             parts.append(f"in {self.node}" + (f" (created by {self.created_by})" if self.created_by else ""))
@@ -178,11 +190,18 @@ class TraceReport:
     outcome: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TraceReport":
+    def from_dict(cls, d: dict) -> TraceReport:
         """The inverse of to_dict."""
         ev = lambda e: None if e is None else Event.from_dict(e)  # noqa: E731
-        return cls(ev(d["forward"]), ev(d["backward"]), d["ops_seen"], ev(d["first_forward"]), ev(d["first_backward"]),
-                   [InputFinding(**i) for i in d["inputs"]], dict(d["outcome"]))
+        return cls(
+            ev(d["forward"]),
+            ev(d["backward"]),
+            d["ops_seen"],
+            ev(d["first_forward"]),
+            ev(d["first_backward"]),
+            [InputFinding(**i) for i in d["inputs"]],
+            dict(d["outcome"]),
+        )
 
     @property
     def clean(self) -> bool:
@@ -297,13 +316,15 @@ def _nonfinite_params(named: list) -> list[InputFinding]:
         return []
     norms = torch._foreach_norm([p.detach() for _, p in named], float("inf"))
     ok = torch.isfinite(torch.stack([x.float().to(norms[0].device) for x in norms])).tolist()
-    return [InputFinding(f"parameter {n}", _counts(p.detach().reshape(-1))) for (n, p), good in zip(named, ok) if not good]
+    return [
+        InputFinding(f"parameter {n}", _counts(p.detach().reshape(-1))) for (n, p), good in zip(named, ok) if not good
+    ]
 
 
 class _NodeRecorder(TorchFunctionMode):
     """Forward: remember which torch function, module and line created each autograd node."""
 
-    def __init__(self, tracer: "Tracer"):
+    def __init__(self, tracer: Tracer):
         super().__init__()
         self.tracer = tracer
 
@@ -315,17 +336,25 @@ class _NodeRecorder(TorchFunctionMode):
         nodes = t._nodes
         for x in tree_leaves(args):  # nodes made by custom autograd.Functions: first use
             if isinstance(x, torch.Tensor) and x.grad_fn is not None and x.grad_fn not in nodes:
-                nodes[x.grad_fn] = _Origin(type(x.grad_fn).__name__ + " (custom Function; first used here)", t._module(), _frame_source(), t._mb, t.token_map)
+                nodes[x.grad_fn] = _Origin(
+                    type(x.grad_fn).__name__ + " (custom Function; first used here)",
+                    t._module(),
+                    _frame_source(),
+                    t._mb,
+                    t.token_map,
+                )
         for x in tree_leaves(out):
             if isinstance(x, torch.Tensor) and x.grad_fn is not None and x.grad_fn not in nodes:
-                nodes[x.grad_fn] = _Origin(getattr(func, "__name__", str(func)), t._module(), _frame_source(), t._mb, t.token_map)
+                nodes[x.grad_fn] = _Origin(
+                    getattr(func, "__name__", str(func)), t._module(), _frame_source(), t._mb, t.token_map
+                )
         return out
 
 
 class _OpChecker(TorchDispatchMode):
     """Every aten op: run it, check its outputs, classify producer vs propagator."""
 
-    def __init__(self, tracer: "Tracer"):
+    def __init__(self, tracer: Tracer):
         super().__init__()
         self.tracer = tracer
 
@@ -375,7 +404,7 @@ class Tracer:
         self._modes = (_NodeRecorder(self), _OpChecker(self))
 
     # -- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "Tracer":
+    def __enter__(self) -> Tracer:
         many = len(self.modules) > 1
         for i, root in enumerate(self.modules):
             prefix = f"chunk{i}." if many else ""
@@ -385,7 +414,9 @@ class Tracer:
                 self._handles.append(m.register_forward_hook(self._pop(path), always_call=True))
             for name, p in root.named_parameters():
                 self._params[id(p)] = prefix + name
-        self._bad_params = _nonfinite_params([(self._params[id(p)], p) for root in self.modules for p in root.parameters()])
+        self._bad_params = _nonfinite_params(
+            [(self._params[id(p)], p) for root in self.modules for p in root.parameters()]
+        )
         for mode in self._modes:
             mode.__enter__()
         return self
@@ -412,7 +443,9 @@ class Tracer:
         watched modules' non-finite parameters (checked on entry) are added as "parameter <name>"."""
         e = self.events
         found = list(inputs or []) + self._bad_params
-        return TraceReport(e.get("forward"), e.get("backward"), self.ops_seen, e.get("first_forward"), e.get("first_backward"), found)
+        return TraceReport(
+            e.get("forward"), e.get("backward"), self.ops_seen, e.get("first_forward"), e.get("first_backward"), found
+        )
 
     # -- module stack ----------------------------------------------------------------------
     def _push(self, path: str):
@@ -488,9 +521,21 @@ class Tracer:
             bad = torch.isinf(flat) if flat.is_floating_point() else ~torch.isfinite(flat)
         first = int(bad.nonzero()[0, 0])
         module, source, node, created_by, mb, tmap = self._where(phase)
-        ev = Event(op, phase, module, source, counts, first, list(shape), node=node, created_by=created_by,
-                   input_summary=[_summary(x, first, shape) for x in ins], index=self.ops_seen,
-                   produced="+".join(produced), microbatch=mb)
+        ev = Event(
+            op,
+            phase,
+            module,
+            source,
+            counts,
+            first,
+            list(shape),
+            node=node,
+            created_by=created_by,
+            input_summary=[_summary(x, first, shape) for x in ins],
+            index=self.ops_seen,
+            produced="+".join(produced),
+            microbatch=mb,
+        )
         site = tmap(tuple(shape), first) if tmap is not None else None
         if site is not None:
             site = Site(*site)  # a plain (sample, token) tuple works too

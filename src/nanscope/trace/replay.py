@@ -84,7 +84,9 @@ def token_map(batch: dict, cp_rank: int = 0, cp_size: int = 1, packed_length: in
     return fn
 
 
-def scan_batch(batch: dict, cp_rank: int = 0, cp_size: int = 1, logits: torch.Tensor | None = None) -> list[InputFinding]:
+def scan_batch(
+    batch: dict, cp_rank: int = 0, cp_size: int = 1, logits: torch.Tensor | None = None
+) -> list[InputFinding]:
     """Non-finite entries already in the micro-batch's per-token inputs (and the logits), per key.
 
     Returns:
@@ -113,7 +115,11 @@ def scan_batch(batch: dict, cp_rank: int = 0, cp_size: int = 1, logits: torch.Te
         flat = logits.detach().reshape(-1)
         k = int((~torch.isfinite(flat)).nonzero()[0, 0])
         site = token_map(batch, cp_rank, cp_size, logits.size(1))(tuple(logits.shape), k)
-        counts = {"nan": int(flat.isnan().sum()), "posinf": int(torch.isposinf(flat).sum()), "neginf": int(torch.isneginf(flat).sum())}
+        counts = {
+            "nan": int(flat.isnan().sum()),
+            "posinf": int(torch.isposinf(flat).sum()),
+            "neginf": int(torch.isneginf(flat).sum()),
+        }
         out.append(InputFinding("logits", counts, site.sample if site else None, site.token if site else None))
     return out
 
@@ -141,7 +147,9 @@ def replay(doc: dict, allow=()) -> TraceReport:
     return report
 
 
-def hazard_microbatch(name: str, loss: str = "as-is", seed: int = 0, vocab_size: int = 512) -> tuple[dict, tuple | None]:
+def hazard_microbatch(
+    name: str, loss: str = "as-is", seed: int = 0, vocab_size: int = 512
+) -> tuple[dict, tuple | None]:
     """A catalogued hazard's micro-batch as a document for `replay` (as hazards.run_loss builds it).
 
     Returns:
@@ -198,13 +206,22 @@ def select_samples(doc: dict, samples: list[int]) -> dict:
     for total in batch["total_lengths"]:
         starts.append(base)
         base += layout.local_length(int(total), cp)
-    rows = [torch.arange(starts[i], starts[i] + layout.local_length(int(batch["total_lengths"][i]), cp)) for i in samples]
+    rows = [
+        torch.arange(starts[i], starts[i] + layout.local_length(int(batch["total_lengths"][i]), cp)) for i in samples
+    ]
     out = {k: [v[i] for i in samples] for k, v in batch.items()}
     return {**doc, "batch": out, "logits": doc["logits"][:, torch.cat(rows)].clone()}
 
 
-def save_microbatch(path, batch: dict, logits: torch.Tensor, args, loss: str, parallel: dict | None = None,
-                    samples: list[int] | None = None) -> None:
+def save_microbatch(
+    path,
+    batch: dict,
+    logits: torch.Tensor,
+    args,
+    loss: str,
+    parallel: dict | None = None,
+    samples: list[int] | None = None,
+) -> None:
     """Write a micro-batch file for `nanscope trace FILE.pt` (format in the module docstring).
 
     Args:
@@ -235,8 +252,10 @@ def load_microbatch(path, limit: int | None = None, option: str | None = None) -
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a dict with keys batch, logits, args, loss; got {type(doc).__name__}")
     if doc.get("format") == SENTINEL_FORMAT:
-        raise UserError(f"{path}: the sentinel's copy of a micro-batch's input_ids, no logits to replay: "
-                        f"rerun the step as the report's \"replay\" says ({_step_env(doc)})")
+        raise UserError(
+            f"{path}: the sentinel's copy of a micro-batch's input_ids, no logits to replay: "
+            f'rerun the step as the report\'s "replay" says ({_step_env(doc)})'
+        )
     for key in ("batch", "logits", "args", "loss"):
         if key not in doc:
             raise UserError(f"{path}: missing key {key!r} (expected batch, logits, args, loss)")
@@ -293,8 +312,10 @@ def _check_parallel(path, par) -> dict:
     out = {k: _int(path, v, f"parallel {k}") for k, v in par.items()}
     cp_rank, cp_size, tp_size = out.get("cp_rank", 0), out.get("cp_size", 1), out.get("tp_size", 1)
     if cp_size < 1 or tp_size < 1 or not 0 <= cp_rank < cp_size:
-        raise UserError(f"{path}: parallel: cp_rank {cp_rank}, cp_size {cp_size}, tp_size {tp_size}: "
-                        "need sizes >= 1 and 0 <= cp_rank < cp_size")
+        raise UserError(
+            f"{path}: parallel: cp_rank {cp_rank}, cp_size {cp_size}, tp_size {tp_size}: "
+            "need sizes >= 1 and 0 <= cp_rank < cp_size"
+        )
     return {"cp_rank": cp_rank, "cp_size": cp_size}
 
 

@@ -115,8 +115,11 @@ def microbatch_map(index: RolloutIndex, input_ids, packed_seq_params=None) -> tu
     if not ids or len(ids) < len(seen):
         return None, ids
     rows = [index.samples[i] for i in ids]
-    batch = {"total_lengths": [r["tokens"].numel() for r in rows],
-             "response_lengths": [r["response_length"] for r in rows], "loss_masks": [r["loss_mask"] for r in rows]}
+    batch = {
+        "total_lengths": [r["tokens"].numel() for r in rows],
+        "response_lengths": [r["response_length"] for r in rows],
+        "loss_masks": [r["loss_mask"] for r in rows],
+    }
     local = replay.token_map(batch, index.cp_rank, index.cp_size, packed_length=input_ids.reshape(-1).numel())
 
     def fn(shape: tuple, flat: int) -> Site | None:
@@ -181,15 +184,28 @@ def first_across_ranks(records: list[dict]) -> dict:
         {"forward", "backward", "first_forward", "first_backward": event dict + rank/pp/tp or None,
          "inputs": [finding + rank]}.
     """
+
     def first(phase: str, stage_sign: int):
         found = [(r, r["trace"][phase]) for r in records if r["trace"].get(phase)]
         if not found:
             return None
         never = float("inf")
-        r, ev = min(found, key=lambda x: (never if x[1]["microbatch"] is None else x[1]["microbatch"],
-                                          stage_sign * x[0]["pp"], x[0]["tp"], x[0]["rank"]))
+        r, ev = min(
+            found,
+            key=lambda x: (
+                never if x[1]["microbatch"] is None else x[1]["microbatch"],
+                stage_sign * x[0]["pp"],
+                x[0]["tp"],
+                x[0]["rank"],
+            ),
+        )
         return {**ev, "rank": r["rank"], "pp": r["pp"], "tp": r["tp"]}
 
     inputs = [{**i, "rank": r["rank"]} for r in records for i in r["trace"].get("inputs", [])]
-    return {"forward": first("forward", 1), "backward": first("backward", -1),
-            "first_forward": first("first_forward", 1), "first_backward": first("first_backward", -1), "inputs": inputs}
+    return {
+        "forward": first("forward", 1),
+        "backward": first("backward", -1),
+        "first_forward": first("first_forward", 1),
+        "first_backward": first("first_backward", -1),
+        "inputs": inputs,
+    }
