@@ -10,7 +10,9 @@ micro-batches, and slime v0.1.0's loss through megatron's forward_backward_func.
 
 Figures, all ratios measured side by side in one run (runs interleaved, medians of per-round ratios):
   sentinel:  (training step + Sentinel hooks + one Sentinel.read(grads=True)) / training step,
-             where a training step is forward_backward_func + optimizer.step();
+             where a training step is forward_backward_func + optimizer.step(); the sentinel in its steady
+             state (installed, and its first step run, before the --steps timed steps: always-on means every
+             step), plain and sentinel steps in alternating order from round to round;
   tracer:    forward_backward_func under Tracer(modules=[model], token_map) / plain forward_backward_func;
   anomaly:   forward_backward_func under detect_anomaly(check_nan=True) / plain forward_backward_func.
 The tracer only ever runs on a replay of one step, the sentinel on every step. Wall and process-CPU
@@ -96,7 +98,7 @@ def timed(fn) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--repeats", type=int, default=10, help="rounds (each: step, sentinel step, fwd_bwd, tracer, anomaly)"
+        "--repeats", type=int, default=10, help="rounds (each: steps, sentinel steps, fwd_bwd, tracer, anomaly)"
     )
     p.add_argument("--bf16", action="store_true", help="bf16 parameters as in the case (about 4x slower on CPU)")
     p.add_argument(
@@ -107,6 +109,9 @@ def main() -> None:
         "batching does; 1: one micro-batch per sample, the most hook calls per token)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadier timings)")
+    p.add_argument(
+        "--steps", type=int, default=3, help="consecutive training steps timed per round, with and without the sentinel"
+    )
     a = p.parse_args()
 
     import torch
@@ -118,15 +123,16 @@ def main() -> None:
     bootstrap.init()
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
 
-    def with_sentinel():  # hooks registered and removed outside the timing
+    def with_sentinel():  # installed, run once (its first step makes its slots) and removed outside the timing
         s = Sentinel([model])
 
         def step():
             train_step()
-            with_sentinel.checks = (s._fwd.folded + len(s._fwd.flags), s._bwd.folded + len(s._bwd.flags))
+            with_sentinel.checks = (s._fwd.count, s._bwd.count)
             s.read(grads=True)
 
-        t = timed(step)
+        step()
+        t = timed(lambda: [step() for _ in range(a.steps)])
         s.remove()
         return t
 
@@ -142,11 +148,23 @@ def main() -> None:
             with torch.autograd.detect_anomaly(check_nan=True):
                 return timed(fwd_bwd)
 
+    def plain_steps():  # after an untimed step, as the sentinel's timed steps are
+        train_step()
+        return timed(lambda: [train_step() for _ in range(a.steps)])
+
+    def round_(i: int) -> tuple:
+        """Plain and sentinel steps in alternating order (no order bias), then fwd_bwd, tracer, anomaly."""
+        if i % 2:
+            sentinel = with_sentinel()
+            plain = plain_steps()
+        else:
+            plain = plain_steps()
+            sentinel = with_sentinel()
+        return plain, sentinel, timed(fwd_bwd), with_tracer(), with_anomaly()
+
     for fn in (train_step, with_sentinel, fwd_bwd, with_tracer, with_anomaly):  # warm-up
         fn()
-    rows = [
-        (timed(train_step), with_sentinel(), timed(fwd_bwd), with_tracer(), with_anomaly()) for _ in range(a.repeats)
-    ]
+    rows = [round_(i) for i in range(a.repeats)]
     print(
         f"tiny Qwen3-MoE ({'bf16' if a.bf16 else 'fp32'}), 8 samples, {a.samples_per_microbatch} per micro-batch, "
         f"{torch.get_num_threads()} threads, {a.repeats} rounds, {with_tracer.ops} aten ops traced per forward_backward, "
@@ -157,7 +175,7 @@ def main() -> None:
         col = lambda j: [r[j][k] for r in rows]  # noqa: E731
         ratio = lambda j, base: [x / b for x, b in zip(col(j), col(base))]  # noqa: E731
         print(
-            f"[{clock} clock] training step median {statistics.median(col(0)):.3f} s, "
+            f"[{clock} clock] training step median {statistics.median(col(0)) / a.steps:.3f} s, "
             f"forward_backward median {statistics.median(col(2)):.3f} s"
         )
         for name, j, base in (

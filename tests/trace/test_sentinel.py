@@ -166,3 +166,57 @@ def test_reading_in_words():
     ]
     _step(net, [GOOD])
     assert render.reading_lines(s.read()) == ["sentinel step 1: every module output and parameter gradient finite"]
+
+
+def test_remove_restores_every_module_call_and_sentinels_stack():
+    net = Net()
+    first, second = Sentinel([net]), Sentinel([net])
+    _step(net, [BAD])
+    assert first.read().forward == second.read().forward == Hit("exp", 0, 1, None)
+    first.remove()  # the other sentinel keeps checking
+    _step(net, [BAD])
+    assert first.read().forward is None and second.read().forward == Hit("exp", 0, 1, None)
+    second.remove()
+    assert all("_call_impl" not in vars(m) and sentinel_mod._CHECKS not in vars(m) for m in net.modules())
+
+
+def test_checks_see_forward_hooks_registered_after_the_sentinel():
+    net = Net()
+    s = Sentinel([net])
+    net.fc1.register_forward_hook(lambda m, a, out: out * float("inf"))  # a fault planted after the sentinel
+    _step(net, [GOOD])
+    assert s.read().forward == Hit("fc1", 0, 0, None)
+
+
+def test_a_tuple_output_with_several_float_tensors_is_checked_whole():
+    class Pair(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, x.exp()  # the second member overflows
+
+    net = torch.nn.Sequential(Pair())
+    s = Sentinel(net, params=False)
+    net(BAD)
+    assert s.read().forward == Hit("0", 0, 0, None)
+
+
+def test_double_backward_and_no_grad_forwards_are_checked():
+    net = Net()
+    s = Sentinel([net])
+    x = BAD.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(net(x).sum(), x, create_graph=True)  # hooks see gradients that require grad
+    g.sum().backward()
+    with torch.no_grad():
+        net(BAD)
+    r = s.read()
+    assert r.forward == Hit("exp", 0, 1, None) and r.backward is not None
+
+
+def test_steady_state_reuses_the_slots():
+    net = Net()
+    s = Sentinel([net])
+    _step(net, [GOOD, GOOD])
+    s.read()
+    buffer, slots = s._fwd._buffer, list(s._fwd._slots)
+    _step(net, [GOOD, BAD])
+    assert s.read().forward == Hit("exp", 1, 4, None)
+    assert s._fwd._buffer is buffer and len(slots) == 6 and all(a is b for a, b in zip(s._fwd._slots, slots))
