@@ -5,16 +5,19 @@
     bootstrap.init()                                           # one process: a gloo group of one rank
     model, config, optimizer = bootstrap.build_training(seed=0, bf16=True)
 
-In this order: the CPU layer (`cpu.install()`, always: the harness runs on CPU over gloo even where
-CUDA is visible), the gloo process group, megatron's parallel state; then the tiny model, megatron's
-optimizer and the grad-finalize wiring slime's train step relies on.
+In this order: megatron-core imported with torch.compile deferred (`import_megatron`), the CPU layer
+(`cpu.install()`, always: the harness runs on CPU over gloo even where CUDA is visible), the gloo
+process group, megatron's parallel state; then the tiny model, megatron's optimizer and the
+grad-finalize wiring slime's train step relies on.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import socket
+import sys
 
 
 def free_port() -> int:
@@ -22,6 +25,48 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def import_megatron() -> None:
+    """Import megatron-core (what the harness uses of it) with torch.compile deferred to a first call.
+
+    megatron.core.jit binds `jit_fuser = torch.compile` and decorates about 40 fused functions with it
+    at import; torch.compile's first decoration imports TorchInductor, about 1 s of a rank's 3 s of
+    imports on CPU, for functions the harness never calls (measured: none is called in a matrix run).
+    While megatron.core.jit is imported, torch.compile is replaced by `_compile_on_first_call`: the
+    decorated function is compiled by the real torch.compile when it is first called, as torch.compile
+    itself compiles lazily, so a call behaves the same. torch.compile is restored before this returns;
+    nothing else sees the stand-in.
+    """
+    import torch
+
+    if "megatron.core.jit" not in sys.modules:
+        real = torch.compile
+        torch.compile = functools.partial(_compile_on_first_call, real)
+        try:
+            import megatron.core.jit  # noqa: F401  (binds jit_fuser to the stand-in)
+        finally:
+            torch.compile = real
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.pipeline_parallel  # noqa: F401
+
+
+def _compile_on_first_call(compile_, fn=None, **options):
+    """torch.compile(fn, **options), compiled at fn's first call (also as a decorator with options only)."""
+    if fn is None:
+        return functools.partial(_compile_on_first_call, compile_, **options)
+    compiled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = compile_(fn, **options)
+        return compiled(*args, **kwargs)
+
+    return call
 
 
 def init(
@@ -46,6 +91,8 @@ def init(
             (megatron's unit); None for megatron's default.
     """
     import torch.distributed as dist
+
+    import_megatron()
     from megatron.core import parallel_state as mpu
 
     from nanscope.megatron import cpu
