@@ -268,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     wd.arm("imports", spec.startup_timeout_s)
     import torch
     import torch.distributed as dist
-    from megatron.core import parallel_state  # noqa: F401  (timed here, apart from the init below)
 
     from nanscope.megatron import bootstrap
 
+    bootstrap.import_megatron()  # timed here, apart from the init below
     t_imports = time.time()
     wd.arm("process-group init", spec.startup_timeout_s)
     layout = spec.layout
