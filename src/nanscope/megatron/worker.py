@@ -86,6 +86,7 @@ class Worker:
 
         self.spec, self.out, self.wd = spec, out, watchdog
         self.rank = dist.get_rank()
+        self.logits: dict = {}  # the shared first-step log-prob passes (`policy`)
 
     def execute(self, index: int, run: RunSpec) -> RankRecord:
         """One run on this rank; any exception is recorded in the returned record, never raised."""
@@ -147,7 +148,7 @@ class Worker:
             rollout = hazards.case_rollout(ctx.vocab_size, seed=seed)
             seq_length = step.seq_length_for(rollout.total_lengths, ctx.layout.tp)
             self.wd.arm(f"{ctx.name} step {i}: log-prob pass", limit)
-            policy = step.policy(ctx, seq_length)
+            policy = self.policy(ctx, seq_length, i)
             batch = hazards.build(spec.hazard_at(i), policy, rollout, seed=seed, defused=spec.defused)
             site = batch.pop("hazard_site", None)
             rec.hazard_sites.append(site)
@@ -163,6 +164,30 @@ class Worker:
                     rec.hook_log = ctx.hook.logged()
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
             rec.losses.append(losses)
+
+    def policy(self, ctx: RunContext, seq_length: int, i: int):
+        """Step i's log-prob pass (step.policy), shared by the runs of this launch on their first step.
+
+        On step 1 the model is freshly built from the run's seed and no hook is installed, so its
+        logits for the same tokens and padded length are the same, bit for bit, in every run of the
+        launch: the matrix makes one pass per distinct first-step batch (two: the case's rollout, and
+        kl-exp-overflow's with its planted token) instead of one per run. Every rank decides alike (same
+        key), so the pass's collectives stay matched; the records are those of unshared passes, byte
+        for byte (tests/megatron/test_harness.py).
+        """
+        from nanscope.megatron import step
+
+        run = step.policy(ctx, seq_length)
+        if i != 1 or ctx.spec.hook:
+            return run
+
+        def shared(tokens: list) -> list:
+            key = (ctx.spec.seed, seq_length, tuple(t.numpy().tobytes() for t in tokens))
+            if key not in self.logits:
+                self.logits[key] = run(tokens)
+            return [x.clone() for x in self.logits[key]]
+
+        return shared
 
     def train(self, ctx: RunContext, batch: dict, seq_length: int, loss_module, i: int):
         """step.train_one_step, under the tracer when the run asks for it (its report into the record)."""
