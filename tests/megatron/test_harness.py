@@ -1,4 +1,4 @@
-"""The 4-process harness (TP2 x PP2, SP, gloo): one launch runs healthy then kl-exp-overflow.
+"""The 4-process harness (TP2 x PP2, SP, gloo): one launch runs healthy, kl-exp-overflow, healthy.
 
 Each torchrun launch costs ~10-25 s of imports on 2 cores, so both runs share one launch (the
 harness's reason to exist); each test still has its own hard timeout.
@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     out = tmp_path_factory.mktemp("harness")
-    runs = [RunSpec("healthy", save_params=True), RunSpec("kl-exp-overflow")]
+    # run 2: healthy again, its first-step log-prob pass shared with run 0's (worker.Worker.policy)
+    runs = [RunSpec("healthy", save_params=True), RunSpec("kl-exp-overflow"), RunSpec("healthy")]
     return launcher.launch(runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out)
 
 
@@ -57,6 +58,20 @@ def test_healthy_step_completes(launched):
     # Saved parameters are the ones the checksum covers.
     params = torch.load(run.ranks[0].params_path)
     assert worker.checksum(params) == run.ranks[0].param_checksum
+
+
+@pytest.mark.timeout(300)
+def test_a_run_sharing_a_log_prob_pass_ends_where_the_run_that_made_it_does(launched):
+    made, shared = launched.runs[0], launched.runs[2]
+    assert shared.observed == "completed"
+    for a, b in zip(made.ranks, shared.ranks, strict=True):
+        assert (b.param_checksum, b.optimizer_grad_norm, b.grad_norms, b.losses, b.site_log_probs) == (
+            a.param_checksum,
+            a.optimizer_grad_norm,
+            a.grad_norms,
+            a.losses,
+            a.site_log_probs,
+        )
 
 
 @pytest.mark.timeout(300)
@@ -98,7 +113,7 @@ def test_hazard_fails_megatrons_nan_check_verbatim_on_every_rank(launched):
 def test_runs_are_independent(launched):
     # The failed run rebuilt the model from the same seed and never stepped: its parameters are the
     # initial ones, so they differ from the healthy run's (which took one step).
-    healthy, hazard = launched.runs
+    healthy, hazard = launched.runs[:2]
     assert all(a.param_checksum != b.param_checksum for a, b in zip(healthy.ranks, hazard.ranks))
 
 
