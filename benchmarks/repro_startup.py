@@ -1,83 +1,98 @@
-"""Where the time of `nanscope repro --hazard healthy` goes: startup (imports, process group) vs the step.
+"""What `nanscope repro` (the matrix) costs against one plain training step, and where its time goes.
 
-Runs on a laptop CPU (no GPU), about 3 minutes on 2 cores:
+Runs on a laptop CPU (no GPU), about 2 minutes on 2 cores:
 
-    python benchmarks/repro_startup.py            # prints a table
-    python benchmarks/repro_startup.py --runs 10  # the marginal run cost from a 10-run launch
+    python benchmarks/repro_startup.py              # 2 rounds
+    python benchmarks/repro_startup.py --rounds 3
 
-Measured side by side in one invocation:
-  1. `import megatron.core` + the model builders in ONE process (no contention);
-  2. one torchrun launch with 1 healthy run (what `nanscope repro --hazard healthy` does), split into
-     the ranks' own imports / process-group init, the run, and the rest (torchrun, teardown);
-  3. one launch with N healthy runs: (wall_N - wall_1) / (N - 1) is the marginal cost of a run when
-     the process group is reused, which is how the launcher executes a matrix.
-The projected matrix (every hazard x {as-is, safe}) is startup + runs x marginal run cost.
+Measured side by side in one invocation (medians over rounds; each round runs 1 then 2, alternating
+which goes first):
+  1. one plain training step: `nanscope repro --hazard healthy` from exec to exit, i.e. one torchrun
+     launch of the 4 CPU ranks (TP2 x PP2) with one run of one optimizer step, the parent's imports
+     and report included;
+  2. the matrix: `nanscope repro` from exec to exit (every hazard x {as-is, safe}, one launch);
+  3. megatron-core's import in a fresh process, plain vs through `bootstrap.import_megatron`
+     (torch.compile deferred to a first call).
+Then one matrix launch in this process (`repro.run_matrix`) for the breakdown: the launch's fixed
+cost (torchrun, imports in 4 ranks on 2 cores, process group, teardown) vs its runs (the first pays
+one-off warm-up; the others share the first-step log-prob pass, `worker.Worker.policy`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
+import time
+
+IMPORT = (
+    "import sys, time; t = time.time(); {prelude}import megatron.core.models.gpt, megatron.core.distributed, "
+    "megatron.core.optimizer, megatron.core.pipeline_parallel, torch._dynamo; print(time.time() - t)"
+)  # torch._dynamo: the first optimizer imports it either way
+DEFERRED = "from nanscope.megatron import bootstrap; bootstrap.import_megatron(); "
 
 
-def single_process_import_s() -> float:
-    code = "import time; t=time.time(); import megatron.core.models.gpt, megatron.core.distributed, megatron.core.optimizer, megatron.core.pipeline_parallel; print(time.time()-t)"
+def import_s(prelude: str) -> float:
+    """Seconds to import megatron-core (what the harness uses) in a fresh process."""
+    code = IMPORT.format(prelude=prelude)
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    return float(out.stdout.split()[-1])
 
 
-def launch_healthy(n: int) -> dict:
-    """Phases of one launch of `n` healthy runs, in seconds (slowest rank for the rank-side ones)."""
-    from nanscope.megatron.launcher import launch
-    from nanscope.megatron.spec import RunSpec
+def nanscope(*args: str) -> tuple[float, int]:
+    """(seconds from exec to exit, exit code) of `nanscope ARGS`."""
+    cmd = [sys.executable, "-c", "import sys; from nanscope.cli.main import main; sys.exit(main())", *args]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return time.perf_counter() - t, proc.returncode
 
-    res = launch([RunSpec("healthy", seed=0) for _ in range(n)], timeout_s=900)
-    assert res.ok and all(r.observed == "completed" for r in res.runs), res.stderr_tail
-    spawn = max(s["started"] for s in res.startup.values()) - res.launched_at
-    imports = max(s["imports_s"] for s in res.startup.values())
-    init = max(s["init_s"] for s in res.startup.values())
-    runs = [max(k.seconds for k in r.ranks) for r in res.runs]
-    rest = res.wall_s - spawn - imports - init - sum(runs)
-    return {"wall": res.wall_s, "spawn": spawn, "imports": imports, "init": init, "runs": runs, "rest": rest}
+
+def breakdown() -> dict:
+    """One matrix launch in this process: its wall and per-run seconds (slowest rank)."""
+    from nanscope import repro
+
+    m = repro.run_matrix(timeout_s=900)
+    runs = [max(r.seconds for r in rep.ranks) for row in m.rows for rep in (row.as_is, row.safe)]
+    return {"wall": m.wall_s, "runs": runs, "ok": m.ok}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=5, help="healthy runs in the multi-run launch (default 5)")
-    p.add_argument(
-        "--matrix", type=int, default=10, help="runs in the projected matrix (default 10: 5 hazards x 2 losses)"
-    )
+    p.add_argument("--rounds", type=int, default=2, help="rounds of (one step, matrix) end to end (default 2)")
     a = p.parse_args(argv)
 
     load = os.getloadavg()[0]
-    alone = single_process_import_s()
-    one = launch_healthy(1)
-    many = launch_healthy(a.runs)
-    marginal = sum(many["runs"][1:]) / (a.runs - 1)  # the first run of a launch pays one-off warm-up
-    fixed = one["wall"] - one["runs"][0]
-    w = one["wall"]
-    print(f"cores {os.cpu_count()}, load average at start {load:.1f}")
-    print(f"import megatron-core, 1 process alone            {alone:6.1f} s")
-    print(f"nanscope repro --hazard healthy (1 launch, 1 run) {w:6.1f} s wall")
-    for name, key in (
-        ("torchrun spawn -> worker entry", "spawn"),
-        ("imports in the ranks (4 on 2 cores)", "imports"),
-        ("process group + parallel state", "init"),
-    ):
-        print(f"  {name:<44}{one[key]:6.1f} s  ({one[key] / w:4.0%})")
-    print(f"  {'the run (build, log-prob pass, step)':<44}{one['runs'][0]:6.1f} s  ({one['runs'][0] / w:4.0%})")
-    print(f"  {'teardown (barrier, exit, torchrun)':<44}{one['rest']:6.1f} s  ({one['rest'] / w:4.0%})")
+    imports = [(import_s(""), import_s(DEFERRED)) for _ in range(a.rounds)]
+    one, matrix = [], []
+    for i in range(a.rounds):
+        pair = [("one", ("repro", "--hazard", "healthy")), ("matrix", ("repro",))]
+        for name, args in pair if i % 2 == 0 else pair[::-1]:
+            s, code = nanscope(*args)
+            assert code == 0, f"nanscope {' '.join(args)} exited {code}"
+            (one if name == "one" else matrix).append(s)
+    b = breakdown()
+    med = statistics.median
+    plain, deferred = med(x for x, _ in imports), med(y for _, y in imports)
+    runs, wall = b["runs"], b["wall"]
+    fixed = wall - sum(runs)
     print(
-        f"{a.runs} healthy runs in one launch: wall {many['wall']:.1f} s; runs {', '.join(f'{r:.1f}' for r in many['runs'])} s"
+        f"cores {os.cpu_count()}, load average {load:.1f} at start, {os.getloadavg()[0]:.1f} at end; {a.rounds} rounds"
     )
-    print(f"marginal run (runs 2..{a.runs})                       {marginal:6.1f} s")
-    print(
-        f"projected matrix, {a.matrix} runs in one launch         {fixed + a.matrix * marginal:6.1f} s  "
-        f"(vs {a.matrix * w:.0f} s as {a.matrix} launches: startup is {fixed / w:.0%} of a single repro)"
-    )
+    print(f"import megatron-core, 1 process: plain {plain:.2f} s, torch.compile deferred {deferred:.2f} s")
+    print(f"one plain training step (nanscope repro --hazard healthy) {med(one):6.1f} s  (rounds: {_list(one)})")
+    print(f"the matrix, {len(runs)} runs (nanscope repro)            {med(matrix):6.1f} s  (rounds: {_list(matrix)})")
+    print(f"  matrix / one step: {med(matrix) / med(one):.2f}x")
+    print(f"breakdown of one matrix launch ({'ok' if b['ok'] else 'NOT ok'}): wall {wall:.1f} s")
+    print(f"  fixed (torchrun, rank imports, process group, teardown) {fixed:5.1f} s ({fixed / wall:4.0%})")
+    print(f"  first run (one-off warm-up included)                  {runs[0]:5.1f} s")
+    print(f"  other runs: {len(runs) - 1} x median {med(runs[1:]):.2f} s            {sum(runs[1:]):5.1f} s")
     return 0
+
+
+def _list(xs) -> str:
+    return ", ".join(f"{x:.1f}" for x in xs)
 
 
 if __name__ == "__main__":

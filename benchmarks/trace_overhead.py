@@ -2,6 +2,7 @@
 
     python benchmarks/trace_overhead.py                 # tiny Qwen3-MoE (fp32), 1 thread, ~2 min
     python benchmarks/trace_overhead.py --repeats 15 --samples-per-microbatch 1 --bf16
+    python benchmarks/trace_overhead.py --against c6b3873   # also the sentinel of that commit, side by side
 
 One process: a gloo group of one rank, megatron-core on CPU (nanscope.megatron.cpu), the tiny model of
 nanscope.megatron.model (DDP + Float16Module when --bf16 + megatron's Adam), a healthy case-shaped
@@ -15,6 +16,8 @@ Figures, all ratios measured side by side in one run (runs interleaved, medians 
              step), plain and sentinel steps in alternating order from round to round;
   tracer:    forward_backward_func under Tracer(modules=[model], token_map) / plain forward_backward_func;
   anomaly:   forward_backward_func under detect_anomaly(check_nan=True) / plain forward_backward_func.
+  --against REF: the same ratio for the Sentinel of src/nanscope/trace/sentinel.py at git revision REF,
+             timed in the same rounds (plain, current and REF's steps in rotating order).
 The tracer only ever runs on a replay of one step, the sentinel on every step. Wall and process-CPU
 clocks are both reported: on a shared, loaded machine the CPU clock is the steadier one.
 """
@@ -22,10 +25,15 @@ clocks are both reported: on a shared, loaded machine the CPU clock is the stead
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 from functools import partial
+from pathlib import Path
 
 
 def make_step(bf16: bool, per_micro: int, seed: int = 0):
@@ -88,6 +96,19 @@ def make_step(bf16: bool, per_micro: int, seed: int = 0):
     return train_step, fwd_bwd, model, batch
 
 
+def sentinel_at(ref: str):
+    """The Sentinel class of src/nanscope/trace/sentinel.py at git revision `ref`."""
+    root = Path(__file__).resolve().parent.parent
+    show = ["git", "-C", str(root), "show", f"{ref}:src/nanscope/trace/sentinel.py"]
+    path = Path(tempfile.mkdtemp()) / "sentinel_at_ref.py"
+    path.write_text(subprocess.run(show, capture_output=True, text=True, check=True).stdout)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.Sentinel
+
+
 def timed(fn) -> tuple[float, float]:
     """(wall seconds, this process's CPU seconds): CPU time is steadier on a loaded machine."""
     w, c = time.perf_counter(), time.process_time()
@@ -112,6 +133,7 @@ def main() -> None:
     p.add_argument(
         "--steps", type=int, default=3, help="consecutive training steps timed per round, with and without the sentinel"
     )
+    p.add_argument("--against", metavar="REF", help="also time the sentinel of git revision REF (before/after)")
     a = p.parse_args()
 
     import torch
@@ -123,12 +145,13 @@ def main() -> None:
     bootstrap.init()
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
 
-    def with_sentinel():  # installed, run once (its first step makes its slots) and removed outside the timing
-        s = Sentinel([model])
+    def with_sentinel(cls=Sentinel):  # installed, run once (its first step makes its slots), removed: untimed
+        s = cls([model])
 
         def step():
             train_step()
-            with_sentinel.checks = (s._fwd.count, s._bwd.count)
+            if cls is Sentinel:
+                with_sentinel.checks = (s._fwd.count, s._bwd.count)
             s.read(grads=True)
 
         step()
@@ -152,17 +175,18 @@ def main() -> None:
         train_step()
         return timed(lambda: [train_step() for _ in range(a.steps)])
 
-    def round_(i: int) -> tuple:
-        """Plain and sentinel steps in alternating order (no order bias), then fwd_bwd, tracer, anomaly."""
-        if i % 2:
-            sentinel = with_sentinel()
-            plain = plain_steps()
-        else:
-            plain = plain_steps()
-            sentinel = with_sentinel()
-        return plain, sentinel, timed(fwd_bwd), with_tracer(), with_anomaly()
+    steps = [plain_steps, with_sentinel]
+    if a.against:
+        ref = sentinel_at(a.against)
+        steps.append(lambda: with_sentinel(ref))
 
-    for fn in (train_step, with_sentinel, fwd_bwd, with_tracer, with_anomaly):  # warm-up
+    def round_(i: int) -> tuple:
+        """Plain and sentinel steps in rotating order (no order bias), then fwd_bwd, tracer, anomaly."""
+        order = [(i + k) % len(steps) for k in range(len(steps))]
+        timings = dict(zip(order, [steps[j]() for j in order]))
+        return timings[0], timings[1], timed(fwd_bwd), with_tracer(), with_anomaly(), timings.get(2)
+
+    for fn in (train_step, *steps[1:], fwd_bwd, with_tracer, with_anomaly):  # warm-up
         fn()
     rows = [round_(i) for i in range(a.repeats)]
     print(
@@ -180,6 +204,7 @@ def main() -> None:
         )
         for name, j, base in (
             ("sentinel: (step + read) / step", 1, 0),
+            *([(f"sentinel at {a.against}: (step + read) / step", 5, 0)] if a.against else []),
             ("tracer:   replay / forward_backward", 3, 2),
             ("anomaly:  detect_anomaly / forward_backward", 4, 2),
         ):
