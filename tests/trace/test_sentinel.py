@@ -220,3 +220,21 @@ def test_steady_state_reuses_the_slots():
     _step(net, [GOOD, BAD])
     assert s.read().forward == Hit("exp", 1, 4, None)
     assert s._fwd._buffer is buffer and len(slots) == 6 and all(a is b for a, b in zip(s._fwd._slots, slots))
+
+
+def test_grads_screen_a_flat_buffer_once_and_name_the_parameter_exactly():
+    net = Net()
+    s = Sentinel([net], params=False)
+    params = list(net.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params) + 3)  # + padding, as megatron's DDP buffers have
+    offset = 0
+    for p in params:  # main_grad views into one buffer, as megatron's DDP lays them out
+        p.main_grad = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    assert sentinel_mod._storage_norms(net.named_parameters()).shape == (1,)  # one norm, not four
+    assert s.read(grads=True).grads == []
+    net.fc2.weight.main_grad[0, 1] = float("inf")
+    assert s.read(grads=True).grads == ["fc2.weight"]
+    net.fc2.weight.main_grad.zero_()
+    flat[-1] = float("nan")  # in the padding: the screen flags the buffer, no parameter holds it
+    assert s.read(grads=True).grads == []

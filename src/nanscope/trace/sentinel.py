@@ -5,9 +5,9 @@ of a buffer on the output's device (one reduction kernel; NaN or +-inf iff some 
 and inf propagate through a sum). Tensor hooks on every parameter do the same for the gradient that
 arrives for it in backward (before it is accumulated: megatron's DDP then moves .grad into
 main_grad). No check ever reads a value on the host. `read()` finds the first non-finite slot of
-each phase on the device and copies two integers (plus the optional gradient-buffer flags) to the
-host: ONE sync per step (plus one per flagged accumulated gradient, re-checked exactly, on a step
-that has any). A sum is 1 kernel where isfinite(x).all() is 2 plus a bool tensor as large as x; the
+each phase on the device and copies two integers (plus the optional grad-buffer flags) to the
+host: ONE sync per step (plus, only on a step whose gradient buffers are not finite, the exact
+per-parameter re-check). A sum is 1 kernel where isfinite(x).all() is 2 plus a bool tensor as large as x; the
 price is that finite entries summing beyond the fp32 range (3.4e38) would be flagged, which no
 healthy activation or gradient comes near. The slot index is the call order, so the first
 non-finite module in forward order and the first non-finite parameter gradient in backward order
@@ -238,6 +238,25 @@ def _exactly_bad(params: dict, flagged: list[str]) -> list[str]:
     return [n for n in flagged if not bool(torch.isfinite(grad_of(params[n])).all())]
 
 
+def _storage_norms(items) -> torch.Tensor | None:
+    """2-norm [k] fp32 of each tensor that holds accumulated gradients, each once: a gradient's base when
+    it is a view (megatron's DDP: every main_grad is a view into one flat buffer per dtype, so k is 1 or 2
+    instead of one per parameter), else the gradient. A screen: finite norms mean every gradient is
+    finite; a flagged one (which also covers a buffer's padding, or squares that overflow) sends the
+    caller to the exact per-parameter check, `check_grads`. None when no parameter has a gradient."""
+    storages = {}
+    for _, p in items:
+        g = grad_of(p)
+        if g is not None:
+            base = g if g._base is None else g._base
+            storages.setdefault(id(base), base.detach())
+    if not storages:
+        return None
+    norms = torch._foreach_norm(list(storages.values()), 2, dtype=torch.float32)
+    device = norms[0].device
+    return torch.stack([n.to(device) for n in norms])
+
+
 def _grad_norms(items) -> tuple[list[str], torch.Tensor | None]:
     """(names, 2-norm of each accumulated gradient [n] fp32): one foreach kernel (on CPU 8x faster than
     the max-abs norm). NaN or inf when the gradient has such an entry; also inf when its squares
@@ -377,28 +396,19 @@ class Sentinel:
         of each flagged accumulated gradient); starts a new step.
 
         Args:
-            grads: also check every parameter's accumulated gradient (main_grad or .grad).
+            grads: also check every parameter's accumulated gradient (main_grad or .grad): one 2-norm per
+                tensor holding them (megatron's flat grad buffers: one or two) in the same sync; per
+                parameter, exactly, only when one of those is not finite.
         """
-        parts, device = [], None
-        for phase in (self._fwd, self._bwd):
-            first = phase.result()
-            if first is not None:
-                device = device or first.device
-            parts.append(first)
-        names, norms = _grad_norms(self._named_params) if grads else ([], None)
-        if norms is not None:
-            device = device or norms.device
-        device = device or torch.device("cpu")
+        parts = [phase.result() for phase in (self._fwd, self._bwd)]
+        norms = _storage_norms(self._named_params) if grads else None
+        device = next((t.device for t in (*parts, norms) if t is not None), torch.device("cpu"))
         none = torch.tensor(_NONE, device=device)
         head = [(p if p is not None else none).to(device).reshape(1) for p in parts]
         tail = [torch.isfinite(norms.to(device)).long()] if norms is not None else []
         values = torch.cat(head + tail).tolist()  # the host sync
-        reading = Reading(
-            self.step,
-            self._fwd.hit(values[0]),
-            self._bwd.hit(values[1]),
-            _exactly_bad(dict(self._named_params), [n for n, ok in zip(names, values[2:]) if not ok]),
-        )
+        flagged = check_grads(self._named_params) if not all(values[2:]) else []  # only on a bad step
+        reading = Reading(self.step, self._fwd.hit(values[0]), self._bwd.hit(values[1]), flagged)
         self.reset()
         self.step += 1
         return reading
