@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,12 +42,16 @@ def import_s(prelude: str) -> float:
     return float(out.stdout.split()[-1])
 
 
-def nanscope(*args: str) -> tuple[float, int]:
-    """(seconds from exec to exit, exit code) of `nanscope ARGS`."""
+def nanscope(*args: str) -> tuple[float, float, int]:
+    """(seconds from exec to exit, CPU seconds of its whole process tree, exit code) of `nanscope ARGS`."""
     cmd = [sys.executable, "-c", "import sys; from nanscope.cli.main import main; sys.exit(main())", *args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    return time.perf_counter() - t, proc.returncode
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, cpu, proc.returncode
 
 
 def breakdown() -> dict:
@@ -65,13 +70,14 @@ def main(argv=None) -> int:
 
     load = os.getloadavg()[0]
     imports = [(import_s(""), import_s(DEFERRED)) for _ in range(a.rounds)]
-    one, matrix = [], []
+    one, matrix, cpu = [], [], {"one": [], "matrix": []}
     for i in range(a.rounds):
         pair = [("one", ("repro", "--hazard", "healthy")), ("matrix", ("repro",))]
         for name, args in pair if i % 2 == 0 else pair[::-1]:
-            s, code = nanscope(*args)
+            s, c, code = nanscope(*args)
             assert code == 0, f"nanscope {' '.join(args)} exited {code}"
             (one if name == "one" else matrix).append(s)
+            cpu[name].append(c)
     b = breakdown()
     med = statistics.median
     plain, deferred = med(x for x, _ in imports), med(y for _, y in imports)
@@ -84,6 +90,10 @@ def main(argv=None) -> int:
     print(f"one plain training step (nanscope repro --hazard healthy) {med(one):6.1f} s  (rounds: {_list(one)})")
     print(f"the matrix, {len(runs)} runs (nanscope repro)            {med(matrix):6.1f} s  (rounds: {_list(matrix)})")
     print(f"  matrix / one step: {med(matrix) / med(one):.2f}x")
+    print(
+        f"CPU seconds (every process): one step {med(cpu['one']):.1f}, matrix {med(cpu['matrix']):.1f}; "
+        f"on {os.cpu_count()} idle cores the matrix needs at least {med(cpu['matrix']) / os.cpu_count():.1f} s"
+    )
     print(f"breakdown of one matrix launch ({'ok' if b['ok'] else 'NOT ok'}): wall {wall:.1f} s")
     print(f"  fixed (torchrun, rank imports, process group, teardown) {fixed:5.1f} s ({fixed / wall:4.0%})")
     print(f"  first run (one-off warm-up included)                  {runs[0]:5.1f} s")
