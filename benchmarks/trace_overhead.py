@@ -3,6 +3,8 @@
     python benchmarks/trace_overhead.py                 # tiny Qwen3-MoE (fp32), 1 thread, ~2 min
     python benchmarks/trace_overhead.py --repeats 15 --samples-per-microbatch 1 --bf16
     python benchmarks/trace_overhead.py --against c6b3873   # also the sentinel of that commit, side by side
+    valgrind --tool=callgrind --trace-children=yes --instr-atstart=no --collect-atstart=no --callgrind-out-file=/tmp/cg/cg.%p \
+        python benchmarks/trace_overhead.py --instructions /tmp/cg --samples-per-microbatch 1 --against c6b3873
 
 One process: a gloo group of one rank, megatron-core on CPU (nanscope.megatron.cpu), the tiny model of
 nanscope.megatron.model (DDP + Float16Module when --bf16 + megatron's Adam), a healthy case-shaped
@@ -18,8 +20,15 @@ Figures, all ratios measured side by side in one run (runs interleaved, medians 
   anomaly:   forward_backward_func under detect_anomaly(check_nan=True) / plain forward_backward_func.
   --against REF: the same ratio for the Sentinel of src/nanscope/trace/sentinel.py at git revision REF,
              timed in the same rounds (plain, current and REF's steps in rotating order).
+The sentinel's rounds run first, then the tracer's (fwd_bwd, tracer, anomaly).
 The tracer only ever runs on a replay of one step, the sentinel on every step. Wall and process-CPU
 clocks are both reported: on a shared, loaded machine the CPU clock is the steadier one.
+
+--instructions DIR (under valgrind's callgrind, as above; needs gcc and valgrind's headers, ~5 min):
+instructions executed by one steady-state training step (+ read) without a sentinel, with this one and
+with REF's, counted between client requests (a 3-line C helper built with gcc at start) and read back
+from the dumps in DIR. A load-independent figure: on a box shared with other jobs the timed ratios
+scatter by +-30 % from round to round; the instruction counts do not move.
 """
 
 from __future__ import annotations
@@ -109,6 +118,49 @@ def sentinel_at(ref: str):
     return module.Sentinel
 
 
+CALLGRIND_HELPER = """#include <valgrind/callgrind.h>
+void on(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; CALLGRIND_TOGGLE_COLLECT; }
+void off(const char *name) { CALLGRIND_TOGGLE_COLLECT; CALLGRIND_DUMP_STATS_AT(name); }
+"""
+
+
+def count_instructions(out_dir: str, variants: dict, train_step, model) -> None:
+    """Print the instructions of one training step (+ read) per variant (a Sentinel class or None), counted
+    by callgrind."""
+    import ctypes
+    import glob
+    import os
+
+    build = Path(tempfile.mkdtemp())
+    (build / "cg.c").write_text(CALLGRIND_HELPER)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", build / "cg.so", build / "cg.c"], check=True)
+    cg = ctypes.CDLL(str(build / "cg.so"))
+    train_step()
+    for name, cls in variants.items():
+        s = cls([model]) if cls else None
+
+        def step():
+            train_step()
+            if s:
+                s.read(grads=True)
+
+        step()  # the sentinel's first step (its slots) and warm caches: steady state, as timed above
+        cg.on()
+        step()
+        cg.off(name.encode())
+        if s:
+            s.remove()
+    counts = {}
+    for path in glob.glob(os.path.join(out_dir, f"*.{os.getpid()}.*")):
+        text = Path(path).read_text(errors="replace")
+        name = text.split("desc: Trigger: Client Request: ", 1)[1].split("\n", 1)[0]
+        counts[name] = int(text.split("\nsummary: ", 1)[1].split("\n", 1)[0])
+    base = counts.pop("plain")
+    print(f"instructions of one training step: plain {base / 1e6:.1f} M")
+    for name, n in counts.items():
+        print(f"  {name}: {n / 1e6:.1f} M, {n / base:.3f}x")
+
+
 def timed(fn) -> tuple[float, float]:
     """(wall seconds, this process's CPU seconds): CPU time is steadier on a loaded machine."""
     w, c = time.perf_counter(), time.process_time()
@@ -119,7 +171,7 @@ def timed(fn) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--repeats", type=int, default=10, help="rounds (each: steps, sentinel steps, fwd_bwd, tracer, anomaly)"
+        "--repeats", type=int, default=10, help="rounds of (steps, sentinel steps), then of (fwd_bwd, tracer, anomaly)"
     )
     p.add_argument("--bf16", action="store_true", help="bf16 parameters as in the case (about 4x slower on CPU)")
     p.add_argument(
@@ -134,6 +186,7 @@ def main() -> None:
         "--steps", type=int, default=3, help="consecutive training steps timed per round, with and without the sentinel"
     )
     p.add_argument("--against", metavar="REF", help="also time the sentinel of git revision REF (before/after)")
+    p.add_argument("--instructions", metavar="DIR", help="count instructions under callgrind instead (see above)")
     a = p.parse_args()
 
     import torch
@@ -144,6 +197,12 @@ def main() -> None:
 
     bootstrap.init()
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
+
+    if a.instructions:
+        variants = {"plain": None, "sentinel": Sentinel}
+        if a.against:
+            variants[f"sentinel at {a.against}"] = sentinel_at(a.against)
+        return count_instructions(a.instructions, variants, train_step, model)
 
     def with_sentinel(cls=Sentinel):  # installed, run once (its first step makes its slots), removed: untimed
         s = cls([model])
@@ -180,15 +239,17 @@ def main() -> None:
         ref = sentinel_at(a.against)
         steps.append(lambda: with_sentinel(ref))
 
-    def round_(i: int) -> tuple:
-        """Plain and sentinel steps in rotating order (no order bias), then fwd_bwd, tracer, anomaly."""
+    def sentinel_round(i: int) -> dict:
+        """Plain and sentinel steps in rotating order (no order bias)."""
         order = [(i + k) % len(steps) for k in range(len(steps))]
-        timings = dict(zip(order, [steps[j]() for j in order]))
-        return timings[0], timings[1], timed(fwd_bwd), with_tracer(), with_anomaly(), timings.get(2)
+        return dict(zip(order, [steps[j]() for j in order]))
 
     for fn in (train_step, *steps[1:], fwd_bwd, with_tracer, with_anomaly):  # warm-up
         fn()
-    rows = [round_(i) for i in range(a.repeats)]
+    # The sentinel's rounds first, then the tracer's: a replay's allocations do not disturb the steps' timings.
+    sentinel_rows = [sentinel_round(i) for i in range(a.repeats)]
+    tracer_rows = [(timed(fwd_bwd), with_tracer(), with_anomaly()) for _ in range(a.repeats)]
+    rows = [(t[0], t[1], *r, t.get(2)) for t, r in zip(sentinel_rows, tracer_rows)]
     print(
         f"tiny Qwen3-MoE ({'bf16' if a.bf16 else 'fp32'}), 8 samples, {a.samples_per_microbatch} per micro-batch, "
         f"{torch.get_num_threads()} threads, {a.repeats} rounds, {with_tracer.ops} aten ops traced per forward_backward, "
