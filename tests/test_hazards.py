@@ -13,8 +13,7 @@ from nanscope.loss.microbatch import Parallel
 from nanscope.slime_args import LOSS_FIELDS, case_args
 from nanscope.trace.classify import CLASSES
 
-KNOWN = hazards.CATALOGUE + hazards.PENDING
-BATCH = [h.name for h in KNOWN if h.level == "batch"]
+BATCH = [h.name for h in hazards.CATALOGUE if h.level == "batch"]
 
 
 @pytest.mark.parametrize("name", BATCH)
@@ -25,7 +24,7 @@ def test_as_is_gives_the_stated_finiteness(name):
     assert (o.nan_grad_entries == 0) == h.grad_finite
 
 
-@pytest.mark.parametrize("name", [h.name for h in hazards.PENDING if h.level == "batch"])
+@pytest.mark.parametrize("name", BATCH)
 def test_safe_gives_the_stated_finiteness(name):
     o = hazards.run_loss(name, "safe")
     assert (o.loss_finite and o.grad_finite) == hazards.get(name).safe_finite
@@ -37,24 +36,21 @@ def test_unknown_name_lists_every_known_hazard():
 
 
 def test_records_are_complete():
-    assert len({h.name for h in KNOWN} | {c.name for c in hazards.IMMUNE}) == len(KNOWN) + len(hazards.IMMUNE)
-    for h in KNOWN[1:]:
+    assert len({h.name for h in hazards.CATALOGUE} | {c.name for c in hazards.IMMUNE}) == len(hazards.CATALOGUE) + len(
+        hazards.IMMUNE
+    )
+    for h in hazards.CATALOGUE[1:]:
         assert h.cause_class in CLASSES and h.fix and h.discriminator, h.name
         assert h.level in ("batch", "model") and (h.fault is not None) == (h.level == "model"), h.name
         assert set(h.loss_overrides) <= set(LOSS_FIELDS)
     assert hazards.HEALTHY.cause_class is None
-    for h in KNOWN:
+    for h in hazards.CATALOGUE:
         if h.fault:
             assert re.fullmatch(r"decoder\.[\w.]+:(forward|backward):(nan|inf)", h.fault), h.fault
     for c in hazards.IMMUNE:
         assert c.cause_class in CLASSES
         for ev in c.evidence:
             assert re.fullmatch(r"(slime|megatron)/[\w/]+\.py:\d+ \((slime v0\.1\.0|megatron-core 0\.15\.0rc0)\)", ev)
-
-
-def test_pending_hazards_are_not_in_the_harness_catalogue_yet():
-    assert not set(hazards.PENDING) & set(hazards.CATALOGUE)
-    assert set(hazards.BY_NAME) == {h.name for h in hazards.CATALOGUE}
 
 
 def build(name, seed=0):
@@ -168,7 +164,7 @@ def test_rollout_logprob_shift_is_misaligned_by_one_token_and_stays_finite():
     assert healthy["tis_clipfrac"] == 0 and o.metrics["tis_clipfrac"] > 0.25 * case.group_size()
 
 
-@pytest.mark.parametrize("h", [h for h in hazards.PENDING if h.level == "model"], ids=lambda h: h.name)
+@pytest.mark.parametrize("h", [h for h in hazards.CATALOGUE if h.level == "model"], ids=lambda h: h.name)
 def test_model_faults_have_no_batch(h):
     batch, healthy = build(h.name), build("healthy")
     assert all(torch.equal(a, b) for a, b in zip(batch["log_probs"], healthy["log_probs"]))

@@ -163,8 +163,6 @@ NAN_REWARD = Hazard(
     "logged raw reward is NaN too)",
 )
 
-CATALOGUE: tuple[Hazard, ...] = (HEALTHY, KL_EXP_OVERFLOW, RATIO_EXP_OVERFLOW, NAN_ROLLOUT_LOGPROB, NAN_REWARD)
-
 ZERO_TEMPERATURE = Hazard(
     "zero-temperature",
     "--rollout-temperature 0 (greedy rollouts): slime v0.1.0 divides the logits by it in the log-prob pass and in "
@@ -226,11 +224,11 @@ BACKWARD_ONLY_FAULT = Hazard(
     safe_finite=False,
 )
 
-# Checked against slime v0.1.0 but not yet runnable by the megatron harness: merged into CATALOGUE
-# once `nanscope repro` runs them. `get` already knows them.
-PENDING: tuple[Hazard, ...] = (ZERO_TEMPERATURE, ROLLOUT_LOGPROB_SHIFT, ACTIVATION_OVERFLOW, BACKWARD_ONLY_FAULT)
+CATALOGUE: tuple[Hazard, ...] = (
+    HEALTHY, KL_EXP_OVERFLOW, RATIO_EXP_OVERFLOW, NAN_ROLLOUT_LOGPROB, NAN_REWARD,
+    ZERO_TEMPERATURE, ROLLOUT_LOGPROB_SHIFT, ACTIVATION_OVERFLOW, BACKWARD_ONLY_FAULT,
+)  # fmt: skip
 BY_NAME = {h.name: h for h in CATALOGUE}
-_KNOWN = {h.name: h for h in CATALOGUE + PENDING}
 
 IMMUNE: tuple[Immune, ...] = (
     Immune(
@@ -277,9 +275,9 @@ IMMUNE: tuple[Immune, ...] = (
 
 def get(name: str) -> Hazard:
     """Look a hazard up by name; an unknown name is a UserError (a ValueError) listing the known ones."""
-    if name not in _KNOWN:
-        raise UserError(f"unknown hazard {name!r}; known: {', '.join(_KNOWN)}")
-    return _KNOWN[name]
+    if name not in BY_NAME:
+        raise UserError(f"unknown hazard {name!r}; known: {', '.join(BY_NAME)}")
+    return BY_NAME[name]
 
 
 @dataclass

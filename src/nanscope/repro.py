@@ -38,7 +38,10 @@ class Repro:
     notes: list[str] = field(default_factory=list)
     site: list | None = None  # (sample, response position) the hazard changed, None for healthy
     site_log_probs: dict | None = None  # {"policy", "ref", "rollout"} log-probs at the site
-    trace: dict | None = None  # the tracer's report on the first failing rank (else the last rank)
+    trace: dict | None = None  # the tracer's report on the sentinel's rank (else the first failing, else the last)
+    trace_rank: int | None = None
+    fault: str | None = None  # the fault planted in the model (megatron.faults), `--fault` or the hazard's
+    sentinel: dict | None = None  # the sentinel's finding across ranks (`sentinel_finding`)
 
     @property
     def ok(self) -> bool:
@@ -55,13 +58,33 @@ class Repro:
         return norms[0] if norms else None
 
 
-def expected_outcome(hazard: str, loss: str) -> str:
-    """The as-is loss fails the NaN check exactly when the catalogue says its gradient is not finite."""
+def expected_outcome(hazard: str, loss: str, fault: str | None = None) -> str:
+    """The as-is loss fails the NaN check exactly when the catalogue says its gradient is not finite; the safe
+    loss where its fix lives elsewhere (a flag, the model); both where a fault is planted in the model."""
     from nanscope import hazards
 
-    if loss == "as-is" and not hazards.get(hazard).grad_finite:
-        return "nan-check"
-    return "completed"
+    h = hazards.get(hazard)
+    broken = not h.grad_finite if loss == "as-is" else not h.safe_finite
+    return "nan-check" if broken or fault is not None else "completed"
+
+
+def sentinel_finding(ranks) -> dict:
+    """The sentinel's finding where the first non-finite value appeared, across ranks.
+
+    The rank that saw it first, in causal order: a forward finding on the earliest pipeline stage (the
+    forward runs stage 0 first), else the latest stage with a finding (the backward starts at the loss
+    and runs back to stage 0). With nothing non-finite anywhere, every field but the evidence is None.
+
+    Returns:
+        {"rank", "step", "module", "direction", "microbatch", "class", "candidates", "evidence"}.
+    """
+    seen = [r for r in ranks if r.sentinel and r.sentinel["candidates"]]
+    keys = ("step", "module", "direction", "microbatch", "class", "candidates", "evidence")
+    if not seen:
+        evidence = ranks[0].sentinel["evidence"] if ranks and ranks[0].sentinel else ["the sentinel did not run"]
+        return {"rank": None, **dict.fromkeys(keys), "candidates": [], "evidence": evidence}
+    first = min(seen, key=lambda r: (0, r.pp, r.rank) if r.sentinel["forward"] else (1, -r.pp, r.rank))
+    return {"rank": first.rank, **{k: first.sentinel[k] for k in keys}}
 
 
 def harness_notes(layout) -> list[str]:
@@ -81,21 +104,25 @@ def harness_notes(layout) -> list[str]:
 def from_run(run, launched, layout, expected: str | None = None) -> Repro:
     """A Repro from one run of a launch (spec.RunResult within spec.LaunchResult)."""
     from nanscope import case
+    from nanscope.megatron.spec import failed_check
 
     spec = run.spec
     observed = "timeout" if launched.timed_out and run.observed == "incomplete" else run.observed
-    failing = [r for r in run.ranks if not r.ok]
+    failing = [r for r in run.ranks if failed_check(r)]
     first = run.first_failure()
     notes = [f"rank {r}: no record ({launched.stuck.get(r, 'crashed or killed')})" for r in run.missing]
     if observed in ("incomplete", "timeout", "error"):
         notes.append("torchrun output (tail):\n" + launched.stderr_tail[-3000:])
     head = run.ranks[0] if run.ranks else None
+    finding = sentinel_finding(run.ranks)
+    # the rank where the non-finite value began: its tracer saw the producing op
+    traced = next((r for r in run.ranks if r.rank == finding["rank"]), None) or first or (run.ranks or [None])[-1]
     sites = [s for s in (head.hazard_sites if head else []) if s is not None]
     lps = [s for s in (head.site_log_probs if head else []) if s is not None]
     return Repro(
         hazard=spec.hazard,
         loss=spec.loss,
-        expected=expected or expected_outcome(spec.hazard, spec.loss),
+        expected=expected or expected_outcome(spec.hazard, spec.loss, spec.model_fault),
         observed=observed,
         layout={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp_loss_level": layout.cp},
         ranks=run.ranks,
@@ -105,23 +132,45 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
         notes=notes,
         site=sites[0] if sites else None,
         site_log_probs=lps[0] if lps else None,
-        trace=(first or (run.ranks[-1] if run.ranks else None)).trace if run.ranks else None,
+        trace=traced.trace if traced else None,
+        trace_rank=traced.rank if traced else None,
+        fault=planted[0] if (planted := spec.planted()) else None,
+        sentinel=finding,
     )
 
 
 def repro_one(
-    hazard: str, loss: str = "as-is", *, seed: int = 0, timeout_s: float = 300.0, trace: bool = False
+    hazard: str,
+    loss: str = "as-is",
+    *,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+    trace: bool = False,
+    fault: str | None = None,
+    fault_step: int | None = None,
 ) -> Repro:
     """Run one hazard under one loss through the 4-process harness and compare with the expectation.
 
     trace: replay the step under the tracer on every rank (CP 1: the tracer's token map reads whole
     samples) and report the first op that produced a non-finite value.
+    fault: a fault planted in the model (megatron.faults: MODULE:forward|backward:nan|inf), firing at step
+    `fault_step` (default 1; the steps before it are healthy, the hazard's batch is at that step).
     """
     from nanscope.megatron import launcher
     from nanscope.megatron.spec import Layout, RunSpec
 
     layout = Layout(cp=1) if trace else Layout()
-    spec = RunSpec(hazard=hazard, loss=loss, seed=seed, trace=trace)
+    at = fault_step or 1
+    spec = RunSpec(
+        hazard=hazard,
+        loss=loss,
+        seed=seed,
+        trace=trace,
+        steps=at,
+        inject_step=at,
+        model_fault=fault,
+        model_fault_step=at if fault else None,
+    )
     launched = launcher.launch([spec], layout, timeout_s=timeout_s)
     rep = from_run(launched.runs[0], launched, layout)
     rep.notes = harness_notes(layout) + rep.notes

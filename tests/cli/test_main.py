@@ -39,5 +39,6 @@ def test_user_error_and_no_command(capsys):
     assert nanscope(["repro", "--hazard", "nope"]) == 2
     assert capsys.readouterr().err.endswith(
         "nanscope repro: error: --hazard: unknown hazard 'nope'; known: healthy, kl-exp-overflow, ratio-exp-overflow, "
-        "nan-rollout-logprob, nan-reward\n"
+        "nan-rollout-logprob, nan-reward, zero-temperature, rollout-logprob-shift, activation-overflow, "
+        "backward-only-fault\n"
     )

@@ -22,7 +22,8 @@ def test_unknown_hazard_is_one_line_user_error(capsys):
     err = capsys.readouterr().err
     assert err == (
         "nanscope repro: error: --hazard: unknown hazard 'nope'; known: healthy, kl-exp-overflow, "
-        "ratio-exp-overflow, nan-rollout-logprob, nan-reward\n"
+        "ratio-exp-overflow, nan-rollout-logprob, nan-reward, zero-temperature, rollout-logprob-shift, "
+        "activation-overflow, backward-only-fault\n"
     )
 
 
@@ -32,6 +33,11 @@ def test_expected_outcome_follows_the_catalogue():
     for name in ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"):
         assert repro.expected_outcome(name, "as-is") == "nan-check"
         assert repro.expected_outcome(name, "safe") == "completed"
+    # the fix lives in a flag or the model: the safe loss fails the check too; a shift leaves it finite
+    for name in ("zero-temperature", "activation-overflow", "backward-only-fault"):
+        assert (repro.expected_outcome(name, "as-is"), repro.expected_outcome(name, "safe")) == ("nan-check",) * 2
+    assert repro.expected_outcome("rollout-logprob-shift", "as-is") == "completed"
+    assert repro.expected_outcome("healthy", "safe", fault="decoder.layers.0.mlp:forward:inf") == "nan-check"
 
 
 def _rank(rank, pp, ok):
@@ -89,17 +95,51 @@ def test_repro_without_arguments_runs_the_matrix(tmp_path, capsys):
     doc = json.loads(path.read_text())
     assert doc["ok"] is True
     rows = {r["hazard"]: r for r in doc["matrix"]}
-    assert list(rows) == ["healthy", "kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"]
+    assert list(rows) == [
+        "healthy",
+        "kl-exp-overflow",
+        "ratio-exp-overflow",
+        "nan-rollout-logprob",
+        "nan-reward",
+        "zero-temperature",
+        "rollout-logprob-shift",
+        "activation-overflow",
+        "backward-only-fault",
+    ]
+    # the sentinel: (rank that saw it first, class, module, direction) of the as-is run
+    assert {name: tuple(row["as_is"]["sentinel"][k] for k in ("rank", "class", "module", "direction"))
+            for name, row in rows.items()} == {
+        "healthy": (None, None, None, None), "rollout-logprob-shift": (None, None, None, None),
+        "kl-exp-overflow": (2, "loss-numerics", "output_layer", "backward"),
+        "ratio-exp-overflow": (2, "loss-numerics", "output_layer", "backward"),
+        "nan-rollout-logprob": (2, "data", None, None), "nan-reward": (2, "data", None, None),
+        "zero-temperature": (2, "data", None, None),
+        "activation-overflow": (0, "model-forward", "decoder.layers.1.mlp", "forward"),  # the planted module
+        "backward-only-fault": (0, "model-backward", "decoder.layers.0.self_attention.linear_proj", "backward"),
+    }  # fmt: skip
+    assert rows["backward-only-fault"]["as_is"]["fault"] == "decoder.layers.0.self_attention:backward:nan"
+    # stage 0 fails the check; stage 1's gradients pass it and its ranks stop instead of hanging
+    outcomes = [
+        (r["rank"], r["ok"], r["error"].endswith(case.nan_check_message()))
+        for r in rows["backward-only-fault"]["as_is"]["ranks"]
+    ]
+    assert outcomes == [(0, False, True), (1, False, True), (2, False, False), (3, False, False)]
     for name, row in rows.items():
-        assert row["safe"]["observed"] == "completed" and row["safe_params_finite"] is True, name
-        if name == "healthy":
-            assert row["as_is"]["observed"] == "completed"
-            assert row["max_grad_diff_safe_vs_as_is"] == 0.0  # the fix leaves a healthy gradient bit for bit
+        assert row["safe_params_finite"] is True, name
+        if name in ("zero-temperature", "activation-overflow", "backward-only-fault"):  # fixed elsewhere
+            assert (row["as_is"]["observed"], row["safe"]["observed"]) == ("nan-check", "nan-check"), name
+        elif name in ("healthy", "rollout-logprob-shift"):
+            assert (row["as_is"]["observed"], row["safe"]["observed"]) == ("completed", "completed"), name
         else:
+            assert row["safe"]["observed"] == "completed", name
+        if name == "healthy":
+            assert row["max_grad_diff_safe_vs_as_is"] == 0.0  # the fix leaves a healthy gradient bit for bit
+        elif name != "rollout-logprob-shift":
             a = row["as_is"]
             assert a["observed"] == "nan-check" and a["frames_match_case"] is True, name
             first = next(r for r in a["ranks"] if r["rank"] == a["first_failure"])
-            assert first["holds_output_layer"] is True, name  # a last-stage rank raises first
+            # a last-stage rank raises first, unless the NaN starts in stage 0's backward
+            assert first["holds_output_layer"] is (name != "backward-only-fault"), name
             assert first["error"].startswith(f"Rank {first['rank']}, node ")
             assert first["error"].endswith(f", device cpu, iteration -1: {case.nan_check_message()}")
     assert "as expected: slime v0.1.0's loss fails megatron-core's NaN check" in capsys.readouterr().out

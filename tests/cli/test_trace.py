@@ -95,7 +95,8 @@ def test_trace_bad_input_is_one_line_exit_2(tmp_path, capsys):
         (
             ["trace", "--hazard", "nope"],
             "--hazard nope: unknown hazard; known: healthy, kl-exp-overflow, "
-            "ratio-exp-overflow, nan-rollout-logprob, nan-reward",
+            "ratio-exp-overflow, nan-rollout-logprob, nan-reward, zero-temperature, rollout-logprob-shift, "
+            "activation-overflow, backward-only-fault",
         ),
         (["trace", str(tmp_path / "none.pt")], f"{tmp_path / 'none.pt'}: micro-batch file: no such file"),
         (
@@ -185,3 +186,11 @@ def test_trace_hostile_files_are_one_line_exit_2(tmp_path, capsys):
     ]:
         assert main(["trace", *argv]) == 2
         assert capsys.readouterr().err == f"nanscope trace: error: {err}\n"
+
+
+def test_a_model_fault_is_traced_by_repro_not_by_the_loss_replay(capsys):
+    assert main(["trace", "--hazard", "activation-overflow"]) == 2
+    assert capsys.readouterr().err == (
+        "nanscope trace: error: --hazard activation-overflow: a fault in the model, not in the loss's batch: "
+        "nanscope repro --hazard activation-overflow --trace\n"
+    )

@@ -244,9 +244,16 @@ def test_catalogue_batches_as_train_dumps(tmp_path, name):
         "ratio-exp-overflow": ["kl-exp-overflow"],
         "nan-rollout-logprob": ["nan-rollout-logprob"],
         "nan-reward": ["nan-reward"],
-    }[name]
+        "zero-temperature": ["nan-logprob"],
+        "rollout-logprob-shift": [],
+        "activation-overflow": [],
+        "backward-only-fault": [],
+    }[name]  # model faults: a healthy batch
     certain = [m for m in r.mechanisms if any(h.mechanism == m and h.certain for h in r.hazards)]
     assert certain == expect
+    shifted = [h.sample for h in r.hazards if h.kind == "logprob-mismatch"]
+    assert shifted == (list(range(8)) if name == "rollout-logprob-shift" else [])
+    assert ("rollout-logprob-shift" in r.verdict) == (name == "rollout-logprob-shift")
     if name in ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob"):
         hit = next(h for h in r.hazards if h.mechanism == expect[0])
         assert (hit.sample, hit.token, hit.masked) == (site[0], site[1], True)

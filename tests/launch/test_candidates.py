@@ -75,7 +75,7 @@ def test_every_candidate_not_ruled_out_names_its_discriminator():
 
 def test_every_hazard_and_immune_cause_is_a_candidate():
     ids = {c.id for c in candidates(case.config())}
-    named = {h.name for h in hazards.CATALOGUE + hazards.PENDING} - {"healthy"}
+    named = {h.name for h in hazards.CATALOGUE} - {"healthy"}
     assert ids == named | {c.name for c in hazards.IMMUNE}
 
 
@@ -142,3 +142,27 @@ def test_an_unknown_custom_loss_is_undecidable():
 def test_fp16_is_noted_for_model_faults():
     evidence = _by_id(CASE_FLAGS + ["--fp16"])["activation-overflow"].evidence
     assert evidence[-1] == "--fp16: an activation past 65504 is inf"
+
+
+def test_doctor_json_lists_the_candidates_and_the_verdict_keeps_them_open(tmp_path, capsys):
+    import json
+
+    from nanscope.cli.main import main
+
+    path = tmp_path / "d.json"
+    assert main(["doctor", "--case", "slime-795", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    cands = {c["id"]: c for c in doc["candidates"]}
+    assert len(cands) == 12 and all(
+        set(c) == {"id", "status", "evidence", "discriminator", "class"} for c in cands.values()
+    )
+    assert all(c["status"] in STATUSES and c["evidence"] for c in cands.values())
+    assert all((c["discriminator"] is None) == (c["status"] == RULED_OUT) for c in cands.values())
+    assert doc["verdict"].endswith(
+        "6 catalogued causes remain (kl-exp-overflow, ratio-exp-overflow, nan-rollout-logprob, nan-reward enabled by "
+        "these flags; activation-overflow, backward-only-fault not decidable from flags), so the flags alone do not "
+        "say which one fired: each candidate below names the one observation that tells it apart."
+    )
+    out = " ".join(capsys.readouterr().out.split())
+    assert "candidate causes (12: every cause nanscope catalogues)" in out
+    assert "undecidable activation-overflow [model-forward]" in out

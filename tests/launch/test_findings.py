@@ -195,3 +195,10 @@ def test_hazard_names_are_nanscopes():
     named = {h for f in found.values() for h in f.hazards}
     assert named == {"kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"}
     assert named <= set(BY_NAME)
+
+
+def test_zero_temperature_is_a_critical_finding():
+    _, _, found = _run(CASE_FLAGS + ["--rollout-temperature", "0"])
+    f = found["zero-rollout-temperature"]
+    assert (f.severity, f.flags, f.hazards) == ("critical", ["--rollout-temperature 0"], ["zero-temperature"])
+    assert "loss.py:54" in f.mechanism and "zero-rollout-temperature" not in _run(CASE_FLAGS)[2]

@@ -18,4 +18,5 @@ def hazard_trace():
     return get
 
 
-HAZARDS = [h.name for h in hazards.CATALOGUE]
+# the hazards the safe loss fixes (a zero temperature and faults in the model it cannot)
+HAZARDS = [h.name for h in hazards.CATALOGUE if h.level == "batch" and h.safe_finite]

@@ -185,3 +185,9 @@ def test_layer_of():
         layer_of("decoder.final_layernorm"),
         layer_of("decoder.layers.0", 24),
     ] == [12, 3, None, 24]
+
+
+def test_a_stage_without_the_loss_says_where_the_loss_is():
+    hit = Hit("decoder.layers.0.mlp", 0, 3, "decoder.layers.0.mlp.router.weight")
+    c = classify(Observation(backward=hit, output_grad_finite=True, last_stage=False))
+    assert c.cls == MODEL_BACKWARD and c.evidence[1] == "the loss runs on the last pipeline stage"

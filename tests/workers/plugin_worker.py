@@ -38,7 +38,7 @@ def main() -> None:
     args = case_args(
         global_batch_size=8, loss_type="custom_loss", custom_loss_function_path="nanscope.slime_plugin.policy_loss"
     )
-    for h in hazards.CATALOGUE:
+    for h in (h for h in hazards.CATALOGUE if h.level == "batch" and h.safe_finite):
         policy = hazards.synthetic_policy(512, 0)
         batch = hazards.build(h.name, policy, hazards.case_rollout(512, 0), 0)
         full = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)

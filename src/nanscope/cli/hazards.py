@@ -42,7 +42,7 @@ def run(args) -> int:
 
     if args.json:
         files.check_writable(args.json)
-    listed = hazards.CATALOGUE + hazards.PENDING
+    listed = hazards.CATALOGUE
     outcomes = [hazards.run_loss(h.name, args.loss, seed=args.seed) for h in listed if h.level == "batch"]
     model_level = tuple(h for h in listed if h.level == "model")
     report.render(outcomes, args.loss, Console(), model_level, hazards.IMMUNE)

@@ -21,6 +21,10 @@ examples:
   nanscope repro --hazard kl-exp-overflow --loss as-is --trace --json t.json  # the op and token
   nanscope repro --hazard kl-exp-overflow --steps 4 --inject-step 2 --plugin  # the slime plugin: report, replay
   NANSCOPE_MAX_SKIPS=1 nanscope repro --hazard kl-exp-overflow --steps 2 --inject-step 2 --plugin
+  nanscope repro --fault decoder.layers.0.mlp:forward:inf --json f.json   # a fault in any module: the
+                                                       # sentinel names module, direction, rank and class
+  nanscope repro --fault decoder.layers.2.mlp.router:backward:nan --fault-step 2
+  nanscope repro --list-modules                        # the module names --fault takes
 
 exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
 exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129
@@ -58,6 +62,19 @@ def add_parser(sub):
         "mode, the fix as slime's custom loss), then the replay that the hook's report prints; "
         "NANSCOPE_MAX_SKIPS from the environment applies to the skip run",
     )
+    p.add_argument(
+        "--fault",
+        metavar="MODULE:forward|backward:nan|inf",
+        help="plant a fault in one module of the model (the hazard's batch, healthy by default, runs on it); "
+        "the module names are --list-modules'",
+    )
+    p.add_argument(
+        "--fault-step",
+        type=int,
+        metavar="K",
+        help="with --fault: the step it fires at (default 1; the steps before it are healthy)",
+    )
+    p.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
@@ -73,9 +90,21 @@ def validate(args) -> None:
 
     if args.hazard is not None and args.hazard not in hazards.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(hazards.BY_NAME)}")
+    if args.fault_step is not None and args.fault is None:
+        raise UserError(f"--fault-step {args.fault_step} goes with --fault MODULE:forward|backward:nan|inf")
+    if args.fault is not None:
+        from nanscope.megatron import faults
+
+        if args.steps is not None or args.plugin:
+            raise UserError("--fault runs one hazard (--hazard, default healthy) up to --fault-step: not with --steps")
+        if args.hazard is not None and hazards.get(args.hazard).fault is not None:
+            raise UserError(
+                f"--fault: {args.hazard} is a fault in the model already ({hazards.get(args.hazard).fault})"
+            )
+        faults.check(faults.parse(args.fault, args.fault_step))
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
-    if args.trace and (args.hazard is None or args.steps is not None):
+    if args.trace and ((args.hazard is None and args.fault is None) or args.steps is not None):
         raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
     if args.plugin and (args.hazard is None or args.steps is None):
         raise UserError("--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)")
@@ -86,6 +115,11 @@ def validate(args) -> None:
             raise UserError(f"--steps {args.steps}: must be >= 1")
         if args.hazard == hazards.HEALTHY.name:
             raise UserError("--steps needs a hazard to inject (--hazard NAME, not healthy)")
+        if args.hazard is not None and not hazards.get(args.hazard).safe_finite:
+            raise UserError(
+                f"--steps shows the safe loss fixing a hazard over several steps; {args.hazard}'s fix "
+                f"lives in {hazards.get(args.hazard).fix}: run it without --steps"
+            )
         if args.inject_step is not None and not 1 <= args.inject_step <= args.steps:
             raise UserError(f"--inject-step {args.inject_step} is outside steps 1..{args.steps}")
 
@@ -122,6 +156,11 @@ def _run(args) -> int:
     from nanscope.report import files
     from nanscope.report import repro as report
 
+    if args.list_modules:
+        from nanscope.megatron import faults
+
+        print("\n".join(faults.module_names()))
+        return 0
     validate(args)
     if args.json:
         files.check_writable(args.json)
@@ -140,8 +179,16 @@ def _run(args) -> int:
         )
         report.render_steps(result, console)
         doc = report.steps_to_json(result)
-    elif args.hazard is not None:
-        result = repro.repro_one(args.hazard, args.loss, seed=args.seed, timeout_s=args.timeout, trace=args.trace)
+    elif args.hazard is not None or args.fault is not None:
+        result = repro.repro_one(
+            args.hazard or hazards.HEALTHY.name,
+            args.loss,
+            seed=args.seed,
+            timeout_s=args.timeout,
+            trace=args.trace,
+            fault=args.fault,
+            fault_step=args.fault_step,
+        )
         report.render(result, console)
         doc = report.to_json(result)
     else:

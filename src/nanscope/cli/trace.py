@@ -76,6 +76,11 @@ def run(args) -> int:
 
         if args.hazard not in hazards.BY_NAME:
             raise UserError(f"--hazard {args.hazard}: unknown hazard; known: {', '.join(hazards.BY_NAME)}")
+        if hazards.get(args.hazard).level == "model":
+            raise UserError(
+                f"--hazard {args.hazard}: a fault in the model, not in the loss's batch: "
+                f"nanscope repro --hazard {args.hazard} --trace"
+            )
         doc, site = replay.hazard_microbatch(args.hazard, args.loss or "as-is", seed=args.seed)
         what = f"hazard {args.hazard}"
     else:

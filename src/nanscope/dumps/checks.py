@@ -12,6 +12,12 @@ make it non-finite (the "mechanism", named as in `nanscope.hazards`):
                          one sample has torch.std = nan): the whole group's advantages are NaN: NaN loss.
     nan-logprob          scan's own (`NAN_LOGPROB`): a NaN old or reference log-prob (train dumps).
 
+One finding names a hazard that leaves the loss finite (`SIGNALS`, kept out of the NaN verdict):
+
+    rollout-logprob-shift  rollout log-probs far from the log-prob pass's on trained tokens (median gap
+                         above SHIFT_MEDIAN_NATS, train dumps): misaligned by a token or from other
+                         weights; TIS clamps the weight, only the tis metric explodes.
+
 Rollout dumps carry only rollout_log_probs. The log-ratio checks then use bounds: every log-prob is
 <= 0, so ref_logp - logp <= -logp and logp - old_logp <= -old_logp, with rollout_log_probs standing in
 for logp and old_logp. A bound hit is `certain=False` ("possibly"); dump train data to confirm it.
@@ -49,6 +55,13 @@ MECHANISMS = (
     hazards.NAN_REWARD.name,
     NAN_LOGPROB,
 )
+
+# Found and reported, but the loss stays finite: not part of the NaN verdict.
+SIGNALS = (hazards.ROLLOUT_LOGPROB_SHIFT.name,)
+
+# A trained token's rollout log-prob normally sits within a few hundredths of a nat of the log-prob
+# pass's (SGLang vs megatron numerics); a median gap of a whole nat means they describe other tokens.
+SHIFT_MEDIAN_NATS = 1.0
 
 # Per-sample fields a check can need; `present` sets hold these names.
 FIELDS = ("reward", "rollout_log_probs", "log_probs", "ref_log_probs", "advantages")
@@ -365,6 +378,22 @@ def _tis(v: _Sample) -> None:
     v.margin("tis-margin", v.lp - v.r, None, True)
 
 
+def _mismatch(v: _Sample) -> None:
+    trained = ~v.masked & np.isfinite(v.lp) & np.isfinite(v.r)
+    if not trained.any():
+        return
+    gap = float(np.median(np.abs(v.lp[trained] - v.r[trained])))
+    if gap > SHIFT_MEDIAN_NATS:
+        v.col.sample_level(
+            "logprob-mismatch",
+            v.s.sample,
+            hazards.ROLLOUT_LOGPROB_SHIFT.name,
+            gap,
+            f"median |log_probs - rollout_log_probs| = {gap:.2f} nats over {int(trained.sum())} "
+            "trained tokens: misaligned (shifted by a token?) or from other weights",
+        )
+
+
 @dataclass
 class _Rollout:
     """What the rollout-level checks read: every sample's reward (nan where a sample has none)."""
@@ -549,6 +578,14 @@ CHECKS: tuple[Check, ...] = (
         lambda dump_kind: "exact; clamped, no NaN (tis metric inf)",
     ),
     Check(
+        "logprob-mismatch",
+        f"median |log_probs - rollout_log_probs| > {SHIFT_MEDIAN_NATS:g} nat on trained tokens "
+        "(misaligned rollout log-probs)",
+        _mismatch,
+        _skip_tis,
+        lambda dump_kind: "loss stays finite; TIS weights and the tis metric are off",
+    ),
+    Check(
         "length-mismatch",
         "tokens / response_length / loss_mask / per-token lengths disagree (slime asserts)",
         _lengths,
@@ -632,7 +669,7 @@ def _summary(c: Check, dump_kind: str, cfg: ScanConfig, col: _Collector, present
         "skipped" if skip else "ran",
         col.counts[c.kind],
         col.listed[c.kind],
-        [m for m in MECHANISMS if m in col.mechs[c.kind]],
+        [m for m in MECHANISMS + SIGNALS if m in col.mechs[c.kind]],
         skip or c.note(dump_kind),
     )
 
@@ -645,6 +682,17 @@ def _verdict(col: _Collector) -> tuple[str, list[str], str]:
     possible -= certain
     yes = [m for m in MECHANISMS if m in certain]
     maybe = [m for m in MECHANISMS if m in possible]
+    would, mechanisms, text = _nan_verdict(yes, maybe)
+    signals = [m for m in SIGNALS if m in certain]
+    if signals:
+        text += (
+            f"; rollout log-probs disagree with the log-prob pass ({', '.join(signals)}): the loss stays "
+            "finite, the TIS weights and the tis metric do not"
+        )
+    return would, mechanisms, text
+
+
+def _nan_verdict(yes: list[str], maybe: list[str]) -> tuple[str, list[str], str]:
     if yes:
         text = f"slime v0.1.0 would produce NaN: yes, via {', '.join(yes)}"
         if maybe:

@@ -5,6 +5,7 @@ config.py     argument list -> resolved flags with origins, derived batch figure
 topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
 tracebacks.py traceback -> failing rank, message, annotated frames
 findings.py   flags -> NaN mechanisms (rules) and what is fine
+candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class Diagnosis:
         notes: inputs that were missing or overridden, in words.
         model_origin: where num-layers/num-experts came from when not in the flags.
         env: the `--env` values used.
+        candidates: every catalogued cause, ruled out / enabled / undecidable by the flags and the
+            traceback, with the observation that tells it apart (launch.candidates).
     """
 
     script: object
@@ -45,6 +48,7 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     model_origin: str | None = None
     env: dict = field(default_factory=dict)
+    candidates: list = field(default_factory=list)
 
 
 def diagnose(
@@ -74,6 +78,7 @@ def diagnose(
     Raises:
         UserError: any bad input, in one line.
     """
+    from nanscope.launch import candidates as candidates_mod
     from nanscope.launch import config as config_mod
     from nanscope.launch import topology as topology_mod
     from nanscope.launch import tracebacks as tb_mod
@@ -93,7 +98,17 @@ def diagnose(
     fine = findings_mod.fine(cfg, batches, topo.world, colocate_ok)
     notes = _input_notes(script, cfg, model, model_origin) + cfg.notes + topo.notes
     d = Diagnosis(
-        script, cfg, topo, batches, found, fine, notes=notes, model_origin=model_origin, env=env, traceback=tb
+        script,
+        cfg,
+        topo,
+        batches,
+        found,
+        fine,
+        notes=notes,
+        model_origin=model_origin,
+        env=env,
+        traceback=tb,
+        candidates=candidates_mod.candidates(cfg, tb),
     )
     _place_failing(d, rank, traceback_origin)
     return d

@@ -61,15 +61,15 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         traceback: the parsed traceback, if one was given: its failure means the gradient was non-finite.
     """
     out = []
-    for h in hazards.CATALOGUE + hazards.PENDING:
+    for h in hazards.CATALOGUE:
         if h is hazards.HEALTHY:
             continue
         status, evidence = _status(h, cfg)
         if traceback is not None and traceback.failure is not None and h.grad_finite and status != RULED_OUT:
             status = RULED_OUT
             evidence = evidence + [
-                f"the traceback's check found {traceback.failure.kind} in a gradient, and through "
-                "slime v0.1.0's loss this hazard leaves the gradient finite (`nanscope hazards`)"
+                f"the traceback's check found {traceback.failure.kind} in a gradient; this hazard "
+                "leaves slime v0.1.0's gradient finite (`nanscope hazards`)"
             ]
         out.append(Candidate(h.name, status, evidence, None if status == RULED_OUT else h.discriminator, h.cause_class))
     for c in hazards.IMMUNE:

@@ -223,6 +223,26 @@ def _masked(cfg: Config) -> Finding | None:
     )
 
 
+def _temperature(cfg: Config) -> Finding | None:
+    if cfg["rollout_temperature"] != 0:
+        return None
+    mechanism = (
+        "slime v0.1.0 divides the logits by --rollout-temperature in the log-prob pass and in the loss "
+        "(backends/megatron_utils/loss.py:54) and never checks that it is positive: every logit becomes +-inf, "
+        "the log-softmax computes inf - inf = NaN, so every log-prob, the loss and every gradient are NaN."
+    )
+    return Finding(
+        "zero-rollout-temperature",
+        "critical",
+        "--rollout-temperature 0 divides the logits by 0",
+        [cfg.flag_text("rollout_temperature")],
+        mechanism,
+        "a positive --rollout-temperature (for greedy rollouts keep 1.0 for training and set the "
+        "sampling temperature in the generate function); no loss can fix it.",
+        [hazards.ZERO_TEMPERATURE.name],
+    )
+
+
 def _eps_clip_c(cfg: Config) -> Finding | None:
     if cfg["eps_clip_c"] is None:
         return None
@@ -347,6 +367,7 @@ def _colocate(cfg: Config, world: int) -> Finding | None:
 def findings(cfg: Config, b: Batches, world: int, cp: int) -> list[Finding]:
     """All rules that fire, most severe first (stable within a severity)."""
     rules = [
+        _temperature(cfg),
         _kl(cfg),
         _tis(cfg),
         _reward(cfg),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
+from functools import cache
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,28 @@ class RunSpec:
     env: dict = field(default_factory=dict)  # NANSCOPE_* variables for the hook, e.g. a replay's NANSCOPE_TRACE_STEP
     load_rollouts: str | None = None  # --load-debug-rollout-data of a replay: the template a plugin run saved
     fault: str | None = None  # test hook: "exit:R" (rank R dies) or "hang:R" (rank R hangs) at run start
+    # a fault planted in the model (megatron.faults): "MODULE:forward|backward:nan|inf", firing at
+    # model_fault_step (None: every step); a level "model" hazard brings its own
+    model_fault: str | None = None
+    model_fault_step: int | None = None
 
     def hazard_at(self, step: int) -> str:
         at = self.inject_step if self.inject_step is not None else 1
         return self.hazard if step == at else "healthy"
+
+    def planted(self) -> tuple[str, int | None] | None:
+        """(fault spec, step it fires at or None for every step) of the model fault, if any.
+
+        A level "model" hazard (not defused) plants its record's fault at the hazard's step.
+        """
+        from nanscope import hazards
+
+        if self.model_fault is not None:
+            return self.model_fault, self.model_fault_step
+        h = hazards.get(self.hazard)
+        if h.fault is not None and not self.defused:
+            return h.fault, self.inject_step if self.inject_step is not None else 1
+        return None
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,10 @@ class RankRecord:
     reports: list[str] = field(default_factory=list)  # report files the plugin hook wrote
     hook_log: list[dict] = field(default_factory=list)  # what the plugin hook logged (skip: nanscope/skipped_steps)
     trace: dict | None = None  # TraceReport.to_dict() of this rank (spec.trace)
+    # the sentinel's reading of the first non-finite step (else the last step) and its classification
+    # (trace.classify): {"step", "forward", "backward", "grads", "output_grad_finite", "loss_inputs",
+    # "nonfinite_params", "last_stage", "class", "candidates", "evidence", "module", "direction", "microbatch"}
+    sentinel: dict | None = None
     losses: list[dict] = field(default_factory=list)  # per step on the last stage: slime's reduced metrics
     hazard_sites: list = field(default_factory=list)  # per step: (sample, response position) or None
     # per step: the batch's log-probs at the hazard site (policy = the log-prob pass at T 0.8, i.e.
@@ -126,6 +150,26 @@ class RankRecord:
         return cls(**d)
 
 
+# error_type of a rank the harness stopped because a peer failed megatron's check while its own gradients
+# passed (step.agree_on_grad_check): on a cluster the job ends there; here every rank records it.
+PEER_FAILED = "PeerFailed"
+
+
+@cache
+def _check_message() -> re.Pattern:
+    """megatron-core's gradient-check message (the case's) with NaN or Inf and any bucket, at the end."""
+    from nanscope import case
+
+    text = re.escape(case.nan_check_message())
+    text = text.replace("nan", "(?:nan|inf)", 1).replace("NaN", "(?:NaN|Inf)", 1).replace(r"\#0", r"\#\d+", 1)
+    return re.compile(text + "$")
+
+
+def failed_check(r: RankRecord) -> bool:
+    """This rank raised megatron-core's DDP gradient check (NaN, or Inf, in a bucket's local norm)."""
+    return r.error is not None and _check_message().search(r.error) is not None
+
+
 @dataclass
 class RunResult:
     spec: RunSpec
@@ -134,14 +178,13 @@ class RunResult:
 
     @property
     def observed(self) -> str:
-        """ "completed", "nan-check" (every error is megatron's NaN check), "error" or "incomplete"."""
+        """ "completed", "nan-check" (every error is megatron's NaN check, or a peer's failing it), "error"
+        or "incomplete"."""
         if self.missing:
             return "incomplete"
         if all(r.ok for r in self.ranks):
             return "completed"
-        from nanscope import case
-
-        if all(r.ok or (r.error or "").endswith(case.nan_check_message()) for r in self.ranks):
+        if all(r.ok or failed_check(r) or r.error_type == PEER_FAILED for r in self.ranks):
             return "nan-check"
         return "error"
 

@@ -110,6 +110,8 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
             ctx.tracer.microbatch(index, replay.token_map(mb, packed_length=seq_length))
         tokens = _pad(mb["unconcat_tokens"][0], seq_length).unsqueeze(0)
         out = m(input_ids=tokens, position_ids=None, attention_mask=None, labels=None)
+        if out.requires_grad:  # the sentinel's evidence: the gradient entering the model (no host sync)
+            out.register_hook(lambda g: ctx.output_grads.append(torch.isfinite(g).all()))
         return out, partial(_cp_loss, loss_module.loss_function, args, mb, num_microbatches, cp)
 
     losses_reduced = get_forward_backward_func()(
@@ -135,13 +137,14 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
 
 
 def slime_args(ctx: RunContext, n: int):
-    """slime's args for a step of n samples: the case's loss flags; a plugin run adds what its launch
-    script would (the custom loss when the run's loss is the fix, the debug rollout paths)."""
+    """slime's args for a step of n samples: the case's loss flags and the step's hazard's (a flag value,
+    e.g. zero-temperature's); a plugin run adds what its launch script would (the custom loss when the
+    run's loss is the fix, the debug rollout paths)."""
     from nanscope import loss, slime_plugin
     from nanscope.loss import as_is
     from nanscope.slime_args import case_args
 
-    args = case_args(global_batch_size=n)
+    args = case_args(global_batch_size=n, **ctx.loss_overrides)
     if ctx.spec.plugin:
         if loss.get(ctx.spec.loss) is not as_is:  # the fix: slime's --loss-type custom_loss, the plugin's loss
             args.loss_type, args.custom_loss_function_path = "custom_loss", slime_plugin.LOSS_FUNCTION_PATH
@@ -228,3 +231,44 @@ def bucket_grad_norms(model) -> list[float]:
     """L2 norm of every DDP bucket's local grad (dense buckets, then expert buckets), as check_grads computes it."""
     groups = list(model.bucket_groups) + list(model.expert_parallel_bucket_groups)
     return [float(b.grad_data.norm(p=2)) for g in groups for b in g.buckets]
+
+
+class PeerFailed(RuntimeError):
+    """Raised on a rank whose gradients passed megatron's check when a peer's failed it (spec.PEER_FAILED)."""
+
+
+def agree_on_grad_check(ctx: RunContext) -> None:
+    """After megatron's DDP gradient check, every rank learns whether any rank failed it.
+
+    A fault in an early pipeline stage's backward makes that stage fail the check while the later stages
+    pass theirs and would wait forever in the optimizer's grad-norm all-reduce; on a cluster the job is
+    torn down there. Here the passing ranks raise PeerFailed instead, so every rank records the run. The
+    failing rank's error time is taken when megatron raised, before this all-reduce (the first raiser
+    stays the first). Data-parallel replicas still block inside megatron's own reduce (DP 1 here).
+    """
+    import time
+
+    import torch.distributed as dist
+
+    finish = ctx.model.finish_grad_sync
+
+    def any_failed(mine: float) -> bool:
+        flag = torch.tensor([mine])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() > 0
+
+    def wrapped(*args, **kwargs):
+        try:
+            out = finish(*args, **kwargs)
+        except RuntimeError:
+            ctx.error_time = time.time()
+            any_failed(1.0)
+            raise
+        if any_failed(0.0):
+            raise PeerFailed(
+                "a peer rank failed megatron-core's gradient check; this rank's gradients passed it "
+                "(on a cluster the job ends here)"
+            )
+        return out
+
+    ctx.model.finish_grad_sync = wrapped

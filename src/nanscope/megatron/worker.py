@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,6 +50,11 @@ class RunContext:
     hook: ModuleType | None = None  # nanscope.slime_plugin when spec.hook (before_train_step, ...)
     tracer: Any = None  # the nanscope.trace.Tracer of the current step when spec.trace
     grads_path: Path | None = None  # where train_one_step saves the main grads (spec.save_grads)
+    sentinel: Any = None  # nanscope.trace.Sentinel on the model, read after every step
+    step: int = 0  # the current step (1-based); a planted model fault reads it
+    loss_overrides: dict = field(default_factory=dict)  # slime loss fields the step's hazard sets
+    output_grads: list = field(default_factory=list)  # per micro-batch: the output's gradient is finite (0-dim)
+    error_time: float | None = None  # when megatron's check raised on this rank (step.agree_on_grad_check)
 
     @property
     def name(self) -> str:
@@ -113,7 +118,7 @@ class Worker:
                 self.steps(ctx)
         except Exception as e:  # megatron's NaN check raises RuntimeError; record anything
             rec.ok, rec.error, rec.error_type = False, str(e), type(e).__name__
-            rec.error_time, rec.error_step = time.time(), len(rec.hazard_sites)
+            rec.error_time, rec.error_step = ctx.error_time or time.time(), len(rec.hazard_sites)
             rec.frames = _megatron_frames(e.__traceback__)
             if ctx.model is not None:
                 rec.grad_norms = step.bucket_grad_norms(ctx.model)
@@ -130,11 +135,18 @@ class Worker:
         from nanscope.loss import as_is
         from nanscope.megatron import bootstrap, step
         from nanscope.megatron.model import layers_held
+        from nanscope.megatron.observe import observe
+        from nanscope.trace import Sentinel
 
         spec, rec, limit = ctx.spec, ctx.record, self.spec.rank_timeout_s
         self.wd.arm(f"{ctx.name}: build", limit)
         ctx.model, ctx.config, ctx.optimizer = bootstrap.build_training(seed=spec.seed, bf16=self.spec.bf16)
         rec.layers = layers_held(ctx.config)
+        planted = spec.planted()
+        if planted is not None:  # before the sentinel's hooks: they run after the fault's and see it
+            self.plant(ctx, *planted)
+        ctx.sentinel = Sentinel([ctx.model])
+        step.agree_on_grad_check(ctx)
         if spec.save_grads:
             ctx.grads_path = ctx.path("grads")
             rec.grads_path = str(ctx.grads_path)
@@ -144,6 +156,8 @@ class Worker:
             ctx.hook = slime_plugin
         loss_module = as_is if spec.plugin else loss.get(spec.loss)  # plugin: slime's loss_function dispatches
         for i in range(1, spec.steps + 1):
+            ctx.step = i
+            ctx.loss_overrides = {} if spec.defused else hazards.get(spec.hazard_at(i)).loss_overrides
             seed = spec.seed * 1000 + i
             rollout = hazards.case_rollout(ctx.vocab_size, seed=seed)
             seq_length = step.seq_length_for(rollout.total_lengths, ctx.layout.tp)
@@ -156,22 +170,35 @@ class Worker:
             if ctx.rollouts and self.rank == 0:  # slime's buffer saves the rollout once
                 step.save_rollout(ctx.rollouts.format(rollout_id=i - 1), batch, i - 1)
             self.wd.arm(f"{ctx.name} step {i}: train_one_step", limit)
+            stepped = False
+            ctx.sentinel.reset()  # count this step's training micro-batches, not the log-prob pass's
             try:
                 losses, grad_norm, rec.grad_norms = self.train(ctx, batch, seq_length, loss_module, i)
+                stepped = True
             finally:
                 if ctx.hook is not None:
                     rec.skipped_steps, rec.reports = ctx.hook.skipped_steps(), ctx.hook.reports()
                     rec.hook_log = ctx.hook.logged()
+                observe(ctx, batch, stepped)
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
             rec.losses.append(losses)
+
+    @staticmethod
+    def plant(ctx: RunContext, spec_text: str, at: int | None) -> None:
+        """Plant a model fault (megatron.faults) in this rank's stage, firing at step `at` (None: always)."""
+        from nanscope.megatron import faults
+        from nanscope.megatron.observe import layer_offset
+
+        fault = faults.parse(spec_text, at)
+        faults.plant(ctx.model, fault, layer_offset(ctx), lambda: at is None or ctx.step == at)
 
     def policy(self, ctx: RunContext, seq_length: int, i: int):
         """Step i's log-prob pass (step.policy), shared by the runs of this launch on their first step.
 
-        On step 1 the model is freshly built from the run's seed and no hook is installed, so its
-        logits for the same tokens and padded length are the same, bit for bit, in every run of the
-        launch: the matrix makes one pass per distinct first-step batch (two: the case's rollout, and
-        kl-exp-overflow's with its planted token) instead of one per run. Every rank decides alike (same
+        On step 1 the model is freshly built from the run's seed, with the run's planted fault if any (it
+        fires in this pass too) and no hook, so its logits for the same tokens and padded length are the
+        same, bit for bit, in every run of the launch with that seed and fault: the matrix makes one pass
+        per distinct first-step batch and fault instead of one per run. Every rank decides alike (same
         key), so the pass's collectives stay matched; the records are those of unshared passes, byte
         for byte (tests/megatron/test_harness.py).
         """
@@ -182,7 +209,7 @@ class Worker:
             return run
 
         def shared(tokens: list) -> list:
-            key = (ctx.spec.seed, seq_length, tuple(t.numpy().tobytes() for t in tokens))
+            key = (ctx.spec.seed, ctx.spec.planted(), seq_length, tuple(t.numpy().tobytes() for t in tokens))
             if key not in self.logits:
                 self.logits[key] = run(tokens)
             return [x.clone() for x in self.logits[key]]

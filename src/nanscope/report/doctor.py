@@ -73,6 +73,7 @@ def verdict(d) -> str:
             "and slime runs Megatron's rerun state machine disabled."
         )
     parts.append(_findings_sentence(d.findings))
+    parts.append(_candidates_sentence(d.candidates))
     return " ".join(parts)
 
 
@@ -122,6 +123,24 @@ def _findings_sentence(findings: list) -> str:
     if findings:
         return f"{len(findings)} finding(s), none high-severity."
     return "No rule fired."
+
+
+def _candidates_sentence(cands: list) -> str:
+    """How many catalogued causes the flags leave: never one mechanism while several remain (faults in the
+    model are never decided by flags, so at least two always do)."""
+    from nanscope.launch.candidates import ENABLED, UNDECIDABLE, remaining
+
+    left = remaining(cands)
+    groups = [(ENABLED, "enabled by these flags"), (UNDECIDABLE, "not decidable from flags")]
+    said = "; ".join(
+        f"{', '.join(c.id for c in left if c.status == s)} {words}"
+        for s, words in groups
+        if any(c.status == s for c in left)
+    )
+    return (
+        f"{len(left)} catalogued causes remain ({said}), so the flags alone do not say which one fired: "
+        "each candidate below names the one observation that tells it apart."
+    )
 
 
 # ---- JSON ------------------------------------------------------------------------------------------
@@ -202,6 +221,7 @@ def to_dict(d) -> dict:
         ],
         "fine": d.fine,
         "notes": d.notes,
+        "candidates": [c.to_dict() for c in d.candidates],
     }
     r = d.failing
     if r is not None:
@@ -371,6 +391,15 @@ def _findings_section(d, console) -> None:
         _heading(console, "fine")
         for line in d.fine:
             _plain(console, f"  ok  {line}")
+    _candidates_section(d, console)
+
+
+def _candidates_section(d, console) -> None:
+    _heading(console, "candidate causes", f"({len(d.candidates)}: every cause nanscope catalogues)")
+    for c in d.candidates:
+        _plain(console, f"  {c.status:<11} {c.id} [{c.cause_class}]: {'; '.join(c.evidence)}")
+        if c.discriminator:
+            _plain(console, f"              tell it apart: {c.discriminator}")
 
 
 def _flags_section(d, console) -> None:
@@ -552,6 +581,16 @@ def render_html(d) -> str:
             f"<br><span class='muted'>{esc(', '.join(f.hazards))}</span></td>"
             f"<td><code>{'<br>'.join(esc(x) for x in f.flags)}</code></td><td>{esc(f.mechanism)}</td>"
             f"<td>{esc(f.fix)}</td></tr>"
+        )
+    body.append("</table>")
+    body.append(
+        "<h2>Candidate causes</h2><table><tr><th>cause</th><th>status</th><th>evidence</th><th>tell it apart</th></tr>"
+    )
+    for c in d.candidates:
+        body.append(
+            f"<tr><td><code>{esc(c.id)}</code><br><span class='muted'>{esc(c.cause_class)}</span></td>"
+            f"<td>{esc(c.status)}</td><td>{'<br>'.join(esc(x) for x in c.evidence)}</td>"
+            f"<td>{esc(c.discriminator or '-')}</td></tr>"
         )
     body.append("</table>")
     body.append(

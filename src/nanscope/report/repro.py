@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
+
 from nanscope.report.text import span
 from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
 
@@ -11,19 +13,23 @@ def _layers(r) -> str:
 
 
 def _rank_outcome(r) -> str:
-    from nanscope import case
+    from nanscope.megatron.spec import PEER_FAILED, failed_check
 
     if r.ok:
         return "ok"
-    return "NaN check" if (r.error or "").endswith(case.nan_check_message()) else (r.error_type or "error")
+    if failed_check(r):
+        return "NaN check" if "found NaN" in r.error else "Inf check"
+    return "stopped: a peer failed the check" if r.error_type == PEER_FAILED else (r.error_type or "error")
 
 
 def outcome(rep: Repro) -> str:
     """A short cell: 'completed' or 'NaN check, rank 3 first (last stage)'."""
     if rep.observed != "nan-check":
         return rep.observed
+    from nanscope.megatron.spec import failed_check
+
     first = next(r for r in rep.ranks if r.rank == rep.first_failure)
-    n = sum(not r.ok for r in rep.ranks)
+    n = sum(failed_check(r) for r in rep.ranks)
     stage = "last stage" if first.holds_output_layer else "pp " + str(first.pp)
     return f"NaN check on {n}/{len(rep.ranks)} ranks, rank {first.rank} first ({stage})"
 
@@ -46,7 +52,8 @@ def render(rep: Repro, console) -> None:
     """The per-rank table, the first failing rank's frames, notes and the verdict."""
     from rich.table import Table
 
-    table = Table(title=f"nanscope repro --hazard {rep.hazard} --loss {rep.loss}")
+    fault = f" --fault {rep.fault}" if rep.fault else ""
+    table = Table(title=f"nanscope repro --hazard {rep.hazard} --loss {rep.loss}{fault}")
     for col in ("rank", "pp", "tp", "layers held", "outcome", "error"):
         table.add_column(col, overflow="fold")
     for r in rep.ranks:
@@ -67,12 +74,25 @@ def render(rep: Repro, console) -> None:
             highlight=False,
         )
     if rep.trace is not None:
-        console.print(f"trace (rank {rep.first_failure if rep.first_failure is not None else rep.ranks[-1].rank}):")
+        console.print(f"trace (rank {rep.trace_rank}):")
         for line in _trace_lines(rep.trace):
             console.print("  " + line, highlight=False)
+    if rep.sentinel is not None:
+        console.print(f"sentinel: {sentinel_text(rep.sentinel)}", highlight=False)
+        for line in rep.sentinel["evidence"]:
+            console.print(f"  {line}", highlight=False)
     for note in rep.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(verdict(rep), highlight=False)
+
+
+def sentinel_text(s: dict) -> str:
+    """One line: where the sentinel saw the first non-finite value, and its class."""
+    if s["rank"] is None:
+        return "nothing non-finite (every module output, gradient and loss input was finite)"
+    where = f"module {s['module']}, {s['direction']}, micro-batch {s['microbatch']}" if s["module"] else "no module"
+    cls = s["class"] or "undecided: " + " or ".join(s["candidates"])
+    return f"rank {s['rank']} saw it first (step {s['step']}): {where}; class {cls}"
 
 
 def _trace_lines(trace: dict) -> list[str]:
@@ -123,7 +143,9 @@ def to_json(rep: Repro) -> dict:
         "wall_s": rep.wall_s,
         "notes": rep.notes,
         "verdict": verdict(rep),
-        **({"trace": rep.trace} if rep.trace is not None else {}),
+        **({"trace": rep.trace, "trace_rank": rep.trace_rank} if rep.trace is not None else {}),
+        "fault": rep.fault,
+        "sentinel": rep.sentinel,
     }
 
 
@@ -132,14 +154,29 @@ def to_json(rep: Repro) -> dict:
 
 def matrix_verdict(m: Matrix) -> str:
     failing_as_is = [r.hazard for r in m.rows if r.as_is.observed == "nan-check"]
+    passing_as_is = [r.hazard for r in m.rows if r.as_is.observed == "completed"]
+    unfixed = [r.hazard for r in m.rows if r.safe.expected != "completed"]
     if m.ok:
+        elsewhere = (
+            f"; it cannot fix {', '.join(unfixed)}, whose fix lives in a flag or the model "
+            "(`nanscope hazards`), and fails the check there too"
+            if unfixed
+            else ""
+        )
         return (
             f"as expected: slime v0.1.0's loss fails megatron-core's NaN check on {', '.join(failing_as_is)} "
-            f"and completes on healthy; nanscope's safe loss completes every step with finite parameters ({m.wall_s:.0f} s)"
+            f"and completes on {', '.join(passing_as_is)}; nanscope's safe loss completes every other step with "
+            f"finite parameters{elsewhere} ({m.wall_s:.0f} s)"
         )
     bad = [f"{r.hazard}/{loss}" for r in m.rows for loss, rep in (("as-is", r.as_is), ("safe", r.safe)) if not rep.ok]
     bad += [f"{r.hazard}/safe params" for r in m.rows if r.safe.ok and not r.safe.params_finite]
     return f"UNEXPECTED: {', '.join(bad)} did not behave as expected"
+
+
+def _class_cell(s: dict | None) -> str:
+    if s is None or s["rank"] is None:
+        return "-"
+    return (s["class"] or "/".join(s["candidates"])) + (f" ({s['module']})" if s["module"] else "")
 
 
 def _fmt(x: float | None) -> str:
@@ -155,6 +192,7 @@ def render_matrix(m: Matrix, console) -> None:
     for col in (
         "hazard",
         "as-is (slime v0.1.0)",
+        "sentinel class (as-is)",
         "safe (nanscope)",
         "grad norm (safe)",
         "params finite (safe)",
@@ -165,6 +203,7 @@ def render_matrix(m: Matrix, console) -> None:
         table.add_row(
             row.hazard,
             ("" if row.as_is.ok else "[red]UNEXPECTED[/] ") + outcome(row.as_is),
+            _class_cell(row.as_is.sentinel),
             ("" if row.safe.ok else "[red]UNEXPECTED[/] ") + outcome(row.safe),
             _fmt(row.safe.grad_norm),
             "yes" if row.safe.params_finite else "[red]NO[/]",
@@ -183,7 +222,7 @@ def render_matrix(m: Matrix, console) -> None:
             highlight=False,
         )
     for row in m.rows:
-        console.print(f"[bold]{row.hazard}[/]: {row.mechanism}")
+        console.print(f"[bold]{row.hazard}[/]: {escape(row.mechanism)}")
     for note in m.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(matrix_verdict(m), highlight=False)

@@ -87,6 +87,7 @@ def _coords() -> dict:
         "cp_rank": 0,
         "cp_size": 1,
         "logs": True,
+        "last_stage": True,
     }
     try:
         from megatron.core import parallel_state as mpu
@@ -102,7 +103,17 @@ def _coords() -> dict:
         )
         # the rank slime logs from: data-parallel (with CP) rank 0, TP rank 0, last pipeline stage
         out["logs"] = mpu.get_data_parallel_rank(with_context_parallel=True) == 0 and out["tp"] == 0 and pp == last
+        out["last_stage"] = pp == last
     return out
+
+
+def _layer_offset(chunks) -> int:
+    """The global index of the first chunk's first decoder layer (megatron's layer_number is 1-based and
+    global; module paths number a stage's layers from 0)."""
+    for m in chunks[0].modules():
+        if isinstance(getattr(m, "layer_number", None), int):
+            return m.layer_number - 1
+    return 0
 
 
 class _Guard:
@@ -121,7 +132,9 @@ class _Guard:
         self.trace = None  # a StepTrace while NANSCOPE_TRACE_STEP's step runs
         self.args, self.where = None, {}
         self.checked = self.skip_step = self.skipped_now = False
+        self.out_grads: list = []  # this step's: the gradient arriving at a chunk's output is finite (0-dim, on device)
         self._handles = [chunks[0].register_forward_pre_hook(self._record_inputs, with_kwargs=True)]
+        self._handles += [chunk.register_forward_hook(self._watch_output) for chunk in chunks]
         self._wrapped: list[tuple] = []  # (object, attribute, its previous instance value, our wrapper)
         for chunk in chunks:  # finalize_model_grads -> chunk.finish_grad_sync(): read the sentinel first
             self._wrap(chunk, "finish_grad_sync", self._before)
@@ -160,6 +173,7 @@ class _Guard:
         self.args, self.where = args, {"rollout_id": rollout_id, "step_id": step_id}
         self.checked = self.skip_step = self.skipped_now = False
         self.inputs.clear()
+        self.out_grads.clear()
         _step_microbatches.clear()
         if self.settings.trace_step == (rollout_id, step_id):
             path = getattr(args, "load_debug_rollout_data", None)
@@ -284,6 +298,7 @@ class _Guard:
                 dump,
             )
         replay = replay_instruction(self.args, **self.where)
+        cls = self.classify(reading)
         doc = {
             "rank": rank,
             **self.where,
@@ -294,6 +309,9 @@ class _Guard:
             "nonfinite_grads": reading.grads[:20],
             "microbatch_file": dump,
             "replay": replay,
+            "class": cls.cls,
+            "class_candidates": list(cls.candidates),
+            "class_evidence": cls.evidence,
         }
         with open(stem + ".json", "w") as f:
             json.dump(doc, f, indent=1)
@@ -303,6 +321,43 @@ class _Guard:
             flush=True,
         )
         return stem + ".json"
+
+    def _watch_output(self, module, args, output):
+        """The class needs to know whether the gradient entering the chunk (from the loss or the next
+        stage) was already non-finite: one reduction per micro-batch, no host sync."""
+        import torch
+
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        if module.training and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda g: self.out_grads.append(torch.isfinite(g).all()))
+
+    def classify(self, reading):
+        """The reading's class of cause (trace.classify); the loss inputs are those the nanscope loss saw."""
+        import torch
+
+        from nanscope.trace.classify import Observation, classify
+
+        inputs = None
+        if self.coords["last_stage"] and _step_microbatches:
+            keys = ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
+            xs = {k: [torch.as_tensor(x) for mb in _step_microbatches for x in mb.get(k) or []] for k in keys}
+            inputs = {
+                k: (sum(int((~torch.isfinite(x)).sum()) for x in v), sum(x.numel() for x in v))
+                for k, v in xs.items()
+                if v
+            }
+        entering = all(bool(g) for g in self.out_grads) if self.out_grads else None
+        return classify(
+            Observation(
+                reading.forward,
+                reading.backward,
+                tuple(reading.grads),
+                inputs,
+                entering,
+                self.coords["last_stage"],
+                layer_offset=_layer_offset(self.chunks),
+            )
+        )
 
     def write_trace(self) -> str:
         """`<stem>.trace.json`: this rank's trace and the first producer over all ranks (an all-gather)."""

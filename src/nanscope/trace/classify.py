@@ -181,11 +181,10 @@ def _backward(obs: Observation) -> Classification:
         where = f"non-finite accumulated gradient: {obs.grads[0]} (no per-call hook saw it: a fused kernel)"
     seen = obs.loss_inputs is not None  # and finite: _data took the non-finite ones
     data = () if seen else (DATA,)
-    evidence = [
-        "the model's forward was finite",
-        "every loss input was finite" if seen else "the loss inputs were not observed",
-        where,
-    ]
+    inputs = "every loss input was finite" if seen else "the loss inputs were not observed"
+    if not obs.last_stage:
+        inputs = "the loss runs on the last pipeline stage"
+    evidence = ["the model's forward was finite", inputs, where]
     if obs.output_grad_finite is None:
         evidence.append(
             "the gradient arriving at the model's output was not observed: it was non-finite if "

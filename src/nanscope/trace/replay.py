@@ -160,7 +160,8 @@ def hazard_microbatch(
     policy = hazards.synthetic_policy(vocab_size, seed)
     batch = hazards.build(name, policy, hazards.case_rollout(vocab_size, seed), seed)
     logits = hazards.packed_logits(policy, batch["unconcat_tokens"])
-    args = {**case.loss_flags(), "global_batch_size": len(batch["response_lengths"])}
+    overrides = hazards.get(name).loss_overrides  # a hazard that is a flag value (zero-temperature)
+    args = {**case.loss_flags(), **overrides, "global_batch_size": len(batch["response_lengths"])}
     return document(batch, logits, args, loss), batch["hazard_site"]
 
 
