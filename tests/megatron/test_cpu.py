@@ -113,6 +113,19 @@ def test_type_names_cuda_twin_only_without_argument(installed):
     assert torch.ones(1).type(torch.float64).dtype == torch.float64
 
 
+def test_type_name_is_the_same_under_a_torch_function_mode(installed):
+    # The tracer runs the optimizer step under a TorchFunctionMode, where Tensor.type's C method
+    # dispatches back to the patch: the name was 'torch.cuda.cuda.FloatTensor' and clip_grads asserted.
+    from torch.overrides import TorchFunctionMode
+
+    class Passthrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert torch.empty(1).type() == "torch.cuda.FloatTensor"
+
+
 def test_rng_tracker_fork_is_reproducible_and_restores_outer_state(installed):
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 
