@@ -72,7 +72,7 @@ def test_a_forward_fault_fails_the_check_and_the_sentinel_and_tracer_name_it(tmp
     }
     # that rank's tracer names the op that made the first inf: the planted value, inside the planted module
     fwd = doc["trace"]["forward"]
-    assert doc["trace_rank"] == 0 and fwd["produced"] == "inf" and fwd["module"].endswith("decoder.layers.0.mlp")
+    assert doc["trace_rank"] == 0 and fwd["produced"] == "inf" and fwd["module"] == "decoder.layers.0.mlp"
     assert "faults.py" in fwd["source"]
     out = capsys.readouterr().out
     assert (

@@ -228,7 +228,7 @@ class Worker:
             try:
                 return step.train_one_step(ctx, batch, seq_length, loss_module, i)
             finally:
-                ctx.record.trace = ctx.tracer.report().to_dict()
+                ctx.record.trace = _public_trace(ctx.tracer.report().to_dict(), ctx)
                 ctx.tracer = None
 
     def finish_record(self, ctx: RunContext) -> None:
@@ -266,6 +266,18 @@ def checksum(params: dict) -> str:
         h.update(name.encode())
         h.update(params[name].contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def _public_trace(trace: dict, ctx: RunContext) -> dict:
+    """A trace report's module paths as `--fault` and the sentinel name them (wrappers off, layers global)."""
+    from nanscope.megatron.faults import public_name
+    from nanscope.megatron.observe import layer_offset
+
+    for key in ("forward", "backward", "first_forward", "first_backward"):
+        event = trace[key]
+        if event is not None and event["module"] is not None:
+            event["module"] = public_name(event["module"], layer_offset(ctx))
+    return trace
 
 
 def _megatron_frames(tb) -> list[tuple[str, int, str]]:
