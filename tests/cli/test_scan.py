@@ -18,7 +18,7 @@ def run(capsys, *argv):
 def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
     dump = str(tmp_path / "rollout_data" / "12.pt")
     rc, out, _ = run(capsys, "--write-demo", dump)
-    assert rc == 0 and out.splitlines()[0] == f"wrote rollout dump {dump} with 4 planted hazards:"
+    assert rc == 0 and out.splitlines()[0] == f"wrote rollout dump {dump} (slime v0.1.0 format) with 4 planted hazards:"
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"), "--html", str(tmp_path / "s.html"))
     assert (rc, err) == (1, "")
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
@@ -33,7 +33,7 @@ def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
     )
 
     doc = json.loads((tmp_path / "s.json").read_text())
-    assert set(doc) == {"dump", "config", "hazards", "summary"}
+    assert set(doc) == {"dump", "format", "config", "hazards", "summary"}
     assert doc["hazards"][9] == {
         "kind": "nonfinite-rollout-logprob",
         "mechanism": "nan-rollout-logprob",
@@ -209,11 +209,13 @@ def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
     assert (rc, err) == (1, "")
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
     assert (
-        "rollout_data/12.pt rollout 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
+        "rollout_data/12.pt rollout v0.1.0 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
         "ratio-exp-overflow"
     ) in lines
-    assert "rollout_data/13.pt rollout 8 64 0 no -" in lines
-    assert "train_data/12_0.pt train 16 1,024 4 yes kl-exp-overflow, nan-rollout-logprob, ratio-exp-overflow" in lines
+    assert "rollout_data/13.pt rollout v0.1.0 8 64 0 no -" in lines
+    assert (
+        "train_data/12_0.pt train v0.1.0 16 1,024 4 yes kl-exp-overflow, nan-rollout-logprob, ratio-exp-overflow"
+    ) in lines
     assert lines[-1] == (
         "3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; 0 failed; 17 findings"
     )
