@@ -183,7 +183,7 @@ DEFAULT = BY_KEY[V0_1_0]  # what doctor assumes when nothing names a release
 
 
 def index(key: str) -> int:
-    """The release's position, oldest first (for `since`/`until` comparisons)."""
+    """The release's position, oldest first (for `since` and `changes` comparisons)."""
     return KEYS.index(key)
 
 

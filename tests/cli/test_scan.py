@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from nanscope.cli.main import main
@@ -244,3 +245,33 @@ def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     rc, _, err = run(capsys, str(tmp_path / "empty"))
     assert (rc, err) == (2, f"nanscope scan: error: {tmp_path}/empty: no *.pt dumps in this directory or below\n")
+
+
+@pytest.mark.parametrize(
+    ("release", "kind", "line"),
+    [
+        ("v0.2.4", "rollout", "format: slime v0.2.4; 13 field(s) beyond v0.1.0's: generate_function_path, group_index, "
+         "multimodal_inputs, multimodal_train_inputs, non_generation_time, prefix_cache_info, remove_sample, "
+         "rollout_routed_experts, session_id, spec_info, teacher_log_probs, train_metadata, weight_versions; "
+         "rollout_log_probs checked as float32"),
+        ("v0.2.4", "train", "format: slime v0.2.4; rollout_log_probs checked as float32; told apart by "
+         "rollout_log_probs' dtype"),
+        ("v0.3.1", "train", "format: slime v0.3.1; 5 field(s) beyond v0.1.0's: global_batch_sizes, micro_batch_indices, "
+         "num_microbatches, rollout_ids, rollout_mask_sums; rollout_log_probs checked as float32"),
+        ("main", "train", "format: slime main; 5 field(s) beyond v0.1.0's: data_parallel_rank, rollout_ids, "
+         "rollout_mask_sums, rollout_position, sample_index; 2 field(s) missing from v0.1.0's: raw_reward, "
+         "sample_indices; rollout_log_probs checked as float32; format_version 2: one dict per sample, CP fields "
+         "gathered whole"),
+    ],
+)  # fmt: skip
+def test_each_release_s_format_through_argv(tmp_path, capsys, release, kind, line):
+    dump = str(tmp_path / "d.pt")
+    rc, out, _ = run(capsys, "--write-demo", dump, "--demo-kind", kind, "--demo-release", release)
+    assert rc == 0 and out.splitlines()[0] == f"wrote {kind} dump {dump} (slime {release} format) with " + (
+        "4 planted hazards:" if kind == "rollout" else "3 planted hazards:"
+    )
+    rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"))
+    assert (rc, err) == (1, "")
+    assert out.splitlines()[1] == line
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert (doc["format"]["release"], doc["summary"]["verdict"].split(" would")[0]) == (release, f"slime {release}")

@@ -231,36 +231,54 @@ def write_demo(
         kind: "rollout" (what --save-debug-rollout-data writes) or "train" (--save-debug-train-data, cp=1).
         release: whose format (nanscope.releases key); the planted hazards are the same in each.
     """
+    if kind == "rollout":
+        samples, planted = demo_rollout(release)
+        write_rollout_dump(path, samples, rollout_id)
+        return planted
+    if kind != "train":
+        raise UserError(f"--demo-kind {kind}: expected rollout or train")
+    data, planted = demo_train(release)
+    write_train_dump(path, data, rollout_id, rank=0, release=release)
+    return planted
+
+
+def _demo_samples(release: str) -> list[dict]:
     rng = np.random.default_rng(1234)
     samples = [
         rollout_sample(i, 24, 64, reward=float(i % 3 == 0), rng=rng, masked_span=(32, 48), release=release)
         for i in range(16)
     ]
     samples[9]["rollout_log_probs"][17] = float("nan")
-    if kind == "rollout":
-        samples[3]["reward"] = float("nan")
-        samples[12]["rollout_log_probs"][40] = -100.0
-        samples[14]["loss_mask"] = [0] * 64
-        write_rollout_dump(path, samples, rollout_id)
-        return [
-            Planted("nonfinite-reward", 3, None, "reward nan: GRPO spreads it to group 0 (samples 0-7)"),
-            Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),
-            Planted("kl-margin", 12, 40, "rollout log-prob -100 on a masked token (bound > 88.72)"),
-            Planted("zero-loss-mask", 14, None, "loss mask all zero"),
-        ]
-    if kind != "train":
-        raise UserError(f"--demo-kind {kind}: expected rollout or train")
+    return samples
+
+
+def demo_rollout(release: str = releases.V0_1_0) -> tuple[list[dict], list[Planted]]:
+    """The demo rollout dump's samples (Sample.to_dict() dicts of `release`) and the hazards planted in them."""
+    samples = _demo_samples(release)
+    samples[3]["reward"] = float("nan")
+    samples[12]["rollout_log_probs"][40] = -100.0
+    samples[14]["loss_mask"] = [0] * 64
+    return samples, [
+        Planted("nonfinite-reward", 3, None, "reward nan: GRPO spreads it to group 0 (samples 0-7)"),
+        Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),
+        Planted("kl-margin", 12, 40, "rollout log-prob -100 on a masked token (bound > 88.72)"),
+        Planted("zero-loss-mask", 14, None, "loss mask all zero"),
+    ]
+
+
+def demo_train(release: str = releases.V0_1_0) -> tuple[dict, list[Planted]]:
+    """The demo train dump's rollout_data (as `release`'s actor holds it, cp=1) and the hazards planted in it."""
     import torch
 
     from nanscope.loss.formulas import grpo_normalize
 
+    samples = _demo_samples(release)
     rewards = grpo_normalize(torch.tensor([s["reward"] for s in samples]), 8).tolist()
     data = train_data_from_samples(samples, rewards, release)
     data["log_probs"][9][17] = data["ref_log_probs"][9][17] = -0.5  # the trainer's own log-prob is finite
     data["log_probs"][5][40], data["ref_log_probs"][5][40] = -97.0, -2.0  # ref - logp = 95 > 88.72, masked
     data["log_probs"][7][3], data["rollout_log_probs"][7][3] = -1.0, -95.0  # old - rollout = 94: TIS exp inf
-    write_train_dump(path, data, rollout_id, rank=0, release=release)
-    return [
+    return data, [
         Planted("kl-margin", 5, 40, "ref_logp - logp = 95 on a masked token: low_var_kl exp overflows"),
         Planted("tis-margin", 7, 3, "old_logp - rollout_logp = 94: TIS exp is inf (clamped, no NaN)"),
         Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),

@@ -6,8 +6,8 @@ script, the architecture JSON, the slime release's default, Megatron core_v0.15.
 rule slime applies after parsing (`eps_clip_high = eps_clip`, `--colocate` forces the rollout GPUs, ...).
 
 `FLAGS` is the one table of defaults. A slime flag's default and choices are v0.1.0's unless its
-`changes` / `choices` say otherwise from a later release on, and it exists from `since` (through
-`until`); the releases are `nanscope.releases`. A modelled flag the release does not define is left
+`changes` / `choices` say otherwise from a later release on, and it exists from `since`; the releases are
+`nanscope.releases`. A modelled flag the release does not define is left
 out of the resolved values (`Config.get` reads it as absent); the script's use of it is in
 `Config.undefined`, a value outside the release's choices in `Config.rejected`.
 """
@@ -37,7 +37,7 @@ class Flag:
         default: the value when the flag is absent (slime v0.1.0's, for a slime flag).
         owner: SLIME or MEGATRON (whose default it is).
         flag: the command-line spelling when it is not `--` + name with dashes.
-        since, until: the first and last slime release that define it (None: still defined).
+        since: the first slime release that defines it.
         changes: (release, default) from that release on, oldest first.
         choices: (release, the values its parser accepts) from that release on, oldest first; () any.
     """
@@ -48,7 +48,6 @@ class Flag:
     owner: str
     flag: str = ""
     since: str = releases.V0_1_0
-    until: str | None = None
     changes: tuple[tuple[str, object], ...] = ()
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
@@ -58,8 +57,7 @@ class Flag:
 
     def defined_at(self, release: str) -> bool:
         """The release's parser defines the flag (Megatron's flags: every release here)."""
-        at = releases.index(release)
-        return releases.index(self.since) <= at and (self.until is None or at <= releases.index(self.until))
+        return releases.index(self.since) <= releases.index(release)
 
     def default_at(self, release: str) -> object:
         return _latest(self.changes, release, self.default)
@@ -132,7 +130,12 @@ FLAGS: tuple[Flag, ...] = (
     _f("sglang_context_length", "int", None),
     _f("seq_length", "int", None, MEGATRON),
     # loss (slime)
-    _f("loss_type", "str", "policy_loss"),
+    _f(  # arguments.py:519 (v0.1.0), the same choices in every release here
+        "loss_type",
+        "str",
+        "policy_loss",
+        choices=((releases.V0_1_0, ("policy_loss", "sft_loss", "custom_loss")),),
+    ),
     _f("custom_loss_function_path", "str", None),
     _f(  # arguments.py:548 (v0.1.0), :809-815 (v0.2.4: ppo), :932-939 (v0.3.1: cispo), :943-950 (main)
         "advantage_estimator",

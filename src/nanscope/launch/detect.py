@@ -3,7 +3,7 @@
 In order: the release asked for (`--slime-version`, any spelling `nanscope.releases.find` accepts); a
 release the script's text names (a path `slime-0.2.4` or `slime_v0.3.1`, `pip install slime==0.2.4`, a
 docker image `slimerl/slime:v0.3.1`, `slime@v0.2.4`, main's commit `624b824`); the releases whose
-parsers accept every modelled flag the script gives (`launch.config.FLAGS`: `since`, `until`, `choices`),
+parsers accept every modelled flag the script gives (`launch.config.FLAGS`: `since`, `choices`),
 the oldest of them when the flags rule some out; else v0.1.0, said as an assumption. The bundled case
 is its own release (`case.RELEASE`) unless `--slime-version` says otherwise. A script that names a
 release nanscope does not know, or two releases, is refused in one line: its defaults would be guessed.

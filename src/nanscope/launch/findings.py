@@ -67,8 +67,8 @@ def _undefined(cfg: Config) -> Finding | None:
     mechanism = (
         f"slime {r.key}'s parser does not define {', '.join(cfg.undefined)} and "
         + ("refuses unknown arguments" if refused else "ignores unknown arguments")
-        + f" ({r.parser_at}): "
-        + ("the run does not start." if refused else "the flag is dropped without a word, so what it turns on is off.")
+        + f" ({r.parser_at}). "
+        + ("The run does not start." if refused else "They are dropped without a word: what they turn on stays off.")
     )
     return Finding(
         "flag-not-in-release",
@@ -84,8 +84,7 @@ def _undefined(cfg: Config) -> Finding | None:
 
 def _span(spelling: str) -> str:
     """The releases that define a modelled flag, in words ("from v0.2.4")."""
-    spec = BY_SPELLING[spelling]
-    return f"from {spec.since}" + (f" through {spec.until}" if spec.until else "")
+    return f"from {BY_SPELLING[spelling].since}"
 
 
 def _rejected(cfg: Config) -> Finding | None:
@@ -105,7 +104,7 @@ def _rejected(cfg: Config) -> Finding | None:
         "critical",
         f"slime {r.key} rejects {', '.join(flags)}",
         flags,
-        f"slime {r.key}'s parser checks these values against its choices ({why}) and exits with an "
+        f"slime {r.key}'s parser checks these values against its choices ({why}). Any other value is an "
         "argparse error: the run does not start.",
         "one of the accepted values" + (f" ({elsewhere})" if elsewhere else "") + "; if the script is for "
         "another release, pass --slime-version.",
@@ -350,7 +349,7 @@ def _temperature(cfg: Config) -> Finding | None:
         return None
     mechanism = (
         f"slime {cfg.release} divides the logits by --rollout-temperature in the log-prob pass and in the loss "
-        f"({_release(cfg).temperature_at.removeprefix('slime/')}) and never checks that it is positive: every "
+        f"({_release(cfg).temperature_at.removeprefix('slime/')}) and never checks that it is positive. Every "
         "logit becomes +-inf, the log-softmax computes inf - inf = NaN, so every log-prob, the loss and every "
         "gradient are NaN."
     )
@@ -442,8 +441,8 @@ def _batches(cfg: Config, b: Batches) -> Finding | None:
         f"slime {r.key} asserts rollout-batch-size x n-samples-per-prompt ({b.samples_per_rollout}) "
         f"% global-batch-size ({b.global_batch}) == 0 at start-up. The run does not start."
         if assert_
-        else f"slime {r.key} trains whole global batches only and drops the rest ({r.batch_remainder_at}): "
-        f"{b.samples_per_rollout} % {b.global_batch} = {b.steps_remainder} samples of every rollout are "
+        else f"slime {r.key} trains whole global batches only and drops the rest ({r.batch_remainder_at}). "
+        f"Here {b.samples_per_rollout} % {b.global_batch} = {b.steps_remainder} samples of every rollout are "
         "generated and never trained."
     )
     return Finding(

@@ -42,7 +42,7 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
         + f", {result.num_samples} samples, {result.response_tokens:,} response tokens"
     )
     console.print(head, highlight=False, markup=False)
-    console.print(format_line(result), highlight=False, markup=False)
+    console.print(format_line(result), highlight=False, markup=False, soft_wrap=True)  # one line, for grep
     if result.hazards:
         wide = console.width >= 130  # the note column only fits on wide terminals (it is in JSON/HTML)
         t = Table(
