@@ -17,6 +17,7 @@ TRAIN = ["--use-kl-loss"]
         ("SLIME_DIR=/opt/slime_v0.1.0", "v0.1.0", "slime_v0.1.0"),
         ("pip install git+https://github.com/THUDM/slime.git@v0.2.4", "v0.2.4", "slime.git@v0.2.4"),
         ("git -C /root/slime/624b824 log", "main", "slime/624b824"),
+        ("pip install git+https://github.com/THUDM/slime@main", "main", "slime@main"),
     ],
 )
 def test_the_script_names_the_release(line, key, match):

@@ -2,7 +2,7 @@
 
 In order: the release asked for (`--slime-version`, any spelling `nanscope.releases.find` accepts); a
 release the script's text names (a path `slime-0.2.4` or `slime_v0.3.1`, `pip install slime==0.2.4`, a
-docker image `slimerl/slime:v0.3.1`, `slime@v0.2.4`, main's commit `624b824`); the releases whose
+docker image `slimerl/slime:v0.3.1`, `slime@v0.2.4`, `slime@main` or main's commit); the releases whose
 parsers accept every modelled flag the script gives (`launch.config.FLAGS`: `since`, `choices`),
 the oldest of them when the flags rule some out; else v0.1.0, said as an assumption. The bundled case
 is its own release (`case.RELEASE`) unless `--slime-version` says otherwise. A script that names a
@@ -20,11 +20,11 @@ from nanscope import releases
 from nanscope.errors import UserError
 from nanscope.launch.config import FLAGS, split_flags
 
-# `slime` followed by ==, -, _, @, : or / (a .git in between allowed), then a release number or main's commit.
-_NAMED = re.compile(
-    r"\bslime(?:\.git)?(?:==|[-_@:/])v?(?P<name>\d+\.\d+\.\d+|624b824)(?![\w.])",
-    re.IGNORECASE,
-)
+_NUMBER = r"\d+\.\d+\.\d+"
+# The other spellings of the known releases (main, its commit).
+_WORDS = "|".join(sorted({s for r in releases.RELEASES for s in r.spellings if not re.fullmatch(f"v?{_NUMBER}", s)}))
+# `slime` followed by ==, -, _, @, : or / (a .git in between allowed), then a release number or one of those words.
+_NAMED = re.compile(rf"\bslime(?:\.git)?(?:==|[-_@:/])v?(?P<name>{_NUMBER}|{_WORDS})(?![\w.])", re.IGNORECASE)
 OVERRIDE = "pass --slime-version to choose another"
 
 

@@ -5,7 +5,8 @@ the evidence, the mechanism in two sentences, and the fix (a flag change where o
 nanscope slime plugin). The semantics are the release's `policy_loss_function` / `compute_approx_kl` /
 `compute_policy_loss` (`Config.release`; what differs between releases is data: `launch.config.FLAGS`
 and `nanscope.releases`) and megatron-core 0.15.0rc0's gradient check. A fix names only flags the
-release defines. Each finding names its hazards by the records in `nanscope.hazards`. The verdict
+release defines (but for the two findings about the release itself, which name the script's flags the
+release lacks, and nanscope's --slime-version). Each finding names its hazards by the records in `nanscope.hazards`. The verdict
 prose that summarises the findings is rendered in `nanscope.report.doctor`.
 """
 
@@ -62,7 +63,7 @@ def _undefined(cfg: Config) -> Finding | None:
     if not cfg.undefined:
         return None
     r = _release(cfg)
-    spans = "; ".join(f"{f} is defined {_span(f)}" for f in cfg.undefined)
+    spans = "; ".join(f"{f} is defined from {BY_SPELLING[f].since}" for f in cfg.undefined)
     refused = r.unknown_flags == "refused"
     mechanism = (
         f"slime {r.key}'s parser does not define {', '.join(cfg.undefined)} and "
@@ -80,11 +81,6 @@ def _undefined(cfg: Config) -> Finding | None:
         f"{'them' if len(cfg.undefined) > 1 else 'it'} ({spans}); if the script is for another release, "
         "pass --slime-version.",
     )
-
-
-def _span(spelling: str) -> str:
-    """The releases that define a modelled flag, in words ("from v0.2.4")."""
-    return f"from {BY_SPELLING[spelling].since}"
 
 
 def _rejected(cfg: Config) -> Finding | None:
