@@ -122,6 +122,7 @@ def test_case_terminal_json_html(tmp_path, capsys):
     assert html.count("<rect") == 64 + 4  # one cell per rank + one layer bar per stage
     assert "<title>rank 50: TP 2 CP 0 DP 0 PP 3 EP 2</title>" in html
     assert "PP 3: 72-93 + output" in html
+    assert "<p class='muted'>slime release v0.1.0 (case: the bundled case ran slime v0.1.0; " in html
 
 
 def test_colocated_qwen3_4b_rank_5(tmp_path, capsys):

@@ -66,10 +66,20 @@ def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
         "num_samples": 16,
         "response_tokens": 1024,
     }
+    assert doc["format"] == {
+        "release": "v0.1.0",
+        "same_as": ["v0.1.0"],
+        "fields_added": [],
+        "fields_removed": [],
+        "rollout_logprob_dtype": "bfloat16",
+        "note": "",
+    }
+    assert lines[1] == "format: slime v0.1.0; rollout_log_probs checked as bfloat16"
 
     html = (tmp_path / "s.html").read_text()
     assert html.count("<svg") == 3  # kl-margin and ratio-margin histograms, the hazard map
     assert "fp32 exp limit 88.72" in html and "sample 12: 1 kl-margin" in html
+    assert "<p class='muted'>format: slime v0.1.0; rollout_log_probs checked as bfloat16</p>" in html
 
 
 def test_train_demo_verdict_and_exit(tmp_path, capsys):
