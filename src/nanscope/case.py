@@ -14,6 +14,7 @@ from functools import cache
 from importlib import resources
 
 NAME = "slime-795"
+RELEASE = "v0.1.0"  # the slime release the case ran (its README.md); doctor --case uses its defaults
 # The only value launch.sh reads from its environment: 8 nodes x 8 GPUs = the case's 64 H100s.
 ENV = {"TOTAL_NODES": "8"}
 FILES = ("launch.sh", "model.json", "traceback.txt")
@@ -38,7 +39,8 @@ def config():
 
     with resources.as_file(root() / "launch.sh") as path:
         script = parse_script(path, ENV)
-    return resolve(script.argv, json.loads(text("model.json")), f"model.json (bundled with {NAME})", script.unset)
+    model = json.loads(text("model.json"))
+    return resolve(script.argv, model, f"model.json (bundled with {NAME})", script.unset, release=RELEASE)
 
 
 @cache

@@ -105,6 +105,15 @@ def test_case_terminal_json_html(tmp_path, capsys):
     assert doc["failure"]["iteration"] == -1 and doc["failure"]["kind"] == "NaN"
     assert doc["config"]["num_layers"] == {"value": 94, "origin": "model.json (bundled with slime-795)"}
     assert doc["config"]["tis_clip"] == {"value": 2.0, "origin": "default (slime v0.1.0)"}
+    assert doc["slime_release"] == {
+        "version": "v0.1.0",
+        "name": "v0.1.0",
+        "how": "case",
+        "source": "the bundled case ran slime v0.1.0; pass --slime-version to choose another",
+    }
+    assert out.splitlines()[1] == (
+        "slime release v0.1.0 (case: the bundled case ran slime v0.1.0; pass --slime-version to choose another)"
+    )
 
     html = page.read_text()
     assert html.startswith("<!doctype html>") and "<script" not in html
@@ -113,6 +122,7 @@ def test_case_terminal_json_html(tmp_path, capsys):
     assert html.count("<rect") == 64 + 4  # one cell per rank + one layer bar per stage
     assert "<title>rank 50: TP 2 CP 0 DP 0 PP 3 EP 2</title>" in html
     assert "PP 3: 72-93 + output" in html
+    assert "<p class='muted'>slime release v0.1.0 (case: the bundled case ran slime v0.1.0; " in html
 
 
 def test_colocated_qwen3_4b_rank_5(tmp_path, capsys):
@@ -128,6 +138,11 @@ def test_colocated_qwen3_4b_rank_5(tmp_path, capsys):
     ids = [f["id"] for f in doc["findings"]]
     assert ids == ["kl-loss-exp-then-clamp", "ppo-ratio-exp-then-clamp", "nan-check-kills-run"]
     assert "rollout GPUs (8) consistent with actor GPUs (8)" in doc["fine"]
+    assert (doc["slime_release"]["version"], doc["slime_release"]["how"], doc["slime_release"]["source"]) == (
+        "v0.1.0",
+        "assumed",
+        "nothing in the script names a release; pass --slime-version to choose another",
+    )
 
 
 def test_disaggregated_moe_rank_13(tmp_path, capsys):
@@ -543,4 +558,74 @@ def test_without_megatron_core_the_layout_names_the_extra(tmp_path):
     assert (proc.returncode, proc.stderr) == (
         2,
         "nanscope doctor: error: rank coordinates need megatron-core's RankGenerator: pip install 'nanscope[repro]'\n",
+    )
+
+
+# 5 prompts x 8 samples = 40 per rollout, global batch 32; the KL term at coefficient 0 with no --kl-loss-type;
+# dual-clip asked for. What changes with the release: the KL default, the 8-sample remainder, --eps-clip-c.
+RELEASE_SCRIPT = (
+    "python3 train.py --actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate --num-layers 4 "
+    "--rollout-batch-size 5 --n-samples-per-prompt 8 --global-batch-size 32 --use-kl-loss --kl-loss-coef 0 "
+    "--eps-clip-c 3\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "key", "kl", "remainder", "dual_clip"),
+    [
+        ("0.1.0", "v0.1.0", "kl", "critical", False),
+        ("v0.2.4", "v0.2.4", "k1", "low", False),
+        ("V0.3.1", "v0.3.1", "k1", "low", False),
+        ("main", "main", "k1", "low", True),
+    ],
+)
+def test_slime_version_applies_that_release(tmp_path, capsys, spelling, key, kl, remainder, dual_clip):
+    script, js = tmp_path / "run.sh", tmp_path / "d.json"
+    script.write_text(RELEASE_SCRIPT)
+    assert main(["doctor", str(script), "--slime-version", spelling, "--json", str(js)]) == 0
+    name = "main (2026-08-21, 624b824)" if key == "main" else key
+    assert capsys.readouterr().out.splitlines()[1] == f"slime release {name} (option: --slime-version {spelling})"
+    doc = json.loads(js.read_text())
+    assert doc["slime_release"] == {
+        "version": key,
+        "name": name,
+        "how": "option",
+        "source": f"--slime-version {spelling}",
+    }
+    assert doc["config"]["kl_loss_type"] == {"value": kl, "origin": f"default (slime {key})"}
+    assert (
+        f"--kl-loss-type {kl} has no exp: no KL overflow (slime {key}'s default: the KL term's exp hazard needs "
+        "--kl-loss-type low_var_kl or k3)"
+    ) in doc["fine"]
+    found = {f["id"]: f for f in doc["findings"]}
+    assert found["rollout-not-multiple-of-global-batch"]["severity"] == remainder
+    assert ("eps-clip-c-ignored" in found) != dual_clip
+    assert ("rollout_max_response_len" in doc["config"]) and doc["config"]["rollout_max_response_len"]["value"] == (
+        1024 if key == "v0.1.0" else None
+    )
+
+
+def test_the_release_is_read_from_the_script(tmp_path, capsys):
+    script, js = tmp_path / "run.sh", tmp_path / "d.json"
+    script.write_text(
+        "# docker run slimerl/slime:v0.3.1\n" + RELEASE_SCRIPT.replace("--eps-clip-c 3", "--get-mismatch-metrics")
+    )
+    assert main(["doctor", str(script), "--json", str(js)]) == 0
+    doc = json.loads(js.read_text())
+    assert doc["slime_release"]["source"] == f"{script} line 1 names it: slime:v0.3.1"
+    assert doc["findings"][0]["id"] == "tis-unvalidated-rollout-logprobs"  # --get-mismatch-metrics runs TIS
+
+
+def test_an_unknown_release_is_refused_in_one_line(tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text(RELEASE_SCRIPT)
+    assert main(["doctor", str(script), "--slime-version", "0.2.2"]) == 2
+    assert capsys.readouterr().err == (
+        "nanscope doctor: error: unknown slime release '0.2.2' (known: v0.1.0, v0.2.4, v0.3.1, main)\n"
+    )
+    script.write_text("# slimerl/slime:v0.3.0\n" + RELEASE_SCRIPT)
+    assert main(["doctor", str(script)]) == 2
+    assert capsys.readouterr().err == (
+        f"nanscope doctor: error: {script}: line 1 names slime 0.3.0 (slime:v0.3.0), a release nanscope does not "
+        "know (known: v0.1.0, v0.2.4, v0.3.1, main); pass --slime-version to use the defaults of one\n"
     )

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from nanscope.cli.main import main
@@ -18,7 +19,7 @@ def run(capsys, *argv):
 def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
     dump = str(tmp_path / "rollout_data" / "12.pt")
     rc, out, _ = run(capsys, "--write-demo", dump)
-    assert rc == 0 and out.splitlines()[0] == f"wrote rollout dump {dump} with 4 planted hazards:"
+    assert rc == 0 and out.splitlines()[0] == f"wrote rollout dump {dump} (slime v0.1.0 format) with 4 planted hazards:"
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"), "--html", str(tmp_path / "s.html"))
     assert (rc, err) == (1, "")
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
@@ -33,7 +34,7 @@ def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
     )
 
     doc = json.loads((tmp_path / "s.json").read_text())
-    assert set(doc) == {"dump", "config", "hazards", "summary"}
+    assert set(doc) == {"dump", "format", "config", "hazards", "summary"}
     assert doc["hazards"][9] == {
         "kind": "nonfinite-rollout-logprob",
         "mechanism": "nan-rollout-logprob",
@@ -65,10 +66,20 @@ def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
         "num_samples": 16,
         "response_tokens": 1024,
     }
+    assert doc["format"] == {
+        "release": "v0.1.0",
+        "same_as": ["v0.1.0"],
+        "fields_added": [],
+        "fields_removed": [],
+        "rollout_logprob_dtype": "bfloat16",
+        "note": "",
+    }
+    assert lines[1] == "format: slime v0.1.0; rollout_log_probs checked as bfloat16"
 
     html = (tmp_path / "s.html").read_text()
     assert html.count("<svg") == 3  # kl-margin and ratio-margin histograms, the hazard map
     assert "fp32 exp limit 88.72" in html and "sample 12: 1 kl-margin" in html
+    assert "<p class='muted'>format: slime v0.1.0; rollout_log_probs checked as bfloat16</p>" in html
 
 
 def test_train_demo_verdict_and_exit(tmp_path, capsys):
@@ -209,11 +220,13 @@ def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
     assert (rc, err) == (1, "")
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
     assert (
-        "rollout_data/12.pt rollout 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
+        "rollout_data/12.pt rollout v0.1.0 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
         "ratio-exp-overflow"
     ) in lines
-    assert "rollout_data/13.pt rollout 8 64 0 no -" in lines
-    assert "train_data/12_0.pt train 16 1,024 4 yes kl-exp-overflow, nan-rollout-logprob, ratio-exp-overflow" in lines
+    assert "rollout_data/13.pt rollout v0.1.0 8 64 0 no -" in lines
+    assert (
+        "train_data/12_0.pt train v0.1.0 16 1,024 4 yes kl-exp-overflow, nan-rollout-logprob, ratio-exp-overflow"
+    ) in lines
     assert lines[-1] == (
         "3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; 0 failed; 17 findings"
     )
@@ -242,3 +255,33 @@ def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     rc, _, err = run(capsys, str(tmp_path / "empty"))
     assert (rc, err) == (2, f"nanscope scan: error: {tmp_path}/empty: no *.pt dumps in this directory or below\n")
+
+
+@pytest.mark.parametrize(
+    ("release", "kind", "line"),
+    [
+        ("v0.2.4", "rollout", "format: slime v0.2.4; 13 field(s) beyond v0.1.0's: generate_function_path, group_index, "
+         "multimodal_inputs, multimodal_train_inputs, non_generation_time, prefix_cache_info, remove_sample, "
+         "rollout_routed_experts, session_id, spec_info, teacher_log_probs, train_metadata, weight_versions; "
+         "rollout_log_probs checked as float32"),
+        ("v0.2.4", "train", "format: slime v0.2.4; rollout_log_probs checked as float32; told apart by "
+         "rollout_log_probs' dtype"),
+        ("v0.3.1", "train", "format: slime v0.3.1; 5 field(s) beyond v0.1.0's: global_batch_sizes, micro_batch_indices, "
+         "num_microbatches, rollout_ids, rollout_mask_sums; rollout_log_probs checked as float32"),
+        ("main", "train", "format: slime main; 5 field(s) beyond v0.1.0's: data_parallel_rank, rollout_ids, "
+         "rollout_mask_sums, rollout_position, sample_index; 2 field(s) missing from v0.1.0's: raw_reward, "
+         "sample_indices; rollout_log_probs checked as float32; format_version 2: one dict per sample, CP fields "
+         "gathered whole"),
+    ],
+)  # fmt: skip
+def test_each_release_s_format_through_argv(tmp_path, capsys, release, kind, line):
+    dump = str(tmp_path / "d.pt")
+    rc, out, _ = run(capsys, "--write-demo", dump, "--demo-kind", kind, "--demo-release", release)
+    assert rc == 0 and out.splitlines()[0] == f"wrote {kind} dump {dump} (slime {release} format) with " + (
+        "4 planted hazards:" if kind == "rollout" else "3 planted hazards:"
+    )
+    rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"))
+    assert (rc, err) == (1, "")
+    assert out.splitlines()[1] == line
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert (doc["format"]["release"], doc["summary"]["verdict"].split(" would")[0]) == (release, f"slime {release}")

@@ -166,3 +166,45 @@ def test_doctor_json_lists_the_candidates_and_the_verdict_keeps_them_open(tmp_pa
     out = " ".join(capsys.readouterr().out.split())
     assert "candidate causes (12: every cause nanscope catalogues)" in out
     assert "undecidable activation-overflow [model-forward]" in out
+
+
+def _release(release: str, *argv: str) -> dict:
+    return {c.id: c for c in candidates(resolve(list(argv), release=release))}
+
+
+def test_rollout_log_prob_routes_per_release():
+    no_route = "(no --use-tis), (no --get-mismatch-metrics), (no --use-rollout-logprobs)"
+    c = _release("v0.2.4", "--rollout-batch-size", "1")["nan-rollout-logprob"]
+    assert (c.status, c.evidence) == (
+        RULED_OUT,
+        [
+            f"{no_route}: slime v0.2.4's loss reads rollout_log_probs only into a detached metric (train_rollout_logprob_abs_diff)"
+        ],
+    )
+    c = _release("main", "--get-mismatch-metrics", "--use-rollout-logprobs")["nan-rollout-logprob"]
+    assert (c.status, c.evidence) == (
+        ENABLED,
+        [
+            "--get-mismatch-metrics: slime main applies the TIS weight clamp(exp(old - rollout)), which passes NaN",
+            "--use-rollout-logprobs: a NaN rollout log-prob is the ratio's old log-prob",
+            "rollout log-probs from SGLang",
+        ],
+    )
+
+
+def test_a_shifted_rollout_log_prob_as_the_old_policy_is_not_ruled_out_by_a_nan_gradient():
+    cands = {c.id: c for c in candidates(resolve(["--use-rollout-logprobs"], release="v0.3.1"), case.traceback())}
+    assert cands["rollout-logprob-shift"].status == ENABLED
+    assert cands["rollout-logprob-shift"].evidence == [
+        "--use-rollout-logprobs: misaligned rollout log-probs are the ratio's old log-probs",
+        "rollout log-probs from SGLang",
+    ]
+
+
+def test_the_release_s_kl_default_rules_the_kl_hazard_out():
+    c = _release("v0.2.4", "--use-kl-loss")["kl-exp-overflow"]
+    assert (c.status, c.evidence) == (
+        RULED_OUT,
+        ["--kl-loss-type k1 (slime v0.2.4's default): no exp in the KL estimator"],
+    )
+    assert _release("v0.2.4", "--use-kl-loss")["singleton-group"].evidence[0].startswith("slime v0.2.4 is immune: ")

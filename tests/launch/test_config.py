@@ -148,3 +148,36 @@ def test_hugging_face_config_names():
     cfg = resolve([], {"num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8}, "config.json")
     assert (cfg["num_layers"], cfg["num_experts"], cfg["moe_router_topk"]) == (48, 128, 8)
     assert cfg.origin("num_layers") == "config.json"
+
+
+def test_a_release_s_defaults_and_the_flags_it_lacks():
+    cfg = resolve(["--use-kl-loss", "--use-rollout-logprobs", "--kl-loss-type", "kl"], release="v0.2.4")
+    assert (cfg["kl_loss_type"], cfg.origin("kl_loss_type")) == ("kl", SCRIPT)  # as written, but rejected:
+    assert cfg.rejected == [("--kl-loss-type", "kl", ("k1", "k2", "k3", "low_var_kl"))]
+    assert (cfg.get("use_rollout_logprobs"), cfg.origin("tis_clip"), cfg.undefined) == (
+        True,
+        "default (slime v0.2.4)",
+        [],
+    )
+    cfg = resolve(["--use-kl-loss"], release="v0.3.1")
+    assert (cfg["kl_loss_type"], cfg.origin("kl_loss_type")) == ("k1", "default (slime v0.3.1)")
+    cfg = resolve(["--use-rollout-logprobs"])  # v0.1.0: not a flag of its parser
+    assert (cfg.undefined, "use_rollout_logprobs" in cfg.values, cfg.get("use_rollout_logprobs")) == (
+        ["--use-rollout-logprobs"],
+        False,
+        False,
+    )
+
+
+def test_no_response_length_default_from_v0_2_4():
+    argv = ["--rollout-batch-size", "1", "--rollout-max-prompt-len", "100"]
+    b = batches(resolve(argv), dp=1, cp=1)
+    assert (b.longest_sample, b.longest_from) == (
+        1124,
+        "--rollout-max-prompt-len 100 + --rollout-max-response-len 1024",
+    )
+    b = batches(resolve(argv, release="v0.2.4"), dp=1, cp=1)
+    assert (b.longest_sample, b.longest_from) == (
+        None,
+        "unbounded: no --rollout-max-response-len (slime v0.2.4: no default)",
+    )

@@ -2,7 +2,9 @@
 
 import re
 
-from nanscope.launch.config import batches, resolve
+import pytest
+
+from nanscope.launch.config import BY_SPELLING, batches, resolve
 from nanscope.launch.findings import PLUGIN, findings, fine
 
 CASE_FLAGS = [
@@ -48,8 +50,8 @@ CASE_FLAGS = [
 ]
 
 
-def _run(argv, world=64, dp=2, cp=2):
-    cfg = resolve(argv)
+def _run(argv, world=64, dp=2, cp=2, release="v0.1.0"):
+    cfg = resolve(argv, release=release)
     b = batches(cfg, dp, cp)
     return cfg, b, {f.id: f for f in findings(cfg, b, world, cp)}
 
@@ -202,3 +204,175 @@ def test_zero_temperature_is_a_critical_finding():
     f = found["zero-rollout-temperature"]
     assert (f.severity, f.flags, f.hazards) == ("critical", ["--rollout-temperature 0"], ["zero-temperature"])
     assert "loss.py:54" in f.mechanism and "zero-rollout-temperature" not in _run(CASE_FLAGS)[2]
+
+
+# Every rule that reads a release fact fires: zero temperature, the KL term at 0 (unbiased from v0.2.4),
+# TIS with mismatch metrics and rollout log-probs as the old policy, a custom reward, dual-clip, a rollout
+# of 5 x 8 = 40 samples for a global batch of 32, 6 rollout GPUs for engines of 4, a sample over the budget.
+EVERYTHING = [
+    "--rollout-temperature", "0", "--use-kl-loss", "--kl-loss-coef", "0", "--kl-loss-type", "low_var_kl",
+    "--use-unbiased-kl", "--use-tis", "--get-mismatch-metrics", "--use-rollout-logprobs",
+    "--custom-generate-function-path", "g.gen", "--custom-rm-path", "r.rm", "--n-samples-per-prompt", "8",
+    "--eps-clip-c", "3", "--rollout-batch-size", "5", "--global-batch-size", "32", "--rollout-num-gpus", "6",
+    "--rollout-num-gpus-per-engine", "4", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "100",
+    "--rollout-max-prompt-len", "100", "--rollout-max-response-len", "1000",
+]  # fmt: skip
+RELEASES = ("v0.1.0", "v0.2.4", "v0.3.1", "main")
+# Flags fix texts name that launch.config.FLAGS does not model; tests/slime_releases checks each release has them.
+UNMODELLED_FIX_FLAGS = {"--save-debug-rollout-data"}
+# These two fixes name the script's own flags (to remove) and nanscope's --slime-version, on purpose.
+RELEASE_MISMATCH = ("flag-not-in-release", "value-not-in-release")
+
+
+def fix_flags(release: str) -> set[str]:
+    """Every --flag the fixes name when EVERYTHING runs on `release` (the release-mismatch findings aside)."""
+    _, _, found = _run(EVERYTHING, 8, 8, 1, release)
+    return {m for f in found.values() if f.id not in RELEASE_MISMATCH for m in re.findall(r"--[a-z][a-z0-9-]+", f.fix)}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_fixes_name_only_flags_the_release_defines(release):
+    named = fix_flags(release)
+    modelled = {f for f in named if f in BY_SPELLING}
+    assert named - modelled == UNMODELLED_FIX_FLAGS
+    assert {f for f in modelled if not BY_SPELLING[f].defined_at(release)} == set()
+    assert ("--use-rollout-logprobs" in named) == (release != "v0.1.0")  # the fix of a rule only later releases have
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_release_rule_is_two_sentences(release):
+    _, _, found = _run(EVERYTHING, 8, 8, 1, release)
+    for f in found.values():
+        assert len(re.split(r"(?<=[.])\s+(?=[A-Z-])", f.mechanism.strip())) == 2, (release, f.id, f.mechanism)
+
+
+def test_what_differs_between_releases():
+    ids = {r: list(_run(EVERYTHING, 8, 8, 1, r)[2]) for r in RELEASES}
+    later = ["kl-loss-exp-then-clamp", "unbiased-kl-ratio-exp", "tis-unvalidated-rollout-logprobs"]
+    later += ["rollout-logprobs-as-old-policy", "custom-reward-grpo-normalisation", "masked-tokens-reach-loss"]
+    assert ids["v0.1.0"] == [
+        "flag-not-in-release",
+        "zero-rollout-temperature",
+        "rollout-not-multiple-of-global-batch",
+        "rollout-gpus-per-engine",
+        "kl-loss-exp-then-clamp",
+        "tis-unvalidated-rollout-logprobs",
+        "custom-reward-grpo-normalisation",
+        "masked-tokens-reach-loss",
+        "ppo-ratio-exp-then-clamp",
+        "nan-check-kills-run",
+        "eps-clip-c-ignored",
+        "sample-exceeds-microbatch-budget",
+    ]
+    tail = ["ppo-ratio-exp-then-clamp", "nan-check-kills-run"]
+    assert ids["v0.2.4"] == ids["v0.3.1"] == [
+        "zero-rollout-temperature", "rollout-gpus-per-engine", *later, *tail, "eps-clip-c-ignored",
+        "sample-exceeds-microbatch-budget", "rollout-not-multiple-of-global-batch",
+    ]  # fmt: skip
+    assert ids["main"] == [
+        "zero-rollout-temperature", "rollout-gpus-per-engine", *later, *tail,
+        "sample-exceeds-microbatch-budget", "rollout-not-multiple-of-global-batch",
+    ]  # fmt: skip
+
+
+def test_the_rollout_remainder_fails_v0_1_0_and_is_dropped_later():
+    found = {r: _run(EVERYTHING, 8, 8, 1, r)[2]["rollout-not-multiple-of-global-batch"] for r in ("v0.1.0", "v0.3.1")}
+    assert (found["v0.1.0"].severity, found["v0.1.0"].mechanism) == (
+        "critical",
+        "slime v0.1.0 asserts rollout-batch-size x n-samples-per-prompt (40) % global-batch-size (32) == 0 at "
+        "start-up. The run does not start.",
+    )
+    assert (found["v0.3.1"].severity, found["v0.3.1"].mechanism) == (
+        "low",
+        # 5 prompts x 8 samples = 40; 40 % 32 = 8 samples left over
+        "slime v0.3.1 trains whole global batches only and drops the rest (slime/utils/dp_schedule.py:135). "
+        "Here 40 % 32 = 8 samples of every rollout are generated and never trained.",
+    )
+
+
+def test_dual_clip_is_ignored_until_main():
+    cfg, b, found = _run(["--eps-clip-c", "3", "--rollout-batch-size", "1"], 8, 8, 1, "v0.3.1")
+    assert found["eps-clip-c-ignored"].title == "--eps-clip-c is accepted but never applied in v0.3.1"
+    cfg, b, found = _run(["--eps-clip-c", "3", "--rollout-batch-size", "1"], 8, 8, 1, "main")
+    assert "eps-clip-c-ignored" not in found
+    assert "--eps-clip-c 3: slime main applies dual-clip PPO (slime/backends/megatron_utils/loss.py:1038-1044)" in fine(
+        cfg, b, 8, True
+    )
+
+
+@pytest.mark.parametrize(("release", "line"), [("v0.1.0", 54), ("v0.2.4", 77), ("v0.3.1", 91), ("main", 134)])
+def test_zero_temperature_cites_the_release(release, line):
+    f = _run(["--rollout-temperature", "0", "--rollout-batch-size", "1"], 8, 8, 1, release)[2][
+        "zero-rollout-temperature"
+    ]
+    assert f.mechanism.startswith(
+        f"slime {release} divides the logits by --rollout-temperature in the log-prob pass and in the loss "
+        f"(backends/megatron_utils/loss.py:{line}) and never checks that it is positive"
+    )
+
+
+def test_the_kl_default_changes_with_the_release():
+    for release, kl in (("v0.1.0", "kl"), ("v0.2.4", "k1")):
+        cfg, b, found = _run(["--use-kl-loss", "--rollout-batch-size", "1"], 8, 8, 1, release)
+        assert "kl-loss-exp-then-clamp" not in found
+        assert (
+            f"--kl-loss-type {kl} has no exp: no KL overflow (slime {release}'s default: the KL term's exp hazard "
+            "needs --kl-loss-type low_var_kl or k3)"
+        ) in fine(cfg, b, 8, True)
+
+
+def test_flags_and_values_the_release_lacks():
+    _, _, found = _run(["--use-rollout-logprobs", "--rollout-batch-size", "1"], 8, 8, 1, "v0.1.0")
+    f = found["flag-not-in-release"]
+    assert (f.severity, f.flags, f.mechanism, f.fix) == (
+        "critical",
+        ["--use-rollout-logprobs"],
+        "slime v0.1.0's parser does not define --use-rollout-logprobs and refuses unknown arguments "
+        "(slime/utils/arguments.py:884 (Megatron's parse_args, unknown arguments are an error)). "
+        "The run does not start.",
+        "remove it, or run the release that defines it (--use-rollout-logprobs is defined from v0.2.4); if the "
+        "script is for another release, pass --slime-version.",
+    )
+    assert "rollout-logprobs-as-old-policy" not in found  # v0.1.0 has no such route
+    _, _, found = _run(["--kl-loss-type", "kl", "--rollout-batch-size", "1"], 8, 8, 1, "v0.2.4")
+    f = found["value-not-in-release"]
+    assert (f.severity, f.title, f.fix) == (
+        "critical",
+        "slime v0.2.4 rejects --kl-loss-type kl",
+        "one of the accepted values (--kl-loss-type kl is v0.1.0's spelling); if the script is for another "
+        "release, pass --slime-version.",
+    )
+    assert f.mechanism.startswith("slime v0.2.4's parser checks these values against its choices (--kl-loss-type "
+                                  "accepts k1, k2, k3, low_var_kl).")  # fmt: skip
+
+
+def test_a_parser_that_ignores_unknown_flags_says_so():
+    cfg = resolve(["--rollout-batch-size", "1"], release="v0.3.1")
+    cfg.undefined.append("--use-rollout-logprobs")  # as a flag v0.3.1 lacked would be
+    f = {x.id: x for x in findings(cfg, batches(cfg, 8, 1), 8, 1)}["flag-not-in-release"]
+    assert (f.severity, f.mechanism) == (
+        "medium",
+        "slime v0.3.1's parser does not define --use-rollout-logprobs and ignores unknown arguments "
+        "(slime/backends/megatron_utils/arguments.py:186 (ignore_unknown_args=True)). They are dropped without a "
+        "word: what they turn on stays off.",
+    )
+
+
+def test_routes_of_rollout_log_probs_from_v0_2_4():
+    _, _, found = _run(["--get-mismatch-metrics", "--rollout-batch-size", "1"], 8, 8, 1, "v0.2.4")
+    tis = found["tis-unvalidated-rollout-logprobs"]
+    assert tis.flags[0] == "--get-mismatch-metrics" and tis.fix.endswith("or drop --get-mismatch-metrics.")
+    assert tis.mechanism.startswith("--get-mismatch-metrics runs slime v0.2.4's TIS function, which multiplies")
+    _, _, found = _run(["--use-rollout-logprobs", "--rollout-batch-size", "1"], 8, 8, 1, "v0.3.1")
+    f = found["rollout-logprobs-as-old-policy"]
+    assert (f.severity, f.hazards) == ("medium", ["nan-rollout-logprob", "ratio-exp-overflow"])
+    _, _, found = _run(
+        ["--use-kl-loss", "--use-unbiased-kl", "--kl-loss-coef", "0.1", "--rollout-batch-size", "1"], 8, 8, 1, "main"
+    )
+    f = found["unbiased-kl-ratio-exp"]
+    assert (f.severity, f.flags, f.hazards) == (
+        "medium",
+        ["--use-kl-loss", "--use-unbiased-kl", "--kl-loss-coef 0.1"],
+        ["ratio-exp-overflow"],
+    )
+    assert "kl-loss-exp-then-clamp" not in found  # k1, main's default: no exp of its own

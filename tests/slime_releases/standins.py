@@ -23,8 +23,13 @@ PACKAGES = ("slime", "slime.backends", "slime.backends.megatron_utils", "slime.u
 
 def load_loss_module(checkout: Path) -> types.ModuleType:
     """Import `slime.backends.megatron_utils.loss` from `checkout` (a directory holding `slime/`)."""
-    loss_py = checkout / "slime" / "backends" / "megatron_utils" / "loss.py"
-    assert loss_py.is_file(), f"not a slime checkout: {checkout}"
+    return load_module(checkout, "slime.backends.megatron_utils.loss")
+
+
+def load_module(checkout: Path, module: str) -> types.ModuleType:
+    """Import slime's `module` from `checkout` (a directory holding `slime/`), with the stand-ins above."""
+    path = checkout.joinpath(*module.split(".")).with_suffix(".py")
+    assert path.is_file(), f"not in this slime checkout: {path}"
     for name in PACKAGES:
         package = types.ModuleType(name)
         package.__path__ = [str(checkout.joinpath(*name.split(".")))]
@@ -33,4 +38,4 @@ def load_loss_module(checkout: Path) -> types.ModuleType:
     http_utils.is_port_available = lambda *args, **kwargs: True
     sys.modules["slime.utils.http_utils"] = http_utils
     sys.modules.setdefault("ray", types.ModuleType("ray"))
-    return importlib.import_module("slime.backends.megatron_utils.loss")
+    return importlib.import_module(module)

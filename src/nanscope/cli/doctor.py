@@ -1,20 +1,24 @@
 """`nanscope doctor`: where and why a slime run hit NaN, read from its launch script and traceback.
 
-The launch script is parsed (tree-sitter-bash), never executed. The flags are resolved with slime
-v0.1.0's and Megatron's defaults, the rank layout comes from megatron-core's RankGenerator, and a
-catalogue of rules maps the flags to NaN mechanisms.
+The launch script is parsed (tree-sitter-bash), never executed. The flags are resolved with the slime
+release's and Megatron's defaults (--slime-version; else the release the script names, e.g. a path
+slime-0.2.4 or slimerl/slime:v0.3.1, or the one its flags imply; else v0.1.0, said in the output), the
+rank layout comes from megatron-core's RankGenerator, and a catalogue of rules maps the flags to NaN
+mechanisms.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from nanscope import releases
 from nanscope.errors import UserError
 
 EPILOG = """examples:
   nanscope doctor --case slime-795
   nanscope doctor launch.sh --env TOTAL_NODES=8 --model model.json --traceback traceback.txt
   nanscope doctor launch.sh --model-args scripts/models/qwen3-4B.sh --rank 5 --json out.json --html out.html
+  nanscope doctor launch.sh --slime-version v0.2.4   # that release's defaults (kl-loss-type k1, ...)
 """
 
 
@@ -44,6 +48,13 @@ def add_parser(sub):
     p.add_argument("--model-args", metavar="FILE", help="model-args file to read where the script sources one")
     p.add_argument("--traceback", metavar="FILE", help="the crash's traceback (Ray-wrapped or not)")
     p.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
+    p.add_argument(
+        "--slime-version",
+        metavar="RELEASE",
+        help=f"the slime release whose defaults, flags and rules apply: {', '.join(releases.KEYS)} "
+        "(0.2.4 and V0.2.4 work too; default: the release the script names or its flags imply, else "
+        f"{releases.DEFAULT.key}, said in the output)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON")
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
     p.add_argument(
@@ -120,10 +131,13 @@ def run(args) -> int:
     import contextlib
     import warnings
 
+    from nanscope import case
     from nanscope.inputs import read_text
     from nanscope.launch.script import OPTION
     from nanscope.report.files import check_writable
 
+    if args.slime_version is not None:
+        releases.get(args.slime_version)  # an unknown release is refused before anything is read
     for flag, path in (("--json", args.json), ("--html", args.html)):
         if path:
             check_writable(path, flag)
@@ -140,7 +154,17 @@ def run(args) -> int:
             from nanscope.launch import diagnose
 
             d = diagnose(
-                script, env, model, model_origin, args.model_args, tb_text, tb_path or "traceback", args.rank, limit
+                script,
+                env,
+                model,
+                model_origin,
+                args.model_args,
+                tb_text,
+                tb_path or "traceback",
+                args.rank,
+                limit,
+                args.slime_version,
+                case.RELEASE if args.case else None,
             )
     _report(d, args)
     return 0

@@ -1,4 +1,4 @@
-"""`nanscope scan`: find the samples and tokens of a slime v0.1.0 dump that make its loss non-finite."""
+"""`nanscope scan`: find the samples and tokens of a slime dump that make its loss non-finite."""
 
 from __future__ import annotations
 
@@ -6,12 +6,19 @@ import argparse
 import os
 import sys
 
+from nanscope import releases
 from nanscope.dumps.config import ScanConfig
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS
 from nanscope.errors import UserError
 
 DESCRIPTION = """\
-Scan a slime v0.1.0 debug dump for NaN hazards and name the sample, token and mechanism of each.
+Scan a slime debug dump for NaN hazards and name the sample, token and mechanism of each.
+
+Reads the dump formats of slime v0.1.0, v0.2.4, v0.3.1 and main, told apart by the file's fields (the
+report's `format` line and JSON key say which, and which fields differ from v0.1.0's): rollout dumps'
+Sample gained fields in v0.2.4 and v0.3.1; train dumps hold rollout_log_probs as bf16 in v0.1.0 and
+fp32 from v0.2.4 (the checks use the same dtype), v0.3.1 adds rollout ids and mask sums, and main
+writes one dict per sample (format_version 2). The checks are the same on each.
 
 Reads rollout dumps (--save-debug-rollout-data: {rollout_id}.pt) and train dumps
 (--save-debug-train-data: {rollout_id}_{rank}.pt) with a restricted unpickler that accepts a subset of
@@ -41,6 +48,7 @@ examples:
   nanscope scan train_data/12_50.pt --context-parallel-size 2 --tensor-model-parallel-size 4
   nanscope scan rollout_data/12.pt --n-samples-per-prompt 4 --reward-key score --no-use-tis
   nanscope scan /root/dumps/ --json scan.json        # every dump under the directory
+  nanscope scan --write-demo train_data/12.pt --demo-kind train --demo-release main   # main's train format
 """
 
 
@@ -127,8 +135,14 @@ def add_parser(sub):
         default="rollout",
         help="what --write-demo writes (default rollout)",
     )
+    inp.add_argument(
+        "--demo-release",
+        choices=releases.KEYS,
+        default=releases.V0_1_0,
+        help="whose dump format --write-demo writes (default v0.1.0)",
+    )
     case = ScanConfig.for_case()
-    sl = p.add_argument_group("slime v0.1.0 flags (defaults: the slime-795 case)")
+    sl = p.add_argument_group("slime flags (defaults: the slime-795 case)")
     sl.add_argument(
         "--n-samples-per-prompt",
         type=int,
@@ -145,7 +159,7 @@ def add_parser(sub):
     sl.add_argument(
         "--advantage-estimator",
         default=case.advantage_estimator,
-        choices=("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
+        choices=("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
         help=f"(default {case.advantage_estimator})",
     )
     sl.add_argument(
@@ -172,9 +186,9 @@ def add_parser(sub):
     )
     sl.add_argument(
         "--kl-loss-type",
-        choices=("kl", "k2", "k3", "low_var_kl"),
+        choices=("kl", "k1", "k2", "k3", "low_var_kl"),
         default=case.kl_loss_type,
-        help=f"(default {case.kl_loss_type})",
+        help=f"(default {case.kl_loss_type}; k1 is v0.2.4's name for v0.1.0's kl)",
     )
     sl.add_argument(
         "--use-tis",
@@ -348,8 +362,11 @@ def _render(args, result) -> None:
 def _write_demo(args) -> int:
     from nanscope.dumps import demo
 
-    planted = demo.write_demo(args.write_demo, kind=args.demo_kind)
-    print(f"wrote {args.demo_kind} dump {args.write_demo} with {len(planted)} planted hazards:")
+    planted = demo.write_demo(args.write_demo, kind=args.demo_kind, release=args.demo_release)
+    print(
+        f"wrote {args.demo_kind} dump {args.write_demo} (slime {args.demo_release} format) "
+        f"with {len(planted)} planted hazards:"
+    )
     for p in planted:
         where = f"sample {p.sample}" + (f" token {p.token}" if p.token is not None else "")
         print(f"  {p.kind:<26} {where:<20} {p.what}")

@@ -1,7 +1,9 @@
-"""Vectorised hazard checks over a slime v0.1.0 dump, one sample at a time.
+"""Vectorised hazard checks over a slime dump, one sample at a time.
 
-Each check looks at what slime v0.1.0's loss would compute from a sample and reports the inputs that
-make it non-finite (the "mechanism", named as in `nanscope.hazards`):
+Each check looks at what slime's loss would compute from a sample and reports the inputs that make it
+non-finite (the "mechanism", named as in `nanscope.hazards`). The checks are the same for every dump
+format (`nanscope.dumps.formats`); the format decides the dtype the rollout log-probs are checked in
+(bf16 as v0.1.0's trainer holds them, fp32 from v0.2.4) and the release the verdict names.
 
     kl-exp-overflow      ref_logp - logp > 88.72: low_var_kl/k3 exp overflows; NaN gradient even at
                          kl-loss-coef 0 and on masked tokens (masking is a multiplication after the exp).
@@ -38,8 +40,9 @@ from functools import cached_property
 
 import numpy as np
 
-from nanscope import hazards
+from nanscope import hazards, releases
 from nanscope.dumps.config import ScanConfig
+from nanscope.dumps.formats import DumpFormat
 from nanscope.dumps.io import Dump, SampleData
 from nanscope.loss.formulas import FP32_EXP_MAX
 
@@ -71,9 +74,6 @@ MAX_LISTED = 100_000
 
 # Histogram of per-token log-ratios: unit bins on [LO, HI), plus an underflow and an overflow bin.
 HIST_LO, HIST_HI = -40, 120
-
-# Advantage estimators whose rewards slime v0.1.0 normalises per group (post_process_rewards).
-GROUP_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 
 
 @dataclass
@@ -137,6 +137,7 @@ class ScanResult:
     would_nan: str  # "yes", "possibly" or "no"
     mechanisms: list[str]  # certain ones first, then possible ones
     verdict: str
+    format: DumpFormat
 
 
 # ------------------------------------------------------------------------------------------- collector
@@ -244,8 +245,12 @@ class _Sample:
 
     @cached_property
     def r(self) -> np.ndarray:
-        """float32 [local]: rollout_log_probs as slime trains with them (bf16)."""
-        return _bf16(self.s.rollout_log_probs)
+        """float32 [local]: rollout_log_probs as the format's release trains with them (bf16 or fp32)."""
+        x = self.s.rollout_log_probs
+        if self.dump.format.rollout_logprob_dtype == "bfloat16":
+            return _bf16(x)
+        with np.errstate(over="ignore"):  # float64 beyond float32's range -> inf, as torch's cast
+            return np.asarray(x, dtype=np.float32)
 
     @cached_property
     def lp(self) -> np.ndarray:
@@ -274,7 +279,8 @@ class _Sample:
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
-    """Round to bf16 and widen back to fp32, as slime v0.1.0 stores rollout_log_probs for training.
+    """Round to bf16 and widen back to fp32, as slime v0.1.0 stores rollout_log_probs for training
+    (slime/backends/utils/data.py:148; float32 from v0.2.4: `nanscope.releases`).
 
     Same arithmetic as torch's float -> bfloat16 (c10 round_to_nearest_even): via float32, then round
     the low 16 bits to nearest-even; NaN stays NaN, values past bf16's max become inf. numpy bit
@@ -455,7 +461,7 @@ def _needs(name: str) -> Callable[[ScanConfig, str, set[str]], str]:
 def _skip_groups(cfg: ScanConfig, dump_kind: str, present: set[str]) -> str:
     if dump_kind == "train":
         return "train dump: rewards already normalised"
-    if cfg.advantage_estimator not in GROUP_ESTIMATORS:
+    if cfg.advantage_estimator not in releases.GROUP_NORMALISED:
         return f"--advantage-estimator {cfg.advantage_estimator} has no group normalisation"
     if not cfg.rewards_normalization:
         return "--disable-rewards-normalization"
@@ -544,7 +550,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "nonfinite-rollout-logprob",
-        "rollout_log_probs (as bf16, as slime feeds TIS)",
+        "rollout_log_probs (in the dtype slime feeds TIS: bf16 in v0.1.0, fp32 from v0.2.4)",
         _rollout_logprob,
         _needs("rollout_log_probs"),
         lambda dump_kind: "nan: NaN loss via TIS; +-inf is clamped",
@@ -632,7 +638,7 @@ def scan(dump: Dump, cfg: ScanConfig | None = None, progress: Callable[[int], No
         if c.per_rollout and not c.skip(cfg, dump.kind, present):
             c.run(rollout)
     checks = [_summary(c, dump.kind, cfg, col, present) for c in CHECKS]
-    would, mechs, verdict = _verdict(col)
+    would, mechs, verdict = _verdict(col, dump.format.release)
     col.hazards.sort(key=lambda h: (h.sample, -1 if h.token is None else h.token, KINDS.index(h.kind)))
     return ScanResult(
         dump.path,
@@ -650,6 +656,7 @@ def scan(dump: Dump, cfg: ScanConfig | None = None, progress: Callable[[int], No
         would,
         mechs,
         verdict,
+        dump.format,
     )
 
 
@@ -674,7 +681,7 @@ def _summary(c: Check, dump_kind: str, cfg: ScanConfig, col: _Collector, present
     )
 
 
-def _verdict(col: _Collector) -> tuple[str, list[str], str]:
+def _verdict(col: _Collector, release: str) -> tuple[str, list[str], str]:
     certain, possible = set(), set()
     for kind in KINDS:
         for m, c in col.mechs[kind].items():
@@ -682,7 +689,7 @@ def _verdict(col: _Collector) -> tuple[str, list[str], str]:
     possible -= certain
     yes = [m for m in MECHANISMS if m in certain]
     maybe = [m for m in MECHANISMS if m in possible]
-    would, mechanisms, text = _nan_verdict(yes, maybe)
+    would, mechanisms, text = _nan_verdict(yes, maybe, f"slime {release}")
     signals = [m for m in SIGNALS if m in certain]
     if signals:
         text += (
@@ -692,9 +699,9 @@ def _verdict(col: _Collector) -> tuple[str, list[str], str]:
     return would, mechanisms, text
 
 
-def _nan_verdict(yes: list[str], maybe: list[str]) -> tuple[str, list[str], str]:
+def _nan_verdict(yes: list[str], maybe: list[str], slime: str) -> tuple[str, list[str], str]:
     if yes:
-        text = f"slime v0.1.0 would produce NaN: yes, via {', '.join(yes)}"
+        text = f"{slime} would produce NaN: yes, via {', '.join(yes)}"
         if maybe:
             text += f"; possibly also via {', '.join(maybe)} (bounds only)"
         return "yes", yes + maybe, text
@@ -702,12 +709,9 @@ def _nan_verdict(yes: list[str], maybe: list[str]) -> tuple[str, list[str], str]
         return (
             "possibly",
             maybe,
-            (
-                f"slime v0.1.0 would produce NaN: possibly, via {', '.join(maybe)} "
-                "(bounds only: dump train data to confirm)"
-            ),
+            f"{slime} would produce NaN: possibly, via {', '.join(maybe)} (bounds only: dump train data to confirm)",
         )
-    return "no", [], "slime v0.1.0 would produce NaN: no"
+    return "no", [], f"{slime} would produce NaN: no"
 
 
 def hazard_count(result: ScanResult) -> int:

@@ -1,8 +1,11 @@
-"""Writers of synthetic slime v0.1.0 dumps: test fixtures, benchmarks and `nanscope scan --write-demo`.
+"""Writers of synthetic slime dumps, in any known release's format: tests, benchmarks, `scan --write-demo`.
 
-Everything here writes with plain `torch.save`, in the layout `nanscope.dumps.io` documents and reads:
-rollout dumps as `dict(rollout_id, samples=[Sample.to_dict(), ...])` with Python lists, train dumps as
-`dict(rollout_id, rank, rollout_data)` with per-key lists of tensors. Nothing here is used to read a dump.
+Everything here writes with plain `torch.save`, in the layouts `nanscope.dumps.io` documents and reads
+(`nanscope.dumps.formats` tells them apart): rollout dumps as `dict(rollout_id, samples=[Sample.to_dict(),
+...])` with Python lists and the release's Sample fields (`nanscope.releases`), train dumps as
+`dict(rollout_id, rank, rollout_data)` with per-key lists of tensors (v0.1.0 to v0.3.1) or main's
+`format_version` 2 payload. tests/slime_releases checks these against each release's own Sample and
+dump writer. Nothing here is used to read a dump.
 """
 
 from __future__ import annotations
@@ -13,7 +16,37 @@ from pathlib import Path
 
 import numpy as np
 
+from nanscope import releases
 from nanscope.errors import UserError
+
+# Sample.to_dict() of a fresh Sample, for the fields v0.1.0 does not have (slime/utils/types.py at v0.2.4
+# and v0.3.1; spec_info and prefix_cache_info are dataclasses to_dict() turns into dicts).
+_SAMPLE_DEFAULTS = {
+    "group_index": None,
+    "rollout_id": None,
+    "multimodal_inputs": None,
+    "multimodal_train_inputs": None,
+    "multimodal_train_input_id": None,
+    "apply_chat_template_kwargs": {},
+    "weight_versions": [],
+    "rollout_top_p_token_ids": None,
+    "rollout_top_p_token_offsets": None,
+    "rollout_routed_experts": None,
+    "remove_sample": False,
+    "teacher_log_probs": None,
+    "generate_function_path": None,
+    "custom_rm_path": None,
+    "train_metadata": None,
+    "session_id": None,
+    "non_generation_time": 0.0,
+    "spec_info": {
+        "spec_accept_token_num": 0,
+        "spec_draft_token_num": 0,
+        "spec_verify_ct": 0,
+        "completion_token_num": 0,
+    },
+    "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 0},
+}
 
 
 def rollout_sample(
@@ -25,12 +58,14 @@ def rollout_sample(
     rng: np.random.Generator | None = None,
     masked_span: tuple[int, int] | None = None,
     as_lists: bool = True,
+    release: str = releases.V0_1_0,
 ) -> dict:
     """One synthetic `Sample.to_dict()`: random token ids, log-probs in [-6, 0), all-ones loss mask.
 
     Args:
         masked_span: response positions [lo, hi) with loss_mask 0 (like a tool-call result in multi-turn).
         as_lists: plain Python lists, as slime writes them; False gives tensors (faster to write and load).
+        release: whose Sample fields the dict has (the fields v0.1.0 lacks at a fresh Sample's values).
     """
     import torch
 
@@ -41,7 +76,7 @@ def rollout_sample(
     if masked_span is not None:
         mask[masked_span[0] : masked_span[1]] = 0
     conv = (lambda a: a.tolist()) if as_lists else torch.from_numpy
-    return dict(
+    v0_1_0 = dict(
         index=index,
         prompt="synthetic",
         tokens=conv(tokens),
@@ -54,10 +89,17 @@ def rollout_sample(
         status="completed",
         metadata={},
     )
+    fields = releases.BY_KEY[release].sample_fields
+    return {k: v0_1_0[k] if k in v0_1_0 else _fresh(_SAMPLE_DEFAULTS[k]) for k in fields}
+
+
+def _fresh(value):
+    """A default as a new object per sample (slime's default_factory), never one shared dict or list."""
+    return type(value)(value) if isinstance(value, (dict, list)) else value
 
 
 def write_rollout_dump(path: str | Path, samples: list[dict], rollout_id: int = 0) -> Path:
-    """Write `samples` (Sample.to_dict()-shaped dicts) the way slime v0.1.0's buffer does."""
+    """Write `samples` (Sample.to_dict()-shaped dicts) the way every release's rollout dump writer does."""
     import torch
 
     path = Path(path)
@@ -66,24 +108,63 @@ def write_rollout_dump(path: str | Path, samples: list[dict], rollout_id: int = 
     return path
 
 
-def write_train_dump(path: str | Path, rollout_data: dict, rollout_id: int = 0, rank: int = 0) -> Path:
-    """Write a train dump the way slime v0.1.0's actor does (per-key lists in `rollout_data`)."""
+def write_train_dump(
+    path: str | Path, rollout_data: dict, rollout_id: int = 0, rank: int = 0, release: str = releases.V0_1_0
+) -> Path:
+    """Write a train dump the way the release's actor does: `rollout_data` (per-key lists) as it is, or for
+    main one dict per sample (`format_version` 2; one data-parallel rank, cp=1)."""
     import torch
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(dict(rollout_id=rollout_id, rank=rank, rollout_data=rollout_data), path)
+    if releases.BY_KEY[release].train_layout == "samples":
+        payload = _samples_payload(rollout_data, rollout_id, rank)
+    else:
+        payload = dict(rollout_id=rollout_id, rank=rank, rollout_data=rollout_data)
+    torch.save(payload, path)
     return path
 
 
-def train_data_from_samples(samples: list[dict], normalised_rewards: list[float]) -> dict:
+_SCHEDULE = ("micro_batch_indices", "num_microbatches", "global_batch_sizes")  # per rank, not per sample
+_IDS = {"sample_indices": "sample_index", "partition": "rollout_position"}  # columns that become sample scalars
+
+
+def _samples_payload(rollout_data: dict, rollout_id: int, rank: int) -> dict:
+    """main's payload for one data-parallel rank (observability/train_data_utils.py:115-185): each per-sample
+    column split into one dict per sample, the id columns as scalars, the schedule and raw_reward apart."""
+    columns = {k: v for k, v in rollout_data.items() if k not in _IDS and k not in _SCHEDULE and k != "raw_reward"}
+    samples = [
+        {"data_parallel_rank": 0}
+        | {name: rollout_data[k][i] for k, name in _IDS.items() if k in rollout_data}
+        | {k: v[i] for k, v in columns.items()}
+        for i in range(len(rollout_data["response_lengths"]))
+    ]
+    layout = {"rank": rank, "data_parallel_rank": 0} | {k: list(rollout_data.get(k) or []) or None for k in _IDS}
+    layout |= {k: rollout_data[k] for k in _SCHEDULE if k in rollout_data}
+    whole = {"raw_reward": rollout_data["raw_reward"]} if "raw_reward" in rollout_data else {}
+    return {
+        "format_version": 2,
+        "rollout_id": rollout_id,
+        "rank": rank,
+        "samples": samples,
+        "dp_shards": [layout],
+    } | whole
+
+
+def train_data_from_samples(
+    samples: list[dict], normalised_rewards: list[float], release: str = releases.V0_1_0
+) -> dict:
     """A cp=1 train dump's rollout_data built from rollout samples, with fp32 old/ref log-probs.
 
     log_probs starts as the rollout log-probs (the trainer agrees with the sampler) and ref_log_probs as
-    log_probs; callers plant hazards by editing the tensors. advantages = the normalised reward per token
-    (slime's get_grpo_returns with normalize_advantages off).
+    log_probs; callers plant hazards by editing the tensors. advantages = returns = the normalised reward
+    per token (slime's get_grpo_returns with normalize_advantages off). rollout_log_probs are in the
+    release's dtype; v0.3.1 and main add the rollout ids, per-rollout mask sums and the step schedule.
     """
     import torch
+
+    r = releases.BY_KEY[release]
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[r.rollout_logprob_dtype]
 
     data: dict[str, list] = {
         k: []
@@ -101,20 +182,29 @@ def train_data_from_samples(samples: list[dict], normalised_rewards: list[float]
             "advantages",
         )
     }
-    for s, r in zip(samples, normalised_rewards):
+    for s, reward in zip(samples, normalised_rewards):
         resp = s["response_length"]
         logp = torch.as_tensor(s["rollout_log_probs"], dtype=torch.float32)
         data["tokens"].append(torch.as_tensor(s["tokens"], dtype=torch.long))
         data["total_lengths"].append(len(s["tokens"]))
         data["response_lengths"].append(resp)
-        data["rewards"].append(r)
+        data["rewards"].append(reward)
         data["truncated"].append(0)
         data["loss_masks"].append(torch.as_tensor(s["loss_mask"], dtype=torch.int))
         data["sample_indices"].append(s["index"])
-        data["rollout_log_probs"].append(logp.to(torch.bfloat16))
+        data["rollout_log_probs"].append(logp.to(dtype))
         data["log_probs"].append(logp.clone())
         data["ref_log_probs"].append(logp.clone())
-        data["advantages"].append(torch.full((resp,), r if math.isfinite(r) else float("nan")))
+        data["advantages"].append(torch.full((resp,), reward if math.isfinite(reward) else float("nan")))
+    data["returns"] = list(data["advantages"])  # the same tensors, as slime's GRPO branch keeps them
+    data["raw_reward"] = [s["reward"] for s in samples]
+    if r.train_keys or r.train_layout == "samples":  # v0.3.1 on (ray/rollout.py:743-777, :887-889)
+        n = len(samples)
+        data["rollout_ids"] = list(range(n))
+        data["rollout_mask_sums"] = torch.tensor([float(sum(s["loss_mask"])) for s in samples])
+        data["global_batch_sizes"], data["num_microbatches"], data["micro_batch_indices"] = [n], [1], [list(range(n))]
+    if r.train_layout == "samples":  # main keeps each sample's position in the rollout (actor.py:540)
+        data["partition"] = list(range(len(samples)))
     return data
 
 
@@ -131,40 +221,64 @@ class Planted:
     what: str
 
 
-def write_demo(path: str | Path, kind: str = "rollout", rollout_id: int = 12) -> list[Planted]:
+def write_demo(
+    path: str | Path, kind: str = "rollout", rollout_id: int = 12, release: str = releases.V0_1_0
+) -> list[Planted]:
     """Write a small dump (16 samples = 2 GRPO groups of 8, prompt 24 + response 64 tokens, response
     positions 32-47 masked like a tool result) with known hazards planted, and return them.
 
     Args:
         kind: "rollout" (what --save-debug-rollout-data writes) or "train" (--save-debug-train-data, cp=1).
+        release: whose format (nanscope.releases key); the planted hazards are the same in each.
     """
-    rng = np.random.default_rng(1234)
-    samples = [rollout_sample(i, 24, 64, reward=float(i % 3 == 0), rng=rng, masked_span=(32, 48)) for i in range(16)]
-    samples[9]["rollout_log_probs"][17] = float("nan")
     if kind == "rollout":
-        samples[3]["reward"] = float("nan")
-        samples[12]["rollout_log_probs"][40] = -100.0
-        samples[14]["loss_mask"] = [0] * 64
+        samples, planted = demo_rollout(release)
         write_rollout_dump(path, samples, rollout_id)
-        return [
-            Planted("nonfinite-reward", 3, None, "reward nan: GRPO spreads it to group 0 (samples 0-7)"),
-            Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),
-            Planted("kl-margin", 12, 40, "rollout log-prob -100 on a masked token (bound > 88.72)"),
-            Planted("zero-loss-mask", 14, None, "loss mask all zero"),
-        ]
+        return planted
     if kind != "train":
         raise UserError(f"--demo-kind {kind}: expected rollout or train")
+    data, planted = demo_train(release)
+    write_train_dump(path, data, rollout_id, rank=0, release=release)
+    return planted
+
+
+def _demo_samples(release: str) -> list[dict]:
+    rng = np.random.default_rng(1234)
+    samples = [
+        rollout_sample(i, 24, 64, reward=float(i % 3 == 0), rng=rng, masked_span=(32, 48), release=release)
+        for i in range(16)
+    ]
+    samples[9]["rollout_log_probs"][17] = float("nan")
+    return samples
+
+
+def demo_rollout(release: str = releases.V0_1_0) -> tuple[list[dict], list[Planted]]:
+    """The demo rollout dump's samples (Sample.to_dict() dicts of `release`) and the hazards planted in them."""
+    samples = _demo_samples(release)
+    samples[3]["reward"] = float("nan")
+    samples[12]["rollout_log_probs"][40] = -100.0
+    samples[14]["loss_mask"] = [0] * 64
+    return samples, [
+        Planted("nonfinite-reward", 3, None, "reward nan: GRPO spreads it to group 0 (samples 0-7)"),
+        Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),
+        Planted("kl-margin", 12, 40, "rollout log-prob -100 on a masked token (bound > 88.72)"),
+        Planted("zero-loss-mask", 14, None, "loss mask all zero"),
+    ]
+
+
+def demo_train(release: str = releases.V0_1_0) -> tuple[dict, list[Planted]]:
+    """The demo train dump's rollout_data (as `release`'s actor holds it, cp=1) and the hazards planted in it."""
     import torch
 
     from nanscope.loss.formulas import grpo_normalize
 
+    samples = _demo_samples(release)
     rewards = grpo_normalize(torch.tensor([s["reward"] for s in samples]), 8).tolist()
-    data = train_data_from_samples(samples, rewards)
+    data = train_data_from_samples(samples, rewards, release)
     data["log_probs"][9][17] = data["ref_log_probs"][9][17] = -0.5  # the trainer's own log-prob is finite
     data["log_probs"][5][40], data["ref_log_probs"][5][40] = -97.0, -2.0  # ref - logp = 95 > 88.72, masked
     data["log_probs"][7][3], data["rollout_log_probs"][7][3] = -1.0, -95.0  # old - rollout = 94: TIS exp inf
-    write_train_dump(path, data, rollout_id, rank=0)
-    return [
+    return data, [
         Planted("kl-margin", 5, 40, "ref_logp - logp = 95 on a masked token: low_var_kl exp overflows"),
         Planted("tis-margin", 7, 3, "old_logp - rollout_logp = 94: TIS exp is inf (clamped, no NaN)"),
         Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),

@@ -1,6 +1,8 @@
-"""Safe readers for slime v0.1.0's debug dumps (the writers of synthetic ones are in `nanscope.dumps.demo`).
+"""Safe readers for slime's debug dumps (the writers of synthetic ones are in `nanscope.dumps.demo`).
 
-slime v0.1.0 writes two kinds of dump with `torch.save`:
+Which release wrote a file is read from its fields (`nanscope.dumps.formats`: v0.1.0, v0.2.4, v0.3.1,
+main); `Dump.format` says which, and what differs from v0.1.0's layout, described here. slime v0.1.0
+writes two kinds of dump with `torch.save`:
 
 * rollout dumps, `--save-debug-rollout-data .../{rollout_id}.pt` (slime/ray/buffer.py):
   `dict(rollout_id=int, samples=[Sample.to_dict(), ...])`. Each sample dict has the `Sample` fields
@@ -15,6 +17,9 @@ slime v0.1.0 writes two kinds of dump with `torch.save`:
   stage log_probs, ref_log_probs, advantages, returns (fp32 tensors); `raw_reward` covers the whole rollout.
   Under context parallelism (cp > 1) the per-token tensors log_probs, ref_log_probs, rollout_log_probs and
   advantages hold only this CP rank's two zigzag chunks of the response; tokens and loss_masks stay whole.
+  v0.2.4 and v0.3.1 keep this layout (rollout_log_probs float32, more keys); main writes
+  `dict(format_version=2, rollout_id, rank, samples=[one dict of those keys per sample], ...)` with the
+  CP-sliced fields gathered back to whole responses, read like a rollout dump's samples.
 
 Everything is read by `nanscope.dumps.unpickler`, a restricted unpickler that accepts a subset of what
 `torch.load(weights_only=True)` accepts and loads the same objects, with lists of numbers kept as numpy
@@ -43,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from nanscope.dumps import formats
+from nanscope.dumps.formats import DumpFormat
 from nanscope.dumps.limits import SAMPLE_COST, Budget, Limits
 from nanscope.dumps.unpickler import CList, Loader, Refused, Unreadable
 from nanscope.errors import UserError
@@ -113,6 +120,7 @@ class Dump:
         rank: the global rank (train dumps) or None.
         num_samples: samples handed out so far; the file's number once `samples()` is exhausted.
         cp_size: context-parallel size the per-token arrays are sliced for (train dumps).
+        format: the release format the file was read as.
     """
 
     path: str
@@ -121,6 +129,7 @@ class Dump:
     rank: int | None
     cp_size: int = 1
     num_samples: int = 0
+    format: DumpFormat = formats.V0_1_0
     _rows: Iterator[SampleData] | None = None
     _progress: Callable[[], tuple[int, int]] | None = None  # while streaming: (pickle bytes read, all)
     _total: int = 0  # samples in the file, when known before they stream
@@ -129,7 +138,7 @@ class Dump:
     def from_samples(
         cls, path: str, kind: str, samples: list[SampleData], rollout_id: Any = None, rank: int | None = None
     ) -> Dump:
-        """A Dump over samples already converted (to time the checks apart from loading)."""
+        """A Dump over samples already converted (to time the checks apart from loading), read as v0.1.0's."""
         return cls(path, kind, rollout_id, rank, _rows=iter(samples))
 
     def samples(self) -> Iterator[SampleData]:
@@ -182,16 +191,37 @@ def load(
         first = next(events, None)
     if first is None:  # no sample streamed: the whole file is read
         return _from_object(fields, loader.result, reward_key, cp_size, tp_size)
+    sample = first[1]
     dump = Dump(path, "rollout", None, None, _progress=lambda: (loader.pos, len(loader.data)))
+    convert = _converter(fields, dump, sample, reward_key)
 
     def rows() -> Iterator[SampleData]:
-        yield from (_rollout_sample(fields, s, i, reward_key) for i, s in itertools.chain([first], events))
+        yield from (convert(s, i) for i, s in itertools.chain([first], events))
         dump._progress = None
         dump.rollout_id = _rollout_id(loader.result.get("rollout_id"))
-        yield from _rollout_rows(fields, loader.result["samples"], reward_key, loader.handed)
+        dump.rank = _rank(loader.result.get("rank")) if dump.kind == "train" else None
+        yield from _rest_rows(fields, loader.result["samples"], convert, loader.handed)
 
     dump._rows = rows()
     return dump
+
+
+def _is_train_sample(sample: Any) -> bool:
+    """A sample of main's train dump (format_version 2): train keys (response_lengths), not Sample fields."""
+    return isinstance(sample, dict) and "response_lengths" in sample and "response_length" not in sample
+
+
+def _converter(f: _Fields, dump: Dump, first: Any, reward_key: str | None) -> Callable[[dict, int], SampleData]:
+    """How the samples of `dump` convert, decided by its first sample; sets the dump's kind and format."""
+    if _is_train_sample(first):
+        dump.kind, dump.format = "train", formats.train_samples(first)
+        return lambda s, i: _train_sample(f, {k: s[k] for k in TRAIN_PER_SAMPLE_KEYS if s.get(k) is not None}, i, 1, 0)
+    dump.format = formats.rollout(first if isinstance(first, dict) else {})
+    return lambda s, i: _rollout_sample(f, s, i, reward_key)
+
+
+def _rank(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
 def _from_object(f: _Fields, obj: Any, reward_key: str | None, cp_size: int, tp_size: int) -> Dump:
@@ -202,14 +232,11 @@ def _from_object(f: _Fields, obj: Any, reward_key: str | None, cp_size: int, tp_
         samples = obj["samples"]
         if not isinstance(samples, _SEQUENCES):
             raise UserError(f"{f.path}: samples: expected a list of Sample.to_dict() dicts, got {_type(samples)}")
-        return Dump(
-            f.path,
-            "rollout",
-            _rollout_id(obj.get("rollout_id")),
-            None,
-            _rows=_rollout_rows(f, samples, reward_key, []),
-            _total=len(samples),
-        )
+        dump = Dump(f.path, "rollout", _rollout_id(obj.get("rollout_id")), None, _total=len(samples))
+        convert = _converter(f, dump, next(iter(samples), None), reward_key)
+        dump.rank = _rank(obj.get("rank")) if dump.kind == "train" else None
+        dump._rows = _rest_rows(f, samples, convert, [])
+        return dump
     if "rollout_data" in obj:
         return _train_dump(f, obj, cp_size, tp_size)
     raise UserError(
@@ -268,7 +295,7 @@ def _first_line(e: BaseException) -> str:
 # ---------------------------------------------------------------------------------------- rollout dumps
 
 
-def _rollout_rows(f: _Fields, samples, reward_key: str | None, handed: list[dict]) -> Iterator[SampleData]:
+def _rest_rows(f: _Fields, samples, convert: Callable, handed: list[dict]) -> Iterator[SampleData]:
     """The samples after the `handed` ones (already streamed), each a dict seen once, converted in turn."""
     first = {id(s): i for i, s in enumerate(handed)}
     for i, s in enumerate(samples):
@@ -282,7 +309,7 @@ def _rollout_rows(f: _Fields, samples, reward_key: str | None, handed: list[dict
                 f"{f.path}: sample {i}: the same object as sample {j} (a shared reference, not "
                 "slime's one dict per sample)"
             )
-        yield _rollout_sample(f, s, i, reward_key)
+        yield convert(s, i)
 
 
 def _rollout_sample(f: _Fields, s: dict, i: int, reward_key: str | None) -> SampleData:
@@ -338,12 +365,16 @@ def _train_dump(f: _Fields, obj: dict, cp_size: int, tp_size: int) -> Dump:
         raise UserError(f"{path}: rank: {_brief(rank)}; needed to find the CP rank with --context-parallel-size")
     cp_rank = (rank // tp_size) % cp_size if cp_size > 1 else 0
     rows = (_train_sample(f, {k: _entry(data[k], i) for k in present}, i, cp_size, cp_rank) for i in range(n))
+    rlp = data.get("rollout_log_probs")
+    first = _entry(rlp, 0) if rlp else None
+    dtype = str(first.dtype).removeprefix("torch.") if _is_tensor(first) else None
     return Dump(
         path,
         "train",
         _rollout_id(obj.get("rollout_id")),
         rank if isinstance(rank, int) else None,
         cp_size,
+        format=formats.train(list(data), dtype),
         _rows=rows,
         _total=n,
     )

@@ -34,6 +34,7 @@ class FileSummary:
         total: all findings.
         errors: the length errors slime v0.1.0 would fail on (ScanResult.errors).
         seconds: wall time of the file's scan.
+        format: the release format it was read as (ScanResult.format.release), or "" on error.
     """
 
     path: str
@@ -49,6 +50,7 @@ class FileSummary:
     total: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    format: str = ""
 
 
 def find_dumps(directory: str | Path) -> list[Path]:
@@ -89,6 +91,7 @@ def scan_file(path: str, cfg: ScanConfig, load: dict) -> FileSummary:
         checks.hazard_count(r),
         r.errors,
         time.perf_counter() - t0,
+        r.format.release,
     )
 
 

@@ -458,7 +458,9 @@ class Loader:
             or numel < 0
         ):
             raise Refused("a malformed storage reference")
-        storage = self.storages.get(key) or self._storage(key, marker.dtype, numel)
+        storage = self.storages.get(key)  # not `or`: a storage's truth value is deprecated (and warns)
+        if storage is None:  # main's per-sample rollout_mask_sums are views of one storage: seen again
+            storage = self._storage(key, marker.dtype, numel)
         if numel:  # as torch: an empty storage is not cached, each reference gets its own
             self.storages[key] = storage
         self.storage_ids.add(id(storage))

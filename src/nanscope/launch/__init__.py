@@ -3,6 +3,7 @@
 script.py     launch script -> argument list (tree-sitter-bash, never executed)
 config.py     argument list -> resolved flags with origins, derived batch figures
 topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
+detect.py     --slime-version / the script's text / its flags -> the slime release whose defaults apply
 tracebacks.py traceback -> failing rank, message, annotated frames
 findings.py   flags -> NaN mechanisms (rules) and what is fine
 candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
@@ -34,6 +35,7 @@ class Diagnosis:
         env: the `--env` values used.
         candidates: every catalogued cause, ruled out / enabled / undecidable by the flags and the
             traceback, with the observation that tells it apart (launch.candidates).
+        release: the slime release used and how it was chosen (launch.detect.Choice).
     """
 
     script: object
@@ -49,6 +51,7 @@ class Diagnosis:
     model_origin: str | None = None
     env: dict = field(default_factory=dict)
     candidates: list = field(default_factory=list)
+    release: object | None = None
 
 
 def diagnose(
@@ -61,6 +64,8 @@ def diagnose(
     traceback_origin: str = "traceback",
     rank: int | None = None,
     limit: int | None = None,
+    slime_version: str | None = None,
+    case_release: str | None = None,
 ) -> Diagnosis:
     """Parse, resolve, lay out, and apply the rules.
 
@@ -74,21 +79,28 @@ def diagnose(
         traceback_origin: its file name, for error messages.
         rank: a rank to explain (overrides the traceback's).
         limit: the most bytes read from one file (default: launch.script.INPUT_LIMIT).
+        slime_version: `--slime-version` as typed, or None to detect it (launch.detect).
+        case_release: the bundled case's release, when the script is the case's.
 
     Raises:
         UserError: any bad input, in one line.
     """
+    from nanscope import inputs
     from nanscope.launch import candidates as candidates_mod
     from nanscope.launch import config as config_mod
+    from nanscope.launch import detect
     from nanscope.launch import topology as topology_mod
     from nanscope.launch import tracebacks as tb_mod
-    from nanscope.launch.script import INPUT_LIMIT, parse_script
+    from nanscope.launch.script import INPUT_LIMIT, OPTION, parse_script
 
     env = env or {}
+    limit = INPUT_LIMIT if limit is None else limit
     tb = tb_mod.parse_traceback(traceback_text, traceback_origin) if traceback_text is not None else None
-    script = parse_script(script_path, env, model_args, INPUT_LIMIT if limit is None else limit)
+    script = parse_script(script_path, env, model_args, limit)
+    text = inputs.read_text(script_path, "launch script", limit, OPTION)
+    release = detect.choose(slime_version, script.path, text, script.argv, case_release)
     kept = {p.text: p.reason for p in script.placeholders if p.kind == "limit"}
-    cfg = config_mod.resolve(script.argv, model, model_origin or "model JSON", script.unset, kept)
+    cfg = config_mod.resolve(script.argv, model, model_origin or "model JSON", script.unset, kept, release.release.key)
     topo = topology_mod.build(cfg)
     batches = config_mod.batches(cfg, topo.dp, topo.cp)
     from nanscope.launch import findings as findings_mod  # imports torch: after the inputs are known good
@@ -109,6 +121,7 @@ def diagnose(
         env=env,
         traceback=tb,
         candidates=candidates_mod.candidates(cfg, tb),
+        release=release,
     )
     _place_failing(d, rank, traceback_origin)
     return d

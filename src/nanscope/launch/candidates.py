@@ -1,15 +1,16 @@
 """A differential diagnosis from a launch: every catalogued cause, ruled out, enabled or undecidable by the flags.
 
 `found NaN in local grad norm for bucket #0` has many causes. For each hazard of `nanscope.hazards` (and
-each cause slime v0.1.0 is immune to) this module says what the resolved flags show:
+each cause slime is immune to) this module says what the resolved flags of the launch's release show:
 
     enabled      the flags switch the mechanism on (evidence: those flags)
-    ruled-out    the flags, or slime v0.1.0's own code, exclude it (evidence: the flag, or file:line)
+    ruled-out    the flags, or slime's own code, exclude it (evidence: the flag, or file:line)
     undecidable  no flag decides it (a fault in the model, a custom function nanscope cannot read)
 
 and, for each one not ruled out, the single cheapest observation that confirms or excludes it (the
 hazard record's `discriminator`). A parsed traceback adds one fact: the gradient was non-finite, so a
-hazard that leaves slime v0.1.0's gradient finite cannot have raised it.
+hazard that leaves slime v0.1.0's gradient finite cannot have raised it (unless a later release's flag
+routes it into the ratio: --use-rollout-logprobs).
 
 Pure: `candidates(config, traceback=None)` -> [Candidate], enabled first, then undecidable, then ruled out.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope import hazards
-from nanscope.launch.config import BY_NAME, Config
+from nanscope.launch.config import BY_NAME, SCRIPT, Config
 
 ENABLED, UNDECIDABLE, RULED_OUT = "enabled", "undecidable", "ruled-out"
 STATUSES = (ENABLED, UNDECIDABLE, RULED_OUT)
@@ -65,7 +66,9 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         if h is hazards.HEALTHY:
             continue
         status, evidence = _status(h, cfg)
-        if traceback is not None and traceback.failure is not None and h.grad_finite and status != RULED_OUT:
+        # A shifted rollout log-prob only reaches a clamped TIS weight, unless it is the ratio's old policy.
+        finite = h.grad_finite and not (h is hazards.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs"))
+        if traceback is not None and traceback.failure is not None and finite and status != RULED_OUT:
             status = RULED_OUT
             evidence = evidence + [
                 f"the traceback's check found {traceback.failure.kind} in a gradient; this hazard "
@@ -73,7 +76,9 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
             ]
         out.append(Candidate(h.name, status, evidence, None if status == RULED_OUT else h.discriminator, h.cause_class))
     for c in hazards.IMMUNE:
-        out.append(Candidate(c.name, RULED_OUT, [f"slime v0.1.0 is immune: {c.why}", *c.evidence], None, c.cause_class))
+        out.append(
+            Candidate(c.name, RULED_OUT, [f"slime {cfg.release} is immune: {c.why}", *c.evidence], None, c.cause_class)
+        )
     return sorted(out, key=lambda c: STATUSES.index(c.status))
 
 
@@ -105,8 +110,9 @@ def _custom_loss(cfg: Config) -> tuple[str, list[str]] | None:
 def _kl(cfg: Config) -> tuple[str, list[str]]:
     if not cfg["use_kl_loss"]:
         return RULED_OUT, [cfg.flag_text("use_kl_loss") + ": slime computes no KL term"]
-    if cfg["kl_loss_type"] in ("kl", "k2"):
-        return RULED_OUT, [cfg.flag_text("kl_loss_type") + ": no exp in the KL estimator"]
+    if cfg["kl_loss_type"] in ("kl", "k1", "k2"):
+        default = f" (slime {cfg.release}'s default)" if cfg.origin("kl_loss_type") != SCRIPT else ""
+        return RULED_OUT, [cfg.flag_text("kl_loss_type") + f"{default}: no exp in the KL estimator"]
     zero = " (the term stays in the graph at coefficient 0)" if cfg["kl_loss_coef"] == 0 else ""
     return ENABLED, [
         "--use-kl-loss",
@@ -121,6 +127,14 @@ def _ratio(cfg: Config) -> tuple[str, list[str]]:
         cfg.flag_text("eps_clip"),
         cfg.flag_text("eps_clip_high"),
     ]
+    if cfg.get("use_unbiased_kl") and cfg["use_kl_loss"]:
+        evidence.append("--use-unbiased-kl: exp(log-ratio) again, unclamped, in the KL term")
+    if cfg.get("use_rollout_logprobs"):
+        evidence.append(
+            "--use-rollout-logprobs: the old log-probs are the rollout's, so a rollout log-prob off by "
+            "more than 88.72 is enough"
+        )
+        return ENABLED, evidence
     rbs, n, gbs = cfg["rollout_batch_size"], cfg["n_samples_per_prompt"], cfg["global_batch_size"]
     if rbs and gbs and rbs * n // gbs == 1:
         evidence.append(
@@ -131,10 +145,29 @@ def _ratio(cfg: Config) -> tuple[str, list[str]]:
     return ENABLED, evidence
 
 
+# The flags that route rollout_log_probs into the loss (those the release defines): the TIS weight under
+# --use-tis, and from v0.2.4 under --get-mismatch-metrics too (loss.py:712), or the ratio's old policy
+# under --use-rollout-logprobs (loss.py:644).
+_ROUTES = ("use_tis", "get_mismatch_metrics", "use_rollout_logprobs")
+
+
 def _tis_input(cfg: Config) -> tuple[str, list[str]] | None:
-    if not cfg["use_tis"]:
-        return RULED_OUT, [cfg.flag_text("use_tis") + ": slime v0.1.0's loss never reads rollout_log_probs"]
-    return None
+    routes = [f for f in _ROUTES if f in cfg.values]
+    if any(cfg[f] for f in routes):
+        return None
+    flags = ", ".join(cfg.flag_text(f) for f in routes)
+    return RULED_OUT, [f"{flags}: slime {cfg.release}'s loss " + _reads_rollout(cfg)]
+
+
+def _reads_rollout(cfg: Config) -> str:
+    """What the release's loss does with rollout_log_probs when no route flag is on (the plugin's record)."""
+    from nanscope import releases
+    from nanscope.slime_plugin.releases import SLIME_RELEASES
+
+    name = releases.BY_KEY[cfg.release].name
+    if next(r for r in SLIME_RELEASES if r.name == name).rollout_always_read:
+        return "reads rollout_log_probs only into a detached metric (train_rollout_logprob_abs_diff)"
+    return "never reads rollout_log_probs"
 
 
 def _rollout_source(cfg: Config) -> str:
@@ -143,18 +176,23 @@ def _rollout_source(cfg: Config) -> str:
 
 
 def _nan_rollout_logprob(cfg: Config) -> tuple[str, list[str]]:
-    return _tis_input(cfg) or (ENABLED, ["--use-tis: clamp(exp(old - rollout)) passes NaN", _rollout_source(cfg)])
+    how = {
+        "use_tis": "--use-tis: clamp(exp(old - rollout)) passes NaN",
+        "get_mismatch_metrics": f"--get-mismatch-metrics: slime {cfg.release} applies the TIS weight "
+        "clamp(exp(old - rollout)), which passes NaN",
+        "use_rollout_logprobs": "--use-rollout-logprobs: a NaN rollout log-prob is the ratio's old log-prob",
+    }
+    return _tis_input(cfg) or (ENABLED, [how[f] for f in _ROUTES if cfg.get(f)] + [_rollout_source(cfg)])
 
 
 def _logprob_shift(cfg: Config) -> tuple[str, list[str]]:
-    return _tis_input(cfg) or (
-        ENABLED,
-        [
-            "--use-tis: misaligned rollout log-probs reach the TIS weight",
-            _rollout_source(cfg),
-            "through slime v0.1.0's loss the gradient stays finite: the tis metric shows it",
-        ],
-    )
+    tis = [BY_NAME[f].spelling for f in ("use_tis", "get_mismatch_metrics") if cfg.get(f)]
+    evidence = [f"{' and '.join(tis)}: misaligned rollout log-probs reach the TIS weight"] if tis else []
+    if cfg.get("use_rollout_logprobs"):
+        evidence.append("--use-rollout-logprobs: misaligned rollout log-probs are the ratio's old log-probs")
+    else:
+        evidence.append(f"through slime {cfg.release}'s loss the gradient stays finite: the tis metric shows it")
+    return _tis_input(cfg) or (ENABLED, [*evidence[:1], _rollout_source(cfg), *evidence[1:]])
 
 
 def _reward(cfg: Config) -> tuple[str, list[str]]:

@@ -1,9 +1,15 @@
-"""The resolved configuration of a slime v0.1.0 run: flags, their defaults, and where each value came from.
+"""The resolved configuration of a slime run: flags, their defaults, and where each value came from.
 
 slime parses one argparse namespace (Megatron's flags plus its own). Only the fields that matter for
 layout and NaN mechanisms are modelled here; each resolved value remembers its origin: the launch
-script, the architecture JSON, slime v0.1.0's default, Megatron core_v0.15.0rc0's default, or a rule
-slime applies after parsing (`eps_clip_high = eps_clip`, `--colocate` forces the rollout GPUs, ...).
+script, the architecture JSON, the slime release's default, Megatron core_v0.15.0rc0's default, or a
+rule slime applies after parsing (`eps_clip_high = eps_clip`, `--colocate` forces the rollout GPUs, ...).
+
+`FLAGS` is the one table of defaults. A slime flag's default and choices are v0.1.0's unless its
+`changes` / `choices` say otherwise from a later release on, and it exists from `since`; the releases are
+`nanscope.releases`. A modelled flag the release does not define is left
+out of the resolved values (`Config.get` reads it as absent); the script's use of it is in
+`Config.undefined`, a value outside the release's choices in `Config.rejected`.
 """
 
 from __future__ import annotations
@@ -11,11 +17,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from nanscope import releases
 from nanscope.errors import UserError
 
 _INT64 = 1 << 63  # slime and Megatron hand integer flags to torch and C++: 64-bit
 
-SLIME = "default (slime v0.1.0)"
+SLIME = "default (slime v0.1.0)"  # v0.1.0's; `slime_default(key)` names any release's
 MEGATRON = "default (megatron core_v0.15.0rc0)"
 SCRIPT = "launch script"
 
@@ -27,9 +34,12 @@ class Flag:
     Attributes:
         name: the namespace field, e.g. `tensor_model_parallel_size`.
         kind: "int" | "float" | "str" | "true" (store_true) | "false" (store_false) | "list".
-        default: the value when the flag is absent.
+        default: the value when the flag is absent (slime v0.1.0's, for a slime flag).
         owner: SLIME or MEGATRON (whose default it is).
         flag: the command-line spelling when it is not `--` + name with dashes.
+        since: the first slime release that defines it.
+        changes: (release, default) from that release on, oldest first.
+        choices: (release, the values its parser accepts) from that release on, oldest first; () any.
     """
 
     name: str
@@ -37,14 +47,41 @@ class Flag:
     default: object
     owner: str
     flag: str = ""
+    since: str = releases.V0_1_0
+    changes: tuple[tuple[str, object], ...] = ()
+    choices: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def spelling(self) -> str:
         return self.flag or "--" + self.name.replace("_", "-")
 
+    def defined_at(self, release: str) -> bool:
+        """The release's parser defines the flag (Megatron's flags: every release here)."""
+        return releases.index(self.since) <= releases.index(release)
 
-def _f(name, kind, default, owner=SLIME, flag=""):
-    return Flag(name, kind, default, owner, flag)
+    def default_at(self, release: str) -> object:
+        return _latest(self.changes, release, self.default)
+
+    def choices_at(self, release: str) -> tuple[str, ...]:
+        return _latest(self.choices, release, ())
+
+
+def _latest(steps: tuple, release: str, first):
+    """The value of the last (from_release, value) step at or before `release`; `first` before any."""
+    at = releases.index(release)
+    return next((v for r, v in reversed(steps) if releases.index(r) <= at), first)
+
+
+def slime_default(release: str) -> str:
+    """The origin of a slime default at `release` ("default (slime v0.2.4)")."""
+    return f"default (slime {release})"
+
+
+def _f(name, kind, default, owner=SLIME, flag="", **per_release):
+    return Flag(name, kind, default, owner, flag, **per_release)
+
+
+_V2, _V3 = releases.V0_2_4, releases.V0_3_1
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -88,25 +125,49 @@ FLAGS: tuple[Flag, ...] = (
     _f("use_dynamic_batch_size", "true", False),
     _f("max_tokens_per_gpu", "int", None),
     _f("rollout_max_prompt_len", "int", None),
-    _f("rollout_max_response_len", "int", 1024),
+    # arguments.py:142 (v0.1.0) 1024; from v0.2.4 (:283) None: unbounded
+    _f("rollout_max_response_len", "int", 1024, changes=((_V2, None),)),
     _f("sglang_context_length", "int", None),
     _f("seq_length", "int", None, MEGATRON),
     # loss (slime)
-    _f("loss_type", "str", "policy_loss"),
+    _f(  # arguments.py:519 (v0.1.0), the same choices in every release here
+        "loss_type",
+        "str",
+        "policy_loss",
+        choices=((releases.V0_1_0, ("policy_loss", "sft_loss", "custom_loss")),),
+    ),
     _f("custom_loss_function_path", "str", None),
-    _f("advantage_estimator", "str", "grpo"),
+    _f(  # arguments.py:548 (v0.1.0), :809-815 (v0.2.4: ppo), :932-939 (v0.3.1: cispo), :943-950 (main)
+        "advantage_estimator",
+        "str",
+        "grpo",
+        choices=(
+            (releases.V0_1_0, ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")),
+            (_V2, ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")),
+            (_V3, ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")),
+        ),
+    ),
     _f("rollout_temperature", "float", 1.0),
     _f("eps_clip", "float", 0.2),
     _f("eps_clip_high", "float", None),
     _f("eps_clip_c", "float", None),
     _f("use_kl_loss", "true", False),
     _f("kl_loss_coef", "float", 0.0),
-    _f("kl_loss_type", "str", "kl"),
+    _f(  # arguments.py:541-542 (v0.1.0: kl), :802-803 (v0.2.4: k1), :925-926 (v0.3.1), :936-937 (main)
+        "kl_loss_type",
+        "str",
+        "kl",
+        changes=((_V2, "k1"),),
+        choices=((releases.V0_1_0, ("kl", "k2", "k3", "low_var_kl")), (_V2, ("k1", "k2", "k3", "low_var_kl"))),
+    ),
+    _f("use_unbiased_kl", "true", False, since=_V2),  # loss.py:780 (v0.2.4): importance ratio exp(logp - old)
     _f("kl_coef", "float", 0.0),
     _f("entropy_coef", "float", 0.0),
     _f("use_tis", "true", False),
     _f("tis_clip", "float", 2.0),
     _f("tis_clip_low", "float", 0.0),
+    _f("get_mismatch_metrics", "true", False, since=_V2),  # loss.py:712 (v0.2.4): runs the TIS function too
+    _f("use_rollout_logprobs", "true", False, since=_V2),  # loss.py:644 (v0.2.4): rollout log-probs as old
     _f("calculate_per_token_loss", "true", False, MEGATRON),
     _f("rewards_normalization", "false", True, flag="--disable-rewards-normalization"),
     _f("grpo_std_normalization", "false", True, flag="--disable-grpo-std-normalization"),
@@ -148,17 +209,28 @@ class Config:
     """Resolved configuration.
 
     Attributes:
-        values: field name -> Value, for every modelled flag (and derived fields).
+        values: field name -> Value, for every modelled flag the release defines (and derived fields).
         given: every `--flag` in the argument list -> its raw words (modelled or not).
         notes: what slime/Megatron change after parsing, in words.
+        release: the slime release whose defaults and rules apply (nanscope.releases key).
+        undefined: modelled flags the script gives that the release does not define, as written.
+        rejected: (flag, value, the release's choices) for a value its parser rejects.
     """
 
     values: dict[str, Value]
     given: dict[str, list[str]]
     notes: list[str] = field(default_factory=list)
+    release: str = releases.V0_1_0
+    undefined: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
 
     def __getitem__(self, name: str):
         return self.values[name].value
+
+    def get(self, name: str, absent=False):
+        """A flag's value, or `absent` where the release does not define it."""
+        v = self.values.get(name)
+        return absent if v is None else v.value
 
     def origin(self, name: str) -> str:
         return self.values[name].origin
@@ -253,8 +325,9 @@ def resolve(
     model_origin: str = "model.json",
     unset: dict[str, int] | None = None,
     kept: dict[str, str] | None = None,
+    release: str = releases.V0_1_0,
 ) -> Config:
-    """Apply slime v0.1.0's and Megatron's defaults and post-parse rules to an argument list.
+    """Apply a slime release's and Megatron's defaults and post-parse rules to an argument list.
 
     Args:
         argv: the words after `python3 train.py`.
@@ -263,6 +336,7 @@ def resolve(
         model_origin: how to name `model` in origins, e.g. "model.json (bundled with slime-795)".
         unset: variables the script read but never set (for error hints).
         kept: script text kept in place of a value at a reading limit -> why (for error hints).
+        release: the slime release (nanscope.releases key) whose defaults, choices and flags apply.
 
     Raises:
         UserError: a modelled flag with a value of the wrong type.
@@ -270,15 +344,21 @@ def resolve(
     given = split_flags(argv)
     if model:
         model = {**{MODEL_ALIASES[k]: v for k, v in model.items() if k in MODEL_ALIASES}, **model}
-    values: dict[str, Value] = {}
+    cfg = Config({}, given, release=release)
     for spec in FLAGS:
-        if spec.spelling in given:
-            values[spec.name] = Value(_convert(spec, given[spec.spelling], unset or {}, kept or {}), SCRIPT)
+        if not spec.defined_at(release):
+            if spec.spelling in given:
+                cfg.undefined.append(spec.spelling)
+        elif spec.spelling in given:
+            value = _convert(spec, given[spec.spelling], unset or {}, kept or {})
+            if spec.choices_at(release) and value not in spec.choices_at(release):
+                cfg.rejected.append((spec.spelling, value, spec.choices_at(release)))
+            cfg.values[spec.name] = Value(value, SCRIPT)
         elif model and spec.name in model and spec.kind in ("int", "float", "str"):
-            values[spec.name] = Value(_model_value(spec, model[spec.name], model_origin), model_origin)
+            cfg.values[spec.name] = Value(_model_value(spec, model[spec.name], model_origin), model_origin)
         else:
-            values[spec.name] = Value(spec.default, spec.owner)
-    cfg = Config(values, given)
+            origin = slime_default(release) if spec.owner == SLIME else spec.owner
+            cfg.values[spec.name] = Value(spec.default_at(release), origin)
     _post_parse(cfg)
     return cfg
 
@@ -289,7 +369,8 @@ def eps_clip_high(eps_clip: float, eps_clip_high: float | None) -> float:
 
 
 def _post_parse(cfg: Config) -> None:
-    """What slime v0.1.0's parse_args and Megatron's validate_args change after parsing."""
+    """What slime's parse_args and Megatron's validate_args change after parsing (the same in every release here:
+    v0.1.0 arguments.py:939-997, v0.2.4 :1609-1698, v0.3.1 :1818-1918, main :1877-1982)."""
     v = cfg.values
     if v["eps_clip_high"].value is None:
         v["eps_clip_high"] = Value(
@@ -316,14 +397,14 @@ def _post_parse(cfg: Config) -> None:
     if v["global_batch_size"].value is None and v["num_steps_per_rollout"].value and v["rollout_batch_size"].value:
         gbs = v["rollout_batch_size"].value * v["n_samples_per_prompt"].value // v["num_steps_per_rollout"].value
         v["global_batch_size"] = Value(gbs, "derived (slime: rollout x n-samples / num-steps-per-rollout)")
-    # slime never initialises Megatron's RerunStateMachine, so it is created implicitly in mode
+    # No slime release here initialises Megatron's RerunStateMachine, so it is created implicitly in mode
     # DISABLED whatever --rerun-mode says (validate_result then raises on a rejected result).
     cfg.values["rerun_mode_effective"] = Value(
-        "disabled", "slime v0.1.0 never calls initialize_rerun_state_machine (implicit DISABLED)"
+        "disabled", f"slime {cfg.release} never calls initialize_rerun_state_machine (implicit DISABLED)"
     )
     if v["rerun_mode"].origin == SCRIPT and v["rerun_mode"].value != "disabled":
         cfg.notes.append(
-            f"--rerun-mode {v['rerun_mode'].value} has no effect under slime v0.1.0 "
+            f"--rerun-mode {v['rerun_mode'].value} has no effect under slime {cfg.release} "
             "(the rerun state machine is never initialised: mode disabled)"
         )
 
@@ -364,8 +445,9 @@ def batches(cfg: Config, dp: int, cp: int) -> Batches:
     bounds = []
     if cfg["sglang_context_length"] is not None:
         bounds.append((cfg["sglang_context_length"], f"--sglang-context-length {cfg['sglang_context_length']}"))
-    if cfg["rollout_max_prompt_len"] is not None:
-        total = cfg["rollout_max_prompt_len"] + cfg["rollout_max_response_len"]
+    response = cfg["rollout_max_response_len"]  # None from v0.2.4 on when not given: unbounded
+    if cfg["rollout_max_prompt_len"] is not None and response is not None:
+        total = cfg["rollout_max_prompt_len"] + response
         bounds.append(
             (
                 total,
@@ -375,12 +457,11 @@ def batches(cfg: Config, dp: int, cp: int) -> Batches:
         )
     if bounds:
         longest, longest_from = min(bounds)
+    elif response is None:
+        longest, longest_from = None, f"unbounded: no --rollout-max-response-len (slime {cfg.release}: no default)"
     else:
         longest, longest_from = (
             None,
-            (
-                f"unbounded: response <= {cfg['rollout_max_response_len']} "
-                "(--rollout-max-response-len) but no prompt bound"
-            ),
+            f"unbounded: response <= {response} (--rollout-max-response-len) but no prompt bound",
         )
     return Batches(samples, gbs, gbs_origin, steps, remainder, budget, longest, longest_from)

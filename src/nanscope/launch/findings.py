@@ -1,19 +1,21 @@
-"""The catalogue of rules from a slime v0.1.0 configuration to NaN mechanisms.
+"""The catalogue of rules from a slime configuration to NaN mechanisms.
 
 Each rule reads the resolved configuration and returns a Finding (or nothing): the flags that are
 the evidence, the mechanism in two sentences, and the fix (a flag change where one exists, else the
-nanscope slime plugin). The semantics are slime v0.1.0's `policy_loss_function` /
-`compute_approx_kl` / `compute_policy_loss` and megatron-core 0.15.0rc0's gradient check.
-Each finding names its hazards by the records in `nanscope.hazards`. The verdict prose that
-summarises the findings is rendered in `nanscope.report.doctor`.
+nanscope slime plugin). The semantics are the release's `policy_loss_function` / `compute_approx_kl` /
+`compute_policy_loss` (`Config.release`; what differs between releases is data: `launch.config.FLAGS`
+and `nanscope.releases`) and megatron-core 0.15.0rc0's gradient check. A fix names only flags the
+release defines (but for the two findings about the release itself, which name the script's flags the
+release lacks, and nanscope's --slime-version). Each finding names its hazards by the records in `nanscope.hazards`. The verdict
+prose that summarises the findings is rendered in `nanscope.report.doctor`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanscope import hazards
-from nanscope.launch.config import Batches, Config
+from nanscope import hazards, releases
+from nanscope.launch.config import BY_NAME, BY_SPELLING, SCRIPT, Batches, Config
 from nanscope.loss.formulas import FP32_EXP_MAX
 
 PLUGIN = "--loss-type custom_loss --custom-loss-function-path nanscope.slime_plugin.policy_loss"
@@ -48,8 +50,61 @@ def _uses_plugin(cfg: Config) -> bool:
 
 
 def _slime_policy_loss(cfg: Config) -> bool:
-    """The loss-side rules are about slime v0.1.0's own policy_loss_function."""
+    """The loss-side rules are about the release's own policy_loss_function."""
     return cfg["loss_type"] == "policy_loss"
+
+
+def _release(cfg: Config) -> releases.SlimeRelease:
+    return releases.BY_KEY[cfg.release]
+
+
+def _undefined(cfg: Config) -> Finding | None:
+    """Modelled flags the script gives that the release's parser does not define."""
+    if not cfg.undefined:
+        return None
+    r = _release(cfg)
+    spans = "; ".join(f"{f} is defined from {BY_SPELLING[f].since}" for f in cfg.undefined)
+    refused = r.unknown_flags == "refused"
+    mechanism = (
+        f"slime {r.key}'s parser does not define {', '.join(cfg.undefined)} and "
+        + ("refuses unknown arguments" if refused else "ignores unknown arguments")
+        + f" ({r.parser_at}). "
+        + ("The run does not start." if refused else "They are dropped without a word: what they turn on stays off.")
+    )
+    return Finding(
+        "flag-not-in-release",
+        "critical" if refused else "medium",
+        f"{'flags' if len(cfg.undefined) > 1 else 'a flag'} slime {r.key} does not define",
+        list(cfg.undefined),
+        mechanism,
+        f"remove {'them' if len(cfg.undefined) > 1 else 'it'}, or run the release that defines "
+        f"{'them' if len(cfg.undefined) > 1 else 'it'} ({spans}); if the script is for another release, "
+        "pass --slime-version.",
+    )
+
+
+def _rejected(cfg: Config) -> Finding | None:
+    """Values the release's parser rejects (argparse choices): the run does not start."""
+    if not cfg.rejected:
+        return None
+    r = _release(cfg)
+    flags = [f"{flag} {value}" for flag, value, _ in cfg.rejected]
+    why = "; ".join(f"{flag} accepts {', '.join(choices)}" for flag, _, choices in cfg.rejected)
+    elsewhere = "; ".join(
+        f"{flag} {value} is {', '.join(keys)}'s spelling"
+        for flag, value, _ in cfg.rejected
+        if (keys := [k for k in releases.KEYS if value in BY_SPELLING[flag].choices_at(k)])
+    )
+    return Finding(
+        "value-not-in-release",
+        "critical",
+        f"slime {r.key} rejects {', '.join(flags)}",
+        flags,
+        f"slime {r.key}'s parser checks these values against its choices ({why}). Any other value is an "
+        "argparse error: the run does not start.",
+        "one of the accepted values" + (f" ({elsewhere})" if elsewhere else "") + "; if the script is for "
+        "another release, pass --slime-version.",
+    )
 
 
 def _kl(cfg: Config) -> Finding | None:
@@ -116,25 +171,33 @@ def _ratio(cfg: Config) -> Finding | None:
     )
 
 
+def _rollout_source(cfg: Config) -> str:
+    custom = cfg["custom_generate_function_path"]
+    return f"the custom generate function {custom}" if custom else "SGLang"
+
+
 def _tis(cfg: Config) -> Finding | None:
-    if not cfg["use_tis"] or not _slime_policy_loss(cfg):
+    # From v0.2.4 --get-mismatch-metrics runs the TIS function too (loss.py:712: `if args.get_mismatch_metrics
+    # or args.use_tis`), so its weights multiply pg_loss without --use-tis.
+    on = [f for f in ("use_tis", "get_mismatch_metrics") if cfg.get(f)]
+    if not on or not _slime_policy_loss(cfg):
         return None
     custom = cfg["custom_generate_function_path"]
-    source = f"the custom generate function {custom}" if custom else "SGLang"
-    flags = ["--use-tis"] + ([cfg.flag_text("custom_generate_function_path")] if custom else [])
+    flags = [BY_NAME[f].spelling for f in on] + ([cfg.flag_text("custom_generate_function_path")] if custom else [])
     flags += [cfg.flag_text("tis_clip"), cfg.flag_text("tis_clip_low")]
+    trigger = "TIS" if cfg["use_tis"] else f"--get-mismatch-metrics runs slime {cfg.release}'s TIS function, which"
     mechanism = (
-        f"TIS multiplies the policy loss by clamp(exp(old_log_prob - rollout_log_prob), {cfg['tis_clip_low']:g}, "
-        f"{cfg['tis_clip']:g}), where rollout_log_probs come from {source} without validation. "
-        "The clamp bounds inf but passes NaN (clamp(NaN) = NaN), so one NaN, or a list that does not line up "
-        "with the response tokens, makes pg_loss and the gradient of the whole micro-batch NaN."
+        f"{trigger} multiplies the policy loss by clamp(exp(old_log_prob - rollout_log_prob), "
+        f"{cfg['tis_clip_low']:g}, {cfg['tis_clip']:g}), where rollout_log_probs come from {_rollout_source(cfg)} "
+        "without validation. The clamp bounds inf but passes NaN (clamp(NaN) = NaN), so one NaN, or a list that "
+        "does not line up with the response tokens, makes pg_loss and the gradient of the whole micro-batch NaN."
     )
     fix = (
         "validate rollout_log_probs where they are produced (finite, one per response token, "
         "tool tokens included); find the bad sample with `nanscope scan` on a --save-debug-rollout-data dump; "
         f"the nanscope slime plugin ({PLUGIN}) takes a token with a non-finite log-prob out of the loss "
         "and counts it in nan_guard/*; "
-        "or drop --use-tis."
+        f"or drop {' and '.join(BY_NAME[f].spelling for f in on)}."
     )
     return Finding(
         "tis-unvalidated-rollout-logprobs",
@@ -147,6 +210,61 @@ def _tis(cfg: Config) -> Finding | None:
     )
 
 
+def _rollout_as_old(cfg: Config) -> Finding | None:
+    """--use-rollout-logprobs (v0.2.4 on, loss.py:644): the rollout log-probs are the old policy of the ratio."""
+    if not cfg.get("use_rollout_logprobs") or not _slime_policy_loss(cfg):
+        return None
+    custom = cfg["custom_generate_function_path"]
+    flags = ["--use-rollout-logprobs"] + ([cfg.flag_text("custom_generate_function_path")] if custom else [])
+    mechanism = (
+        f"--use-rollout-logprobs makes slime {cfg.release}'s policy loss take the rollout log-probs as the old "
+        f"policy: ratio = exp(log_prob - rollout_log_prob), with rollout_log_probs from {_rollout_source(cfg)} "
+        "unvalidated. One NaN makes the ratio, the loss and the gradient NaN; a list that does not line up with "
+        f"the response tokens puts log-ratios past {FP32_EXP_MAX:.2f} into the exp before the clip (inf, then "
+        "NaN in the backward), on masked tokens too."
+    )
+    return Finding(
+        "rollout-logprobs-as-old-policy",
+        "high" if custom else "medium",
+        "rollout log-probs are the PPO ratio's old policy",
+        flags,
+        mechanism,
+        "validate rollout_log_probs where they are produced (finite, one per response token, tool tokens "
+        "included; `nanscope scan` on a --save-debug-rollout-data dump names the sample); the nanscope slime "
+        f"plugin ({PLUGIN}) drops a non-finite log-prob and clamps the log-ratio before exp; or drop "
+        "--use-rollout-logprobs (slime recomputes the old log-probs).",
+        [hazards.NAN_ROLLOUT_LOGPROB.name, hazards.RATIO_EXP_OVERFLOW.name],
+    )
+
+
+def _unbiased_kl(cfg: Config) -> Finding | None:
+    """--use-unbiased-kl (v0.2.4 on): the KL term times exp(log_prob - old_log_prob), inline, unclamped."""
+    if not (cfg["use_kl_loss"] and cfg.get("use_unbiased_kl") and _slime_policy_loss(cfg)):
+        return None
+    zero = cfg["kl_loss_coef"] == 0
+    mechanism = (
+        f"--use-unbiased-kl makes slime {cfg.release}'s policy loss multiply the KL term by the importance ratio "
+        "torch.exp(log_probs - old_log_probs), computed inline with no clamp, whatever --kl-loss-type: a "
+        f"log-ratio above {FP32_EXP_MAX:.2f} makes it inf and the backward NaN. "
+        + (
+            "With --kl-loss-coef 0 the term stays in the graph (loss + 0 x kl_loss), so the NaN reaches every "
+            "gradient of the micro-batch."
+            if zero
+            else "Any token where the policy moved that far since the log-prob pass poisons the step."
+        )
+    )
+    return Finding(
+        "unbiased-kl-ratio-exp",
+        "high" if zero else "medium",
+        "unbiased KL: an unclamped exp of the policy log-ratio in the KL term",
+        ["--use-kl-loss", "--use-unbiased-kl", cfg.flag_text("kl_loss_coef")],
+        mechanism,
+        ("drop --use-kl-loss while --kl-loss-coef is 0; " if zero else "")
+        + f"drop --use-unbiased-kl, or use the nanscope slime plugin: {PLUGIN} (clamps that log-ratio before exp).",
+        [hazards.RATIO_EXP_OVERFLOW.name],
+    )
+
+
 def _reward(cfg: Config) -> Finding | None:
     if not cfg["custom_rm_path"]:
         return None
@@ -154,12 +272,11 @@ def _reward(cfg: Config) -> Finding | None:
     flags = [cfg.flag_text(name) for name in ("custom_rm_path", "advantage_estimator", "n_samples_per_prompt")]
     if cfg["group_rm"]:
         flags.append("--group-rm")
-    grouped = ("grpo", "gspo", "reinforce_plus_plus_baseline")
-    group = cfg["advantage_estimator"] in grouped and cfg["rewards_normalization"]
+    group = cfg["advantage_estimator"] in releases.GROUP_NORMALISED and cfg["rewards_normalization"]
     if group:
         std = (
             " and divides by its std (+1e-6)"
-            if cfg["grpo_std_normalization"] and cfg["advantage_estimator"] in ("grpo", "gspo")
+            if cfg["grpo_std_normalization"] and cfg["advantage_estimator"] in releases.STD_NORMALISED
             else ""
         )
         mechanism = (
@@ -227,9 +344,10 @@ def _temperature(cfg: Config) -> Finding | None:
     if cfg["rollout_temperature"] != 0:
         return None
     mechanism = (
-        "slime v0.1.0 divides the logits by --rollout-temperature in the log-prob pass and in the loss "
-        "(backends/megatron_utils/loss.py:54) and never checks that it is positive: every logit becomes +-inf, "
-        "the log-softmax computes inf - inf = NaN, so every log-prob, the loss and every gradient are NaN."
+        f"slime {cfg.release} divides the logits by --rollout-temperature in the log-prob pass and in the loss "
+        f"({_release(cfg).temperature_at.removeprefix('slime/')}) and never checks that it is positive. Every "
+        "logit becomes +-inf, the log-softmax computes inf - inf = NaN, so every log-prob, the loss and every "
+        "gradient are NaN."
     )
     return Finding(
         "zero-rollout-temperature",
@@ -244,17 +362,17 @@ def _temperature(cfg: Config) -> Finding | None:
 
 
 def _eps_clip_c(cfg: Config) -> Finding | None:
-    if cfg["eps_clip_c"] is None:
+    if cfg["eps_clip_c"] is None or _release(cfg).eps_clip_c_applied:
         return None
     mechanism = (
-        "slime v0.1.0 parses --eps-clip-c but policy_loss_function calls compute_policy_loss without it, "
+        f"slime {cfg.release} parses --eps-clip-c but policy_loss_function calls compute_policy_loss without it, "
         "so dual-clip PPO is never applied. Negative-advantage tokens with a large ratio are not bounded "
         "by eps-clip-c x |A| as the flag promises."
     )
     return Finding(
         "eps-clip-c-ignored",
         "low",
-        "--eps-clip-c is accepted but never applied in v0.1.0",
+        f"--eps-clip-c is accepted but never applied in {cfg.release}",
         [cfg.flag_text("eps_clip_c")],
         mechanism,
         f"remove the flag (it does nothing), or apply dual-clip in a custom loss ({PLUGIN}).",
@@ -267,9 +385,9 @@ def _nan_check(cfg: Config) -> Finding | None:
     flags = ["(no --no-check-for-nan-in-loss-and-grad)", "rerun mode: disabled (slime never initialises it)"]
     mechanism = (
         "--check-for-nan-in-loss-and-grad is on by default, so Megatron's DDP checks each gradient bucket's "
-        "local norm before the data-parallel reduce; slime v0.1.0 never initialises the RerunStateMachine, "
+        f"local norm before the data-parallel reduce; slime {cfg.release} never initialises the RerunStateMachine, "
         "so its mode is DISABLED and a NaN raises RuntimeError and kills the job. With "
-        "--no-check-for-nan-in-loss-and-grad, slime v0.1.0's train_one_step checks the gradient itself and "
+        f"--no-check-for-nan-in-loss-and-grad, slime {cfg.release}'s train_one_step checks the gradient itself and "
         "skips a non-finite optimizer step instead."
     )
     return Finding(
@@ -313,17 +431,26 @@ def _budget(cfg: Config, b: Batches, cp: int) -> Finding | None:
 def _batches(cfg: Config, b: Batches) -> Finding | None:
     if b.samples_per_rollout is None or not b.steps_remainder:
         return None
+    r = _release(cfg)
+    assert_ = r.batch_remainder == "assert"
+    mechanism = (
+        f"slime {r.key} asserts rollout-batch-size x n-samples-per-prompt ({b.samples_per_rollout}) "
+        f"% global-batch-size ({b.global_batch}) == 0 at start-up. The run does not start."
+        if assert_
+        else f"slime {r.key} trains whole global batches only and drops the rest ({r.batch_remainder_at}). "
+        f"Here {b.samples_per_rollout} % {b.global_batch} = {b.steps_remainder} samples of every rollout are "
+        "generated and never trained."
+    )
     return Finding(
         "rollout-not-multiple-of-global-batch",
-        "critical",
+        "critical" if assert_ else "low",
         "rollout x n-samples is not a multiple of the global batch",
         [
             cfg.flag_text("rollout_batch_size"),
             cfg.flag_text("n_samples_per_prompt"),
             f"--global-batch-size {b.global_batch}",
         ],
-        f"slime v0.1.0 asserts rollout-batch-size x n-samples-per-prompt ({b.samples_per_rollout}) "
-        f"% global-batch-size ({b.global_batch}) == 0 at start-up. The run does not start.",
+        mechanism,
         "make the global batch a divisor of rollout-batch-size x n-samples-per-prompt.",
     )
 
@@ -367,9 +494,13 @@ def _colocate(cfg: Config, world: int) -> Finding | None:
 def findings(cfg: Config, b: Batches, world: int, cp: int) -> list[Finding]:
     """All rules that fire, most severe first (stable within a severity)."""
     rules = [
+        _undefined(cfg),
+        _rejected(cfg),
         _temperature(cfg),
         _kl(cfg),
+        _unbiased_kl(cfg),
         _tis(cfg),
+        _rollout_as_old(cfg),
         _reward(cfg),
         _masked(cfg),
         _ratio(cfg),
@@ -393,8 +524,16 @@ def fine(cfg: Config, b: Batches, world: int, colocate_ok: bool) -> list[str]:
         )
     if not cfg["use_kl_loss"]:
         out.append("no KL loss term (--use-kl-loss off): no exp of the reference log-ratio in the graph")
-    elif cfg["kl_loss_type"] in ("kl", "k2"):
-        out.append(f"--kl-loss-type {cfg['kl_loss_type']} has no exp: no KL overflow")
+    elif cfg["kl_loss_type"] in ("kl", "k1", "k2"):
+        default = cfg.origin("kl_loss_type") != SCRIPT
+        out.append(
+            f"--kl-loss-type {cfg['kl_loss_type']} has no exp: no KL overflow"
+            + (
+                f" (slime {cfg.release}'s default: the KL term's exp hazard needs --kl-loss-type low_var_kl or k3)"
+                if default
+                else ""
+            )
+        )
     if cfg["use_tis"]:
         out.append(
             f"TIS weight is clamped to [{cfg['tis_clip_low']:g}, {cfg['tis_clip']:g}]: an inf weight "
@@ -402,6 +541,11 @@ def fine(cfg: Config, b: Batches, world: int, colocate_ok: bool) -> list[str]:
         )
     if cfg["eps_clip_c"] is None:
         out.append("no --eps-clip-c: nothing silently ignored in the PPO clip")
+    elif _release(cfg).eps_clip_c_applied:
+        out.append(
+            f"--eps-clip-c {cfg['eps_clip_c']:g}: slime {cfg.release} applies dual-clip PPO "
+            f"({_release(cfg).eps_clip_c_at})"
+        )
     if cfg["entropy_coef"] == 0:
         out.append(
             "--entropy-coef 0: the entropy is computed (max-subtracted softmax, stable) and reported but weighted 0"

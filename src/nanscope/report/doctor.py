@@ -151,6 +151,7 @@ def to_dict(d) -> dict:
     t, b, cfg = d.topology, d.batches, d.config
     out = {
         "verdict": verdict(d),
+        "slime_release": release_dict(d),
         "inputs": {
             "script": d.script.path,
             "train_script": d.script.train_script,
@@ -269,6 +270,17 @@ def to_dict(d) -> dict:
     return out
 
 
+def release_dict(d) -> dict:
+    """The slime release the diagnosis used: its short name, full name, how it was chosen, the evidence."""
+    c = d.release
+    return {"version": c.release.key, "name": c.release.name, "how": c.how, "source": c.source}
+
+
+def release_line(d) -> str:
+    """One line: the release and how it was chosen."""
+    return f"slime release {d.release.release.name} ({d.release.how}: {d.release.source})"
+
+
 # ---- terminal --------------------------------------------------------------------------------------
 
 
@@ -281,6 +293,7 @@ def render_terminal(d, console) -> None:
         f"[bold]nanscope doctor[/bold]  {escape(d.script.path)}  "
         f"([dim]{escape(d.script.train_script)}, line {d.script.line}[/dim])"
     )
+    _plain(console, release_line(d))
     console.print(
         Panel(escape(verdict(d)), title="verdict", title_align="left", border_style="red" if d.traceback else "blue")
     )
@@ -549,7 +562,7 @@ def layer_split_svg(d) -> str:
 
 def render_html(d) -> str:
     """One self-contained page: verdict, rank grid, layer split, findings, frames."""
-    body = [f"<p><b>{esc(verdict(d))}</b></p>"]
+    body = [f"<p class='muted'>{esc(release_line(d))}</p>", f"<p><b>{esc(verdict(d))}</b></p>"]
     r, t = d.failing, d.topology
     if r is not None:
         body.append("<h2>Failing rank</h2><table>")

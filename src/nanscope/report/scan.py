@@ -42,6 +42,7 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
         + f", {result.num_samples} samples, {result.response_tokens:,} response tokens"
     )
     console.print(head, highlight=False, markup=False)
+    console.print(format_line(result), highlight=False, markup=False, soft_wrap=True)  # one line, for grep
     if result.hazards:
         wide = console.width >= 130  # the note column only fits on wide terminals (it is in JSON/HTML)
         t = Table(
@@ -85,6 +86,19 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
     console.print(result.verdict, style=style, highlight=False, markup=False)
 
 
+def format_line(result: ScanResult) -> str:
+    """The release format the dump was read as and how its fields differ from v0.1.0's, in one line."""
+    f = result.format
+    same = f" (also {', '.join(f.same_as[1:])})" if len(f.same_as) > 1 else ""
+    diff = [
+        f"{len(names)} field(s) {what} v0.1.0's: {', '.join(names)}"
+        for names, what in ((f.fields_added, "beyond"), (f.fields_removed, "missing from"))
+        if names
+    ]
+    parts = [*diff, f"rollout_log_probs checked as {f.rollout_logprob_dtype}"] + ([f.note] if f.note else [])
+    return f"format: slime {f.release}{same}; " + "; ".join(parts)
+
+
 def _opt(x) -> str:
     return "" if x is None else str(x).lower() if isinstance(x, bool) else str(x)
 
@@ -118,7 +132,13 @@ def to_json(result: ScanResult) -> dict:
         "num_samples": result.num_samples,
         "response_tokens": result.response_tokens,
     }
-    return {"dump": dump, "config": asdict(result.config), "hazards": hazards, "summary": summary}
+    return {
+        "dump": dump,
+        "format": result.format.to_dict(),
+        "config": asdict(result.config),
+        "hazards": hazards,
+        "summary": summary,
+    }
 
 
 def write_json(result: ScanResult, path: str) -> None:
@@ -137,6 +157,7 @@ def render_html(result: ScanResult) -> str:
         f"<p class='muted'>{esc(result.path)}: {esc(result.dump_kind)} dump, "
         f"rollout {esc(str(result.rollout_id))}, "
         f"{result.num_samples} samples, {result.response_tokens:,} response tokens</p>",
+        f"<p class='muted'>{esc(format_line(result))}</p>",
     ]
     if result.errors:
         body.append(
@@ -279,7 +300,7 @@ def render_directory(summaries: list, console, root: str) -> None:
     from rich.table import Table
 
     t = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in ("file", "kind", "samples", "tokens", "findings", "would NaN", "mechanisms / error"):
+    for c in ("file", "kind", "format", "samples", "tokens", "findings", "would NaN", "mechanisms / error"):
         t.add_column(
             c,
             justify="right" if c in ("samples", "tokens", "findings") else "left",
@@ -289,12 +310,13 @@ def render_directory(summaries: list, console, root: str) -> None:
     for s in summaries:
         name = os.path.relpath(s.path, root)
         if s.error:
-            t.add_row(name, "-", "-", "-", "-", "error", s.error)
+            t.add_row(name, "-", "-", "-", "-", "-", "error", s.error)
             continue
         note = ", ".join(s.mechanisms) or "-"
         if s.errors:
             note += f"; {len(s.errors)} length errors (slime would fail): {s.errors[0]}"
-        t.add_row(name, s.kind, str(s.num_samples), f"{s.response_tokens:,}", str(s.total), s.would_nan, note)
+        row = (s.kind, s.format, str(s.num_samples), f"{s.response_tokens:,}", str(s.total), s.would_nan, note)
+        t.add_row(name, *row)
     console.print(t)
     d = directory_summary(summaries)
     v = d["would_nan"]

@@ -31,6 +31,7 @@ from types import MappingProxyType, ModuleType
 
 import torch
 
+from nanscope import releases as known
 from nanscope.errors import UserError
 
 SLIME_LOSS = "slime.backends.megatron_utils.loss"
@@ -91,7 +92,7 @@ _KL_V1 = ("log_probs", "log_probs_base", "kl_loss_type")
 _SLICE = ("log_prob", "total_length", "response_length")
 
 V0_1_0 = Release(
-    name="v0.1.0",
+    name=known.BY_KEY[known.V0_1_0].name,
     module=SLIME_LOSS,
     entry="policy_loss_function",
     signatures=_frozen(
@@ -109,7 +110,7 @@ V0_1_0 = Release(
 )
 
 V0_2_4 = Release(
-    name="v0.2.4",
+    name=known.BY_KEY[known.V0_2_4].name,
     module=SLIME_LOSS,
     entry="policy_loss_function",
     signatures=_frozen(
@@ -149,7 +150,7 @@ _V0_3_CLAMPS = _frozen(
 )
 
 V0_3_1 = Release(
-    name="v0.3.1",
+    name=known.BY_KEY[known.V0_3_1].name,
     module=SLIME_LOSS,
     entry="policy_loss_function",
     signatures=_frozen(_V0_3_SIGNATURES),
@@ -162,7 +163,7 @@ V0_3_1 = Release(
 # main as of 2026-08-21 (624b824): v0.3.1's loss API plus the train-dump log-prob capture; it also
 # passes --eps-clip-c to compute_policy_loss (dual-clip), which the wrapper leaves to slime.
 MAIN_2026_08 = Release(
-    name="main (2026-08-21, 624b824)",
+    name=known.BY_KEY[known.MAIN].name,
     module=SLIME_LOSS,
     entry="policy_loss_function",
     signatures=_frozen({**_V0_3_SIGNATURES, f"{SLIME_LOSS}.enable_log_prob_capture": ()}),
