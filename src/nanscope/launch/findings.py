@@ -136,7 +136,7 @@ def _kl(cfg: Config) -> Finding | None:
     )
     fix += (
         f"to keep the KL term, use the nanscope slime plugin: {PLUGIN} (clamps the log-ratio to [-20, 20] "
-        "before exp; a zero-coefficient term is computed outside the graph)."
+        "before exp, so the term stays finite in the graph)."
     )
     return Finding(
         "kl-loss-exp-then-clamp",
