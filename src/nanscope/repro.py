@@ -73,7 +73,10 @@ def sentinel_finding(ranks) -> dict:
 
     The rank that saw it first, in causal order: a forward finding on the earliest pipeline stage (the
     forward runs stage 0 first), else the latest stage with a finding (the backward starts at the loss
-    and runs back to stage 0). With nothing non-finite anywhere, every field but the evidence is None.
+    and runs back to stage 0), and within a stage the earliest in its backward (micro-batch, then the
+    index of the first non-finite output-gradient check): a tensor-parallel peer that received the value
+    through a collective sees it later than the rank whose module made it. With nothing non-finite
+    anywhere, every field but the evidence is None.
 
     Returns:
         {"rank", "step", "module", "direction", "microbatch", "class", "candidates", "evidence"}.
@@ -83,8 +86,14 @@ def sentinel_finding(ranks) -> dict:
     if not seen:
         evidence = ranks[0].sentinel["evidence"] if ranks and ranks[0].sentinel else ["the sentinel did not run"]
         return {"rank": None, **dict.fromkeys(keys), "candidates": [], "evidence": evidence}
-    first = min(seen, key=lambda r: (0, r.pp, r.rank) if r.sentinel["forward"] else (1, -r.pp, r.rank))
+    first = min(seen, key=lambda r: (0, r.pp, r.rank) if r.sentinel["forward"] else (1, -r.pp, *_when(r), r.rank))
     return {"rank": first.rank, **{k: first.sentinel[k] for k in keys}}
+
+
+def _when(r) -> tuple[int, int]:
+    """(micro-batch, output-gradient check index) of a rank's first non-finite gradient; unknown last."""
+    made = r.sentinel.get("producer")
+    return (made["microbatch"], made["order"]) if made else (1 << 30, 1 << 30)
 
 
 def harness_notes(layout) -> list[str]:

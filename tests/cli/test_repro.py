@@ -115,7 +115,7 @@ def test_repro_without_arguments_runs_the_matrix(tmp_path, capsys):
         "nan-rollout-logprob": (2, "data", None, None), "nan-reward": (2, "data", None, None),
         "zero-temperature": (2, "data", None, None),
         "activation-overflow": (0, "model-forward", "decoder.layers.1.mlp", "forward"),  # the planted module
-        "backward-only-fault": (0, "model-backward", "decoder.layers.0.self_attention.linear_proj", "backward"),
+        "backward-only-fault": (0, "model-backward", "decoder.layers.0.self_attention", "backward"),  # planted
     }  # fmt: skip
     assert rows["backward-only-fault"]["as_is"]["fault"] == "decoder.layers.0.self_attention:backward:nan"
     # stage 0 fails the check; stage 1's gradients pass it and its ranks stop instead of hanging

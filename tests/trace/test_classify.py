@@ -191,3 +191,28 @@ def test_a_stage_without_the_loss_says_where_the_loss_is():
     hit = Hit("decoder.layers.0.mlp", 0, 3, "decoder.layers.0.mlp.router.weight")
     c = classify(Observation(backward=hit, output_grad_finite=True, last_stage=False))
     assert c.cls == MODEL_BACKWARD and c.evidence[1] == "the loss runs on the last pipeline stage"
+
+
+def test_the_producer_of_the_first_nonfinite_output_gradient_is_the_module_named():
+    # Parameter checks reach a child first (the experts' last linear); the output-gradient checks show the
+    # gradient was finite at the router's output and non-finite at the next output checked.
+    from nanscope.trace.sentinel import Producer
+
+    hit = Hit("decoder.layers.0.self_attention.linear_proj", 1, 7, "decoder.layers.0.self_attention.linear_proj.weight")
+    made = Producer("decoder.layers.0.mlp.router", "decoder.layers.0.pre_mlp_layernorm", 1)
+    c = classify(Observation(backward=hit, output_grad_finite=True, loss_inputs={}, producer=made, layer_offset=2))
+    assert (c.cls, c.module, c.direction, c.microbatch) == (
+        MODEL_BACKWARD,
+        "decoder.layers.0.mlp.router",
+        "backward",
+        1,
+    )
+    assert c.evidence[3] == (
+        "first non-finite gradient at a module output in backward order: at decoder.layers.0.pre_mlp_layernorm's "
+        "output, micro-batch 1, checked right after the finite gradient at decoder.layers.0.mlp.router's output: "
+        "module decoder.layers.0.mlp.router (decoder layer 2)'s own backward made it"
+    )
+    # a gradient that arrived non-finite names no producer: the parameter hit stands
+    arrived = Producer(None, "output_layer", 0)
+    c = classify(Observation(backward=hit, output_grad_finite=False, loss_inputs={}, producer=arrived))
+    assert c.module == "decoder.layers.0.self_attention.linear_proj"

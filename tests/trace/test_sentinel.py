@@ -238,3 +238,57 @@ def test_grads_screen_a_flat_buffer_once_and_name_the_parameter_exactly():
     net.fc2.weight.main_grad.zero_()
     flat[-1] = float("nan")  # in the padding: the screen flags the buffer, no parameter holds it
     assert s.read(grads=True).grads == []
+
+
+class Poisoned(torch.nn.Module):
+    """Identity forward; backward turns the arriving gradient into NaN: a kernel bug in a backward."""
+
+    class _Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * float("nan")
+
+    def forward(self, x):
+        return self._Fn.apply(x * 1.0)
+
+
+class Chain(torch.nn.Module):
+    """fc1 -> bad -> fc2: `bad` has no parameter, so the first non-finite parameter gradient is fc1's."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bad, self.fc2 = torch.nn.Linear(2, 2), Poisoned(), torch.nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.fc2(self.bad(self.fc1(x)))
+
+
+def test_output_grads_name_the_module_whose_backward_made_the_first_nonfinite_gradient():
+    net = Chain()
+    s = Sentinel(net, output_grads=True)
+    _step(net, [GOOD, GOOD])
+    r = s.read()
+    # Backward of micro-batch 0: fc2's output (finite), bad's output (finite), fc1's output (NaN: bad's
+    # backward made it). Parameter checks alone reach fc1 first (bad holds no parameter).
+    assert r.forward is None and (r.backward.module, r.backward.microbatch) == ("fc1", 0)
+    assert r.producer == sentinel_mod.Producer(module="bad", seen_at="fc1", microbatch=0, order=2)
+    assert not r.finite and r.to_dict()["producer"] == {"module": "bad", "seen_at": "fc1", "microbatch": 0, "order": 2}
+    s.remove()
+
+
+def test_output_grads_say_when_the_gradient_arrived_nonfinite():
+    net = Net()
+    s = Sentinel(net, output_grads=True)
+    net(GOOD).sum().backward()
+    net(GOOD).sum().backward(torch.tensor(float("nan")))  # micro-batch 1: a non-finite loss gradient
+    r = s.read()
+    assert r.producer == sentinel_mod.Producer(module=None, seen_at="fc2", microbatch=1, order=3)
+    # off by default: no output-gradient check, no producer
+    net2 = Chain()
+    s2 = Sentinel(net2)
+    _step(net2, [GOOD])
+    assert s2.read().producer is None

@@ -55,11 +55,12 @@ def observe(ctx: RunContext, batch: dict, stepped: bool) -> None:
         params = tuple(public_name(n, off) for n, p in ctx.model.named_parameters() if not torch.isfinite(p).all())
     obs = Observation(_public(reading.forward, off), _public(reading.backward, off),
                       tuple(public_name(g, off) for g in reading.grads), inputs, all(seen) if seen else None, last,
-                      params)  # fmt: skip
+                      params, producer=_public_producer(reading.producer, off))  # fmt: skip
     ctx.record.sentinel = {
         "step": ctx.step,
         "forward": None if obs.forward is None else obs.forward.to_dict(),
         "backward": None if obs.backward is None else obs.backward.to_dict(),
+        "producer": None if obs.producer is None else obs.producer.to_dict(),
         "grads": list(obs.grads[:SHOWN]),
         "output_grad_finite": obs.output_grad_finite,
         "loss_inputs": None if inputs is None else {k: list(v) for k, v in inputs.items()},
@@ -81,3 +82,11 @@ def _public(hit, offset: int):
         return None
     param = None if hit.param is None else public_name(hit.param, offset)
     return dataclasses.replace(hit, module=public_name(hit.module, offset), param=param)
+
+
+def _public_producer(producer, offset: int):
+    """A sentinel Producer with public module names."""
+    if producer is None:
+        return None
+    module = None if producer.module is None else public_name(producer.module, offset)
+    return dataclasses.replace(producer, module=module, seen_at=public_name(producer.seen_at, offset))

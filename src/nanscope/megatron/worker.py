@@ -145,7 +145,7 @@ class Worker:
         planted = spec.planted()
         if planted is not None:  # before the sentinel's hooks: they run after the fault's and see it
             self.plant(ctx, *planted)
-        ctx.sentinel = Sentinel([ctx.model])
+        ctx.sentinel = Sentinel([ctx.model], output_grads=True)  # names a backward's producer, not only its params
         step.agree_on_grad_check(ctx)
         if spec.save_grads:
             ctx.grads_path = ctx.path("grads")

@@ -52,6 +52,8 @@ class Observation:
         last_stage: this rank holds the loss (otherwise the output gradient came from the next stage).
         nonfinite_params: parameters that are non-finite after the optimizer step.
         layer_offset: global index of this stage's first decoder layer (megatron names layers locally).
+        producer: from the sentinel's output-gradient checks (a `sentinel.Producer`: the module whose
+            own backward made the first non-finite gradient at a module output), or None.
     """
 
     forward: object | None = None
@@ -62,6 +64,7 @@ class Observation:
     last_stage: bool = True
     nonfinite_params: tuple[str, ...] = ()
     layer_offset: int = 0
+    producer: object | None = None
 
 
 @dataclass
@@ -185,6 +188,14 @@ def _backward(obs: Observation) -> Classification:
     if not obs.last_stage:
         inputs = "the loss runs on the last pipeline stage"
     evidence = ["the model's forward was finite", inputs, where]
+    made = obs.producer
+    if made is not None and made.module is not None:  # the module whose backward made it, not only a param it reached
+        module, mb = made.module, made.microbatch
+        evidence.append(
+            f"first non-finite gradient at a module output in backward order: at {made.seen_at}'s output, "
+            f"micro-batch {mb}, checked right after the finite gradient at {made.module}'s output: "
+            f"{_where(module, obs.layer_offset)}'s own backward made it"
+        )
     if obs.output_grad_finite is None:
         evidence.append(
             "the gradient arriving at the model's output was not observed: it was non-finite if "

@@ -31,6 +31,11 @@ grad mode switched off around the one kernel rather than detached (cheaper).
         if not reading.finite: write_report(reading)
     sentinel.remove()
 
+With `output_grads=True` a tensor hook on each checked output also checks the gradient that arrives
+there in backward (labelled with the output's forward micro-batch): the output-gradient check that ran
+just before the first non-finite one, in the same micro-batch, was finite, so that module's own
+backward made the value (`Reading.producer`). Off by default: a hook per module call.
+
 Micro-batch index: the number of forward calls of the module's model chunk so far this step
 (0-based); in backward, the micro-batch whose chunk output received its gradient most recently.
 Fused weight-gradient kernels (TransformerEngine's gradient_accumulation_fusion) write main_grad
@@ -75,18 +80,40 @@ class Hit:
 
 
 @dataclass
+class Producer:
+    """Where the first non-finite gradient at a module's output appeared in backward (output_grads=True).
+
+    seen_at: the module at whose output it was seen; microbatch: the forward micro-batch of that output;
+    module: the module whose output-gradient check ran just before it in that micro-batch's backward,
+    with a finite gradient (the backward that produced the value: between the two checks only its own
+    backward ran), or None when the gradient arrived non-finite at the first check of the micro-batch
+    (from the loss, or from the next pipeline stage). order: 0-based index of the check at seen_at among
+    the step's output-gradient checks.
+    """
+
+    module: str | None
+    seen_at: str
+    microbatch: int
+    order: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
 class Reading:
     """One step's sentinel result. grads: parameters whose accumulated gradient (main_grad if
-    present, else .grad) is non-finite, when read(grads=True)."""
+    present, else .grad) is non-finite, when read(grads=True). producer: with output_grads=True."""
 
     step: int
     forward: Hit | None
     backward: Hit | None
     grads: list = field(default_factory=list)
+    producer: Producer | None = None
 
     @property
     def finite(self) -> bool:
-        return self.forward is None and self.backward is None and not self.grads
+        return self.forward is None and self.backward is None and not self.grads and self.producer is None
 
     def to_dict(self) -> dict:
         return {
@@ -95,6 +122,7 @@ class Reading:
             "forward": None if self.forward is None else self.forward.to_dict(),
             "backward": None if self.backward is None else self.backward.to_dict(),
             "grads": list(self.grads),
+            "producer": None if self.producer is None else self.producer.to_dict(),
         }
 
 
@@ -171,6 +199,14 @@ class _Phase:
             return None
         module, mb, param = self.labels[index]
         return Hit(module, mb, index, param)
+
+    def producer(self, index: int) -> Producer | None:
+        """Output-gradient checks: the Producer of the first non-finite one (see Producer)."""
+        if index >= _NONE:
+            return None
+        seen_at, mb, _ = self.labels[index]
+        before = self.labels[index - 1] if index else None
+        return Producer(before[0] if before is not None and before[1] == mb else None, seen_at, mb, index)
 
     def clear(self) -> None:
         """Start a new step (the buffer stays)."""
@@ -312,12 +348,17 @@ class Sentinel:
         include: `include(name, module) -> bool` selects the modules whose outputs are checked
             (default: all). Each check is one small kernel launch; on a model made of many tiny
             modules (e.g. MoE experts) `lambda n, m: ".local_experts." not in n` trims the count.
+        output_grads: also check the gradient arriving at each checked module output (a tensor hook
+            per module call: off by default for its cost), so a reading names the module whose own
+            backward produced the first non-finite gradient (`Reading.producer`), not only the first
+            parameter gradient it reached.
     """
 
-    def __init__(self, modules, params: bool = True, include=None):
+    def __init__(self, modules, params: bool = True, include=None, output_grads: bool = False):
         self.roots = list(modules) if not isinstance(modules, torch.nn.Module) else [modules]
         self.step = 0
-        self._fwd, self._bwd = _Phase(), _Phase()
+        self._fwd, self._bwd, self._ograd = _Phase(), _Phase(), _Phase()
+        self._output_grads = output_grads
         self._mb = [0] * len(self.roots)  # forward calls of each chunk this step
         self._bwd_mb = 0
         self._last = _dead  # weak reference to the tensor checked last (never keeps logits alive)
@@ -373,13 +414,21 @@ class Sentinel:
                 if first.is_floating_point():
                     self._last = weakref.ref(first)
                     phase.add(first, (path, self._mb[c] - 1, None))
+                    self._watch_grad(first, path, c)
                 return
             total = _tuple_sum(output)
             if total is not None:
                 self._last = weakref.ref(first)
                 phase.add_total(total, (path, self._mb[c] - 1, None))
+                self._watch_grad(first, path, c)
 
         return check
+
+    def _watch_grad(self, output: torch.Tensor, path: str, c: int) -> None:
+        """output_grads: check the gradient that arrives at this output, labelled with its forward micro-batch."""
+        if self._output_grads and output.requires_grad and _grad_enabled():
+            label, phase = (path, self._mb[c] - 1, None), self._ograd
+            output.register_hook(lambda grad: phase.add(grad, label))
 
     def _grad_hook(self, module: str, name: str):
         phase = self._bwd
@@ -400,23 +449,25 @@ class Sentinel:
                 tensor holding them (megatron's flat grad buffers: one or two) in the same sync; per
                 parameter, exactly, only when one of those is not finite.
         """
-        parts = [phase.result() for phase in (self._fwd, self._bwd)]
+        parts = [phase.result() for phase in (self._fwd, self._bwd, self._ograd)]
         norms = _storage_norms(self._named_params) if grads else None
         device = next((t.device for t in (*parts, norms) if t is not None), torch.device("cpu"))
         none = torch.tensor(_NONE, device=device)
         head = [(p if p is not None else none).to(device).reshape(1) for p in parts]
         tail = [torch.isfinite(norms.to(device)).long()] if norms is not None else []
         values = torch.cat(head + tail).tolist()  # the host sync
-        flagged = check_grads(self._named_params) if not all(values[2:]) else []  # only on a bad step
-        reading = Reading(self.step, self._fwd.hit(values[0]), self._bwd.hit(values[1]), flagged)
+        flagged = check_grads(self._named_params) if not all(values[3:]) else []  # only on a bad step
+        reading = Reading(
+            self.step, self._fwd.hit(values[0]), self._bwd.hit(values[1]), flagged, self._ograd.producer(values[2])
+        )
         self.reset()
         self.step += 1
         return reading
 
     def reset(self) -> None:
         """Drop this step's flags (call at step start if a step was abandoned without read())."""
-        self._fwd.clear()
-        self._bwd.clear()
+        for phase in (self._fwd, self._bwd, self._ograd):
+            phase.clear()
         self._mb = [0] * len(self.roots)
         self._bwd_mb = 0
         self._last = _dead
