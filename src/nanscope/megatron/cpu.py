@@ -58,7 +58,9 @@ _TENSOR_TYPE = torch.Tensor.type
 def _cuda_type_name(self, dtype=None, non_blocking=False, **kwargs):
     """Tensor.type() with no argument names a cpu tensor as its CUDA twin ('torch.cuda.FloatTensor')."""
     if dtype is None and not kwargs and self.device.type == "cpu":
-        with torch._C.DisableTorchFunction():  # under a TorchFunctionMode (the tracer) the C method dispatches back here
+        with (
+            torch._C.DisableTorchFunction()
+        ):  # under a TorchFunctionMode (the tracer) the C method dispatches back here
             return _TENSOR_TYPE(self).replace("torch.", "torch.cuda.", 1)
     return _TENSOR_TYPE(self, dtype, non_blocking, **kwargs)
 
