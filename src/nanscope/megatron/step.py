@@ -238,23 +238,26 @@ class PeerFailed(RuntimeError):
 
 
 def agree_on_grad_check(ctx: RunContext) -> None:
-    """After megatron's DDP gradient check, every rank learns whether any rank failed it.
+    """After megatron's DDP gradient check, every rank of the replica learns whether any of them failed it.
 
     A fault in an early pipeline stage's backward makes that stage fail the check while the later stages
     pass theirs and would wait forever in the optimizer's grad-norm all-reduce; on a cluster the job is
     torn down there. Here the passing ranks raise PeerFailed instead, so every rank records the run. The
     failing rank's error time is taken when megatron raised, before this all-reduce (the first raiser
-    stays the first). Data-parallel replicas still block inside megatron's own reduce (DP 1 here).
+    stays the first). The flag is all-reduced over the model-parallel group (the world at DP 1): a replica
+    that passed the check blocks inside megatron's own data-parallel reduce, which a failed replica never
+    joins, so a world-wide flag would leave the failed replica waiting for it too.
     """
     import time
 
     import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
 
     finish = ctx.model.finish_grad_sync
 
     def any_failed(mine: float) -> bool:
         flag = torch.tensor([mine])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=mpu.get_model_parallel_group())
         return flag.item() > 0
 
     def wrapped(*args, **kwargs):
