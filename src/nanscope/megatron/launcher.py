@@ -158,7 +158,7 @@ def _validate(runs: list[RunSpec], layout: Layout) -> None:
 
     for r in runs:
         hazards.get(r.hazard)
-        loss.get(r.loss)
+        loss.known(r.loss)
         assert r.steps >= 1 and (r.inject_step is None or 1 <= r.inject_step <= r.steps), r
     assert min(layout.tp, layout.pp, layout.dp, layout.ep, layout.cp) >= 1, layout
 

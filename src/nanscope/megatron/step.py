@@ -121,6 +121,8 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
     bucket_norms = bucket_grad_norms(model)
     if ctx.grads_path:
         torch.save({n: p.main_grad.detach().clone() for n, p in model.named_parameters()}, ctx.grads_path)
+    if ctx.spec.compare_grads is not None:
+        ctx.record.grad_diff = grad_diff(model, ctx.path("grads", run=ctx.spec.compare_grads))
     update_successful, grad_norm, _ = optimizer.step()
     assert update_successful
     model.zero_grad_buffer()  # release grads, as slime does
@@ -134,6 +136,19 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
         # slime: value * cp_size / num_samples (num_samples counted once per CP rank)
         reduced = {k: v * cp / values[0] for k, v in zip(keys, values[1:])}
     return reduced, grad_norm, bucket_norms
+
+
+def grad_diff(model, path) -> float | None:
+    """max |main_grad - saved| over every parameter (float64), against the grads an earlier run saved at `path`
+    (`train_one_step`'s format); None when that run saved none on this rank."""
+    if not path.exists():
+        return None
+    saved = torch.load(path, weights_only=True)
+    worst = 0.0
+    for name, p in model.named_parameters():
+        a, b = p.main_grad.detach().double(), saved[name].double()
+        worst = max(worst, float((a - b).abs().max()) if a.numel() else 0.0)
+    return worst
 
 
 def slime_args(ctx: RunContext, n: int):

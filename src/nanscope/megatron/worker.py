@@ -66,9 +66,9 @@ class RunContext:
     def name(self) -> str:
         return f"run {self.index}"
 
-    def path(self, kind: str, suffix: str = ".pt") -> Path:
-        """This rank's file of this run in the output dir, e.g. params.run3.rank1.pt."""
-        return self.out / f"{kind}.run{self.index}.rank{self.record.rank}{suffix}"
+    def path(self, kind: str, suffix: str = ".pt", run: int | None = None) -> Path:
+        """This rank's file of this run (or of run `run`) in the output dir, e.g. params.run3.rank1.pt."""
+        return self.out / f"{kind}.run{self.index if run is None else run}.rank{self.record.rank}{suffix}"
 
     def hook_env(self) -> dict[str, str]:
         """The environment slime's hook reads for this run (empty without the hook)."""
