@@ -24,19 +24,23 @@ the file:line that shows it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING, TypeAlias
 
 from nanscope import case
 from nanscope.errors import UserError
 from nanscope.launch.tracebacks import MCORE, SLIME
-from nanscope.loss.formulas import FP32_EXP_MAX, grpo_normalize, log_probs
 from nanscope.trace.classify import DATA, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_FORWARD, OPTIMIZER
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+# torch is imported by the functions that build batches: the catalogue itself (what `nanscope repro` reads
+# before it launches the harness) needs none.
 # A policy maps per-sample token sequences [total_i] to full-vocabulary logits [total_i, V] (T = 1).
-Policy = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+Policy: TypeAlias = "Callable[[list[torch.Tensor]], list[torch.Tensor]]"
 
 
 @dataclass(frozen=True)
@@ -303,6 +307,8 @@ def case_rollout(vocab_size: int, seed: int = 0, n_samples: int | None = None, s
     Each response: model tokens (thinking + tool call), a tool-output span with loss_mask 0, then
     the model's answer. Rewards are 0/1 with at least one of each, so GRPO advantages are non-zero.
     """
+    import torch
+
     n_samples = case.group_size() if n_samples is None else n_samples
     g = torch.Generator().manual_seed(seed)
 
@@ -330,6 +336,7 @@ def synthetic_policy(vocab_size: int, seed: int = 0, logit_std: float = 12.0) ->
     logp -100 while typical tokens sit near -50.
     Logits at p do not depend on the tokens, so changing token p+1 leaves them as they are.
     """
+    import torch
 
     def policy(tokens: list[torch.Tensor]) -> list[torch.Tensor]:
         # Sample i's rows come from one generator seeded by (seed, i): row p is the same whatever
@@ -348,6 +355,8 @@ def policy_log_probs(logits: list[torch.Tensor], rollout: Rollout, temperature: 
     Returns:
         per sample [response_i] float32.
     """
+    from nanscope.loss.formulas import log_probs
+
     out = []
     for lg, seq, response in zip(logits, rollout.tokens, rollout.response_lengths):
         total = seq.numel()
@@ -357,6 +366,8 @@ def policy_log_probs(logits: list[torch.Tensor], rollout: Rollout, temperature: 
 
 
 def _noisy(x: torch.Tensor, g: torch.Generator, std: float = 0.02) -> torch.Tensor:
+    import torch
+
     return x + std * torch.randn(x.shape, generator=g)
 
 
@@ -375,6 +386,8 @@ def plant_least_likely_tool_token(rollout: Rollout, policy: Policy, temperature:
     Returns:
         (sample, response position) of the planted token.
     """
+    import torch
+
     logits = policy(rollout.tokens)
     best = None
     for i, j in _masked_positions(rollout):
@@ -425,6 +438,10 @@ def build(
         dict with unconcat_tokens, total_lengths, response_lengths, loss_masks, log_probs,
         ref_log_probs, rollout_log_probs, advantages, plus "hazard_site": (sample, position) or None.
     """
+    import torch
+
+    from nanscope.loss.formulas import FP32_EXP_MAX, grpo_normalize
+
     hazard = get(name)
     temperature = case.temperature() if temperature is None else temperature
     # slime's log-prob pass (old and reference log-probs) runs at the hazard's --rollout-temperature.
@@ -476,6 +493,8 @@ def build(
 
 def packed_logits(policy: Policy, tokens: list[torch.Tensor]) -> torch.Tensor:
     """The policy's logits for a micro-batch packed into one row: [1, sum total_i, V] float32."""
+    import torch
+
     return torch.cat(policy(tokens)).unsqueeze(0).float()
 
 
@@ -502,6 +521,8 @@ def run_loss(name: str, loss: str = "as-is", vocab_size: int = 512, seed: int = 
         name: a level "batch" hazard (a "model" one needs the harness: `nanscope repro --hazard NAME`).
         loss: "as-is" (slime v0.1.0) or "safe" (nanscope's fix).
     """
+    import torch
+
     from nanscope import loss as losses
     from nanscope.slime_args import case_args
 

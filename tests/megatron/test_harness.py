@@ -19,8 +19,13 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     out = tmp_path_factory.mktemp("harness")
-    # run 2: healthy again, its first-step log-prob pass shared with run 0's (worker.Worker.policy)
-    runs = [RunSpec("healthy", save_params=True), RunSpec("kl-exp-overflow"), RunSpec("healthy")]
+    # run 2: healthy again, its first-step log-prob pass shared with run 0's (worker.Worker.policy), its
+    # grads compared on each rank with those run 0 saved
+    runs = [
+        RunSpec("healthy", save_params=True, save_grads=True),
+        RunSpec("kl-exp-overflow", compare_grads=0),
+        RunSpec("healthy", compare_grads=0),
+    ]
     return launcher.launch(runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out)
 
 
@@ -29,6 +34,8 @@ def test_launch_finishes_and_reports_every_rank(launched):
     assert launched.ok, launched.stderr_tail
     assert launched.stuck == {}
     assert sorted(launched.startup) == [0, 1, 2, 3]
+    # One agent imported megatron-core and forked the 4 ranks: one start time and import time for all.
+    assert len({(s["started"], s["imports_s"]) for s in launched.startup.values()}) == 1
     for run in launched.runs:
         assert run.missing == []
         # Megatron's order tp-cp-ep-dp-pp: rank = tp + 2 * pp.
@@ -72,6 +79,10 @@ def test_a_run_sharing_a_log_prob_pass_ends_where_the_run_that_made_it_does(laun
             a.losses,
             a.site_log_probs,
         )
+        # Same seed, batch and model: the gradients entering the optimizer are equal entry by entry.
+        assert b.grad_diff == 0.0
+    # The hazard's run never reached the comparison (megatron's check raised first).
+    assert [r.grad_diff for r in launched.runs[1].ranks] == [None] * 4
 
 
 @pytest.mark.timeout(300)

@@ -90,3 +90,23 @@ def test_kill_tree_catches_a_child_forked_while_the_tree_is_read():
     pids = proctree.kill_tree(proc.pid)
     proc.wait(timeout=10)
     assert len(pids) >= 3 and proctree.wait_gone(pids[1:], timeout_s=10) == []
+
+
+def test_the_matrix_is_validated_and_judged_without_importing_torch():
+    # `nanscope repro` launches the harness without importing torch (about 2 s before the launch on 2
+    # cores); its ranks compare the healthy gradients (RunSpec.compare_grads), so it never needs torch.
+    code = (
+        "import sys\n"
+        "from nanscope import hazards, loss, repro\n"
+        "from nanscope.cli import main\n"
+        "from nanscope.megatron import launcher\n"
+        "from nanscope.megatron.spec import Layout, RunSpec\n"
+        "from nanscope.report import repro as report\n"
+        "runs = [RunSpec(h.name, name) for h in hazards.CATALOGUE for name in loss.NAMES]\n"
+        "launcher._validate(runs, Layout())\n"
+        "print([repro.expected_outcome(r.hazard, r.loss, r.model_fault) for r in runs].count('nan-check'))\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    # 7 hazards fail as-is; 3 (zero-temperature and the two model faults) fail safe too
+    assert out.split() == ["10", "False"]

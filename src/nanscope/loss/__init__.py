@@ -6,7 +6,8 @@
     as_is.py      slime v0.1.0's loss_function / policy_loss
     safe.py       the same with the fix (clamp before exp, masks by selection, NaN guards)
 
-`LOSSES` names them as the CLI and JSON do; `get(name)` is the one lookup.
+`LOSSES` names them as the CLI and JSON do; `get(name)` is the one lookup (`known(name)` checks a name
+without importing torch).
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ NAMES = tuple(LOSSES)
 
 def get(name: str) -> ModuleType:
     """The loss module called `name`; an unknown name is a UserError listing the known ones."""
+    return importlib.import_module(LOSSES[known(name)])
+
+
+def known(name: str) -> str:
+    """`name`, if it names a loss; else a UserError listing the known ones."""
     from nanscope.errors import UserError
 
     if name not in LOSSES:
         raise UserError(f"unknown loss {name!r}; known: {', '.join(LOSSES)}")
-    return importlib.import_module(LOSSES[name])
+    return name

@@ -4,7 +4,8 @@
     from nanscope.megatron.spec import Layout, RunSpec
     result = launch([RunSpec("healthy"), RunSpec("kl-exp-overflow")], Layout())
 
-`launch` writes the WorkerSpec, spawns `torchrun ... -m nanscope.megatron.worker` with a hard timeout,
+`launch` writes the WorkerSpec, spawns `python -m nanscope.megatron.worker` (torchrun's elastic agent, which
+forks the ranks after importing megatron-core once: see worker.py) with a hard timeout,
 kills the whole process tree when it expires or when a stop signal arrives, relaunches for the
 remaining runs when a launch died mid-way, and returns a LaunchResult. torchrun's TMPDIR is a temp
 dir of the launch, so its `torchelastic_*` dirs go with it.
@@ -106,10 +107,9 @@ def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: Sto
     stop.check()
     (out / "spec.json").write_text(spec.to_json())
     cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", str(spec.layout.world),
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        "-m", "nanscope.megatron.worker", "--spec", str(out / "spec.json"), "--out", str(out),
+        sys.executable, "-m", "nanscope.megatron.worker",  # torchrun's agent, forking the ranks after the imports
+        "--nproc-per-node", str(spec.layout.world), "--master-port", str(free_port()),
+        "--spec", str(out / "spec.json"), "--out", str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": "",
            "TMPDIR": tmp}  # fmt: skip
@@ -158,7 +158,7 @@ def _validate(runs: list[RunSpec], layout: Layout) -> None:
 
     for r in runs:
         hazards.get(r.hazard)
-        loss.get(r.loss)
+        loss.known(r.loss)
         assert r.steps >= 1 and (r.inject_step is None or 1 <= r.inject_step <= r.steps), r
     assert min(layout.tp, layout.pp, layout.dp, layout.ep, layout.cp) >= 1, layout
 

@@ -46,6 +46,9 @@ class RunSpec:
     seed: int = 0
     save_params: bool = False  # write each rank's final parameters to the output dir
     save_grads: bool = False  # write each rank's fp32 main grads of the last step (before the optimizer)
+    # on each rank, compare the last step's fp32 main grads with those run `compare_grads` (an earlier run
+    # of the launch with save_grads) saved on that rank: RankRecord.grad_diff
+    compare_grads: int | None = None
     defused: bool = False  # the hazard's clean twin: same batch and site, no trigger (hazards.build)
     hook: bool = False  # call nanscope.slime_plugin.before_train_step before each step, as slime does
     on_nonfinite: str = "raise"  # NANSCOPE_ON_NONFINITE for the hook: "raise" | "skip"
@@ -125,6 +128,7 @@ class RankRecord:
     param_checksum: str | None = None  # sha256 over this rank's parameters, in name order
     params_path: str | None = None
     grads_path: str | None = None
+    grad_diff: float | None = None  # spec.compare_grads: max |grad - that run's grad| over this rank's parameters
     skipped_steps: int = 0  # steps the plugin hook skipped (on_nonfinite "skip")
     reports: list[str] = field(default_factory=list)  # report files the plugin hook wrote
     hook_log: list[dict] = field(default_factory=list)  # what the plugin hook logged (skip: nanscope/skipped_steps)

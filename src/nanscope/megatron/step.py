@@ -121,6 +121,8 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
     bucket_norms = bucket_grad_norms(model)
     if ctx.grads_path:
         torch.save({n: p.main_grad.detach().clone() for n, p in model.named_parameters()}, ctx.grads_path)
+    if ctx.spec.compare_grads is not None:
+        ctx.record.grad_diff = grad_diff(model, ctx.path("grads", run=ctx.spec.compare_grads))
     update_successful, grad_norm, _ = optimizer.step()
     assert update_successful
     model.zero_grad_buffer()  # release grads, as slime does
@@ -134,6 +136,19 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
         # slime: value * cp_size / num_samples (num_samples counted once per CP rank)
         reduced = {k: v * cp / values[0] for k, v in zip(keys, values[1:])}
     return reduced, grad_norm, bucket_norms
+
+
+def grad_diff(model, path) -> float | None:
+    """max |main_grad - saved| over every parameter (float64), against the grads an earlier run saved at `path`
+    (`train_one_step`'s format); None when that run saved none on this rank."""
+    if not path.exists():
+        return None
+    saved = torch.load(path, weights_only=True)
+    worst = 0.0
+    for name, p in model.named_parameters():
+        a, b = p.main_grad.detach().double(), saved[name].double()
+        worst = max(worst, float((a - b).abs().max()) if a.numel() else 0.0)
+    return worst
 
 
 def slime_args(ctx: RunContext, n: int):
@@ -238,23 +253,26 @@ class PeerFailed(RuntimeError):
 
 
 def agree_on_grad_check(ctx: RunContext) -> None:
-    """After megatron's DDP gradient check, every rank learns whether any rank failed it.
+    """After megatron's DDP gradient check, every rank of the replica learns whether any of them failed it.
 
     A fault in an early pipeline stage's backward makes that stage fail the check while the later stages
     pass theirs and would wait forever in the optimizer's grad-norm all-reduce; on a cluster the job is
     torn down there. Here the passing ranks raise PeerFailed instead, so every rank records the run. The
     failing rank's error time is taken when megatron raised, before this all-reduce (the first raiser
-    stays the first). Data-parallel replicas still block inside megatron's own reduce (DP 1 here).
+    stays the first). The flag is all-reduced over the model-parallel group (the world at DP 1): a replica
+    that passed the check blocks inside megatron's own data-parallel reduce, which a failed replica never
+    joins, so a world-wide flag would leave the failed replica waiting for it too.
     """
     import time
 
     import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
 
     finish = ctx.model.finish_grad_sync
 
     def any_failed(mine: float) -> bool:
         flag = torch.tensor([mine])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=mpu.get_model_parallel_group())
         return flag.item() > 0
 
     def wrapped(*args, **kwargs):

@@ -1,12 +1,16 @@
-"""The torchrun worker: `python -m nanscope.megatron.worker --spec SPEC --out DIR`, one process per rank.
+"""The harness's launch: `python -m nanscope.megatron.worker --nproc-per-node N --master-port P --spec SPEC --out DIR`.
 
-Starts megatron on CPU ONCE (`bootstrap.init`), then executes the spec's runs in order. Each run rebuilds
-the model and optimizer from its seed (runs are independent), builds every step's batch against the
-current model (slime's log-prob pass), and trains like slime's train_one_step (`step.py`). An exception
-(megatron's NaN check raises RuntimeError) is caught per run and rank, recorded (message, megatron
-frames, time) and the worker moves on after a barrier. Each rank writes `DIR/run{i}.rank{r}.json`. A
-watchdog thread ends a rank stuck in one phase (a collective whose peers raised) with os._exit(3),
-leaving `DIR/stuck.rank{r}.txt` (`watchdog.py`).
+This process imports megatron-core and everything a rank runs ONCE (`_import_rank_path`), then runs
+torchrun's elastic agent in itself (torch.distributed.run's own configuration of these flags, static
+rendezvous, no restarts) with start method "fork": each rank is forked from it with the imports done
+(about 3 s of CPU per rank on 2 cores otherwise, and the optimizer's torch._dynamo import), and runs
+`rank_main`. A rank starts megatron on CPU once (`bootstrap.init`), then executes the spec's runs in order.
+Each run rebuilds the model and optimizer from its seed (runs are independent), builds every step's batch
+against the current model (slime's log-prob pass), and trains like slime's train_one_step (`step.py`). An
+exception (megatron's NaN check raises RuntimeError) is caught per run and rank, recorded (message,
+megatron frames, time) and the rank moves on after a barrier. Each rank writes `DIR/run{i}.rank{r}.json`.
+A watchdog thread ends a rank stuck in one phase (a collective whose peers raised) with os._exit(3),
+leaving `DIR/stuck.rank{r}.txt` (`watchdog.py`); the agent then stops the other ranks and exits 1.
 
 Which ranks raise (measured): at TP2 x PP2 (DP 1) every rank fails the NaN check in finish_grad_sync,
 the last stage first (1F1B: it finishes its backward first) — NaN flows back through every stage and
@@ -18,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -60,9 +66,9 @@ class RunContext:
     def name(self) -> str:
         return f"run {self.index}"
 
-    def path(self, kind: str, suffix: str = ".pt") -> Path:
-        """This rank's file of this run in the output dir, e.g. params.run3.rank1.pt."""
-        return self.out / f"{kind}.run{self.index}.rank{self.record.rank}{suffix}"
+    def path(self, kind: str, suffix: str = ".pt", run: int | None = None) -> Path:
+        """This rank's file of this run (or of run `run`) in the output dir, e.g. params.run3.rank1.pt."""
+        return self.out / f"{kind}.run{self.index if run is None else run}.rank{self.record.rank}{suffix}"
 
     def hook_env(self) -> dict[str, str]:
         """The environment slime's hook reads for this run (empty without the hook)."""
@@ -310,41 +316,121 @@ def _apply_fault(fault: str | None, rank: int) -> None:
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGKILL this rank when torchrun dies (prctl PR_SET_PDEATHSIG), so no rank outlives it."""
+    """Linux: SIGKILL this rank when the agent dies (prctl PR_SET_PDEATHSIG), so no rank outlives it."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
+# What a rank imports on its way through a run, imported by the agent before it forks the ranks. The first
+# megatron optimizer imports torch._dynamo (torch.optim wraps add_param_group in torch._disable_dynamo).
+RANK_MODULES = (
+    "torch._dynamo",
+    "megatron.core.distributed.finalize_model_grads",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "nanscope.hazards",
+    "nanscope.loss.as_is",
+    "nanscope.loss.safe",
+    "nanscope.megatron.faults",
+    "nanscope.megatron.model",
+    "nanscope.megatron.observe",
+    "nanscope.megatron.step",
+    "nanscope.slime_args",
+    "nanscope.slime_plugin",
+    "nanscope.trace.classify",
+)
+
+
+def _import_rank_path() -> None:
+    """megatron-core (torch.compile deferred, `bootstrap.import_megatron`) and RANK_MODULES."""
+    import importlib
+
+    from nanscope.megatron import bootstrap
+
+    bootstrap.import_megatron()
+    for name in RANK_MODULES:
+        importlib.import_module(name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of each torchrun rank."""
+    """The launch process: the shared imports, then torchrun's agent forking the ranks; exits with 1 when a
+    rank failed (as torchrun does), else 0."""
     t_start = time.time()
     p = argparse.ArgumentParser(prog="python -m nanscope.megatron.worker")
+    p.add_argument("--nproc-per-node", type=int, required=True)
+    p.add_argument("--master-port", type=int, required=True)
     p.add_argument("--spec", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    out = Path(a.out)
     spec = WorkerSpec.from_json(Path(a.spec).read_text())
-    rank = int(os.environ["RANK"])
+    _import_rank_path()
+    imports_s = time.time() - t_start
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    flags = ["--nproc-per-node", str(a.nproc_per_node), "--master-addr", "127.0.0.1",
+             "--master-port", str(a.master_port), "--start-method", "fork", "-m", __name__]  # fmt: skip
+    config, _, _ = run.config_from_args(run.parse_args(flags))
+    gc.freeze()  # the ranks' collections never scan the imported modules they inherit
+    sys.stdout.flush()
+    sys.stderr.flush()
+    code = 0
+    try:
+        elastic_launch(config, entrypoint=rank_main)(spec, Path(a.out), t_start, imports_s)
+    except ChildFailedError as e:
+        print(e.format_msg(), file=sys.stderr)
+        code = 1
+    # Skip the interpreter's teardown of torch and megatron-core (a second or more on 2 cores).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def rank_main(spec: WorkerSpec, out: Path, started: float, imports_s: float) -> int:
+    """One rank, forked by the agent with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+
+    The rank runs in a fresh thread (`_rank`), so its Python frames start at the base of a new frame stack
+    as in a fresh process: forked ~20 frames deep inside the agent, the model's calls crossed one of
+    CPython 3.11's 16 KiB frame-stack chunks at a hot depth, which maps and unmaps the chunk on every
+    crossing (measured: 64,000 mmap/munmap pairs per rank in a matrix, ~10 us each; about 500 in a thread).
+    The signals the agent handles in Python are reset to an interpreter's defaults first: its handler,
+    inherited through fork, raises in Python, which waits for a blocking collective to return.
+
+    Returns 0 to the agent after every record is on disk and every rank is past the exit barrier; the
+    forked process then ends with os._exit (multiprocessing's fork start), without interpreter teardown.
+    """
     _die_with_parent()
-    wd = Watchdog(out, rank)
-    wd.arm("imports", spec.startup_timeout_s)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    done = []
+    thread = threading.Thread(target=lambda: done.append(_rank(spec, out, started, imports_s)), daemon=True)
+    thread.start()
+    thread.join()
+    if not done:  # its traceback is printed above
+        raise RuntimeError(f"rank {os.environ['RANK']} failed")
+    return 0
+
+
+def _rank(spec: WorkerSpec, out: Path, started: float, imports_s: float) -> int:
+    """Process-group init, the spec's runs, the exit barrier."""
     import torch
     import torch.distributed as dist
 
     from nanscope.megatron import bootstrap
 
-    bootstrap.import_megatron()  # timed here, apart from the init below
-    t_imports = time.time()
+    rank = int(os.environ["RANK"])
+    wd = Watchdog(out, rank)
     wd.arm("process-group init", spec.startup_timeout_s)
+    t_init = time.time()
     layout = spec.layout
     bootstrap.init(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp,
                    timeout_s=spec.startup_timeout_s, group_timeout_s=spec.rank_timeout_s)  # fmt: skip
     assert layout.world == dist.get_world_size(), f"layout world {layout.world} != {dist.get_world_size()}"
     torch.set_num_threads(1)
-    t_init = time.time()
-    startup = {"started": t_start, "imports_s": t_imports - t_start, "init_s": t_init - t_imports}
+    startup = {"started": started, "imports_s": imports_s, "init_s": time.time() - t_init}
     (out / f"startup.rank{rank}.json").write_text(json.dumps(startup))
     worker = Worker(spec, out, wd)
     for i in range(spec.first_run, len(spec.runs)):
@@ -353,11 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = worker.execute(i, spec.runs[i])
         (out / f"run{i}.rank{rank}.json").write_text(rec.to_json())
     barrier(wd, spec.rank_timeout_s, "exit")
-    # Every record is on disk and every rank is past the barrier: skip destroy_process_group and the
-    # interpreter's teardown of torch/megatron (seconds per rank on 2 cores).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return 0
 
 
 if __name__ == "__main__":

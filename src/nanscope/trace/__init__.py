@@ -14,10 +14,21 @@
                                           # backward order, with its micro-batch
 
 Modules: locator (Tracer, Event, TraceReport), sentinel (Sentinel, Reading, Hit, check_grads),
-replay (micro-batch files, token maps, hazard replays). Rendering: nanscope.report.trace.
+replay (micro-batch files, token maps, hazard replays); their names are imported here at first use.
+Rendering: nanscope.report.trace.
 """
 
-from nanscope.trace.locator import Event, InputFinding, Site, Tracer, TraceReport
-from nanscope.trace.sentinel import Hit, Reading, Sentinel, check_grads
+import importlib
 
-__all__ = ["Event", "Hit", "InputFinding", "Reading", "Sentinel", "Site", "TraceReport", "Tracer", "check_grads"]
+# name -> its module; imported at first use, so that `nanscope.trace.classify` (pure) does not import torch
+_EXPORTS = {
+    **dict.fromkeys(("Event", "InputFinding", "Site", "Tracer", "TraceReport"), "nanscope.trace.locator"),
+    **dict.fromkeys(("Hit", "Reading", "Sentinel", "check_grads"), "nanscope.trace.sentinel"),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
