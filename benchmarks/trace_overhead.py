@@ -128,6 +128,7 @@ def count_instructions(out_dir: str, variants: dict, train_step, model) -> None:
     """Print the instructions of one training step (+ read) per variant (a Sentinel class or None), counted
     by callgrind."""
     import ctypes
+    import gc
     import glob
     import os
 
@@ -145,6 +146,7 @@ def count_instructions(out_dir: str, variants: dict, train_step, model) -> None:
                 s.read(grads=True)
 
         step()  # the sentinel's first step (its slots) and warm caches: steady state, as timed above
+        gc.collect()  # every variant's step starts from the same collector state
         cg.on()
         step()
         cg.off(name.encode())
