@@ -205,6 +205,19 @@ def test_a_global_forward_hook_runs_and_is_checked():
     assert s.read().finite
 
 
+def test_a_module_class_with_its_own_call_keeps_it():
+    class Doubling(torch.nn.Linear):  # its call doubles the output; forward alone does not
+        def _call_impl(self, *args, **kwargs):
+            return 2 * super()._call_impl(*args, **kwargs)
+
+    lin = Doubling(2, 2)
+    x = torch.ones(1, 2)
+    expected = lin(x)
+    s = Sentinel(lin)
+    assert torch.equal(lin(x), expected)
+    assert s.read().finite
+
+
 def test_the_last_checked_tensor_is_let_go_after_a_training_forward():
     import gc
     import weakref

@@ -14,15 +14,19 @@ non-finite module in forward order and the first non-finite parameter gradient i
 are recovered exactly, together with the micro-batch each belongs to.
 
 What a check costs, and why it is built this way (valgrind instruction counts, torch 2.13 CPU): the
-sum into a slot is ~14k instructions, the same as a sum that returns a new tensor, but nothing is
-allocated, stacked or freed per check (stacking and freeing 0-dim results cost ~5k more each).
-The output check is not a forward hook: a module with any hook takes nn.Module's slow call path
-(hook dictionaries, backward-hook set-up, ~12k more per call). Instead `module._call_impl`, which
-__call__ looks up on the instance, is replaced by a bound wrapper (~4k) that calls the class's own
-`_call_impl` (forward and any hooks, on the fast path when there are none) and then runs the checks.
-A check therefore sees the output after every forward hook, also hooks registered after the
-sentinel, e.g. a planted fault's (`megatron.faults`). A training forward's output is summed with
-grad mode switched off around the one kernel rather than detached (cheaper).
+sum into a slot is 12-15k instructions, the same as a sum that returns a new tensor or a foreach norm's
+share, but nothing is allocated, stacked or freed per check (stacking and freeing 0-dim results cost
+~5k more each). The output check is not a forward hook: a module with any hook takes nn.Module's slow
+call path (hook dictionaries, backward-hook set-up, ~12k more per call). Instead `module._call_impl`,
+which __call__ looks up on the instance, is a wrapper bound to the module (`_CheckHandle`) that calls
+forward straight away when nn.Module's own `_call_impl` would (no hook on the module or process-wide,
+no JIT trace; else `_call_impl` itself: forward and hooks) and checks the output in the same frame.
+A check therefore sees the output after every forward hook, also hooks registered after the sentinel,
+e.g. a planted fault's (`megatron.faults`). A training forward's output is summed with grad mode
+switched off around the one kernel rather than detached (cheaper). Per check the host keeps one int
+(the index of its module or parameter) in a list; micro-batches are recovered at read() from where
+each began. The tensor checked last is held (to skip wrappers that return it again, e.g. megatron's
+MLP returning linear_fc2's output) until the end of its chunk's forward.
 
     sentinel = Sentinel(model_chunks)
     for step in ...:
@@ -344,7 +348,8 @@ class Sentinel:
                 checked = include is None or include(path, m)
                 if checked or m is root:
                     self._checked.append((path, c))
-                    check = self._output_check(len(self._checked) - 1, m is root, checked)
+                    direct = type(m)._call_impl is torch.nn.Module._call_impl  # else its class's own call, always
+                    check = self._output_check(len(self._checked) - 1, m is root, checked, direct)
                     self._handles.append(_CheckHandle(m, check))
             for name, p in root.named_parameters():
                 self._named_params.append((prefix + name, p))
@@ -377,10 +382,11 @@ class Sentinel:
         self._bwd_starts.append(self._bwd.count)
         self._bwd_mbs.append(mb)
 
-    def _output_check(self, index: int, root: bool, checked: bool):
+    def _output_check(self, index: int, root: bool, checked: bool, direct: bool):
         """The wrapper of module `index`'s call that checks its output. A chunk's root is always wrapped:
         after the last check of the chunk's forward it lets go of the last checked tensor (`checked`:
-        whether it checks too)."""
+        whether it checks too). `direct`: the module's class keeps nn.Module's call, whose shortcut to
+        forward the wrapper may take."""
         phase = self._fwd
         labels, slots = phase.labels, phase._slots
 
@@ -388,7 +394,7 @@ class Sentinel:
             layers = module.__dict__[_CHECKS]
             if len(layers) > 2:  # another sentinel's wrapper below
                 output = _below(layers, call)(*args, **kwargs)
-            elif (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+            elif (not direct or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                   or module._backward_pre_hooks or _g_fwd or _g_fwd_pre or _g_bwd or _g_bwd_pre or _tracing()):  # fmt: skip
                 output = layers[0](*args, **kwargs)
             else:
