@@ -1,7 +1,7 @@
 """The 4-process harness (TP2 x PP2, SP, gloo): one launch runs healthy, kl-exp-overflow, healthy.
 
-Each torchrun launch costs ~10-25 s of imports on 2 cores, so both runs share one launch (the
-harness's reason to exist); each test still has its own hard timeout.
+Each launch costs seconds of imports and process-group start on 2 cores, so the runs share one launch
+(the harness's reason to exist); each test still has its own hard timeout.
 """
 
 import os

@@ -188,6 +188,50 @@ def test_checks_see_forward_hooks_registered_after_the_sentinel():
     assert s.read().forward == Hit("fc1", 0, 0, None)
 
 
+def test_a_global_forward_hook_runs_and_is_checked():
+    # Without hooks a wrapper calls forward straight away, as nn.Module does; a process-wide hook (here one
+    # that poisons fc1's output) sends every call through nn.Module's hook path again.
+    net = Net()
+    s = Sentinel([net])
+    poison = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, a, out: out * float("inf") if m is net.fc1 else None
+    )
+    try:
+        _step(net, [GOOD])
+    finally:
+        poison.remove()
+    assert s.read().forward == Hit("fc1", 0, 0, None)
+    _step(net, [GOOD])
+    assert s.read().finite
+
+
+def test_a_module_class_with_its_own_call_keeps_it():
+    class Doubling(torch.nn.Linear):  # its call doubles the output; forward alone does not
+        def _call_impl(self, *args, **kwargs):
+            return 2 * super()._call_impl(*args, **kwargs)
+
+    lin = Doubling(2, 2)
+    x = torch.ones(1, 2)
+    expected = lin(x)
+    s = Sentinel(lin)
+    assert torch.equal(lin(x), expected)
+    assert s.read().finite
+
+
+def test_the_last_checked_tensor_is_let_go_after_a_training_forward():
+    import gc
+    import weakref
+
+    net = Net()
+    s = Sentinel([net])
+    out = net(GOOD)  # grad mode on: fc2's output is the root's, checked last
+    ref = weakref.ref(out)
+    del out
+    gc.collect()
+    assert ref() is None
+    assert s.read().finite
+
+
 def test_a_tuple_output_with_several_float_tensors_is_checked_whole():
     class Pair(torch.nn.Module):
         def forward(self, x):

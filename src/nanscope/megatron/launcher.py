@@ -52,8 +52,8 @@ def launch(
         timeout_s: hard limit for the whole launch; on expiry the process tree is killed.
         rank_timeout_s: bound on each run (and barrier) inside each rank: the watchdog ends a rank
             stuck longer, and megatron's process groups time out after max(1, ceil(it / 60)) minutes.
-        startup_timeout_s: bound on imports and process-group init (4 ranks importing megatron-core
-            on 2 loaded cores can take 30 s).
+        startup_timeout_s: bound on each rank's process-group init (the rendezvous of 4 ranks on 2 loaded
+            cores); the agent's imports, before the ranks exist, are bounded by timeout_s.
         out_dir: where the ranks write records (and parameters); a temp dir when None.
         bf16: bf16 parameters with fp32 main params and grads (as the case); False for all-fp32.
         max_relaunches: fresh launches allowed after a launch dies mid-way.

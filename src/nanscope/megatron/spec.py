@@ -91,7 +91,7 @@ class WorkerSpec:
     layout: Layout
     runs: tuple[RunSpec, ...]
     rank_timeout_s: float  # bound on each run and barrier (the watchdog) and megatron's groups
-    startup_timeout_s: float  # bound on imports and process-group init
+    startup_timeout_s: float  # bound on each rank's process-group init
     bf16: bool
     first_run: int = 0  # index of the first run this launch executes (a relaunch resumes there)
 

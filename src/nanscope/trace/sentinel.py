@@ -14,15 +14,19 @@ non-finite module in forward order and the first non-finite parameter gradient i
 are recovered exactly, together with the micro-batch each belongs to.
 
 What a check costs, and why it is built this way (valgrind instruction counts, torch 2.13 CPU): the
-sum into a slot is ~14k instructions, the same as a sum that returns a new tensor, but nothing is
-allocated, stacked or freed per check (stacking and freeing 0-dim results cost ~5k more each).
-The output check is not a forward hook: a module with any hook takes nn.Module's slow call path
-(hook dictionaries, backward-hook set-up, ~12k more per call). Instead `module._call_impl`, which
-__call__ looks up on the instance, is replaced by a bound wrapper (~4k) that calls the class's own
-`_call_impl` (forward and any hooks, on the fast path when there are none) and then runs the checks.
-A check therefore sees the output after every forward hook, also hooks registered after the
-sentinel, e.g. a planted fault's (`megatron.faults`). A training forward's output is summed with
-grad mode switched off around the one kernel rather than detached (cheaper).
+sum into a slot is 12-15k instructions, the same as a sum that returns a new tensor or a foreach norm's
+share, but nothing is allocated, stacked or freed per check (stacking and freeing 0-dim results cost
+~5k more each). The output check is not a forward hook: a module with any hook takes nn.Module's slow
+call path (hook dictionaries, backward-hook set-up, ~12k more per call). Instead `module._call_impl`,
+which __call__ looks up on the instance, is a wrapper bound to the module (`_CheckHandle`) that calls
+forward straight away when nn.Module's own `_call_impl` would (no hook on the module or process-wide,
+no JIT trace; else `_call_impl` itself: forward and hooks) and checks the output in the same frame.
+A check therefore sees the output after every forward hook, also hooks registered after the sentinel,
+e.g. a planted fault's (`megatron.faults`). A training forward's output is summed with grad mode
+switched off around the one kernel rather than detached (cheaper). Per check the host keeps one int
+(the index of its module or parameter) in a list; micro-batches are recovered at read() from where
+each began. The tensor checked last is held (to skip wrappers that return it again, e.g. megatron's
+MLP returning linear_fc2's output) until the end of its chunk's forward.
 
     sentinel = Sentinel(model_chunks)
     for step in ...:
@@ -31,34 +35,39 @@ grad mode switched off around the one kernel rather than detached (cheaper).
         if not reading.finite: write_report(reading)
     sentinel.remove()
 
-With `output_grads=True` a tensor hook on each checked output also checks the gradient that arrives
-there in backward (labelled with the output's forward micro-batch): the output-gradient check that ran
-just before the first non-finite one, in the same micro-batch, was finite, so that module's own
-backward made the value (`Reading.producer`). Off by default: a hook per module call.
-
 Micro-batch index: the number of forward calls of the module's model chunk so far this step
 (0-based); in backward, the micro-batch whose chunk output received its gradient most recently.
 Fused weight-gradient kernels (TransformerEngine's gradient_accumulation_fusion) write main_grad
 without calling parameter hooks: `read(grads=True)` / `check_grads` still see those. Every check of
 a phase must be on one device (the buffer's).
+
+With `output_grads=True` a tensor hook on each checked output also checks the gradient that arrives
+there in backward (labelled with the output's forward micro-batch): the output-gradient check that ran
+just before the first non-finite one, in the same micro-batch, was finite, so that module's own
+backward made the value (`Reading.producer`). Off by default: a hook per module call.
 """
 
 from __future__ import annotations
 
+import bisect
 import types
-import weakref
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 _FOLD = 1024  # slots per phase before they are folded into a running first-index (bounds memory)
 _NONE = 1 << 62  # "no non-finite call" as an index
-_CHECKS = "_nanscope_checks"  # a checked module's instance attribute: its output checks, in install order
+_CHECKS = "_nanscope_checks"  # a checked module's instance attribute: the layers of its call (_CheckHandle)
 _grad_enabled, _set_grad_enabled = torch._C.is_grad_enabled, torch._C._set_grad_enabled
-
-
-def _dead():
-    return None
+_sum, _F32, _Tensor = torch.sum, torch.float32, torch.Tensor
+# nn.Module._call_impl calls forward straight away when neither the module nor the process has a hook and no
+# JIT trace runs; a wrapper takes the same shortcut (one frame less) and otherwise calls _call_impl itself.
+_tracing = torch._C._get_tracing_state
+_g_bwd_pre, _g_bwd, _g_fwd, _g_fwd_pre = (
+    getattr(torch.nn.modules.module, f"_global_{kind}_hooks")
+    for kind in ("backward_pre", "backward", "forward", "forward_pre")
+)
+_FLOATS = frozenset(t for t in vars(torch).values() if isinstance(t, torch.dtype) and t.is_floating_point)
 
 
 @dataclass
@@ -128,12 +137,12 @@ class Reading:
 
 class _Phase:
     """Checks of one phase: float32 sums (finite iff the checked tensor is) written into slots of one
-    device buffer, host-side labels. The buffer is made at the first check and its 0-dim slot views as
-    they are first needed, both kept across steps: in a steady state a check allocates nothing, and
-    nothing is stacked or freed per check."""
+    device buffer, and per check the index of what was checked. The buffer is made at the first check and
+    its 0-dim slot views as they are first needed, both kept across steps: in a steady state a check
+    allocates nothing, and nothing is stacked or freed per check."""
 
     def __init__(self):
-        self.labels: list[tuple] = []  # (module, microbatch, param) per call, in call order
+        self.labels: list[int] = []  # per check, in call order: its module's (forward) or parameter's index
         self.first: torch.Tensor | None = None  # running first bad index of folded flags (device)
         self.folded = 0
         self.pending = 0  # slots written since the last fold
@@ -145,12 +154,17 @@ class _Phase:
         """Checks made since the last clear."""
         return self.folded + self.pending
 
-    def add(self, x: torch.Tensor, label: tuple) -> None:
-        """Check `x` (any float dtype): its float32 sum goes into the next slot; one kernel, outside
-        autograd (an output of a training forward is summed with grad mode off, not detached: cheaper)."""
+    def slot(self, device: torch.device) -> torch.Tensor:
+        """The next free slot (the caller writes it and counts it: `pending += 1`)."""
         if self.pending == len(self._slots):
-            self._make_room(x.device)
-        slot = self._slots[self.pending]
+            self._make_room(device)
+        return self._slots[self.pending]
+
+    def add(self, x: torch.Tensor, label: int) -> None:
+        """Check `x` (any float dtype): its float32 sum goes into the next slot; one kernel, outside
+        autograd (an output of a training forward is summed with grad mode off, not detached: cheaper).
+        The hooks inline this."""
+        slot = self.slot(x.device)
         if x.requires_grad and _grad_enabled():
             _set_grad_enabled(False)
             try:
@@ -162,11 +176,9 @@ class _Phase:
         self.pending += 1
         self.labels.append(label)
 
-    def add_total(self, total: torch.Tensor, label: tuple) -> None:
+    def add_total(self, total: torch.Tensor, label: int) -> None:
         """A float32 sum computed by the caller (several tensors of one module output)."""
-        if self.pending == len(self._slots):
-            self._make_room(total.device)
-        self._slots[self.pending].copy_(total)
+        self.slot(total.device).copy_(total)
         self.pending += 1
         self.labels.append(label)
 
@@ -194,23 +206,9 @@ class _Phase:
         self.fold()
         return self.first
 
-    def hit(self, index: int) -> Hit | None:
-        if index >= _NONE:
-            return None
-        module, mb, param = self.labels[index]
-        return Hit(module, mb, index, param)
-
-    def producer(self, index: int) -> Producer | None:
-        """Output-gradient checks: the Producer of the first non-finite one (see Producer)."""
-        if index >= _NONE:
-            return None
-        seen_at, mb, _ = self.labels[index]
-        before = self.labels[index - 1] if index else None
-        return Producer(before[0] if before is not None and before[1] == mb else None, seen_at, mb, index)
-
     def clear(self) -> None:
-        """Start a new step (the buffer stays)."""
-        self.labels = []
+        """Start a new step (the buffer stays; the label list is cleared in place: the hooks hold it)."""
+        self.labels.clear()
         self.first, self.folded, self.pending = None, 0, 0
 
 
@@ -310,31 +308,36 @@ def _grad_norms(items) -> tuple[list[str], torch.Tensor | None]:
     return names, torch.stack([n.to(device) for n in norms])
 
 
-def _checked_call(module: torch.nn.Module, *args, **kwargs):
-    """`module`'s call (the class's _call_impl: forward and hooks), then each installed output check."""
-    output = type(module)._call_impl(module, *args, **kwargs)
-    for check in module.__dict__[_CHECKS]:
-        check(args, output)
-    return output
+def _below(layers: list, wrapper):
+    """The call that `wrapper` wraps: the layer installed before it (the first layer is the class's call)."""
+    for i, layer in enumerate(layers):
+        if layer.__func__ is wrapper:
+            return layers[i - 1]
+    raise AssertionError("wrapper not installed")
 
 
 class _CheckHandle:
-    """An output check installed on a module's call; `remove()` takes it off (and the wrapper with the last)."""
+    """An output check installed as a layer of a module's call; `remove()` takes it off.
 
-    def __init__(self, module: torch.nn.Module, check):
-        self.module, self.check = module, check
+    A module's layers, in its instance state: its class's `_call_impl`, then one wrapper per sentinel, in
+    install order, each bound to the module (deepcopy binds a copy's layers to the copy); the module's
+    `_call_impl`, which `__call__` looks up on the instance, is the last. A wrapper calls the layer below
+    it, then checks the output in the same frame.
+    """
+
+    def __init__(self, module: torch.nn.Module, wrapper):
+        self.module, self.wrapper = module, wrapper
         state = module.__dict__
-        if _CHECKS not in state:  # a bound method: deepcopy binds the copy's wrapper to the copy
-            state[_CHECKS] = []
-            state["_call_impl"] = types.MethodType(_checked_call, module)
-        state[_CHECKS].append(check)
+        layers = state.setdefault(_CHECKS, [types.MethodType(type(module)._call_impl, module)])
+        layers.append(types.MethodType(wrapper, module))
+        state["_call_impl"] = layers[-1]
 
     def remove(self) -> None:
         state = self.module.__dict__
-        checks = state.get(_CHECKS, [])
-        if self.check in checks:
-            checks.remove(self.check)
-        if not checks:
+        layers = [layer for layer in state.get(_CHECKS, []) if layer.__func__ is not self.wrapper]
+        if len(layers) > 1:
+            state[_CHECKS], state["_call_impl"] = layers, layers[-1]
+        else:
             state.pop(_CHECKS, None)
             state.pop("_call_impl", None)
 
@@ -357,11 +360,16 @@ class Sentinel:
     def __init__(self, modules, params: bool = True, include=None, output_grads: bool = False):
         self.roots = list(modules) if not isinstance(modules, torch.nn.Module) else [modules]
         self.step = 0
-        self._fwd, self._bwd, self._ograd = _Phase(), _Phase(), _Phase()
+        self._fwd, self._bwd = _Phase(), _Phase()
+        self._ograd = _Phase()  # output_grads: labels are (module index, forward micro-batch)
         self._output_grads = output_grads
-        self._mb = [0] * len(self.roots)  # forward calls of each chunk this step
-        self._bwd_mb = 0
-        self._last = _dead  # weak reference to the tensor checked last (never keeps logits alive)
+        self._checked: list[tuple[str, int]] = []  # (module path, chunk) per checked module: forward labels
+        self._hooked: list[tuple[str, str]] = []  # (module path, parameter name) per hooked parameter
+        self._starts: list[list[int]] = [[] for _ in self.roots]  # per chunk: forward checks made when each
+        # of its micro-batches started (its micro-batch index = how many started so far)
+        self._bwd_starts: list[int] = []  # backward checks made when a chunk output's gradient arrived ...
+        self._bwd_mbs: list[int] = []  # ... and that micro-batch
+        self._last = None  # the tensor checked last; let go at the end of each chunk's forward
         self._handles = []
         self._named_params: list[tuple[str, torch.Tensor]] = []
         many = len(self.roots) > 1
@@ -371,73 +379,161 @@ class Sentinel:
             self._handles.append(root.register_forward_hook(self._chunk_post(c)))
             for name, m in root.named_modules():
                 path = (prefix + name).rstrip(".")
-                if include is None or include(path, m):
-                    self._handles.append(_CheckHandle(m, self._output_check(path, c)))
+                checked = include is None or include(path, m)
+                if checked or m is root:
+                    self._checked.append((path, c))
+                    direct = type(m)._call_impl is torch.nn.Module._call_impl  # else its class's own call, always
+                    check = self._output_check(len(self._checked) - 1, m is root, checked, direct)
+                    self._handles.append(_CheckHandle(m, check))
             for name, p in root.named_parameters():
                 self._named_params.append((prefix + name, p))
                 if params and p.requires_grad:
-                    module = (prefix + name).rpartition(".")[0]
-                    self._handles.append(p.register_hook(self._grad_hook(module, prefix + name)))
+                    self._hooked.append(((prefix + name).rpartition(".")[0], prefix + name))
+                    self._handles.append(p.register_hook(self._grad_hook(len(self._hooked) - 1)))
 
     # -- hooks and checks (no host sync in any of them) ------------------------------------
     def _chunk_pre(self, c: int):
+        starts, phase = self._starts[c], self._fwd
+
         def hook(module, args):
-            self._mb[c] += 1
+            starts.append(phase.count)
 
         return hook
 
     def _chunk_post(self, c: int):
+        starts = self._starts[c]
+
         def hook(module, args, output):
-            mb = self._mb[c] - 1
+            mb = len(starts) - 1
             out = _first_tensor(output)
             if out is not None and out.requires_grad:
-                out.register_hook(lambda grad: self._set_bwd_mb(mb))
+                out.register_hook(lambda grad: self._backward_starts(mb))
 
         return hook
 
-    def _set_bwd_mb(self, mb: int) -> None:
-        self._bwd_mb = mb
+    def _backward_starts(self, mb: int) -> None:
+        """Micro-batch `mb`'s backward begins: the parameter gradients checked from now on are its."""
+        self._bwd_starts.append(self._bwd.count)
+        self._bwd_mbs.append(mb)
 
-    def _output_check(self, path: str, c: int):
-        phase = self._fwd
+    def _output_check(self, index: int, root: bool, checked: bool, direct: bool):
+        """The wrapper of module `index`'s call that checks its output. A chunk's root is always wrapped:
+        after the last check of the chunk's forward it lets go of the last checked tensor (`checked`:
+        whether it checks too). `direct`: the module's class keeps nn.Module's call, whose shortcut to
+        forward the wrapper may take."""
+        phase, watch = self._fwd, self._output_grads
+        labels, slots = phase.labels, phase._slots
 
-        def check(args, output):
-            if isinstance(output, torch.Tensor):
-                first, alone = output, True
+        def call(module, *args, **kwargs):
+            layers = module.__dict__[_CHECKS]
+            if len(layers) > 2:  # another sentinel's wrapper below
+                output = _below(layers, call)(*args, **kwargs)
+            elif (not direct or module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                  or module._backward_pre_hooks or _g_fwd or _g_fwd_pre or _g_bwd or _g_bwd_pre or _tracing()):  # fmt: skip
+                output = layers[0](*args, **kwargs)
             else:
-                first, alone = _scan(output)
+                output = module.forward(*args, **kwargs)
+            if isinstance(output, _Tensor):
+                first = output
+            elif type(output) is tuple and len(output) == 2 and output[1] is None:  # a linear's (out, None)
+                first = output[0]
+            else:
+                first = None
             # Identity modules (IdentityOp, Dropout(p=0)) and wrappers that return their last child's
             # output (megatron's MLP returns linear_fc2's tensor): that tensor was just checked.
-            if first is None or first is self._last() or (args and first is args[0]):
-                return
-            if alone:  # a tensor, or a tuple whose only float tensor is the first, e.g. a linear's (out, None)
-                if first.is_floating_point():
-                    self._last = weakref.ref(first)
-                    phase.add(first, (path, self._mb[c] - 1, None))
-                    self._watch_grad(first, path, c)
-                return
+            if not checked:
+                pass
+            elif first is None:
+                self._check_several(index, args, output)
+            elif first is not self._last and not (args and first is args[0]) and first.dtype in _FLOATS:
+                self._last = first
+                if phase.pending == len(slots):
+                    phase._make_room(first.device)
+                slot = slots[phase.pending]
+                if first.requires_grad and _grad_enabled():  # a training forward: sum outside autograd
+                    _set_grad_enabled(False)
+                    try:
+                        _sum(first, (), dtype=_F32, out=slot)
+                    finally:
+                        _set_grad_enabled(True)
+                else:
+                    _sum(first, (), dtype=_F32, out=slot)
+                phase.pending += 1
+                labels.append(index)
+                if watch:
+                    self._watch_grad(first, index)
+            if root:
+                self._last = None
+            return output
+
+        return call
+
+    def _check_several(self, index: int, args, output) -> None:
+        """A tuple/list output other than (tensor, None): its only float tensor, or the sum of several."""
+        first, alone = _scan(output)
+        if first is None or first is self._last or (args and first is args[0]):
+            return
+        if alone:  # a tuple whose only float tensor is the first
+            self._last = first
+            self._fwd.add(first, index)
+        else:
             total = _tuple_sum(output)
-            if total is not None:
-                self._last = weakref.ref(first)
-                phase.add_total(total, (path, self._mb[c] - 1, None))
-                self._watch_grad(first, path, c)
+            if total is None:
+                return
+            self._last = first
+            self._fwd.add_total(total, index)
+        if self._output_grads:
+            self._watch_grad(first, index)
 
-        return check
-
-    def _watch_grad(self, output: torch.Tensor, path: str, c: int) -> None:
-        """output_grads: check the gradient that arrives at this output, labelled with its forward micro-batch."""
-        if self._output_grads and output.requires_grad and _grad_enabled():
-            label, phase = (path, self._mb[c] - 1, None), self._ograd
+    def _watch_grad(self, output: torch.Tensor, index: int) -> None:
+        """output_grads: check the gradient that arrives at module `index`'s output, labelled with the
+        output's forward micro-batch."""
+        if output.requires_grad and _grad_enabled():
+            label, phase = (index, len(self._starts[self._checked[index][1]]) - 1), self._ograd
             output.register_hook(lambda grad: phase.add(grad, label))
 
-    def _grad_hook(self, module: str, name: str):
+    def _grad_hook(self, index: int):
         phase = self._bwd
+        labels, slots = phase.labels, phase._slots
 
         def hook(grad):
-            if grad is not None:
-                phase.add(grad, (module, self._bwd_mb, name))
+            if phase.pending == len(slots):
+                phase._make_room(grad.device)
+            slot = slots[phase.pending]
+            if grad.requires_grad and _grad_enabled():  # double backward
+                _set_grad_enabled(False)
+                try:
+                    _sum(grad, (), dtype=_F32, out=slot)
+                finally:
+                    _set_grad_enabled(True)
+            else:
+                _sum(grad, (), dtype=_F32, out=slot)
+            phase.pending += 1
+            labels.append(index)
 
         return hook
+
+    def _forward_hit(self, index: int) -> Hit | None:
+        if index >= _NONE:
+            return None
+        path, c = self._checked[self._fwd.labels[index]]
+        return Hit(path, bisect.bisect_right(self._starts[c], index) - 1, index)
+
+    def _backward_hit(self, index: int) -> Hit | None:
+        if index >= _NONE:
+            return None
+        module, name = self._hooked[self._bwd.labels[index]]
+        k = bisect.bisect_right(self._bwd_starts, index) - 1
+        return Hit(module, self._bwd_mbs[k] if k >= 0 else 0, index, name)
+
+    def _producer(self, index: int) -> Producer | None:
+        if index >= _NONE:
+            return None
+        labels = self._ograd.labels
+        seen_at, mb = labels[index]
+        before = labels[index - 1] if index else None
+        module = self._checked[before[0]][0] if before is not None and before[1] == mb else None
+        return Producer(module, self._checked[seen_at][0], mb, index)
 
     # -- the one sync per step -------------------------------------------------------------
     def read(self, grads: bool = False) -> Reading:
@@ -457,9 +553,8 @@ class Sentinel:
         tail = [torch.isfinite(norms.to(device)).long()] if norms is not None else []
         values = torch.cat(head + tail).tolist()  # the host sync
         flagged = check_grads(self._named_params) if not all(values[3:]) else []  # only on a bad step
-        reading = Reading(
-            self.step, self._fwd.hit(values[0]), self._bwd.hit(values[1]), flagged, self._ograd.producer(values[2])
-        )
+        forward, backward = self._forward_hit(values[0]), self._backward_hit(values[1])
+        reading = Reading(self.step, forward, backward, flagged, self._producer(values[2]))
         self.reset()
         self.step += 1
         return reading
@@ -468,9 +563,11 @@ class Sentinel:
         """Drop this step's flags (call at step start if a step was abandoned without read())."""
         for phase in (self._fwd, self._bwd, self._ograd):
             phase.clear()
-        self._mb = [0] * len(self.roots)
-        self._bwd_mb = 0
-        self._last = _dead
+        for starts in self._starts:
+            starts.clear()
+        self._bwd_starts.clear()
+        self._bwd_mbs.clear()
+        self._last = None
 
     def remove(self) -> None:
         """Remove every hook."""
