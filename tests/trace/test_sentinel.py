@@ -336,3 +336,56 @@ def test_output_grads_say_when_the_gradient_arrived_nonfinite():
     s2 = Sentinel(net2)
     _step(net2, [GOOD])
     assert s2.read().producer is None
+
+
+def _flat_main_grads(net):
+    """main_grad views into one flat buffer, accumulated by a post-accumulate hook, as megatron's DDP does."""
+    params = list(net.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params))
+    offset = 0
+    for p in params:
+        p.main_grad = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+        if not p.requires_grad:
+            continue
+
+        def move(p):
+            p.main_grad.add_(p.grad)
+            p.grad = None
+
+        p.register_post_accumulate_grad_hook(move)
+    return flat
+
+
+def test_gradients_are_screened_once_per_backward_call_not_per_parameter():
+    net = Net()
+    _flat_main_grads(net)
+    s = Sentinel([net])
+    _step(net, [GOOD, GOOD, BAD])
+    # One flat buffer: one screen before the first backward call and one at the end of each of the 3.
+    assert s._screens.labels == [-1, 0, 1, 2]
+    r = s.read()
+    # Micro-batch 2 made fc2.weight's gradient inf (see the first test); 4 gradients arrived per call
+    # before it, and fc2.bias (finite) arrives ahead of fc2.weight or after it: order 8 or 9.
+    assert (r.backward.module, r.backward.param, r.backward.microbatch) == ("fc2", "fc2.weight", 2)
+    assert r.backward.order in (8, 9)
+
+
+def test_a_gradient_written_without_its_hook_is_still_found():
+    # A fused weight-gradient kernel writes main_grad during backward without calling the parameter's hook.
+    net = Net()
+    net.fused = torch.nn.Parameter(torch.zeros(3), requires_grad=False)  # no hook: its gradient is written
+    _flat_main_grads(net)
+    s = Sentinel([net])
+    net(GOOD).sum().backward()
+    out = net(GOOD)
+
+    def kernel(grad):  # "the kernel", in call 1
+        net.fused.main_grad.fill_(float("nan"))
+
+    out.register_hook(kernel)
+    out.sum().backward()
+    r = s.read()
+    # The screen at the end of call 1 turned non-finite; no arrival of that call is bad: the first
+    # non-finite parameter in parameter order, at the call's first arrival (4 arrived in call 0).
+    assert r.backward == Hit("", 1, 4, "fused")

@@ -2,16 +2,25 @@
 
 Every module's call is followed by a check of its output: its float32 sum, written into the next slot
 of a buffer on the output's device (one reduction kernel; NaN or +-inf iff some entry is, since NaN
-and inf propagate through a sum). Tensor hooks on every parameter do the same for the gradient that
-arrives for it in backward (before it is accumulated: megatron's DDP then moves .grad into
-main_grad). No check ever reads a value on the host. `read()` finds the first non-finite slot of
-each phase on the device and copies two integers (plus the optional grad-buffer flags) to the
-host: ONE sync per step (plus, only on a step whose gradient buffers are not finite, the exact
-per-parameter re-check). A sum is 1 kernel where isfinite(x).all() is 2 plus a bool tensor as large as x; the
-price is that finite entries summing beyond the fp32 range (3.4e38) would be flagged, which no
-healthy activation or gradient comes near. The slot index is the call order, so the first
-non-finite module in forward order and the first non-finite parameter gradient in backward order
-are recovered exactly, together with the micro-batch each belongs to.
+and inf propagate through a sum). No check ever reads a value on the host. `read()` finds the first
+non-finite slot on the device and copies it, with the gradient screens below, to the host: ONE sync per
+step (plus, only on a bad step, the exact per-parameter re-check). A sum is 1 kernel where
+isfinite(x).all() is 2 plus a bool tensor as large as x; the price is that finite entries summing beyond
+the fp32 range (3.4e38) would be flagged, which no healthy activation or gradient comes near. The slot
+index is the call order, so the first non-finite module in forward order is recovered exactly, with its
+micro-batch.
+
+Backward: a tensor hook on every parameter records the order in which their gradients arrive (an int
+each, no kernel), and the tensors holding the accumulated gradients (megatron's flat main_grad buffers,
+one or two per chunk; else each .grad) are summed once before the step's first backward call and once at
+the end of each (autograd's queue_callback: before megatron's data-parallel reduce, which runs after the
+call). The first call whose screen turns non-finite is the micro-batch that made a gradient non-finite,
+exactly; on that (bad) step read() re-checks each parameter's accumulated gradient and names the first
+non-finite one in that call's arrival order. That names the parameter exactly unless a parameter that
+arrived earlier in that call was made non-finite only by a later call of the step (or by a reduce). One
+flat sum per call replaces a sum per parameter per micro-batch (about 95 per micro-batch for the tiny
+model): gradients that were already non-finite before the step's first call (never zeroed) hide new
+ones (backward None; read(grads=True) lists them).
 
 What a check costs, and why it is built this way (valgrind instruction counts, torch 2.13 CPU): the
 sum into a slot is 12-15k instructions, the same as a sum that returns a new tensor or a foreach norm's
@@ -24,7 +33,7 @@ no JIT trace; else `_call_impl` itself: forward and hooks) and checks the output
 A check therefore sees the output after every forward hook, also hooks registered after the sentinel,
 e.g. a planted fault's (`megatron.faults`). A training forward's output is summed with grad mode
 switched off around the one kernel rather than detached (cheaper). Per check the host keeps one int
-(the index of its module or parameter) in a list; micro-batches are recovered at read() from where
+(the index of its module) in a list; micro-batches are recovered at read() from where
 each began. The tensor checked last is held (to skip wrappers that return it again, e.g. megatron's
 MLP returning linear_fc2's output) until the end of its chunk's forward.
 
@@ -36,10 +45,10 @@ MLP returning linear_fc2's output) until the end of its chunk's forward.
     sentinel.remove()
 
 Micro-batch index: the number of forward calls of the module's model chunk so far this step
-(0-based); in backward, the micro-batch whose chunk output received its gradient most recently.
-Fused weight-gradient kernels (TransformerEngine's gradient_accumulation_fusion) write main_grad
-without calling parameter hooks: `read(grads=True)` / `check_grads` still see those. Every check of
-a phase must be on one device (the buffer's).
+(0-based); in backward, the micro-batch whose chunk output received its gradient at the start of the
+call. Fused weight-gradient kernels (TransformerEngine's gradient_accumulation_fusion) write main_grad
+without calling parameter hooks: the screens still see those (the reading then names the first
+non-finite parameter in parameter order). Every check of a phase must be on one device (the buffer's).
 
 With `output_grads=True` a tensor hook on each checked output also checks the gradient that arrives
 there in backward (labelled with the output's forward micro-batch): the output-gradient check that ran
@@ -50,6 +59,7 @@ backward made the value (`Reading.producer`). Off by default: a hook per module 
 from __future__ import annotations
 
 import bisect
+import math
 import types
 from dataclasses import asdict, dataclass, field
 
@@ -63,6 +73,7 @@ _sum, _F32, _Tensor = torch.sum, torch.float32, torch.Tensor
 # nn.Module._call_impl calls forward straight away when neither the module nor the process has a hook and no
 # JIT trace runs; a wrapper takes the same shortcut (one frame less) and otherwise calls _call_impl itself.
 _tracing = torch._C._get_tracing_state
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback  # runs when the backward call ends
 _g_bwd_pre, _g_bwd, _g_fwd, _g_fwd_pre = (
     getattr(torch.nn.modules.module, f"_global_{kind}_hooks")
     for kind in ("backward_pre", "backward", "forward", "forward_pre")
@@ -76,7 +87,7 @@ class Hit:
 
     module: module path (names from named_modules(), "chunk<i>." prefix with several chunks);
     microbatch: 0-based micro-batch within the step; order: 0-based call index in the phase (forward:
-    module-output checks, backward: parameter-gradient checks); param: backward, the parameter.
+    module-output checks, backward: parameter-gradient arrivals); param: backward, the parameter.
     """
 
     module: str
@@ -272,21 +283,79 @@ def _exactly_bad(params: dict, flagged: list[str]) -> list[str]:
     return [n for n in flagged if not bool(torch.isfinite(grad_of(params[n])).all())]
 
 
+def _grad_storages(items) -> list[torch.Tensor]:
+    """Each tensor that holds accumulated gradients, once: a gradient's base when it is a view (megatron's
+    DDP: every main_grad is a view into one flat buffer per dtype), else the gradient; detached."""
+    storages = {}
+    for _, p in items:
+        g = grad_of(p)
+        if g is not None:
+            base = g if g._base is None else g._base
+            storages.setdefault(id(base), base)
+    return [t.detach() for t in storages.values()]
+
+
+class _Screens:
+    """Screens of the accumulated gradients, one per backward call: each tensor holding them (megatron's
+    flat grad buffers: one or two per chunk; else each .grad) summed in float32 into the next slot of a
+    device buffer, with the backward call it was taken after as its label (-1: before the step's first).
+    All slots are read back at read(), in its one sync."""
+
+    def __init__(self):
+        self.labels: list[int] = []
+        self._buffer: torch.Tensor | None = None
+
+    def take(self, tensors: list[torch.Tensor], label: int) -> None:
+        grad = _grad_enabled()
+        _set_grad_enabled(False)  # a double backward's .grad requires grad
+        try:
+            for t in tensors:
+                n = len(self.labels)
+                if self._buffer is None or n == self._buffer.numel():
+                    self._grow(t.device)
+                _sum(t, (), dtype=_F32, out=self._buffer[n])
+                self.labels.append(label)
+        finally:
+            _set_grad_enabled(grad)
+
+    def _grow(self, device: torch.device) -> None:
+        old = self._buffer
+        self._buffer = torch.empty(2 * old.numel() if old is not None else 64, dtype=_F32, device=device)
+        if old is not None:
+            self._buffer[: old.numel()].copy_(old)
+
+    def values(self) -> torch.Tensor | None:
+        return self._buffer[: len(self.labels)] if self.labels else None
+
+    def first_bad(self, values: list[float]) -> int | None:
+        """The first backward call whose screen is non-finite while the screen before it was finite (all
+        finite before the step's first call when none was taken); None when there is none (also when the
+        gradients were already non-finite before the step's first backward call)."""
+        ok_before, i = True, 0
+        while i < len(values):
+            label, ok = self.labels[i], True
+            while i < len(values) and self.labels[i] == label:
+                ok = ok and math.isfinite(values[i])
+                i += 1
+            if not ok and ok_before and label >= 0:
+                return label
+            ok_before = ok
+        return None
+
+    def clear(self) -> None:
+        self.labels.clear()
+
+
 def _storage_norms(items) -> torch.Tensor | None:
     """2-norm [k] fp32 of each tensor that holds accumulated gradients, each once: a gradient's base when
     it is a view (megatron's DDP: every main_grad is a view into one flat buffer per dtype, so k is 1 or 2
     instead of one per parameter), else the gradient. A screen: finite norms mean every gradient is
     finite; a flagged one (which also covers a buffer's padding, or squares that overflow) sends the
     caller to the exact per-parameter check, `check_grads`. None when no parameter has a gradient."""
-    storages = {}
-    for _, p in items:
-        g = grad_of(p)
-        if g is not None:
-            base = g if g._base is None else g._base
-            storages.setdefault(id(base), base.detach())
+    storages = _grad_storages(items)
     if not storages:
         return None
-    norms = torch._foreach_norm(list(storages.values()), 2, dtype=torch.float32)
+    norms = torch._foreach_norm(storages, 2, dtype=torch.float32)
     device = norms[0].device
     return torch.stack([n.to(device) for n in norms])
 
@@ -347,7 +416,8 @@ class Sentinel:
 
     Args:
         modules: the model chunks (nn.Modules; megatron's list of virtual-pipeline chunks).
-        params: also hook parameter gradients (backward order). Default True.
+        params: also screen parameter gradients per backward call and name the first non-finite one in
+            arrival order (see the module docstring). Default True.
         include: `include(name, module) -> bool` selects the modules whose outputs are checked
             (default: all). Each check is one small kernel launch; on a model made of many tiny
             modules (e.g. MoE experts) `lambda n, m: ".local_experts." not in n` trims the count.
@@ -360,15 +430,18 @@ class Sentinel:
     def __init__(self, modules, params: bool = True, include=None, output_grads: bool = False):
         self.roots = list(modules) if not isinstance(modules, torch.nn.Module) else [modules]
         self.step = 0
-        self._fwd, self._bwd = _Phase(), _Phase()
+        self._fwd = _Phase()
+        self._screens = _Screens()
+        self._arrivals: list[int] = []  # per parameter gradient that arrived in backward: its index in _hooked
+        self._screened = 0  # arrivals when the last screen was taken
         self._ograd = _Phase()  # output_grads: labels are (module index, forward micro-batch)
         self._output_grads = output_grads
         self._checked: list[tuple[str, int]] = []  # (module path, chunk) per checked module: forward labels
         self._hooked: list[tuple[str, str]] = []  # (module path, parameter name) per hooked parameter
         self._starts: list[list[int]] = [[] for _ in self.roots]  # per chunk: forward checks made when each
         # of its micro-batches started (its micro-batch index = how many started so far)
-        self._bwd_starts: list[int] = []  # backward checks made when a chunk output's gradient arrived ...
-        self._bwd_mbs: list[int] = []  # ... and that micro-batch
+        self._bwd_starts: list[int] = []  # per backward call (a chunk output's gradient arrived): arrivals so far
+        self._bwd_mbs: list[int] = []  # ... and its micro-batch
         self._last = None  # the tensor checked last; let go at the end of each chunk's forward
         self._handles = []
         self._named_params: list[tuple[str, torch.Tensor]] = []
@@ -412,9 +485,19 @@ class Sentinel:
         return hook
 
     def _backward_starts(self, mb: int) -> None:
-        """Micro-batch `mb`'s backward begins: the parameter gradients checked from now on are its."""
-        self._bwd_starts.append(self._bwd.count)
+        """A backward call of micro-batch `mb` begins: the parameter gradients arriving from now on are its;
+        the accumulated gradients are screened when it ends (and before the step's first call)."""
+        if self._hooked and not self._bwd_starts:
+            self._screen(-1)
+        self._bwd_starts.append(len(self._arrivals))
         self._bwd_mbs.append(mb)
+        if self._hooked:
+            call = len(self._bwd_starts) - 1
+            _queue_callback(lambda: self._screen(call))
+
+    def _screen(self, call: int) -> None:
+        self._screens.take(_grad_storages(self._named_params), call)
+        self._screened = len(self._arrivals)
 
     def _output_check(self, index: int, root: bool, checked: bool, direct: bool):
         """The wrapper of module `index`'s call that checks its output. A chunk's root is always wrapped:
@@ -493,23 +576,10 @@ class Sentinel:
             output.register_hook(lambda grad: phase.add(grad, label))
 
     def _grad_hook(self, index: int):
-        phase = self._bwd
-        labels, slots = phase.labels, phase._slots
+        arrivals = self._arrivals
 
-        def hook(grad):
-            if phase.pending == len(slots):
-                phase._make_room(grad.device)
-            slot = slots[phase.pending]
-            if grad.requires_grad and _grad_enabled():  # double backward
-                _set_grad_enabled(False)
-                try:
-                    _sum(grad, (), dtype=_F32, out=slot)
-                finally:
-                    _set_grad_enabled(True)
-            else:
-                _sum(grad, (), dtype=_F32, out=slot)
-            phase.pending += 1
-            labels.append(index)
+        def hook(grad):  # the order only: the values are screened once per backward call
+            arrivals.append(index)
 
         return hook
 
@@ -519,12 +589,21 @@ class Sentinel:
         path, c = self._checked[self._fwd.labels[index]]
         return Hit(path, bisect.bisect_right(self._starts[c], index) - 1, index)
 
-    def _backward_hit(self, index: int) -> Hit | None:
-        if index >= _NONE:
+    def _backward_hit(self, call: int | None, bad: list[str]) -> Hit | None:
+        """The first parameter, in arrival order within backward call `call`, whose accumulated gradient is
+        non-finite (`bad`); else the first of `bad` (a gradient written without its hook, e.g. by a fused
+        weight-gradient kernel)."""
+        if call is None or not bad:
             return None
-        module, name = self._hooked[self._bwd.labels[index]]
-        k = bisect.bisect_right(self._bwd_starts, index) - 1
-        return Hit(module, self._bwd_mbs[k] if k >= 0 else 0, index, name)
+        bad_set = set(bad)
+        start = self._bwd_starts[call] if call < len(self._bwd_starts) else 0
+        end = self._bwd_starts[call + 1] if call + 1 < len(self._bwd_starts) else len(self._arrivals)
+        mb = self._bwd_mbs[call] if call < len(self._bwd_mbs) else 0
+        for order in range(start, end):
+            module, name = self._hooked[self._arrivals[order]]
+            if name in bad_set:
+                return Hit(module, mb, order, name)
+        return Hit(bad[0].rpartition(".")[0], mb, start, bad[0])
 
     def _producer(self, index: int) -> Producer | None:
         if index >= _NONE:
@@ -545,24 +624,33 @@ class Sentinel:
                 tensor holding them (megatron's flat grad buffers: one or two) in the same sync; per
                 parameter, exactly, only when one of those is not finite.
         """
-        parts = [phase.result() for phase in (self._fwd, self._bwd, self._ograd)]
+        if len(self._arrivals) > self._screened:  # a backward call that did not end (it raised)
+            self._screen(max(len(self._bwd_starts) - 1, 0))
+        parts = [phase.result() for phase in (self._fwd, self._ograd)]
+        screens = self._screens.values()
         norms = _storage_norms(self._named_params) if grads else None
-        device = next((t.device for t in (*parts, norms) if t is not None), torch.device("cpu"))
+        device = next((t.device for t in (*parts, screens, norms) if t is not None), torch.device("cpu"))
         none = torch.tensor(_NONE, device=device)
-        head = [(p if p is not None else none).to(device).reshape(1) for p in parts]
-        tail = [torch.isfinite(norms.to(device)).long()] if norms is not None else []
+        head = [(p if p is not None else none).to(device).reshape(1).double() for p in parts]
+        tail = [t.to(device).double() for t in (screens, norms) if t is not None]
         values = torch.cat(head + tail).tolist()  # the host sync
-        flagged = check_grads(self._named_params) if not all(values[3:]) else []  # only on a bad step
-        forward, backward = self._forward_hit(values[0]), self._backward_hit(values[1])
-        reading = Reading(self.step, forward, backward, flagged, self._producer(values[2]))
+        n = len(self._screens.labels)
+        call = self._screens.first_bad(values[2 : 2 + n])
+        norms_ok = all(math.isfinite(v) for v in values[2 + n :])
+        flagged = check_grads(self._named_params) if call is not None or not norms_ok else []  # a bad step only
+        forward, backward = self._forward_hit(int(values[0])), self._backward_hit(call, flagged)
+        reading = Reading(self.step, forward, backward, flagged if grads else [], self._producer(int(values[1])))
         self.reset()
         self.step += 1
         return reading
 
     def reset(self) -> None:
         """Drop this step's flags (call at step start if a step was abandoned without read())."""
-        for phase in (self._fwd, self._bwd, self._ograd):
+        for phase in (self._fwd, self._ograd):
             phase.clear()
+        self._screens.clear()
+        self._arrivals.clear()
+        self._screened = 0
         for starts in self._starts:
             starts.clear()
         self._bwd_starts.clear()
