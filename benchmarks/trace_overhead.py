@@ -213,7 +213,7 @@ def main() -> None:
         def step():
             train_step()
             if cls is Sentinel:
-                with_sentinel.checks = (s._fwd.count, s._bwd.count)
+                with_sentinel.checks = (s._fwd.count, len(s._arrivals), len(s._screens.labels))
             s.read(grads=True)
 
         step()
@@ -256,8 +256,8 @@ def main() -> None:
     print(
         f"tiny Qwen3-MoE ({'bf16' if a.bf16 else 'fp32'}), 8 samples, {a.samples_per_microbatch} per micro-batch, "
         f"{torch.get_num_threads()} threads, {a.repeats} rounds, {with_tracer.ops} aten ops traced per forward_backward, "
-        f"sentinel checks per step: {with_sentinel.checks[0]} module outputs + {with_sentinel.checks[1]} parameter gradients "
-        f"+ {sum(1 for p in model.parameters())} accumulated gradients"
+        f"sentinel per step: {with_sentinel.checks[0]} module-output checks, {with_sentinel.checks[1]} parameter-gradient "
+        f"arrivals, {with_sentinel.checks[2]} gradient-buffer screens"
     )
     for k, clock in enumerate(("wall", "cpu")):
         col = lambda j: [r[j][k] for r in rows]  # noqa: E731
