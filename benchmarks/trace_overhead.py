@@ -26,9 +26,9 @@ The tracer only ever runs on a replay of one step, the sentinel on every step. W
 clocks are both reported: on a shared, loaded machine the CPU clock is the steadier one.
 
 --instructions DIR (under valgrind's callgrind, as above; needs gcc and valgrind's headers, ~5 min):
-instructions executed by one steady-state training step (+ read) without a sentinel, with this one and
-with REF's, counted between client requests (a 3-line C helper built with gcc at start) and read back
-from the dumps in DIR. A load-independent figure: on a box shared with other jobs the timed ratios
+instructions executed by one steady-state training step (+ read) without a sentinel, with this one (also
+with its module-output checks only and its gradient side only) and with REF's, counted between client
+requests (a 3-line C helper built with gcc at start) and read back from the dumps in DIR. A load-independent figure: on a box shared with other jobs the timed ratios
 scatter by +-30 % from round to round; the instruction counts do not move.
 """
 
@@ -202,7 +202,12 @@ def main() -> None:
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
 
     if a.instructions:
-        variants = {"plain": None, "sentinel": Sentinel}
+        variants = {
+            "plain": None,
+            "sentinel": Sentinel,
+            "sentinel, module outputs only": partial(Sentinel, params=False),
+            "sentinel, gradients only": partial(Sentinel, include=lambda name, module: False),
+        }
         if a.against:
             variants[f"sentinel at {a.against}"] = sentinel_at(a.against)
         return count_instructions(a.instructions, variants, train_step, model)

@@ -397,8 +397,8 @@ def before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_sch
     """slime's --custom-megatron-before-train-step-hook-path entry point.
 
     Installs an always-on sentinel on the model chunks (once: a new list of chunks or a new optimizer
-    replaces the old installation): per-module output and per-parameter gradient finiteness flags kept
-    on device, read once per step just before Megatron's DDP gradient check. On a non-finite step it
+    replaces the old installation): per-module output finiteness flags and a screen of the gradient
+    buffers after each backward call, kept on device, read once per step just before Megatron's DDP gradient check. On a non-finite step it
     writes a report to NANSCOPE_REPORT_DIR (see the module docstring); with NANSCOPE_ON_NONFINITE=skip
     the step's gradients are zeroed and its optimizer step skipped on every rank.
     """

@@ -24,8 +24,8 @@ ones (backward None; read(grads=True) lists them).
 
 What a check costs, and why it is built this way (valgrind instruction counts, torch 2.13 CPU): the
 sum into a slot is 12-15k instructions (dim=None: 1.2k fewer than dim=()), the same as a sum that returns
-a new tensor or a foreach norm's share, but nothing is allocated, stacked or freed per check (stacking and freeing 0-dim results cost
-~5k more each). The output check is not a forward hook: a module with any hook takes nn.Module's slow
+a new tensor or a foreach norm's share, but nothing is allocated, stacked or freed per check (stacking and
+freeing 0-dim results cost ~5k more each). The output check is not a forward hook: a module with any hook takes nn.Module's slow
 call path (hook dictionaries, backward-hook set-up, ~12k more per call). Instead `module._call_impl`,
 which __call__ looks up on the instance, is a wrapper bound to the module (`_CheckHandle`) that calls
 forward straight away when nn.Module's own `_call_impl` would (no hook on the module or process-wide,
