@@ -389,3 +389,21 @@ def test_a_gradient_written_without_its_hook_is_still_found():
     # The screen at the end of call 1 turned non-finite; no arrival of that call is bad: the first
     # non-finite parameter in parameter order, at the call's first arrival (4 arrived in call 0).
     assert r.backward == Hit("", 1, 4, "fused")
+
+
+def test_a_backward_call_that_ends_after_read_does_not_leak_into_the_next_step():
+    # read() inside a backward call (e.g. from a hook before megatron's reduce): the call's end-of-call
+    # screen, queued earlier, must not land in the next step's screens.
+    net = Net()
+    _flat_main_grads(net)
+    s = Sentinel([net])
+    readings = []
+    out = net(BAD)
+    out.register_hook(lambda g: readings.append(s.read()))  # runs first in backward, before the parameters
+    out.sum().backward()
+    assert readings[0].forward == Hit("exp", 0, 1, None)
+    # The gradients are left non-finite (not zeroed): stale before the next step's first call, so that
+    # step's backward is not blamed (a leaked screen of the bad call, taken first, would blame call 0).
+    _step(net, [GOOD])
+    r = s.read()
+    assert r.forward is None and r.backward is None

@@ -434,6 +434,7 @@ class Sentinel:
         self._screens = _Screens()
         self._arrivals: list[int] = []  # per parameter gradient that arrived in backward: its index in _hooked
         self._screened = 0  # arrivals when the last screen was taken
+        self._generation = 0  # reset() count: a screen queued before it is dropped
         self._ograd = _Phase()  # output_grads: labels are (module index, forward micro-batch)
         self._output_grads = output_grads
         self._checked: list[tuple[str, int]] = []  # (module path, chunk) per checked module: forward labels
@@ -492,10 +493,12 @@ class Sentinel:
         self._bwd_starts.append(len(self._arrivals))
         self._bwd_mbs.append(mb)
         if self._hooked:
-            call = len(self._bwd_starts) - 1
-            _queue_callback(lambda: self._screen(call))
+            call, generation = len(self._bwd_starts) - 1, self._generation
+            _queue_callback(lambda: self._screen(call, generation))
 
-    def _screen(self, call: int) -> None:
+    def _screen(self, call: int, generation: int | None = None) -> None:
+        if generation is not None and generation != self._generation:
+            return  # the call ended after read()/reset(): it belongs to a step already read
         self._screens.take(_grad_storages(self._named_params), call)
         self._screened = len(self._arrivals)
 
@@ -651,6 +654,7 @@ class Sentinel:
         self._screens.clear()
         self._arrivals.clear()
         self._screened = 0
+        self._generation += 1
         for starts in self._starts:
             starts.clear()
         self._bwd_starts.clear()
