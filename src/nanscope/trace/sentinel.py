@@ -25,11 +25,12 @@ ones (backward None; read(grads=True) lists them).
 What a check costs, and why it is built this way (valgrind instruction counts, torch 2.13 CPU): the
 sum into a slot is 12-15k instructions (dim=None: 1.2k fewer than dim=()), the same as a sum that returns
 a new tensor or a foreach norm's share, but nothing is allocated, stacked or freed per check (stacking and
-freeing 0-dim results cost ~5k more each). The output check is not a forward hook: a module with any hook takes nn.Module's slow
-call path (hook dictionaries, backward-hook set-up, ~12k more per call). Instead `module._call_impl`,
-which __call__ looks up on the instance, is a wrapper bound to the module (`_CheckHandle`) that calls
-forward straight away when nn.Module's own `_call_impl` would (no hook on the module or process-wide,
-no JIT trace; else `_call_impl` itself: forward and hooks) and checks the output in the same frame.
+freeing 0-dim results cost ~5k more each). The output check is not a forward hook: a module with any hook
+takes nn.Module's slow call path (hook dictionaries, backward-hook set-up, ~12k more per call). Instead
+`module._call_impl`, which __call__ looks up on the instance, is a wrapper bound to the module
+(`_CheckHandle`) that calls forward straight away when nn.Module's own `_call_impl` would (no hook on
+the module or process-wide, no JIT trace; else `_call_impl` itself: forward and hooks) and checks the
+output in the same frame.
 A check therefore sees the output after every forward hook, also hooks registered after the sentinel,
 e.g. a planted fault's (`megatron.faults`). A training forward's output is summed with grad mode
 switched off around the one kernel rather than detached (cheaper). Per check the host keeps one int
@@ -147,13 +148,14 @@ class Reading:
 
 
 class _Phase:
-    """Checks of one phase: float32 sums (finite iff the checked tensor is) written into slots of one
-    device buffer, and per check the index of what was checked. The buffer is made at the first check and
-    its 0-dim slot views as they are first needed, both kept across steps: in a steady state a check
-    allocates nothing, and nothing is stacked or freed per check."""
+    """Checks of one phase (module outputs, or the gradients arriving at them): float32 sums (finite iff
+    the checked tensor is) written into slots of one device buffer, and per check a label of what was
+    checked. The buffer is made at the first check and its 0-dim slot views as they are first needed, both
+    kept across steps: in a steady state a check allocates nothing, and nothing is stacked or freed per
+    check."""
 
     def __init__(self):
-        self.labels: list[int] = []  # per check, in call order: its module's (forward) or parameter's index
+        self.labels: list = []  # per check, in call order: its module's index (output gradients: with the micro-batch)
         self.first: torch.Tensor | None = None  # running first bad index of folded flags (device)
         self.folded = 0
         self.pending = 0  # slots written since the last fold
@@ -488,12 +490,12 @@ class Sentinel:
     def _backward_starts(self, mb: int) -> None:
         """A backward call of micro-batch `mb` begins: the parameter gradients arriving from now on are its;
         the accumulated gradients are screened when it ends (and before the step's first call)."""
-        if self._hooked and not self._bwd_starts:
-            self._screen(-1)
         self._bwd_starts.append(len(self._arrivals))
         self._bwd_mbs.append(mb)
         if self._hooked:
             call, generation = len(self._bwd_starts) - 1, self._generation
+            if call == 0:
+                self._screen(-1)
             _queue_callback(lambda: self._screen(call, generation))
 
     def _screen(self, call: int, generation: int | None = None) -> None:
