@@ -16,9 +16,9 @@ import time
 
 import torch
 
+from nanscope import case
 from nanscope.loss import as_is, safe
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_args import case_args
 
 
 def make_batch(n_samples: int, lo: int, hi: int, vocab: int, seed: int = 0):
@@ -66,8 +66,8 @@ def main() -> None:
     # The case's flags (zero KL and entropy coefficients), then every term weighted. safe is as-is inside
     # the plugin's guard, so both losses build the same graph: the ratio is the guards' own cost.
     configs = {
-        "case flags (kl-loss-coef 0, entropy-coef 0)": case_args(global_batch_size=a.samples),
-        "all terms on (kl-loss-coef 0.01, entropy-coef 0.001)": case_args(
+        "case flags (kl-loss-coef 0, entropy-coef 0)": case.args(global_batch_size=a.samples),
+        "all terms on (kl-loss-coef 0.01, entropy-coef 0.001)": case.args(
             global_batch_size=a.samples, kl_loss_coef=0.01, entropy_coef=0.001
         ),
     }

@@ -89,7 +89,7 @@ out = {}
 for key, hist in (("s", False), ("hist_s", True)):
     staged = io.Dump.from_samples(path, dump.kind, samples)
     t0 = time.perf_counter()
-    result = checks.scan(staged, ScanConfig.for_case(histograms=hist))
+    result = checks.scan(staged, case.scan_config(histograms=hist))
     out[key] = time.perf_counter() - t0
 out["response_tokens"], out["findings"] = result.response_tokens, checks.hazard_count(result)
 """,

@@ -51,15 +51,14 @@ def make_step(bf16: bool, per_micro: int, seed: int = 0):
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from nanscope import hazards
+    from nanscope import case, hazards
     from nanscope.loss import as_is
     from nanscope.megatron import bootstrap
     from nanscope.megatron.model import TinyQwen3MoE
-    from nanscope.slime_args import case_args
 
     vocab = TinyQwen3MoE().vocab_size
     model, _, optimizer = bootstrap.build_training(seed=seed, bf16=bf16)
-    rollout = hazards.case_rollout(vocab, seed)
+    rollout = case.rollout(vocab, seed)
 
     def run(tokens: torch.Tensor) -> torch.Tensor:  # [S] -> logits [1, S, V], S padded to a multiple of 64
         padded = -(-tokens.numel() // 64) * 64
@@ -81,7 +80,7 @@ def make_step(bf16: bool, per_micro: int, seed: int = 0):
     # slime's dynamic batching packs samples into one row per micro-batch (the case: 16384 tokens per GPU).
     micro = [{k: batch[k][i : i + per_micro] for k in keys} for i in range(0, n, per_micro)]
     seq_length = -(-max(sum(m["total_lengths"]) for m in micro) // 64) * 64
-    args = case_args(global_batch_size=n)
+    args = case.args(global_batch_size=n)
 
     def loss(mb, logits):
         return as_is.loss_function(args, mb, len(micro), logits[:, : sum(mb["total_lengths"])].float())[:3]

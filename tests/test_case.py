@@ -1,8 +1,7 @@
 """nanscope.case: the bundled case read from its own files, not typed by hand."""
 
 from nanscope import case
-from nanscope.launch.config import SCRIPT
-from nanscope.slime_args import case_args
+from nanscope.facts.flags import SCRIPT
 
 
 def test_loss_flags_are_launch_sh_s_grpo_args():
@@ -19,7 +18,7 @@ def test_loss_flags_are_launch_sh_s_grpo_args():
 
 
 def test_case_args_fill_the_rest_with_slime_defaults():
-    args = case_args(global_batch_size=8)
+    args = case.args(global_batch_size=8)
     # not in the script: slime v0.1.0's defaults
     assert (args.tis_clip, args.tis_clip_low, args.kl_coef, args.loss_type) == (2.0, 0.0, 0.0, "policy_loss")
     assert args.global_batch_size == 8 and args.kl_loss_type == "low_var_kl"

@@ -6,48 +6,49 @@ import pytest
 import torch
 
 from nanscope import case, hazards
+from nanscope.causes import catalogue, immune
+from nanscope.causes.classes import CLASSES
 from nanscope.errors import UserError
+from nanscope.facts.args import LOSS_FIELDS
+from nanscope.facts.numerics import FP32_EXP_MAX
 from nanscope.loss import as_is
-from nanscope.loss.formulas import FP32_EXP_MAX
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_args import LOSS_FIELDS, case_args
-from nanscope.trace.classify import CLASSES
 
-BATCH = [h.name for h in hazards.CATALOGUE if h.level == "batch"]
+BATCH = [h.name for h in catalogue.CATALOGUE if h.level == "batch"]
 
 
 @pytest.mark.parametrize("name", BATCH)
 def test_as_is_gives_the_stated_finiteness(name):
-    h = hazards.get(name)
-    o = hazards.run_loss(name, "as-is")
+    h = catalogue.get(name)
+    o = hazards.run_loss(name, "as-is", flags=case.loss_flags())
     assert (o.loss_finite, o.grad_finite) == (h.loss_finite, h.grad_finite)
     assert (o.nan_grad_entries == 0) == h.grad_finite
 
 
 @pytest.mark.parametrize("name", BATCH)
 def test_safe_gives_the_stated_finiteness(name):
-    o = hazards.run_loss(name, "safe")
-    assert (o.loss_finite and o.grad_finite) == hazards.get(name).safe_finite
+    o = hazards.run_loss(name, "safe", flags=case.loss_flags())
+    assert (o.loss_finite and o.grad_finite) == catalogue.get(name).safe_finite
 
 
 def test_unknown_name_lists_every_known_hazard():
     with pytest.raises(ValueError, match="unknown hazard 'nope'; known: healthy, kl-exp-overflow, .*, zero-temp"):
-        hazards.get("nope")
+        catalogue.get("nope")
 
 
 def test_records_are_complete():
-    assert len({h.name for h in hazards.CATALOGUE} | {c.name for c in hazards.IMMUNE}) == len(hazards.CATALOGUE) + len(
-        hazards.IMMUNE
-    )
-    for h in hazards.CATALOGUE[1:]:
+    assert len({h.name for h in catalogue.CATALOGUE} | {c.name for c in immune.IMMUNE}) == len(
+        catalogue.CATALOGUE
+    ) + len(immune.IMMUNE)
+    for h in catalogue.CATALOGUE[1:]:
         assert h.cause_class in CLASSES and h.fix and h.discriminator, h.name
         assert h.level in ("batch", "model") and (h.fault is not None) == (h.level == "model"), h.name
         assert set(h.loss_overrides) <= set(LOSS_FIELDS)
-    assert hazards.HEALTHY.cause_class is None
-    for h in hazards.CATALOGUE:
+    assert catalogue.HEALTHY.cause_class is None
+    for h in catalogue.CATALOGUE:
         if h.fault:
             assert re.fullmatch(r"decoder\.[\w.]+:(forward|backward):(nan|inf)", h.fault), h.fault
-    for c in hazards.IMMUNE:
+    for c in immune.IMMUNE:
         assert c.cause_class in CLASSES
         for ev in c.evidence:
             assert re.fullmatch(r"(slime|megatron)/[\w/]+\.py:\d+ \((slime v0\.1\.0|megatron-core 0\.15\.0rc0)\)", ev)
@@ -55,7 +56,7 @@ def test_records_are_complete():
 
 def build(name, seed=0):
     policy = hazards.synthetic_policy(512, seed)
-    return hazards.build(name, policy, hazards.case_rollout(512, seed), seed)
+    return hazards.build(name, policy, case.rollout(512, seed), seed)
 
 
 def test_batches_are_mutually_consistent():
@@ -63,7 +64,11 @@ def test_batches_are_mutually_consistent():
     batch = build("healthy")
     # old log-probs are the policy's own log-probs of the tokens (one step per rollout)
     rollout = hazards.Rollout(
-        batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"], batch["rewards"]
+        batch["unconcat_tokens"],
+        batch["response_lengths"],
+        batch["loss_masks"],
+        batch["rewards"],
+        **hazards.shape(case.loss_flags()),
     )
     logp = hazards.policy_log_probs(policy(rollout.tokens), rollout, case.temperature())
     for old, x in zip(batch["log_probs"], logp):
@@ -112,8 +117,8 @@ def test_nan_rollout_logprob_is_on_a_masked_token():
 @pytest.mark.parametrize("name", ["kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"])
 def test_defused_twin_differs_only_at_the_site(name):
     policy = hazards.synthetic_policy(512, 0)
-    hot = hazards.build(name, policy, hazards.case_rollout(512, 0), 0)
-    cold = hazards.build(name, policy, hazards.case_rollout(512, 0), 0, defused=True)
+    hot = hazards.build(name, policy, case.rollout(512, 0), 0)
+    cold = hazards.build(name, policy, case.rollout(512, 0), 0, defused=True)
     assert all(torch.equal(a, b) for a, b in zip(hot["unconcat_tokens"], cold["unconcat_tokens"]))
     i, j = hot["hazard_site"]
     differing = {
@@ -132,7 +137,7 @@ def test_defused_twin_differs_only_at_the_site(name):
     )
     # the defused twin is healthy for as-is
     logits = hazards.packed_logits(policy, cold["unconcat_tokens"]).requires_grad_(True)
-    loss, _, _ = as_is.loss_function(case_args(global_batch_size=8), cold, 1, logits, parallel=Parallel())
+    loss, _, _ = as_is.loss_function(case.args(global_batch_size=8), cold, 1, logits, parallel=Parallel())
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
 
@@ -145,10 +150,8 @@ def test_zero_temperature_poisons_the_log_prob_pass_not_sglang():
     healthy = build("healthy")
     assert all(torch.equal(a, b) for a, b in zip(batch["rollout_log_probs"], healthy["rollout_log_probs"]))
     # the hazard is the flag: the loss sees it through the override, the defused twin is the healthy batch
-    assert hazards.ZERO_TEMPERATURE.loss_overrides == {"rollout_temperature": 0.0}
-    cold = hazards.build(
-        "zero-temperature", hazards.synthetic_policy(512, 0), hazards.case_rollout(512, 0), 0, defused=True
-    )
+    assert catalogue.ZERO_TEMPERATURE.loss_overrides == {"rollout_temperature": 0.0}
+    cold = hazards.build("zero-temperature", hazards.synthetic_policy(512, 0), case.rollout(512, 0), 0, defused=True)
     assert all(torch.equal(a, b) for a, b in zip(cold["log_probs"], healthy["log_probs"]))
 
 
@@ -156,15 +159,15 @@ def test_rollout_logprob_shift_is_misaligned_by_one_token_and_stays_finite():
     batch, healthy = build("rollout-logprob-shift"), build("healthy")
     for shifted, aligned in zip(batch["rollout_log_probs"], healthy["rollout_log_probs"]):
         assert torch.equal(shifted[:-1], aligned[1:]) and shifted[-1] == 0
-    o = hazards.run_loss("rollout-logprob-shift", "as-is")
+    o = hazards.run_loss("rollout-logprob-shift", "as-is", flags=case.loss_flags())
     assert o.loss_finite and o.grad_finite
     # the tis metric (a sum of per-sample means) explodes far past tis_clip: the mismatch shows there only
-    healthy = hazards.run_loss("healthy", "as-is").metrics
-    assert healthy["tis"] < case_args().tis_clip * case.group_size() < 1e20 < o.metrics["tis"]
+    healthy = hazards.run_loss("healthy", "as-is", flags=case.loss_flags()).metrics
+    assert healthy["tis"] < case.args().tis_clip * case.group_size() < 1e20 < o.metrics["tis"]
     assert healthy["tis_clipfrac"] == 0 and o.metrics["tis_clipfrac"] > 0.25 * case.group_size()
 
 
-@pytest.mark.parametrize("h", [h for h in hazards.CATALOGUE if h.level == "model"], ids=lambda h: h.name)
+@pytest.mark.parametrize("h", [h for h in catalogue.CATALOGUE if h.level == "model"], ids=lambda h: h.name)
 def test_model_faults_have_no_batch(h):
     batch, healthy = build(h.name), build("healthy")
     assert all(torch.equal(a, b) for a, b in zip(batch["log_probs"], healthy["log_probs"]))
@@ -172,4 +175,4 @@ def test_model_faults_have_no_batch(h):
         UserError,
         match=f"hazard '{h.name}' is a fault in the model, not a batch: run `nanscope repro --hazard {h.name}`",
     ):
-        hazards.run_loss(h.name)
+        hazards.run_loss(h.name, flags=case.loss_flags())

@@ -2,10 +2,9 @@
 
 import pytest
 
-from nanscope import releases
 from nanscope.errors import UserError
-from nanscope.launch.config import BY_NAME, FLAGS, MEGATRON
-from nanscope.slime_plugin.releases import SLIME_RELEASES
+from nanscope.facts import releases
+from nanscope.facts.flags import BY_NAME, FLAGS, MEGATRON
 
 
 @pytest.mark.parametrize(
@@ -24,7 +23,7 @@ def test_unknown_release_is_one_line(spelling):
 
 
 def test_the_plugin_names_its_releases_from_the_table():
-    assert [r.name for r in reversed(SLIME_RELEASES)] == [r.name for r in releases.RELEASES]
+    assert [r.name for r in reversed(releases.LOSS_APIS)] == [r.name for r in releases.RELEASES]
 
 
 def test_kl_loss_type_default_and_choices_per_release():

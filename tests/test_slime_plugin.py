@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from nanscope import case, hazards
+from nanscope.causes import catalogue
 from nanscope.loss import safe
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_args import case_args
 
 WORKER = Path(__file__).parent / "workers" / "plugin_worker.py"
 
@@ -22,9 +22,9 @@ WORKER = Path(__file__).parent / "workers" / "plugin_worker.py"
 def reference(name):
     """Single-process safe loss on the full logits: what every layout must reproduce."""
     policy = hazards.synthetic_policy(512, 0)
-    batch = hazards.build(name, policy, hazards.case_rollout(512, 0), 0)
+    batch = hazards.build(name, policy, case.rollout(512, 0), 0)
     full = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
-    loss, _, log = safe.loss_function(case_args(global_batch_size=8), batch, 1, full, parallel=Parallel())
+    loss, _, log = safe.loss_function(case.args(global_batch_size=8), batch, 1, full, parallel=Parallel())
     (grad,) = torch.autograd.grad(loss, full)
     return loss.detach(), grad, log
 
@@ -34,11 +34,11 @@ def test_plugin_called_like_slime_single_process():
     from nanscope.loss import microbatch
 
     policy = hazards.synthetic_policy(512, 0)
-    batch = hazards.build("kl-exp-overflow", policy, hazards.case_rollout(512, 0), 0)
+    batch = hazards.build("kl-exp-overflow", policy, case.rollout(512, 0), 0)
     logits = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
     ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
     loss, metrics = slime_plugin.policy_loss(
-        args=case_args(global_batch_size=8), batch=batch, logits=logits, sum_of_sample_mean=ssm
+        args=case.args(global_batch_size=8), batch=batch, logits=logits, sum_of_sample_mean=ssm
     )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
@@ -51,12 +51,12 @@ def test_plugin_strict_policy_from_environment(monkeypatch):
 
     monkeypatch.setenv("NANSCOPE_NAN_POLICY", "strict")
     policy = hazards.synthetic_policy(512, 0)
-    batch = hazards.build("nan-rollout-logprob", policy, hazards.case_rollout(512, 0), 0)
+    batch = hazards.build("nan-rollout-logprob", policy, case.rollout(512, 0), 0)
     logits = hazards.packed_logits(policy, batch["unconcat_tokens"])
     i, j = batch["hazard_site"]
     with pytest.raises(safe.NonFiniteInputError, match=f"rollout_log_probs is nan at sample {i}, response token {j}"):
         slime_plugin.policy_loss(
-            args=case_args(global_batch_size=8),
+            args=case.args(global_batch_size=8),
             batch=batch,
             logits=logits,
             sum_of_sample_mean=microbatch.make_sum_of_sample_mean(batch, Parallel(), False, False),
@@ -87,7 +87,7 @@ def test_plugin_under_megatron_parallel_state(tmp_path, layout):
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for h in (h for h in hazards.CATALOGUE if h.level == "batch" and h.safe_finite):
+    for h in (h for h in catalogue.CATALOGUE if h.level == "batch" and h.safe_finite):
         got = torch.load(tmp_path / f"{h.name}.pt", weights_only=True)
         loss, grad, log = reference(h.name)
         assert torch.isfinite(got["loss"]) and torch.isfinite(got["grad"]).all(), h.name
@@ -114,7 +114,7 @@ def test_before_train_step_hook_raise_and_skip_on_the_cpu_harness(tmp_path):
         # NANSCOPE_ON_NONFINITE=skip: step 2 of 3 is skipped on every rank, the run goes on
         RunSpec(hazard="kl-exp-overflow", loss="as-is", steps=3, inject_step=2, hook=True, on_nonfinite="skip"),
     ]
-    res = launcher.launch(specs, Layout(), timeout_s=350, out_dir=tmp_path)
+    res = launcher.launch(specs, Layout(), timeout_s=350, out_dir=tmp_path, loss_flags=case.loss_flags())
     raised, skipped = res.runs
     assert raised.observed == "nan-check"
     for r in raised.ranks:

@@ -1,23 +1,44 @@
-"""The bundled case, slime-795, read once from its own files: every other module asks here.
+"""The bundled case, slime-795, read once from its own files, at the top: entry points ask here and pass values down.
 
     python -c "from nanscope import case; print(case.loss_flags()); print(case.frames())"
 
 The case's loss flags come from its `launch.sh` through nanscope's own static launch reader (with
 `ENV`, the one value the script reads from its environment), its Megatron message and frames from
 its `traceback.txt` through the traceback parser. Nothing here is typed by hand except `ENV`.
+
+Only the entry points (`repro`, `equivalence`, `report/`, `cli/`) import this module: every layer below
+takes the case's values as arguments (the harness gets the loss flags inside its worker spec).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from types import MappingProxyType
+
+from nanscope import hazards
+from nanscope.dumps.config import ScanConfig
+from nanscope.facts.args import LOSS_FIELDS, loss_args
+from nanscope.facts.flags import SCRIPT
+from nanscope.launch.config import Config, resolve
+from nanscope.launch.script import parse_script
+from nanscope.launch.tracebacks import Traceback, parse_traceback
 
 NAME = "slime-795"
 RELEASE = "v0.1.0"  # the slime release the case ran (its README.md); doctor --case uses its defaults
 # The only value launch.sh reads from its environment: 8 nodes x 8 GPUs = the case's 64 H100s.
-ENV = {"TOTAL_NODES": "8"}
+ENV = MappingProxyType({"TOTAL_NODES": "8"})
 FILES = ("launch.sh", "model.json", "traceback.txt")
+
+
+@dataclass(frozen=True)
+class _Case:
+    """The case's files, read and parsed."""
+
+    config: Config
+    traceback: Traceback
 
 
 def root():
@@ -31,50 +52,39 @@ def text(name: str) -> str:
     return (root() / name).read_text()
 
 
-@cache
-def config():
-    """The case's launch.sh resolved with slime's defaults (launch.config.Config)."""
-    from nanscope.launch.config import resolve
-    from nanscope.launch.script import parse_script
-
+@cache  # the case is read once per process: every accessor below reads this one value
+def _read() -> _Case:
     with resources.as_file(root() / "launch.sh") as path:
-        script = parse_script(path, ENV)
+        script = parse_script(path, dict(ENV))
     model = json.loads(text("model.json"))
-    return resolve(script.argv, model, f"model.json (bundled with {NAME})", script.unset, release=RELEASE)
+    config = resolve(script.argv, model, f"model.json (bundled with {NAME})", script.unset, release=RELEASE)
+    return _Case(config, parse_traceback(text("traceback.txt"), f"{NAME}/traceback.txt"))
 
 
-@cache
+def config() -> Config:
+    """The case's launch.sh resolved with slime's defaults."""
+    return _read().config
+
+
 def loss_flags() -> dict[str, object]:
-    """The loss fields (slime_args.LOSS_FIELDS) that the case's launch.sh sets, as slime resolves them.
+    """The loss fields (facts.args.LOSS_FIELDS) that the case's launch.sh sets, as slime resolves them.
 
     global_batch_size is a batch shape, not a loss flag: callers pass the batch they build.
     """
-    from nanscope.launch.config import SCRIPT
-    from nanscope.slime_args import LOSS_FIELDS
-
     cfg = config()
     return {k: cfg[k] for k in LOSS_FIELDS if k != "global_batch_size" and cfg.origin(k) == SCRIPT}
 
 
-@cache
-def traceback():
-    """The case's traceback, parsed (launch.tracebacks.Traceback)."""
-    from nanscope.launch.tracebacks import parse_traceback
-
-    return parse_traceback(text("traceback.txt"), f"{NAME}/traceback.txt")
+def traceback() -> Traceback:
+    """The case's traceback, parsed."""
+    return _read().traceback
 
 
-@cache
 def frames() -> tuple[tuple[str, int, str], ...]:
     """The traceback's megatron-core frames, outermost first: (file basename, line, function)."""
-    return tuple(
-        (f.path.replace("\\", "/").rsplit("/", 1)[-1], f.line, f.function)
-        for f in traceback().frames
-        if "/megatron/core/" in f.path.replace("\\", "/")
-    )
+    return traceback().megatron_frames()
 
 
-@cache
 def nan_check_message() -> str:
     """megatron-core's message without the "Rank R, node N, device D, iteration I: " prefix."""
     f = traceback().failure
@@ -89,3 +99,26 @@ def temperature() -> float:
 def group_size() -> int:
     """--n-samples-per-prompt of the case."""
     return int(loss_flags()["n_samples_per_prompt"])
+
+
+def args(**overrides):
+    """`facts.args.loss_args` with the case's loss flags (read from its launch.sh), `overrides` applied."""
+    return loss_args(**{**loss_flags(), **overrides})
+
+
+def rollout(vocab_size: int, seed: int = 0, **kwargs) -> hazards.Rollout:
+    """A rollout group of the case's shape (its temperature and group size): `hazards.case_rollout`."""
+    return hazards.case_rollout(vocab_size, seed, **hazards.shape(loss_flags()), **kwargs)
+
+
+def scan_config(**overrides) -> ScanConfig:
+    """The flags `nanscope scan` checks a dump against, the case's (its launch.sh over slime's defaults)."""
+    a = args()
+    values = dict(
+        n_samples_per_prompt=a.n_samples_per_prompt, reward_key=None,
+        rollout_max_response_len=config()["rollout_max_response_len"],
+        advantage_estimator=a.advantage_estimator, rewards_normalization=a.rewards_normalization,
+        grpo_std_normalization=a.grpo_std_normalization, use_kl_loss=a.use_kl_loss,
+        kl_loss_type=a.kl_loss_type, use_tis=a.use_tis,
+    )  # fmt: skip
+    return ScanConfig(**{**values, **overrides})

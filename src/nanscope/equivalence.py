@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nanscope import hazards
+from nanscope import case, hazards
+from nanscope.causes import catalogue
 from nanscope.loss import as_is, microbatch, safe
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_args import case_args
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Case:
     seed: int = 0
     cp_size: int = 1
     mask_p: float = 0.7  # probability that a token keeps loss_mask 1
-    flags: dict = field(default_factory=dict)  # slime loss fields over the case's (slime_args.LOSS_FIELDS)
+    flags: dict = field(default_factory=dict)  # slime loss fields over the case's (facts.args.LOSS_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -34,20 +34,20 @@ class Difference:
     grad: float
 
 
-def compare(case: Case, vocab_size: int = 128) -> Difference:
+def compare(config: Case, vocab_size: int = 128) -> Difference:
     """Run both losses on one healthy batch (every CP rank) and return their relative differences."""
-    policy = hazards.synthetic_policy(vocab_size, case.seed, logit_std=4.0)
-    rollout = hazards.case_rollout(vocab_size, case.seed, n_samples=4)
-    g = torch.Generator().manual_seed(case.seed)
-    rollout.loss_masks = [(torch.rand(m.shape, generator=g) < case.mask_p).float() for m in rollout.loss_masks]
-    args = case_args(global_batch_size=4, **case.flags)
-    batch = hazards.build(hazards.HEALTHY.name, policy, rollout, case.seed, temperature=args.rollout_temperature)
+    policy = hazards.synthetic_policy(vocab_size, config.seed, logit_std=4.0)
+    rollout = case.rollout(vocab_size, config.seed, n_samples=4)
+    g = torch.Generator().manual_seed(config.seed)
+    rollout.loss_masks = [(torch.rand(m.shape, generator=g) < config.mask_p).float() for m in rollout.loss_masks]
+    args = case.args(global_batch_size=4, **config.flags)
+    batch = hazards.build(catalogue.HEALTHY.name, policy, rollout, config.seed, temperature=args.rollout_temperature)
     full = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
     results = []
     for module in (as_is, safe):
         loss_sum, grad_sum = 0.0, torch.zeros_like(full)
-        for r in range(case.cp_size):
-            par = Parallel(cp_rank=r, cp_size=case.cp_size, dp_cp_size=case.cp_size)
+        for r in range(config.cp_size):
+            par = Parallel(cp_rank=r, cp_size=config.cp_size, dp_cp_size=config.cp_size)
             local = microbatch.cp_local_logits(full, batch["total_lengths"], par)
             loss, _, _ = module.loss_function(args, microbatch.slice_for_cp(batch, par), 1, local, parallel=par)
             (grad,) = torch.autograd.grad(loss, full)

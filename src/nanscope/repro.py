@@ -21,6 +21,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanscope import case
+
 
 @dataclass
 class Repro:
@@ -61,9 +63,9 @@ class Repro:
 def expected_outcome(hazard: str, loss: str, fault: str | None = None) -> str:
     """The as-is loss fails the NaN check exactly when the catalogue says its gradient is not finite; the safe
     loss where its fix lives elsewhere (a flag, the model); both where a fault is planted in the model."""
-    from nanscope import hazards
+    from nanscope.causes import catalogue
 
-    h = hazards.get(hazard)
+    h = catalogue.get(hazard)
     broken = not h.grad_finite if loss == "as-is" else not h.safe_finite
     return "nan-check" if broken or fault is not None else "completed"
 
@@ -180,7 +182,7 @@ def repro_one(
         model_fault=fault,
         model_fault_step=at if fault else None,
     )
-    launched = launcher.launch([spec], layout, timeout_s=timeout_s)
+    launched = launcher.launch([spec], layout, timeout_s=timeout_s, loss_flags=case.loss_flags())
     rep = from_run(launched.runs[0], launched, layout)
     rep.notes = harness_notes(layout) + rep.notes
     return rep
@@ -227,23 +229,23 @@ class Matrix:
 
 def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
     """Every catalogue hazard under as-is and safe, in one launch (one process group for all runs)."""
-    from nanscope import hazards
+    from nanscope.causes import catalogue
     from nanscope.megatron import launcher
     from nanscope.megatron.spec import Layout, RunSpec
 
     layout = Layout()
     specs = []
-    for h in hazards.CATALOGUE:  # on the healthy batch each rank compares safe's grads with as-is's, entry by entry
+    for h in catalogue.CATALOGUE:  # on the healthy batch each rank compares safe's grads with as-is's, entry by entry
         healthy = h.name == "healthy"
         specs += [
             RunSpec(hazard=h.name, loss="as-is", seed=seed, save_grads=healthy),
             RunSpec(hazard=h.name, loss="safe", seed=seed, compare_grads=len(specs) if healthy else None),
         ]
     with tempfile.TemporaryDirectory(prefix="nanscope-matrix-") as out:
-        launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
+        launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags())
         reps = [from_run(run, launched, layout) for run in launched.runs]
         rows = []
-        for h, (as_is, safe) in zip(hazards.CATALOGUE, zip(reps[::2], reps[1::2])):
+        for h, (as_is, safe) in zip(catalogue.CATALOGUE, zip(reps[::2], reps[1::2])):
             diffs = [r.grad_diff for r in safe.ranks]
             diff = max(diffs) if h.name == "healthy" and diffs and None not in diffs else None
             rows.append(MatrixRow(h.name, h.mechanism, as_is, safe, diff))
@@ -335,14 +337,14 @@ def run_steps(
         custom-loss path), a skip-mode run with NANSCOPE_MAX_SKIPS=`max_skips`, then the replay of the
         raise run's report in a second launch; CP 1 (the tracer maps whole samples).
     """
-    from nanscope import hazards
+    from nanscope.causes import catalogue
     from nanscope.megatron import launcher
     from nanscope.megatron.spec import Layout, RunSpec
 
     layout = Layout(cp=1) if plugin else Layout()
     common = dict(hazard=hazard, steps=steps, inject_step=inject_step, seed=seed)
     hook = dict(plugin=True, hook=True) if plugin else {}
-    twin = hazards.get(hazard).masked_token
+    twin = catalogue.get(hazard).masked_token
     specs = [RunSpec(loss="as-is", **hook, **common), RunSpec(loss="safe", save_params=twin, **hook, **common)]
     if twin:
         specs.append(RunSpec(loss="as-is", defused=True, save_params=True, **common))
@@ -350,7 +352,7 @@ def run_steps(
         env = {"NANSCOPE_MAX_SKIPS": str(max_skips or "")}
         specs.append(RunSpec(loss="as-is", on_nonfinite="skip", env=env, **hook, **common))
     with tempfile.TemporaryDirectory(prefix="nanscope-steps-") as out:
-        launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out)
+        launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags())
         as_is = from_run(launched.runs[0], launched, layout)
         safe = from_run(launched.runs[1], launched, layout)
         twin_rep = from_run(launched.runs[2], launched, layout, expected="completed") if twin else None
@@ -400,7 +402,7 @@ def _plugin_check(
         env={"NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"]},
         load_rollouts=how["load_debug_rollout_data"],
     )
-    launched = launcher.launch([spec], Layout(cp=1), timeout_s=timeout_s, out_dir=out)
+    launched = launcher.launch([spec], Layout(cp=1), timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags())
     traces = [Path(p) for r in launched.runs[0].ranks for p in r.reports if p.endswith(".trace.json")]
     if traces:
         first = json.loads(traces[0].read_text())["first"]

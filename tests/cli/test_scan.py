@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from nanscope import case
 from nanscope.cli.main import main
 from nanscope.dumps import demo
 from tests.dumps.test_io import MkdirOnLoad
@@ -202,12 +203,11 @@ def test_unwritable_output_is_one_line(tmp_path, capsys):
 
 def test_flag_defaults_are_the_case(tmp_path):
     from nanscope.cli.main import build_parser
-    from nanscope.dumps.config import ScanConfig
 
     args = build_parser()[0].parse_args(["scan", "x.pt"])
-    case = ScanConfig.for_case()
-    got = {k: getattr(args, k) for k in vars(case) if hasattr(args, k)}
-    assert got == {k: v for k, v in vars(case).items() if k not in ("max_listed", "histograms")}
+    defaults = case.scan_config()
+    got = {k: getattr(args, k) for k in vars(defaults) if hasattr(args, k)}
+    assert got == {k: v for k, v in vars(defaults).items() if k not in ("max_listed", "histograms")}
 
 
 def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):

@@ -5,9 +5,9 @@ import json
 
 import torch
 
+from nanscope import case, hazards
 from nanscope.cli.main import main
 from nanscope.loss import formulas
-from nanscope.slime_args import case_args
 from nanscope.trace import replay
 
 
@@ -20,7 +20,7 @@ def _exp_line(fn) -> int:
 def test_trace_hazard_prints_both_producers_and_writes_json(tmp_path, capsys):
     out = tmp_path / "t.json"
     assert main(["trace", "--hazard", "kl-exp-overflow", "--json", str(out)]) == 0
-    _, site = replay.hazard_microbatch("kl-exp-overflow")
+    _, site = hazards.microbatch_document("kl-exp-overflow", flags=case.loss_flags())
     text = capsys.readouterr().out
     line = _exp_line(formulas.approx_kl)
     assert f"hazard site: sample {site[0]}, response token {site[1]}\n" in text
@@ -46,7 +46,7 @@ def test_trace_input_hazard_and_safe_loss(capsys):
     assert main(["trace", "--hazard", "nan-reward"]) == 0
     text = capsys.readouterr().out
     # The NaN reward spreads to the whole group of 8 = every sample: all response tokens are NaN.
-    n = sum(replay.hazard_microbatch("nan-reward")[0]["batch"]["response_lengths"])
+    n = sum(hazards.microbatch_document("nan-reward", flags=case.loss_flags())[0]["batch"]["response_lengths"])
     assert f"  advantages: {n} nan; first at sample 0, response token 0, loss_mask 1\n" in text
     assert (
         "forward producer: none; no op turned finite values into non-finite ones: they came from an input (advantages)\n"
@@ -71,9 +71,11 @@ def test_trace_allow_list(capsys):
 
 
 def test_trace_file(tmp_path, capsys):
-    doc, site = replay.hazard_microbatch("ratio-exp-overflow")  # the PPO ratio's exp overflows
+    doc, site = hazards.microbatch_document(
+        "ratio-exp-overflow", flags=case.loss_flags()
+    )  # the PPO ratio's exp overflows
     path = tmp_path / "mb.pt"
-    replay.save_microbatch(path, doc["batch"], doc["logits"], case_args(global_batch_size=8), "as-is")
+    replay.save_microbatch(path, doc["batch"], doc["logits"], case.args(global_batch_size=8), "as-is")
     out = tmp_path / "t.json"
     assert main(["trace", str(path), "--json", str(out)]) == 0
     assert f"nanscope trace: {path} through the as-is loss" in capsys.readouterr().out
@@ -104,7 +106,7 @@ def test_trace_bad_input_is_one_line_exit_2(tmp_path, capsys):
             f"{tmp_path / 'x.pt'}: missing key 'logits' (expected batch, logits, args, loss)",
         ),
     ]
-    doc, _ = replay.hazard_microbatch("healthy")
+    doc, _ = hazards.microbatch_document("healthy", flags=case.loss_flags())
     replay.save_microbatch(
         tmp_path / "gspo.pt", doc["batch"], doc["logits"], {**doc["args"], "advantage_estimator": "gspo"}, "as-is"
     )
@@ -121,7 +123,7 @@ def test_trace_bad_input_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_trace_hostile_files_are_one_line_exit_2(tmp_path, capsys):
-    doc, _ = replay.hazard_microbatch("healthy")
+    doc, _ = hazards.microbatch_document("healthy", flags=case.loss_flags())
     batch = doc["batch"]
     files = {  # name -> (document or None for raw bytes, the error after "PATH: ")
         "empty.pt": (b"", "not a nanscope micro-batch file (torch.load weights_only: EOFError)"),

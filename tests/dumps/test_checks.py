@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from nanscope import hazards
+from nanscope import case, hazards
+from nanscope.causes import catalogue
 from nanscope.dumps import checks, demo, io
 from nanscope.dumps.config import ScanConfig
 
@@ -22,13 +23,13 @@ def rows(result, kinds=None):
 
 def scan_samples(tmp_path, samples, cfg=None, **load):
     path = demo.write_rollout_dump(tmp_path / "r.pt", samples)
-    return checks.scan(io.load(path, **load), cfg)
+    return checks.scan(io.load(path, **load), case.scan_config() if cfg is None else cfg)
 
 
 def test_rollout_demo_every_planted_hazard(tmp_path):
     path = tmp_path / "rollout_data" / "12.pt"
     demo.write_demo(path)
-    r = checks.scan(io.load(path), ScanConfig.for_case(histograms=True))
+    r = checks.scan(io.load(path), case.scan_config(histograms=True))
     # 16 samples x (prompt 24 + response 64); response positions 32..47 masked. abs_token = 24 + token.
     group0 = [("grpo-nonfinite", "nan-reward", i, None, None, None, "nan", True) for i in range(8)]
     reward = ("nonfinite-reward", "nan-reward", 3, None, None, None, "nan", True)
@@ -55,7 +56,7 @@ def test_rollout_demo_every_planted_hazard(tmp_path):
 def test_train_demo_every_planted_hazard(tmp_path):
     path = tmp_path / "12_0.pt"
     demo.write_demo(path, kind="train")
-    r = checks.scan(io.load(path))
+    r = checks.scan(io.load(path), case.scan_config())
     assert rows(r) == [
         ("kl-margin", "kl-exp-overflow", 5, 40, 64, True, "95.0", True),  # -2 - (-97)
         ("ratio-margin", "ratio-exp-overflow", 5, 40, 64, True, "97.0", False),  # bound: -(-97)
@@ -84,7 +85,7 @@ def test_kl_threshold_is_the_fp32_exp_limit(tmp_path):
         "ref_log_probs": [torch.tensor([-1.28, -1.27, -1.0])],
     }
     demo.write_train_dump(tmp_path / "t.pt", data)
-    r = checks.scan(io.load(tmp_path / "t.pt"))
+    r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config())
     kl = rows(r, {"kl-margin"})
     assert len(kl) == 1 and kl[0][:6] == ("kl-margin", "kl-exp-overflow", 0, 1, 4, False)
     assert float(kl[0][6]) == pytest.approx(88.73, abs=1e-4)
@@ -100,18 +101,18 @@ def test_kl_check_follows_the_flags(tmp_path):
     demo.write_train_dump(tmp_path / "t.pt", data)
     cases = [({}, 1), ({"kl_loss_type": "k3"}, 1), ({"kl_loss_type": "kl"}, 0), ({"use_kl_loss": False}, 0)]
     for flags, expect in cases:
-        r = checks.scan(io.load(tmp_path / "t.pt"), ScanConfig.for_case(**flags))
+        r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config(**flags))
         kl = next(c for c in r.checks if c.kind == "kl-margin")
         assert kl.count == expect and kl.status == ("ran" if expect else "skipped")
 
 
 def test_group_of_one_is_nan_for_every_sample(tmp_path, make_samples):
     # n_samples_per_prompt 1: torch.std of one element is nan (unbiased), so every advantage is nan.
-    r = scan_samples(tmp_path, make_samples(3), ScanConfig.for_case(n_samples_per_prompt=1))
+    r = scan_samples(tmp_path, make_samples(3), case.scan_config(n_samples_per_prompt=1))
     assert rows(r) == [("grpo-nonfinite", "nan-reward", i, None, None, None, "nan", True) for i in range(3)]
     assert r.hazards[0].detail == "group 0: group of 1: std of one element is nan"
     # Without std normalisation (Dr.GRPO) a group of 1 is just 0: clean.
-    cfg = ScanConfig.for_case(n_samples_per_prompt=1, grpo_std_normalization=False)
+    cfg = case.scan_config(n_samples_per_prompt=1, grpo_std_normalization=False)
     r = scan_samples(tmp_path, make_samples(3), cfg)
     assert r.hazards == []
 
@@ -119,7 +120,7 @@ def test_group_of_one_is_nan_for_every_sample(tmp_path, make_samples):
 def test_inf_reward_spreads_to_its_group_only(tmp_path, make_samples):
     samples = make_samples(8)
     samples[6]["reward"] = math.inf
-    r = scan_samples(tmp_path, samples, ScanConfig.for_case(n_samples_per_prompt=4))
+    r = scan_samples(tmp_path, samples, case.scan_config(n_samples_per_prompt=4))
     assert [(h.kind, h.sample) for h in r.hazards] == [("grpo-nonfinite", i) for i in (4, 5)] + [
         ("nonfinite-reward", 6),
         ("grpo-nonfinite", 6),
@@ -160,7 +161,7 @@ def test_length_mismatches_name_field_and_sample(tmp_path, make_samples):
 def test_cp_sliced_train_dump_without_cp_flags_hints(tmp_path):
     data = {"tokens": [torch.arange(10)], "response_lengths": [6], "log_probs": [torch.zeros(4)]}
     demo.write_train_dump(tmp_path / "t.pt", data)
-    r = checks.scan(io.load(tmp_path / "t.pt"))
+    r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config())
     assert r.errors == [
         f"{tmp_path / 't.pt'}: log_probs of sample 0: length 4 != response_length 6 "
         "(CP-sliced? pass --context-parallel-size and --tensor-model-parallel-size)"
@@ -176,7 +177,7 @@ def test_cp_sliced_hazard_maps_to_its_response_token(tmp_path):
     lp[2] = math.nan
     data = {"tokens": [torch.arange(20)], "response_lengths": [12], "loss_masks": [mask], "log_probs": [lp]}
     demo.write_train_dump(tmp_path / "t.pt", data, rank=0)
-    r = checks.scan(io.load(tmp_path / "t.pt", cp_size=2, tp_size=1))
+    r = checks.scan(io.load(tmp_path / "t.pt", cp_size=2, tp_size=1), case.scan_config())
     assert rows(r) == [("nonfinite-log-prob", "nan-logprob", 0, 10, 18, True, "nan", True)]
 
 
@@ -197,7 +198,7 @@ def test_rollout_logprob_is_checked_as_bf16(tmp_path, make_samples):
 def test_no_tis_means_no_rollout_logprob_mechanism(tmp_path, make_samples):
     samples = make_samples(8)
     samples[0]["rollout_log_probs"][0] = math.nan
-    r = scan_samples(tmp_path, samples, ScanConfig.for_case(use_tis=False))
+    r = scan_samples(tmp_path, samples, case.scan_config(use_tis=False))
     assert rows(r) == [("nonfinite-rollout-logprob", None, 0, 0, 4, False, "nan", True)]
     assert r.verdict == "slime v0.1.0 would produce NaN: no"
 
@@ -205,7 +206,7 @@ def test_no_tis_means_no_rollout_logprob_mechanism(tmp_path, make_samples):
 def test_response_too_long_and_zero_mask(tmp_path, make_samples):
     samples = make_samples(8, response=8)
     samples[3]["loss_mask"] = [0] * 8
-    r = scan_samples(tmp_path, samples, ScanConfig.for_case(rollout_max_response_len=7))
+    r = scan_samples(tmp_path, samples, case.scan_config(rollout_max_response_len=7))
     assert [(h.kind, h.sample) for h in r.hazards if h.sample == 3] == [("zero-loss-mask", 3), ("response-too-long", 3)]
     assert sum(h.kind == "response-too-long" for h in r.hazards) == 8
 
@@ -213,14 +214,14 @@ def test_response_too_long_and_zero_mask(tmp_path, make_samples):
 def test_counts_are_exact_when_listing_is_capped(tmp_path, make_samples):
     samples = make_samples(8, response=8)
     samples[0]["rollout_log_probs"] = [math.nan] * 8
-    r = scan_samples(tmp_path, samples, ScanConfig.for_case(max_listed=3))
+    r = scan_samples(tmp_path, samples, case.scan_config(max_listed=3))
     check = next(c for c in r.checks if c.kind == "nonfinite-rollout-logprob")
     assert (check.count, check.listed) == (8, 3)
     assert [h.token for h in r.hazards] == [0, 1, 2]
     assert r.per_sample[0, list(checks.KINDS).index("nonfinite-rollout-logprob")] == 8
 
 
-@pytest.mark.parametrize("name", [h.name for h in hazards.CATALOGUE])
+@pytest.mark.parametrize("name", [h.name for h in catalogue.CATALOGUE])
 def test_catalogue_batches_as_train_dumps(tmp_path, name):
     """Each of nanscope's catalogue hazards, dumped as slime would, is found at its site by scan.
 
@@ -229,14 +230,14 @@ def test_catalogue_batches_as_train_dumps(tmp_path, name):
     the ratio when it equals ref, so the site is right and the mechanism is one of the two.
     """
     policy = hazards.synthetic_policy(512, 0)
-    b = hazards.build(name, policy, hazards.case_rollout(512, 0), 0)
+    b = hazards.build(name, policy, case.rollout(512, 0), 0)
     data = {k: b[k] for k in ("total_lengths", "response_lengths", "log_probs", "ref_log_probs", "advantages")}
     data["tokens"] = b["unconcat_tokens"]
     data["loss_masks"] = [m.int() for m in b["loss_masks"]]
     data["rollout_log_probs"] = [x.to(torch.bfloat16) for x in b["rollout_log_probs"]]
     data["rewards"] = [float(a[0]) for a in b["advantages"]]
     demo.write_train_dump(tmp_path / "t.pt", data)
-    r = checks.scan(io.load(tmp_path / "t.pt"))
+    r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config())
     site = b["hazard_site"]
     expect = {
         "healthy": [],
@@ -282,7 +283,7 @@ def test_bf16_rounding_matches_torch():
 
 def test_histogram_bins():
     # Bin 0: < -40 (and -inf); bin b: [-41 + b, -40 + b); last bin 161: >= 120 (and +inf); nan apart.
-    col = checks._Collector(ScanConfig.for_case(histograms=True))
+    col = checks._Collector(case.scan_config(histograms=True))
     x = np.array(
         [-1e9, -41.0, -40.5, -math.inf, -40.0, -0.5, 0.0, 0.99, 88.72, 88.73, 119.9, 120.0, math.inf, math.nan],
         np.float32,
@@ -303,14 +304,13 @@ def test_verdict_agrees_with_slime_loss_model(tmp_path, key, value):
     v0.1.0's loss (loss.as_is) gives a non-finite loss or gradient. E.g. +-inf rollout log-probs are
     clamped by TIS (finite), -inf ref log-probs make low_var_kl's exp 0 (finite), +inf ref overflows it."""
     from nanscope.loss import as_is
-    from nanscope.slime_args import case_args
 
     policy = hazards.synthetic_policy(512, 0)
-    b = hazards.build("healthy", policy, hazards.case_rollout(512, 0), 0)
+    b = hazards.build("healthy", policy, case.rollout(512, 0), 0)
     j = int((b["loss_masks"][0] == 0).nonzero()[0])
     b[key][0][j] = value
     logits = hazards.packed_logits(policy, b["unconcat_tokens"]).requires_grad_(True)
-    loss, _, _ = as_is.loss_function(case_args(global_batch_size=len(b["response_lengths"])), b, 1, logits)
+    loss, _, _ = as_is.loss_function(case.args(global_batch_size=len(b["response_lengths"])), b, 1, logits)
     loss.backward()
     nan_in_slime = not (torch.isfinite(loss) and torch.isfinite(logits.grad).all())
 
@@ -322,15 +322,14 @@ def test_verdict_agrees_with_slime_loss_model(tmp_path, key, value):
         rewards=[float(a[0]) for a in b["advantages"]],
     )
     demo.write_train_dump(tmp_path / "t.pt", data)
-    r = checks.scan(io.load(tmp_path / "t.pt"))
+    r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config())
     assert (r.would_nan == "yes") == nan_in_slime
     assert any(h.sample == 0 and h.token == j and h.masked for h in r.hazards)  # the site is listed either way
 
 
 def test_config_for_case_reads_the_case():
-    from nanscope import case
 
-    cfg, flags = ScanConfig.for_case(), case.loss_flags()
+    cfg, flags = case.scan_config(), case.loss_flags()
     assert (cfg.n_samples_per_prompt, cfg.advantage_estimator, cfg.use_kl_loss, cfg.kl_loss_type, cfg.use_tis) == (
         flags["n_samples_per_prompt"],
         flags["advantage_estimator"],
@@ -339,7 +338,7 @@ def test_config_for_case_reads_the_case():
         flags["use_tis"],
     )
     assert (cfg.rollout_max_response_len, cfg.rewards_normalization, cfg.grpo_std_normalization) == (61440, True, True)
-    assert ScanConfig.for_case(use_tis=False, max_listed=3) == ScanConfig(
+    assert case.scan_config(use_tis=False, max_listed=3) == ScanConfig(
         **{**vars(cfg), "use_tis": False, "max_listed": 3}
     )
 
@@ -347,14 +346,19 @@ def test_config_for_case_reads_the_case():
 def test_mechanisms_are_catalogue_names_plus_scan_own():
     assert checks.MECHANISMS[:4] == tuple(
         h.name
-        for h in (hazards.KL_EXP_OVERFLOW, hazards.RATIO_EXP_OVERFLOW, hazards.NAN_ROLLOUT_LOGPROB, hazards.NAN_REWARD)
+        for h in (
+            catalogue.KL_EXP_OVERFLOW,
+            catalogue.RATIO_EXP_OVERFLOW,
+            catalogue.NAN_ROLLOUT_LOGPROB,
+            catalogue.NAN_REWARD,
+        )
     )
-    assert checks.MECHANISMS[4] == checks.NAN_LOGPROB not in hazards.BY_NAME
+    assert checks.MECHANISMS[4] == checks.NAN_LOGPROB not in catalogue.BY_NAME
 
 
 def test_every_check_is_one_record_in_report_order(tmp_path):
     demo.write_demo(tmp_path / "12.pt")
-    r = checks.scan(io.load(tmp_path / "12.pt"))
+    r = checks.scan(io.load(tmp_path / "12.pt"), case.scan_config())
     assert [c.kind for c in r.checks] == [c.kind for c in checks.CHECKS] == list(checks.KINDS)
     assert len(set(checks.KINDS)) == len(checks.KINDS) and [c for c in checks.CHECKS if c.gate] == [
         checks.BY_KIND["length-mismatch"]

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from nanscope import releases
+from nanscope import case
 from nanscope.dumps import checks, demo, formats, io
+from nanscope.facts import releases
 from tests.dumps.test_checks import rows, scan_samples
 
 RELEASES = releases.KEYS
@@ -101,7 +102,7 @@ TRAIN_ROWS = [
 def test_every_format_scans_to_the_same_findings(tmp_path, release, kind):
     demo.write_demo(tmp_path / "d.pt", kind, release=release)
     d = io.load(tmp_path / "d.pt", cp_size=2, tp_size=1) if release == "main" else io.load(tmp_path / "d.pt")
-    r = checks.scan(d)
+    r = checks.scan(d, case.scan_config())
     assert rows(r) == (ROLLOUT_ROWS if kind == "rollout" else TRAIN_ROWS)
     detected = "v0.3.1" if (release, kind) == ("main", "rollout") else release
     assert (r.dump_kind, r.format.release, r.rollout_id, r.rank) == (kind, detected, 12, 0 if kind == "train" else None)
@@ -112,7 +113,7 @@ def test_main_train_dump_is_one_dict_per_sample_with_whole_responses(tmp_path):
     # main gathers CP fields back (format_version 2): a --context-parallel-size does not slice them again,
     # as the test above shows with cp_size=2; its per-sample keys differ from v0.1.0's rollout_data keys.
     demo.write_demo(tmp_path / "d.pt", "train", release="main")
-    f = checks.scan(io.load(tmp_path / "d.pt")).format
+    f = checks.scan(io.load(tmp_path / "d.pt"), case.scan_config()).format
     assert (f.release, f.same_as, f.fields_added, f.fields_removed) == (
         "main",
         ("main",),

@@ -6,6 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nanscope import case
 from nanscope.dumps import checks, demo, io
 from nanscope.errors import UserError
 
@@ -15,7 +16,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 def scan_or_user_error(path, **load) -> str:
     """'ok' if the file scans, else the UserError text (which must be one line). Anything else fails."""
     try:
-        checks.scan(io.load(path, **load), checks.ScanConfig.for_case(n_samples_per_prompt=2))
+        checks.scan(io.load(path, **load), case.scan_config(n_samples_per_prompt=2))
         return "ok"
     except UserError as e:
         assert "\n" not in str(e), str(e)

@@ -236,3 +236,15 @@ def test_error_lines_show_types_not_containers(tmp_path):
     )
     with pytest.raises(UserError, match=r"reward of sample 0: a dict with keys \['7', '<int>', 's'\]; pass"):
         list(io.load(tmp_path / "c.pt").samples())
+
+
+def test_load_rollout_reads_slime_dumps_and_refuses_others(tmp_path):
+    path = tmp_path / "3.pt"
+    torch.save({"rollout_id": 3, "samples": [{"tokens": [5, 6, 7], "response_length": 2, "loss_mask": None}]}, path)
+    (s,) = io.load_rollout(str(path))
+    assert s["tokens"].tolist() == [5, 6, 7] and s["response_length"] == 2 and s["loss_mask"].tolist() == [1.0, 1.0]
+    torch.save({"rollout_id": 3}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=r"bad.pt: not a slime rollout dump \(expected a dict with a list 'samples'\)"):
+        io.load_rollout(str(tmp_path / "bad.pt"))
+    with pytest.raises(ValueError, match=r"none.pt: cannot read the rollout dump: FileNotFoundError"):
+        io.load_rollout(str(tmp_path / "none.pt"))

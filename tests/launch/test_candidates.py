@@ -2,7 +2,8 @@
 
 import pytest
 
-from nanscope import case, hazards
+from nanscope import case
+from nanscope.causes import catalogue, immune
 from nanscope.launch.candidates import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE, candidates, remaining
 from nanscope.launch.config import resolve
 from tests.launch.test_findings import CASE_FLAGS
@@ -75,8 +76,8 @@ def test_every_candidate_not_ruled_out_names_its_discriminator():
 
 def test_every_hazard_and_immune_cause_is_a_candidate():
     ids = {c.id for c in candidates(case.config())}
-    named = {h.name for h in hazards.CATALOGUE} - {"healthy"}
-    assert ids == named | {c.name for c in hazards.IMMUNE}
+    named = {h.name for h in catalogue.CATALOGUE} - {"healthy"}
+    assert ids == named | {c.name for c in immune.IMMUNE}
 
 
 def test_without_a_traceback_a_finite_gradient_hazard_keeps_its_flag_status():
@@ -86,7 +87,7 @@ def test_without_a_traceback_a_finite_gradient_hazard_keeps_its_flag_status():
 def test_zero_temperature_is_enabled_by_its_flag():
     c = _by_id(_flags(rollout_temperature=0))["zero-temperature"]
     assert (c.status, c.evidence) == (ENABLED, ["--rollout-temperature 0: the logits are divided by 0"])
-    assert c.discriminator == hazards.ZERO_TEMPERATURE.discriminator
+    assert c.discriminator == catalogue.ZERO_TEMPERATURE.discriminator
 
 
 @pytest.mark.parametrize(

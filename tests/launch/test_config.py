@@ -4,8 +4,9 @@ import pytest
 
 from nanscope import case
 from nanscope.errors import UserError
-from nanscope.launch.config import MEGATRON, SCRIPT, SLIME, batches, resolve, split_flags
-from nanscope.slime_args import LOSS_DEFAULTS
+from nanscope.facts.args import LOSS_DEFAULTS
+from nanscope.facts.flags import MEGATRON, SCRIPT, SLIME
+from nanscope.launch.config import batches, resolve, split_flags
 
 
 def test_split_flags_last_wins_and_equals_form():

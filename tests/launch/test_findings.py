@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from nanscope.launch.config import BY_SPELLING, batches, resolve
+from nanscope.facts.flags import BY_SPELLING
+from nanscope.launch.config import batches, resolve
 from nanscope.launch.findings import PLUGIN, findings, fine
 
 CASE_FLAGS = [
@@ -191,7 +192,7 @@ def test_reward_without_group_normalisation():
 
 
 def test_hazard_names_are_nanscopes():
-    from nanscope.hazards import BY_NAME
+    from nanscope.causes.catalogue import BY_NAME
 
     _, _, found = _run(CASE_FLAGS)
     named = {h for f in found.values() for h in f.hazards}

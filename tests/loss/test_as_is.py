@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanscope import hazards
+from nanscope import case, hazards
+from nanscope.facts.args import loss_args
 from nanscope.loss import as_is, microbatch
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_args import case_args, loss_args
 
 LN2 = math.log(2.0)
 
@@ -41,7 +41,7 @@ def test_hand_derived_two_samples():
     # ratio 1 everywhere, so pg = -adv: A -> (-1*1 + -1*0)/1 = -1, B -> (0.5*1)/1 = 0.5; pg_loss -0.5.
     # loss_function scales by num_microbatches / global_batch_size * dp_cp = 1/2 -> -0.25.
     batch, logits = two_sample_batch()
-    args = case_args(global_batch_size=2, rollout_temperature=1.0)
+    args = case.args(global_batch_size=2, rollout_temperature=1.0)
     loss, normalizer, log = as_is.loss_function(args, batch, 1, logits, parallel=Parallel())
     assert loss.item() == pytest.approx(-0.25)
     assert normalizer == 1
@@ -64,7 +64,7 @@ def test_hand_derived_clip():
     # B (adv -0.5): max(0.5 * 1.6487, 0.5 * 1.28) = 0.8244, not clipped. pg_loss = -1.28 + 0.8244.
     # TIS weight exp(old - rollout) = 1.
     batch, logits = two_sample_batch(old_shift=0.5)
-    args = case_args(global_batch_size=2, rollout_temperature=1.0)
+    args = case.args(global_batch_size=2, rollout_temperature=1.0)
     loss, log = as_is.policy_loss(
         args, batch, logits, microbatch.make_sum_of_sample_mean(batch, Parallel(), False, False)
     )
@@ -102,7 +102,7 @@ def test_empty_local_slice_keeps_the_graph_connected():
     }
     logits = torch.zeros(1, 6, 16, requires_grad=True)
     loss, _, _ = as_is.loss_function(
-        case_args(global_batch_size=1), batch, 1, logits, parallel=Parallel(cp_rank=0, cp_size=2, dp_cp_size=2)
+        case.args(global_batch_size=1), batch, 1, logits, parallel=Parallel(cp_rank=0, cp_size=2, dp_cp_size=2)
     )
     assert loss.item() == 0.0
     loss.backward()
@@ -113,9 +113,9 @@ def test_empty_local_slice_keeps_the_graph_connected():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_cp2_pieces_sum_to_cp1(seed, per_token):
     policy = hazards.synthetic_policy(64, seed, logit_std=3.0)
-    batch = hazards.build("healthy", policy, hazards.case_rollout(64, seed), seed)
+    batch = hazards.build("healthy", policy, case.rollout(64, seed), seed)
     full = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
-    args = case_args(global_batch_size=8, calculate_per_token_loss=per_token, entropy_coef=0.01, kl_loss_coef=0.1)
+    args = case.args(global_batch_size=8, calculate_per_token_loss=per_token, entropy_coef=0.01, kl_loss_coef=0.1)
 
     loss1, _, log1 = as_is.loss_function(args, batch, 1, full, parallel=Parallel())
     (grad1,) = torch.autograd.grad(loss1, full)
@@ -150,12 +150,12 @@ def test_cp2_pieces_sum_to_cp1(seed, per_token):
 )
 def test_healthy_batches_are_finite(seed, temperature, kl_type, use_tis, mask_p):
     policy = hazards.synthetic_policy(128, seed, logit_std=4.0)
-    rollout = hazards.case_rollout(128, seed, n_samples=4)
+    rollout = case.rollout(128, seed, n_samples=4)
     g = torch.Generator().manual_seed(seed)
     rollout.loss_masks = [(torch.rand(m.shape, generator=g) < mask_p).float() for m in rollout.loss_masks]
     batch = hazards.build("healthy", policy, rollout, seed, temperature=temperature)
     logits = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
-    args = case_args(global_batch_size=4, rollout_temperature=temperature, kl_loss_type=kl_type, use_tis=use_tis)
+    args = case.args(global_batch_size=4, rollout_temperature=temperature, kl_loss_type=kl_type, use_tis=use_tis)
     loss, _, log = as_is.loss_function(args, batch, 1, logits, parallel=Parallel())
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all() and torch.isfinite(log["values"]).all()

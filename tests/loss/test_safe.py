@@ -7,11 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanscope import equivalence, hazards
-from nanscope.loss import as_is, formulas, safe
+from nanscope import case, equivalence, hazards
+from nanscope.causes import catalogue
+from nanscope.facts import numerics
+from nanscope.loss import as_is, safe
+from nanscope.loss import guard as plugin_loss
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_args import case_args
-from nanscope.slime_plugin import loss as plugin_loss
 
 
 @settings(max_examples=30, deadline=None)
@@ -29,22 +30,22 @@ def test_equal_bitwise_on_the_case_config():
         assert (d.loss, d.grad) == (0.0, 0.0)
 
 
-@pytest.mark.parametrize("name", [h.name for h in hazards.CATALOGUE if h.level == "batch" and h.safe_finite])
+@pytest.mark.parametrize("name", [h.name for h in catalogue.CATALOGUE if h.level == "batch" and h.safe_finite])
 def test_every_hazard_is_finite(name):
-    o = hazards.run_loss(name, "safe")
+    o = hazards.run_loss(name, "safe", flags=case.loss_flags())
     assert o.loss_finite and o.grad_finite and o.nan_grad_entries == 0
     assert all(math.isfinite(v) for v in o.metrics.values())
 
 
 def hazard_batch(name, seed=0):
     policy = hazards.synthetic_policy(512, seed)
-    batch = hazards.build(name, policy, hazards.case_rollout(512, seed), seed)
+    batch = hazards.build(name, policy, case.rollout(512, seed), seed)
     logits = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
     return batch, logits
 
 
 def grads(module, batch, logits, **kw):
-    loss, _, log = module.loss_function(case_args(global_batch_size=8, **kw), batch, 1, logits, parallel=Parallel())
+    loss, _, log = module.loss_function(case.args(global_batch_size=8, **kw), batch, 1, logits, parallel=Parallel())
     (g,) = torch.autograd.grad(loss, logits)
     return loss, g, dict(zip(log["keys"], log["values"][1:].tolist()))
 
@@ -54,7 +55,7 @@ def test_masked_token_hazard_gives_the_healthy_gradient(name):
     # The hazard sits on a masked token: safe's gradient on the hazard batch equals its gradient on
     # the same batch without the hazard (and as-is's there), exactly.
     batch, logits = hazard_batch(name)
-    clean = hazards.build(name, hazards.synthetic_policy(512, 0), hazards.case_rollout(512, 0), 0, defused=True)
+    clean = hazards.build(name, hazards.synthetic_policy(512, 0), case.rollout(512, 0), 0, defused=True)
     _, g_safe, metrics = grads(safe, batch, logits)
     _, g_clean, _ = grads(as_is, clean, logits)
     assert torch.equal(g_safe, g_clean)
@@ -90,7 +91,7 @@ def test_strict_names_sample_and_token():
     batch, logits = hazard_batch("nan-rollout-logprob")
     i, j = batch["hazard_site"]
     with pytest.raises(safe.NonFiniteInputError) as e:
-        safe.policy_loss(case_args(global_batch_size=8), batch, logits, parallel=Parallel(), nan_policy="strict")
+        safe.policy_loss(case.args(global_batch_size=8), batch, logits, parallel=Parallel(), nan_policy="strict")
     assert str(e.value) == f"rollout_log_probs is nan at sample {i}, response token {j} (nan_policy=strict)"
 
 
@@ -107,7 +108,7 @@ def test_strict_names_the_global_token_under_cp():
     batch["log_probs"][0][4] = float("inf")
     with pytest.raises(safe.NonFiniteInputError, match="log_probs is inf at sample 0, response token 4"):
         safe.policy_loss(
-            case_args(use_tis=False, use_kl_loss=False),
+            case.args(use_tis=False, use_kl_loss=False),
             batch,
             torch.zeros(1, 6, 8),
             parallel=Parallel(cp_rank=1, cp_size=2),
@@ -118,7 +119,7 @@ def test_strict_names_the_global_token_under_cp():
 def test_unknown_nan_policy():
     batch, logits = hazard_batch("healthy")
     with pytest.raises(ValueError, match="nan_policy 'ignore': expected one of drop, strict"):
-        safe.policy_loss(case_args(global_batch_size=8), batch, logits, parallel=Parallel(), nan_policy="ignore")
+        safe.policy_loss(case.args(global_batch_size=8), batch, logits, parallel=Parallel(), nan_policy="ignore")
 
 
 def test_zero_coefficient_terms_are_reported_and_contribute_exact_zeros():
@@ -143,7 +144,7 @@ def test_pitfall_selecting_after_exp_still_gives_nan():
     torch.where(keep, x.exp(), torch.zeros(2)).sum().backward()
     assert math.isnan(x.grad[0].item())
     x.grad = None
-    x.clamp(-formulas.LOG_RATIO_BOUND, formulas.LOG_RATIO_BOUND).exp().mul(keep).sum().backward()
+    x.clamp(-numerics.LOG_RATIO_BOUND, numerics.LOG_RATIO_BOUND).exp().mul(keep).sum().backward()
     assert torch.isfinite(x.grad).all()
 
 

@@ -4,10 +4,9 @@ metrics of the whole sequence (no process group: TP 1, DP 1)."""
 import pytest
 import torch
 
-from nanscope import hazards
+from nanscope import case, hazards
 from nanscope.loss import as_is
 from nanscope.megatron import step
-from nanscope.slime_args import case_args
 
 
 @pytest.fixture
@@ -21,8 +20,8 @@ def single_process(monkeypatch):
 @pytest.mark.parametrize("hazard", ["healthy", "kl-exp-overflow"])
 def test_zigzag_cp2_matches_whole_sequence(single_process, hazard):
     policy = hazards.synthetic_policy(512, seed=3)
-    batch = hazards.build(hazard, policy, hazards.case_rollout(512, seed=3), seed=3)
-    args = case_args(global_batch_size=8)
+    batch = hazards.build(hazard, policy, case.rollout(512, seed=3), seed=3)
+    args = case.args(global_batch_size=8)
     i = batch["hazard_site"][0] if batch["hazard_site"] else 0
     mb = step._sample(batch, i)
     total = mb["total_lengths"][0]

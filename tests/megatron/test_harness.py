@@ -26,7 +26,9 @@ def launched(tmp_path_factory):
         RunSpec("kl-exp-overflow", compare_grads=0),
         RunSpec("healthy", compare_grads=0),
     ]
-    return launcher.launch(runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out)
+    return launcher.launch(
+        runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out, loss_flags=case.loss_flags()
+    )
 
 
 @pytest.mark.timeout(300)
@@ -134,7 +136,13 @@ def test_a_hung_rank_is_ended_and_reported(tmp_path):
     # stuck in a collective with it) ends its process after rank_timeout_s; the peers' collectives
     # then fail, torchrun stops the rest, and the parent reports who was stuck and who is missing,
     # well before its own hard timeout.
-    res = launcher.launch([RunSpec("healthy", fault="hang:1")], timeout_s=250, rank_timeout_s=20, out_dir=tmp_path)
+    res = launcher.launch(
+        [RunSpec("healthy", fault="hang:1")],
+        timeout_s=250,
+        rank_timeout_s=20,
+        out_dir=tmp_path,
+        loss_flags=case.loss_flags(),
+    )
     assert not res.timed_out and res.returncode != 0
     assert res.stuck, res.stderr_tail
     for rank, message in res.stuck.items():
@@ -146,7 +154,7 @@ def test_a_hung_rank_is_ended_and_reported(tmp_path):
 @pytest.mark.timeout(60)
 def test_parent_timeout_kills_the_process_tree(tmp_path):
     # 4 ranks cannot import megatron-core in 3 s: the parent kills torchrun's whole session.
-    res = launcher.launch([RunSpec("healthy")], timeout_s=3, out_dir=tmp_path)
+    res = launcher.launch([RunSpec("healthy")], timeout_s=3, out_dir=tmp_path, loss_flags=case.loss_flags())
     assert res.timed_out and not res.ok
     assert res.wall_s < 10
     assert res.runs[0].missing == [0, 1, 2, 3] and res.runs[0].observed == "incomplete"
@@ -162,7 +170,9 @@ def test_data_parallel_replica_without_the_nan_blocks_and_the_next_run_is_relaun
     # run after it is executed by a fresh launch.
     layout = Layout(tp=2, pp=1, dp=2, ep=2, etp=1)
     runs = [RunSpec("nan-rollout-logprob"), RunSpec("healthy")]
-    res = launcher.launch(runs, layout, timeout_s=380, rank_timeout_s=45, out_dir=tmp_path)
+    res = launcher.launch(
+        runs, layout, timeout_s=380, rank_timeout_s=45, out_dir=tmp_path, loss_flags=case.loss_flags()
+    )
     hazard, healthy = res.runs
     assert [(r.rank, r.dp, r.ok) for r in hazard.ranks] == [(0, 0, False), (1, 0, False)]
     assert all(r.error.endswith(case.nan_check_message()) for r in hazard.ranks)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from nanscope import case
 from nanscope.megatron import launcher, proctree, step
 from nanscope.megatron.spec import RunSpec
 
@@ -32,9 +33,9 @@ def test_kill_tree_reaches_descendants_in_their_own_session():
 
 def test_bad_runs_fail_in_the_parent_before_any_launch(tmp_path):
     with pytest.raises(ValueError, match="unknown hazard 'nope'"):
-        launcher.launch([RunSpec("nope")], out_dir=tmp_path)
+        launcher.launch([RunSpec("nope")], out_dir=tmp_path, loss_flags=case.loss_flags())
     with pytest.raises(ValueError, match=r"^unknown loss .typo.; known: as-is, safe$"):
-        launcher.launch([RunSpec("healthy", loss="typo")], out_dir=tmp_path)
+        launcher.launch([RunSpec("healthy", loss="typo")], out_dir=tmp_path, loss_flags=case.loss_flags())
     assert not (tmp_path / "spec.json").exists()
 
 
@@ -97,12 +98,13 @@ def test_the_matrix_is_validated_and_judged_without_importing_torch():
     # cores); its ranks compare the healthy gradients (RunSpec.compare_grads), so it never needs torch.
     code = (
         "import sys\n"
-        "from nanscope import hazards, loss, repro\n"
+        "from nanscope import loss, repro\n"
+        "from nanscope.causes import catalogue\n"
         "from nanscope.cli import main\n"
         "from nanscope.megatron import launcher\n"
         "from nanscope.megatron.spec import Layout, RunSpec\n"
         "from nanscope.report import repro as report\n"
-        "runs = [RunSpec(h.name, name) for h in hazards.CATALOGUE for name in loss.NAMES]\n"
+        "runs = [RunSpec(h.name, name) for h in catalogue.CATALOGUE for name in loss.NAMES]\n"
         "launcher._validate(runs, Layout())\n"
         "print([repro.expected_outcome(r.hazard, r.loss, r.model_fault) for r in runs].count('nan-check'))\n"
         "print('torch' in sys.modules)\n"

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nanscope import case, hazards
-from nanscope.slime_args import case_args
+from nanscope import case
 from nanscope.slime_plugin.hook import Settings, replay_instruction
 
 WORKER = Path(__file__).parents[1] / "workers" / "hook_worker.py"
@@ -50,7 +49,7 @@ def test_bad_settings_are_one_line(env, message):
 
 
 def test_replay_instruction_names_the_step_and_the_saved_rollouts():
-    args = case_args()
+    args = case.args()
     args.save_debug_rollout_data = "/root/dumps/rollout_data/{rollout_id}.pt"
     r = replay_instruction(args, 12, 1)
     assert r == {
@@ -59,7 +58,7 @@ def test_replay_instruction_names_the_step_and_the_saved_rollouts():
         "text": "rerun from the checkpoint before rollout 12 with NANSCOPE_TRACE_STEP=12:1 in the environment "
         "and --load-debug-rollout-data /root/dumps/rollout_data/{rollout_id}.pt",
     }
-    assert replay_instruction(case_args(), 0, 0)["text"].endswith(
+    assert replay_instruction(case.args(), 0, 0)["text"].endswith(
         "--load-debug-rollout-data <the --save-debug-rollout-data path; this run saved no rollouts>"
     )
 
@@ -139,7 +138,7 @@ def test_trace_step_names_the_op_module_line_sample_and_token(worker):
     )  # one sample per micro-batch
     assert " in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`" in fwd["source"]
     assert (bwd["op"], bwd["node"], bwd["sample"], bwd["token"]) == ("aten.mul.Tensor", "ExpBackward0", sample, token)
-    assert trace["microbatch_samples"] == {str(i): [i] for i in range(len(hazards.case_rollout(512, 2).total_lengths))}
+    assert trace["microbatch_samples"] == {str(i): [i] for i in range(len(case.rollout(512, 2).total_lengths))}
     assert (
         "nanscope trace of rollout 1 step 0 (all ranks):\n  forward: rank 0 (pp 0, tp 0): aten.exp.default produced inf"
     ) in stdout

@@ -5,30 +5,37 @@ tests/slime_releases runs the same plugin inside the real releases (v0.1.0, v0.2
 """
 
 import math
+import types
 
 import pytest
 import torch
 import torch.utils.checkpoint
 
-from nanscope import equivalence, hazards, slime_plugin
+from nanscope import case, equivalence, hazards, slime_plugin
+from nanscope.causes import catalogue
+from nanscope.facts import paths
 from nanscope.loss import as_is, layout, microbatch
+from nanscope.loss import guard as plugin_loss
+from nanscope.loss import target as releases
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_args import case_args
-from nanscope.slime_plugin import loss as plugin_loss
-from nanscope.slime_plugin import releases
+from nanscope.slime_plugin import state
+from nanscope.slime_plugin.watch import StepWatch
 
-PLUGIN = slime_plugin.LOSS_FUNCTION_PATH
+PLUGIN = paths.LOSS_FUNCTION_PATH
 
 
 @pytest.fixture(autouse=True)
-def fresh_step(monkeypatch):
-    monkeypatch.setattr(plugin_loss, "_step_microbatches", [])
+def fresh_installation(monkeypatch):
+    # the plugin reads its settings once per installation: each test starts one from its own environment
     monkeypatch.delenv("NANSCOPE_NAN_POLICY", raising=False)
+    slime_plugin.uninstall()
+    yield
+    slime_plugin.uninstall()
 
 
 def hazard_batch(name, seed=0, defused=False, temperature=None):
     policy = hazards.synthetic_policy(512, seed)
-    batch = hazards.build(name, policy, hazards.case_rollout(512, seed), seed, temperature, defused)
+    batch = hazards.build(name, policy, case.rollout(512, seed), seed, temperature, defused)
     return batch, hazards.packed_logits(policy, batch["unconcat_tokens"])
 
 
@@ -47,12 +54,12 @@ FLAG_SETS = [{}] + [equivalence.random_case(seed).flags for seed in range(6)]
 
 @pytest.mark.parametrize("flags", FLAG_SETS, ids=[f"flags{i}" for i in range(len(FLAG_SETS))])
 def test_healthy_batches_give_as_is_bitwise_plus_zero_guard_counters(flags):
-    args = case_args(global_batch_size=8, **flags)
+    args = case.args(global_batch_size=8, **flags)
     batch, logits = hazard_batch("healthy", temperature=args.rollout_temperature)
     g = torch.Generator().manual_seed(1)  # old != current policy: ratios away from 1, the clip binds somewhere
     batch["log_probs"] = [x + 0.3 * torch.randn(x.shape, generator=g) for x in batch["log_probs"]]
     own = through_slime(args, batch, logits, custom=False)
-    plugin = through_slime(case_args(global_batch_size=8, **flags), batch, logits, custom=True)
+    plugin = through_slime(case.args(global_batch_size=8, **flags), batch, logits, custom=True)
     assert own[3][own[2].index("pg_clipfrac") + 1] > 0
     assert torch.equal(plugin[0], own[0]) and torch.equal(plugin[1], own[1])
     n = len(own[2])
@@ -60,14 +67,14 @@ def test_healthy_batches_give_as_is_bitwise_plus_zero_guard_counters(flags):
     assert torch.equal(plugin[3][: n + 1], own[3]) and set(plugin[3][n + 1 :].tolist()) == {0.0}
 
 
-@pytest.mark.parametrize("name", [h.name for h in hazards.CATALOGUE if h.level == "batch" and h.safe_finite])
+@pytest.mark.parametrize("name", [h.name for h in catalogue.CATALOGUE if h.level == "batch" and h.safe_finite])
 def test_every_hazard_is_finite_and_a_masked_one_leaves_the_step_as_its_defused_twin(name):
     batch, logits = hazard_batch(name)
-    loss, grad, keys, values = through_slime(case_args(global_batch_size=8), batch, logits, custom=True)
+    loss, grad, keys, values = through_slime(case.args(global_batch_size=8), batch, logits, custom=True)
     assert torch.isfinite(loss) and torch.isfinite(grad).all() and torch.isfinite(values).all()
-    if hazards.get(name).masked_token:
+    if catalogue.get(name).masked_token:
         twin, _ = hazard_batch(name, defused=True)
-        own = through_slime(case_args(global_batch_size=8), twin, logits, custom=False)
+        own = through_slime(case.args(global_batch_size=8), twin, logits, custom=False)
         assert torch.equal(loss, own[0]) and torch.equal(grad, own[1])
 
 
@@ -83,7 +90,7 @@ def test_every_hazard_is_finite_and_a_masked_one_leaves_the_step_as_its_defused_
 def test_the_guard_counts_what_it_neutralised(name, counter):
     batch, logits = hazard_batch(name)
     _, metrics = slime_plugin.policy_loss(
-        case_args(global_batch_size=8),
+        case.args(global_batch_size=8),
         batch,
         logits.requires_grad_(True),
         microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False),
@@ -104,7 +111,7 @@ def test_a_non_finite_ref_logprob_is_not_counted_as_an_overflow():
     j = int((batch["loss_masks"][i] == 0).nonzero()[0])
     batch["ref_log_probs"][i][j] = float("inf")  # exp(inf - logp) would be inf, but it is bad input, not overflow
     _, metrics = slime_plugin.policy_loss(
-        case_args(global_batch_size=8),
+        case.args(global_batch_size=8),
         batch,
         logits,
         microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False),
@@ -119,7 +126,7 @@ def test_an_unmasked_nan_logprob_leaves_the_loss_and_the_callers_batch_is_untouc
     batch["log_probs"][i][j] = float("nan")
     batch["loss_masks"] = [m.int() for m in batch["loss_masks"]]  # slime's actor moves them to int
     before = {k: [t.clone() for t in batch[k]] for k in ("log_probs", "loss_masks")}
-    loss, grad, keys, values = through_slime(case_args(global_batch_size=8), batch, logits, custom=True)
+    loss, grad, keys, values = through_slime(case.args(global_batch_size=8), batch, logits, custom=True)
     assert torch.isfinite(grad).all()
     row = sum(batch["total_lengths"][:i]) + batch["total_lengths"][i] - batch["response_lengths"][i] - 1 + j
     assert torch.equal(grad[0, row], torch.zeros_like(grad[0, row]))  # the token gets no gradient
@@ -146,8 +153,8 @@ def test_a_finite_batch_reaches_the_release_as_the_same_object(monkeypatch):
     healthy, logits = hazard_batch("healthy")
     hazard, _ = hazard_batch("nan-rollout-logprob")
     ssm = microbatch.make_sum_of_sample_mean(healthy, Parallel(), False, select=False)
-    slime_plugin.policy_loss(case_args(global_batch_size=8), healthy, logits, ssm)
-    slime_plugin.policy_loss(case_args(global_batch_size=8), hazard, logits, ssm)
+    slime_plugin.policy_loss(case.args(global_batch_size=8), healthy, logits, ssm)
+    slime_plugin.policy_loss(case.args(global_batch_size=8), hazard, logits, ssm)
     assert seen[0] is healthy
     i, j = hazard["hazard_site"]
     assert seen[1] is not hazard and seen[1]["rollout_log_probs"][i][j] == 0 and seen[1]["loss_masks"][i][j] == 0
@@ -158,10 +165,10 @@ def test_patched_helpers_are_restored_after_the_call_and_after_an_exception():
     originals = {n: getattr(as_is, n) for n in names}
     batch, logits = hazard_batch("kl-exp-overflow")
     ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
-    slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits, ssm)
+    slime_plugin.policy_loss(case.args(global_batch_size=8), batch, logits, ssm)
     assert {n: getattr(as_is, n) for n in names} == originals
     with pytest.raises(ValueError, match="advantage_estimator 'gspo'"):  # raised by as_is inside the call
-        slime_plugin.policy_loss(case_args(global_batch_size=8, advantage_estimator="gspo"), batch, logits, ssm)
+        slime_plugin.policy_loss(case.args(global_batch_size=8, advantage_estimator="gspo"), batch, logits, ssm)
     assert {n: getattr(as_is, n) for n in names} == originals
 
 
@@ -170,7 +177,10 @@ def test_recompute_loss_function_gives_the_same_gradient_and_records_the_batch_o
     # --recompute-loss-function: slime v0.2.x calls the custom loss through torch.utils.checkpoint
     batch, logits = hazard_batch("kl-exp-overflow")
     ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
-    args = case_args(global_batch_size=8)
+    args = case.args(global_batch_size=8)
+    hook = types.SimpleNamespace(batches=[])  # stands in for the hook on the model: what it keeps this step
+    hook.saw_batch = lambda b: StepWatch.saw_batch(hook, b)
+    state.installation().hook = hook
     grads = []
     for recompute in (False, True):
         x = logits.clone().requires_grad_(True)
@@ -183,7 +193,8 @@ def test_recompute_loss_function_gives_the_same_gradient_and_records_the_batch_o
         loss.backward()
         grads.append(x.grad)
     assert torch.isfinite(grads[1]).all() and torch.equal(grads[0], grads[1])
-    assert plugin_loss._step_microbatches == [batch] and plugin_loss._step_microbatches[0] is batch
+    assert hook.batches == [batch] and hook.batches[0] is batch
+    state.installation().hook = None
 
 
 def test_strict_policy_names_the_sample_and_token(monkeypatch):
@@ -191,15 +202,15 @@ def test_strict_policy_names_the_sample_and_token(monkeypatch):
     batch, logits = hazard_batch("nan-reward")
     ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
     with pytest.raises(plugin_loss.NonFiniteInputError) as e:
-        slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits, ssm)
+        slime_plugin.policy_loss(case.args(global_batch_size=8), batch, logits, ssm)
     assert str(e.value) == "advantages is nan at sample 0, response token 0 (nan_policy=strict)"
 
 
 def test_an_unknown_nan_policy_is_refused(monkeypatch):
     monkeypatch.setenv("NANSCOPE_NAN_POLICY", "ignore")
     batch, logits = hazard_batch("healthy")
-    with pytest.raises(ValueError, match="^nan_policy 'ignore': expected one of drop, strict$"):
-        slime_plugin.policy_loss(case_args(global_batch_size=8), batch, logits, None)
+    with pytest.raises(ValueError, match="^NANSCOPE_NAN_POLICY='ignore': expected one of drop, strict$"):
+        slime_plugin.policy_loss(case.args(global_batch_size=8), batch, logits, None)
 
 
 def test_under_cp_a_dropped_token_is_cut_at_its_own_response_position():
@@ -210,7 +221,7 @@ def test_under_cp_a_dropped_token_is_cut_at_its_own_response_position():
     batch, logits = hazard_batch("healthy")
     i, j = 3, int((batch["loss_masks"][3] == 1).nonzero()[-1])  # the last trained token of sample 3
     batch["log_probs"][i][j] = float("nan")
-    args = case_args(global_batch_size=8)
+    args = case.args(global_batch_size=8)
     grads = {}
     for cp in (1, 2):
         full = logits.clone().requires_grad_(True)

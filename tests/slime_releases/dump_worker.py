@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.slime_releases
 
-from nanscope import releases  # noqa: E402
 from nanscope.dumps import demo  # noqa: E402
+from nanscope.facts import releases  # noqa: E402
 from tests.slime_releases.standins import load_module  # noqa: E402
 
 ROLLOUT_ID = 12

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanscope import releases
+from nanscope import case
 from nanscope.dumps import checks, io
-from nanscope.launch.config import FLAGS, MEGATRON, SLIME
+from nanscope.facts import releases
+from nanscope.facts.flags import FLAGS, MEGATRON, SLIME
 from tests.dumps.test_checks import rows
 from tests.launch.test_findings import UNMODELLED_FIX_FLAGS, fix_flags
 from tests.slime_releases.test_releases import RELEASES, SRC, pytestmark  # noqa: F401 (the skip marker)
@@ -56,7 +57,7 @@ def test_sample_fields_are_the_release_s(written):
 @pytest.mark.parametrize("kind", ["rollout", "train"])
 def test_the_release_s_writers_read_as_its_format_with_our_findings(written, kind):
     tag, out = written
-    real, ours = (checks.scan(io.load(out / f"{who}-{kind}.pt")) for who in ("real", "ours"))
+    real, ours = (checks.scan(io.load(out / f"{who}-{kind}.pt"), case.scan_config()) for who in ("real", "ours"))
     detected = "v0.3.1" if (tag, kind) == ("main", "rollout") else tag  # main's Sample is v0.3.1's
     assert (real.format.release, real.format) == (detected, ours.format)
     assert rows(real) == rows(ours) and real.hazards

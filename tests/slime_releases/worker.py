@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.slime_releases
 
-from nanscope.slime_plugin import LOSS_FUNCTION_PATH  # noqa: E402
+from nanscope.facts.paths import LOSS_FUNCTION_PATH  # noqa: E402
 from tests.slime_releases.standins import load_loss_module  # noqa: E402
 
 ORDER = ("v0.1.0", "v0.2.4", "v0.3.1", "main")
@@ -167,11 +167,12 @@ def build_batch(cfg: Config, seed: int = 0, defused: bool = False) -> tuple[dict
 
     defused: the hazard's twin, the same batch without the trigger value (nanscope.hazards.build).
     """
-    from nanscope import hazards
+    from nanscope import case, hazards
+    from nanscope.causes import catalogue
 
     policy = hazards.synthetic_policy(512, seed)
-    planted = cfg.hazard if cfg.hazard in hazards.BY_NAME else "healthy"
-    batch = hazards.build(planted, policy, hazards.case_rollout(512, seed), seed, defused=defused)
+    planted = cfg.hazard if cfg.hazard in catalogue.BY_NAME else "healthy"
+    batch = hazards.build(planted, policy, case.rollout(512, seed), seed, defused=defused)
     g = torch.Generator().manual_seed(seed + 7)
     if cfg.hazard is None:  # old != current policy, so ratios, clipping and OPSM have something to do
         batch["log_probs"] = [x + 0.3 * torch.randn(x.shape, generator=g) for x in batch["log_probs"]]
@@ -293,8 +294,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     from megatron.core import parallel_state as ps
 
+    from nanscope.loss import target as releases
     from nanscope.megatron import cpu
-    from nanscope.slime_plugin import releases
 
     cpu.install()
     module = load_loss_module(a.slime_src)

@@ -1,6 +1,7 @@
 import pytest
 
-from nanscope import hazards
+from nanscope import case, hazards
+from nanscope.causes import catalogue
 from nanscope.trace import replay
 
 
@@ -11,7 +12,7 @@ def hazard_trace():
 
     def get(name: str, loss: str = "as-is"):
         if (name, loss) not in cache:
-            doc, site = replay.hazard_microbatch(name, loss)
+            doc, site = hazards.microbatch_document(name, loss, flags=case.loss_flags())
             cache[name, loss] = (replay.replay(doc), site)
         return cache[name, loss]
 
@@ -19,4 +20,4 @@ def hazard_trace():
 
 
 # the hazards the safe loss fixes (a zero temperature and faults in the model it cannot)
-HAZARDS = [h.name for h in hazards.CATALOGUE if h.level == "batch" and h.safe_finite]
+HAZARDS = [h.name for h in catalogue.CATALOGUE if h.level == "batch" and h.safe_finite]

@@ -22,11 +22,11 @@ def main(out_path: str) -> None:
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from nanscope import hazards
+    from nanscope import case, hazards
+    from nanscope.facts.keys import PER_TOKEN, SAMPLE
     from nanscope.loss import as_is
     from nanscope.megatron import bootstrap
     from nanscope.megatron.model import TinyQwen3MoE
-    from nanscope.slime_args import case_args
     from nanscope.trace import Sentinel, Tracer, replay
 
     torch.set_num_threads(1)
@@ -43,12 +43,12 @@ def main(out_path: str) -> None:
         with torch.no_grad():
             return [run(t)[0, : t.numel()].float() for t in tokens]
 
-    batch = hazards.build("kl-exp-overflow", policy, hazards.case_rollout(vocab, 0), 0)
-    keys = replay.SAMPLE_KEYS + replay.TOKEN_KEYS
+    batch = hazards.build("kl-exp-overflow", policy, case.rollout(vocab, 0), 0)
+    keys = SAMPLE + PER_TOKEN
     n = len(batch["total_lengths"])
     micro = [{k: batch[k][i : i + PER_MICRO] for k in keys} for i in range(0, n, PER_MICRO)]
     seq_length = -(-max(sum(m["total_lengths"]) for m in micro) // 64) * 64
-    args = case_args(global_batch_size=n)
+    args = case.args(global_batch_size=n)
     tracer = None
 
     def loss(mb, logits):
@@ -83,7 +83,7 @@ def main(out_path: str) -> None:
     report = t.report()
 
     # Second pass: a healthy batch, but one weight of layer 2's input norm is inf.
-    healthy = hazards.build("healthy", policy, hazards.case_rollout(vocab, 0), 0)
+    healthy = hazards.build("healthy", policy, case.rollout(vocab, 0), 0)
     micro[:] = [{k: healthy[k][i : i + PER_MICRO] for k in keys} for i in range(0, n, PER_MICRO)]
     weight = model.module.decoder.layers[2].input_layernorm.weight
     with torch.no_grad():

@@ -3,18 +3,9 @@
 import pytest
 import torch
 
+from nanscope.causes.classes import CLASSES, DATA, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_FORWARD, OPTIMIZER
 from nanscope.trace import Hit, Sentinel
-from nanscope.trace.classify import (
-    CLASSES,
-    DATA,
-    LOSS_NUMERICS,
-    MODEL_BACKWARD,
-    MODEL_FORWARD,
-    OPTIMIZER,
-    Observation,
-    classify,
-    layer_of,
-)
+from nanscope.trace.classify import Observation, classify, layer_of
 
 
 class Net(torch.nn.Module):

@@ -151,7 +151,7 @@ def test_several_chunks_get_prefixed_paths():
 
 
 def test_nonfinite_parameters_are_reported_as_inputs():
-    from nanscope.report import trace as render
+    from nanscope.trace import text as render
 
     net = Net()
     with torch.no_grad():

@@ -6,7 +6,9 @@ import inspect
 import pytest
 import torch
 
+from nanscope import case, hazards
 from nanscope.errors import UserError
+from nanscope.facts import numerics
 from nanscope.loss import as_is, formulas
 from nanscope.trace import replay
 from tests.trace.conftest import HAZARDS
@@ -28,7 +30,7 @@ def test_kl_exp_overflow_names_exp_forward_and_exp_backward_at_the_masked_token(
     assert f.nonfinite == {"nan": 0, "posinf": 1, "neginf": 0}
     assert (f.sample, f.token, f.axis, f.masked) == (site[0], site[1], "response", True)
     # Its input at that index is the overflowing exponent: above log(float32 max).
-    assert float(f.input_summary[0].rsplit(": ", 1)[1]) > formulas.FP32_EXP_MAX
+    assert float(f.input_summary[0].rsplit(": ", 1)[1]) > numerics.FP32_EXP_MAX
     # Backward: ExpBackward0 computes grad * result = 0 (the clamp's zero gradient) * inf = NaN.
     assert (b.op, b.phase, b.produced, b.node, b.created_by) == (
         "aten.mul.Tensor",
@@ -70,7 +72,7 @@ def test_input_hazards_have_no_producer_and_name_the_batch_key(hazard_trace, nam
         assert r.first_forward.source.startswith("nanscope/loss/microbatch.py:") and r.first_forward.produced == ""
     else:
         # GRPO spreads the NaN reward to its whole group of 8: every response token's advantage.
-        doc, _ = replay.hazard_microbatch(name)
+        doc, _ = hazards.microbatch_document(name, flags=case.loss_flags())
         assert finding.nonfinite["nan"] == sum(doc["batch"]["response_lengths"])
     assert r.outcome["loss_finite"] is False and r.outcome["grad_nonfinite"] > 0
 
@@ -131,11 +133,10 @@ def test_token_map_under_context_parallelism():
 
 
 def test_saved_file_replays_like_the_hazard(tmp_path, hazard_trace):
-    doc, site = replay.hazard_microbatch("kl-exp-overflow")
+    doc, site = hazards.microbatch_document("kl-exp-overflow", flags=case.loss_flags())
     path = tmp_path / "mb.pt"
-    from nanscope.slime_args import case_args
 
-    replay.save_microbatch(path, doc["batch"], doc["logits"], case_args(global_batch_size=8), "as-is")
+    replay.save_microbatch(path, doc["batch"], doc["logits"], case.args(global_batch_size=8), "as-is")
     loaded = replay.load_microbatch(path)
     assert set(loaded) == {"format", "batch", "logits", "args", "loss"}
     r = replay.replay(loaded)
@@ -145,7 +146,7 @@ def test_saved_file_replays_like_the_hazard(tmp_path, hazard_trace):
 
 
 def test_load_rejects_bad_files(tmp_path):
-    doc, _ = replay.hazard_microbatch("healthy")
+    doc, _ = hazards.microbatch_document("healthy", flags=case.loss_flags())
     cases = {
         "list.pt": ([1, 2], "expected a dict with keys batch, logits, args, loss; got list"),
         "noloss.pt": ({k: v for k, v in doc.items() if k != "loss"}, "missing key 'loss'"),
@@ -173,7 +174,7 @@ def test_load_rejects_bad_files(tmp_path):
 
 
 def test_select_samples_keeps_the_event(hazard_trace):
-    doc, site = replay.hazard_microbatch("kl-exp-overflow")
+    doc, site = hazards.microbatch_document("kl-exp-overflow", flags=case.loss_flags())
     small = replay.select_samples(doc, [site[0]])
     # Only that sample's rows of the packed logits: [1, total_i, V].
     assert small["logits"].shape == (1, doc["batch"]["total_lengths"][site[0]], doc["logits"].size(2))

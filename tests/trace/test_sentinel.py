@@ -151,7 +151,7 @@ def test_sentinel_keeps_no_activation_alive():
 
 
 def test_reading_in_words():
-    from nanscope.report import trace as render
+    from nanscope.trace import text as render
 
     net = Net()
     s = Sentinel([net])

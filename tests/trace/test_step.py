@@ -60,18 +60,6 @@ def test_unknown_sample_in_the_middle_gives_no_map():
     assert step.microbatch_map(index, row, params) == (None, [2, 1])
 
 
-def test_load_rollout_reads_slime_dumps_and_refuses_others(tmp_path):
-    path = tmp_path / "3.pt"
-    torch.save({"rollout_id": 3, "samples": [{"tokens": [5, 6, 7], "response_length": 2, "loss_mask": None}]}, path)
-    (s,) = step.load_rollout(str(path))
-    assert s["tokens"].tolist() == [5, 6, 7] and s["response_length"] == 2 and s["loss_mask"].tolist() == [1.0, 1.0]
-    torch.save({"rollout_id": 3}, tmp_path / "bad.pt")
-    with pytest.raises(ValueError, match=r"bad.pt: not a slime rollout dump \(expected a dict with a list 'samples'\)"):
-        step.load_rollout(str(tmp_path / "bad.pt"))
-    with pytest.raises(ValueError, match=r"none.pt: cannot read the rollout dump: FileNotFoundError"):
-        step.load_rollout(str(tmp_path / "none.pt"))
-
-
 def _ev(op, mb):
     return {"op": op, "microbatch": mb}
 

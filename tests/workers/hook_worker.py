@@ -31,16 +31,15 @@ def main(out: Path) -> None:
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from nanscope import hazards, slime_plugin
+    from nanscope import case, hazards, slime_plugin
     from nanscope.loss import as_is
     from nanscope.megatron import bootstrap
     from nanscope.megatron.model import TinyQwen3MoE
-    from nanscope.slime_args import case_args
 
     torch.set_num_threads(1)
     bootstrap.init()
     vocab = TinyQwen3MoE().vocab_size
-    args = case_args(global_batch_size=8)
+    args = case.args(global_batch_size=8)
     args.load_debug_rollout_data = str(out / "rollout_data" / "{rollout_id}.pt")
 
     def run(model, tokens):  # [S] -> logits [1, S_padded, V]
@@ -57,7 +56,7 @@ def main(out: Path) -> None:
             with torch.no_grad():
                 return [run(model, t)[0, : t.numel()].float() for t in tokens]
 
-        batch = hazards.build(hazard, policy, hazards.case_rollout(vocab, seed), seed)
+        batch = hazards.build(hazard, policy, case.rollout(vocab, seed), seed)
         return batch, batch.pop("hazard_site")
 
     def save_rollout(batch, rollout_id):  # slime's --save-debug-rollout-data: Sample.to_dict() rows
@@ -97,7 +96,9 @@ def main(out: Path) -> None:
         return grad_norm
 
     def train(hazards_at, hook=True, **env):
-        """A fresh model, then one rollout per entry of `hazards_at` ("healthy" / "bad" / "later")."""
+        """A fresh model, then one rollout per entry of `hazards_at` ("healthy" / "bad" / "later"): a new job,
+        whose plugin reads this environment at its first step."""
+        slime_plugin.uninstall()
         os.environ.update({"NANSCOPE_REPORT_DIR": str(out / "reports"), **env})
         model, _, optimizer = bootstrap.build_training(seed=0, bf16=False)
         scheduler = lr_schedule(optimizer)

@@ -28,19 +28,19 @@ def main() -> None:
     bootstrap.init(tp=a.tp, cp=a.cp)
     from megatron.core import parallel_state as ps
 
-    from nanscope import hazards
+    from nanscope import case, hazards
+    from nanscope.causes import catalogue
     from nanscope.loss import as_is, microbatch
     from nanscope.loss.microbatch import Parallel
-    from nanscope.slime_args import case_args
 
     par = Parallel.from_megatron()
     assert (par.cp_size, dist.get_world_size(par.tp_group)) == (a.cp, a.tp), par
-    args = case_args(
+    args = case.args(
         global_batch_size=8, loss_type="custom_loss", custom_loss_function_path="nanscope.slime_plugin.policy_loss"
     )
-    for h in (h for h in hazards.CATALOGUE if h.level == "batch" and h.safe_finite):
+    for h in (h for h in catalogue.CATALOGUE if h.level == "batch" and h.safe_finite):
         policy = hazards.synthetic_policy(512, 0)
-        batch = hazards.build(h.name, policy, hazards.case_rollout(512, 0), 0)
+        batch = hazards.build(h.name, policy, case.rollout(512, 0), 0)
         full = hazards.packed_logits(policy, batch["unconcat_tokens"]).requires_grad_(True)
         shard = 512 // a.tp
         tp_rank = ps.get_tensor_model_parallel_rank()

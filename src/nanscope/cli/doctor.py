@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from nanscope import releases
 from nanscope.errors import UserError
+from nanscope.facts import releases
 
 EPILOG = """examples:
   nanscope doctor --case slime-795

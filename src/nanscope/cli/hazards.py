@@ -36,16 +36,18 @@ def add_parser(sub):
 def run(args) -> int:
     from rich.console import Console
 
-    from nanscope import hazards
+    from nanscope import case, hazards
+    from nanscope.causes import catalogue, immune
     from nanscope.report import files
     from nanscope.report import hazards as report
 
     if args.json:
         files.check_writable(args.json)
-    listed = hazards.CATALOGUE
-    outcomes = [hazards.run_loss(h.name, args.loss, seed=args.seed) for h in listed if h.level == "batch"]
+    listed = catalogue.CATALOGUE
+    flags = case.loss_flags()
+    outcomes = [hazards.run_loss(h.name, args.loss, flags=flags, seed=args.seed) for h in listed if h.level == "batch"]
     model_level = tuple(h for h in listed if h.level == "model")
-    report.render(outcomes, args.loss, Console(), model_level, hazards.IMMUNE)
+    report.render(outcomes, args.loss, Console(), model_level, immune.IMMUNE)
     if args.json:
-        files.write_json(args.json, report.to_json(outcomes, args.loss, model_level, hazards.IMMUNE))
+        files.write_json(args.json, report.to_json(outcomes, args.loss, model_level, immune.IMMUNE))
     return 0

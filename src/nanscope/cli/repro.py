@@ -85,11 +85,11 @@ def validate(args) -> None:
     """Every check on the arguments that needs no launch; raises UserError (one line)."""
     import math
 
-    from nanscope import hazards
+    from nanscope.causes import catalogue
     from nanscope.errors import UserError
 
-    if args.hazard is not None and args.hazard not in hazards.BY_NAME:
-        raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(hazards.BY_NAME)}")
+    if args.hazard is not None and args.hazard not in catalogue.BY_NAME:
+        raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
         raise UserError(f"--fault-step {args.fault_step} goes with --fault MODULE:forward|backward:nan|inf")
     if args.fault is not None:
@@ -97,9 +97,9 @@ def validate(args) -> None:
 
         if args.steps is not None or args.plugin:
             raise UserError("--fault runs one hazard (--hazard, default healthy) up to --fault-step: not with --steps")
-        if args.hazard is not None and hazards.get(args.hazard).fault is not None:
+        if args.hazard is not None and catalogue.get(args.hazard).fault is not None:
             raise UserError(
-                f"--fault: {args.hazard} is a fault in the model already ({hazards.get(args.hazard).fault})"
+                f"--fault: {args.hazard} is a fault in the model already ({catalogue.get(args.hazard).fault})"
             )
         faults.check(faults.parse(args.fault, args.fault_step))
     if not (math.isfinite(args.timeout) and args.timeout > 0):
@@ -113,12 +113,12 @@ def validate(args) -> None:
     if args.steps is not None:
         if args.steps < 1:
             raise UserError(f"--steps {args.steps}: must be >= 1")
-        if args.hazard == hazards.HEALTHY.name:
+        if args.hazard == catalogue.HEALTHY.name:
             raise UserError("--steps needs a hazard to inject (--hazard NAME, not healthy)")
-        if args.hazard is not None and not hazards.get(args.hazard).safe_finite:
+        if args.hazard is not None and not catalogue.get(args.hazard).safe_finite:
             raise UserError(
                 f"--steps shows the safe loss fixing a hazard over several steps; {args.hazard}'s fix "
-                f"lives in {hazards.get(args.hazard).fix}: run it without --steps"
+                f"lives in {catalogue.get(args.hazard).fix}: run it without --steps"
             )
         if args.inject_step is not None and not 1 <= args.inject_step <= args.steps:
             raise UserError(f"--inject-step {args.inject_step} is outside steps 1..{args.steps}")
@@ -152,7 +152,8 @@ def run(args) -> int:
 def _run(args) -> int:
     from rich.console import Console
 
-    from nanscope import hazards, repro
+    from nanscope import repro
+    from nanscope.causes import catalogue
     from nanscope.report import files
     from nanscope.report import repro as report
 
@@ -166,7 +167,7 @@ def _run(args) -> int:
         files.check_writable(args.json)
     console = Console(width=160)
     if args.steps is not None:
-        hazard = args.hazard or hazards.KL_EXP_OVERFLOW.name
+        hazard = args.hazard or catalogue.KL_EXP_OVERFLOW.name
         inject = args.inject_step if args.inject_step is not None else (args.steps + 1) // 2
         result = repro.run_steps(
             hazard,
@@ -181,7 +182,7 @@ def _run(args) -> int:
         doc = report.steps_to_json(result)
     elif args.hazard is not None or args.fault is not None:
         result = repro.repro_one(
-            args.hazard or hazards.HEALTHY.name,
+            args.hazard or catalogue.HEALTHY.name,
             args.loss,
             seed=args.seed,
             timeout_s=args.timeout,

@@ -6,10 +6,11 @@ import argparse
 import os
 import sys
 
-from nanscope import releases
+from nanscope import case
 from nanscope.dumps.config import ScanConfig
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS
 from nanscope.errors import UserError
+from nanscope.facts import releases
 
 DESCRIPTION = """\
 Scan a slime debug dump for NaN hazards and name the sample, token and mechanism of each.
@@ -141,60 +142,62 @@ def add_parser(sub):
         default=releases.V0_1_0,
         help="whose dump format --write-demo writes (default v0.1.0)",
     )
-    case = ScanConfig.for_case()
+    defaults = case.scan_config()
     sl = p.add_argument_group("slime flags (defaults: the slime-795 case)")
     sl.add_argument(
         "--n-samples-per-prompt",
         type=int,
-        default=case.n_samples_per_prompt,
-        help=f"GRPO group size (default {case.n_samples_per_prompt})",
+        default=defaults.n_samples_per_prompt,
+        help=f"GRPO group size (default {defaults.n_samples_per_prompt})",
     )
-    sl.add_argument("--reward-key", default=case.reward_key, help="key of a dict reward (default: rewards are numbers)")
+    sl.add_argument(
+        "--reward-key", default=defaults.reward_key, help="key of a dict reward (default: rewards are numbers)"
+    )
     sl.add_argument(
         "--rollout-max-response-len",
         type=int,
-        default=case.rollout_max_response_len,
-        help=f"flag responses longer than this (default {case.rollout_max_response_len})",
+        default=defaults.rollout_max_response_len,
+        help=f"flag responses longer than this (default {defaults.rollout_max_response_len})",
     )
     sl.add_argument(
         "--advantage-estimator",
-        default=case.advantage_estimator,
+        default=defaults.advantage_estimator,
         choices=("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
-        help=f"(default {case.advantage_estimator})",
+        help=f"(default {defaults.advantage_estimator})",
     )
     sl.add_argument(
         "--disable-rewards-normalization",
         action="store_false",
         dest="rewards_normalization",
-        default=case.rewards_normalization,
+        default=defaults.rewards_normalization,
         help="no group normalisation of rewards (default: "
-        f"{'normalised' if case.rewards_normalization else 'not normalised'})",
+        f"{'normalised' if defaults.rewards_normalization else 'not normalised'})",
     )
     sl.add_argument(
         "--disable-grpo-std-normalization",
         action="store_false",
         dest="grpo_std_normalization",
-        default=case.grpo_std_normalization,
+        default=defaults.grpo_std_normalization,
         help="subtract the group mean only (default: "
-        f"{'also divide by std + 1e-6' if case.grpo_std_normalization else 'mean only'})",
+        f"{'also divide by std + 1e-6' if defaults.grpo_std_normalization else 'mean only'})",
     )
     sl.add_argument(
         "--use-kl-loss",
         action=argparse.BooleanOptionalAction,
-        default=case.use_kl_loss,
-        help=f"the KL term is computed, even at --kl-loss-coef 0 (default: {'on' if case.use_kl_loss else 'off'})",
+        default=defaults.use_kl_loss,
+        help=f"the KL term is computed, even at --kl-loss-coef 0 (default: {'on' if defaults.use_kl_loss else 'off'})",
     )
     sl.add_argument(
         "--kl-loss-type",
         choices=("kl", "k1", "k2", "k3", "low_var_kl"),
-        default=case.kl_loss_type,
-        help=f"(default {case.kl_loss_type}; k1 is v0.2.4's name for v0.1.0's kl)",
+        default=defaults.kl_loss_type,
+        help=f"(default {defaults.kl_loss_type}; k1 is v0.2.4's name for v0.1.0's kl)",
     )
     sl.add_argument(
         "--use-tis",
         action=argparse.BooleanOptionalAction,
-        default=case.use_tis,
-        help=f"truncated importance sampling with rollout_log_probs (default: {'on' if case.use_tis else 'off'})",
+        default=defaults.use_tis,
+        help=f"truncated importance sampling with rollout_log_probs (default: {'on' if defaults.use_tis else 'off'})",
     )
     return p
 

@@ -61,8 +61,8 @@ def run(args) -> int:
     from nanscope.errors import UserError
     from nanscope.inputs import MiB
     from nanscope.report import files
-    from nanscope.report import trace as render
     from nanscope.trace import replay
+    from nanscope.trace import text as render
 
     if (args.file is None) == (args.hazard is None):
         raise UserError("give either FILE.pt or --hazard NAME (not both)")
@@ -72,16 +72,18 @@ def run(args) -> int:
         files.check_writable(args.json)
     site = None
     if args.hazard is not None:
-        from nanscope import hazards
+        from nanscope import case, hazards
+        from nanscope.causes import catalogue
 
-        if args.hazard not in hazards.BY_NAME:
-            raise UserError(f"--hazard {args.hazard}: unknown hazard; known: {', '.join(hazards.BY_NAME)}")
-        if hazards.get(args.hazard).level == "model":
+        if args.hazard not in catalogue.BY_NAME:
+            raise UserError(f"--hazard {args.hazard}: unknown hazard; known: {', '.join(catalogue.BY_NAME)}")
+        if catalogue.get(args.hazard).level == "model":
             raise UserError(
                 f"--hazard {args.hazard}: a fault in the model, not in the loss's batch: "
                 f"nanscope repro --hazard {args.hazard} --trace"
             )
-        doc, site = replay.hazard_microbatch(args.hazard, args.loss or "as-is", seed=args.seed)
+        flags = case.loss_flags()
+        doc, site = hazards.microbatch_document(args.hazard, args.loss or "as-is", flags=flags, seed=args.seed)
         what = f"hazard {args.hazard}"
     else:
         doc = replay.load_microbatch(args.file, int(min(args.max_input_mb * MiB, 2**62)), "--max-input-mb")

@@ -40,11 +40,13 @@ from functools import cached_property
 
 import numpy as np
 
-from nanscope import hazards, releases
+from nanscope.causes import catalogue
 from nanscope.dumps.config import ScanConfig
 from nanscope.dumps.formats import DumpFormat
 from nanscope.dumps.io import Dump, SampleData
-from nanscope.loss.formulas import FP32_EXP_MAX
+from nanscope.facts import releases
+from nanscope.facts.keys import DUMP_PER_TOKEN
+from nanscope.facts.numerics import FP32_EXP_MAX
 
 NAN_LOGPROB = "nan-logprob"
 """A scan-only mechanism, not in the hazard catalogue: a non-finite old or reference log-prob in a train
@@ -52,22 +54,22 @@ dump makes the PPO ratio or the KL term NaN, so the loss is NaN."""
 
 # Mechanisms in verdict order.
 MECHANISMS = (
-    hazards.KL_EXP_OVERFLOW.name,
-    hazards.RATIO_EXP_OVERFLOW.name,
-    hazards.NAN_ROLLOUT_LOGPROB.name,
-    hazards.NAN_REWARD.name,
+    catalogue.KL_EXP_OVERFLOW.name,
+    catalogue.RATIO_EXP_OVERFLOW.name,
+    catalogue.NAN_ROLLOUT_LOGPROB.name,
+    catalogue.NAN_REWARD.name,
     NAN_LOGPROB,
 )
 
 # Found and reported, but the loss stays finite: not part of the NaN verdict.
-SIGNALS = (hazards.ROLLOUT_LOGPROB_SHIFT.name,)
+SIGNALS = (catalogue.ROLLOUT_LOGPROB_SHIFT.name,)
 
 # A trained token's rollout log-prob normally sits within a few hundredths of a nat of the log-prob
 # pass's (SGLang vs megatron numerics); a median gap of a whole nat means they describe other tokens.
 SHIFT_MEDIAN_NATS = 1.0
 
 # Per-sample fields a check can need; `present` sets hold these names.
-FIELDS = ("reward", "rollout_log_probs", "log_probs", "ref_log_probs", "advantages")
+FIELDS = ("reward",) + DUMP_PER_TOKEN
 
 # Findings listed in all (counts stay exact): a hostile file cannot make the list outgrow memory.
 MAX_LISTED = 100_000
@@ -280,7 +282,7 @@ class _Sample:
 
 def _bf16(x: np.ndarray) -> np.ndarray:
     """Round to bf16 and widen back to fp32, as slime v0.1.0 stores rollout_log_probs for training
-    (slime/backends/utils/data.py:148; float32 from v0.2.4: `nanscope.releases`).
+    (slime/backends/utils/data.py:148; float32 from v0.2.4: `nanscope.facts.releases`).
 
     Same arithmetic as torch's float -> bfloat16 (c10 round_to_nearest_even): via float32, then round
     the low 16 bits to nearest-even; NaN stays NaN, values past bf16's max become inf. numpy bit
@@ -320,7 +322,7 @@ def _lengths(v: _Sample) -> bool:
     if not bad:
         expected = R if s.positions is None else len(s.positions)
         what = "response_length" if s.positions is None else f"this CP rank's share ({expected})"
-        for key in ("rollout_log_probs", "log_probs", "ref_log_probs", "advantages"):
+        for key in DUMP_PER_TOKEN:
             if key in L and L[key] != expected:
                 hint = ""
                 if dump.kind == "train" and dump.cp_size == 1 and L[key] < R:
@@ -347,11 +349,11 @@ def _too_long(v: _Sample) -> None:
 
 def _reward(v: _Sample) -> None:
     if not math.isfinite(v.s.reward):
-        v.col.sample_level("nonfinite-reward", v.s.sample, hazards.NAN_REWARD.name, v.s.reward)
+        v.col.sample_level("nonfinite-reward", v.s.sample, catalogue.NAN_REWARD.name, v.s.reward)
 
 
 def _rollout_logprob(v: _Sample) -> None:
-    mechanism = hazards.NAN_ROLLOUT_LOGPROB.name if v.cfg.use_tis else None
+    mechanism = catalogue.NAN_ROLLOUT_LOGPROB.name if v.cfg.use_tis else None
     v.nonfinite("nonfinite-rollout-logprob", v.r, v.s.rollout_log_probs, mechanism)
 
 
@@ -365,19 +367,19 @@ def _ref_log_prob(v: _Sample) -> None:
 
 def _advantage(v: _Sample) -> None:
     a = v.s.advantages
-    v.nonfinite("nonfinite-advantage", a, a, hazards.NAN_REWARD.name, hazards.NAN_REWARD.name)
+    v.nonfinite("nonfinite-advantage", a, a, catalogue.NAN_REWARD.name, catalogue.NAN_REWARD.name)
 
 
 def _kl(v: _Sample) -> None:
     if v.dump.kind == "train":
-        v.margin("kl-margin", v.ref - v.lp, hazards.KL_EXP_OVERFLOW.name, True)
+        v.margin("kl-margin", v.ref - v.lp, catalogue.KL_EXP_OVERFLOW.name, True)
     else:
-        v.margin("kl-margin", -v.r, hazards.KL_EXP_OVERFLOW.name, False)
+        v.margin("kl-margin", -v.r, catalogue.KL_EXP_OVERFLOW.name, False)
 
 
 def _ratio(v: _Sample) -> None:
     old = v.lp if v.dump.kind == "train" else v.r
-    v.margin("ratio-margin", -old, hazards.RATIO_EXP_OVERFLOW.name, False)
+    v.margin("ratio-margin", -old, catalogue.RATIO_EXP_OVERFLOW.name, False)
 
 
 def _tis(v: _Sample) -> None:
@@ -393,7 +395,7 @@ def _mismatch(v: _Sample) -> None:
         v.col.sample_level(
             "logprob-mismatch",
             v.s.sample,
-            hazards.ROLLOUT_LOGPROB_SHIFT.name,
+            catalogue.ROLLOUT_LOGPROB_SHIFT.name,
             gap,
             f"median |log_probs - rollout_log_probs| = {gap:.2f} nats over {int(trained.sum())} "
             "trained tokens: misaligned (shifted by a token?) or from other weights",
@@ -442,7 +444,7 @@ def _groups(g: _Rollout) -> None:
             why = "rewards overflow float32"
         for i in range(lo, hi):
             if not math.isfinite(norm[i]):
-                col.sample_level("grpo-nonfinite", i, hazards.NAN_REWARD.name, float(norm[i]), f"group {grp}: {why}")
+                col.sample_level("grpo-nonfinite", i, catalogue.NAN_REWARD.name, float(norm[i]), f"group {grp}: {why}")
 
 
 # ---------------------------------------------------------------------------------------- skip reasons
@@ -612,15 +614,14 @@ _PER_SAMPLE = tuple(sorted((c for c in CHECKS if not c.per_rollout), key=lambda 
 # ------------------------------------------------------------------------------------------------ scan
 
 
-def scan(dump: Dump, cfg: ScanConfig | None = None, progress: Callable[[int], None] | None = None) -> ScanResult:
+def scan(dump: Dump, cfg: ScanConfig, progress: Callable[[int], None] | None = None) -> ScanResult:
     """Run every check over `dump`, streaming its samples.
 
     Args:
         dump: from `nanscope.dumps.io.load` (consumed).
-        cfg: slime flags that decide what is a hazard (default: `ScanConfig.for_case()`).
+        cfg: slime flags that decide what is a hazard (the case's: `nanscope.case.scan_config()`).
         progress: called with each sample's response length after it is checked.
     """
-    cfg = ScanConfig.for_case() if cfg is None else cfg
     col = _Collector(cfg)
     rewards: list[float] = []
     present: set[str] = set()

@@ -2,7 +2,7 @@
 
 Everything here writes with plain `torch.save`, in the layouts `nanscope.dumps.io` documents and reads
 (`nanscope.dumps.formats` tells them apart): rollout dumps as `dict(rollout_id, samples=[Sample.to_dict(),
-...])` with Python lists and the release's Sample fields (`nanscope.releases`), train dumps as
+...])` with Python lists and the release's Sample fields (`nanscope.facts.releases`), train dumps as
 `dict(rollout_id, rank, rollout_data)` with per-key lists of tensors (v0.1.0 to v0.3.1) or main's
 `format_version` 2 payload. tests/slime_releases checks these against each release's own Sample and
 dump writer. Nothing here is used to read a dump.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nanscope import releases
 from nanscope.errors import UserError
+from nanscope.facts import releases
 
 # Sample.to_dict() of a fresh Sample, for the fields v0.1.0 does not have (slime/utils/types.py at v0.2.4
 # and v0.3.1; spec_info and prefix_cache_info are dataclasses to_dict() turns into dicts).
@@ -229,7 +229,7 @@ def write_demo(
 
     Args:
         kind: "rollout" (what --save-debug-rollout-data writes) or "train" (--save-debug-train-data, cp=1).
-        release: whose format (nanscope.releases key); the planted hazards are the same in each.
+        release: whose format (nanscope.facts.releases key); the planted hazards are the same in each.
     """
     if kind == "rollout":
         samples, planted = demo_rollout(release)

@@ -1,4 +1,4 @@
-"""Which slime release's dump format a file is, read from its fields (the releases are `nanscope.releases`).
+"""Which slime release's dump format a file is, read from its fields (the releases are `nanscope.facts.releases`).
 
     rollout dumps   {rollout_id, samples: [Sample.to_dict()]} in every release; Sample gained 13 fields in
                     v0.2.4 and 6 more in v0.3.1 (main: as v0.3.1). The newest release whose added fields
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanscope import releases
+from nanscope.facts import releases
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class DumpFormat:
     """The release format a dump was read as.
 
     Attributes:
-        release: the oldest release that writes this format (nanscope.releases key).
+        release: the oldest release that writes this format (nanscope.facts.releases key).
         same_as: every release whose dumps read the same (release first).
         fields_added: the file's fields that v0.1.0's format does not have, sorted.
         fields_removed: v0.1.0's fields the file lacks, in v0.1.0's order.

@@ -53,25 +53,8 @@ from nanscope.dumps.formats import DumpFormat
 from nanscope.dumps.limits import SAMPLE_COST, Budget, Limits
 from nanscope.dumps.unpickler import CList, Loader, Refused, Unreadable
 from nanscope.errors import UserError
+from nanscope.facts.keys import DUMP_PER_TOKEN, TRAIN_DUMP_PER_SAMPLE
 from nanscope.inputs import check_file
-
-# Keys of a train dump's rollout_data that hold one entry per sample of this rank.
-TRAIN_PER_SAMPLE_KEYS = (
-    "tokens",
-    "total_lengths",
-    "response_lengths",
-    "rewards",
-    "truncated",
-    "loss_masks",
-    "sample_indices",
-    "rollout_log_probs",
-    "log_probs",
-    "ref_log_probs",
-    "advantages",
-    "returns",
-)
-# Per-token keys that hold only this CP rank's share of the response under cp > 1.
-TRAIN_CP_SLICED_KEYS = ("rollout_log_probs", "log_probs", "ref_log_probs", "advantages")
 
 
 @dataclass
@@ -215,7 +198,7 @@ def _converter(f: _Fields, dump: Dump, first: Any, reward_key: str | None) -> Ca
     """How the samples of `dump` convert, decided by its first sample; sets the dump's kind and format."""
     if _is_train_sample(first):
         dump.kind, dump.format = "train", formats.train_samples(first)
-        return lambda s, i: _train_sample(f, {k: s[k] for k in TRAIN_PER_SAMPLE_KEYS if s.get(k) is not None}, i, 1, 0)
+        return lambda s, i: _train_sample(f, {k: s[k] for k in TRAIN_DUMP_PER_SAMPLE if s.get(k) is not None}, i, 1, 0)
     dump.format = formats.rollout(first if isinstance(first, dict) else {})
     return lambda s, i: _rollout_sample(f, s, i, reward_key)
 
@@ -352,7 +335,7 @@ def _train_dump(f: _Fields, obj: dict, cp_size: int, tp_size: int) -> Dump:
     for key in ("tokens", "response_lengths"):
         if key not in data:
             raise UserError(f"{path}: rollout_data: missing key '{key}' (not a slime v0.1.0 train dump)")
-    present = [k for k in TRAIN_PER_SAMPLE_KEYS if k in data and data[k] is not None]
+    present = [k for k in TRAIN_DUMP_PER_SAMPLE if k in data and data[k] is not None]
     for k in present:
         if not isinstance(data[k], _SEQUENCES):
             raise UserError(f"{path}: rollout_data['{k}']: expected a per-sample list, got {_type(data[k])}")
@@ -402,7 +385,7 @@ def _train_sample(f: _Fields, row: dict, i: int, cp_size: int, cp_rank: int) -> 
     )
     if "rewards" in row:
         out.reward = f.reward(row["rewards"], i, None)
-    for key in TRAIN_CP_SLICED_KEYS:
+    for key in DUMP_PER_TOKEN:
         if key in row:
             arr = f.floats(row[key], key, i)
             setattr(out, key, arr)
@@ -638,3 +621,31 @@ def _key_text(k: Any) -> str:
     if isinstance(k, int) and k.bit_length() <= 64:
         return str(k)
     return f"<{type(k).__name__}>"
+
+
+def load_rollout(path: str) -> list[dict]:
+    """slime's rollout dump as [{"tokens": int64 [total], "response_length": int, "loss_mask": [response]}].
+
+    Raises:
+        ValueError: one line naming the file and the field.
+    """
+    import torch  # heavy: scan reads dumps without torch; only the traced step's rollout needs it
+
+    try:
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # missing, unreadable, not a torch file, unsafe globals
+        raise ValueError(f"{path}: cannot read the rollout dump: {type(e).__name__}: {str(e).strip()[:200]}") from None
+    samples = doc.get("samples") if isinstance(doc, dict) else None
+    if not isinstance(samples, list):
+        raise ValueError(f"{path}: not a slime rollout dump (expected a dict with a list 'samples')")
+    out = []
+    for i, s in enumerate(samples):
+        try:
+            tokens = torch.as_tensor(s["tokens"], dtype=torch.int64).reshape(-1)
+            response = int(s["response_length"])
+            mask = s.get("loss_mask")
+            mask = torch.ones(response) if mask is None else torch.as_tensor(mask, dtype=torch.float32).reshape(-1)
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"{path}: sample {i}: {type(e).__name__}: {e}") from None
+        out.append({"tokens": tokens, "response_length": response, "loss_mask": mask})
+    return out

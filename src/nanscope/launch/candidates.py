@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanscope import hazards
-from nanscope.launch.config import BY_NAME, SCRIPT, Config
+from nanscope.causes import catalogue, immune
+from nanscope.facts import releases
+from nanscope.facts.flags import BY_NAME, SCRIPT
+from nanscope.launch.config import Config
 
 ENABLED, UNDECIDABLE, RULED_OUT = "enabled", "undecidable", "ruled-out"
 STATUSES = (ENABLED, UNDECIDABLE, RULED_OUT)
@@ -62,12 +64,12 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         traceback: the parsed traceback, if one was given: its failure means the gradient was non-finite.
     """
     out = []
-    for h in hazards.CATALOGUE:
-        if h is hazards.HEALTHY:
+    for h in catalogue.CATALOGUE:
+        if h is catalogue.HEALTHY:
             continue
         status, evidence = _status(h, cfg)
         # A shifted rollout log-prob only reaches a clamped TIS weight, unless it is the ratio's old policy.
-        finite = h.grad_finite and not (h is hazards.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs"))
+        finite = h.grad_finite and not (h is catalogue.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs"))
         if traceback is not None and traceback.failure is not None and finite and status != RULED_OUT:
             status = RULED_OUT
             evidence = evidence + [
@@ -75,7 +77,7 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
                 "leaves slime v0.1.0's gradient finite (`nanscope hazards`)"
             ]
         out.append(Candidate(h.name, status, evidence, None if status == RULED_OUT else h.discriminator, h.cause_class))
-    for c in hazards.IMMUNE:
+    for c in immune.IMMUNE:
         out.append(
             Candidate(c.name, RULED_OUT, [f"slime {cfg.release} is immune: {c.why}", *c.evidence], None, c.cause_class)
         )
@@ -160,12 +162,8 @@ def _tis_input(cfg: Config) -> tuple[str, list[str]] | None:
 
 
 def _reads_rollout(cfg: Config) -> str:
-    """What the release's loss does with rollout_log_probs when no route flag is on (the plugin's record)."""
-    from nanscope import releases
-    from nanscope.slime_plugin.releases import SLIME_RELEASES
-
-    name = releases.BY_KEY[cfg.release].name
-    if next(r for r in SLIME_RELEASES if r.name == name).rollout_always_read:
+    """What the release's loss does with rollout_log_probs when no route flag is on (its loss API's record)."""
+    if releases.BY_KEY[cfg.release].loss_api.rollout_always_read:
         return "reads rollout_log_probs only into a detached metric (train_rollout_logprob_abs_diff)"
     return "never reads rollout_log_probs"
 
@@ -228,12 +226,12 @@ def _model(cfg: Config) -> tuple[str, list[str]]:
 
 
 _RULES = {
-    hazards.KL_EXP_OVERFLOW.name: _kl,
-    hazards.RATIO_EXP_OVERFLOW.name: _ratio,
-    hazards.NAN_ROLLOUT_LOGPROB.name: _nan_rollout_logprob,
-    hazards.NAN_REWARD.name: _reward,
-    hazards.ZERO_TEMPERATURE.name: _temperature,
-    hazards.ROLLOUT_LOGPROB_SHIFT.name: _logprob_shift,
-    hazards.ACTIVATION_OVERFLOW.name: _model,
-    hazards.BACKWARD_ONLY_FAULT.name: _model,
+    catalogue.KL_EXP_OVERFLOW.name: _kl,
+    catalogue.RATIO_EXP_OVERFLOW.name: _ratio,
+    catalogue.NAN_ROLLOUT_LOGPROB.name: _nan_rollout_logprob,
+    catalogue.NAN_REWARD.name: _reward,
+    catalogue.ZERO_TEMPERATURE.name: _temperature,
+    catalogue.ROLLOUT_LOGPROB_SHIFT.name: _logprob_shift,
+    catalogue.ACTIVATION_OVERFLOW.name: _model,
+    catalogue.BACKWARD_ONLY_FAULT.name: _model,
 }

@@ -1,6 +1,6 @@
 """Which slime release a launch is for: `--slime-version`, else what the script names, else its flags.
 
-In order: the release asked for (`--slime-version`, any spelling `nanscope.releases.find` accepts); a
+In order: the release asked for (`--slime-version`, any spelling `nanscope.facts.releases.find` accepts); a
 release the script's text names (a path `slime-0.2.4` or `slime_v0.3.1`, `pip install slime==0.2.4`, a
 docker image `slimerl/slime:v0.3.1`, `slime@v0.2.4`, `slime@main` or main's commit); the releases whose
 parsers accept every modelled flag the script gives (`launch.config.FLAGS`: `since`, `choices`),
@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nanscope import releases
 from nanscope.errors import UserError
-from nanscope.launch.config import FLAGS, split_flags
+from nanscope.facts import releases
+from nanscope.facts.flags import FLAGS
+from nanscope.launch.config import split_flags
 
 _NUMBER = r"\d+\.\d+\.\d+"
 # The other spellings of the known releases (main, its commit).

@@ -4,7 +4,7 @@ Each rule reads the resolved configuration and returns a Finding (or nothing): t
 the evidence, the mechanism in two sentences, and the fix (a flag change where one exists, else the
 nanscope slime plugin). The semantics are the release's `policy_loss_function` / `compute_approx_kl` /
 `compute_policy_loss` (`Config.release`; what differs between releases is data: `launch.config.FLAGS`
-and `nanscope.releases`) and megatron-core 0.15.0rc0's gradient check. A fix names only flags the
+and `nanscope.facts.releases`) and megatron-core 0.15.0rc0's gradient check. A fix names only flags the
 release defines (but for the two findings about the release itself, which name the script's flags the
 release lacks, and nanscope's --slime-version). Each finding names its hazards by the records in `nanscope.hazards`. The verdict
 prose that summarises the findings is rendered in `nanscope.report.doctor`.
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanscope import hazards, releases
-from nanscope.launch.config import BY_NAME, BY_SPELLING, SCRIPT, Batches, Config
-from nanscope.loss.formulas import FP32_EXP_MAX
+from nanscope.causes import catalogue
+from nanscope.facts import releases
+from nanscope.facts.flags import BY_NAME, BY_SPELLING, SCRIPT
+from nanscope.facts.numerics import FP32_EXP_MAX
+from nanscope.launch.config import Batches, Config
 
 PLUGIN = "--loss-type custom_loss --custom-loss-function-path nanscope.slime_plugin.policy_loss"
 SEVERITIES = ("critical", "high", "medium", "low", "info")
@@ -145,7 +147,7 @@ def _kl(cfg: Config) -> Finding | None:
         flags,
         mechanism,
         fix,
-        [hazards.KL_EXP_OVERFLOW.name],
+        [catalogue.KL_EXP_OVERFLOW.name],
     )
 
 
@@ -167,7 +169,7 @@ def _ratio(cfg: Config) -> Finding | None:
         flags,
         mechanism,
         fix,
-        [hazards.RATIO_EXP_OVERFLOW.name],
+        [catalogue.RATIO_EXP_OVERFLOW.name],
     )
 
 
@@ -206,7 +208,7 @@ def _tis(cfg: Config) -> Finding | None:
         flags,
         mechanism,
         fix,
-        [hazards.NAN_ROLLOUT_LOGPROB.name],
+        [catalogue.NAN_ROLLOUT_LOGPROB.name],
     )
 
 
@@ -233,7 +235,7 @@ def _rollout_as_old(cfg: Config) -> Finding | None:
         "included; `nanscope scan` on a --save-debug-rollout-data dump names the sample); the nanscope slime "
         f"plugin ({PLUGIN}) drops a non-finite log-prob and clamps the log-ratio before exp; or drop "
         "--use-rollout-logprobs (slime recomputes the old log-probs).",
-        [hazards.NAN_ROLLOUT_LOGPROB.name, hazards.RATIO_EXP_OVERFLOW.name],
+        [catalogue.NAN_ROLLOUT_LOGPROB.name, catalogue.RATIO_EXP_OVERFLOW.name],
     )
 
 
@@ -261,7 +263,7 @@ def _unbiased_kl(cfg: Config) -> Finding | None:
         mechanism,
         ("drop --use-kl-loss while --kl-loss-coef is 0; " if zero else "")
         + f"drop --use-unbiased-kl, or use the nanscope slime plugin: {PLUGIN} (clamps that log-ratio before exp).",
-        [hazards.RATIO_EXP_OVERFLOW.name],
+        [catalogue.RATIO_EXP_OVERFLOW.name],
     )
 
 
@@ -310,7 +312,7 @@ def _reward(cfg: Config) -> Finding | None:
         flags,
         mechanism,
         fix,
-        [hazards.NAN_REWARD.name],
+        [catalogue.NAN_REWARD.name],
     )
 
 
@@ -336,7 +338,7 @@ def _masked(cfg: Config) -> Finding | None:
         flags,
         mechanism,
         fix,
-        [hazards.NAN_ROLLOUT_LOGPROB.name],
+        [catalogue.NAN_ROLLOUT_LOGPROB.name],
     )
 
 
@@ -357,7 +359,7 @@ def _temperature(cfg: Config) -> Finding | None:
         mechanism,
         "a positive --rollout-temperature (for greedy rollouts keep 1.0 for training and set the "
         "sampling temperature in the generate function); no loss can fix it.",
-        [hazards.ZERO_TEMPERATURE.name],
+        [catalogue.ZERO_TEMPERATURE.name],
     )
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
-from nanscope.launch.config import BY_NAME, Config
+from nanscope.facts.flags import BY_NAME
+from nanscope.launch.config import Config
 
 MAX_WORLD = 1 << 20  # ranks (1,048,576); laying out 1M ranks through RankGenerator takes about a minute
 MAX_LAYERS = 1 << 16  # decoder layers

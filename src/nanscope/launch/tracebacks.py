@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
+from nanscope.facts.megatron import MCORE, core_frame
+from nanscope.facts.releases import SLIME_V0_1_0
 
-SLIME = "slime v0.1.0"
-MCORE = "megatron-core 0.15.0rc0"
 RAY = "ray"
 
 # The error line, read in two steps so that reading stays linear in the text's length (one regex with
@@ -47,11 +47,13 @@ class KnownFrame:
 
 
 KNOWN_FRAMES: tuple[KnownFrame, ...] = (
-    KnownFrame("train.py", "<module>", SLIME, 89, "entry point: parses slime's arguments and calls train(args)."),
+    KnownFrame(
+        "train.py", "<module>", SLIME_V0_1_0, 89, "entry point: parses slime's arguments and calls train(args)."
+    ),
     KnownFrame(
         "train.py",
         "train",
-        SLIME,
+        SLIME_V0_1_0,
         61,
         "the rollout loop: generate a rollout, then ray.get(actor_model.async_train(...)) blocks until "
         "every actor rank has trained on it; ray.get re-raises the first failed actor's exception here.",
@@ -77,7 +79,7 @@ KNOWN_FRAMES: tuple[KnownFrame, ...] = (
     KnownFrame(
         "slime/backends/megatron_utils/actor.py",
         "train",
-        SLIME,
+        SLIME_V0_1_0,
         258,
         "MegatronTrainRayActor.train: turns the rollout into per-rank data (log-probs, advantages), "
         "then calls model.train for this rollout.",
@@ -85,14 +87,14 @@ KNOWN_FRAMES: tuple[KnownFrame, ...] = (
     KnownFrame(
         "slime/backends/megatron_utils/model.py",
         "train",
-        SLIME,
+        SLIME_V0_1_0,
         431,
         "runs the optimizer steps of this rollout (rollout-batch x n-samples / global-batch), one train_one_step each.",
     ),
     KnownFrame(
         "slime/backends/megatron_utils/model.py",
         "train_one_step",
-        SLIME,
+        SLIME_V0_1_0,
         310,
         "one optimizer step: zero the grads, forward+backward over all micro-batches through "
         "Megatron's pipeline schedule (slime's loss runs on the last stage), then optimizer.step().",
@@ -229,6 +231,11 @@ class Traceback:
     frames: list[Frame]
     ray_ip: str | None = None
     other_ranks: list[int] = field(default_factory=list)  # later Megatron errors in the same text
+
+    def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
+        """The frames inside megatron-core, outermost first: (file basename, line, function)."""
+        found = (core_frame(f.path, f.line, f.function) for f in self.frames)
+        return tuple(f for f in found if f is not None)
 
 
 def _known(path: str, function: str) -> KnownFrame | None:

@@ -33,7 +33,7 @@ def policy_loss(args, batch: dict, logits: torch.Tensor, sum_of_sample_mean, *, 
     """slime v0.1.0's policy_loss_function.
 
     Args:
-        args: namespace with slime's field names (see nanscope.slime_args.loss_args).
+        args: namespace with slime's field names (see nanscope.facts.args.loss_args).
         batch: slime micro-batch (see nanscope.loss.microbatch).
         logits: [1, T_local, V_local] float32.
         sum_of_sample_mean: the closure slime's loss_function builds (mask by multiplication).

@@ -10,19 +10,8 @@ V the local (tensor-parallel) vocabulary shard. All per-token tensors are float3
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
-
-# log(float32 max) = 88.7228...: exp(x) overflows to +inf in fp32 for x above this.
-FP32_EXP_MAX = math.log(torch.finfo(torch.float32).max)
-
-# The safe loss clamps every log-ratio to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before exp (as verl,
-# NeMo-RL and OpenRLHF do). It never binds on healthy data: the PPO ratio saturates its clip at
-# |log-ratio| ~ 0.25, low_var_kl saturates its [-10, 10] clamp at log-ratio ~ -2.6 or 11.0, and TIS
-# saturates at log(tis_clip); exp(20) = 4.9e8 is far from the fp32 limit exp(88.72).
-LOG_RATIO_BOUND = 20.0
 
 
 def _all_reduce(t: torch.Tensor, op, group) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nanscope.facts.keys import PER_TOKEN
 from nanscope.loss import layout
 from nanscope.loss.formulas import entropy, log_probs, sum_of_sample_mean
 
@@ -160,9 +161,6 @@ def finish(
     return loss, (num_tokens if per_token else 1), {"keys": list(log.keys()), "values": values.to(logits.device)}
 
 
-PER_TOKEN_KEYS = ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
-
-
 def slice_for_cp(batch: dict, par: Parallel) -> dict:
     """A whole-sequence micro-batch (cp_size 1) as CP rank `par.cp_rank` receives it from slime.
 
@@ -170,7 +168,7 @@ def slice_for_cp(batch: dict, par: Parallel) -> dict:
     loss masks stay whole, as in slime.
     """
     out = dict(batch)
-    for key in PER_TOKEN_KEYS:
+    for key in PER_TOKEN:
         if key in batch:
             out[key] = [
                 torch.as_tensor(x)[layout.response_positions(t, r, par.cp_rank, par.cp_size)]

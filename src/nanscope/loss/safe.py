@@ -1,7 +1,7 @@
 """The fix on nanscope's model of slime v0.1.0 ("safe"): `as_is` called through the plugin's guard.
 
 This is the fix exactly as the slime plugin applies it to a real slime release
-(`nanscope.slime_plugin.loss.call`), with `as_is` in the role of slime's loss module. Nothing of the
+(`nanscope.loss.guard.call`), with `as_is` in the role of slime's loss module. Nothing of the
 loss is re-implemented here; the guard changes only what numerical safety needs:
 
 1. Inputs: a non-finite old/ref/rollout log-prob becomes 0 and its token leaves the loss; a
@@ -12,7 +12,7 @@ loss is re-implemented here; the guard changes only what numerical safety needs:
    clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] = [-20, 20] BEFORE exp. exp can then not overflow
    (fp32 overflows above 88.72), so no inf derivative ever meets a zero gradient. Selecting after exp
    (torch.where) would not do: the unselected branch still gets a zero gradient and exp's backward
-   computes 0 * inf = NaN. The bound never binds on healthy data (see formulas.LOG_RATIO_BOUND).
+   computes 0 * inf = NaN. The bound never binds on healthy data (see facts.numerics.LOG_RATIO_BOUND).
 3. Reducer: masks select instead of multiply, so whatever sits at a masked position reaches neither
    the sum nor the backward. Denominators stay the whole loss masks' sums.
 
@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import torch
 
-from nanscope.loss import as_is, microbatch
+from nanscope.loss import microbatch, target
+from nanscope.loss.guard import NAN_POLICIES, NonFiniteInputError, call
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_plugin import releases
-from nanscope.slime_plugin.loss import NAN_POLICIES, NonFiniteInputError, call
 
 __all__ = ["NAN_POLICIES", "NonFiniteInputError", "loss_function", "policy_loss"]
 
@@ -63,8 +62,7 @@ def policy_loss(
     nan_policy = nan_policy or getattr(args, "nan_policy", None) or "drop"
     if sum_of_sample_mean is None:
         sum_of_sample_mean = microbatch.make_sum_of_sample_mean(batch, par, args.calculate_per_token_loss, select=False)
-    target = releases.bind(as_is, (releases.MODEL,))
-    return call(target, args, batch, logits, sum_of_sample_mean, nan_policy=nan_policy, parallel=par)
+    return call(target.model(), args, batch, logits, sum_of_sample_mean, nan_policy=nan_policy, parallel=par)
 
 
 def loss_function(args, batch: dict, num_microbatches: int, logits: torch.Tensor, *, parallel: Parallel | None = None):

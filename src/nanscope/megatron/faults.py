@@ -16,7 +16,6 @@ bug in its backward.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,12 +24,11 @@ from functools import cache
 import torch
 
 from nanscope.errors import UserError
+from nanscope.trace.observe import public_name
 
 DIRECTIONS = ("forward", "backward")
 VALUES = ("nan", "inf")
 FORM = "MODULE:forward|backward:nan|inf, e.g. decoder.layers.0.mlp:forward:inf"
-_LAYER = re.compile(r"^decoder\.layers\.(\d+)(\..+)?$")
-_WRAPPERS = re.compile(r"^(module\.)+")  # DDP(Float16Module(GPTModel)) prefixes
 
 
 @dataclass(frozen=True)
@@ -56,13 +54,6 @@ def parse(text: str, step: int | None = None) -> Fault:
     if step is not None and step < 1:
         raise UserError(f"--fault-step {step}: expected a step >= 1")
     return Fault(module, direction, rest, step)
-
-
-def public_name(path: str, layer_offset: int = 0) -> str:
-    """A named_modules() path of this stage -> the public name: wrappers stripped, decoder layer global."""
-    name = _WRAPPERS.sub("", path + ".")[:-1]
-    m = _LAYER.match(name)
-    return name if m is None else f"decoder.layers.{int(m[1]) + layer_offset}{m[2] or ''}"
 
 
 def names(root: torch.nn.Module, layer_offset: int = 0) -> list[str]:

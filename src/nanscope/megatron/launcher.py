@@ -2,7 +2,7 @@
 
     from nanscope.megatron.launcher import launch
     from nanscope.megatron.spec import Layout, RunSpec
-    result = launch([RunSpec("healthy"), RunSpec("kl-exp-overflow")], Layout())
+    result = launch([RunSpec("healthy"), RunSpec("kl-exp-overflow")], Layout(), loss_flags=case.loss_flags())
 
 `launch` writes the WorkerSpec, spawns `python -m nanscope.megatron.worker` (torchrun's elastic agent, which
 forks the ranks after importing megatron-core once: see worker.py) with a hard timeout,
@@ -34,6 +34,7 @@ def launch(
     runs: list[RunSpec],
     layout: Layout = Layout(),
     *,
+    loss_flags: dict,
     timeout_s: float = 300.0,
     rank_timeout_s: float = 120.0,
     startup_timeout_s: float = 180.0,
@@ -49,6 +50,7 @@ def launch(
 
     Args:
         runs: executed in order, each from a freshly built model.
+        loss_flags: the case's slime loss flags (`nanscope.case.loss_flags()`), under every run's batch.
         timeout_s: hard limit for the whole launch; on expiry the process tree is killed.
         rank_timeout_s: bound on each run (and barrier) inside each rank: the watchdog ends a rank
             stuck longer, and megatron's process groups time out after max(1, ceil(it / 60)) minutes.
@@ -74,7 +76,14 @@ def launch(
         child_tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="nanscope-tmp-"))
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        spec = WorkerSpec(layout, tuple(runs), rank_timeout_s, startup_timeout_s, bf16)
+        spec = WorkerSpec(
+            layout=layout,
+            runs=tuple(runs),
+            rank_timeout_s=rank_timeout_s,
+            startup_timeout_s=startup_timeout_s,
+            bf16=bf16,
+            loss_flags=dict(loss_flags),
+        )
         t0 = time.time()
         outputs, stuck, returncode, timed_out, launches = [], {}, None, False, 0
         while True:
@@ -154,10 +163,11 @@ def _first_incomplete(out: Path, n_runs: int, world: int, first: int) -> int | N
 
 def _validate(runs: list[RunSpec], layout: Layout) -> None:
     """Fail in the parent, not after 20 s of imports in every rank."""
-    from nanscope import hazards, loss
+    from nanscope import loss
+    from nanscope.causes import catalogue
 
     for r in runs:
-        hazards.get(r.hazard)
+        catalogue.get(r.hazard)
         loss.known(r.loss)
         assert r.steps >= 1 and (r.inject_step is None or 1 <= r.inject_step <= r.steps), r
     assert min(layout.tp, layout.pp, layout.dp, layout.ep, layout.cp) >= 1, layout

@@ -10,23 +10,17 @@ global), so a finding names a module exactly as `--fault` and `--list-modules` d
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
-from nanscope.megatron.faults import public_name
+from nanscope.trace.classify import Observation, classify
+from nanscope.trace.observe import layer_offset, nonfinite_counts, public_hit, public_name, public_producer
 
 if TYPE_CHECKING:
-    from nanscope.megatron.worker import RunContext
+    from nanscope.megatron.context import RunContext
 
-LOSS_INPUTS = ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
 SHOWN = 20  # parameter names kept in a record
-
-
-def layer_offset(ctx: RunContext) -> int:
-    """The first global decoder layer of this rank's stage (megatron numbers a stage's layers from 0)."""
-    return ctx.record.layers[0] if ctx.record.layers else 0
 
 
 def observe(ctx: RunContext, batch: dict, stepped: bool) -> None:
@@ -38,9 +32,7 @@ def observe(ctx: RunContext, batch: dict, stepped: bool) -> None:
         batch: the step's slime batch (what reached the loss on the last stage).
         stepped: the optimizer step ran (parameters are then checked too).
     """
-    from megatron.core import parallel_state as mpu
-
-    from nanscope.trace.classify import Observation, classify
+    from megatron.core import parallel_state as mpu  # heavy: megatron-core, imported in the ranks only
 
     reading = ctx.sentinel.read(grads=True)
     seen = [bool(g) for g in ctx.output_grads]
@@ -48,14 +40,21 @@ def observe(ctx: RunContext, batch: dict, stepped: bool) -> None:
     prev = ctx.record.sentinel
     if prev is not None and prev["candidates"]:
         return
-    off, last = layer_offset(ctx), mpu.is_pipeline_last_stage()
-    inputs = _loss_inputs(batch) if last else None
+    off, last = layer_offset([ctx.model]), mpu.is_pipeline_last_stage()
+    inputs = nonfinite_counts([batch]) if last else None
     params = ()
     if stepped:
         params = tuple(public_name(n, off) for n, p in ctx.model.named_parameters() if not torch.isfinite(p).all())
-    obs = Observation(_public(reading.forward, off), _public(reading.backward, off),
-                      tuple(public_name(g, off) for g in reading.grads), inputs, all(seen) if seen else None, last,
-                      params, producer=_public_producer(reading.producer, off))  # fmt: skip
+    obs = Observation(
+        forward=public_hit(reading.forward, off),
+        backward=public_hit(reading.backward, off),
+        grads=tuple(public_name(g, off) for g in reading.grads),
+        loss_inputs=inputs,
+        output_grad_finite=all(seen) if seen else None,
+        last_stage=last,
+        nonfinite_params=params,
+        producer=public_producer(reading.producer, off),
+    )
     ctx.record.sentinel = {
         "step": ctx.step,
         "forward": None if obs.forward is None else obs.forward.to_dict(),
@@ -68,25 +67,3 @@ def observe(ctx: RunContext, batch: dict, stepped: bool) -> None:
         "last_stage": last,
         **classify(obs).to_dict(),
     }
-
-
-def _loss_inputs(batch: dict) -> dict[str, tuple[int, int]]:
-    """(non-finite entries, entries) of each loss input of the step's batch."""
-    return {k: (sum(int((~torch.isfinite(x)).sum()) for x in batch[k]), sum(x.numel() for x in batch[k]))
-            for k in LOSS_INPUTS if k in batch}  # fmt: skip
-
-
-def _public(hit, offset: int):
-    """A sentinel Hit with public module and parameter names."""
-    if hit is None:
-        return None
-    param = None if hit.param is None else public_name(hit.param, offset)
-    return dataclasses.replace(hit, module=public_name(hit.module, offset), param=param)
-
-
-def _public_producer(producer, offset: int):
-    """A sentinel Producer with public module names."""
-    if producer is None:
-        return None
-    module = None if producer.module is None else public_name(producer.module, offset)
-    return dataclasses.replace(producer, module=module, seen_at=public_name(producer.seen_at, offset))

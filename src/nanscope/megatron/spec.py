@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
-from functools import cache
+
+from nanscope.facts.megatron import bucket_check_pattern
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,11 @@ class RunSpec:
 
         A level "model" hazard (not defused) plants its record's fault at the hazard's step.
         """
-        from nanscope import hazards
+        from nanscope.causes import catalogue
 
         if self.model_fault is not None:
             return self.model_fault, self.model_fault_step
-        h = hazards.get(self.hazard)
+        h = catalogue.get(self.hazard)
         if h.fault is not None and not self.defused:
             return h.fault, self.inject_step if self.inject_step is not None else 1
         return None
@@ -93,6 +93,7 @@ class WorkerSpec:
     rank_timeout_s: float  # bound on each run and barrier (the watchdog) and megatron's groups
     startup_timeout_s: float  # bound on each rank's process-group init
     bf16: bool
+    loss_flags: dict  # the case's slime loss flags, read by the parent (nanscope.case) and passed down
     first_run: int = 0  # index of the first run this launch executes (a relaunch resumes there)
 
     def to_json(self) -> str:
@@ -159,19 +160,12 @@ class RankRecord:
 PEER_FAILED = "PeerFailed"
 
 
-@cache
-def _check_message() -> re.Pattern:
-    """megatron-core's gradient-check message (the case's) with NaN or Inf and any bucket, at the end."""
-    from nanscope import case
-
-    text = re.escape(case.nan_check_message())
-    text = text.replace("nan", "(?:nan|inf)", 1).replace("NaN", "(?:NaN|Inf)", 1).replace(r"\#0", r"\#\d+", 1)
-    return re.compile(text + "$")
+_BUCKET_CHECK = bucket_check_pattern()
 
 
 def failed_check(r: RankRecord) -> bool:
     """This rank raised megatron-core's DDP gradient check (NaN, or Inf, in a bucket's local norm)."""
-    return r.error is not None and _check_message().search(r.error) is not None
+    return r.error is not None and _BUCKET_CHECK.search(r.error) is not None
 
 
 @dataclass

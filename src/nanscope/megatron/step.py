@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from nanscope.megatron.worker import RunContext
+from nanscope.facts.keys import PER_TOKEN, SAMPLE
 
-# The keys of one sample that slime's loss reads.
-SAMPLE_KEYS = ("unconcat_tokens", "total_lengths", "response_lengths", "loss_masks", "log_probs",
-               "ref_log_probs", "rollout_log_probs", "advantages")  # fmt: skip
+if TYPE_CHECKING:
+    from nanscope.megatron.context import RunContext
 
 
 def seq_length_for(total_lengths: list[int], tp: int) -> int:
@@ -155,14 +153,15 @@ def slime_args(ctx: RunContext, n: int):
     """slime's args for a step of n samples: the case's loss flags and the step's hazard's (a flag value,
     e.g. zero-temperature's); a plugin run adds what its launch script would (the custom loss when the
     run's loss is the fix, the debug rollout paths)."""
-    from nanscope import loss, slime_plugin
+    from nanscope import loss
+    from nanscope.facts import paths
+    from nanscope.facts.args import loss_args
     from nanscope.loss import as_is
-    from nanscope.slime_args import case_args
 
-    args = case_args(global_batch_size=n, **ctx.loss_overrides)
+    args = loss_args(**{**ctx.loss_flags, "global_batch_size": n, **ctx.loss_overrides})
     if ctx.spec.plugin:
         if loss.get(ctx.spec.loss) is not as_is:  # the fix: slime's --loss-type custom_loss, the plugin's loss
-            args.loss_type, args.custom_loss_function_path = "custom_loss", slime_plugin.LOSS_FUNCTION_PATH
+            args.loss_type, args.custom_loss_function_path = "custom_loss", paths.LOSS_FUNCTION_PATH
         args.save_debug_rollout_data, args.load_debug_rollout_data = ctx.rollouts, ctx.spec.load_rollouts
     return args
 
@@ -223,7 +222,7 @@ def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
 
 def _sample(batch: dict, i: int) -> dict:
     """Sample i of a slime batch as a one-sample micro-batch (same keys, lists of one)."""
-    return {k: [batch[k][i]] for k in SAMPLE_KEYS if k in batch}
+    return {k: [batch[k][i]] for k in SAMPLE + PER_TOKEN if k in batch}
 
 
 def _pad(tokens: torch.Tensor, length: int) -> torch.Tensor:

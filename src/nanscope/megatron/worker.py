@@ -21,7 +21,6 @@ check and block in the data-parallel all-reduce until the watchdog ends them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import hashlib
 import json
@@ -31,62 +30,13 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
-from nanscope.megatron.spec import Layout, RankRecord, RunSpec, WorkerSpec
+from nanscope.facts.megatron import core_frame
+from nanscope.megatron.context import RunContext
+from nanscope.megatron.spec import RankRecord, RunSpec, WorkerSpec
 from nanscope.megatron.watchdog import Watchdog, barrier
-
-
-@dataclass
-class RunContext:
-    """One run on this rank: everything its steps use, made once when the run starts."""
-
-    index: int  # the run's position in the spec
-    spec: RunSpec
-    layout: Layout
-    out: Path
-    record: RankRecord  # filled in as the run goes
-    vocab_size: int
-    model: Any = None  # DDP(Float16Module(GPTModel)) once built
-    config: Any = None  # its TransformerConfig
-    optimizer: Any = None
-    hook: ModuleType | None = None  # nanscope.slime_plugin when spec.hook (before_train_step, ...)
-    tracer: Any = None  # the nanscope.trace.Tracer of the current step when spec.trace
-    grads_path: Path | None = None  # where train_one_step saves the main grads (spec.save_grads)
-    sentinel: Any = None  # nanscope.trace.Sentinel on the model, read after every step
-    step: int = 0  # the current step (1-based); a planted model fault reads it
-    loss_overrides: dict = field(default_factory=dict)  # slime loss fields the step's hazard sets
-    output_grads: list = field(default_factory=list)  # per micro-batch: the output's gradient is finite (0-dim)
-    error_time: float | None = None  # when megatron's check raised on this rank (step.agree_on_grad_check)
-
-    @property
-    def name(self) -> str:
-        return f"run {self.index}"
-
-    def path(self, kind: str, suffix: str = ".pt", run: int | None = None) -> Path:
-        """This rank's file of this run (or of run `run`) in the output dir, e.g. params.run3.rank1.pt."""
-        return self.out / f"{kind}.run{self.index if run is None else run}.rank{self.record.rank}{suffix}"
-
-    def hook_env(self) -> dict[str, str]:
-        """The environment slime's hook reads for this run (empty without the hook)."""
-        if not self.spec.hook:
-            return {}
-        report_dir = self.out / f"reports.run{self.index}"
-        return {
-            "NANSCOPE_ON_NONFINITE": self.spec.on_nonfinite,
-            "NANSCOPE_REPORT_DIR": str(report_dir),
-            "NANSCOPE_MAX_SKIPS": "",
-            "NANSCOPE_TRACE_STEP": "",
-            **self.spec.env,
-        }
-
-    @property
-    def rollouts(self) -> str | None:
-        """--save-debug-rollout-data of a plugin run: where each step's rollout goes."""
-        return str(self.out / f"rollouts.run{self.index}" / "{rollout_id}.pt") if self.spec.plugin else None
+from nanscope.trace.observe import layer_offset, public_name
 
 
 class Worker:
@@ -118,10 +68,17 @@ class Worker:
             holds_output_layer=mpu.is_pipeline_last_stage(),
             ok=True,
         )
-        ctx = RunContext(index, run, self.spec.layout, self.out, rec, TinyQwen3MoE().vocab_size)
+        ctx = RunContext(
+            index=index,
+            spec=run,
+            layout=self.spec.layout,
+            out=self.out,
+            record=rec,
+            vocab_size=TinyQwen3MoE().vocab_size,
+            loss_flags=self.spec.loss_flags,
+        )
         try:
-            with _scoped_env(ctx.hook_env()):
-                self.steps(ctx)
+            self.steps(ctx)
         except Exception as e:  # megatron's NaN check raises RuntimeError; record anything
             rec.ok, rec.error, rec.error_type = False, str(e), type(e).__name__
             rec.error_time, rec.error_step = ctx.error_time or time.time(), len(rec.hazard_sites)
@@ -138,6 +95,7 @@ class Worker:
     def steps(self, ctx: RunContext) -> None:
         """Build the model, then per step: the batch against the current model, then train_one_step."""
         from nanscope import hazards, loss
+        from nanscope.causes import catalogue
         from nanscope.loss import as_is
         from nanscope.megatron import bootstrap, step
         from nanscope.megatron.model import layers_held
@@ -159,13 +117,14 @@ class Worker:
         if spec.hook:
             from nanscope import slime_plugin
 
+            slime_plugin.configure(ctx.hook_settings())
             ctx.hook = slime_plugin
         loss_module = as_is if spec.plugin else loss.get(spec.loss)  # plugin: slime's loss_function dispatches
         for i in range(1, spec.steps + 1):
             ctx.step = i
-            ctx.loss_overrides = {} if spec.defused else hazards.get(spec.hazard_at(i)).loss_overrides
+            ctx.loss_overrides = {} if spec.defused else catalogue.get(spec.hazard_at(i)).loss_overrides
             seed = spec.seed * 1000 + i
-            rollout = hazards.case_rollout(ctx.vocab_size, seed=seed)
+            rollout = hazards.case_rollout(ctx.vocab_size, seed, **hazards.shape(ctx.loss_flags))
             seq_length = step.seq_length_for(rollout.total_lengths, ctx.layout.tp)
             self.wd.arm(f"{ctx.name} step {i}: log-prob pass", limit)
             policy = self.policy(ctx, seq_length, i)
@@ -192,11 +151,10 @@ class Worker:
     @staticmethod
     def plant(ctx: RunContext, spec_text: str, at: int | None) -> None:
         """Plant a model fault (megatron.faults) in this rank's stage, firing at step `at` (None: always)."""
-        from nanscope.megatron import faults
-        from nanscope.megatron.observe import layer_offset
+        from nanscope.megatron import faults  # heavy: torch, imported after the agent's fork set-up
 
         fault = faults.parse(spec_text, at)
-        faults.plant(ctx.model, fault, layer_offset(ctx), lambda: at is None or ctx.step == at)
+        faults.plant(ctx.model, fault, layer_offset([ctx.model]), lambda: at is None or ctx.step == at)
 
     def policy(self, ctx: RunContext, seq_length: int, i: int):
         """Step i's log-prob pass (step.policy), shared by the runs of this launch on their first step.
@@ -250,21 +208,6 @@ class Worker:
             ctx.record.params_path = str(ctx.path("params"))
 
 
-@contextlib.contextmanager
-def _scoped_env(values: dict[str, str]):
-    """Set environment variables for the block; restore (or remove) them after."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def checksum(params: dict) -> str:
     """sha256 over {name: tensor} in name order (names and bytes)."""
     h = hashlib.sha256()
@@ -276,22 +219,16 @@ def checksum(params: dict) -> str:
 
 def _public_trace(trace: dict, ctx: RunContext) -> dict:
     """A trace report's module paths as `--fault` and the sentinel name them (wrappers off, layers global)."""
-    from nanscope.megatron.faults import public_name
-    from nanscope.megatron.observe import layer_offset
-
     for key in ("forward", "backward", "first_forward", "first_backward"):
         event = trace[key]
         if event is not None and event["module"] is not None:
-            event["module"] = public_name(event["module"], layer_offset(ctx))
+            event["module"] = public_name(event["module"], layer_offset([ctx.model]))
     return trace
 
 
 def _megatron_frames(tb) -> list[tuple[str, int, str]]:
-    return [
-        (os.path.basename(f.filename), f.lineno, f.name)
-        for f in traceback.extract_tb(tb)
-        if f"{os.sep}megatron{os.sep}core{os.sep}" in f.filename
-    ]
+    found = (core_frame(f.filename, f.lineno, f.name) for f in traceback.extract_tb(tb))
+    return [f for f in found if f is not None]
 
 
 def _site_log_probs(batch: dict, site) -> dict | None:
@@ -336,7 +273,7 @@ RANK_MODULES = (
     "nanscope.megatron.model",
     "nanscope.megatron.observe",
     "nanscope.megatron.step",
-    "nanscope.slime_args",
+    "nanscope.facts.args",
     "nanscope.slime_plugin",
     "nanscope.trace.classify",
 )

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from nanscope import hazards
+from nanscope.causes import catalogue
 
 
 def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: tuple = ()) -> None:
     """The batch hazards (observed vs what slime v0.1.0 gives), the model faults, the immune causes, the mechanisms.
 
     Args:
-        outcomes: hazards.Outcome of each batch-level hazard.
+        outcomes: nanscope.hazards.Outcome of each batch-level hazard.
         model_level: level "model" hazards (not run here: they need the harness model).
-        immune: hazards.Immune records.
+        immune: causes.immune.Immune records.
     """
     from rich.table import Table
 
@@ -21,7 +21,7 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
     for col in ("hazard", "class", "loss finite", "grad finite", "non-finite grad entries", "expected (as-is)"):
         table.add_column(col, no_wrap=(col == "hazard"))
     for o in outcomes:
-        h = hazards.get(o.name)
+        h = catalogue.get(o.name)
         table.add_row(
             o.name,
             h.cause_class or "-",
@@ -59,7 +59,7 @@ def to_json(outcomes: list, loss: str, model_level: tuple = (), immune: tuple = 
     "fault" and the expected "loss_finite" / "grad_finite". immune: {"name", "cause", "why", "evidence", "class"}.
     """
     keys = ("name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries", "metrics")
-    rows = [{k: getattr(o, k) for k in keys} | _record(hazards.get(o.name)) for o in outcomes]
+    rows = [{k: getattr(o, k) for k in keys} | _record(catalogue.get(o.name)) for o in outcomes]
     faults = [
         {
             "name": h.name,

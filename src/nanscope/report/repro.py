@@ -97,7 +97,7 @@ def sentinel_text(s: dict) -> str:
 
 def _trace_lines(trace: dict) -> list[str]:
     """The forward and backward producers of a TraceReport dict, one line each (report.trace's words)."""
-    from nanscope.report import trace as trace_text
+    from nanscope.trace import text as trace_text
     from nanscope.trace.locator import TraceReport
 
     return trace_text.summary_lines(TraceReport.from_dict(trace))
@@ -309,7 +309,7 @@ def render_steps(s: StepsCheck, console) -> None:
 
 def plugin_lines(p: PluginCheck) -> list[str]:
     """The raise run's report, the instruction it printed, what the replay found, and skip mode."""
-    from nanscope.report import trace as trace_text
+    from nanscope.trace import text as trace_text
 
     if not p.reports:
         return [f"plugin: no rank wrote a report at step {p.inject_step} ({outcome(p.raised)})"]

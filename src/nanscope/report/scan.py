@@ -173,7 +173,7 @@ def render_html(result: ScanResult) -> str:
             f"<td>{esc(c.note)}</td></tr>"
         )
     body.append("</table>")
-    from nanscope.loss.formulas import FP32_EXP_MAX
+    from nanscope.facts.numerics import FP32_EXP_MAX
 
     for key, h in result.histograms.items():
         body.append(

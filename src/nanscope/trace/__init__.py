@@ -15,7 +15,7 @@
 
 Modules: locator (Tracer, Event, TraceReport), sentinel (Sentinel, Reading, Hit, check_grads),
 replay (micro-batch files, token maps, hazard replays); their names are imported here at first use.
-Rendering: nanscope.report.trace.
+Rendering: nanscope.trace.text.
 """
 
 import importlib

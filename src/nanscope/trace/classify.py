@@ -25,12 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-DATA = "data"
-LOSS_NUMERICS = "loss-numerics"
-MODEL_FORWARD = "model-forward"
-MODEL_BACKWARD = "model-backward"
-OPTIMIZER = "optimizer"
-CLASSES = (DATA, LOSS_NUMERICS, MODEL_FORWARD, MODEL_BACKWARD, OPTIMIZER)
+from nanscope.causes.classes import DATA, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_FORWARD, OPTIMIZER
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 

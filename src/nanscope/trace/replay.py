@@ -15,7 +15,7 @@ torch.load(weights_only=True): plain tensors, lists, numbers and strings only):
                                                          # required, the others when the args use them
       },
       "logits":   float32 [1, T_local, V_local],         # the model output the loss received
-      "args":     {field: value}                         # slime loss args (slime_args.LOSS_DEFAULTS names)
+      "args":     {field: value}                         # slime loss args (facts.args.LOSS_DEFAULTS names)
       "loss":     "as-is" | "safe",
       "parallel": {"cp_rank": int, "cp_size": int, "tp_size": int}   # optional, default one process
     }
@@ -33,6 +33,7 @@ import os
 import torch
 
 from nanscope.errors import UserError
+from nanscope.facts.keys import PER_TOKEN, SAMPLE
 from nanscope.inputs import check_file
 from nanscope.loss import NAMES as LOSSES
 from nanscope.loss import get as loss_module
@@ -42,8 +43,6 @@ from nanscope.trace.locator import InputFinding, Site, TokenMap, Tracer, TraceRe
 FORMAT = "nanscope-microbatch/1"
 # The sentinel's own .pt (slime_plugin.hook): a micro-batch's input_ids, no logits; not replayable here.
 SENTINEL_FORMAT = "nanscope-sentinel-microbatch/1"
-SAMPLE_KEYS = ("unconcat_tokens", "total_lengths", "response_lengths", "loss_masks")
-TOKEN_KEYS = ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages")
 
 
 def _parallel(cp_rank: int = 0, cp_size: int = 1, **_):
@@ -94,7 +93,7 @@ def scan_batch(
         position) of the first one; for "logits", the sample and its sequence position.
     """
     out = []
-    for key in TOKEN_KEYS:
+    for key in PER_TOKEN:
         counts, first = {"nan": 0, "posinf": 0, "neginf": 0}, None
         for i, x in enumerate(batch.get(key) or []):
             x = torch.as_tensor(x, dtype=torch.float32)
@@ -130,7 +129,7 @@ def replay(doc: dict, allow=()) -> TraceReport:
     The loss sees one micro-batch of one process (num_microbatches 1, dp_cp_size 1): the scale of
     the loss differs from the run's, not where non-finite values appear.
     """
-    from nanscope.slime_args import loss_args
+    from nanscope.facts.args import loss_args
 
     module = loss_module(doc["loss"])
     batch, par_args = doc["batch"], doc.get("parallel") or {}
@@ -147,37 +146,19 @@ def replay(doc: dict, allow=()) -> TraceReport:
     return report
 
 
-def hazard_microbatch(
-    name: str, loss: str = "as-is", seed: int = 0, vocab_size: int = 512
-) -> tuple[dict, tuple | None]:
-    """A catalogued hazard's micro-batch as a document for `replay` (as hazards.run_loss builds it).
-
-    Returns:
-        (document, hazard site (sample, response position) or None).
-    """
-    from nanscope import case, hazards
-
-    policy = hazards.synthetic_policy(vocab_size, seed)
-    batch = hazards.build(name, policy, hazards.case_rollout(vocab_size, seed), seed)
-    logits = hazards.packed_logits(policy, batch["unconcat_tokens"])
-    overrides = hazards.get(name).loss_overrides  # a hazard that is a flag value (zero-temperature)
-    args = {**case.loss_flags(), **overrides, "global_batch_size": len(batch["response_lengths"])}
-    return document(batch, logits, args, loss), batch["hazard_site"]
-
-
 def document(batch: dict, logits: torch.Tensor, args, loss: str, parallel: dict | None = None) -> dict:
     """The file format's dict: only the keys the loss reads, detached CPU tensors, plain types.
 
     Args:
         args: a namespace or dict with slime's field names; only the loss fields are kept.
     """
-    from nanscope.slime_args import LOSS_DEFAULTS
+    from nanscope.facts.args import LOSS_DEFAULTS
 
     if loss not in LOSSES:
         raise ValueError(f"loss {loss!r}: expected one of {', '.join(LOSSES)}")
     fields = vars(args) if not isinstance(args, dict) else args
     cpu = lambda x: torch.as_tensor(x).detach().cpu()  # noqa: E731
-    out = {k: [cpu(x) for x in batch[k]] for k in ("unconcat_tokens", "loss_masks") + TOKEN_KEYS if k in batch}
+    out = {k: [cpu(x) for x in batch[k]] for k in ("unconcat_tokens", "loss_masks") + PER_TOKEN if k in batch}
     out["total_lengths"] = [int(x) for x in batch["total_lengths"]]
     out["response_lengths"] = [int(x) for x in batch["response_lengths"]]
     doc = {
@@ -285,7 +266,7 @@ def _plain(x) -> bool:
 
 
 def _check_args(path, args) -> None:
-    from nanscope.slime_args import LOSS_DEFAULTS
+    from nanscope.facts.args import LOSS_DEFAULTS
 
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args) or set(args) - set(LOSS_DEFAULTS):
         bad = sorted(map(str, set(args) - set(LOSS_DEFAULTS))) if isinstance(args, dict) else type(args).__name__
@@ -335,10 +316,10 @@ def _numel(path, x, what: str) -> int:
 def _check_batch(path, batch, par: dict, packed: int) -> None:
     if not isinstance(batch, dict):
         raise UserError(f"{path}: batch: expected a dict, got {type(batch).__name__}")
-    for key in SAMPLE_KEYS + ("log_probs", "advantages"):
+    for key in SAMPLE + ("log_probs", "advantages"):
         if key not in batch:
             raise UserError(f"{path}: batch: missing key {key!r}")
-    keys = SAMPLE_KEYS + tuple(k for k in TOKEN_KEYS if k in batch)
+    keys = SAMPLE + tuple(k for k in PER_TOKEN if k in batch)
     for key in keys:
         if not isinstance(batch[key], (list, tuple)):
             got = type(batch[key]).__name__
@@ -363,7 +344,7 @@ def _check_batch(path, batch, par: dict, packed: int) -> None:
         if masks != response:
             raise UserError(f"{path}: loss_masks of sample {i}: {masks} entries != response_length {response}")
         local = len(layout.response_positions(total, response, cp_rank, cp_size))
-        for key in TOKEN_KEYS:
+        for key in PER_TOKEN:
             if key in batch and (got := _numel(path, batch[key][i], f"{key} of sample {i}")) != local:
                 raise UserError(f"{path}: {key} of sample {i}: {got} entries != {local} local response tokens")
         used += layout.local_length(total, cp_size)

@@ -5,7 +5,8 @@ the end of that step's backward pass. Each rank traces the ops it runs (its pipe
 tensor-parallel shard): a forward pre-hook on every model chunk marks the micro-batch (the chunk's
 forward calls so far this step, 0-based) and gives the tracer a token map for it.
 
-Token maps come from the rollout (slime's `--load-debug-rollout-data` dump, `Sample.to_dict()` rows):
+Token maps come from the rollout (slime's `--load-debug-rollout-data` dump, `Sample.to_dict()` rows, read by
+`nanscope.dumps.io.load_rollout`):
 the tokens a chunk receives are matched to the rollout's samples, as slime packs them (`cu_seqlens` of
 `packed_seq_params` in units of whole sequences, each sample's zigzag share under context
 parallelism; without packed_seq_params one sample per row, padded at the end). A matched micro-batch
@@ -26,32 +27,6 @@ from nanscope.trace import replay
 from nanscope.trace.locator import Site, TokenMap, Tracer, TraceReport
 
 _KEY = 16  # leading local tokens that index the rollout's samples for matching
-
-
-def load_rollout(path: str) -> list[dict]:
-    """slime's rollout dump as [{"tokens": int64 [total], "response_length": int, "loss_mask": [response]}].
-
-    Raises:
-        ValueError: one line naming the file and the field.
-    """
-    try:
-        doc = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # missing, unreadable, not a torch file, unsafe globals
-        raise ValueError(f"{path}: cannot read the rollout dump: {type(e).__name__}: {str(e).strip()[:200]}") from None
-    samples = doc.get("samples") if isinstance(doc, dict) else None
-    if not isinstance(samples, list):
-        raise ValueError(f"{path}: not a slime rollout dump (expected a dict with a list 'samples')")
-    out = []
-    for i, s in enumerate(samples):
-        try:
-            tokens = torch.as_tensor(s["tokens"], dtype=torch.int64).reshape(-1)
-            response = int(s["response_length"])
-            mask = s.get("loss_mask")
-            mask = torch.ones(response) if mask is None else torch.as_tensor(mask, dtype=torch.float32).reshape(-1)
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise ValueError(f"{path}: sample {i}: {type(e).__name__}: {e}") from None
-        out.append({"tokens": tokens, "response_length": response, "loss_mask": mask})
-    return out
 
 
 class RolloutIndex:
@@ -134,7 +109,7 @@ class StepTrace:
 
     Args:
         chunks: the model chunks (megatron's list).
-        rollout: load_rollout(...) of the step's rollout, or None (then no token positions).
+        rollout: the step's rollout samples (`nanscope.dumps.io.load_rollout`), or None (then no token positions).
         cp_rank, cp_size: this rank's context-parallel coordinate (slime slices tokens by it).
     """
 

@@ -2,15 +2,15 @@
 
 slime parses one argparse namespace (its own flags plus Megatron's). nanscope's loss only ever needs
 the fields in `LOSS_FIELDS`; `loss_args()` builds a namespace with those names, so the loss can be
-called exactly as slime calls it. Their defaults live in one table, `nanscope.launch.config.FLAGS`;
-the case's values come from the bundled launch script (`nanscope.case`).
+called exactly as slime calls it. Their defaults live in one table, `nanscope.facts.flags.FLAGS`;
+the case's values come from the bundled launch script (`nanscope.case`), which passes them in.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from nanscope.launch.config import BY_NAME, eps_clip_high
+from nanscope.facts.flags import BY_NAME, eps_clip_high
 
 # The namespace fields slime v0.1.0's loss path reads (loss_function, policy_loss, the reducer).
 LOSS_FIELDS = (
@@ -29,17 +29,10 @@ LOSS_DEFAULTS: dict[str, object] = {k: BY_NAME[k].default for k in LOSS_FIELDS} 
 def loss_args(**overrides) -> SimpleNamespace:
     """A namespace with slime's field names and defaults, `overrides` applied.
 
-    Resolves eps_clip_high=None as slime's argument validation does (launch.config.eps_clip_high).
+    Resolves eps_clip_high=None as slime's argument validation does (facts.flags.eps_clip_high).
     """
     unknown = set(overrides) - set(LOSS_DEFAULTS)
     assert not unknown, f"not a slime loss field: {sorted(unknown)}"
     ns = SimpleNamespace(**{**LOSS_DEFAULTS, **overrides})
     ns.eps_clip_high = eps_clip_high(ns.eps_clip, ns.eps_clip_high)
     return ns
-
-
-def case_args(**overrides) -> SimpleNamespace:
-    """`loss_args` with the case's loss flags (read from its launch.sh), `overrides` applied."""
-    from nanscope import case
-
-    return loss_args(**{**case.loss_flags(), **overrides})

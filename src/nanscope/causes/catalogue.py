@@ -1,0 +1,198 @@
+"""The hazard catalogue as data: each cause of a non-finite step that nanscope builds, plants or runs.
+
+A hazard changes one thing of a case-shaped GRPO batch, at one token or sample, or one loss flag, the way it
+happens in a real run (level "batch"), or names a fault to plant in the harness model (level "model"). Each
+record carries its mechanism, the flags that enable it, what slime v0.1.0's loss gives on it, its class of
+cause (`causes.classes`), where the fix lives and the cheapest observation that tells it apart. The batches
+are built by `nanscope.hazards`; the causes slime is immune to are `causes.immune`.
+
+    python -c "from nanscope.causes import catalogue; print([h.name for h in catalogue.CATALOGUE])"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nanscope.causes.classes import DATA, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_FORWARD
+from nanscope.errors import UserError
+from nanscope.facts.paths import LOSS_FUNCTION_PATH
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """One catalogue entry. `loss_finite` / `grad_finite` are what slime v0.1.0 produces on it.
+
+    Attributes:
+        name: the hazard's one spelling (CLI, JSON, scan's mechanisms, doctor's findings).
+        mechanism: the chain of ops from the trigger to the non-finite value, in words.
+        flags: the flags that enable it (for the first five, the case's own).
+        loss_finite, grad_finite: slime v0.1.0's loss on the hazard's batch (level "model": the harness
+            run with the fault planted).
+        masked_token: the trigger sits on a masked (loss_mask 0) token, so the fix must leave the step
+            exactly as it is on the hazard's defused twin.
+        cause_class: the class of cause (causes.classes.CLASSES); None for the healthy batch.
+        level: "batch" (a change to the micro-batch or a loss flag) or "model" (a fault planted in the
+            harness model, named by `fault`: MODULE:forward|backward:nan|inf).
+        fix: where the fix lives.
+        discriminator: the single cheapest observation that confirms or excludes it.
+        loss_overrides: slime loss fields (facts.args.LOSS_FIELDS) the hazard sets, e.g. a flag value.
+        fault: level "model": the fault spec planted in the harness model.
+        safe_finite: nanscope's safe loss gives a finite loss and gradient on it (False where the fix
+            lives elsewhere: a flag, the model).
+    """
+
+    name: str
+    mechanism: str
+    flags: tuple[str, ...]
+    loss_finite: bool
+    grad_finite: bool
+    masked_token: bool = False
+    cause_class: str | None = None
+    level: str = "batch"
+    fix: str = ""
+    discriminator: str = ""
+    loss_overrides: dict = field(default_factory=dict, hash=False)
+    fault: str | None = None
+    safe_finite: bool = True
+
+
+PLUGIN_FIX = f"the loss: {LOSS_FUNCTION_PATH} (--loss-type custom_loss)"
+TRACE_CLASS = "the sentinel's class from one rerun step (repro --json `sentinel`, the plugin's report `class`)"
+
+HEALTHY = Hazard(
+    "healthy",
+    "A case-shaped GRPO batch with nothing extreme in it: every term stays finite.",
+    (),
+    loss_finite=True,
+    grad_finite=True,
+)
+KL_EXP_OVERFLOW = Hazard(
+    "kl-exp-overflow",
+    "At a masked tool-output token the reference model's log-prob exceeds the policy's by more than "
+    "88.72 nats; low_var_kl computes exp(ref - logp) = inf BEFORE its [-10, 10] clamp, so the loss "
+    "stays finite but the backward pass multiplies the clamp's zero gradient by exp's inf: NaN, "
+    "even at --kl-loss-coef 0 and on a token the loss mask removes.",
+    ("--use-kl-loss", "--kl-loss-type low_var_kl", "--kl-loss-coef 0.00"),
+    loss_finite=True,
+    grad_finite=False,
+    masked_token=True,
+    cause_class=LOSS_NUMERICS,
+    fix=f"{PLUGIN_FIX} (clamps the log-ratio before exp); or drop --use-kl-loss while --kl-loss-coef is 0",
+    discriminator=f"{TRACE_CLASS}: loss-numerics, and `nanscope trace` names ExpBackward0 created in approx_kl",
+)
+RATIO_EXP_OVERFLOW = Hazard(
+    "ratio-exp-overflow",
+    "At a masked token the training forward's log-prob exceeds the log-prob pass's (old_log_probs) by more "
+    "than 88.72 nats; the PPO ratio exp(logp - old) overflows to inf BEFORE the eps-clip, the clipped "
+    "branch wins for a positive advantage so the loss stays finite, and the backward pass computes 0 * inf = NaN. "
+    "It needs the two passes to disagree (stale or reloaded weights, more than one step per rollout).",
+    ("--eps-clip 0.2", "--eps-clip-high 0.28"),
+    loss_finite=True,
+    grad_finite=False,
+    masked_token=True,
+    cause_class=LOSS_NUMERICS,
+    fix=f"{PLUGIN_FIX} (clamps the log-ratio before exp)",
+    discriminator=f"{TRACE_CLASS}: loss-numerics, and `nanscope trace` names ExpBackward0 created in "
+    "ppo_clip_loss; a ppo_kl metric far from 0 on earlier steps",
+)
+NAN_ROLLOUT_LOGPROB = Hazard(
+    "nan-rollout-logprob",
+    "The custom generate function hands back a NaN rollout log-prob for one tool-output token; TIS computes "
+    "clamp(exp(old - NaN)) = NaN (clamp passes NaN), multiplies the token's loss by it, and the mask "
+    "multiplication keeps NaN * 0 = NaN: NaN loss and gradient.",
+    ("--use-tis", "--custom-generate-function-path"),
+    loss_finite=False,
+    grad_finite=False,
+    masked_token=True,
+    cause_class=DATA,
+    fix="the generate function (return one finite log-prob per response token, tool tokens included); "
+    f"as a backstop {PLUGIN_FIX} drops the token",
+    discriminator="`nanscope scan` of the rollout dump (--save-debug-rollout-data): a nonfinite-rollout-logprob "
+    "row names the sample and token",
+)
+NAN_REWARD = Hazard(
+    "nan-reward",
+    "The custom reward function returns NaN for one sample; GRPO group normalisation (mean, std) spreads it "
+    "to all 8 samples of the prompt, every advantage of the group is NaN: NaN loss and gradient.",
+    ("--custom-rm-path", "--advantage-estimator grpo", "--n-samples-per-prompt 8"),
+    loss_finite=False,
+    grad_finite=False,
+    cause_class=DATA,
+    fix=f"the reward function (return finite floats); as a backstop {PLUGIN_FIX} drops the group",
+    discriminator="`nanscope scan` of the rollout dump: a nonfinite-reward row names the sample (the rollout's "
+    "logged raw reward is NaN too)",
+)
+
+ZERO_TEMPERATURE = Hazard(
+    "zero-temperature",
+    "--rollout-temperature 0 (greedy rollouts): slime v0.1.0 divides the logits by it in the log-prob pass and in "
+    "the loss (backends/megatron_utils/loss.py:54) and never checks it is positive. Every logit becomes +-inf, "
+    "the log-softmax computes inf - inf = NaN: log_probs and ref_log_probs are NaN for every token, and so are the "
+    "training loss and its gradient. (SGLang treats temperature 0 as greedy, so rollout_log_probs stay finite.)",
+    ("--rollout-temperature 0",),
+    loss_finite=False,
+    grad_finite=False,
+    cause_class=DATA,
+    fix="the launch flags: a positive --rollout-temperature (slime v0.1.0's arguments.py accepts 0)",
+    discriminator="the flag itself: `nanscope doctor` reads --rollout-temperature from the launch script",
+    loss_overrides={"rollout_temperature": 0.0},
+    safe_finite=False,
+)
+ROLLOUT_LOGPROB_SHIFT = Hazard(
+    "rollout-logprob-shift",
+    "The generate function (or a weight-sync / conversion bug) returns rollout log-probs misaligned by one token: "
+    "token j gets token j+1's log-prob. They are finite, so TIS's exp(old - rollout) is huge but only data: "
+    "slime clamps it to [tis_clip_low, tis_clip] after the exp and no gradient flows through it. Loss and "
+    "gradient stay finite; the tis metric explodes (inf or NaN when a log-ratio passes 88.72) and tis_clipfrac "
+    "jumps. Its NaN variant, a run of token id 0 with NaN log-probs, is nan-rollout-logprob.",
+    ("--use-tis", "--custom-generate-function-path"),
+    loss_finite=True,
+    grad_finite=True,
+    cause_class=DATA,
+    fix="the generate function or the weight sync (one rollout log-prob per response token, in order)",
+    discriminator="the tis and tis_clipfrac metrics: a mean TIS weight far above --tis-clip, a large clip "
+    "fraction; `nanscope scan` counts tis-margin tokens",
+)
+ACTIVATION_OVERFLOW = Hazard(
+    "activation-overflow",
+    "One layer's output becomes inf in the forward pass: bf16/fp16 past the format's max, or a kernel that reads "
+    "uninitialised memory (MoE experts that receive zero tokens are a recurring example). The next RMSNorm "
+    "computes inf / inf = NaN, the logits and the loss are NaN, and so is every gradient. Planted in the harness "
+    "as an inf in the MoE layer's output.",
+    (),
+    loss_finite=False,
+    grad_finite=False,
+    cause_class=MODEL_FORWARD,
+    level="model",
+    fix="the model: the layer the sentinel names (its precision, initialisation or kernel)",
+    discriminator=f"{TRACE_CLASS}: model-forward, naming the layer",
+    fault="decoder.layers.1.mlp:forward:inf",
+    safe_finite=False,
+)
+BACKWARD_ONLY_FAULT = Hazard(
+    "backward-only-fault",
+    "A module whose backward produces NaN from finite inputs, standing in for a kernel bug: the forward, the "
+    "loss and the gradient the loss sends back are all finite, and the module's parameter gradients are NaN.",
+    (),
+    loss_finite=True,
+    grad_finite=False,
+    cause_class=MODEL_BACKWARD,
+    level="model",
+    fix="the model: the kernel behind the module the sentinel names",
+    discriminator=f"{TRACE_CLASS}: model-backward, naming the module",
+    fault="decoder.layers.0.self_attention:backward:nan",
+    safe_finite=False,
+)
+
+CATALOGUE: tuple[Hazard, ...] = (
+    HEALTHY, KL_EXP_OVERFLOW, RATIO_EXP_OVERFLOW, NAN_ROLLOUT_LOGPROB, NAN_REWARD,
+    ZERO_TEMPERATURE, ROLLOUT_LOGPROB_SHIFT, ACTIVATION_OVERFLOW, BACKWARD_ONLY_FAULT,
+)  # fmt: skip
+BY_NAME = {h.name: h for h in CATALOGUE}
+
+
+def get(name: str) -> Hazard:
+    """Look a hazard up by name; an unknown name is a UserError (a ValueError) listing the known ones."""
+    if name not in BY_NAME:
+        raise UserError(f"unknown hazard {name!r}; known: {', '.join(BY_NAME)}")
+    return BY_NAME[name]

@@ -1,0 +1,17 @@
+"""The classes of cause a non-finite step is sorted into (`nanscope.trace.classify` decides which).
+
+data            non-finite log-probs, rewards or advantages reach the loss
+loss-numerics   the loss's own ops (an exp that overflows before its clamp) make a finite input non-finite
+model-forward   the first non-finite output in forward order is inside the model
+model-backward  a module's backward makes a non-finite gradient from finite inputs
+optimizer       parameters are non-finite although the gradients were finite
+"""
+
+from __future__ import annotations
+
+DATA = "data"
+LOSS_NUMERICS = "loss-numerics"
+MODEL_FORWARD = "model-forward"
+MODEL_BACKWARD = "model-backward"
+OPTIMIZER = "optimizer"
+CLASSES = (DATA, LOSS_NUMERICS, MODEL_FORWARD, MODEL_BACKWARD, OPTIMIZER)

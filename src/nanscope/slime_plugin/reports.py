@@ -1,0 +1,75 @@
+"""The plugin's files: a report on a non-finite step, the micro-batch it names, and a traced step's trace.
+
+On a non-finite step every rank with a non-finite value writes `rollout<R>_step<S>_rank<K>.json` (the
+first module in forward and backward order, its micro-batch, and the `replay` instruction: the same
+NANSCOPE_TRACE_STEP on every rank) and `.pt` (that micro-batch's input_ids, and slime's batch dict when
+the plugin's loss saw it). A traced step writes `rollout<R>_step<S>_rank<K>.trace.json` with this rank's
+trace and `first`, the first producer over all ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from nanscope.slime_plugin.coords import Coords
+from nanscope.trace.replay import SENTINEL_FORMAT
+
+
+def replay_instruction(args, rollout_id, step_id) -> dict:
+    """How to rerun a step under the tracer: one env var plus slime's --load-debug-rollout-data."""
+    saved = getattr(args, "save_debug_rollout_data", None) or getattr(args, "load_debug_rollout_data", None)
+    data = saved or "<the --save-debug-rollout-data path; this run saved no rollouts>"
+    return {
+        "NANSCOPE_TRACE_STEP": f"{rollout_id}:{step_id}",
+        "load_debug_rollout_data": saved,
+        "text": f"rerun from the checkpoint before rollout {rollout_id} with NANSCOPE_TRACE_STEP={rollout_id}:"
+        f"{step_id} in the environment and --load-debug-rollout-data {data}",
+    }
+
+
+class Reports:
+    """Writes this rank's files into the report directory and remembers their paths."""
+
+    def __init__(self, report_dir: str, coords: Coords):
+        self.dir, self.coords = report_dir, coords
+        self.paths: list[str] = []
+
+    def stem(self, where: dict) -> str:
+        os.makedirs(self.dir, exist_ok=True)
+        name = f"rollout{where['rollout_id']}_step{where['step_id']}_rank{self.coords.rank}"
+        return os.path.join(self.dir, name)
+
+    def report(self, doc: dict, where: dict, microbatch: dict | None) -> str:
+        """`<stem>.json` holding `doc` (with `microbatch_file`), and `<stem>.pt` holding `microbatch` if any."""
+        import torch  # heavy: torch, imported by the run already
+
+        stem = self.stem(where)
+        dump = None
+        if microbatch is not None:
+            dump = stem + ".pt"
+            torch.save({"format": SENTINEL_FORMAT, **where, "rank": self.coords.rank, **microbatch}, dump)
+        doc = {**doc, "microbatch_file": dump}
+        with open(stem + ".json", "w") as f:
+            json.dump(_ordered(doc), f, indent=1)
+        self.paths.append(stem + ".json")
+        return stem + ".json"
+
+    def trace(self, doc: dict, where: dict) -> str:
+        """`<stem>.trace.json` holding `doc`."""
+        path = self.stem(where) + ".trace.json"
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+        self.paths.append(path)
+        return path
+
+
+# The report's keys, in the order its JSON has always listed them.
+_ORDER = (
+    "rank", "rollout_id", "step_id", "mode", "time", "first_forward", "first_backward", "nonfinite_grads",
+    "microbatch_file", "replay", "class", "class_candidates", "class_evidence",
+)  # fmt: skip
+
+
+def _ordered(doc: dict) -> dict:
+    return {k: doc[k] for k in _ORDER if k in doc} | {k: v for k, v in doc.items() if k not in _ORDER}

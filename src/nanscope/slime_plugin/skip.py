@@ -1,0 +1,61 @@
+"""Skip mode (NANSCOPE_ON_NONFINITE=skip): every rank agrees to drop a non-finite step, or none does.
+
+The vote is one all-reduce (MAX) of "this rank saw a non-finite value"; replicas that disagreed would
+diverge. A skipped step has its gradients zeroed on every chunk, returns grad norm NaN from
+optimizer.step (slime treats it as an invalid step) and does not advance the learning-rate schedule.
+"""
+
+from __future__ import annotations
+
+
+class SkipVote:
+    """The skip decision of one installation and its counters."""
+
+    def __init__(self, chunks, max_skips: int | None):
+        self.chunks, self.max_skips = chunks, max_skips
+        self.skipped = self.in_a_row = 0
+        self.skip_step = self.skipped_now = False  # this step: skip its optimizer step / it was skipped
+
+    def begin(self) -> None:
+        self.skip_step = self.skipped_now = False
+
+    def vote(self, bad: bool) -> bool:
+        """All-reduce this rank's `bad` over the world; zero the gradients when any rank is bad."""
+        import torch  # heavy: torch, imported by the run already
+        import torch.distributed as dist
+
+        flag = torch.tensor([1.0 if bad else 0.0])
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            for chunk in self.chunks:
+                chunk.zero_grad_buffer()
+            self.skip_step = True
+            self.skipped, self.in_a_row = self.skipped + 1, self.in_a_row + 1
+            return True
+        self.in_a_row = 0
+        return False
+
+    def over_limit(self) -> bool:
+        return self.max_skips is not None and self.in_a_row >= self.max_skips
+
+    def optimizer_step(self, step):
+        """optimizer.step wrapped: a skipped step does nothing and returns grad norm NaN."""
+
+        def wrapped(*args, **kwargs):
+            if self.skip_step:  # gradients zeroed: no update; a NaN grad norm says "not a real step"
+                self.skip_step, self.skipped_now = False, True
+                return True, float("nan"), None
+            return step(*args, **kwargs)
+
+        return wrapped
+
+    def scheduler_step(self, step):
+        """scheduler.step wrapped: a skipped step does not advance the learning-rate schedule."""
+
+        def wrapped(*args, **kwargs):
+            if self.skipped_now:
+                return None
+            return step(*args, **kwargs)
+
+        return wrapped
