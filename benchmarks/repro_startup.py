@@ -17,7 +17,7 @@ order, so none always goes first):
 Wall seconds and the CPU seconds of each command's whole process tree (the steadier figure on a shared
 box). Then one matrix launch in this process (`repro.run_matrix`) for the breakdown: the launch's fixed
 cost (the agent's imports, fork, process groups, exit) vs its runs (the first pays one-off warm-up; the
-others share the first-step log-prob pass, `worker.Worker.policy`).
+others share the first-step log-prob pass, `run.Runner.policy`).
 """
 
 from __future__ import annotations

@@ -81,17 +81,19 @@ u.load()
 out = {"s": time.perf_counter() - t0}
 """,
     "checks": """
+from nanscope import case
 from nanscope.dumps import checks, io
-from nanscope.dumps.config import ScanConfig
+from nanscope.dumps.dump import Dump
+from nanscope.dumps.result import hazard_count
 dump = io.load(path)
 samples = list(dump.samples())
 out = {}
 for key, hist in (("s", False), ("hist_s", True)):
-    staged = io.Dump.from_samples(path, dump.kind, samples)
+    staged = Dump.from_samples(path, dump.kind, samples)
     t0 = time.perf_counter()
     result = checks.scan(staged, case.scan_config(histograms=hist))
     out[key] = time.perf_counter() - t0
-out["response_tokens"], out["findings"] = result.response_tokens, checks.hazard_count(result)
+out["response_tokens"], out["findings"] = result.response_tokens, hazard_count(result)
 """,
 }
 
@@ -113,7 +115,7 @@ def write_dumps(tmp: Path, n: int, max_total: int, seed: int, full: bool) -> Non
     """A rollout dump (lists) and a train dump (tensors) of the same samples, hazards planted in a few."""
     import numpy as np
 
-    from nanscope.dumps import demo
+    from nanscope.dumps import demo, writers
 
     rng = np.random.default_rng(seed)
     samples = []
@@ -123,12 +125,12 @@ def write_dumps(tmp: Path, n: int, max_total: int, seed: int, full: bool) -> Non
     samples[5]["rollout_log_probs"][0] = float("nan")
     samples[n // 2]["rollout_log_probs"][-1] = -100.0
     train = demo.train_data_from_samples(samples, [0.0] * n)
-    demo.write_train_dump(tmp / "train" / "12_0.pt", train, rollout_id=12)
+    writers.write_train_dump(tmp / "train" / "12_0.pt", train, rollout_id=12)
     del train
     for s in samples:  # slime writes plain lists
         for k in ("tokens", "loss_mask", "rollout_log_probs"):
             s[k] = s[k].tolist()
-    demo.write_rollout_dump(tmp / "rollout" / "12.pt", samples, rollout_id=12)
+    writers.write_rollout_dump(tmp / "rollout" / "12.pt", samples, rollout_id=12)
 
 
 def child(code: str, *argv: str) -> dict:

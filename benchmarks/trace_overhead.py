@@ -35,7 +35,8 @@ scatter by +-30 % from round to round; the instruction counts do not move.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
+import re
 import statistics
 import subprocess
 import sys
@@ -106,16 +107,23 @@ def make_step(bf16: bool, per_micro: int, seed: int = 0):
 
 
 def sentinel_at(ref: str):
-    """The Sentinel class of src/nanscope/trace/sentinel.py at git revision `ref`."""
+    """The Sentinel class of src/nanscope/trace/sentinel.py at git revision `ref`, with the modules of
+    nanscope.trace it imports at that revision: the package's files at `ref` as a package of their own,
+    `trace_at_ref` (their imports of nanscope.trace renamed), side by side with this tree's."""
     root = Path(__file__).resolve().parent.parent
-    show = ["git", "-C", str(root), "show", f"{ref}:src/nanscope/trace/sentinel.py"]
-    path = Path(tempfile.mkdtemp()) / "sentinel_at_ref.py"
-    path.write_text(subprocess.run(show, capture_output=True, text=True, check=True).stdout)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module.Sentinel
+    git = ["git", "-C", str(root)]
+    listing = subprocess.run(
+        [*git, "ls-tree", "--name-only", ref, "src/nanscope/trace/"], capture_output=True, text=True, check=True
+    )
+    package = Path(tempfile.mkdtemp()) / "trace_at_ref"
+    package.mkdir()
+    for name in listing.stdout.split():
+        if name.endswith(".py") and not name.endswith("__init__.py"):
+            text = subprocess.run([*git, "show", f"{ref}:{name}"], capture_output=True, text=True, check=True).stdout
+            (package / Path(name).name).write_text(re.sub(r"\bnanscope\.trace\b", package.name, text))
+    (package / "__init__.py").write_text("")
+    sys.path.insert(0, str(package.parent))
+    return importlib.import_module(f"{package.name}.sentinel").Sentinel
 
 
 CALLGRIND_HELPER = """#include <valgrind/callgrind.h>
@@ -195,7 +203,8 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     from nanscope.megatron import bootstrap
-    from nanscope.trace import Sentinel, Tracer
+    from nanscope.trace.locator import Tracer
+    from nanscope.trace.sentinel import Sentinel
 
     bootstrap.init()
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)
@@ -217,7 +226,8 @@ def main() -> None:
         def step():
             train_step()
             if cls is Sentinel:
-                with_sentinel.checks = (s._fwd.count, len(s._arrivals), len(s._screens.labels))
+                outputs, gradients = s._outputs, s._gradients
+                with_sentinel.checks = (outputs.forward.count, len(gradients.arrivals), len(gradients.screens.labels))
             s.read(grads=True)
 
         step()

@@ -96,7 +96,7 @@ def _heavy(name: str) -> bool:
 
 def size_violations() -> list[str]:
     out = []
-    for name, path in _modules().items():
+    for path in _modules().values():
         rel = str(path.relative_to(SRC))
         lines = len(path.read_text().splitlines())
         if lines > MAX_MODULE_LINES and rel not in LONG_MODULES:
@@ -155,7 +155,9 @@ def function_import_violations() -> list[str]:
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in _modules() else base for a in node.names]
             light = sorted({t for t in targets if not _heavy(t)})
             if light:
-                out.append(f"{rel}:{node.lineno}: import of {', '.join(light)} inside a function (light: import it at the top)")
+                out.append(
+                    f"{rel}:{node.lineno}: import of {', '.join(light)} inside a function (light: import it at the top)"
+                )
             elif "#" not in lines[node.lineno - 1] and "#" not in lines[block_start - 1]:
                 out.append(f"{rel}:{node.lineno}: import inside a function without a comment saying why")
     return out
@@ -174,8 +176,12 @@ def state_violations() -> list[str]:
         for node in tree.body:
             value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
             targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-            empty = isinstance(value, (ast.List, ast.Dict, ast.Set)) and not getattr(value, "elts", getattr(value, "keys", None))
-            empty = empty or (isinstance(value, ast.Call) and ast.unparse(value.func) in ("list", "dict", "set") and not value.args)
+            empty = isinstance(value, (ast.List, ast.Dict, ast.Set)) and not getattr(
+                value, "elts", getattr(value, "keys", None)
+            )
+            empty = empty or (
+                isinstance(value, ast.Call) and ast.unparse(value.func) in ("list", "dict", "set") and not value.args
+            )
             names = [t.id for t in targets if isinstance(t, ast.Name)]
             if empty and not (rel in REGISTRY and REGISTRY[rel] in names):
                 out.append(f"{rel}:{node.lineno}: module-level mutable {', '.join(names)}")

@@ -17,14 +17,17 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from nanscope import hazards
-from nanscope.dumps.config import ScanConfig
+from nanscope.dumps.flags import ScanFlags
 from nanscope.facts.args import LOSS_FIELDS, loss_args
 from nanscope.facts.flags import SCRIPT
 from nanscope.launch.config import Config, resolve
 from nanscope.launch.script import parse_script
 from nanscope.launch.tracebacks import Traceback, parse_traceback
+
+if TYPE_CHECKING:
+    from nanscope.hazards import Rollout
 
 NAME = "slime-795"
 RELEASE = "v0.1.0"  # the slime release the case ran (its README.md); doctor --case uses its defaults
@@ -106,12 +109,14 @@ def args(**overrides):
     return loss_args(**{**loss_flags(), **overrides})
 
 
-def rollout(vocab_size: int, seed: int = 0, **kwargs) -> hazards.Rollout:
+def rollout(vocab_size: int, seed: int = 0, **kwargs) -> Rollout:
     """A rollout group of the case's shape (its temperature and group size): `hazards.case_rollout`."""
+    from nanscope import hazards  # heavy: torch; the parent reads the case without building a batch
+
     return hazards.case_rollout(vocab_size, seed, **hazards.shape(loss_flags()), **kwargs)
 
 
-def scan_config(**overrides) -> ScanConfig:
+def scan_config(**overrides) -> ScanFlags:
     """The flags `nanscope scan` checks a dump against, the case's (its launch.sh over slime's defaults)."""
     a = args()
     values = dict(
@@ -121,4 +126,4 @@ def scan_config(**overrides) -> ScanConfig:
         grpo_std_normalization=a.grpo_std_normalization, use_kl_loss=a.use_kl_loss,
         kl_loss_type=a.kl_loss_type, use_tis=a.use_tis,
     )  # fmt: skip
-    return ScanConfig(**{**values, **overrides})
+    return ScanFlags(**{**values, **overrides})

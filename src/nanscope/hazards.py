@@ -23,10 +23,13 @@ loss flag. The temperature, the group size and the loss flags are arguments: the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
+import torch
+
+from nanscope import loss as losses
 from nanscope.causes.catalogue import (
     KL_EXP_OVERFLOW,
     NAN_REWARD,
@@ -36,16 +39,13 @@ from nanscope.causes.catalogue import (
     get,
 )
 from nanscope.errors import UserError
+from nanscope.facts.args import loss_args
+from nanscope.facts.numerics import FP32_EXP_MAX
+from nanscope.loss.formulas import grpo_normalize, log_probs
+from nanscope.trace import replay
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    import torch
-
-# torch is imported inside the functions (a heavy import): `nanscope repro` imports this module in a parent
-# that never builds a batch.
 # A policy maps per-sample token sequences [total_i] to full-vocabulary logits [total_i, V] (T = 1).
-Policy: TypeAlias = "Callable[[list[torch.Tensor]], list[torch.Tensor]]"
+Policy: TypeAlias = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
 
 @dataclass
@@ -89,8 +89,6 @@ def case_rollout(
     the model's answer. Rewards are 0/1 with at least one of each, so GRPO advantages are non-zero.
     `n_samples` (default `group_size`) samples are drawn.
     """
-    import torch
-
     n_samples = group_size if n_samples is None else n_samples
     g = torch.Generator().manual_seed(seed)
 
@@ -118,7 +116,6 @@ def synthetic_policy(vocab_size: int, seed: int = 0, logit_std: float = 12.0) ->
     logp -100 while typical tokens sit near -50.
     Logits at p do not depend on the tokens, so changing token p+1 leaves them as they are.
     """
-    import torch
 
     def policy(tokens: list[torch.Tensor]) -> list[torch.Tensor]:
         # Sample i's rows come from one generator seeded by (seed, i): row p is the same whatever
@@ -137,8 +134,6 @@ def policy_log_probs(logits: list[torch.Tensor], rollout: Rollout, temperature: 
     Returns:
         per sample [response_i] float32.
     """
-    from nanscope.loss.formulas import log_probs
-
     out = []
     for lg, seq, response in zip(logits, rollout.tokens, rollout.response_lengths):
         total = seq.numel()
@@ -148,8 +143,6 @@ def policy_log_probs(logits: list[torch.Tensor], rollout: Rollout, temperature: 
 
 
 def _noisy(x: torch.Tensor, g: torch.Generator, std: float = 0.02) -> torch.Tensor:
-    import torch
-
     return x + std * torch.randn(x.shape, generator=g)
 
 
@@ -168,8 +161,6 @@ def plant_least_likely_tool_token(rollout: Rollout, policy: Policy, temperature:
     Returns:
         (sample, response position) of the planted token.
     """
-    import torch
-
     logits = policy(rollout.tokens)
     best = None
     for i, j in _masked_positions(rollout):
@@ -220,11 +211,6 @@ def build(
         dict with unconcat_tokens, total_lengths, response_lengths, loss_masks, log_probs,
         ref_log_probs, rollout_log_probs, advantages, plus "hazard_site": (sample, position) or None.
     """
-    import torch
-
-    from nanscope.facts.numerics import FP32_EXP_MAX
-    from nanscope.loss.formulas import grpo_normalize
-
     hazard = get(name)
     temperature = rollout.temperature if temperature is None else temperature
     # slime's log-prob pass (old and reference log-probs) runs at the hazard's --rollout-temperature.
@@ -276,8 +262,6 @@ def build(
 
 def packed_logits(policy: Policy, tokens: list[torch.Tensor]) -> torch.Tensor:
     """The policy's logits for a micro-batch packed into one row: [1, sum total_i, V] float32."""
-    import torch
-
     return torch.cat(policy(tokens)).unsqueeze(0).float()
 
 
@@ -306,11 +290,6 @@ def run_loss(name: str, loss: str = "as-is", *, flags: Mapping[str, object], voc
     Returns:
         An Outcome.
     """
-    import torch
-
-    from nanscope import loss as losses
-    from nanscope.facts.args import loss_args
-
     hazard = get(name)
     if hazard.level != "batch":
         raise UserError(f"hazard {name!r} is a fault in the model, not a batch: run `nanscope repro --hazard {name}`")
@@ -342,8 +321,6 @@ def microbatch_document(
     Returns:
         (document, hazard site (sample, response position) or None).
     """
-    from nanscope.trace import replay
-
     policy = synthetic_policy(vocab_size, seed)
     batch = build(name, policy, case_rollout(vocab_size, seed, **shape(flags)), seed)
     logits = packed_logits(policy, batch["unconcat_tokens"])

@@ -17,11 +17,15 @@ Rendering lives in nanscope.report.repro.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanscope import case
+from nanscope.causes import catalogue
+from nanscope.megatron import launcher
+from nanscope.megatron.spec import Layout, RunSpec, failed_check
 
 
 @dataclass
@@ -51,22 +55,20 @@ class Repro:
 
     @property
     def params_finite(self) -> bool:
-        return all(r.params_finite for r in self.ranks) if self.ranks else False
+        return all(record.params_finite for record in self.ranks) if self.ranks else False
 
     @property
     def grad_norm(self) -> float | None:
         """The optimizer's (global) grad norm of the last completed step."""
-        norms = [r.optimizer_grad_norm[-1] for r in self.ranks if r.optimizer_grad_norm]
+        norms = [record.optimizer_grad_norm[-1] for record in self.ranks if record.optimizer_grad_norm]
         return norms[0] if norms else None
 
 
 def expected_outcome(hazard: str, loss: str, fault: str | None = None) -> str:
     """The as-is loss fails the NaN check exactly when the catalogue says its gradient is not finite; the safe
     loss where its fix lives elsewhere (a flag, the model); both where a fault is planted in the model."""
-    from nanscope.causes import catalogue
-
-    h = catalogue.get(hazard)
-    broken = not h.grad_finite if loss == "as-is" else not h.safe_finite
+    record = catalogue.get(hazard)
+    broken = not record.grad_finite if loss == "as-is" else not record.safe_finite
     return "nan-check" if broken or fault is not None else "completed"
 
 
@@ -83,18 +85,26 @@ def sentinel_finding(ranks) -> dict:
     Returns:
         {"rank", "step", "module", "direction", "microbatch", "class", "candidates", "evidence"}.
     """
-    seen = [r for r in ranks if r.sentinel and r.sentinel["candidates"]]
+    seen = [record for record in ranks if record.sentinel and record.sentinel["candidates"]]
     keys = ("step", "module", "direction", "microbatch", "class", "candidates", "evidence")
     if not seen:
         evidence = ranks[0].sentinel["evidence"] if ranks and ranks[0].sentinel else ["the sentinel did not run"]
         return {"rank": None, **dict.fromkeys(keys), "candidates": [], "evidence": evidence}
-    first = min(seen, key=lambda r: (0, r.pp, r.rank) if r.sentinel["forward"] else (1, -r.pp, *_when(r), r.rank))
-    return {"rank": first.rank, **{k: first.sentinel[k] for k in keys}}
+    first = min(seen, key=_causal_order)
+    return {"rank": first.rank, **{key: first.sentinel[key] for key in keys}}
 
 
-def _when(r) -> tuple[int, int]:
+def _causal_order(record) -> tuple:
+    """Sort key of a rank's sentinel finding: forward findings first, by stage; then backward findings from the
+    last stage back, by when they were made, then by rank."""
+    if record.sentinel["forward"]:
+        return (0, record.pp, record.rank)
+    return (1, -record.pp, *_when(record), record.rank)
+
+
+def _when(record) -> tuple[int, int]:
     """(micro-batch, output-gradient check index) of a rank's first non-finite gradient; unknown last."""
-    made = r.sentinel.get("producer")
+    made = record.sentinel.get("producer")
     return (made["microbatch"], made["order"]) if made else (1 << 30, 1 << 30)
 
 
@@ -114,22 +124,23 @@ def harness_notes(layout) -> list[str]:
 
 def from_run(run, launched, layout, expected: str | None = None) -> Repro:
     """A Repro from one run of a launch (spec.RunResult within spec.LaunchResult)."""
-    from nanscope import case
-    from nanscope.megatron.spec import failed_check
-
     spec = run.spec
     observed = "timeout" if launched.timed_out and run.observed == "incomplete" else run.observed
-    failing = [r for r in run.ranks if failed_check(r)]
+    failing = [record for record in run.ranks if failed_check(record)]
     first = run.first_failure()
-    notes = [f"rank {r}: no record ({launched.stuck.get(r, 'crashed or killed')})" for r in run.missing]
+    notes = [f"rank {rank}: no record ({launched.stuck.get(rank, 'crashed or killed')})" for rank in run.missing]
     if observed in ("incomplete", "timeout", "error"):
         notes.append("torchrun output (tail):\n" + launched.stderr_tail[-3000:])
     head = run.ranks[0] if run.ranks else None
     finding = sentinel_finding(run.ranks)
     # the rank where the non-finite value began: its tracer saw the producing op
-    traced = next((r for r in run.ranks if r.rank == finding["rank"]), None) or first or (run.ranks or [None])[-1]
-    sites = [s for s in (head.hazard_sites if head else []) if s is not None]
-    lps = [s for s in (head.site_log_probs if head else []) if s is not None]
+    traced = (
+        next((record for record in run.ranks if record.rank == finding["rank"]), None)
+        or first
+        or (run.ranks or [None])[-1]
+    )
+    sites = [site for site in (head.hazard_sites if head else []) if site is not None]
+    site_log_probs = [log_probs for log_probs in (head.site_log_probs if head else []) if log_probs is not None]
     return Repro(
         hazard=spec.hazard,
         loss=spec.loss,
@@ -138,11 +149,11 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
         layout={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp_loss_level": layout.cp},
         ranks=run.ranks,
         first_failure=first.rank if first else None,
-        frames_match_case=all(tuple(r.frames) == case.frames() for r in failing) if failing else None,
+        frames_match_case=all(tuple(record.frames) == case.frames() for record in failing) if failing else None,
         wall_s=launched.wall_s,
         notes=notes,
         site=sites[0] if sites else None,
-        site_log_probs=lps[0] if lps else None,
+        site_log_probs=site_log_probs[0] if site_log_probs else None,
         trace=traced.trace if traced else None,
         trace_rank=traced.rank if traced else None,
         fault=planted[0] if (planted := spec.planted()) else None,
@@ -167,9 +178,6 @@ def repro_one(
     fault: a fault planted in the model (megatron.faults: MODULE:forward|backward:nan|inf), firing at step
     `fault_step` (default 1; the steps before it are healthy, the hazard's batch is at that step).
     """
-    from nanscope.megatron import launcher
-    from nanscope.megatron.spec import Layout, RunSpec
-
     layout = Layout(cp=1) if trace else Layout()
     at = fault_step or 1
     spec = RunSpec(
@@ -190,16 +198,16 @@ def repro_one(
 
 def max_abs_diff(paths_a: list[str | None], paths_b: list[str | None]) -> float | None:
     """max |a - b| over every tensor of per-rank saved dicts (grads or params); None if any is missing."""
-    import torch
+    import torch  # heavy: torch, only a several-steps check with a defused twin compares parameters
 
     worst = 0.0
-    for pa, pb in zip(paths_a, paths_b):
-        if not pa or not pb or not Path(pa).exists() or not Path(pb).exists():
+    for path_a, path_b in zip(paths_a, paths_b):
+        if not path_a or not path_b or not Path(path_a).exists() or not Path(path_b).exists():
             return None
-        a, b = torch.load(pa, weights_only=True), torch.load(pb, weights_only=True)
-        assert a.keys() == b.keys()
-        for k in a:
-            worst = max(worst, float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0)
+        saved_a, saved_b = torch.load(path_a, weights_only=True), torch.load(path_b, weights_only=True)
+        assert saved_a.keys() == saved_b.keys()
+        for name, a in saved_a.items():
+            worst = max(worst, float((a.double() - saved_b[name].double()).abs().max()) if a.numel() else 0.0)
     return worst
 
 
@@ -229,26 +237,22 @@ class Matrix:
 
 def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
     """Every catalogue hazard under as-is and safe, in one launch (one process group for all runs)."""
-    from nanscope.causes import catalogue
-    from nanscope.megatron import launcher
-    from nanscope.megatron.spec import Layout, RunSpec
-
     layout = Layout()
     specs = []
-    for h in catalogue.CATALOGUE:  # on the healthy batch each rank compares safe's grads with as-is's, entry by entry
-        healthy = h.name == "healthy"
+    for hazard in catalogue.CATALOGUE:  # on the healthy batch each rank compares safe's grads with as-is's
+        healthy = hazard.name == "healthy"
         specs += [
-            RunSpec(hazard=h.name, loss="as-is", seed=seed, save_grads=healthy),
-            RunSpec(hazard=h.name, loss="safe", seed=seed, compare_grads=len(specs) if healthy else None),
+            RunSpec(hazard=hazard.name, loss="as-is", seed=seed, save_grads=healthy),
+            RunSpec(hazard=hazard.name, loss="safe", seed=seed, compare_grads=len(specs) if healthy else None),
         ]
     with tempfile.TemporaryDirectory(prefix="nanscope-matrix-") as out:
         launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags())
         reps = [from_run(run, launched, layout) for run in launched.runs]
         rows = []
-        for h, (as_is, safe) in zip(catalogue.CATALOGUE, zip(reps[::2], reps[1::2])):
-            diffs = [r.grad_diff for r in safe.ranks]
-            diff = max(diffs) if h.name == "healthy" and diffs and None not in diffs else None
-            rows.append(MatrixRow(h.name, h.mechanism, as_is, safe, diff))
+        for hazard, (as_is, safe) in zip(catalogue.CATALOGUE, zip(reps[::2], reps[1::2])):
+            diffs = [record.grad_diff for record in safe.ranks]
+            diff = max(diffs) if hazard.name == "healthy" and diffs and None not in diffs else None
+            rows.append(MatrixRow(hazard.name, hazard.mechanism, as_is, safe, diff))
     return Matrix(rows, launched.wall_s, rows[0].as_is.layout, harness_notes(layout))
 
 
@@ -272,15 +276,19 @@ class PluginCheck:
     def ok(self) -> bool:
         """Every rank reported the hazard's step with one replay instruction; the replay found where the
         non-finite values began; skip mode skipped exactly that step (grad norm NaN) on every rank."""
-        steps = {(r["rollout_id"], r["step_id"], r["replay"]["NANSCOPE_TRACE_STEP"]) for r in self.reports}
-        found = self.replay is not None and any(self.replay[k] for k in ("forward", "backward", "first_forward"))
-        k = self.inject_step - 1
-        norms = [r.optimizer_grad_norm for r in self.skipped.ranks]
-        skipped = all(r.skipped_steps == 1 for r in self.skipped.ranks)
-        skipped &= all(len(n) == k or n[k] != n[k] for n in norms)  # NaN at the skipped step (or stopped there)
+        steps = {
+            (report["rollout_id"], report["step_id"], report["replay"]["NANSCOPE_TRACE_STEP"])
+            for report in self.reports
+        }
+        found = self.replay is not None and any(self.replay[key] for key in ("forward", "backward", "first_forward"))
+        rollout = self.inject_step - 1
+        norms = [record.optimizer_grad_norm for record in self.skipped.ranks]
+        skipped = all(record.skipped_steps == 1 for record in self.skipped.ranks)
+        # NaN at the skipped step (or stopped there)
+        skipped &= all(len(per_step) == rollout or per_step[rollout] != per_step[rollout] for per_step in norms)
         return (
             len(self.reports) == len(self.raised.ranks)
-            and steps == {(k, 0, f"{k}:0")}
+            and steps == {(rollout, 0, f"{rollout}:0")}
             and found
             and self.skipped.observed == self.skip_expected
             and bool(self.skipped.ranks)
@@ -305,12 +313,12 @@ class StepsCheck:
 
     @property
     def as_is_died_at(self) -> int | None:
-        steps = {r.error_step for r in self.as_is.ranks if not r.ok}
+        steps = {record.error_step for record in self.as_is.ranks if not record.ok}
         return min(steps) if steps else None
 
     @property
     def safe_steps(self) -> int:
-        return min((len(r.optimizer_grad_norm) for r in self.safe.ranks), default=0)
+        return min((len(record.optimizer_grad_norm) for record in self.safe.ranks), default=0)
 
     @property
     def ok(self) -> bool:
@@ -337,10 +345,6 @@ def run_steps(
         custom-loss path), a skip-mode run with NANSCOPE_MAX_SKIPS=`max_skips`, then the replay of the
         raise run's report in a second launch; CP 1 (the tracer maps whole samples).
     """
-    from nanscope.causes import catalogue
-    from nanscope.megatron import launcher
-    from nanscope.megatron.spec import Layout, RunSpec
-
     layout = Layout(cp=1) if plugin else Layout()
     common = dict(hazard=hazard, steps=steps, inject_step=inject_step, seed=seed)
     hook = dict(plugin=True, hook=True) if plugin else {}
@@ -358,11 +362,21 @@ def run_steps(
         twin_rep = from_run(launched.runs[2], launched, layout, expected="completed") if twin else None
         diff = None
         if twin:
-            diff = max_abs_diff([r.params_path for r in safe.ranks], [r.params_path for r in twin_rep.ranks])
+            diff = max_abs_diff(
+                [record.params_path for record in safe.ranks], [record.params_path for record in twin_rep.ranks]
+            )
         check = None
         if plugin:
             skipped = from_run(launched.runs[-1], launched, layout, expected="completed")
-            check = _plugin_check(as_is, skipped, seed, inject_step, max_skips, Path(out) / "replay", timeout_s)
+            check = _plugin_check(
+                as_is,
+                skipped,
+                seed=seed,
+                inject_step=inject_step,
+                max_skips=max_skips,
+                out=Path(out) / "replay",
+                timeout_s=timeout_s,
+            )
     notes = harness_notes(layout) + (
         [
             "plugin: harness step k is rollout k-1 (one optimizer step per rollout); "
@@ -372,22 +386,30 @@ def run_steps(
         if plugin
         else []
     )
-    return StepsCheck(hazard, steps, inject_step, as_is, safe, twin_rep, diff, launched.wall_s, notes, check)
+    return StepsCheck(
+        hazard=hazard,
+        steps=steps,
+        inject_step=inject_step,
+        as_is=as_is,
+        safe=safe,
+        twin=twin_rep,
+        param_diff=diff,
+        wall_s=launched.wall_s,
+        notes=notes,
+        plugin=check,
+    )
 
 
 def _plugin_check(
-    raised: Repro, skipped: Repro, seed: int, inject_step: int, max_skips, out: Path, timeout_s: float
+    raised: Repro, skipped: Repro, *, seed: int, inject_step: int, max_skips: int | None, out: Path, timeout_s: float
 ) -> PluginCheck:
     """Read the raise run's reports and run the replay each one prints: NANSCOPE_TRACE_STEP with the
     saved rollouts as --load-debug-rollout-data."""
-    import json
-
-    from nanscope.megatron import launcher
-    from nanscope.megatron.spec import Layout, RunSpec
-
-    files = [Path(p) for r in raised.ranks for p in r.reports if not p.endswith(".trace.json")]
-    reports = [json.loads(p.read_text()) for p in files]
-    check = PluginCheck(inject_step, raised, skipped, max_skips, reports, None)
+    files = [Path(path) for record in raised.ranks for path in record.reports if not path.endswith(".trace.json")]
+    reports = [json.loads(file.read_text()) for file in files]
+    check = PluginCheck(
+        inject_step=inject_step, raised=raised, skipped=skipped, max_skips=max_skips, reports=reports, replay=None
+    )
     if not reports:
         return check
     how = reports[0]["replay"]
@@ -403,7 +425,9 @@ def _plugin_check(
         load_rollouts=how["load_debug_rollout_data"],
     )
     launched = launcher.launch([spec], Layout(cp=1), timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags())
-    traces = [Path(p) for r in launched.runs[0].ranks for p in r.reports if p.endswith(".trace.json")]
+    traces = [
+        Path(path) for record in launched.runs[0].ranks for path in record.reports if path.endswith(".trace.json")
+    ]
     if traces:
         first = json.loads(traces[0].read_text())["first"]
         check.replay = {

@@ -7,7 +7,7 @@ import torch
 
 from nanscope import case
 from nanscope.cli.main import main
-from nanscope.dumps import demo
+from nanscope.dumps import demo, writers
 from tests.dumps.test_io import MkdirOnLoad
 
 
@@ -95,7 +95,7 @@ def test_train_demo_verdict_and_exit(tmp_path, capsys):
 
 def test_clean_dump_exits_0(tmp_path, capsys):
     samples = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
-    path = demo.write_rollout_dump(tmp_path / "0.pt", samples)
+    path = writers.write_rollout_dump(tmp_path / "0.pt", samples)
     rc, out, _ = run(capsys, str(path))
     assert rc == 0 and out.splitlines()[-1] == "slime v0.1.0 would produce NaN: no"
 
@@ -103,7 +103,7 @@ def test_clean_dump_exits_0(tmp_path, capsys):
 def test_flags_change_the_verdict(tmp_path, capsys):
     samples = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
     samples[2]["rollout_log_probs"][1] = float("nan")
-    path = str(demo.write_rollout_dump(tmp_path / "0.pt", samples))
+    path = str(writers.write_rollout_dump(tmp_path / "0.pt", samples))
     assert run(capsys, path)[1].splitlines()[-1] == "slime v0.1.0 would produce NaN: yes, via nan-rollout-logprob"
     rc, out, _ = run(capsys, path, "--no-use-tis")
     assert rc == 1 and out.splitlines()[-1] == "slime v0.1.0 would produce NaN: no"  # still listed, no mechanism
@@ -141,7 +141,7 @@ def test_length_mismatch_renders_then_exits_2(tmp_path, capsys):
     samples = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
     samples[5]["loss_mask"] = [1] * 6
     samples[6]["loss_mask"] = [1] * 9
-    path = demo.write_rollout_dump(tmp_path / "0.pt", samples)
+    path = writers.write_rollout_dump(tmp_path / "0.pt", samples)
     rc, out, err = run(capsys, str(path), "--json", str(tmp_path / "s.json"))
     assert rc == 2
     assert err == (
@@ -214,7 +214,7 @@ def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
     demo.write_demo(tmp_path / "rollout_data" / "12.pt")
     demo.write_demo(tmp_path / "train_data" / "12_0.pt", kind="train")
     clean = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
-    demo.write_rollout_dump(tmp_path / "rollout_data" / "13.pt", clean, rollout_id=13)
+    writers.write_rollout_dump(tmp_path / "rollout_data" / "13.pt", clean, rollout_id=13)
     (tmp_path / "notes.txt").write_text("not a dump")
     rc, out, err = run(capsys, str(tmp_path), "--json", str(tmp_path / "s.json"), "--workers", "2")
     assert (rc, err) == (1, "")

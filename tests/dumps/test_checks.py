@@ -8,8 +8,9 @@ import torch
 
 from nanscope import case, hazards
 from nanscope.causes import catalogue
-from nanscope.dumps import checks, demo, io
-from nanscope.dumps.config import ScanConfig
+from nanscope.dumps import checks, collector, demo, io, verdict, writers
+from nanscope.dumps.flags import ScanFlags
+from nanscope.dumps.result import HIST_LO, hazard_count
 
 
 def rows(result, kinds=None):
@@ -22,7 +23,7 @@ def rows(result, kinds=None):
 
 
 def scan_samples(tmp_path, samples, cfg=None, **load):
-    path = demo.write_rollout_dump(tmp_path / "r.pt", samples)
+    path = writers.write_rollout_dump(tmp_path / "r.pt", samples)
     return checks.scan(io.load(path, **load), case.scan_config() if cfg is None else cfg)
 
 
@@ -50,7 +51,7 @@ def test_rollout_demo_every_planted_hazard(tmp_path):
     # The bound histograms hold every response token once: 16 * 64 = 1023 binned + the nan of sample 9;
     # one (100) in bin [100, 101); masked: 16 per sample plus sample 14's other 48.
     h = r.histograms["kl-margin"]
-    assert (h.all.sum(), h.nan, h.all[100 - checks.HIST_LO + 1], h.masked.sum()) == (1023, 1, 1, 16 * 16 + 48)
+    assert (h.all.sum(), h.nan, h.all[100 - HIST_LO + 1], h.masked.sum()) == (1023, 1, 1, 16 * 16 + 48)
 
 
 def test_train_demo_every_planted_hazard(tmp_path):
@@ -72,7 +73,7 @@ def test_train_demo_every_planted_hazard(tmp_path):
 def test_clean_dump_is_clean(tmp_path, make_samples):
     r = scan_samples(tmp_path, make_samples(16))
     assert (r.hazards, r.would_nan, r.verdict) == ([], "no", "slime v0.1.0 would produce NaN: no")
-    assert checks.hazard_count(r) == 0
+    assert hazard_count(r) == 0
 
 
 def test_kl_threshold_is_the_fp32_exp_limit(tmp_path):
@@ -84,7 +85,7 @@ def test_kl_threshold_is_the_fp32_exp_limit(tmp_path):
         "log_probs": [torch.tensor([-90.0, -90.0, -1.0])],
         "ref_log_probs": [torch.tensor([-1.28, -1.27, -1.0])],
     }
-    demo.write_train_dump(tmp_path / "t.pt", data)
+    writers.write_train_dump(tmp_path / "t.pt", data)
     r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config())
     kl = rows(r, {"kl-margin"})
     assert len(kl) == 1 and kl[0][:6] == ("kl-margin", "kl-exp-overflow", 0, 1, 4, False)
@@ -98,7 +99,7 @@ def test_kl_check_follows_the_flags(tmp_path):
         "log_probs": [torch.tensor([-100.0, -1.0])],
         "ref_log_probs": [torch.tensor([-1.0, -1.0])],
     }
-    demo.write_train_dump(tmp_path / "t.pt", data)
+    writers.write_train_dump(tmp_path / "t.pt", data)
     cases = [({}, 1), ({"kl_loss_type": "k3"}, 1), ({"kl_loss_type": "kl"}, 0), ({"use_kl_loss": False}, 0)]
     for flags, expect in cases:
         r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config(**flags))
@@ -160,7 +161,7 @@ def test_length_mismatches_name_field_and_sample(tmp_path, make_samples):
 
 def test_cp_sliced_train_dump_without_cp_flags_hints(tmp_path):
     data = {"tokens": [torch.arange(10)], "response_lengths": [6], "log_probs": [torch.zeros(4)]}
-    demo.write_train_dump(tmp_path / "t.pt", data)
+    writers.write_train_dump(tmp_path / "t.pt", data)
     r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config())
     assert r.errors == [
         f"{tmp_path / 't.pt'}: log_probs of sample 0: length 4 != response_length 6 "
@@ -176,7 +177,7 @@ def test_cp_sliced_hazard_maps_to_its_response_token(tmp_path):
     lp = torch.full((4,), -1.0)
     lp[2] = math.nan
     data = {"tokens": [torch.arange(20)], "response_lengths": [12], "loss_masks": [mask], "log_probs": [lp]}
-    demo.write_train_dump(tmp_path / "t.pt", data, rank=0)
+    writers.write_train_dump(tmp_path / "t.pt", data, rank=0)
     r = checks.scan(io.load(tmp_path / "t.pt", cp_size=2, tp_size=1), case.scan_config())
     assert rows(r) == [("nonfinite-log-prob", "nan-logprob", 0, 10, 18, True, "nan", True)]
 
@@ -236,7 +237,7 @@ def test_catalogue_batches_as_train_dumps(tmp_path, name):
     data["loss_masks"] = [m.int() for m in b["loss_masks"]]
     data["rollout_log_probs"] = [x.to(torch.bfloat16) for x in b["rollout_log_probs"]]
     data["rewards"] = [float(a[0]) for a in b["advantages"]]
-    demo.write_train_dump(tmp_path / "t.pt", data)
+    writers.write_train_dump(tmp_path / "t.pt", data)
     r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config())
     site = b["hazard_site"]
     expect = {
@@ -264,7 +265,7 @@ def test_catalogue_batches_as_train_dumps(tmp_path, name):
 
 def test_bf16_rounding_matches_torch():
     # slime builds rollout_log_probs with torch.tensor(list, dtype=bfloat16); the checks round the same way.
-    from nanscope.dumps.checks import _bf16
+    from nanscope.dumps.sample_checks import bf16
 
     rng = np.random.default_rng(0)
     x = np.concatenate(
@@ -275,22 +276,22 @@ def test_bf16_rounding_matches_torch():
         ]
     )
     want = torch.tensor(x.tolist(), dtype=torch.bfloat16).float().numpy()
-    np.testing.assert_array_equal(_bf16(x), want)
+    np.testing.assert_array_equal(bf16(x), want)
     # bf16 keeps 8 significant bits, a step of 0.5 in [64, 128): -88.7 -> -88.5; -88.75 is halfway between
     # -88.5 (mantissa 0110001, odd) and -89.0 (0110010, even) and rounds to even: -89.0.
-    assert _bf16(np.array([-88.7, -88.75])).tolist() == [-88.5, -89.0]
+    assert bf16(np.array([-88.7, -88.75])).tolist() == [-88.5, -89.0]
 
 
 def test_histogram_bins():
     # Bin 0: < -40 (and -inf); bin b: [-41 + b, -40 + b); last bin 161: >= 120 (and +inf); nan apart.
-    col = checks._Collector(case.scan_config(histograms=True))
+    col = collector.Collector(case.scan_config(histograms=True), looks_at={"k": "label"})
     x = np.array(
         [-1e9, -41.0, -40.5, -math.inf, -40.0, -0.5, 0.0, 0.99, 88.72, 88.73, 119.9, 120.0, math.inf, math.nan],
         np.float32,
     )
     masked = np.zeros(x.size, bool)
     masked[8] = True
-    col.histogram("k", "label", x, masked)
+    col.histogram("k", x, masked)
     h = col.hist["k"]
     nz = np.flatnonzero(h.all)
     assert dict(zip(nz.tolist(), h.all[nz].tolist())) == {0: 4, 1: 1, 40: 1, 41: 2, 129: 2, 160: 1, 161: 2}
@@ -321,7 +322,7 @@ def test_verdict_agrees_with_slime_loss_model(tmp_path, key, value):
         rollout_log_probs=[x.to(torch.bfloat16) for x in b["rollout_log_probs"]],
         rewards=[float(a[0]) for a in b["advantages"]],
     )
-    demo.write_train_dump(tmp_path / "t.pt", data)
+    writers.write_train_dump(tmp_path / "t.pt", data)
     r = checks.scan(io.load(tmp_path / "t.pt"), case.scan_config())
     assert (r.would_nan == "yes") == nan_in_slime
     assert any(h.sample == 0 and h.token == j and h.masked for h in r.hazards)  # the site is listed either way
@@ -338,13 +339,13 @@ def test_config_for_case_reads_the_case():
         flags["use_tis"],
     )
     assert (cfg.rollout_max_response_len, cfg.rewards_normalization, cfg.grpo_std_normalization) == (61440, True, True)
-    assert case.scan_config(use_tis=False, max_listed=3) == ScanConfig(
+    assert case.scan_config(use_tis=False, max_listed=3) == ScanFlags(
         **{**vars(cfg), "use_tis": False, "max_listed": 3}
     )
 
 
 def test_mechanisms_are_catalogue_names_plus_scan_own():
-    assert checks.MECHANISMS[:4] == tuple(
+    assert verdict.MECHANISMS[:4] == tuple(
         h.name
         for h in (
             catalogue.KL_EXP_OVERFLOW,
@@ -353,7 +354,7 @@ def test_mechanisms_are_catalogue_names_plus_scan_own():
             catalogue.NAN_REWARD,
         )
     )
-    assert checks.MECHANISMS[4] == checks.NAN_LOGPROB not in catalogue.BY_NAME
+    assert verdict.MECHANISMS[4] == verdict.NAN_LOGPROB not in catalogue.BY_NAME
 
 
 def test_every_check_is_one_record_in_report_order(tmp_path):

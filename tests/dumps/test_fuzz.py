@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanscope import case
-from nanscope.dumps import checks, demo, io
+from nanscope.dumps import checks, demo, io, writers
 from nanscope.errors import UserError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -26,7 +26,7 @@ def scan_or_user_error(path, **load) -> str:
 @SETTINGS
 @given(data=st.data())
 def test_corrupted_bytes(tmp_path, data):
-    good = demo.write_rollout_dump(tmp_path / "good.pt", [demo.rollout_sample(i, 3, 5) for i in range(4)])
+    good = writers.write_rollout_dump(tmp_path / "good.pt", [demo.rollout_sample(i, 3, 5) for i in range(4)])
     raw = bytearray(good.read_bytes())
     for _ in range(data.draw(st.integers(1, 8))):
         raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
@@ -100,7 +100,7 @@ def test_random_train_structures(tmp_path, n, data, cp):
     for key in data.draw(st.lists(st.sampled_from(train_keys), unique=True)):
         length = data.draw(st.sampled_from([n, n, n + 1]))
         rollout_data[key] = data.draw(st.lists(weird, min_size=length, max_size=length))
-    path = demo.write_train_dump(tmp_path / "t.pt", rollout_data, rank=data.draw(st.integers(0, 7)))
+    path = writers.write_train_dump(tmp_path / "t.pt", rollout_data, rank=data.draw(st.integers(0, 7)))
     scan_or_user_error(path, cp_size=cp, tp_size=2)
 
 
@@ -108,5 +108,5 @@ def test_valid_but_extreme_values_scan(tmp_path):
     s = demo.rollout_sample(0, 2, 4)
     s["rollout_log_probs"] = [math.nan, math.inf, -math.inf, 1e308]
     s["reward"] = 1e308  # overflows float32 in slime's reward tensor
-    path = demo.write_rollout_dump(tmp_path / "x.pt", [s, demo.rollout_sample(1, 2, 4)])
+    path = writers.write_rollout_dump(tmp_path / "x.pt", [s, demo.rollout_sample(1, 2, 4)])
     assert scan_or_user_error(path) == "ok"

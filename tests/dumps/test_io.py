@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from nanscope.dumps import demo, io
+from nanscope.dumps import demo, io, train_dump, writers
 from nanscope.dumps.limits import Limits
 from nanscope.errors import UserError
 
@@ -25,7 +25,7 @@ class MkdirOnLoad:
 def test_rollout_dump_round_trip(tmp_path, make_samples):
     samples = make_samples(2, prompt=4, response=8)
     samples[1]["loss_mask"] = None  # slime fills all ones
-    path = demo.write_rollout_dump(tmp_path / "3.pt", samples, rollout_id=3)
+    path = writers.write_rollout_dump(tmp_path / "3.pt", samples, rollout_id=3)
     dump = io.load(path)
     s0, s1 = list(dump.samples())
     assert (dump.kind, dump.rollout_id, dump.rank, dump.num_samples) == ("rollout", 3, None, 2)
@@ -37,7 +37,7 @@ def test_rollout_dump_round_trip(tmp_path, make_samples):
 
 
 def test_rollout_samples_stream_while_the_file_is_read(tmp_path, make_samples):
-    path = demo.write_rollout_dump(tmp_path / "0.pt", make_samples(3, response=5000))
+    path = writers.write_rollout_dump(tmp_path / "0.pt", make_samples(3, response=5000))
     dump = io.load(path)
     it = dump.samples()
     next(it)
@@ -49,7 +49,7 @@ def test_rollout_samples_stream_while_the_file_is_read(tmp_path, make_samples):
 def test_reward_key_picks_from_dict_rewards(tmp_path, make_samples):
     samples = make_samples(1)
     samples[0]["reward"] = {"score": 0.5, "len": 3}
-    path = demo.write_rollout_dump(tmp_path / "0.pt", samples)
+    path = writers.write_rollout_dump(tmp_path / "0.pt", samples)
     assert next(io.load(path, reward_key="score").samples()).reward == 0.5
     with pytest.raises(UserError) as e:
         next(io.load(path).samples())
@@ -86,7 +86,7 @@ def test_plain_pickle_is_not_a_torch_save_archive(tmp_path):
 
 @pytest.mark.parametrize("keep", [0, 10, 200, 2000])
 def test_truncated_file_is_one_line(tmp_path, make_samples, keep):
-    good = demo.write_rollout_dump(tmp_path / "good.pt", make_samples(4))
+    good = writers.write_rollout_dump(tmp_path / "good.pt", make_samples(4))
     bad = tmp_path / "bad.pt"
     bad.write_bytes(good.read_bytes()[:keep])
     with pytest.raises(UserError) as e:
@@ -105,7 +105,7 @@ def test_missing_file_directory_fifo_and_size_cap(tmp_path, make_samples):
         io.load(tmp_path / "fifo")
     with pytest.raises(UserError, match=r"^/dev/zero: dump: not a regular file \(a character device\)$"):
         io.load("/dev/zero")
-    path = demo.write_rollout_dump(tmp_path / "0.pt", make_samples(2))
+    path = writers.write_rollout_dump(tmp_path / "0.pt", make_samples(2))
     with pytest.raises(UserError) as e:
         io.load(path, limits=Limits(max_bytes=100))
     assert (
@@ -183,13 +183,13 @@ def test_train_dump_cp_positions_follow_the_zigzag(tmp_path):
         "loss_masks": [torch.ones(6, dtype=torch.int)],
         "log_probs": [torch.zeros(6)],
     }
-    demo.write_train_dump(tmp_path / "r1.pt", data, rank=1)
+    writers.write_train_dump(tmp_path / "r1.pt", data, rank=1)
     s = next(io.load(tmp_path / "r1.pt", cp_size=2, tp_size=1).samples())
     assert s.positions.tolist() == [0, 1, 2, 3, 4, 5]
     # rank 4 with tp 4: cp rank (4 // 4) % 2 = 1 as well; rank 2 with tp 4: cp rank 0 -> no entries.
-    demo.write_train_dump(tmp_path / "r4.pt", data, rank=4)
+    writers.write_train_dump(tmp_path / "r4.pt", data, rank=4)
     assert next(io.load(tmp_path / "r4.pt", cp_size=2, tp_size=4).samples()).positions.tolist() == [0, 1, 2, 3, 4, 5]
-    demo.write_train_dump(tmp_path / "r2.pt", data, rank=2)
+    writers.write_train_dump(tmp_path / "r2.pt", data, rank=2)
     assert next(io.load(tmp_path / "r2.pt", cp_size=2, tp_size=4).samples()).positions.tolist() == []
 
 
@@ -197,8 +197,8 @@ def test_cp_response_positions_split_response(tmp_path):
     # total 20, response 12, prompt 8, cp 2: chunk 5. Logits of the response: positions 7..18.
     # rank 0: chunks [0,5) and [15,20) -> logits 15..18 -> response 8..11.
     # rank 1: chunks [5,10) and [10,15) -> logits 7..9 and 10..14 -> response 0..2 and 3..7.
-    assert io.cp_response_positions(20, 12, 2, 0).tolist() == [8, 9, 10, 11]
-    assert io.cp_response_positions(20, 12, 2, 1).tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert train_dump.cp_response_positions(20, 12, 2, 0).tolist() == [8, 9, 10, 11]
+    assert train_dump.cp_response_positions(20, 12, 2, 1).tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
 def test_shared_sample_dict_and_strided_tensor_are_refused(tmp_path):
@@ -211,7 +211,7 @@ def test_shared_sample_dict_and_strided_tensor_are_refused(tmp_path):
         "slime's one dict per sample)"
     )
     data = {"tokens": [torch.arange(8)], "response_lengths": [2], "log_probs": [torch.zeros(4)[::2]]}
-    demo.write_train_dump(tmp_path / "t.pt", data)
+    writers.write_train_dump(tmp_path / "t.pt", data)
     with pytest.raises(UserError) as e:
         list(io.load(tmp_path / "t.pt").samples())
     assert str(e.value) == (

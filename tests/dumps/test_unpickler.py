@@ -371,9 +371,9 @@ def test_slime_shaped_dumps_are_accepted_and_the_same(tmp_path):
 
 def test_a_sample_changed_after_it_was_handed_out_is_refused(tmp_path):
     """A sample dict put back on the stack (BINGET) and given another key after the scan read it."""
-    from nanscope.dumps import demo
+    from nanscope.dumps import demo, writers
 
-    good = demo.write_rollout_dump(tmp_path / "g.pt", [demo.rollout_sample(i, 2, 3) for i in range(3)])
+    good = writers.write_rollout_dump(tmp_path / "g.pt", [demo.rollout_sample(i, 2, 3) for i in range(3)])
     raw = records(good)["data.pkl"]
     first = raw.index(b"}", raw.index(u("samples")))  # sample 0's EMPTY_DICT, memoized right after
     memo = raw[first + 1 : first + 3]

@@ -6,7 +6,8 @@ import pytest
 
 from nanscope.facts.flags import BY_SPELLING
 from nanscope.launch.config import batches, resolve
-from nanscope.launch.findings import PLUGIN, findings, fine
+from nanscope.launch.findings import findings, fine
+from nanscope.launch.findings.finding import PLUGIN
 
 CASE_FLAGS = [
     "--actor-num-nodes",

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanscope.errors import UserError
-from nanscope.launch import script
-from nanscope.launch.script import parse_env, parse_script
+from nanscope.launch.script import bounds, parse_env, parse_script
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 CASE = Path(__file__).resolve().parents[2] / "src" / "nanscope" / "cases" / "slime-795"
@@ -254,7 +253,7 @@ def test_nesting_past_the_cap_is_noted():
 
 
 def test_a_script_of_too_many_statements_stops_with_a_hint(tmp_path, monkeypatch):
-    monkeypatch.setattr(script, "MAX_STEPS", 3000)  # each `a=1` is 3 steps: the statement, the value, its word
+    monkeypatch.setattr(bounds, "MAX_STEPS", 3000)  # each `a=1` is 3 steps: the statement, the value, its word
     path = _script(tmp_path, "a=1\n" * 2000 + "python3 t.py\n")
     with pytest.raises(
         UserError,

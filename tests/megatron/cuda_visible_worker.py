@@ -19,7 +19,8 @@ torch.cuda.device_count = lambda: 1
 
 def main(out: Path) -> None:
     from nanscope import case
-    from nanscope.megatron import bootstrap, cpu, worker
+    from nanscope.megatron import bootstrap, cpu
+    from nanscope.megatron.run import Runner
     from nanscope.megatron.spec import Layout, RunSpec, WorkerSpec
     from nanscope.megatron.watchdog import Watchdog
 
@@ -28,8 +29,8 @@ def main(out: Path) -> None:
     spec = WorkerSpec(
         Layout(tp=1, pp=1), runs, rank_timeout_s=120, startup_timeout_s=60, bf16=True, loss_flags=case.loss_flags()
     )
-    w = worker.Worker(spec, out, Watchdog(out, rank=0))
-    records = [dataclasses.asdict(w.execute(i, run)) for i, run in enumerate(runs)]
+    runner = Runner(spec, out, Watchdog(out, rank=0))
+    records = [dataclasses.asdict(runner.execute(i, run)) for i, run in enumerate(runs)]
     print(json.dumps({"patched": cpu.installed(), "records": records}))
 
 

@@ -33,7 +33,9 @@ def test_zigzag_cp2_matches_whole_sequence(single_process, hazard):
     out = {}
     for cp in (1, 2):
         x = padded.clone().requires_grad_(True)
-        loss, normalizer, log = step._cp_loss(as_is.loss_function, args, mb, 8, cp, x)
+        loss, normalizer, log = step._cp_loss(
+            x, loss_function=as_is.loss_function, args=args, batch=mb, num_microbatches=8, cp=cp
+        )
         loss.backward()
         # slime's reduction on the last stage: value * cp / num_samples (counted once per CP rank)
         metrics = (log["values"][1:] * cp / log["values"][0]).tolist()

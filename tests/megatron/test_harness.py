@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nanscope import case
-from nanscope.megatron import launcher, worker
+from nanscope.megatron import launcher
+from nanscope.megatron.run import checksum
 from nanscope.megatron.spec import Layout, RunSpec
 
 pytestmark = pytest.mark.integration
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     out = tmp_path_factory.mktemp("harness")
-    # run 2: healthy again, its first-step log-prob pass shared with run 0's (worker.Worker.policy), its
+    # run 2: healthy again, its first-step log-prob pass shared with run 0's (run.Runner.policy), its
     # grads compared on each rank with those run 0 saved
     runs = [
         RunSpec("healthy", save_params=True, save_grads=True),
@@ -66,7 +67,7 @@ def test_healthy_step_completes(launched):
     assert all(r.losses == [{}] for r in run.ranks if not r.holds_output_layer)
     # Saved parameters are the ones the checksum covers.
     params = torch.load(run.ranks[0].params_path)
-    assert worker.checksum(params) == run.ranks[0].param_checksum
+    assert checksum(params) == run.ranks[0].param_checksum
 
 
 @pytest.mark.timeout(300)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from nanscope import case
-from nanscope.slime_plugin.hook import Settings, replay_instruction
+from nanscope.slime_plugin.outputs import replay_instruction
+from nanscope.slime_plugin.settings import Settings
 
 WORKER = Path(__file__).parents[1] / "workers" / "hook_worker.py"
 
@@ -40,6 +41,20 @@ def test_settings_from_the_environment():
         ),
         ({"NANSCOPE_TRACE_STEP": "12"}, "NANSCOPE_TRACE_STEP='12': expected ROLLOUT:STEP, e.g. 12:0"),
         ({"NANSCOPE_TRACE_STEP": "a:1"}, "NANSCOPE_TRACE_STEP='a:1': expected ROLLOUT:STEP, e.g. 12:0"),
+        # int() takes other scripts' digits and any length; a setting takes ASCII digits, few of them
+        ({"NANSCOPE_MAX_SKIPS": "\u0663"}, "NANSCOPE_MAX_SKIPS='\u0663': expected an integer >= 1"),
+        ({"NANSCOPE_MAX_SKIPS": "\uff13"}, "NANSCOPE_MAX_SKIPS='\uff13': expected an integer >= 1"),
+        ({"NANSCOPE_MAX_SKIPS": "\u00b2"}, "NANSCOPE_MAX_SKIPS='\u00b2': expected an integer >= 1"),
+        (
+            {"NANSCOPE_MAX_SKIPS": "9" * 5000},
+            f"NANSCOPE_MAX_SKIPS={'9' * 40!r}... (5000 characters): expected an integer >= 1",
+        ),
+        ({"NANSCOPE_TRACE_STEP": "\u0663:0"}, "NANSCOPE_TRACE_STEP='\u0663:0': expected ROLLOUT:STEP, e.g. 12:0"),
+        (
+            {"NANSCOPE_TRACE_STEP": "1:" + "9" * 5000},
+            f"NANSCOPE_TRACE_STEP={'1:' + '9' * 38!r}... (5002 characters): expected ROLLOUT:STEP, e.g. 12:0",
+        ),
+        ({"NANSCOPE_NAN_POLICY": "lenient"}, "NANSCOPE_NAN_POLICY='lenient': expected one of drop, strict"),
     ],
 )
 def test_bad_settings_are_one_line(env, message):
@@ -142,3 +157,17 @@ def test_trace_step_names_the_op_module_line_sample_and_token(worker):
     assert (
         "nanscope trace of rollout 1 step 0 (all ranks):\n  forward: rank 0 (pp 0, tp 0): aten.exp.default produced inf"
     ) in stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_goes_on_as_without_it(worker):
+    result, stdout = worker
+    skip, raised = result["unwritable_skip"], result["unwritable_raise"]
+    # skip mode: the step is still skipped and the run goes on; raise mode: megatron's own error, unchanged
+    assert skip["skipped"] == 1 and skip["error"] is None and skip["reports"] == []
+    assert skip["grad_norms"][1] != skip["grad_norms"][1] and skip["grad_norms"][2] > 0
+    assert raised["error"] == result["trace"]["error"] and raised["error"].endswith(case.nan_check_message())
+    assert raised["reports"] == []
+    assert stdout.count("nanscope: warning: rank 0: could not write its report to ") == 2
+    assert "rollout 1 step 0: no report written; to name the op: " in stdout

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.slime_releases
 
-from nanscope.dumps import demo  # noqa: E402
+from nanscope.dumps import demo, writers  # noqa: E402
 from nanscope.facts import releases  # noqa: E402
 from tests.slime_releases.standins import load_module  # noqa: E402
 
@@ -43,7 +43,7 @@ def main() -> None:
         "fields": list(Sample().to_dict()),
         "roundtrip": all(list(a) == list(b) and a == b for a, b in zip(dicts, ours)),
     }
-    demo.write_rollout_dump(args.out / "ours-rollout.pt", ours, ROLLOUT_ID)
+    writers.write_rollout_dump(args.out / "ours-rollout.pt", ours, ROLLOUT_ID)
     if release.key == releases.MAIN:
         writer = load_module(args.slime_src, "slime.observability.rollout_data_utils")
         writer.save_debug_rollout_data(str(args.out / "real-rollout.pt"), real, rollout_id=ROLLOUT_ID, evaluation=False)
@@ -51,7 +51,7 @@ def main() -> None:
         torch.save(dict(rollout_id=ROLLOUT_ID, samples=dicts), args.out / "real-rollout.pt")
 
     data, _ = demo.demo_train(release.key)
-    demo.write_train_dump(args.out / "ours-train.pt", data, ROLLOUT_ID, rank=0, release=release.key)
+    writers.write_train_dump(args.out / "ours-train.pt", data, ROLLOUT_ID, rank=0, release=release.key)
     _write_train(args, release, data)
     (args.out / "facts.json").write_text(json.dumps(facts))
 

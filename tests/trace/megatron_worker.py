@@ -27,7 +27,9 @@ def main(out_path: str) -> None:
     from nanscope.loss import as_is
     from nanscope.megatron import bootstrap
     from nanscope.megatron.model import TinyQwen3MoE
-    from nanscope.trace import Sentinel, Tracer, replay
+    from nanscope.trace import replay
+    from nanscope.trace.locator import Tracer
+    from nanscope.trace.sentinel import Sentinel
 
     torch.set_num_threads(1)
     bootstrap.init(timeout_s=60)

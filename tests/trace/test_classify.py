@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from nanscope.causes.classes import CLASSES, DATA, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_FORWARD, OPTIMIZER
-from nanscope.trace import Hit, Sentinel
 from nanscope.trace.classify import Observation, classify, layer_of
+from nanscope.trace.reading import Hit, Producer
+from nanscope.trace.sentinel import Sentinel
 
 
 class Net(torch.nn.Module):
@@ -187,8 +188,6 @@ def test_a_stage_without_the_loss_says_where_the_loss_is():
 def test_the_producer_of_the_first_nonfinite_output_gradient_is_the_module_named():
     # Parameter checks reach a child first (the experts' last linear); the output-gradient checks show the
     # gradient was finite at the router's output and non-finite at the next output checked.
-    from nanscope.trace.sentinel import Producer
-
     hit = Hit("decoder.layers.0.self_attention.linear_proj", 1, 7, "decoder.layers.0.self_attention.linear_proj.weight")
     made = Producer("decoder.layers.0.mlp.router", "decoder.layers.0.pre_mlp_layernorm", 1)
     c = classify(Observation(backward=hit, output_grad_finite=True, loss_inputs={}, producer=made, layer_offset=2))

@@ -5,7 +5,7 @@ import warnings
 
 import torch
 
-from nanscope.trace import Tracer
+from nanscope.trace.locator import Tracer
 
 
 class LogBlock(torch.nn.Module):

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from nanscope.trace import Hit, Sentinel
-from nanscope.trace import sentinel as sentinel_mod
+from nanscope.trace import call_layers, grad_screens, slots
+from nanscope.trace.reading import Hit, Producer
+from nanscope.trace.sentinel import Sentinel
 
 
 class Exp(torch.nn.Module):
@@ -67,11 +68,11 @@ def test_grads_reads_main_grad_when_present():
     net.fc1.bias.main_grad[1] = float("nan")
     r = s.read(grads=True)
     assert r.grads == ["fc1.bias"] and r.forward is None and r.backward is None
-    assert sentinel_mod.check_grads(net) == ["fc1.bias"]
-    assert sentinel_mod.check_grads([("w", torch.nn.Parameter(torch.zeros(2)))]) == []  # no grad yet
+    assert grad_screens.check_grads(net) == ["fc1.bias"]
+    assert grad_screens.check_grads([("w", torch.nn.Parameter(torch.zeros(2)))]) == []  # no grad yet
     # 1e20 is finite, but its square overflows the 2-norm used as a fast screen: re-checked exactly.
     net.fc1.bias.main_grad.fill_(1e20)
-    assert s.read(grads=True).grads == [] and sentinel_mod.check_grads(net) == []
+    assert s.read(grads=True).grads == [] and grad_screens.check_grads(net) == []
 
 
 def test_hooks_never_read_a_flag_on_the_host(monkeypatch):
@@ -90,7 +91,7 @@ def test_hooks_never_read_a_flag_on_the_host(monkeypatch):
 
 
 def test_folding_keeps_the_exact_order(monkeypatch):
-    monkeypatch.setattr(sentinel_mod, "_FOLD", 3)
+    monkeypatch.setattr(slots, "_FOLD", 3)
     net = Net()
     s = Sentinel([net])
     _step(net, [GOOD] * 5 + [BAD])  # 5 clean micro-batches x 3 checks: exp of micro-batch 5 is call 16
@@ -177,7 +178,7 @@ def test_remove_restores_every_module_call_and_sentinels_stack():
     _step(net, [BAD])
     assert first.read().forward is None and second.read().forward == Hit("exp", 0, 1, None)
     second.remove()
-    assert all("_call_impl" not in vars(m) and sentinel_mod._CHECKS not in vars(m) for m in net.modules())
+    assert all("_call_impl" not in vars(m) and call_layers.CHECKS not in vars(m) for m in net.modules())
 
 
 def test_checks_see_forward_hooks_registered_after_the_sentinel():
@@ -260,10 +261,11 @@ def test_steady_state_reuses_the_slots():
     s = Sentinel([net])
     _step(net, [GOOD, GOOD])
     s.read()
-    buffer, slots = s._fwd._buffer, list(s._fwd._slots)
+    forward = s._outputs.forward
+    buffer, views = forward._buffer, list(forward.slots)
     _step(net, [GOOD, BAD])
     assert s.read().forward == Hit("exp", 1, 4, None)
-    assert s._fwd._buffer is buffer and len(slots) == 6 and all(a is b for a, b in zip(s._fwd._slots, slots))
+    assert forward._buffer is buffer and len(views) == 6 and all(a is b for a, b in zip(forward.slots, views))
 
 
 def test_grads_screen_a_flat_buffer_once_and_name_the_parameter_exactly():
@@ -275,7 +277,7 @@ def test_grads_screen_a_flat_buffer_once_and_name_the_parameter_exactly():
     for p in params:  # main_grad views into one buffer, as megatron's DDP lays them out
         p.main_grad = flat[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
-    assert sentinel_mod._storage_norms(net.named_parameters()).shape == (1,)  # one norm, not four
+    assert grad_screens.storage_norms(net.named_parameters()).shape == (1,)  # one norm, not four
     assert s.read(grads=True).grads == []
     net.fc2.weight.main_grad[0, 1] = float("inf")
     assert s.read(grads=True).grads == ["fc2.weight"]
@@ -319,7 +321,7 @@ def test_output_grads_name_the_module_whose_backward_made_the_first_nonfinite_gr
     # Backward of micro-batch 0: fc2's output (finite), bad's output (finite), fc1's output (NaN: bad's
     # backward made it). Parameter checks alone reach fc1 first (bad holds no parameter).
     assert r.forward is None and (r.backward.module, r.backward.microbatch) == ("fc1", 0)
-    assert r.producer == sentinel_mod.Producer(module="bad", seen_at="fc1", microbatch=0, order=2)
+    assert r.producer == Producer(module="bad", seen_at="fc1", microbatch=0, order=2)
     assert not r.finite and r.to_dict()["producer"] == {"module": "bad", "seen_at": "fc1", "microbatch": 0, "order": 2}
     s.remove()
 
@@ -330,7 +332,7 @@ def test_output_grads_say_when_the_gradient_arrived_nonfinite():
     net(GOOD).sum().backward()
     net(GOOD).sum().backward(torch.tensor(float("nan")))  # micro-batch 1: a non-finite loss gradient
     r = s.read()
-    assert r.producer == sentinel_mod.Producer(module=None, seen_at="fc2", microbatch=1, order=3)
+    assert r.producer == Producer(module=None, seen_at="fc2", microbatch=1, order=3)
     # off by default: no output-gradient check, no producer
     net2 = Chain()
     s2 = Sentinel(net2)
@@ -363,7 +365,7 @@ def test_gradients_are_screened_once_per_backward_call_not_per_parameter():
     s = Sentinel([net])
     _step(net, [GOOD, GOOD, BAD])
     # One flat buffer: one screen before the first backward call and one at the end of each of the 3.
-    assert s._screens.labels == [-1, 0, 1, 2]
+    assert s._gradients.screens.labels == [-1, 0, 1, 2]
     r = s.read()
     # Micro-batch 2 made fc2.weight's gradient inf (see the first test); 4 gradients arrived per call
     # before it, and fc2.bias (finite) arrives ahead of fc2.weight or after it: order 8 or 9.

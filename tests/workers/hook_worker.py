@@ -13,6 +13,8 @@ Scenarios, each on a freshly built model (so the hook reinstalls on new chunks):
              bad rollout's step, [healthy, healthy] on the same seeds: its final parameters
   max_skips  skip with NANSCOPE_MAX_SKIPS=2 over [bad, healthy, bad, bad]
   trace      NANSCOPE_TRACE_STEP=1:0 with --load-debug-rollout-data over [healthy, kl-exp-overflow]
+  unwritable the report cannot be written (its path is taken by a directory), in skip mode over
+             [healthy, bad, later] and in raise mode over [healthy, bad]: a warning, the run as without it
 
 Writes OUT_DIR/result.json.
 """
@@ -95,11 +97,14 @@ def main(out: Path) -> None:
         scheduler.step(increment=n)
         return grad_norm
 
-    def train(hazards_at, hook=True, **env):
+    def train(hazards_at, hook=True, block_reports=False, **env):
         """A fresh model, then one rollout per entry of `hazards_at` ("healthy" / "bad" / "later"): a new job,
         whose plugin reads this environment at its first step."""
         slime_plugin.uninstall()
-        os.environ.update({"NANSCOPE_REPORT_DIR": str(out / "reports"), **env})
+        reports = out / ("blocked" if block_reports else "reports")
+        os.environ.update({"NANSCOPE_REPORT_DIR": str(reports), **env})
+        if block_reports:  # the report of rollout 1 step 0 on rank 0 cannot be written: a directory has its name
+            (reports / "rollout1_step0_rank0.json").mkdir(parents=True, exist_ok=True)
         model, _, optimizer = bootstrap.build_training(seed=0, bf16=False)
         scheduler = lr_schedule(optimizer)
         norms, error = [], None
@@ -137,6 +142,8 @@ def main(out: Path) -> None:
     result["max_skips"] = train(["bad", "healthy", "bad", "bad"], **skip_two)[2]
     result["trace"] = train(["healthy", "bad"], NANSCOPE_TRACE_STEP="1:0")[2]
     result["files"] = {p: json.loads(Path(p).read_text()) for p in result["trace"]["reports"]}
+    result["unwritable_skip"] = train(["healthy", "bad", "later"], block_reports=True, NANSCOPE_ON_NONFINITE="skip")[2]
+    result["unwritable_raise"] = train(["healthy", "bad"], block_reports=True)[2]
     slime_plugin.uninstall()
     (out / "result.json").write_text(json.dumps(result, indent=1))
 

@@ -10,9 +10,21 @@ mechanisms.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import warnings
+from importlib.resources import as_file
 
+from nanscope import case
 from nanscope.errors import UserError
 from nanscope.facts import releases
+from nanscope.inputs import MiB, read_text
+from nanscope.launch import Diagnosis, diagnose
+from nanscope.launch.script import parse_env
+from nanscope.launch.script.bounds import OPTION
+from nanscope.report.doctor.document import to_dict
+from nanscope.report.doctor.page import render_html
+from nanscope.report.files import check_writable, write_json, write_text
 
 EPILOG = """examples:
   nanscope doctor --case slime-795
@@ -23,78 +35,71 @@ EPILOG = """examples:
 
 
 def add_parser(sub):
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "doctor",
         help="explain a NaN crash from the launch script and traceback",
         description=__doc__,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("script", nargs="?", help="slime launch script (bash); read, never executed")
-    p.add_argument("--case", help="use a bundled case (slime-795) instead of a script")
-    p.add_argument(
+    parser.add_argument("script", nargs="?", help="slime launch script (bash); read, never executed")
+    parser.add_argument("--case", help="use a bundled case (slime-795) instead of a script")
+    parser.add_argument(
         "--env",
         action="append",
         metavar="K=V",
         default=[],
         help="a variable the script reads from its environment (repeatable)",
     )
-    p.add_argument(
+    parser.add_argument(
         "--model",
         metavar="JSON",
         help="architecture JSON standing in for a missing model-args file: "
         "Megatron names (num_layers, num_experts) or a HF config.json",
     )
-    p.add_argument("--model-args", metavar="FILE", help="model-args file to read where the script sources one")
-    p.add_argument("--traceback", metavar="FILE", help="the crash's traceback (Ray-wrapped or not)")
-    p.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
-    p.add_argument(
+    parser.add_argument("--model-args", metavar="FILE", help="model-args file to read where the script sources one")
+    parser.add_argument("--traceback", metavar="FILE", help="the crash's traceback (Ray-wrapped or not)")
+    parser.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
+    parser.add_argument(
         "--slime-version",
         metavar="RELEASE",
         help=f"the slime release whose defaults, flags and rules apply: {', '.join(releases.KEYS)} "
         "(0.2.4 and V0.2.4 work too; default: the release the script names or its flags imply, else "
         f"{releases.DEFAULT.key}, said in the output)",
     )
-    p.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON")
-    p.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
-    p.add_argument(
+    parser.add_argument("--json", metavar="PATH", help="write the diagnosis as JSON")
+    parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
+    parser.add_argument(
         "--max-input-mb",
         type=_megabytes,
         default=_megabytes("4"),
         metavar="MB",
         help="largest script, sourced file, model file or traceback read (default 4)",
     )
-    return p
+    return parser
 
 
 def _megabytes(text: str) -> int:
     """`--max-input-mb` in bytes."""
-    from nanscope.inputs import MiB
-
     try:
-        mb = float(text)
+        mebibytes = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < mb <= 1 << 20:
+    if not 0 < mebibytes <= 1 << 20:
         raise argparse.ArgumentTypeError(f"{text}: expected a size in MiB, > 0 and <= {1 << 20}")
-    return int(mb * MiB)
+    return int(mebibytes * MiB)
 
 
 def _load_model(path: str, limit: int) -> dict:
-    import json
-
-    from nanscope.inputs import read_text
-    from nanscope.launch.script import OPTION
-
     text = read_text(path, "model JSON", limit, OPTION)
     try:
         model = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path}: not valid JSON: {error.msg} at line {error.lineno}") from None
     except RecursionError:
         raise UserError(f"{path}: model JSON nested too deeply (expected an object of architecture fields)") from None
-    except ValueError as e:  # an integer past Python's 4,300-digit conversion limit
-        raise UserError(f"{path}: not valid JSON: {str(e).split(':')[0]}") from None
+    except ValueError as error:  # an integer past Python's 4,300-digit conversion limit
+        raise UserError(f"{path}: not valid JSON: {str(error).split(':')[0]}") from None
     if not isinstance(model, dict):
         raise UserError(f"{path}: expected a JSON object of architecture fields")
     return model
@@ -102,11 +107,6 @@ def _load_model(path: str, limit: int) -> dict:
 
 def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
     """(script, env, model JSON path, traceback path), with --case's bundled files as defaults."""
-    from importlib.resources import as_file
-
-    from nanscope import case
-    from nanscope.launch.script import parse_env
-
     if args.case and args.script:
         raise UserError("give a launch script or --case, not both")
     if not args.case and not args.script:
@@ -128,14 +128,6 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
 
 
 def run(args) -> int:
-    import contextlib
-    import warnings
-
-    from nanscope import case
-    from nanscope.inputs import read_text
-    from nanscope.launch.script import OPTION
-    from nanscope.report.files import check_writable
-
     if args.slime_version is not None:
         releases.get(args.slime_version)  # an unknown release is refused before anything is read
     for flag, path in (("--json", args.json), ("--html", args.html)):
@@ -150,34 +142,31 @@ def run(args) -> int:
             model_origin = f"model.json (bundled with {args.case})" if args.case and not args.model else model_path
         tb_text = read_text(tb_path, "traceback", limit, OPTION) if tb_path else None
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # megatron-core warns about missing TE/Apex on import
-            from nanscope.launch import diagnose
-
-            d = diagnose(
+            warnings.simplefilter("ignore")  # megatron-core (the rank layout imports it) warns about missing TE/Apex
+            diagnosis = diagnose(
                 script,
-                env,
-                model,
-                model_origin,
-                args.model_args,
-                tb_text,
-                tb_path or "traceback",
-                args.rank,
-                limit,
-                args.slime_version,
-                case.RELEASE if args.case else None,
+                env=env,
+                model=model,
+                model_origin=model_origin,
+                model_args=args.model_args,
+                traceback_text=tb_text,
+                traceback_origin=tb_path or "traceback",
+                rank=args.rank,
+                limit=limit,
+                slime_version=args.slime_version,
+                case_release=case.RELEASE if args.case else None,
             )
-    _report(d, args)
+    _report(diagnosis, args)
     return 0
 
 
-def _report(d, args) -> None:
-    from rich.console import Console
+def _report(diagnosis: Diagnosis, args) -> None:
+    from rich.console import Console  # heavy: rich, only the terminal report needs it
 
-    from nanscope.report.doctor import render_html, render_terminal, to_dict
-    from nanscope.report.files import write_json, write_text
+    from nanscope.report.doctor.terminal import render_terminal  # heavy: rich at its top
 
     if args.json:  # files first: a closed stdout pipe (| head) must not lose them
-        write_json(args.json, to_dict(d))
+        write_json(args.json, to_dict(diagnosis))
     if args.html:
-        write_text(args.html, render_html(d))
-    render_terminal(d, Console(highlight=False))
+        write_text(args.html, render_html(diagnosis))
+    render_terminal(diagnosis, Console(highlight=False))

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 
+from nanscope import case
+from nanscope.causes import catalogue, immune
 from nanscope.loss import NAMES as LOSS_NAMES
+from nanscope.report import files
 
 EPILOG = """examples:
   nanscope hazards                       # as-is: which hazards give a NaN loss / NaN gradient
@@ -34,12 +37,10 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from rich.console import Console  # heavy: rich, which `nanscope --help` never needs
 
-    from nanscope import case, hazards
-    from nanscope.causes import catalogue, immune
-    from nanscope.report import files
-    from nanscope.report import hazards as report
+    from nanscope import hazards  # heavy: torch
+    from nanscope.report import hazards as report  # heavy: rich
 
     if args.json:
         files.check_writable(args.json)

@@ -9,8 +9,16 @@ RerunStateMachine -> optimizer step. With no arguments: every hazard x {as-is, s
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import sys
 
+from nanscope import repro
+from nanscope.causes import catalogue
+from nanscope.errors import UserError
 from nanscope.loss import NAMES as LOSS_NAMES
+from nanscope.megatron.proctree import Interrupted
+from nanscope.report import files
 
 EPILOG = """\
 examples:
@@ -83,17 +91,12 @@ def add_parser(sub):
 
 def validate(args) -> None:
     """Every check on the arguments that needs no launch; raises UserError (one line)."""
-    import math
-
-    from nanscope.causes import catalogue
-    from nanscope.errors import UserError
-
     if args.hazard is not None and args.hazard not in catalogue.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
         raise UserError(f"--fault-step {args.fault_step} goes with --fault MODULE:forward|backward:nan|inf")
     if args.fault is not None:
-        from nanscope.megatron import faults
+        from nanscope.megatron import faults  # heavy: torch, only a --fault run needs its check
 
         if args.steps is not None or args.plugin:
             raise UserError("--fault runs one hazard (--hazard, default healthy) up to --fault-step: not with --steps")
@@ -126,10 +129,7 @@ def validate(args) -> None:
 
 def _max_skips() -> int | None:
     """NANSCOPE_MAX_SKIPS from the environment, checked as the plugin's hook checks it."""
-    import os
-
-    from nanscope.errors import UserError
-    from nanscope.slime_plugin.hook import Settings
+    from nanscope.slime_plugin.settings import Settings  # heavy: the plugin's package imports torch
 
     try:
         return Settings.from_env({"NANSCOPE_MAX_SKIPS": os.environ.get("NANSCOPE_MAX_SKIPS", "")}).max_skips
@@ -138,10 +138,6 @@ def _max_skips() -> int | None:
 
 
 def run(args) -> int:
-    import sys
-
-    from nanscope.megatron.proctree import Interrupted
-
     try:
         return _run(args)
     except Interrupted as e:
@@ -150,15 +146,12 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from rich.console import Console
+    from rich.console import Console  # heavy: rich, only a launch renders
 
-    from nanscope import repro
-    from nanscope.causes import catalogue
-    from nanscope.report import files
-    from nanscope.report import repro as report
+    from nanscope.report import repro as report  # heavy: rich
 
     if args.list_modules:
-        from nanscope.megatron import faults
+        from nanscope.megatron import faults  # heavy: torch
 
         print("\n".join(faults.module_names()))
         return 0

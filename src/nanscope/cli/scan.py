@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
+from pathlib import Path
 
 from nanscope import case
-from nanscope.dumps.config import ScanConfig
-from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS
+from nanscope.dumps import many
+from nanscope.dumps.flags import ScanFlags
+from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
 from nanscope.errors import UserError
 from nanscope.facts import releases
+from nanscope.inputs import MiB
+from nanscope.report import files
 
 DESCRIPTION = """\
 Scan a slime debug dump for NaN hazards and name the sample, token and mechanism of each.
@@ -54,59 +59,69 @@ examples:
 
 
 def add_parser(sub):
-    p = sub.add_parser(
+    parser = sub.add_parser(
         "scan",
         help="find the sample/token of every NaN hazard in a slime dump",
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
+    parser.add_argument(
         "dump",
         nargs="?",
         help="a rollout dump {rollout_id}.pt, a train dump {rollout_id}_{rank}.pt, or a directory of them",
     )
-    out = p.add_argument_group("output")
-    out.add_argument("--json", metavar="PATH", help="write hazards and summary as JSON")
-    out.add_argument(
+    _add_output_arguments(parser.add_argument_group("output"))
+    _add_input_arguments(parser.add_argument_group("input"))
+    _add_slime_flags(parser.add_argument_group("slime flags (defaults: the slime-795 case)"))
+    return parser
+
+
+def _add_output_arguments(group) -> None:
+    """What the scan writes: JSON, HTML, the terminal table, the progress bar; workers for a directory."""
+    group.add_argument("--json", metavar="PATH", help="write hazards and summary as JSON")
+    group.add_argument(
         "--html",
         metavar="PATH",
         help="write an HTML report with log-ratio and hazard-map plots (one dump, not a directory)",
     )
-    out.add_argument("--max-rows", type=int, default=30, help="hazard rows in the terminal table (default 30)")
-    out.add_argument(
+    group.add_argument("--max-rows", type=int, default=30, help="hazard rows in the terminal table (default 30)")
+    group.add_argument(
         "--max-per-sample",
         type=int,
         default=100,
         help="hazards listed per check and sample in JSON/HTML; counts stay exact (default 100)",
     )
-    out.add_argument(
+    group.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="progress bar with tokens/s on stderr (default: when stderr is a terminal)",
     )
-    out.add_argument(
+    group.add_argument(
         "--workers",
         type=int,
         default=None,
         metavar="N",
         help="directories: files scanned at once (default: the cores available)",
     )
-    inp = p.add_argument_group("input")
-    inp.add_argument(
+
+
+def _add_input_arguments(group) -> None:
+    """How the dump is read (trust, parallel sizes, caps), and the demo dump --write-demo writes."""
+    group.add_argument(
         "--trust-pickle",
         action="store_true",
         help="allow arbitrary unpickling (torch.load(weights_only=False)): runs code from the file",
     )
-    inp.add_argument(
+    group.add_argument(
         "--context-parallel-size",
         type=int,
         default=1,
         metavar="N",
         help="train dumps: the run's CP size; per-token tensors are CP-sliced when > 1 (default 1)",
     )
-    inp.add_argument(
+    group.add_argument(
         "--tensor-model-parallel-size",
         type=int,
         default=1,
@@ -114,14 +129,14 @@ def add_parser(sub):
         help="train dumps with CP: the run's TP size, to find the CP rank of the dump's rank "
         "as (rank // tp) %% cp, Megatron's default order tp-cp-ep-dp-pp (default 1)",
     )
-    inp.add_argument(
+    group.add_argument(
         "--max-dump-mb",
         type=int,
         default=MAX_DUMP_MB,
         metavar="MB",
         help=f"refuse dump files larger than this (default {MAX_DUMP_MB})",
     )
-    inp.add_argument(
+    group.add_argument(
         "--max-sample-tokens",
         type=int,
         default=MAX_SAMPLE_TOKENS,
@@ -129,43 +144,46 @@ def add_parser(sub):
         help="refuse a sample whose fields hold, or whose response_length declares, more entries "
         f"(default {MAX_SAMPLE_TOKENS:,})",
     )
-    inp.add_argument("--write-demo", metavar="PATH", help="write a small dump with planted hazards and exit")
-    inp.add_argument(
+    group.add_argument("--write-demo", metavar="PATH", help="write a small dump with planted hazards and exit")
+    group.add_argument(
         "--demo-kind",
         choices=("rollout", "train"),
         default="rollout",
         help="what --write-demo writes (default rollout)",
     )
-    inp.add_argument(
+    group.add_argument(
         "--demo-release",
         choices=releases.KEYS,
         default=releases.V0_1_0,
         help="whose dump format --write-demo writes (default v0.1.0)",
     )
+
+
+def _add_slime_flags(group) -> None:
+    """The slime flags that decide what is a hazard (`ScanFlags`), defaulting to the case's."""
     defaults = case.scan_config()
-    sl = p.add_argument_group("slime flags (defaults: the slime-795 case)")
-    sl.add_argument(
+    group.add_argument(
         "--n-samples-per-prompt",
         type=int,
         default=defaults.n_samples_per_prompt,
         help=f"GRPO group size (default {defaults.n_samples_per_prompt})",
     )
-    sl.add_argument(
+    group.add_argument(
         "--reward-key", default=defaults.reward_key, help="key of a dict reward (default: rewards are numbers)"
     )
-    sl.add_argument(
+    group.add_argument(
         "--rollout-max-response-len",
         type=int,
         default=defaults.rollout_max_response_len,
         help=f"flag responses longer than this (default {defaults.rollout_max_response_len})",
     )
-    sl.add_argument(
+    group.add_argument(
         "--advantage-estimator",
         default=defaults.advantage_estimator,
         choices=("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
         help=f"(default {defaults.advantage_estimator})",
     )
-    sl.add_argument(
+    group.add_argument(
         "--disable-rewards-normalization",
         action="store_false",
         dest="rewards_normalization",
@@ -173,7 +191,7 @@ def add_parser(sub):
         help="no group normalisation of rewards (default: "
         f"{'normalised' if defaults.rewards_normalization else 'not normalised'})",
     )
-    sl.add_argument(
+    group.add_argument(
         "--disable-grpo-std-normalization",
         action="store_false",
         dest="grpo_std_normalization",
@@ -181,37 +199,32 @@ def add_parser(sub):
         help="subtract the group mean only (default: "
         f"{'also divide by std + 1e-6' if defaults.grpo_std_normalization else 'mean only'})",
     )
-    sl.add_argument(
+    group.add_argument(
         "--use-kl-loss",
         action=argparse.BooleanOptionalAction,
         default=defaults.use_kl_loss,
         help=f"the KL term is computed, even at --kl-loss-coef 0 (default: {'on' if defaults.use_kl_loss else 'off'})",
     )
-    sl.add_argument(
+    group.add_argument(
         "--kl-loss-type",
         choices=("kl", "k1", "k2", "k3", "low_var_kl"),
         default=defaults.kl_loss_type,
         help=f"(default {defaults.kl_loss_type}; k1 is v0.2.4's name for v0.1.0's kl)",
     )
-    sl.add_argument(
+    group.add_argument(
         "--use-tis",
         action=argparse.BooleanOptionalAction,
         default=defaults.use_tis,
         help=f"truncated importance sampling with rollout_log_probs (default: {'on' if defaults.use_tis else 'off'})",
     )
-    return p
 
 
 def run(args) -> int:
-    from pathlib import Path
-
-    from nanscope.report import files
-
     if args.write_demo:
         return _write_demo(args)
     if not args.dump:
         raise UserError("no dump given (try: nanscope scan --write-demo rollout_data/12.pt)")
-    for flag, v in (
+    for flag, value in (
         ("--n-samples-per-prompt", args.n_samples_per_prompt),
         ("--context-parallel-size", args.context_parallel_size),
         ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
@@ -220,15 +233,15 @@ def run(args) -> int:
         ("--max-sample-tokens", args.max_sample_tokens),
         ("--workers", args.workers or 1),
     ):
-        if v < 1:
-            raise UserError(f"{flag} {v}: must be >= 1")
+        if value < 1:
+            raise UserError(f"{flag} {value}: must be >= 1")
     directory = Path(args.dump).is_dir()
     if directory and args.html:
         raise UserError(f"--html {args.html}: takes one dump, not a directory (use --json for {args.dump})")
     for flag, path in (("--json", args.json), ("--html", args.html)):
         if path:
             files.check_writable(path, flag)
-    cfg = ScanConfig(
+    flags = ScanFlags(
         n_samples_per_prompt=args.n_samples_per_prompt,
         reward_key=args.reward_key,
         rollout_max_response_len=args.rollout_max_response_len,
@@ -242,54 +255,50 @@ def run(args) -> int:
         histograms=bool(args.html),
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    return _run_directory(args, cfg, show) if directory else _run_file(args, cfg, show)
+    return _run_directory(args, flags, show) if directory else _run_file(args, flags, show)
 
 
-def _limits(args):
-    from nanscope.dumps.limits import Limits
-    from nanscope.inputs import MiB
-
+def _limits(args) -> Limits:
     return Limits(args.max_dump_mb * MiB, args.max_sample_tokens)
 
 
-def _run_file(args, cfg: ScanConfig, show: bool) -> int:
-    from nanscope.dumps import checks, io
+def _run_file(args, flags: ScanFlags, show: bool) -> int:
+    from nanscope.dumps import io  # heavy: numpy (and torch to read tensors); --help needs neither
+    from nanscope.dumps.result import hazard_count
 
     dump = io.load(
         args.dump,
         trust_pickle=args.trust_pickle,
-        reward_key=cfg.reward_key,
+        reward_key=flags.reward_key,
         cp_size=args.context_parallel_size,
         tp_size=args.tensor_model_parallel_size,
         limits=_limits(args),
     )
-    result = _scan(dump, cfg, show)
+    result = _scan(dump, flags, show)
     _render(args, result)
     if result.errors:
         more = f" (and {len(result.errors) - 1} more; see the table)" if len(result.errors) > 1 else ""
         raise UserError(result.errors[0] + more)
-    return 1 if checks.hazard_count(result) else 0
+    return 1 if hazard_count(result) else 0
 
 
-def _scan(dump, cfg: ScanConfig, show: bool):
+def _scan(dump, flags: ScanFlags, show: bool):
     """Check the streaming samples, with a bar (file read, or samples done) and tokens/s when `show`."""
-    import time
-
-    from rich.console import Console
+    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     from nanscope.dumps import checks
 
     if not show:
-        return checks.scan(dump, cfg)
-    cols = (
+        return checks.scan(dump, flags)
+    columns = (
         TextColumn("{task.description}"),
         BarColumn(),
         TaskProgressColumn(),
         TextColumn("{task.fields[tokens]:,} tokens, {task.fields[rate]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(f"scanning {os.path.basename(dump.path)}", total=None, tokens=0, rate="")
         t0, tokens = time.perf_counter(), 0
 
@@ -300,13 +309,12 @@ def _scan(dump, cfg: ScanConfig, show: bool):
             rate = f"{tokens / max(time.perf_counter() - t0, 1e-9) / 1e6:.1f}M tokens/s"
             bar.update(task, completed=done, total=total, tokens=tokens, rate=rate)
 
-        return checks.scan(dump, cfg, progress=step)
+        return checks.scan(dump, flags, progress=step)
 
 
-def _run_directory(args, cfg: ScanConfig, show: bool) -> int:
-    from rich.console import Console
+def _run_directory(args, flags: ScanFlags, show: bool) -> int:
+    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
 
-    from nanscope.dumps import many
     from nanscope.report import scan as report
 
     paths = many.find_dumps(args.dump)
@@ -319,37 +327,39 @@ def _run_directory(args, cfg: ScanConfig, show: bool) -> int:
         workers=args.workers,
     )
     if show:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # heavy: rich
 
-        cols = (
+        columns = (
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[tokens]:,} tokens"),
             TimeElapsedColumn(),
         )
-        with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task(f"scanning {args.dump}", total=len(paths), tokens=0)
             summaries = many.scan_files(
                 paths,
-                cfg,
+                flags,
                 **opts,
-                done=lambda s: bar.update(task, advance=1, tokens=bar.tasks[0].fields["tokens"] + s.response_tokens),
+                done=lambda summary: bar.update(
+                    task, advance=1, tokens=bar.tasks[0].fields["tokens"] + summary.response_tokens
+                ),
             )
     else:
-        summaries = many.scan_files(paths, cfg, **opts)
+        summaries = many.scan_files(paths, flags, **opts)
     report.render_directory(summaries, console, args.dump)
     if args.json:
         report.write_directory_json(summaries, args.json)
-    failed = [s for s in summaries if s.error or s.errors]
+    failed = [summary for summary in summaries if summary.error or summary.errors]
     if failed:
         first = failed[0].error or failed[0].errors[0]
         raise UserError(f"{len(failed)} of {len(summaries)} dumps failed; the first: {first}")
-    return 1 if any(s.total for s in summaries) else 0
+    return 1 if any(summary.total for summary in summaries) else 0
 
 
 def _render(args, result) -> None:
-    from rich.console import Console
+    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
 
     from nanscope.report import scan as report
 
@@ -363,15 +373,15 @@ def _render(args, result) -> None:
 
 
 def _write_demo(args) -> int:
-    from nanscope.dumps import demo
+    from nanscope.dumps import demo  # heavy: torch, only --write-demo writes a dump
 
     planted = demo.write_demo(args.write_demo, kind=args.demo_kind, release=args.demo_release)
     print(
         f"wrote {args.demo_kind} dump {args.write_demo} (slime {args.demo_release} format) "
         f"with {len(planted)} planted hazards:"
     )
-    for p in planted:
-        where = f"sample {p.sample}" + (f" token {p.token}" if p.token is not None else "")
-        print(f"  {p.kind:<26} {where:<20} {p.what}")
+    for hazard in planted:
+        where = f"sample {hazard.sample}" + (f" token {hazard.token}" if hazard.token is not None else "")
+        print(f"  {hazard.kind:<26} {where:<20} {hazard.what}")
     print(f"now run: nanscope scan {args.write_demo}")
     return 0

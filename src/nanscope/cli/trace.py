@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import argparse
 
+from nanscope import case
+from nanscope.causes import catalogue
+from nanscope.errors import UserError
+from nanscope.inputs import MiB
 from nanscope.loss import NAMES as LOSS_NAMES
+from nanscope.report import files
+from nanscope.trace import text as render
 
 DEFAULT_LIMIT_MB = 4096  # case-sized logits are several GB (replay.select_samples keeps fewer samples)
 
@@ -58,11 +64,8 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from nanscope.errors import UserError
-    from nanscope.inputs import MiB
-    from nanscope.report import files
-    from nanscope.trace import replay
-    from nanscope.trace import text as render
+    from nanscope import hazards  # heavy: torch, which `nanscope --help` never needs
+    from nanscope.trace import replay  # heavy: torch
 
     if (args.file is None) == (args.hazard is None):
         raise UserError("give either FILE.pt or --hazard NAME (not both)")
@@ -72,9 +75,6 @@ def run(args) -> int:
         files.check_writable(args.json)
     site = None
     if args.hazard is not None:
-        from nanscope import case, hazards
-        from nanscope.causes import catalogue
-
         if args.hazard not in catalogue.BY_NAME:
             raise UserError(f"--hazard {args.hazard}: unknown hazard; known: {', '.join(catalogue.BY_NAME)}")
         if catalogue.get(args.hazard).level == "model":

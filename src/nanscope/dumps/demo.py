@@ -1,11 +1,9 @@
-"""Writers of synthetic slime dumps, in any known release's format: tests, benchmarks, `scan --write-demo`.
+"""Synthetic slime dumps, in any known release's format: tests, benchmarks, `scan --write-demo`.
 
-Everything here writes with plain `torch.save`, in the layouts `nanscope.dumps.io` documents and reads
-(`nanscope.dumps.formats` tells them apart): rollout dumps as `dict(rollout_id, samples=[Sample.to_dict(),
-...])` with Python lists and the release's Sample fields (`nanscope.facts.releases`), train dumps as
-`dict(rollout_id, rank, rollout_data)` with per-key lists of tensors (v0.1.0 to v0.3.1) or main's
-`format_version` 2 payload. tests/slime_releases checks these against each release's own Sample and
-dump writer. Nothing here is used to read a dump.
+Synthetic `Sample.to_dict()` dicts with the release's Sample fields (`nanscope.facts.releases`), a train
+dump's `rollout_data` built from them, and the demo: a small dump with known hazards planted. They are
+written by `nanscope.dumps.writers`, the one writer of each format. tests/slime_releases checks the
+samples against each release's own Sample. Nothing here is used to read a dump.
 """
 
 from __future__ import annotations
@@ -15,9 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from nanscope.dumps import writers
 from nanscope.errors import UserError
 from nanscope.facts import releases
+from nanscope.loss.formulas import grpo_normalize
 
 # Sample.to_dict() of a fresh Sample, for the fields v0.1.0 does not have (slime/utils/types.py at v0.2.4
 # and v0.3.1; spec_info and prefix_cache_info are dataclasses to_dict() turns into dicts).
@@ -67,8 +68,6 @@ def rollout_sample(
         as_lists: plain Python lists, as slime writes them; False gives tensors (faster to write and load).
         release: whose Sample fields the dict has (the fields v0.1.0 lacks at a fresh Sample's values).
     """
-    import torch
-
     rng = rng if rng is not None else np.random.default_rng(index)
     tokens = rng.integers(0, 151936, prompt_len + response_len, dtype=np.int64)
     logp = -rng.exponential(0.7, response_len).clip(0, 6)
@@ -98,59 +97,6 @@ def _fresh(value):
     return type(value)(value) if isinstance(value, (dict, list)) else value
 
 
-def write_rollout_dump(path: str | Path, samples: list[dict], rollout_id: int = 0) -> Path:
-    """Write `samples` (Sample.to_dict()-shaped dicts) the way every release's rollout dump writer does."""
-    import torch
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(dict(rollout_id=rollout_id, samples=samples), path)
-    return path
-
-
-def write_train_dump(
-    path: str | Path, rollout_data: dict, rollout_id: int = 0, rank: int = 0, release: str = releases.V0_1_0
-) -> Path:
-    """Write a train dump the way the release's actor does: `rollout_data` (per-key lists) as it is, or for
-    main one dict per sample (`format_version` 2; one data-parallel rank, cp=1)."""
-    import torch
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if releases.BY_KEY[release].train_layout == "samples":
-        payload = _samples_payload(rollout_data, rollout_id, rank)
-    else:
-        payload = dict(rollout_id=rollout_id, rank=rank, rollout_data=rollout_data)
-    torch.save(payload, path)
-    return path
-
-
-_SCHEDULE = ("micro_batch_indices", "num_microbatches", "global_batch_sizes")  # per rank, not per sample
-_IDS = {"sample_indices": "sample_index", "partition": "rollout_position"}  # columns that become sample scalars
-
-
-def _samples_payload(rollout_data: dict, rollout_id: int, rank: int) -> dict:
-    """main's payload for one data-parallel rank (observability/train_data_utils.py:115-185): each per-sample
-    column split into one dict per sample, the id columns as scalars, the schedule and raw_reward apart."""
-    columns = {k: v for k, v in rollout_data.items() if k not in _IDS and k not in _SCHEDULE and k != "raw_reward"}
-    samples = [
-        {"data_parallel_rank": 0}
-        | {name: rollout_data[k][i] for k, name in _IDS.items() if k in rollout_data}
-        | {k: v[i] for k, v in columns.items()}
-        for i in range(len(rollout_data["response_lengths"]))
-    ]
-    layout = {"rank": rank, "data_parallel_rank": 0} | {k: list(rollout_data.get(k) or []) or None for k in _IDS}
-    layout |= {k: rollout_data[k] for k in _SCHEDULE if k in rollout_data}
-    whole = {"raw_reward": rollout_data["raw_reward"]} if "raw_reward" in rollout_data else {}
-    return {
-        "format_version": 2,
-        "rollout_id": rollout_id,
-        "rank": rank,
-        "samples": samples,
-        "dp_shards": [layout],
-    } | whole
-
-
 def train_data_from_samples(
     samples: list[dict], normalised_rewards: list[float], release: str = releases.V0_1_0
 ) -> dict:
@@ -161,10 +107,8 @@ def train_data_from_samples(
     per token (slime's get_grpo_returns with normalize_advantages off). rollout_log_probs are in the
     release's dtype; v0.3.1 and main add the rollout ids, per-rollout mask sums and the step schedule.
     """
-    import torch
-
-    r = releases.BY_KEY[release]
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[r.rollout_logprob_dtype]
+    target = releases.BY_KEY[release]
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[target.rollout_logprob_dtype]
 
     data: dict[str, list] = {
         k: []
@@ -198,12 +142,12 @@ def train_data_from_samples(
         data["advantages"].append(torch.full((resp,), reward if math.isfinite(reward) else float("nan")))
     data["returns"] = list(data["advantages"])  # the same tensors, as slime's GRPO branch keeps them
     data["raw_reward"] = [s["reward"] for s in samples]
-    if r.train_keys or r.train_layout == "samples":  # v0.3.1 on (ray/rollout.py:743-777, :887-889)
+    if target.train_keys or target.train_layout == "samples":  # v0.3.1 on (ray/rollout.py:743-777, :887-889)
         n = len(samples)
         data["rollout_ids"] = list(range(n))
         data["rollout_mask_sums"] = torch.tensor([float(sum(s["loss_mask"])) for s in samples])
         data["global_batch_sizes"], data["num_microbatches"], data["micro_batch_indices"] = [n], [1], [list(range(n))]
-    if r.train_layout == "samples":  # main keeps each sample's position in the rollout (actor.py:540)
+    if target.train_layout == "samples":  # main keeps each sample's position in the rollout (actor.py:540)
         data["partition"] = list(range(len(samples)))
     return data
 
@@ -233,12 +177,12 @@ def write_demo(
     """
     if kind == "rollout":
         samples, planted = demo_rollout(release)
-        write_rollout_dump(path, samples, rollout_id)
+        writers.write_rollout_dump(path, samples, rollout_id)
         return planted
     if kind != "train":
         raise UserError(f"--demo-kind {kind}: expected rollout or train")
     data, planted = demo_train(release)
-    write_train_dump(path, data, rollout_id, rank=0, release=release)
+    writers.write_train_dump(path, data, rollout_id, rank=0, release=release)
     return planted
 
 
@@ -268,10 +212,6 @@ def demo_rollout(release: str = releases.V0_1_0) -> tuple[list[dict], list[Plant
 
 def demo_train(release: str = releases.V0_1_0) -> tuple[dict, list[Planted]]:
     """The demo train dump's rollout_data (as `release`'s actor holds it, cp=1) and the hazards planted in it."""
-    import torch
-
-    from nanscope.loss.formulas import grpo_normalize
-
     samples = _demo_samples(release)
     rewards = grpo_normalize(torch.tensor([s["reward"] for s in samples]), 8).tolist()
     data = train_data_from_samples(samples, rewards, release)

@@ -59,12 +59,12 @@ def _made(
 ) -> DumpFormat:
     """A format: `keys` against v0.1.0's `base` fields (and the `optional` ones it may also have)."""
     return DumpFormat(
-        release,
-        same,
-        sorted(str(k) for k in keys if k not in base and k not in optional),
-        [k for k in base if k not in keys],
-        releases.BY_KEY[release].rollout_logprob_dtype,
-        note,
+        release=release,
+        same_as=same,
+        fields_added=sorted(str(k) for k in keys if k not in base and k not in optional),
+        fields_removed=[k for k in base if k not in keys],
+        rollout_logprob_dtype=releases.BY_KEY[release].rollout_logprob_dtype,
+        note=note,
     )
 
 
@@ -103,4 +103,4 @@ def train_samples(sample_keys) -> DumpFormat:
     same = tuple(r.key for r in releases.RELEASES if r.train_layout == "samples")
     note = "format_version 2: one dict per sample, CP fields gathered whole"
     keys = set(sample_keys)
-    return _made(same[0], keys, releases.TRAIN_KEYS_V0_1_0, same, note, releases.TRAIN_OPTIONAL_V0_1_0)
+    return _made(same[0], keys, releases.TRAIN_KEYS_V0_1_0, same, note=note, optional=releases.TRAIN_OPTIONAL_V0_1_0)

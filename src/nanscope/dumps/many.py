@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-from nanscope.dumps.config import ScanConfig
+from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import Limits
 from nanscope.errors import UserError
 
@@ -61,13 +61,14 @@ def find_dumps(directory: str | Path) -> list[Path]:
     return paths
 
 
-def scan_file(path: str, cfg: ScanConfig, load: dict) -> FileSummary:
+def scan_file(path: str, flags: ScanFlags, load: dict) -> FileSummary:
     """Scan one file; a UserError becomes the summary's `error`."""
-    from nanscope.dumps import checks, io
+    from nanscope.dumps import checks, io  # heavy: numpy; the workers (the forkserver) import it, not the parent
+    from nanscope.dumps.result import hazard_count
 
     t0 = time.perf_counter()
     try:
-        r = checks.scan(io.load(path, reward_key=cfg.reward_key, **load), cfg)
+        result = checks.scan(io.load(path, reward_key=flags.reward_key, **load), flags)
     except UserError as e:
         return FileSummary(path, error=str(e), seconds=time.perf_counter() - t0)
     except Exception as e:  # one file's bug or MemoryError must not end the batch; it still fails the run
@@ -78,26 +79,26 @@ def scan_file(path: str, cfg: ScanConfig, load: dict) -> FileSummary:
             seconds=time.perf_counter() - t0,
         )
     return FileSummary(
-        path,
-        "",
-        r.dump_kind,
-        r.rollout_id,
-        r.rank,
-        r.num_samples,
-        r.response_tokens,
-        r.would_nan,
-        r.mechanisms,
-        {c.kind: c.count for c in r.checks if c.status == "ran"},
-        checks.hazard_count(r),
-        r.errors,
-        time.perf_counter() - t0,
-        r.format.release,
+        path=path,
+        error="",
+        kind=result.dump_kind,
+        rollout_id=result.rollout_id,
+        rank=result.rank,
+        num_samples=result.num_samples,
+        response_tokens=result.response_tokens,
+        would_nan=result.would_nan,
+        mechanisms=result.mechanisms,
+        counts={check.kind: check.count for check in result.checks if check.status == "ran"},
+        total=hazard_count(result),
+        errors=result.errors,
+        seconds=time.perf_counter() - t0,
+        format=result.format.release,
     )
 
 
 def scan_files(
     paths: list[Path],
-    cfg: ScanConfig,
+    flags: ScanFlags,
     *,
     trust_pickle: bool = False,
     cp_size: int = 1,
@@ -117,10 +118,10 @@ def scan_files(
     ctx.set_forkserver_preload(["nanscope.dumps.io", "nanscope.dumps.checks"])
     out: dict[str, FileSummary] = {}
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = [pool.submit(scan_file, str(p), cfg, load) for p in paths]
-        for f in as_completed(futures):
-            s = f.result()
-            out[s.path] = s
+        futures = [pool.submit(scan_file, str(p), flags, load) for p in paths]
+        for future in as_completed(futures):
+            summary = future.result()
+            out[summary.path] = summary
             if done is not None:
-                done(s)
+                done(summary)
     return [out[str(p)] for p in paths]

@@ -42,6 +42,7 @@ import pickle
 import re
 import struct
 import sys
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -87,14 +88,14 @@ class Unreadable(Exception):
 
 def _torch_allowed() -> dict[str, Any]:
     """torch's weights_only allowlist (its default table, without user additions)."""
-    from torch._weights_only_unpickler import _get_allowed_globals
+    from torch._weights_only_unpickler import _get_allowed_globals  # heavy: torch, at the first file read
 
     return _get_allowed_globals()
 
 
 def _allowed() -> dict[str, Any]:
     """Our globals: OrderedDict, the v2 tensor rebuild and the dtype storage markers, from torch's own table."""
-    import torch
+    import torch  # heavy: torch, at the first file read
 
     table = _torch_allowed()
     names = ["collections.OrderedDict", "torch._utils._rebuild_tensor_v2"] + [
@@ -194,7 +195,7 @@ class Loader:
             Unreadable: not a zip archive, a TorchScript archive, no data.pkl, an unknown byte order.
             Refused: an archive of the other byte order (torch would byteswap it; this loader does not).
         """
-        import torch
+        import torch  # heavy: torch, at the first file read
 
         with open(path, "rb") as f:
             if f.read(4) != b"PK\x03\x04":
@@ -400,7 +401,7 @@ class Loader:
         self._maybe_sample(d)
 
     def _global(self) -> None:
-        from torch._utils import IMPORT_MAPPING, NAME_MAPPING
+        from torch._utils import IMPORT_MAPPING, NAME_MAPPING  # heavy: torch, at the first file read
 
         module, name = self._line(), self._line()
         if (module, name) in NAME_MAPPING:
@@ -426,7 +427,7 @@ class Loader:
         return line.decode("utf-8")
 
     def _reduce(self) -> None:
-        import torch
+        import torch  # heavy: torch, at the first file read
 
         args, func = self.stack.pop(), self.stack[-1]
         if func is OrderedDict and args == ():
@@ -443,7 +444,7 @@ class Loader:
 
     def _binpersid(self) -> None:
         """A storage reference, ('storage', marker, key, location, numel), loaded through torch's zip reader."""
-        import torch
+        import torch  # heavy: torch, at the first file read
 
         pid = self.stack.pop()
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
@@ -468,7 +469,7 @@ class Loader:
 
     def _storage(self, key: str, dtype, numel: int):
         """torch's own steps (serialization._load, map_location='cpu'), the record size checked first."""
-        import torch
+        import torch  # heavy: torch, at the first file read
 
         nbytes = numel * torch._utils._element_size(dtype)
         try:
@@ -480,7 +481,7 @@ class Loader:
 
     def _rebuild(self, args: tuple):
         """torch._utils._rebuild_tensor_v2 of a plain tensor, its arguments checked first."""
-        import torch
+        import torch  # heavy: torch, at the first file read
 
         if type(args) is not tuple or len(args) != 6:
             raise Refused("a tensor rebuild with other than 6 arguments")
@@ -589,8 +590,6 @@ def _check_directory(path: str) -> None:
     torch.save never compresses; torch's reader inflates a deflated record to the size its header declares,
     so a small file could otherwise ask for gigabytes.
     """
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as z:
             infos = z.infolist()

@@ -1,11 +1,11 @@
 """Reading a slime launch (script, flags, layout, traceback) into a diagnosis: `nanscope doctor`'s data.
 
-script.py     launch script -> argument list (tree-sitter-bash, never executed)
+script/       launch script -> argument list (tree-sitter-bash, never executed; bash arithmetic, bounds)
 config.py     argument list -> resolved flags with origins, derived batch figures
 topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
 detect.py     --slime-version / the script's text / its flags -> the slime release whose defaults apply
 tracebacks.py traceback -> failing rank, message, annotated frames
-findings.py   flags -> NaN mechanisms (rules) and what is fine
+findings/     flags -> NaN mechanisms (rules, by family) and what is fine
 candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
 """
 
@@ -13,7 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanscope import inputs
 from nanscope.errors import UserError
+from nanscope.launch import candidates, findings
+from nanscope.launch.candidates import Candidate
+from nanscope.launch.config import Batches, Config, batches, resolve
+from nanscope.launch.detect import Choice, choose
+from nanscope.launch.findings.finding import Finding
+from nanscope.launch.script import LaunchScript, parse_script
+from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
+from nanscope.launch.topology import RankInfo, Topology, build
+from nanscope.launch.tracebacks import Traceback, explain_1f1b, explain_bucket, explain_iteration, parse_traceback
 
 
 @dataclass
@@ -38,24 +48,25 @@ class Diagnosis:
         release: the slime release used and how it was chosen (launch.detect.Choice).
     """
 
-    script: object
-    config: object
-    topology: object
-    batches: object
-    findings: list
+    script: LaunchScript
+    config: Config
+    topology: Topology
+    batches: Batches
+    findings: list[Finding]
     fine: list[str]
-    failing: object | None = None
-    traceback: object | None = None
+    failing: RankInfo | None = None
+    traceback: Traceback | None = None
     explanations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     model_origin: str | None = None
     env: dict = field(default_factory=dict)
-    candidates: list = field(default_factory=list)
-    release: object | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+    release: Choice | None = None
 
 
 def diagnose(
     script_path: str,
+    *,
     env: dict[str, str] | None = None,
     model: dict | None = None,
     model_origin: str | None = None,
@@ -78,106 +89,101 @@ def diagnose(
         traceback_text: the traceback text, if any.
         traceback_origin: its file name, for error messages.
         rank: a rank to explain (overrides the traceback's).
-        limit: the most bytes read from one file (default: launch.script.INPUT_LIMIT).
+        limit: the most bytes read from one file (default: launch.script.bounds.INPUT_LIMIT).
         slime_version: `--slime-version` as typed, or None to detect it (launch.detect).
         case_release: the bundled case's release, when the script is the case's.
 
     Raises:
         UserError: any bad input, in one line.
     """
-    from nanscope import inputs
-    from nanscope.launch import candidates as candidates_mod
-    from nanscope.launch import config as config_mod
-    from nanscope.launch import detect
-    from nanscope.launch import topology as topology_mod
-    from nanscope.launch import tracebacks as tb_mod
-    from nanscope.launch.script import INPUT_LIMIT, OPTION, parse_script
-
     env = env or {}
     limit = INPUT_LIMIT if limit is None else limit
-    tb = tb_mod.parse_traceback(traceback_text, traceback_origin) if traceback_text is not None else None
+    traceback = parse_traceback(traceback_text, traceback_origin) if traceback_text is not None else None
     script = parse_script(script_path, env, model_args, limit)
     text = inputs.read_text(script_path, "launch script", limit, OPTION)
-    release = detect.choose(slime_version, script.path, text, script.argv, case_release)
-    kept = {p.text: p.reason for p in script.placeholders if p.kind == "limit"}
-    cfg = config_mod.resolve(script.argv, model, model_origin or "model JSON", script.unset, kept, release.release.key)
-    topo = topology_mod.build(cfg)
-    batches = config_mod.batches(cfg, topo.dp, topo.cp)
-    from nanscope.launch import findings as findings_mod  # imports torch: after the inputs are known good
-
-    found = findings_mod.findings(cfg, batches, topo.world, topo.cp)
-    colocate_ok = not any(f.id.startswith(("rollout-gpus", "colocate")) for f in found)
-    fine = findings_mod.fine(cfg, batches, topo.world, colocate_ok)
-    notes = _input_notes(script, cfg, model, model_origin) + cfg.notes + topo.notes
-    d = Diagnosis(
-        script,
-        cfg,
-        topo,
-        batches,
-        found,
-        fine,
-        notes=notes,
+    release = choose(slime_version, script.path, text, script.argv, case_release)
+    kept = {placeholder.text: placeholder.reason for placeholder in script.placeholders if placeholder.kind == "limit"}
+    cfg = resolve(
+        script.argv,
+        model=model,
+        model_origin=model_origin or "model JSON",
+        unset=script.unset,
+        kept=kept,
+        release=release.release.key,
+    )
+    layout = build(cfg)
+    figures = batches(cfg, layout.dp, layout.cp)
+    found = findings.findings(cfg, figures, layout.world, layout.cp)
+    colocate_ok = not any(finding.id.startswith(("rollout-gpus", "colocate")) for finding in found)
+    diagnosis = Diagnosis(
+        script=script,
+        config=cfg,
+        topology=layout,
+        batches=figures,
+        findings=found,
+        fine=findings.fine(cfg, figures, layout.world, colocate_ok),
+        notes=_input_notes(script, cfg, model, model_origin) + cfg.notes + layout.notes,
         model_origin=model_origin,
         env=env,
-        traceback=tb,
-        candidates=candidates_mod.candidates(cfg, tb),
+        traceback=traceback,
+        candidates=candidates.candidates(cfg, traceback),
         release=release,
     )
-    _place_failing(d, rank, traceback_origin)
-    return d
+    _place_failing(diagnosis, rank, traceback_origin)
+    return diagnosis
 
 
-def _place_failing(d: Diagnosis, rank: int | None, traceback_origin: str) -> None:
+def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str) -> None:
     """Locate the asked-for (or the traceback's) rank and note where the inputs disagree."""
-    tb, topo = d.traceback, d.topology
-    asked = rank if rank is not None else (tb.failure.rank if tb else None)
+    traceback, layout = diagnosis.traceback, diagnosis.topology
+    asked = rank if rank is not None else (traceback.failure.rank if traceback else None)
     if asked is not None:
-        if rank is None and not 0 <= asked < topo.world:
+        if rank is None and not 0 <= asked < layout.world:
             raise UserError(
                 f"{traceback_origin}: the failing rank {asked} is outside this launch's world: "
-                f"0..{topo.world - 1} (= {topo.nodes} nodes x {topo.gpus_per_node} GPUs); "
+                f"0..{layout.world - 1} (= {layout.nodes} nodes x {layout.gpus_per_node} GPUs); "
                 "check --env and the script"
             )
-        d.failing = topo.rank(asked)
-        if rank is not None and tb and tb.failure.rank != rank:
-            d.notes.append(f"--rank {rank} overrides the traceback's rank {tb.failure.rank}")
-        if tb and asked == tb.failure.rank and tb.failure.device != d.failing.local_device:
-            d.notes.append(
-                f"the traceback says device {tb.failure.device} but rank {asked} maps to local device "
-                f"{d.failing.local_device} with {topo.gpus_per_node} GPUs per node"
+        diagnosis.failing = layout.rank(asked)
+        if rank is not None and traceback and traceback.failure.rank != rank:
+            diagnosis.notes.append(f"--rank {rank} overrides the traceback's rank {traceback.failure.rank}")
+        if traceback and asked == traceback.failure.rank and traceback.failure.device != diagnosis.failing.local_device:
+            diagnosis.notes.append(
+                f"the traceback says device {traceback.failure.device} but rank {asked} maps to local device "
+                f"{diagnosis.failing.local_device} with {layout.gpus_per_node} GPUs per node"
             )
-        d.explanations = _explain(d)
-    if tb and tb.failure.truncated:
-        d.notes.append(
-            f"{traceback_origin}: line {tb.failure.line}: the Megatron error is cut short before its "
+        diagnosis.explanations = _explain(diagnosis)
+    if traceback and traceback.failure.truncated:
+        diagnosis.notes.append(
+            f"{traceback_origin}: line {traceback.failure.line}: the Megatron error is cut short before its "
             "closing `')`; its message is read as far as it goes"
         )
-    if tb and tb.other_ranks:
-        d.notes.append(
-            f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, tb.other_ranks))}; "
-            f"the first, rank {tb.failure.rank}, is explained"
+    if traceback and traceback.other_ranks:
+        diagnosis.notes.append(
+            f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, traceback.other_ranks))}; "
+            f"the first, rank {traceback.failure.rank}, is explained"
         )
 
 
-def _input_notes(script, cfg, model, model_origin) -> list[str]:
+def _input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_origin: str | None) -> list[str]:
     notes = []
-    for s in script.sources:
-        if s.status == "missing":
+    for source in script.sources:
+        if source.status == "missing":
             where = f"; {model_origin} stands in for it" if model else "; pass --model-args FILE or --model JSON"
-            notes.append(f"line {s.line}: source {s.path}: not found{where}")
-        elif s.followed != s.path:
-            notes.append(f"line {s.line}: source {s.path}: read {s.followed} in its place")
+            notes.append(f"line {source.line}: source {source.path}: not found{where}")
+        elif source.followed != source.path:
+            notes.append(f"line {source.line}: source {source.path}: read {source.followed} in its place")
         else:
-            notes.append(f"line {s.line}: source {s.path}: followed")
+            notes.append(f"line {source.line}: source {source.path}: followed")
     arrays = script.unset_arrays
-    scalars = [n for n in script.unset if n not in arrays]
+    scalars = [name for name in script.unset if name not in arrays]
     if arrays:
         notes.append("unset arrays expanded to nothing: " + ", ".join(arrays))
     if scalars:
         notes.append("unset variables kept as text: " + ", ".join(scalars) + " (pass --env NAME=VALUE)")
-    for p in script.placeholders:
-        if p.kind == "command":
-            notes.append(f"line {p.line}: {p.text} is a run-time value, kept as text")
+    for placeholder in script.placeholders:
+        if placeholder.kind == "command":
+            notes.append(f"line {placeholder.line}: {placeholder.text} is a run-time value, kept as text")
     notes += script.assumptions + script.limits
     for name in ("num_layers", "num_experts"):
         if model and cfg.origin(name) == model_origin:
@@ -187,15 +193,14 @@ def _input_notes(script, cfg, model, model_origin) -> list[str]:
     return notes
 
 
-def _explain(d: Diagnosis) -> list[str]:
-    from nanscope.launch import tracebacks as tb_mod
-
-    out = [tb_mod.explain_1f1b(d.topology.pp, d.failing.pp)]
-    if d.traceback is not None:
-        f = d.traceback.failure
-        out.append(tb_mod.explain_iteration(f.iteration))
-        pp = d.topology.coords[f.rank]["pp"] if f.rank < d.topology.world else d.failing.pp
-        bucket = tb_mod.explain_bucket(f.bucket, pp, d.config["overlap_grad_reduce"])
+def _explain(diagnosis: Diagnosis) -> list[str]:
+    layout, failing = diagnosis.topology, diagnosis.failing
+    out = [explain_1f1b(layout.pp, failing.pp)]
+    if diagnosis.traceback is not None:
+        failure = diagnosis.traceback.failure
+        out.append(explain_iteration(failure.iteration))
+        pp = layout.coords[failure.rank]["pp"] if failure.rank < layout.world else failing.pp
+        bucket = explain_bucket(failure.bucket, pp, diagnosis.config["overlap_grad_reduce"])
         if bucket:
             out.append(bucket)
     return out

@@ -64,38 +64,39 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         traceback: the parsed traceback, if one was given: its failure means the gradient was non-finite.
     """
     out = []
-    for h in catalogue.CATALOGUE:
-        if h is catalogue.HEALTHY:
+    for hazard in catalogue.CATALOGUE:
+        if hazard is catalogue.HEALTHY:
             continue
-        status, evidence = _status(h, cfg)
+        status, evidence = _status(hazard, cfg)
         # A shifted rollout log-prob only reaches a clamped TIS weight, unless it is the ratio's old policy.
-        finite = h.grad_finite and not (h is catalogue.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs"))
+        shifted_as_old = hazard is catalogue.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs")
+        finite = hazard.grad_finite and not shifted_as_old
         if traceback is not None and traceback.failure is not None and finite and status != RULED_OUT:
             status = RULED_OUT
             evidence = evidence + [
                 f"the traceback's check found {traceback.failure.kind} in a gradient; this hazard "
                 "leaves slime v0.1.0's gradient finite (`nanscope hazards`)"
             ]
-        out.append(Candidate(h.name, status, evidence, None if status == RULED_OUT else h.discriminator, h.cause_class))
-    for c in immune.IMMUNE:
-        out.append(
-            Candidate(c.name, RULED_OUT, [f"slime {cfg.release} is immune: {c.why}", *c.evidence], None, c.cause_class)
-        )
-    return sorted(out, key=lambda c: STATUSES.index(c.status))
+        discriminator = None if status == RULED_OUT else hazard.discriminator
+        out.append(Candidate(hazard.name, status, evidence, discriminator, hazard.cause_class))
+    for cause in immune.IMMUNE:
+        evidence = [f"slime {cfg.release} is immune: {cause.why}", *cause.evidence]
+        out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
+    return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 
-def remaining(cands: list[Candidate]) -> list[Candidate]:
+def remaining(found: list[Candidate]) -> list[Candidate]:
     """The candidates not ruled out (the differential the verdict must not collapse to one)."""
-    return [c for c in cands if c.status != RULED_OUT]
+    return [candidate for candidate in found if candidate.status != RULED_OUT]
 
 
-def _status(h, cfg: Config) -> tuple[str, list[str]]:
+def _status(hazard, cfg: Config) -> tuple[str, list[str]]:
     """(status, evidence) for one hazard: the loss in use first, then the hazard's own rule."""
-    if h.level == "batch" and h.safe_finite:
+    if hazard.level == "batch" and hazard.safe_finite:
         loss = _custom_loss(cfg)
         if loss is not None:
             return loss
-    return _RULES[h.name](cfg)
+    return _RULES[hazard.name](cfg)
 
 
 def _custom_loss(cfg: Config) -> tuple[str, list[str]] | None:
@@ -154,10 +155,10 @@ _ROUTES = ("use_tis", "get_mismatch_metrics", "use_rollout_logprobs")
 
 
 def _tis_input(cfg: Config) -> tuple[str, list[str]] | None:
-    routes = [f for f in _ROUTES if f in cfg.values]
-    if any(cfg[f] for f in routes):
+    routes = [name for name in _ROUTES if name in cfg.values]
+    if any(cfg[name] for name in routes):
         return None
-    flags = ", ".join(cfg.flag_text(f) for f in routes)
+    flags = ", ".join(cfg.flag_text(name) for name in routes)
     return RULED_OUT, [f"{flags}: slime {cfg.release}'s loss " + _reads_rollout(cfg)]
 
 
@@ -180,11 +181,11 @@ def _nan_rollout_logprob(cfg: Config) -> tuple[str, list[str]]:
         "clamp(exp(old - rollout)), which passes NaN",
         "use_rollout_logprobs": "--use-rollout-logprobs: a NaN rollout log-prob is the ratio's old log-prob",
     }
-    return _tis_input(cfg) or (ENABLED, [how[f] for f in _ROUTES if cfg.get(f)] + [_rollout_source(cfg)])
+    return _tis_input(cfg) or (ENABLED, [how[name] for name in _ROUTES if cfg.get(name)] + [_rollout_source(cfg)])
 
 
 def _logprob_shift(cfg: Config) -> tuple[str, list[str]]:
-    tis = [BY_NAME[f].spelling for f in ("use_tis", "get_mismatch_metrics") if cfg.get(f)]
+    tis = [BY_NAME[name].spelling for name in ("use_tis", "get_mismatch_metrics") if cfg.get(name)]
     evidence = [f"{' and '.join(tis)}: misaligned rollout log-probs reach the TIS weight"] if tis else []
     if cfg.get("use_rollout_logprobs"):
         evidence.append("--use-rollout-logprobs: misaligned rollout log-probs are the ratio's old log-probs")

@@ -55,8 +55,8 @@ class Config:
 
     def get(self, name: str, absent=False):
         """A flag's value, or `absent` where the release does not define it."""
-        v = self.values.get(name)
-        return absent if v is None else v.value
+        resolved = self.values.get(name)
+        return absent if resolved is None else resolved.value
 
     def origin(self, name: str) -> str:
         return self.values[name].origin
@@ -64,17 +64,17 @@ class Config:
     def flag_text(self, name: str) -> str:
         """`--flag value` as the user would write it, for evidence lists."""
         spec = BY_NAME[name]
-        v = self[name]
+        value = self[name]
         if spec.kind in ("true", "false"):
-            on = v if spec.kind == "true" else not v
+            on = value if spec.kind == "true" else not value
             return spec.spelling if on else f"(no {spec.spelling})"
-        return f"{spec.spelling} {_show(v)}"
+        return f"{spec.spelling} {_show(value)}"
 
 
-def _show(v) -> str:
-    if isinstance(v, float) and v == int(v) and abs(v) < 1e15:
-        return f"{v:g}"
-    return str(v)
+def _show(value) -> str:
+    if isinstance(value, float) and value == int(value) and abs(value) < 1e15:
+        return f"{value:g}"
+    return str(value)
 
 
 def split_flags(argv: list[str]) -> dict[str, list[str]]:
@@ -119,8 +119,8 @@ def _convert(spec: Flag, words: list[str], unset: dict[str, int], kept: dict[str
     return value
 
 
-def _short(text: str, n: int = 80) -> str:
-    return text if len(text) <= n else text[:n] + "..."
+def _short(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def _hint(words: list[str], unset: dict[str, int], kept: dict[str, str]) -> str:
@@ -169,7 +169,7 @@ def resolve(
     """
     given = split_flags(argv)
     if model:
-        model = {**{MODEL_ALIASES[k]: v for k, v in model.items() if k in MODEL_ALIASES}, **model}
+        model = {**{MODEL_ALIASES[key]: value for key, value in model.items() if key in MODEL_ALIASES}, **model}
     cfg = Config({}, given, release=release)
     for spec in FLAGS:
         if not spec.defined_at(release):
@@ -192,40 +192,44 @@ def resolve(
 def _post_parse(cfg: Config) -> None:
     """What slime's parse_args and Megatron's validate_args change after parsing (the same in every release here:
     v0.1.0 arguments.py:939-997, v0.2.4 :1609-1698, v0.3.1 :1818-1918, main :1877-1982)."""
-    v = cfg.values
-    if v["eps_clip_high"].value is None:
-        v["eps_clip_high"] = Value(
-            eps_clip_high(v["eps_clip"].value, None), "derived (slime: eps_clip_high = eps_clip)"
+    values = cfg.values
+    if values["eps_clip_high"].value is None:
+        values["eps_clip_high"] = Value(
+            eps_clip_high(values["eps_clip"].value, None), "derived (slime: eps_clip_high = eps_clip)"
         )
-    if v["expert_tensor_parallel_size"].value is None:
-        v["expert_tensor_parallel_size"] = Value(
-            v["tensor_model_parallel_size"].value, "derived (megatron: expert_tensor_parallel_size = tp)"
+    if values["expert_tensor_parallel_size"].value is None:
+        values["expert_tensor_parallel_size"] = Value(
+            values["tensor_model_parallel_size"].value, "derived (megatron: expert_tensor_parallel_size = tp)"
         )
-    if v["rollout_num_gpus_per_engine"].value < 1:
-        raise UserError(f"--rollout-num-gpus-per-engine {v['rollout_num_gpus_per_engine'].value}: must be >= 1")
-    if v["colocate"].value:
-        v["offload"] = Value(True, "derived (slime: --colocate sets --offload)")
-    world = v["actor_num_nodes"].value * v["actor_num_gpus_per_node"].value
-    if v["colocate"].value and v["rollout_num_gpus"].value != world:
-        if v["rollout_num_gpus"].origin == SCRIPT:
+    if values["rollout_num_gpus_per_engine"].value < 1:
+        raise UserError(f"--rollout-num-gpus-per-engine {values['rollout_num_gpus_per_engine'].value}: must be >= 1")
+    if values["colocate"].value:
+        values["offload"] = Value(True, "derived (slime: --colocate sets --offload)")
+    world = values["actor_num_nodes"].value * values["actor_num_gpus_per_node"].value
+    if values["colocate"].value and values["rollout_num_gpus"].value != world:
+        if values["rollout_num_gpus"].origin == SCRIPT:
             cfg.notes.append(
-                f"--colocate: slime overrides --rollout-num-gpus {v['rollout_num_gpus'].value} "
+                f"--colocate: slime overrides --rollout-num-gpus {values['rollout_num_gpus'].value} "
                 f"with the actor GPUs ({world})"
             )
-        v["rollout_num_gpus"] = Value(world, "derived (slime: --colocate uses the actor GPUs)")
-    if v["n_samples_per_prompt"].value == 1 and v["grpo_std_normalization"].value:
-        v["grpo_std_normalization"] = Value(False, "derived (slime: n_samples_per_prompt 1)")
-    if v["global_batch_size"].value is None and v["num_steps_per_rollout"].value and v["rollout_batch_size"].value:
-        gbs = v["rollout_batch_size"].value * v["n_samples_per_prompt"].value // v["num_steps_per_rollout"].value
-        v["global_batch_size"] = Value(gbs, "derived (slime: rollout x n-samples / num-steps-per-rollout)")
+        values["rollout_num_gpus"] = Value(world, "derived (slime: --colocate uses the actor GPUs)")
+    if values["n_samples_per_prompt"].value == 1 and values["grpo_std_normalization"].value:
+        values["grpo_std_normalization"] = Value(False, "derived (slime: n_samples_per_prompt 1)")
+    if values["global_batch_size"].value is None and values["num_steps_per_rollout"].value:
+        steps, prompts = values["num_steps_per_rollout"].value, values["rollout_batch_size"].value
+        if prompts:
+            global_batch = prompts * values["n_samples_per_prompt"].value // steps
+            values["global_batch_size"] = Value(
+                global_batch, "derived (slime: rollout x n-samples / num-steps-per-rollout)"
+            )
     # No slime release here initialises Megatron's RerunStateMachine, so it is created implicitly in mode
     # DISABLED whatever --rerun-mode says (validate_result then raises on a rejected result).
     cfg.values["rerun_mode_effective"] = Value(
         "disabled", f"slime {cfg.release} never calls initialize_rerun_state_machine (implicit DISABLED)"
     )
-    if v["rerun_mode"].origin == SCRIPT and v["rerun_mode"].value != "disabled":
+    if values["rerun_mode"].origin == SCRIPT and values["rerun_mode"].value != "disabled":
         cfg.notes.append(
-            f"--rerun-mode {v['rerun_mode'].value} has no effect under slime {cfg.release} "
+            f"--rerun-mode {values['rerun_mode'].value} has no effect under slime {cfg.release} "
             "(the rerun state machine is never initialised: mode disabled)"
         )
 
@@ -255,13 +259,13 @@ class Batches:
 
 def batches(cfg: Config, dp: int, cp: int) -> Batches:
     """Samples per rollout, optimizer steps per rollout, micro-batch token budget vs the longest sample."""
-    rbs, n = cfg["rollout_batch_size"], cfg["n_samples_per_prompt"]
-    samples = rbs * n if rbs is not None else None
-    gbs, gbs_origin = cfg["global_batch_size"], cfg.origin("global_batch_size")
-    if gbs is None:
-        gbs, gbs_origin = cfg["micro_batch_size"] * dp, "derived (megatron: micro-batch-size x dp)"
-    steps = samples // gbs if samples is not None and gbs else None
-    remainder = samples % gbs if samples is not None and gbs else 0
+    prompts, group_size = cfg["rollout_batch_size"], cfg["n_samples_per_prompt"]
+    samples = prompts * group_size if prompts is not None else None
+    global_batch, global_batch_origin = cfg["global_batch_size"], cfg.origin("global_batch_size")
+    if global_batch is None:
+        global_batch, global_batch_origin = cfg["micro_batch_size"] * dp, "derived (megatron: micro-batch-size x dp)"
+    steps = samples // global_batch if samples is not None and global_batch else None
+    remainder = samples % global_batch if samples is not None and global_batch else 0
     budget = cfg["max_tokens_per_gpu"] * cp if cfg["use_dynamic_batch_size"] and cfg["max_tokens_per_gpu"] else None
     bounds = []
     if cfg["sglang_context_length"] is not None:
@@ -285,4 +289,13 @@ def batches(cfg: Config, dp: int, cp: int) -> Batches:
             None,
             f"unbounded: response <= {response} (--rollout-max-response-len) but no prompt bound",
         )
-    return Batches(samples, gbs, gbs_origin, steps, remainder, budget, longest, longest_from)
+    return Batches(
+        samples_per_rollout=samples,
+        global_batch=global_batch,
+        global_batch_origin=global_batch_origin,
+        steps_per_rollout=steps,
+        steps_remainder=remainder,
+        budget_tokens=budget,
+        longest_sample=longest,
+        longest_from=longest_from,
+    )

@@ -23,7 +23,16 @@ from nanscope.launch.config import split_flags
 
 _NUMBER = r"\d+\.\d+\.\d+"
 # The other spellings of the known releases (main, its commit).
-_WORDS = "|".join(sorted({s for r in releases.RELEASES for s in r.spellings if not re.fullmatch(f"v?{_NUMBER}", s)}))
+_WORDS = "|".join(
+    sorted(
+        {
+            spelling
+            for release in releases.RELEASES
+            for spelling in release.spellings
+            if not re.fullmatch(f"v?{_NUMBER}", spelling)
+        }
+    )
+)
 # `slime` followed by ==, -, _, @, : or / (a .git in between allowed), then a release number or one of those words.
 _NAMED = re.compile(rf"\bslime(?:\.git)?(?:==|[-_@:/])v?(?P<name>{_NUMBER}|{_WORDS})(?![\w.])", re.IGNORECASE)
 OVERRIDE = "pass --slime-version to choose another"
@@ -72,14 +81,14 @@ def _named(path: str, text: str) -> Choice | None:
     """The release the script's text names, if one does."""
     found: dict[str, tuple[int, str]] = {}  # release key -> (line, text matched)
     for number, line in enumerate(text.splitlines(), 1):
-        for m in _NAMED.finditer(line):
-            release = releases.find(m["name"])
+        for named in _NAMED.finditer(line):
+            release = releases.find(named["name"])
             if release is None:
                 raise UserError(
-                    f"{path}: line {number} names slime {m['name']} ({m[0]}), a release nanscope does not know "
-                    f"(known: {', '.join(releases.KEYS)}); pass --slime-version to use the defaults of one"
+                    f"{path}: line {number} names slime {named['name']} ({named[0]}), a release nanscope does not "
+                    f"know (known: {', '.join(releases.KEYS)}); pass --slime-version to use the defaults of one"
                 )
-            found.setdefault(release.key, (number, m[0]))
+            found.setdefault(release.key, (number, named[0]))
     if len(found) > 1:
         shown = " and ".join(f"{key} (line {line}: {match})" for key, (line, match) in found.items())
         raise UserError(f"{path}: names two slime releases, {shown}; pass --slime-version to choose one")
@@ -98,16 +107,16 @@ def _by_flags(argv: list[str]) -> Choice | None:
         if spec.spelling not in given:
             continue
         words = given[spec.spelling]
-        ok = {r for r in releases.KEYS if spec.defined_at(r) and _accepts(spec, r, words)}
+        ok = {key for key in releases.KEYS if spec.defined_at(key) and _accepts(spec, key, words)}
         if ok != set(releases.KEYS):
             shown = " ".join([spec.spelling, *words[:1]])
-            evidence.append(f"{shown} ({', '.join(r for r in releases.KEYS if r in ok) or 'no release'})")
+            evidence.append(f"{shown} ({', '.join(key for key in releases.KEYS if key in ok) or 'no release'})")
         accepted &= ok
     if not evidence:
         return None
     if not accepted:
         return _assumed(f"the flags fit no one release: {'; '.join(evidence)}")
-    keys = [r for r in releases.KEYS if r in accepted]
+    keys = [key for key in releases.KEYS if key in accepted]
     return Choice(
         releases.BY_KEY[keys[0]],
         "flags",

@@ -41,7 +41,7 @@ class Stage:
 
     @property
     def layers(self) -> list[int]:
-        return [layer for c in self.chunks for layer in c.layers]
+        return [layer for chunk in self.chunks for layer in chunk.layers]
 
 
 @dataclass
@@ -97,27 +97,27 @@ class Topology:
                 f"rank {rank} is outside the world: 0..{self.world - 1} "
                 f"(= {self.nodes} nodes x {self.gpus_per_node} GPUs)"
             )
-        c = self.coords[rank]
-        stage = self.stages[c["pp"]] if self.stages else None
+        coord = self.coords[rank]
+        stage = self.stages[coord["pp"]] if self.stages else None
         experts = None
         if self.experts_per_rank:
-            experts = list(range(c["ep"] * self.experts_per_rank, (c["ep"] + 1) * self.experts_per_rank))
-        groups = {token: next(g for g in gs if rank in g) for token, gs in self.groups.items()}
+            experts = list(range(coord["ep"] * self.experts_per_rank, (coord["ep"] + 1) * self.experts_per_rank))
+        groups = {key: next(group for group in partition if rank in group) for key, partition in self.groups.items()}
         return RankInfo(
             rank=rank,
-            tp=c["tp"],
-            cp=c["cp"],
-            dp=c["dp"],
-            pp=c["pp"],
-            ep=c["ep"],
-            etp=c["etp"],
-            edp=c["edp"],
+            tp=coord["tp"],
+            cp=coord["cp"],
+            dp=coord["dp"],
+            pp=coord["pp"],
+            ep=coord["ep"],
+            etp=coord["etp"],
+            edp=coord["edp"],
             node_index=rank // self.gpus_per_node,
             local_device=rank % self.gpus_per_node,
             layers=stage.layers if stage else None,
             chunks=stage.chunks if stage else None,
-            holds_output_layer=c["pp"] == self.pp - 1,
-            holds_embedding=c["pp"] == 0,
+            holds_output_layer=coord["pp"] == self.pp - 1,
+            holds_embedding=coord["pp"] == 0,
             experts=experts,
             groups=groups,
         )
@@ -134,17 +134,17 @@ def _sizes(cfg: Config) -> dict[str, int]:
         ep="expert_model_parallel_size",
         etp="expert_tensor_parallel_size",
     )
-    s = {k: cfg[name] for k, name in fields.items()}
-    for k, name in fields.items():
-        if s[k] < 1:
-            raise UserError(f"{BY_NAME[name].spelling} {s[k]}: must be >= 1")
-    s["world"] = s["nodes"] * s["gpn"]
-    if s["world"] > MAX_WORLD:
+    sizes = {key: cfg[name] for key, name in fields.items()}
+    for key, name in fields.items():
+        if sizes[key] < 1:
+            raise UserError(f"{BY_NAME[name].spelling} {sizes[key]}: must be >= 1")
+    sizes["world"] = sizes["nodes"] * sizes["gpn"]
+    if sizes["world"] > MAX_WORLD:
         raise UserError(
-            f"world({s['world']}) = actor-num-nodes({s['nodes']}) x actor-num-gpus-per-node({s['gpn']}) "
+            f"world({sizes['world']}) = actor-num-nodes({sizes['nodes']}) x actor-num-gpus-per-node({sizes['gpn']}) "
             f"is over {MAX_WORLD:,} ranks"
         )
-    return s
+    return sizes
 
 
 def _check_count(cfg: Config, name: str, high: int) -> int | None:
@@ -160,9 +160,9 @@ def _check_count(cfg: Config, name: str, high: int) -> int | None:
     return value
 
 
-def _check_divides(s: dict[str, int]) -> tuple[int, int]:
-    world, tp, pp, cp, ep, etp = s["world"], s["tp"], s["pp"], s["cp"], s["ep"], s["etp"]
-    world_text = f"world({world}) = actor-num-nodes({s['nodes']}) x actor-num-gpus-per-node({s['gpn']})"
+def _check_divides(sizes: dict[str, int]) -> tuple[int, int]:
+    world, tp, pp, cp, ep, etp = sizes["world"], sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes["etp"]
+    world_text = f"world({world}) = actor-num-nodes({sizes['nodes']}) x actor-num-gpus-per-node({sizes['gpn']})"
     if world % (tp * pp * cp):
         raise UserError(f"tp({tp})*pp({pp})*cp({cp}) = {tp * pp * cp} does not divide {world_text}")
     if world % (etp * ep * pp):
@@ -192,12 +192,12 @@ def virtual_size(cfg: Config, num_layers: int | None, pp: int) -> int | None:
             )
         if num_layers is None:
             return None
-        n = num_layers + cfg["account_for_embedding_in_pipeline_split"] + cfg["account_for_loss_in_pipeline_split"]
-        if n % pp or (n // pp) % stages:
+        total = num_layers + cfg["account_for_embedding_in_pipeline_split"] + cfg["account_for_loss_in_pipeline_split"]
+        if total % pp or (total // pp) % stages:
             raise UserError(
-                f"num-layers({n}) / pp({pp}) is not a multiple of num-layers-per-virtual-pipeline-stage({stages})"
+                f"num-layers({total}) / pp({pp}) is not a multiple of num-layers-per-virtual-pipeline-stage({stages})"
             )
-        vpp = n // pp // stages
+        vpp = total // pp // stages
     if vpp is not None and vpp > 1 and pp == 1:
         raise UserError("virtual pipeline stages need pipeline-model-parallel-size > 1")
     return vpp if vpp and vpp > 1 else None
@@ -220,30 +220,32 @@ def split_layers(
     Raises:
         UserError: a split Megatron would reject, with the arithmetic.
     """
-    v = vpp or 1
-    uneven = first is not None or last is not None
+    chunks_per_stage = vpp or 1
     for name, value in (("decoder-first-pipeline-num-layers", first), ("decoder-last-pipeline-num-layers", last)):
         if value is not None and not 1 <= value <= num_layers:  # Megatron: "must be larger than 0"
             raise UserError(f"--{name} {value}: must be in 1..num-layers({num_layers})")
-    if uneven and (emb or loss):
+    split = _Split(num_layers=num_layers, pp=pp, vpp=vpp, first=first, last=last, emb=emb, loss=loss)
+    if split.uneven and (emb or loss):
         raise UserError(
             "uneven pipeline (--decoder-first/last-pipeline-num-layers) cannot be combined with "
             "--account-for-embedding/loss-in-pipeline-split"
         )
     out = []
-    for r in range(pp):
-        count = _stage_count(num_layers, pp, r, first, last, emb, loss)
-        if count % v:
-            raise UserError(f"layers on pipeline stage {r} ({count}) are not divisible by virtual stages ({v})")
+    for pp_rank in range(pp):
+        count = split.stage_count(pp_rank)
+        if count % chunks_per_stage:
+            raise UserError(
+                f"layers on pipeline stage {pp_rank} ({count}) are not divisible by virtual stages ({chunks_per_stage})"
+            )
         chunks = []
-        for vp in range(v):
-            n = count // v
-            if emb and r == 0 and vp == 0:
-                n -= 1
-            if loss and r == pp - 1 and vp == v - 1:
-                n -= 1
-            start = _offset(num_layers, pp, r, vp, vpp, first, last, emb, loss) if pp > 1 else 0
-            chunks.append(list(range(start, start + n)))
+        for vp in range(chunks_per_stage):
+            size = count // chunks_per_stage
+            if emb and pp_rank == 0 and vp == 0:
+                size -= 1
+            if loss and pp_rank == pp - 1 and vp == chunks_per_stage - 1:
+                size -= 1
+            start = split.offset(pp_rank, vp) if pp > 1 else 0
+            chunks.append(list(range(start, start + size)))
         out.append(chunks)
     flat = sorted(layer for stage in out for chunk in stage for layer in chunk)
     if flat != list(range(num_layers)):
@@ -254,68 +256,92 @@ def split_layers(
     return out
 
 
-def _stage_count(num_layers, pp, r, first, last, emb, loss) -> int:
-    if first is None and last is None:
-        n = num_layers + emb + loss
-        if n % pp:
-            total = f"num-layers({num_layers})" + " + 1 (embedding)" * emb + " + 1 (loss)" * loss
-            raise UserError(
-                f"{total} % pp({pp}) = {n % pp} != 0: Megatron splits the layers evenly over the "
-                "pipeline stages (uneven: --decoder-first/last-pipeline-num-layers)"
+@dataclass(frozen=True)
+class _Split:
+    """The flags of one pipeline split: layers, stages, virtual stages, the uneven first/last stage sizes,
+    and whether the embedding / the loss count as a layer (--account-for-embedding/loss-in-pipeline-split)."""
+
+    num_layers: int
+    pp: int
+    vpp: int | None
+    first: int | None
+    last: int | None
+    emb: bool
+    loss: bool
+
+    @property
+    def uneven(self) -> bool:
+        return self.first is not None or self.last is not None
+
+    def stage_count(self, pp_rank: int) -> int:
+        """Decoder layers on one pipeline stage (Megatron's get_num_layers_to_build, all chunks)."""
+        num_layers, pp, first, last = self.num_layers, self.pp, self.first, self.last
+        if not self.uneven:
+            total = num_layers + self.emb + self.loss
+            if total % pp:
+                shown = f"num-layers({num_layers})" + " + 1 (embedding)" * self.emb + " + 1 (loss)" * self.loss
+                raise UserError(
+                    f"{shown} % pp({pp}) = {total % pp} != 0: Megatron splits the layers evenly over the "
+                    "pipeline stages (uneven: --decoder-first/last-pipeline-num-layers)"
+                )
+            return total // pp
+        rest = num_layers - (first or 0) - (last or 0)
+        left = pp - (first is not None) - (last is not None)
+        if left > 0 and (rest < 1 or rest % left):
+            why = (
+                f"is not divisible by the {left} middle stages"
+                if rest > 0
+                else "leaves no layers for the middle stages"
             )
-        return n // pp
-    rest = num_layers - (first or 0) - (last or 0)
-    left = pp - (first is not None) - (last is not None)
-    if left > 0 and (rest < 1 or rest % left):
-        why = f"is not divisible by the {left} middle stages" if rest > 0 else "leaves no layers for the middle stages"
-        raise UserError(
-            f"uneven pipeline: num-layers({num_layers}) - first({first or 0}) - last({last or 0}) = {rest} {why}"
-        )
-    if r == 0 and first is not None:
-        return first
-    if r == pp - 1 and last is not None:
-        return last
-    return rest // left if left > 0 else 0
+            raise UserError(
+                f"uneven pipeline: num-layers({num_layers}) - first({first or 0}) - last({last or 0}) = {rest} {why}"
+            )
+        if pp_rank == 0 and first is not None:
+            return first
+        if pp_rank == pp - 1 and last is not None:
+            return last
+        return rest // left if left > 0 else 0
+
+    def offset(self, pp_rank: int, vp: int) -> int:
+        """The first decoder layer of one chunk (Megatron's get_transformer_layer_offset)."""
+        vpp = self.vpp
+        if self.uneven:
+            head, tail = self.first or 0, self.last or 0
+            middle_stages = self.pp - (self.first is not None) - (self.last is not None)
+            middle = self.num_layers - head - tail
+            middle_rank = pp_rank if self.first is None else pp_rank - 1
+            if vpp:
+                first_chunk, last_chunk, middle_chunk = head // vpp, tail // vpp, middle // vpp
+                total = first_chunk + middle_chunk + last_chunk
+                if pp_rank == 0:
+                    return vp * total
+                return vp * total + first_chunk + middle_rank * (middle_chunk // middle_stages if middle_stages else 0)
+            per = middle // middle_stages if middle_stages else 0
+            return 0 if pp_rank == 0 else middle_rank * per + head
+        total = self.num_layers + self.emb + self.loss
+        per = total // self.pp
+        offset = vp * (total // vpp) + pp_rank * (per // vpp) if vpp else pp_rank * per
+        if self.emb and not (pp_rank == 0 and vp == 0):
+            offset -= 1
+        return offset
 
 
-def _offset(num_layers, pp, r, vp, vpp, first, last, emb, loss) -> int:
-    if first is not None or last is not None:
-        head, tail = first or 0, last or 0
-        middle_stages = pp - (first is not None) - (last is not None)
-        middle = num_layers - head - tail
-        middle_rank = r if first is None else r - 1
-        if vpp:
-            fc, lc, mc = head // vpp, tail // vpp, middle // vpp
-            total = fc + mc + lc
-            if r == 0:
-                return vp * total
-            return vp * total + fc + middle_rank * (mc // middle_stages if middle_stages else 0)
-        per = middle // middle_stages if middle_stages else 0
-        return 0 if r == 0 else middle_rank * per + head
-    n = num_layers + emb + loss
-    per = n // pp
-    offset = vp * (n // vpp) + r * (per // vpp) if vpp else r * per
-    if emb and not (r == 0 and vp == 0):
-        offset -= 1
-    return offset
-
-
-def _rank_coords(s: dict[str, int], dp: int, edp: int, order: str):
+def _rank_coords(sizes: dict[str, int], dp: int, edp: int, order: str):
     try:
-        from megatron.core.parallel_state import RankGenerator
+        from megatron.core.parallel_state import RankGenerator  # heavy and optional: the repro extra
     except ImportError:
         raise UserError(f"rank coordinates need megatron-core's RankGenerator: {REPRO_EXTRA}") from None
 
-    dense = RankGenerator(tp=s["tp"], ep=1, dp=dp, pp=s["pp"], cp=s["cp"], order=order, rank_offset=0)
-    expert = RankGenerator(tp=s["etp"], ep=s["ep"], dp=edp, pp=s["pp"], cp=1, order=order, rank_offset=0)
+    dense = RankGenerator(tp=sizes["tp"], ep=1, dp=dp, pp=sizes["pp"], cp=sizes["cp"], order=order, rank_offset=0)
+    expert = RankGenerator(tp=sizes["etp"], ep=sizes["ep"], dp=edp, pp=sizes["pp"], cp=1, order=order, rank_offset=0)
     if dense.get_ranks("pp") != expert.get_ranks("pp"):
         raise UserError(
             f"order {order}: pipeline groups of dense and expert layers differ "
             f"(dp {dp} vs expert dp {edp}); Megatron rejects this layout"
         )
-    coords = [dict() for _ in range(s["world"])]
+    coords = [dict() for _ in range(sizes["world"])]
     groups = {}
-    for key, gen, token in (
+    for key, generator, token in (
         ("tp", dense, "tp"),
         ("cp", dense, "cp"),
         ("dp", dense, "dp"),
@@ -325,7 +351,7 @@ def _rank_coords(s: dict[str, int], dp: int, edp: int, order: str):
         ("etp", expert, "tp"),
         ("edp", expert, "dp"),
     ):
-        groups[key] = gen.get_ranks(token)
+        groups[key] = generator.get_ranks(token)
         if key == "dp_cp":
             continue
         for group in groups[key]:
@@ -341,22 +367,22 @@ def build(cfg: Config) -> Topology:
         UserError: sizes that do not divide the world, experts that do not divide EP, a layer split
             Megatron would reject.
     """
-    s = _sizes(cfg)
-    dp, edp = _check_divides(s)
+    sizes = _sizes(cfg)
+    dp, edp = _check_divides(sizes)
     order = "tp-cp-ep-pp-dp" if cfg["use_tp_pp_dp_mapping"] else "tp-cp-ep-dp-pp"
-    if not order.endswith("pp") and s["pp"] > 1 and edp != dp:
+    if not order.endswith("pp") and sizes["pp"] > 1 and edp != dp:
         raise UserError(f"--use-tp-pp-dp-mapping needs expert dp({edp}) == dp({dp})")
     notes = []
     num_layers = _check_count(cfg, "num_layers", MAX_LAYERS)
     num_experts = _check_count(cfg, "num_experts", MAX_EXPERTS)
     experts_per_rank = None
     if num_experts is not None:
-        if num_experts % s["ep"]:
-            raise UserError(f"num-experts({num_experts}) is not divisible by expert-model-parallel-size({s['ep']})")
-        experts_per_rank = num_experts // s["ep"]
-    elif s["ep"] > 1:
+        if num_experts % sizes["ep"]:
+            raise UserError(f"num-experts({num_experts}) is not divisible by expert-model-parallel-size({sizes['ep']})")
+        experts_per_rank = num_experts // sizes["ep"]
+    elif sizes["ep"] > 1:
         notes.append("num-experts unknown (no model args): experts per EP rank not derived")
-    vpp = virtual_size(cfg, num_layers, s["pp"])
+    vpp = virtual_size(cfg, num_layers, sizes["pp"])
     stages = None
     if cfg["pipeline_model_parallel_layout"] is not None:
         notes.append("--pipeline-model-parallel-layout is not modelled: layer split not derived")
@@ -365,28 +391,33 @@ def build(cfg: Config) -> Topology:
     else:
         split = split_layers(
             num_layers,
-            s["pp"],
-            vpp,
-            cfg["decoder_first_pipeline_num_layers"],
-            cfg["decoder_last_pipeline_num_layers"],
-            cfg["account_for_embedding_in_pipeline_split"],
-            cfg["account_for_loss_in_pipeline_split"],
+            sizes["pp"],
+            vpp=vpp,
+            first=cfg["decoder_first_pipeline_num_layers"],
+            last=cfg["decoder_last_pipeline_num_layers"],
+            emb=cfg["account_for_embedding_in_pipeline_split"],
+            loss=cfg["account_for_loss_in_pipeline_split"],
         )
         stages = [
-            Stage(r, [Chunk(vp, layers) for vp, layers in enumerate(chunks)], r == 0, r == s["pp"] - 1)
-            for r, chunks in enumerate(split)
+            Stage(
+                pp_rank,
+                [Chunk(vp, layers) for vp, layers in enumerate(chunks)],
+                pp_rank == 0,
+                pp_rank == sizes["pp"] - 1,
+            )
+            for pp_rank, chunks in enumerate(split)
         ]
-    coords, groups = _rank_coords(s, dp, edp, order)
+    coords, groups = _rank_coords(sizes, dp, edp, order)
     return Topology(
-        world=s["world"],
-        nodes=s["nodes"],
-        gpus_per_node=s["gpn"],
-        tp=s["tp"],
-        pp=s["pp"],
-        cp=s["cp"],
+        world=sizes["world"],
+        nodes=sizes["nodes"],
+        gpus_per_node=sizes["gpn"],
+        tp=sizes["tp"],
+        pp=sizes["pp"],
+        cp=sizes["cp"],
         dp=dp,
-        ep=s["ep"],
-        etp=s["etp"],
+        ep=sizes["ep"],
+        etp=sizes["etp"],
         edp=edp,
         vpp=vpp,
         order=order,

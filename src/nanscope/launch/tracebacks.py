@@ -234,21 +234,16 @@ class Traceback:
 
     def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
         """The frames inside megatron-core, outermost first: (file basename, line, function)."""
-        found = (core_frame(f.path, f.line, f.function) for f in self.frames)
-        return tuple(f for f in found if f is not None)
+        found = (core_frame(frame.path, frame.line, frame.function) for frame in self.frames)
+        return tuple(frame for frame in found if frame is not None)
 
 
 def _known(path: str, function: str) -> KnownFrame | None:
     norm = path.replace("\\", "/")
-    for k in KNOWN_FRAMES:
-        if k.function == function and (norm == k.suffix or norm.endswith("/" + k.suffix)):
-            return k
+    for known in KNOWN_FRAMES:
+        if known.function == function and (norm == known.suffix or norm.endswith("/" + known.suffix)):
+            return known
     return None
-
-
-def parse_failure(text: str, origin: str = "traceback") -> Failure | None:
-    """The first Megatron `Rank N, node H, device D, iteration I: Unexpected result R` in `text`."""
-    return next(failures(text, origin), None)
 
 
 def failures(text: str, origin: str = "traceback") -> Iterator[Failure]:
@@ -264,11 +259,11 @@ def failures(text: str, origin: str = "traceback") -> Iterator[Failure]:
 
 def _line_failures(line: str, number: int, origin: str) -> Iterator[Failure]:
     """Errors on one line, left to right, without overlap; each marker position is looked up, not rescanned."""
-    messages = [m.start() for m in re.finditer(re.escape(_MESSAGE), line)]
-    ends = [m.start() for m in re.finditer(re.escape(_END), line)]
+    messages = [marker.start() for marker in re.finditer(re.escape(_MESSAGE), line)]
+    ends = [marker.start() for marker in re.finditer(re.escape(_END), line)]
     pos = 0
-    while (m := _PREFIX.search(line, pos)) is not None:
-        start = m.end()
+    while (prefix := _PREFIX.search(line, pos)) is not None:
+        start = prefix.end()
         if not line.startswith(_RESULT, start) and not (
             len(line) - start < len(_RESULT) and _RESULT.startswith(line[start:])
         ):
@@ -284,7 +279,15 @@ def _line_failures(line: str, number: int, origin: str) -> Iterator[Failure]:
             truncated = message_end is None
             end = len(line) if truncated else message_end + len(_END)
             result, message = line[result_at:result_end], line[message_at:message_end]
-        yield _failure(m, result, message, line[m.start() : end], truncated, number, origin)
+        yield _failure(
+            prefix,
+            result=result,
+            message=message,
+            text=line[prefix.start() : end],
+            truncated=truncated,
+            number=number,
+            origin=origin,
+        )
         pos = end
 
 
@@ -294,21 +297,24 @@ def _next(positions: list[int], at: int) -> int | None:
     return positions[i] if i < len(positions) else None
 
 
-def _failure(m: re.Match, result: str, message: str, text: str, truncated: bool, number: int, origin: str) -> Failure:
+def _failure(
+    prefix: re.Match, *, result: str, message: str, text: str, truncated: bool, number: int, origin: str
+) -> Failure:
+    """The failure whose `Rank R, node H, device D, iteration I: ` is `prefix`, on line `number`."""
     for name in ("rank", "device", "iteration"):
-        if len(m[name].lstrip("-")) > _MAX_DIGITS:
+        if len(prefix[name].lstrip("-")) > _MAX_DIGITS:
             raise UserError(
-                f"{origin}: line {number}: the {name} has {len(m[name].lstrip('-'))} digits, "
+                f"{origin}: line {number}: the {name} has {len(prefix[name].lstrip('-'))} digits, "
                 "more than Megatron ever prints: not a Megatron error line"
             )
     low = (result + " " + message).lower()
     kind = "NaN" if "nan" in low else "Inf" if "inf" in low else "?"
     bucket = re.search(r"bucket #(\d{1,18})\b", message)
     return Failure(
-        rank=int(m["rank"]),
-        node=m["node"],
-        device=int(m["device"]),
-        iteration=int(m["iteration"]),
+        rank=int(prefix["rank"]),
+        node=prefix["node"],
+        device=int(prefix["device"]),
+        iteration=int(prefix["iteration"]),
         result=result,
         kind=kind,
         message=message,
@@ -324,27 +330,28 @@ def parse_frames(text: str) -> tuple[list[Frame], str | None]:
     lines = text.splitlines()
     frames, ray_ip = [], None
     for i, line in enumerate(lines):
-        m = _FRAME.match(line)
-        if m:
+        frame = _FRAME.match(line)
+        if frame:
             code = ""
             if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]):
                 code = lines[i + 1].strip()
                 code = "" if set(code) <= {"^", "~", " "} else code
-            frames.append(Frame(m["path"], int(m["line"]), m["func"], code, _known(m["path"], m["func"])))
+            path, function = frame["path"], frame["func"]
+            frames.append(Frame(path, int(frame["line"]), function, code, _known(path, function)))
             continue
-        r = _RAY.search(line)
-        if r:
-            ip = re.search(r"ip=([\w.:-]+)", r["info"])
+        ray = _RAY.search(line)
+        if ray:
+            ip = re.search(r"ip=([\w.:-]+)", ray["info"])
             ray_ip = ip[1] if ip else None
             frames.append(
                 Frame(
-                    "<ray actor>",
-                    None,
-                    r["call"],
-                    f"Ray actor boundary: the frames below ran inside the actor process "
-                    f"{r['call']} ({r['info'].split(', actor_id')[0]}); {r['exc']} is the "
+                    path="<ray actor>",
+                    line=None,
+                    function=ray["call"],
+                    code=f"Ray actor boundary: the frames below ran inside the actor process "
+                    f"{ray['call']} ({ray['info'].split(', actor_id')[0]}); {ray['exc']} is the "
                     f"actor's exception.",
-                    None,
+                    known=None,
                 )
             )
     return frames, ray_ip
@@ -364,7 +371,7 @@ def parse_traceback(text: str, origin: str = "traceback") -> Traceback:
             f"device 2, iteration -1: Unexpected result nan (message='...')\")"
         )
     frames, ip = parse_frames(text)
-    others = sorted({f.rank for f in found} - {failure.rank})
+    others = sorted({later.rank for later in found} - {failure.rank})
     return Traceback(failure, frames, ip, others)
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from nanscope.errors import UserError
+
 # CLI / JSON name -> module under nanscope.loss.
 LOSSES = {"as-is": "nanscope.loss.as_is", "safe": "nanscope.loss.safe"}
 NAMES = tuple(LOSSES)
@@ -27,8 +29,6 @@ def get(name: str) -> ModuleType:
 
 def known(name: str) -> str:
     """`name`, if it names a loss; else a UserError listing the known ones."""
-    from nanscope.errors import UserError
-
     if name not in LOSSES:
         raise UserError(f"unknown loss {name!r}; known: {', '.join(LOSSES)}")
     return name

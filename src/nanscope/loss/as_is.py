@@ -111,4 +111,6 @@ def loss_function(args, batch: dict, num_microbatches: int, logits: torch.Tensor
         loss, log = fn(args=args, batch=batch, logits=logits, sum_of_sample_mean=ssm)
     else:
         raise ValueError(f"loss_type {args.loss_type!r} is not modelled (policy_loss or custom_loss)")
-    return microbatch.finish(loss, log, batch, args, num_microbatches, logits, par)
+    return microbatch.finish(
+        loss, log, batch=batch, args=args, num_microbatches=num_microbatches, logits=logits, par=par
+    )

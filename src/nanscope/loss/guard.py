@@ -28,6 +28,7 @@ import torch
 from nanscope.facts.numerics import FP32_EXP_MAX, LOG_RATIO_BOUND
 from nanscope.facts.releases import EXP_NEG_FIRST, EXP_SECOND_MINUS_FIRST
 from nanscope.loss import layout
+from nanscope.loss.microbatch import Parallel
 from nanscope.loss.target import Target
 
 NAN_POLICIES = ("drop", "strict")
@@ -54,8 +55,6 @@ def call(target: Target, args, batch: dict, logits, sum_of_sample_mean, *, nan_p
         raise ValueError(f"nan_policy {nan_policy!r}: expected one of {', '.join(NAN_POLICIES)}")
     kwargs = {}
     if target.slicer is None:
-        from nanscope.loss.microbatch import Parallel
-
         kwargs["parallel"] = parallel = parallel or Parallel.from_megatron()
     positions = _positions(target, args, batch, parallel)
     keys = target.release.reads(args)

@@ -139,7 +139,7 @@ def concat(batch: dict, key: str, device) -> torch.Tensor:
 
 
 def finish(
-    loss: torch.Tensor, log: dict, batch: dict, args, num_microbatches: int, logits: torch.Tensor, par: Parallel
+    loss: torch.Tensor, log: dict, *, batch: dict, args, num_microbatches: int, logits: torch.Tensor, par: Parallel
 ):
     """slime v0.1.0's loss_function tail: scale for Megatron and pack the metrics.
 

@@ -69,4 +69,6 @@ def loss_function(args, batch: dict, num_microbatches: int, logits: torch.Tensor
     """slime v0.1.0's loss_function with the safe policy loss (same scaling and metric packing)."""
     par = parallel or Parallel.from_megatron()
     loss, log = policy_loss(args, batch, logits, parallel=par)
-    return microbatch.finish(loss, log, batch, args, num_microbatches, logits, par)
+    return microbatch.finish(
+        loss, log, batch=batch, args=args, num_microbatches=num_microbatches, logits=logits, par=par
+    )

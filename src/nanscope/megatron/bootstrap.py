@@ -3,7 +3,7 @@
     from nanscope.megatron import bootstrap
     bootstrap.init(tp=2, pp=2)                                 # under torchrun (env:// rendezvous)
     bootstrap.init()                                           # one process: a gloo group of one rank
-    model, config, optimizer = bootstrap.build_training(seed=0, bf16=True)
+    model, transformer_config, optimizer = bootstrap.build_training(seed=0, bf16=True)
 
 In this order: megatron-core imported with torch.compile deferred (`import_megatron`), the CPU layer
 (`cpu.install()`, always: the harness runs on CPU over gloo even where CUDA is visible), the gloo
@@ -14,7 +14,6 @@ grad-finalize wiring slime's train step relies on.
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import socket
 import sys
@@ -30,43 +29,20 @@ def free_port() -> int:
 def import_megatron() -> None:
     """Import megatron-core (what the harness uses of it) with torch.compile deferred to a first call.
 
-    megatron.core.jit binds `jit_fuser = torch.compile` and decorates about 40 fused functions with it
-    at import; torch.compile's first decoration imports TorchInductor, about 1 s of a rank's 3 s of
-    imports on CPU, for functions the harness never calls (measured: none is called in a matrix run).
-    While megatron.core.jit is imported, torch.compile is replaced by `_compile_on_first_call`: the
-    decorated function is compiled by the real torch.compile when it is first called, as torch.compile
-    itself compiles lazily, so a call behaves the same. torch.compile is restored before this returns;
-    nothing else sees the stand-in.
+    megatron.core.jit decorates about 40 fused functions with torch.compile at import, which would import
+    TorchInductor (about 1 s of a rank's 3 s of imports on CPU) for functions the harness never calls; it
+    is imported under `cpu.compile_on_first_call()`, so each of them is compiled by the real torch.compile
+    at its first call, and nothing else sees the stand-in.
     """
-    import torch
+    from nanscope.megatron import cpu  # heavy: torch (the agent and the ranks; the parent never imports it)
 
     if "megatron.core.jit" not in sys.modules:
-        real = torch.compile
-        torch.compile = functools.partial(_compile_on_first_call, real)
-        try:
+        with cpu.compile_on_first_call():
             import megatron.core.jit  # noqa: F401  (binds jit_fuser to the stand-in)
-        finally:
-            torch.compile = real
     import megatron.core.distributed  # noqa: F401
     import megatron.core.models.gpt  # noqa: F401
     import megatron.core.optimizer  # noqa: F401
     import megatron.core.pipeline_parallel  # noqa: F401
-
-
-def _compile_on_first_call(compile_, fn=None, **options):
-    """torch.compile(fn, **options), compiled at fn's first call (also as a decorator with options only)."""
-    if fn is None:
-        return functools.partial(_compile_on_first_call, compile_, **options)
-    compiled = None
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        nonlocal compiled
-        if compiled is None:
-            compiled = compile_(fn, **options)
-        return compiled(*args, **kwargs)
-
-    return call
 
 
 def init(
@@ -90,12 +66,12 @@ def init(
         group_timeout_s: bound on megatron's process groups' collectives, rounded up to whole minutes
             (megatron's unit); None for megatron's default.
     """
-    import torch.distributed as dist
+    import torch.distributed as dist  # heavy: torch and megatron-core, in the processes that run the model
 
     import_megatron()
-    from megatron.core import parallel_state as mpu
+    from megatron.core import parallel_state as mpu  # heavy: megatron-core, imported with jit deferred above
 
-    from nanscope.megatron import cpu
+    from nanscope.megatron import cpu  # heavy: torch
 
     cpu.install()
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -116,20 +92,20 @@ def init(
 
 
 def build_training(*, seed: int = 0, bf16: bool = True):
-    """This rank's stage of the tiny model, megatron's Adam, and the config wired as slime's train step.
+    """This rank's stage of the tiny model, megatron's Adam, and the TransformerConfig wired as slime's train step.
 
     Returns:
-        (ddp_model, config, optimizer): config.finalize_model_grads_func is megatron's
-        finalize_model_grads (DP all-reduce and the DDP bucket NaN check), grad_scale_func the
+        (ddp_model, transformer_config, optimizer): transformer_config.finalize_model_grads_func is
+        megatron's finalize_model_grads (DP all-reduce and the DDP bucket NaN check), grad_scale_func the
         optimizer's loss scaling, timers off.
     """
-    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed import finalize_model_grads  # heavy: megatron-core and torch
 
     from nanscope.megatron import model
 
-    ddp, config = model.build_model(seed=seed, bf16=bf16)
+    ddp, transformer_config = model.build_model(seed=seed, bf16=bf16)
     optimizer = model.build_optimizer(ddp, bf16=bf16)
-    config.finalize_model_grads_func = finalize_model_grads
-    config.grad_scale_func = optimizer.scale_loss
-    config.timers = None
-    return ddp, config, optimizer
+    transformer_config.finalize_model_grads_func = finalize_model_grads
+    transformer_config.grad_scale_func = optimizer.scale_loss
+    transformer_config.timers = None
+    return ddp, transformer_config, optimizer

@@ -1,4 +1,12 @@
-"""Run megatron-core 0.15.0rc0 on CPU over gloo: the one place nanscope patches megatron or torch.
+"""Run megatron-core 0.15.0rc0 on CPU over gloo: the one place the harness patches megatron or torch.
+
+Three kinds of patch, each applied by the harness only (the slime plugin, on the real GPUs, wraps only
+the model chunks and the optimizer slime hands its hook: `slime_plugin/watch.py`):
+- `install()`: megatron-core's CUDA-only calls redirected to CPU, for the whole process;
+- `compile_on_first_call()`: torch.compile deferred to a first call while megatron-core is imported
+  (`bootstrap.import_megatron`);
+- `agree_on_grad_check(ctx)`: one run's DDP model's finish_grad_sync, so that the ranks that passed
+  megatron's gradient check learn that a peer failed it.
 
 GPTModel (local layer spec), DDP, the pipeline schedules and the optimizer are device-agnostic apart
 from a handful of CUDA-only calls. `install()` redirects exactly those. The harness switches it on
@@ -22,11 +30,18 @@ Usage: `nanscope.megatron.bootstrap.init(...)` calls `cpu.install()` first; noth
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
+from typing import TYPE_CHECKING
 
 import torch
 
-# (owner, attribute name, original value) of every installed patch, for `uninstall`.
-_INSTALLED: list[tuple[object, str, object]] = []
+if TYPE_CHECKING:
+    from nanscope.megatron.context import RunContext
+
+# While installed, the record of `install`'s patches, ((owner, attribute name, original value), ...) in
+# the order applied, is kept on the first patched module (torch.cuda), for `installed` and `uninstall`.
+_RECORD = "_nanscope_cpu_patches"
 _ABSENT = object()  # the original of an attribute that did not exist (te_general_gemm without TE)
 
 
@@ -97,10 +112,10 @@ def install() -> list[str]:
     Returns:
         The names of the patched callables.
     """
-    if _INSTALLED:
+    if installed():
         return installed()
 
-    from megatron.core.tensor_parallel import random as mp_random
+    from megatron.core.tensor_parallel import random as mp_random  # heavy: megatron-core, patched here
     from megatron.core.transformer.moe import moe_utils
 
     patches = [
@@ -126,22 +141,102 @@ def install() -> list[str]:
         # moe_utils.te_general_gemm: a TransformerEngine symbol, undefined without TE -> None (torch.mm path).
         (moe_utils, "te_general_gemm", None),
     ]
+    record = tuple((owner, name, getattr(owner, name, _ABSENT)) for owner, name, _ in patches)
     for owner, name, value in patches:
-        _INSTALLED.append((owner, name, getattr(owner, name, _ABSENT)))
         setattr(owner, name, value)
+    setattr(torch.cuda, _RECORD, record)
     return installed()
 
 
 def installed() -> list[str]:
     """Names of the patched callables, e.g. 'torch.cuda.current_device' (empty when not installed)."""
-    return [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, _ in _INSTALLED]
+    return [f"{getattr(owner, '__name__', owner)}.{name}" for owner, name, _ in getattr(torch.cuda, _RECORD, ())]
 
 
 def uninstall() -> None:
     """Restore every patched attribute (for tests; a worker process never needs it)."""
-    while _INSTALLED:
-        owner, name, original = _INSTALLED.pop()
+    for owner, name, original in reversed(getattr(torch.cuda, _RECORD, ())):
         if original is _ABSENT:
             delattr(owner, name)
         else:
             setattr(owner, name, original)
+    if hasattr(torch.cuda, _RECORD):
+        delattr(torch.cuda, _RECORD)
+
+
+@contextlib.contextmanager
+def compile_on_first_call():
+    """Within the block, torch.compile compiles a function when it is first called, not when it decorates it.
+
+    megatron.core.jit binds `jit_fuser = torch.compile` and decorates about 40 fused functions with it at
+    import; torch.compile's first decoration imports TorchInductor, about 1 s of a rank's 3 s of imports on
+    CPU, for functions the harness never calls (measured: none is called in a matrix run). A decorated
+    function is compiled by the real torch.compile at its first call, as torch.compile itself compiles
+    lazily, so a call behaves the same. torch.compile is restored when the block ends.
+    """
+    real = torch.compile
+    # torch.compile: compiles (importing TorchInductor) when it decorates -> compiles at the first call.
+    torch.compile = functools.partial(_compile_on_first_call, real)
+    try:
+        yield
+    finally:
+        torch.compile = real
+
+
+def _compile_on_first_call(compile_, fn=None, **options):
+    """torch.compile(fn, **options), compiled at fn's first call (also as a decorator with options only)."""
+    if fn is None:
+        return functools.partial(_compile_on_first_call, compile_, **options)
+    compiled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = compile_(fn, **options)
+        return compiled(*args, **kwargs)
+
+    return call
+
+
+class PeerFailed(RuntimeError):
+    """Raised on a rank whose gradients passed megatron's check when a peer's failed it (spec.PEER_FAILED)."""
+
+
+def agree_on_grad_check(ctx: RunContext) -> None:
+    """After megatron's DDP gradient check, every rank of the replica learns whether any of them failed it.
+
+    A fault in an early pipeline stage's backward makes that stage fail the check while the later stages
+    pass theirs and would wait forever in the optimizer's grad-norm all-reduce; on a cluster the job is
+    torn down there. Here the passing ranks raise PeerFailed instead, so every rank records the run. The
+    failing rank's error time is taken when megatron raised, before this all-reduce (the first raiser
+    stays the first). The flag is all-reduced over the model-parallel group (the world at DP 1): a replica
+    that passed the check blocks inside megatron's own data-parallel reduce, which a failed replica never
+    joins, so a world-wide flag would leave the failed replica waiting for it too.
+    """
+    import torch.distributed as dist  # heavy: torch.distributed and megatron-core, in the ranks only
+    from megatron.core import parallel_state as mpu
+
+    finish = ctx.model.finish_grad_sync
+
+    def any_failed(mine: float) -> bool:
+        flag = torch.tensor([mine])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=mpu.get_model_parallel_group())
+        return flag.item() > 0
+
+    def wrapped(*args, **kwargs):
+        try:
+            out = finish(*args, **kwargs)
+        except RuntimeError:
+            ctx.error_time = time.time()
+            any_failed(1.0)
+            raise
+        if any_failed(0.0):
+            raise PeerFailed(
+                "a peer rank failed megatron-core's gradient check; this rank's gradients passed it "
+                "(on a cluster the job ends here)"
+            )
+        return out
+
+    # DDP.finish_grad_sync of this run's model: megatron's reduce and bucket check -> them, then the agreement.
+    ctx.model.finish_grad_sync = wrapped

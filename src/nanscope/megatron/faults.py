@@ -24,6 +24,7 @@ from functools import cache
 import torch
 
 from nanscope.errors import UserError
+from nanscope.megatron import bootstrap, model
 from nanscope.trace.observe import public_name
 
 DIRECTIONS = ("forward", "backward")
@@ -142,8 +143,6 @@ def check(fault: Fault) -> None:
 
 def main() -> int:
     """Print the harness model's module names, one a line."""
-    from nanscope.megatron import bootstrap, model
-
     bootstrap.init()
     ddp, _ = model.build_model(seed=0, bf16=False)
     print("\n".join(names(ddp)))

@@ -23,7 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from nanscope import loss
+from nanscope.causes import catalogue
 from nanscope.megatron import proctree
+from nanscope.megatron.bootstrap import free_port
 from nanscope.megatron.proctree import StopSignals
 from nanscope.megatron.spec import LaunchResult, Layout, RankRecord, RunResult, RunSpec, WorkerSpec
 
@@ -91,16 +94,20 @@ def launch(
             code, timed_out, output = _torchrun(out, spec, timeout_s - (time.time() - t0), child_tmp, stop)
             returncode = code if not returncode else returncode  # the first failure's code sticks
             outputs.append(output)
-            for r in range(layout.world):  # the watchdog's notes, kept across relaunches
-                w = out / f"stuck.rank{r}.txt"
-                if w.exists():
-                    stuck[r] = "; ".join(filter(None, [stuck.get(r), w.read_text()]))
-                    w.unlink()
+            _take_stuck_notes(out, layout.world, stuck)
             broken = _first_incomplete(out, len(runs), layout.world, spec.first_run)
             if code == 0 or timed_out or broken is None or broken + 1 >= len(runs) or launches > max_relaunches:
                 break
             spec = dataclasses.replace(spec, first_run=broken + 1)  # the launch died in run `broken`: resume after
-        result = collect(out, runs, layout, returncode, timed_out, time.time() - t0, "\n".join(outputs))
+        result = collect(
+            out,
+            runs,
+            layout,
+            returncode=returncode,
+            timed_out=timed_out,
+            wall=time.time() - t0,
+            output="\n".join(outputs),
+        )
         stop.check()
     result.stuck, result.launched_at, result.launches = stuck, t0, launches
     return result
@@ -111,8 +118,6 @@ def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: Sto
 
     Kills the process tree after `timeout_s`, or at once on a stop signal (then raises Interrupted).
     """
-    from nanscope.megatron.bootstrap import free_port
-
     stop.check()
     (out / "spec.json").write_text(spec.to_json())
     cmd = [
@@ -153,42 +158,57 @@ def _stop(proc: subprocess.Popen) -> list[int]:
     return pids
 
 
+def _take_stuck_notes(out: Path, world: int, stuck: dict[int, str]) -> None:
+    """Move the watchdog's notes (`stuck.rank{r}.txt`) into `stuck`, joined to those of earlier launches."""
+    for rank in range(world):
+        note = out / f"stuck.rank{rank}.txt"
+        if note.exists():
+            stuck[rank] = "; ".join(filter(None, [stuck.get(rank), note.read_text()]))
+            note.unlink()
+
+
 def _first_incomplete(out: Path, n_runs: int, world: int, first: int) -> int | None:
     """Index of the first run from `first` on that some rank wrote no record for."""
     for i in range(first, n_runs):
-        if any(not (out / f"run{i}.rank{r}.json").exists() for r in range(world)):
+        if any(not (out / f"run{i}.rank{rank}.json").exists() for rank in range(world)):
             return i
     return None
 
 
 def _validate(runs: list[RunSpec], layout: Layout) -> None:
     """Fail in the parent, not after 20 s of imports in every rank."""
-    from nanscope import loss
-    from nanscope.causes import catalogue
-
-    for r in runs:
-        catalogue.get(r.hazard)
-        loss.known(r.loss)
-        assert r.steps >= 1 and (r.inject_step is None or 1 <= r.inject_step <= r.steps), r
+    for run in runs:
+        catalogue.get(run.hazard)
+        loss.known(run.loss)
+        assert run.steps >= 1 and (run.inject_step is None or 1 <= run.inject_step <= run.steps), run
     assert min(layout.tp, layout.pp, layout.dp, layout.ep, layout.cp) >= 1, layout
 
 
-def collect(out: Path, runs, layout, returncode, timed_out, wall, output) -> LaunchResult:
+def collect(out: Path, runs, layout, *, returncode, timed_out, wall, output) -> LaunchResult:
     """Read the ranks' records and startup times from `out` into a LaunchResult (stuck notes: `launch`)."""
     results = []
     for i, spec in enumerate(runs):
         records, missing = [], []
-        for r in range(layout.world):
-            path = out / f"run{i}.rank{r}.json"
+        for rank in range(layout.world):
+            path = out / f"run{i}.rank{rank}.json"
             if path.exists():
                 records.append(RankRecord.from_json(path.read_text()))
             else:
-                missing.append(r)
+                missing.append(rank)
         results.append(RunResult(spec, records, missing))
     startup = {}
-    for r in range(layout.world):
-        s = out / f"startup.rank{r}.json"
-        if s.exists():
-            startup[r] = json.loads(s.read_text())
+    for rank in range(layout.world):
+        path = out / f"startup.rank{rank}.json"
+        if path.exists():
+            startup[rank] = json.loads(path.read_text())
     tail = "\n".join(output.splitlines()[-200:])
-    return LaunchResult(layout, results, returncode, timed_out, wall, startup, {}, tail)
+    return LaunchResult(
+        layout=layout,
+        runs=results,
+        returncode=returncode,
+        timed_out=timed_out,
+        wall_s=wall,
+        startup=startup,
+        stuck={},
+        stderr_tail=tail,
+    )

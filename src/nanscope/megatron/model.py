@@ -61,7 +61,7 @@ class SequenceParallelRMSNorm(torch.nn.Module):
 
 def transformer_config(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, bf16: bool = True, seed: int = 0):
     """The TransformerConfig for the current parallel state (TP/PP/EP sizes read from it)."""
-    from megatron.core import parallel_state as mpu
+    from megatron.core import parallel_state as mpu  # heavy: megatron-core, imported by bootstrap first
     from megatron.core.transformer import TransformerConfig
 
     tp = mpu.get_tensor_model_parallel_world_size()
@@ -105,7 +105,7 @@ def transformer_config(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, bf16: bool = Tru
 
 def layer_spec(config):
     """The local (no TransformerEngine) block spec with every norm swapped for SequenceParallelRMSNorm."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # heavy: megatron-core
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
@@ -132,7 +132,7 @@ def build_model(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bo
         (ddp_model, config): `ddp_model` is DDP(Float16Module(GPTModel)) with check_for_nan_in_grad
         and grad_reduce_in_fp32, as slime sets them.
     """
-    from megatron.core import parallel_state as mpu
+    from megatron.core import parallel_state as mpu  # heavy: megatron-core, imported by bootstrap first
     from megatron.core import tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
@@ -172,7 +172,7 @@ def build_model(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bo
 
 def build_optimizer(ddp_model, *, bf16: bool = True):
     """Megatron's Adam set up like the case: lr 1e-6, weight decay 0.1, betas 0.9/0.98."""
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # heavy: megatron-core
 
     config = OptimizerConfig(
         optimizer="adam",
@@ -191,7 +191,7 @@ def build_optimizer(ddp_model, *, bf16: bool = True):
 
 def layers_held(config) -> list[int]:
     """0-based decoder layer indices on this pipeline stage (Megatron's layer_number is 1-based)."""
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build  # heavy: megatron-core
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     offset = get_transformer_layer_offset(config)

@@ -1,4 +1,4 @@
-"""The harness's sentinel: each run's model under `nanscope.trace.Sentinel`, each step read and classified.
+"""The harness's sentinel: each run's model under `nanscope.trace.sentinel.Sentinel`, each step read and classified.
 
     ctx.sentinel = Sentinel([ctx.model])     # after any planted fault (megatron.faults): hooks run in order
     ...train_one_step...                     # step.py records whether the gradient entering the model was finite

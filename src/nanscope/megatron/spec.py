@@ -10,6 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from nanscope.causes import catalogue
 from nanscope.facts.megatron import bucket_check_pattern
 
 
@@ -52,7 +53,7 @@ class RunSpec:
     defused: bool = False  # the hazard's clean twin: same batch and site, no trigger (hazards.build)
     hook: bool = False  # call nanscope.slime_plugin.before_train_step before each step, as slime does
     on_nonfinite: str = "raise"  # NANSCOPE_ON_NONFINITE for the hook: "raise" | "skip"
-    trace: bool = False  # run the steps under the tracer (nanscope.trace.Tracer) and record its report
+    trace: bool = False  # run the steps under the tracer (nanscope.trace.locator.Tracer) and record its report
     # slime with nanscope's plugin as its README installs it: the hook (needs hook=True), the "safe" loss
     # through slime's custom-loss path, each step's rollout saved (--save-debug-rollout-data); step k is
     # rollout k-1 (one optimizer step per rollout)
@@ -74,13 +75,11 @@ class RunSpec:
 
         A level "model" hazard (not defused) plants its record's fault at the hazard's step.
         """
-        from nanscope.causes import catalogue
-
         if self.model_fault is not None:
             return self.model_fault, self.model_fault_step
-        h = catalogue.get(self.hazard)
-        if h.fault is not None and not self.defused:
-            return h.fault, self.inject_step if self.inject_step is not None else 1
+        hazard = catalogue.get(self.hazard)
+        if hazard.fault is not None and not self.defused:
+            return hazard.fault, self.inject_step if self.inject_step is not None else 1
         return None
 
 
@@ -101,9 +100,9 @@ class WorkerSpec:
 
     @classmethod
     def from_json(cls, text: str) -> WorkerSpec:
-        d = json.loads(text)
-        runs = tuple(RunSpec(**r) for r in d.pop("runs"))
-        return cls(layout=Layout(**d.pop("layout")), runs=runs, **d)
+        fields = json.loads(text)
+        runs = tuple(RunSpec(**run) for run in fields.pop("runs"))
+        return cls(layout=Layout(**fields.pop("layout")), runs=runs, **fields)
 
 
 @dataclass
@@ -150,22 +149,22 @@ class RankRecord:
 
     @classmethod
     def from_json(cls, text: str) -> RankRecord:
-        d = json.loads(text)
-        d["frames"] = [tuple(f) for f in d["frames"]]
-        return cls(**d)
+        fields = json.loads(text)
+        fields["frames"] = [tuple(frame) for frame in fields["frames"]]
+        return cls(**fields)
 
 
 # error_type of a rank the harness stopped because a peer failed megatron's check while its own gradients
-# passed (step.agree_on_grad_check): on a cluster the job ends there; here every rank records it.
+# passed (cpu.agree_on_grad_check): on a cluster the job ends there; here every rank records it.
 PEER_FAILED = "PeerFailed"
 
 
 _BUCKET_CHECK = bucket_check_pattern()
 
 
-def failed_check(r: RankRecord) -> bool:
+def failed_check(record: RankRecord) -> bool:
     """This rank raised megatron-core's DDP gradient check (NaN, or Inf, in a bucket's local norm)."""
-    return r.error is not None and _BUCKET_CHECK.search(r.error) is not None
+    return record.error is not None and _BUCKET_CHECK.search(record.error) is not None
 
 
 @dataclass
@@ -180,15 +179,15 @@ class RunResult:
         or "incomplete"."""
         if self.missing:
             return "incomplete"
-        if all(r.ok for r in self.ranks):
+        if all(record.ok for record in self.ranks):
             return "completed"
-        if all(r.ok or failed_check(r) or r.error_type == PEER_FAILED for r in self.ranks):
+        if all(record.ok or failed_check(record) or record.error_type == PEER_FAILED for record in self.ranks):
             return "nan-check"
         return "error"
 
     def first_failure(self) -> RankRecord | None:
-        failed = [r for r in self.ranks if not r.ok and r.error_time is not None]
-        return min(failed, key=lambda r: r.error_time) if failed else None
+        failed = [record for record in self.ranks if not record.ok and record.error_time is not None]
+        return min(failed, key=lambda record: record.error_time) if failed else None
 
 
 @dataclass

@@ -10,18 +10,23 @@ stays per sample as with thd; the loss sees slime's batch keys for one sample an
 Context parallelism inside attention needs TransformerEngine, so CP is applied at the loss level only
 (`Layout.cp`, default 2 as in the case): see `_cp_loss`.
 
-Every function here runs inside a worker after `bootstrap.init`; `ctx` is the worker's RunContext.
+Every function here runs inside a rank after `bootstrap.init`; `ctx` is the run's RunContext (`run.py`).
 """
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
+from nanscope import loss
+from nanscope.dumps import writers
+from nanscope.facts import paths
+from nanscope.facts.args import loss_args
 from nanscope.facts.keys import PER_TOKEN, SAMPLE
+from nanscope.loss import as_is, microbatch
+from nanscope.trace import replay
 
 if TYPE_CHECKING:
     from nanscope.megatron.context import RunContext
@@ -40,7 +45,7 @@ def policy(ctx: RunContext, seq_length: int):
     last stage all-gathers the vocab shards over TP, and the last stage's TP-rank-0 broadcasts
     the logits over the model-parallel group, so each rank builds the same batch.
     """
-    import torch.distributed as dist
+    import torch.distributed as dist  # heavy: torch.distributed and megatron-core, in the ranks only
     from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
@@ -86,7 +91,7 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
         (slime's reduced loss dict on the last stage else {}, the optimizer's grad norm,
          the local bucket grad norms before the step)
     """
-    from megatron.core import parallel_state as mpu
+    from megatron.core import parallel_state as mpu  # heavy: megatron-core, in the ranks only
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     model, optimizer, cp = ctx.model, ctx.optimizer, ctx.layout.cp
@@ -98,19 +103,27 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
     model.zero_grad_buffer()
     optimizer.zero_grad()
     if ctx.hook is not None:  # slime calls the hook after zeroing the grads; step k is rollout k-1
-        ctx.hook.before_train_step(args, step - 1, 0, [model], optimizer, None)
+        ctx.hook.before_train_step(
+            args=args, rollout_id=step - 1, step_id=0, model=[model], optimizer=optimizer, opt_param_scheduler=None
+        )
 
     def forward_step(it, m):
         index, mb = next(it)
         if ctx.tracer is not None:
-            from nanscope.trace import replay
-
             ctx.tracer.microbatch(index, replay.token_map(mb, packed_length=seq_length))
         tokens = _pad(mb["unconcat_tokens"][0], seq_length).unsqueeze(0)
         out = m(input_ids=tokens, position_ids=None, attention_mask=None, labels=None)
         if out.requires_grad:  # the sentinel's evidence: the gradient entering the model (no host sync)
             out.register_hook(lambda g: ctx.output_grads.append(torch.isfinite(g).all()))
-        return out, partial(_cp_loss, loss_module.loss_function, args, mb, num_microbatches, cp)
+        loss_func = partial(
+            _cp_loss,
+            loss_function=loss_module.loss_function,
+            args=args,
+            batch=mb,
+            num_microbatches=num_microbatches,
+            cp=cp,
+        )
+        return out, loss_func  # megatron calls loss_func(output_tensor)
 
     losses_reduced = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iter(enumerate(micro)), model=[model],
@@ -153,11 +166,6 @@ def slime_args(ctx: RunContext, n: int):
     """slime's args for a step of n samples: the case's loss flags and the step's hazard's (a flag value,
     e.g. zero-temperature's); a plugin run adds what its launch script would (the custom loss when the
     run's loss is the fix, the debug rollout paths)."""
-    from nanscope import loss
-    from nanscope.facts import paths
-    from nanscope.facts.args import loss_args
-    from nanscope.loss import as_is
-
     args = loss_args(**{**ctx.loss_flags, "global_batch_size": n, **ctx.loss_overrides})
     if ctx.spec.plugin:
         if loss.get(ctx.spec.loss) is not as_is:  # the fix: slime's --loss-type custom_loss, the plugin's loss
@@ -167,25 +175,23 @@ def slime_args(ctx: RunContext, n: int):
 
 
 def save_rollout(path: str, batch: dict, rollout_id: int) -> None:
-    """The batch as slime's --save-debug-rollout-data writes a rollout: Sample.to_dict() rows (the fields
-    the plugin's replay reads, and the rollout log-probs)."""
+    """The batch as slime's --save-debug-rollout-data writes a rollout (`nanscope.dumps.writers`): Sample.to_dict()
+    rows of the fields the plugin's replay reads, and the rollout log-probs."""
+    columns = zip(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"], batch["rollout_log_probs"])
     samples = [
         {
             "index": i,
-            "tokens": t.tolist(),
-            "response_length": r,
-            "loss_mask": m.int().tolist(),
-            "rollout_log_probs": lp.float().tolist(),
+            "tokens": tokens.tolist(),
+            "response_length": response_length,
+            "loss_mask": loss_mask.int().tolist(),
+            "rollout_log_probs": rollout_logp.float().tolist(),
         }
-        for i, (t, r, m, lp) in enumerate(
-            zip(batch["unconcat_tokens"], batch["response_lengths"], batch["loss_masks"], batch["rollout_log_probs"])
-        )
+        for i, (tokens, response_length, loss_mask, rollout_logp) in enumerate(columns)
     ]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save({"rollout_id": rollout_id, "samples": samples}, path)
+    writers.write_rollout_dump(path, samples, rollout_id)
 
 
-def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
+def _cp_loss(logits, *, loss_function, args, batch, num_microbatches, cp):
     """The loss of one sample as `cp` context-parallel ranks compute it, summed, from whole logits.
 
     logits [1, S, V/tp]: the sample's `total` positions then padding (slime pads its packed row to a
@@ -198,9 +204,7 @@ def _cp_loss(loss_function, args, batch, num_microbatches, cp, logits):
     over dp only, so the CP ranks' losses are summed and divided by cp. The metric values are summed
     over CP ranks, as slime's all-reduce over the data-parallel-with-CP group does.
     """
-    from megatron.core import parallel_state as mpu
-
-    from nanscope.loss import microbatch
+    from megatron.core import parallel_state as mpu  # heavy: megatron-core, in the ranks only
 
     total = batch["total_lengths"][0]
     logits = logits[:, :total]
@@ -232,7 +236,7 @@ def _pad(tokens: torch.Tensor, length: int) -> torch.Tensor:
 
 def _last_stage_tp0() -> int:
     """Global rank of (last pipeline stage, TP rank 0) in this rank's data-parallel replica."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # heavy: torch.distributed and megatron-core, in the ranks only
     from megatron.core import parallel_state as mpu
 
     last_stage = mpu.get_pipeline_model_parallel_world_size() - 1
@@ -245,47 +249,3 @@ def bucket_grad_norms(model) -> list[float]:
     """L2 norm of every DDP bucket's local grad (dense buckets, then expert buckets), as check_grads computes it."""
     groups = list(model.bucket_groups) + list(model.expert_parallel_bucket_groups)
     return [float(b.grad_data.norm(p=2)) for g in groups for b in g.buckets]
-
-
-class PeerFailed(RuntimeError):
-    """Raised on a rank whose gradients passed megatron's check when a peer's failed it (spec.PEER_FAILED)."""
-
-
-def agree_on_grad_check(ctx: RunContext) -> None:
-    """After megatron's DDP gradient check, every rank of the replica learns whether any of them failed it.
-
-    A fault in an early pipeline stage's backward makes that stage fail the check while the later stages
-    pass theirs and would wait forever in the optimizer's grad-norm all-reduce; on a cluster the job is
-    torn down there. Here the passing ranks raise PeerFailed instead, so every rank records the run. The
-    failing rank's error time is taken when megatron raised, before this all-reduce (the first raiser
-    stays the first). The flag is all-reduced over the model-parallel group (the world at DP 1): a replica
-    that passed the check blocks inside megatron's own data-parallel reduce, which a failed replica never
-    joins, so a world-wide flag would leave the failed replica waiting for it too.
-    """
-    import time
-
-    import torch.distributed as dist
-    from megatron.core import parallel_state as mpu
-
-    finish = ctx.model.finish_grad_sync
-
-    def any_failed(mine: float) -> bool:
-        flag = torch.tensor([mine])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=mpu.get_model_parallel_group())
-        return flag.item() > 0
-
-    def wrapped(*args, **kwargs):
-        try:
-            out = finish(*args, **kwargs)
-        except RuntimeError:
-            ctx.error_time = time.time()
-            any_failed(1.0)
-            raise
-        if any_failed(0.0):
-            raise PeerFailed(
-                "a peer rank failed megatron-core's gradient check; this rank's gradients passed it "
-                "(on a cluster the job ends here)"
-            )
-        return out
-
-    ctx.model.finish_grad_sync = wrapped

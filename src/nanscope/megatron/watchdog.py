@@ -8,6 +8,7 @@ The watchdog leaves `stuck.rank{r}.txt` (its message) for the parent, which repo
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import threading
@@ -43,9 +44,7 @@ class Watchdog:
 
 def barrier(wd: Watchdog, seconds: float, what: str) -> None:
     """A barrier of every rank, bounded by `seconds` (and by the watchdog, 5 s later)."""
-    import datetime
-
-    import torch.distributed as dist
+    import torch.distributed as dist  # heavy: torch, in the ranks only
 
     wd.arm(f"barrier before {what}", seconds + 5)
     dist.monitored_barrier(timeout=datetime.timedelta(seconds=seconds), wait_all_ranks=True)

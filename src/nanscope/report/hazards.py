@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.table import Table
 
 from nanscope.causes import catalogue
 
@@ -15,14 +16,12 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
         model_level: level "model" hazards (not run here: they need the harness model).
         immune: causes.immune.Immune records.
     """
-    from rich.table import Table
-
     table = Table(title=f"hazards through the {loss} loss (case slime-795 flags)")
     for col in ("hazard", "class", "loss finite", "grad finite", "non-finite grad entries", "expected (as-is)"):
         table.add_column(col, no_wrap=(col == "hazard"))
     for o in outcomes:
         h = catalogue.get(o.name)
-        table.add_row(
+        row = (
             o.name,
             h.cause_class or "-",
             _yes(o.loss_finite),
@@ -30,6 +29,7 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
             str(o.nan_grad_entries),
             _expected(h),
         )
+        table.add_row(*row)
     console.print(table)
     if model_level:
         faults = Table(title="faults in the model (run: nanscope repro --hazard NAME)")

@@ -3,42 +3,48 @@
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.table import Table
 
+from nanscope import case
+from nanscope.megatron.spec import PEER_FAILED, failed_check
 from nanscope.report.text import span
 from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
+from nanscope.trace import text as trace_text
+from nanscope.trace.events import Event, TraceReport
 
 
-def _layers(r) -> str:
-    return span(r.layers, empty="-") + (" + output" if r.holds_output_layer else "")
+def _layers(record) -> str:
+    return span(record.layers, empty="-") + (" + output" if record.holds_output_layer else "")
 
 
-def _rank_outcome(r) -> str:
-    from nanscope.megatron.spec import PEER_FAILED, failed_check
-
-    if r.ok:
+def _rank_outcome(record) -> str:
+    if record.ok:
         return "ok"
-    if failed_check(r):
-        return "NaN check" if "found NaN" in r.error else "Inf check"
-    return "stopped: a peer failed the check" if r.error_type == PEER_FAILED else (r.error_type or "error")
+    if failed_check(record):
+        return "NaN check" if "found NaN" in record.error else "Inf check"
+    if record.error_type == PEER_FAILED:
+        return "stopped: a peer failed the check"
+    return record.error_type or "error"
 
 
 def outcome(rep: Repro) -> str:
     """A short cell: 'completed' or 'NaN check, rank 3 first (last stage)'."""
     if rep.observed != "nan-check":
         return rep.observed
-    from nanscope.megatron.spec import failed_check
-
-    first = next(r for r in rep.ranks if r.rank == rep.first_failure)
-    n = sum(failed_check(r) for r in rep.ranks)
+    first = next(record for record in rep.ranks if record.rank == rep.first_failure)
+    failed = sum(failed_check(record) for record in rep.ranks)
     stage = "last stage" if first.holds_output_layer else "pp " + str(first.pp)
-    return f"NaN check on {n}/{len(rep.ranks)} ranks, rank {first.rank} first ({stage})"
+    return f"NaN check on {failed}/{len(rep.ranks)} ranks, rank {first.rank} first ({stage})"
 
 
 def verdict(rep: Repro) -> str:
     """One line: what happened and whether it is what was expected."""
     head = "as expected" if rep.ok else f"UNEXPECTED (expected {rep.expected})"
     if rep.observed == "completed":
-        norms = sorted({round(g, 4) for r in rep.ranks for g in r.optimizer_grad_norm if g is not None})
+        norms = sorted(  # NaNs first (a set keeps each NaN, and sorting NaNs among numbers has no order)
+            {round(norm, 4) for record in rep.ranks for norm in record.optimizer_grad_norm if norm is not None},
+            key=lambda norm: (norm == norm, norm),
+        )
         return f"{head}: {rep.hazard} under the {rep.loss} loss: the step completed on all {len(rep.ranks)} ranks (grad norm {norms})"
     if rep.observed == "nan-check":
         frames = (
@@ -50,16 +56,22 @@ def verdict(rep: Repro) -> str:
 
 def render(rep: Repro, console) -> None:
     """The per-rank table, the first failing rank's frames, notes and the verdict."""
-    from rich.table import Table
-
     fault = f" --fault {rep.fault}" if rep.fault else ""
     table = Table(title=f"nanscope repro --hazard {rep.hazard} --loss {rep.loss}{fault}")
-    for col in ("rank", "pp", "tp", "layers held", "outcome", "error"):
-        table.add_column(col, overflow="fold")
-    for r in rep.ranks:
-        table.add_row(str(r.rank), str(r.pp), str(r.tp), _layers(r), _rank_outcome(r), r.error or "")
+    for column in ("rank", "pp", "tp", "layers held", "outcome", "error"):
+        table.add_column(column, overflow="fold")
+    for record in rep.ranks:
+        cells = (
+            str(record.rank),
+            str(record.pp),
+            str(record.tp),
+            _layers(record),
+            _rank_outcome(record),
+            record.error or "",
+        )
+        table.add_row(*cells)
     console.print(table)
-    first = next((r for r in rep.ranks if r.rank == rep.first_failure), None)
+    first = next((record for record in rep.ranks if record.rank == rep.first_failure), None)
     if first is not None and first.frames:
         console.print(
             f"megatron-core frames of rank {first.rank} (case: {'same' if rep.frames_match_case else 'different'}):"
@@ -68,9 +80,10 @@ def render(rep: Repro, console) -> None:
             console.print(f"  {name}:{line} in {func}", highlight=False)
     if rep.site is not None:
         where = f"sample {rep.site[0]}" + (f", response token {rep.site[1]}" if rep.site[1] is not None else "")
-        lps = ", ".join(f"{k} {v:.2f}" for k, v in (rep.site_log_probs or {}).items())
+        log_probs = ", ".join(f"{name} {value:.2f}" for name, value in (rep.site_log_probs or {}).items())
         console.print(
-            f"hazard site (built against the model's log-prob pass): {where}" + (f": log-probs {lps}" if lps else ""),
+            f"hazard site (built against the model's log-prob pass): {where}"
+            + (f": log-probs {log_probs}" if log_probs else ""),
             highlight=False,
         )
     if rep.trace is not None:
@@ -86,46 +99,45 @@ def render(rep: Repro, console) -> None:
     console.print(verdict(rep), highlight=False)
 
 
-def sentinel_text(s: dict) -> str:
+def sentinel_text(finding: dict) -> str:
     """One line: where the sentinel saw the first non-finite value, and its class."""
-    if s["rank"] is None:
+    if finding["rank"] is None:
         return "nothing non-finite (every module output, gradient and loss input was finite)"
-    where = f"module {s['module']}, {s['direction']}, micro-batch {s['microbatch']}" if s["module"] else "no module"
-    cls = s["class"] or "undecided: " + " or ".join(s["candidates"])
-    return f"rank {s['rank']} saw it first (step {s['step']}): {where}; class {cls}"
+    where = (
+        f"module {finding['module']}, {finding['direction']}, micro-batch {finding['microbatch']}"
+        if finding["module"]
+        else "no module"
+    )
+    cls = finding["class"] or "undecided: " + " or ".join(finding["candidates"])
+    return f"rank {finding['rank']} saw it first (step {finding['step']}): {where}; class {cls}"
 
 
 def _trace_lines(trace: dict) -> list[str]:
     """The forward and backward producers of a TraceReport dict, one line each (report.trace's words)."""
-    from nanscope.trace import text as trace_text
-    from nanscope.trace.locator import TraceReport
-
     return trace_text.summary_lines(TraceReport.from_dict(trace))
 
 
 def to_json(rep: Repro) -> dict:
     """`{"ranks": [{"rank", "pp", "tp", "ok", "error", "grad_norms", ...}], "expected", "observed", ...}`."""
-    from nanscope import case
-
     ranks = [
         {
-            "rank": r.rank,
-            "pp": r.pp,
-            "tp": r.tp,
-            "dp": r.dp,
-            "layers": r.layers,
-            "holds_output_layer": r.holds_output_layer,
-            "ok": r.ok,
-            "error": r.error,
-            "error_time": r.error_time,
-            "error_step": r.error_step,
-            "grad_norms": r.grad_norms,
-            "optimizer_grad_norm": r.optimizer_grad_norm,
-            "params_finite": r.params_finite,
-            "losses": r.losses,
-            "frames": [list(f) for f in r.frames],
+            "rank": record.rank,
+            "pp": record.pp,
+            "tp": record.tp,
+            "dp": record.dp,
+            "layers": record.layers,
+            "holds_output_layer": record.holds_output_layer,
+            "ok": record.ok,
+            "error": record.error,
+            "error_time": record.error_time,
+            "error_step": record.error_step,
+            "grad_norms": record.grad_norms,
+            "optimizer_grad_norm": record.optimizer_grad_norm,
+            "params_finite": record.params_finite,
+            "losses": record.losses,
+            "frames": [list(frame) for frame in record.frames],
         }  # fmt: skip
-        for r in rep.ranks
+        for record in rep.ranks
     ]
     return {
         "hazard": rep.hazard,
@@ -136,7 +148,7 @@ def to_json(rep: Repro) -> dict:
         "layout": rep.layout,
         "first_failure": rep.first_failure,
         "frames_match_case": rep.frames_match_case,
-        "case_frames": [list(f) for f in case.frames()],
+        "case_frames": [list(frame) for frame in case.frames()],
         "ranks": ranks,
         "hazard_site": rep.site,
         "site_log_probs": rep.site_log_probs,
@@ -152,11 +164,11 @@ def to_json(rep: Repro) -> dict:
 # ---- the matrix -----------------------------------------------------------------------------
 
 
-def matrix_verdict(m: Matrix) -> str:
-    failing_as_is = [r.hazard for r in m.rows if r.as_is.observed == "nan-check"]
-    passing_as_is = [r.hazard for r in m.rows if r.as_is.observed == "completed"]
-    unfixed = [r.hazard for r in m.rows if r.safe.expected != "completed"]
-    if m.ok:
+def matrix_verdict(matrix: Matrix) -> str:
+    failing_as_is = [row.hazard for row in matrix.rows if row.as_is.observed == "nan-check"]
+    passing_as_is = [row.hazard for row in matrix.rows if row.as_is.observed == "completed"]
+    unfixed = [row.hazard for row in matrix.rows if row.safe.expected != "completed"]
+    if matrix.ok:
         elsewhere = (
             f"; it cannot fix {', '.join(unfixed)}, whose fix lives in a flag or the model "
             "(`nanscope hazards`), and fails the check there too"
@@ -166,30 +178,35 @@ def matrix_verdict(m: Matrix) -> str:
         return (
             f"as expected: slime v0.1.0's loss fails megatron-core's NaN check on {', '.join(failing_as_is)} "
             f"and completes on {', '.join(passing_as_is)}; nanscope's safe loss completes every other step with "
-            f"finite parameters{elsewhere} ({m.wall_s:.0f} s)"
+            f"finite parameters{elsewhere} ({matrix.wall_s:.0f} s)"
         )
-    bad = [f"{r.hazard}/{loss}" for r in m.rows for loss, rep in (("as-is", r.as_is), ("safe", r.safe)) if not rep.ok]
-    bad += [f"{r.hazard}/safe params" for r in m.rows if r.safe.ok and not r.safe.params_finite]
+    bad = [
+        f"{row.hazard}/{loss}"
+        for row in matrix.rows
+        for loss, rep in (("as-is", row.as_is), ("safe", row.safe))
+        if not rep.ok
+    ]
+    bad += [f"{row.hazard}/safe params" for row in matrix.rows if row.safe.ok and not row.safe.params_finite]
     return f"UNEXPECTED: {', '.join(bad)} did not behave as expected"
 
 
-def _class_cell(s: dict | None) -> str:
-    if s is None or s["rank"] is None:
+def _class_cell(finding: dict | None) -> str:
+    if finding is None or finding["rank"] is None:
         return "-"
-    return (s["class"] or "/".join(s["candidates"])) + (f" ({s['module']})" if s["module"] else "")
+    return (finding["class"] or "/".join(finding["candidates"])) + (
+        f" ({finding['module']})" if finding["module"] else ""
+    )
 
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
-def render_matrix(m: Matrix, console) -> None:
-    from rich.table import Table
-
+def render_matrix(matrix: Matrix, console) -> None:
     table = Table(
         title="nanscope repro: case slime-795 scaled down, every hazard x {as-is, safe} through megatron-core"
     )
-    for col in (
+    for column in (
         "hazard",
         "as-is (slime v0.1.0)",
         "sentinel class (as-is)",
@@ -198,9 +215,9 @@ def render_matrix(m: Matrix, console) -> None:
         "params finite (safe)",
         "max |grad safe - as-is|",
     ):
-        table.add_column(col, overflow="fold")
-    for row in m.rows:
-        table.add_row(
+        table.add_column(column, overflow="fold")
+    for row in matrix.rows:
+        cells = (
             row.hazard,
             ("" if row.as_is.ok else "[red]UNEXPECTED[/] ") + outcome(row.as_is),
             _class_cell(row.as_is.sentinel),
@@ -209,32 +226,33 @@ def render_matrix(m: Matrix, console) -> None:
             "yes" if row.safe.params_finite else "[red]NO[/]",
             _fmt(row.grad_diff) if row.hazard == "healthy" else "",
         )
+        table.add_row(*cells)
     console.print(table)
-    example = next((r.as_is for r in m.rows if r.as_is.observed == "nan-check"), None)
+    example = next((row.as_is for row in matrix.rows if row.as_is.observed == "nan-check"), None)
     if example is not None:
-        first = next(r for r in example.ranks if r.rank == example.first_failure)
+        first = next(record for record in example.ranks if record.rank == example.first_failure)
         console.print(f"as-is error ({example.hazard}, rank {first.rank}): {first.error}", highlight=False)
         console.print(
             "frames "
-            + ("match" if all(r.as_is.frames_match_case is not False for r in m.rows) else "DIFFER from")
+            + ("match" if all(row.as_is.frames_match_case is not False for row in matrix.rows) else "DIFFER from")
             + " the case's traceback: "
-            + " -> ".join(f"{n}:{ln}" for n, ln, _ in first.frames),
+            + " -> ".join(f"{name}:{line}" for name, line, _ in first.frames),
             highlight=False,
         )
-    for row in m.rows:
+    for row in matrix.rows:
         console.print(f"[bold]{row.hazard}[/]: {escape(row.mechanism)}")
-    for note in m.notes:
+    for note in matrix.notes:
         console.print(f"note: {note}", highlight=False)
-    console.print(matrix_verdict(m), highlight=False)
+    console.print(matrix_verdict(matrix), highlight=False)
 
 
-def matrix_to_json(m: Matrix) -> dict:
+def matrix_to_json(matrix: Matrix) -> dict:
     return {
-        "ok": m.ok,
-        "verdict": matrix_verdict(m),
-        "wall_s": m.wall_s,
-        "layout": m.layout,
-        "notes": m.notes,
+        "ok": matrix.ok,
+        "verdict": matrix_verdict(matrix),
+        "wall_s": matrix.wall_s,
+        "layout": matrix.layout,
+        "notes": matrix.notes,
         "matrix": [
             {
                 "hazard": row.hazard,
@@ -245,7 +263,7 @@ def matrix_to_json(m: Matrix) -> dict:
                 "safe_params_finite": row.safe.params_finite,
                 "max_grad_diff_safe_vs_as_is": row.grad_diff,
             }
-            for row in m.rows
+            for row in matrix.rows
         ],
     }
 
@@ -253,127 +271,136 @@ def matrix_to_json(m: Matrix) -> dict:
 # ---- several steps --------------------------------------------------------------------------
 
 
-def steps_verdict(s: StepsCheck) -> str:
-    head = "as expected" if s.ok else "UNEXPECTED"
+def steps_verdict(check: StepsCheck) -> str:
+    head = "as expected" if check.ok else "UNEXPECTED"
     twin = ""
-    if s.twin is not None:
-        same = "equal (bitwise)" if s.param_diff == 0.0 else f"differ (max |diff| {_fmt(s.param_diff)})"
-        twin = f"; safe's parameters after step {s.steps} {same} those of as-is on the hazard's defused twin"
-    died = f"dies at step {s.as_is_died_at}" if s.as_is_died_at else f"{s.as_is.observed}"
+    if check.twin is not None:
+        same = "equal (bitwise)" if check.param_diff == 0.0 else f"differ (max |diff| {_fmt(check.param_diff)})"
+        twin = f"; safe's parameters after step {check.steps} {same} those of as-is on the hazard's defused twin"
+    died = f"dies at step {check.as_is_died_at}" if check.as_is_died_at else f"{check.as_is.observed}"
     return (
-        f"{head}: {s.hazard} at step {s.inject_step} of {s.steps}: as-is {died}; safe completes {s.safe_steps}/{s.steps} steps"
-        + (", parameters finite" if s.safe.params_finite else ", parameters NOT finite")
+        f"{head}: {check.hazard} at step {check.inject_step} of {check.steps}: as-is {died}; "
+        f"safe completes {check.safe_steps}/{check.steps} steps"
+        + (", parameters finite" if check.safe.params_finite else ", parameters NOT finite")
         + twin
-        + (_plugin_verdict(s.plugin) if s.plugin else "")
+        + (_plugin_verdict(check.plugin) if check.plugin else "")
     )
 
 
-def _plugin_verdict(p: PluginCheck) -> str:
-    from nanscope.trace.locator import Event
-
-    found = p.replay and (p.replay["forward"] or p.replay["first_forward"])
+def _plugin_verdict(plugin: PluginCheck) -> str:
+    found = plugin.replay and (plugin.replay["forward"] or plugin.replay["first_forward"])
     where = f"{found['op']} at {found['source']}, {Event.from_dict(found).token_text()}" if found else "nothing"
-    return f"; plugin: {len(p.reports)} ranks reported step {p.inject_step}, its replay names {where}"
+    return f"; plugin: {len(plugin.reports)} ranks reported step {plugin.inject_step}, its replay names {where}"
 
 
-def render_steps(s: StepsCheck, console) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"nanscope repro --steps {s.steps} --inject-step {s.inject_step} --hazard {s.hazard}")
-    for col in ("run", "outcome", "steps completed", "grad norm per step", "params finite"):
-        table.add_column(col, overflow="fold")
-    runs = [("as-is", s.as_is), ("safe", s.safe)] + ([("as-is, defused twin", s.twin)] if s.twin else [])
-    if s.plugin:
-        skip = "as-is + hook, skip" + (f", max skips {s.plugin.max_skips}" if s.plugin.max_skips else "")
+def render_steps(check: StepsCheck, console) -> None:
+    table = Table(
+        title=f"nanscope repro --steps {check.steps} --inject-step {check.inject_step} --hazard {check.hazard}"
+    )
+    for column in ("run", "outcome", "steps completed", "grad norm per step", "params finite"):
+        table.add_column(column, overflow="fold")
+    runs = [("as-is", check.as_is), ("safe", check.safe)] + (
+        [("as-is, defused twin", check.twin)] if check.twin else []
+    )
+    if check.plugin:
+        skip = "as-is + hook, skip" + (f", max skips {check.plugin.max_skips}" if check.plugin.max_skips else "")
         runs = (
-            [("as-is + hook", s.as_is), ("safe (the plugin's loss) + hook", s.safe)]
+            [("as-is + hook", check.as_is), ("safe (the plugin's loss) + hook", check.safe)]
             + runs[2:]
-            + [(skip, s.plugin.skipped)]
+            + [(skip, check.plugin.skipped)]
         )
     for name, rep in runs:
-        norms = rep.ranks[0].optimizer_grad_norm if rep.ranks else []
-        table.add_row(
+        cells = (
             name,
             outcome(rep),
-            str(min((len(r.optimizer_grad_norm) for r in rep.ranks), default=0)),
-            ", ".join(_fmt(n) for n in norms),
+            str(min((len(record.optimizer_grad_norm) for record in rep.ranks), default=0)),
+            _norms(rep),
             "yes" if rep.params_finite else "no",
         )
+        table.add_row(*cells)
     console.print(table)
-    for line in plugin_lines(s.plugin) if s.plugin else []:
+    for line in plugin_lines(check.plugin) if check.plugin else []:
         console.print(line, highlight=False)
-    for note in s.notes:
+    for note in check.notes:
         console.print(f"note: {note}", highlight=False)
-    console.print(steps_verdict(s), highlight=False)
+    console.print(steps_verdict(check), highlight=False)
 
 
-def plugin_lines(p: PluginCheck) -> list[str]:
+def plugin_lines(plugin: PluginCheck) -> list[str]:
     """The raise run's report, the instruction it printed, what the replay found, and skip mode."""
-    from nanscope.trace import text as trace_text
-
-    if not p.reports:
-        return [f"plugin: no rank wrote a report at step {p.inject_step} ({outcome(p.raised)})"]
-    r = next((x for x in p.reports if x["rank"] == p.raised.first_failure), p.reports[0])  # the first to fail
-    hit = r["first_forward"] or r["first_backward"]
+    if not plugin.reports:
+        return [f"plugin: no rank wrote a report at step {plugin.inject_step} ({outcome(plugin.raised)})"]
+    # the first rank to fail
+    first = next(
+        (report for report in plugin.reports if report["rank"] == plugin.raised.first_failure), plugin.reports[0]
+    )
+    hit = first["first_forward"] or first["first_backward"]
     where = f"module {hit['module']!r}, micro-batch {hit['microbatch']}" if hit else "accumulated gradients"
     out = [
-        f"plugin: ranks {span(sorted(x['rank'] for x in p.reports))} reported rollout {r['rollout_id']} step "
-        f"{r['step_id']} (harness step {p.inject_step}); rank {r['rank']}'s first non-finite: {where}",
-        f"the report says: {r['replay']['text']}",
+        f"plugin: ranks {span(sorted(report['rank'] for report in plugin.reports))} reported rollout "
+        f"{first['rollout_id']} step {first['step_id']} (harness step {plugin.inject_step}); rank {first['rank']}'s "
+        f"first non-finite: {where}",
+        f"the report says: {first['replay']['text']}",
     ]
-    if p.replay is None:
+    if plugin.replay is None:
         out.append("replay: no rank wrote a trace")
     else:
-        rp = p.replay
+        replay = plugin.replay
         out.append(
-            f"replay with NANSCOPE_TRACE_STEP={rp['NANSCOPE_TRACE_STEP']} ({rp['ranks_traced']} ranks traced, "
-            f"{rp['wall_s']:.0f} s):"
+            f"replay with NANSCOPE_TRACE_STEP={replay['NANSCOPE_TRACE_STEP']} ({replay['ranks_traced']} ranks traced, "
+            f"{replay['wall_s']:.0f} s):"
         )
-        out += ["  " + line for line in trace_text.first_lines(p.replay)]
-    log = next((x.hook_log for x in p.skipped.ranks if x.hook_log), [])
-    logged = ", ".join(str(e["nanscope/skipped_steps"]) for e in log)
+        out += ["  " + line for line in trace_text.first_lines(plugin.replay)]
+    log = _hook_log(plugin.skipped)
+    logged = ", ".join(str(entry["nanscope/skipped_steps"]) for entry in log)
     out.append(
-        f"skip mode: {outcome(p.skipped)}; grad norm per step {_norms(p.skipped)}; "
+        f"skip mode: {outcome(plugin.skipped)}; grad norm per step {_norms(plugin.skipped)}; "
         f"nanscope/skipped_steps logged per step: {logged or '-'}"
     )
-    errors = {x.error for x in p.skipped.ranks if x.error}
-    out += [f"skip mode stopped: {e}" for e in errors]
+    errors = {record.error for record in plugin.skipped.ranks if record.error}
+    out += [f"skip mode stopped: {error}" for error in errors]
     return out
 
 
 def _norms(rep: Repro) -> str:
-    return ", ".join(_fmt(n) for n in (rep.ranks[0].optimizer_grad_norm if rep.ranks else []))
+    """The optimizer's grad norm per step, as the first rank recorded it."""
+    return ", ".join(_fmt(norm) for norm in (rep.ranks[0].optimizer_grad_norm if rep.ranks else []))
 
 
-def plugin_to_json(p: PluginCheck) -> dict:
+def _hook_log(rep: Repro) -> list[dict]:
+    """What the plugin's hook logged, from the first rank that logged anything."""
+    return next((record.hook_log for record in rep.ranks if record.hook_log), [])
+
+
+def plugin_to_json(plugin: PluginCheck) -> dict:
     return {
-        "ok": p.ok,
-        "reports": p.reports,
-        "replay": p.replay,
+        "ok": plugin.ok,
+        "reports": plugin.reports,
+        "replay": plugin.replay,
         "skip": {
-            **to_json(p.skipped),
-            "expected": p.skip_expected,
-            "max_skips": p.max_skips,
-            "skipped_steps": [r.skipped_steps for r in p.skipped.ranks],
-            "log": next((r.hook_log for r in p.skipped.ranks if r.hook_log), []),
+            **to_json(plugin.skipped),
+            "expected": plugin.skip_expected,
+            "max_skips": plugin.max_skips,
+            "skipped_steps": [record.skipped_steps for record in plugin.skipped.ranks],
+            "log": _hook_log(plugin.skipped),
         },
     }
 
 
-def steps_to_json(s: StepsCheck) -> dict:
+def steps_to_json(check: StepsCheck) -> dict:
     return {
-        "ok": s.ok,
-        "verdict": steps_verdict(s),
-        "hazard": s.hazard,
-        "steps": s.steps,
-        "inject_step": s.inject_step,
-        "as_is_died_at": s.as_is_died_at,
-        "safe_steps_completed": s.safe_steps,
-        "max_param_diff_safe_vs_defused_twin": s.param_diff,
-        "as_is": to_json(s.as_is),
-        "safe": to_json(s.safe),
-        "defused_twin": to_json(s.twin) if s.twin else None,
-        **({"plugin": plugin_to_json(s.plugin)} if s.plugin else {}),
-        "wall_s": s.wall_s,
-        "notes": s.notes,
+        "ok": check.ok,
+        "verdict": steps_verdict(check),
+        "hazard": check.hazard,
+        "steps": check.steps,
+        "inject_step": check.inject_step,
+        "as_is_died_at": check.as_is_died_at,
+        "safe_steps_completed": check.safe_steps,
+        "max_param_diff_safe_vs_defused_twin": check.param_diff,
+        "as_is": to_json(check.as_is),
+        "safe": to_json(check.safe),
+        "defused_twin": to_json(check.twin) if check.twin else None,
+        **({"plugin": plugin_to_json(check.plugin)} if check.plugin else {}),
+        "wall_s": check.wall_s,
+        "notes": check.notes,
     }

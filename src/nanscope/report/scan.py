@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict
 
 import numpy as np
 
-from nanscope.dumps.checks import HIST_HI, HIST_LO, KINDS, ScanResult, hazard_count
+from nanscope.dumps.checks import KINDS
+from nanscope.dumps.result import HIST_HI, HIST_LO, ScanResult, hazard_count
+from nanscope.facts.numerics import FP32_EXP_MAX
 from nanscope.report import files
 from nanscope.report.html import esc, page
 
@@ -33,7 +36,7 @@ def _json_value(v):
 
 def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
     """Print the hazard table, the per-check summary and the verdict to a rich Console."""
-    from rich import box
+    from rich import box  # heavy: rich, only the terminal renderers need it
     from rich.table import Table
 
     head = (
@@ -45,41 +48,43 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
     console.print(format_line(result), highlight=False, markup=False, soft_wrap=True)  # one line, for grep
     if result.hazards:
         wide = console.width >= 130  # the note column only fits on wide terminals (it is in JSON/HTML)
-        t = Table(
+        table = Table(
             title=f"hazards (first {min(max_rows, len(result.hazards))} of {hazard_count(result)})",
             title_justify="left",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
         )
-        cols = ("sample", "token", "abs_token", "masked", "value", "kind", "mechanism") + (("note",) if wide else ())
-        for c in cols:
-            t.add_column(
-                c,
-                justify="right" if c in ("sample", "token", "abs_token", "value") else "left",
-                no_wrap=c not in ("mechanism", "note"),
-                min_width=min(len(c), 9),
+        columns = ("sample", "token", "abs_token", "masked", "value", "kind", "mechanism") + (("note",) if wide else ())
+        for column in columns:
+            table.add_column(
+                column,
+                justify="right" if column in ("sample", "token", "abs_token", "value") else "left",
+                no_wrap=column not in ("mechanism", "note"),
+                min_width=min(len(column), 9),
                 overflow="fold",
             )
-        for h in result.hazards[:max_rows]:
+        for hazard in result.hazards[:max_rows]:
             row = (
-                str(h.sample),
-                _opt(h.token),
-                _opt(h.abs_token),
-                _opt(h.masked),
-                fmt_value(h.value),
-                h.kind,
-                (h.mechanism or "-") + ("" if h.certain else "?"),
-                h.detail,
+                str(hazard.sample),
+                _opt(hazard.token),
+                _opt(hazard.abs_token),
+                _opt(hazard.masked),
+                fmt_value(hazard.value),
+                hazard.kind,
+                (hazard.mechanism or "-") + ("" if hazard.certain else "?"),
+                hazard.detail,
             )
-            t.add_row(*row[: len(cols)])
-        console.print(t)
-    s = Table(title="checks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in ("check", "count", "mechanism", "note"):
-        s.add_column(c, justify="right" if c == "count" else "left", no_wrap=c != "note", min_width=len(c))
-    for c in result.checks:
-        count = "skipped" if c.status == "skipped" else str(c.count)
-        s.add_row(c.kind, count, ", ".join(c.mechanisms) or "-", c.note)
-    console.print(s)
+            table.add_row(*row[: len(columns)])
+        console.print(table)
+    summary = Table(title="checks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("check", "count", "mechanism", "note"):
+        summary.add_column(
+            column, justify="right" if column == "count" else "left", no_wrap=column != "note", min_width=len(column)
+        )
+    for check in result.checks:
+        count = "skipped" if check.status == "skipped" else str(check.count)
+        summary.add_row(check.kind, count, ", ".join(check.mechanisms) or "-", check.note)
+    console.print(summary)
     if any(not h.certain for h in result.hazards):
         console.print("?: bound only (the dump lacks one side of the log-ratio; see the note)", style="dim")
     style = {"yes": "bold red", "possibly": "bold yellow", "no": "bold green"}[result.would_nan]
@@ -135,7 +140,7 @@ def to_json(result: ScanResult) -> dict:
     return {
         "dump": dump,
         "format": result.format.to_dict(),
-        "config": asdict(result.config),
+        "config": asdict(result.flags),  # the slime flags the dump was checked against
         "hazards": hazards,
         "summary": summary,
     }
@@ -173,8 +178,6 @@ def render_html(result: ScanResult) -> str:
             f"<td>{esc(c.note)}</td></tr>"
         )
     body.append("</table>")
-    from nanscope.facts.numerics import FP32_EXP_MAX
-
     for key, h in result.histograms.items():
         body.append(
             f"<h2>{esc(key)}: per-token log-ratio</h2><p class='muted'>{esc(h.label)}; "
@@ -182,7 +185,7 @@ def render_html(result: ScanResult) -> str:
         )
         body.append(histogram_svg(h.all, h.masked, FP32_EXP_MAX))
     body.append("<h2>per-sample hazard map</h2>")
-    body.append(hazard_map_svg(result.per_sample, list(KINDS), result.config.n_samples_per_prompt))
+    body.append(hazard_map_svg(result.per_sample, list(KINDS), result.flags.n_samples_per_prompt))
     body.append(
         f"<h2>hazards (first {min(500, len(result.hazards))} listed)</h2><table><tr>"
         + "".join(
@@ -294,36 +297,42 @@ def directory_summary(summaries: list) -> dict:
 def render_directory(summaries: list, console, root: str) -> None:
     """One row per file (its path under `root`; verdict, findings, mechanisms, or its error), then the
     directory's summary line."""
-    import os
-
-    from rich import box
+    from rich import box  # heavy: rich, only the terminal renderers need it
     from rich.table import Table
 
-    t = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in ("file", "kind", "format", "samples", "tokens", "findings", "would NaN", "mechanisms / error"):
-        t.add_column(
-            c,
-            justify="right" if c in ("samples", "tokens", "findings") else "left",
-            no_wrap=c != "mechanisms / error",
+    table = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("file", "kind", "format", "samples", "tokens", "findings", "would NaN", "mechanisms / error"):
+        table.add_column(
+            column,
+            justify="right" if column in ("samples", "tokens", "findings") else "left",
+            no_wrap=column != "mechanisms / error",
             overflow="fold",
         )
-    for s in summaries:
-        name = os.path.relpath(s.path, root)
-        if s.error:
-            t.add_row(name, "-", "-", "-", "-", "-", "error", s.error)
+    for summary in summaries:
+        name = os.path.relpath(summary.path, root)
+        if summary.error:
+            table.add_row(name, *("-",) * 5, "error", summary.error)
             continue
-        note = ", ".join(s.mechanisms) or "-"
-        if s.errors:
-            note += f"; {len(s.errors)} length errors (slime would fail): {s.errors[0]}"
-        row = (s.kind, s.format, str(s.num_samples), f"{s.response_tokens:,}", str(s.total), s.would_nan, note)
-        t.add_row(name, *row)
-    console.print(t)
-    d = directory_summary(summaries)
-    v = d["would_nan"]
+        note = ", ".join(summary.mechanisms) or "-"
+        if summary.errors:
+            note += f"; {len(summary.errors)} length errors (slime would fail): {summary.errors[0]}"
+        row = (
+            summary.kind,
+            summary.format,
+            str(summary.num_samples),
+            f"{summary.response_tokens:,}",
+            str(summary.total),
+            summary.would_nan,
+            note,
+        )
+        table.add_row(name, *row)
+    console.print(table)
+    totals = directory_summary(summaries)
+    verdicts = totals["would_nan"]
     console.print(
-        f"{d['files']} dumps, {d['num_samples']:,} samples, {d['response_tokens']:,} response tokens: "
-        f"would produce NaN: {v['yes']} yes, {v['possibly']} possibly, {v['no']} no; {d['failed']} failed; "
-        f"{d['total']:,} findings",
+        f"{totals['files']} dumps, {totals['num_samples']:,} samples, {totals['response_tokens']:,} response "
+        f"tokens: would produce NaN: {verdicts['yes']} yes, {verdicts['possibly']} possibly, {verdicts['no']} no; "
+        f"{totals['failed']} failed; {totals['total']:,} findings",
         highlight=False,
         markup=False,
     )

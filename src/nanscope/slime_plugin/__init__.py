@@ -23,7 +23,7 @@ removes the hook and restores the model chunks and the optimizer.
     loss.py      the custom loss: the running release's policy loss inside nanscope.loss.guard
     hook.py      the before-train-step entry point and what it reports back
     watch.py     the hook on the model chunks (sentinel, wrappers, per-step state)
-    settings.py, state.py, coords.py, reports.py, skip.py   its settings, the one registry, this rank's
+    settings.py, state.py, coords.py, outputs.py, skip.py   its settings, the one registry, this rank's
                  coordinates, the files it writes, skip mode's vote
 """
 

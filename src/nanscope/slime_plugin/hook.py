@@ -4,13 +4,13 @@
 
 The hook reads its settings once, when the plugin is first used in the process (the environment
 variables are listed in `nanscope.slime_plugin.settings`; a bad value raises there, naming it).
-What it does on the model is `nanscope.slime_plugin.watch`; the files it writes, `nanscope.slime_plugin.reports`.
+What it does on the model is `nanscope.slime_plugin.watch`; the files it writes, `nanscope.slime_plugin.outputs`.
 """
 
 from __future__ import annotations
 
 from nanscope.slime_plugin import state
-from nanscope.slime_plugin.reports import replay_instruction
+from nanscope.slime_plugin.outputs import replay_instruction
 from nanscope.slime_plugin.settings import Settings
 from nanscope.slime_plugin.watch import StepWatch
 

@@ -41,11 +41,11 @@ class Settings:
         mode = _choice(env, "NANSCOPE_ON_NONFINITE", ON_NONFINITE)
         max_skips = env.get("NANSCOPE_MAX_SKIPS") or None
         if max_skips is not None and not (_digits(max_skips) and int(max_skips) >= 1):
-            raise ValueError(f"NANSCOPE_MAX_SKIPS={max_skips!r}: expected an integer >= 1")
+            raise ValueError(f"NANSCOPE_MAX_SKIPS={_shown(max_skips)}: expected an integer >= 1")
         step = env.get("NANSCOPE_TRACE_STEP") or None
         parts = (step or "").split(":")
         if step is not None and not (len(parts) == 2 and all(_digits(p) for p in parts)):
-            raise ValueError(f"NANSCOPE_TRACE_STEP={step!r}: expected ROLLOUT:STEP, e.g. 12:0")
+            raise ValueError(f"NANSCOPE_TRACE_STEP={_shown(step)}: expected ROLLOUT:STEP, e.g. 12:0")
         return cls(
             report_dir=env.get("NANSCOPE_REPORT_DIR") or cls.report_dir,
             on_nonfinite=mode,
@@ -59,10 +59,15 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     """The variable's value, one of `choices` (the first when unset)."""
     value = env.get(name) or choices[0]
     if value not in choices:
-        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+        raise ValueError(f"{name}={_shown(value)}: expected one of {', '.join(choices)}")
     return value
 
 
 def _digits(text: str) -> bool:
     """ASCII digits only, and few enough of them to be a count."""
     return 0 < len(text) <= _MAX_DIGITS and all("0" <= c <= "9" for c in text)
+
+
+def _shown(value: str, n: int = 40) -> str:
+    """The value as the error line quotes it: whole when short, its start and length when not."""
+    return repr(value) if len(value) <= n else f"{value[:n]!r}... ({len(value)} characters)"

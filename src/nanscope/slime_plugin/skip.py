@@ -7,6 +7,8 @@ optimizer.step (slime treats it as an invalid step) and does not advance the lea
 
 from __future__ import annotations
 
+from nanscope.slime_plugin.collectives import all_reduce_max
+
 
 class SkipVote:
     """The skip decision of one installation and its counters."""
@@ -21,13 +23,8 @@ class SkipVote:
 
     def vote(self, bad: bool) -> bool:
         """All-reduce this rank's `bad` over the world; zero the gradients when any rank is bad."""
-        import torch  # heavy: torch, imported by the run already
-        import torch.distributed as dist
-
-        flag = torch.tensor([1.0 if bad else 0.0])
-        if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
+        (any_bad,) = all_reduce_max([1.0 if bad else 0.0])
+        if any_bad > 0:
             for chunk in self.chunks:
                 chunk.zero_grad_buffer()
             self.skip_step = True

@@ -2,7 +2,7 @@
 
 Installed by `before_train_step` (nanscope.slime_plugin.hook), once per set of chunks:
 
-    sentinel          nanscope.trace.Sentinel on the chunks: on-device finiteness flags, read once a step
+    sentinel          nanscope.trace.sentinel.Sentinel on the chunks: on-device finiteness flags, read once a step
     forward hooks     the micro-batches' input_ids as the first chunk receives them, and whether the gradient
                       entering each chunk's output was finite (the class needs it)
     finish_grad_sync  wrapped on every chunk: the sentinel is read there, before Megatron's own DDP check
@@ -18,12 +18,14 @@ import os
 import time
 
 from nanscope.facts.keys import PER_TOKEN
+from nanscope.slime_plugin.collectives import all_reduce_max
 from nanscope.slime_plugin.coords import Coords
-from nanscope.slime_plugin.reports import Reports, replay_instruction
+from nanscope.slime_plugin.outputs import Reports, check_dir, replay_instruction, warn
 from nanscope.slime_plugin.settings import Settings
 from nanscope.slime_plugin.skip import SkipVote
 from nanscope.trace.classify import Observation, classify
 from nanscope.trace.observe import layer_offset, nonfinite_counts
+from nanscope.trace.text import first_lines
 
 _MISSING = object()
 
@@ -36,6 +38,13 @@ class StepWatch:
 
         self.chunks, self.optimizer, self.scheduler, self.settings = chunks, optimizer, scheduler, settings
         self.coords = Coords.here()
+        _agree_on_report_dir(settings.report_dir)
+        if self.coords.rank == 0 and any(_overlaps_grad_reduce(chunk) for chunk in chunks):
+            warn(
+                "--overlap-grad-reduce is on: Megatron checks each gradient bucket during the backward pass, "
+                "before nanscope's check at finish_grad_sync: a non-finite step ends with Megatron's error "
+                "before nanscope can skip it or write its report"
+            )
         self.sentinel = Sentinel(chunks)
         self.files = Reports(settings.report_dir, self.coords)
         self.skip = SkipVote(chunks, settings.max_skips)
@@ -94,7 +103,7 @@ class StepWatch:
             self.trace = self._start_trace(args, rollout_id)
 
     def _start_trace(self, args, rollout_id):
-        from nanscope.dumps.io import load_rollout
+        from nanscope.dumps.io import load_rollout  # heavy: numpy; only a traced step reads a dump
         from nanscope.trace.step import StepTrace  # heavy: torch
 
         path = getattr(args, "load_debug_rollout_data", None)
@@ -156,11 +165,10 @@ class StepWatch:
         self.logged.append({**self.where, **metrics})
         print(f"nanscope: rollout {self.where['rollout_id']} step {self.where['step_id']}: {metrics}", flush=True)
         if getattr(self.args, "use_wandb", False):
-            import wandb  # optional: slime's own logger
-
-            wandb.define_metric("nanscope/*", step_metric="train/step")
-            steps = self.args.rollout_batch_size * self.args.n_samples_per_prompt // self.args.global_batch_size
-            wandb.log({**metrics, "train/step": self.where["rollout_id"] * steps + self.where["step_id"]})
+            try:
+                _wandb_log(self.args, self.where, metrics)
+            except Exception as e:  # wandb down, offline, misconfigured: never the end of the run
+                warn(f"could not log {sorted(metrics)} to wandb: {type(e).__name__}: {e}")
 
     # -- files -------------------------------------------------------------------------------
     def write_report(self, reading) -> str:
@@ -191,7 +199,7 @@ class StepWatch:
         path = self.files.report(doc, self.where, microbatch)
         print(
             f"nanscope: rank {self.coords.rank}: non-finite values at rollout {self.where['rollout_id']} step "
-            f"{self.where['step_id']}: {path}; to name the op: {replay['text']}",
+            f"{self.where['step_id']}: {path or 'no report written'}; to name the op: {replay['text']}",
             flush=True,
         )
         return path
@@ -215,8 +223,7 @@ class StepWatch:
         """`<stem>.trace.json`: this rank's trace and the first producer over all ranks (an all-gather)."""
         import torch.distributed as dist  # heavy: torch, imported by the run already
 
-        from nanscope.trace.step import first_across_ranks
-        from nanscope.trace.text import first_lines
+        from nanscope.trace.step import first_across_ranks  # heavy: torch, only a traced step needs it
 
         microbatches = self.trace.microbatches
         own = self._stop_trace().to_dict()
@@ -238,6 +245,30 @@ class StepWatch:
             head = f"nanscope trace of rollout {self.where['rollout_id']} step {self.where['step_id']} (all ranks):"
             print("\n".join([head] + ["  " + line for line in first_lines(first)]), flush=True)
         return path
+
+
+def _wandb_log(args, where: dict, metrics: dict) -> None:
+    import wandb  # optional: slime's own logger
+
+    wandb.define_metric("nanscope/*", step_metric="train/step")
+    steps = args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
+    wandb.log({**metrics, "train/step": where["rollout_id"] * steps + where["step_id"]})
+
+
+def _agree_on_report_dir(report_dir: str) -> None:
+    """Refuse a report directory that cannot take reports, on every rank at once (one collective at install).
+
+    A node-local directory may fail on some ranks only; a rank that raised alone would leave the others waiting.
+    """
+    problem = check_dir(report_dir)
+    (anywhere,) = all_reduce_max([1.0 if problem else 0.0])
+    if anywhere:
+        raise ValueError(problem or f"NANSCOPE_REPORT_DIR={report_dir!r}: another rank cannot write reports there")
+
+
+def _overlaps_grad_reduce(chunk) -> bool:
+    """megatron's DDP reduces (and checks) buckets during the backward pass (--overlap-grad-reduce)."""
+    return bool(getattr(getattr(chunk, "ddp_config", None), "overlap_grad_reduce", False))
 
 
 def _cpu(batch: dict) -> dict:

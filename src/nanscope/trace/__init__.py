@@ -1,6 +1,8 @@
 """Locate the first NaN/inf: a replay tracer (which op, module, line, token) and an always-on sentinel.
 
-    from nanscope.trace import Sentinel, Tracer, replay
+    from nanscope.trace import replay
+    from nanscope.trace.locator import Tracer
+    from nanscope.trace.sentinel import Sentinel
 
     # Replay (every aten op checked; a few times slower than the step):
     with Tracer(modules=[model], token_map=replay.token_map(batch)) as t:
@@ -13,22 +15,18 @@
     reading = sentinel.read(grads=True)   # ONE host sync: first non-finite module in forward and
                                           # backward order, with its micro-batch
 
-Modules: locator (Tracer, Event, TraceReport), sentinel (Sentinel, Reading, Hit, check_grads),
-replay (micro-batch files, token maps, hazard replays); their names are imported here at first use.
-Rendering: nanscope.trace.text.
+Modules (the package imports none of them, so the torch-free ones load without torch):
+    events         what a trace reports: Event, InputFinding, TraceReport, Site, TokenMap (torch-free)
+    locator        the tracer: Tracer, a dispatch mode that checks every aten op
+    replay         micro-batch files, token maps, the loss replayed under the tracer
+    step           one step of a real run traced on every rank, the first producer across ranks
+    reading        what the sentinel read: Reading, Hit, Producer (torch-free)
+    sentinel       the Sentinel, composed of
+      slots          the on-device flags of one phase (a float32 sum per check)
+      call_layers    a check installed as a layer of a module's call
+      output_checks  the check of every module output (and of the gradients arriving there)
+      grad_screens   parameter-gradient arrival order, per-backward-call screens, check_grads
+    classify       a reading (and what the loss saw) -> a class of cause (torch-free)
+    observe        a reading in public module names, loss-input counts (torch-free at import)
+    text           reports and readings in words (torch-free)
 """
-
-import importlib
-
-# name -> its module; imported at first use, so that `nanscope.trace.classify` (pure) does not import torch
-_EXPORTS = {
-    **dict.fromkeys(("Event", "InputFinding", "Site", "Tracer", "TraceReport"), "nanscope.trace.locator"),
-    **dict.fromkeys(("Hit", "Reading", "Sentinel", "check_grads"), "nanscope.trace.sentinel"),
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)

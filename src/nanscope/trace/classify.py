@@ -35,7 +35,7 @@ class Observation:
     """What one step showed on one rank.
 
     Attributes:
-        forward: the sentinel's first non-finite module output in forward order (a `sentinel.Hit`:
+        forward: the sentinel's first non-finite module output in forward order (a `reading.Hit`:
             module, microbatch), or None.
         backward: the sentinel's first non-finite parameter gradient in backward order (a Hit with
             `param`), or None.
@@ -47,7 +47,7 @@ class Observation:
         last_stage: this rank holds the loss (otherwise the output gradient came from the next stage).
         nonfinite_params: parameters that are non-finite after the optimizer step.
         layer_offset: global index of this stage's first decoder layer (megatron names layers locally).
-        producer: from the sentinel's output-gradient checks (a `sentinel.Producer`: the module whose
+        producer: from the sentinel's output-gradient checks (a `reading.Producer`: the module whose
             own backward made the first non-finite gradient at a module output), or None.
     """
 
@@ -100,8 +100,8 @@ class Classification:
 
 def layer_of(module: str, offset: int = 0) -> int | None:
     """The global decoder-layer index in a module path (`decoder.layers.1.mlp` -> 1 + offset), or None."""
-    m = _LAYER.search(module)
-    return None if m is None else int(m[1]) + offset
+    match = _LAYER.search(module)
+    return None if match is None else int(match[1]) + offset
 
 
 def _where(module: str, offset: int) -> str:
@@ -143,16 +143,18 @@ def classify(obs: Observation) -> Classification:
 
 
 def _forward(obs: Observation) -> Classification:
-    f = obs.forward
+    hit = obs.forward
     evidence = [
-        f"first non-finite output in forward order: {_where(f.module, obs.layer_offset)}, micro-batch {f.microbatch}",
+        f"first non-finite output in forward order: {_where(hit.module, obs.layer_offset)}, micro-batch {hit.microbatch}",
         "every module before it in forward order gave finite outputs",
     ]
     if obs.nonfinite_params:
         evidence.append(
             f"non-finite parameters: {_names(obs.nonfinite_params)} (an earlier update may have written them)"
         )
-    return Classification(MODEL_FORWARD, (MODEL_FORWARD,), evidence, f.module, "forward", f.microbatch)
+    return Classification(
+        MODEL_FORWARD, (MODEL_FORWARD,), evidence, module=hit.module, direction="forward", microbatch=hit.microbatch
+    )
 
 
 def _data(loss_inputs: dict[str, tuple[int, int]]) -> Classification:
@@ -197,24 +199,27 @@ def _backward(obs: Observation) -> Classification:
             "the loss produced the value, finite if this module's backward did (one rerun under "
             "`nanscope trace` tells)"
         )
-        return Classification(None, (*data, LOSS_NUMERICS, MODEL_BACKWARD), evidence, module, "backward", mb)
+        return Classification(
+            None, (*data, LOSS_NUMERICS, MODEL_BACKWARD), evidence, module=module, direction="backward", microbatch=mb
+        )
     if obs.output_grad_finite:
         evidence.append(
             "the gradient arriving at the model's output was finite: this module's backward "
             "produced the non-finite value"
         )
-        return Classification(MODEL_BACKWARD, (MODEL_BACKWARD,), evidence, module, "backward", mb)
+        return Classification(
+            MODEL_BACKWARD, (MODEL_BACKWARD,), evidence, module=module, direction="backward", microbatch=mb
+        )
     if not obs.last_stage:
         evidence.append(
             "the gradient arrived non-finite from the next pipeline stage: the cause is "
             "downstream (read the next stage's report)"
         )
-        return Classification(
-            None, (DATA, LOSS_NUMERICS, MODEL_FORWARD, MODEL_BACKWARD), evidence, module, "backward", mb
-        )
+        candidates = (DATA, LOSS_NUMERICS, MODEL_FORWARD, MODEL_BACKWARD)
+        return Classification(None, candidates, evidence, module=module, direction="backward", microbatch=mb)
     evidence.append(
         "the gradient the loss sent into the model (d loss / d logits) was non-finite"
         + (": the loss's backward produced it (`nanscope trace` names the op)" if seen else "")
     )
     cls = LOSS_NUMERICS if seen else None
-    return Classification(cls, (*data, LOSS_NUMERICS), evidence, module, "backward", mb)
+    return Classification(cls, (*data, LOSS_NUMERICS), evidence, module=module, direction="backward", microbatch=mb)

@@ -22,7 +22,7 @@ Use (one rank, one step; all state lives and dies with the `with` block):
     with Tracer(modules=[model], token_map=tmap) as t:
         loss = loss_fn(model(x))
         loss.backward()
-    report = t.report()          # TraceReport(forward=Event|None, backward=Event|None, ...)
+    report = t.report()          # TraceReport(forward=Event|None, backward=Event|None, ...): trace.events
 
 Around megatron's forward_backward_func, call `t.microbatch(i, token_map)` in forward_step: events
 then carry the micro-batch index, and backward events use the token map of the micro-batch whose
@@ -42,14 +42,14 @@ import linecache
 import math
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
 from typing import NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from nanscope.trace.events import Event, InputFinding, Site, TokenMap, TraceReport
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _TRACE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -69,157 +69,6 @@ _UNINITIALISED = frozenset(
 )
 
 
-class Site(NamedTuple):
-    """Where a flat index of a tensor sits in the micro-batch.
-
-    axis: "response" (token = 0-based position in the sample's response) or "sequence" (token =
-    0-based position in the sample's whole sequence, prompt included). masked: the loss mask of
-    that response token is 0 (None when it has none, e.g. a prompt position).
-    """
-
-    sample: int
-    token: int
-    axis: str = "response"
-    masked: bool | None = None
-
-
-TokenMap = Callable[[tuple, int], "Site | None"]
-
-
-@dataclass
-class Event:
-    """One op with a non-finite output.
-
-    op: aten overload, e.g. "aten.exp.default". phase: "forward" or "backward".
-    module: module path (named_modules names; "" is the root), None outside every watched module.
-    source: "path.py:LINE `code`" of the innermost user frame (backward: where the autograd node
-        was created in forward). node: backward only, the autograd node, e.g. "ExpBackward0".
-    created_by: backward only, the torch function that created the node in forward.
-    nonfinite: counts in the output {"nan", "posinf", "neginf"}. first_index: flat index of the first
-        non-finite entry of the produced class. shape: output shape.
-    sample, token, axis, masked: from the token map (None when it does not apply).
-    input_summary: one line per tensor input (dtype, shape, finiteness, range, value at first_index).
-    index: ordinal of the op among all ops seen (forward and backward together).
-    produced: "nan", "inf" or "nan+inf": the class(es) no input had; "" for a propagator.
-    allowed: a producer the allow-list exempts (only ever a first_forward/first_backward event).
-    microbatch: the micro-batch set with Tracer.microbatch() (backward: the one whose forward
-        created the node), None if never set; sample/token are within that micro-batch.
-    """
-
-    op: str
-    phase: str
-    module: str | None
-    source: str | None
-    nonfinite: dict
-    first_index: int
-    shape: list
-    sample: int | None = None
-    token: int | None = None
-    axis: str | None = None
-    masked: bool | None = None
-    node: str | None = None
-    created_by: str | None = None
-    input_summary: list = field(default_factory=list)
-    index: int = 0
-    produced: str = ""
-    microbatch: int | None = None
-    allowed: bool = False
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Event:
-        """The inverse of to_dict (keys that are not fields, e.g. a rank added by a merge, are dropped)."""
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-
-    def where(self) -> str:
-        """ "module M, source S" in words."""
-        parts = []
-        if self.node:
-            parts.append(f"in {self.node}" + (f" (created by {self.created_by})" if self.created_by else ""))
-        parts.append(f"module {self.module!r}" if self.module is not None else "outside the watched modules")
-        if self.source:
-            parts.append(f"at {self.source}")
-        return ", ".join(parts)
-
-    def token_text(self) -> str:
-        if self.sample is None:
-            return "no token position (not a per-token tensor)"
-        what = "response token" if self.axis == "response" else "sequence position"
-        mask = "" if self.masked is None else (", loss_mask 0 (masked)" if self.masked else ", loss_mask 1")
-        return f"sample {self.sample}, {what} {self.token}{mask}"
-
-
-@dataclass
-class InputFinding:
-    """A non-finite value that no op produced: it was in an input tensor before the step ran.
-
-    name: the input's name (a batch key). sample/token: of its first non-finite entry.
-    """
-
-    name: str
-    nonfinite: dict
-    sample: int | None = None
-    token: int | None = None
-    masked: bool | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class TraceReport:
-    """What a traced step did.
-
-    forward/backward: the first producer in each phase (None: no op produced a non-finite value).
-    first_forward/first_backward: the first op with any non-finite output, producer or not: when
-        it comes before the producer (or there is none), the non-finite value came from an input.
-    inputs: non-finite inputs found before the replay (see nanscope.trace.replay.scan_batch).
-    ops_seen: aten ops dispatched while tracing.
-    outcome: what the traced step gave, filled by the caller (replay: loss value, loss_finite,
-        grad_nonfinite = non-finite entries of d loss / d logits).
-    """
-
-    forward: Event | None
-    backward: Event | None
-    ops_seen: int
-    first_forward: Event | None = None
-    first_backward: Event | None = None
-    inputs: list = field(default_factory=list)
-    outcome: dict = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TraceReport:
-        """The inverse of to_dict."""
-        ev = lambda e: None if e is None else Event.from_dict(e)  # noqa: E731
-        return cls(
-            ev(d["forward"]),
-            ev(d["backward"]),
-            d["ops_seen"],
-            ev(d["first_forward"]),
-            ev(d["first_backward"]),
-            [InputFinding(**i) for i in d["inputs"]],
-            dict(d["outcome"]),
-        )
-
-    @property
-    def clean(self) -> bool:
-        return self.first_forward is None and self.first_backward is None and not self.inputs
-
-    def to_dict(self) -> dict:
-        ev = lambda e: None if e is None else e.to_dict()  # noqa: E731
-        return {
-            "forward": ev(self.forward),
-            "backward": ev(self.backward),
-            "first_forward": ev(self.first_forward),
-            "first_backward": ev(self.first_backward),
-            "inputs": [i.to_dict() for i in self.inputs],
-            "ops_seen": self.ops_seen,
-            "outcome": dict(self.outcome),
-        }
-
-
 class _Origin(NamedTuple):
     """Where a forward torch function created an autograd node, and for which micro-batch."""
 
@@ -232,12 +81,12 @@ class _Origin(NamedTuple):
 
 def user_frame(skip_dirs: tuple = (_TORCH_DIR, _TRACE_DIR)):
     """The innermost Python frame whose file is outside `skip_dirs` (None if none)."""
-    f = sys._getframe(1)
-    while f is not None:
-        name = f.f_code.co_filename
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
         if not name.startswith(skip_dirs) and not name.startswith("<"):
-            return f
-        f = f.f_back
+            return frame
+        frame = frame.f_back
     return None
 
 
@@ -253,8 +102,8 @@ def source_text(filename: str, lineno: int, function: str = "") -> str:
 
 
 def _frame_source() -> str | None:
-    f = user_frame()
-    return None if f is None else source_text(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+    frame = user_frame()
+    return None if frame is None else source_text(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 def _float_tensors(tree) -> list[torch.Tensor]:
@@ -284,8 +133,8 @@ def _classes(t: torch.Tensor) -> tuple[bool, bool]:
 
 
 def _counts(t: torch.Tensor) -> dict:
-    c = torch.stack((t.isnan().sum(), torch.isposinf(t).sum(), torch.isneginf(t).sum())).tolist()
-    return {"nan": int(c[0]), "posinf": int(c[1]), "neginf": int(c[2])}
+    counts = torch.stack((t.isnan().sum(), torch.isposinf(t).sum(), torch.isneginf(t).sum())).tolist()
+    return {"nan": int(counts[0]), "posinf": int(counts[1]), "neginf": int(counts[2])}
 
 
 def _summary(t: torch.Tensor, index: int, out_shape) -> str:
@@ -296,12 +145,12 @@ def _summary(t: torch.Tensor, index: int, out_shape) -> str:
         return head + " empty"
     flat = t.detach().reshape(-1).float()
     finite = torch.isfinite(flat)
-    c = _counts(flat)
-    state = "finite" if bool(finite.all()) else ", ".join(f"{v} {k}" for k, v in c.items() if v)
+    counts = _counts(flat)
+    state = "finite" if bool(finite.all()) else ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
     text = f"{head} {state}"
     if bool(finite.any()):
-        vals = flat[finite]
-        text += f", range [{float(vals.min()):.4g}, {float(vals.max()):.4g}]"
+        finite_values = flat[finite]
+        text += f", range [{float(finite_values.min()):.4g}, {float(finite_values.max()):.4g}]"
     if list(t.shape) == list(out_shape) and index < flat.numel():
         text += f", at index {index}: {float(flat[index]):.6g}"
     elif t.numel() == 1:
@@ -330,23 +179,27 @@ class _NodeRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        t = self.tracer
+        tracer = self.tracer
         if torch._C._current_autograd_node() is not None:
             return out
-        nodes = t._nodes
+        nodes = tracer._nodes
         for x in tree_leaves(args):  # nodes made by custom autograd.Functions: first use
             if isinstance(x, torch.Tensor) and x.grad_fn is not None and x.grad_fn not in nodes:
                 nodes[x.grad_fn] = _Origin(
                     type(x.grad_fn).__name__ + " (custom Function; first used here)",
-                    t._module(),
+                    tracer._module(),
                     _frame_source(),
-                    t._mb,
-                    t.token_map,
+                    tracer._mb,
+                    tracer.token_map,
                 )
         for x in tree_leaves(out):
             if isinstance(x, torch.Tensor) and x.grad_fn is not None and x.grad_fn not in nodes:
                 nodes[x.grad_fn] = _Origin(
-                    getattr(func, "__name__", str(func)), t._module(), _frame_source(), t._mb, t.token_map
+                    getattr(func, "__name__", str(func)),
+                    tracer._module(),
+                    _frame_source(),
+                    tracer._mb,
+                    tracer.token_map,
                 )
         return out
 
@@ -360,10 +213,10 @@ class _OpChecker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        t = self.tracer
-        t.ops_seen += 1
+        tracer = self.tracer
+        tracer.ops_seen += 1
         phase = "backward" if torch._C._current_autograd_node() is not None else "forward"
-        if t._done(phase) or func.namespace in _SKIP_NAMESPACES or func._opname in _UNINITIALISED:
+        if tracer._done(phase) or func.namespace in _SKIP_NAMESPACES or func._opname in _UNINITIALISED:
             return func(*args, **kwargs)
         before = None
         if func._schema.is_mutable:  # in-place: classify the inputs before they are overwritten
@@ -374,7 +227,7 @@ class _OpChecker(TorchDispatchMode):
             return out
         bad = [o for o in outs if not _finite(o)]
         if bad:
-            t._on_nonfinite(func, phase, bad[0], args, kwargs, before)
+            tracer._on_nonfinite(func, phase, bad[0], args=args, kwargs=kwargs, before=before)
         return out
 
 
@@ -406,16 +259,16 @@ class Tracer:
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Tracer:
         many = len(self.modules) > 1
-        for i, root in enumerate(self.modules):
-            prefix = f"chunk{i}." if many else ""
-            for name, m in root.named_modules():
+        for chunk, root in enumerate(self.modules):
+            prefix = f"chunk{chunk}." if many else ""
+            for name, module in root.named_modules():
                 path = (prefix + name).rstrip(".")
-                self._handles.append(m.register_forward_pre_hook(self._push(path)))
-                self._handles.append(m.register_forward_hook(self._pop(path), always_call=True))
-            for name, p in root.named_parameters():
-                self._params[id(p)] = prefix + name
+                self._handles.append(module.register_forward_pre_hook(self._push(path)))
+                self._handles.append(module.register_forward_hook(self._pop(path), always_call=True))
+            for name, param in root.named_parameters():
+                self._params[id(param)] = prefix + name
         self._bad_params = _nonfinite_params(
-            [(self._params[id(p)], p) for root in self.modules for p in root.parameters()]
+            [(self._params[id(param)], param) for root in self.modules for param in root.parameters()]
         )
         for mode in self._modes:
             mode.__enter__()
@@ -424,8 +277,8 @@ class Tracer:
     def __exit__(self, *exc) -> None:
         for mode in reversed(self._modes):
             mode.__exit__(*exc)
-        for h in self._handles:
-            h.remove()
+        for handle in self._handles:
+            handle.remove()
         self._handles.clear()
         self._nodes.clear()
         self._stack.clear()
@@ -441,10 +294,14 @@ class Tracer:
     def report(self, inputs: list | None = None) -> TraceReport:
         """The trace so far. `inputs`: non-finite inputs found before the replay (batch keys); the
         watched modules' non-finite parameters (checked on entry) are added as "parameter <name>"."""
-        e = self.events
-        found = list(inputs or []) + self._bad_params
+        events = self.events
         return TraceReport(
-            e.get("forward"), e.get("backward"), self.ops_seen, e.get("first_forward"), e.get("first_backward"), found
+            forward=events.get("forward"),
+            backward=events.get("backward"),
+            ops_seen=self.ops_seen,
+            first_forward=events.get("first_forward"),
+            first_backward=events.get("first_backward"),
+            inputs=list(inputs or []) + self._bad_params,
         )
 
     # -- module stack ----------------------------------------------------------------------
@@ -473,15 +330,15 @@ class Tracer:
             return bool(self.allow(op, module))
         return any(op == a or op.startswith(a + ".") for a in self.allow)
 
-    def _on_nonfinite(self, func, phase, out: torch.Tensor, args, kwargs, before) -> None:
-        ins = _inputs(func, args, kwargs)
-        classes = before if before is not None else [_classes(x) for x in ins]
-        in_nan = any(n for n, _ in classes)
-        in_inf = any(i for _, i in classes)
-        for s in tree_leaves((args, kwargs)):  # constant arguments: masked_fill(m, -inf) is intentional
-            if isinstance(s, float) and not (s == s and abs(s) != float("inf")):
-                in_nan |= s != s
-                in_inf |= s == s
+    def _on_nonfinite(self, func, phase: str, out: torch.Tensor, *, args, kwargs, before) -> None:
+        inputs = _inputs(func, args, kwargs)
+        classes = before if before is not None else [_classes(x) for x in inputs]
+        in_nan = any(has_nan for has_nan, _ in classes)
+        in_inf = any(has_inf for _, has_inf in classes)
+        for constant in tree_leaves((args, kwargs)):  # constant arguments: masked_fill(m, -inf) is intentional
+            if isinstance(constant, float) and not (constant == constant and abs(constant) != float("inf")):
+                in_nan |= constant != constant
+                in_inf |= constant == constant
         flat = out.detach().reshape(-1)
         counts = _counts(flat)
         produced = []
@@ -492,12 +349,13 @@ class Tracer:
         op = str(func)
         allowed = bool(produced) and self._allowed(op, self._where(phase)[0])
         is_producer = bool(produced) and not allowed
-        keys = [k for k, wanted in ((phase, is_producer), ("first_" + phase, True)) if wanted and k not in self.events]
+        wanted = ((phase, is_producer), ("first_" + phase, True))
+        keys = [key for key, wants in wanted if wants and key not in self.events]
         if keys:
-            ev = self._event(op, phase, flat, out.shape, counts, produced, ins)
-            ev.allowed = allowed
-            for k in keys:
-                self.events[k] = ev
+            event = self._event(op, phase, flat, shape=out.shape, counts=counts, produced=produced, inputs=inputs)
+            event.allowed = allowed
+            for key in keys:
+                self.events[key] = event
 
     def _where(self, phase: str) -> tuple:
         """(module, source, node name, created_by, micro-batch, token map) of the op running now."""
@@ -510,34 +368,35 @@ class Tracer:
             return origin.module, origin.source, name, origin.fn, origin.microbatch, origin.token_map
         variable = getattr(node, "variable", None)  # AccumulateGrad: the parameter it accumulates into
         if variable is not None and id(variable) in self._params:
-            pname = self._params[id(variable)]
-            return pname.rpartition(".")[0], None, name, f"parameter {pname}", None, None
+            param = self._params[id(variable)]
+            return param.rpartition(".")[0], None, name, f"parameter {param}", None, None
         return None, _frame_source(), name, None, None, self.token_map
 
-    def _event(self, op, phase, flat, shape, counts, produced, ins) -> Event:
+    def _event(self, op: str, phase: str, flat: torch.Tensor, *, shape, counts: dict, produced: list, inputs) -> Event:
+        """The event of an op whose output (flattened: `flat`) is non-finite, with its inputs' summaries."""
         if "nan" in produced or (not produced and counts["nan"]):
             bad = flat.isnan()
         else:
             bad = torch.isinf(flat) if flat.is_floating_point() else ~torch.isfinite(flat)
         first = int(bad.nonzero()[0, 0])
-        module, source, node, created_by, mb, tmap = self._where(phase)
-        ev = Event(
-            op,
-            phase,
-            module,
-            source,
-            counts,
-            first,
-            list(shape),
+        module, source, node, created_by, microbatch, token_map = self._where(phase)
+        event = Event(
+            op=op,
+            phase=phase,
+            module=module,
+            source=source,
+            nonfinite=counts,
+            first_index=first,
+            shape=list(shape),
             node=node,
             created_by=created_by,
-            input_summary=[_summary(x, first, shape) for x in ins],
+            input_summary=[_summary(x, first, shape) for x in inputs],
             index=self.ops_seen,
             produced="+".join(produced),
-            microbatch=mb,
+            microbatch=microbatch,
         )
-        site = tmap(tuple(shape), first) if tmap is not None else None
+        site = token_map(tuple(shape), first) if token_map is not None else None
         if site is not None:
             site = Site(*site)  # a plain (sample, token) tuple works too
-            ev.sample, ev.token, ev.axis, ev.masked = site.sample, site.token, site.axis, site.masked
-        return ev
+            event.sample, event.token, event.axis, event.masked = site.sample, site.token, site.axis, site.masked
+        return event

@@ -26,17 +26,17 @@ def layer_offset(chunks) -> int:
 
     megatron's `layer_number` is 1-based and global; module paths number a stage's layers from 0.
     """
-    for m in chunks[0].modules():
-        if isinstance(getattr(m, "layer_number", None), int):
-            return m.layer_number - 1
+    for module in chunks[0].modules():
+        if isinstance(getattr(module, "layer_number", None), int):
+            return module.layer_number - 1
     return 0
 
 
 def public_name(path: str, offset: int = 0) -> str:
     """A named_modules() path of this stage -> the public name: wrappers stripped, decoder layer global."""
     name = _WRAPPERS.sub("", path + ".")[:-1]
-    m = _LAYER.match(name)
-    return name if m is None else f"decoder.layers.{int(m[1]) + offset}{m[2] or ''}"
+    match = _LAYER.match(name)
+    return name if match is None else f"decoder.layers.{int(match[1]) + offset}{match[2] or ''}"
 
 
 def public_hit(hit, offset: int):
@@ -65,10 +65,10 @@ def nonfinite_counts(batches: Iterable[dict], keys: tuple[str, ...] = PER_TOKEN)
 
     per_key: dict[str, list] = {}
     for batch in batches:
-        for k in keys:
-            per_key.setdefault(k, []).extend(torch.as_tensor(x) for x in batch.get(k) or [])
+        for key in keys:
+            per_key.setdefault(key, []).extend(torch.as_tensor(x) for x in batch.get(key) or [])
     return {
-        k: (sum(int((~torch.isfinite(x)).sum()) for x in xs), sum(x.numel() for x in xs))
-        for k, xs in per_key.items()
-        if xs
+        key: (sum(int((~torch.isfinite(x)).sum()) for x in tensors), sum(x.numel() for x in tensors))
+        for key, tensors in per_key.items()
+        if tensors
     }

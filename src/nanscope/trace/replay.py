@@ -33,12 +33,15 @@ import os
 import torch
 
 from nanscope.errors import UserError
+from nanscope.facts.args import LOSS_DEFAULTS, loss_args
 from nanscope.facts.keys import PER_TOKEN, SAMPLE
 from nanscope.inputs import check_file
 from nanscope.loss import NAMES as LOSSES
 from nanscope.loss import get as loss_module
 from nanscope.loss import layout
-from nanscope.trace.locator import InputFinding, Site, TokenMap, Tracer, TraceReport
+from nanscope.loss.microbatch import Parallel
+from nanscope.trace.events import InputFinding, Site, TokenMap, TraceReport
+from nanscope.trace.locator import Tracer
 
 FORMAT = "nanscope-microbatch/1"
 # The sentinel's own .pt (slime_plugin.hook): a micro-batch's input_ids, no logits; not replayable here.
@@ -46,8 +49,6 @@ SENTINEL_FORMAT = "nanscope-sentinel-microbatch/1"
 
 
 def _parallel(cp_rank: int = 0, cp_size: int = 1, **_):
-    from nanscope.loss.microbatch import Parallel
-
     return Parallel(cp_rank=cp_rank, cp_size=cp_size)
 
 
@@ -59,28 +60,30 @@ def token_map(batch: dict, cp_rank: int = 0, cp_size: int = 1, packed_length: in
     [1, T, ...], [T, 1, ...] or [T, V] with T the packed row length map to (sample, sequence position)
     via the packed offsets; T is `packed_length` or the sum of the samples' local lengths.
     """
-    resp, seq = [], []
+    responses = []  # per local response token: (sample, response position, masked)
+    sequence = []  # per entry of the packed row: (sample, sequence position), None past the sample's end
     for i, (total, response) in enumerate(zip(batch["total_lengths"], batch["response_lengths"])):
         mask = torch.as_tensor(batch["loss_masks"][i])
-        resp += [(i, p, bool(mask[p] == 0)) for p in layout.response_positions(total, response, cp_rank, cp_size)]
-        seq += [(i, p) if p < total else None for p in layout.sequence_positions(total, cp_rank, cp_size)]
-    n, t_len = len(resp), packed_length or len(seq)
+        positions = layout.response_positions(total, response, cp_rank, cp_size)
+        responses += [(i, p, bool(mask[p] == 0)) for p in positions]
+        sequence += [(i, p) if p < total else None for p in layout.sequence_positions(total, cp_rank, cp_size)]
+    response_tokens, row_length = len(responses), packed_length or len(sequence)
 
-    def fn(shape: tuple, flat: int) -> Site | None:
+    def site_of(shape: tuple, flat: int) -> Site | None:
         inner = math.prod(shape[1:]) if len(shape) > 1 else 1
-        if len(shape) in (1, 2) and n and shape[0] == n:
-            i, p, masked = resp[flat // inner]
-            return Site(i, p, "response", masked)
-        if len(shape) == 3 and shape[0] == 1 and shape[1] == t_len:
+        if len(shape) in (1, 2) and response_tokens and shape[0] == response_tokens:
+            sample, position, masked = responses[flat // inner]
+            return Site(sample, position, "response", masked)
+        if len(shape) == 3 and shape[0] == 1 and shape[1] == row_length:
             row = flat // shape[2]
-        elif len(shape) >= 2 and shape[0] == t_len and (len(shape) == 2 or shape[1] == 1):
+        elif len(shape) >= 2 and shape[0] == row_length and (len(shape) == 2 or shape[1] == 1):
             row = flat // inner
         else:
             return None
-        hit = seq[row] if row < len(seq) else None
+        hit = sequence[row] if row < len(sequence) else None
         return None if hit is None else Site(hit[0], hit[1], "sequence", None)
 
-    return fn
+    return site_of
 
 
 def scan_batch(
@@ -104,16 +107,16 @@ def scan_batch(
             counts["posinf"] += int(torch.isposinf(x).sum())
             counts["neginf"] += int(torch.isneginf(x).sum())
             if first is None:
-                k = int(bad.nonzero()[0, 0])
+                index = int(bad.nonzero()[0, 0])
                 total, response = batch["total_lengths"][i], batch["response_lengths"][i]
-                pos = layout.response_positions(total, response, cp_rank, cp_size)[k]
-                first = (i, pos, bool(torch.as_tensor(batch["loss_masks"][i])[pos] == 0))
+                position = layout.response_positions(total, response, cp_rank, cp_size)[index]
+                first = (i, position, bool(torch.as_tensor(batch["loss_masks"][i])[position] == 0))
         if first is not None:
             out.append(InputFinding(key, counts, *first))
     if logits is not None and not bool(torch.isfinite(logits).all()):
         flat = logits.detach().reshape(-1)
-        k = int((~torch.isfinite(flat)).nonzero()[0, 0])
-        site = token_map(batch, cp_rank, cp_size, logits.size(1))(tuple(logits.shape), k)
+        index = int((~torch.isfinite(flat)).nonzero()[0, 0])
+        site = token_map(batch, cp_rank, cp_size, logits.size(1))(tuple(logits.shape), index)
         counts = {
             "nan": int(flat.isnan().sum()),
             "posinf": int(torch.isposinf(flat).sum()),
@@ -129,16 +132,15 @@ def replay(doc: dict, allow=()) -> TraceReport:
     The loss sees one micro-batch of one process (num_microbatches 1, dp_cp_size 1): the scale of
     the loss differs from the run's, not where non-finite values appear.
     """
-    from nanscope.facts.args import loss_args
-
     module = loss_module(doc["loss"])
-    batch, par_args = doc["batch"], doc.get("parallel") or {}
-    par = _parallel(**par_args)
+    batch = doc["batch"]
+    parallel = _parallel(**(doc.get("parallel") or {}))
     args = loss_args(**doc["args"])
     logits = doc["logits"].detach().clone().float().requires_grad_(True)
-    inputs = scan_batch(batch, par.cp_rank, par.cp_size, logits)
-    with Tracer(token_map=token_map(batch, par.cp_rank, par.cp_size, logits.size(1)), allow=allow) as tracer:
-        value, _, _ = module.loss_function(args, batch, 1, logits, parallel=par)
+    inputs = scan_batch(batch, parallel.cp_rank, parallel.cp_size, logits)
+    sites = token_map(batch, parallel.cp_rank, parallel.cp_size, logits.size(1))
+    with Tracer(token_map=sites, allow=allow) as tracer:
+        value, _, _ = module.loss_function(args, batch, 1, logits, parallel=parallel)
         value.backward()
     report = tracer.report(inputs)
     bad = int((~torch.isfinite(logits.grad)).sum())
@@ -152,8 +154,6 @@ def document(batch: dict, logits: torch.Tensor, args, loss: str, parallel: dict 
     Args:
         args: a namespace or dict with slime's field names; only the loss fields are kept.
     """
-    from nanscope.facts.args import LOSS_DEFAULTS
-
     if loss not in LOSSES:
         raise ValueError(f"loss {loss!r}: expected one of {', '.join(LOSSES)}")
     fields = vars(args) if not isinstance(args, dict) else args
@@ -182,8 +182,8 @@ def select_samples(doc: dict, samples: list[int]) -> dict:
     0, 1, ... in the order given; the loss's per-sample means do not mix samples, so a sample's
     terms are the same as in the whole micro-batch.
     """
-    batch, par = doc["batch"], doc.get("parallel") or {}
-    cp = int(par.get("cp_size", 1))
+    batch, parallel = doc["batch"], doc.get("parallel") or {}
+    cp = int(parallel.get("cp_size", 1))
     starts, base = [], 0
     for total in batch["total_lengths"]:
         starts.append(base)
@@ -251,8 +251,8 @@ def load_microbatch(path, limit: int | None = None, option: str | None = None) -
             what = f"shape {tuple(logits.shape)} {logits.dtype}"
         raise UserError(f"{path}: logits: expected a float tensor [1, T, V], got {what}")
     _check_args(path, doc["args"])
-    par = _check_parallel(path, doc.get("parallel") or {})
-    _check_batch(path, doc["batch"], par, logits.size(1))
+    parallel = _check_parallel(path, doc.get("parallel") or {})
+    _check_batch(path, doc["batch"], parallel, logits.size(1))
     return doc
 
 
@@ -266,8 +266,6 @@ def _plain(x) -> bool:
 
 
 def _check_args(path, args) -> None:
-    from nanscope.facts.args import LOSS_DEFAULTS
-
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args) or set(args) - set(LOSS_DEFAULTS):
         bad = sorted(map(str, set(args) - set(LOSS_DEFAULTS))) if isinstance(args, dict) else type(args).__name__
         raise UserError(f"{path}: args: not slime loss fields: {bad}")
@@ -288,10 +286,10 @@ def _int(path, value, what: str) -> int:
     return value
 
 
-def _check_parallel(path, par) -> dict:
-    if not isinstance(par, dict) or set(par) - {"cp_rank", "cp_size", "tp_size"}:
+def _check_parallel(path, parallel) -> dict:
+    if not isinstance(parallel, dict) or set(parallel) - {"cp_rank", "cp_size", "tp_size"}:
         raise UserError(f"{path}: parallel: expected a dict with cp_rank, cp_size, tp_size")
-    out = {k: _int(path, v, f"parallel {k}") for k, v in par.items()}
+    out = {key: _int(path, value, f"parallel {key}") for key, value in parallel.items()}
     cp_rank, cp_size, tp_size = out.get("cp_rank", 0), out.get("cp_size", 1), out.get("tp_size", 1)
     if cp_size < 1 or tp_size < 1 or not 0 <= cp_rank < cp_size:
         raise UserError(
@@ -313,7 +311,7 @@ def _numel(path, x, what: str) -> int:
     return x.numel()
 
 
-def _check_batch(path, batch, par: dict, packed: int) -> None:
+def _check_batch(path, batch, parallel: dict, packed: int) -> None:
     if not isinstance(batch, dict):
         raise UserError(f"{path}: batch: expected a dict, got {type(batch).__name__}")
     for key in SAMPLE + ("log_probs", "advantages"):
@@ -330,7 +328,7 @@ def _check_batch(path, batch, par: dict, packed: int) -> None:
     for key in keys:
         if len(batch[key]) != n:
             raise UserError(f"{path}: batch: {key} has {len(batch[key])} samples, total_lengths has {n}")
-    cp_rank, cp_size = par["cp_rank"], par["cp_size"]
+    cp_rank, cp_size = parallel["cp_rank"], parallel["cp_size"]
     used = 0
     for i in range(n):
         total = _int(path, batch["total_lengths"][i], f"total_lengths of sample {i}")

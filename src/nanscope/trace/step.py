@@ -24,7 +24,8 @@ import torch
 
 from nanscope.loss import layout
 from nanscope.trace import replay
-from nanscope.trace.locator import Site, TokenMap, Tracer, TraceReport
+from nanscope.trace.events import Site, TokenMap, TraceReport
+from nanscope.trace.locator import Tracer
 
 _KEY = 16  # leading local tokens that index the rollout's samples for matching
 
@@ -36,11 +37,11 @@ class RolloutIndex:
         self.samples, self.cp_rank, self.cp_size = samples, cp_rank, cp_size
         self.local: list[torch.Tensor] = []  # int64 [local_length]: sample i's tokens in this rank's row
         self.by_key: dict[tuple, list[int]] = {}  # leading min(_KEY, length) tokens -> samples
-        for i, s in enumerate(samples):
-            local = self._local_tokens(s["tokens"])
+        for i, sample in enumerate(samples):
+            local = self._local_tokens(sample["tokens"])
             self.local.append(local)
             self.by_key.setdefault(tuple(local[:_KEY].tolist()), []).append(i)
-        self.key_lengths = sorted({len(k) for k in self.by_key})
+        self.key_lengths = sorted({len(key) for key in self.by_key})
 
     def _local_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.tensor(layout.sequence_positions(tokens.numel(), self.cp_rank, self.cp_size))
@@ -68,12 +69,12 @@ def _packed_ids(index: RolloutIndex, input_ids: torch.Tensor, packed_seq_params)
     """
     row = input_ids.reshape(-1)
     if packed_seq_params is not None:
-        cu = [int(x) // index.cp_size for x in packed_seq_params.cu_seqlens_q.tolist()]
-        return [index.find(row[a:b], exact=True) for a, b in zip(cu[:-1], cu[1:])]
+        bounds = [int(x) // index.cp_size for x in packed_seq_params.cu_seqlens_q.tolist()]
+        return [index.find(row[start:end], exact=True) for start, end in zip(bounds[:-1], bounds[1:])]
     ids, start = [], 0
-    while start < row.numel() and (i := index.find(row[start:])) is not None:
-        ids.append(i)
-        start += index.local[i].numel()
+    while start < row.numel() and (sample := index.find(row[start:])) is not None:
+        ids.append(sample)
+        start += index.local[sample].numel()
     return ids
 
 
@@ -89,19 +90,19 @@ def microbatch_map(index: RolloutIndex, input_ids, packed_seq_params=None) -> tu
     ids = [i for i in seen if i is not None]
     if not ids or len(ids) < len(seen):
         return None, ids
-    rows = [index.samples[i] for i in ids]
+    samples = [index.samples[i] for i in ids]
     batch = {
-        "total_lengths": [r["tokens"].numel() for r in rows],
-        "response_lengths": [r["response_length"] for r in rows],
-        "loss_masks": [r["loss_mask"] for r in rows],
+        "total_lengths": [sample["tokens"].numel() for sample in samples],
+        "response_lengths": [sample["response_length"] for sample in samples],
+        "loss_masks": [sample["loss_mask"] for sample in samples],
     }
     local = replay.token_map(batch, index.cp_rank, index.cp_size, packed_length=input_ids.reshape(-1).numel())
 
-    def fn(shape: tuple, flat: int) -> Site | None:
+    def site_of(shape: tuple, flat: int) -> Site | None:
         site = local(shape, flat)
         return None if site is None else site._replace(sample=ids[site.sample])
 
-    return fn, ids
+    return site_of, ids
 
 
 class StepTrace:
@@ -122,19 +123,20 @@ class StepTrace:
         self._handles: list = []
 
     def start(self) -> None:
-        for c, chunk in enumerate(self.chunks):
-            self._handles.append(chunk.register_forward_pre_hook(self._mark(c), with_kwargs=True))
+        for index, chunk in enumerate(self.chunks):
+            self._handles.append(chunk.register_forward_pre_hook(self._mark(index), with_kwargs=True))
         self.tracer.__enter__()
 
-    def _mark(self, c: int):
+    def _mark(self, chunk: int):
         def hook(module, args, kwargs):
-            mb = self.calls[c]
-            self.calls[c] += 1
-            tmap = None
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if self.index is not None and ids is not None:
-                tmap, self.microbatches[mb] = microbatch_map(self.index, ids, kwargs.get("packed_seq_params"))
-            self.tracer.microbatch(mb, tmap)
+            microbatch = self.calls[chunk]
+            self.calls[chunk] += 1
+            sites = None
+            input_ids = kwargs.get("input_ids", args[0] if args else None)
+            if self.index is not None and input_ids is not None:
+                packed = kwargs.get("packed_seq_params")
+                sites, self.microbatches[microbatch] = microbatch_map(self.index, input_ids, packed)
+            self.tracer.microbatch(microbatch, sites)
 
         return hook
 
@@ -142,8 +144,8 @@ class StepTrace:
         """End the trace (idempotent) and return this rank's report."""
         if self._handles:
             self.tracer.__exit__(None, None, None)
-            for h in self._handles:
-                h.remove()
+            for handle in self._handles:
+                handle.remove()
             self._handles.clear()
         return self.tracer.report()
 
@@ -161,22 +163,24 @@ def first_across_ranks(records: list[dict]) -> dict:
     """
 
     def first(phase: str, stage_sign: int):
-        found = [(r, r["trace"][phase]) for r in records if r["trace"].get(phase)]
+        found = [(record, record["trace"][phase]) for record in records if record["trace"].get(phase)]
         if not found:
             return None
         never = float("inf")
-        r, ev = min(
+        record, event = min(
             found,
-            key=lambda x: (
-                never if x[1]["microbatch"] is None else x[1]["microbatch"],
-                stage_sign * x[0]["pp"],
-                x[0]["tp"],
-                x[0]["rank"],
+            key=lambda pair: (
+                never if pair[1]["microbatch"] is None else pair[1]["microbatch"],
+                stage_sign * pair[0]["pp"],
+                pair[0]["tp"],
+                pair[0]["rank"],
             ),
         )
-        return {**ev, "rank": r["rank"], "pp": r["pp"], "tp": r["tp"]}
+        return {**event, "rank": record["rank"], "pp": record["pp"], "tp": record["tp"]}
 
-    inputs = [{**i, "rank": r["rank"]} for r in records for i in r["trace"].get("inputs", [])]
+    inputs = [
+        {**finding, "rank": record["rank"]} for record in records for finding in record["trace"].get("inputs", [])
+    ]
     return {
         "forward": first("forward", 1),
         "backward": first("backward", -1),

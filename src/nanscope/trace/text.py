@@ -3,33 +3,32 @@ their to_dict())."""
 
 from __future__ import annotations
 
-from nanscope.trace.locator import Event, TraceReport
-from nanscope.trace.sentinel import Reading
+from nanscope.trace.events import Event, TraceReport
+from nanscope.trace.reading import Reading
 
 
-def _counts(c: dict) -> str:
-    parts = [f"{c[k]} {k}" for k in ("nan", "posinf", "neginf") if c.get(k)]
+def _counts(counts: dict) -> str:
+    parts = [f"{counts[kind]} {kind}" for kind in ("nan", "posinf", "neginf") if counts.get(kind)]
     return ", ".join(parts) or "none"
 
 
-def _produced(e: Event) -> str:
-    return {"nan": "NaN", "inf": "inf", "nan+inf": "NaN and inf"}.get(e.produced, "non-finite")
+def _produced(event: Event) -> str:
+    return {"nan": "NaN", "inf": "inf", "nan+inf": "NaN and inf"}.get(event.produced, "non-finite")
 
 
-def event_lines(title: str, e: Event | None, first: Event | None, inputs: list) -> list[str]:
+def event_lines(title: str, event: Event | None, first: Event | None, inputs: list) -> list[str]:
     """Lines for one phase: its producer, or why there is none."""
-    if e is not None:
-        free = {"nan": "NaN-free", "inf": "inf-free"}.get(e.produced, "finite")
-        out = [f"{title}: {e.op} produced {_produced(e)} from {free} inputs"]
-        if e.node:
-            out.append(
-                f"  autograd node: {e.node}" + (f" (created in forward by {e.created_by})" if e.created_by else "")
-            )
-        out.append(f"  module:  {e.module if e.module is not None else '- (outside the watched modules)'}")
-        out.append(f"  source:  {e.source or '- (no Python frame outside torch)'}")
-        out.append(f"  token:   {e.token_text()}")
-        out.append(f"  output:  {e.shape} with {_counts(e.nonfinite)}; first at flat index {e.first_index}")
-        out += [f"  input {i}: {s}" for i, s in enumerate(e.input_summary)]
+    if event is not None:
+        free = {"nan": "NaN-free", "inf": "inf-free"}.get(event.produced, "finite")
+        out = [f"{title}: {event.op} produced {_produced(event)} from {free} inputs"]
+        if event.node:
+            created = f" (created in forward by {event.created_by})" if event.created_by else ""
+            out.append(f"  autograd node: {event.node}" + created)
+        out.append(f"  module:  {event.module if event.module is not None else '- (outside the watched modules)'}")
+        out.append(f"  source:  {event.source or '- (no Python frame outside torch)'}")
+        out.append(f"  token:   {event.token_text()}")
+        out.append(f"  output:  {event.shape} with {_counts(event.nonfinite)}; first at flat index {event.first_index}")
+        out += [f"  input {i}: {summary}" for i, summary in enumerate(event.input_summary)]
         return out
     if first is None:
         return [f"{title}: none (every op output was finite)"]
@@ -38,7 +37,7 @@ def event_lines(title: str, e: Event | None, first: Event | None, inputs: list) 
             f"{title}: none outside the allow-list; the first non-finite output is allow-listed: {first.op} "
             f"produced {_produced(first)}, {first.where()}; {first.token_text()}"
         ]
-    origin = ", ".join(i.name for i in inputs) or "a tensor created outside the trace"
+    origin = ", ".join(finding.name for finding in inputs) or "a tensor created outside the trace"
     return [
         f"{title}: none; no op turned finite values into non-finite ones: they came from an input ({origin})",
         f"  first non-finite output: {first.op}, {first.where()}; {first.token_text()}",
@@ -50,20 +49,23 @@ def lines(report: TraceReport) -> list[str]:
     out = []
     if report.inputs:
         out.append("non-finite inputs (present before the step ran):")
-        for i in report.inputs:
+        for finding in report.inputs:
             where = ""
-            if i.sample is not None:
-                where = f"; first at sample {i.sample}" + (f", response token {i.token}" if i.token is not None else "")
-                where += "" if i.masked is None else (", loss_mask 0 (masked)" if i.masked else ", loss_mask 1")
-            out.append(f"  {i.name}: {_counts(i.nonfinite)}{where}")
+            if finding.sample is not None:
+                token = f", response token {finding.token}" if finding.token is not None else ""
+                mask = (
+                    "" if finding.masked is None else (", loss_mask 0 (masked)" if finding.masked else ", loss_mask 1")
+                )
+                where = f"; first at sample {finding.sample}{token}{mask}"
+            out.append(f"  {finding.name}: {_counts(finding.nonfinite)}{where}")
     else:
         out.append("non-finite inputs: none")
     out += event_lines("forward producer", report.forward, report.first_forward, report.inputs)
     out += event_lines("backward producer", report.backward, report.first_backward, report.inputs)
-    o = report.outcome
-    if o:
-        loss = f"{o['loss']:.6g}" + ("" if o["loss_finite"] else " (non-finite)")
-        out.append(f"outcome: loss {loss}; d loss / d logits has {o['grad_nonfinite']} non-finite entries")
+    outcome = report.outcome
+    if outcome:
+        loss = f"{outcome['loss']:.6g}" + ("" if outcome["loss_finite"] else " (non-finite)")
+        out.append(f"outcome: loss {loss}; d loss / d logits has {outcome['grad_nonfinite']} non-finite entries")
     return out
 
 
@@ -72,21 +74,22 @@ def reading_lines(reading: Reading) -> list[str]:
     if reading.finite:
         return [f"sentinel step {reading.step}: every module output and parameter gradient finite"]
     out = [f"sentinel step {reading.step}: non-finite values"]
-    f, b = reading.forward, reading.backward
+    forward, backward = reading.forward, reading.backward
     out.append(
         "  forward:  "
         + (
-            f"first non-finite module output: {f.module!r}, micro-batch {f.microbatch} (check #{f.order})"
-            if f
+            f"first non-finite module output: {forward.module!r}, micro-batch {forward.microbatch} "
+            f"(check #{forward.order})"
+            if forward
             else "every module output finite"
         )
     )
     out.append(
         "  backward: "
         + (
-            f"first non-finite parameter gradient: {b.param} (module {b.module!r}), micro-batch {b.microbatch} "
-            f"(check #{b.order})"
-            if b
+            f"first non-finite parameter gradient: {backward.param} (module {backward.module!r}), "
+            f"micro-batch {backward.microbatch} (check #{backward.order})"
+            if backward
             else "every parameter gradient finite"
         )
     )
@@ -96,19 +99,20 @@ def reading_lines(reading: Reading) -> list[str]:
     return out
 
 
-def event_summary(e: Event) -> str:
+def event_summary(event: Event) -> str:
     """One event on one line: op, autograd node, module, source line, micro-batch, token."""
-    node = f" in {e.node}" if e.node else ""
-    module = f"module {e.module!r}" if e.module is not None else "outside the watched modules"
-    mb = f", micro-batch {e.microbatch}" if e.microbatch is not None else ""
-    return f"{e.op}{node} produced {_produced(e)}, {module}, at {e.source or '-'}{mb}; {e.token_text()}"
+    node = f" in {event.node}" if event.node else ""
+    module = f"module {event.module!r}" if event.module is not None else "outside the watched modules"
+    microbatch = f", micro-batch {event.microbatch}" if event.microbatch is not None else ""
+    source = event.source or "-"
+    return f"{event.op}{node} produced {_produced(event)}, {module}, at {source}{microbatch}; {event.token_text()}"
 
 
 def summary_lines(report: TraceReport) -> list[str]:
     """The forward and backward producers, one line each."""
     return [
-        f"{phase}: " + (event_summary(e) if e is not None else "no op produced a non-finite value")
-        for phase, e in (("forward", report.forward), ("backward", report.backward))
+        f"{phase}: " + (event_summary(event) if event is not None else "no op produced a non-finite value")
+        for phase, event in (("forward", report.forward), ("backward", report.backward))
     ]
 
 
@@ -116,10 +120,11 @@ def first_lines(first: dict) -> list[str]:
     """The first producer of each phase over all ranks (nanscope.trace.step.first_across_ranks)."""
     out = []
     for phase in ("forward", "backward"):
-        e = first.get(phase)
-        if e is None:
+        event = first.get(phase)
+        if event is None:
             out.append(f"{phase}: no op produced a non-finite value on any rank")
             continue
-        out.append(f"{phase}: rank {e['rank']} (pp {e['pp']}, tp {e['tp']}): {event_summary(Event.from_dict(e))}")
-    out += [f"non-finite input on rank {i['rank']}: {i['name']}" for i in first.get("inputs", [])]
+        rank = f"rank {event['rank']} (pp {event['pp']}, tp {event['tp']})"
+        out.append(f"{phase}: {rank}: {event_summary(Event.from_dict(event))}")
+    out += [f"non-finite input on rank {finding['rank']}: {finding['name']}" for finding in first.get("inputs", [])]
     return out

@@ -1,4 +1,4 @@
-"""The slime flags a scan depends on (no torch import: the CLI builds its defaults and --help from it)."""
+"""The slime flags a scan checks a dump against (no torch import: the CLI builds its defaults and --help from it)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class ScanConfig:
-    """The slime v0.1.0 flags that decide which inputs are hazards; `nanscope.case.scan_config()` gives the case's."""
+class ScanFlags:
+    """The slime v0.1.0 flags that decide which inputs are hazards, and how much a scan lists;
+    `nanscope.case.scan_config()` gives the case's."""
 
     n_samples_per_prompt: int
     reward_key: str | None

@@ -11,9 +11,26 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 from nanscope.slime_plugin.coords import Coords
 from nanscope.trace.replay import SENTINEL_FORMAT
+
+
+def check_dir(report_dir: str) -> str | None:
+    """Why `report_dir` cannot take reports (created if missing; a file must be writable in it), else None."""
+    try:
+        os.makedirs(report_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=report_dir, prefix=".nanscope-probe-"):
+            pass
+    except OSError as e:
+        return f"NANSCOPE_REPORT_DIR={report_dir!r}: cannot write reports there: {e.strerror or e}"
+    return None
+
+
+def warn(text: str) -> None:
+    """One warning line: the plugin's own failures never end the run they watch."""
+    print(f"nanscope: warning: {text}", flush=True)
 
 
 def replay_instruction(args, rollout_id, step_id) -> dict:
@@ -40,8 +57,18 @@ class Reports:
         name = f"rollout{where['rollout_id']}_step{where['step_id']}_rank{self.coords.rank}"
         return os.path.join(self.dir, name)
 
-    def report(self, doc: dict, where: dict, microbatch: dict | None) -> str:
-        """`<stem>.json` holding `doc` (with `microbatch_file`), and `<stem>.pt` holding `microbatch` if any."""
+    def report(self, doc: dict, where: dict, microbatch: dict | None) -> str | None:
+        """`<stem>.json` holding `doc` (with `microbatch_file`), and `<stem>.pt` holding `microbatch` if any.
+
+        A failed write (full disk, permissions) is one warning line and None: the run goes on.
+        """
+        try:
+            return self._report(doc, where, microbatch)
+        except OSError as e:
+            warn(f"rank {self.coords.rank}: could not write its report to {self.dir}: {e.strerror or e}")
+            return None
+
+    def _report(self, doc: dict, where: dict, microbatch: dict | None) -> str:
         import torch  # heavy: torch, imported by the run already
 
         stem = self.stem(where)
@@ -55,11 +82,15 @@ class Reports:
         self.paths.append(stem + ".json")
         return stem + ".json"
 
-    def trace(self, doc: dict, where: dict) -> str:
-        """`<stem>.trace.json` holding `doc`."""
-        path = self.stem(where) + ".trace.json"
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=1)
+    def trace(self, doc: dict, where: dict) -> str | None:
+        """`<stem>.trace.json` holding `doc` (a failed write: one warning line and None)."""
+        try:
+            path = self.stem(where) + ".trace.json"
+            with open(path, "w") as f:
+                json.dump(doc, f, indent=1)
+        except OSError as e:
+            warn(f"rank {self.coords.rank}: could not write its trace to {self.dir}: {e.strerror or e}")
+            return None
         self.paths.append(path)
         return path
 

@@ -1,0 +1,154 @@
+"""The JSON document of a diagnosis (`nanscope doctor --json PATH`): every figure the reports show, and all
+the resolved flags with their origins. Its keys are in the order written here."""
+
+from __future__ import annotations
+
+from nanscope.report.doctor.verdict import verdict
+
+
+def to_dict(diagnosis) -> dict:
+    """The JSON document (`--json PATH`)."""
+    traceback = diagnosis.traceback
+    return {
+        "verdict": verdict(diagnosis),
+        "slime_release": release_dict(diagnosis),
+        "inputs": _inputs(diagnosis),
+        "config": {
+            name: {"value": value.value, "origin": value.origin} for name, value in diagnosis.config.values.items()
+        },
+        "topology": _topology(diagnosis),
+        "failing_rank": None if diagnosis.failing is None else _rank(diagnosis.failing),
+        "failure": None if traceback is None else _failure(traceback.failure),
+        "frames": [] if traceback is None else [_frame(frame) for frame in traceback.frames],
+        "explanations": diagnosis.explanations,
+        "findings": [_finding(finding) for finding in diagnosis.findings],
+        "fine": diagnosis.fine,
+        "notes": diagnosis.notes,
+        "candidates": [candidate.to_dict() for candidate in diagnosis.candidates],
+    }
+
+
+def release_dict(diagnosis) -> dict:
+    """The slime release the diagnosis used: its short name, full name, how it was chosen, the evidence."""
+    choice = diagnosis.release
+    return {"version": choice.release.key, "name": choice.release.name, "how": choice.how, "source": choice.source}
+
+
+def _inputs(diagnosis) -> dict:
+    """What was read: the script, its train command, the values and files that stood in for others."""
+    script = diagnosis.script
+    return {
+        "script": script.path,
+        "train_script": script.train_script,
+        "train_command_line": script.line,
+        "env": diagnosis.env,
+        "model": diagnosis.model_origin,
+        "sources": [
+            {"path": source.path, "line": source.line, "status": source.status, "read": source.followed}
+            for source in script.sources
+        ],
+        "unset_variables": sorted(script.unset),
+        "placeholders": [placeholder.text for placeholder in script.placeholders],
+        "argv": script.argv,
+    }
+
+
+def _topology(diagnosis) -> dict:
+    """The parallel layout, the layer split per stage, and the batch figures of one rollout."""
+    layout, figures, cfg = diagnosis.topology, diagnosis.batches, diagnosis.config
+    return {
+        "world": layout.world,
+        "nodes": layout.nodes,
+        "gpus_per_node": layout.gpus_per_node,
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "cp": layout.cp,
+        "dp": layout.dp,
+        "ep": layout.ep,
+        "etp": layout.etp,
+        "expert_dp": layout.edp,
+        "vpp": layout.vpp,
+        "order": layout.order,
+        "num_layers": layout.num_layers,
+        "num_experts": layout.num_experts,
+        "experts_per_ep_rank": layout.experts_per_rank,
+        "stages": None if layout.stages is None else [_stage(stage) for stage in layout.stages],
+        "ep_groups": layout.groups["ep"],
+        "samples_per_rollout": figures.samples_per_rollout,
+        "global_batch_size": figures.global_batch,
+        "optimizer_steps_per_rollout": figures.steps_per_rollout,
+        "micro_batch_token_budget": figures.budget_tokens,
+        "longest_sample_tokens": figures.longest_sample,
+        "longest_sample_from": figures.longest_from,
+        "rollout_gpus": cfg["rollout_num_gpus"],
+        "colocate": cfg["colocate"],
+    }
+
+
+def _stage(stage) -> dict:
+    return {
+        "pp": stage.pp,
+        "layers": stage.layers,
+        "chunks": [chunk.layers for chunk in stage.chunks],
+        "embedding": stage.embedding,
+        "output_layer": stage.output,
+    }
+
+
+def _rank(rank) -> dict:
+    """Where the failing (or asked-for) rank sits."""
+    return {
+        "rank": rank.rank,
+        "tp": rank.tp,
+        "cp": rank.cp,
+        "dp": rank.dp,
+        "pp": rank.pp,
+        "ep": rank.ep,
+        "etp": rank.etp,
+        "expert_dp": rank.edp,
+        "node_index": rank.node_index,
+        "local_device": rank.local_device,
+        "layers": rank.layers,
+        "holds_output_layer": rank.holds_output_layer,
+        "holds_embedding": rank.holds_embedding,
+        "experts": rank.experts,
+        "groups": rank.groups,
+    }
+
+
+def _failure(failure) -> dict:
+    """The traceback's Megatron error line."""
+    return {
+        "rank": failure.rank,
+        "node": failure.node,
+        "device": failure.device,
+        "iteration": failure.iteration,
+        "result": failure.result,
+        "kind": failure.kind,
+        "message": failure.message,
+        "bucket": failure.bucket,
+        "truncated": failure.truncated,
+    }
+
+
+def _frame(frame) -> dict:
+    return {
+        "path": frame.path,
+        "line": frame.line,
+        "function": frame.function,
+        "note": frame.note,
+        "release": frame.release_text,
+        "matches": frame.matches,
+    }
+
+
+def _finding(finding) -> dict:
+    return {
+        "id": finding.id,
+        "severity": finding.severity,
+        "title": finding.title,
+        "flags": finding.flags,
+        "mechanism": finding.mechanism,
+        "fix": finding.fix,
+        "hazards": finding.hazards,
+    }

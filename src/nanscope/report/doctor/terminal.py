@@ -1,0 +1,184 @@
+"""The doctor report on a rich Console, top-down: verdict, failing rank, layout, findings, then what is
+fine, the candidate causes, the resolved flags, the annotated traceback and the input notes."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+
+from nanscope.report.doctor.shared import MAX_STAGE_ROWS, frame_where, key_flags, ranks_text, release_line, stage_text
+from nanscope.report.doctor.verdict import verdict
+from nanscope.report.text import span
+
+_SEVERITY_STYLE = {
+    "critical": "bold white on red",
+    "high": "bold red",
+    "medium": "yellow",
+    "low": "cyan",
+    "info": "dim",
+}
+
+
+def render_terminal(diagnosis, console) -> None:
+    """Print the report on a rich Console, top-down: verdict, rank, layout, findings, the rest."""
+    script = diagnosis.script
+    console.print(
+        f"[bold]nanscope doctor[/bold]  {escape(script.path)}  "
+        f"([dim]{escape(script.train_script)}, line {script.line}[/dim])"
+    )
+    _plain(console, release_line(diagnosis))
+    border = "red" if diagnosis.traceback else "blue"
+    console.print(Panel(escape(verdict(diagnosis)), title="verdict", title_align="left", border_style=border))
+    for section in (_rank_section, _layout_section, _findings_section, _flags_section, _frames_section, _notes_section):
+        section(diagnosis, console)
+
+
+def _plain(console, text: str) -> None:
+    console.print(text, markup=False, highlight=False)
+
+
+def _heading(console, title: str, rest: str = "") -> None:
+    console.print()
+    console.print(f"[bold]{title}[/bold]" + (f" {escape(rest)}" if rest else ""))
+
+
+def _rank_section(diagnosis, console) -> None:
+    rank, layout = diagnosis.failing, diagnosis.topology
+    if rank is None:
+        return
+    table = Table(title=f"rank {rank.rank}", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    layers = span(rank.layers)
+    if rank.chunks and len(rank.chunks) > 1:
+        layers = " | ".join(span(chunk.layers) for chunk in rank.chunks) + " (virtual stages)"
+    rows = [
+        (
+            "coordinates",
+            f"TP {rank.tp} / CP {rank.cp} / DP {rank.dp} / PP {rank.pp}   "
+            f"EP {rank.ep} (ETP {rank.etp}, expert DP {rank.edp})",
+        ),
+        (
+            "where",
+            f"node index {rank.node_index} (= {rank.rank} // {layout.gpus_per_node}, nodes in slime's placement "
+            f"order: sorted by IP), local device {rank.local_device}",
+        ),
+        ("decoder layers", f"{layers} (0-based)"),
+        ("output layer", "yes: final norm + output layer (and slime's loss)" if rank.holds_output_layer else "no"),
+    ]
+    if rank.experts:
+        rows.append(("experts", f"{span(rank.experts)} ({layout.experts_per_rank} per EP rank)"))
+    rows += [(f"{group.upper()} group", ranks_text(rank.groups[group])) for group in ("tp", "pp", "dp", "cp", "ep")]
+    for label, text in rows:
+        table.add_row(label, text)
+    console.print(table)
+    for line in diagnosis.explanations:
+        _plain(console, f"  - {line}")
+
+
+def _layout_section(diagnosis, console) -> None:
+    layout = diagnosis.topology
+    _heading(
+        console,
+        "layout",
+        f"world {layout.world} = {layout.nodes} nodes x {layout.gpus_per_node} GPUs;  TP {layout.tp}  "
+        f"PP {layout.pp}  CP {layout.cp}  DP {layout.dp} (= {layout.world}/({layout.tp}*{layout.pp}*{layout.cp}))"
+        f"  EP {layout.ep}  ETP {layout.etp}  expert DP {layout.edp}"
+        + (f"  VPP {layout.vpp}" if layout.vpp else "")
+        + f";  order {layout.order}",
+    )
+    if layout.stages is not None:
+        _stages_table(diagnosis, console)
+    for line in _layout_lines(diagnosis):
+        _plain(console, f"  {line}")
+
+
+def _stages_table(diagnosis, console) -> None:
+    """One row per pipeline stage (up to MAX_STAGE_ROWS), the failing rank's marked `<`."""
+    rank, stages = diagnosis.failing, diagnosis.topology.stages
+    table = Table(show_header=True, box=None, padding=(0, 2))
+    for name, justify in (("PP", "left"), ("layers (0-based)", "left"), ("count", "right")):
+        table.add_column(name, justify=justify)
+    for stage in stages[:MAX_STAGE_ROWS]:
+        mark = " <" if rank is not None and stage.pp == rank.pp else ""
+        table.add_row(str(stage.pp), stage_text(stage) + mark, str(len(stage.layers)))
+    console.print(table)
+    if len(stages) > MAX_STAGE_ROWS:
+        _plain(console, f"  ... {len(stages) - MAX_STAGE_ROWS:,} more stages (all in --json)")
+
+
+def _layout_lines(diagnosis) -> list[str]:
+    """Experts per EP rank, optimizer steps per rollout, the micro-batch budget, the rollout GPUs."""
+    layout, figures, cfg = diagnosis.topology, diagnosis.batches, diagnosis.config
+    lines = []
+    if layout.num_experts:
+        lines.append(f"experts: {layout.num_experts} / EP {layout.ep} = {layout.experts_per_rank} per EP rank")
+    if figures.samples_per_rollout is not None:
+        lines.append(
+            f"rollout: {cfg['rollout_batch_size']} prompts x {cfg['n_samples_per_prompt']} samples = "
+            f"{figures.samples_per_rollout}; / global batch {figures.global_batch} = {figures.steps_per_rollout} "
+            "optimizer step(s) per rollout"
+        )
+    if figures.budget_tokens is not None:
+        longest = figures.longest_sample if figures.longest_sample is not None else "unbounded"
+        lines.append(
+            f"micro-batch budget: max-tokens-per-gpu {cfg['max_tokens_per_gpu']} x CP {layout.cp} = "
+            f"{figures.budget_tokens} tokens; longest sample {longest} ({figures.longest_from})"
+        )
+    lines.append(
+        f"rollout GPUs {cfg['rollout_num_gpus']} ({'colocated with' if cfg['colocate'] else 'besides'} "
+        f"{layout.world} actor GPUs)"
+    )
+    return lines
+
+
+def _findings_section(diagnosis, console) -> None:
+    _heading(console, "findings", f"({len(diagnosis.findings)})")
+    for finding in diagnosis.findings:
+        style = _SEVERITY_STYLE.get(finding.severity, "")
+        hazards = f"  [dim]hazards: {escape(', '.join(finding.hazards))}[/dim]" if finding.hazards else ""
+        console.print(
+            f"[{style}]{finding.severity.upper()}[/{style}] [bold]{escape(finding.id)}[/bold]: "
+            f"{escape(finding.title)}{hazards}",
+            highlight=False,
+        )
+        _plain(console, f"    evidence: {'  '.join(finding.flags)}")
+        _plain(console, f"    why: {finding.mechanism}")
+        _plain(console, f"    fix: {finding.fix}")
+    if diagnosis.fine:
+        _heading(console, "fine")
+        for line in diagnosis.fine:
+            _plain(console, f"  ok  {line}")
+    _candidates_section(diagnosis, console)
+
+
+def _candidates_section(diagnosis, console) -> None:
+    _heading(console, "candidate causes", f"({len(diagnosis.candidates)}: every cause nanscope catalogues)")
+    for candidate in diagnosis.candidates:
+        evidence = "; ".join(candidate.evidence)
+        _plain(console, f"  {candidate.status:<11} {candidate.id} [{candidate.cause_class}]: {evidence}")
+        if candidate.discriminator:
+            _plain(console, f"              tell it apart: {candidate.discriminator}")
+
+
+def _flags_section(diagnosis, console) -> None:
+    _heading(console, "resolved flags", "(value, where it came from)")
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    for name, value, origin in key_flags(diagnosis):
+        table.add_row(escape(name), escape(value), f"[dim]{escape(origin)}[/dim]")
+    console.print(table)
+
+
+def _frames_section(diagnosis, console) -> None:
+    if diagnosis.traceback is None:
+        return
+    _heading(console, "traceback, frame by frame", "(outermost first)")
+    for frame in diagnosis.traceback.frames:
+        console.print(f"  {escape(frame_where(frame))}  [dim]{escape(frame.release_text)}[/dim]", highlight=False)
+        _plain(console, f"      {frame.note}")
+
+
+def _notes_section(diagnosis, console) -> None:
+    if diagnosis.notes:
+        _heading(console, "inputs")
+        for line in diagnosis.notes:
+            _plain(console, f"  - {line}")

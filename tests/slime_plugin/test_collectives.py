@@ -1,0 +1,56 @@
+"""The plugin's collectives use the device the group's backend takes: NCCL (slime's default group) takes no
+CPU tensor. A group whose backend is registered for CUDA only stands in for NCCL here (no GPU): torch itself
+refuses a CPU tensor on it, with NCCL's words."""
+
+import subprocess
+import sys
+import textwrap
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys
+    import torch, torch.distributed as dist
+    from torch.futures import Future
+
+    class CudaOnly(dist.ProcessGroup):  # all-reduce is never reached with a CPU tensor: torch refuses it first
+        def allreduce(self, tensors, opts=None):
+            raise AssertionError("not reached on this CPU-only machine")
+
+        def getBackendName(self):
+            return "cudaonly"
+
+    dist.Backend.register_backend("cudaonly", lambda store, rank, size, timeout: CudaOnly(rank, size), devices=["cuda"])
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    dist.init_process_group(sys.argv[1], rank=0, world_size=1)
+
+    from nanscope.slime_plugin import collectives
+    from nanscope.slime_plugin.skip import SkipVote
+
+    print("device", collectives.device())
+    try:
+        print("voted", SkipVote([], None).vote(True))
+    except Exception as e:  # noqa: BLE001
+        print("error", type(e).__name__, str(e).splitlines()[0])
+    """
+)
+
+
+def run(backend: str, port: int) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, backend, str(port)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.splitlines()
+
+
+def test_under_gloo_the_vote_is_a_cpu_tensor_and_runs():
+    assert run("gloo", 29611) == ["device cpu", "voted True"]
+
+
+def test_under_a_cuda_only_backend_the_vote_asks_for_a_cuda_tensor_not_a_cpu_one():
+    # On a GPU machine the vote runs on the current CUDA device; here, without CUDA, asking for it is what
+    # fails (torch's own assertion), where a CPU tensor would have met the backend's refusal (what NCCL says).
+    device, outcome = run("cudaonly", 29612)
+    assert device == "device cuda"
+    assert outcome == "error AssertionError Torch not compiled with CUDA enabled", outcome
+    assert "No backend type associated with device type cpu" not in outcome
