@@ -47,7 +47,7 @@ def test_records_are_complete():
     assert catalogue.HEALTHY.cause_class is None
     for h in catalogue.CATALOGUE:
         if h.fault:
-            assert re.fullmatch(r"decoder\.[\w.]+:(forward|backward):(nan|inf)", h.fault), h.fault
+            assert re.fullmatch(r"decoder\.[\w.]+:(forward|backward|zero-tokens):(nan|inf)", h.fault), h.fault
     for c in immune.IMMUNE:
         assert c.cause_class in CLASSES
         for ev in c.evidence:

@@ -118,18 +118,24 @@ def test_before_train_step_hook_raise_and_skip_on_the_cpu_harness(tmp_path):
     raised, skipped = res.runs
     assert raised.observed == "nan-check"
     for r in raised.ranks:
-        assert r.error.endswith(case.nan_check_message()) and len(r.reports) == 1
+        # the verdict of the step's rerun, then megatron's own words, which logs, Ray and doctor read as before
+        assert r.error.startswith("nanscope: rerun: reproducible on this device: ") and len(r.reports) == 2
+        assert r.error.endswith(case.nan_check_message()) and r.error.count("\n") == 1
         report = json.loads(open(r.reports[0]).read())
         assert (report["rank"], report["rollout_id"], report["step_id"], report["mode"]) == (r.rank, 0, 0, "raise")
+        assert report["rerun"]["verdict"] == "reproducible" and report["rerun"]["first"] == report["rerun"]["rerun"]
         assert report["first_backward"] is not None  # the first module whose gradient went non-finite
-        if r.holds_output_layer:  # the NaN is born in the loss, behind the output layer
-            assert report["first_forward"] is None and report["first_backward"]["module"].endswith(".output_layer")
-            # slime's own loss: the plugin sees the gradient the loss sent back, not the loss inputs
-            assert (report["class"], report["class_candidates"]) == (None, ["data", "loss-numerics"])
+        saved = torch.load(report["bundle"], weights_only=True)
+        assert saved["format"] == "nanscope-bundle/1" and saved["coords"]["rank"] == r.rank
+        if r.holds_output_layer:  # the NaN is born in the loss, behind the output layer (public names)
+            assert report["first_forward"] is None and report["first_backward"]["module"] == "output_layer"
+            # slime's own loss with the hook alone: the loss watch saw the finite inputs, so the class follows
+            assert (report["class"], report["class_candidates"]) == ("loss-numerics", ["loss-numerics"])
+            assert any(mb["batch"] is not None and mb["current"] is not None for mb in saved["microbatches"])
         else:  # the gradient arrived non-finite from the last stage
             assert report["class"] is None and "from the next pipeline stage" in report["class_evidence"][-1]
-            saved = torch.load(report["microbatch_file"], weights_only=True)
-            assert saved["microbatch"] == report["first_backward"]["microbatch"] and saved["input_ids"].dim() == 2
+            (mb,) = saved["microbatches"]
+            assert (mb["index"], mb["why"]) == (report["first_backward"]["microbatch"], ["sentinel-backward"])
     assert skipped.observed == "completed"
     for r in skipped.ranks:
         assert r.skipped_steps == 1 and r.params_finite is True

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from nanscope.dumps.flags import ScanFlags
 from nanscope.facts.args import LOSS_FIELDS, loss_args
 from nanscope.facts.flags import SCRIPT
+from nanscope.launch import unread
 from nanscope.launch.config import Config, resolve
 from nanscope.launch.script import parse_script
 from nanscope.launch.tracebacks import Traceback, parse_traceback
@@ -61,6 +62,7 @@ def _read() -> _Case:
         script = parse_script(path, dict(ENV))
     model = json.loads(text("model.json"))
     config = resolve(script.argv, model, f"model.json (bundled with {NAME})", script.unset, release=RELEASE)
+    config.unread = unread(script)  # its model-args file was never shared
     return _Case(config, parse_traceback(text("traceback.txt"), f"{NAME}/traceback.txt"))
 
 

@@ -32,6 +32,7 @@ import torch
 from nanscope import loss as losses
 from nanscope.causes.catalogue import (
     KL_EXP_OVERFLOW,
+    LOGPROB_DRIFT,
     NAN_REWARD,
     NAN_ROLLOUT_LOGPROB,
     RATIO_EXP_OVERFLOW,
@@ -176,7 +177,7 @@ def plant_least_likely_tool_token(rollout: Rollout, policy: Policy, temperature:
 
 def _site(name: str, policy: Policy, rollout: Rollout, temperature: float) -> tuple[int, int | None] | None:
     """Where hazard `name` strikes: (sample, response position), (sample, None) for a whole sample."""
-    if name == KL_EXP_OVERFLOW.name:
+    if name in (KL_EXP_OVERFLOW.name, LOGPROB_DRIFT.name):
         return plant_least_likely_tool_token(rollout, policy, temperature)
     if name == RATIO_EXP_OVERFLOW.name:
         # a positive advantage: the clipped branch wins
@@ -190,7 +191,14 @@ def _site(name: str, policy: Policy, rollout: Rollout, temperature: float) -> tu
 
 
 def build(
-    name: str, policy: Policy, rollout: Rollout, seed: int = 0, temperature: float | None = None, defused: bool = False
+    name: str,
+    policy: Policy,
+    rollout: Rollout,
+    seed: int = 0,
+    temperature: float | None = None,
+    defused: bool = False,
+    *,
+    progress: float = 1.0,
 ) -> dict:
     """Build hazard `name`'s micro-batch (slime's keys, whole sequences, cp_size 1).
 
@@ -206,6 +214,8 @@ def build(
         temperature: the rollout temperature (default: the rollout's).
         defused: build the same batch (same planted token, same site) but leave the trigger value
             out: the hazard's "clean twin", to compare a fixed run against.
+        progress: a drifting hazard (logprob-drift): how far along its drift the step is, 1 at the step it
+            crosses (the KL log-ratio at the site is progress x (88.72 + 10)).
 
     Returns:
         dict with unconcat_tokens, total_lengths, response_lengths, loss_masks, log_probs,
@@ -237,6 +247,8 @@ def build(
                 "logit scale too small"
             )
             ref[i][j] = -1.0
+        elif name == LOGPROB_DRIFT.name:  # ref - logp grows to FP32_EXP_MAX + 10 at progress 1
+            ref[i][j] = logp[i][j] + progress * (FP32_EXP_MAX + 10)
         elif name == RATIO_EXP_OVERFLOW.name:
             old[i][j] = logp[i][j] - (FP32_EXP_MAX + 10)
         elif name == NAN_ROLLOUT_LOGPROB.name:

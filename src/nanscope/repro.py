@@ -10,22 +10,27 @@ Three shapes of evidence, each one torchrun launch of the 4-process harness (nan
   there, safe completes every step, and (hazard on a masked token) safe's final parameters equal
   those of an as-is run on the hazard's defused twin. With `plugin=True` slime runs with nanscope's
   plugin installed as the README says (`PluginCheck`): the hook in raise and in skip mode, the fix
-  through slime's custom-loss path, and a second launch that replays the raise run's report.
+  through slime's custom-loss path, and the raise run's repro bundles replayed offline (`nanscope trace`'s
+  replay: no second launch), left in a report directory.
 
-Rendering lives in nanscope.report.repro.
+Each takes `via` (`spec.Launcher`): torchrun (the default) or a train group of Ray actors, whose failures also
+carry the driver's Ray-wrapped traceback (`Repro.traceback`). Rendering lives in nanscope.report.repro.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanscope import case
 from nanscope.causes import catalogue
-from nanscope.megatron import launcher
-from nanscope.megatron.spec import Layout, RunSpec, failed_check
+from nanscope.errors import UserError
+from nanscope.launch.tracebacks import parse_traceback
+from nanscope.megatron import launcher, scratch
+from nanscope.megatron.spec import Launcher, Layout, RunSpec, failed_check
+from nanscope.trace.observe import causal_order
 
 
 @dataclass
@@ -48,6 +53,7 @@ class Repro:
     trace_rank: int | None = None
     fault: str | None = None  # the fault planted in the model (megatron.faults), `--fault` or the hazard's
     sentinel: dict | None = None  # the sentinel's finding across ranks (`sentinel_finding`)
+    traceback: str | None = None  # Ray launch: the error as its driver saw it (RayTaskError around the rank's)
 
     @property
     def ok(self) -> bool:
@@ -83,29 +89,25 @@ def sentinel_finding(ranks) -> dict:
     anywhere, every field but the evidence is None.
 
     Returns:
-        {"rank", "step", "module", "direction", "microbatch", "class", "candidates", "evidence"}.
+        {"rank", "step", "module", "direction", "microbatch", "class", "candidates", "evidence", "expert_tokens"}
+        (expert_tokens: that rank's per-expert token counts of the failing micro-batch, trace.expert_counts).
     """
     seen = [record for record in ranks if record.sentinel and record.sentinel["candidates"]]
-    keys = ("step", "module", "direction", "microbatch", "class", "candidates", "evidence")
+    keys = ("step", "module", "direction", "microbatch", "class", "candidates", "evidence", "expert_tokens")
     if not seen:
         evidence = ranks[0].sentinel["evidence"] if ranks and ranks[0].sentinel else ["the sentinel did not run"]
         return {"rank": None, **dict.fromkeys(keys), "candidates": [], "evidence": evidence}
     first = min(seen, key=_causal_order)
-    return {"rank": first.rank, **{key: first.sentinel[key] for key in keys}}
+    return {"rank": first.rank, **{key: first.sentinel.get(key) for key in keys}}
 
 
 def _causal_order(record) -> tuple:
-    """Sort key of a rank's sentinel finding: forward findings first, by stage; then backward findings from the
-    last stage back, by when they were made, then by rank."""
-    if record.sentinel["forward"]:
-        return (0, record.pp, record.rank)
-    return (1, -record.pp, *_when(record), record.rank)
-
-
-def _when(record) -> tuple[int, int]:
-    """(micro-batch, output-gradient check index) of a rank's first non-finite gradient; unknown last."""
-    made = record.sentinel.get("producer")
-    return (made["microbatch"], made["order"]) if made else (1 << 30, 1 << 30)
+    return causal_order(
+        rank=record.rank,
+        pp=record.pp,
+        forward=bool(record.sentinel["forward"]),
+        producer=record.sentinel.get("producer"),
+    )
 
 
 def harness_notes(layout) -> list[str]:
@@ -149,7 +151,7 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
         layout={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "cp_loss_level": layout.cp},
         ranks=run.ranks,
         first_failure=first.rank if first else None,
-        frames_match_case=all(tuple(record.frames) == case.frames() for record in failing) if failing else None,
+        frames_match_case=_frames_match_case(failing, run.traceback) if failing else None,
         wall_s=launched.wall_s,
         notes=notes,
         site=sites[0] if sites else None,
@@ -158,7 +160,18 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
         trace_rank=traced.rank if traced else None,
         fault=planted[0] if (planted := spec.planted()) else None,
         sentinel=finding,
+        traceback=run.traceback,
     )
+
+
+def _frames_match_case(failing: list, shown: str | None) -> bool:
+    """Every failing rank's megatron-core frames are the case's, and so are those of a Ray launch's traceback."""
+    if not all(tuple(record.frames) == case.frames() for record in failing):
+        return False
+    try:
+        return shown is None or parse_traceback(shown, "the Ray driver's traceback").megatron_frames() == case.frames()
+    except UserError:  # no Megatron error in it
+        return False
 
 
 def repro_one(
@@ -170,6 +183,8 @@ def repro_one(
     trace: bool = False,
     fault: str | None = None,
     fault_step: int | None = None,
+    fault_once: bool = False,
+    via: Launcher = Launcher(),
 ) -> Repro:
     """Run one hazard under one loss through the 4-process harness and compare with the expectation.
 
@@ -189,8 +204,9 @@ def repro_one(
         inject_step=at,
         model_fault=fault,
         model_fault_step=at if fault else None,
+        model_fault_once=fault_once,
     )
-    launched = launcher.launch([spec], layout, timeout_s=timeout_s, loss_flags=case.loss_flags())
+    launched = launcher.launch([spec], layout, timeout_s=timeout_s, loss_flags=case.loss_flags(), via=via)
     rep = from_run(launched.runs[0], launched, layout)
     rep.notes = harness_notes(layout) + rep.notes
     return rep
@@ -235,7 +251,7 @@ class Matrix:
         return all(row.as_is.ok and row.safe.ok and row.safe.params_finite for row in self.rows)
 
 
-def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
+def run_matrix(*, seed: int = 0, timeout_s: float = 600.0, via: Launcher = Launcher()) -> Matrix:
     """Every catalogue hazard under as-is and safe, in one launch (one process group for all runs)."""
     layout = Layout()
     specs = []
@@ -245,8 +261,10 @@ def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
             RunSpec(hazard=hazard.name, loss="as-is", seed=seed, save_grads=healthy),
             RunSpec(hazard=hazard.name, loss="safe", seed=seed, compare_grads=len(specs) if healthy else None),
         ]
-    with tempfile.TemporaryDirectory(prefix="nanscope-matrix-") as out:
-        launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags())
+    with scratch.directory("nanscope-matrix-") as out:  # swept by the next launch if this process is killed
+        launched = launcher.launch(
+            specs, layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags(), via=via
+        )
         reps = [from_run(run, launched, layout) for run in launched.runs]
         rows = []
         for hazard, (as_is, safe) in zip(catalogue.CATALOGUE, zip(reps[::2], reps[1::2])):
@@ -254,6 +272,9 @@ def run_matrix(*, seed: int = 0, timeout_s: float = 600.0) -> Matrix:
             diff = max(diffs) if hazard.name == "healthy" and diffs and None not in diffs else None
             rows.append(MatrixRow(hazard.name, hazard.mechanism, as_is, safe, diff))
     return Matrix(rows, launched.wall_s, rows[0].as_is.layout, harness_notes(layout))
+
+
+WARN_LEAD = 2  # a drift's `nanscope: warning:` comes at least this many steps before the step it kills
 
 
 @dataclass
@@ -265,17 +286,42 @@ class PluginCheck:
     skipped: Repro  # NANSCOPE_ON_NONFINITE=skip, NANSCOPE_MAX_SKIPS as given
     max_skips: int | None
     reports: list[dict]  # the raise run's report JSONs, one per rank
-    replay: dict | None  # the replay launch: NANSCOPE_TRACE_STEP, instruction, and first_across_ranks
+    replay: dict | None  # the offline replay of the bundles (`offline_replay`): NANSCOPE_TRACE_STEP, instruction, first
+    report_dir: str | None = None  # where the raise run's reports and bundles were left
+    steps: int = 0  # the run's optimizer steps
+    drifts: bool = False  # a drifting hazard: every step from inject_step on crosses, and the warning comes first
+
+    @property
+    def crossing_steps(self) -> int:
+        """The steps whose batch makes as-is non-finite: the hazard's, or every one from it on for a drift."""
+        return self.steps - self.inject_step + 1 if self.drifts else 1
+
+    @property
+    def skips_expected(self) -> int:
+        """Skip mode skips the crossing steps, in a row, until NANSCOPE_MAX_SKIPS of them end the run."""
+        return min(self.crossing_steps, self.max_skips or self.crossing_steps)
 
     @property
     def skip_expected(self) -> str:
-        """A skipped step completes the run, unless NANSCOPE_MAX_SKIPS=1 ends it there."""
-        return "error" if self.max_skips == 1 else "completed"
+        """A skipped step completes the run, unless NANSCOPE_MAX_SKIPS skips in a row end it there."""
+        return "error" if self.max_skips is not None and self.max_skips <= self.crossing_steps else "completed"
+
+    @property
+    def warned(self) -> list[int]:
+        """The harness steps (rollout + 1) at which the raise run's hook printed a `nanscope: warning:` line."""
+        log = next((record.hook_log for record in self.raised.ranks if record.hook_log), [])
+        return [entry["rollout_id"] + 1 for entry in log if entry.get("warnings")]
+
+    @property
+    def warned_ahead(self) -> bool:
+        """A drift is warned of at least WARN_LEAD steps before the step it kills (issue 23)."""
+        return bool(self.warned) and self.warned[0] <= self.inject_step - WARN_LEAD
 
     @property
     def ok(self) -> bool:
         """Every rank reported the hazard's step with one replay instruction; the replay found where the
-        non-finite values began; skip mode skipped exactly that step (grad norm NaN) on every rank."""
+        non-finite values began; skip mode skipped exactly the crossing steps (grad norm NaN) on every rank; a drift
+        was warned of WARN_LEAD steps ahead."""
         steps = {
             (report["rollout_id"], report["step_id"], report["replay"]["NANSCOPE_TRACE_STEP"])
             for report in self.reports
@@ -283,9 +329,10 @@ class PluginCheck:
         found = self.replay is not None and any(self.replay[key] for key in ("forward", "backward", "first_forward"))
         rollout = self.inject_step - 1
         norms = [record.optimizer_grad_norm for record in self.skipped.ranks]
-        skipped = all(record.skipped_steps == 1 for record in self.skipped.ranks)
-        # NaN at the skipped step (or stopped there)
-        skipped &= all(len(per_step) == rollout or per_step[rollout] != per_step[rollout] for per_step in norms)
+        skipped = all(record.skipped_steps == self.skips_expected for record in self.skipped.ranks)
+        crossing = range(rollout, rollout + self.crossing_steps)
+        # NaN at the crossing steps (NaN != NaN), finite at the others (or stopped there)
+        skipped &= all((n != n) == (j in crossing) for per_step in norms for j, n in enumerate(per_step))
         return (
             len(self.reports) == len(self.raised.ranks)
             and steps == {(rollout, 0, f"{rollout}:0")}
@@ -293,6 +340,7 @@ class PluginCheck:
             and self.skipped.observed == self.skip_expected
             and bool(self.skipped.ranks)
             and skipped
+            and (self.warned_ahead or not self.drifts)
         )
 
 
@@ -338,12 +386,16 @@ def run_steps(
     timeout_s: float = 600.0,
     plugin: bool = False,
     max_skips: int | None = None,
+    report_dir: str | Path | None = None,
+    via: Launcher = Launcher(),
 ) -> StepsCheck:
     """as-is and safe over `steps` steps with `hazard` at `inject_step`, plus the defused twin.
 
     plugin: slime with nanscope's plugin (hook on every run; safe = the plugin's loss through slime's
-        custom-loss path), a skip-mode run with NANSCOPE_MAX_SKIPS=`max_skips`, then the replay of the
-        raise run's report in a second launch; CP 1 (the tracer maps whole samples).
+        custom-loss path), a skip-mode run with NANSCOPE_MAX_SKIPS=`max_skips`, then the raise run's bundles
+        replayed offline (`offline_replay`), and its reports and bundles left in `report_dir` (None: not kept);
+        CP 1 (the plugin's loss, called by slime as a custom loss, reads CP from megatron's parallel state, where
+        the harness has none: it simulates CP at the loss).
     """
     layout = Layout(cp=1) if plugin else Layout()
     common = dict(hazard=hazard, steps=steps, inject_step=inject_step, seed=seed)
@@ -355,8 +407,10 @@ def run_steps(
     if plugin:
         env = {"NANSCOPE_MAX_SKIPS": str(max_skips or "")}
         specs.append(RunSpec(loss="as-is", on_nonfinite="skip", env=env, **hook, **common))
-    with tempfile.TemporaryDirectory(prefix="nanscope-steps-") as out:
-        launched = launcher.launch(specs, layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags())
+    with scratch.directory("nanscope-steps-") as out:
+        launched = launcher.launch(
+            specs, layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags(), via=via
+        )
         as_is = from_run(launched.runs[0], launched, layout)
         safe = from_run(launched.runs[1], launched, layout)
         twin_rep = from_run(launched.runs[2], launched, layout, expected="completed") if twin else None
@@ -368,20 +422,12 @@ def run_steps(
         check = None
         if plugin:
             skipped = from_run(launched.runs[-1], launched, layout, expected="completed")
-            check = _plugin_check(
-                as_is,
-                skipped,
-                seed=seed,
-                inject_step=inject_step,
-                max_skips=max_skips,
-                out=Path(out) / "replay",
-                timeout_s=timeout_s,
-            )
+            check = _plugin_check(as_is, skipped, inject_step=inject_step, max_skips=max_skips, report_dir=report_dir)
+            check.steps, check.drifts = steps, catalogue.get(hazard).drifts
     notes = harness_notes(layout) + (
         [
-            "plugin: harness step k is rollout k-1 (one optimizer step per rollout); "
-            "the replay rebuilds each step's batch from its seed, as the saved rollout "
-            "holds it"
+            "plugin: harness step k is rollout k-1 (one optimizer step per rollout); the replay is "
+            "`nanscope trace`'s, offline, of the raise run's bundles (no second harness run)"
         ]
         if plugin
         else []
@@ -401,40 +447,36 @@ def run_steps(
 
 
 def _plugin_check(
-    raised: Repro, skipped: Repro, *, seed: int, inject_step: int, max_skips: int | None, out: Path, timeout_s: float
+    raised: Repro, skipped: Repro, *, inject_step: int, max_skips: int | None, report_dir: str | Path | None
 ) -> PluginCheck:
-    """Read the raise run's reports and run the replay each one prints: NANSCOPE_TRACE_STEP with the
-    saved rollouts as --load-debug-rollout-data."""
-    files = [Path(path) for record in raised.ranks for path in record.reports if not path.endswith(".trace.json")]
+    """Read the raise run's reports and replay its bundles offline, as `nanscope trace REPORT_DIR` does (no second
+    harness run); with `report_dir`, leave the reports and bundles there."""
+    written = [Path(path) for record in raised.ranks for path in record.reports]
+    files = [path for path in written if path.name.endswith(".json") and not path.name.endswith(".trace.json")]
     reports = [json.loads(file.read_text()) for file in files]
     check = PluginCheck(
         inject_step=inject_step, raised=raised, skipped=skipped, max_skips=max_skips, reports=reports, replay=None
     )
-    if not reports:
-        return check
-    how = reports[0]["replay"]
-    spec = RunSpec(
-        hazard=raised.hazard,
-        loss=raised.loss,
-        steps=inject_step,
-        inject_step=inject_step,
-        seed=seed,
-        plugin=True,
-        hook=True,
-        env={"NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"]},
-        load_rollouts=how["load_debug_rollout_data"],
-    )
-    launched = launcher.launch([spec], Layout(cp=1), timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags())
-    traces = [
-        Path(path) for record in launched.runs[0].ranks for path in record.reports if path.endswith(".trace.json")
-    ]
-    if traces:
-        first = json.loads(traces[0].read_text())["first"]
-        check.replay = {
-            "NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"],
-            "instruction": how["text"],
-            "ranks_traced": len(traces),
-            "wall_s": launched.wall_s,
-            **first,
-        }
+    if report_dir is not None and written:
+        check.report_dir = str(report_dir)
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
+        for path in written:
+            shutil.copyfile(path, Path(report_dir) / path.name)
+    bundles = sorted(path for path in written if path.name.endswith(".bundle.pt"))
+    if reports and bundles:
+        check.replay = offline_replay(bundles, reports[0]["replay"])
     return check
+
+
+def offline_replay(bundles: list[Path], how: dict) -> dict:
+    """The step's bundles replayed as `nanscope trace` replays them (`trace.bundle_step`), with the report's
+    replay instruction."""
+    from nanscope.trace import bundle_step  # heavy: torch
+
+    replayed = bundle_step.replay_step(bundles)
+    return {
+        "NANSCOPE_TRACE_STEP": how["NANSCOPE_TRACE_STEP"],
+        "instruction": how["text"],
+        **replayed,
+        "source": "offline: nanscope trace on the raise run's bundles",
+    }

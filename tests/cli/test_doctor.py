@@ -382,6 +382,46 @@ def test_hostile_files_are_one_line_each(tmp_path):
         assert _refused(result) == want
 
 
+def test_nul_bytes_malformed_runs_and_whole_logs_take_seconds(tmp_path):
+    """Issue 24: NUL bytes (tree-sitter was quadratic on them: 200 KB over 300 s), a long malformed run (its error
+    recovery is quadratic: 256 KiB of `)a`, some 7 minutes), a job log over the input cap and Megatron-LM's loss
+    message."""
+    half = (2 << 20) - 512
+    stop = (TRAIN + "--rollout-num-gpus-per-engine 0\n").encode()
+    (tmp_path / "nul.sh").write_bytes(b"\0" * half + b"\nX=\0\n" + stop.replace(b"train", b"tr\0ain") + b"\0" * half)
+    (tmp_path / "malformed.sh").write_bytes(b"X=1\n" + b")a" * (128 << 10) + b"\n" + stop)
+    traceback = (
+        (FIXTURES / "vpp_traceback.txt")
+        .read_text()
+        .replace(
+            "found Inf in local grad norm for bucket #1 in backward pass before data-parallel communication collective",
+            "found NaN in local forward loss calculation",
+        )
+    )
+    with open(tmp_path / "job.log", "w") as log:  # 5 MiB of a job's output, then the error
+        log.write("\x1b[36m(MegatronTrainRayActor pid=1, ip=10.0.0.1)\x1b[0m step: loss 0.01 grad_norm 1.5\n" * 70_000)
+        log.write(traceback.replace("Rank 7,", "Rank \x1b[1m7\x1b[0m,"))
+    cases = [
+        ["nul.sh"],
+        ["malformed.sh"],
+        [str(FIXTURES / "vpp_dense.sh"), "--traceback", "job.log", "--json", "job.json"],
+    ]
+    nul, malformed, job = _doctor_isolated(cases, tmp_path)
+    assert _refused(nul) == "--rollout-num-gpus-per-engine 0: must be >= 1"  # read to its end, NUL bytes dropped
+    assert _matches(
+        _refused(malformed),
+        "malformed.sh: launch script: tree-sitter-bash gave up parsing it at line <...>, past its allowance (0.25 s of "
+        "CPU + 1.5 s per MiB read; 256 MiB + 256 bytes per byte): its error recovery is quadratic on a long malformed "
+        "run (`)a)a...`, `a|a|...|`, `x=(x=(...`); not a script nanscope can read",
+    )
+    assert job[:2] == (0, ""), job
+    doc = json.loads((tmp_path / "job.json").read_text())
+    assert (doc["failure"]["rank"], doc["failure"]["check"]) == (7, "forward-loss-nan")
+    assert "The job was not slime's" in doc["verdict"]
+    for result in (nul, malformed, job):
+        assert result[2] < 20  # wall s with start-up (~2 s quiet, 11 s seen under load); NUL bytes took hours
+
+
 def _scripts(tmp_path: Path, texts: list[str]) -> list[list[str]]:
     """Write each text as a launch script; the doctor argv for each."""
     cases = []
@@ -479,12 +519,13 @@ def _bomb(d) -> str:
         return "X=ab\n" + 'X="$X$X"\n' * d.draw(st.integers(0, 64))
     if kind == "array":
         return "X=(a b)\n" + 'X=("${X[@]}" "${X[@]}")\n' * d.draw(st.integers(0, 40)) + 'X="${X[*]}"\n'
-    # not starting with "#": after "$(( " that begins a comment, and the script is a syntax error; "@" only
+    # not starting or ending with "#": after "$(( " or before " ))" tree-sitter-bash reads a comment (`$(( 0# ))`
+    # -> "no train command found"; bash: "invalid number"), and the script is a syntax error; "@" only
     # as a digit after "#" (64#@ is 62): elsewhere tree-sitter-bash fails the whole script (bash only the
     # expansion), e.g. `$(( Z8_z@z ))` -> "no train command found"
     number = d.draw(
         st.text("0123456789abcxyzXZ@_#", min_size=1, max_size=40).filter(
-            lambda t: t[0] != "#" and all(i > 0 and t[i - 1] == "#" for i, c in enumerate(t) if c == "@")
+            lambda t: "#" not in (t[0], t[-1]) and all(i > 0 and t[i - 1] == "#" for i, c in enumerate(t) if c == "@")
         )
     )
     return f'X="$(( {number} ))"\n'

@@ -16,6 +16,7 @@ def test_hazards_cli_json(tmp_path, capsys):
         "nan-reward",
         "zero-temperature",
         "rollout-logprob-shift",
+        "logprob-drift",
     }
     assert set(rows["healthy"]) == {
         "name",
@@ -29,6 +30,7 @@ def test_hazards_cli_json(tmp_path, capsys):
         "flags",
         "fix",
         "discriminator",
+        "safe_finite",
     }
     assert (rows["kl-exp-overflow"]["loss_finite"], rows["kl-exp-overflow"]["grad_finite"]) == (True, False)
     assert rows["nan-reward"]["loss_finite"] is False and rows["nan-reward"]["nan_grad_entries"] > 0
@@ -39,11 +41,24 @@ def test_hazards_cli_json(tmp_path, capsys):
     faults = {h["name"]: h for h in doc["model_level"]}
     assert faults["activation-overflow"]["fault"] == "decoder.layers.1.mlp:forward:inf"
     assert faults["backward-only-fault"]["class"] == "model-backward"
+    assert (faults["transient-fault"]["class"], faults["transient-fault"]["fault"]) == (
+        "hardware",
+        "decoder.layers.1.mlp:forward:inf",
+    )
+    # the MoE causes: planted in the harness model; the fix lives outside the loss (a flag, the kernel)
+    assert {name: (faults[name]["class"], faults[name]["fault"], faults[name]["safe_finite"]) for name in faults if
+            name.startswith("moe-")} == {
+        "moe-aux-loss": ("model-backward", "decoder.layers.2.mlp.router:backward:nan", False),
+        "moe-zero-token-expert": ("model-backward", "decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan", False),
+        "moe-router-logits": ("model-forward", "decoder.layers.1.mlp.router:forward:nan", False),
+    }  # fmt: skip
+    assert rows["kl-exp-overflow"]["safe_finite"] is True
     immune = {c["name"]: c for c in doc["immune"]}
     assert immune["singleton-group"]["evidence"][0] == "slime/utils/arguments.py:996 (slime v0.1.0)"
     text = " ".join(capsys.readouterr().out.split())  # undo the terminal's line wrapping
     assert "kl-exp-overflow" in text and "causes slime v0.1.0 is immune to" in text
     assert "clamps it to [tis_clip_low, tis_clip] after the exp" in text  # markup escaped, not eaten
+    assert "Planted: decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan. The fix lives in the kernel" in text
 
 
 def test_no_command_prints_help(capsys):

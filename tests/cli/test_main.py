@@ -40,5 +40,5 @@ def test_user_error_and_no_command(capsys):
     assert capsys.readouterr().err.endswith(
         "nanscope repro: error: --hazard: unknown hazard 'nope'; known: healthy, kl-exp-overflow, ratio-exp-overflow, "
         "nan-rollout-logprob, nan-reward, zero-temperature, rollout-logprob-shift, activation-overflow, "
-        "backward-only-fault\n"
+        "backward-only-fault, transient-fault, logprob-drift, moe-aux-loss, moe-zero-token-expert, moe-router-logits\n"
     )

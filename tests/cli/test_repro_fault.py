@@ -34,7 +34,8 @@ def test_list_modules_prints_one_name_a_line(capsys):
         (
             ["--fault", "decoder.layers.0.mlp:up:inf"],
             "--fault 'decoder.layers.0.mlp:up:inf': expected MODULE:forward|backward:nan|inf, "
-            "e.g. decoder.layers.0.mlp:forward:inf",
+            "e.g. decoder.layers.0.mlp:forward:inf"
+            ", or EXPERT:zero-tokens:nan|inf, e.g. decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan",
         ),
         (
             ["--hazard", "zero-temperature", "--steps", "3"],

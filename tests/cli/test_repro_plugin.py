@@ -1,13 +1,13 @@
 """`nanscope repro --plugin`: slime with nanscope's plugin installed as documented, through argv.
 
-The raise run's report at the hazard's step prints its replay instruction; the replay (a second
-launch with that NANSCOPE_TRACE_STEP and the saved rollouts) names the op, module, source line,
-sample and response token. Skip mode skips exactly that step with a NaN grad norm and logs
+The raise run's report at the hazard's step prints its replay instruction; its repro bundles, left in
+./nanscope-reports, replay offline (no second launch) and name the op, source line, sample and response token. Skip mode skips exactly that step with a NaN grad norm and logs
 nanscope/skipped_steps; NANSCOPE_MAX_SKIPS ends the run.
 """
 
 import inspect
 import json
+import time
 
 import pytest
 
@@ -25,6 +25,7 @@ def _exp_line() -> int:
 @pytest.mark.timeout(600)
 def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("NANSCOPE_MAX_SKIPS", raising=False)
+    monkeypatch.chdir(tmp_path)  # the bundles are left in ./nanscope-reports
     out = tmp_path / "out.json"
     argv = [
         "repro",
@@ -53,9 +54,16 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
         "rerun from the checkpoint before rollout 1 with NANSCOPE_TRACE_STEP=1:0 in the "
         "environment and --load-debug-rollout-data "
     )
-    assert f"the report says: {said} replay with NANSCOPE_TRACE_STEP=1:0 (4 ranks traced" in text
-    # The replay: exp in approx_kl on the last stage (the loss), then ExpBackward0's mul, at the hazard's token.
+    assert f"the report says: {said} replay offline, as `nanscope trace nanscope-reports` does (4 bundles, " in text
+    # The replay, offline from the bundles: exp in approx_kl on the last stage (the loss), then ExpBackward0's mul, at
+    # the hazard's token; the guard makes both finite.
     replay = plugin["replay"]
+    assert (
+        replay["found"]
+        and replay["class"] == "loss-numerics"
+        and replay["guard_finite"]
+        and replay["ranks_traced"] == 4
+    )
     fwd, bwd = replay["forward"], replay["backward"]
     source = f"nanscope/loss/formulas.py:{_exp_line()} in approx_kl `k3 = (-log_ratio).exp() - 1 + log_ratio`"
     assert (fwd["op"], fwd["module"], fwd["source"], fwd["sample"], fwd["token"], fwd["masked"]) == (
@@ -75,6 +83,19 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
         token,
         1,
     )
+    # The bundles left behind: `nanscope trace` on the last stage's names the same, exit 1, in seconds.
+    left = tmp_path / "nanscope-reports"
+    assert plugin["report_dir"] == "nanscope-reports" and sorted(p.name for p in left.glob("*.bundle.pt")) == [
+        f"rollout1_step0_rank{r}.bundle.pt" for r in range(4)
+    ]
+    capsys.readouterr()
+    started = time.perf_counter()
+    assert main(["trace", str(left / "rollout1_step0_rank2.bundle.pt")]) == 1
+    assert time.perf_counter() - started < 10
+    assert (
+        f"verdict: the NaN starts in the loss: aten.exp.default at {source.split(' `')[0]}, sample {sample}, "
+        f"response token {token}, loss_mask 0 (masked)\n"
+    ) in capsys.readouterr().out
     # Skip mode: step 2 skipped on every rank with a NaN grad norm, the run goes on; the log says so.
     skip = plugin["skip"]
     assert skip["observed"] == "completed" and skip["skipped_steps"] == [1, 1, 1, 1]
@@ -122,6 +143,16 @@ def test_max_skips_stops_the_skip_run(tmp_path, monkeypatch):
             "--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)",
         ),
         (
+            ["--hazard", "kl-exp-overflow", "--steps", "2", "--report-dir", "r"],
+            {},
+            "--report-dir r goes with --plugin (the plugin's reports and bundles)",
+        ),
+        (
+            ["--hazard", "kl-exp-overflow", "--steps", "2", "--plugin", "--report-dir", "pyproject.toml"],
+            {},
+            "--report-dir pyproject.toml: not a directory",
+        ),
+        (
             ["--hazard", "kl-exp-overflow", "--steps", "2", "--plugin"],
             {"NANSCOPE_MAX_SKIPS": "0"},
             "NANSCOPE_MAX_SKIPS='0': expected an integer >= 1",
@@ -133,3 +164,34 @@ def test_plugin_input_errors_are_one_line_before_any_launch(argv, env, message, 
         monkeypatch.setenv(k, v)
     assert main(["repro", *argv]) == 2
     assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_drift_is_warned_of_two_steps_before_as_is_dies_and_safe_runs_every_step(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("NANSCOPE_MAX_SKIPS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out.json"
+    argv = ["repro", "--hazard", "logprob-drift", "--steps", "4", "--inject-step", "3", "--plugin", "--json", str(out)]
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    doc = json.loads(out.read_text())
+    assert doc["ok"] and doc["as_is_died_at"] == 3 and doc["safe_steps_completed"] == 4
+    plugin = doc["plugin"]
+    # The KL log-ratio at the masked tool token is step / 3 x (88.72 + 10): 32.9, 65.8, then 98.7 overflows exp.
+    # The thresholds are 20 (the clamp acts) and 60 (within 30 of overflow): steps 1 and 2 warn, 2 steps ahead.
+    assert plugin["warned_steps"] == [1, 2]
+    first, second = plugin["warnings"]
+    assert first.startswith("rollout 0 step 0: nanscope/max_kl_log_ratio = 32.91 > 20 (the plugin's loss clamps")
+    assert second.startswith("rollout 1 step 0: nanscope/max_kl_log_ratio = 65.82 > 60: within 22.9 of fp32's exp")
+    sample, _ = doc["as_is"]["hazard_site"]
+    assert all(f"sample {sample}" in line for line in plugin["warnings"])
+    assert (
+        "early warning: the raise run's hook warned at steps 1-2, 2 steps before as-is died at step 3; first: "
+        f"{first}" in text
+    )
+    assert "; warned at step 1" in doc["verdict"]
+    # Skip mode: steps 3 and 4 both cross (the drift goes on), each skipped with a NaN grad norm.
+    skip = plugin["skip"]
+    assert skip["skipped_steps"] == [2, 2, 2, 2] and skip["observed"] == "completed"
+    assert [(e["rollout_id"], e["nanscope/skipped_steps"]) for e in skip["log"]] == [(0, 0), (1, 0), (2, 1), (3, 2)]

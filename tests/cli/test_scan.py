@@ -246,12 +246,7 @@ def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
         f"nanscope scan: error: 1 of 2 dumps failed; the first: {tmp_path}/13.pt: unreadable torch.save file ("
     )
     assert "1 failed" in out.splitlines()[-1]
-    rc, _, err = run(capsys, str(tmp_path), "--html", str(tmp_path / "x.html"))
-    assert (rc, err) == (
-        2,
-        f"nanscope scan: error: --html {tmp_path}/x.html: takes one dump, not a directory "
-        f"(use --json for {tmp_path})\n",
-    )
+    # --html on a directory draws the run's trend (tests/cli/test_scan_trend.py)
     (tmp_path / "empty").mkdir()
     rc, _, err = run(capsys, str(tmp_path / "empty"))
     assert (rc, err) == (2, f"nanscope scan: error: {tmp_path}/empty: no *.pt dumps in this directory or below\n")

@@ -98,7 +98,8 @@ def test_trace_bad_input_is_one_line_exit_2(tmp_path, capsys):
             ["trace", "--hazard", "nope"],
             "--hazard nope: unknown hazard; known: healthy, kl-exp-overflow, "
             "ratio-exp-overflow, nan-rollout-logprob, nan-reward, zero-temperature, rollout-logprob-shift, "
-            "activation-overflow, backward-only-fault",
+            "activation-overflow, backward-only-fault, transient-fault, logprob-drift, moe-aux-loss, moe-zero-token-expert, "
+            "moe-router-logits",
         ),
         (["trace", str(tmp_path / "none.pt")], f"{tmp_path / 'none.pt'}: micro-batch file: no such file"),
         (
@@ -126,8 +127,8 @@ def test_trace_hostile_files_are_one_line_exit_2(tmp_path, capsys):
     doc, _ = hazards.microbatch_document("healthy", flags=case.loss_flags())
     batch = doc["batch"]
     files = {  # name -> (document or None for raw bytes, the error after "PATH: ")
-        "empty.pt": (b"", "not a nanscope micro-batch file (torch.load weights_only: EOFError)"),
-        "text.pt": (b"hello", "not a nanscope micro-batch file (torch.load weights_only: "),
+        "empty.pt": (b"", "not a nanscope micro-batch file (not a torch.save zip archive)"),
+        "text.pt": (b"hello", "not a nanscope micro-batch file (not a torch.save zip archive)"),
         "strlen.pt": (
             {**doc, "batch": {**batch, "total_lengths": ["34"] * 8}},
             "total_lengths of sample 0: expected an integer, got str '34'",
@@ -140,6 +141,23 @@ def test_trace_hostile_files_are_one_line_exit_2(tmp_path, capsys):
             {**doc, "args": {**doc["args"], "eps_clip": "0.2"}},
             "args: eps_clip '0.2': expected int or float",
         ),
+        # slime divides the loss by global_batch_size: 0 gives inf, -4 flips the gradient's sign
+        "gbs0.pt": (
+            {**doc, "args": {**doc["args"], "global_batch_size": 0}},
+            "args: global_batch_size 0: expected an integer >= 1",
+        ),
+        "gbs-4.pt": (
+            {**doc, "args": {**doc["args"], "global_batch_size": -4}},
+            "args: global_batch_size -4: expected an integer >= 1",
+        ),
+        "gbs2.5.pt": (
+            {**doc, "args": {**doc["args"], "global_batch_size": 2.5}},
+            "args: global_batch_size 2.5: expected an integer >= 1",
+        ),
+        "groups0.pt": (
+            {**doc, "args": {**doc["args"], "n_samples_per_prompt": 0}},
+            "args: n_samples_per_prompt 0: expected an integer >= 1",
+        ),
         "nosamples.pt": ({**doc, "batch": {k: [] for k in batch}}, "batch: no samples (total_lengths is empty)"),
         "vocab0.pt": (
             {**doc, "logits": doc["logits"][..., :0]},
@@ -151,7 +169,7 @@ def test_trace_hostile_files_are_one_line_exit_2(tmp_path, capsys):
         ),
         "meta.pt": (
             {**doc, "batch": {**batch, "log_probs": [torch.empty(3, device="meta")] * 8}},
-            "log_probs of sample 0: expected a dense real tensor, got torch.float32, torch.strided, on meta",
+            "log_probs of sample 0: a tensor on device meta (no data in the file), expected cpu",
         ),
         "huge.pt": (
             {**doc, "batch": {**batch, "total_lengths": [10**30] * 8}},
@@ -188,6 +206,24 @@ def test_trace_hostile_files_are_one_line_exit_2(tmp_path, capsys):
     ]:
         assert main(["trace", *argv]) == 2
         assert capsys.readouterr().err == f"nanscope trace: error: {err}\n"
+
+
+def test_trace_never_imports_a_module_the_file_names(tmp_path, capsys, monkeypatch):
+    """loss_type custom_loss made the replay import custom_loss_function_path's module and call it."""
+    (tmp_path / "lib").mkdir()
+    marker = tmp_path / "imported"
+    (tmp_path / "lib" / "nanscope_test_payload.py").write_text(f"open({str(marker)!r}, 'w').close()\nrun = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    doc, _ = hazards.microbatch_document("healthy", flags=case.loss_flags())
+    path = tmp_path / "custom.pt"
+    args = {**doc["args"], "loss_type": "custom_loss", "custom_loss_function_path": "nanscope_test_payload.run"}
+    torch.save({**doc, "args": args}, path)
+    assert main(["trace", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"nanscope trace: error: {path}: args: loss_type 'custom_loss': a micro-batch replays slime's "
+        "policy_loss (a custom_loss would import and run the module the file names)\n"
+    )
+    assert not marker.exists()
 
 
 def test_a_model_fault_is_traced_by_repro_not_by_the_loss_replay(capsys):

@@ -1,4 +1,5 @@
-"""Builders of hostile dumps for the tests: files whose declared sizes or nesting would blow up a naive reader.
+"""Builders of hostile dumps for the tests: files whose declared sizes or nesting would blow up a naive reader,
+and `isolated`, which runs `nanscope` on them each in a process of its own under a memory limit.
 
 Most are plain `torch.save` of a crafted object (an expanded view, a meta or sparse tensor); nesting
 deeper than Python's recursion limit cannot be pickled by Python itself, so `with_raw` splices raw
@@ -7,10 +8,87 @@ pickle opcodes in place of a placeholder string and writes the archive with torc
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
+
+ADDRESS_SPACE = 2 << 30  # RLIMIT_AS of every case: importing torch and scanning a real dump fit in 0.7 GiB
+CASE_SECONDS = 20  # SIGALRM per case
+
+# One driver process imports nanscope once under the limit and forks a child per case, so a case costs
+# milliseconds, not an interpreter start. A child's peak RSS (VmHWM) starts at its RSS at the fork: the
+# growth is what the case itself touched.
+DRIVER = r"""
+import json, os, resource, signal, sys, time
+limit, seconds, cases = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.stdin.read())
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from nanscope.cli.main import build_parser, main
+from nanscope.dumps import checks, io
+from nanscope.trace import replay
+build_parser()  # every command's imports, once, before the forks
+
+def status(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key)) * 1024
+
+results = []
+for argv in cases:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.dup2(w, 2)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        signal.alarm(seconds)
+        start, t0 = status("VmRSS:"), time.perf_counter()
+        try:
+            rc = main(argv)
+        except BaseException as e:  # argparse's SystemExit: report, never pass
+            print(f"driver: {type(e).__name__}: {e}", file=sys.stderr)
+            rc = 99
+        grew = {"grew": status("VmHWM:") - start, "seconds": time.perf_counter() - t0}
+        print("\n--measured-- " + json.dumps(grew), file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(rc)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    head, mark, measured = err.rpartition("\n--measured-- ")
+    result = {"rc": code, "stderr": head if mark else err, "grew": None, "seconds": None}
+    if mark:  # the child got as far as measuring (not killed by the limit or the alarm)
+        result.update(json.loads(measured))
+    results.append(result)
+print(json.dumps(results))
+"""
+
+
+def isolated(cases: list[list[str]]) -> list[dict]:
+    """`nanscope ARGV` for each case, each in its own forked process under RLIMIT_AS and SIGALRM.
+
+    Returns:
+        {"rc", "stderr", "grew": bytes the case added to the process's peak RSS, "seconds"} per case
+        (grew and seconds None for a case killed before it measured). NANSCOPE_TEST_SRC=/tmp/baseline/src
+        runs the cases against another source tree: how a test is shown to fail on the code before it.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if os.environ.get("NANSCOPE_TEST_SRC"):
+        env["PYTHONPATH"] = os.environ["NANSCOPE_TEST_SRC"]
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(ADDRESS_SPACE), str(CASE_SECONDS)],
+        env=env,
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=60 + CASE_SECONDS * len(cases),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
 
 PLACEHOLDER = "NANSCOPE_PLACEHOLDER"
 

@@ -1,14 +1,13 @@
 """Hostile dumps are refused cheaply: one stderr line naming file, sample and field, exit 2, no traceback.
 
-Every case runs `nanscope scan` in its own process under RLIMIT_AS (2 GiB) and a wall-clock alarm: a
-reader that allocates what a file only declares (931 GiB for a response_length of 10^12, 37 GiB for a
-stride-0 view) dies of the limit or the alarm instead of passing. One driver process imports nanscope
-once under the limit and forks a child per case, so a case costs milliseconds, not an interpreter start.
+Every case runs `nanscope scan` in its own process under RLIMIT_AS (2 GiB) and a wall-clock alarm
+(`tests.dumps.hostile.isolated`): a reader that allocates what a file only declares (931 GiB for a
+response_length of 10^12, 37 GiB for a stride-0 view, 4.8 GB of sets from 20 MB of EMPTY_SET opcodes) dies
+of the limit or the alarm instead of passing, and each case's peak RSS is measured.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,56 +19,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanscope.dumps.limits import MAX_SAMPLE_TOKENS
-from tests.dumps.hostile import PLACEHOLDER, nested_dict, nested_list, rollout, train, with_raw
-
-ADDRESS_SPACE = 2 << 30  # RLIMIT_AS of every case: importing torch and scanning a real dump fit in 0.7 GiB
-CASE_SECONDS = 20  # SIGALRM per case
-
-DRIVER = r"""
-import json, os, resource, signal, sys
-limit, seconds, cases = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.stdin.read())
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-from nanscope.cli.main import build_parser, main
-from nanscope.dumps import checks, io
-build_parser()  # every command's imports, once, before the forks
-results = []
-for argv in cases:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        os.dup2(w, 2)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-        signal.alarm(seconds)
-        try:
-            rc = main(["scan", "--no-progress", *argv])
-        except BaseException as e:  # argparse's SystemExit: report, never pass
-            print(f"driver: {type(e).__name__}: {e}", file=sys.stderr)
-            rc = 99
-        sys.stderr.flush()
-        os._exit(rc)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        err = f.read().decode(errors="replace")
-    status = os.waitpid(pid, 0)[1]
-    results.append({"rc": os.waitstatus_to_exitcode(status), "stderr": err})
-print(json.dumps(results))
-"""
+from nanscope.trace import pickle_budget
+from tests.dumps.hostile import (
+    ADDRESS_SPACE,
+    PLACEHOLDER,
+    isolated,
+    nested_dict,
+    nested_list,
+    rollout,
+    torch_zip,
+    train,
+    with_raw,
+)
 
 
 def scan_isolated(cases: list[list[str]]) -> list[dict]:
-    """Run `nanscope scan ARGV` for each case in its own forked process under the limits above."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(ADDRESS_SPACE), str(CASE_SECONDS)],
-        env=env,
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=60 + CASE_SECONDS * len(cases),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    """Run `nanscope scan ARGV` for each case in its own forked process under the limits of `isolated`."""
+    return isolated([["scan", "--no-progress", *argv] for argv in cases])
 
 
 def outside(name: str) -> str:
@@ -263,3 +229,51 @@ def test_a_list_shared_by_every_sample_is_refused_past_the_budget(tmp_path):
             f"the samples so far need more entries than the file's {size:,} bytes can "
             "hold (lists or tensors shared between samples); refusing to expand them\n"
         )
+
+
+FLOODS = {
+    "EMPTY_SET": b"\x8f",
+    "EMPTY_LIST": b"]",
+    "EMPTY_DICT": b"}",
+    "MARK": b"(",
+}  # 216-, 120-, 64-, 72-byte objects
+
+
+def flood_line(path: Path, op: bytes, table: list[int]) -> str:
+    """The refusal of a file holding PROTO 2 then one opcode repeated, charged `table[op]` each."""
+    size = path.stat().st_size
+    budget = pickle_budget.budget(size)
+    at = 2 + budget // table[op[0]]  # the first opcode whose charge passes the budget
+    return (
+        f"{path}: its pickle builds over {budget:,} bytes of objects by byte {at:,} of data.pkl, the budget of a "
+        f"{size:,}-byte file (8 bytes a byte + 32 MiB); refusing it"
+    )
+
+
+def test_opcode_floods_are_refused_within_their_budget(tmp_path):
+    """20 MB of one allocating opcode built 1.7-4.8 GB of objects before issue 24 (here it dies of the 2 GiB
+    limit); now the restricted unpickler refuses each at its budget, 8 bytes a byte + 32 MiB (201 MB), and
+    the case's peak RSS grows by at most that, plus the pickle's own bytes, plus 32 MiB (what reading the
+    archive and the fork's copy-on-write add: 20-25 MiB measured)."""
+    paths = {}
+    for name, op in FLOODS.items():
+        paths[name] = torch_zip(tmp_path / f"{name}.pt", b"\x80\x02" + op * (20 << 20) + b".")
+    results = scan_isolated([[str(p)] for p in paths.values()])
+    for (name, path), res in zip(paths.items(), results, strict=True):
+        line = flood_line(path, FLOODS[name], pickle_budget.charges())
+        assert (res["rc"], res["stderr"]) == (2, f"nanscope scan: error: {line}\n"), (name, res)
+        size = path.stat().st_size
+        assert res["grew"] < pickle_budget.budget(size) + size + 32 * 2**20, (name, res["grew"] / 2**20)
+
+
+def test_one_run_of_millions_of_ints_stays_small(tmp_path):
+    """One APPENDS of 8M mixed int opcodes (20 MB): before issue 24 the run's regex kept state for every
+    opcode (57 bytes a byte) and the C unpickler a Python list of every int: 1.0 GB of RSS. Now the run is
+    matched possessively and decoded 65,536 at a time: the int32 arrays (1.6 bytes a byte) and the pickle."""
+    path = torch_zip(tmp_path / "ints.pt", b"\x80\x02](" + b"K\x01M\x00\x10" * (4 << 20) + b"e.")
+    (res,) = scan_isolated([[str(path)]])
+    assert (res["rc"], res["stderr"]) == (
+        2,
+        f"nanscope scan: error: {path}: not a slime dump: top level is list, expected a dict\n",
+    ), res
+    assert res["grew"] < 3 * path.stat().st_size + 32 * 2**20, res["grew"] / 2**20

@@ -119,12 +119,12 @@ def test_other_megatron_log_lines_with_the_same_prefix_are_not_failures():
 )
 def test_a_1mb_adversarial_line_parses_in_linear_time(line):
     text = line * (1_000_000 // len(line))
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a loaded machine does not fail it
     try:
         parse_traceback(text)
     except UserError:
         pass
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_a_number_no_megatron_prints_is_one_user_error():

@@ -25,24 +25,28 @@ def test_parse_a_spec():
             "decoder.layers.0.mlp",
             None,
             "--fault 'decoder.layers.0.mlp': expected MODULE:forward|backward:nan|inf, "
-            "e.g. decoder.layers.0.mlp:forward:inf",
+            "e.g. decoder.layers.0.mlp:forward:inf"
+            ", or EXPERT:zero-tokens:nan|inf, e.g. decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan",
         ),
         (
             "decoder.layers.0.mlp:sideways:inf",
             None,
             "--fault 'decoder.layers.0.mlp:sideways:inf': expected "
-            "MODULE:forward|backward:nan|inf, e.g. decoder.layers.0.mlp:forward:inf",
+            "MODULE:forward|backward:nan|inf, e.g. decoder.layers.0.mlp:forward:inf"
+            ", or EXPERT:zero-tokens:nan|inf, e.g. decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan",
         ),
         (
             ":forward:nan",
             None,
-            "--fault ':forward:nan': expected MODULE:forward|backward:nan|inf, e.g. decoder.layers.0.mlp:forward:inf",
+            "--fault ':forward:nan': expected MODULE:forward|backward:nan|inf, e.g. decoder.layers.0.mlp:forward:inf"
+            ", or EXPERT:zero-tokens:nan|inf, e.g. decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan",
         ),
         (
             "output_layer:forward:zero",
             None,
             "--fault 'output_layer:forward:zero': expected "
-            "MODULE:forward|backward:nan|inf, e.g. decoder.layers.0.mlp:forward:inf",
+            "MODULE:forward|backward:nan|inf, e.g. decoder.layers.0.mlp:forward:inf"
+            ", or EXPERT:zero-tokens:nan|inf, e.g. decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan",
         ),
         ("output_layer:forward:inf", 0, "--fault-step 0: expected a step >= 1"),
     ],
@@ -137,4 +141,35 @@ def test_the_harness_model_names_and_an_unknown_module():
     assert str(e.value) == (
         "--fault decoder.layers.4.mlp:forward:nan: the harness model has no module "
         "'decoder.layers.4.mlp' (`nanscope repro --list-modules` lists them)"
+    )
+
+
+def test_a_router_fault_hits_its_first_routed_prob_forward_and_backward():
+    from tests.trace.moe_toy import Stage
+
+    stage = Stage()
+    faults.plant(stage, faults.parse("decoder.layers.0.mlp.router:forward:nan"), 0, lambda: True)
+    router = stage.module.decoder.layers[0].mlp.router
+    seen = []
+    router.register_forward_hook(lambda m, a, out: seen.append(out))
+    torch.manual_seed(1)
+    out = stage(torch.randn(8, 4))
+    probs, routing_map = seen[0]
+    first = routing_map.reshape(-1).int().argmax()  # the first True: an unrouted prob is never read
+    assert torch.isnan(probs).sum() == 1 and torch.isnan(probs.reshape(-1)[first])
+    assert not torch.isfinite(out).all()
+    stage = Stage()
+    faults.plant(stage, faults.parse("decoder.layers.1.mlp.router:backward:nan"), 0, lambda: True)
+    out = stage(torch.randn(8, 4))
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isnan(stage.module.decoder.layers[1].mlp.router.weight.grad).any()
+
+
+def test_a_zero_tokens_fault_names_an_expert():
+    f = faults.parse("decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan")
+    assert (f.module, f.direction, f.value) == ("decoder.layers.3.mlp.experts.local_experts.5", "zero-tokens", "nan")
+    with pytest.raises(UserError) as e:
+        faults.parse("decoder.layers.3.mlp:zero-tokens:nan")
+    assert str(e.value) == (
+        "--fault decoder.layers.3.mlp:zero-tokens: expected an expert, decoder.layers.L.mlp.experts.local_experts.E"
     )

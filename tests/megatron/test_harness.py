@@ -17,19 +17,7 @@ from nanscope.megatron.spec import Layout, RunSpec
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    out = tmp_path_factory.mktemp("harness")
-    # run 2: healthy again, its first-step log-prob pass shared with run 0's (run.Runner.policy), its
-    # grads compared on each rank with those run 0 saved
-    runs = [
-        RunSpec("healthy", save_params=True, save_grads=True),
-        RunSpec("kl-exp-overflow", compare_grads=0),
-        RunSpec("healthy", compare_grads=0),
-    ]
-    return launcher.launch(
-        runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out, loss_flags=case.loss_flags()
-    )
+# `launched`: tests/megatron/conftest.py (one launch, also read by test_ray_launcher.py)
 
 
 @pytest.mark.timeout(300)

@@ -110,5 +110,75 @@ def test_the_matrix_is_validated_and_judged_without_importing_torch():
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    # 7 hazards fail as-is; 3 (zero-temperature and the two model faults) fail safe too
-    assert out.split() == ["10", "False"]
+    # 12 hazards fail as-is; 7 (zero-temperature and the six model faults) fail safe too
+    assert out.split() == ["19", "False"]
+
+
+# An agent under its launching process: a ParentWatch whose cleanup removes argv[1], and a child of its own
+# in a new session (as a rank); prints the two pids, then exits with 5 after `argv[2]` seconds.
+AGENT = (
+    "import os, shutil, subprocess, sys, time\n"
+    "from nanscope.megatron import proctree\n"
+    "watch = proctree.ParentWatch(int(sys.argv[3]), cleanup=lambda: shutil.rmtree(sys.argv[1]))\n"
+    "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+    "print(os.getpid(), rank.pid, flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+    "watch.exit(5)\n"
+)
+# The launching process: starts the agent with its own pid, sleeps.
+LAUNCHER = (
+    "import os, subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', sys.argv[1], *sys.argv[2:], str(os.getpid())], start_new_session=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_whose_parent_is_sigkilled_kills_its_children_then_cleans_up(tmp_path):
+    (tmp_path / "run").mkdir()
+    argv = [sys.executable, "-c", LAUNCHER, AGENT, str(tmp_path / "run"), "60"]
+    parent = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    agent, rank = map(int, parent.stdout.readline().split())
+    assert proctree.alive(agent) and proctree.alive(rank)
+    parent.kill()
+    parent.wait(timeout=10)
+    t = time.monotonic()
+    assert proctree.wait_gone([agent, rank], timeout_s=10) == []
+    assert time.monotonic() - t < 5
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(60)
+def test_an_agent_whose_parent_lives_exits_with_its_own_code_and_cleans_nothing(tmp_path):
+    (tmp_path / "run").mkdir()
+    argv = [sys.executable, "-c", AGENT, str(tmp_path / "run"), "0.5"]
+    proc = subprocess.Popen([*argv, str(os.getpid())], stdout=subprocess.PIPE, text=True)
+    _, rank = map(int, proc.stdout.readline().split())
+    assert proc.wait(timeout=30) == 5
+    assert (tmp_path / "run").is_dir()
+    assert proctree.alive(rank)  # not the watch's to kill: its parent lives
+    os.kill(rank, signal.SIGKILL)
+
+
+def test_kill_tree_without_its_root_spares_the_caller():
+    code = (
+        "import os, subprocess, sys, time\n"
+        "from nanscope.megatron import proctree\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        "time.sleep(0.2)\n"
+        "print(proctree.kill_tree(os.getpid(), root=False) == [child.pid], child.wait(timeout=10), flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, f"True {-signal.SIGKILL}\n")
+
+
+def test_a_rank_forked_after_its_agent_died_ends_at_once():
+    code = (
+        "import ctypes, os, sys\nfrom nanscope.megatron import worker\n"
+        "worker._die_with_parent(os.getppid() + int(sys.argv[1]))\n"
+        "sig = ctypes.c_int()\nctypes.CDLL(None).prctl(2, ctypes.byref(sig))\nprint(sig.value)\n"
+    )  # 2 = PR_GET_PDEATHSIG
+    alive = subprocess.run([sys.executable, "-c", code, "0"], capture_output=True, text=True, timeout=60)
+    assert (alive.returncode, alive.stdout) == (0, f"{int(signal.SIGKILL)}\n")  # dies with its agent
+    gone = subprocess.run([sys.executable, "-c", code, str(10**6)], capture_output=True, timeout=60)
+    assert (gone.returncode, gone.stdout) == (137, b"")  # its agent is not its parent: already gone

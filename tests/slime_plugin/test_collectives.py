@@ -23,14 +23,18 @@ WORKER = textwrap.dedent(
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
     dist.init_process_group(sys.argv[1], rank=0, world_size=1)
 
-    from nanscope.slime_plugin import collectives
-    from nanscope.slime_plugin.skip import SkipVote
+    from nanscope.slime_plugin import collectives, headroom, step_vote
+    from nanscope.slime_plugin.coords import Coords
 
     print("device", collectives.device())
-    try:
-        print("voted", SkipVote([], None).vote(True))
-    except Exception as e:  # noqa: BLE001
-        print("error", type(e).__name__, str(e).splitlines()[0])
+    for name, collective in (
+        ("vote", lambda: step_vote.exchange(True, Coords(), torch.zeros(len(headroom.FIELDS))).bad_ranks),
+        ("agreement", lambda: collectives.all_reduce_max([1.0])),
+    ):
+        try:
+            print(name, collective())
+        except Exception as e:  # noqa: BLE001
+            print(name, "error", type(e).__name__, str(e).splitlines()[0])
     """
 )
 
@@ -43,14 +47,15 @@ def run(backend: str, port: int) -> list[str]:
     return proc.stdout.splitlines()
 
 
-def test_under_gloo_the_vote_is_a_cpu_tensor_and_runs():
-    assert run("gloo", 29611) == ["device cpu", "voted True"]
+def test_under_gloo_the_collectives_are_cpu_tensors_and_run():
+    assert run("gloo", 29611) == ["device cpu", "vote (0,)", "agreement [1.0]"]
 
 
-def test_under_a_cuda_only_backend_the_vote_asks_for_a_cuda_tensor_not_a_cpu_one():
-    # On a GPU machine the vote runs on the current CUDA device; here, without CUDA, asking for it is what
-    # fails (torch's own assertion), where a CPU tensor would have met the backend's refusal (what NCCL says).
-    device, outcome = run("cudaonly", 29612)
+def test_under_a_cuda_only_backend_the_collectives_ask_for_a_cuda_tensor_not_a_cpu_one():
+    # On a GPU machine they run on the current CUDA device; here, without CUDA, asking for it is what fails
+    # (torch's own assertion), where a CPU tensor would have met the backend's refusal (what NCCL says: the
+    # skip vote of 6e248a2 all-reduced torch.tensor([1.0]) on the CPU).
+    device, *outcomes = run("cudaonly", 29612)
     assert device == "device cuda"
-    assert outcome == "error AssertionError Torch not compiled with CUDA enabled", outcome
-    assert "No backend type associated with device type cpu" not in outcome
+    for name, outcome in zip(("vote", "agreement"), outcomes):
+        assert outcome == f"{name} error AssertionError Torch not compiled with CUDA enabled", outcome

@@ -13,6 +13,16 @@ from nanscope.slime_plugin.outputs import replay_instruction
 from nanscope.slime_plugin.settings import Settings
 
 WORKER = Path(__file__).parents[1] / "workers" / "hook_worker.py"
+HEADROOM = (
+    "nanscope/max_kl_log_ratio",
+    "nanscope/max_ppo_log_ratio",
+    "nanscope/max_tis_log_ratio",
+    "nanscope/train_rollout_gap_mean",
+    "nanscope/train_rollout_gap_p99",
+    "nanscope/train_rollout_gap_max",
+    "nanscope/clamped_tokens",
+    "nanscope/nonfinite_inputs",
+)
 
 
 def test_settings_from_the_environment():
@@ -83,7 +93,10 @@ def worker(tmp_path_factory):
     out = tmp_path_factory.mktemp("hook")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run([sys.executable, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=500)
+    # in its own directory: an installation before NANSCOPE_REPORT_DIR is set checks ./nanscope_reports there
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), str(out)], env=env, cwd=out, capture_output=True, text=True, timeout=500
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "result.json").read_text()), proc.stdout
 
@@ -113,7 +126,8 @@ def test_skip_reports_a_nan_grad_norm_logs_skipped_steps_and_leaves_the_paramete
     assert skip["skipped"] == 1 and skip["error"] is None
     assert skip["lr_steps"] == result["without_bad_step"]["lr_steps"] == 2 * 8  # the LR schedule skipped it too
     logged = [{"rollout_id": i, "step_id": 0, "nanscope/skipped_steps": n} for i, n in enumerate([0, 1, 1])]
-    assert skip["logged"] == logged
+    assert [{k: step[k] for k in logged[0]} for step in skip["logged"]] == logged
+    assert all(set(step) == set(logged[0]) | set(HEADROOM) | {"warnings"} for step in skip["logged"])
     assert "nanscope: rollout 1 step 0: {'nanscope/skipped_steps': 1}\n" in stdout
     # The NaN never reaches the parameters: bitwise those of a run that never trained on the bad rollout.
     assert result["params_finite"] and result["params_equal"]
@@ -141,7 +155,12 @@ def test_trace_step_names_the_op_module_line_sample_and_token(worker):
     t = result["trace"]
     assert t["error"].endswith(case.nan_check_message())  # raise mode: megatron's check still ends the step
     sample, token = t["site"]
-    report, trace = [result["files"][p] for p in t["reports"]]
+    (trace_path,) = [p for p in t["reports"] if p.endswith(".trace.json")]
+    (bundle_path,) = [p for p in t["reports"] if p.endswith(".bundle.pt")]
+    (report_path,) = [p for p in t["reports"] if p not in (trace_path, bundle_path)]
+    assert bundle_path == report_path.removesuffix(".json") + ".bundle.pt" and len(t["reports"]) == 3
+    report, trace = result["files"][report_path], result["files"][trace_path]
+    assert report["bundle"] == report["microbatch_file"] == bundle_path
     assert (report["rollout_id"], report["step_id"], report["replay"]["NANSCOPE_TRACE_STEP"]) == (1, 0, "1:0")
     fwd, bwd = trace["first"]["forward"], trace["first"]["backward"]
     assert (fwd["op"], fwd["sample"], fwd["token"], fwd["masked"], fwd["microbatch"]) == (
@@ -170,4 +189,4 @@ def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_goes_on_as_wit
     assert raised["error"] == result["trace"]["error"] and raised["error"].endswith(case.nan_check_message())
     assert raised["reports"] == []
     assert stdout.count("nanscope: warning: rank 0: could not write its report to ") == 2
-    assert "rollout 1 step 0: no report written; to name the op: " in stdout
+    assert "rollout 1 step 0: no report written; to name the op offline: nanscope trace " in stdout

@@ -19,7 +19,7 @@ from nanscope.loss import guard as plugin_loss
 from nanscope.loss import target as releases
 from nanscope.loss.microbatch import Parallel
 from nanscope.slime_plugin import state
-from nanscope.slime_plugin.watch import StepWatch
+from nanscope.slime_plugin.loss_watch import LossWatch
 
 PLUGIN = paths.LOSS_FUNCTION_PATH
 
@@ -178,9 +178,8 @@ def test_recompute_loss_function_gives_the_same_gradient_and_records_the_batch_o
     batch, logits = hazard_batch("kl-exp-overflow")
     ssm = microbatch.make_sum_of_sample_mean(batch, Parallel(), False, select=False)
     args = case.args(global_batch_size=8)
-    hook = types.SimpleNamespace(batches=[])  # stands in for the hook on the model: what it keeps this step
-    hook.saw_batch = lambda b: StepWatch.saw_batch(hook, b)
-    state.installation().hook = hook
+    watch = LossWatch(releases.model())  # what the hook on the model keeps of this step's loss calls
+    state.installation().hook = types.SimpleNamespace(losses=watch)
     grads = []
     for recompute in (False, True):
         x = logits.clone().requires_grad_(True)
@@ -193,8 +192,9 @@ def test_recompute_loss_function_gives_the_same_gradient_and_records_the_batch_o
         loss.backward()
         grads.append(x.grad)
     assert torch.isfinite(grads[1]).all() and torch.equal(grads[0], grads[1])
-    assert hook.batches == [batch] and hook.batches[0] is batch
+    assert [seen.batch for seen in watch.seen] == [batch] and watch.seen[0].batch is batch
     state.installation().hook = None
+    watch.remove()
 
 
 def test_strict_policy_names_the_sample_and_token(monkeypatch):

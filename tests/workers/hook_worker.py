@@ -141,7 +141,7 @@ def main(out: Path) -> None:
     skip_two = {"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_MAX_SKIPS": "2"}
     result["max_skips"] = train(["bad", "healthy", "bad", "bad"], **skip_two)[2]
     result["trace"] = train(["healthy", "bad"], NANSCOPE_TRACE_STEP="1:0")[2]
-    result["files"] = {p: json.loads(Path(p).read_text()) for p in result["trace"]["reports"]}
+    result["files"] = {p: json.loads(Path(p).read_text()) for p in result["trace"]["reports"] if p.endswith(".json")}
     result["unwritable_skip"] = train(["healthy", "bad", "later"], block_reports=True, NANSCOPE_ON_NONFINITE="skip")[2]
     result["unwritable_raise"] = train(["healthy", "bad"], block_reports=True)[2]
     slime_plugin.uninstall()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanscope.causes.classes import DATA, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_FORWARD
+from nanscope.causes.classes import DATA, HARDWARE, LOSS_NUMERICS, MODEL_BACKWARD, MODEL_FORWARD
 from nanscope.errors import UserError
 from nanscope.facts.paths import LOSS_FUNCTION_PATH
 
@@ -39,6 +39,9 @@ class Hazard:
         fault: level "model": the fault spec planted in the harness model.
         safe_finite: nanscope's safe loss gives a finite loss and gradient on it (False where the fix
             lives elsewhere: a flag, the model).
+        fault_once: level "model": the fault fires on its module's first call only (a transient fault).
+        drifts: the trigger grows a little every step and crosses at the hazard's step (repro --steps N
+            --inject-step K: the steps before K carry a fraction k / K of it).
     """
 
     name: str
@@ -54,6 +57,8 @@ class Hazard:
     loss_overrides: dict = field(default_factory=dict, hash=False)
     fault: str | None = None
     safe_finite: bool = True
+    fault_once: bool = False
+    drifts: bool = False
 
 
 PLUGIN_FIX = f"the loss: {LOSS_FUNCTION_PATH} (--loss-type custom_loss)"
@@ -184,9 +189,122 @@ BACKWARD_ONLY_FAULT = Hazard(
     safe_finite=False,
 )
 
+LOGPROB_DRIFT = Hazard(
+    "logprob-drift",
+    "The policy drifts away from the reference model, a little every step, on the tool-output tokens it never trains "
+    "on (loss_mask 0): the KL log-ratio ref - logp at the least likely tool token grows step by step until it passes "
+    "88.72 and low_var_kl's exp overflows BEFORE its clamp, as in kl-exp-overflow. Every step before that one is "
+    "finite; the headroom metrics show it coming (nanscope/max_kl_log_ratio past 20, then past 60).",
+    ("--use-kl-loss", "--kl-loss-type low_var_kl", "--kl-loss-coef 0.00"),
+    loss_finite=True,
+    grad_finite=False,
+    masked_token=True,
+    cause_class=LOSS_NUMERICS,
+    fix=f"{PLUGIN_FIX} (clamps the log-ratio before exp); or drop --use-kl-loss while --kl-loss-coef is 0",
+    discriminator="the headroom metrics' trend: nanscope/max_kl_log_ratio rising step by step (the plugin's warning "
+    "past 20 and 60; `nanscope scan DIR/`'s trend chart)",
+    drifts=True,
+)
+TRANSIENT_FAULT = Hazard(
+    "transient-fault",
+    "A device computes one wrong value once (a flipped bit, a faulty link or motherboard, an XID error): one module's "
+    "output holds an inf on the step's first micro-batch only. Megatron's check fails the step exactly as for a "
+    "persistent fault; run again on the same data the step is finite. Planted in the harness as a one-time inf in "
+    "an MoE layer's output (repro --fault MODULE:forward:inf --fault-once).",
+    (),
+    loss_finite=False,
+    grad_finite=False,
+    cause_class=HARDWARE,
+    level="model",
+    fix="the device: dmesg XID and ECC errors, a burn-in of that device, TORCH_NCCL_NAN_CHECK=1 on the next run",
+    discriminator="the plugin's rerun verdict (NANSCOPE_RERUN=on): not reproducible, naming the rank, node and device "
+    "of the first producer",
+    fault="decoder.layers.1.mlp:forward:inf",
+    safe_finite=False,
+    fault_once=True,
+)
+
+# The MoE causes: megatron-core 0.15.0rc0's router and experts (doctor's evidence is in nanscope.launch.moe).
+_ROUTER = "megatron/core/transformer/moe/router.py"
+_MOE_UTILS = "megatron/core/transformer/moe/moe_utils.py"
+MOE_AUX_LOSS = Hazard(
+    "moe-aux-loss",
+    "The router's load-balancing losses (--moe-router-load-balancing-type aux_loss / seq_aux_loss with a non-zero "
+    f"--moe-aux-loss-coeff) and its z-loss (--moe-z-loss-coeff) ride on the router's outputs through "
+    f"MoEAuxLossAutoScaler ({_MOE_UTILS}:165-201): the forward is unchanged, and in backward the loss adds its "
+    "gradient inside the router's own backward. At coefficient 0 neither load-balancing loss is computed "
+    f"({_ROUTER}:229-231, :268-270). Their gradient is finite wherever the router's logits are: the scaler sends "
+    f"ones x the loss scale whatever the loss's value ({_MOE_UTILS}:201), d aux / d scores is tokens_per_expert x a "
+    f"constant ({_MOE_UTILS}:107-110), d z-loss / d logits is 2 logsumexp x softmax x coeff / tokens "
+    f"({_MOE_UTILS}:125); an overflowing z-loss value (|logsumexp| past 1.8e19, or 256 in fp16) is only logged. "
+    "The one NaN of their own: sigmoid scores in fp16 logits, normalised by sum + 1e-20 "
+    f"({_MOE_UTILS}:621-622), where 1e-20 is 0: 0 / 0 once every expert's sigmoid underflows. Planted in the harness "
+    "as a NaN in the gradient at a router's output, made in the router's backward.",
+    ("--moe-aux-loss-coeff", "--moe-router-load-balancing-type aux_loss|seq_aux_loss", "--moe-z-loss-coeff"),
+    loss_finite=True,
+    grad_finite=False,
+    cause_class=MODEL_BACKWARD,
+    level="model",
+    fix="the flags: --moe-aux-loss-coeff 0 and no --moe-z-loss-coeff (--moe-router-load-balancing-type none does "
+    "what coefficient 0 does), or --moe-router-dtype fp32 for sigmoid scores; the loss cannot fix it",
+    discriminator="the model-args flags (--moe-aux-loss-coeff, --moe-router-load-balancing-type, --moe-z-loss-coeff), "
+    "then the sentinel: model-backward naming decoder.layers.L.mlp.router while every module output was finite in "
+    "forward; the step's logged load_balancing_loss / z_loss",
+    fault="decoder.layers.2.mlp.router:backward:nan",
+    safe_finite=False,
+)
+MOE_ZERO_TOKEN_EXPERT = Hazard(
+    "moe-zero-token-expert",
+    "An expert that receives no token in a micro-batch under a grouped GEMM whose weight-gradient buffer is "
+    "uninitialised memory: the kernel skips the empty group and never writes that expert's rows, which hold whatever "
+    "the allocator recycled (NaN once memory is reused: often from the second step on). Megatron's DDP adds them to "
+    "the expert's main_grad and the expert bucket's norm is NaN. It holds for torch._grouped_mm (pytorch#172439, "
+    "#193633), MSLK's grouped GEMM (MSLK#97) and the legacy grouped_gemm's torch.empty wgrad (--moe-use-legacy-grouped-"
+    "gemm: grouped_gemm v1.1.4 backend.py:22, tgale96/grouped_gemm#36); not for TransformerEngine 2.6's GroupedLinear "
+    "(megatron's TEGroupedMLP), whose grouped GEMM zeroes an empty group's weight gradient unless it accumulates into "
+    "Megatron's zeroed main_grad (transformer_engine/pytorch/csrc/extensions/gemm.cpp:390-391 at v2.6). With 128 "
+    "experts, top-8 and micro-batches cut by --max-tokens-per-gpu, an expert with 0 tokens is ordinary. Planted in the "
+    "harness (its experts are SequentialMLP, not a grouped GEMM): the expert's router logit is pushed out of every "
+    "top-k, and its weight gradient is a fresh allocation filled with NaN, where a grouped GEMM's unwritten rows "
+    "would be.",
+    ("--moe-grouped-gemm", "--moe-use-legacy-grouped-gemm or a grouped GEMM other than TransformerEngine 2.6's"),
+    loss_finite=True,
+    grad_finite=False,
+    cause_class=MODEL_BACKWARD,
+    level="model",
+    fix="the kernel or the allocation, not the loss: TransformerEngine's grouped GEMM (drop "
+    "--moe-use-legacy-grouped-gemm), a zero-initialised weight-gradient buffer, or no --moe-grouped-gemm "
+    "(SequentialMLP gives an empty expert exact zeros)",
+    discriminator="the sentinel's report: expert e of layer l received 0 tokens, and its weight gradient is the first "
+    "non-finite one (`expert_tokens` for the failing micro-batch)",
+    fault="decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan",
+    safe_finite=False,
+)
+MOE_ROUTER_LOGITS = Hazard(
+    "moe-router-logits",
+    "The router's logits come out of its GEMM in the input's dtype unless --moe-router-dtype is fp32 or fp64 "
+    f"({_ROUTER}:78-83, {_MOE_UTILS}:931-935). In fp16 (slime from v0.2.4, without expert parallelism) a logit past "
+    "65504 is inf and the softmax's inf - inf is NaN; bf16 logits have fp32's exponent range, so they overflow only "
+    f"where fp32 would (top-k's softmax runs in fp32: {_MOE_UTILS}:571, 575). Sinkhorn load balancing "
+    f"(--moe-router-load-balancing-type sinkhorn) takes exp of the fp32 logits with no max subtracted "
+    f"({_MOE_UTILS}:131): a logit past 88.72 is inf, then inf / inf. A NaN prob reaches the expert outputs and every "
+    "later layer. Planted in the harness as a NaN in one routed prob of a router's output.",
+    ("--fp16 without --moe-router-dtype fp32", "--moe-router-load-balancing-type sinkhorn"),
+    loss_finite=False,
+    grad_finite=False,
+    cause_class=MODEL_FORWARD,
+    level="model",
+    fix="the flags: --moe-router-dtype fp32 (and a load-balancing type other than sinkhorn)",
+    discriminator="the sentinel: model-forward, the first non-finite output decoder.layers.L.mlp.router in forward "
+    "order (its probs), every module before it finite",
+    fault="decoder.layers.1.mlp.router:forward:nan",
+    safe_finite=False,
+)
+
 CATALOGUE: tuple[Hazard, ...] = (
     HEALTHY, KL_EXP_OVERFLOW, RATIO_EXP_OVERFLOW, NAN_ROLLOUT_LOGPROB, NAN_REWARD,
-    ZERO_TEMPERATURE, ROLLOUT_LOGPROB_SHIFT, ACTIVATION_OVERFLOW, BACKWARD_ONLY_FAULT,
+    ZERO_TEMPERATURE, ROLLOUT_LOGPROB_SHIFT, ACTIVATION_OVERFLOW, BACKWARD_ONLY_FAULT, TRANSIENT_FAULT,
+    LOGPROB_DRIFT, MOE_AUX_LOSS, MOE_ZERO_TOKEN_EXPERT, MOE_ROUTER_LOGITS,
 )  # fmt: skip
 BY_NAME = {h.name: h for h in CATALOGUE}
 

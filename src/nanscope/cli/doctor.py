@@ -22,9 +22,10 @@ from nanscope.inputs import MiB, read_text
 from nanscope.launch import Diagnosis, diagnose
 from nanscope.launch.script import parse_env
 from nanscope.launch.script.bounds import OPTION
+from nanscope.launch.tracebacks import read_traceback
+from nanscope.report import files
 from nanscope.report.doctor.document import to_dict
 from nanscope.report.doctor.page import render_html
-from nanscope.report.files import check_writable, write_json, write_text
 
 EPILOG = """examples:
   nanscope doctor --case slime-795
@@ -58,7 +59,12 @@ def add_parser(sub):
         "Megatron names (num_layers, num_experts) or a HF config.json",
     )
     parser.add_argument("--model-args", metavar="FILE", help="model-args file to read where the script sources one")
-    parser.add_argument("--traceback", metavar="FILE", help="the crash's traceback (Ray-wrapped or not)")
+    parser.add_argument(
+        "--traceback",
+        metavar="FILE",
+        help="the crash's traceback (Ray-wrapped or not), or the whole job log, of any size (read as a stream for "
+        "its first Megatron error and the traceback that ends there; colour codes are removed)",
+    )
     parser.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
     parser.add_argument(
         "--slime-version",
@@ -74,7 +80,7 @@ def add_parser(sub):
         type=_megabytes,
         default=_megabytes("4"),
         metavar="MB",
-        help="largest script, sourced file, model file or traceback read (default 4)",
+        help="largest script, sourced file or model file read (default 4; a --traceback log may be any size)",
     )
     return parser
 
@@ -130,17 +136,21 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
 def run(args) -> int:
     if args.slime_version is not None:
         releases.get(args.slime_version)  # an unknown release is refused before anything is read
-    for flag, path in (("--json", args.json), ("--html", args.html)):
-        if path:
-            check_writable(path, flag)
     limit = args.max_input_mb
     with contextlib.ExitStack() as stack:
         script, env, model_path, tb_path = _inputs(args, stack)
+        read = [
+            ("launch script", script),
+            ("model JSON", model_path),
+            ("model-args file", args.model_args),
+            ("traceback", tb_path),
+        ]
+        files.check_outputs(_outputs(args), read)
         model = _load_model(model_path, limit) if model_path else None
         model_origin = None
         if model_path:
             model_origin = f"model.json (bundled with {args.case})" if args.case and not args.model else model_path
-        tb_text = read_text(tb_path, "traceback", limit, OPTION) if tb_path else None
+        traceback = read_traceback(tb_path) if tb_path else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # megatron-core (the rank layout imports it) warns about missing TE/Apex
             diagnosis = diagnose(
@@ -149,15 +159,21 @@ def run(args) -> int:
                 model=model,
                 model_origin=model_origin,
                 model_args=args.model_args,
-                traceback_text=tb_text,
+                traceback=traceback,
                 traceback_origin=tb_path or "traceback",
                 rank=args.rank,
                 limit=limit,
                 slime_version=args.slime_version,
                 case_release=case.RELEASE if args.case else None,
             )
+        # again, with the files the script sourced: the outputs must not replace one of them either
+        files.check_outputs(_outputs(args), read + [("sourced file", s.followed) for s in diagnosis.script.sources])
     _report(diagnosis, args)
     return 0
+
+
+def _outputs(args) -> dict:
+    return {"--json": args.json, "--html": args.html}
 
 
 def _report(diagnosis: Diagnosis, args) -> None:
@@ -166,7 +182,7 @@ def _report(diagnosis: Diagnosis, args) -> None:
     from nanscope.report.doctor.terminal import render_terminal  # heavy: rich at its top
 
     if args.json:  # files first: a closed stdout pipe (| head) must not lose them
-        write_json(args.json, to_dict(diagnosis))
+        files.write_json(args.json, to_dict(diagnosis))
     if args.html:
-        write_text(args.html, render_html(diagnosis))
+        files.write_text(args.html, render_html(diagnosis))
     render_terminal(diagnosis, Console(highlight=False))

@@ -42,8 +42,7 @@ def run(args) -> int:
     from nanscope import hazards  # heavy: torch
     from nanscope.report import hazards as report  # heavy: rich
 
-    if args.json:
-        files.check_writable(args.json)
+    files.check_outputs({"--json": args.json})
     listed = catalogue.CATALOGUE
     flags = case.loss_flags()
     outcomes = [hazards.run_loss(h.name, args.loss, flags=flags, seed=args.seed) for h in listed if h.level == "batch"]

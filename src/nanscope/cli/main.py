@@ -8,7 +8,9 @@
 
 Exit codes: 0 clean, 1 what the command looks for was found (scan: hazards; repro: an outcome that
 differs from the expected one), 2 bad input or an internal error (one line on stderr; `--debug`
-shows the traceback), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
+shows the traceback), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP. An error's line escapes what is not
+printable (a newline in a file name) as repr() does; warnings that torch or numpy raise come after a command that
+finished, one line each, and never beside an error's line (--debug shows them as Python does).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from nanscope.errors import UserError
 
@@ -45,10 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    caught = _Warnings()
+    with warnings.catch_warnings():
+        if not args.debug:  # --debug: every warning as Python prints it, as it comes
+            warnings.showwarning = caught.add  # restored when the block ends
+        code = _guarded(modules[args.command], args)
+    if code in (0, 1):  # after an error its line stays the only one on stderr
+        caught.print(args.command)
+    return code
+
+
+def _guarded(module, args) -> int:
+    """The command's exit code: its own, or 2 with one line on stderr for bad input or a bug."""
     try:
-        return int(modules[args.command].run(args) or 0)
+        return int(module.run(args) or 0)
     except UserError as e:
-        print(f"nanscope {args.command}: error: {e}", file=sys.stderr)
+        print(f"nanscope {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -63,18 +78,45 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+class _Warnings:
+    """The warnings a command raised (torch's, numpy's), kept to be printed one line each after it finished:
+    printed as they came, their two lines each would split a command's one-line error."""
+
+    KEPT = 10  # a warning raised per sample must not fill memory or the terminal
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.dropped = 0
+
+    def add(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if len(self.lines) < self.KEPT:
+            self.lines.append(f"{category.__name__}: {_first_line(message)}")
+        else:
+            self.dropped += 1
+
+    def print(self, command: str) -> None:
+        more = [f"{self.dropped} more warnings not shown"] if self.dropped else []
+        for line in self.lines + more:
+            print(f"nanscope {command}: warning: {line}", file=sys.stderr)
+
+
+def one_line(text: str) -> str:
+    """`text` with each unprintable character (a newline in a file name, an ANSI escape) as repr() writes it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _input(args) -> str:
     for name in INPUTS:
         value = getattr(args, name, None)
         if value is not None:
-            return f" on {value}" if name in ("dump", "script", "file") else f" on --{name} {value}"
+            return f" on {one_line(value)}" if name in ("dump", "script", "file") else f" on --{name} {one_line(value)}"
     return ""
 
 
-def _first_line(e: BaseException) -> str:
+def _first_line(e) -> str:
     text = str(e).strip().splitlines()
     line = text[0] if text else ""
-    return line if len(line) <= 300 else line[:300] + "..."
+    return one_line(line if len(line) <= 300 else line[:300] + "...")
 
 
 if __name__ == "__main__":

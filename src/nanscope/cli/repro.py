@@ -3,7 +3,9 @@
 A torchrun launch of a tiny Qwen3-MoE at TP2 x PP2 with sequence parallelism (4 processes, gloo).
 Each hazard's batch is built against the model (slime's log-prob pass), then slime's
 train_one_step runs: 1F1B schedule -> finalize_model_grads -> DDP bucket NaN check ->
-RerunStateMachine -> optimizer step. With no arguments: every hazard x {as-is, safe}.
+RerunStateMachine -> optimizer step. With no arguments: every hazard x {as-is, safe}. With
+`--launcher ray` the ranks are a train group of Ray actors instead, as in slime, and a failure reaches
+the driver wrapped in a RayTaskError, as in the case's traceback.
 """
 
 from __future__ import annotations
@@ -12,13 +14,18 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 from nanscope import repro
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
 from nanscope.loss import NAMES as LOSS_NAMES
+from nanscope.megatron import ray_session
 from nanscope.megatron.proctree import Interrupted
+from nanscope.megatron.spec import Launcher
 from nanscope.report import files
+
+REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the current directory
 
 EPILOG = """\
 examples:
@@ -27,12 +34,17 @@ examples:
   nanscope repro --hazard healthy --json healthy.json
   nanscope repro --hazard kl-exp-overflow --steps 5 --inject-step 3   # as-is dies at 3, safe runs 5
   nanscope repro --hazard kl-exp-overflow --loss as-is --trace --json t.json  # the op and token
-  nanscope repro --hazard kl-exp-overflow --steps 4 --inject-step 2 --plugin  # the slime plugin: report, replay
+  nanscope repro --hazard kl-exp-overflow --steps 4 --inject-step 2 --plugin  # the slime plugin: report, bundle,
+                                                       # replayed offline; then: nanscope trace nanscope-reports
   NANSCOPE_MAX_SKIPS=1 nanscope repro --hazard kl-exp-overflow --steps 2 --inject-step 2 --plugin
   nanscope repro --fault decoder.layers.0.mlp:forward:inf --json f.json   # a fault in any module: the
                                                        # sentinel names module, direction, rank and class
   nanscope repro --fault decoder.layers.2.mlp.router:backward:nan --fault-step 2
+  nanscope repro --fault decoder.layers.1.mlp:forward:inf --fault-once   # a transient fault (the hardware cause)
   nanscope repro --list-modules                        # the module names --fault takes
+  nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
+  nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
+                                                       # traceback; then: nanscope doctor --case slime-795 ...
 
 exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
 exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129
@@ -67,8 +79,15 @@ def add_parser(sub):
         "--plugin",
         action="store_true",
         help="with --steps: slime with nanscope's plugin installed as documented (hook in raise and in skip "
-        "mode, the fix as slime's custom loss), then the replay that the hook's report prints; "
-        "NANSCOPE_MAX_SKIPS from the environment applies to the skip run",
+        "mode, the fix as slime's custom loss); the raise run's reports and repro bundles are left in "
+        "--report-dir and replayed offline, as `nanscope trace` does; NANSCOPE_MAX_SKIPS from the environment "
+        "applies to the skip run",
+    )
+    p.add_argument(
+        "--report-dir",
+        metavar="DIR",
+        help=f"with --plugin: where the raise run's reports and bundles are left (default {REPORT_DIR}; "
+        "files of the same name are replaced)",
     )
     p.add_argument(
         "--fault",
@@ -82,8 +101,33 @@ def add_parser(sub):
         metavar="K",
         help="with --fault: the step it fires at (default 1; the steps before it are healthy)",
     )
+    p.add_argument(
+        "--fault-once",
+        action="store_true",
+        help="with --fault: fire on the module's first call of that step only (a transient fault: a rerun of the "
+        "step is clean)",
+    )
     p.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    p.add_argument(
+        "--launcher",
+        choices=("torchrun", "ray"),
+        default=None,
+        help="how the 4 ranks start: torchrun (default), or ray: a train group of Ray actors, one per rank, as "
+        "slime's; a failure then reaches the driver as the case's did, a RayTaskError around the rank's error "
+        "(printed; --traceback-out); needs the nanscope[ray] extra",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="with --launcher ray: join this Ray cluster (default: a local instance, removed after the run)",
+    )
+    p.add_argument(
+        "--traceback-out",
+        metavar="FILE",
+        help="with --launcher ray: write the driver's traceback of the (first) as-is failure to FILE, for "
+        "`nanscope doctor --traceback FILE`",
+    )
     p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
     return p
@@ -95,6 +139,8 @@ def validate(args) -> None:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
         raise UserError(f"--fault-step {args.fault_step} goes with --fault MODULE:forward|backward:nan|inf")
+    if args.fault_once and args.fault is None:
+        raise UserError("--fault-once goes with --fault MODULE:forward|backward:nan|inf")
     if args.fault is not None:
         from nanscope.megatron import faults  # heavy: torch, only a --fault run needs its check
 
@@ -105,12 +151,19 @@ def validate(args) -> None:
                 f"--fault: {args.hazard} is a fault in the model already ({catalogue.get(args.hazard).fault})"
             )
         faults.check(faults.parse(args.fault, args.fault_step))
+    if args.list_modules:
+        launch = [f"--{name.replace('_', '-')}" for name in _LAUNCH_FLAGS if getattr(args, name) not in (None, False)]
+        if launch:
+            raise UserError(f"--list-modules lists the model's modules and exits: not with {', '.join(launch)}")
+    _check_launcher(args)
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
     if args.trace and ((args.hazard is None and args.fault is None) or args.steps is not None):
         raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
     if args.plugin and (args.hazard is None or args.steps is None):
         raise UserError("--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)")
+    if args.report_dir is not None:
+        _check_report_dir(args)
     if args.inject_step is not None and args.steps is None:
         raise UserError(f"--inject-step {args.inject_step} goes with --steps N")
     if args.steps is not None:
@@ -125,6 +178,74 @@ def validate(args) -> None:
             )
         if args.inject_step is not None and not 1 <= args.inject_step <= args.steps:
             raise UserError(f"--inject-step {args.inject_step} is outside steps 1..{args.steps}")
+
+
+def _check_report_dir(args) -> None:
+    if not args.plugin:
+        raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
+    path = Path(args.report_dir)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--report-dir {args.report_dir}: not a directory")
+    parent = path if path.exists() else next((p for p in path.absolute().parents if p.exists()), Path("/"))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--report-dir {args.report_dir}: directory not writable: {parent}")
+
+
+def _check_launcher(args) -> None:
+    if args.launcher != "ray":
+        for flag, value in (("--ray-address", args.ray_address), ("--traceback-out", args.traceback_out)):
+            if value is not None:
+                raise UserError(f"{flag} {value} goes with --launcher ray")
+        return
+    ray_session.require("--launcher ray")
+    if args.ray_address is not None and not args.ray_address.strip():
+        raise UserError("--ray-address: empty (give HOST:PORT of the cluster's head, or leave it out)")
+
+
+def _via(args) -> Launcher:
+    return Launcher(args.launcher or "torchrun", args.ray_address)
+
+
+def _ray_output(args, result, doc: dict) -> None:
+    """--launcher ray: the as-is failure's traceback (the driver's) printed, in the JSON, and in --traceback-out."""
+    reps = _repros(result, doc)
+    for rep, where in reps:
+        where["traceback"] = rep.traceback
+    doc["launcher"] = {"kind": "ray", "ray_address": args.ray_address}
+    shown = next(((rep, text) for rep, _ in reps if (text := rep.traceback)), None)
+    if shown is None:
+        return
+    rep, text = shown
+    print(f"\nthe Ray driver's traceback ({rep.hazard}, {rep.loss} loss), as slime's train.py shows it:")
+    print(text, end="" if text.endswith("\n") else "\n")
+    if args.traceback_out:
+        files.write_text(args.traceback_out, text, "--traceback-out")
+
+
+def _repros(result, doc: dict) -> list:
+    """(Repro, its dict in the JSON `doc`) of each run of a result, the as-is runs first."""
+    if isinstance(result, repro.Matrix):
+        rows = list(zip(result.rows, doc["matrix"]))
+        return [(row.as_is, out["as_is"]) for row, out in rows] + [(row.safe, out["safe"]) for row, out in rows]
+    if isinstance(result, repro.StepsCheck):
+        return [(result.as_is, doc["as_is"]), (result.safe, doc["safe"])]
+    return [(result, doc)]
+
+
+# The flags of a launch, which --list-modules would ignore (--loss, --seed and --timeout have defaults).
+_LAUNCH_FLAGS = ("hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
+                 "launcher", "ray_address", "traceback_out")  # fmt: skip
+
+
+def _list_modules(args) -> int:
+    """`--list-modules`: the harness model's module names, one a line; with --json, {"modules": [...]}."""
+    from nanscope.megatron import faults  # heavy: torch
+
+    names = list(faults.module_names())
+    if args.json:
+        files.write_json(args.json, {"modules": names})
+    print("\n".join(names))
+    return 0
 
 
 def _max_skips() -> int | None:
@@ -150,14 +271,10 @@ def _run(args) -> int:
 
     from nanscope.report import repro as report  # heavy: rich
 
-    if args.list_modules:
-        from nanscope.megatron import faults  # heavy: torch
-
-        print("\n".join(faults.module_names()))
-        return 0
     validate(args)
-    if args.json:
-        files.check_writable(args.json)
+    files.check_outputs({"--json": args.json, "--traceback-out": args.traceback_out})
+    if args.list_modules:
+        return _list_modules(args)
     console = Console(width=160)
     if args.steps is not None:
         hazard = args.hazard or catalogue.KL_EXP_OVERFLOW.name
@@ -170,6 +287,8 @@ def _run(args) -> int:
             timeout_s=args.timeout,
             plugin=args.plugin,
             max_skips=_max_skips() if args.plugin else None,
+            report_dir=(args.report_dir or REPORT_DIR) if args.plugin else None,
+            via=_via(args),
         )
         report.render_steps(result, console)
         doc = report.steps_to_json(result)
@@ -182,13 +301,17 @@ def _run(args) -> int:
             trace=args.trace,
             fault=args.fault,
             fault_step=args.fault_step,
+            fault_once=args.fault_once,
+            via=_via(args),
         )
         report.render(result, console)
         doc = report.to_json(result)
     else:
-        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout)
+        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args))
         report.render_matrix(result, console)
         doc = report.matrix_to_json(result)
+    if args.launcher == "ray":
+        _ray_output(args, result, doc)
     if args.json:
         files.write_json(args.json, doc)
     return 0 if result.ok else 1

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
 
 from nanscope import case
-from nanscope.dumps import many
+from nanscope.dumps import many, ray_scan
 from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
 from nanscope.errors import UserError
 from nanscope.facts import releases
 from nanscope.inputs import MiB
+from nanscope.megatron import ray_session
 from nanscope.report import files
 
 DESCRIPTION = """\
@@ -33,7 +35,11 @@ minutes); a file that needs more is refused unless you pass --trust-pickle. slim
 after the optimizer step, so the step that crashes leaves none: scan that step's rollout dump.
 
 Given a directory, scans every *.pt file under it, several at a time on the available cores, and
-prints one line per file and a summary (--json writes them).
+prints one line per file and a summary (--json writes them). Its --html and --json also hold the run's
+trend: per rollout, the largest log-ratios that reach an exp (train dumps: exact KL and TIS, the PPO
+bound; rollout dumps: the bound -rollout_log_probs) and the train-rollout gap, against fp32's 88.72, and
+the rollout where a hazard first appears (a rollout's train dump is written after its training, so the
+failing rollout has only its rollout dump).
 
 Positions are 0-based: `sample` in the file, `token` in the response, `abs_token` in the sequence
 (prompt + response). Masked tokens (loss_mask 0) are hazards too: slime v0.1.0 computes exp on them
@@ -54,7 +60,9 @@ examples:
   nanscope scan train_data/12_50.pt --context-parallel-size 2 --tensor-model-parallel-size 4
   nanscope scan rollout_data/12.pt --n-samples-per-prompt 4 --reward-key score --no-use-tis
   nanscope scan /root/dumps/ --json scan.json        # every dump under the directory
+  nanscope scan /root/dumps/ --html trend.html       # and the run's trend towards 88.72, per rollout
   nanscope scan --write-demo train_data/12.pt --demo-kind train --demo-release main   # main's train format
+  nanscope scan /root/dumps/ --ray --ray-address head:6379   # one Ray task a file, each read where it lies
 """
 
 
@@ -83,9 +91,15 @@ def _add_output_arguments(group) -> None:
     group.add_argument(
         "--html",
         metavar="PATH",
-        help="write an HTML report with log-ratio and hazard-map plots (one dump, not a directory)",
+        help="write an HTML report: one dump's log-ratio and hazard-map plots, or a directory's trend "
+        "(per-rollout log-ratio maxima, the 88.72 line, the first hazard)",
     )
-    group.add_argument("--max-rows", type=int, default=30, help="hazard rows in the terminal table (default 30)")
+    group.add_argument(
+        "--max-rows",
+        type=int,
+        default=30,
+        help="hazard rows in the terminal table (default 30; 0: none, the counts only)",
+    )
     group.add_argument(
         "--max-per-sample",
         type=int,
@@ -103,7 +117,18 @@ def _add_output_arguments(group) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="directories: files scanned at once (default: the cores available)",
+        help="directories: files scanned at once, >= 1 (default: the cores available; with --ray, as Ray schedules)",
+    )
+    group.add_argument(
+        "--ray",
+        action="store_true",
+        help="directories: scan each file as a Ray task, reading it where it lies (a local Ray instance, or "
+        "--ray-address's cluster, whose nodes must see the files); the same output; needs the nanscope[ray] extra",
+    )
+    group.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="with --ray: join this Ray cluster (default: a local instance, removed after the scan)",
     )
 
 
@@ -145,6 +170,7 @@ def _add_input_arguments(group) -> None:
         f"(default {MAX_SAMPLE_TOKENS:,})",
     )
     group.add_argument("--write-demo", metavar="PATH", help="write a small dump with planted hazards and exit")
+    group.add_argument("--force", action="store_true", help="with --write-demo: replace an existing file")
     group.add_argument(
         "--demo-kind",
         choices=("rollout", "train"),
@@ -175,7 +201,7 @@ def _add_slime_flags(group) -> None:
         "--rollout-max-response-len",
         type=int,
         default=defaults.rollout_max_response_len,
-        help=f"flag responses longer than this (default {defaults.rollout_max_response_len})",
+        help=f"flag responses longer than this, >= 1 (default {defaults.rollout_max_response_len})",
     )
     group.add_argument(
         "--advantage-estimator",
@@ -220,27 +246,17 @@ def _add_slime_flags(group) -> None:
 
 
 def run(args) -> int:
-    if args.write_demo:
+    if args.force and args.write_demo is None:
+        raise UserError("--force goes with --write-demo PATH (it replaces an existing file there)")
+    if args.write_demo is not None:
         return _write_demo(args)
     if not args.dump:
         raise UserError("no dump given (try: nanscope scan --write-demo rollout_data/12.pt)")
-    for flag, value in (
-        ("--n-samples-per-prompt", args.n_samples_per_prompt),
-        ("--context-parallel-size", args.context_parallel_size),
-        ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
-        ("--max-per-sample", args.max_per_sample),
-        ("--max-dump-mb", args.max_dump_mb),
-        ("--max-sample-tokens", args.max_sample_tokens),
-        ("--workers", args.workers or 1),
-    ):
-        if value < 1:
-            raise UserError(f"{flag} {value}: must be >= 1")
+    _check_numbers(args)
     directory = Path(args.dump).is_dir()
-    if directory and args.html:
-        raise UserError(f"--html {args.html}: takes one dump, not a directory (use --json for {args.dump})")
-    for flag, path in (("--json", args.json), ("--html", args.html)):
-        if path:
-            files.check_writable(path, flag)
+    _check_ray(args, directory)
+    dumps = many.find_dumps(args.dump) if directory else [args.dump]
+    files.check_outputs({"--json": args.json, "--html": args.html}, [("dump", path) for path in dumps])
     flags = ScanFlags(
         n_samples_per_prompt=args.n_samples_per_prompt,
         reward_key=args.reward_key,
@@ -252,10 +268,48 @@ def run(args) -> int:
         kl_loss_type=args.kl_loss_type,
         use_tis=args.use_tis,
         max_listed=args.max_per_sample,
-        histograms=bool(args.html),
+        histograms=bool(args.html) and not directory,
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    return _run_directory(args, flags, show) if directory else _run_file(args, flags, show)
+    return _run_directory(args, dumps, flags, show) if directory else _run_file(args, flags, show)
+
+
+def _check_numbers(args) -> None:
+    """Each count and size flag within its range: one line naming the flag and its value."""
+    for flag, value, least in (
+        ("--n-samples-per-prompt", args.n_samples_per_prompt, 1),
+        ("--context-parallel-size", args.context_parallel_size, 1),
+        ("--tensor-model-parallel-size", args.tensor_model_parallel_size, 1),
+        ("--max-per-sample", args.max_per_sample, 1),
+        ("--max-dump-mb", args.max_dump_mb, 1),
+        ("--max-sample-tokens", args.max_sample_tokens, 1),
+        ("--workers", args.workers, 1),
+        ("--max-rows", args.max_rows, 0),  # 0: the summary lines without the table's rows
+        ("--rollout-max-response-len", args.rollout_max_response_len, 1),
+    ):
+        if value is not None and value < least:
+            raise UserError(f"{flag} {value}: must be >= {least}")
+
+
+def _check_ray(args, directory: bool) -> None:
+    if args.ray_address is not None and not args.ray:
+        raise UserError(f"--ray-address {args.ray_address} goes with --ray")
+    if not args.ray:
+        return
+    ray_session.require("--ray")
+    if not directory:
+        raise UserError(f"--ray scans a directory of dumps, one Ray task a file: {files.shown(args.dump)} is not one")
+    if args.ray_address is not None and not args.ray_address.strip():
+        raise UserError("--ray-address: empty (give HOST:PORT of the cluster's head, or leave it out)")
+
+
+def _scanner(args, stack: contextlib.ExitStack):
+    """The directory scan's `scan_files`: the local processes', or Ray's within a Ray session (joined or started)."""
+    if not args.ray:
+        return many.scan_files
+    cpus = args.workers or len(os.sched_getaffinity(0))
+    stack.enter_context(ray_session.session(args.ray_address, cpus=cpus))
+    return ray_scan.scan_files
 
 
 def _limits(args) -> Limits:
@@ -266,15 +320,20 @@ def _run_file(args, flags: ScanFlags, show: bool) -> int:
     from nanscope.dumps import io  # heavy: numpy (and torch to read tensors); --help needs neither
     from nanscope.dumps.result import hazard_count
 
-    dump = io.load(
-        args.dump,
-        trust_pickle=args.trust_pickle,
-        reward_key=flags.reward_key,
-        cp_size=args.context_parallel_size,
-        tp_size=args.tensor_model_parallel_size,
-        limits=_limits(args),
-    )
-    result = _scan(dump, flags, show)
+    try:
+        dump = io.load(
+            args.dump,
+            trust_pickle=args.trust_pickle,
+            reward_key=flags.reward_key,
+            cp_size=args.context_parallel_size,
+            tp_size=args.tensor_model_parallel_size,
+            limits=_limits(args),
+        )
+        result = _scan(dump, flags, show)
+    except BrokenPipeError:  # the progress bar's stderr closed: not the dump's fault
+        raise
+    except OSError as e:  # the file read fails (an I/O error, a file in /proc): the file's fault, not ours
+        raise UserError(f"{files.shown(args.dump)}: dump: cannot read: {e.strerror or e}") from None
     _render(args, result)
     if result.errors:
         more = f" (and {len(result.errors) - 1} more; see the table)" if len(result.errors) > 1 else ""
@@ -312,12 +371,13 @@ def _scan(dump, flags: ScanFlags, show: bool):
         return checks.scan(dump, flags, progress=step)
 
 
-def _run_directory(args, flags: ScanFlags, show: bool) -> int:
+def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
     from rich.console import Console  # heavy: rich and numpy, only a scan needs them
 
+    from nanscope.dumps import trend
     from nanscope.report import scan as report
+    from nanscope.report import trend as report_trend
 
-    paths = many.find_dumps(args.dump)
     console = Console() if sys.stdout.isatty() else Console(width=160)
     opts = dict(
         trust_pickle=args.trust_pickle,
@@ -326,36 +386,44 @@ def _run_directory(args, flags: ScanFlags, show: bool) -> int:
         limits=_limits(args),
         workers=args.workers,
     )
-    if show:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # heavy: rich
-
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[tokens]:,} tokens"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task(f"scanning {args.dump}", total=len(paths), tokens=0)
-            summaries = many.scan_files(
-                paths,
-                flags,
-                **opts,
-                done=lambda summary: bar.update(
-                    task, advance=1, tokens=bar.tasks[0].fields["tokens"] + summary.response_tokens
-                ),
-            )
-    else:
-        summaries = many.scan_files(paths, flags, **opts)
+    with contextlib.ExitStack() as stack:
+        scan_files = _scanner(args, stack)
+        summaries = _with_bar(scan_files, paths, flags, opts, args.dump) if show else scan_files(paths, flags, **opts)
     report.render_directory(summaries, console, args.dump)
+    series = trend.trend(summaries)
     if args.json:
-        report.write_directory_json(summaries, args.json)
+        report.write_directory_json(summaries, args.json, series)
+    if args.html:
+        report_trend.write_directory_html(summaries, args.dump, series, args.html)
     failed = [summary for summary in summaries if summary.error or summary.errors]
     if failed:
         first = failed[0].error or failed[0].errors[0]
         raise UserError(f"{len(failed)} of {len(summaries)} dumps failed; the first: {first}")
     return 1 if any(summary.total for summary in summaries) else 0
+
+
+def _with_bar(scan_files, paths: list, flags: ScanFlags, opts: dict, label: str) -> list:
+    """`scan_files` under a progress bar on stderr: files done, response tokens, time."""
+    from rich.console import Console  # heavy: rich, only a scan needs it
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tokens]:,} tokens"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"scanning {label}", total=len(paths), tokens=0)
+        return scan_files(
+            paths,
+            flags,
+            **opts,
+            done=lambda summary: bar.update(
+                task, advance=1, tokens=bar.tasks[0].fields["tokens"] + summary.response_tokens
+            ),
+        )
 
 
 def _render(args, result) -> None:
@@ -375,7 +443,13 @@ def _render(args, result) -> None:
 def _write_demo(args) -> int:
     from nanscope.dumps import demo  # heavy: torch, only --write-demo writes a dump
 
-    planted = demo.write_demo(args.write_demo, kind=args.demo_kind, release=args.demo_release)
+    target = {"--write-demo": args.write_demo}
+    files.check_outputs(target, replace=args.force, parents=True)
+    with files.replacing(args.write_demo, "--write-demo", parents=True) as temporary:
+        try:
+            planted = demo.write_demo(temporary, kind=args.demo_kind, release=args.demo_release)
+        except RuntimeError as e:  # torch.save's writer: the disk is full, the file system refuses
+            raise UserError(f"--write-demo {files.shown(args.write_demo)}: cannot write: {_first_line(e)}") from None
     print(
         f"wrote {args.demo_kind} dump {args.write_demo} (slime {args.demo_release} format) "
         f"with {len(planted)} planted hazards:"
@@ -385,3 +459,7 @@ def _write_demo(args) -> int:
         print(f"  {hazard.kind:<26} {where:<20} {hazard.what}")
     print(f"now run: nanscope scan {args.write_demo}")
     return 0
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -1,4 +1,4 @@
-"""`nanscope trace`: replay one micro-batch's loss and name the op that first produced NaN or inf.
+"""`nanscope trace`: replay a loss and name the op that first produced NaN or inf.
 
 Every aten op of the forward and the backward pass is checked (TorchDispatchMode). The producer is
 the first op whose output holds NaN (or +-inf) that none of its inputs held; ops downstream of it
@@ -6,26 +6,45 @@ only propagate and are not blamed. For each phase it prints the op, the autograd
 the source line, and the sample and token of the first bad entry. A non-finite value that no op
 produced came from an input: the batch keys that hold one are listed.
 
-Input: a catalogued hazard (built against the synthetic policy, as `nanscope hazards` does) or a
-micro-batch file written by nanscope.trace.replay.save_microbatch (batch, logits, args). In a real
-slime run the plugin traces the step itself: rerun it with NANSCOPE_TRACE_STEP as its report says.
+Input, one of:
+  BUNDLE.bundle.pt  a repro bundle the slime plugin wrote on a non-finite step (nanscope.trace.bundle): the
+                    loss replayed offline from the recorded log-probs, through the release that wrote it (an
+                    installed slime, or --slime-src DIR; else nanscope's model of slime v0.1.0, said so), then
+                    through the guard. Exit 1 when it names the cause in the loss (an op of it, or a non-finite
+                    input), 0 when the NaN started upstream of the loss (the loss replays finite, or the log-probs
+                    the release computed from the logits were non-finite already): the report's module names where.
+  REPORT_DIR        the plugin's report directory (NANSCOPE_REPORT_DIR): one line per rank and step, earliest
+                    first, for every bundle, report and cluster trace in it; exit 1 if any bundle names the cause.
+  FILE.pt           a micro-batch file written by nanscope.trace.replay.save_microbatch (batch, logits, args).
+  --hazard NAME     a catalogued hazard, built against the synthetic policy as `nanscope hazards` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+from pathlib import Path
 
 from nanscope import case
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
-from nanscope.inputs import MiB
+from nanscope.inputs import MiB, read_text
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files
+from nanscope.trace import bundle_text
 from nanscope.trace import text as render
 
 DEFAULT_LIMIT_MB = 4096  # case-sized logits are several GB (replay.select_samples keeps fewer samples)
+BUNDLE_SUFFIX = ".bundle.pt"  # nanscope.trace.bundle.SUFFIX, which imports torch (tests/cli/test_trace.py checks)
+REPORT_LIMIT = 16 * MiB  # a report or trace JSON the plugin writes is a few kB
+REPORT_NAME = re.compile(r"rollout\d+_step\d+_rank\d+(\.json|\.trace\.json|\.pt)")  # the plugin's file names
 
 EPILOG = """examples:
+  nanscope trace /root/dumps/nanscope                   # the job died: every rank's report and bundle, one line each
+  nanscope trace rollout12_step0_rank50.bundle.pt       # that rank's loss offline: op, source line, sample, token
+  nanscope trace x.bundle.pt --slime-src ~/slime        # through that slime checkout's own loss (or ~/slime/v0.1.0)
   nanscope trace --hazard kl-exp-overflow               # exp overflow in low_var_kl, then 0 * inf in its backward
   nanscope trace --hazard nan-reward --loss safe        # the fix on the same batch: no producer
   nanscope trace mb.pt                                  # a file from nanscope.trace.replay.save_microbatch
@@ -41,9 +60,25 @@ def add_parser(sub):
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("file", nargs="?", metavar="FILE.pt", help="a micro-batch file (see nanscope.trace.replay)")
+    p.add_argument(
+        "file", nargs="?", metavar="BUNDLE|REPORT_DIR|FILE.pt", help="a repro bundle, a report directory, a micro-batch"
+    )
     p.add_argument("--hazard", metavar="NAME", help="replay a catalogued hazard's micro-batch instead of a file")
-    p.add_argument("--loss", choices=LOSS_NAMES, help="loss to replay with (default: as-is, or the file's)")
+    p.add_argument(
+        "--loss", choices=LOSS_NAMES, help="FILE.pt, --hazard: loss to replay with (default: as-is, or the file's)"
+    )
+    p.add_argument(
+        "--slime-src",
+        metavar="DIR",
+        help="a bundle: replay through this slime checkout's loss (DIR holds slime/, or one checkout per release: "
+        "DIR/v0.1.0, DIR/v0.2.4, DIR/v0.3.1, DIR/main); needs megatron-core (nanscope[repro])",
+    )
+    p.add_argument(
+        "--rollout",
+        metavar="DUMP",
+        help="a bundle: the step's rollout dump (--save-debug-rollout-data; '{rollout_id}' is filled in), to name "
+        "samples by their dump row (default: the bundle's rows, else the dump its args name, when it is there)",
+    )
     p.add_argument(
         "--allow",
         action="append",
@@ -51,28 +86,216 @@ def add_parser(sub):
         metavar="OP",
         help="never blame this op (e.g. aten.masked_fill for intentional -inf masks); repeatable",
     )
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON (key 'trace')")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON (key 'trace'; a bundle: 'bundle')")
     p.add_argument("--seed", type=int, default=0, help="seed of the hazard's batch (default 0)")
     p.add_argument(
         "--max-input-mb",
         type=float,
         default=DEFAULT_LIMIT_MB,
         metavar="MB",
-        help=f"refuse a FILE.pt larger than this (default {DEFAULT_LIMIT_MB})",
+        help=f"refuse a FILE.pt or bundle larger than this (default {DEFAULT_LIMIT_MB})",
     )
     return p
 
 
 def run(args) -> int:
-    from nanscope import hazards  # heavy: torch, which `nanscope --help` never needs
-    from nanscope.trace import replay  # heavy: torch
-
     if (args.file is None) == (args.hazard is None):
         raise UserError("give either FILE.pt or --hazard NAME (not both)")
     if not args.max_input_mb > 0:
         raise UserError(f"--max-input-mb {args.max_input_mb}: must be a number > 0")
+    kind = _kind(args.file) if args.file is not None else "hazard"
+    if kind in ("bundle", "directory"):
+        given = [flag for flag, on in (("--loss", args.loss), ("--hazard", args.hazard)) if on]
+        if given:
+            raise UserError(f"{given[0]} goes with FILE.pt or --hazard: a bundle replays the loss that wrote it")
+    elif args.slime_src or args.rollout:
+        raise UserError(f"{'--slime-src' if args.slime_src else '--rollout'} goes with a bundle or a report directory")
+    what = {"bundle": "repro bundle", "directory": "report directory"}.get(kind, "micro-batch file")
+    files.check_outputs({"--json": args.json}, [(what, args.file)] if kind != "directory" else [])
+    if kind == "bundle":
+        return _bundle(args)
+    if kind == "directory":
+        return _directory(args)
+    return _microbatch(args)
+
+
+def _kind(path: str) -> str:
+    if os.path.isdir(path) and not str(path).endswith(".pt"):  # a directory named like a file is refused as one
+        return "directory"
+    return "bundle" if str(path).endswith(BUNDLE_SUFFIX) else "file"
+
+
+def _limit(args) -> int:
+    return int(min(args.max_input_mb * MiB, 2**62))
+
+
+def _bundle(args) -> int:
+    from nanscope.trace import bundle_load, bundle_replay  # heavy: torch
+
+    doc = bundle_load.load(args.file, _limit(args), "--max-input-mb")
+    with bundle_replay.loss_path(doc, args.slime_src) as path:
+        rollout = _rollout(args, doc)
+        try:
+            result = bundle_replay.replay(doc, path, source=args.file, rollout=rollout, allow=tuple(args.allow))
+        except UserError as e:  # the bundle's args or tensors: name the file
+            raise UserError(f"{args.file}: {e}") from None
+    out = result.to_dict()
+    for line in bundle_text.lines(out):
+        print(line)
     if args.json:
-        files.check_writable(args.json)
+        files.write_json(args.json, {"source": args.file, "bundle": out})
+    return 1 if result.found else 0
+
+
+def _rollout(args, doc: dict, cache: dict | None = None):
+    """(path, token tuples per row) of the step's rollout dump: --rollout, else the one the bundle's args name."""
+    from nanscope.dumps.io import load_rollout  # heavy: numpy and torch
+
+    step = {"rollout_id": doc["rollout_id"]}
+    named = [doc["args"].get(k) for k in ("save_debug_rollout_data", "load_debug_rollout_data")]
+    candidates = [args.rollout] if args.rollout else [n for n in named if isinstance(n, str) and n]
+    for template in candidates:
+        try:
+            path = template.format(**step)
+        except (KeyError, IndexError, ValueError):
+            path = template
+        if not args.rollout and not os.path.isfile(path):
+            continue
+        if cache is not None and path in cache:
+            return cache[path]
+        try:
+            samples = load_rollout(path)
+        except ValueError as e:
+            if args.rollout:
+                raise UserError(f"--rollout: {e}") from None
+            continue  # a dump the run named but this machine cannot read: rows stay unknown, said so
+        found = (path, [tuple(sample["tokens"].tolist()) for sample in samples])
+        if cache is not None:
+            cache[path] = found
+        return found
+    return None
+
+
+def _directory(args) -> int:
+    """Every bundle, report and trace of a run's report directory, one line per rank and step, earliest first."""
+    root = Path(args.file)
+    names = sorted(p.name for p in root.iterdir() if p.is_file() and _ours(p.name))
+    replays, rows, refused = _replay_all(args, root, [n for n in names if n.endswith(BUNDLE_SUFFIX)])
+    for name in names:
+        path = root / name
+        try:
+            if name.endswith(".trace.json"):
+                rows.append(_trace_row(path))
+            elif name.endswith(".json") and not (root / (name[: -len(".json")] + BUNDLE_SUFFIX)).exists():
+                rows.append(_report_row(path))
+            elif name.endswith(".pt") and not name.endswith(BUNDLE_SUFFIX):
+                rows.append(_pt_row(path, args))
+        except UserError as e:
+            refused.append(str(e))
+    if not rows and not refused:
+        raise UserError(f"{root}: report directory: no bundle (*{BUNDLE_SUFFIX}), report or trace in it")
+    print(f"nanscope trace: {root}: {len(replays)} bundles, {len(rows) - len(replays)} other files")
+    for _, line in sorted(rows, key=lambda row: row[0]):
+        print(line)
+    for line in refused:
+        print(f"refused: {line}")
+    if args.json:
+        files.write_json(args.json, {"source": str(root), "bundles": replays, "refused": refused})
+    return 1 if any(r["found"] for r in replays) else (2 if refused else 0)
+
+
+def _replay_all(args, root: Path, names: list[str]) -> tuple[list, list, list]:
+    """(each bundle's replay, its (order, line) row, refusals): one release's loss imported at a time, each dump
+    read once."""
+    from nanscope.trace import bundle_load, bundle_replay  # heavy: torch
+
+    replays, refused, dumps, groups = [], [], {}, {}
+    for name in names:
+        try:
+            doc = bundle_load.load(root / name, _limit(args), "--max-input-mb")
+        except UserError as e:
+            refused.append(str(e))
+            continue
+        groups.setdefault((doc["release"]["module"], doc["release"]["name"]), []).append((name, doc))
+    for group in groups.values():
+        try:
+            with bundle_replay.loss_path(group[0][1], args.slime_src) as path:
+                for name, doc in group:
+                    try:
+                        rollout = _rollout(args, doc, dumps)
+                        replays.append(bundle_replay.replay(doc, path, source=str(root / name), rollout=rollout))
+                    except UserError as e:
+                        refused.append(f"{root / name}: {e}")
+        except UserError as e:  # the release's loss cannot be imported: every bundle of it
+            refused += [f"{root / name}: {e}" for name, _ in group]
+    replays = [result.to_dict() for result in replays]
+    named: dict[tuple, list[int]] = {}  # (rollout, step) -> ranks whose loss replays non-finite
+    for r in replays:
+        if r["found"]:
+            named.setdefault((r["rollout_id"], r["step_id"]), []).append(r["coords"]["rank"])
+    rows = [(_order(r), bundle_text.summary_line(r, named.get((r["rollout_id"], r["step_id"]), []))) for r in replays]
+    return replays, rows, refused
+
+
+def _ours(name: str) -> bool:
+    """A file the plugin writes into its report directory (any *.bundle.pt too)."""
+    return name.endswith(BUNDLE_SUFFIX) or REPORT_NAME.match(name) is not None
+
+
+def _order(doc: dict) -> tuple:
+    coords = doc.get("coords") or {}
+    return (doc["rollout_id"], doc["step_id"], coords["rank"], 0, coords["cp_rank"])
+
+
+def _json(path: Path, what: str) -> dict:
+    try:
+        doc = json.loads(read_text(path, what, REPORT_LIMIT))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: {what}: not JSON ({e.msg} at line {e.lineno})") from None
+    ints = all(type(doc.get(k)) is int for k in ("rollout_id", "step_id", "rank")) if isinstance(doc, dict) else False
+    if not ints:
+        raise UserError(f"{path}: {what}: expected a dict with integer rollout_id, step_id and rank")
+    return doc
+
+
+def _report_row(path: Path) -> tuple:
+    doc = _json(path, "report")
+    where = f"rollout {doc['rollout_id']} step {doc['step_id']}, rank {doc['rank']}"
+    line = f"{where}: report only, no bundle: {bundle_text.sentinel_text(doc)}; class {doc.get('class') or 'undecided'}"
+    return (doc["rollout_id"], doc["step_id"], doc["rank"], 1, 0), line
+
+
+def _trace_row(path: Path) -> tuple:
+    doc = _json(path, "trace")
+    first = doc.get("first") if isinstance(doc.get("first"), dict) else {}
+    where = f"rollout {doc['rollout_id']} step {doc['step_id']}, rank {doc['rank']}"
+    try:
+        said = "; ".join(render.first_lines(first))
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{path}: trace: 'first' is not a trace's first producers") from None
+    return (
+        doc["rollout_id"],
+        doc["step_id"],
+        doc["rank"],
+        2,
+        0,
+    ), f"{where}: cluster trace (NANSCOPE_TRACE_STEP): {said}"
+
+
+def _pt_row(path: Path, args) -> tuple:
+    from nanscope.trace import replay  # heavy: torch
+
+    try:
+        replay.load_microbatch(path, _limit(args), "--max-input-mb")
+    except UserError as e:  # the old sentinel format says what to do instead
+        return (-1, -1, -1, 3, 0), f"not replayed: {e}"
+    return (-1, -1, -1, 3, 0), f"{path}: a micro-batch file: nanscope trace {path}"
+
+
+def _microbatch(args) -> int:
+    from nanscope import hazards  # heavy: torch, which `nanscope --help` never needs
+    from nanscope.trace import replay  # heavy: torch
+
     site = None
     if args.hazard is not None:
         if args.hazard not in catalogue.BY_NAME:
@@ -86,7 +309,7 @@ def run(args) -> int:
         doc, site = hazards.microbatch_document(args.hazard, args.loss or "as-is", flags=flags, seed=args.seed)
         what = f"hazard {args.hazard}"
     else:
-        doc = replay.load_microbatch(args.file, int(min(args.max_input_mb * MiB, 2**62)), "--max-input-mb")
+        doc = replay.load_microbatch(args.file, _limit(args), "--max-input-mb")
         if args.loss:
             doc["loss"] = args.loss
         what = args.file
@@ -94,6 +317,13 @@ def run(args) -> int:
         report = replay.replay(doc, allow=tuple(args.allow))
     except ValueError as e:  # the loss refuses the file's args (e.g. an unmodelled advantage estimator)
         raise UserError(f"{what}: the {doc['loss']} loss rejected it: {e}") from None
+    except (RuntimeError, IndexError) as e:  # a file's tensors that passed the checks but do not fit together
+        if args.file is None:
+            raise  # a catalogued hazard's batch is ours: a bug
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(
+            f"{what}: the {doc['loss']} loss cannot run on its tensors: {type(e).__name__}: {why}"
+        ) from None
 
     print(f"nanscope trace: {what} through the {doc['loss']} loss ({report.ops_seen} aten ops traced)")
     if site is not None:

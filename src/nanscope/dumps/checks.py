@@ -214,13 +214,20 @@ _PER_SAMPLE = tuple(sorted((check for check in CHECKS if not check.per_rollout),
 # ------------------------------------------------------------------------------------------------ scan
 
 
-def scan(dump: Dump, flags: ScanFlags, progress: Callable[[int], None] | None = None) -> ScanResult:
+def scan(
+    dump: Dump,
+    flags: ScanFlags,
+    progress: Callable[[int], None] | None = None,
+    observe: Callable[[sample_checks.SampleView], None] | None = None,
+) -> ScanResult:
     """Run every check over `dump`, streaming its samples.
 
     Args:
         dump: from `nanscope.dumps.io.load` (consumed).
         flags: slime flags that decide what is a hazard (the case's: `nanscope.case.scan_config()`).
         progress: called with each sample's response length after it is checked.
+        observe: called with each sample's view whose lengths agree, after its checks (a directory scan's
+            headroom, `nanscope.dumps.headroom`).
     """
     collector = Collector(flags, _LOOKS_AT)
     rewards: list[float] = []
@@ -231,7 +238,8 @@ def scan(dump: Dump, flags: ScanFlags, progress: Callable[[int], None] | None = 
         rewards.append(math.nan if data.reward is None else data.reward)
         view = sample_checks.SampleView(data, dump, flags, collector)
         present |= view.present
-        _check_sample(view)
+        if _check_sample(view) and observe is not None:
+            observe(view)
         if progress is not None:
             progress(data.response_length)
     rollout = group_checks.RolloutView(dump.path, rewards, flags, collector)
@@ -261,13 +269,15 @@ def scan(dump: Dump, flags: ScanFlags, progress: Callable[[int], None] | None = 
     )
 
 
-def _check_sample(view: sample_checks.SampleView) -> None:
+def _check_sample(view: sample_checks.SampleView) -> bool:
+    """Run the sample's checks; False when the length gate stopped them (its positions are meaningless)."""
     with np.errstate(invalid="ignore", over="ignore"):
         for check in _PER_SAMPLE:
             if check.skip(view.flags, view.dump.kind, view.present):
                 continue
             if check.run(view) is False:
-                return
+                return False
+    return True
 
 
 def _summary(check: Check, dump_kind: str, flags: ScanFlags, collector: Collector, present: set[str]) -> CheckSummary:

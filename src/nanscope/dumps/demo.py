@@ -223,3 +223,52 @@ def demo_train(release: str = releases.V0_1_0) -> tuple[dict, list[Planted]]:
         Planted("tis-margin", 7, 3, "old_logp - rollout_logp = 94: TIS exp is inf (clamped, no NaN)"),
         Planted("nonfinite-rollout-logprob", 9, 17, "rollout log-prob nan, reaches TIS"),
     ]
+
+
+# ----------------------------------------------------------------------------------- a drifting run
+
+# The drifting run's per-rollout steps: the KL log-ratio of one masked tool token, the train-rollout gap on
+# one sample's trained tokens (bf16-exact values, so the series are exact in every release's format).
+DRIFT_KL_STEP = 18.0
+DRIFT_GAP_STEP = 0.25
+DRIFT_KL_AT = (5, 40)  # sample, response token (masked: positions 32-47 are a tool result)
+DRIFT_GAP_SAMPLE = 2
+
+
+def write_drifting_run(directory: str | Path, rollouts: int = 6, release: str = releases.V0_1_0) -> list[Path]:
+    """Write a run's dumps whose log-ratio drifts towards fp32's exp overflow, and return their paths.
+
+    Rollout i (0 <= i < rollouts) has a rollout dump `rollout_data/{i}.pt` and, but for the last one (slime
+    writes a train dump after the rollout's training, and the last rollout's training is the one that
+    fails), a train dump `train_data/{i}_0.pt`. The demo's 16 samples (prompt 24, response 64, positions
+    32-47 masked) have every log-prob -0.5, but for:
+
+        sample 5, token 40 (masked)  log_probs = rollout_log_probs = -(1 + 18 i), ref_log_probs = -1:
+                                     KL log-ratio 18 i, bound -rollout 1 + 18 i (91 > 88.72 at i = 5)
+        sample 2, trained tokens     rollout_log_probs = -0.5 - 0.25 i: gap and TIS log-ratio 0.25 i
+    """
+    directory = Path(directory)
+    paths = []
+    for i in range(rollouts):
+        samples = [
+            rollout_sample(j, 24, 64, reward=float(j % 3 == 0), masked_span=(32, 48), release=release)
+            for j in range(16)
+        ]
+        for s in samples:
+            s["rollout_log_probs"] = [-0.5] * 64
+        trained = [t for t in range(64) if not 32 <= t < 48]
+        for t in trained:
+            samples[DRIFT_GAP_SAMPLE]["rollout_log_probs"][t] = -0.5 - DRIFT_GAP_STEP * i
+        sample, token = DRIFT_KL_AT
+        samples[sample]["rollout_log_probs"][token] = -(1.0 + DRIFT_KL_STEP * i)
+        paths.append(writers.write_rollout_dump(directory / "rollout_data" / f"{i}.pt", samples, rollout_id=i))
+        if i == rollouts - 1:
+            break
+        rewards = grpo_normalize(torch.tensor([s["reward"] for s in samples]), 8).tolist()
+        data = train_data_from_samples(samples, rewards, release)
+        data["log_probs"][DRIFT_GAP_SAMPLE][trained] = -0.5
+        data["ref_log_probs"][DRIFT_GAP_SAMPLE][trained] = -0.5
+        data["ref_log_probs"][sample][token] = -1.0
+        path = directory / "train_data" / f"{i}_0.pt"
+        paths.append(writers.write_train_dump(path, data, rollout_id=i, rank=0, release=release))
+    return paths

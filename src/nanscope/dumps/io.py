@@ -15,9 +15,10 @@ read, so a scan of one needs the pickle bytes and the compact arrays, never Pyth
 
 Nothing a file declares is trusted (`Limits`, `nanscope.dumps.fields`): the file must be a regular file
 under a size cap; a sample's fields and declared response length under a per-sample cap; a tensor dense,
-on the CPU, 1-D and contiguous inside its own storage; and the entries converted over the whole file are
-at most one per byte of it, so samples sharing one list cannot multiply the work. Each refusal is one line
-naming the file, the field and the sample.
+on the CPU, 1-D and contiguous inside its own storage; what the pickle builds while it is read at most 8
+bytes a byte of the file + 32 MiB (`nanscope.trace.pickle_budget`); and the entries converted over the whole
+file at most one per byte of it, so samples sharing one list cannot multiply the work. Each refusal is one
+line naming the file, the field and the sample.
 
 Two readers use it: `load` (the scan's samples, or with `tokens=True` a token map's) and `load_rollout`
 (the rollout a traced step maps its tokens with, as tensors).
@@ -45,6 +46,7 @@ from nanscope.dumps.train_dump import is_main_sample, main_sample, train_dump
 from nanscope.dumps.unpickler import Loader, Refused, Unreadable
 from nanscope.errors import UserError
 from nanscope.inputs import check_file
+from nanscope.trace.pickle_budget import OverBudget
 
 
 class _NotADump(UserError):
@@ -176,6 +178,8 @@ def _one_line(path: str):
         ) from None
     except Unreadable as e:
         raise UserError(f"{path}: {_located(e.where)}unreadable torch.save file ({e})") from None
+    except OverBudget as e:
+        raise UserError(f"{path}: {_located(e.where)}{e}") from None
 
 
 def _located(where: tuple) -> str:

@@ -14,10 +14,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import Limits
 from nanscope.errors import UserError
+
+if TYPE_CHECKING:
+    from nanscope.dumps.headroom import DumpHeadroom
 
 
 @dataclass
@@ -35,6 +39,8 @@ class FileSummary:
         errors: the length errors slime v0.1.0 would fail on (ScanResult.errors).
         seconds: wall time of the file's scan.
         format: the release format it was read as (ScanResult.format.release), or "" on error.
+        headroom: its log-ratio maxima and train-rollout gap (`nanscope.dumps.headroom`), None on error; the
+            directory's trend (`nanscope.dumps.trend`) reads them.
     """
 
     path: str
@@ -51,6 +57,7 @@ class FileSummary:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     format: str = ""
+    headroom: DumpHeadroom | None = None
 
 
 def find_dumps(directory: str | Path) -> list[Path]:
@@ -64,11 +71,14 @@ def find_dumps(directory: str | Path) -> list[Path]:
 def scan_file(path: str, flags: ScanFlags, load: dict) -> FileSummary:
     """Scan one file; a UserError becomes the summary's `error`."""
     from nanscope.dumps import checks, io  # heavy: numpy; the workers (the forkserver) import it, not the parent
+    from nanscope.dumps.headroom import Headroom
     from nanscope.dumps.result import hazard_count
 
     t0 = time.perf_counter()
     try:
-        result = checks.scan(io.load(path, reward_key=flags.reward_key, **load), flags)
+        dump = io.load(path, reward_key=flags.reward_key, **load)
+        headroom = Headroom(dump.kind)
+        result = checks.scan(dump, flags, observe=headroom.add)
     except UserError as e:
         return FileSummary(path, error=str(e), seconds=time.perf_counter() - t0)
     except Exception as e:  # one file's bug or MemoryError must not end the batch; it still fails the run
@@ -93,6 +103,7 @@ def scan_file(path: str, flags: ScanFlags, load: dict) -> FileSummary:
         errors=result.errors,
         seconds=time.perf_counter() - t0,
         format=result.format.release,
+        headroom=headroom.result(),
     )
 
 
@@ -115,7 +126,7 @@ def scan_files(
     load = dict(trust_pickle=trust_pickle, cp_size=cp_size, tp_size=tp_size, limits=limits or Limits())
     workers = min(workers or len(os.sched_getaffinity(0)), len(paths))
     ctx = get_context("forkserver")
-    ctx.set_forkserver_preload(["nanscope.dumps.io", "nanscope.dumps.checks"])
+    ctx.set_forkserver_preload(["nanscope.dumps.io", "nanscope.dumps.checks", "nanscope.dumps.headroom"])
     out: dict[str, FileSummary] = {}
     with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
         futures = [pool.submit(scan_file, str(p), flags, load) for p in paths]

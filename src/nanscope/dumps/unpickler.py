@@ -10,7 +10,9 @@ semantics, but:
   the C unpickler on the validated bytes alone (mixed ints), into a numpy array;
 * lists become `CList`s, which keep those arrays (a number a few bytes, not a 32-byte Python object);
 * the samples of a rollout dump are handed out as soon as each is complete (`Loader.events`), while the
-  rest of the file is still being read.
+  rest of the file is still being read;
+* what it builds is charged, before it is built, to a budget of 8 bytes a byte of the file + 32 MiB
+  (`nanscope.trace.pickle_budget`): a file of 20 MB of EMPTY_SET opcodes is refused at 201 MB, not 4.8 GB.
 
 What it accepts is a strict subset of what torch's weights_only unpickler accepts, and it loads the same
 object (with `CList` in place of list). Refused, where weights_only accepts: globals other than `_allowed()`
@@ -37,17 +39,21 @@ streaming, in 40 % of its time.
 from __future__ import annotations
 
 import bisect
+import gc
 import itertools
+import os
 import pickle
 import re
 import struct
 import sys
-import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from nanscope.trace import pickle_budget, torch_file
+from nanscope.trace.pickle_budget import OverBudget
 
 # The opcodes read here (as pickle's own constants: one-byte bytes).
 MARK, STOP, BININT, BININT1, BININT2, NONE = b"(", b".", b"J", b"K", b"M", b"N"
@@ -61,8 +67,15 @@ _BLOCKED_MODULES = ("sys", "os", "posix", "nt")  # as torch's weights_only unpic
 _KEY_TYPES = (str, int, float, bool, type(None))
 _F8 = np.dtype([("op", "u1"), ("v", ">f8")])  # one BINFLOAT opcode: 'G' + big-endian double
 _U1 = np.dtype([("op", "u1"), ("v", "u1")])  # one BININT1 opcode: 'K' + byte
-_INTS = re.compile(rb"(?:K.|M..|J....)+", re.S)  # a run of BININT1/BININT2/BININT opcodes
+# A run of BININT1/BININT2/BININT opcodes. Possessive: the opcodes' first bytes differ, so there is nothing to
+# backtrack to, and a greedy `+` kept state for every opcode matched (57 bytes a byte of the run: 1.1 GB for 20 MB).
+_INTS = re.compile(rb"(?:K.|M..|J....)++", re.S)
+_PIECE = 65536  # integer opcodes decoded at a time (a piece of a run)
+_INTS_PIECE = re.compile(rb"(?:K.|M..|J....){1,%d}+" % _PIECE, re.S)
+_PIECE_TRANSIENT = 64  # bytes an integer of a piece takes while decoded: a list slot, an int, its opcode twice
+_RUN = 112 + pickle_budget.SLOT  # a number run's array beyond its data: numpy's header, its slot in the chunks
 _BLOCK = 4096  # opcodes examined at a time when measuring a homogeneous run
+_WHERE_DEPTH = 16  # the outermost containers a refusal's `where` names
 
 
 class Refused(Exception):
@@ -169,9 +182,11 @@ class CList:
 class Loader:
     """One torch.save archive, read by the restricted unpickler. See the module docstring."""
 
-    def __init__(self, path: str, reader, data: bytes):
+    def __init__(self, path: str, reader, data: bytes, file_bytes: int):
         self.path, self.reader, self.data = path, reader, data
         self.pos = 0
+        self.budget = pickle_budget.budget(file_bytes)  # bytes of objects the pickle may build
+        self.left, self.file_bytes = self.budget, file_bytes
         self.stack: list = []
         self.meta: list[list] = []  # the stacks below each open MARK
         self.owners: list = []  # the object under each open MARK (what its APPENDS/SETITEMS fill)
@@ -194,6 +209,9 @@ class Loader:
         Raises:
             Unreadable: not a zip archive, a TorchScript archive, no data.pkl, an unknown byte order.
             Refused: an archive of the other byte order (torch would byteswap it; this loader does not).
+
+        What the pickle builds is charged to a budget proportional to the file's size
+        (`nanscope.trace.pickle_budget`); `events()` raises OverBudget past it.
         """
         import torch  # heavy: torch, at the first file read
 
@@ -216,30 +234,43 @@ class Loader:
             raise Unreadable(f"unknown byte order {order[:20]!r}")
         if order != sys.byteorder.encode():
             raise Refused(f"a {order.decode()}-endian archive on a {sys.byteorder}-endian machine")
-        return cls(path, reader, bytes(data))
+        return cls(path, reader, bytes(data), os.path.getsize(path))
 
     # ----------------------------------------------------------------------------------------- driving
 
     def events(self) -> Iterator[tuple[int, dict]]:
         """Run the pickle, yielding (index, sample dict) for each rollout sample as soon as it is complete.
 
-        When exhausted, `result` holds the whole object. Raises Refused or Unreadable.
+        When exhausted, `result` holds the whole object. Raises Refused, Unreadable or OverBudget (what the
+        pickle builds, charged before it is built, would pass the file's budget).
+
+        Python's cyclic garbage collector is paused while the pickle runs (not while a sample is handed
+        out): it would traverse every container built so far, again and again, for no cycle (5x the time of
+        a million empty lists).
         """
-        data, ops, n = self.data, self._ops, len(self.data)
+        data, ops, n, charges = self.data, self._ops, len(self.data), pickle_budget.charges()
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             while True:
                 if self.pos >= n:
                     raise Unreadable("truncated pickle: no STOP")
-                op = data[self.pos : self.pos + 1]
+                op = data[self.pos]
                 self.pos += 1
-                handler = ops.get(op)
+                handler = ops[op]
                 if handler is None:
-                    raise Refused(f"pickle opcode {op[0]} is outside the weights_only subset")
+                    raise Refused(f"pickle opcode {op} is outside the weights_only subset")
+                self.left -= charges[op]
+                if self.left < 0:
+                    raise OverBudget(self.budget, self.file_bytes, self.pos - 1)
                 if handler():
                     break
                 if self._ready:
+                    if collecting:
+                        gc.enable()
                     yield from self._flush()
-        except (Refused, Unreadable) as e:
+                    gc.disable()
+        except (Refused, Unreadable, OverBudget) as e:
             e.where = self.where()
             raise
         except (
@@ -255,27 +286,35 @@ class Loader:
             error = Unreadable(f"malformed pickle at byte {self.pos - 1}: {type(e).__name__}: {_first_line(e)}")
             error.where = self.where()
             raise error from None
+        finally:
+            if collecting:
+                gc.enable()
         self._check_samples()
 
     def where(self) -> tuple:
         """The path of the value being read: for each open container, a dict's key or a list's index.
 
-        A diagnostic, read from the stacks. In a dict's frame the key is the one before the value being
-        filled by the next frame, else the last string at an even position; a list's index counts its
-        entries, plus the finished items of its open batch (not the callables and argument tuples of an
-        item still being built). A list filled one APPEND at a time inside a dict's frame adds its length.
+        A diagnostic, read from the stacks (of the outermost 16 frames). In a dict's frame the key is the one
+        before the container being filled by the next frame, else the last string at an even position; a
+        list's index counts its entries, plus the finished items of its open batch (not the callables and
+        argument tuples of an item still being built). A list filled one APPEND at a time inside a dict's
+        frame adds its length (the item on top of the list being filled by the next frame, or the last).
         """
         path: list = []
-        frames = list(zip(self.owners, self.meta[1:] + [self.stack]))
-        for depth, (owner, inner) in enumerate(frames):
+        shown = min(len(self.owners), _WHERE_DEPTH + 1)  # the frames read; a flood of MARKs opens millions
+        frames = [(self.owners[k], self.meta[k + 1] if k + 1 < len(self.meta) else self.stack) for k in range(shown)]
+        for depth, (owner, inner) in enumerate(frames[:_WHERE_DEPTH]):
             deeper = frames[depth + 1][0] if depth + 1 < len(frames) else None
-            filling = deeper is not None and bool(inner) and inner[-1] is deeper
+            filling = bool(inner) and inner[-1] is deeper and type(deeper) in (dict, OrderedDict, CList)
             if type(owner) in (dict, OrderedDict):
-                j = len(inner) - 2 if filling else len(inner) - 1 - (len(inner) - 1) % 2
+                appended = filling and len(inner) > 1 and type(inner[-2]) is CList  # [..., key, list, item]
+                j = len(inner) - 2 - appended if filling else len(inner) - 1 - (len(inner) - 1) % 2
                 while j >= 0 and type(inner[j]) is not str:
                     j -= 2
                 path.append(inner[j] if j >= 0 else None)
-                if deeper is None and 0 <= j < len(inner) - 1 and type(inner[j + 1]) is CList:
+                if appended:
+                    path.append(len(inner[-2]))
+                elif deeper is None and 0 <= j < len(inner) - 1 and type(inner[j + 1]) is CList:
                     path.append(len(inner[j + 1]))
             elif type(owner) is CList:
                 done = len(inner) - 1 if filling else sum(not callable(x) and type(x) is not tuple for x in inner)
@@ -290,15 +329,16 @@ class Loader:
 
     # -------------------------------------------------------------------------------------- the opcodes
 
-    def _table(self) -> dict[bytes, Any]:
-        return {
+    def _table(self) -> list:
+        """The handler of each opcode byte value (None: outside the subset)."""
+        table = {
             PROTO: self._proto, STOP: self._stop, MARK: self._mark, NONE: lambda: self._push(None),
             NEWTRUE: lambda: self._push(True), NEWFALSE: lambda: self._push(False),
             BININT: lambda: self._push(self._unpack("<i", 4)), BININT1: lambda: self._push(self._take(1)[0]),
             BININT2: lambda: self._push(self._unpack("<H", 2)), BINFLOAT: lambda: self._push(self._unpack(">d", 8)),
             LONG1: self._long1, BINUNICODE: self._binunicode, SHORT_BINSTRING: self._short_binstring,
             EMPTY_TUPLE: lambda: self._push(()), EMPTY_LIST: self._empty_list, EMPTY_DICT: lambda: self._push({}),
-            EMPTY_SET: lambda: self._push(set()), TUPLE: lambda: self._push(tuple(self._pop_mark())),
+            EMPTY_SET: lambda: self._push(set()), TUPLE: self._tuple_mark,
             TUPLE1: lambda: self._tuple(1), TUPLE2: lambda: self._tuple(2), TUPLE3: lambda: self._tuple(3),
             BINPUT: lambda: self._put(self._take(1)[0]), LONG_BINPUT: lambda: self._put(self._unpack("<I", 4)),
             BINGET: lambda: self._push(self.memo[self._take(1)[0]]),
@@ -307,6 +347,13 @@ class Loader:
             GLOBAL: self._global, REDUCE: self._reduce, BINPERSID: self._binpersid,
             BUILD: self._refuse_build,
         }  # fmt: skip
+        return [table.get(bytes([op])) for op in range(256)]
+
+    def _charge(self, n: int) -> None:
+        """Charge n bytes about to be built beyond what the opcode's table entry charged."""
+        self.left -= n
+        if self.left < 0:
+            raise OverBudget(self.budget, self.file_bytes, self.pos - 1)
 
     def _take(self, k: int) -> bytes:
         b = self.data[self.pos : self.pos + k]
@@ -329,13 +376,23 @@ class Loader:
         return True
 
     def _long1(self) -> None:
-        self._push(int.from_bytes(self._take(self._take(1)[0]), "little", signed=True))
+        n = self._take(1)[0]
+        self._charge(n)
+        self._push(int.from_bytes(self._take(n), "little", signed=True))
 
     def _binunicode(self) -> None:
-        self._push(str(self._take(self._unpack("<I", 4)), "utf-8", "surrogatepass"))
+        self._push(self._text(self._unpack("<I", 4), "surrogatepass"))
 
     def _short_binstring(self) -> None:
-        self._push(self._take(self._take(1)[0]).decode("utf-8", "strict"))  # torch.load's encoding
+        self._push(self._text(self._take(1)[0], "strict"))  # torch.load's encoding
+
+    def _text(self, n: int, errors: str) -> str:
+        """n bytes of UTF-8 as a str, charged at the most they can build first, then at what they built."""
+        bound = pickle_budget.payload(BINUNICODE[0], n)
+        self._charge(bound)
+        text = str(self._take(n), "utf-8", errors)
+        self.left += bound - max(0, sys.getsizeof(text) - pickle_budget.BUILDS[BINUNICODE])
+        return text
 
     def _empty_list(self) -> None:
         lst = CList()
@@ -349,6 +406,11 @@ class Loader:
         items = tuple(self.stack[-k:])
         del self.stack[-k:]
         self._push(items)
+
+    def _tuple_mark(self) -> None:
+        items = self._pop_mark()
+        self._charge(pickle_budget.SLOT * len(items))
+        self._push(tuple(items))
 
     def _put(self, i: int) -> None:
         self.memo[i] = self.stack[-1]
@@ -381,6 +443,7 @@ class Loader:
 
     def _appends(self) -> None:
         items = self._pop_mark()
+        self._charge(pickle_budget.SLOT * len(items))
         self._target((CList,), "APPENDS").add_objects(items)
 
     def _setitem(self) -> None:
@@ -389,6 +452,7 @@ class Loader:
 
     def _setitems(self) -> None:
         items = self._pop_mark()
+        self._charge(pickle_budget.DICT_ENTRY * (len(items) // 2))
         self._set(self._target((dict, OrderedDict), "SETITEMS"), items)
 
     def _set(self, d: dict, items: list) -> None:
@@ -431,6 +495,7 @@ class Loader:
 
         args, func = self.stack.pop(), self.stack[-1]
         if func is OrderedDict and args == ():
+            self.left += pickle_budget.TENSOR - pickle_budget.ORDERED_DICT  # charged as a tensor, at most
             self.stack[-1] = OrderedDict()
         elif func is torch._utils._rebuild_tensor_v2:
             self.stack[-1] = self._rebuild(args)
@@ -462,6 +527,8 @@ class Loader:
         storage = self.storages.get(key)  # not `or`: a storage's truth value is deprecated (and warns)
         if storage is None:  # main's per-sample rollout_mask_sums are views of one storage: seen again
             storage = self._storage(key, marker.dtype, numel)
+        else:  # charged as a new storage object: none was built
+            self.left += pickle_budget.STORAGE
         if numel:  # as torch: an empty storage is not cached, each reference gets its own
             self.storages[key] = storage
         self.storage_ids.add(id(storage))
@@ -512,20 +579,30 @@ class Loader:
         end = pos + 2 * _homogeneous(data, pos, 2, BININT1) if first == BININT1 else pos
         if first == BINFLOAT:  # log-probs: 'G' + 8 bytes each, read as one strided big-endian array
             end = pos + 9 * _homogeneous(data, pos, 9, BINFLOAT)
+            charge = (end - pos) // 9 * 8 + _RUN
             make = lambda: np.frombuffer(data, _F8, (end - pos) // 9, pos)["v"].astype(np.float64)
         elif end > pos and data[end : end + 1] == APPENDS:  # loss masks: 'K' + 1 byte each
+            charge = (end - pos) // 2 + _RUN
             make = lambda: np.frombuffer(data, _U1, (end - pos) // 2, pos)["v"].copy()
         else:  # token ids: K/M/J mixed; validated by the regex, decoded by the C unpickler
             m = _INTS.match(data, pos)
             if m is None:
                 return False
             end = m.end()
-            make = lambda: np.array(pickle.loads(b"(" + data[pos:end] + b"l."), dtype=np.int32)
+            opcodes = (end - pos) // 2  # at most: 2 bytes an opcode
+            # int32 arrays, one a piece, and a piece as the C unpickler's list while it is decoded
+            charge = 4 * opcodes + _RUN * (1 + opcodes // _PIECE) + _PIECE_TRANSIENT * min(opcodes, _PIECE)
+            make = lambda: _int_array(data, pos, end) if opcodes <= _PIECE else _int_pieces(data, pos, end)
         if data[end : end + 1] != APPENDS:
             return False
         if id(target) in self.sealed:
             raise Refused(f"APPENDS on sample {self._sample_index(target)} after it was complete")
-        target.add_array(make())
+        self._charge(charge)
+        made = make()
+        for array in [made] if type(made) is np.ndarray else made:
+            target.add_array(array)
+            charge -= array.nbytes + _RUN
+        self.left += charge  # what was charged beyond what the arrays took
         self.pos = end + 1
         return True
 
@@ -585,25 +662,16 @@ class Loader:
 
 
 def _check_directory(path: str) -> None:
-    """Every record stored uncompressed, once: then none can hold more than the file's own bytes.
-
-    torch.save never compresses; torch's reader inflates a deflated record to the size its header declares,
-    so a small file could otherwise ask for gigabytes.
+    """Every record stored uncompressed, once (`torch_file.check_records`): then none can hold more than the
+    file's own bytes. torch.save never compresses; torch's reader inflates a deflated record to the size its
+    header declares, so a small file could otherwise ask for gigabytes.
     """
     try:
-        with zipfile.ZipFile(path) as z:
-            infos = z.infolist()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
-        raise Unreadable(f"not a readable zip archive: {_first_line(e)}") from None
-    names = [i.filename for i in infos]
-    if len(set(names)) != len(names):
-        raise Unreadable("a record name appears twice in the archive")
-    packed = next((i for i in infos if i.compress_type != zipfile.ZIP_STORED or i.file_size != i.compress_size), None)
-    if packed is not None:
-        raise Refused(
-            f"record {packed.filename[:80]} is compressed ({packed.compress_size:,} bytes declaring "
-            f"{packed.file_size:,}); torch.save stores records uncompressed"
-        )
+        torch_file.check_records(path)
+    except torch_file.Compressed as e:
+        raise Refused(str(e)) from None
+    except torch_file.BadArchive as e:
+        raise Unreadable(str(e)) from None
 
 
 def _homogeneous(data: bytes, pos: int, width: int, op: bytes) -> int:
@@ -615,6 +683,22 @@ def _homogeneous(data: bytes, pos: int, width: int, op: bytes) -> int:
         k += n
         if n < _BLOCK:
             return k
+
+
+def _int_array(data: bytes, pos: int, end: int) -> np.ndarray:
+    """A validated run of integer opcodes as an int32 array, by the C unpickler on those bytes alone."""
+    return np.array(pickle.loads(b"(" + data[pos:end] + b"l."), dtype=np.int32)
+
+
+def _int_pieces(data: bytes, pos: int, end: int) -> list[np.ndarray]:
+    """A run of more than `_PIECE` integer opcodes as int32 arrays, `_PIECE` at a time: decoded at once, a
+    hostile run of millions would first be a Python list of them, 40 bytes an int."""
+    out = []
+    while pos < end:
+        piece = _INTS_PIECE.match(data, pos, end).end()
+        out.append(_int_array(data, pos, piece))
+        pos = piece
+    return out
 
 
 def _ints(x: Any) -> bool:

@@ -27,7 +27,8 @@ class Flag:
 
     Attributes:
         name: the namespace field, e.g. `tensor_model_parallel_size`.
-        kind: "int" | "float" | "str" | "true" (store_true) | "false" (store_false) | "list".
+        kind: "int" | "float" | "str" | "true" (store_true) | "false" (store_false) | "list" (nargs +, words) |
+            "floats" (nargs +, finite numbers).
         default: the value when the flag is absent (slime v0.1.0's, for a slime flag).
         owner: SLIME or MEGATRON (whose default it is).
         flag: the command-line spelling when it is not `--` + name with dashes.
@@ -75,7 +76,7 @@ def _f(name, kind, default, owner=SLIME, flag="", **per_release):
     return Flag(name, kind, default, owner, flag, **per_release)
 
 
-_V2, _V3 = releases.V0_2_4, releases.V0_3_1
+_V1, _V2, _V3 = releases.V0_1_0, releases.V0_2_4, releases.V0_3_1
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -110,6 +111,25 @@ FLAGS: tuple[Flag, ...] = (
     _f("moe_router_topk", "int", 2, MEGATRON),
     _f("hidden_size", "int", None, MEGATRON),
     _f("vocab_size", "int", None, MEGATRON),
+    # MoE (Megatron; usually from the model-args file): megatron-LM core_v0.15.0rc0 arguments.py lines
+    _f("moe_router_load_balancing_type", "list", ("aux_loss",), MEGATRON),  # :2817-2820, nargs +
+    _f("moe_aux_loss_coeff", "floats", (0.0,), MEGATRON),  # :2862, nargs +
+    _f("moe_z_loss_coeff", "float", None, MEGATRON),  # :2864
+    _f("moe_router_score_function", "str", "softmax", MEGATRON, choices=((_V1, ("softmax", "sigmoid")),)),  # :2830
+    _f("moe_router_dtype", "str", None, MEGATRON, choices=((_V1, ("fp32", "fp64")),)),  # :2821-2827
+    _f("moe_router_fusion", "true", False, MEGATRON),  # :2828
+    _f("moe_router_enable_expert_bias", "true", False, MEGATRON),  # :2845
+    _f("moe_grouped_gemm", "true", False, MEGATRON),  # :2804
+    _f("moe_use_legacy_grouped_gemm", "true", False, MEGATRON),  # :2806
+    _f("moe_permute_fusion", "true", False, MEGATRON),  # :2879
+    _f(  # :2871-2874
+        "moe_token_dispatcher_type", "str", "allgather", MEGATRON, choices=((_V1, ("allgather", "alltoall", "flex")),)
+    ),
+    _f("transformer_impl", "str", "transformer_engine", MEGATRON, choices=((_V1, ("local", "transformer_engine")),)),
+    _f(  # :1996-1999, store_false
+        "gradient_accumulation_fusion", "false", True, MEGATRON, flag="--no-gradient-accumulation-fusion"
+    ),
+    _f("fp16", "true", False, MEGATRON),  # :2275; slime v0.1.0 sets args.bf16 = True whatever it says
     # batches and lengths
     _f("rollout_batch_size", "int", None),
     _f("n_samples_per_prompt", "int", 1),
@@ -131,6 +151,8 @@ FLAGS: tuple[Flag, ...] = (
         choices=((releases.V0_1_0, ("policy_loss", "sft_loss", "custom_loss")),),
     ),
     _f("custom_loss_function_path", "str", None),
+    # arguments.py:835 (v0.1.0), :1316 (v0.2.4), :1456 (v0.3.1), :1468 (main): where the plugin's hook goes
+    _f("custom_megatron_before_train_step_hook_path", "str", None),
     _f(  # arguments.py:548 (v0.1.0), :809-815 (v0.2.4: ppo), :932-939 (v0.3.1: cispo), :943-950 (main)
         "advantage_estimator",
         "str",

@@ -88,6 +88,17 @@ class LossApi:
         slicer_takes_format: the slicer takes (qkv_format, max_token_len) too (v0.2.x).
         rollout_always_read: the loss reads rollout_log_probs whenever the batch has them (a metric
             since v0.2), not only under --use-tis.
+        log_prob_helper: the function in `module` the policy loss calls first, from the logits to the current
+            policy's per-token log-probs and entropy.
+        log_prob_returns: what it returns: "dict" ({"log_probs": [per sample], "entropy": [...]}, v0.1.0),
+            "pair" ((empty, that dict), v0.2.4 on) or "tensors" ((log_probs [N], entropy [N]), nanscope's model).
+        metrics_logger: "module.function" the release logs train metrics through (`log(args, metrics, step_key)`,
+            wandb and TensorBoard), or None where it calls wandb.log itself (v0.1.0 model.py:468).
+        rows_recipe: how a micro-batch's samples map to rollout-dump rows (`nanscope.slime_plugin.rows`):
+            "strided" (v0.1.0, v0.2.4), "popped" (v0.3.1: the partition is dropped before training), "partition" (main).
+        schedule_module: the module whose `get_forward_backward_func` train_one_step calls every step (imported
+            there at module level: v0.1.0 model.py:15 and :309, v0.2.4 :20 and :419, v0.3.1 :21 and :641, main :21
+            and :647); the plugin's rerun replaces that attribute.
     """
 
     name: str
@@ -99,6 +110,11 @@ class LossApi:
     slicer: str | None
     slicer_takes_format: bool = False
     rollout_always_read: bool = False
+    log_prob_helper: str = "get_log_probs_and_entropy"
+    log_prob_returns: str = "pair"
+    metrics_logger: str | None = None
+    schedule_module: str = "slime.backends.megatron_utils.model"
+    rows_recipe: str = "strided"
 
     def reads(self, args) -> tuple[str, ...]:
         """The per-token batch keys this loss reads under `args`, in check order."""
@@ -132,6 +148,7 @@ _LOSS_V0_1_0 = LossApi(
     clamps=_frozen({"compute_policy_loss": EXP_NEG_FIRST, "compute_approx_kl": EXP_SECOND_MINUS_FIRST}),
     inline_exp=True,
     slicer=f"{SLIME_CP}.slice_log_prob_with_cp",
+    log_prob_returns="dict",  # loss.py:107-112 (v0.2.4 on: `return torch.empty((0,)), res`, loss.py:297)
 )
 
 _LOSS_V0_2_4 = LossApi(
@@ -154,6 +171,7 @@ _LOSS_V0_2_4 = LossApi(
     slicer=f"{SLIME_CP}.slice_log_prob_with_cp",
     slicer_takes_format=True,
     rollout_always_read=True,
+    metrics_logger="slime.utils.logging_utils.log",  # slime/utils/logging_utils.py:49
 )
 
 _V0_3_SIGNATURES = {
@@ -183,6 +201,8 @@ _LOSS_V0_3_1 = LossApi(
     inline_exp=True,
     slicer=f"{SLIME_CP}.slice_log_prob_with_cp",
     rollout_always_read=True,
+    metrics_logger="slime.utils.logging_utils.log",  # slime/utils/logging_utils.py:45
+    rows_recipe="popped",  # slime/utils/data.py:296 pops the partition
 )
 
 # main as of 2026-08-21 (624b824): v0.3.1's loss API plus the train-dump log-prob capture; it also
@@ -196,6 +216,8 @@ _LOSS_MAIN = LossApi(
     inline_exp=True,
     slicer=f"{SLIME_CP}.slice_log_prob_with_cp",
     rollout_always_read=True,
+    metrics_logger="slime.observability.logging_utils.log",  # slime/observability/logging_utils.py:45
+    rows_recipe="partition",  # slime/utils/data.py:304-318 keeps it
 )
 
 

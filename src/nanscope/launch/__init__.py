@@ -4,9 +4,12 @@ script/       launch script -> argument list (tree-sitter-bash, never executed; 
 config.py     argument list -> resolved flags with origins, derived batch figures
 topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
 detect.py     --slime-version / the script's text / its flags -> the slime release whose defaults apply
-tracebacks.py traceback -> failing rank, message, annotated frames
+tracebacks.py traceback or whole job log -> failing rank, message, annotated frames (failure.py: the error
+              line and its check; frames.py: the frames; logs.py: a log of any size, as a stream)
 findings/     flags -> NaN mechanisms (rules, by family) and what is fine
 candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
+moe.py        the MoE causes' rules (router losses, zero-token experts, router logits), with megatron-core's lines
+status.py     the three statuses
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from nanscope.launch.findings.finding import Finding
 from nanscope.launch.script import LaunchScript, parse_script
 from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
 from nanscope.launch.topology import RankInfo, Topology, build
-from nanscope.launch.tracebacks import Traceback, explain_1f1b, explain_bucket, explain_iteration, parse_traceback
+from nanscope.launch.tracebacks import Traceback, explain_bucket, explain_check, explain_iteration, explain_stage
+
+_RANKS_SHOWN = 16  # other failing ranks named in the note; the rest are counted
 
 
 @dataclass
@@ -71,7 +76,7 @@ def diagnose(
     model: dict | None = None,
     model_origin: str | None = None,
     model_args: str | None = None,
-    traceback_text: str | None = None,
+    traceback: Traceback | None = None,
     traceback_origin: str = "traceback",
     rank: int | None = None,
     limit: int | None = None,
@@ -86,7 +91,7 @@ def diagnose(
         model: architecture facts standing in for a missing model-args file.
         model_origin: how to name `model` in the report.
         model_args: a model-args file to read in place of the script's `source`.
-        traceback_text: the traceback text, if any.
+        traceback: the parsed traceback (launch.tracebacks.read_traceback), if one was given.
         traceback_origin: its file name, for error messages.
         rank: a rank to explain (overrides the traceback's).
         limit: the most bytes read from one file (default: launch.script.bounds.INPUT_LIMIT).
@@ -98,7 +103,6 @@ def diagnose(
     """
     env = env or {}
     limit = INPUT_LIMIT if limit is None else limit
-    traceback = parse_traceback(traceback_text, traceback_origin) if traceback_text is not None else None
     script = parse_script(script_path, env, model_args, limit)
     text = inputs.read_text(script_path, "launch script", limit, OPTION)
     release = choose(slime_version, script.path, text, script.argv, case_release)
@@ -111,6 +115,7 @@ def diagnose(
         kept=kept,
         release=release.release.key,
     )
+    cfg.unread = unread(script)
     layout = build(cfg)
     figures = batches(cfg, layout.dp, layout.cp)
     found = findings.findings(cfg, figures, layout.world, layout.cp)
@@ -133,6 +138,11 @@ def diagnose(
     return diagnosis
 
 
+def unread(script: LaunchScript) -> list[tuple[str, int]]:
+    """(path as written, line) of each file the script sources that nanscope did not read (Config.unread)."""
+    return [(source.path, source.line) for source in script.sources if source.status == "missing"]
+
+
 def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str) -> None:
     """Locate the asked-for (or the traceback's) rank and note where the inputs disagree."""
     traceback, layout = diagnosis.traceback, diagnosis.topology
@@ -147,7 +157,8 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
         diagnosis.failing = layout.rank(asked)
         if rank is not None and traceback and traceback.failure.rank != rank:
             diagnosis.notes.append(f"--rank {rank} overrides the traceback's rank {traceback.failure.rank}")
-        if traceback and asked == traceback.failure.rank and traceback.failure.device != diagnosis.failing.local_device:
+        device = traceback.failure.device if traceback else None  # "cpu": a CPU run names no GPU
+        if isinstance(device, int) and asked == traceback.failure.rank and device != diagnosis.failing.local_device:
             diagnosis.notes.append(
                 f"the traceback says device {traceback.failure.device} but rank {asked} maps to local device "
                 f"{diagnosis.failing.local_device} with {layout.gpus_per_node} GPUs per node"
@@ -158,10 +169,23 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
             f"{traceback_origin}: line {traceback.failure.line}: the Megatron error is cut short before its "
             "closing `')`; its message is read as far as it goes"
         )
-    if traceback and traceback.other_ranks:
+    check = traceback.failure.check if traceback else None
+    if check is not None and check.id == "large-grads" and not diagnosis.config["check_for_large_grads"]:
+        off = "--check-for-large-grads, which this launch does not set"
+    elif check is not None and check.quantity == "gradient" and not diagnosis.config["check_for_nan_in_loss_and_grad"]:
+        off = "--check-for-nan-in-loss-and-grad, which this launch turns off"
+    else:
+        off = None
+    if off is not None:
         diagnosis.notes.append(
-            f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, traceback.other_ranks))}; "
-            f"the first, rank {traceback.failure.rank}, is explained"
+            f"the traceback's check ({check.id}) runs only under {off}: the traceback may come from another launch"
+        )
+    if traceback and traceback.other_ranks:
+        shown, more = traceback.other_ranks[:_RANKS_SHOWN], len(traceback.other_ranks) - _RANKS_SHOWN
+        diagnosis.notes.append(
+            f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, shown))}"
+            + (f" and {more} more" if more > 0 else "")
+            + f"; the first, rank {traceback.failure.rank}, is explained"
         )
 
 
@@ -194,13 +218,17 @@ def _input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_or
 
 
 def _explain(diagnosis: Diagnosis) -> list[str]:
-    layout, failing = diagnosis.topology, diagnosis.failing
-    out = [explain_1f1b(layout.pp, failing.pp)]
-    if diagnosis.traceback is not None:
-        failure = diagnosis.traceback.failure
+    layout, failing, traceback = diagnosis.topology, diagnosis.failing, diagnosis.traceback
+    check = traceback.failure.check if traceback is not None else None
+    out = [explain_stage(layout.pp, failing.pp, check)]
+    if traceback is not None:
+        failure = traceback.failure
         out.append(explain_iteration(failure.iteration))
         pp = layout.coords[failure.rank]["pp"] if failure.rank < layout.world else failing.pp
         bucket = explain_bucket(failure.bucket, pp, diagnosis.config["overlap_grad_reduce"])
         if bucket:
             out.append(bucket)
+        check_text = explain_check(failure)
+        if check_text:
+            out.append(check_text)
     return out

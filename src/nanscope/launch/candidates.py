@@ -8,9 +8,12 @@ each cause slime is immune to) this module says what the resolved flags of the l
     undecidable  no flag decides it (a fault in the model, a custom function nanscope cannot read)
 
 and, for each one not ruled out, the single cheapest observation that confirms or excludes it (the
-hazard record's `discriminator`). A parsed traceback adds one fact: the gradient was non-finite, so a
-hazard that leaves slime v0.1.0's gradient finite cannot have raised it (unless a later release's flag
-routes it into the ratio: --use-rollout-logprobs).
+hazard record's `discriminator`). A parsed traceback adds what its check's message says
+(`facts.megatron.CHECKS`): a gradient norm NaN or Inf rules out a hazard that leaves slime v0.1.0's gradient
+finite (unless a later release's flag routes it into the ratio: --use-rollout-logprobs); an unexpectedly
+large, finite one rules out those that make it NaN or Inf (the check passes over them); Megatron-LM's
+forward-loss checks rule out every hazard of slime's loss and rollouts (slime never runs that loop), and a
+fault in the model that leaves the loss as it was. A message nanscope does not know rules nothing out.
 
 Pure: `candidates(config, traceback=None)` -> [Candidate], enabled first, then undecidable, then ruled out.
 """
@@ -22,10 +25,10 @@ from dataclasses import dataclass, field
 from nanscope.causes import catalogue, immune
 from nanscope.facts import releases
 from nanscope.facts.flags import BY_NAME, SCRIPT
+from nanscope.facts.paths import HOOK_PATH
+from nanscope.launch import moe
 from nanscope.launch.config import Config
-
-ENABLED, UNDECIDABLE, RULED_OUT = "enabled", "undecidable", "ruled-out"
-STATUSES = (ENABLED, UNDECIDABLE, RULED_OUT)
+from nanscope.launch.status import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE
 
 
 @dataclass
@@ -64,25 +67,63 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         traceback: the parsed traceback, if one was given: its failure means the gradient was non-finite.
     """
     out = []
+    failure = None if traceback is None else traceback.failure
     for hazard in catalogue.CATALOGUE:
         if hazard is catalogue.HEALTHY:
             continue
         status, evidence = _status(hazard, cfg)
-        # A shifted rollout log-prob only reaches a clamped TIS weight, unless it is the ratio's old policy.
-        shifted_as_old = hazard is catalogue.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs")
-        finite = hazard.grad_finite and not shifted_as_old
-        if traceback is not None and traceback.failure is not None and finite and status != RULED_OUT:
-            status = RULED_OUT
-            evidence = evidence + [
-                f"the traceback's check found {traceback.failure.kind} in a gradient; this hazard "
-                "leaves slime v0.1.0's gradient finite (`nanscope hazards`)"
-            ]
+        misfit = None if failure is None or status == RULED_OUT else _misfit(hazard, failure, cfg)
+        if misfit is not None:
+            status, evidence = RULED_OUT, evidence + [misfit]
         discriminator = None if status == RULED_OUT else hazard.discriminator
         out.append(Candidate(hazard.name, status, evidence, discriminator, hazard.cause_class))
     for cause in immune.IMMUNE:
         evidence = [f"slime {cfg.release} is immune: {cause.why}", *cause.evidence]
         out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
+
+
+def _misfit(hazard, failure, cfg: Config) -> str | None:
+    """Why the traceback's check cannot have fired on `hazard` (None: it can), by what its message says."""
+    check = failure.check
+    if check is None:  # a message nanscope does not know: it says nothing about the hazard
+        return None
+    if not check.slime and hazard.level == "batch":
+        return (
+            f"the traceback's check is Megatron-LM's ({check.source}), on the loss of Megatron-LM's own training "
+            "loop, which slime never runs: this hazard lives in slime's loss or rollouts"
+        )
+    if check.quantity == "loss":
+        finite = hazard.loss_finite
+        if check.value == "large":
+            return f"the traceback's check found a finite spiky loss; this fault {_makes(finite, 'loss')}"
+        if finite:
+            return f"the traceback's check found {check.value} in the forward loss; this fault leaves the loss finite"
+        return None
+    # A shifted rollout log-prob only reaches a clamped TIS weight, unless it is the ratio's old policy.
+    shifted_as_old = hazard is catalogue.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs")
+    finite = hazard.grad_finite and not shifted_as_old
+    if check.value == "large":
+        if finite:
+            return None
+        return (
+            "the traceback's check found a finite gradient norm, unexpectedly large (--check-for-large-grads); "
+            "this hazard makes slime v0.1.0's gradient NaN or Inf, which that check passes over "
+            "(rerun_state_machine.py:703-706)"
+        )
+    if finite:
+        return (
+            f"the traceback's check found {check.value} in a gradient; this hazard "
+            "leaves slime v0.1.0's gradient finite (`nanscope hazards`)"
+        )
+    return None
+
+
+def _makes(finite: bool, what: str) -> str:
+    """Why a finite, large value rules a cause out: it leaves `what` as it is, or makes it non-finite."""
+    if finite:
+        return f"leaves the {what} finite and as it was"
+    return f"makes the {what} NaN or Inf, which the check passes over (rerun_state_machine.py:703-706)"
 
 
 def remaining(found: list[Candidate]) -> list[Candidate]:
@@ -226,6 +267,13 @@ def _model(cfg: Config) -> tuple[str, list[str]]:
     return UNDECIDABLE, evidence
 
 
+def _hardware(cfg: Config) -> tuple[str, list[str]]:
+    evidence = ["a device that computed a wrong value once: no flag enables or excludes it"]
+    if cfg.get("custom_megatron_before_train_step_hook_path") == HOOK_PATH:
+        evidence.append(f"{HOOK_PATH} is installed: its rerun verdict (NANSCOPE_RERUN, default on) decides it")
+    return UNDECIDABLE, evidence
+
+
 _RULES = {
     catalogue.KL_EXP_OVERFLOW.name: _kl,
     catalogue.RATIO_EXP_OVERFLOW.name: _ratio,
@@ -235,4 +283,9 @@ _RULES = {
     catalogue.ROLLOUT_LOGPROB_SHIFT.name: _logprob_shift,
     catalogue.ACTIVATION_OVERFLOW.name: _model,
     catalogue.BACKWARD_ONLY_FAULT.name: _model,
+    catalogue.TRANSIENT_FAULT.name: _hardware,
+    catalogue.LOGPROB_DRIFT.name: _kl,  # the same exp as kl-exp-overflow, reached step by step
+    catalogue.MOE_AUX_LOSS.name: moe.aux_loss,
+    catalogue.MOE_ZERO_TOKEN_EXPERT.name: moe.zero_token_expert,
+    catalogue.MOE_ROUTER_LOGITS.name: moe.router_logits,
 }

@@ -41,6 +41,8 @@ class Config:
         release: the slime release whose defaults and rules apply (nanscope.facts.releases key).
         undefined: modelled flags the script gives that the release does not define, as written.
         rejected: (flag, value, the release's choices) for a value its parser rejects.
+        unread: (path as written, line) of each file the script sources that was not read (missing, no
+            --model-args in its place): the flags in it are unknown, so a cause they decide stays open (launch.moe).
     """
 
     values: dict[str, Value]
@@ -49,6 +51,7 @@ class Config:
     release: str = releases.V0_1_0
     undefined: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
+    unread: list[tuple[str, int]] = field(default_factory=list)
 
     def __getitem__(self, name: str):
         return self.values[name].value
@@ -72,6 +75,8 @@ class Config:
 
 
 def _show(value) -> str:
+    if isinstance(value, (list, tuple)):  # nargs + flags: the words as written
+        return " ".join(_show(item) for item in value)
     if isinstance(value, float) and value == int(value) and abs(value) < 1e15:
         return f"{value:g}"
     return str(value)
@@ -101,20 +106,29 @@ def _convert(spec: Flag, words: list[str], unset: dict[str, int], kept: dict[str
         return False
     if spec.kind == "list":
         return list(words)
+    if spec.kind == "floats":
+        if not words:
+            raise UserError(f"{spec.spelling}: expected one or more numbers, got none")
+        return [_number(spec, word, words, unset, kept) for word in words]
     if len(words) != 1:
         shown = _short(" ".join(words)) or "(none)"
         raise UserError(f"{spec.spelling}: expected one value, got {len(words)}: {shown}{_hint(words, unset, kept)}")
-    word = words[0]
+    return _number(spec, words[0], words, unset, kept)
+
+
+def _number(spec: Flag, word: str, words: list[str], unset: dict[str, int], kept: dict[str, str]):
+    """One word of a flag as its kind: an int, a finite float ("float", "floats") or the word itself."""
+    integer = spec.kind == "int"
     try:
-        value = int(word) if spec.kind == "int" else float(word) if spec.kind == "float" else word
+        value = int(word) if integer else float(word) if spec.kind in ("float", "floats") else word
     except ValueError:
         raise UserError(
-            f"{spec.spelling}: {_short(word)!r} is not a{'n integer' if spec.kind == 'int' else ' number'}"
+            f"{spec.spelling}: {_short(word)!r} is not a{'n integer' if integer else ' number'}"
             f"{_hint(words, unset, kept)}"
         ) from None
-    if spec.kind == "int" and not -_INT64 <= value < _INT64:
+    if integer and not -_INT64 <= value < _INT64:
         raise UserError(f"{spec.spelling}: {_short(word)} is not a 64-bit integer")
-    if spec.kind == "float" and not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{spec.spelling}: {word!r} is not a finite number")
     return value
 

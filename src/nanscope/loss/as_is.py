@@ -26,7 +26,7 @@ import torch
 
 from nanscope.loss import microbatch
 from nanscope.loss.formulas import approx_kl, ppo_clip_loss, tis_weights
-from nanscope.loss.microbatch import Parallel
+from nanscope.loss.microbatch import Parallel, log_probs_and_entropy
 
 
 def policy_loss(args, batch: dict, logits: torch.Tensor, sum_of_sample_mean, *, parallel: Parallel | None = None):
@@ -45,7 +45,7 @@ def policy_loss(args, batch: dict, logits: torch.Tensor, sum_of_sample_mean, *, 
     par = parallel or Parallel.from_megatron()
     if args.advantage_estimator == "gspo":
         raise ValueError("advantage_estimator 'gspo' (sequence-level ratio) is not modelled by nanscope")
-    logp, ent = microbatch.log_probs_and_entropy(logits, batch, args.rollout_temperature, par)
+    logp, ent = log_probs_and_entropy(logits, batch, args.rollout_temperature, par)
     device = logp.device
     advantages = microbatch.concat(batch, "advantages", device)
     old_logp = microbatch.concat(batch, "log_probs", device)

@@ -56,7 +56,7 @@ def call(target: Target, args, batch: dict, logits, sum_of_sample_mean, *, nan_p
     kwargs = {}
     if target.slicer is None:
         kwargs["parallel"] = parallel = parallel or Parallel.from_megatron()
-    positions = _positions(target, args, batch, parallel)
+    positions = response_positions(target, args, batch, parallel)
     keys = target.release.reads(args)
     guard = _Inputs(batch, keys, positions, logits.device)
     if not guard.finite and nan_policy == "strict":
@@ -74,10 +74,11 @@ def call(target: Target, args, batch: dict, logits, sum_of_sample_mean, *, nan_p
     return loss, metrics
 
 
-def _positions(target, args, batch, parallel) -> list[list[int]]:
+def response_positions(target: Target, args, batch: dict, parallel=None) -> list[list[int]]:
     """Per sample, the response position of each of this CP rank's tokens, in the rank's order."""
     lengths = zip(batch["total_lengths"], batch["response_lengths"])
     if target.slicer is None:  # nanscope's model: its Parallel holds the CP coordinate
+        parallel = parallel or Parallel.from_megatron()
         return [layout.response_positions(t, r, parallel.cp_rank, parallel.cp_size) for t, r in lengths]
     if not target.release.slicer_takes_format:
         return [list(target.slicer(list(range(r)), t, r)) for t, r in lengths]
@@ -140,7 +141,7 @@ class _Inputs:
 
     def keep_local(self, loss_masks) -> torch.Tensor:
         """[N] bool: this rank's tokens whose mask (in `loss_masks`) is non-zero, in the rank's order."""
-        return _local(loss_masks, self.positions).to(self.device) != 0
+        return local_entries(loss_masks, self.positions).to(self.device) != 0
 
     def counters(self, keep: torch.Tensor, exp_overflow: torch.Tensor) -> dict:
         """nan_guard/* metrics (counts in this micro-batch, 0-dim float32).
@@ -157,7 +158,7 @@ class _Inputs:
         bad_samples = zero if self.finite else torch.stack([~f.all() for f in self._finite("advantages")]).sum()
         out["nan_guard/advantages"] = bad_samples.float()
         out["nan_guard/exp_overflow"] = exp_overflow
-        trained = _local(self.batch["loss_masks"], self.positions).to(self.device) != 0
+        trained = local_entries(self.batch["loss_masks"], self.positions).to(self.device) != 0
         out["nan_guard/dropped_tokens"] = (trained & ~keep).sum().float()
         return out
 
@@ -166,7 +167,7 @@ def _cat(parts) -> torch.Tensor:
     return torch.cat([torch.as_tensor(x).reshape(-1) for x in parts])
 
 
-def _local(masks, positions: list[list[int]]) -> torch.Tensor:
+def local_entries(masks, positions: list[list[int]]) -> torch.Tensor:
     """This rank's entries of whole-response masks, samples concatenated: [N] with the masks' dtype.
 
     Cut with slices (a CP rank holds runs of consecutive positions), so no index tensor is copied to the

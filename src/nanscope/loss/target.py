@@ -62,6 +62,9 @@ MODEL = LossApi(
     clamps=MappingProxyType({"ppo_clip_loss": EXP_NEG_FIRST, "approx_kl": EXP_NEG_FIRST, "tis_weights": EXP_FIRST}),
     inline_exp=False,
     slicer=None,
+    log_prob_helper="log_probs_and_entropy",
+    log_prob_returns="tensors",
+    schedule_module="nanscope.megatron.step",  # the CPU harness's train_one_step
 )
 
 

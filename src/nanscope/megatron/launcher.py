@@ -9,12 +9,23 @@ forks the ranks after importing megatron-core once: see worker.py) with a hard t
 kills the whole process tree when it expires or when a stop signal arrives, relaunches for the
 remaining runs when a launch died mid-way, and returns a LaunchResult. torchrun's TMPDIR is a temp
 dir of the launch, so its `torchelastic_*` dirs go with it.
+
+`launch(..., via=Launcher("ray"))` spawns the Ray driver instead (`ray_driver.py`: a train group of Ray actors,
+one per rank, running the same `run.Runner`); a local Ray instance keeps its session dir in that temp dir, and its
+processes are the driver's descendants, so the same timeout, stop signals and tree kill apply. Its records are
+the same files; a run that raised also leaves the driver's traceback (`RunResult.traceback`).
+
+The launch's temp dirs are `scratch` dirs, marked as this process's. Killed by SIGKILL, this process
+cleans nothing up; its agent notices (`proctree.ParentWatch`), kills the ranks and removes them. Should
+the agent die too, the next launch removes them: each launch first sweeps the temp dir of every marked
+dir whose owner is gone (a live run's never are).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -25,10 +36,10 @@ from pathlib import Path
 
 from nanscope import loss
 from nanscope.causes import catalogue
-from nanscope.megatron import proctree
+from nanscope.megatron import proctree, ray_session, scratch
 from nanscope.megatron.bootstrap import free_port
 from nanscope.megatron.proctree import StopSignals
-from nanscope.megatron.spec import LaunchResult, Layout, RankRecord, RunResult, RunSpec, WorkerSpec
+from nanscope.megatron.spec import Launcher, LaunchResult, Layout, RankRecord, RunResult, RunSpec, WorkerSpec
 
 POLL_S = 0.25  # how often a running launch looks for a stop signal
 
@@ -44,12 +55,12 @@ def launch(
     out_dir: str | os.PathLike | None = None,
     bf16: bool = True,
     max_relaunches: int = 2,
+    via: Launcher = Launcher(),
 ) -> LaunchResult:
-    """Execute `runs` in one torchrun launch of `layout.world` CPU processes (more if one dies).
+    """Execute `runs` in one launch of `layout.world` CPU processes (more if one dies).
 
-    When a launch dies inside run i (a rank hung and its watchdog ended it, or a rank crashed), the
-    runs after i are executed by a fresh launch, at most `max_relaunches` times; run i keeps the
-    records its ranks did write and lists the others as missing.
+    When a launch dies inside run i (a rank hung and its watchdog ended it, or a rank crashed), the runs after i
+    go to a fresh launch, at most `max_relaunches` times; run i keeps its ranks' records, the others missing.
 
     Args:
         runs: executed in order, each from a freshly built model.
@@ -62,21 +73,23 @@ def launch(
         out_dir: where the ranks write records (and parameters); a temp dir when None.
         bf16: bf16 parameters with fp32 main params and grads (as the case); False for all-fp32.
         max_relaunches: fresh launches allowed after a launch dies mid-way.
+        via: torchrun (the default) or Ray (`ray_driver.py`: a local instance in the launch's temp dir, or a cluster).
 
     Returns:
         A LaunchResult; runs whose records are missing list the missing ranks.
 
     Raises:
-        proctree.Interrupted: SIGINT, SIGTERM or SIGHUP arrived during the launch; torchrun's whole
-            process tree has been killed and waited for, and the launch's temp dirs removed.
+        proctree.Interrupted: SIGINT, SIGTERM or SIGHUP arrived; the launch's process tree is killed and gone,
+            the launch's temp dirs removed.
     """
-    _validate(runs, layout)
+    _validate(runs, layout, via)
+    scratch.sweep()  # what killed launches left behind
     with contextlib.ExitStack() as stack:
         stop = stack.enter_context(StopSignals())
         if out_dir is None:
-            out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="nanscope-run-"))
+            out_dir = stack.enter_context(scratch.directory("nanscope-run-"))
         # torchrun's own temp dirs (torchelastic_*) go here, removed with it.
-        child_tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="nanscope-tmp-"))
+        child_tmp = stack.enter_context(scratch.directory("nanscope-tmp-"))  # and a local Ray instance's session
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         spec = WorkerSpec(
@@ -91,7 +104,7 @@ def launch(
         outputs, stuck, returncode, timed_out, launches = [], {}, None, False, 0
         while True:
             launches += 1
-            code, timed_out, output = _torchrun(out, spec, timeout_s - (time.time() - t0), child_tmp, stop)
+            code, timed_out, output = _spawner(via)(out, spec, timeout_s - (time.time() - t0), child_tmp, stop)
             returncode = code if not returncode else returncode  # the first failure's code sticks
             outputs.append(output)
             _take_stuck_notes(out, layout.world, stuck)
@@ -113,18 +126,45 @@ def launch(
     return result
 
 
-def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: StopSignals) -> tuple[int, bool, str]:
-    """One torchrun of the worker over `spec`, with TMPDIR `tmp`.
+def _command(out: Path, spec: WorkerSpec, tmp: str, via: Launcher) -> list[str]:
+    """torchrun's agent over the worker (forking the ranks after the imports), or the Ray driver."""
+    watch = ["--parent", str(os.getpid()), "--parent-tmp", tempfile.gettempdir()]  # the child's watch of this process
+    files = ["--spec", str(out / "spec.json"), "--out", str(out)]
+    if via.kind == "ray":
+        address = ["--address", via.ray_address] if via.ray_address else []
+        return [sys.executable, "-m", "nanscope.megatron.ray_driver", *files, *watch, "--ray-temp", tmp, *address]
+    ranks = ["--nproc-per-node", str(spec.layout.world), "--master-port", str(free_port())]
+    return [sys.executable, "-m", "nanscope.megatron.worker", *ranks, *files, *watch]
 
-    Kills the process tree after `timeout_s`, or at once on a stop signal (then raises Interrupted).
+
+def _spawner(via: Launcher):
+    """`_torchrun`, or `_ray_driver` for `via`'s cluster."""
+    return _torchrun if via.kind == "torchrun" else functools.partial(_ray_driver, address=via.ray_address)
+
+
+def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: StopSignals) -> tuple[int, bool, str]:
+    """One torchrun of the worker over `spec`, with TMPDIR `tmp` (`_spawn`)."""
+    return _spawn(out, spec, timeout_s, tmp, stop, via=Launcher())
+
+
+def _ray_driver(
+    out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: StopSignals, *, address: str | None
+) -> tuple[int, bool, str]:
+    """One Ray driver over `spec`, with TMPDIR `tmp`, its local Ray instance's session there (`_spawn`)."""
+    return _spawn(out, spec, timeout_s, tmp, stop, via=Launcher("ray", address))
+
+
+def _spawn(
+    out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: StopSignals, *, via: Launcher
+) -> tuple[int, bool, str]:
+    """One launch (torchrun, or the Ray driver) of the ranks over `spec`, with TMPDIR `tmp`.
+
+    Kills the process tree after `timeout_s`, or at once on a stop signal (then raises Interrupted): the Ray
+    driver's tree holds the local Ray instance's processes, its actors included.
     """
     stop.check()
     (out / "spec.json").write_text(spec.to_json())
-    cmd = [
-        sys.executable, "-m", "nanscope.megatron.worker",  # torchrun's agent, forking the ranks after the imports
-        "--nproc-per-node", str(spec.layout.world), "--master-port", str(free_port()),
-        "--spec", str(out / "spec.json"), "--out", str(out),
-    ]  # fmt: skip
+    cmd = _command(out, spec, tmp, via)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": "",
            "TMPDIR": tmp}  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -175,8 +215,10 @@ def _first_incomplete(out: Path, n_runs: int, world: int, first: int) -> int | N
     return None
 
 
-def _validate(runs: list[RunSpec], layout: Layout) -> None:
+def _validate(runs: list[RunSpec], layout: Layout, via: Launcher = Launcher()) -> None:
     """Fail in the parent, not after 20 s of imports in every rank."""
+    if via.kind == "ray" and via.ray_address is None:  # the launch's temp dir will be the session dir
+        ray_session.check_temp(os.path.join(tempfile.gettempdir(), "nanscope-tmp-" + "x" * 8))
     for run in runs:
         catalogue.get(run.hazard)
         loss.known(run.loss)
@@ -195,7 +237,8 @@ def collect(out: Path, runs, layout, *, returncode, timed_out, wall, output) -> 
                 records.append(RankRecord.from_json(path.read_text()))
             else:
                 missing.append(rank)
-        results.append(RunResult(spec, records, missing))
+        shown = out / f"traceback.run{i}.txt"  # a Ray launch's driver wrote it
+        results.append(RunResult(spec, records, missing, shown.read_text() if shown.exists() else None))
     startup = {}
     for rank in range(layout.world):
         path = out / f"startup.rank{rank}.json"

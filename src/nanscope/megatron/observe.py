@@ -65,5 +65,7 @@ def observe(ctx: RunContext, batch: dict, stepped: bool) -> None:
         "loss_inputs": None if inputs is None else {k: list(v) for k, v in inputs.items()},
         "nonfinite_params": list(params[:SHOWN]),
         "last_stage": last,
+        # the MoE layers' per-expert token counts of the failing micro-batch (a healthy step: how many were kept)
+        "expert_tokens": reading.expert_tokens(off),
         **classify(obs).to_dict(),
     }

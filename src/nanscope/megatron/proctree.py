@@ -1,8 +1,10 @@
-"""A launch's processes: stop signals noted instead of obeyed, and the whole torchrun tree killed (Linux /proc).
+"""A launch's processes: stop signals noted instead of obeyed, the whole torchrun tree killed (Linux /proc),
+and an agent that ends with its parent.
 
 torchrun runs in its own session (a Ctrl-C in the terminal does not reach it) and its ranks may start
 new sessions of their own, so neither the terminal nor a process-group kill ends them: the parent
-collects the tree from /proc and kills it pid by pid.
+collects the tree from /proc and kills it pid by pid. A parent killed by SIGKILL does none of this: its
+agent notices (`ParentWatch`), kills the ranks and removes the launch's temp dirs itself.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 # The signals that end `nanscope repro` (exit 128 + signal number: 130, 143, 129).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PARENT_GONE_EXIT = 128 + signal.SIGKILL  # a launch's agent whose parent was killed ends as if killed too
 
 
 class Interrupted(BaseException):
@@ -94,17 +97,18 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def kill_tree(pid: int) -> list[int]:
-    """SIGKILL `pid` and all its descendants; returns the pids signalled, `pid` first.
+def kill_tree(pid: int, *, root: bool = True) -> list[int]:
+    """SIGKILL `pid` (unless `root` is False: a process ending its own descendants) and all its descendants.
 
-    The tree is frozen first (SIGSTOP, repeated until no new descendant appears), so a process
-    that forks while the tree is being read is caught too.
+    Returns the pids signalled, parents first. The tree is frozen first (SIGSTOP, repeated until no new
+    descendant appears), so a process that forks while the tree is being read is caught too.
     """
-    seen: list[int] = []
+    seen: list[int] = [] if root else [pid]
     while new := [p for p in _tree(pid) if p not in seen]:
         for p in new:
             _signal(p, signal.SIGSTOP)
         seen += new
+    seen = seen if root else seen[1:]
     for p in seen:
         _signal(p, signal.SIGKILL)
     return seen
@@ -125,3 +129,40 @@ def wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
     while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+class ParentWatch:
+    """Ends this process and its descendants when its parent dies, even by SIGKILL, then runs `cleanup`.
+
+        watch = ParentWatch(parent_pid, cleanup=lambda: scratch.sweep(root))
+        ...
+        watch.exit(code)   # instead of os._exit(code): never while the watch is cleaning up
+
+    A daemon thread polls getppid() every `poll_s`: a dead parent's children are re-parented (to init or
+    a subreaper). Without Linux's PR_SET_PDEATHSIG on this process, so that there is time to kill the
+    descendants first and then remove what they were writing to. `parent` is the pid the parent had when
+    it started this process: a parent that died before the watch started is noticed at the first poll.
+    """
+
+    def __init__(self, parent: int, cleanup, poll_s: float = 0.2):
+        self.parent, self.cleanup, self.poll_s = parent, cleanup, poll_s
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, name="nanscope-parent-watch", daemon=True).start()
+
+    def parent_gone(self) -> bool:
+        return os.getppid() != self.parent
+
+    def _watch(self) -> None:
+        while not self.parent_gone():
+            time.sleep(self.poll_s)
+        self.exit(PARENT_GONE_EXIT)
+
+    def exit(self, code: int) -> None:
+        """os._exit(code); first, if the parent is gone, kill the descendants and run the cleanup."""
+        with self._lock:  # one caller at a time: the process ends inside
+            try:
+                if self.parent_gone():
+                    wait_gone(kill_tree(os.getpid(), root=False))
+                    self.cleanup()
+            finally:
+                os._exit(code)

@@ -40,6 +40,7 @@ class Runner:
 
         self.spec, self.out, self.wd = spec, out, watchdog
         self.rank = dist.get_rank()
+        self.raised: Exception | None = None  # the last run's exception, with its traceback (the Ray actor raises it)
         self.logits: dict = {}  # the shared first-step log-prob passes (`policy`)
 
     def execute(self, index: int, run: RunSpec) -> RankRecord:
@@ -50,6 +51,7 @@ class Runner:
         from nanscope.megatron.model import TinyQwen3MoE
 
         t0 = time.time()
+        self.raised = None
         _apply_fault(run.fault, self.rank)
         rec = RankRecord(
             rank=self.rank,
@@ -73,6 +75,7 @@ class Runner:
         try:
             self.steps(ctx)
         except Exception as e:  # megatron's NaN check raises RuntimeError; record anything
+            self.raised = e
             rec.ok, rec.error, rec.error_type = False, str(e), type(e).__name__
             rec.error_time, rec.error_step = ctx.error_time or time.time(), len(rec.hazard_sites)
             rec.frames = _megatron_frames(e.__traceback__)
@@ -120,7 +123,9 @@ class Runner:
             seq_length = step.seq_length_for(rollout.total_lengths, ctx.layout.tp)
             self.wd.arm(f"{ctx.name} step {i}: log-prob pass", limit)
             policy = self.policy(ctx, seq_length, i)
-            batch = hazards.build(spec.hazard_at(i), policy, rollout, seed=seed, defused=spec.defused)
+            batch = hazards.build(
+                spec.hazard_at(i), policy, rollout, seed=seed, defused=spec.defused, progress=spec.progress_at(i)
+            )
             site = batch.pop("hazard_site", None)
             rec.hazard_sites.append(site)
             rec.site_log_probs.append(_site_log_probs(batch, site))
@@ -141,11 +146,12 @@ class Runner:
             rec.losses.append(losses)
 
     @staticmethod
-    def plant(ctx: RunContext, spec_text: str, at: int | None) -> None:
-        """Plant a model fault (megatron.faults) in this rank's stage, firing at step `at` (None: always)."""
+    def plant(ctx: RunContext, spec_text: str, at: int | None, once: bool) -> None:
+        """Plant a model fault (megatron.faults) in this rank's stage, firing at step `at` (None: always), on the
+        first call only if `once`."""
         from nanscope.megatron import faults  # heavy: torch, in the ranks only
 
-        fault = faults.parse(spec_text, at)
+        fault = faults.parse(spec_text, at, once)
         faults.plant(ctx.model, fault, layer_offset([ctx.model]), lambda: at is None or ctx.step == at)
 
     def policy(self, ctx: RunContext, seq_length: int, i: int):

@@ -34,6 +34,17 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Launcher:
+    """How the ranks start: torchrun's agent forking them (the default), or a train group of Ray actors."""
+
+    kind: str = "torchrun"  # "torchrun" | "ray"
+    ray_address: str | None = None  # with "ray": join this cluster; None: a local Ray instance
+
+    def __post_init__(self):
+        assert self.kind in ("torchrun", "ray") and (self.kind == "ray" or self.ray_address is None), self
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One run: `steps` optimizer steps; the hazard's batch at `inject_step` (1-based), healthy elsewhere.
 
@@ -65,21 +76,27 @@ class RunSpec:
     # model_fault_step (None: every step); a level "model" hazard brings its own
     model_fault: str | None = None
     model_fault_step: int | None = None
+    model_fault_once: bool = False  # the model fault fires on its module's first call only (repro --fault-once)
 
     def hazard_at(self, step: int) -> str:
+        """The hazard step `step` carries: the run's at its inject step (a drifting one at every step), else healthy."""
         at = self.inject_step if self.inject_step is not None else 1
-        return self.hazard if step == at else "healthy"
+        return self.hazard if step == at or catalogue.get(self.hazard).drifts else "healthy"
 
-    def planted(self) -> tuple[str, int | None] | None:
-        """(fault spec, step it fires at or None for every step) of the model fault, if any.
+    def progress_at(self, step: int) -> float:
+        """How far a drifting hazard has come at `step`: step / inject step (1 where it crosses)."""
+        return step / (self.inject_step if self.inject_step is not None else 1)
+
+    def planted(self) -> tuple[str, int | None, bool] | None:
+        """(fault spec, step it fires at or None for every step, once) of the model fault, if any.
 
         A level "model" hazard (not defused) plants its record's fault at the hazard's step.
         """
         if self.model_fault is not None:
-            return self.model_fault, self.model_fault_step
+            return self.model_fault, self.model_fault_step, self.model_fault_once
         hazard = catalogue.get(self.hazard)
         if hazard.fault is not None and not self.defused:
-            return hazard.fault, self.inject_step if self.inject_step is not None else 1
+            return hazard.fault, self.inject_step if self.inject_step is not None else 1, hazard.fault_once
         return None
 
 
@@ -172,6 +189,8 @@ class RunResult:
     spec: RunSpec
     ranks: list[RankRecord]  # sorted by rank; ranks that wrote nothing are absent
     missing: list[int] = field(default_factory=list)  # ranks without a record (crashed, killed)
+    # Ray launch: the run's error as its driver saw it (driver frames, RayTaskError, the rank's frames, the message)
+    traceback: str | None = None
 
     @property
     def observed(self) -> str:
@@ -194,7 +213,7 @@ class RunResult:
 class LaunchResult:
     layout: Layout
     runs: list[RunResult]
-    returncode: int | None  # torchrun's exit code; the first non-zero one when a relaunch followed
+    returncode: int | None  # torchrun's or the Ray driver's exit code; the first non-zero one when relaunched
     timed_out: bool
     wall_s: float  # parent-side, spawn to exit
     startup: dict[int, dict]  # rank -> {"started" (time.time() at worker entry), "imports_s", "init_s"}

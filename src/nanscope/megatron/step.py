@@ -19,6 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from nanscope import loss
 from nanscope.dumps import writers
@@ -47,7 +48,6 @@ def policy(ctx: RunContext, seq_length: int):
     """
     import torch.distributed as dist  # heavy: torch.distributed and megatron-core, in the ranks only
     from megatron.core import parallel_state as mpu
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     model = ctx.model
@@ -80,6 +80,20 @@ def policy(ctx: RunContext, seq_length: int):
     return run
 
 
+class MicroBatches:
+    """The step's micro-batches as slime's DataIterator hands them out: `offset` counts those taken, so setting it
+    back replays them (the plugin's rerun does)."""
+
+    def __init__(self, microbatches: list[dict]):
+        self.microbatches, self.offset = microbatches, 0
+        self.micro_batch_size = 1  # one sample per micro-batch: slime's static schedule, offset counting samples
+
+    def get_next(self) -> tuple[int, dict]:
+        index = self.offset
+        self.offset += 1
+        return index, self.microbatches[index]
+
+
 def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, step: int):
     """slime v0.1.0's train_one_step for one micro-batch per sample.
 
@@ -92,7 +106,6 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
          the local bucket grad norms before the step)
     """
     from megatron.core import parallel_state as mpu  # heavy: megatron-core, in the ranks only
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     model, optimizer, cp = ctx.model, ctx.optimizer, ctx.layout.cp
     n = len(batch["response_lengths"])
@@ -108,7 +121,7 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
         )
 
     def forward_step(it, m):
-        index, mb = next(it)
+        index, mb = it.get_next()
         if ctx.tracer is not None:
             ctx.tracer.microbatch(index, replay.token_map(mb, packed_length=seq_length))
         tokens = _pad(mb["unconcat_tokens"][0], seq_length).unsqueeze(0)
@@ -125,8 +138,9 @@ def train_one_step(ctx: RunContext, batch: dict, seq_length: int, loss_module, s
         )
         return out, loss_func  # megatron calls loss_func(output_tensor)
 
+    # looked up in this module at each step, as slime's train_one_step does: the plugin's rerun replaces it
     losses_reduced = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter(enumerate(micro)), model=[model],
+        forward_step_func=forward_step, data_iterator=MicroBatches(micro), model=[model],
         num_microbatches=num_microbatches, seq_length=seq_length, micro_batch_size=1, forward_only=False,
     )  # fmt: skip
     bucket_norms = bucket_grad_norms(model)

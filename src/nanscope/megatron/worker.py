@@ -1,6 +1,7 @@
-"""The harness's launch: `python -m nanscope.megatron.worker --nproc-per-node N --master-port P --spec SPEC --out DIR`.
+"""The harness's launch: `python -m nanscope.megatron.worker --nproc-per-node N --master-port P --spec SPEC --out DIR
+--parent PID --parent-tmp TMP`.
 
-This process imports megatron-core and everything a rank runs ONCE (`_import_rank_path`), then runs
+This process imports megatron-core and everything a rank runs ONCE (`import_rank_path`), then runs
 torchrun's elastic agent in itself (torch.distributed.run's own configuration of these flags, static
 rendezvous, no restarts) with start method "fork": each rank is forked from it with the imports done
 (about 3 s of CPU per rank on 2 cores otherwise, and the optimizer's torch._dynamo import), and runs
@@ -8,11 +9,17 @@ rendezvous, no restarts) with start method "fork": each rank is forked from it w
 (`run.Runner`) and writes each run's record as `DIR/run{i}.rank{r}.json`, after a barrier of every rank.
 A watchdog thread ends a rank stuck in one phase (a collective whose peers raised) with os._exit(3),
 leaving `DIR/stuck.rank{r}.txt` (`watchdog.py`); the agent then stops the other ranks and exits 1.
+
+No process outlives the launch, even when `nanscope repro` is killed by SIGKILL: each rank dies with the
+agent (PR_SET_PDEATHSIG), and the agent watches its parent (`proctree.ParentWatch`): on the parent's death
+it kills the ranks, removes the parent's temp dirs (`scratch.sweep` of TMP: those whose owner is gone)
+and exits 137.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -22,18 +29,25 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
-from nanscope.megatron import bootstrap
+from nanscope.megatron import bootstrap, proctree, scratch
 from nanscope.megatron.run import Runner
 from nanscope.megatron.spec import WorkerSpec
 from nanscope.megatron.watchdog import Watchdog, barrier
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this rank when the agent dies (prctl PR_SET_PDEATHSIG), so no rank outlives it."""
+def _die_with_parent(agent: int) -> None:
+    """Linux: SIGKILL this rank when the agent dies (prctl PR_SET_PDEATHSIG), so no rank outlives it.
+
+    An agent that died between the fork and the prctl is not signalled for: then this rank is re-parented
+    already, and ends at once.
+    """
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != agent:
+        os._exit(proctree.PARENT_GONE_EXIT)
 
 
 # What a rank imports on its way through a run (`run.Runner` imports them at first use), imported by the
@@ -57,7 +71,7 @@ RANK_MODULES = (
 )
 
 
-def _import_rank_path() -> None:
+def import_rank_path() -> None:
     """megatron-core (torch.compile deferred, `bootstrap.import_megatron`) and RANK_MODULES."""
     bootstrap.import_megatron()
     for name in RANK_MODULES:
@@ -66,16 +80,37 @@ def _import_rank_path() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The launch process: the shared imports, then torchrun's agent forking the ranks; exits with 1 when a
-    rank failed (as torchrun does), else 0."""
+    rank failed (as torchrun does), else 0; 137 when its parent died (`proctree.ParentWatch`)."""
     t_start = time.time()
     parser = argparse.ArgumentParser(prog="python -m nanscope.megatron.worker")
     parser.add_argument("--nproc-per-node", type=int, required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--spec", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--parent", type=int, required=True, help="the launching process's pid")
+    parser.add_argument("--parent-tmp", required=True, help="its temp dir, where its marked dirs are swept")
     args = parser.parse_args(argv)
+    # First, so that a parent killed during the imports below is noticed too.
+    watch = proctree.ParentWatch(args.parent, cleanup=lambda: scratch.sweep(args.parent_tmp))
+    code = 1
+    try:
+        code = _agent(args, t_start)
+    except BaseException:  # printed here: the exit below skips the interpreter's handler
+        traceback.print_exc()
+    finally:
+        # Skip the interpreter's teardown of torch and megatron-core (a second or more on 2 cores); every path
+        # ends in the watch's exit, so that an exception (a print to the dead parent's pipe) never ends this
+        # process while the watch kills the ranks and removes the temp dirs.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        watch.exit(code)
+
+
+def _agent(args: argparse.Namespace, t_start: float) -> int:
+    """The shared imports, then torchrun's elastic agent over `rank_main`; 1 when a rank failed, else 0."""
     spec = WorkerSpec.from_json(Path(args.spec).read_text())
-    _import_rank_path()
+    import_rank_path()
     imports_s = time.time() - t_start
     from torch.distributed import run  # heavy: torch's agent, imported after megatron-core (above)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -87,19 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()  # the ranks' collections never scan the imported modules they inherit
     sys.stdout.flush()
     sys.stderr.flush()
-    code = 0
     try:
-        elastic_launch(launch_config, entrypoint=rank_main)(spec, Path(args.out), t_start, imports_s)
+        elastic_launch(launch_config, entrypoint=rank_main)(spec, Path(args.out), t_start, imports_s, os.getpid())
     except ChildFailedError as e:
         print(e.format_msg(), file=sys.stderr)
-        code = 1
-    # Skip the interpreter's teardown of torch and megatron-core (a second or more on 2 cores).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        return 1
+    return 0
 
 
-def rank_main(spec: WorkerSpec, out: Path, started: float, imports_s: float) -> int:
+def rank_main(spec: WorkerSpec, out: Path, started: float, imports_s: float, agent: int) -> int:
     """One rank, forked by the agent with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
     The rank runs in a fresh thread (`_rank`), so its Python frames start at the base of a new frame stack
@@ -112,7 +143,7 @@ def rank_main(spec: WorkerSpec, out: Path, started: float, imports_s: float) -> 
     Returns 0 to the agent after every record is on disk and every rank is past the exit barrier; the
     forked process then ends with os._exit (multiprocessing's fork start), without interpreter teardown.
     """
-    _die_with_parent()
+    _die_with_parent(agent)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

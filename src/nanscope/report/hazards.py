@@ -33,10 +33,11 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
     console.print(table)
     if model_level:
         faults = Table(title="faults in the model (run: nanscope repro --hazard NAME)")
-        for col in ("hazard", "class", "fault", "expected (as-is)"):
+        for col in ("hazard", "class", "expected (as-is)", "safe loss"):
             faults.add_column(col, no_wrap=(col == "hazard"))
         for h in model_level:
-            faults.add_row(h.name, h.cause_class, h.fault, _expected(h))
+            safe = "finite" if h.safe_finite else "NaN: the fix is not the loss"
+            faults.add_row(h.name, h.cause_class, _expected(h), safe)
         console.print(faults)
     if immune:
         console.print("[bold]causes slime v0.1.0 is immune to[/]")
@@ -48,14 +49,18 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
     for o in outcomes:
         console.print(f"[bold]{o.name}[/]: {escape(o.mechanism)}")
     for h in model_level:
-        console.print(f"[bold]{h.name}[/]: {escape(h.mechanism)}")
+        console.print(
+            f"[bold]{h.name}[/]: {escape(h.mechanism)} Planted: {escape(h.fault or '-')}. "
+            f"The fix lives in {escape(h.fix)}."
+        )
 
 
 def to_json(outcomes: list, loss: str, model_level: tuple = (), immune: tuple = ()) -> dict:
     """`{"loss", "hazards": [...], "model_level": [...], "immune": [...]}`.
 
     hazards: {"name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries", "metrics"} as run, plus
-    the record's {"class", "level", "flags", "fix", "discriminator"}. model_level: the record's fields with
+    the record's {"class", "level", "flags", "fix", "discriminator", "safe_finite"} (safe_finite: nanscope's loss
+    makes it finite; False where the fix lives elsewhere: a flag, the model, a kernel). model_level: the record's fields with
     "fault" and the expected "loss_finite" / "grad_finite". immune: {"name", "cause", "why", "evidence", "class"}.
     """
     keys = ("name", "mechanism", "loss_finite", "grad_finite", "nan_grad_entries", "metrics")
@@ -85,6 +90,7 @@ def _record(h) -> dict:
         "flags": list(h.flags),
         "fix": h.fix,
         "discriminator": h.discriminator,
+        "safe_finite": h.safe_finite,
     }
 
 

@@ -10,7 +10,7 @@ from nanscope.megatron.spec import PEER_FAILED, failed_check
 from nanscope.report.text import span
 from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
 from nanscope.trace import text as trace_text
-from nanscope.trace.events import Event, TraceReport
+from nanscope.trace.events import TraceReport
 
 
 def _layers(record) -> str:
@@ -92,11 +92,25 @@ def render(rep: Repro, console) -> None:
             console.print("  " + line, highlight=False)
     if rep.sentinel is not None:
         console.print(f"sentinel: {sentinel_text(rep.sentinel)}", highlight=False)
-        for line in rep.sentinel["evidence"]:
+        for line in rep.sentinel["evidence"] + expert_lines(rep.sentinel.get("expert_tokens")):
             console.print(f"  {line}", highlight=False)
     for note in rep.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(verdict(rep), highlight=False)
+
+
+def expert_lines(tokens: dict | None) -> list[str]:
+    """The failing micro-batch's per-expert token counts, one line per MoE layer that has an expert with 0 tokens, and
+    the zero-token finding (trace.expert_counts); nothing on a healthy step."""
+    if not tokens or "layers" not in tokens:
+        return []
+    lines = [
+        f"{layer['layer']}, micro-batch {tokens['microbatch']}: tokens per expert {layer['received']} "
+        f"(experts {layer['zero']} received 0)"
+        for layer in tokens["layers"]
+        if layer["zero"]
+    ]
+    return lines + ([tokens["finding"]] if tokens.get("finding") else [])
 
 
 def sentinel_text(finding: dict) -> str:
@@ -288,9 +302,14 @@ def steps_verdict(check: StepsCheck) -> str:
 
 
 def _plugin_verdict(plugin: PluginCheck) -> str:
-    found = plugin.replay and (plugin.replay["forward"] or plugin.replay["first_forward"])
-    where = f"{found['op']} at {found['source']}, {Event.from_dict(found).token_text()}" if found else "nothing"
-    return f"; plugin: {len(plugin.reports)} ranks reported step {plugin.inject_step}, its replay names {where}"
+    said = plugin.replay["verdict"] if plugin.replay else "no bundle to replay"
+    warned = ""
+    if plugin.drifts:
+        warned = f"; warned at step {plugin.warned[0]}" if plugin.warned else "; NO warning before the step"
+    return (
+        f"; plugin: {len(plugin.reports)} ranks reported step {plugin.inject_step}, their bundles offline: {said}"
+        + warned
+    )
 
 
 def render_steps(check: StepsCheck, console) -> None:
@@ -320,7 +339,7 @@ def render_steps(check: StepsCheck, console) -> None:
         table.add_row(*cells)
     console.print(table)
     for line in plugin_lines(check.plugin) if check.plugin else []:
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, markup=False)  # errors and paths hold brackets
     for note in check.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(steps_verdict(check), highlight=False)
@@ -343,14 +362,22 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
         f"the report says: {first['replay']['text']}",
     ]
     if plugin.replay is None:
-        out.append("replay: no rank wrote a trace")
+        out.append("replay: no rank wrote a repro bundle")
     else:
         replay = plugin.replay
+        left = f"`nanscope trace {plugin.report_dir}`" if plugin.report_dir else "nanscope trace"
         out.append(
-            f"replay with NANSCOPE_TRACE_STEP={replay['NANSCOPE_TRACE_STEP']} ({replay['ranks_traced']} ranks traced, "
-            f"{replay['wall_s']:.0f} s):"
+            f"replay offline, as {left} does ({replay['ranks_traced']} bundles, {replay['wall_s']:.1f} s, no second "
+            f"harness run), through {replay['loss']}:"
         )
+        out += ["  " + bundle["line"] for bundle in replay["bundles"]]
         out += ["  " + line for line in trace_text.first_lines(plugin.replay)]
+        out.append(f"  verdict: {replay['verdict']}")
+        if replay["found"]:
+            guard = "finite" if replay["guard_finite"] else "STILL NON-FINITE"
+            out.append(f"  with the guard (the plugin's loss): loss and gradient {guard} in every replayed micro-batch")
+    if plugin.warned or plugin.drifts:
+        out.append(_warning_line(plugin))
     log = _hook_log(plugin.skipped)
     logged = ", ".join(str(entry["nanscope/skipped_steps"]) for entry in log)
     out.append(
@@ -360,6 +387,18 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
     errors = {record.error for record in plugin.skipped.ranks if record.error}
     out += [f"skip mode stopped: {error}" for error in errors]
     return out
+
+
+def _warning_line(plugin: PluginCheck) -> str:
+    """When the raise run's hook warned, against the step the hazard killed."""
+    if not plugin.warned:
+        return f"early warning: none before step {plugin.inject_step}, where as-is died"
+    first = next(entry for entry in _hook_log(plugin.raised) if entry.get("warnings"))["warnings"][0]
+    ahead = plugin.inject_step - plugin.warned[0]
+    return (
+        f"early warning: the raise run's hook warned at steps {span(plugin.warned)}, {ahead} step"
+        f"{'s' if ahead != 1 else ''} before as-is died at step {plugin.inject_step}; first: {first}"
+    )
 
 
 def _norms(rep: Repro) -> str:
@@ -377,6 +416,9 @@ def plugin_to_json(plugin: PluginCheck) -> dict:
         "ok": plugin.ok,
         "reports": plugin.reports,
         "replay": plugin.replay,
+        "report_dir": plugin.report_dir,
+        "warned_steps": plugin.warned,  # harness steps at which the raise run's hook printed a warning
+        "warnings": [line for entry in _hook_log(plugin.raised) for line in entry.get("warnings", [])],
         "skip": {
             **to_json(plugin.skipped),
             "expected": plugin.skip_expected,

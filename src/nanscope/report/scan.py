@@ -338,6 +338,22 @@ def render_directory(summaries: list, console, root: str) -> None:
     )
 
 
-def write_directory_json(summaries: list, path: str) -> None:
-    """`--json PATH` of a directory scan: {"files": [one summary per file], "summary": directory_summary}."""
-    files.write_json(path, {"files": [asdict(s) for s in summaries], "summary": directory_summary(summaries)}, "--json")
+def write_directory_json(summaries: list, path: str, trend: dict | None = None) -> None:
+    """`--json PATH` of a directory scan: {"files": [one summary per file], "summary": directory_summary,
+    "trend": the per-rollout headroom series (`nanscope.dumps.trend.trend`; nan/inf as strings)}."""
+    doc = {
+        "files": [{k: v for k, v in asdict(s).items() if k != "headroom"} for s in summaries],
+        "summary": directory_summary(summaries),
+    }
+    if trend is not None:
+        doc["trend"] = json_safe(trend)
+    files.write_json(path, doc, "--json")
+
+
+def json_safe(x):
+    """`x` with every non-finite float inside it (dicts, lists) as "nan", "inf" or "-inf", as `to_json` writes them."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return _json_value(x)

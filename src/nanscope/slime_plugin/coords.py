@@ -19,6 +19,8 @@ class Coords:
     tp: int = 0
     cp_rank: int = 0
     cp_size: int = 1
+    dp_rank: int = 0  # data-parallel, without context parallelism (how slime splits a rollout's samples)
+    dp_size: int = 1
     logs: bool = True
     last_stage: bool = True
 
@@ -42,6 +44,8 @@ class Coords:
             tp=tp,
             cp_rank=mpu.get_context_parallel_rank(),
             cp_size=mpu.get_context_parallel_world_size(),
+            dp_rank=mpu.get_data_parallel_rank(),
+            dp_size=mpu.get_data_parallel_world_size(),
             logs=mpu.get_data_parallel_rank(with_context_parallel=True) == 0 and tp == 0 and pp == last,
             last_stage=pp == last,
         )

@@ -30,7 +30,7 @@ def before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_sch
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     if current.hook is None or not current.hook.installed_on(chunks, optimizer, opt_param_scheduler):
         current.remove()
-        current.hook = StepWatch(chunks, optimizer, opt_param_scheduler, current.settings)
+        current.hook = StepWatch(chunks, optimizer, opt_param_scheduler, current.settings, current.target())
     current.hook.begin(args, rollout_id, step_id)
 
 
@@ -51,12 +51,13 @@ def skipped_steps() -> int:
 
 
 def reports() -> list[str]:
-    """Files the hook wrote in this process: reports (.json) and traces (.trace.json)."""
+    """Files the hook wrote in this process: reports (.json) with their bundles (.bundle.pt), traces (.trace.json)."""
     hook = _hook()
     return list(hook.files.paths) if hook is not None else []
 
 
 def logged() -> list[dict]:
-    """What the hook logged on this rank (skip mode), one dict per step: rollout_id, step_id, metrics."""
+    """What the hook logged on this rank, one dict per step (the last 1,000): rollout_id, step_id, metrics,
+    and `warnings`: the `nanscope: warning:` lines it printed for that step (without the prefix)."""
     hook = _hook()
-    return list(hook.logged) if hook is not None else []
+    return list(hook.logger.logged) if hook is not None else []

@@ -25,5 +25,10 @@ def policy_loss(args, batch, logits, sum_of_sample_mean):
         (loss, metrics): the release's loss and metrics plus nan_guard/* counters.
     """
     state = installation()
-    state.loss_called(batch)
-    return guard.call(state.target(), args, batch, logits, sum_of_sample_mean, nan_policy=state.settings.nan_policy)
+    with state.observing(args, batch) as seen:
+        loss, metrics = guard.call(
+            state.target(), args, batch, logits, sum_of_sample_mean, nan_policy=state.settings.nan_policy
+        )
+        if seen is not None:
+            seen.loss = loss.detach()
+    return loss, metrics

@@ -1,9 +1,9 @@
 """The plugin's files: a report on a non-finite step, the micro-batch it names, and a traced step's trace.
 
 On a non-finite step every rank with a non-finite value writes `rollout<R>_step<S>_rank<K>.json` (the
-first module in forward and backward order, its micro-batch, and the `replay` instruction: the same
-NANSCOPE_TRACE_STEP on every rank) and `.pt` (that micro-batch's input_ids, and slime's batch dict when
-the plugin's loss saw it). A traced step writes `rollout<R>_step<S>_rank<K>.trace.json` with this rank's
+first module in forward and backward order, its micro-batch, its class, and the `replay` instruction for a rerun
+on the cluster: the same NANSCOPE_TRACE_STEP on every rank) and `.bundle.pt`, the repro bundle that
+`nanscope trace` replays offline (`nanscope.trace.bundle`). A traced step writes `rollout<R>_step<S>_rank<K>.trace.json` with this rank's
 trace and `first`, the first producer over all ranks.
 """
 
@@ -14,7 +14,7 @@ import os
 import tempfile
 
 from nanscope.slime_plugin.coords import Coords
-from nanscope.trace.replay import SENTINEL_FORMAT
+from nanscope.trace.bundle import SUFFIX
 
 
 def check_dir(report_dir: str) -> str | None:
@@ -57,29 +57,29 @@ class Reports:
         name = f"rollout{where['rollout_id']}_step{where['step_id']}_rank{self.coords.rank}"
         return os.path.join(self.dir, name)
 
-    def report(self, doc: dict, where: dict, microbatch: dict | None) -> str | None:
-        """`<stem>.json` holding `doc` (with `microbatch_file`), and `<stem>.pt` holding `microbatch` if any.
+    def report(self, doc: dict, where: dict, bundle: dict | None) -> str | None:
+        """`<stem>.json` holding `doc` (with `bundle`, and `microbatch_file` naming the same file), and
+        `<stem>.bundle.pt` holding `bundle` (`nanscope.trace.bundle`).
 
         A failed write (full disk, permissions) is one warning line and None: the run goes on.
         """
         try:
-            return self._report(doc, where, microbatch)
+            return self._report(doc, where, bundle)
         except OSError as e:
             warn(f"rank {self.coords.rank}: could not write its report to {self.dir}: {e.strerror or e}")
             return None
 
-    def _report(self, doc: dict, where: dict, microbatch: dict | None) -> str:
+    def _report(self, doc: dict, where: dict, bundle: dict | None) -> str:
         import torch  # heavy: torch, imported by the run already
 
         stem = self.stem(where)
-        dump = None
-        if microbatch is not None:
-            dump = stem + ".pt"
-            torch.save({"format": SENTINEL_FORMAT, **where, "rank": self.coords.rank, **microbatch}, dump)
-        doc = {**doc, "microbatch_file": dump}
+        path = stem + SUFFIX if bundle is not None else None
+        if path is not None:
+            torch.save(bundle, path)
+        doc = {**doc, "microbatch_file": path, "bundle": path}
         with open(stem + ".json", "w") as f:
             json.dump(_ordered(doc), f, indent=1)
-        self.paths.append(stem + ".json")
+        self.paths += [stem + ".json"] + ([path] if path else [])
         return stem + ".json"
 
     def trace(self, doc: dict, where: dict) -> str | None:
@@ -95,10 +95,10 @@ class Reports:
         return path
 
 
-# The report's keys, in the order its JSON has always listed them.
+# The report's keys, in the order its JSON has always listed them (then the keys added since).
 _ORDER = (
     "rank", "rollout_id", "step_id", "mode", "time", "first_forward", "first_backward", "nonfinite_grads",
-    "microbatch_file", "replay", "class", "class_candidates", "class_evidence",
+    "microbatch_file", "replay", "class", "class_candidates", "class_evidence", "rerun", "bundle",
 )  # fmt: skip
 
 

@@ -9,6 +9,12 @@
                            (ignored with raise)
     NANSCOPE_TRACE_STEP    R:S: run rollout R's step S under the op tracer on every rank
     NANSCOPE_NAN_POLICY    drop (default) | strict: what the loss does with a non-finite log-prob or advantage
+    NANSCOPE_RERUN         on (default) | off: run a non-finite step again once and say whether it reproduces
+    NANSCOPE_SKIP_ON       any (default) | transient: with skip, skip every non-finite step, or only those whose
+                           rerun did not reproduce (a reproducible one raises with the verdict and the bundle)
+    NANSCOPE_WARN_GAP      X: warn when the step's largest train-rollout log-prob gap exceeds X (default 5)
+    NANSCOPE_WARN_LOG_RATIO  LOW,HIGH: warn when a log-ratio that reaches an exp exceeds LOW (default 20, where
+                           the guard's clamp starts to act) or HIGH (default 60, within 30 of fp32's overflow)
 
 An empty value counts as unset. A bad value is one ValueError line that names the variable; numbers are
 ASCII digits only (`int()` would take '٣' or '３').
@@ -23,6 +29,8 @@ from dataclasses import dataclass
 from nanscope.loss.guard import NAN_POLICIES
 
 ON_NONFINITE = ("raise", "skip")
+RERUN = ("on", "off")
+SKIP_ON = ("any", "transient")
 _MAX_DIGITS = 18  # any count or step id a run can reach; longer is a typo, not a number
 
 
@@ -35,6 +43,10 @@ class Settings:
     max_skips: int | None = None
     trace_step: tuple[int, int] | None = None
     nan_policy: str = "drop"
+    rerun: str = "on"
+    skip_on: str = "any"
+    warn_gap: float = 5.0
+    warn_log_ratio: tuple[float, float] = (20.0, 60.0)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -52,6 +64,10 @@ class Settings:
             max_skips=int(max_skips) if max_skips else None,
             trace_step=(int(parts[0]), int(parts[1])) if step is not None else None,
             nan_policy=_choice(env, "NANSCOPE_NAN_POLICY", NAN_POLICIES),
+            rerun=_choice(env, "NANSCOPE_RERUN", RERUN),
+            skip_on=_choice(env, "NANSCOPE_SKIP_ON", SKIP_ON),
+            warn_gap=_numbers(env, "NANSCOPE_WARN_GAP", (cls.warn_gap,))[0],
+            warn_log_ratio=_numbers(env, "NANSCOPE_WARN_LOG_RATIO", cls.warn_log_ratio),
         )
 
 
@@ -61,6 +77,23 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name}={_shown(value)}: expected one of {', '.join(choices)}")
     return value
+
+
+def _numbers(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    """As many non-negative decimal numbers (ASCII: 12 or 1.5) as `default` has, comma-separated, ascending."""
+    value = env.get(name) or None
+    if value is None:
+        return tuple(default)
+    parts = value.split(",")
+    if len(parts) != len(default) or not all(_decimal(p) for p in parts) or parts != sorted(parts, key=float):
+        form = ",".join(f"{d:g}" for d in default)
+        raise ValueError(f"{name}={_shown(value)}: expected {len(default)} ascending number(s) like {form}")
+    return tuple(float(p) for p in parts)
+
+
+def _decimal(text: str) -> bool:
+    whole, _, fraction = text.partition(".")
+    return _digits(whole) and (not fraction or _digits(fraction)) and not text.endswith(".")
 
 
 def _digits(text: str) -> bool:

@@ -1,13 +1,11 @@
 """Skip mode (NANSCOPE_ON_NONFINITE=skip): every rank agrees to drop a non-finite step, or none does.
 
-The vote is one all-reduce (MAX) of "this rank saw a non-finite value"; replicas that disagreed would
-diverge. A skipped step has its gradients zeroed on every chunk, returns grad norm NaN from
+The decision is the step's vote (`step_vote`: every rank's sentinel, one all-gather), so every rank skips or
+none does; replicas that disagreed would diverge. A skipped step has its gradients zeroed on every chunk, returns grad norm NaN from
 optimizer.step (slime treats it as an invalid step) and does not advance the learning-rate schedule.
 """
 
 from __future__ import annotations
-
-from nanscope.slime_plugin.collectives import all_reduce_max
 
 
 class SkipVote:
@@ -21,10 +19,9 @@ class SkipVote:
     def begin(self) -> None:
         self.skip_step = self.skipped_now = False
 
-    def vote(self, bad: bool) -> bool:
-        """All-reduce this rank's `bad` over the world; zero the gradients when any rank is bad."""
-        (any_bad,) = all_reduce_max([1.0 if bad else 0.0])
-        if any_bad > 0:
+    def apply(self, any_bad: bool) -> bool:
+        """The step's vote said some rank saw a non-finite value (`step_vote`): zero the gradients, skip the step."""
+        if any_bad:
             for chunk in self.chunks:
                 chunk.zero_grad_buffer()
             self.skip_step = True

@@ -13,6 +13,7 @@ kept, so a run that installs the loss alone holds no micro-batch beyond the call
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from nanscope.loss import target as targets
@@ -35,10 +36,9 @@ class Installation:
             t = self._target = targets.running()
         return t
 
-    def loss_called(self, batch: dict) -> None:
-        """The loss received `batch`: the hook keeps it for this step (a recomputation passes it again)."""
-        if self.hook is not None:
-            self.hook.saw_batch(batch)
+    def observing(self, args, batch: dict):
+        """The plugin's loss call on `batch`: the hook's record of it for this step (nothing without a hook)."""
+        return contextlib.nullcontext() if self.hook is None else self.hook.losses.observing(args, batch)
 
     def remove(self) -> None:
         if self.hook is not None:

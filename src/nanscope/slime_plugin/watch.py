@@ -5,7 +5,12 @@ Installed by `before_train_step` (nanscope.slime_plugin.hook), once per set of c
     sentinel          nanscope.trace.sentinel.Sentinel on the chunks: on-device finiteness flags, read once a step
     forward hooks     the micro-batches' input_ids as the first chunk receives them, and whether the gradient
                       entering each chunk's output was finite (the class needs it)
-    finish_grad_sync  wrapped on every chunk: the sentinel is read there, before Megatron's own DDP check
+    loss watch        the release's policy loss and log-prob helper, observed (`loss_watch`): the step's
+                      micro-batches and current log-probs, for the headroom and the repro bundle
+    finish_grad_sync  wrapped on every chunk: the sentinel is read there and the step's vote taken
+                      (`step_vote`: one all-gather), before Megatron's own DDP check
+    schedule          the model module's get_forward_backward_func, so a non-finite step can run again
+                      (`rerun`, NANSCOPE_RERUN=on)
     optimizer.step    wrapped (skip mode: a skipped step does not update)
     scheduler.step    wrapped (skip mode: a skipped step does not advance the learning rate)
 
@@ -18,13 +23,17 @@ import os
 import time
 
 from nanscope.facts.keys import PER_TOKEN
+from nanscope.loss.target import Target
+from nanscope.slime_plugin import bundles, headroom, rerun, rows, step_vote
 from nanscope.slime_plugin.collectives import all_reduce_max
 from nanscope.slime_plugin.coords import Coords
+from nanscope.slime_plugin.logs import Logger
+from nanscope.slime_plugin.loss_watch import LossWatch
 from nanscope.slime_plugin.outputs import Reports, check_dir, replay_instruction, warn
 from nanscope.slime_plugin.settings import Settings
 from nanscope.slime_plugin.skip import SkipVote
 from nanscope.trace.classify import Observation, classify
-from nanscope.trace.observe import layer_offset, nonfinite_counts
+from nanscope.trace.observe import layer_offset, nonfinite_counts, public_hit, public_name
 from nanscope.trace.text import first_lines
 
 _MISSING = object()
@@ -33,7 +42,7 @@ _MISSING = object()
 class StepWatch:
     """The hook installed on some model chunks and their optimizer (see the module docstring)."""
 
-    def __init__(self, chunks, optimizer, scheduler, settings: Settings):
+    def __init__(self, chunks, optimizer, scheduler, settings: Settings, target: Target):
         from nanscope.trace.sentinel import Sentinel  # heavy: torch, imported by the run already
 
         self.chunks, self.optimizer, self.scheduler, self.settings = chunks, optimizer, scheduler, settings
@@ -48,13 +57,18 @@ class StepWatch:
         self.sentinel = Sentinel(chunks)
         self.files = Reports(settings.report_dir, self.coords)
         self.skip = SkipVote(chunks, settings.max_skips)
-        self.logged: list[dict] = []
+        self.logger = Logger(settings, target.release.metrics_logger, self.coords.logs)
         self.inputs: list = []  # this step's micro-batches as the first chunk received them (input_ids)
-        self.batches: list[dict] = []  # this step's micro-batches as the plugin's loss received them
+        # this step's micro-batches as the policy loss received them, numbered by the forwards of the first chunk
+        self.losses = LossWatch(target, microbatch=lambda: len(self.inputs) - 1)
         self.out_grads: list = []  # this step's: the gradient arriving at a chunk's output is finite (0-dim)
         self.trace = None  # a StepTrace while NANSCOPE_TRACE_STEP's step runs
         self.args, self.where = None, {}
         self.checked = False
+        self.first: rerun.FirstPass | None = None  # a non-finite step's first pass, until its rerun is read
+        self.rerun_pending, self.rerun_started = False, 0.0
+        self.step_start = None  # the data iterator at this step's schedule call (rows.StepStart), if seen
+        self.schedule = rerun.ScheduleWatch(target.release.schedule_module, chunks, self)
         self._handles = [chunks[0].register_forward_pre_hook(self._record_inputs, with_kwargs=True)]
         self._handles += [chunk.register_forward_hook(self._watch_output) for chunk in chunks]
         self._wrapped: list[tuple] = []  # (object, attribute, its previous instance value, our wrapper)
@@ -76,6 +90,8 @@ class StepWatch:
     def remove(self) -> None:
         """Remove every hook and put back what was wrapped (unless someone wrapped it again since)."""
         self._stop_trace()
+        self.schedule.remove()
+        self.losses.remove()
         self.sentinel.remove()
         for h in self._handles:
             h.remove()
@@ -94,10 +110,10 @@ class StepWatch:
         self._stop_trace()  # a traced step that ended before its backward (an exception)
         self.sentinel.reset()
         self.args, self.where = args, {"rollout_id": rollout_id, "step_id": step_id}
-        self.checked = False
+        self.checked, self.first, self.rerun_pending, self.step_start = False, None, False, None
         self.skip.begin()
         self.inputs.clear()
-        self.batches.clear()
+        self.losses.begin()
         self.out_grads.clear()
         if self.settings.trace_step == (rollout_id, step_id):
             self.trace = self._start_trace(args, rollout_id)
@@ -111,11 +127,6 @@ class StepWatch:
         trace = StepTrace(self.chunks, rollout, self.coords.cp_rank, self.coords.cp_size)
         trace.start()
         return trace
-
-    def saw_batch(self, batch: dict) -> None:
-        """The plugin's loss received `batch` (a recomputation passes the same batch again)."""
-        if not any(b is batch for b in self.batches):
-            self.batches.append(batch)
 
     def _record_inputs(self, module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -135,87 +146,173 @@ class StepWatch:
         def wrapped(*args, **kwargs):
             if not self.checked:
                 self.checked = True
-                self.check()
+                if self.check():  # every rank defers Megatron's check together: the step is run again
+                    return None
             return finish_grad_sync(*args, **kwargs)
 
         return wrapped
 
-    def check(self) -> None:
-        """At the end of the backward pass, before Megatron's own check: one host sync (plus, in skip
-        mode, one all-reduce; on the traced step, one all-gather)."""
+    def check(self) -> bool:
+        """At the end of the backward pass, before Megatron's own check: the sentinel's reading (one host sync)
+        and the step's vote (one all-gather over the world: `step_vote`); on the traced step, one all-gather more.
+
+        Returns:
+            True when Megatron's check must not run now: the step goes non-finite and will be run again.
+        """
         reading = self.sentinel.read(grads=True)
+        vote = step_vote.exchange(not reading.finite, self.coords, self._headroom())
+        if self.first is not None:  # this is the rerun's check
+            self._after_rerun(reading, vote)
+            return False
+        if self.trace is not None:  # the traced step's trace is its first pass's
+            self.write_trace()
+        if vote.bad and self.settings.rerun == "on" and self.schedule.active:
+            cls = self.classify(reading)
+            error = rerun.megatron_error(self.chunks) if not reading.finite else None
+            self.first = rerun.FirstPass(reading, cls, list(self.losses.seen), vote, error)
+            self.rerun_pending = True
+            return True
         if not reading.finite:
             self.write_report(reading)
-        if self.trace is not None:
-            self.write_trace()
-        if self.settings.on_nonfinite == "skip":
-            self.skip.vote(not reading.finite)
-            self.log({"nanscope/skipped_steps": self.skip.skipped})
-            if self.skip.over_limit():
-                raise RuntimeError(
-                    f"nanscope: {self.skip.in_a_row} step(s) in a row had non-finite gradients (the last: rollout "
-                    f"{self.where['rollout_id']} step {self.where['step_id']}); NANSCOPE_MAX_SKIPS="
-                    f"{self.skip.max_skips}: stopping the run. Reports: {os.path.abspath(self.settings.report_dir)}"
-                )
+        self._end_step(vote, skip=vote.bad)
+        return False
 
-    def log(self, metrics: dict) -> None:
-        """On the rank slime logs from: print as slime does, and to wandb when slime uses it."""
-        if not self.coords.logs:
+    def begin_rerun(self, started: float) -> None:
+        """Between the passes (the schedule watch calls it): the second pass is observed afresh."""
+        self.rerun_pending, self.rerun_started = False, started
+        self.checked = False
+        self.sentinel.reset()
+        self.losses.begin()
+        self.inputs.clear()
+        self.out_grads.clear()
+        self.optimizer.zero_grad()
+
+    def _after_rerun(self, reading, vote) -> None:
+        """The rerun's reading against the first pass's: the verdict, the report, then raise or skip."""
+        first, self.first = self.first, None
+        verdict = rerun.agree(
+            first, rerun.summary(self.classify(reading)), vote.bad_ranks, self.coords, self.rerun_started
+        )
+        saw = self.coords.rank in first.vote.bad_ranks
+        path = (
+            self.write_report(first.reading, seen=first.seen, cls=first.classification, verdict=verdict)
+            if saw
+            else None
+        )
+        if saw or self.coords.logs:
+            print(verdict.line(), flush=True)
+        stop = self.settings.on_nonfinite == "raise" or (
+            self.settings.skip_on == "transient" and verdict.verdict == rerun.REPRODUCIBLE
+        )
+        if not stop:
+            self._end_step(vote, skip=True)
             return
-        self.logged.append({**self.where, **metrics})
-        print(f"nanscope: rollout {self.where['rollout_id']} step {self.where['step_id']}: {metrics}", flush=True)
-        if getattr(self.args, "use_wandb", False):
-            try:
-                _wandb_log(self.args, self.where, metrics)
-            except Exception as e:  # wandb down, offline, misconfigured: never the end of the run
-                warn(f"could not log {sorted(metrics)} to wandb: {type(e).__name__}: {e}")
+        if saw:
+            where = f" (report {path}, its bundle beside it)" if path else ""
+            raise RuntimeError(f"{verdict.line()}{where}\n{first.megatron_error or 'nanscope: non-finite step'}")
+        raise rerun.PeerNonFinite(
+            f"nanscope: rank {self.coords.rank}: stopping with ranks {list(first.vote.bad_ranks)}, whose step was "
+            f"non-finite ({verdict.verdict})"
+        )
+
+    def _end_step(self, vote, *, skip: bool) -> None:
+        """The step's end: skip mode's skip, its count and limit, and the step's metrics logged."""
+        metrics = dict(vote.metrics)
+        if self.settings.on_nonfinite == "skip":
+            self.skip.apply(skip)
+            metrics["nanscope/skipped_steps"] = self.skip.skipped
+            if self.coords.logs:
+                shown = {"nanscope/skipped_steps": self.skip.skipped}
+                print(f"nanscope: rollout {self.where['rollout_id']} step {self.where['step_id']}: {shown}", flush=True)
+        self.logger.step(self.args, self.where, metrics, vote.where)
+        if self.settings.on_nonfinite == "skip" and self.skip.over_limit():
+            raise RuntimeError(
+                f"nanscope: {self.skip.in_a_row} step(s) in a row had non-finite gradients (the last: rollout "
+                f"{self.where['rollout_id']} step {self.where['step_id']}); NANSCOPE_MAX_SKIPS="
+                f"{self.skip.max_skips}: stopping the run. Reports: {os.path.abspath(self.settings.report_dir)}"
+            )
+
+    def _rows(self, microbatch: int | None) -> tuple[list | None, str]:
+        """The rollout-dump rows of this step's micro-batch `microbatch` (`rows`)."""
+        recipe = self.losses.target.release.rows_recipe
+        return rows.rows(recipe, self.step_start, microbatch, self.coords, self.args)
+
+    def _headroom(self):
+        """This rank's headroom row; a failure to measure is a warning and an empty row (the vote must happen)."""
+        try:
+            return headroom.measure(self.losses.seen, self.losses.target, self._device())
+        except Exception as e:  # nanscope's own failure: never the end of the run, never a rank out of the vote
+            warn(f"rank {self.coords.rank}: could not measure the step's headroom: {type(e).__name__}: {e}")
+            return headroom.empty(self._device())
+
+    def _device(self):
+        """Where the step's numbers live: the model's parameters' device."""
+        return next(self.chunks[0].parameters()).device
 
     # -- files -------------------------------------------------------------------------------
-    def write_report(self, reading) -> str:
-        """Where the step went non-finite, how to replay it, and the micro-batch it names."""
-        hit = reading.forward or reading.backward
-        microbatch = None
-        if hit is not None and hit.microbatch < len(self.inputs):
-            microbatch = {
-                "microbatch": hit.microbatch,
-                "input_ids": self.inputs[hit.microbatch].detach().cpu(),
-                "batch": _cpu(self.batches[hit.microbatch]) if hit.microbatch < len(self.batches) else None,
-            }
+    def write_report(self, reading, *, seen: list | None = None, cls=None, verdict=None) -> str | None:
+        """Where the step went non-finite (public module names), how to replay it, and its repro bundle.
+
+        Args:
+            seen: the step's micro-batches as the loss saw them (default: this pass's; a rerun's report has the
+                first pass's).
+            cls: the reading's classification (default: this pass's).
+            verdict: the rerun's (rerun.Verdict), when the step was run again.
+        """
+        seen = self.losses.seen if seen is None else seen
+        cls = self.classify(reading) if cls is None else cls
+        offset = layer_offset(self.chunks)
+        first_forward, first_backward = public_hit(reading.forward, offset), public_hit(reading.backward, offset)
         replay = replay_instruction(self.args, **self.where)
-        cls = self.classify(reading)
         doc = {
             "rank": self.coords.rank,
             **self.where,
             "mode": self.settings.on_nonfinite,
             "time": time.time(),
-            "first_forward": reading.forward.to_dict() if reading.forward else None,
-            "first_backward": reading.backward.to_dict() if reading.backward else None,
-            "nonfinite_grads": reading.grads[:20],
+            "first_forward": first_forward.to_dict() if first_forward else None,
+            "first_backward": first_backward.to_dict() if first_backward else None,
+            "nonfinite_grads": [public_name(g, offset) for g in reading.grads[:20]],
+            "expert_tokens": reading.expert_tokens(offset),  # the failing micro-batch: tokens per expert
             "replay": replay,
             "class": cls.cls,
             "class_candidates": list(cls.candidates),
             "class_evidence": cls.evidence,
         }
-        path = self.files.report(doc, self.where, microbatch)
+        if verdict is not None:
+            doc["rerun"] = verdict.to_dict()
+        try:
+            why = bundles.reasons(reading, seen, self.coords.last_stage)
+            contents = bundles.document(
+                target=self.losses.target, coords=self.coords, args=self.args, where=self.where, report=doc,
+                seen=seen, why=why, rows=self._rows,
+            )  # fmt: skip
+        except Exception as e:  # nanscope's own failure: the report still goes out, the run goes on
+            warn(f"rank {self.coords.rank}: could not build the repro bundle: {type(e).__name__}: {e}")
+            contents = None
+        path = self.files.report(doc, self.where, contents)
+        offline = f"nanscope trace {self.files.dir}"
         print(
             f"nanscope: rank {self.coords.rank}: non-finite values at rollout {self.where['rollout_id']} step "
-            f"{self.where['step_id']}: {path or 'no report written'}; to name the op: {replay['text']}",
+            f"{self.where['step_id']}: {path or 'no report written'}; to name the op offline: {offline}; "
+            f"on the cluster: {replay['text']}",
             flush=True,
         )
         return path
 
     def classify(self, reading):
-        """The reading's class of cause (trace.classify); the loss inputs are those the plugin's loss saw."""
-        inputs = nonfinite_counts(self.batches, PER_TOKEN) if self.coords.last_stage and self.batches else None
+        """This pass's reading's class of cause (trace.classify), in public names; the loss inputs are those the
+        policy loss received."""
+        batches = [seen.batch for seen in self.losses.seen]
+        inputs = nonfinite_counts(batches, PER_TOKEN) if self.coords.last_stage and batches else None
         entering = all(bool(g) for g in self.out_grads) if self.out_grads else None
+        offset = layer_offset(self.chunks)
         obs = Observation(
-            forward=reading.forward,
-            backward=reading.backward,
-            grads=tuple(reading.grads),
+            forward=public_hit(reading.forward, offset),
+            backward=public_hit(reading.backward, offset),
+            grads=tuple(public_name(g, offset) for g in reading.grads),
             loss_inputs=inputs,
             output_grad_finite=entering,
             last_stage=self.coords.last_stage,
-            layer_offset=layer_offset(self.chunks),
         )
         return classify(obs)
 
@@ -247,14 +344,6 @@ class StepWatch:
         return path
 
 
-def _wandb_log(args, where: dict, metrics: dict) -> None:
-    import wandb  # optional: slime's own logger
-
-    wandb.define_metric("nanscope/*", step_metric="train/step")
-    steps = args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
-    wandb.log({**metrics, "train/step": where["rollout_id"] * steps + where["step_id"]})
-
-
 def _agree_on_report_dir(report_dir: str) -> None:
     """Refuse a report directory that cannot take reports, on every rank at once (one collective at install).
 
@@ -269,14 +358,3 @@ def _agree_on_report_dir(report_dir: str) -> None:
 def _overlaps_grad_reduce(chunk) -> bool:
     """megatron's DDP reduces (and checks) buckets during the backward pass (--overlap-grad-reduce)."""
     return bool(getattr(getattr(chunk, "ddp_config", None), "overlap_grad_reduce", False))
-
-
-def _cpu(batch: dict) -> dict:
-    """slime's micro-batch dict with its tensors detached on the CPU (packed_seq_params left out)."""
-    import torch  # heavy: torch, imported by the run already
-
-    return {
-        k: [torch.as_tensor(x).detach().cpu() for x in v] if isinstance(v, list) else v
-        for k, v in batch.items()
-        if k != "packed_seq_params"
-    }

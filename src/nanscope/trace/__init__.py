@@ -19,7 +19,15 @@ Modules (the package imports none of them, so the torch-free ones load without t
     events         what a trace reports: Event, InputFinding, TraceReport, Site, TokenMap (torch-free)
     locator        the tracer: Tracer, a dispatch mode that checks every aten op
     replay         micro-batch files, token maps, the loss replayed under the tracer
+      torch_file     every torch.load(weights_only=True) of a user's file, bounded by what was read
+      pickle_budget  what a pickle may build: 8 bytes a byte of its file + 32 MiB (torch-free)
     step           one step of a real run traced on every rank, the first producer across ranks
+    bundle         the repro bundle a rank writes on a non-finite step (the format)
+      bundle_load    a bundle read within torch_file's bounds, every field checked
+      bundle_replay  its loss replayed offline from the recorded log-probs, then through the guard
+      bundle_rows    which rollout-dump row each of its samples is (torch-free)
+      bundle_text    a replayed bundle in words, one line per rank for a directory (torch-free)
+      slime_import   a slime checkout's loss imported off the cluster (stand-ins), megatron's parallel state
     reading        what the sentinel read: Reading, Hit, Producer (torch-free)
     sentinel       the Sentinel, composed of
       slots          the on-device flags of one phase (a float32 sum per check)

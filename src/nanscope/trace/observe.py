@@ -5,6 +5,7 @@
                                wrappers (DDP, Float16Module: `module.module.`) stripped, decoder layers global
     public_hit / public_producer   a sentinel finding with public names
     nonfinite_counts(batches)  (non-finite entries, entries) of each loss input the loss received
+    causal_order(...)          which rank's finding came first, when several ranks saw a non-finite value
 
 Public names are what `nanscope repro --fault` and `--list-modules` write, and what every report says.
 """
@@ -72,3 +73,19 @@ def nonfinite_counts(batches: Iterable[dict], keys: tuple[str, ...] = PER_TOKEN)
         for key, tensors in per_key.items()
         if tensors
     }
+
+
+def causal_order(*, rank: int, pp: int, forward: bool, producer: dict | None = None, order: int | None = None) -> tuple:
+    """Sort key of one rank's finding, first in causal order first.
+
+    A forward finding on the earliest pipeline stage (the forward runs stage 0 first), within a stage the
+    earliest in its forward (`order`: the index of its forward check in the step, when known), else the latest
+    stage with a finding (the backward starts at the loss and runs back to stage 0), and within a stage the
+    earliest in its backward (the producer's micro-batch, then the index of its output-gradient check, when
+    known): a tensor-parallel peer that received the value through a collective sees it later than the rank
+    that made it.
+    """
+    if forward:
+        return (0, pp, order if order is not None else 1 << 30, rank)
+    when = (producer["microbatch"], producer["order"]) if producer else (1 << 30, 1 << 30)
+    return (1, -pp, *when, rank)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from nanscope.trace import expert_counts
+
 
 @dataclass
 class Hit:
@@ -52,17 +54,31 @@ class Producer:
 @dataclass
 class Reading:
     """One step's sentinel result. grads: parameters whose accumulated gradient (main_grad if
-    present, else .grad) is non-finite, when read(grads=True). producer: with output_grads=True."""
+    present, else .grad) is non-finite, when read(grads=True). producer: with output_grads=True.
+    experts: the MoE layers' per-expert token counts (trace.expert_tokens): of the failing micro-batch on a
+    non-finite step, else only {"kept": how many (layer, micro-batch) counts}; None without MoE layers watched."""
 
     step: int
     forward: Hit | None
     backward: Hit | None
     grads: list = field(default_factory=list)
     producer: Producer | None = None
+    experts: dict | None = None
 
     @property
     def finite(self) -> bool:
         return self.forward is None and self.backward is None and not self.grads and self.producer is None
+
+    @property
+    def microbatch(self) -> int | None:
+        """The micro-batch of the first finding: forward, else the backward's producer, else the backward's."""
+        first = self.forward or self.producer or self.backward
+        return None if first is None else first.microbatch
+
+    def expert_tokens(self, offset: int = 0) -> dict | None:
+        """`experts` as a report writes it: public names, each layer's zero-token experts, and the zero-token finding
+        (trace.expert_counts); `offset` is the stage's first global decoder layer (trace.observe.layer_offset)."""
+        return expert_counts.public(self.experts, offset, None if self.backward is None else self.backward.param)
 
     def to_dict(self) -> dict:
         return {
@@ -72,4 +88,5 @@ class Reading:
             "backward": None if self.backward is None else self.backward.to_dict(),
             "grads": list(self.grads),
             "producer": None if self.producer is None else self.producer.to_dict(),
+            "experts": self.experts,
         }

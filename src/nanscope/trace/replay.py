@@ -20,6 +20,10 @@ torch.load(weights_only=True): plain tensors, lists, numbers and strings only):
       "parallel": {"cp_rank": int, "cp_size": int, "tp_size": int}   # optional, default one process
     }
 
+`load_microbatch` reads it within the bounds every torch.save reader keeps (`nanscope.trace.torch_file`:
+records stored uncompressed, a pickle within its file's budget, each tensor's elements stored once in its
+own storage), and checks each field, so that what the replay allocates follows from the bytes read.
+
 A tensor-parallel vocabulary shard (tp_size > 1) replays as if the shard were the whole vocabulary:
 the log-probs differ, the positions of exp overflows in the loss terms mostly do not. Case-sized
 logits are several GB: `save_microbatch(..., samples=[i])` keeps only some samples' rows.
@@ -35,15 +39,17 @@ import torch
 from nanscope.errors import UserError
 from nanscope.facts.args import LOSS_DEFAULTS, loss_args
 from nanscope.facts.keys import PER_TOKEN, SAMPLE
-from nanscope.inputs import check_file
 from nanscope.loss import NAMES as LOSSES
 from nanscope.loss import get as loss_module
 from nanscope.loss import layout
 from nanscope.loss.microbatch import Parallel
+from nanscope.trace import torch_file
 from nanscope.trace.events import InputFinding, Site, TokenMap, TraceReport
 from nanscope.trace.locator import Tracer
 
 FORMAT = "nanscope-microbatch/1"
+# Loss args that count samples, integers >= 1 in any run (`_check_args`); the loss divides by global_batch_size.
+COUNTS = ("global_batch_size", "n_samples_per_prompt")
 # The sentinel's own .pt (slime_plugin.hook): a micro-batch's input_ids, no logits; not replayable here.
 SENTINEL_FORMAT = "nanscope-sentinel-microbatch/1"
 
@@ -97,33 +103,36 @@ def scan_batch(
     """
     out = []
     for key in PER_TOKEN:
-        counts, first = {"nan": 0, "posinf": 0, "neginf": 0}, None
-        for i, x in enumerate(batch.get(key) or []):
-            x = torch.as_tensor(x, dtype=torch.float32)
-            bad = ~torch.isfinite(x)
-            if not bool(bad.any()):
-                continue
-            counts["nan"] += int(x.isnan().sum())
-            counts["posinf"] += int(torch.isposinf(x).sum())
-            counts["neginf"] += int(torch.isneginf(x).sum())
-            if first is None:
-                index = int(bad.nonzero()[0, 0])
-                total, response = batch["total_lengths"][i], batch["response_lengths"][i]
-                position = layout.response_positions(total, response, cp_rank, cp_size)[index]
-                first = (i, position, bool(torch.as_tensor(batch["loss_masks"][i])[position] == 0))
+        counts, first = count_nonfinite(batch.get(key) or [])
         if first is not None:
-            out.append(InputFinding(key, counts, *first))
+            i, index = first
+            total, response = batch["total_lengths"][i], batch["response_lengths"][i]
+            position = layout.response_positions(total, response, cp_rank, cp_size)[index]
+            out.append(
+                InputFinding(key, counts, i, position, bool(torch.as_tensor(batch["loss_masks"][i])[position] == 0))
+            )
     if logits is not None and not bool(torch.isfinite(logits).all()):
-        flat = logits.detach().reshape(-1)
-        index = int((~torch.isfinite(flat)).nonzero()[0, 0])
+        counts, (_, index) = count_nonfinite([logits.detach().reshape(-1)])
         site = token_map(batch, cp_rank, cp_size, logits.size(1))(tuple(logits.shape), index)
-        counts = {
-            "nan": int(flat.isnan().sum()),
-            "posinf": int(torch.isposinf(flat).sum()),
-            "neginf": int(torch.isneginf(flat).sum()),
-        }
         out.append(InputFinding("logits", counts, site.sample if site else None, site.token if site else None))
     return out
+
+
+def count_nonfinite(parts) -> tuple[dict, tuple[int, int] | None]:
+    """Over `parts` (1-D tensors or lists of numbers, any float dtype): the {"nan", "posinf", "neginf"} counts, and
+    (part, index) of the first non-finite entry, None when every entry is finite."""
+    counts, first = {"nan": 0, "posinf": 0, "neginf": 0}, None
+    for i, x in enumerate(parts):
+        x = torch.as_tensor(x).detach().float()
+        bad = ~torch.isfinite(x)
+        if not bool(bad.any()):
+            continue
+        counts["nan"] += int(x.isnan().sum())
+        counts["posinf"] += int(torch.isposinf(x).sum())
+        counts["neginf"] += int(torch.isneginf(x).sum())
+        if first is None:
+            first = (i, int(bad.nonzero()[0, 0]))
+    return counts, first
 
 
 def replay(doc: dict, allow=()) -> TraceReport:
@@ -225,12 +234,7 @@ def load_microbatch(path, limit: int | None = None, option: str | None = None) -
     Args:
         limit: the largest file accepted, in bytes (None: any size); option: the CLI option that raises it.
     """
-    check_file(path, "micro-batch file", limit, option)
-    try:
-        doc = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle errors, not a torch file, unsafe globals, an empty file
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"{path}: not a nanscope micro-batch file (torch.load weights_only: {why})") from None
+    doc = torch_file.load(path, "micro-batch file", limit, option, name=_field)
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected a dict with keys batch, logits, args, loss; got {type(doc).__name__}")
     if doc.get("format") == SENTINEL_FORMAT:
@@ -260,12 +264,27 @@ def _step_env(doc: dict) -> str:
     return f"NANSCOPE_TRACE_STEP={doc.get('rollout_id')}:{doc.get('step_id')}"
 
 
+def _field(place: tuple) -> str:
+    """A tensor's place in the document as the other refusals name it: `log_probs of sample 3`, `logits`."""
+    if len(place) == 3 and place[0] == "batch" and type(place[1]) is str and type(place[2]) is int:
+        return f"{place[1][:40]} of sample {place[2]}"
+    return torch_file.where(place)
+
+
 def _plain(x) -> bool:
     """A dense CPU tensor (not meta, not sparse): what the loss can read."""
     return isinstance(x, torch.Tensor) and x.layout == torch.strided and not x.is_meta
 
 
 def _check_args(path, args) -> None:
+    """slime's loss fields, each of its default's type. Ranges only where no run could have another value:
+    the counts (`COUNTS`) are integers >= 1 (slime sets global_batch_size to rollout_batch_size x
+    n_samples_per_prompt / num_steps_per_rollout, and megatron-core's micro-batch calculator asserts at least
+    one micro-batch in it; the loss divides by it), and loss_type is policy_loss (what `document` writes;
+    custom_loss would import custom_loss_function_path). Temperature, clips and coefficients are taken as
+    the run had them:
+    rollout_temperature 0 is a catalogued hazard (zero-temperature), which slime accepts and the replay
+    must show; clamp bounds in either order and any coefficient are what slime would compute with."""
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args) or set(args) - set(LOSS_DEFAULTS):
         bad = sorted(map(str, set(args) - set(LOSS_DEFAULTS))) if isinstance(args, dict) else type(args).__name__
         raise UserError(f"{path}: args: not slime loss fields: {bad}")
@@ -276,6 +295,15 @@ def _check_args(path, args) -> None:
             kinds = (type(None), str, int, float)
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise UserError(f"{path}: args: {name} {value!r}: expected {' or '.join(k.__name__ for k in kinds)}")
+    for name in COUNTS:
+        value = args.get(name, 1)
+        if type(value) is not int or value < 1:
+            raise UserError(f"{path}: args: {name} {value!r:.40}: expected an integer >= 1")
+    if args.get("loss_type", "policy_loss") != "policy_loss":  # custom_loss would import what the file names
+        raise UserError(
+            f"{path}: args: loss_type {args['loss_type']!r:.40}: a micro-batch replays slime's policy_loss "
+            "(a custom_loss would import and run the module the file names)"
+        )
 
 
 def _int(path, value, what: str) -> int:
@@ -341,10 +369,10 @@ def _check_batch(path, batch, parallel: dict, packed: int) -> None:
         masks = _numel(path, batch["loss_masks"][i], f"loss_masks of sample {i}")
         if masks != response:
             raise UserError(f"{path}: loss_masks of sample {i}: {masks} entries != response_length {response}")
+        used += layout.local_length(total, cp_size)
+        if used > packed:  # before any per-position list: the logits bound what the samples may declare
+            raise UserError(f"{path}: logits: packed length {packed} < sum of the samples' local lengths {used}")
         local = len(layout.response_positions(total, response, cp_rank, cp_size))
         for key in PER_TOKEN:
             if key in batch and (got := _numel(path, batch[key][i], f"{key} of sample {i}")) != local:
                 raise UserError(f"{path}: {key} of sample {i}: {got} entries != {local} local response tokens")
-        used += layout.local_length(total, cp_size)
-    if used > packed:
-        raise UserError(f"{path}: logits: packed length {packed} < sum of the samples' local lengths {used}")

@@ -31,6 +31,7 @@ import math
 
 import torch
 
+from nanscope.trace.expert_tokens import ExpertTokens
 from nanscope.trace.grad_screens import GradientScreens, check_grads, storage_norms
 from nanscope.trace.output_checks import OutputChecks, first_tensor
 from nanscope.trace.reading import Reading
@@ -51,11 +52,15 @@ class Sentinel:
             per module call: off by default for its cost), so a reading names the module whose own
             backward produced the first non-finite gradient (`Reading.producer`), not only the first
             parameter gradient it reached.
+        experts: keep each MoE layer's per-expert token counts per micro-batch on the device
+            (`trace.expert_tokens`: one small reduction per router call); a non-finite step's reading carries
+            the failing micro-batch's (`Reading.experts`), a healthy one's only how many were kept.
     """
 
-    def __init__(self, modules, params: bool = True, include=None, output_grads: bool = False):
+    def __init__(self, modules, params: bool = True, include=None, output_grads: bool = False, experts: bool = True):
         self.roots = list(modules) if not isinstance(modules, torch.nn.Module) else [modules]
         self.step = 0
+        self._experts = ExpertTokens(self.roots) if experts else None
         self._outputs = OutputChecks(len(self.roots), output_grads)
         self._gradients = GradientScreens()
         self._handles = []
@@ -112,6 +117,9 @@ class Sentinel:
             grads=flagged if grads else [],
             producer=outputs.producer(int(values[1])),
         )
+        if self._experts is not None and self._experts.layers:
+            tokens = self._experts
+            reading.experts = {"kept": tokens.kept} if reading.finite else tokens.read(reading.microbatch)
         self.reset()
         self.step += 1
         return reading
@@ -120,9 +128,13 @@ class Sentinel:
         """Drop this step's flags (call at step start if a step was abandoned without read())."""
         self._outputs.clear()
         self._gradients.clear()
+        if self._experts is not None:
+            self._experts.clear()
 
     def remove(self) -> None:
         """Remove every hook."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._experts is not None:
+            self._experts.remove()

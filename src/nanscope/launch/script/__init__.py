@@ -2,10 +2,12 @@
 
 The script is parsed with tree-sitter-bash and *interpreted*, never executed (real launch scripts run
 `pkill -9 python`, `ray stop`, `rm -rf`). Supported: scalar and array assignments (`X=( ... )` with
-comments and line continuations, `+=`), `export`/`declare`, `$X` `${X}` `${X[@]}` `${X[i]}`
-`${X:-default}`, `$((...))` integer arithmetic, `$(seq a [b] c)`, single/double quotes and word
-splitting, `source FILE` / `. FILE`. Every other command substitution stays in the output as its own
-text (e.g. `$(nvidia-smi topo -m ...)`), so a placeholder is visible instead of a failure.
+comments and line continuations, `+=`), `export`/`declare`/`local`, associative arrays (`declare -A M=([tp]=2)`,
+`M[k]=v`, `${M[k]}`, `${!M[@]}`, in bash's order), `$X` `${X}` `${X[@]}` `${X[i]}` `${X:-default}`,
+`$((...))` integer arithmetic, `$(seq a [b] c)`, single/double quotes and word splitting, `source FILE` /
+`. FILE`, and the script's own functions, read where it calls them (`$1`, `"$@"`, `local`, `shift`).
+Every other command substitution stays in the output as its own text (e.g. `$(nvidia-smi topo -m ...)`),
+so a placeholder is visible instead of a failure.
 
 Reading is bounded, whatever the script: files are regular and at most `bounds.INPUT_LIMIT` bytes;
 nesting, value and array sizes, `seq` and the total expansion work are capped (`bounds.MAX_*`);
@@ -20,7 +22,9 @@ including one behind `ray job submit ... --`.
     bounds.py       the reading caps (INPUT_LIMIT, MAX_*) and what one reading has spent of them
     arithmetic.py   bash integer arithmetic and `[ ... ]` comparisons on known values
     expansion.py    words -> fields with the variables set so far (Placeholder for what is not known)
-    interpreter.py  the statements in order: assignments, `source`, `if`, the train command
+    arrays.py       indexed and associative arrays (bash's order of keys)
+    calls.py        the script's functions, read at each call
+    interpreter.py  the statements in order: assignments, `source`, `if`, function calls, the train command
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def parse_script(
     train = reader.train
     if train is None:
         hint = f" (tree-sitter reported syntax errors at lines {_lines(reader.errors)})" if reader.errors else ""
-        hint += reader.budget.stop_hint()
+        hint += reader.budget.stop_hint() + reader.calls.uncalled_hint()
         raise UserError(
             f"{path}: no train command found: expected `python3 <train script>.py ...`, "
             f"directly or after `ray job submit ... --`{hint}"

@@ -54,8 +54,8 @@ class Evaluator:
     """Evaluates tree-sitter-bash's arithmetic expression nodes.
 
     Args:
-        operand: the integer a variable (`X`) or an expansion (`$X`) holds; raises Unresolved when it
-            is not a known integer.
+        operand: the integer a variable (`X`), an element (`M[tp]`) or an expansion (`$X`) holds; raises
+            Unresolved when it is not a known integer.
         deeper: entered once per operation: the reader's bounds (a Cap past them).
     """
 
@@ -77,7 +77,7 @@ class Evaluator:
             if re.fullmatch(f"-?{_CONSTANT}", name):
                 return -_bash_int(name[1:]) if name.startswith("-") else _bash_int(name)
             return self.operand(node)
-        if kind in ("simple_expansion", "expansion"):
+        if kind in ("simple_expansion", "expansion", "subscript"):
             return self.operand(node)
         if kind == "parenthesized_expression":
             return self.value(node.named_children[0])
@@ -111,8 +111,10 @@ class Evaluator:
             return value
 
 
-def int_or_raise(value: str | list[str]) -> int:
+def int_or_raise(value: str | list[str] | dict[str, str]) -> int:
     """A variable's value as an arithmetic operand (an array: its first element); Unresolved if not an integer."""
+    if isinstance(value, dict):  # an associative array: its element "0", as bash reads $M
+        value = value.get("0", "")
     if isinstance(value, list):
         value = value[0] if value else ""
     match = re.fullmatch(f"([-+]?)({_CONSTANT})", value.strip())

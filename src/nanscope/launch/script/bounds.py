@@ -1,9 +1,12 @@
 """How much the launch reader reads at most, and what one reading has spent of it.
 
-Reading is bounded, whatever the script: files are regular and at most `INPUT_LIMIT` bytes; nesting,
-value and array sizes, `seq` and the total expansion work are capped (`MAX_*`). A value that hits a
-cap raises `Cap`, as does one bash itself would reject (`arithmetic`); the reader keeps it as a
-placeholder with a note (`Budget.note`), and the rest of the script still reads.
+Reading is bounded, whatever the script: files are regular and at most `INPUT_LIMIT` bytes, at most
+`MAX_FILES` of them; nesting, value and array sizes, `seq` and the total expansion work are capped (`MAX_*`).
+A value that hits a cap raises `Cap`, as does one bash itself would reject (`arithmetic`); the reader keeps
+it as a placeholder with a note (`Budget.note`), and the rest of the script still reads. tree-sitter's parse
+has an allowance of CPU time (`Budget.parse_allowance`): PARSE_SECONDS, plus PARSE_SECONDS_PER_MIB for each
+MiB read (a script of one-letter commands, the densest, parses at 1 s per MiB; a real one 10 times faster),
+and of memory (PARSE_MEMORY, plus PARSE_MEMORY_PER_BYTE per byte: 4 MiB of one-letter commands take 0.9 GB).
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ MAX_ITEMS = 1 << 16  # words of one value (an array, a `seq`, one command)
 MAX_WORK = 1 << 26  # characters (plus 64 per word) that all expansions of one script may produce
 MAX_STEPS = 1 << 18  # statements, words and arithmetic operations read; then reading stops
 MAX_SOURCES = 8  # nested `source` files followed
+MAX_CALLS = 32  # nested calls of the script's own functions read
+MAX_FILES = 64  # files read in all (the script, sourced files, a --model-args file)
+PARSE_SECONDS = 0.25  # tree-sitter's CPU time for a reading, plus PARSE_SECONDS_PER_MIB per MiB read
+PARSE_SECONDS_PER_MIB = 1.5
+PARSE_MEMORY = 256 * inputs.MiB  # what tree-sitter may grow the process by, plus PARSE_MEMORY_PER_BYTE per byte
+PARSE_MEMORY_PER_BYTE = 256
 WORD_COST = 64  # what one word costs beyond its characters (a Python str)
 SNIPPET = 200  # characters of source text kept in a placeholder or a note
 MAX_NOTES = 20  # limit notes kept; the rest are counted
@@ -60,6 +69,17 @@ class Budget:
         self.stopped: int | None = None  # the line where MAX_STEPS stopped reading
         self.notes: list[str] = []  # at most MAX_NOTES
         self.dropped = 0  # notes past MAX_NOTES
+        self.files = 0  # files read so far (MAX_FILES)
+        self.parse_left = PARSE_SECONDS  # seconds tree-sitter may still take in this reading
+
+    def parse_allowance(self, size: int) -> float:
+        """The CPU seconds tree-sitter may take to parse `size` more bytes: what the reading has left (PARSE_SECONDS
+        at first) plus PARSE_SECONDS_PER_MIB per MiB; `spent` takes off what the parse took."""
+        self.parse_left += size * PARSE_SECONDS_PER_MIB / inputs.MiB
+        return self.parse_left
+
+    def spent(self, seconds: float) -> None:
+        self.parse_left -= seconds
 
     def admit(self, line: int) -> bool:
         """Count one statement at `line`: False (with a note) when it is past MAX_STEPS or MAX_DEPTH."""

@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanscope.launch.script import arrays
 from nanscope.launch.script.arithmetic import Evaluator, Unresolved, int_or_raise
 from nanscope.launch.script.bounds import MAX_ITEMS, MAX_PLACEHOLDERS, MAX_VALUE, SNIPPET, Budget, Cap, joined, too_long
-from nanscope.launch.script.syntax import line, parser, snippet
+from nanscope.launch.script.syntax import TooSlow, line, parse, snippet
 
 _DEFAULT_OPS = (":-", "-", ":=", "=", ":+", "+")
 
@@ -37,7 +38,7 @@ class Placeholder:
     reason: str = ""  # for "limit": why static reading gave up on the value
 
 
-def _unescape_word(text: str) -> str:
+def unescape_word(text: str) -> str:
     # Unquoted backslash escapes: `\x` -> `x`, `\<newline>` -> nothing.
     return re.sub(r"\\(\n|.)", lambda match: "" if match.group(1) == "\n" else match.group(1), text)
 
@@ -56,6 +57,46 @@ def _index(node) -> str | None:
     return index.text.decode() if index is not None else None
 
 
+def _splits_in_quotes(node) -> bool:
+    """`"${X[@]}"`, `"$@"`, `"${@}"`: one field per element, even inside double quotes."""
+    if node.type == "expansion" and _index(node) == "@":
+        return True
+    head = node.named_children[0] if node.type in ("simple_expansion", "expansion") and node.named_child_count else None
+    return (
+        head is not None and head.type == "special_variable_name" and head.text == b"@" and node.named_child_count == 1
+    )
+
+
+class _Glue:
+    """Fields built from parts, the first field of each part glued to the last field so far.
+
+    The last field's pieces are joined once, when it is closed: gluing stays linear in the characters
+    (`str +=` on a list element copies the whole field each time). A Cap past MAX_VALUE or MAX_ITEMS.
+    """
+
+    def __init__(self, start: str | None):
+        self.closed: list[str] = []
+        self.last: list[str] | None = None if start is None else [start]  # the open field's pieces
+        self.size = 0
+
+    def add(self, part: list[str]) -> None:
+        if not part:
+            return
+        if self.last is None:
+            self.last = [part[0]]
+        else:
+            self.last.append(part[0])
+        for field in part[1:]:
+            self.closed.append("".join(self.last))
+            self.last = [field]
+        self.size += sum(len(field) for field in part)
+        if self.size > MAX_VALUE or len(self.closed) >= MAX_ITEMS:
+            raise Cap(too_long())
+
+    def fields(self) -> list[str]:
+        return self.closed + ([] if self.last is None else ["".join(self.last)])
+
+
 class Expander:
     """The shell variables, and the expansion of words with them.
 
@@ -71,6 +112,7 @@ class Expander:
         made: placeholders made, kept or not.
         file: the file being read ($0, ${BASH_SOURCE}, and where placeholders come from).
         empty_unset: inside `[ ... ]`: unset variables read as "" (bash semantics).
+        positional: the arguments of the function call being read (`$1`, `"$@"`, `$#`); None outside one.
     """
 
     def __init__(self, env: dict[str, str], budget: Budget):
@@ -82,6 +124,7 @@ class Expander:
         self.file = ""
         self.empty_unset = False
         self.budget = budget
+        self.positional: list[str] | None = None  # $1 ... inside a function the script calls; None: unknown
 
     # ---- words -------------------------------------------------------------------------------
 
@@ -122,7 +165,7 @@ class Expander:
         if kind in ("word", "number", "command_name"):
             if kind == "command_name" and node.named_child_count:
                 return self.fields(node.named_children[0])
-            return [_unescape_word(node.text.decode())]
+            return [unescape_word(node.text.decode())]
         if kind == "raw_string":
             return [node.text.decode()[1:-1]]
         if kind == "ansi_c_string":
@@ -141,19 +184,10 @@ class Expander:
 
     def _concatenation(self, node) -> list[str]:
         """Adjacent parts glue: the last field of one to the first of the next."""
-        out: list[str] = []
-        size = 0
+        out = _Glue(None)
         for child in node.named_children:
-            part = self.fields(child)
-            size += sum(len(word) for word in part)
-            if out and part:
-                out[-1] += part[0]
-                out.extend(part[1:])
-            else:
-                out.extend(part)
-            if size > MAX_VALUE or len(out) > MAX_ITEMS:
-                raise Cap(too_long())
-        return out
+            out.add(self.fields(child))
+        return out.fields()
 
     def _text(self, node) -> str:
         kind = node.type
@@ -167,32 +201,28 @@ class Expander:
 
     def _string_fields(self, node) -> list[str]:
         """Expand "...": one field, except that "${X[@]}" yields one field per element, as in bash."""
-        out, pos, src, base = [""], node.start_byte + 1, node.text, node.start_byte
+        out, pos, src, base = _Glue(""), node.start_byte + 1, node.text, node.start_byte
         only_arrays = True
-        size = 0  # characters in `out`
         for child in node.named_children:
             gap = _unescape_dquote(src[pos - base : child.start_byte - base].decode())
             only_arrays &= not gap
             if child.type == "string_content":
                 values = [gap + _unescape_dquote(child.text.decode())]
                 only_arrays = False
-            elif child.type == "expansion" and _index(child) == "@":
+            elif _splits_in_quotes(child):
                 values = self._expand(child) or [""]
                 values[0] = gap + values[0]
             else:
                 values = [gap + self.text(child)]
                 only_arrays = False
-            out[-1] += values[0]
-            out.extend(values[1:])
-            size += sum(len(value) for value in values)
-            if size > MAX_VALUE or len(out) > MAX_ITEMS:
-                raise Cap(too_long())
+            out.add(values)
             pos = child.end_byte
         tail = _unescape_dquote(src[pos - base : node.end_byte - 1 - base].decode())
-        out[-1] += tail
-        if only_arrays and not tail and out == [""] and node.named_child_count:
+        out.add([tail])
+        fields = out.fields()
+        if only_arrays and not tail and fields == [""] and node.named_child_count:
             return []  # "${EMPTY[@]}" is zero words
-        return out
+        return fields
 
     # ---- parameter expansion -----------------------------------------------------------------
 
@@ -203,18 +233,23 @@ class Expander:
             return ref
         name, index = ref
         anon = [child.type for child in node.children if not child.is_named]
-        if set(anon) - {"$", "${", "}", "#", *_DEFAULT_OPS}:  # ${X%...}, ${X/a/b}, ...: not modelled
+        keys = "!" in anon and index in ("@", "*")  # ${!X[@]}: the keys or indices
+        if set(anon) - {"$", "${", "}", "#", *_DEFAULT_OPS, *(["!"] if keys else [])}:  # ${X%...}, ${!X}: not modelled
             return [self._placeholder(node)]
-        value = self.vars.get(name)
+        value = self._value(name)
+        if keys:
+            return [] if value is None else arrays.keys(value)
+        if isinstance(value, dict) and index not in ("@", "*"):  # an associative array's element (`$M`: M[0])
+            value, index = next(iter(arrays.element(value, index)), ""), None  # a missing key reads as empty
         op = next((o for o in anon if o in _DEFAULT_OPS), None)
         if op is not None:
             replaced = self._operator(name, value, op, node.named_children[1:])
             if replaced is not None:
                 return replaced
-        elif name not in self.vars and not self.empty_unset:
+        elif value is None and not self.empty_unset and not name.isdigit():
             self.unset.setdefault(name, line(node))
         if "#" in anon and node.children[1].type == "#":  # ${#X[@]} / ${#X}
-            return [str(len(value) if isinstance(value, list) else len(value or ""))]
+            return [str(len(value) if isinstance(value, (list, dict)) else len(value or ""))]
         return self._lookup(node, name, index, value)
 
     def _reference(self, node) -> tuple[str, str | None] | list[str]:
@@ -226,17 +261,32 @@ class Expander:
             index = self.text(index_node) if index_node is not None else None
         elif head is not None and head.type == "variable_name":
             name, index = head.text.decode(), None
+        elif head is not None and head.type == "special_variable_name" and self.positional is not None:
+            special = head.text.decode()  # "$@" "$*" "$#" inside a function the script calls
+            if special in ("@", "*"):
+                return list(self.positional)
+            return [str(len(self.positional))] if special == "#" else [self._placeholder(node, "other")]
         else:  # $@, $$ ...: run-time values
             return [self._placeholder(node, "other")]
         if name in ("0", "BASH_SOURCE"):
             return [self.file]
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # $1, ${2}: positional, unknown
+        if name.isdigit() and self.positional is not None:  # $1, ${2} inside a function the script calls
+            return name, index
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # $1, ${2} of the script: unknown
             return [self._placeholder(node, "other")]
         return name, index
 
+    def _value(self, name: str):
+        """A variable's value (a positional parameter's inside a function); None when unset."""
+        if name.isdigit():
+            position = int(name)
+            arguments = self.positional or []
+            return arguments[position - 1] if 0 < position <= len(arguments) else None
+        return self.vars.get(name)
+
     def _operator(self, name: str, value, op: str, word_nodes) -> list[str] | None:
         """`:-`, `-`, `:=`, `=`, `:+`, `+`: the replacement, or None to use the value."""
-        empty = value is None or value == "" or value == []
+        empty = value is None or value == "" or value == [] or value == {}
         missing = empty if op.startswith(":") else value is None
         word = joined((self.text(child) for child in word_nodes), " ")
         if op.endswith("+"):  # alternate value: only when set
@@ -256,12 +306,9 @@ class Expander:
                     self.unset_arrays.append(name)
                 return []
             return [self._placeholder(node, "unset")]
-        if isinstance(value, list):
-            if index in ("@", "*"):
-                return list(value)
-            position = int(index) if index and re.fullmatch(r"-?[0-9]{1,18}", index) else 0
-            return [value[position]] if -len(value) <= position < len(value) else []
-        return [value]
+        if index in ("@", "*"):
+            return arrays.values(value)
+        return arrays.element(value, index) if isinstance(value, list) else [value]
 
     # ---- command substitution and arithmetic -------------------------------------------------
 
@@ -274,7 +321,10 @@ class Expander:
         if node.text.startswith(b"$((") and node.text.endswith(b"))"):
             # tree-sitter-bash reads `${X:-$((A - B))}` as `$( (A - B) )`: re-parse it as arithmetic
             self.budget.charge([node.text])  # the re-parse is work too
-            tree = parser().parse(b"X=" + node.text)
+            try:
+                tree = parse(b"X=" + node.text, self.budget)
+            except TooSlow:
+                raise Cap("tree-sitter-bash did not finish parsing it in its time") from None
             value = tree.root_node.named_children[0].child_by_field_name("value")
             if value is not None and value.type == "arithmetic_expansion":
                 return [self._arithmetic(value)]
@@ -318,6 +368,15 @@ class Expander:
         """A variable (`X`) or an expansion (`$X`) inside `$(( ))` as an integer (Unresolved when not known)."""
         if node.type in ("simple_expansion", "expansion"):
             return int_or_raise(" ".join(self._expand(node)))
+        if node.type == "subscript":  # M[tp] inside $(( ))
+            name = node.child_by_field_name("name").text.decode()
+            index_node = node.child_by_field_name("index")
+            value = self.vars.get(name)
+            if value is None:
+                self.unset.setdefault(name, line(node))
+                raise Unresolved(name)
+            index = self.text(index_node) if index_node is not None else None
+            return int_or_raise(" ".join(arrays.element(value, index)))
         name = node.text.decode()
         if name not in self.vars:
             self.unset.setdefault(name, line(node))

@@ -3,8 +3,10 @@
 Read: scalar and array assignments (`X=( ... )` with comments and line continuations, `+=`),
 `export`/`declare`, `source FILE` / `. FILE` (followed, or a `--model-args` file read in its place),
 `if`/`elif`/`else` on `[ ... ]` tests of known values (an undecidable test is assumed true, said in
-`assumptions`), and every command's words, to find the train command. Function bodies, heredocs and
-other command substitutions are not run. Words are expanded by `expansion.Expander`.
+`assumptions`), associative and indexed arrays (`declare -A M=([tp]=2)`, `M[k]=v`: `arrays`), and every
+command's words, to find the train command. A function's body is read where the script calls it, with its
+arguments (`calls`); heredocs and other command substitutions are not run. Words are expanded by
+`expansion.Expander`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanscope import inputs
+from nanscope.errors import UserError
+from nanscope.inputs import MiB
+from nanscope.launch.script import arrays
 from nanscope.launch.script.arithmetic import compare
-from nanscope.launch.script.bounds import MAX_SOURCES, OPTION, Budget, Cap
-from nanscope.launch.script.expansion import Expander
-from nanscope.launch.script.syntax import line, parser, snippet
+from nanscope.launch.script.bounds import (
+    MAX_FILES,
+    MAX_SOURCES,
+    OPTION,
+    PARSE_MEMORY,
+    PARSE_MEMORY_PER_BYTE,
+    PARSE_SECONDS,
+    PARSE_SECONDS_PER_MIB,
+    Budget,
+    Cap,
+)
+from nanscope.launch.script.calls import Calls, Return
+from nanscope.launch.script.expansion import Expander, unescape_word
+from nanscope.launch.script.syntax import TooSlow, line, parse, snippet, without_controls
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)*)?$")
 
@@ -62,17 +78,32 @@ class Interpreter:
         self.errors: list[int] = []
         self.depth = 0  # nested `source` files
         self.assumptions: list[str] = []
+        self.calls = Calls(self.words, self.budget, self.statement)
 
     # ---- files -------------------------------------------------------------------------------
 
     def run_file(self, path: str, what: str = "launch script") -> None:
-        text = inputs.read_text(path, what, self.limit, OPTION)
-        tree = parser().parse(text.encode())
+        self.budget.files += 1
+        text, removed = without_controls(inputs.read_text(path, what, self.limit, OPTION))
+        try:
+            tree = parse(text.encode(), self.budget)
+        except TooSlow as slow:
+            raise UserError(
+                f"{path}: {what}: tree-sitter-bash gave up parsing it at line {slow.line}, past its allowance "
+                f"({PARSE_SECONDS:g} s of CPU + {PARSE_SECONDS_PER_MIB:g} s per MiB read; {PARSE_MEMORY // MiB} MiB "
+                f"+ {PARSE_MEMORY_PER_BYTE} bytes per byte): its error recovery is quadratic on a long malformed run "
+                "(`)a)a...`, `a|a|...|`, `x=(x=(...`); not a script nanscope can read"
+            ) from None
         outer, self.words.file = self.words.file, str(path)
+        if removed is not None:
+            where = "" if self.depth == 0 else f"{path}: "
+            self.budget.note(removed.line, where + removed.note())
         if tree.root_node.has_error and self.depth == 0:
             self.errors = _error_lines(tree.root_node)
-        self.visit(tree.root_node)
-        self.words.file = outer
+        try:
+            self.visit(tree.root_node)
+        finally:
+            self.words.file = outer
 
     def _source(self, node, words: list[str]) -> None:
         if len(words) < 2:
@@ -80,7 +111,10 @@ class Interpreter:
         target = words[1]
         here = Path(self.words.file).parent
         candidate = Path(target) if os.path.isabs(target) else here / target
-        if "$" not in target and self.depth < MAX_SOURCES and _is_file(candidate):
+        if self.budget.files >= MAX_FILES:
+            self.sources.append(Source(target, line(node), "missing"))
+            self.budget.note(line(node), f"source {target}: not followed: {MAX_FILES} files read already")
+        elif "$" not in target and self.depth < MAX_SOURCES and _is_file(candidate):
             self.sources.append(Source(target, line(node), "followed", str(candidate)))
             self._follow(str(candidate), "sourced file")
         elif self.model_args is not None:
@@ -92,8 +126,12 @@ class Interpreter:
 
     def _follow(self, path: str, what: str) -> None:
         self.depth += 1
-        self.run_file(path, what)
-        self.depth -= 1
+        try:
+            self.run_file(path, what)
+        except Return:  # `return` in a sourced file ends the file
+            pass
+        finally:
+            self.depth -= 1
 
     # ---- statements --------------------------------------------------------------------------
 
@@ -111,49 +149,128 @@ class Interpreter:
         kind = node.type
         if kind == "variable_assignment":
             self.assign(node)
-        elif kind in ("variable_assignments", "declaration_command"):
+        elif kind == "variable_assignments":
             for child in node.named_children:
                 if child.type == "variable_assignment":
                     self.assign(child)
+        elif kind == "declaration_command":
+            self.declare(node)
         elif kind == "command":
             self.command(node)
         elif kind == "if_statement":
             self._if(node)
-        elif kind in ("function_definition", "comment", "heredoc_body"):
+        elif kind == "function_definition":
+            self.calls.define(node)
+        elif kind in ("comment", "heredoc_body"):
             return
         elif kind in ("test_command", "command_substitution"):
             return
         else:  # if/for/while/case bodies, lists, pipelines, subshells, redirections: in order
             self.visit(node)
 
+    def declare(self, node) -> None:
+        """`declare`/`local`/`typeset`/`export`/`readonly`: `-A` makes an associative array, `-a` an indexed one;
+        inside a function `local` (and `declare` without `-g`) keeps the name's old value to restore."""
+        keyword = node.children[0].type if node.child_count else ""
+        options = "".join(
+            child.text.decode()[1:] for child in node.named_children if child.type == "word" and child.text[:1] == b"-"
+        )
+        in_call = bool(self.calls.frames)
+        local = in_call and (keyword == "local" or (keyword in ("declare", "typeset") and "g" not in options))
+        for child in node.named_children:
+            name_node = child.child_by_field_name("name") if child.type == "variable_assignment" else child
+            if name_node is None or name_node.type != "variable_name":
+                continue
+            name = name_node.text.decode()
+            if local:
+                self.calls.keep_local(name)
+            old = self.words.vars.get(name)
+            if "A" in options and not isinstance(old, dict):
+                self.words.vars[name] = {}
+            elif "a" in options and not isinstance(old, list):
+                self.words.vars[name] = [] if old is None else [old] if isinstance(old, str) else list(old.values())
+            elif local and child.type == "variable_name":
+                self.words.vars[name] = ""  # `local x`: the caller's x is hidden until the call returns
+            if child.type == "variable_assignment":
+                self.assign(child)
+
     def assign(self, node) -> None:
         name_node = node.child_by_field_name("name")
         value = node.child_by_field_name("value")
+        append = any(child.type == "+=" for child in node.children)
+        if name_node is not None and name_node.type == "subscript":
+            self._assign_element(name_node, value, append)
+            return
         if name_node is None or name_node.type != "variable_name":
             return
         name = name_node.text.decode()
-        append = any(child.type == "+=" for child in node.children)
         try:
             self.words.vars[name] = self._assigned(name, value, append)
         except Cap as cap:
             self.words.vars[name] = self.words.capped(value if value is not None else node, str(cap))
 
-    def _assigned(self, name: str, value, append: bool) -> str | list[str]:
+    def _assign_element(self, subscript, value, append: bool) -> None:
+        """`M[key]=v`, `A[i]=v`, `M[key]+=v`."""
+        name = subscript.child_by_field_name("name").text.decode()
+        index_node = subscript.child_by_field_name("index")
+        try:
+            if index_node is None or (value is not None and value.type == "array"):
+                raise Cap("not an element bash assigns")
+            new = "" if value is None else self.words.text(value)
+            self.budget.charge([new])
+            self.words.vars[name] = arrays.set_element(
+                self.words.vars.get(name), self.words.text(index_node), new, append
+            )
+        except Cap as cap:
+            self.words.vars[name] = self.words.capped(subscript.parent, str(cap))
+
+    def _assigned(self, name: str, value, append: bool) -> arrays.Value:
         """The value `name` holds after `name=value` / `name+=value`."""
+        old = self.words.vars.get(name)
         if value is None:
-            new: str | list[str] = ""
+            new: arrays.Value = ""
         elif value.type == "array":
-            new = self.words.words(child for child in value.named_children if child.type != "comment")
+            elements = [child for child in value.named_children if child.type != "comment"]
+            if isinstance(old, dict) or any(_keyed(element) is not None for element in elements):
+                new = self._keyed_array(elements, old if append else None, isinstance(old, dict))
+                self.budget.charge([*new, *new.values()] if isinstance(new, dict) else new)
+                return new
+            new = self.words.words(elements)
         else:
             new = self.words.text(value)
         if append:
-            old = self.words.vars.get(name, [] if isinstance(new, list) else "")
+            old = [] if old is None and isinstance(new, list) else "" if old is None else old
+            if isinstance(old, dict):
+                raise Cap("an associative array appended without a subscript")
             if isinstance(old, list):
                 new = old + (new if isinstance(new, list) else [new])
             else:
                 new = old + (new if isinstance(new, str) else " ".join(new))
         self.budget.charge(new if isinstance(new, list) else [new])
         return new
+
+    def _keyed_array(self, elements: list, old: arrays.Value | None, associative: bool) -> arrays.Value:
+        """`(...)` with `[key]=value` elements: an associative array (or its `key value` pairs), or an indexed
+        one set element by element."""
+        array: arrays.Value = dict(old) if isinstance(old, dict) else ({} if associative else list(old or []))
+        words = []
+        for element in elements:
+            keyed = _keyed(element)
+            if keyed is None:
+                words.extend(self.words.words([element]))
+                continue
+            key_nodes, head, rest = keyed
+            key = "".join(self.words.text(node) for node in key_nodes)
+            value = head + "".join(self.words.text(node) for node in rest)
+            array = arrays.set_element(array, key, value, False)
+        if words and not associative:
+            raise Cap("an indexed array mixing [i]=value and plain elements")
+        if words:  # bash 5.1: `declare -A M=(k1 v1 k2 v2)`
+            if len(words) % 2:
+                raise Cap("an associative array's key without a value")
+            for key, value in zip(words[::2], words[1::2]):
+                array = arrays.set_element(array, key, value, False)
+        return array
 
     def command(self, node) -> None:
         name = node.child_by_field_name("name")
@@ -166,6 +283,15 @@ class Interpreter:
             return
         if words and words[0] in ("source", "."):
             self._source(node, words)
+            return
+        if words and words[0] == "return" and (self.calls.frames or self.depth):
+            if node.parent is None or node.parent.type not in ("list", "pipeline"):  # `test || return`: unknown
+                raise Return
+            return
+        if words and words[0] == "shift":
+            self.calls.shift(words)
+            return
+        if self.calls.call(words, node):
             return
         found = _train_command(words)
         if found is not None:
@@ -221,6 +347,23 @@ class Interpreter:
         if self.words.made > before or any("$" in value for value in values):
             return None
         return compare(op.text.decode(), values)
+
+
+def _keyed(element) -> tuple[list, str, list] | None:
+    """An array element `[key]=value` as (the key's nodes, the value's literal start, the value's other nodes);
+    None for a plain element. tree-sitter reads `[tp]=2` as a concatenation of `[`, `tp`, `]`, `=2`."""
+    if element.type != "concatenation" or element.named_child_count < 3:
+        return None
+    parts = element.named_children
+    if parts[0].type != "word" or parts[0].text != b"[":
+        return None
+    for i, part in enumerate(parts[1:], 1):
+        text = part.text.decode() if part.type == "word" else ""
+        if text.startswith("]="):
+            return parts[1:i], unescape_word(text[2:]), parts[i + 1 :]
+        if text == "]" and i + 1 < len(parts) and parts[i + 1].type == "word" and parts[i + 1].text.startswith(b"="):
+            return parts[1:i], unescape_word(parts[i + 1].text.decode()[1:]), parts[i + 2 :]
+    return None
 
 
 def _error_lines(root) -> list[int]:

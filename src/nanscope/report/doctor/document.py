@@ -117,7 +117,8 @@ def _rank(rank) -> dict:
 
 
 def _failure(failure) -> dict:
-    """The traceback's Megatron error line."""
+    """The traceback's Megatron error line, and the check its message names (facts.megatron.CHECKS)."""
+    check = failure.check
     return {
         "rank": failure.rank,
         "node": failure.node,
@@ -128,6 +129,10 @@ def _failure(failure) -> dict:
         "message": failure.message,
         "bucket": failure.bucket,
         "truncated": failure.truncated,
+        "check": None if check is None else check.id,
+        "checked": None if check is None else check.quantity,
+        "message_source": None if check is None else check.source,
+        "slime_runs_this_check": None if check is None else check.slime,
     }
 
 

@@ -10,11 +10,8 @@ from nanscope.report.text import span
 def verdict(diagnosis) -> str:
     """The report's first paragraph: where, why it died, which flags enable which mechanism."""
     parts = _rank_sentences(diagnosis) if diagnosis.failing is not None else []
-    if diagnosis.traceback is not None and diagnosis.config["check_for_nan_in_loss_and_grad"]:
-        parts.append(
-            "The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
-            "and slime runs Megatron's rerun state machine disabled."
-        )
+    if diagnosis.traceback is not None:
+        parts += _why_it_died(diagnosis.traceback.failure.check, diagnosis.config)
     parts.append(_findings_sentence(diagnosis.findings))
     parts.append(_candidates_sentence(diagnosis.candidates))
     return " ".join(parts)
@@ -26,11 +23,8 @@ def _rank_sentences(diagnosis) -> list[str]:
     reported = traceback is not None and traceback.failure.rank == rank.rank
     if reported:
         failure = traceback.failure
-        where = "its local gradient norm" + (f" (bucket #{failure.bucket})" if failure.bucket is not None else "")
-        what = (
-            f" found {failure.kind} in {where} before the data-parallel reduce, on node {failure.node} "
-            f"(node index {rank.node_index}), device {failure.device}."
-        )
+        where = f"on node {failure.node} (node index {rank.node_index}), device {failure.device}"
+        what = f" {_what_it_found(failure)}, {where}."
     else:
         what = f" is on node index {rank.node_index}, local device {rank.local_device}."
         if traceback is not None:
@@ -46,11 +40,62 @@ def _rank_sentences(diagnosis) -> list[str]:
         f"It is TP {rank.tp} / CP {rank.cp} / DP {rank.dp} / PP {rank.pp} (EP {rank.ep}): {stage}{layers}.",
     ]
     if last and layout.pp > 1 and reported:
-        parts.append(
-            "The last stage holds the loss and checks its gradients first in 1F1B, so the "
-            f"{traceback.failure.kind} can have started in any layer."
-        )
+        check, kind = traceback.failure.check, traceback.failure.kind
+        if check is not None and check.quantity == "loss":
+            parts.append(
+                "The last stage computes the loss, so its check reports a value that can have started in any layer."
+            )
+        elif check is not None or kind in ("NaN", "Inf"):
+            value = "large gradient" if kind == "large" else kind
+            parts.append(
+                "The last stage holds the loss and checks its gradients first in 1F1B, so the "
+                f"{value} can have started in any layer."
+            )
     return parts
+
+
+def _what_it_found(failure) -> str:
+    """What the failing rank's check found, in the words of its message."""
+    check, bucket = failure.check, f" (bucket #{failure.bucket})" if failure.bucket is not None else ""
+    nonfinite_norm = failure.kind in ("NaN", "Inf") and "grad norm" in failure.message  # a message cut or reworded
+    if (check is None and nonfinite_norm) or (
+        check is not None and check.quantity == "gradient" and check.value != "large"
+    ):
+        return f"found {failure.kind} in its local gradient norm{bucket} before the data-parallel reduce"
+    if check is None:
+        return f"had a check reject the result {failure.result} (message '{failure.message}')"
+    if check.quantity == "gradient":
+        return (
+            f"found an unexpectedly large gradient norm{bucket}, {failure.result}: finite, not NaN or Inf, but at "
+            "least 10 times the largest of its first 100 checks (--check-for-large-grads), before the data-parallel "
+            "reduce"
+        )
+    if check.value == "large":
+        return (
+            f"found a spiky loss, {failure.result}: at least 10 times the largest of its first 100 "
+            "(--check-for-spiky-loss)"
+        )
+    return f"found {check.value} in its local forward loss (Megatron-LM's loss_func)"
+
+
+def _why_it_died(check, config) -> list[str]:
+    """Why the job died of this check (or, for Megatron-LM's checks, whose job it was)."""
+    if check is not None and not check.slime:
+        return [
+            f"The job was not slime's: this check is Megatron-LM's ({check.source}), in Megatron-LM's own "
+            "training loop, which slime never runs (slime computes its loss in its own loss function)."
+        ]
+    if check is not None and check.value == "large":
+        return [
+            "The job died (instead of skipping the step) because --check-for-large-grads is on and slime runs "
+            "Megatron's rerun state machine disabled, where even this non-fatal check raises."
+        ]
+    if config["check_for_nan_in_loss_and_grad"]:
+        return [
+            "The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
+            "and slime runs Megatron's rerun state machine disabled."
+        ]
+    return []
 
 
 def _findings_sentence(findings: list) -> str:
@@ -70,14 +115,22 @@ def _findings_sentence(findings: list) -> str:
 
 def _candidates_sentence(candidates: list) -> str:
     """How many catalogued causes the flags leave: never one mechanism while several remain (faults in the
-    model are never decided by flags, so at least two always do)."""
+    model are never decided by flags, so at least two always do, unless the traceback's check rules them out:
+    then one, or none, may be left)."""
     left = remaining(candidates)
+    if not left:
+        return "No catalogued cause fits: each is ruled out below, by the flags or by what the traceback's check says."
     groups = [(ENABLED, "enabled by these flags"), (UNDECIDABLE, "not decidable from flags")]
     said = "; ".join(
         f"{', '.join(candidate.id for candidate in left if candidate.status == status)} {words}"
         for status, words in groups
         if any(candidate.status == status for candidate in left)
     )
+    if len(left) == 1:
+        return (
+            f"1 catalogued cause remains ({said}); the flags alone do not say whether it fired: the candidate "
+            "below names the one observation that tells it."
+        )
     return (
         f"{len(left)} catalogued causes remain ({said}), so the flags alone do not say which one fired: "
         "each candidate below names the one observation that tells it apart."

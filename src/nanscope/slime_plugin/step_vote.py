@@ -1,0 +1,110 @@
+"""The plugin's one collective per step: every rank's row, all-gathered over the world, and what it decides.
+
+At the end of each step's backward pass (the wrapper of finish_grad_sync, which every rank reaches before
+Megatron's own check) each rank contributes one row: whether its sentinel saw a non-finite value, where it sits,
+and its headroom (`nanscope.slime_plugin.headroom`). One all-gather gives every rank every row, so each decides
+the same thing from the same numbers:
+
+    bad_ranks   the ranks whose sentinel saw a non-finite value (skip mode skips when there is any)
+    metrics     nanscope/* over the data-parallel group with context parallelism on the last pipeline stage
+                (TP rank 0: its TP peers compute the same loss): maxima as maxima, carried with the rank,
+                micro-batch and sample that hold them; the gap's mean from sums and counts; its 99th
+                percentile as the maximum of the ranks' 99th percentiles
+
+slime would average these (it sums a loss metric over micro-batches, all-reduces with SUM over DP x CP and
+divides), which a maximum does not survive.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from nanscope.slime_plugin import collectives
+from nanscope.slime_plugin.coords import Coords
+from nanscope.slime_plugin.headroom import FIELDS, MAXIMA
+
+_HEAD = ("bad", "rank", "last_stage", "tp")
+ROW = _HEAD + FIELDS
+
+# metric name -> (kind, field): what each nanscope/* metric is, over the group
+METRICS = {
+    "nanscope/max_kl_log_ratio": "kl",
+    "nanscope/max_ppo_log_ratio": "ppo",
+    "nanscope/max_tis_log_ratio": "tis",
+    "nanscope/train_rollout_gap_max": "gap",
+}
+
+
+@dataclass(frozen=True)
+class Vote:
+    """What the step's rows decide (the module docstring).
+
+    Attributes:
+        where: metric -> {"rank", "microbatch", "sample"} of the rank and sample that hold a maximum.
+    """
+
+    bad_ranks: tuple[int, ...]
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    where: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def bad(self) -> bool:
+        return bool(self.bad_ranks)
+
+
+def exchange(bad: bool, coords: Coords, headroom: torch.Tensor) -> Vote:
+    """All-gather this rank's row over the world (one collective, one host sync) and decide."""
+    head = torch.tensor([float(bad), float(coords.rank), float(coords.last_stage), float(coords.tp)])
+    row = torch.cat([head.to(headroom.device), headroom.float()])
+    if dist.is_initialized():
+        device = collectives.device()
+        mine = row.to(device)
+        rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(rows, mine)
+        table = torch.stack(rows).cpu().tolist()
+    else:
+        table = [row.cpu().tolist()]
+    return decide([dict(zip(ROW, r)) for r in table])
+
+
+def decide(rows: list[dict[str, float]]) -> Vote:
+    """The vote from every rank's row (pure: the same rows give the same vote on every rank)."""
+    bad = tuple(sorted(int(r["rank"]) for r in rows if r["bad"]))
+    group = [r for r in rows if r["last_stage"] and r["tp"] == 0]
+    metrics, where = {}, {}
+    for name, kind in METRICS.items():
+        top = _largest(group, kind)
+        metrics[name] = None if top is None else top[f"{kind}_value"]
+        if top is not None:
+            where[name] = {
+                "rank": int(top["rank"]),
+                "microbatch": int(top[f"{kind}_microbatch"]),
+                "sample": int(top[f"{kind}_sample"]),
+            }
+    count = sum(r["gap_count"] for r in group)
+    metrics["nanscope/train_rollout_gap_mean"] = sum(r["gap_sum"] for r in group) / count if count else None
+    p99 = [r["gap_p99"] for r in group if r["gap_count"]]
+    metrics["nanscope/train_rollout_gap_p99"] = _max(p99) if p99 else None  # the largest rank's p99
+    metrics["nanscope/clamped_tokens"] = sum(r["clamped"] for r in group) if group else None
+    metrics["nanscope/nonfinite_inputs"] = sum(r["nonfinite_inputs"] for r in group) if group else None
+    return Vote(bad, metrics, where)
+
+
+def _largest(group: list[dict], kind: str) -> dict | None:
+    """The row holding the largest `kind` maximum (a NaN is the largest), None when no row has one."""
+    found = [r for r in group if r[f"{kind}_value"] != float("-inf")]
+    if not found:
+        return None
+    nan = [r for r in found if math.isnan(r[f"{kind}_value"])]
+    return nan[0] if nan else max(found, key=lambda r: r[f"{kind}_value"])
+
+
+def _max(values: list[float]) -> float:
+    return next((v for v in values if math.isnan(v)), max(values))
+
+
+assert set(MAXIMA) == set(METRICS.values())

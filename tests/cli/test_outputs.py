@@ -1,0 +1,247 @@
+"""Hostile outputs: every command's --json, --html and --write-demo never hang, never destroy a file.
+
+A FIFO, a device or a directory as a target, a target that is one of the run's inputs (by its name, a symlink
+or a hard link), two outputs naming one file, and an existing --write-demo target are each refused in one line,
+exit 2, before anything is written; the files are as they were and no temporary file is left. A write that
+fails half-way (here: the file-size limit, as a full disk would) leaves the old file whole. Each case runs in
+its own process with an alarm (tests/cli/isolated.py): a write that blocks on a FIFO dies of it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanscope import case, hazards
+from nanscope.causes import catalogue
+from nanscope.cli.main import main
+from nanscope.dumps import demo
+from nanscope.errors import UserError
+from nanscope.report import files
+from nanscope.trace import replay
+from tests.cli.isolated import refused, run_isolated
+
+REGULAR = "outputs are written to regular files"
+KNOWN = ", ".join(catalogue.BY_NAME)
+INPUTS = ("run.sh", "model.sh", "tb.txt", "dump.pt", "mb.pt", "dumps/1.pt", "old.pt", "real.json")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A launch script that sources a file, a traceback, a dump, a directory of dumps, a micro-batch file; a FIFO,
+    a directory, and symlinks and hard links to the inputs."""
+    d = tmp_path_factory.mktemp("outputs")
+    (d / "run.sh").write_text("source ./model.sh\npython3 train.py --colocate --rollout-batch-size 1 $MODEL_ARGS\n")
+    (d / "model.sh").write_text('MODEL_ARGS="--num-layers 4"\n')
+    (d / "tb.txt").write_text("Rank 0, node a, device 0, iteration 1: Unexpected result nan (message='x')\n")
+    demo.write_demo(d / "dump.pt")
+    demo.write_demo(d / "dumps" / "1.pt")
+    doc, _ = hazards.microbatch_document("healthy", flags=case.loss_flags())
+    replay.save_microbatch(d / "mb.pt", doc["batch"], doc["logits"], doc["args"], "as-is")
+    (d / "old.pt").write_bytes(b"a file the user keeps")
+    (d / "real.json").write_text("the old report\n")
+    os.chmod(d / "real.json", 0o640)
+    os.mkfifo(d / "fifo")
+    (d / "sub").mkdir()
+    os.symlink("run.sh", d / "link.sh")
+    os.link(d / "run.sh", d / "hard.sh")
+    os.symlink("dump.pt", d / "dumplink.pt")
+    os.link(d / "mb.pt", d / "mbhard.pt")
+    os.symlink("real.json", d / "report.json")
+    return d
+
+
+def _snapshot(d: Path) -> dict:
+    return {name: (d / name).read_bytes() for name in INPUTS}
+
+
+def _check_nothing_lost(d: Path, before: dict) -> None:
+    """The inputs as they were, the FIFO still a FIFO, no temporary file anywhere."""
+    assert _snapshot(d) == before
+    assert stat.S_ISFIFO(os.stat(d / "fifo").st_mode)
+    assert [p.name for p in d.rglob("*.tmp")] == []
+
+
+def _refusals(work: Path, cases: list[tuple[str, list[str]]]) -> None:
+    """Each (message, argv) refused with exactly that line, and nothing lost."""
+    before = _snapshot(work)
+    argvs = [argv for _, argv in cases]
+    for (want, argv), result in zip(cases, run_isolated(argvs, work)):
+        assert refused(result, argv[0]) == want, argv
+    _check_nothing_lost(work, before)
+
+
+@pytest.mark.timeout(400)
+def test_a_target_that_is_no_regular_file_is_refused_in_one_line(work):
+    fifo = f"not a regular file (a FIFO); {REGULAR}"
+    doctor = ["doctor", "--case", "slime-795"]
+    _refusals(
+        work,
+        [
+            (f"--json fifo: {fifo}", [*doctor, "--json", "fifo"]),
+            (f"--html fifo: {fifo}", [*doctor, "--html", "fifo"]),
+            (f"--json /dev/null: not a regular file (a character device); {REGULAR}", [*doctor, "--json", "/dev/null"]),
+            (f"--json fifo: {fifo}", ["scan", "dump.pt", "--json", "fifo"]),
+            (f"--html fifo: {fifo}", ["scan", "dump.pt", "--html", "fifo"]),
+            (f"--json fifo: {fifo}", ["scan", "dumps", "--json", "fifo"]),
+            (f"--write-demo fifo: {fifo}", ["scan", "--write-demo", "fifo", "--force"]),
+            ("--write-demo sub: is a directory, expected a file path", ["scan", "--write-demo", "sub"]),
+            ("--json sub: is a directory, expected a file path", ["scan", "dump.pt", "--json", "sub"]),
+            (f"--json fifo: {fifo}", ["trace", "mb.pt", "--json", "fifo"]),
+            (f"--json fifo: {fifo}", ["hazards", "--json", "fifo"]),
+            (f"--json fifo: {fifo}", ["repro", "--list-modules", "--json", "fifo"]),
+        ],
+    )
+
+
+@pytest.mark.timeout(400)
+def test_an_input_or_another_output_as_target_is_refused_and_kept(work):
+    cases = [
+        ("--json run.sh: is this run's launch script: writing it would destroy it", ["run.sh", "--json", "run.sh"]),
+        ("--html link.sh: is this run's launch script: writing it would destroy it", ["run.sh", "--html", "link.sh"]),
+        (
+            "--json hard.sh: is this run's launch script run.sh: writing it would destroy it",
+            ["run.sh", "--json", "hard.sh"],
+        ),
+        (
+            "--json tb.txt: is this run's traceback: writing it would destroy it",
+            ["run.sh", "--traceback", "tb.txt", "--json", "tb.txt"],
+        ),
+        ("--json model.sh: is this run's sourced file: writing it would destroy it", ["run.sh", "--json", "model.sh"]),
+        (
+            "--html same.json: names the same file as --json same.json: give each its own",
+            ["--case", "slime-795", "--json", "same.json", "--html", "same.json"],
+        ),
+    ]
+    scans = [
+        ("--json dump.pt: is this run's dump: writing it would destroy it", ["dump.pt", "--json", "dump.pt"]),
+        (
+            "--html dumplink.pt: is this run's dump: writing it would destroy it",
+            ["dump.pt", "--html", "dumplink.pt"],
+        ),
+        ("--json dumps/1.pt: is this run's dump: writing it would destroy it", ["dumps", "--json", "dumps/1.pt"]),
+        (
+            "--html x.json: names the same file as --json ./x.json: give each its own",
+            ["dump.pt", "--json", "./x.json", "--html", "x.json"],
+        ),
+    ]
+    traces = [
+        ("--json mb.pt: is this run's micro-batch file: writing it would destroy it", ["mb.pt", "--json", "mb.pt"]),
+        (
+            "--json mbhard.pt: is this run's micro-batch file mb.pt: writing it would destroy it",
+            ["mb.pt", "--json", "mbhard.pt"],
+        ),
+    ]
+    _refusals(
+        work,
+        [(w, ["doctor", *a]) for w, a in cases]
+        + [(w, ["scan", *a]) for w, a in scans]
+        + [(w, ["trace", *a]) for w, a in traces],
+    )
+    assert not (work / "same.json").exists() and not (work / "x.json").exists()
+
+
+@pytest.mark.timeout(400)
+def test_write_demo_keeps_an_existing_file_unless_forced_and_list_modules_checks_its_flags(work):
+    argvs = [
+        ["scan", "--write-demo", "old.pt"],
+        ["scan", "--force", "dump.pt"],
+        ["repro", "--list-modules", "--hazard", "bogus", "--steps", "-5"],
+        ["repro", "--list-modules", "--steps", "3", "--trace"],
+        ["scan", "--write-demo", "new/deeper/12.pt"],
+        ["repro", "--list-modules", "--json", "modules.json"],
+    ]
+    before = _snapshot(work)
+    results = run_isolated(argvs, work)
+    assert [refused(result, argv[0]) for argv, result in zip(argvs[:4], results)] == [
+        "--write-demo old.pt: exists (pass --force to replace it)",
+        "--force goes with --write-demo PATH (it replaces an existing file there)",
+        f"--hazard: unknown hazard 'bogus'; known: {KNOWN}",
+        "--list-modules lists the model's modules and exits: not with --steps, --trace",
+    ]
+    assert [r["rc"] for r in results[4:]] == [0, 0], results[4:]
+    _check_nothing_lost(work, before)
+    modules = json.loads((work / "modules.json").read_text())
+    assert list(modules) == ["modules"] and len(modules["modules"]) == 176 and modules["modules"][-1] == "output_layer"
+    assert (work / "new" / "deeper" / "12.pt").stat().st_size > 0
+
+
+def test_write_demo_force_replaces_and_a_symlinked_output_keeps_its_link_and_mode(tmp_path):
+    (tmp_path / "old.pt").write_bytes(b"a file the user keeps")
+    (tmp_path / "real.json").write_text("the old report\n")
+    os.chmod(tmp_path / "real.json", 0o640)
+    os.symlink("real.json", tmp_path / "report.json")
+    argvs = [["scan", "--write-demo", "old.pt", "--force"], ["doctor", "--case", "slime-795", "--json", "report.json"]]
+    results = run_isolated(argvs, tmp_path)
+    assert [r["rc"] for r in results] == [0, 0], results
+    assert (tmp_path / "old.pt").read_bytes()[:2] == b"PK"  # a torch.save zip archive now
+    assert os.readlink(tmp_path / "report.json") == "real.json"
+    assert "verdict" in json.loads((tmp_path / "real.json").read_text())
+    assert stat.S_IMODE(os.stat(tmp_path / "real.json").st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.pt", "real.json", "report.json"]
+
+
+def _file_size_limit():
+    """A file-size limit well under the report's size, as a full disk: writing past it fails with EFBIG."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
+@pytest.mark.timeout(120)
+def test_a_write_that_fails_half_way_leaves_the_old_file_whole(tmp_path):
+    (tmp_path / "d.json").write_text("the old report\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if os.environ.get("NANSCOPE_TEST_SRC"):
+        env["PYTHONPATH"] = os.environ["NANSCOPE_TEST_SRC"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanscope.cli.main", "doctor", "--case", "slime-795", "--json", "d.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        preexec_fn=_file_size_limit,
+    )
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "nanscope doctor: error: --json d.json: cannot write: File too large\n",
+    )
+    assert (tmp_path / "d.json").read_text() == "the old report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json"]
+
+
+def test_an_empty_path_is_refused_not_ignored(tmp_path, capsys):
+    demo.write_demo(tmp_path / "dump.pt")
+    for flag, argv in (("--json", [str(tmp_path / "dump.pt"), "--json", ""]), ("--write-demo", ["--write-demo", ""])):
+        assert main(["scan", *argv]) == 2
+        assert capsys.readouterr().err == f"nanscope scan: error: {flag} '': an empty path (give a file name)\n"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write any file")
+def test_a_read_only_target_is_kept(tmp_path):
+    (tmp_path / "keep.json").write_text("mine\n")
+    os.chmod(tmp_path / "keep.json", 0o444)
+    with pytest.raises(UserError, match=r"^--json .*keep\.json: file not writable$"):
+        files.check_outputs({"--json": tmp_path / "keep.json"})
+
+
+def test_a_failed_rename_removes_the_temporary_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    target = tmp_path / "r.json"
+    target.write_text("old\n")
+
+    def refuse(src, dst):
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(files.os, "replace", refuse)
+    with pytest.raises(UserError, match=r"^--json .*r\.json: cannot write: Invalid cross-device link$"):
+        files.write_json(target, {"new": 1})
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -1,0 +1,125 @@
+"""Ray as nanscope's `ray` extra: `scan DIR --ray` equals `scan DIR`; without Ray, one line saying how to install it.
+
+The Ray scan runs in a `nanscope scan` process of its own, which starts (and removes) a local Ray instance; the
+local parallel mode runs here. `--launcher ray` itself: tests/megatron/test_ray_launcher.py.
+"""
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nanscope.cli.main import main
+from nanscope.dumps import demo, ray_scan, writers
+from nanscope.megatron import ray_session
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "nanscope"
+# the only modules that import Ray (inside functions: it is optional)
+RAY_MODULES = {"megatron/ray_session.py", "megatron/ray_actor.py", "megatron/ray_driver.py", "dumps/ray_scan.py"}
+
+
+def _dumps(root: Path) -> None:
+    demo.write_demo(root / "rollout_data" / "12.pt")
+    demo.write_demo(root / "train_data" / "12_0.pt", kind="train")
+    clean = [demo.rollout_sample(i, 4, 8, reward=float(i % 2)) for i in range(8)]
+    writers.write_rollout_dump(root / "rollout_data" / "13.pt", clean, rollout_id=13)
+    (root / "rollout_data" / "14.pt").write_bytes(b"PK\x03\x04 truncated")  # one file's one-line error
+
+
+def _json(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    for summary in doc["files"]:
+        summary.pop("seconds")  # each file's wall time
+    return doc
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
+def test_scan_directory_as_ray_tasks_equals_the_local_parallel_mode(tmp_path, capsys):
+    dumps = tmp_path / "dumps"
+    _dumps(dumps)
+    local = main(["scan", str(dumps), "--json", str(tmp_path / "l.json"), "--html", str(tmp_path / "l.html")])
+    out, err = capsys.readouterr()
+    short, tag = Path(tempfile.mkdtemp(prefix="n", dir="/tmp")), uuid.uuid4().hex  # Ray's sockets: a short TMPDIR
+    try:
+        argv = [sys.executable, "-m", "nanscope.cli.main", "scan", str(dumps), "--ray",
+                "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")]  # fmt: skip
+        env = {**os.environ, "TMPDIR": str(short), "NANSCOPE_TEST_TAG": tag}
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=100)
+        left = os.listdir(short)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert (local, out.count("\n") > 5) == (2, True)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (local, out, err)
+    assert err.startswith("nanscope scan: error: 1 of 4 dumps failed; the first: ") and "14.pt: unreadable" in err
+    assert _json(tmp_path / "r.json") == _json(tmp_path / "l.json")
+    assert (tmp_path / "r.html").read_text() == (tmp_path / "l.html").read_text()
+    assert left == []  # the local instance's session dir is gone
+    assert not any(f"NANSCOPE_TEST_TAG={tag}".encode() in _environ(pid) for pid in os.listdir("/proc"))
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes() if pid.isdigit() else b""
+    except OSError:
+        return b""
+
+
+@pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
+def test_a_task_that_fails_in_ray_is_its_file_s_one_line_error():
+    import ray.exceptions  # optional: the nanscope[ray] extra; no Ray instance is started
+
+    summary = ray_scan.failed("/d/12.pt", ray.exceptions.WorkerCrashedError())
+    assert summary.path == "/d/12.pt" and summary.total == 0 and summary.would_nan == ""
+    assert re.fullmatch(r"/d/12\.pt: Ray task failed: WorkerCrashedError: The worker died [^\n]*", summary.error)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [(["repro", "--launcher", "ray"], "--launcher ray"), (["scan", "DIR", "--ray"], "--ray")],
+)
+def test_without_ray_each_mode_says_how_to_install_it_in_one_line(argv, flag, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails, as where the extra is not installed
+    argv = [str(tmp_path) if arg == "DIR" else arg for arg in argv]
+    assert main(argv) == 2
+    assert capsys.readouterr() == (
+        "",
+        f"nanscope {argv[0]}: error: {flag} needs Ray, which is not installed: pip install 'nanscope[ray]'\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["repro", "--ray-address", "h:6379"], "--ray-address h:6379 goes with --launcher ray"),
+        (["repro", "--traceback-out", "tb.txt"], "--traceback-out tb.txt goes with --launcher ray"),
+        (["scan", "DIR", "--ray-address", "h:6379"], "--ray-address h:6379 goes with --ray"),
+    ],
+)
+def test_ray_flags_without_ray_mode_are_one_line_errors(argv, message, tmp_path, capsys):
+    assert main([str(tmp_path) if arg == "DIR" else arg for arg in argv]) == 2
+    assert capsys.readouterr().err == f"nanscope {argv[0]}: error: {message}\n"
+
+
+def test_ray_is_an_exactly_pinned_extra_the_tests_install_and_only_the_ray_modules_import():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["ray"] == ["ray==2.60.0"] and "nanscope[ray]" in extras["test"]
+    importers = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(name.split(".")[0] == "ray" for name in names):
+                importers.add(str(path.relative_to(SRC)))
+    assert importers == RAY_MODULES
