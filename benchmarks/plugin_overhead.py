@@ -19,9 +19,10 @@ Three figures, each the median over alternating rounds:
 --instructions DIR (under callgrind, as above; needs gcc and valgrind's headers): the instructions of one
 healthy training step through real megatron-core (trace_overhead.py's step: the tiny Qwen3-MoE, a gloo world
 of 1, 8 samples packed in one micro-batch, slime v0.1.0's loss in megatron's schedule, DDP's bucket check, Adam)
-against the same step with the loss watch installed, headroom.measure over what it saw and the vote
-(`step_vote.exchange`, the all-gather and its host sync): what the plugin adds to every step besides the
-sentinel (whose cost trace_overhead.py measures). Instructions do not move with the box's load.
+against the same step with the loss watch installed, headroom.measure over what it saw, the vote
+(`step_vote.exchange`, the all-gather and its host sync) and the rerun's record of what a pass advances
+(`rerun.StepState`), each alone and all together: what the plugin adds to every step besides the sentinel
+(whose cost trace_overhead.py measures). Instructions do not move with the box's load.
 
 The loss stands in for a step here: on the case's model a step is the loss plus a 235B-parameter forward and
 backward, so a cost under 1% of the loss alone is far under 1% of the step.
@@ -40,7 +41,7 @@ import torch
 from nanscope import case
 from nanscope.loss import as_is, target
 from nanscope.loss.microbatch import Parallel
-from nanscope.slime_plugin import headroom, step_vote
+from nanscope.slime_plugin import headroom, rerun, step_vote
 from nanscope.slime_plugin.coords import Coords
 from nanscope.slime_plugin.loss_watch import LossWatch
 
@@ -131,16 +132,20 @@ def count_instructions(out_dir: str) -> None:
     from trace_overhead import CALLGRIND_HELPER, make_step  # benchmarks/ is the script's directory
 
     bootstrap.init()  # gloo world of 1: the vote's all-gather runs through torch.distributed
-    train_step, _, _, _ = make_step(False, 8)
+    train_step, _, model, _ = make_step(False, 8)
     build = Path(tempfile.mkdtemp())
     (build / "cg.c").write_text(CALLGRIND_HELPER)
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", build / "cg.so", build / "cg.c"], check=True)
     cg = ctypes.CDLL(str(build / "cg.so"))
 
-    def observed(measure: bool = True, vote: bool = True, watch: bool = True):
+    routers = rerun.router_state([model])  # once per installation, as ScheduleWatch finds them
+
+    def observed(measure: bool = True, vote: bool = True, watch: bool = True, record: bool = True):
         def step():
             seen = LossWatch(target.model()) if watch else None
             try:
+                if record:  # what the rerun records before every training schedule call (RNG, routers, offsets)
+                    rerun.StepState(routers, None)
                 train_step()
                 row = headroom.empty(torch.device("cpu"))
                 if measure:
@@ -155,10 +160,11 @@ def count_instructions(out_dir: str) -> None:
 
     variants = {
         "plain": train_step,
-        "loss watch": observed(measure=False, vote=False),
-        "loss watch + headroom": observed(vote=False),
-        "vote": observed(measure=False, watch=False),
-        "loss watch + headroom + vote": observed(),
+        "loss watch": observed(measure=False, vote=False, record=False),
+        "loss watch + headroom": observed(vote=False, record=False),
+        "vote": observed(measure=False, watch=False, record=False),
+        "rerun's step record": observed(measure=False, vote=False, watch=False),
+        "loss watch + headroom + vote + rerun's step record": observed(),
         "plain again": train_step,
     }
     for name, step in variants.items():

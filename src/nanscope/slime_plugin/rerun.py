@@ -81,7 +81,8 @@ class Verdict:
 class StepState:
     """What one pass of the schedule advances, recorded before it and put back before the rerun."""
 
-    def __init__(self, chunks, data_iterator):
+    def __init__(self, routers: list, data_iterator):
+        """`routers`: `router_state(chunks)`, found once per installation."""
         import torch  # heavy: torch, imported by the run already
 
         self.iterators = [(it, it.offset) for it in _iterators(data_iterator) if hasattr(it, "offset")]
@@ -90,19 +91,7 @@ class StepState:
         self.python_rng = random.getstate()
         self.tracker = _tracker_states()
         self.replays = [(r, r.forward_index, r.backward_index) for r in _routing_replays()]
-        self.routers = [
-            (
-                m,
-                {
-                    n: getattr(m, n).detach().clone()
-                    for n in ("expert_bias", "local_tokens_per_expert")
-                    if _tensor(m, n)
-                },
-            )
-            for chunk in chunks
-            for m in chunk.modules()
-            if _tensor(m, "expert_bias") or _tensor(m, "local_tokens_per_expert")
-        ]
+        self.routers = [(m, {n: getattr(m, n).detach().clone() for n in names}) for m, names in routers]
 
     def restore(self) -> None:
         import torch  # heavy: torch, imported by the run already
@@ -127,10 +116,21 @@ def _iterators(data_iterator) -> list:
     return list(data_iterator) if isinstance(data_iterator, (list, tuple)) else [data_iterator]
 
 
-def _tensor(module, name: str) -> bool:
+ROUTER_STATE = ("expert_bias", "local_tokens_per_expert")  # MoE router tensors megatron updates in the schedule
+
+
+def router_state(chunks) -> list[tuple[object, tuple[str, ...]]]:
+    """(module, the ROUTER_STATE names it holds as tensors) over the chunks' modules. Found once per installation:
+    a per-step walk would pay nn.Module's failing __getattr__ on every module of the model, every step."""
     import torch  # heavy: torch, imported by the run already
 
-    return isinstance(getattr(module, name, None), torch.Tensor)
+    found = []
+    for chunk in chunks:
+        for module in chunk.modules():
+            names = tuple(n for n in ROUTER_STATE if isinstance(getattr(module, n, None), torch.Tensor))
+            if names:
+                found.append((module, names))
+    return found
 
 
 def _tracker():
@@ -156,6 +156,7 @@ class ScheduleWatch:
 
     def __init__(self, module_name: str | None, chunks, rerun_step):
         self.chunks, self.rerun_step = chunks, rerun_step
+        self.routers = router_state(chunks)
         self.module = sys.modules.get(module_name) if module_name else None
         self.active = False  # a training schedule call of this step is running (a rerun is possible)
         self._previous = _MISSING
@@ -180,7 +181,7 @@ class ScheduleWatch:
             if call_kwargs.get("forward_only", False):
                 return schedule(*call_args, **call_kwargs)
             data_iterator = call_kwargs.get("data_iterator")
-            state = StepState(self.chunks, data_iterator)
+            state = StepState(self.routers, data_iterator)
             first = _iterators(data_iterator)[0] if data_iterator is not None else None
             self.rerun_step.step_start = StepStart(first, first.offset) if hasattr(first, "offset") else None
             self.active = True
