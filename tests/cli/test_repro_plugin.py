@@ -191,6 +191,10 @@ def test_a_drift_is_warned_of_two_steps_before_as_is_dies_and_safe_runs_every_st
         f"{first}" in text
     )
     assert "; warned at step 1" in doc["verdict"]
+    assert plugin["replay"]["verdict"].startswith(
+        "the NaN starts in the loss: aten.exp.default at nanscope/loss/formulas.py"
+    )
+    assert f"in approx_kl, sample {sample}, " in plugin["replay"]["verdict"]
     # Skip mode: steps 3 and 4 both cross (the drift goes on), each skipped with a NaN grad norm.
     skip = plugin["skip"]
     assert skip["skipped_steps"] == [2, 2, 2, 2] and skip["observed"] == "completed"
