@@ -141,8 +141,8 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
         or first
         or (run.ranks or [None])[-1]
     )
-    sites = [site for site in (head.hazard_sites if head else []) if site is not None]
-    site_log_probs = [log_probs for log_probs in (head.site_log_probs if head else []) if log_probs is not None]
+    sites = _at_inject_step(head.hazard_sites if head else [], spec.inject_step)
+    site_log_probs = _at_inject_step(head.site_log_probs if head else [], spec.inject_step)
     return Repro(
         hazard=spec.hazard,
         loss=spec.loss,
@@ -162,6 +162,14 @@ def from_run(run, launched, layout, expected: str | None = None) -> Repro:
         sentinel=finding,
         traceback=run.traceback,
     )
+
+
+def _at_inject_step(per_step: list, inject_step: int | None) -> list:
+    """The non-None entries of a per-step list, the inject step's first: a drifting hazard plants a site at every
+    step, and the one that matters is where it crosses."""
+    at = (inject_step or 1) - 1
+    first = [per_step[at]] if at < len(per_step) and per_step[at] is not None else []
+    return first + [x for i, x in enumerate(per_step) if x is not None and i != at]
 
 
 def _frames_match_case(failing: list, shown: str | None) -> bool:
