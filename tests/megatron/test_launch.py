@@ -182,3 +182,15 @@ def test_a_rank_forked_after_its_agent_died_ends_at_once():
     assert (alive.returncode, alive.stdout) == (0, f"{int(signal.SIGKILL)}\n")  # dies with its agent
     gone = subprocess.run([sys.executable, "-c", code, str(10**6)], capture_output=True, timeout=60)
     assert (gone.returncode, gone.stdout) == (137, b"")  # its agent is not its parent: already gone
+
+
+def test_a_launch_stuck_in_process_group_init_is_retried_from_the_run_it_never_started():
+    from nanscope.megatron.launcher import resume_at
+
+    init = {r: f"rank {r}: watchdog: stuck in process-group init; exiting" for r in range(4)}
+    assert resume_at(0, init, 4) == 0  # no rank got past init: run 0 never started, it goes to the fresh launch
+    assert resume_at(3, init, 4) == 3
+    partly = {**init, 2: "rank 2: watchdog: stuck in run 0; exiting"}
+    assert resume_at(0, partly, 4) == 1  # a rank ran run 0: its records stand, the launch resumes after it
+    assert resume_at(0, {r: init[r] for r in range(3)}, 4) == 1  # a rank without a note may have run it
+    assert resume_at(1, {}, 4) == 2  # a crash, no watchdog note

@@ -26,6 +26,17 @@ def test_each_threshold_and_where():
     ]
 
 
+def test_a_log_ratio_past_the_overflow_says_by_how_much_not_a_negative_distance():
+    # the step the drift kills: exp(146.1) is inf in fp32, 146.1 - 88.72 = 57.4 past it
+    ((_, text),) = logs.warnings_for(
+        {"nanscope/max_kl_log_ratio": 146.1}, {"nanscope/max_kl_log_ratio": WHERE}, Settings()
+    )
+    assert text == (
+        "nanscope/max_kl_log_ratio = 146.1 > 60: past fp32's exp overflow at 88.72 by 57.4 (KL log-ratio ref - logp), "
+        "at rank 2, micro-batch 0, sample 3"
+    )
+
+
 def test_a_nan_maximum_warns_and_nothing_measured_does_not():
     assert logs.warnings_for({"nanscope/max_kl_log_ratio": float("nan")}, {}, Settings()) == [
         ("nanscope/max_kl_log_ratio is NaN", "nanscope/max_kl_log_ratio is NaN (KL log-ratio ref - logp)")

@@ -60,7 +60,9 @@ def launch(
     """Execute `runs` in one launch of `layout.world` CPU processes (more if one dies).
 
     When a launch dies inside run i (a rank hung and its watchdog ended it, or a rank crashed), the runs after i
-    go to a fresh launch, at most `max_relaunches` times; run i keeps its ranks' records, the others missing.
+    go to a fresh launch, at most `max_relaunches` times; run i keeps its ranks' records, the others missing. A
+    launch whose every rank was stuck in process-group init started no run: run i goes to the fresh launch too
+    (`resume_at`).
 
     Args:
         runs: executed in order, each from a freshly built model.
@@ -107,11 +109,12 @@ def launch(
             code, timed_out, output = _spawner(via)(out, spec, timeout_s - (time.time() - t0), child_tmp, stop)
             returncode = code if not returncode else returncode  # the first failure's code sticks
             outputs.append(output)
-            _take_stuck_notes(out, layout.world, stuck)
+            notes = _take_stuck_notes(out, layout.world, stuck)
             broken = _first_incomplete(out, len(runs), layout.world, spec.first_run)
-            if code == 0 or timed_out or broken is None or broken + 1 >= len(runs) or launches > max_relaunches:
+            resume = None if broken is None else resume_at(broken, notes, layout.world)
+            if code == 0 or timed_out or resume is None or resume >= len(runs) or launches > max_relaunches:
                 break
-            spec = dataclasses.replace(spec, first_run=broken + 1)  # the launch died in run `broken`: resume after
+            spec = dataclasses.replace(spec, first_run=resume)
         result = collect(
             out,
             runs,
@@ -198,13 +201,26 @@ def _stop(proc: subprocess.Popen) -> list[int]:
     return pids
 
 
-def _take_stuck_notes(out: Path, world: int, stuck: dict[int, str]) -> None:
-    """Move the watchdog's notes (`stuck.rank{r}.txt`) into `stuck`, joined to those of earlier launches."""
+def resume_at(broken: int, notes: dict[int, str], world: int) -> int:
+    """The run a fresh launch starts from, after a launch died in run `broken` with the watchdog's `notes`: the
+    next one; or `broken` itself when every rank was stuck in process-group init (no run started: a rendezvous
+    that never formed, such as a master port another process took after it was chosen, is retried on a new port).
+    """
+    never_started = len(notes) == world and all("stuck in process-group init" in note for note in notes.values())
+    return broken if never_started else broken + 1
+
+
+def _take_stuck_notes(out: Path, world: int, stuck: dict[int, str]) -> dict[int, str]:
+    """Move the watchdog's notes (`stuck.rank{r}.txt`) into `stuck`, joined to those of earlier launches; returns
+    this launch's."""
+    notes = {}
     for rank in range(world):
         note = out / f"stuck.rank{rank}.txt"
         if note.exists():
-            stuck[rank] = "; ".join(filter(None, [stuck.get(rank), note.read_text()]))
+            notes[rank] = note.read_text()
+            stuck[rank] = "; ".join(filter(None, [stuck.get(rank), notes[rank]]))
             note.unlink()
+    return notes
 
 
 def _first_incomplete(out: Path, n_runs: int, world: int, first: int) -> int | None:

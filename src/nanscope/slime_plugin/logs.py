@@ -50,11 +50,11 @@ def warnings_for(metrics: dict, where: dict, settings: Settings) -> list[tuple[s
         if math.isnan(value):
             out.append((f"{name} is NaN", f"{name} is NaN ({what}){at}"))
         elif value > high:
-            text = (
-                f"{name} = {value:.4g} > {high:g}: within {FP32_EXP_MAX - value:.3g} of fp32's exp overflow at "
-                f"{FP32_EXP_MAX:.2f} ({what}){at}"
-            )
-            out.append((f"{name} > {high:g}", text))
+            if value < FP32_EXP_MAX:
+                how = f"within {FP32_EXP_MAX - value:.3g} of fp32's exp overflow at {FP32_EXP_MAX:.2f}"
+            else:  # the loss's exp is inf here, unless the plugin's loss clamps it
+                how = f"past fp32's exp overflow at {FP32_EXP_MAX:.2f} by {value - FP32_EXP_MAX:.3g}"
+            out.append((f"{name} > {high:g}", f"{name} = {value:.4g} > {high:g}: {how} ({what}){at}"))
         elif value > low:
             text = f"{name} = {value:.4g} > {low:g} (the plugin's loss clamps log-ratios at ±{LOG_RATIO_BOUND:g}) ({what}){at}"
             out.append((f"{name} > {low:g}", text))
