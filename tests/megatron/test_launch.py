@@ -194,3 +194,4 @@ def test_a_launch_stuck_in_process_group_init_is_retried_from_the_run_it_never_s
     assert resume_at(0, partly, 4) == 1  # a rank ran run 0: its records stand, the launch resumes after it
     assert resume_at(0, {r: init[r] for r in range(3)}, 4) == 1  # a rank without a note may have run it
     assert resume_at(1, {}, 4) == 2  # a crash, no watchdog note
+    assert resume_at(None, {}, 4) is None  # every run finished

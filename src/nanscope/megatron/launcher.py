@@ -59,10 +59,8 @@ def launch(
 ) -> LaunchResult:
     """Execute `runs` in one launch of `layout.world` CPU processes (more if one dies).
 
-    When a launch dies inside run i (a rank hung and its watchdog ended it, or a rank crashed), the runs after i
-    go to a fresh launch, at most `max_relaunches` times; run i keeps its ranks' records, the others missing. A
-    launch whose every rank was stuck in process-group init started no run: run i goes to the fresh launch too
-    (`resume_at`).
+    When a launch dies in run i (a rank hung or crashed), the runs after i (from i if no rank got past process-group
+    init: `resume_at`) go to a fresh launch, at most `max_relaunches` times; run i keeps its ranks' records.
 
     Args:
         runs: executed in order, each from a freshly built model.
@@ -110,8 +108,7 @@ def launch(
             returncode = code if not returncode else returncode  # the first failure's code sticks
             outputs.append(output)
             notes = _take_stuck_notes(out, layout.world, stuck)
-            broken = _first_incomplete(out, len(runs), layout.world, spec.first_run)
-            resume = None if broken is None else resume_at(broken, notes, layout.world)
+            resume = resume_at(_first_incomplete(out, len(runs), layout.world, spec.first_run), notes, layout.world)
             if code == 0 or timed_out or resume is None or resume >= len(runs) or launches > max_relaunches:
                 break
             spec = dataclasses.replace(spec, first_run=resume)
@@ -201,11 +198,13 @@ def _stop(proc: subprocess.Popen) -> list[int]:
     return pids
 
 
-def resume_at(broken: int, notes: dict[int, str], world: int) -> int:
-    """The run a fresh launch starts from, after a launch died in run `broken` with the watchdog's `notes`: the
-    next one; or `broken` itself when every rank was stuck in process-group init (no run started: a rendezvous
-    that never formed, such as a master port another process took after it was chosen, is retried on a new port).
-    """
+def resume_at(broken: int | None, notes: dict[int, str], world: int) -> int | None:
+    """The run a fresh launch starts from, after a launch died in run `broken` (None: every run finished) with the
+    watchdog's `notes`: the next one; or `broken` itself when every rank was stuck in process-group init (no run
+    started: a rendezvous that never formed, such as a master port another process took after it was chosen, is
+    retried on a new port)."""
+    if broken is None:
+        return None
     never_started = len(notes) == world and all("stuck in process-group init" in note for note in notes.values())
     return broken if never_started else broken + 1
 
