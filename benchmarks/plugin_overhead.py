@@ -38,35 +38,13 @@ import time
 
 import torch
 
+from loss_overhead import make_batch  # the same healthy batch as loss_overhead.py (benchmarks/ is the path)
 from nanscope import case
 from nanscope.loss import as_is, target
 from nanscope.loss.microbatch import Parallel
 from nanscope.slime_plugin import headroom, rerun, step_vote
 from nanscope.slime_plugin.coords import Coords
 from nanscope.slime_plugin.loss_watch import LossWatch
-
-
-def make_batch(n_samples: int, lo: int, hi: int, vocab: int, seed: int = 0):
-    """A healthy micro-batch of `n_samples` samples (lengths in [lo, hi]) and its logits [1, T, vocab]."""
-    g = torch.Generator().manual_seed(seed)
-    totals = torch.randint(lo, hi + 1, (n_samples,), generator=g).tolist()
-    responses = [t - t // 4 for t in totals]  # prompt = a quarter
-    masks = [(torch.rand(r, generator=g) < 0.8).float() for r in responses]
-
-    def lp(r):
-        return -torch.rand(r, generator=g) * 3
-
-    batch = {
-        "unconcat_tokens": [torch.randint(0, vocab, (t,), generator=g) for t in totals],
-        "total_lengths": totals,
-        "response_lengths": responses,
-        "loss_masks": masks,
-        "log_probs": [lp(r) for r in responses],
-        "ref_log_probs": [lp(r) for r in responses],
-        "rollout_log_probs": [lp(r) for r in responses],
-        "advantages": [torch.full((r,), float(torch.randn(1, generator=g))) for r in responses],
-    }
-    return batch, torch.randn(1, sum(totals), vocab, generator=g) * 4
 
 
 def loss_time(args, batch, logits) -> float:

@@ -20,13 +20,17 @@ For slime v0.1.0's model module (`load_model_module`: its train_one_step and tra
 - `slime.backends.utils`: a package object like the four above (its __init__ is empty in v0.1.0; data.py's
   DataIterator lives there).
 
-Nothing here is imported by nanscope itself: these exist in the test process only.
+Nothing here is imported by nanscope itself: these exist in the test process only (the slime packages,
+`slime.utils.http_utils` and `ray` are put in place by `nanscope.trace.slime_import.stand_in`, which the offline
+replay uses too).
 """
 
 import importlib
 import sys
 import types
 from pathlib import Path
+
+from nanscope.trace import slime_import
 
 PACKAGES = ("slime", "slime.backends", "slime.backends.megatron_utils", "slime.utils")
 MEGATRON_TRAINING = (
@@ -47,14 +51,7 @@ def load_module(checkout: Path, module: str, packages: tuple[str, ...] = PACKAGE
     """Import slime's `module` from `checkout` (a directory holding `slime/`), with the stand-ins above."""
     path = checkout.joinpath(*module.split(".")).with_suffix(".py")
     assert path.is_file(), f"not in this slime checkout: {path}"
-    for name in packages:
-        package = types.ModuleType(name)
-        package.__path__ = [str(checkout.joinpath(*name.split(".")))]
-        sys.modules[name] = package
-    http_utils = types.ModuleType("slime.utils.http_utils")
-    http_utils.is_port_available = lambda *args, **kwargs: True
-    sys.modules["slime.utils.http_utils"] = http_utils
-    sys.modules.setdefault("ray", types.ModuleType("ray"))
+    slime_import.stand_in(checkout, packages)
     return importlib.import_module(module)
 
 

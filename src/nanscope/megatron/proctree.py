@@ -9,8 +9,10 @@ agent notices (`ParentWatch`), kills the ranks and removes the launch's temp dir
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -158,9 +160,13 @@ class ParentWatch:
         self.exit(PARENT_GONE_EXIT)
 
     def exit(self, code: int) -> None:
-        """os._exit(code); first, if the parent is gone, kill the descendants and run the cleanup."""
+        """os._exit(code), stdout and stderr flushed first (os._exit does not; a dead parent's pipe refuses them
+        silently); first too, if the parent is gone, kill the descendants and run the cleanup."""
         with self._lock:  # one caller at a time: the process ends inside
             try:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(OSError, ValueError):
+                        stream.flush()
                 if self.parent_gone():
                     wait_gone(kill_tree(os.getpid(), root=False))
                     self.cleanup()

