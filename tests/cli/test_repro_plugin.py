@@ -167,6 +167,7 @@ def test_plugin_input_errors_are_one_line_before_any_launch(argv, env, message, 
     assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_a_drift_is_warned_of_two_steps_before_as_is_dies_and_safe_runs_every_step(tmp_path, capsys, monkeypatch):

@@ -3,8 +3,8 @@
 A torchrun launch of a tiny Qwen3-MoE at TP2 x PP2 with sequence parallelism (4 processes, gloo).
 Each hazard's batch is built against the model (slime's log-prob pass), then slime's
 train_one_step runs: 1F1B schedule -> finalize_model_grads -> DDP bucket NaN check ->
-RerunStateMachine -> optimizer step. With no arguments: every hazard x {as-is, safe}. With
-`--launcher ray` the ranks are a train group of Ray actors instead, as in slime, and a failure reaches
+RerunStateMachine -> optimizer step. With no arguments: the healthy batch and the case's four hazards x
+{as-is, safe} (`--all`: every hazard of the catalogue). With `--launcher ray` the ranks are a train group of Ray actors instead, as in slime, and a failure reaches
 the driver wrapped in a RayTaskError, as in the case's traceback.
 """
 
@@ -29,7 +29,9 @@ REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the curre
 
 EPILOG = """\
 examples:
-  nanscope repro                                       # the matrix: every hazard x {as-is, safe}
+  nanscope repro                                       # the matrix: healthy and the case's 4 hazards x
+                                                       # {as-is, safe}
+  nanscope repro --all                                 # the matrix over the whole catalogue (14 hazards)
   nanscope repro --hazard kl-exp-overflow --loss as-is # the case's exact error, from a last-stage rank
   nanscope repro --hazard healthy --json healthy.json
   nanscope repro --hazard kl-exp-overflow --steps 5 --inject-step 3   # as-is dies at 3, safe runs 5
@@ -60,22 +62,39 @@ def add_parser(sub):
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--hazard", metavar="NAME", help="one hazard of the catalogue (default: all, as a matrix)")
-    p.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
-    p.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
-    p.add_argument(
+    _what(p.add_argument_group("what runs"))
+    _plugin(p.add_argument_group("the slime plugin"))
+    _fault(p.add_argument_group("a fault in the model"))
+    _launch(p.add_argument_group("the launch and its outputs"))
+    return p
+
+
+def _what(g) -> None:
+    g.add_argument(
+        "--hazard", metavar="NAME", help="one hazard of the catalogue (default: a matrix of the case's hazards)"
+    )
+    g.add_argument(
+        "--all", action="store_true", help="the matrix over the whole catalogue (default: healthy and the case's 4)"
+    )
+    g.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
+    g.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
+    g.add_argument(
         "--inject-step",
         type=int,
         default=None,
         metavar="K",
         help="with --steps: the step carrying the hazard (default: middle)",
     )
-    p.add_argument(
+    g.add_argument(
         "--trace",
         action="store_true",
         help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value",
     )
-    p.add_argument(
+    g.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
+
+
+def _plugin(g) -> None:
+    g.add_argument(
         "--plugin",
         action="store_true",
         help="with --steps: slime with nanscope's plugin installed as documented (hook in raise and in skip "
@@ -83,33 +102,39 @@ def add_parser(sub):
         "--report-dir and replayed offline, as `nanscope trace` does; NANSCOPE_MAX_SKIPS from the environment "
         "applies to the skip run",
     )
-    p.add_argument(
+    g.add_argument(
         "--report-dir",
         metavar="DIR",
         help=f"with --plugin: where the raise run's reports and bundles are left (default {REPORT_DIR}; "
         "files of the same name are replaced)",
     )
-    p.add_argument(
+
+
+def _fault(g) -> None:
+    g.add_argument(
         "--fault",
         metavar="MODULE:forward|backward:nan|inf",
         help="plant a fault in one module of the model (the hazard's batch, healthy by default, runs on it); "
         "the module names are --list-modules'",
     )
-    p.add_argument(
+    g.add_argument(
         "--fault-step",
         type=int,
         metavar="K",
         help="with --fault: the step it fires at (default 1; the steps before it are healthy)",
     )
-    p.add_argument(
+    g.add_argument(
         "--fault-once",
         action="store_true",
         help="with --fault: fire on the module's first call of that step only (a transient fault: a rerun of the "
         "step is clean)",
     )
-    p.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
-    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
-    p.add_argument(
+    g.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
+
+
+def _launch(g) -> None:
+    g.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    g.add_argument(
         "--launcher",
         choices=("torchrun", "ray"),
         default=None,
@@ -117,20 +142,18 @@ def add_parser(sub):
         "slime's; a failure then reaches the driver as the case's did, a RayTaskError around the rank's error "
         "(printed; --traceback-out); needs the nanscope[ray] extra",
     )
-    p.add_argument(
+    g.add_argument(
         "--ray-address",
         metavar="ADDRESS",
         help="with --launcher ray: join this Ray cluster (default: a local instance, removed after the run)",
     )
-    p.add_argument(
+    g.add_argument(
         "--traceback-out",
         metavar="FILE",
         help="with --launcher ray: write the driver's traceback of the (first) as-is failure to FILE, for "
         "`nanscope doctor --traceback FILE`",
     )
-    p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
-    return p
+    g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
 
 
 def validate(args) -> None:
@@ -151,6 +174,8 @@ def validate(args) -> None:
                 f"--fault: {args.hazard} is a fault in the model already ({catalogue.get(args.hazard).fault})"
             )
         faults.check(faults.parse(args.fault, args.fault_step))
+    if args.all and (args.hazard is not None or args.fault is not None or args.steps is not None):
+        raise UserError("--all is the matrix over the whole catalogue: not with --hazard, --fault or --steps")
     if args.list_modules:
         launch = [f"--{name.replace('_', '-')}" for name in _LAUNCH_FLAGS if getattr(args, name) not in (None, False)]
         if launch:
@@ -233,7 +258,7 @@ def _repros(result, doc: dict) -> list:
 
 
 # The flags of a launch, which --list-modules would ignore (--loss, --seed and --timeout have defaults).
-_LAUNCH_FLAGS = ("hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
+_LAUNCH_FLAGS = ("all", "hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
                  "launcher", "ray_address", "traceback_out")  # fmt: skip
 
 
@@ -307,7 +332,8 @@ def _run(args) -> int:
         report.render(result, console)
         doc = report.to_json(result)
     else:
-        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args))
+        hazards = catalogue.CATALOGUE if args.all else catalogue.CASE_HAZARDS
+        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args), hazards=hazards)
         report.render_matrix(result, console)
         doc = report.matrix_to_json(result)
     if args.launcher == "ray":
