@@ -2,6 +2,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -33,6 +34,35 @@ def pytest_runtest_makereport(item, call):
         if "checkout" in reason or "NANSCOPE_SLIME_SRC" in reason:
             report.outcome = "failed"
             report.longrepr = f"skipped for want of a checkout, though {checkouts.SHARED_SLIME} exists: {reason}"
+
+
+class _Stop:
+    """A stop signal to the test run (SIGTERM, SIGHUP, SIGINT): the run stops, also when the signal arrived while a
+    harness launch held it (its launcher hands it on once its processes are gone: proctree.StopSignals)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def __call__(self, signum, frame):
+        self.signum = self.signum or signum
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+_STOP = _Stop()
+
+
+def pytest_configure(config):
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _STOP)
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test that swallowed the stop (the CLI turns it into exit 130/143/129) still ends the run after it."""
+    yield
+    if _STOP.signum is not None:
+        pytest.exit(f"stopped by {signal.Signals(_STOP.signum).name}", returncode=128 + _STOP.signum)
 
 
 @pytest.fixture(autouse=True)
