@@ -48,9 +48,12 @@ examples:
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
                                                        # traceback; then: nanscope doctor --case slime-795 ...
 
-exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
-exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129
-when SIGINT, SIGTERM or SIGHUP stopped it (the workers are killed and the temp dirs removed first).
+exit code: 0 when every run's observed outcome is its expected one: as-is fails megatron's NaN check on
+every hazard and completes on healthy batches; safe completes where its loss is the fix and fails the check,
+by design, where the fix lives elsewhere (a flag, the model, a kernel, the device: `nanscope hazards` lists
+which); with --steps, as-is dies at the hazard's step and safe runs every step. 1 when an outcome differs from
+its expected one, 2 for bad input; 130, 143, 129 when SIGINT, SIGTERM or SIGHUP stopped it (the workers are
+killed and the temp dirs removed first).
 """
 
 
