@@ -214,13 +214,32 @@ def test_trace_needs_one_hazard(capsys):
         (["--timeout", "-5"], "--timeout -5: must be a finite number of seconds > 0"),
         (["--timeout", "inf"], "--timeout inf: must be a finite number of seconds > 0"),
         (["--hazard", "nan-reward", "--inject-step", "2"], "--inject-step 2 goes with --steps N"),
-        (["--steps", "0"], "--steps 0: must be >= 1"),
-        (["--steps", "-1", "--inject-step", "1"], "--steps -1: must be >= 1"),
+        (["--steps", "0"], "--steps 0: must be in 1..100 (each step is a full optimizer step)"),
+        (["--steps", "-1", "--inject-step", "1"], "--steps -1: must be in 1..100 (each step is a full optimizer step)"),
+        # issue 32: upper bounds, stated in --help
+        (["--steps", "101"], "--steps 101: must be in 1..100 (each step is a full optimizer step)"),
+        (
+            ["--fault", "output_layer:forward:nan", "--fault-step", "10000000"],
+            "--fault-step 10000000: must be in 1..100 (each step is a full optimizer step)",
+        ),
+        (["--ray-timeout", "5"], "--ray-timeout 5 goes with --ray-address (joining a cluster)"),
+        (
+            ["--launcher", "ray", "--ray-address", "h:1", "--ray-timeout", "nan"],
+            "--ray-timeout nan: must be a finite number of seconds > 0",
+        ),
     ],
 )
 def test_bad_numbers_are_one_line_errors_before_any_launch(argv, message, capsys):
     assert main(["repro", *argv]) == 2
     assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
+
+
+def test_help_states_the_upper_bounds_of_steps(capsys):
+    with pytest.raises(SystemExit):
+        main(["repro", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "run N optimizer steps with the hazard at --inject-step (1..100)" in text
+    assert "with --fault: the step it fires at, 1..100 (default 1;" in text
 
 
 def _ours(tag: str) -> list[tuple[int, str]]:
@@ -275,9 +294,9 @@ def test_sigkill_of_repro_leaves_no_worker_and_no_temp_dir(tmp_path):
     tag, tmp = uuid.uuid4().hex, tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "NANSCOPE_TEST_TAG": tag, "TMPDIR": str(tmp)}
-    # Healthy steps up to a fault at step 200: the launch is still running when the parent is killed.
+    # Healthy steps up to a fault at step 100: the launch is still running when the parent is killed.
     argv = [sys.executable, "-m", "nanscope.cli.main", "repro", "--fault", "decoder.layers.0.mlp:forward:nan",
-            "--fault-step", "200"]  # fmt: skip
+            "--fault-step", "100"]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
