@@ -174,6 +174,34 @@ def test_repro_several_steps(tmp_path):
     assert all(r["params_finite"] for r in doc["safe"]["ranks"])
 
 
+def test_a_comparison_over_no_ranks_is_null_and_says_nothing_was_compared():
+    """Issue 32 item 8: with --timeout 1 no rank saved its parameters, and safe's were said to equal the defused
+    twin's "bitwise" (max_param_diff 0.0)."""
+    assert repro.max_abs_diff([], []) is None
+    assert repro.max_abs_diff(["a.pt"], []) is None
+    timed_out = [repro.Repro("kl-exp-overflow", loss, expected, "timeout", {}) for loss, expected in
+                 (("as-is", "nan-check"), ("safe", "completed"), ("as-is", "completed"))]  # fmt: skip
+    check = repro.StepsCheck("kl-exp-overflow", 2, 1, *timed_out, param_diff=None, wall_s=1.0, notes=[])
+    doc = report.steps_to_json(check)
+    assert doc["max_param_diff_safe_vs_defused_twin"] is None and doc["ok"] is False
+    assert doc["verdict"] == (
+        "UNEXPECTED: kl-exp-overflow at step 1 of 2: as-is timeout; safe completes 0/2 steps, no rank reported its "
+        "parameters; safe's parameters after step 2 were not compared with those of as-is on the hazard's defused "
+        "twin: a run saved none (nothing was compared)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_launch_that_timed_out_claims_no_equality(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    argv = ["repro", "--hazard", "kl-exp-overflow", "--steps", "2", "--timeout", "1", "--json", str(path)]
+    assert main(argv) == 1
+    doc = json.loads(path.read_text())
+    assert doc["max_param_diff_safe_vs_defused_twin"] is None
+    assert "bitwise" not in capsys.readouterr().out and "(nothing was compared)" in doc["verdict"]
+
+
 def test_steps_needs_a_hazard_and_a_step_inside(capsys):
     assert main(["repro", "--hazard", "healthy", "--steps", "5"]) == 2
     assert main(["repro", "--steps", "5", "--inject-step", "7"]) == 2

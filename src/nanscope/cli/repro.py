@@ -115,6 +115,14 @@ def add_parser(sub):
     )
     p.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    _add_ray_arguments(p)
+    p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
+    return p
+
+
+def _add_ray_arguments(p) -> None:
+    """--launcher ray and what goes with it."""
     p.add_argument(
         "--launcher",
         choices=("torchrun", "ray"),
@@ -141,9 +149,6 @@ def add_parser(sub):
         help="with --launcher ray: write the driver's traceback of the (first) as-is failure to FILE, for "
         "`nanscope doctor --traceback FILE`",
     )
-    p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
-    return p
 
 
 def validate(args) -> None:

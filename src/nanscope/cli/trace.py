@@ -76,8 +76,9 @@ def add_parser(sub):
     p.add_argument(
         "--rollout",
         metavar="DUMP",
-        help="a bundle: the step's rollout dump (--save-debug-rollout-data; '{rollout_id}' is filled in), to name "
-        "samples by their dump row (default: the bundle's rows, else the dump its args name, when it is there)",
+        help="a bundle: the step's rollout dump (--save-debug-rollout-data; '{rollout_id}' and '{rank}' are filled in, "
+        "with a format spec of width <= 64 such as {rollout_id:04d}), to name samples by their dump row (default: "
+        "the bundle's rows, else the dump its args name, when it is there)",
     )
     p.add_argument(
         "--allow",

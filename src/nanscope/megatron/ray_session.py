@@ -84,10 +84,10 @@ def session(
     timeout_s: the bound on joining `address` (`probe`, then ray.init); UserError past it.
     """
     if address is not None:
+        deadline = time.monotonic() + timeout_s
+        probe(address, timeout_s)  # before Ray's import: nothing there is one line in a second
         import ray  # optional: the nanscope[ray] extra, only --launcher ray and scan --ray use it
 
-        deadline = time.monotonic() + timeout_s
-        probe(address, timeout_s)
         _join(address, timeout_s, max(0.0, deadline - time.monotonic()))
         try:
             yield None
