@@ -215,6 +215,22 @@ def test_an_address_that_never_answers_is_bounded_and_sigterm_ends_it_at_once(tm
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
+def test_repro_s_ray_driver_gives_up_joining_after_the_bound_in_one_line(capsys):
+    """The probe passes (the port accepts); the driver's ray.init never connects: the launch's one line, exit 2."""
+    with _silent_listener() as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        argv = ["repro", "--launcher", "ray", "--ray-address", address, "--ray-timeout", "3", "--hazard", "healthy"]
+        assert main(argv) == 2
+    assert capsys.readouterr() == (
+        "",
+        f"nanscope repro: error: --ray-address {address}: ray.init did not connect within 3 s (--ray-timeout): "
+        "something answers there, but not a Ray cluster's head (its GCS port, 6379 by default)\n",
+    )
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
 def test_scan_joins_a_running_cluster_and_equals_the_local_scan(tmp_path):

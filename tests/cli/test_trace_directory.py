@@ -162,6 +162,8 @@ def test_the_json_never_replaces_a_file_it_reads(tmp_path, capsys):
     write(tmp_path / HEALTHY)
     (tmp_path / "rollout1_step0_rank1.json").write_text('{"rank": 1, "rollout_id": 1, "step_id": 0}')
     demo.write_demo(tmp_path / "dumps" / "1.pt")
+    (tmp_path / "slime" / "slime").mkdir(parents=True)
+    (tmp_path / "slime" / "slime" / "loss.py").write_text("# the checkout whose loss the replay imports\n")
     named = _variant(
         tmp_path,
         "rollout1_step0_rank3.bundle.pt",
@@ -174,6 +176,8 @@ def test_the_json_never_replaces_a_file_it_reads(tmp_path, capsys):
         ([str(named), "--json", str(tmp_path / "dumps" / "1.pt")], "rollout dump"),
         ([str(named), "--rollout", str(tmp_path / "dumps" / "1.pt"), "--json", str(tmp_path / "dumps" / "1.pt")],
          "rollout dump"),
+        ([str(named), "--slime-src", str(tmp_path / "slime"), "--json", str(tmp_path / "slime" / "slime" / "loss.py")],
+         "--slime-src file"),
     ]:  # fmt: skip
         assert main(["trace", *argv]) == 2, argv
         err = capsys.readouterr().err

@@ -123,13 +123,20 @@ def run(args) -> int:
 
 def _inputs(args, kind: str) -> list[tuple[str, str | Path]]:
     """(what, path) of every file the command will read, as far as known before it reads any: the file, a report
-    directory's members, --rollout (the dump a bundle's args name is checked when it is known)."""
-    rollout = [("rollout dump", args.rollout)] if args.rollout and "{" not in args.rollout else []
+    directory's members, --rollout (the dump a bundle's args name is checked when it is known), a file of the
+    --slime-src checkout."""
+    named = [("rollout dump", args.rollout)] if args.rollout and "{" not in args.rollout else []
+    if args.slime_src and args.json and _under(args.json, args.slime_src):  # the checkout whose code it imports
+        named.append(("--slime-src file", args.json))
     if kind == "directory":
-        return [(_member(name), Path(args.file) / name) for name in _members(Path(args.file))] + rollout
+        return [(_member(name), Path(args.file) / name) for name in _members(Path(args.file))] + named
     if kind == "hazard":
         return []
-    return [("repro bundle" if kind == "bundle" else "micro-batch file", args.file), *rollout]
+    return [("repro bundle" if kind == "bundle" else "micro-batch file", args.file), *named]
+
+
+def _under(path: str, directory: str) -> bool:
+    return os.path.realpath(path).startswith(os.path.join(os.path.realpath(directory), ""))
 
 
 def _members(root: Path) -> list[str]:
