@@ -67,6 +67,7 @@ def test_printable_escapes_what_could_drive_a_terminal():
             "not valid JSON: Exceeds the limit (4300 digits) for integer string conversion",
         ),
     ],
+    ids=["syntax", "deep", "digits"],
 )
 def test_read_json_refuses_what_json_loads_raises_in_one_line(tmp_path, text, why):
     (tmp_path / "r.json").write_text(text)
