@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import time
 from pathlib import Path
 
@@ -302,22 +303,6 @@ def _hostile(tmp_path: Path, healthy: Path) -> dict:
             variant("m7.bundle.pt", lambda d, m: m["batch"]["loss_masks"][1].__setitem__(0, 7)),
             "micro-batch 0: loss_masks of sample 1: entry 0 is 7.0: expected 0 or 1",
         ),
-        "eps_clip nan": (
-            variant("en.bundle.pt", lambda d, m: d["args"].update(eps_clip=float("nan"))),
-            "args: eps_clip nan: expected a finite number",
-        ),
-        "eps_clip inf": (
-            variant("ei.bundle.pt", lambda d, m: d["args"].update(eps_clip=float("inf"))),
-            "args: eps_clip inf: expected a finite number",
-        ),
-        "kl_loss_coef nan": (
-            variant("kn.bundle.pt", lambda d, m: d["args"].update(kl_loss_coef=float("nan"))),
-            "args: kl_loss_coef nan: expected a finite number",
-        ),
-        "kl_loss_coef -inf": (
-            variant("ki.bundle.pt", lambda d, m: d["args"].update(kl_loss_coef=float("-inf"))),
-            "args: kl_loss_coef -inf: expected a finite number",
-        ),
         "groups 0": (
             variant("g0.bundle.pt", lambda d, m: d["args"].update(n_samples_per_prompt=0)),
             "args: n_samples_per_prompt 0: expected an integer >= 1",
@@ -356,6 +341,13 @@ def _hostile(tmp_path: Path, healthy: Path) -> dict:
             "args: load_debug_rollout_data '/d/{args.__class__}.pt': {args.__class__}: a path template fills only "
             "{rollout_id}, {rank}",
         ),
+    } | {  # NaN or inf clip and coefficient: a loss every entry of which is NaN
+        f"{name} {value}": (
+            variant(f"{name}{value}.bundle.pt", lambda d, m, name=name, value=value: d["args"].update({name: value})),
+            f"args: {name} {value!r}: expected a finite number",
+        )
+        for name in ("eps_clip", "kl_loss_coef")
+        for value in (math.nan, math.inf, -math.inf)
     }
 
 
