@@ -21,6 +21,7 @@ import sys
 import warnings
 
 from nanscope.errors import UserError
+from nanscope.inputs import printable
 
 # Subcommand name -> module under nanscope.cli. Imported lazily: megatron-core takes seconds to import.
 COMMANDS = ("repro", "hazards", "doctor", "scan", "trace")
@@ -105,7 +106,7 @@ class _Warnings:
 
 def one_line(text: str) -> str:
     """`text` with each unprintable character (a newline in a file name, an ANSI escape) as repr() writes it."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return printable(text)
 
 
 def _input(args) -> str:
