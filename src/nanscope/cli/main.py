@@ -20,6 +20,7 @@ import importlib
 import sys
 import warnings
 
+from nanscope import __version__
 from nanscope.errors import UserError
 from nanscope.inputs import printable
 
@@ -30,8 +31,6 @@ INPUTS = ("dump", "script", "file", "case", "hazard")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    from nanscope import __version__
-
     parser = argparse.ArgumentParser(prog="nanscope", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"nanscope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an internal error")
