@@ -19,8 +19,11 @@ carry the driver's Ray-wrapped traceback (`Repro.traceback`). Rendering lives in
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -302,6 +305,7 @@ class PluginCheck:
     reports: list[dict]  # the raise run's report JSONs, one per rank
     replay: dict | None  # the offline replay of the bundles (`offline_replay`): NANSCOPE_TRACE_STEP, instruction, first
     report_dir: str | None = None  # where the raise run's reports and bundles were left
+    left_out: list[str] = field(default_factory=list)  # files that could not be left there, with why (one line each)
     steps: int = 0  # the run's optimizer steps
     drifts: bool = False  # a drifting hazard: every step from inject_step on crosses, and the warning comes first
 
@@ -473,13 +477,32 @@ def _plugin_check(
     )
     if report_dir is not None and written:
         check.report_dir = str(report_dir)
-        Path(report_dir).mkdir(parents=True, exist_ok=True)
-        for path in written:
-            shutil.copyfile(path, Path(report_dir) / path.name)
+        check.left_out = [why for path in written if (why := _leave(path, Path(report_dir)))]
     bundles = sorted(path for path in written if path.name.endswith(".bundle.pt"))
     if reports and bundles:
         check.replay = offline_replay(bundles, reports[0]["replay"])
     return check
+
+
+def _leave(path: Path, report_dir: Path) -> str | None:
+    """Copy the run's file `path` into `report_dir` as the plugin writes its files: a temporary file renamed into
+    place, so a link at the name is replaced, never followed. Why it could not be left there (one line), else None:
+    the run's result never depends on it."""
+    temporary = None
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+            shutil.copyfileobj(src, out)
+        os.replace(temporary, report_dir / path.name)
+        temporary = None
+    except OSError as e:
+        return f"{report_dir / path.name}: {e.strerror or e}"
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+    return None
 
 
 def offline_replay(bundles: list[Path], how: dict) -> dict:

@@ -372,3 +372,12 @@ def test_repro_where_every_process_sees_cuda(tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert (doc["observed"], doc["frames_match_case"]) == ("nan-check", True)
     assert all(", device cpu, " in r["error"] for r in doc["ranks"])
+
+
+def test_an_output_named_as_a_plugin_report_in_the_report_dir_is_refused(tmp_path, capsys):
+    argv = ["repro", "--hazard", "kl-exp-overflow", "--steps", "2", "--plugin", "--report-dir", str(tmp_path)]
+    assert main([*argv, "--json", str(tmp_path / "rollout1_step0_rank2.json")]) == 2
+    assert capsys.readouterr().err == (
+        f"nanscope repro: error: --json {tmp_path}/rollout1_step0_rank2.json: a name the plugin's reports take in "
+        f"--report-dir {tmp_path}: the run would replace it (give another name or directory)\n"
+    )

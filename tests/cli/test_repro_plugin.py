@@ -28,6 +28,12 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
     monkeypatch.delenv("NANSCOPE_MAX_SKIPS", raising=False)
     monkeypatch.chdir(tmp_path)  # the bundles are left in ./nanscope-reports
     out = tmp_path / "out.json"
+    # an untidy report directory: a link at a report's name (replaced, never followed), a directory at a bundle's
+    left = tmp_path / "nanscope-reports"
+    (left / "rollout1_step0_rank3.bundle.pt").mkdir(parents=True)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    (left / "rollout1_step0_rank0.json").symlink_to(precious)
     argv = [
         "repro",
         "--hazard",
@@ -85,10 +91,13 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
         1,
     )
     # The bundles left behind: `nanscope trace` on the last stage's names the same, exit 1, in seconds.
-    left = tmp_path / "nanscope-reports"
     assert plugin["report_dir"] == "nanscope-reports" and sorted(p.name for p in left.glob("*.bundle.pt")) == [
         f"rollout1_step0_rank{r}.bundle.pt" for r in range(4)
     ]
+    assert precious.read_text() == "keep me" and not (left / "rollout1_step0_rank0.json").is_symlink()
+    assert json.loads((left / "rollout1_step0_rank0.json").read_text())["rank"] == 0
+    blocked = "nanscope-reports/rollout1_step0_rank3.bundle.pt: Is a directory"
+    assert plugin["report_dir_left_out"] == [blocked] and f"warning: not left in --report-dir: {blocked}" in text
     capsys.readouterr()
     started = time.perf_counter()
     assert main(["trace", str(left / "rollout1_step0_rank2.bundle.pt")]) == 1

@@ -189,7 +189,7 @@ def test_a_report_directory_one_line_per_rank_and_step_earliest_first(tmp_path, 
 
 
 def test_the_cli_knows_the_bundle_suffix_without_importing_torch():
-    assert trace_cli.BUNDLE_SUFFIX == bundle.SUFFIX
+    assert trace_cli.BUNDLE_SUFFIX == bundle.SUFFIX  # the one fact, facts.paths
 
 
 def _hostile(tmp_path: Path, healthy: Path) -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 from nanscope import repro
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
+from nanscope.facts.paths import REPORT_FILE
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.megatron import ray_session
 from nanscope.megatron.proctree import Interrupted
@@ -225,6 +226,14 @@ def validate(args) -> None:
 def _check_report_dir(args) -> None:
     if not args.plugin:
         raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
+    for flag in ("json", "traceback_out"):
+        out = getattr(args, flag)
+        same_dir = out and os.path.realpath(os.path.dirname(os.path.abspath(out))) == os.path.realpath(args.report_dir)
+        if same_dir and REPORT_FILE.fullmatch(os.path.basename(out)):
+            raise UserError(
+                f"--{flag.replace('_', '-')} {out}: a name the plugin's reports take in --report-dir "
+                f"{args.report_dir}: the run would replace it (give another name or directory)"
+            )
     path = Path(args.report_dir)
     if path.exists() and not path.is_dir():
         raise UserError(f"--report-dir {args.report_dir}: not a directory")

@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 from pathlib import Path
 
 from nanscope import case
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
+from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
 from nanscope.inputs import MiB, fill_template, printable, read_json
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files
@@ -37,9 +37,7 @@ from nanscope.trace import bundle_text
 from nanscope.trace import text as render
 
 DEFAULT_LIMIT_MB = 4096  # case-sized logits are several GB (replay.select_samples keeps fewer samples)
-BUNDLE_SUFFIX = ".bundle.pt"  # nanscope.trace.bundle.SUFFIX, which imports torch (tests/cli/test_trace.py checks)
 REPORT_LIMIT = 16 * MiB  # a report or trace JSON the plugin writes is a few kB
-REPORT_NAME = re.compile(r"rollout\d+_step\d+_rank\d+(\.json|\.trace\.json|\.pt)")  # the plugin's file names
 
 EPILOG = """examples:
   nanscope trace /root/dumps/nanscope                   # the job died: every rank's report and bundle, one line each
@@ -322,7 +320,7 @@ def _bundle_rows(replays: list[dict]) -> list[tuple]:
 
 def _ours(name: str) -> bool:
     """A file the plugin writes into its report directory (any *.bundle.pt too)."""
-    return name.endswith(BUNDLE_SUFFIX) or REPORT_NAME.fullmatch(name) is not None
+    return name.endswith(BUNDLE_SUFFIX) or REPORT_FILE.fullmatch(name) is not None
 
 
 def _order(doc: dict) -> tuple:

@@ -398,6 +398,7 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
     )
     errors = {record.error for record in plugin.skipped.ranks if record.error}
     out += [f"skip mode stopped: {error}" for error in errors]
+    out += [f"warning: not left in --report-dir: {why}" for why in plugin.left_out]
     return out
 
 
@@ -429,6 +430,7 @@ def plugin_to_json(plugin: PluginCheck) -> dict:
         "reports": plugin.reports,
         "replay": plugin.replay,
         "report_dir": plugin.report_dir,
+        "report_dir_left_out": plugin.left_out,  # files that could not be left there, one line each
         "warned_steps": plugin.warned,  # harness steps at which the raise run's hook printed a warning
         "warnings": [line for entry in _hook_log(plugin.raised) for line in entry.get("warnings", [])],
         "skip": {
