@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from nanscope import repro
+from nanscope import natural, repro
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
 from nanscope.loss import NAMES as LOSS_NAMES
@@ -45,6 +45,10 @@ examples:
   nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
                                                        # traceback; then: nanscope doctor --case slime-795 ...
+  nanscope repro --natural --seed 0 --json n.json      # nothing planted: a GRPO loop whose training drives the
+                                                       # KL's exp past fp32 on a masked tool token; as-is dies,
+                                                       # the plugin trains through and warns first
+  nanscope repro --natural --seed 3 --steps 40 --lr 2e-3
 
 exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
 exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129
@@ -129,12 +133,32 @@ def add_parser(sub):
         "`nanscope doctor --traceback FILE`",
     )
     p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
+    _add_natural(p)
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
     return p
 
 
+def _add_natural(p) -> None:
+    """--natural and the flag only it takes (--seed and --steps are shared)."""
+    p.add_argument(
+        "--natural",
+        action="store_true",
+        help="nothing planted: a GRPO loop (rollouts sampled from the current policy at the case's temperature, a toy "
+        "tool's output masked, a rule reward, groups of 8, the case's loss flags) as-is and with the plugin, for "
+        f"--steps (default {natural.DEFAULT_STEPS}) at --lr; every difference from the case is printed",
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        metavar="LR",
+        help=f"with --natural: Adam's learning rate (default {natural.DEFAULT_LR:g}, {natural.DEFAULT_LR / 1e-6:.0f}x "
+        "the case's 1e-6: its thousands of rollouts in tens of steps)",
+    )
+
+
 def validate(args) -> None:
     """Every check on the arguments that needs no launch; raises UserError (one line)."""
+    _check_natural(args)
     if args.hazard is not None and args.hazard not in catalogue.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
@@ -178,6 +202,27 @@ def validate(args) -> None:
             )
         if args.inject_step is not None and not 1 <= args.inject_step <= args.steps:
             raise UserError(f"--inject-step {args.inject_step} is outside steps 1..{args.steps}")
+
+
+def _check_natural(args) -> None:
+    if not args.natural:
+        if args.lr is not None:
+            raise UserError(f"--lr {args.lr:g} goes with --natural")
+        return
+    given = [f"--{name.replace('_', '-')}" for name in _NOT_NATURAL if getattr(args, name) not in (None, False)]
+    if given or args.loss != "as-is":
+        raise UserError(
+            f"--natural runs its own loop (as-is and the plugin): not with {', '.join(given or ['--loss'])}"
+        )
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise UserError(f"--lr {args.lr:g}: must be a finite number > 0")
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps {args.steps}: must be >= 1")
+
+
+# The flags of the other shapes of evidence, which --natural does not take.
+_NOT_NATURAL = ("hazard", "inject_step", "trace", "plugin", "report_dir", "fault", "fault_step", "fault_once",
+                "list_modules")  # fmt: skip
 
 
 def _check_report_dir(args) -> None:
@@ -229,12 +274,14 @@ def _repros(result, doc: dict) -> list:
         return [(row.as_is, out["as_is"]) for row, out in rows] + [(row.safe, out["safe"]) for row, out in rows]
     if isinstance(result, repro.StepsCheck):
         return [(result.as_is, doc["as_is"]), (result.safe, doc["safe"])]
+    if isinstance(result, natural.NaturalCheck):
+        return [(result.as_is, doc["natural"]["as_is"]), (result.plugin, doc["natural"]["plugin"])]
     return [(result, doc)]
 
 
 # The flags of a launch, which --list-modules would ignore (--loss, --seed and --timeout have defaults).
 _LAUNCH_FLAGS = ("hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
-                 "launcher", "ray_address", "traceback_out")  # fmt: skip
+                 "launcher", "ray_address", "traceback_out", "natural", "lr")  # fmt: skip
 
 
 def _list_modules(args) -> int:
@@ -258,6 +305,21 @@ def _max_skips() -> int | None:
         raise UserError(str(e)) from None
 
 
+def _natural(args, console):
+    """`--natural`: the loop as-is and with the plugin, rendered; (the check, its JSON)."""
+    from nanscope.report import natural as report  # heavy: rich
+
+    result = natural.run_natural(
+        seed=args.seed,
+        steps=args.steps or natural.DEFAULT_STEPS,
+        lr=args.lr or natural.DEFAULT_LR,
+        timeout_s=args.timeout,
+        via=_via(args),
+    )
+    report.render(result, console)
+    return result, report.to_json(result)
+
+
 def run(args) -> int:
     try:
         return _run(args)
@@ -276,7 +338,9 @@ def _run(args) -> int:
     if args.list_modules:
         return _list_modules(args)
     console = Console(width=160)
-    if args.steps is not None:
+    if args.natural:
+        result, doc = _natural(args, console)
+    elif args.steps is not None:
         hazard = args.hazard or catalogue.KL_EXP_OVERFLOW.name
         inject = args.inject_step if args.inject_step is not None else (args.steps + 1) // 2
         result = repro.run_steps(
