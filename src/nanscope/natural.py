@@ -62,11 +62,11 @@ class NaturalCheck:
     @property
     def series(self) -> list[dict]:
         """The plugin run's headroom per step (it trains through every step), from the last stage's TP rank 0."""
-        return _series(self.plugin)
+        return series_of(self.plugin)
 
     @property
     def as_is_series(self) -> list[dict]:
-        return _series(self.as_is)
+        return series_of(self.as_is)
 
     @property
     def same_until_death(self) -> bool:
@@ -142,7 +142,8 @@ def _last_stage(rep: Repro):
     return min(last, key=lambda record: record.tp) if last else None
 
 
-def _series(rep: Repro) -> list[dict]:
+def series_of(rep: Repro) -> list[dict]:
+    """A run's headroom per step, as its last stage recorded it."""
     last = _last_stage(rep)
     return list(last.series) if last else []
 
