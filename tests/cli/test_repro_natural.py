@@ -35,9 +35,10 @@ def test_training_drives_the_kls_exp_past_fp32_as_is_dies_and_the_plugin_trains_
     # the case's error, through megatron-core's bucket check, from a rank of the harness
     assert as_is["message"].startswith("Rank ") and as_is["message"].endswith(f": {case.nan_check_message()}")
     assert as_is["frames_match_case"] and as_is["same_until_death"]
-    # one entry per step; at step 1 the policy is the reference model (its initial weights), bit for bit
+    # one entry per step; at step 1 the policy is the reference model (its initial weights): the training forward's
+    # log-probs are the log-prob passes' up to fp32 rounding (measured: 1.2e-7 at TP 2)
     assert [entry["step"] for entry in series] == list(range(1, STEPS + 1))
-    assert series[0]["max_kl_log_ratio"] == 0.0 and series[0]["max_ppo_log_ratio"] == 0.0
+    assert 0.0 <= series[0]["max_kl_log_ratio"] < 1e-5 and 0.0 <= series[0]["max_ppo_log_ratio"] < 1e-5
     # nothing crosses before the death, the KL's exp does at it, on a masked tool token
     crossing = natural["crossing"]
     assert all(max(e[m] for m in ("max_kl_log_ratio", "max_ppo_log_ratio", "max_tis_log_ratio")) <= FP32_EXP_MAX
