@@ -1,6 +1,6 @@
 """The NaN without a planted value: a GRPO loop in the harness whose own training drives the KL's exp past fp32.
 
-    check = run_natural(seed=0, steps=60, lr=1e-3)
+    check = run_natural(seed=0, steps=40, lr=1e-3)
     check.died_at, check.crossing, check.warned, check.ok
 
 One launch of the 4-rank harness (TP2 x PP2), two runs of the same seed: the same initial model, prompts and
@@ -30,7 +30,8 @@ from nanscope.megatron.spec import Launcher, Layout, RunSpec
 from nanscope.repro import WARN_LEAD, Repro, from_run, harness_notes
 
 DEFAULT_LR = 1e-3  # 1000x the case's 1e-6: its thousands of rollouts in tens of steps
-DEFAULT_STEPS = 60
+DEFAULT_STEPS = 40  # every one of 10 seeds died by step 30 at DEFAULT_LR (benchmarks/README.md, natural)
+TIMEOUT_S = 1800.0  # `repro --natural`'s default bound on its launch: two runs of up to 40 steps on 2 loaded cores
 # The exps of slime v0.1.0's loss in the order it computes them (compute_policy_loss, TIS, compute_approx_kl): at one
 # step the first of them to overflow is the one that crossed first.
 EXPS = {"max_ppo_log_ratio": "PPO ratio", "max_tis_log_ratio": "TIS", "max_kl_log_ratio": "KL"}
@@ -158,7 +159,7 @@ def run_natural(
     seed: int = 0,
     steps: int = DEFAULT_STEPS,
     lr: float = DEFAULT_LR,
-    timeout_s: float = 1800.0,
+    timeout_s: float = TIMEOUT_S,
     via: Launcher = Launcher(),
 ) -> NaturalCheck:
     """The natural loop's as-is run, then its plugin run, in one launch of the harness.

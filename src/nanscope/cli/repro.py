@@ -26,6 +26,7 @@ from nanscope.megatron.spec import Launcher
 from nanscope.report import files
 
 REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the current directory
+TIMEOUT_HELP = f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f} with --natural: two runs of --steps)"
 
 EPILOG = """\
 examples:
@@ -134,7 +135,7 @@ def add_parser(sub):
     )
     p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
     _add_natural(p)
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
+    p.add_argument("--timeout", type=float, metavar="S", help=TIMEOUT_HELP)
     return p
 
 
@@ -180,6 +181,8 @@ def validate(args) -> None:
         if launch:
             raise UserError(f"--list-modules lists the model's modules and exits: not with {', '.join(launch)}")
     _check_launcher(args)
+    if args.timeout is None:
+        args.timeout = natural.TIMEOUT_S if args.natural else 600.0
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
     if args.trace and ((args.hazard is None and args.fault is None) or args.steps is not None):
