@@ -116,11 +116,15 @@ def main() -> None:
         rows.append(row)
         c = row["crossing"]
         kind = f"{c['exp']}, {'masked tool token' if c['masked'] else 'trained token'}" if c.get("exp") else "-"
-        print(f"| {seed} | {row['died_at_step'] or 'no death'} | {kind} | {row['wall_s']} | {row['cpu_s']} | "
+        died = row["died_at_step"] or ("no death" if row["observed"] == "completed" else f"launch {row['observed']}")
+        print(f"| {seed} | {died} | {kind} | {row['wall_s']} | {row['cpu_s']} | "
               f"{row['load_before']}/{row['load_after']} | {row['first_warned_step']} | "
               f"{row['first_step_above_60']} | {row['lead']} |", flush=True)  # fmt: skip
     dead = [row for row in rows if row["died_at_step"]]
-    print(f"\nlr {args.lr:g}, at most {args.steps} steps: {len(dead)}/{len(rows)} seeds died")
+    # a launch that never ran its steps (rendezvous or start-up past its bound on an overloaded box) says nothing
+    failed = [row["seed"] for row in rows if row["observed"] not in ("nan-check", "completed")]
+    print(f"\nlr {args.lr:g}, at most {args.steps} steps: {len(dead)}/{len(rows) - len(failed)} seeds died"
+          + (f" (launches that did not run, left out: seeds {failed})" if failed else ""))  # fmt: skip
     print("death step:", quartiles([row["died_at_step"] for row in dead]))
     print("wall s to the death:", quartiles([row["wall_s"] for row in dead]))
     print("CPU s to the death:", quartiles([row["cpu_s"] for row in dead]))
