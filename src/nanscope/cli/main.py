@@ -29,7 +29,10 @@ INPUTS = ("dump", "script", "file", "case", "hazard")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    from nanscope import __version__
+
     parser = argparse.ArgumentParser(prog="nanscope", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"nanscope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an internal error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}

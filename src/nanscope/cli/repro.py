@@ -3,8 +3,8 @@
 A torchrun launch of a tiny Qwen3-MoE at TP2 x PP2 with sequence parallelism (4 processes, gloo).
 Each hazard's batch is built against the model (slime's log-prob pass), then slime's
 train_one_step runs: 1F1B schedule -> finalize_model_grads -> DDP bucket NaN check ->
-RerunStateMachine -> optimizer step. With no arguments: every hazard x {as-is, safe}. With
-`--launcher ray` the ranks are a train group of Ray actors instead, as in slime, and a failure reaches
+RerunStateMachine -> optimizer step. With no arguments: the healthy batch and the case's four hazards x
+{as-is, safe} (`--all`: every hazard of the catalogue). With `--launcher ray` the ranks are a train group of Ray actors instead, as in slime, and a failure reaches
 the driver wrapped in a RayTaskError, as in the case's traceback.
 """
 
@@ -30,7 +30,9 @@ TIMEOUT_HELP = f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f}
 
 EPILOG = """\
 examples:
-  nanscope repro                                       # the matrix: every hazard x {as-is, safe}
+  nanscope repro                                       # the matrix: healthy and the case's 4 hazards x
+                                                       # {as-is, safe}
+  nanscope repro --all                                 # the matrix over the whole catalogue (14 hazards)
   nanscope repro --hazard kl-exp-overflow --loss as-is # the case's exact error, from a last-stage rank
   nanscope repro --hazard healthy --json healthy.json
   nanscope repro --hazard kl-exp-overflow --steps 5 --inject-step 3   # as-is dies at 3, safe runs 5
@@ -51,9 +53,13 @@ examples:
                                                        # the plugin trains through and warns first
   nanscope repro --natural --seed 3 --steps 40 --lr 2e-3
 
-exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
-exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129
-when SIGINT, SIGTERM or SIGHUP stopped it (the workers are killed and the temp dirs removed first).
+exit code: 0 when every run's observed outcome is its expected one: as-is fails megatron's NaN check on
+every hazard and completes on healthy batches; safe completes where its loss is the fix and fails the check,
+by design, where the fix lives elsewhere (a flag, the model, a kernel, the device: `nanscope hazards` lists
+which); with --steps, as-is dies at the hazard's step and safe runs every step; with --natural, as-is dies
+where an exp first crossed 88.72 and the plugin run is finite at every step, warned 2 steps ahead. 1 when an
+outcome differs from its expected one, 2 for bad input; 130, 143, 129 when SIGINT, SIGTERM or SIGHUP stopped it
+(the workers are killed and the temp dirs removed first).
 """
 
 
@@ -65,22 +71,40 @@ def add_parser(sub):
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--hazard", metavar="NAME", help="one hazard of the catalogue (default: all, as a matrix)")
-    p.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
-    p.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
-    p.add_argument(
+    _what(p.add_argument_group("what runs"))
+    _plugin(p.add_argument_group("the slime plugin"))
+    _fault(p.add_argument_group("a fault in the model"))
+    _add_natural(p.add_argument_group("nothing planted: the natural loop"))
+    _launch(p.add_argument_group("the launch and its outputs"))
+    return p
+
+
+def _what(g) -> None:
+    g.add_argument(
+        "--hazard", metavar="NAME", help="one hazard of the catalogue (default: a matrix of the case's hazards)"
+    )
+    g.add_argument(
+        "--all", action="store_true", help="the matrix over the whole catalogue (default: healthy and the case's 4)"
+    )
+    g.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
+    g.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
+    g.add_argument(
         "--inject-step",
         type=int,
         default=None,
         metavar="K",
         help="with --steps: the step carrying the hazard (default: middle)",
     )
-    p.add_argument(
+    g.add_argument(
         "--trace",
         action="store_true",
         help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value",
     )
-    p.add_argument(
+    g.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
+
+
+def _plugin(g) -> None:
+    g.add_argument(
         "--plugin",
         action="store_true",
         help="with --steps: slime with nanscope's plugin installed as documented (hook in raise and in skip "
@@ -88,33 +112,39 @@ def add_parser(sub):
         "--report-dir and replayed offline, as `nanscope trace` does; NANSCOPE_MAX_SKIPS from the environment "
         "applies to the skip run",
     )
-    p.add_argument(
+    g.add_argument(
         "--report-dir",
         metavar="DIR",
         help=f"with --plugin: where the raise run's reports and bundles are left (default {REPORT_DIR}; "
         "files of the same name are replaced)",
     )
-    p.add_argument(
+
+
+def _fault(g) -> None:
+    g.add_argument(
         "--fault",
         metavar="MODULE:forward|backward:nan|inf",
         help="plant a fault in one module of the model (the hazard's batch, healthy by default, runs on it); "
         "the module names are --list-modules'",
     )
-    p.add_argument(
+    g.add_argument(
         "--fault-step",
         type=int,
         metavar="K",
         help="with --fault: the step it fires at (default 1; the steps before it are healthy)",
     )
-    p.add_argument(
+    g.add_argument(
         "--fault-once",
         action="store_true",
         help="with --fault: fire on the module's first call of that step only (a transient fault: a rerun of the "
         "step is clean)",
     )
-    p.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
-    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
-    p.add_argument(
+    g.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
+
+
+def _launch(g) -> None:
+    g.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    g.add_argument(
         "--launcher",
         choices=("torchrun", "ray"),
         default=None,
@@ -122,33 +152,30 @@ def add_parser(sub):
         "slime's; a failure then reaches the driver as the case's did, a RayTaskError around the rank's error "
         "(printed; --traceback-out); needs the nanscope[ray] extra",
     )
-    p.add_argument(
+    g.add_argument(
         "--ray-address",
         metavar="ADDRESS",
         help="with --launcher ray: join this Ray cluster (default: a local instance, removed after the run)",
     )
-    p.add_argument(
+    g.add_argument(
         "--traceback-out",
         metavar="FILE",
         help="with --launcher ray: write the driver's traceback of the (first) as-is failure to FILE, for "
         "`nanscope doctor --traceback FILE`",
     )
-    p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
-    _add_natural(p)
-    p.add_argument("--timeout", type=float, metavar="S", help=TIMEOUT_HELP)
-    return p
+    g.add_argument("--timeout", type=float, metavar="S", help=TIMEOUT_HELP)
 
 
-def _add_natural(p) -> None:
+def _add_natural(g) -> None:
     """--natural and the flag only it takes (--seed and --steps are shared)."""
-    p.add_argument(
+    g.add_argument(
         "--natural",
         action="store_true",
         help="nothing planted: a GRPO loop (rollouts sampled from the current policy at the case's temperature, a toy "
         "tool's output masked, a rule reward, groups of 8, the case's loss flags) as-is and with the plugin, for "
         f"--steps (default {natural.DEFAULT_STEPS}) at --lr; every difference from the case is printed",
     )
-    p.add_argument(
+    g.add_argument(
         "--lr",
         type=float,
         metavar="LR",
@@ -176,6 +203,8 @@ def validate(args) -> None:
                 f"--fault: {args.hazard} is a fault in the model already ({catalogue.get(args.hazard).fault})"
             )
         faults.check(faults.parse(args.fault, args.fault_step))
+    if args.all and (args.hazard is not None or args.fault is not None or args.steps is not None):
+        raise UserError("--all is the matrix over the whole catalogue: not with --hazard, --fault or --steps")
     if args.list_modules:
         launch = [f"--{name.replace('_', '-')}" for name in _LAUNCH_FLAGS if getattr(args, name) not in (None, False)]
         if launch:
@@ -224,7 +253,7 @@ def _check_natural(args) -> None:
 
 
 # The flags of the other shapes of evidence, which --natural does not take.
-_NOT_NATURAL = ("hazard", "inject_step", "trace", "plugin", "report_dir", "fault", "fault_step", "fault_once",
+_NOT_NATURAL = ("all", "hazard", "inject_step", "trace", "plugin", "report_dir", "fault", "fault_step", "fault_once",
                 "list_modules")  # fmt: skip
 
 
@@ -283,7 +312,7 @@ def _repros(result, doc: dict) -> list:
 
 
 # The flags of a launch, which --list-modules would ignore (--loss, --seed and --timeout have defaults).
-_LAUNCH_FLAGS = ("hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
+_LAUNCH_FLAGS = ("all", "hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
                  "launcher", "ray_address", "traceback_out", "natural", "lr")  # fmt: skip
 
 
@@ -374,7 +403,8 @@ def _run(args) -> int:
         report.render(result, console)
         doc = report.to_json(result)
     else:
-        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args))
+        hazards = catalogue.CATALOGUE if args.all else catalogue.CASE_HAZARDS
+        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args), hazards=hazards)
         report.render_matrix(result, console)
         doc = report.matrix_to_json(result)
     if args.launcher == "ray":

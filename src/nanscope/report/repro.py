@@ -218,7 +218,8 @@ def _fmt(x: float | None) -> str:
 
 def render_matrix(matrix: Matrix, console) -> None:
     table = Table(
-        title="nanscope repro: case slime-795 scaled down, every hazard x {as-is, safe} through megatron-core"
+        title=f"nanscope repro: case slime-795 scaled down, {len(matrix.rows)} hazards x {{as-is, safe}} through "
+        "megatron-core"
     )
     for column in (
         "hazard",
