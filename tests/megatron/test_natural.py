@@ -1,5 +1,6 @@
 """The natural loop's per-rank pieces without a launch: what the loss saw, and each step's headroom from it."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -61,6 +62,18 @@ def test_entry_is_every_exp_log_ratio_with_its_place():
     tool_tokens = sum(b - a for a, b in loop.group.spans)
     assert entry["mean_kl_log_ratio_tool"] == pytest.approx(95.0 / tool_tokens, rel=1e-5)
     assert entry["min_tool_log_prob"] == float(current[k][start + 1])
+
+
+def test_a_nan_log_ratio_is_the_maximum_and_its_place_is_named():
+    loop, batch, logp = _loop_and_batch()
+    current = [x.clone() for x in logp]
+    current[6][2] = float("nan")  # a thinking token (before the tool's span at 8)
+    loop.seen = {i: (current[i], torch.zeros_like(current[i])) for i in range(8)}
+    entry = loop.entry(batch, 1)
+    for name in ("max_kl_log_ratio", "max_ppo_log_ratio"):
+        assert math.isnan(entry[name])
+        assert (entry["at"][name]["sample"], entry["at"][name]["token"], entry["at"][name]["masked"]) == (6, 2, False)
+    assert entry["at"]["max_kl_log_ratio"]["span"] is None
 
 
 def test_entry_is_none_off_the_last_stage():

@@ -125,26 +125,22 @@ class NaturalLoop:
         return out
 
     def _largest(self, per_sample: dict, logp: dict, ref: dict, old: dict) -> tuple[float, dict | None]:
-        """(the largest entry, its place) of per-sample [response] tensors; NaN first, as `headroom.maximum`."""
-        best = None
-        for k, x in per_sample.items():
-            if x.numel() == 0:
-                continue
-            nan = torch.isnan(x)
-            j = int(nan.int().argmax()) if nan.any() else int(x.argmax())
-            value = float(x[j])
-            if best is None or value != value or (best[0] == best[0] and value > best[0]):
-                best = (value, k, j)
-            if value != value:
-                break
-        if best is None:
+        """(the largest entry, its place) of per-sample [response] tensors; a NaN is the largest, as in
+        `headroom.maximum`."""
+        samples = list(per_sample)
+        x = torch.cat([per_sample[k] for k in samples])
+        if x.numel() == 0:
             return float("-inf"), None
-        value, k, j = best
+        nan = torch.isnan(x)
+        at = int(nan.int().argmax()) if nan.any() else int(x.argmax())
+        ends = torch.tensor([per_sample[k].numel() for k in samples]).cumsum(0)
+        n = int(torch.searchsorted(ends, at, right=True))
+        k, j = samples[n], at - (int(ends[n - 1]) if n else 0)
         start, stop = self.group.spans[k]
         masked = bool(self.group.rollout.loss_masks[k][j] == 0)
         place = {"sample": k, "token": j, "masked": masked, "span": [start, stop] if masked else None,
                  "log_prob": float(logp[k][j]), "ref_log_prob": float(ref[k][j]), "old_log_prob": float(old[k][j])}  # fmt: skip
-        return value, place
+        return float(x[at]), place
 
 
 def _largest_value(per_sample: dict, keep: dict) -> float:
