@@ -84,3 +84,47 @@ def test_training_drives_the_kls_exp_past_fp32_as_is_dies_and_the_plugin_trains_
 def test_natural_input_errors_are_one_line_before_any_launch(argv, message, capsys):
     assert main(["repro", *argv]) == 2
     assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
+
+
+def _record(rank: int, series: list, norms: list, **kw):
+    from nanscope.megatron.spec import RankRecord
+
+    last = rank >= 2  # TP2 x PP2: ranks 2 and 3 hold the output layer
+    return RankRecord(rank=rank, pp=int(last), tp=rank % 2, dp=0, ep=0, layers=[], holds_output_layer=last, ok=True,
+                      optimizer_grad_norm=norms, params_finite=True, series=series if last else [], **kw)  # fmt: skip
+
+
+def test_a_run_that_never_crossed_says_so_and_exits_1(tmp_path, capsys, monkeypatch):
+    from nanscope import natural
+    from nanscope.repro import Repro
+
+    at = {"sample": 0, "token": 9, "masked": True, "span": [8, 12], "log_prob": -60.0, "ref_log_prob": -30.0,
+          "old_log_prob": -60.0}  # fmt: skip
+    series = [
+        {"step": i, "reward": 0.5, "rewards": [0.5] * 8, "entropy": 0.9, "max_kl_log_ratio": 30.0,
+         "max_ppo_log_ratio": 0.0, "max_tis_log_ratio": 0.01, "train_rollout_gap_max": 0.01,
+         "max_kl_log_ratio_trained": 1.0, "mean_kl_log_ratio_tool": 2.0, "min_tool_log_prob": -90.0, "exp_overflow": 0,
+         "at": {name: at for name in ("max_kl_log_ratio", "max_ppo_log_ratio", "max_tis_log_ratio")}}
+        for i in (1, 2, 3)
+    ]  # fmt: skip
+    layout = {"tp": 2, "pp": 2, "dp": 1, "ep": 1, "cp_loss_level": 1}
+
+    def run(**kw):
+        runs = [Repro("healthy", loss, expected, "completed", layout,
+                      ranks=[_record(r, series, [1.0, 1.0, 1.0]) for r in range(4)])
+                for loss, expected in (("as-is", "nan-check"), ("safe", "completed"))]  # fmt: skip
+        return natural.NaturalCheck(seed=kw["seed"], steps=kw["steps"], lr=kw["lr"], as_is=runs[0], plugin=runs[1],
+                                    wall_s=1.0, notes=[])  # fmt: skip
+
+    monkeypatch.setattr(natural, "run_natural", run)
+    out = tmp_path / "n.json"
+    assert main(["repro", "--natural", "--seed", "5", "--steps", "3", "--json", str(out)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    doc = json.loads(out.read_text())
+    assert not doc["ok"] and doc["natural"]["as_is"]["died_at_step"] is None and doc["natural"]["crossing"] is None
+    assert doc["natural"]["plugin"]["warned_steps"] == [] and doc["natural"]["plugin"]["finite_steps"] == 3
+    assert doc["verdict"] == (
+        "UNEXPECTED: seed 5, lr 0.001: as-is did not die in 3 steps (completed); with the plugin 3/3 steps finite, "
+        "nan_guard/exp_overflow 0 tokens, NO warning"
+    )
+    assert "as-is: completed in 3 steps" in text
