@@ -221,9 +221,12 @@ def repro_one(
 
 
 def max_abs_diff(paths_a: list[str | None], paths_b: list[str | None]) -> float | None:
-    """max |a - b| over every tensor of per-rank saved dicts (grads or params); None if any is missing."""
+    """max |a - b| over every tensor of per-rank saved dicts (grads or params); None if any is missing, or if there
+    is none: a comparison over no ranks (a launch that timed out) compared nothing."""
     import torch  # heavy: torch, only a several-steps check with a defused twin compares parameters
 
+    if not paths_a or len(paths_a) != len(paths_b):
+        return None
     worst = 0.0
     for path_a, path_b in zip(paths_a, paths_b):
         if not path_a or not path_b or not Path(path_a).exists() or not Path(path_b).exists():

@@ -181,6 +181,34 @@ def test_repro_several_steps(tmp_path):
     assert all(r["params_finite"] for r in doc["safe"]["ranks"])
 
 
+def test_a_comparison_over_no_ranks_is_null_and_says_nothing_was_compared():
+    """Issue 32 item 8: with --timeout 1 no rank saved its parameters, and safe's were said to equal the defused
+    twin's "bitwise" (max_param_diff 0.0)."""
+    assert repro.max_abs_diff([], []) is None
+    assert repro.max_abs_diff(["a.pt"], []) is None
+    timed_out = [repro.Repro("kl-exp-overflow", loss, expected, "timeout", {}) for loss, expected in
+                 (("as-is", "nan-check"), ("safe", "completed"), ("as-is", "completed"))]  # fmt: skip
+    check = repro.StepsCheck("kl-exp-overflow", 2, 1, *timed_out, param_diff=None, wall_s=1.0, notes=[])
+    doc = report.steps_to_json(check)
+    assert doc["max_param_diff_safe_vs_defused_twin"] is None and doc["ok"] is False
+    assert doc["verdict"] == (
+        "UNEXPECTED: kl-exp-overflow at step 1 of 2: as-is timeout; safe completes 0/2 steps, no rank reported its "
+        "parameters; safe's parameters after step 2 were not compared with those of as-is on the hazard's defused "
+        "twin: a run saved none (nothing was compared)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_launch_that_timed_out_claims_no_equality(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    argv = ["repro", "--hazard", "kl-exp-overflow", "--steps", "2", "--timeout", "1", "--json", str(path)]
+    assert main(argv) == 1
+    doc = json.loads(path.read_text())
+    assert doc["max_param_diff_safe_vs_defused_twin"] is None
+    assert "bitwise" not in capsys.readouterr().out and "(nothing was compared)" in doc["verdict"]
+
+
 def test_steps_needs_a_hazard_and_a_step_inside(capsys):
     assert main(["repro", "--hazard", "healthy", "--steps", "5"]) == 2
     assert main(["repro", "--steps", "5", "--inject-step", "7"]) == 2
@@ -221,13 +249,32 @@ def test_trace_needs_one_hazard(capsys):
         (["--timeout", "-5"], "--timeout -5: must be a finite number of seconds > 0"),
         (["--timeout", "inf"], "--timeout inf: must be a finite number of seconds > 0"),
         (["--hazard", "nan-reward", "--inject-step", "2"], "--inject-step 2 goes with --steps N"),
-        (["--steps", "0"], "--steps 0: must be >= 1"),
-        (["--steps", "-1", "--inject-step", "1"], "--steps -1: must be >= 1"),
+        (["--steps", "0"], "--steps 0: must be in 1..100 (each step is a full optimizer step)"),
+        (["--steps", "-1", "--inject-step", "1"], "--steps -1: must be in 1..100 (each step is a full optimizer step)"),
+        # issue 32: upper bounds, stated in --help
+        (["--steps", "101"], "--steps 101: must be in 1..100 (each step is a full optimizer step)"),
+        (
+            ["--fault", "output_layer:forward:nan", "--fault-step", "10000000"],
+            "--fault-step 10000000: must be in 1..100 (each step is a full optimizer step)",
+        ),
+        (["--ray-timeout", "5"], "--ray-timeout 5 goes with --ray-address (joining a cluster)"),
+        (
+            ["--launcher", "ray", "--ray-address", "h:1", "--ray-timeout", "nan"],
+            "--ray-timeout nan: must be a finite number of seconds > 0",
+        ),
     ],
 )
 def test_bad_numbers_are_one_line_errors_before_any_launch(argv, message, capsys):
     assert main(["repro", *argv]) == 2
     assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
+
+
+def test_help_states_the_upper_bounds_of_steps(capsys):
+    with pytest.raises(SystemExit):
+        main(["repro", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "run N optimizer steps with the hazard at --inject-step (1..100)" in text
+    assert "with --fault: the step it fires at, 1..100 (default 1;" in text
 
 
 def _ours(tag: str) -> list[tuple[int, str]]:
@@ -282,9 +329,9 @@ def test_sigkill_of_repro_leaves_no_worker_and_no_temp_dir(tmp_path):
     tag, tmp = uuid.uuid4().hex, tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "NANSCOPE_TEST_TAG": tag, "TMPDIR": str(tmp)}
-    # Healthy steps up to a fault at step 200: the launch is still running when the parent is killed.
+    # Healthy steps up to a fault at step 100: the launch is still running when the parent is killed.
     argv = [sys.executable, "-m", "nanscope.cli.main", "repro", "--fault", "decoder.layers.0.mlp:forward:nan",
-            "--fault-step", "200"]  # fmt: skip
+            "--fault-step", "100"]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180

@@ -78,7 +78,8 @@ def test_training_drives_the_kls_exp_past_fp32_as_is_dies_and_the_plugin_trains_
         (["--lr", "1e-3"], "--lr 0.001 goes with --natural"),
         (["--natural", "--lr", "0"], "--lr 0: must be a finite number > 0"),
         (["--natural", "--lr", "nan"], "--lr nan: must be a finite number > 0"),
-        (["--natural", "--steps", "0"], "--steps 0: must be >= 1"),
+        (["--natural", "--steps", "0"], "--steps 0: must be in 1..100 (each step is a full optimizer step)"),
+        (["--natural", "--steps", "101"], "--steps 101: must be in 1..100 (each step is a full optimizer step)"),
     ],
 )
 def test_natural_input_errors_are_one_line_before_any_launch(argv, message, capsys):

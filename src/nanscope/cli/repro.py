@@ -27,6 +27,7 @@ from nanscope.report import files
 
 REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the current directory
 TIMEOUT_HELP = f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f} with --natural: two runs of --steps)"
+MAX_STEPS = 100  # --steps and --fault-step: every step is a full optimizer step of the harness (seconds on CPU)
 
 EPILOG = """\
 examples:
@@ -87,7 +88,12 @@ def _what(g) -> None:
         "--all", action="store_true", help="the matrix over the whole catalogue (default: healthy and the case's 4)"
     )
     g.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
-    g.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
+    g.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help=f"run N optimizer steps with the hazard at --inject-step (1..{MAX_STEPS})",
+    )
     g.add_argument(
         "--inject-step",
         type=int,
@@ -131,7 +137,7 @@ def _fault(g) -> None:
         "--fault-step",
         type=int,
         metavar="K",
-        help="with --fault: the step it fires at (default 1; the steps before it are healthy)",
+        help=f"with --fault: the step it fires at, 1..{MAX_STEPS} (default 1; the steps before it are healthy)",
     )
     g.add_argument(
         "--fault-once",
@@ -156,6 +162,13 @@ def _launch(g) -> None:
         "--ray-address",
         metavar="ADDRESS",
         help="with --launcher ray: join this Ray cluster (default: a local instance, removed after the run)",
+    )
+    g.add_argument(
+        "--ray-timeout",
+        type=float,
+        metavar="S",
+        help=f"with --ray-address: give up joining the cluster after S seconds, one line, exit 2 (default "
+        f"{ray_session.TIMEOUT_S:g})",
     )
     g.add_argument(
         "--traceback-out",
@@ -191,6 +204,9 @@ def validate(args) -> None:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
         raise UserError(f"--fault-step {args.fault_step} goes with --fault MODULE:forward|backward:nan|inf")
+    for flag, value in (("--steps", args.steps), ("--fault-step", args.fault_step)):
+        if value is not None and not 1 <= value <= MAX_STEPS:
+            raise UserError(f"{flag} {value}: must be in 1..{MAX_STEPS} (each step is a full optimizer step)")
     if args.fault_once and args.fault is None:
         raise UserError("--fault-once goes with --fault MODULE:forward|backward:nan|inf")
     if args.fault is not None:
@@ -223,8 +239,6 @@ def validate(args) -> None:
     if args.inject_step is not None and args.steps is None:
         raise UserError(f"--inject-step {args.inject_step} goes with --steps N")
     if args.steps is not None:
-        if args.steps < 1:
-            raise UserError(f"--steps {args.steps}: must be >= 1")
         if args.hazard == catalogue.HEALTHY.name:
             raise UserError("--steps needs a hazard to inject (--hazard NAME, not healthy)")
         if args.hazard is not None and not catalogue.get(args.hazard).safe_finite:
@@ -248,8 +262,6 @@ def _check_natural(args) -> None:
         )
     if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
         raise UserError(f"--lr {args.lr:g}: must be a finite number > 0")
-    if args.steps is not None and args.steps < 1:
-        raise UserError(f"--steps {args.steps}: must be >= 1")
 
 
 # The flags of the other shapes of evidence, which --natural does not take.
@@ -273,6 +285,11 @@ def _check_launcher(args) -> None:
         for flag, value in (("--ray-address", args.ray_address), ("--traceback-out", args.traceback_out)):
             if value is not None:
                 raise UserError(f"{flag} {value} goes with --launcher ray")
+    if args.ray_timeout is not None:
+        if args.ray_address is None:
+            raise UserError(f"--ray-timeout {args.ray_timeout:g} goes with --ray-address (joining a cluster)")
+        ray_session.check_timeout(args.ray_timeout)
+    if args.launcher != "ray":
         return
     ray_session.require("--launcher ray")
     if args.ray_address is not None and not args.ray_address.strip():
@@ -280,7 +297,8 @@ def _check_launcher(args) -> None:
 
 
 def _via(args) -> Launcher:
-    return Launcher(args.launcher or "torchrun", args.ray_address)
+    timeout = args.ray_timeout if args.ray_timeout is not None else ray_session.TIMEOUT_S
+    return Launcher(args.launcher or "torchrun", args.ray_address, timeout)
 
 
 def _ray_output(args, result, doc: dict) -> None:
@@ -313,7 +331,7 @@ def _repros(result, doc: dict) -> list:
 
 # The flags of a launch, which --list-modules would ignore (--loss, --seed and --timeout have defaults).
 _LAUNCH_FLAGS = ("all", "hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
-                 "launcher", "ray_address", "traceback_out", "natural", "lr")  # fmt: skip
+                 "launcher", "ray_address", "ray_timeout", "traceback_out", "natural", "lr")  # fmt: skip
 
 
 def _list_modules(args) -> int:
@@ -369,6 +387,8 @@ def _run(args) -> int:
     files.check_outputs({"--json": args.json, "--traceback-out": args.traceback_out})
     if args.list_modules:
         return _list_modules(args)
+    if args.ray_address is not None:  # nothing there: one line now, not a launch that waits on it
+        ray_session.probe(args.ray_address, _via(args).ray_timeout_s)
     console = Console(width=160)
     if args.natural:
         result, doc = _natural(args, console)

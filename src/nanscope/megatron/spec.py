@@ -39,6 +39,7 @@ class Launcher:
 
     kind: str = "torchrun"  # "torchrun" | "ray"
     ray_address: str | None = None  # with "ray": join this cluster; None: a local Ray instance
+    ray_timeout_s: float = 60.0  # joining ray_address: the bound on the connection (ray_session.session)
 
     def __post_init__(self):
         assert self.kind in ("torchrun", "ray") and (self.kind == "ray" or self.ray_address is None), self

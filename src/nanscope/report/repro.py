@@ -286,17 +286,28 @@ def matrix_to_json(matrix: Matrix) -> dict:
 # ---- several steps --------------------------------------------------------------------------
 
 
+def _params_text(rep) -> str:
+    if not rep.ranks:
+        return ", no rank reported its parameters"
+    return ", parameters finite" if rep.params_finite else ", parameters NOT finite"
+
+
 def steps_verdict(check: StepsCheck) -> str:
     head = "as expected" if check.ok else "UNEXPECTED"
     twin = ""
-    if check.twin is not None:
+    if check.twin is not None and check.param_diff is None:
+        twin = (
+            f"; safe's parameters after step {check.steps} were not compared with those of as-is on the hazard's "
+            "defused twin: a run saved none (nothing was compared)"
+        )
+    elif check.twin is not None:
         same = "equal (bitwise)" if check.param_diff == 0.0 else f"differ (max |diff| {_fmt(check.param_diff)})"
         twin = f"; safe's parameters after step {check.steps} {same} those of as-is on the hazard's defused twin"
     died = f"dies at step {check.as_is_died_at}" if check.as_is_died_at else f"{check.as_is.observed}"
     return (
         f"{head}: {check.hazard} at step {check.inject_step} of {check.steps}: as-is {died}; "
         f"safe completes {check.safe_steps}/{check.steps} steps"
-        + (", parameters finite" if check.safe.params_finite else ", parameters NOT finite")
+        + _params_text(check.safe)
         + twin
         + (_plugin_verdict(check.plugin) if check.plugin else "")
     )
