@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from nanscope import repro
+from nanscope import natural, repro
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
 from nanscope.facts.paths import REPORT_FILE
@@ -27,6 +27,7 @@ from nanscope.megatron.spec import Launcher
 from nanscope.report import files
 
 REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the current directory
+TIMEOUT_HELP = f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f} with --natural: two runs of --steps)"
 MAX_STEPS = 100  # --steps and --fault-step: every step is a full optimizer step of the harness (seconds on CPU)
 
 EPILOG = """\
@@ -49,13 +50,18 @@ examples:
   nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
                                                        # traceback; then: nanscope doctor --case slime-795 ...
+  nanscope repro --natural --seed 0 --json n.json      # nothing planted: a GRPO loop whose training drives the
+                                                       # KL's exp past fp32 on a masked tool token; as-is dies,
+                                                       # the plugin trains through and warns first
+  nanscope repro --natural --seed 3 --steps 40 --lr 2e-3
 
 exit code: 0 when every run's observed outcome is its expected one: as-is fails megatron's NaN check on
 every hazard and completes on healthy batches; safe completes where its loss is the fix and fails the check,
 by design, where the fix lives elsewhere (a flag, the model, a kernel, the device: `nanscope hazards` lists
-which); with --steps, as-is dies at the hazard's step and safe runs every step. 1 when an outcome differs from
-its expected one, 2 for bad input; 130, 143, 129 when SIGINT, SIGTERM or SIGHUP stopped it (the workers are
-killed and the temp dirs removed first).
+which); with --steps, as-is dies at the hazard's step and safe runs every step; with --natural, as-is dies
+where an exp first crossed 88.72 and the plugin run is finite at every step, warned 2 steps ahead. 1 when an
+outcome differs from its expected one, 2 for bad input; 130, 143, 129 when SIGINT, SIGTERM or SIGHUP stopped it
+(the workers are killed and the temp dirs removed first).
 """
 
 
@@ -70,6 +76,7 @@ def add_parser(sub):
     _what(p.add_argument_group("what runs"))
     _plugin(p.add_argument_group("the slime plugin"))
     _fault(p.add_argument_group("a fault in the model"))
+    _add_natural(p.add_argument_group("nothing planted: the natural loop"))
     _launch(p.add_argument_group("the launch and its outputs"))
     return p
 
@@ -170,11 +177,30 @@ def _launch(g) -> None:
         help="with --launcher ray: write the driver's traceback of the (first) as-is failure to FILE, for "
         "`nanscope doctor --traceback FILE`",
     )
-    g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
+    g.add_argument("--timeout", type=float, metavar="S", help=TIMEOUT_HELP)
+
+
+def _add_natural(g) -> None:
+    """--natural and the flag only it takes (--seed and --steps are shared)."""
+    g.add_argument(
+        "--natural",
+        action="store_true",
+        help="nothing planted: a GRPO loop (rollouts sampled from the current policy at the case's temperature, a toy "
+        "tool's output masked, a rule reward, groups of 8, the case's loss flags) as-is and with the plugin, for "
+        f"--steps (default {natural.DEFAULT_STEPS}) at --lr; every difference from the case is printed",
+    )
+    g.add_argument(
+        "--lr",
+        type=float,
+        metavar="LR",
+        help=f"with --natural: Adam's learning rate (default {natural.DEFAULT_LR:g}, {natural.DEFAULT_LR / 1e-6:.0f}x "
+        "the case's 1e-6: its thousands of rollouts in tens of steps)",
+    )
 
 
 def validate(args) -> None:
     """Every check on the arguments that needs no launch; raises UserError (one line)."""
+    _check_natural(args)
     if args.hazard is not None and args.hazard not in catalogue.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
@@ -201,6 +227,8 @@ def validate(args) -> None:
         if launch:
             raise UserError(f"--list-modules lists the model's modules and exits: not with {', '.join(launch)}")
     _check_launcher(args)
+    if args.timeout is None:
+        args.timeout = natural.TIMEOUT_S if args.natural else 600.0
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
     if args.trace and ((args.hazard is None and args.fault is None) or args.steps is not None):
@@ -221,6 +249,25 @@ def validate(args) -> None:
             )
         if args.inject_step is not None and not 1 <= args.inject_step <= args.steps:
             raise UserError(f"--inject-step {args.inject_step} is outside steps 1..{args.steps}")
+
+
+def _check_natural(args) -> None:
+    if not args.natural:
+        if args.lr is not None:
+            raise UserError(f"--lr {args.lr:g} goes with --natural")
+        return
+    given = [f"--{name.replace('_', '-')}" for name in _NOT_NATURAL if getattr(args, name) not in (None, False)]
+    if given or args.loss != "as-is":
+        raise UserError(
+            f"--natural runs its own loop (as-is and the plugin): not with {', '.join(given or ['--loss'])}"
+        )
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise UserError(f"--lr {args.lr:g}: must be a finite number > 0")
+
+
+# The flags of the other shapes of evidence, which --natural does not take.
+_NOT_NATURAL = ("all", "hazard", "inject_step", "trace", "plugin", "report_dir", "fault", "fault_step", "fault_once",
+                "list_modules")  # fmt: skip
 
 
 def _check_report_dir(args) -> None:
@@ -286,12 +333,14 @@ def _repros(result, doc: dict) -> list:
         return [(row.as_is, out["as_is"]) for row, out in rows] + [(row.safe, out["safe"]) for row, out in rows]
     if isinstance(result, repro.StepsCheck):
         return [(result.as_is, doc["as_is"]), (result.safe, doc["safe"])]
+    if isinstance(result, natural.NaturalCheck):
+        return [(result.as_is, doc["natural"]["as_is"]), (result.plugin, doc["natural"]["plugin"])]
     return [(result, doc)]
 
 
 # The flags of a launch, which --list-modules would ignore (--loss, --seed and --timeout have defaults).
 _LAUNCH_FLAGS = ("all", "hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
-                 "launcher", "ray_address", "ray_timeout", "traceback_out")  # fmt: skip
+                 "launcher", "ray_address", "ray_timeout", "traceback_out", "natural", "lr")  # fmt: skip
 
 
 def _list_modules(args) -> int:
@@ -315,6 +364,21 @@ def _max_skips() -> int | None:
         raise UserError(str(e)) from None
 
 
+def _natural(args, console):
+    """`--natural`: the loop as-is and with the plugin, rendered; (the check, its JSON)."""
+    from nanscope.report import natural as report  # heavy: rich
+
+    result = natural.run_natural(
+        seed=args.seed,
+        steps=args.steps or natural.DEFAULT_STEPS,
+        lr=args.lr or natural.DEFAULT_LR,
+        timeout_s=args.timeout,
+        via=_via(args),
+    )
+    report.render(result, console)
+    return result, report.to_json(result)
+
+
 def run(args) -> int:
     try:
         return _run(args)
@@ -335,7 +399,9 @@ def _run(args) -> int:
     if args.ray_address is not None:  # nothing there: one line now, not a launch that waits on it
         ray_session.probe(args.ray_address, _via(args).ray_timeout_s)
     console = Console(width=160)
-    if args.steps is not None:
+    if args.natural:
+        result, doc = _natural(args, console)
+    elif args.steps is not None:
         hazard = args.hazard or catalogue.KL_EXP_OVERFLOW.name
         inject = args.inject_step if args.inject_step is not None else (args.steps + 1) // 2
         result = repro.run_steps(

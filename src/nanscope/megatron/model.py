@@ -170,13 +170,16 @@ def build_model(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bo
     return ddp, config
 
 
-def build_optimizer(ddp_model, *, bf16: bool = True):
-    """Megatron's Adam set up like the case: lr 1e-6, weight decay 0.1, betas 0.9/0.98."""
+CASE_LR = 1e-6  # the case's --lr (constant: --lr-decay-style constant)
+
+
+def build_optimizer(ddp_model, *, bf16: bool = True, lr: float = CASE_LR):
+    """Megatron's Adam set up like the case: lr 1e-6 (unless `lr`), weight decay 0.1, betas 0.9/0.98."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # heavy: megatron-core
 
     config = OptimizerConfig(
         optimizer="adam",
-        lr=1e-6,
+        lr=lr,
         weight_decay=0.1,
         adam_beta1=0.9,
         adam_beta2=0.98,
