@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 
 from nanscope import inputs
 from nanscope.errors import UserError
-from nanscope.launch import candidates, findings
+from nanscope.facts import releases
+from nanscope.launch import candidates, findings, inference
 from nanscope.launch.candidates import Candidate
-from nanscope.launch.config import Batches, Config, batches, resolve
+from nanscope.launch.config import Batches, Config, Value, batches, resolve
 from nanscope.launch.detect import Choice, choose
+from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework
 from nanscope.launch.findings.finding import Finding
 from nanscope.launch.script import LaunchScript, parse_script
 from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
@@ -34,6 +36,9 @@ _RANKS_SHOWN = 16  # other failing ranks named in the note; the rest are counted
 @dataclass
 class Diagnosis:
     """Everything `nanscope doctor` reports; renderers (nanscope.report.doctor) only read it and write the prose.
+
+    Without a launch script, `script`, `config`, `topology` and `batches` are None, and so is `failing`; without a
+    traceback, `traceback` is None.
 
     Attributes:
         script: the parsed launch script.
@@ -50,13 +55,17 @@ class Diagnosis:
         env: the `--env` values used.
         candidates: every catalogued cause, ruled out / enabled / undecidable by the flags and the
             traceback, with the observation that tells it apart (launch.candidates).
-        release: the slime release used and how it was chosen (launch.detect.Choice).
+        release: the slime release used and how it was chosen (launch.detect.Choice); None: no slime evidence.
+        framework: the framework the inputs name (launch.evidence.Framework).
+        inferred: values the inputs did not give and doctor inferred, each with how (launch.inference).
+        missing: what each input not given would add, one line each.
+        contradictions: where the inputs disagree (the frames' schedule against the script's PP, ...).
     """
 
-    script: LaunchScript
-    config: Config
-    topology: Topology
-    batches: Batches
+    script: LaunchScript | None
+    config: Config | None
+    topology: Topology | None
+    batches: Batches | None
     findings: list[Finding]
     fine: list[str]
     failing: RankInfo | None = None
@@ -67,10 +76,29 @@ class Diagnosis:
     env: dict = field(default_factory=dict)
     candidates: list[Candidate] = field(default_factory=list)
     release: Choice | None = None
+    framework: Framework = UNKNOWN
+    inferred: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    contradictions: list[str] = field(default_factory=list)
+
+    @property
+    def evidence(self) -> FrameEvidence | None:
+        return None if self.traceback is None else self.traceback.evidence
+
+
+@dataclass
+class _Launch:
+    """A launch script read and resolved: what `diagnose` builds the layout and the rules from."""
+
+    script: LaunchScript
+    config: Config
+    release: Choice
+    env: dict
+    inferred: list[str] = field(default_factory=list)
 
 
 def diagnose(
-    script_path: str,
+    script_path: str | None,
     *,
     env: dict[str, str] | None = None,
     model: dict | None = None,
@@ -83,10 +111,10 @@ def diagnose(
     slime_version: str | None = None,
     case_release: str | None = None,
 ) -> Diagnosis:
-    """Parse, resolve, lay out, and apply the rules.
+    """Parse, resolve, lay out, and apply the rules; each input is optional, but one of script and traceback.
 
     Args:
-        script_path: the launch script.
+        script_path: the launch script (None: the traceback alone).
         env: `--env` values (TOTAL_NODES=8, ...).
         model: architecture facts standing in for a missing model-args file.
         model_origin: how to name `model` in the report.
@@ -101,41 +129,130 @@ def diagnose(
     Raises:
         UserError: any bad input, in one line.
     """
-    env = env or {}
-    limit = INPUT_LIMIT if limit is None else limit
-    script = parse_script(script_path, env, model_args, limit)
-    text = inputs.read_text(script_path, "launch script", limit, OPTION)
-    release = choose(slime_version, script.path, text, script.argv, case_release)
-    kept = {placeholder.text: placeholder.reason for placeholder in script.placeholders if placeholder.kind == "limit"}
-    cfg = resolve(
-        script.argv,
+    if script_path is None:
+        assert traceback is not None, "diagnose needs a script or a traceback"
+        return _without_script(traceback, rank, slime_version)
+    framework = traceback.framework if traceback is not None else UNKNOWN
+    hint = rank if rank is not None else _traceback_rank(traceback)
+    reading = _read_launch(
+        script_path,
+        env=env or {},
         model=model,
-        model_origin=model_origin or "model JSON",
-        unset=script.unset,
-        kept=kept,
-        release=release.release.key,
+        model_origin=model_origin,
+        model_args=model_args,
+        limit=INPUT_LIMIT if limit is None else limit,
+        asked=slime_version,
+        case_release=case_release,
+        frames_release=(framework.release, framework.how) if framework.release is not None else None,
+        rank=hint,
     )
-    cfg.unread = unread(script)
+    cfg = reading.config
     layout = build(cfg)
     figures = batches(cfg, layout.dp, layout.cp)
     found = findings.findings(cfg, figures, layout.world, layout.cp)
     colocate_ok = not any(finding.id.startswith(("rollout-gpus", "colocate")) for finding in found)
     diagnosis = Diagnosis(
-        script=script,
+        script=reading.script,
         config=cfg,
         topology=layout,
         batches=figures,
         findings=found,
         fine=findings.fine(cfg, figures, layout.world, colocate_ok),
-        notes=_input_notes(script, cfg, model, model_origin) + cfg.notes + layout.notes,
+        notes=_input_notes(reading.script, cfg, model, model_origin) + cfg.notes + layout.notes,
         model_origin=model_origin,
-        env=env,
+        env=reading.env,
         traceback=traceback,
         candidates=candidates.candidates(cfg, traceback),
-        release=release,
+        release=reading.release,
+        framework=_script_framework(reading, framework),
+        inferred=reading.inferred,
     )
+    if traceback is None:
+        diagnosis.missing.append(
+            "no traceback: give it (--traceback FILE, or - for standard input) to name the failing rank, the check "
+            "that fired (and so rule causes out), the framework's release and the rerun verdict"
+        )
     _place_failing(diagnosis, rank, traceback_origin)
+    diagnosis.contradictions = _contradictions(diagnosis)
     return diagnosis
+
+
+def _traceback_rank(traceback: Traceback | None) -> int | None:
+    return None if traceback is None or traceback.failure is None else traceback.failure.rank
+
+
+def _script_framework(reading: _Launch, frames: Framework) -> Framework:
+    """slime, with the release the diagnosis uses (a slime launch script is slime's evidence)."""
+    how = f"the launch script runs {reading.script.train_script} with slime's flags"
+    if frames.name == "slime":
+        how = f"{frames.how}; {how}"
+    return Framework("slime", reading.release.release.key, how)
+
+
+def _read_launch(script_path: str, *, env: dict, model, model_origin, model_args, limit, asked, case_release,
+                 frames_release, rank) -> _Launch:  # fmt: skip
+    """Read and resolve the script; a node count it reads from an unset variable is inferred (launch.inference)."""
+    script = parse_script(script_path, env, model_args, limit)
+    text = inputs.read_text(script_path, "launch script", limit, OPTION)
+    release = choose(asked, script.path, text, script.argv, case_release, frames_release)
+    kept = {placeholder.text: placeholder.reason for placeholder in script.placeholders if placeholder.kind == "limit"}
+
+    def config_of(read: LaunchScript) -> Config:
+        cfg = resolve(
+            read.argv,
+            model=model,
+            model_origin=model_origin or "model JSON",
+            unset=read.unset,
+            kept=kept,
+            release=release.release.key,
+        )
+        cfg.unread = unread(read)
+        return cfg
+
+    cfg = config_of(script)
+    reading = _Launch(script, cfg, release, dict(env))
+    if "actor_num_nodes" in cfg.unknown:
+        _infer_nodes(reading, rank, lambda extra: parse_script(script_path, {**env, **extra}, model_args, limit), config_of)
+    return reading
+
+
+def _infer_nodes(reading: _Launch, rank: int | None, reparse, config_of) -> None:
+    """The node count from the rank and the layout (a lower bound), and the variable that sets it when one does."""
+    cfg = reading.config
+    etp = cfg["expert_tensor_parallel_size"]
+    sizes = inference.Sizes(
+        cfg["tensor_model_parallel_size"],
+        cfg["pipeline_model_parallel_size"],
+        cfg["context_parallel_size"],
+        cfg["expert_model_parallel_size"],
+        etp,
+    )
+    gpn = cfg["actor_num_gpus_per_node"]
+    world, why = inference.smallest_world(sizes, gpn, rank)
+    nodes = world // gpn
+    text = cfg.unknown["actor_num_nodes"]
+
+    def nodes_of(extra: dict[str, str]) -> int | None:
+        try:
+            read = config_of(reparse(extra))
+        except UserError:
+            return None
+        return None if "actor_num_nodes" in read.unknown else read["actor_num_nodes"]
+
+    solved = inference.solve(list(reading.script.unset), nodes, world, nodes_of)
+    bound = f"{nodes} nodes x {gpn} GPUs = world {world}, {why}: a lower bound, the rank's coordinates hold under it"
+    if solved is not None:
+        name, value = solved
+        reading.script = reparse({name: value})
+        reading.config = config_of(reading.script)
+        reading.env = {**reading.env, name: value}
+        origin = f"inferred: {name}={value} ({bound}); pass --env {name}=N for the real count"
+        line = f"--actor-num-nodes {text!r} reads {name}, which the script never sets: inferred {name}={value}"
+    else:
+        origin = f"inferred: {bound}; pass --env for the real count"
+        line = f"--actor-num-nodes {text!r} reads variables the script never sets: inferred {nodes}"
+    reading.config.values["actor_num_nodes"] = Value(nodes, origin)
+    reading.inferred.append(f"{line} ({bound})")
 
 
 def unread(script: LaunchScript) -> list[tuple[str, int]]:
@@ -143,10 +260,63 @@ def unread(script: LaunchScript) -> list[tuple[str, int]]:
     return [(source.path, source.line) for source in script.sources if source.status == "missing"]
 
 
+def _without_script(traceback: Traceback, rank: int | None, slime_version: str | None) -> Diagnosis:
+    """The traceback alone: the failure, the frames' evidence and the causes the check leaves (no flags, no layout)."""
+    framework = traceback.framework
+    release = None
+    if slime_version is not None:
+        release = Choice(releases.get(slime_version), "option", f"--slime-version {slime_version}")
+    elif framework.name == "slime" and framework.release is not None:
+        release = Choice(releases.BY_KEY[framework.release], "frames", framework.how)
+    diagnosis = Diagnosis(
+        script=None,
+        config=None,
+        topology=None,
+        batches=None,
+        findings=[],
+        fine=[],
+        traceback=traceback,
+        candidates=candidates.without_flags(traceback, framework, release),
+        release=release,
+        framework=framework,
+    )
+    failure = traceback.failure
+    where = f"rank {failure.rank}" if failure is not None and failure.rank is not None else "the failing rank"
+    diagnosis.missing.append(
+        f"no launch script: give it to place {where} in the layout (its TP/CP/DP/PP/EP coordinates, node and "
+        "layers), to read the flags that enable or rule out each cause, and to check the frames against the layout"
+    )
+    if rank is not None:
+        diagnosis.notes.append(f"--rank {rank}: a rank is placed in a launch's layout; without a launch script it is not")
+    diagnosis.explanations = _explain_alone(traceback)
+    diagnosis.notes += _traceback_notes(diagnosis, "traceback")
+    return diagnosis
+
+
+def _explain_alone(traceback: Traceback) -> list[str]:
+    """What the traceback's failure says without a layout: its stage (from the frames), iteration, bucket, check."""
+    failure, evidence = traceback.failure, traceback.evidence
+    out = []
+    if evidence.pp is not None:
+        out.append(explain_stage(1 if evidence.pp == "1" else 2, None, failure.check if failure else None))
+    if failure is None:
+        return out
+    if failure.iteration is not None:
+        out.append(explain_iteration(failure.iteration, traceback.framework.name))
+    bucket = explain_bucket(failure.bucket, None)
+    if bucket:
+        out.append(bucket)
+    check = explain_check(failure) if failure.message else ""
+    if check:
+        out.append(check)
+    return out
+
+
 def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str) -> None:
     """Locate the asked-for (or the traceback's) rank and note where the inputs disagree."""
     traceback, layout = diagnosis.traceback, diagnosis.topology
-    asked = rank if rank is not None else (traceback.failure.rank if traceback else None)
+    failure = traceback.failure if traceback is not None else None
+    asked = rank if rank is not None else (failure.rank if failure is not None else None)
     if asked is not None:
         if rank is None and not 0 <= asked < layout.world:
             raise UserError(
@@ -155,38 +325,77 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
                 "check --env and the script"
             )
         diagnosis.failing = layout.rank(asked)
-        if rank is not None and traceback and traceback.failure.rank != rank:
-            diagnosis.notes.append(f"--rank {rank} overrides the traceback's rank {traceback.failure.rank}")
-        device = traceback.failure.device if traceback else None  # "cpu": a CPU run names no GPU
-        if isinstance(device, int) and asked == traceback.failure.rank and device != diagnosis.failing.local_device:
+        if rank is not None and failure is not None and failure.rank is not None and failure.rank != rank:
+            diagnosis.notes.append(f"--rank {rank} overrides the traceback's rank {failure.rank}")
+        device = failure.device if failure is not None else None  # "cpu": a CPU run names no GPU
+        if isinstance(device, int) and asked == failure.rank and device != diagnosis.failing.local_device:
             diagnosis.notes.append(
-                f"the traceback says device {traceback.failure.device} but rank {asked} maps to local device "
+                f"the traceback says device {failure.device} but rank {asked} maps to local device "
                 f"{diagnosis.failing.local_device} with {layout.gpus_per_node} GPUs per node"
             )
         diagnosis.explanations = _explain(diagnosis)
-    if traceback and traceback.failure.truncated:
-        diagnosis.notes.append(
-            f"{traceback_origin}: line {traceback.failure.line}: the Megatron error is cut short before its "
-            "closing `')`; its message is read as far as it goes"
+    diagnosis.notes += _traceback_notes(diagnosis, traceback_origin)
+
+
+def _traceback_notes(diagnosis: Diagnosis, traceback_origin: str) -> list[str]:
+    """What the traceback says about itself: cut short, a check this launch does not run, other failing ranks."""
+    traceback = diagnosis.traceback
+    failure = traceback.failure if traceback is not None else None
+    notes = []
+    if failure is not None and failure.truncated:
+        notes.append(
+            f"{traceback_origin}: line {failure.line}: the Megatron error is cut short before its end; it is read "
+            "as far as it goes"
         )
-    check = traceback.failure.check if traceback else None
-    if check is not None and check.id == "large-grads" and not diagnosis.config["check_for_large_grads"]:
+    if failure is not None and failure.ambiguous:
+        notes.append(
+            f"the message cut short fits {', '.join([failure.check.id, *failure.ambiguous])}; "
+            f"read as {failure.check.id}, the likeliest"
+        )
+    check, cfg = (failure.check if failure is not None else None), diagnosis.config
+    off = None
+    if check is not None and cfg is not None and check.id == "large-grads" and not cfg["check_for_large_grads"]:
         off = "--check-for-large-grads, which this launch does not set"
-    elif check is not None and check.quantity == "gradient" and not diagnosis.config["check_for_nan_in_loss_and_grad"]:
+    elif check is not None and cfg is not None and check.quantity == "gradient" and not cfg["check_for_nan_in_loss_and_grad"]:  # fmt: skip
         off = "--check-for-nan-in-loss-and-grad, which this launch turns off"
-    else:
-        off = None
     if off is not None:
-        diagnosis.notes.append(
-            f"the traceback's check ({check.id}) runs only under {off}: the traceback may come from another launch"
-        )
-    if traceback and traceback.other_ranks:
+        notes.append(f"the traceback's check ({check.id}) runs only under {off}: the traceback may come from another launch")
+    if traceback is not None and traceback.other_ranks:
         shown, more = traceback.other_ranks[:_RANKS_SHOWN], len(traceback.other_ranks) - _RANKS_SHOWN
-        diagnosis.notes.append(
+        first = f"the first, rank {failure.rank}, is explained" if failure is not None else "the first is explained"
+        notes.append(
             f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, shown))}"
             + (f" and {more} more" if more > 0 else "")
-            + f"; the first, rank {traceback.failure.rank}, is explained"
+            + f"; {first}"
         )
+    return notes
+
+
+def _contradictions(diagnosis: Diagnosis) -> list[str]:
+    """Where the traceback and the launch script disagree: stated, never ignored."""
+    traceback, layout = diagnosis.traceback, diagnosis.topology
+    if traceback is None or layout is None:
+        return []
+    out = []
+    evidence, frames = traceback.evidence, traceback.framework
+    pp = f"--pipeline-model-parallel-size {layout.pp}"
+    if evidence.pp == "1" and layout.pp > 1:
+        out.append(f"the frames run forward_backward_no_pipelining (PP 1) but the script sets {pp}")
+    elif evidence.pp == ">1" and layout.pp == 1:
+        out.append(f"the frames run a pipelined schedule ({evidence.schedule}: PP > 1) but the script runs PP 1")
+    if evidence.vpp and not layout.vpp and layout.pp > 1:
+        out.append("the frames run the interleaved schedule (virtual stages) but the script sets no virtual stages")
+    elif evidence.vpp is False and evidence.pp == ">1" and layout.vpp:
+        out.append(f"the frames run 1F1B without interleaving but the script sets {layout.vpp} virtual stages")
+    if frames.name not in ("slime", "unknown"):
+        out.append(f"the traceback's frames are {frames.name}'s ({frames.how}) but the launch script is slime's")
+    chosen = diagnosis.release
+    if frames.release is not None and chosen is not None and chosen.release.key != frames.release:
+        out.append(
+            f"the frames are slime {frames.release}'s lines but the diagnosis uses {chosen.release.key} "
+            f"({chosen.how}: {chosen.source})"
+        )
+    return out
 
 
 def _input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_origin: str | None) -> list[str]:
@@ -219,16 +428,18 @@ def _input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_or
 
 def _explain(diagnosis: Diagnosis) -> list[str]:
     layout, failing, traceback = diagnosis.topology, diagnosis.failing, diagnosis.traceback
-    check = traceback.failure.check if traceback is not None else None
+    check = traceback.failure.check if traceback is not None and traceback.failure is not None else None
     out = [explain_stage(layout.pp, failing.pp, check)]
-    if traceback is not None:
-        failure = traceback.failure
-        out.append(explain_iteration(failure.iteration))
-        pp = layout.coords[failure.rank]["pp"] if failure.rank < layout.world else failing.pp
+    failure = traceback.failure if traceback is not None else None
+    if failure is not None:
+        if failure.iteration is not None:
+            out.append(explain_iteration(failure.iteration, "slime"))
+        known = failure.rank is not None and failure.rank < layout.world
+        pp = layout.coords[failure.rank]["pp"] if known else failing.pp
         bucket = explain_bucket(failure.bucket, pp, diagnosis.config["overlap_grad_reduce"])
         if bucket:
             out.append(bucket)
-        check_text = explain_check(failure)
+        check_text = explain_check(failure) if failure.message else ""
         if check_text:
             out.append(check_text)
     return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope.causes import catalogue, immune
+from nanscope.causes.classes import HARDWARE
 from nanscope.facts import releases
 from nanscope.facts.flags import BY_NAME, SCRIPT
 from nanscope.facts.paths import HOOK_PATH
@@ -67,31 +68,72 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         traceback: the parsed traceback, if one was given: its failure means the gradient was non-finite.
     """
     out = []
-    failure = None if traceback is None else traceback.failure
     for hazard in catalogue.CATALOGUE:
         if hazard is catalogue.HEALTHY:
             continue
         status, evidence = _status(hazard, cfg)
-        misfit = None if failure is None or status == RULED_OUT else _misfit(hazard, failure, cfg)
-        if misfit is not None:
-            status, evidence = RULED_OUT, evidence + [misfit]
-        discriminator = None if status == RULED_OUT else hazard.discriminator
-        out.append(Candidate(hazard.name, status, evidence, discriminator, hazard.cause_class))
+        out.append(_judged(hazard, status, evidence, traceback, cfg))
     for cause in immune.IMMUNE:
         evidence = [f"slime {cfg.release} is immune: {cause.why}", *cause.evidence]
         out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 
-def _misfit(hazard, failure, cfg: Config) -> str | None:
+def without_flags(traceback, framework, release) -> list[Candidate]:
+    """The catalogued causes a traceback alone leaves: no flag decides any, its check and verdict rule some out.
+
+    Only a slime job gets slime's hazards (its loss, its rollouts) and the causes slime is immune to; any other
+    framework, or none named, gets the causes that live in the model, the kernels and the devices.
+    """
+    slime = framework.name == "slime"
+    out = []
+    for hazard in catalogue.CATALOGUE:
+        if hazard is catalogue.HEALTHY or (not slime and hazard.level == "batch"):
+            continue
+        evidence = ["no launch script: the flags that decide it are unknown"]
+        out.append(_judged(hazard, UNDECIDABLE, evidence, traceback, None))
+    if slime:
+        key = release.release.key if release is not None else "(release unknown)"
+        for cause in immune.IMMUNE:
+            evidence = [f"slime {key} is immune: {cause.why}", *cause.evidence]
+            out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
+    return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
+
+
+def _judged(hazard, status: str, evidence: list[str], traceback, cfg: Config | None) -> Candidate:
+    """The hazard's candidate once the traceback's check and the rerun verdict have had their say."""
+    failure = None if traceback is None else traceback.failure
+    misfit = None if failure is None or status == RULED_OUT else _misfit(hazard, failure, cfg)
+    if misfit is not None:
+        status, evidence = RULED_OUT, evidence + [misfit]
+    rerun = None if traceback is None else traceback.rerun
+    if rerun is not None and status != RULED_OUT:
+        status, evidence = _by_verdict(hazard, rerun, status, evidence)
+    discriminator = None if status == RULED_OUT else hazard.discriminator
+    return Candidate(hazard.name, status, evidence, discriminator, hazard.cause_class)
+
+
+def _by_verdict(hazard, rerun, status: str, evidence: list[str]) -> tuple[str, list[str]]:
+    """What the rerun state machine's verdict says: not reproducible means the device; reproducible, not a one-off."""
+    said = f"the rerun state machine's verdict ({rerun.rerun} rerun, line {rerun.line}): {rerun.means}"
+    device = hazard.cause_class == HARDWARE
+    if rerun.verdict in ("transient", "persistent-fault"):
+        return (ENABLED, evidence + [said]) if device else (RULED_OUT, evidence + [said])
+    if device and (rerun.verdict == "application" or hazard.fault_once):
+        return RULED_OUT, evidence + [said]
+    return status, evidence
+
+
+def _misfit(hazard, failure, cfg: Config | None) -> str | None:
     """Why the traceback's check cannot have fired on `hazard` (None: it can), by what its message says."""
     check = failure.check
     if check is None:  # a message nanscope does not know: it says nothing about the hazard
         return None
     if not check.slime and hazard.level == "batch":
+        where = "the loss of Megatron-LM's own training loop" if check.quantity == "loss" else "Megatron-LM's optimizer"
         return (
-            f"the traceback's check is Megatron-LM's ({check.source}), on the loss of Megatron-LM's own training "
-            "loop, which slime never runs: this hazard lives in slime's loss or rollouts"
+            f"the traceback's check is Megatron-LM's ({check.source}), on {where}, which slime never runs: this "
+            "hazard lives in slime's loss or rollouts"
         )
     if check.quantity == "loss":
         finite = hazard.loss_finite
@@ -101,7 +143,7 @@ def _misfit(hazard, failure, cfg: Config) -> str | None:
             return f"the traceback's check found {check.value} in the forward loss; this fault leaves the loss finite"
         return None
     # A shifted rollout log-prob only reaches a clamped TIS weight, unless it is the ratio's old policy.
-    shifted_as_old = hazard is catalogue.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs")
+    shifted_as_old = hazard is catalogue.ROLLOUT_LOGPROB_SHIFT and (cfg is None or cfg.get("use_rollout_logprobs"))
     finite = hazard.grad_finite and not shifted_as_old
     if check.value == "large":
         if finite:
