@@ -47,7 +47,8 @@ _LOCATIONS = (
     (" at ", _AT_FILE_CUT, "log-at-file"),
     (" on rank ", _ON_RANK_CUT, "log-on-rank"),
 )
-_FOUND = re.compile(r"found (?:NaN|Inf) in local |found unexpected large grads")
+# A check's message starts here: whole, or cut at its start (`NaN in local forward loss`, an issue title's words).
+_FOUND = re.compile(r"(?:found )?(?:NaN|Inf) in local (?=grad norm|forward loss)|found unexpected large|(?<=message=')Spiky loss")
 _ASSERT_RANK = re.compile(r"Rank (?P<rank>\d{1,18}): \Z")
 _DEVICE_NODE = re.compile(r"\. Device: (?P<device>\d{1,18}|cpu)(?:, node: (?P<node>[^\s,'\"`)]+))?")
 _TRACKER = re.compile(r"node=(?P<node>\S+) device=(?P<device>\S+) jobID=\S+ rank=(?P<rank>\d{1,18}) iteration=(?P<iteration>-?\d{1,18}) status=(?P<status>\S+) result=(?P<result>.*) message='")  # fmt: skip
@@ -174,7 +175,7 @@ class _Line:
     def found(self) -> Iterator[tuple[int, Failure]]:
         """The forms around a check's message alone (assert, tracker, message), where no `Unexpected` read it."""
         line = self.line
-        if "found " not in line:
+        if " in local " not in line and "found unexpected" not in line and "Spiky loss" not in line:
             return
         for marker in _FOUND.finditer(line):
             at = marker.start()
@@ -220,8 +221,8 @@ class _Line:
         if match is None:
             return []
         rest = match["rest"].strip(" ,:")
-        expected = "Unexpected result" if match["iteration"] else "iteration" if match["device"] else "device"
-        if not expected.startswith(rest):
+        expected = "Unexpected result" if match["iteration"] else "iteration -1" if match["device"] else "device 0"
+        if not expected.startswith(re.sub(r"\d+", lambda number: "1" if match["device"] else "0", rest)):
             return []
         fields = {k: v for k, v in match.groupdict().items() if v is not None and k != "rest"}
         return [(at, self._make(fields, result=None, form="raise", span=(at, len(self.line)), cut=True))]
@@ -252,7 +253,11 @@ def _partial(line: str, low: int, at: int) -> re.Match | None:
 
 
 def _message_at(line: str, at: int) -> tuple[str, int, bool] | None:
-    """The known message that starts at `at`: (its text, where it ends, cut short); None: not one."""
+    """The known message that starts at `at`: (its text, where it ends, cut short); None: not one. A message cut at
+    its start (`NaN in local ...`) is read as `found NaN in local ...`, cut short."""
+    if not line.startswith(("found ", "Spiky"), at):
+        read = _message_at("found " + line[at:], 0)
+        return None if read is None else (read[0], at + read[1] - len("found "), True)
     for pattern in _MESSAGES:
         match = pattern.match(line, at)
         if match is not None:

@@ -39,7 +39,7 @@ MAX_RANKS = 4096  # distinct ranks of later errors kept
 MAX_VERDICTS = 64  # rerun verdict lines kept
 STDIN = "-"
 
-_MARKER = re.compile(rb"Unexpected|found (?:NaN|Inf|unexpected)|rerun: unexpected|Possible (?:tran|pers)|Correct result")
+_MARKER = re.compile(rb"Unexpected|(?:NaN|Inf) in local |found unexpected|rerun: unexpected|Possible (?:tran|pers)|Correct result")
 _LAST = re.compile(_MARKER.pattern + rb"|Rank ")  # the last line may be cut inside the error's prefix
 # CSI (colours, ESC[K, cursor moves), OSC (window titles, links) ended by BEL or ESC \, and two-byte escapes
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
@@ -77,12 +77,14 @@ class Found:
             line, the log's last traceback.
         others: the ranks of the later errors, other than the first's (at most MAX_RANKS), ascending.
         rerun: the rerun state machine's last word on it (None: the log has no verdict).
+        raw: the context's lines with their log prefixes (which name a framework: facts.frameworks.TEXTS).
     """
 
     failure: Failure | None
     context: list[str]
     others: list[int] = field(default_factory=list)
     rerun: Rerun | None = None
+    raw: list[str] = field(default_factory=list)
 
 
 class _Scanner:
@@ -95,6 +97,7 @@ class _Scanner:
         self.lines = 0  # newlines before the next block
         self.first: Failure | None = None
         self.context: list[str] = []
+        self.raw: list[str] = []
         self.ranks: set[int] = set()
         self.verdicts: list[Rerun] = []
 
@@ -115,11 +118,11 @@ class _Scanner:
             self.carry = b""
         rerun = last_word(self.verdicts)
         if self.first is None:
-            context = _traceback_lines(self.tail, whole=True)
-            if rerun is None and not any(_TRACEBACK in line for line in context):
+            raw = _traceback_lines(self.tail, whole=True)
+            if rerun is None and not any(_TRACEBACK in line for line in raw):
                 return None
-            return Found(None, context, sorted(self.ranks), rerun)
-        return Found(self.first, self.context, sorted(self.ranks), rerun)
+            return Found(None, _context(raw), sorted(self.ranks), rerun, raw)
+        return Found(self.first, self.context, sorted(self.ranks), rerun, self.raw)
 
     def _block(self, block: bytes, marker: re.Pattern, last: bool = False) -> None:
         """The lines of `block` that hold `marker`; then what to keep of it."""
@@ -146,18 +149,26 @@ class _Scanner:
         found = list(line_failures(text, number, self.origin, last=last))
         if not found:
             return
+        if self.first is not None and _fuller(found[0], self.first):  # a summary line, then the error itself
+            self.first = None
         if self.first is None:
             self.first = found[0]
             tag = _RANK_TAG.search(text)
-            before = _traceback_lines(self.tail + block[:start], rank=None if tag is None else tag[1])
-            self.context = before + [strip_prefix(text)]
+            self.raw = _traceback_lines(self.tail + block[:start], rank=None if tag is None else tag[1]) + [text]
+            self.context = _context(self.raw)
         for failure in found:
             if failure.rank is not None and failure.rank != self.first.rank and len(self.ranks) < MAX_RANKS:
                 self.ranks.add(failure.rank)
 
 
+def _fuller(new: Failure, first: Failure) -> bool:
+    """`new` is `first`'s error said in full: the same check, and the rank `first` does not name."""
+    same = (new.check is None) == (first.check is None) and (new.check is None or new.check.id == first.check.id)
+    return same and first.rank is None and new.rank is not None
+
+
 def _traceback_lines(before: bytes, whole: bool = False, rank: str | None = None) -> list[str]:
-    """The cleaned lines of `before` from its last traceback header (all of them if it has none).
+    """The cleaned lines of `before` from its last traceback header (all of them if it has none), log prefixes kept.
 
     Args:
         whole: `before` ends with a line of the traceback (not with the error line's newline).
@@ -171,8 +182,13 @@ def _traceback_lines(before: bytes, whole: bool = False, rank: str | None = None
         lines = [line for line in lines if (tag := _RANK_TAG.search(line)) is None or tag[1] == rank]
     for i in range(len(lines) - 1, -1, -1):
         if _TRACEBACK in lines[i]:
-            return [_TRACEBACK] + [strip_prefix(line) for line in lines[i + 1 :] if line.strip()]
-    return [strip_prefix(line) for line in lines]
+            return [lines[i]] + [line for line in lines[i + 1 :] if line.strip()]
+    return lines
+
+
+def _context(raw: list[str]) -> list[str]:
+    """The traceback's lines as Python printed them: log prefixes gone, its header alone on its line."""
+    return [_TRACEBACK if _TRACEBACK in line else strip_prefix(line) for line in raw]
 
 
 def scan(chunks: Iterable[bytes], origin: str = "traceback") -> Found | None:

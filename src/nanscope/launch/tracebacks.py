@@ -59,7 +59,7 @@ def read_traceback(path: str) -> Traceback:
 
 def _traceback(found: Found | None, origin: str) -> Traceback:
     frames, ip = parse_frames(found.context) if found is not None else ([], None)
-    framework = framework_of(frames, found.context if found is not None else [])
+    framework = framework_of(frames, found.raw if found is not None else [])
     known = any(core_frame(frame.path, 0, "") for frame in frames)
     if found is None or (found.failure is None and found.rerun is None and not known and framework is UNKNOWN):
         raise UserError(
