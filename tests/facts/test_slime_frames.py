@@ -22,9 +22,13 @@ CALLEES = {  # the next frame's call in each function
 
 def _calls(tree: ast.Module, function: str, callees: tuple[str, ...]) -> set[tuple[int, int]]:
     if function == "<module>":
-        nodes = [n for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(stmt)]
+        nodes = [
+            n for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(stmt)
+        ]
     else:
-        nodes = [n for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == function for n in ast.walk(f)]
+        nodes = [
+            n for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == function for n in ast.walk(f)
+        ]
     return {(n.lineno, n.end_lineno) for n in nodes if isinstance(n, ast.Call) and ast.unparse(n.func) in callees}
 
 

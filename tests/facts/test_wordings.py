@@ -136,7 +136,9 @@ STATED = {  # what each form says of the failing rank
 
 
 def _line(form: str, release: str, message: str) -> str:
-    values = dict(rank=50, node="dgx172", device=2, iteration=-1, result="nan", message=message.replace("{bucket}", "3"))
+    values = dict(
+        rank=50, node="dgx172", device=2, iteration=-1, result="nan", message=message.replace("{bucket}", "3")
+    )
     values |= dict(file=FILE, lineno=188, invocation=2, ts=TS, job="4242", status="rerun_disabled")
     values["spelling"] = "invocation" if release in NEW else "invokation"
     return getattr(wordings, form.upper().replace("-", "_")).format(**values)
@@ -182,10 +184,10 @@ def test_the_assertions_before_the_rerun_state_machine(check, message, releases)
 @pytest.mark.parametrize(("check", "message"), MESSAGES + [("clip-grad-norm-nan", CLIP_NONFINITE)])
 def test_a_message_alone_with_or_without_quotes(check, message):
     text = message.replace("{bucket}", "0")
-    quoted = [f"(message='{text}')", f"message='{text}'"]
+    texts = [f"(message='{text}')", f"message='{text}'"]
     if check != "spiky-loss":  # `Spiky loss` alone is any text's: only Megatron's `message='...'` names the check
-        quoted += [text, f"'{text}'", f'"{text}"', f"`{text}`", f"title: {text}'"]
-    for quoted in quoted:
+        texts += [text, f"'{text}'", f'"{text}"', f"`{text}`", f"title: {text}'"]
+    for quoted in texts:
         found = list(failures(quoted))
         assert [(f.format, f.check.id, f.truncated) for f in found] == [("message", check, False)], quoted
 

@@ -23,9 +23,9 @@ from nanscope.errors import UserError
 from nanscope.facts import releases
 from nanscope.inputs import MiB, read_text
 from nanscope.launch import Diagnosis, diagnose
+from nanscope.launch.logs import STDIN
 from nanscope.launch.script import parse_env
 from nanscope.launch.script.bounds import OPTION
-from nanscope.launch.logs import STDIN
 from nanscope.launch.tracebacks import read_traceback
 from nanscope.report import files
 from nanscope.report.doctor.document import to_dict
@@ -126,7 +126,9 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
     if args.case and args.script:
         raise UserError("give a launch script or --case, not both")
     if not args.case and not args.script and not args.traceback:
-        raise UserError("give a launch script, a --traceback FILE (- for standard input), or both (or --case slime-795)")
+        raise UserError(
+            "give a launch script, a --traceback FILE (- for standard input), or both (or --case slime-795)"
+        )
     env = parse_env(args.env)
     if not args.case:
         return args.script, env, args.model, args.traceback

@@ -26,7 +26,13 @@ PATHS: dict[str, tuple[str, ...]] = {
     MS_SWIFT: ("/swift/megatron/", "/swift/cli/", "/swift/llm/", "/swift/trainers/"),
     PAI: ("/megatron_patch/",),
     NEMO: ("/nemo/lightning/", "/nemo/collections/", "/megatron/bridge/", "/nemo/core/"),
-    MEGATRON_LM: ("/megatron/training/", "/pretrain_gpt.py", "/pretrain_mamba.py", "/train_rl.py", "/megatron/training.py"),
+    MEGATRON_LM: (
+        "/megatron/training/",
+        "/pretrain_gpt.py",
+        "/pretrain_mamba.py",
+        "/train_rl.py",
+        "/megatron/training.py",
+    ),
 }
 # framework -> texts in a log line that name it (a Ray actor, a logger's prefix)
 TEXTS: dict[str, tuple[str, ...]] = {

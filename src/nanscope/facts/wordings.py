@@ -149,7 +149,9 @@ class Form:
     means: str
 
 
-RAISE = "Rank {rank}, node {node}, device {device}, iteration {iteration}: Unexpected result {result} (message='{message}')"
+RAISE = (
+    "Rank {rank}, node {node}, device {device}, iteration {iteration}: Unexpected result {result} (message='{message}')"
+)
 ASSERT = "Rank {rank}: {message}. Device: {device}, node: {node}"
 LOG_AT_FILE = (
     "Unexpected result {result} at {file} line {lineno}, invokation #{invocation} at iteration #{iteration} "
@@ -188,7 +190,9 @@ FORMS: tuple[Form, ...] = (
         "a line of the RerunStateMachine's result-rejected tracker file (core 0.12 on)",
     ),
     Form("message", "{message}", None, False, "the check's message alone, without the line Megatron wraps it in"),
-    Form("rerun", "{verdict}", None, False, "only the rerun state machine's verdict: the error line is not in the input"),
+    Form(
+        "rerun", "{verdict}", None, False, "only the rerun state machine's verdict: the error line is not in the input"
+    ),
 )
 BY_FORM = {form.id: form for form in FORMS}
 # Where each assertion's message is (core 0.4 to 0.9), by check id.
@@ -236,36 +240,36 @@ VERDICTS: tuple[Verdict, ...] = (
         "first-not",
         "First rerun: unexpected result is not reproducible",
         "first",
-        False,
-        "transient",
-        "rerun on the same GPU, the step was finite: a transient fault (the device, a link), not the data or the "
+        reproducible=False,
+        verdict="transient",
+        means="rerun on the same GPU, the step was finite: a transient fault (the device, a link), not the data or the "
         "model (Megatron: 'Possible transient error')",
     ),
     Verdict(
         "first-yes",
         "First rerun: unexpected result is reproducible",
         "first",
-        True,
-        "reproducible-same-gpu",
-        "rerun on the same GPU, the same result: deterministic on that GPU; Megatron checkpoints and reruns it on "
+        reproducible=True,
+        verdict="reproducible-same-gpu",
+        means="rerun on the same GPU, the same result: deterministic on that GPU; Megatron checkpoints and reruns it on "
         "another GPU to tell a faulty GPU from the computation",
     ),
     Verdict(
         "second-not",
         "Second rerun: unexpected result is not reproducible",
         "second",
-        False,
-        "persistent-fault",
-        "on another GPU the step was finite: the first GPU computes it wrong every time (Megatron: 'Possible "
+        reproducible=False,
+        verdict="persistent-fault",
+        means="on another GPU the step was finite: the first GPU computes it wrong every time (Megatron: 'Possible "
         "persistent error'); the device, not the data or the model",
     ),
     Verdict(
         "second-yes",
         "Second rerun: unexpected result is reproducible",
         "second",
-        True,
-        "application",
-        "another GPU gives the same result: the value is what the computation makes of this data (Megatron: "
+        reproducible=True,
+        verdict="application",
+        means="another GPU gives the same result: the value is what the computation makes of this data (Megatron: "
         "'Correct result (but possible Application error)'): the data, the loss or the model, not the hardware",
     ),
 )

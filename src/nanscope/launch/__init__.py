@@ -194,7 +194,7 @@ def _read_launch(script_path: str, *, env: dict, model, model_origin, model_args
     """Read and resolve the script; a node count it reads from an unset variable is inferred (launch.inference)."""
     script = parse_script(script_path, env, model_args, limit)
     text = inputs.read_text(script_path, "launch script", limit, OPTION)
-    release = choose(asked, script.path, text, script.argv, case_release, frames_release)
+    release = choose(asked, script.path, text, script.argv, case=case_release, frames=frames_release)
     kept = {placeholder.text: placeholder.reason for placeholder in script.placeholders if placeholder.kind == "limit"}
 
     def config_of(read: LaunchScript) -> Config:
@@ -212,7 +212,9 @@ def _read_launch(script_path: str, *, env: dict, model, model_origin, model_args
     cfg = config_of(script)
     reading = _Launch(script, cfg, release, dict(env))
     if "actor_num_nodes" in cfg.unknown:
-        _infer_nodes(reading, rank, lambda extra: parse_script(script_path, {**env, **extra}, model_args, limit), config_of)
+        _infer_nodes(
+            reading, rank, lambda extra: parse_script(script_path, {**env, **extra}, model_args, limit), config_of
+        )
     return reading
 
 
@@ -287,7 +289,9 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
         "layers), to read the flags that enable or rule out each cause, and to check the frames against the layout"
     )
     if rank is not None:
-        diagnosis.notes.append(f"--rank {rank}: a rank is placed in a launch's layout; without a launch script it is not")
+        diagnosis.notes.append(
+            f"--rank {rank}: a rank is placed in a launch's layout; without a launch script it is not"
+        )
     diagnosis.explanations = _explain_alone(traceback)
     diagnosis.notes += _traceback_notes(diagnosis, "traceback")
     return diagnosis
@@ -359,7 +363,9 @@ def _traceback_notes(diagnosis: Diagnosis, traceback_origin: str) -> list[str]:
     elif check is not None and cfg is not None and check.quantity == "gradient" and not cfg["check_for_nan_in_loss_and_grad"]:  # fmt: skip
         off = "--check-for-nan-in-loss-and-grad, which this launch turns off"
     if off is not None:
-        notes.append(f"the traceback's check ({check.id}) runs only under {off}: the traceback may come from another launch")
+        notes.append(
+            f"the traceback's check ({check.id}) runs only under {off}: the traceback may come from another launch"
+        )
     if traceback is not None and traceback.other_ranks:
         shown, more = traceback.other_ranks[:_RANKS_SHOWN], len(traceback.other_ranks) - _RANKS_SHOWN
         first = f"the first, rank {failure.rank}, is explained" if failure is not None else "the first is explained"

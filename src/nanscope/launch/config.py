@@ -207,7 +207,9 @@ def resolve(
             cfg.unknown[spec.name] = text
             default = spec.default_at(release)
             origin = f"unknown: the script gives {_short(text)!r}, which reads variables it never sets"
-            cfg.values[spec.name] = Value(default, f"{origin}; {'no value' if default is None else 'the default'} assumed")
+            cfg.values[spec.name] = Value(
+                default, f"{origin}; {'no value' if default is None else 'the default'} assumed"
+            )
         elif spec.spelling in given:
             value = _convert(spec, given[spec.spelling], unset or {}, kept or {})
             if spec.choices_at(release) and value not in spec.choices_at(release):

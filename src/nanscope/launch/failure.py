@@ -31,7 +31,9 @@ _END = "')"
 _MAX_DIGITS = 18  # a number with more digits is not a rank, device, iteration or line Megatron prints
 _WINDOW = 512  # characters read before a marker (a prefix) or after it (a result, a location)
 # `Rank R, node N, device D, iteration I: ` (core 0.12 on), whole; a part of it is read in a window (`_partial`).
-_FULL = re.compile(r"Rank (?P<rank>\d+), node (?P<node>[^\s,]+), device (?P<device>\d+|cpu), iteration (?P<iteration>-?\d+): ")
+_FULL = re.compile(
+    r"Rank (?P<rank>\d+), node (?P<node>[^\s,]+), device (?P<device>\d+|cpu), iteration (?P<iteration>-?\d+): "
+)
 _PARTIAL = re.compile(
     r"(?:Rank (?P<rank>\d{1,18}), )?(?:node (?P<node>[^\s,]+), )?(?:device (?P<device>\d{1,18}|cpu), )?"
     r"(?:iteration (?P<iteration>-?\d{1,18}): )?"
@@ -48,7 +50,9 @@ _LOCATIONS = (
     (" on rank ", _ON_RANK_CUT, "log-on-rank"),
 )
 # A check's message starts here: whole, or cut at its start (`NaN in local forward loss`, an issue title's words).
-_FOUND = re.compile(r"(?:found )?(?:NaN|Inf) in local (?=grad norm|forward loss)|found unexpected large|(?<=message=')Spiky loss")
+_FOUND = re.compile(
+    r"(?:found )?(?:NaN|Inf) in local (?=grad norm|forward loss)|found unexpected large|(?<=message=')Spiky loss"
+)
 _ASSERT_RANK = re.compile(r"Rank (?P<rank>\d{1,18}): \Z")
 _DEVICE_NODE = re.compile(r"\. Device: (?P<device>\d{1,18}|cpu)(?:, node: (?P<node>[^\s,'\"`)]+))?")
 _TRACKER = re.compile(r"node=(?P<node>\S+) device=(?P<device>\S+) jobID=\S+ rank=(?P<rank>\d{1,18}) iteration=(?P<iteration>-?\d{1,18}) status=(?P<status>\S+) result=(?P<result>.*) message='")  # fmt: skip
@@ -57,7 +61,9 @@ _LOG_RANK = re.compile(r"\[rank(?P<rank>\d{1,18})\]:")  # torchrun's `[rank14]: 
 _CUT = re.compile(r"Rank (?P<rank>\d{1,18}), node (?P<node>[^\s,]+)(?:, device (?P<device>\d{1,18}|cpu)(?:, iteration (?P<iteration>-?\d{1,18}))?)?(?P<rest>.*)")  # fmt: skip
 # Each message with `#{bucket}` as a group, to read it at a marker.
 _MESSAGES = tuple(
-    re.compile(re.escape(message).replace(r"\#\{bucket\}", r"#\d{1,18}")) for check in CHECKS for message in check.messages
+    re.compile(re.escape(message).replace(r"\#\{bucket\}", r"#\d{1,18}"))
+    for check in CHECKS
+    for message in check.messages
 )
 
 
@@ -202,7 +208,11 @@ class _Line:
                 end = tail.end()
             self._digits(fields)
             start = asserted.start()
-            return start, self._make(fields, result=None, form="assert", span=(start, end), message=message, cut=cut), end
+            return (
+                start,
+                self._make(fields, result=None, form="assert", span=(start, end), message=message, cut=cut),
+                end,
+            )
         if line.endswith("message='", low, at):
             low = max(0, at - _WINDOW)
             node = line.rfind("node=", low, at)

@@ -35,7 +35,10 @@ def smallest_world(sizes: Sizes, gpus_per_node: int, rank: int | None) -> tuple[
     unit = math.lcm(dense, expert, gpus_per_node)
     need = 1 if rank is None else rank + 1
     world = unit * -(-need // unit)
-    parts = [f"TP{sizes.tp}·PP{sizes.pp}·CP{sizes.cp} = {dense}", f"ETP{sizes.etp}·EP{sizes.ep}·PP{sizes.pp} = {expert}"]
+    parts = [
+        f"TP{sizes.tp}·PP{sizes.pp}·CP{sizes.cp} = {dense}",
+        f"ETP{sizes.etp}·EP{sizes.ep}·PP{sizes.pp} = {expert}",
+    ]
     held = "the smallest world" if rank is None else f"the smallest world that holds rank {rank}"
     why = (
         f"{held}: a multiple of {', of '.join(parts)} and of {gpus_per_node} GPUs per node (lcm {unit}), "

@@ -39,7 +39,9 @@ MAX_RANKS = 4096  # distinct ranks of later errors kept
 MAX_VERDICTS = 64  # rerun verdict lines kept
 STDIN = "-"
 
-_MARKER = re.compile(rb"Unexpected|(?:NaN|Inf) in local |found unexpected|rerun: unexpected|Possible (?:tran|pers)|Correct result")
+_MARKER = re.compile(
+    rb"Unexpected|(?:NaN|Inf) in local |found unexpected|rerun: unexpected|Possible (?:tran|pers)|Correct result"
+)
 _LAST = re.compile(_MARKER.pattern + rb"|Rank ")  # the last line may be cut inside the error's prefix
 # CSI (colours, ESC[K, cursor moves), OSC (window titles, links) ended by BEL or ESC \, and two-byte escapes
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")

@@ -72,11 +72,11 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
     return Traceback(
         failure,
         annotate(frames, framework),
-        ip,
-        found.others,
-        found.rerun,
-        read_frames(frames),
-        framework,
+        ray_ip=ip,
+        other_ranks=found.others,
+        rerun=found.rerun,
+        evidence=read_frames(frames),
+        framework=framework,
     )
 
 
@@ -85,9 +85,18 @@ def _from_verdict(rerun: Rerun | None) -> Failure | None:
     if rerun is None or rerun.rank is None:
         return None
     return Failure(
-        rerun.rank, rerun.node, rerun.device, rerun.iteration, None, None, "", None, rerun.text, line=rerun.line,
+        rank=rerun.rank,
+        node=rerun.node,
+        device=rerun.device,
+        iteration=rerun.iteration,
+        result=None,
+        kind=None,
+        message="",
+        bucket=None,
+        text=rerun.text,
+        line=rerun.line,
         format="rerun",
-    )  # fmt: skip
+    )
 
 
 def _merge(failure: Failure | None, rerun: Rerun | None) -> None:

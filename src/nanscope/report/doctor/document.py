@@ -14,7 +14,9 @@ def to_dict(diagnosis) -> dict:
         "slime_release": release_dict(diagnosis),
         "framework": diagnosis.framework.to_dict(),
         "inputs": _inputs(diagnosis),
-        "config": None if cfg is None else {name: {"value": v.value, "origin": v.origin} for name, v in cfg.values.items()},
+        "config": None
+        if cfg is None
+        else {name: {"value": v.value, "origin": v.origin} for name, v in cfg.values.items()},
         "topology": None if diagnosis.topology is None else _topology(diagnosis),
         "failing_rank": None if diagnosis.failing is None else _rank(diagnosis.failing),
         "failure": None if traceback is None else _failure(traceback.failure, traceback.rerun),

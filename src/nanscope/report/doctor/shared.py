@@ -61,7 +61,11 @@ def release_line(diagnosis) -> str:
         return f"slime release {choice.release.name} ({choice.how}: {choice.source})"
     framework = diagnosis.framework
     release = framework.release or ("release unknown" if framework.name != "unknown" else "")
-    return f"framework {framework.name}" + (f" {release}" if framework.release else f", {release}" if release else "") + f" ({framework.how})"
+    return (
+        f"framework {framework.name}"
+        + (f" {release}" if framework.release else f", {release}" if release else "")
+        + f" ({framework.how})"
+    )
 
 
 def failure_lines(diagnosis) -> list[str]:
@@ -81,7 +85,9 @@ def failure_lines(diagnosis) -> list[str]:
         out.append("no error line: the traceback ends before it")
     rerun = traceback.rerun
     if rerun is not None:
-        out.append(f"rerun verdict: {rerun.verdict} ({rerun.rerun} rerun{', ' + rerun.values if rerun.values else ''}): {rerun.means}")
+        out.append(
+            f"rerun verdict: {rerun.verdict} ({rerun.rerun} rerun{', ' + rerun.values if rerun.values else ''}): {rerun.means}"
+        )
     else:
         out.append("rerun verdict: none in the input (slime and most jobs run the RerunStateMachine disabled)")
     return out

@@ -66,7 +66,9 @@ def _rank_sentences(diagnosis) -> list[str]:
     reported = failure is not None and failure.rank == rank.rank
     if reported:
         device = failure.device if failure.device is not None else rank.local_device
-        node = f"node {failure.node} (node index {rank.node_index})" if failure.node else f"node index {rank.node_index}"
+        node = (
+            f"node {failure.node} (node index {rank.node_index})" if failure.node else f"node index {rank.node_index}"
+        )
         where = f"on {node}, device {device}"
         what = f" {_what_it_found(failure)}, {where}."
     else:
