@@ -231,3 +231,26 @@ def test_nul_bytes_around_a_real_error_line_still_read(tmp_path, capsys):
     path.write_bytes(b"\0" * 1000 + b"\n" + (REPORTS / "nemo-14348.log").read_bytes() + b"\0" * 1000)
     doc, _ = _doctor(path, tmp_path, capsys)
     assert (doc["failure"]["rank"], doc["failure"]["check"]) == (4, "grad-norm-nan")
+
+
+def test_contradictions_with_the_script_are_stated(tmp_path, capsys):
+    """The case's launch (PP 4, 1F1B, slime v0.1.0) with THUDM/slime#795's Qwen3-32B comment (PP 1, lines of no
+    release) and with THUDM/slime#2073 (slime main)."""
+    out = tmp_path / "d.json"
+    argv = ["doctor", "--case", "slime-795", "--json", str(out), "--traceback"]
+    assert main([*argv, str(REPORTS / "slime-795-qwen3-32b.txt")]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["contradictions"] == [
+        "the frames run forward_backward_no_pipelining (PP 1) but the script sets --pipeline-model-parallel-size 4"
+    ]
+    assert main([*argv, str(REPORTS / "slime-2073.log")]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["contradictions"] == [
+        "the frames run forward_backward_no_pipelining (PP 1) but the script sets --pipeline-model-parallel-size 4",
+        "the frames are slime main's lines but the diagnosis uses v0.1.0 (case: the bundled case ran slime v0.1.0; "
+        "pass --slime-version to choose another)",
+    ]
+    assert main([*argv, str(REPORTS / "roll-193.log")]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["contradictions"][-1].startswith("the traceback's frames are roll's (frames under roll/distributed/")
+    assert "contradictions - the frames run forward_backward_no_pipelining" in " ".join(capsys.readouterr().out.split())

@@ -46,7 +46,8 @@ class LaunchScript:
 
     Attributes:
         path: the script.
-        train_script: the python file after `python3`, e.g. `deepresearch/train.py`.
+        train_script: the python file after `python3` (e.g. `deepresearch/train.py`), `-m <module>`
+            (`-m verl.trainer.main_ppo`), or a training CLI (`megatron sft`).
         argv: the resolved arguments after the train script (one string per shell word).
         launcher: the words before `python3` on that command, e.g. `ray job submit ... --`.
         line: 1-based line where the train command starts.
@@ -99,8 +100,8 @@ def parse_script(
         hint = f" (tree-sitter reported syntax errors at lines {_lines(reader.errors)})" if reader.errors else ""
         hint += reader.budget.stop_hint() + reader.calls.uncalled_hint()
         raise UserError(
-            f"{path}: no train command found: expected `python3 <train script>.py ...`, "
-            f"directly or after `ray job submit ... --`{hint}"
+            f"{path}: no train command found: expected `python3 <train script>.py ...` (or `python3 -m <module>`, "
+            f"`torchrun ... <script>.py`, `megatron sft ...`), directly or after `ray job submit ... --`{hint}"
         )
     if model_args is not None and reader.model_args is not None:
         reader.assumptions.append(f"--model-args {model_args}: not used (no `source` in the script was missing)")

@@ -51,7 +51,8 @@ class Source:
 
 @dataclass
 class TrainCommand:
-    """The `python3 <train script>.py ...` command: its script, its arguments, the words before it, its line."""
+    """The training command: its script (or `-m module`, or a CLI such as `megatron sft`), its arguments, the words
+    before it (`ray job submit ... --`, `torchrun --nproc_per_node 8`), its line."""
 
     script: str
     argv: list[str]
@@ -385,13 +386,51 @@ def _is_file(path: Path) -> bool:
 
 
 def _train_command(words: list[str]) -> tuple[str, list[str], list[str]] | None:
-    """Find `python[3] [-opts] <script>.py args...` in one command's words."""
+    """Find the training command in one command's words: `python[3] [-opts] <script>.py args...` or `python3 -m
+    <module> args...`, the same after a launcher (torchrun, deepspeed, accelerate launch: its options are skipped),
+    or a training CLI (`megatron sft ...`, `swift rlhf ...`, `nemo llm pretrain ...`): (script, args, words before)."""
     for i, word in enumerate(words):
-        if not _PYTHON.match(os.path.basename(word)):
-            continue
-        j = i + 1
-        while j < len(words) and words[j].startswith("-") and words[j] not in ("-m", "-c"):
-            j += 1
-        if j < len(words) and words[j].endswith(".py"):
-            return words[j], words[j + 1 :], words[:i]
+        name = os.path.basename(word)
+        if _PYTHON.match(name):
+            found = _python_args(words, i + 1)
+            if found is not None:
+                return found[0], found[1], words[:i]
+        elif name in _LAUNCHERS:
+            found = _launched(words, i + 1)
+            if found is not None:
+                return found[0], found[1], words[:i]
+        elif name in _CLIS and i + 1 < len(words) and words[i + 1] in _CLIS[name]:
+            return f"{name} {words[i + 1]}", words[i + 2 :], words[:i]
+    return None
+
+
+# Launchers whose options come before the training script or module; training CLIs and their subcommands.
+_LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "torch.distributed.run", "torch.distributed.launch")
+_CLIS = {
+    "megatron": ("sft", "pt", "rlhf", "rlhf_grpo"),  # ms-swift's Megatron backend
+    "swift": ("sft", "pt", "rlhf"),
+    "nemo": ("llm",),
+}
+
+
+def _python_args(words: list[str], j: int) -> tuple[str, list[str]] | None:
+    """After `python3`: `[-opts] <script>.py args` or `-m <module> args`; None for `-c` and anything else."""
+    while j < len(words) and words[j].startswith("-") and words[j] not in ("-m", "-c"):
+        j += 1
+    if j < len(words) and words[j].endswith(".py"):
+        return words[j], words[j + 1 :]
+    if j + 1 < len(words) and words[j] == "-m" and words[j + 1] not in ("pip", "torch.distributed.run"):
+        return f"-m {words[j + 1]}", words[j + 2 :]
+    if j + 1 < len(words) and words[j] == "-m":  # python -m torch.distributed.run ...: a launcher
+        return _launched(words, j + 2)
+    return None
+
+
+def _launched(words: list[str], j: int) -> tuple[str, list[str]] | None:
+    """After a launcher: its options, then `<script>.py args` or `-m/--module <module> args`."""
+    for k in range(j, len(words)):
+        if words[k].endswith(".py") and not words[k].startswith("-"):
+            return words[k], words[k + 1 :]
+        if words[k] in ("-m", "--module") and k + 1 < len(words):
+            return f"-m {words[k + 1]}", words[k + 2 :]
     return None
