@@ -169,14 +169,9 @@ def test_a_verdict_of_a_transient_fault_leaves_the_device(tmp_path, capsys):
     assert (doc["failure"]["rank"], doc["failure"]["node"], doc["failure"]["device"]) == (2, "n4", 2)
     assert doc["failure"]["rerun"]["verdict"] == "transient"
     status = {c["id"]: c["status"] for c in doc["candidates"]}
-    assert status == {
-        "activation-overflow": "ruled-out",
-        "backward-only-fault": "ruled-out",
-        "transient-fault": "enabled",
-        "moe-aux-loss": "ruled-out",
-        "moe-zero-token-expert": "ruled-out",
-        "moe-router-logits": "ruled-out",
-    }
+    # not reproducible on the same GPU: the device (and a race, which is timing) stay; what reproduces is out
+    assert [name for name, s in status.items() if s != "ruled-out"] == ["transient-fault", "grad-reduce-overlap-race"]
+    assert status["transient-fault"] == "enabled" and status["library-regression"] == "ruled-out"
 
 
 def test_a_traceback_cut_before_its_error_line_still_shows_its_frames(tmp_path, capsys):

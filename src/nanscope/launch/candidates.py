@@ -29,6 +29,8 @@ from nanscope.facts.flags import BY_NAME, SCRIPT
 from nanscope.facts.paths import HOOK_PATH
 from nanscope.launch import moe
 from nanscope.launch.config import Config
+from nanscope.launch.flagview import FlagView
+from nanscope.launch.reported import Context, reported
 from nanscope.launch.status import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE
 
 
@@ -76,7 +78,50 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
     for cause in immune.IMMUNE:
         evidence = [f"slime {cfg.release} is immune: {cause.why}", *cause.evidence]
         out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
+    view = FlagView(cfg.given, {flag: " ".join([flag, *words]) for flag, words in cfg.given.items()})
+    context = Context(
+        "slime",
+        view,
+        pp=cfg["pipeline_model_parallel_size"],
+        cp=cfg["context_parallel_size"],
+        core=core_of(traceback),
+        unread=bool(cfg.unread),
+    )
+    out += reported_candidates(context, traceback)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
+
+
+def core_of(traceback) -> tuple[str, ...] | None:
+    """The megatron-core releases the traceback fits: its frames' lines, else its error line's form."""
+    if traceback is None:
+        return None
+    if traceback.evidence.core_releases:
+        return traceback.evidence.core_releases
+    failure = traceback.failure
+    return failure.releases if failure is not None and failure.releases else None
+
+
+def reported_candidates(context: Context, traceback, script: bool = True) -> list[Candidate]:
+    """The causes real reports had (launch.reported), the rerun verdict applied (`script` False: no flag read, so no
+    flag enables one)."""
+    out = []
+    failure = None if traceback is None else traceback.failure
+    for cause, status, evidence in reported(context):
+        if not script and status == ENABLED:
+            status, evidence = UNDECIDABLE, ["no launch script: the flags that decide it are unknown"]
+        check = None if failure is None else failure.check
+        if check is not None and status != RULED_OUT and check.value not in cause.makes:
+            found = "a finite value, unexpectedly large" if check.value == "large" else check.value
+            status, evidence = (
+                RULED_OUT,
+                evidence + [f"the traceback's check found {found}; this cause makes only {' or '.join(cause.makes)}"],
+            )
+        rerun = None if traceback is None else traceback.rerun
+        if rerun is not None and status != RULED_OUT:
+            status, evidence = _by_verdict(cause, rerun, status, evidence)
+        discriminator = None if status == RULED_OUT else cause.discriminator
+        out.append(Candidate(cause.name, status, [*evidence, *cause.evidence], discriminator, cause.cause_class))
+    return out
 
 
 def without_flags(traceback, framework, release) -> list[Candidate]:
@@ -97,6 +142,8 @@ def without_flags(traceback, framework, release) -> list[Candidate]:
         for cause in immune.IMMUNE:
             evidence = [f"slime {key} is immune: {cause.why}", *cause.evidence]
             out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
+    context = Context(framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False)
+    out += reported_candidates(context, traceback, script=False)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 
@@ -119,7 +166,7 @@ def _by_verdict(hazard, rerun, status: str, evidence: list[str]) -> tuple[str, l
     device = hazard.cause_class == HARDWARE
     if rerun.verdict in ("transient", "persistent-fault"):
         return (ENABLED, evidence + [said]) if device else (RULED_OUT, evidence + [said])
-    if device and (rerun.verdict == "application" or hazard.fault_once):
+    if device and (rerun.verdict == "application" or getattr(hazard, "fault_once", False)):
         return RULED_OUT, evidence + [said]
     return status, evidence
 

@@ -88,6 +88,11 @@ def choose(
     return _by_flags(argv) or _assumed("nothing in the script names a release")
 
 
+def named_release(text: str) -> bool:
+    """The text names a slime release (known or not): evidence that the script is slime's."""
+    return _NAMED.search(text) is not None
+
+
 def _assumed(why: str) -> Choice:
     return Choice(releases.DEFAULT, "assumed", f"{why}; {OVERRIDE}")
 

@@ -59,6 +59,7 @@ class LaunchScript:
         syntax_errors: 1-based lines where tree-sitter reported an error node.
         assumptions: conditions that could not be decided statically, and what was assumed.
         limits: values that hit a reading cap, overflowed or that bash would reject, kept as text.
+        command_env: the `NAME=value` words before the train command (its own environment).
     """
 
     path: str
@@ -74,6 +75,7 @@ class LaunchScript:
     syntax_errors: list[int] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     limits: list[str] = field(default_factory=list)
+    command_env: dict[str, str] = field(default_factory=dict)
 
 
 def parse_script(
@@ -121,6 +123,7 @@ def parse_script(
         syntax_errors=reader.errors,
         assumptions=reader.assumptions,
         limits=reader.budget.all_notes(),
+        command_env=train.env,
     )
 
 

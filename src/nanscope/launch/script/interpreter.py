@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanscope import inputs
@@ -58,6 +58,7 @@ class TrainCommand:
     argv: list[str]
     launcher: list[str]
     line: int
+    env: dict[str, str] = field(default_factory=dict)  # `NPROC_PER_NODE=8 NNODES=2 megatron sft ...`
 
 
 class Interpreter:
@@ -297,7 +298,23 @@ class Interpreter:
         found = _train_command(words)
         if found is not None:
             script, argv, launcher = found
-            self.train = TrainCommand(script, argv, launcher, line(node))
+            self.train = TrainCommand(script, argv, launcher, line(node), self._prefix_env(node))
+
+    def _prefix_env(self, node) -> dict[str, str]:
+        """The `NAME=value` words before a command: its own environment (the script's variables are not changed)."""
+        env = {}
+        for child in node.named_children:
+            if child.type != "variable_assignment":
+                continue
+            name, value = child.child_by_field_name("name"), child.child_by_field_name("value")
+            if name is None or name.type != "variable_name":
+                continue
+            try:
+                assigned = self._assigned(name.text.decode(), value, False)
+            except Cap:
+                continue
+            env[name.text.decode()] = assigned if isinstance(assigned, str) else " ".join(map(str, assigned))
+        return env
 
     # ---- conditions --------------------------------------------------------------------------
 
