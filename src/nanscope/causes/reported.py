@@ -55,7 +55,7 @@ GRAD_REDUCE_RACE = Reported(
         f"{_CORE} 0.15.0rc0 distributed/param_and_grad_buffer.py:357-358, :382 (start_grad_sync: under "
         "overlap_grad_reduce the reduce is issued async, on the communication stream)",
     ),
-    HARDWARE,
+    cause_class=HARDWARE,
 )
 LIBRARY_REGRESSION = Reported(
     "library-regression",
@@ -72,7 +72,7 @@ LIBRARY_REGRESSION = Reported(
         "alibaba/Pai-Megatron-Patch#680 (NaN loss at the first iteration; fixed by the 25.06 container)",
         "alibaba/ROLL#398 (NaN with torch 2.8 + vLLM 0.10.2, finite with torch 2.6 + vLLM 0.8.4)",
     ),
-    MODEL_FORWARD,
+    cause_class=MODEL_FORWARD,
 )
 BAD_CHECKPOINT = Reported(
     "bad-checkpoint-resume",
@@ -87,7 +87,7 @@ BAD_CHECKPOINT = Reported(
         "THUDM/slime#1695 (resume: very high rollout log-prob diff for a few steps)",
         "NVIDIA/Megatron-LM#780 (NaN while continuing from a checkpoint)",
     ),
-    MODEL_FORWARD,
+    cause_class=MODEL_FORWARD,
 )
 CPU_OFFLOAD_OPTIMIZER = Reported(
     "cpu-offloaded-optimizer",
@@ -105,7 +105,7 @@ CPU_OFFLOAD_OPTIMIZER = Reported(
         "alibaba/ChatLearn#283 (optimizer state offloading wrong on TransformerEngine 1.13 and later)",
         "alibaba/Pai-Megatron-Patch#542 (a fix to optimizer offloading)",
     ),
-    OPTIMIZER,
+    cause_class=OPTIMIZER,
 )
 CP_ALL_MASKED = Reported(
     "cp-rank-all-masked",
@@ -121,7 +121,7 @@ CP_ALL_MASKED = Reported(
         f"{_CORE} 0.15.0rc0 pipeline_parallel/schedules.py:236 (output_tensor /= num_tokens); fixed by Megatron-LM "
         "1aef9f8e, 0.16.0 schedules.py:262",
     ),
-    LOSS_NUMERICS,
+    cause_class=LOSS_NUMERICS,
     makes=("NaN",),
 )
 EMPTY_MICRO_BATCH = Reported(
@@ -138,7 +138,7 @@ EMPTY_MICRO_BATCH = Reported(
         "ppo_micro_batch_size_per_gpu)",
         f"{_CORE} 0.15.0rc0 pipeline_parallel/schedules.py:236 (a micro-batch's loss / its token count, unclamped)",
     ),
-    LOSS_NUMERICS,
+    cause_class=LOSS_NUMERICS,
     makes=("NaN", "Inf"),
 )
 NON_FLASH_MASK_PP = Reported(
@@ -149,7 +149,7 @@ NON_FLASH_MASK_PP = Reported(
     ("--attention-backend other than flash (or no --use-flash-attn)", "--pipeline-model-parallel-size > 1"),
     "rerun with --attention-backend flash (or PP 1): the NaN goes away",
     ("alibaba/Pai-Megatron-Patch#60 (NaN grad norm when PP > 1 and flash attention is off)",),
-    MODEL_FORWARD,
+    cause_class=MODEL_FORWARD,
     makes=("NaN",),
 )
 SP_NEW_ARCHITECTURE = Reported(
@@ -164,7 +164,7 @@ SP_NEW_ARCHITECTURE = Reported(
         "modelscope/ms-swift#7941 (qwen3_next: high grad_norm with TP)",
         "NVIDIA/Megatron-LM#2597 (Qwen3-Next with MTP: NaN grad norm)",
     ),
-    MODEL_BACKWARD,
+    cause_class=MODEL_BACKWARD,
 )
 FP8_RECIPE = Reported(
     "fp8-fp4-recipe",
@@ -178,7 +178,7 @@ FP8_RECIPE = Reported(
         "verl-project/verl#6172 (FP8 end-to-end training on Blackwell)",
         "NVIDIA-NeMo/RL#3281 (fp8_param: the first step read uninitialised master-parameter shards)",
     ),
-    MODEL_FORWARD,
+    cause_class=MODEL_FORWARD,
 )
 
 REPORTED: tuple[Reported, ...] = (

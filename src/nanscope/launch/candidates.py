@@ -74,7 +74,7 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         if hazard is catalogue.HEALTHY:
             continue
         status, evidence = _status(hazard, cfg)
-        out.append(_judged(hazard, status, evidence, traceback, cfg))
+        out.append(judged(hazard, status, evidence, traceback, cfg))
     for cause in immune.IMMUNE:
         evidence = [f"slime {cfg.release} is immune: {cause.why}", *cause.evidence]
         out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
@@ -136,7 +136,7 @@ def without_flags(traceback, framework, release) -> list[Candidate]:
         if hazard is catalogue.HEALTHY or (not slime and hazard.level == "batch"):
             continue
         evidence = ["no launch script: the flags that decide it are unknown"]
-        out.append(_judged(hazard, UNDECIDABLE, evidence, traceback, None))
+        out.append(judged(hazard, UNDECIDABLE, evidence, traceback, None))
     if slime:
         key = release.release.key if release is not None else "(release unknown)"
         for cause in immune.IMMUNE:
@@ -147,7 +147,7 @@ def without_flags(traceback, framework, release) -> list[Candidate]:
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 
-def _judged(hazard, status: str, evidence: list[str], traceback, cfg: Config | None) -> Candidate:
+def judged(hazard, status: str, evidence: list[str], traceback, cfg: Config | None) -> Candidate:
     """The hazard's candidate once the traceback's check and the rerun verdict have had their say."""
     failure = None if traceback is None else traceback.failure
     misfit = None if failure is None or status == RULED_OUT else _misfit(hazard, failure, cfg)

@@ -145,7 +145,8 @@ def _empty(context: Context) -> tuple[str, list[str]]:
         return _verl_accumulation(context)
     if context.framework == frameworks.OPENRLHF:
         return UNDECIDABLE, ["OpenRLHF's loss aggregation is not read"]
-    return _by_core(context, "a micro-batch of padding only has no tokens to divide by")
+    status, evidence = _by_core(context, "a micro-batch of padding only has no tokens to divide by")
+    return (status if status == RULED_OUT else UNDECIDABLE), evidence + ["no flag decides it: the data does"]
 
 
 def _verl_accumulation(context: Context) -> tuple[str, list[str]]:

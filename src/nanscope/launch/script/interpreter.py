@@ -408,14 +408,16 @@ def _train_command(words: list[str]) -> tuple[str, list[str], list[str]] | None:
     or a training CLI (`megatron sft ...`, `swift rlhf ...`, `nemo llm pretrain ...`): (script, args, words before)."""
     for i, word in enumerate(words):
         name = os.path.basename(word)
-        if _PYTHON.match(name):
-            found = _python_args(words, i + 1)
-            if found is not None:
-                return found[0], found[1], words[:i]
-        elif name in _LAUNCHERS:
-            found = _launched(words, i + 1)
-            if found is not None:
-                return found[0], found[1], words[:i]
+        if _PYTHON.match(name) or name in _LAUNCHERS:
+            found = _python_args(words, i + 1) if _PYTHON.match(name) else _launched(words, i + 1)
+            if found is not None:  # a launcher keeps its own options (torchrun --nproc_per_node 8 ...); python's go
+                script, at = found
+                before = (
+                    words[:i]
+                    if _PYTHON.match(name) and words[i + 1 : at] != ["-m", "torch.distributed.run"]
+                    else words[:at]
+                )
+                return script, words[at + (2 if script.startswith("-m ") else 1) :], before
         elif name in _CLIS and i + 1 < len(words) and words[i + 1] in _CLIS[name]:
             return f"{name} {words[i + 1]}", words[i + 2 :], words[:i]
     return None
@@ -430,24 +432,25 @@ _CLIS = {
 }
 
 
-def _python_args(words: list[str], j: int) -> tuple[str, list[str]] | None:
-    """After `python3`: `[-opts] <script>.py args` or `-m <module> args`; None for `-c` and anything else."""
+def _python_args(words: list[str], j: int) -> tuple[str, int] | None:
+    """After `python3`: `[-opts] <script>.py args` or `-m <module> args`: (the script, where it starts); None for
+    `-c` and anything else."""
     while j < len(words) and words[j].startswith("-") and words[j] not in ("-m", "-c"):
         j += 1
     if j < len(words) and words[j].endswith(".py"):
-        return words[j], words[j + 1 :]
+        return words[j], j
     if j + 1 < len(words) and words[j] == "-m" and words[j + 1] not in ("pip", "torch.distributed.run"):
-        return f"-m {words[j + 1]}", words[j + 2 :]
+        return f"-m {words[j + 1]}", j
     if j + 1 < len(words) and words[j] == "-m":  # python -m torch.distributed.run ...: a launcher
         return _launched(words, j + 2)
     return None
 
 
-def _launched(words: list[str], j: int) -> tuple[str, list[str]] | None:
+def _launched(words: list[str], j: int) -> tuple[str, int] | None:
     """After a launcher: its options, then `<script>.py args` or `-m/--module <module> args`."""
     for k in range(j, len(words)):
         if words[k].endswith(".py") and not words[k].startswith("-"):
-            return words[k], words[k + 1 :]
+            return words[k], k
         if words[k] in ("-m", "--module") and k + 1 < len(words):
-            return f"-m {words[k + 1]}", words[k + 2 :]
+            return f"-m {words[k + 1]}", k
     return None

@@ -26,6 +26,9 @@ def to_dict(diagnosis) -> dict:
         "findings": [_finding(finding) for finding in diagnosis.findings],
         "fine": diagnosis.fine,
         "notes": diagnosis.notes,
+        "framework_flags": None
+        if diagnosis.flags is None
+        else {f: diagnosis.flags.show(f) for f in diagnosis.flags.given},
         "inferred": diagnosis.inferred,
         "missing": diagnosis.missing,
         "contradictions": diagnosis.contradictions,
@@ -66,6 +69,7 @@ def _inputs(diagnosis) -> dict:
 def _topology(diagnosis) -> dict:
     """The parallel layout, the layer split per stage, and the batch figures of one rollout."""
     layout, figures, cfg = diagnosis.topology, diagnosis.batches, diagnosis.config
+    slime = {} if cfg is None else _batch_figures(figures, cfg)
     return {
         "world": layout.world,
         "nodes": layout.nodes,
@@ -84,6 +88,13 @@ def _topology(diagnosis) -> dict:
         "experts_per_ep_rank": layout.experts_per_rank,
         "stages": None if layout.stages is None else [_stage(stage) for stage in layout.stages],
         "ep_groups": layout.groups["ep"],
+        **slime,
+    }
+
+
+def _batch_figures(figures, cfg) -> dict:
+    """A slime launch's batch figures of one rollout."""
+    return {
         "samples_per_rollout": figures.samples_per_rollout,
         "global_batch_size": figures.global_batch,
         "optimizer_steps_per_rollout": figures.steps_per_rollout,

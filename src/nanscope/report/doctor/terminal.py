@@ -146,6 +146,8 @@ def _stages_table(diagnosis, console) -> None:
 def _layout_lines(diagnosis) -> list[str]:
     """Experts per EP rank, optimizer steps per rollout, the micro-batch budget, the rollout GPUs."""
     layout, figures, cfg = diagnosis.topology, diagnosis.batches, diagnosis.config
+    if cfg is None:  # a non-slime launch: its own flags follow
+        return [f"{diagnosis.framework.name}'s flags: {flag}" for flag in _flag_lines(diagnosis)]
     lines = []
     if layout.num_experts:
         lines.append(f"experts: {layout.num_experts} / EP {layout.ep} = {layout.experts_per_rank} per EP rank")
@@ -200,8 +202,17 @@ def _candidates_section(diagnosis, console) -> None:
             _plain(console, f"              tell it apart: {candidate.discriminator}")
 
 
+def _flag_lines(diagnosis) -> list[str]:
+    view = diagnosis.flags
+    return [] if view is None else [view.show(flag) for flag in view.given]
+
+
 def _flags_section(diagnosis, console) -> None:
     if diagnosis.config is None:
+        if diagnosis.flags is not None and diagnosis.topology is None:
+            _heading(console, f"{diagnosis.framework.name}'s flags", "(as the script wrote them)")
+            for line in _flag_lines(diagnosis):
+                _plain(console, f"  {line}")
         return
     _heading(console, "resolved flags", "(value, where it came from)")
     table = Table(show_header=False, box=None, padding=(0, 2))

@@ -23,6 +23,11 @@ def verdict(diagnosis) -> str:
     if diagnosis.script is None:
         parts.append(_framework_sentence(diagnosis))
         parts.append("No launch script: no flag rule ran, and no flag decides a cause.")
+    elif diagnosis.config is None:
+        parts.append(_framework_sentence(diagnosis))
+        name = diagnosis.framework.name
+        parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s own "
+                     "code and flags.")  # fmt: skip
     else:
         parts.append(_findings_sentence(diagnosis.findings))
     parts.append(_candidates_sentence(diagnosis.candidates))
