@@ -412,12 +412,9 @@ def _train_command(words: list[str]) -> tuple[str, list[str], list[str]] | None:
             found = _python_args(words, i + 1) if _PYTHON.match(name) else _launched(words, i + 1)
             if found is not None:  # a launcher keeps its own options (torchrun --nproc_per_node 8 ...); python's go
                 script, at = found
-                before = (
-                    words[:i]
-                    if _PYTHON.match(name) and words[i + 1 : at] != ["-m", "torch.distributed.run"]
-                    else words[:at]
-                )
-                return script, words[at + (2 if script.startswith("-m ") else 1) :], before
+                launched = not _PYTHON.match(name) or words[i + 1 : i + 3] == ["-m", "torch.distributed.run"]
+                args = words[at + (2 if script.startswith("-m ") else 1) :]
+                return script, args, words[:at] if launched else words[:i]
         elif name in _CLIS and i + 1 < len(words) and words[i + 1] in _CLIS[name]:
             return f"{name} {words[i + 1]}", words[i + 2 :], words[:i]
     return None
