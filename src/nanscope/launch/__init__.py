@@ -108,6 +108,8 @@ def diagnose(
         rank=rank if rank is not None else _traceback_rank(traceback),
     )
     diagnosis = _slime(reading, traceback, model, model_origin)
+    if traceback is not None:
+        candidates.with_metrics(diagnosis.candidates, traceback.metrics)
     _place_failing(diagnosis, rank, traceback_origin)
     diagnosis.contradictions = notes.contradictions(diagnosis)
     return diagnosis
@@ -257,6 +259,8 @@ def _foreign(
     )
     if traceback is None:
         diagnosis.missing.append(_NO_TRACEBACK)
+    else:
+        candidates.with_metrics(diagnosis.candidates, traceback.metrics)
     if layout is not None:
         _place_failing(diagnosis, rank, origin)
     elif traceback is not None:
@@ -317,6 +321,7 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
         release=release,
         framework=framework,
     )
+    candidates.with_metrics(diagnosis.candidates, traceback.metrics)
     failure = traceback.failure
     where = f"rank {failure.rank}" if failure is not None and failure.rank is not None else "the failing rank"
     diagnosis.missing.append(

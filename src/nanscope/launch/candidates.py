@@ -215,6 +215,29 @@ def _makes(finite: bool, what: str) -> str:
     return f"makes the {what} NaN or Inf, which the check passes over (rerun_state_machine.py:703-706)"
 
 
+# metric -> the causes an excursion of it supports (first: at the first step logged; later: after it)
+_METRIC_CAUSES = {
+    "grad_norm": (("bad-checkpoint-resume", "sp-new-architecture", "library-regression"),
+                  ("activation-overflow", "backward-only-fault", "library-regression")),
+    "train_rollout_logprob_abs_diff": (("bad-checkpoint-resume", "rollout-logprob-shift", "nan-rollout-logprob"),
+                                       ("rollout-logprob-shift", "nan-rollout-logprob", "ratio-exp-overflow")),
+    "kl": (("kl-exp-overflow", "logprob-drift"), ("kl-exp-overflow", "logprob-drift")),
+}  # fmt: skip
+
+
+def with_metrics(found: list[Candidate], metrics) -> None:
+    """Each metric's first step out of its range (launch.metrics) as evidence for the causes that make it."""
+    for excursion in metrics.excursions.values():
+        if excursion.metric not in _METRIC_CAUSES:
+            continue
+        first = excursion.step is not None and excursion.step == metrics.first_step
+        names = _METRIC_CAUSES[excursion.metric][0 if first else 1]
+        said = "the metrics: " + excursion.text() + (", the first step logged" if first else "")
+        for candidate in found:
+            if candidate.id in names and candidate.status != RULED_OUT:
+                candidate.evidence.append(said)
+
+
 def remaining(found: list[Candidate]) -> list[Candidate]:
     """The candidates not ruled out (the differential the verdict must not collapse to one)."""
     return [candidate for candidate in found if candidate.status != RULED_OUT]

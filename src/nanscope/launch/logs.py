@@ -30,6 +30,7 @@ from functools import partial
 from nanscope import inputs
 from nanscope.errors import UserError
 from nanscope.launch.failure import Failure, line_failures
+from nanscope.launch.metrics import Metrics
 from nanscope.launch.rerun import Rerun, last_word, line_verdict
 
 CHUNK = 4 * inputs.MiB  # bytes read at once
@@ -90,6 +91,7 @@ class Found:
         others: the ranks of the later errors, other than the first's (at most MAX_RANKS), ascending.
         rerun: the rerun state machine's last word on it (None: the log has no verdict).
         raw: the context's lines with their log prefixes (which name a framework: facts.frameworks.TEXTS).
+        metrics: the per-step metric lines before the failure (launch.metrics): where each left its range.
     """
 
     failure: Failure | None
@@ -97,6 +99,7 @@ class Found:
     others: list[int] = field(default_factory=list)
     rerun: Rerun | None = None
     raw: list[str] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 class _Scanner:
@@ -112,6 +115,7 @@ class _Scanner:
         self.raw: list[str] = []
         self.ranks: set[int] = set()
         self.verdicts: list[Rerun] = []
+        self.metrics = Metrics()
 
     def feed(self, chunk: bytes) -> None:
         buf = self.carry + chunk
@@ -131,18 +135,17 @@ class _Scanner:
         rerun = last_word(self.verdicts)
         if self.first is None:
             raw = _traceback_lines(self.tail, whole=True)
-            if rerun is None and not any(_TRACEBACK in line for line in raw):
+            if rerun is None and not self.metrics.seen and not any(_TRACEBACK in line for line in raw):
                 return None
-            return Found(None, _context(raw), sorted(self.ranks), rerun, raw)
-        return Found(self.first, self.context, sorted(self.ranks), rerun, self.raw)
+            return Found(None, _context(raw), sorted(self.ranks), rerun, raw, self.metrics)
+        return Found(self.first, self.context, sorted(self.ranks), rerun, self.raw, self.metrics)
 
     def _block(self, block: bytes, markers: tuple[re.Pattern, ...], last: bool = False) -> None:
-        """The lines of `block` that hold one of `markers`, in order; then what to keep of it."""
-        starts = sorted(
-            {block.rfind(b"\n", 0, hit.start()) + 1 for marker in markers for hit in marker.finditer(block)}
-        )
-        counted, lines, done = 0, self.lines, -1
-        for start in starts:
+        """The lines of `block` that hold one of `markers`, in order, and the metric lines before the first error;
+        then what to keep of it."""
+        hits = {block.rfind(b"\n", 0, hit.start()) + 1 for marker in markers for hit in marker.finditer(block)}
+        counted, lines, done, metrics = 0, self.lines, -1, self.first is None
+        for start in sorted(hits):
             if start <= done:
                 continue
             end = block.find(b"\n", start)
@@ -150,7 +153,12 @@ class _Scanner:
             lines += block.count(b"\n", counted, start)
             counted = start
             self._line(block, start, end, lines + 1, last and end == len(block))
+            if metrics and self.first is not None:  # the metric lines before the failure only
+                self.metrics.scan(block[:start], self.lines)
+                metrics = False
             done = end
+        if metrics:
+            self.metrics.scan(block, self.lines)
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
 

@@ -16,6 +16,7 @@ from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, parse_frames
 from nanscope.launch.logs import Found, read_log, scan
+from nanscope.launch.metrics import Metrics
 from nanscope.launch.rerun import Rerun
 
 
@@ -31,6 +32,7 @@ class Traceback:
     rerun: Rerun | None = None  # the rerun state machine's verdict, when the log has one
     evidence: FrameEvidence = field(default_factory=FrameEvidence)
     framework: Framework = UNKNOWN
+    metrics: Metrics = field(default_factory=Metrics)  # the per-step metric lines before the failure
 
     def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
         """The frames inside megatron-core, outermost first: (file basename, line, function)."""
@@ -61,7 +63,8 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
     frames, ip = parse_frames(found.context) if found is not None else ([], None)
     framework = framework_of(frames, found.raw if found is not None else [])
     known = any(core_frame(frame.path, 0, "") for frame in frames)
-    if found is None or (found.failure is None and found.rerun is None and not known and framework is UNKNOWN):
+    quiet = found is None or (found.failure is None and found.rerun is None and not found.metrics.seen)
+    if quiet and not known and framework is UNKNOWN:
         raise UserError(
             f'{origin}: no Megatron error found (expected a line like "Rank 50, node dgx172, device 2, iteration -1: '
             "Unexpected result nan (message='...')\" in any of Megatron's forms, its message alone, or a traceback "
@@ -77,6 +80,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         rerun=found.rerun,
         evidence=read_frames(frames),
         framework=framework,
+        metrics=found.metrics,
     )
 
 

@@ -21,6 +21,7 @@ def to_dict(diagnosis) -> dict:
         "failing_rank": None if diagnosis.failing is None else _rank(diagnosis.failing),
         "failure": None if traceback is None else _failure(traceback.failure, traceback.rerun),
         "frame_evidence": None if traceback is None else traceback.evidence.to_dict(),
+        "metrics": None if traceback is None else traceback.metrics.to_dict(),
         "frames": [] if traceback is None else [_frame(frame) for frame in traceback.frames],
         "explanations": diagnosis.explanations,
         "findings": [_finding(finding) for finding in diagnosis.findings],

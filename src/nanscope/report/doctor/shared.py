@@ -83,6 +83,8 @@ def failure_lines(diagnosis) -> list[str]:
             out.append(f"rank {failure.rank} from {failure.rank_from}")
     else:
         out.append("no error line: the traceback ends before it")
+    for excursion in traceback.metrics.excursions.values():
+        out.append("metric: " + excursion.text())
     rerun = traceback.rerun
     if rerun is not None:
         out.append(

@@ -48,8 +48,11 @@ def _failure_sentences(diagnosis) -> list[str]:
         parts.append(f"{who} {_what_it_found(failure)}" + (f", {where_text}." if where_text else "."))
     elif failure is not None:
         parts.append(f"Rank {failure.rank} (node {failure.node}, device {failure.device}) had a result rejected.")
-    else:
+    elif traceback.frames:
         parts.append("The traceback ends before its error line: only its frames say what happened.")
+    else:
+        parts.append("The log has no error line: only its metric lines say what happened.")
+    parts += [f"Its {excursion.text()}." for excursion in traceback.metrics.excursions.values()]
     if evidence.schedule is not None or evidence.check is not None:
         shown = [line for line in evidence.lines if not line.startswith("the innermost")]
         parts.append("The frames show " + "; ".join(shown) + ".")
