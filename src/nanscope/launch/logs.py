@@ -137,8 +137,8 @@ class _Scanner:
             raw = _traceback_lines(self.tail, whole=True)
             if rerun is None and not self.metrics.seen and not any(_TRACEBACK in line for line in raw):
                 return None
-            return Found(None, _context(raw), sorted(self.ranks), rerun, raw, self.metrics)
-        return Found(self.first, self.context, sorted(self.ranks), rerun, self.raw, self.metrics)
+            return Found(None, _context(raw), sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
+        return Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
 
     def _block(self, block: bytes, markers: tuple[re.Pattern, ...], last: bool = False) -> None:
         """The lines of `block` that hold one of `markers`, in order, and the metric lines before the first error;
