@@ -233,6 +233,10 @@ def with_metrics(found: list[Candidate], metrics) -> None:
         first = excursion.step is not None and excursion.step == metrics.first_step
         names = _METRIC_CAUSES[excursion.metric][0 if first else 1]
         said = "the metrics: " + excursion.text() + (", the first step logged" if first else "")
+        loaded = metrics.after_load(excursion)
+        if loaded:
+            said += f", after the checkpoint load the log names at line {metrics.load_line}"
+            names = (*names, "bad-checkpoint-resume")
         for candidate in found:
             if candidate.id in names and candidate.status != RULED_OUT:
                 candidate.evidence.append(said)

@@ -48,6 +48,15 @@ HYDRA = {
     "algorithm.kl_penalty": "--kl-penalty",
     "data.train_batch_size": "--train-batch-size",
     "trainer.resume_mode": "--resume-mode",
+    # NeMo 2's recipes on the `nemo llm` command line (nemo_run overrides)
+    "trainer.num_nodes": "--nnodes",
+    "trainer.devices": "--nproc-per-node",
+    "trainer.strategy.tensor_model_parallel_size": "--tensor-model-parallel-size",
+    "trainer.strategy.pipeline_model_parallel_size": "--pipeline-model-parallel-size",
+    "trainer.strategy.context_parallel_size": "--context-parallel-size",
+    "trainer.strategy.sequence_parallel": "--sequence-parallel",
+    "resume.restore_config.path": "--load",
+    "resume.resume_if_exists": "--resume-from-checkpoint",
 }
 
 

@@ -103,7 +103,8 @@ class Foreign:
 
 def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     """The flags and sizes of a non-slime launch."""
-    hydra = framework.name == frameworks.VERL  # verl's launches are hydra overrides: key=value
+    overrides = any("=" in word and not word.startswith("-") for word in script.argv)
+    hydra = framework.name == frameworks.VERL or (framework.name == frameworks.NEMO and overrides)  # key=value
     view = FlagView.of_hydra(script.argv) if hydra else FlagView.of_argv(script.argv)
     launch = Foreign(framework, view, {})
     for size, flag in {**_SIZES, "vpp": "--virtual-pipeline-model-parallel-size"}.items():

@@ -64,6 +64,11 @@ _PATTERNS = {
     metric: tuple(re.compile(re.escape(key) + _SEP + rb"(" + RANGES[metric].big + rb")(?![\w.])") for key in keys)
     for metric, keys in _KEYS.items()
 }
+# A checkpoint load in the log: an excursion after it points at the checkpoint (causes.reported BAD_CHECKPOINT).
+_LOADS = tuple(
+    re.compile(re.escape(text), re.IGNORECASE)
+    for text in (b"loading checkpoint", b"loaded checkpoint", b"load checkpoint", b"resuming from", b"resume from")
+)
 _STEP = re.compile(r"\b(?:step|iteration|global_step)['\"]?\s*[:=]?\s*(?P<step>\d{1,12})\b", re.IGNORECASE)
 
 
@@ -93,9 +98,14 @@ class Metrics:
     seen: bool = False  # a metric line was read
     first_step: int | None = None
     excursions: dict[str, Excursion] = field(default_factory=dict)
+    load_line: int | None = None  # the last checkpoint load before the first excursion
 
     def scan(self, block: bytes, lines_before: int) -> None:
         """The metric values in `block` (whole lines); `lines_before`: the log's lines before it."""
+        if not self.excursions:
+            loads = [hit.start() for pattern in _LOADS if (hit := _last(pattern, block)) is not None]
+            if loads:
+                self.load_line = lines_before + block.count(b"\n", 0, max(loads)) + 1
         for metric, keys in _KEYS.items():
             found = [block.find(key) for key in keys]
             if max(found) < 0:
@@ -116,12 +126,25 @@ class Metrics:
                 self.excursions[metric] = Excursion(metric, _step(block, at), value, line, why)
                 return
 
+    def after_load(self, excursion: Excursion) -> bool:
+        """The excursion comes after a checkpoint load the log names."""
+        return self.load_line is not None and excursion.line > self.load_line
+
     def to_dict(self) -> dict:
         return {
             "seen": self.seen,
+            "checkpoint_load_line": self.load_line,
             "first_step": self.first_step,
             "excursions": [excursion.to_dict() for excursion in self.excursions.values()],
         }
+
+
+def _last(pattern: re.Pattern, block: bytes) -> re.Match | None:
+    """The last match of `pattern` in `block`, or None."""
+    last = None
+    for last in pattern.finditer(block):  # noqa: B007 (the loop keeps the last)
+        pass
+    return last
 
 
 def _step(block: bytes, at: int) -> int | None:

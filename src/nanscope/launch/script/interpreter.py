@@ -126,6 +126,28 @@ class Interpreter:
         else:
             self.sources.append(Source(target, line(node), "missing"))
 
+    def _wrapper(self, node, words: list[str]) -> None:
+        """`bash run.sh a b`: the wrapper script read with its arguments as `$1 $2` (a child shell: the caller's
+        variables come back as they were); one not found is noted, with the way to give it."""
+        target = words[1]
+        candidate = Path(target) if os.path.isabs(target) else Path(self.words.file).parent / target
+        if "$" in target or self.depth >= MAX_SOURCES or self.budget.files >= MAX_FILES or not _is_file(candidate):
+            self.sources.append(Source(target, line(node), "missing"))
+            self.assumptions.append(
+                f"line {line(node)}: {words[0]} {target}: a wrapper script nanscope cannot read here: give it as the "
+                "launch script (with its arguments as --env or in a two-line script)"
+            )
+            return
+        self.sources.append(Source(target, line(node), "followed", str(candidate)))
+        saved, outer = dict(self.words.vars), self.words.positional
+        self.words.positional = words[2:]
+        try:
+            self._follow(str(candidate), "wrapper script")
+        finally:
+            self.words.vars.clear()
+            self.words.vars.update(saved)
+            self.words.positional = outer
+
     def _follow(self, path: str, what: str) -> None:
         self.depth += 1
         try:
@@ -285,6 +307,9 @@ class Interpreter:
             return
         if words and words[0] in ("source", "."):
             self._source(node, words)
+            return
+        if len(words) > 1 and os.path.basename(words[0]) in ("bash", "sh") and words[1].endswith(".sh"):
+            self._wrapper(node, words)
             return
         if words and words[0] == "return" and (self.calls.frames or self.depth):
             if node.parent is None or node.parent.type not in ("list", "pipeline"):  # `test || return`: unknown
