@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from nanscope import inputs
 from nanscope.errors import UserError
 from nanscope.facts import frameworks, releases
+from nanscope.facts.flags import BY_NAME
 from nanscope.launch import candidates, findings, inference, notes
 from nanscope.launch.config import Config, Value, batches, resolve
 from nanscope.launch.detect import Choice, choose
@@ -185,6 +186,14 @@ def _read_launch(script: LaunchScript, text: str, *, env: dict, model, model_ori
         _infer_nodes(
             reading, rank, lambda extra: parse_script(script_path, {**env, **extra}, model_args, limit), config_of
         )
+    for name, text in reading.config.unknown.items():
+        if name != "actor_num_nodes":
+            value = reading.config[name]
+            assumed = "no value assumed" if value is None else f"the default {value} assumed"
+            reading.inferred.append(
+                f"{BY_NAME[name].spelling} {text!r} reads variables the script never sets: unknown, {assumed} "
+                "(pass --env NAME=VALUE)"
+            )
     return reading
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from nanscope.launch.config import Config
 from nanscope.launch.diagnosis import Diagnosis
+from nanscope.launch.failure import Failure
 from nanscope.launch.script import LaunchScript
 from nanscope.launch.tracebacks import (
     Traceback,
@@ -26,15 +27,15 @@ def explain_alone(traceback: Traceback) -> list[str]:
         out.append(explain_stage(1 if evidence.pp == "1" else 2, None, failure.check if failure else None))
     if failure is None:
         return out
-    if failure.iteration is not None:
-        out.append(explain_iteration(failure.iteration, traceback.framework.name))
-    bucket = explain_bucket(failure.bucket, None)
-    if bucket:
-        out.append(bucket)
+    return out + _failure_lines(failure, traceback.framework.name, None, False)
+
+
+def _failure_lines(failure: Failure, framework: str, pp: int | None, overlap: bool) -> list[str]:
+    """The failure's iteration, bucket and check, explained (each only where the failure names it)."""
+    out = [explain_iteration(failure.iteration, framework)] if failure.iteration is not None else []
+    bucket = explain_bucket(failure.bucket, pp, overlap)
     check = explain_check(failure) if failure.message else ""
-    if check:
-        out.append(check)
-    return out
+    return out + [text for text in (bucket, check) if text]
 
 
 def traceback_notes(diagnosis: Diagnosis, traceback_origin: str) -> list[str]:
@@ -135,15 +136,8 @@ def explain(diagnosis: Diagnosis) -> list[str]:
     out = [explain_stage(layout.pp, failing.pp, check)]
     failure = traceback.failure if traceback is not None else None
     if failure is not None:
-        if failure.iteration is not None:
-            out.append(explain_iteration(failure.iteration, diagnosis.framework.name))
         known = failure.rank is not None and failure.rank < layout.world
         pp = layout.coords[failure.rank]["pp"] if known else failing.pp
         overlap = diagnosis.config["overlap_grad_reduce"] if diagnosis.config is not None else False
-        bucket = explain_bucket(failure.bucket, pp, overlap)
-        if bucket:
-            out.append(bucket)
-        check_text = explain_check(failure) if failure.message else ""
-        if check_text:
-            out.append(check_text)
+        out += _failure_lines(failure, diagnosis.framework.name, pp, overlap)
     return out
