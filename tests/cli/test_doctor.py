@@ -245,21 +245,48 @@ def test_traceback_without_megatron_error(capsys):
     assert msg.startswith(f"{tb}: no Megatron error found")
 
 
-def test_case_script_without_total_nodes(capsys):
+def test_case_script_without_total_nodes_infers_the_world_from_the_rank(tmp_path, capsys):
+    """Issue 33: the case's own script without --env reads TOTAL_NODES unset; the traceback's rank 50 and the layout
+    (TP4 PP4 CP2 = 32, ETP1 EP16 PP4 = 64, 8 GPUs per node: lcm 64) give world >= 64, 8 nodes: TOTAL_NODES=8 is
+    inferred and marked, and the diagnosis is the case's."""
     from importlib.resources import files
 
-    script = files("nanscope") / "cases" / "slime-795" / "launch.sh"
-    msg = _error(["doctor", str(script)], capsys)
-    assert msg == (
-        "--actor-num-nodes: '$((NODES))' is not an integer (the script reads unset variables: "
-        "DISTRIBUTED_ARGS, MASTER_ADDR, MODEL_ARGS, SHARED_STORAGE_DATA, TOTAL_NODES, WANDB_API_KEY; "
-        "pass --env NAME=VALUE)"
+    root = files("nanscope") / "cases" / "slime-795"
+    inferred, case = tmp_path / "inferred.json", tmp_path / "case.json"
+    argv = [str(root / "launch.sh"), "--traceback", str(root / "traceback.txt"), "--model", str(root / "model.json")]
+    assert main(["doctor", *argv, "--json", str(inferred)]) == 0
+    assert main(["doctor", *argv, "--env", "TOTAL_NODES=8", "--json", str(case)]) == 0
+    out = _flat(capsys.readouterr().out)
+    got, want = json.loads(inferred.read_text()), json.loads(case.read_text())
+    for key in ("failing_rank", "findings", "candidates", "topology", "explanations", "failure"):
+        assert got[key] == want[key], key
+    assert got["config"]["actor_num_nodes"]["value"] == 8
+    assert got["config"]["actor_num_nodes"]["origin"].startswith(
+        "inferred: TOTAL_NODES=8 (8 nodes x 8 GPUs = world 64, the smallest world that holds rank 50: a multiple of "
+        "TP4·PP4·CP2 = 32, of ETP1·EP16·PP4 = 64 and of 8 GPUs per node (lcm 64), so world >= 64: a lower bound"
     )
+    assert got["inferred"] == [
+        "--actor-num-nodes '$((NODES))' reads TOTAL_NODES, which the script never sets: inferred TOTAL_NODES=8 "
+        "(8 nodes x 8 GPUs = world 64, the smallest world that holds rank 50: a multiple of TP4·PP4·CP2 = 32, of "
+        "ETP1·EP16·PP4 = 64 and of 8 GPUs per node (lcm 64), so world >= 64: a lower bound, the rank's coordinates "
+        "hold under it)"
+    ]
+    assert want["inferred"] == [] and want["config"]["actor_num_nodes"]["origin"] == "launch script"
+    assert got["inputs"]["env"] == {"TOTAL_NODES": "8"}
+    assert "inferred - --actor-num-nodes '$((NODES))' reads TOTAL_NODES" in out
+    # the script alone: no rank, the smallest world the layout allows is 64 all the same (EP16 x PP4)
+    alone = tmp_path / "alone.json"
+    assert main(["doctor", str(root / "launch.sh"), "--json", str(alone)]) == 0
+    doc = json.loads(alone.read_text())
+    assert (doc["topology"]["world"], doc["config"]["actor_num_nodes"]["value"], doc["failing_rank"]) == (64, 8, None)
+    assert doc["missing"][0].startswith("no traceback: give it (--traceback FILE, or - for standard input)")
 
 
 def test_unknown_case_and_missing_inputs(capsys):
     assert _error(["doctor", "--case", "nope"], capsys) == "--case nope: unknown case (bundled: slime-795)"
-    assert _error(["doctor"], capsys) == "give a launch script (or --case slime-795)"
+    assert _error(["doctor"], capsys) == (
+        "give a launch script, a --traceback FILE (- for standard input), or both (or --case slime-795)"
+    )
 
 
 def test_bad_model_json(tmp_path, capsys):
@@ -492,15 +519,31 @@ def test_bash_bombs_and_bad_sizes_are_one_line_each(tmp_path):
         TRAIN + "--actor-num-nodes " + "9" * 30: "--actor-num-nodes: " + "9" * 30 + " is not a 64-bit integer",
         TRAIN + "--lr 1e-6 --eps-clip inf": "--eps-clip: 'inf' is not a finite number",
         TRAIN + "--kl-loss-coef nan": "--kl-loss-coef: 'nan' is not a finite number",
-        # careless: an unset variable that was meant to hold the flag's value
-        TRAIN
-        + "--tensor-model-parallel-size $EXTRA_ARGS 2": "--tensor-model-parallel-size: expected one value, got 2: $EXTRA_ARGS 2 (the script reads unset "
-        "variables: EXTRA_ARGS; pass --env NAME=VALUE)",
     }
     results = _doctor_isolated(_scripts(tmp_path, list(cases)), tmp_path)
     for (text, want), result in zip(cases.items(), results):
         assert _matches(_refused(result), want), (text[:200], result)
         assert result[2] < 20, text[:200]  # wall s with start-up (~2 s quiet, 11 s seen under load); a bomb took 57
+
+
+def test_an_unset_variable_in_a_size_is_unknown_not_refused(tmp_path, capsys):
+    """Issue 33: an unset variable that was meant to hold a flag's value (careless) no longer refuses the run: the
+    value is unknown, the default assumed and said so, in the JSON origin and the terminal's inferred lines."""
+    script = tmp_path / "train.sh"
+    script.write_text(TRAIN + "--tensor-model-parallel-size $EXTRA_ARGS 2\n")
+    out = tmp_path / "out.json"
+    assert main(["doctor", str(script), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["tensor_model_parallel_size"] == {
+        "value": 1,
+        "origin": "unknown: the script gives '$EXTRA_ARGS 2', which reads variables it never sets; the default assumed",
+    }
+    line = (
+        "--tensor-model-parallel-size '$EXTRA_ARGS 2' reads variables the script never sets: unknown, the default 1 "
+        "assumed (pass --env NAME=VALUE)"
+    )
+    assert doc["inferred"] == [line]
+    assert line in _flat(capsys.readouterr().out)
 
 
 def _bomb(d) -> str:

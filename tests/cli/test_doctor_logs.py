@@ -70,9 +70,13 @@ def test_megatron_lm_forward_loss_message_is_a_loss_failure_of_a_job_not_slimes(
     # slime's loss and rollouts never ran; a fault that leaves the loss finite did not make it NaN. The router's
     # logits are in the forward, before the loss: without the model-args file they stay undecided
     assert [name for name, s in status.items() if s != "ruled-out"] == [
+        "bad-checkpoint-resume",  # enabled by --load (causes.reported), before the undecidable ones
+        "cpu-offloaded-optimizer",  # enabled by --optimizer-cpu-offload
         "activation-overflow",
         "transient-fault",
         "moe-router-logits",
+        "library-regression",
+        "sp-new-architecture",
     ]
     shift = next(c for c in doc["candidates"] if c["id"] == "kl-exp-overflow")
     assert shift["evidence"][-1] == (
@@ -105,7 +109,13 @@ def test_unexpected_large_grads_is_a_finite_gradient_not_nan(tmp_path, capsys):
     # every catalogued hazard makes the gradient NaN or Inf, which this check passes over; a shifted rollout
     # log-prob leaves it finite and stays open
     open_ = [c["id"] for c in doc["candidates"] if c["status"] != "ruled-out"]
-    assert open_ == ["rollout-logprob-shift"]
+    assert open_ == [  # the reported causes that can make a finite gradient norm far out of range stay open too
+        "rollout-logprob-shift",
+        "bad-checkpoint-resume",
+        "cpu-offloaded-optimizer",
+        "library-regression",
+        "sp-new-architecture",
+    ]
     assert (
         "the traceback's check (large-grads) runs only under --check-for-large-grads, which this launch does not "
         "set: the traceback may come from another launch"
@@ -188,11 +198,12 @@ def test_a_log_streams_at_50_mb_per_second_in_bounded_memory(tmp_path):
     log = tmp_path / "driver.log"
     _driver_log(log, 48 << 20)
     size = log.stat().st_size
-    tracemalloc.start()
     start = time.process_time()
+    traceback = read_traceback(str(log))
+    seconds = time.process_time() - start  # timed apart from the memory: tracemalloc slows it by a third
+    tracemalloc.start()
     try:
-        traceback = read_traceback(str(log))
-        seconds = time.process_time() - start
+        read_traceback(str(log))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

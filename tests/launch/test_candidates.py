@@ -3,7 +3,7 @@
 import pytest
 
 from nanscope import case
-from nanscope.causes import catalogue, immune
+from nanscope.causes import catalogue, immune, reported
 from nanscope.launch.candidates import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE, candidates, remaining
 from nanscope.launch.config import resolve
 from tests.launch.test_findings import CASE_FLAGS
@@ -48,8 +48,26 @@ def test_case_with_its_traceback():
         "zero-std-group": RULED_OUT,
         "empty-loss-mask": RULED_OUT,
         "inf-grad-clip": RULED_OUT,
+        # issue 34: the causes real reports had (causes.reported), weighed by the same flags
+        "grad-reduce-overlap-race": RULED_OUT,  # no --overlap-grad-reduce, no --tp-comm-overlap
+        "library-regression": UNDECIDABLE,
+        "bad-checkpoint-resume": ENABLED,  # --load
+        "cpu-offloaded-optimizer": ENABLED,  # --optimizer-cpu-offload --use-precision-aware-optimizer
+        "cp-rank-all-masked": RULED_OUT,  # CP 2, but slime's loss clamps each sample's token count
+        "empty-micro-batch": RULED_OUT,
+        "non-flash-attention-mask-pp": RULED_OUT,  # PP 4 with --attention-backend flash
+        "sp-new-architecture": UNDECIDABLE,  # --sequence-parallel; the model-args file was not read
+        "fp8-fp4-recipe": RULED_OUT,
     }
     assert [c.status for c in cands] == sorted((c.status for c in cands), key=STATUSES.index)
+    # the case keeps its ranking: its loss-numerics causes first among those its flags enable
+    assert [c.id for c in cands if c.status == ENABLED][:5] == [
+        "kl-exp-overflow",
+        "ratio-exp-overflow",
+        "nan-rollout-logprob",
+        "nan-reward",
+        "logprob-drift",
+    ]
     by_id = {c.id: c for c in cands}
     assert by_id["kl-exp-overflow"].evidence == [
         "--use-kl-loss",
@@ -75,12 +93,16 @@ def test_every_candidate_not_ruled_out_names_its_discriminator():
         "nan-rollout-logprob",
         "nan-reward",
         "logprob-drift",
+        "bad-checkpoint-resume",
+        "cpu-offloaded-optimizer",
         "activation-overflow",
         "backward-only-fault",
         "transient-fault",
         "moe-aux-loss",
         "moe-zero-token-expert",
         "moe-router-logits",
+        "library-regression",
+        "sp-new-architecture",
     ]
     assert set(cands[0].to_dict()) == {"id", "status", "evidence", "discriminator", "class"}
 
@@ -88,7 +110,7 @@ def test_every_candidate_not_ruled_out_names_its_discriminator():
 def test_every_hazard_and_immune_cause_is_a_candidate():
     ids = {c.id for c in candidates(case.config())}
     named = {h.name for h in catalogue.CATALOGUE} - {"healthy"}
-    assert ids == named | {c.name for c in immune.IMMUNE}
+    assert ids == named | {c.name for c in immune.IMMUNE} | {c.name for c in reported.REPORTED}
 
 
 def test_without_a_traceback_a_finite_gradient_hazard_keeps_its_flag_status():
@@ -165,19 +187,20 @@ def test_doctor_json_lists_the_candidates_and_the_verdict_keeps_them_open(tmp_pa
     assert main(["doctor", "--case", "slime-795", "--json", str(path)]) == 0
     doc = json.loads(path.read_text())
     cands = {c["id"]: c for c in doc["candidates"]}
-    assert len(cands) == 17 and all(
+    assert len(cands) == 26 and all(
         set(c) == {"id", "status", "evidence", "discriminator", "class"} for c in cands.values()
     )
     assert all(c["status"] in STATUSES and c["evidence"] for c in cands.values())
     assert all((c["discriminator"] is None) == (c["status"] == RULED_OUT) for c in cands.values())
     assert doc["verdict"].endswith(
-        "11 catalogued causes remain (kl-exp-overflow, ratio-exp-overflow, nan-rollout-logprob, nan-reward, "
-        "logprob-drift enabled by these flags; activation-overflow, backward-only-fault, transient-fault, moe-aux-loss, "
-        "moe-zero-token-expert, moe-router-logits not decidable from flags), so the flags alone do not say which one "
+        "15 catalogued causes remain (kl-exp-overflow, ratio-exp-overflow, nan-rollout-logprob, nan-reward, "
+        "logprob-drift, bad-checkpoint-resume, cpu-offloaded-optimizer enabled by these flags; activation-overflow, "
+        "backward-only-fault, transient-fault, moe-aux-loss, moe-zero-token-expert, moe-router-logits, "
+        "library-regression, sp-new-architecture not decidable from flags), so the flags alone do not say which one "
         "fired: each candidate below names the one observation that tells it apart."
     )
     out = " ".join(capsys.readouterr().out.split())
-    assert "candidate causes (17: every cause nanscope catalogues)" in out
+    assert "candidate causes (26: every cause nanscope catalogues)" in out
     assert "undecidable activation-overflow [model-forward]" in out
 
 

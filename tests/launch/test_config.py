@@ -91,13 +91,17 @@ def test_etp_defaults_to_tp():
     assert cfg["expert_tensor_parallel_size"] == 4
 
 
-def test_bad_int_names_unset_variables():
-    with pytest.raises(
-        UserError,
-        match=r"--actor-num-nodes: '\$\(\(NODES\)\)' is not an integer \(the script reads "
-        r"unset variables: TOTAL_NODES; pass --env NAME=VALUE\)",
-    ):
-        resolve(["--actor-num-nodes", "$((NODES))"], unset={"TOTAL_NODES": 25})
+def test_a_value_that_reads_unset_variables_is_unknown_not_wrong():
+    """Issue 33: the default stands in, and the origin says why; a word that is not a number is still refused."""
+    cfg = resolve(["--actor-num-nodes", "$((NODES))", "--rollout-batch-size", "$RBS"], unset={"TOTAL_NODES": 25})
+    assert cfg.unknown == {"actor_num_nodes": "$((NODES))", "rollout_batch_size": "$RBS"}
+    assert cfg.values["actor_num_nodes"].value == 1 and cfg["rollout_batch_size"] is None
+    assert cfg.origin("actor_num_nodes") == (
+        "unknown: the script gives '$((NODES))', which reads variables it never sets; the default assumed"
+    )
+    assert cfg.origin("rollout_batch_size").endswith("; no value assumed")
+    with pytest.raises(UserError, match=r"--actor-num-nodes: 'eight' is not an integer$"):
+        resolve(["--actor-num-nodes", "eight"], unset={"TOTAL_NODES": 25})
 
 
 def test_bad_model_json_type():

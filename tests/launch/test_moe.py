@@ -197,7 +197,9 @@ def test_a_script_that_gives_the_flags_decides_even_with_its_model_args_file_unr
 
 def test_a_bad_coefficient_is_one_line(tmp_path, capsys):
     script = tmp_path / "run.sh"
-    script.write_text("python3 train.py --num-experts 8 --moe-aux-loss-coeff 1e-2 x\n")
+    script.write_text(
+        "python3 train.py --colocate --num-experts 8 --moe-aux-loss-coeff 1e-2 x\n"
+    )  # slime's: --colocate
     assert main(["doctor", str(script)]) == 2
     assert capsys.readouterr().err == "nanscope doctor: error: --moe-aux-loss-coeff: 'x' is not a number\n"
 

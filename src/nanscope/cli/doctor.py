@@ -1,6 +1,9 @@
-"""`nanscope doctor`: where and why a slime run hit NaN, read from its launch script and traceback.
+"""`nanscope doctor`: where and why a Megatron-based run hit NaN, read from its launch script, its traceback or
+log, or both.
 
-The launch script is parsed (tree-sitter-bash), never executed. The flags are resolved with the slime
+Either part alone is read: a traceback or log alone (a file, or - for standard input) gives the failing rank, the
+check, the schedule and the framework its frames show; a launch script alone gives the layout and the flags'
+causes; each says what the other would add. The launch script is parsed (tree-sitter-bash), never executed. The flags are resolved with the slime
 release's and Megatron's defaults (--slime-version; else the release the script names, e.g. a path
 slime-0.2.4 or slimerl/slime:v0.3.1, or the one its flags imply; else v0.1.0, said in the output), the
 rank layout comes from megatron-core's RankGenerator, and a catalogue of rules maps the flags to NaN
@@ -19,6 +22,7 @@ from nanscope.errors import UserError
 from nanscope.facts import releases
 from nanscope.inputs import MiB, read_json
 from nanscope.launch import Diagnosis, diagnose
+from nanscope.launch.logs import STDIN
 from nanscope.launch.script import parse_env
 from nanscope.launch.script.bounds import OPTION
 from nanscope.launch.tracebacks import read_traceback
@@ -28,6 +32,9 @@ from nanscope.report.doctor.page import render_html
 
 EPILOG = """examples:
   nanscope doctor --case slime-795
+  nanscope doctor --traceback job.log                # the log alone, of any size
+  pbpaste | nanscope doctor --traceback -            # a pasted traceback, or only its error line
+  nanscope doctor launch.sh --traceback traceback.txt   # unset variables are inferred, and said so
   nanscope doctor launch.sh --env TOTAL_NODES=8 --model model.json --traceback traceback.txt
   nanscope doctor launch.sh --model-args scripts/models/qwen3-4B.sh --rank 5 --json out.json --html out.html
   nanscope doctor launch.sh --slime-version v0.2.4   # that release's defaults (kl-loss-type k1, ...)
@@ -42,7 +49,9 @@ def add_parser(sub):
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("script", nargs="?", help="slime launch script (bash); read, never executed")
+    parser.add_argument(
+        "script", nargs="?", help="slime launch script (bash); read, never executed (optional with --traceback)"
+    )
     parser.add_argument("--case", help="use a bundled case (slime-795) instead of a script")
     parser.add_argument(
         "--env",
@@ -61,8 +70,9 @@ def add_parser(sub):
     parser.add_argument(
         "--traceback",
         metavar="FILE",
-        help="the crash's traceback (Ray-wrapped or not), or the whole job log, of any size (read as a stream for "
-        "its first Megatron error and the traceback that ends there; colour codes are removed)",
+        help="the crash's traceback (Ray-wrapped or not), its error line alone, or the whole job log, of any size "
+        "(read as a stream for its first Megatron error, the traceback that ends there and the rerun verdict; colour "
+        "codes and log prefixes are removed); - reads standard input",
     )
     parser.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
     parser.add_argument(
@@ -106,8 +116,10 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
     """(script, env, model JSON path, traceback path), with --case's bundled files as defaults."""
     if args.case and args.script:
         raise UserError("give a launch script or --case, not both")
-    if not args.case and not args.script:
-        raise UserError("give a launch script (or --case slime-795)")
+    if not args.case and not args.script and not args.traceback:
+        raise UserError(
+            "give a launch script, a --traceback FILE (- for standard input), or both (or --case slime-795)"
+        )
     env = parse_env(args.env)
     if not args.case:
         return args.script, env, args.model, args.traceback
@@ -134,7 +146,7 @@ def run(args) -> int:
             ("launch script", script),
             ("model JSON", model_path),
             ("model-args file", args.model_args),
-            ("traceback", tb_path),
+            ("traceback", None if tb_path == STDIN else tb_path),
         ]
         files.check_outputs(_outputs(args), read)
         model = _load_model(model_path, limit) if model_path else None
@@ -151,14 +163,15 @@ def run(args) -> int:
                 model_origin=model_origin,
                 model_args=args.model_args,
                 traceback=traceback,
-                traceback_origin=tb_path or "traceback",
+                traceback_origin="standard input" if tb_path == STDIN else tb_path or "traceback",
                 rank=args.rank,
                 limit=limit,
                 slime_version=args.slime_version,
                 case_release=case.RELEASE if args.case else None,
             )
         # again, with the files the script sourced: the outputs must not replace one of them either
-        files.check_outputs(_outputs(args), read + [("sourced file", s.followed) for s in diagnosis.script.sources])
+        sources = diagnosis.script.sources if diagnosis.script is not None else []
+        files.check_outputs(_outputs(args), read + [("sourced file", s.followed) for s in sources])
     _report(diagnosis, args)
     return 0
 

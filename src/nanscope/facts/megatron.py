@@ -21,6 +21,10 @@ MEGATRON_LM = "Megatron-LM core_v0.15.0rc0"  # the same tag as MCORE; the traini
 
 # distributed/param_and_grad_buffer.py:188-189 and :196-197: the DDP bucket check, NaN then Inf, per bucket.
 BUCKET_NONFINITE = "found {kind} in local grad norm for bucket #{bucket} in backward pass before data-parallel communication collective"
+# The same check before buckets (core 0.6 to 0.9: param_and_grad_buffer.py's assertion, facts.wordings), and
+# Megatron-LM's clip_grads.py before it (core 0.4, 0.5: after the data-parallel reduce, before model-parallel's).
+BUCKETLESS_NAN = "found NaN in local grad norm in backward pass before data-parallel communication collective"
+CLIP_NONFINITE = "found NaN in local grad norm in backwards pass"
 # distributed/param_and_grad_buffer.py:207-208: the same check under --check-for-large-grads (not NaN or Inf:
 # a finite norm at least 10 times the largest of the first 100, rerun_state_machine.py:649-717).
 BUCKET_LARGE = (
@@ -69,15 +73,24 @@ class Check:
     source: str
     slime: bool
     message: str
+    older: tuple[str, ...] = ()
+
+    @property
+    def messages(self) -> tuple[str, ...]:
+        """Its message, and those of older releases (the DDP buffer's before buckets, core 0.6 to 0.9)."""
+        return (self.message, *self.older)
 
     def matches(self, message: str, truncated: bool = False) -> bool:
         """`message` is this check's (`truncated`: cut short, a long enough start of it)."""
         return self._matches(_bucket_free(message), truncated)
 
     def _matches(self, text: str, truncated: bool) -> bool:
-        if text == self.message:
-            return True
-        return truncated and len(text) >= min(len(self.message), 24) and self.message.startswith(text)
+        for message in self.messages:
+            if text == message:
+                return True
+            if truncated and len(text) >= min(len(message), 24) and message.startswith(text):
+                return True
+        return False
 
 
 def _bucket_free(message: str) -> str:
@@ -95,6 +108,7 @@ CHECKS: tuple[Check, ...] = (
         f"{_BUFFER}:188",
         slime=True,
         message=BUCKET_NONFINITE.replace("{kind}", "NaN"),
+        older=(BUCKETLESS_NAN,),
     ),
     Check(
         "grad-norm-inf",
@@ -122,10 +136,28 @@ CHECKS: tuple[Check, ...] = (
         message=LOSS_NONFINITE.replace("{kind}", "Inf"),
     ),
     Check("spiky-loss", "large", "loss", f"{_PRETRAIN}:274", slime=False, message=SPIKY_LOSS),
+    Check(
+        "clip-grad-norm-nan",
+        "NaN",
+        "gradient",
+        "Megatron-LM core_v0.5.0 megatron/optimizer/clip_grads.py:104",
+        slime=False,
+        message=CLIP_NONFINITE,
+    ),
 )
 
 
+BY_ID = {check.id: check for check in CHECKS}
+
+
 def check_of(message: str, truncated: bool = False) -> Check | None:
-    """The check whose message `message` is (None: a message of no check nanscope knows)."""
+    """The check whose message `message` is (None: a message of no check nanscope knows); the first of
+    `checks_of` when a message cut short fits several."""
+    found = checks_of(message, truncated)
+    return found[0] if found else None
+
+
+def checks_of(message: str, truncated: bool = False) -> list[Check]:
+    """Every check whose message `message` is, or (`truncated`) starts."""
     text = _bucket_free(message)
-    return next((check for check in CHECKS if check._matches(text, truncated)), None)
+    return [check for check in CHECKS if check._matches(text, truncated)]

@@ -1,5 +1,6 @@
-"""Reading a slime launch (script, flags, layout, traceback) into a diagnosis: `nanscope doctor`'s data.
+"""Reading a launch (script, flags, layout, traceback, log) into a diagnosis: `nanscope doctor`'s data.
 
+diagnosis.py  the Diagnosis the renderers read; notes.py: the explanations, notes and contradictions in it
 script/       launch script -> argument list (tree-sitter-bash, never executed; bash arithmetic, bounds)
 config.py     argument list -> resolved flags with origins, derived batch figures
 topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
@@ -8,6 +9,10 @@ tracebacks.py traceback or whole job log -> failing rank, message, annotated fra
               line and its check; frames.py: the frames; logs.py: a log of any size, as a stream)
 findings/     flags -> NaN mechanisms (rules, by family) and what is fine
 candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
+reported.py   the causes real reports had, from any framework's flags (flagview.py: one spelling for them all)
+foreign.py    a launch script's framework; a non-slime launch's flags and sizes (peers.py: its causes, by its code)
+evidence.py   what a traceback's frames show (schedule, check reached, framework, slime release); rerun.py: the
+              rerun state machine's verdict; inference.py: a node count from the rank when a variable hides it
 moe.py        the MoE causes' rules (router losses, zero-token experts, router logits), with megatron-core's lines
 status.py     the three statuses
 """
@@ -18,59 +23,36 @@ from dataclasses import dataclass, field
 
 from nanscope import inputs
 from nanscope.errors import UserError
-from nanscope.launch import candidates, findings
-from nanscope.launch.candidates import Candidate
-from nanscope.launch.config import Batches, Config, batches, resolve
+from nanscope.facts import frameworks, releases
+from nanscope.facts.flags import BY_NAME
+from nanscope.launch import candidates, findings, inference, notes
+from nanscope.launch.config import Config, Value, batches, resolve
 from nanscope.launch.detect import Choice, choose
-from nanscope.launch.findings.finding import Finding
+from nanscope.launch.diagnosis import Diagnosis
+from nanscope.launch.evidence import UNKNOWN, Framework
+from nanscope.launch.foreign import Foreign, read_foreign, script_framework
+from nanscope.launch.peers import peer_candidates
 from nanscope.launch.script import LaunchScript, parse_script
 from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
-from nanscope.launch.topology import RankInfo, Topology, build
-from nanscope.launch.tracebacks import Traceback, explain_bucket, explain_check, explain_iteration, explain_stage
+from nanscope.launch.topology import build
+from nanscope.launch.tracebacks import Traceback
 
-_RANKS_SHOWN = 16  # other failing ranks named in the note; the rest are counted
+__all__ = ["Diagnosis", "diagnose", "unread"]
 
 
 @dataclass
-class Diagnosis:
-    """Everything `nanscope doctor` reports; renderers (nanscope.report.doctor) only read it and write the prose.
-
-    Attributes:
-        script: the parsed launch script.
-        config: resolved flags.
-        topology: the actor's layout.
-        batches: derived batch/length figures.
-        findings: rules that fired, most severe first.
-        fine: checks that passed, one line each.
-        failing: the failing (or asked-for) rank, if any.
-        traceback: the parsed traceback, if one was given.
-        explanations: why this rank reported, what `iteration -1` and `bucket #0` mean.
-        notes: inputs that were missing or overridden, in words.
-        model_origin: where num-layers/num-experts came from when not in the flags.
-        env: the `--env` values used.
-        candidates: every catalogued cause, ruled out / enabled / undecidable by the flags and the
-            traceback, with the observation that tells it apart (launch.candidates).
-        release: the slime release used and how it was chosen (launch.detect.Choice).
-    """
+class _Launch:
+    """A launch script read and resolved: what `diagnose` builds the layout and the rules from."""
 
     script: LaunchScript
     config: Config
-    topology: Topology
-    batches: Batches
-    findings: list[Finding]
-    fine: list[str]
-    failing: RankInfo | None = None
-    traceback: Traceback | None = None
-    explanations: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    model_origin: str | None = None
-    env: dict = field(default_factory=dict)
-    candidates: list[Candidate] = field(default_factory=list)
-    release: Choice | None = None
+    release: Choice
+    env: dict
+    inferred: list[str] = field(default_factory=list)
 
 
 def diagnose(
-    script_path: str,
+    script_path: str | None,
     *,
     env: dict[str, str] | None = None,
     model: dict | None = None,
@@ -83,10 +65,10 @@ def diagnose(
     slime_version: str | None = None,
     case_release: str | None = None,
 ) -> Diagnosis:
-    """Parse, resolve, lay out, and apply the rules.
+    """Parse, resolve, lay out, and apply the rules (slime's to a slime launch only); one of script and traceback.
 
     Args:
-        script_path: the launch script.
+        script_path: the launch script (None: the traceback alone).
         env: `--env` values (TOTAL_NODES=8, ...).
         model: architecture facts standing in for a missing model-args file.
         model_origin: how to name `model` in the report.
@@ -101,41 +83,157 @@ def diagnose(
     Raises:
         UserError: any bad input, in one line.
     """
-    env = env or {}
-    limit = INPUT_LIMIT if limit is None else limit
-    script = parse_script(script_path, env, model_args, limit)
-    text = inputs.read_text(script_path, "launch script", limit, OPTION)
-    release = choose(slime_version, script.path, text, script.argv, case_release)
-    kept = {placeholder.text: placeholder.reason for placeholder in script.placeholders if placeholder.kind == "limit"}
-    cfg = resolve(
-        script.argv,
-        model=model,
-        model_origin=model_origin or "model JSON",
-        unset=script.unset,
-        kept=kept,
-        release=release.release.key,
+    if script_path is None:  # the traceback alone
+        assert traceback is not None, "diagnose needs a script or a traceback"
+        return _without_script(traceback, rank, slime_version)
+    env, limit = env or {}, INPUT_LIMIT if limit is None else limit
+    script, text = (
+        parse_script(script_path, env, model_args, limit),
+        inputs.read_text(script_path, "launch script", limit, OPTION),
     )
-    cfg.unread = unread(script)
+    framework = script_framework(script, text)
+    if framework.name != frameworks.SLIME and slime_version is None and case_release is None:
+        return _foreign(script, framework, traceback, rank=rank, origin=traceback_origin, env=env)
+    frames = traceback.framework if traceback is not None else UNKNOWN
+    reading = _read_launch(
+        script,
+        text,
+        env=env,
+        model=model,
+        model_origin=model_origin,
+        model_args=model_args,
+        limit=limit,
+        asked=slime_version,
+        case_release=case_release,
+        frames_release=(frames.release, frames.how) if frames.release is not None else None,
+        rank=rank if rank is not None else _traceback_rank(traceback),
+    )
+    diagnosis = _slime(reading, traceback, model, model_origin)
+    if traceback is not None:
+        candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+    _place_failing(diagnosis, rank, traceback_origin)
+    diagnosis.contradictions = notes.contradictions(diagnosis)
+    return diagnosis
+
+
+def _slime(reading: _Launch, traceback: Traceback | None, model: dict | None, model_origin: str | None) -> Diagnosis:
+    """A slime launch: its layout, slime's rules for its flags, the catalogue's causes."""
+    cfg = reading.config
     layout = build(cfg)
     figures = batches(cfg, layout.dp, layout.cp)
     found = findings.findings(cfg, figures, layout.world, layout.cp)
     colocate_ok = not any(finding.id.startswith(("rollout-gpus", "colocate")) for finding in found)
-    diagnosis = Diagnosis(
-        script=script,
+    frames = traceback.framework if traceback is not None else UNKNOWN
+    return Diagnosis(
+        script=reading.script,
         config=cfg,
         topology=layout,
         batches=figures,
         findings=found,
         fine=findings.fine(cfg, figures, layout.world, colocate_ok),
-        notes=_input_notes(script, cfg, model, model_origin) + cfg.notes + layout.notes,
+        notes=notes.input_notes(reading.script, cfg, model, model_origin) + cfg.notes + layout.notes,
         model_origin=model_origin,
-        env=env,
+        env=reading.env,
         traceback=traceback,
         candidates=candidates.candidates(cfg, traceback),
-        release=release,
+        release=reading.release,
+        framework=_script_framework(reading, frames),
+        inferred=reading.inferred,
+        missing=[] if traceback is not None else [_NO_TRACEBACK],
     )
-    _place_failing(diagnosis, rank, traceback_origin)
-    return diagnosis
+
+
+_NO_TRACEBACK = (
+    "no traceback: give it (--traceback FILE, or - for standard input) to name the failing rank, the check that "
+    "fired (and so rule causes out), the framework's release and the rerun verdict"
+)
+
+
+def _traceback_rank(traceback: Traceback | None) -> int | None:
+    return None if traceback is None or traceback.failure is None else traceback.failure.rank
+
+
+def _script_framework(reading: _Launch, frames: Framework) -> Framework:
+    """slime, with the release the diagnosis uses (a slime launch script is slime's evidence)."""
+    how = f"the launch script runs {reading.script.train_script} with slime's flags"
+    if frames.name == "slime":
+        how = f"{frames.how}; {how}"
+    return Framework("slime", reading.release.release.key, how)
+
+
+def _read_launch(script: LaunchScript, text: str, *, env: dict, model, model_origin, model_args, limit, asked,
+                 case_release, frames_release, rank) -> _Launch:  # fmt: skip
+    """Resolve a slime script; a node count it reads from an unset variable is inferred (launch.inference)."""
+    script_path = script.path
+    release = choose(asked, script.path, text, script.argv, case=case_release, frames=frames_release)
+    kept = {placeholder.text: placeholder.reason for placeholder in script.placeholders if placeholder.kind == "limit"}
+
+    def config_of(read: LaunchScript) -> Config:
+        cfg = resolve(
+            read.argv,
+            model=model,
+            model_origin=model_origin or "model JSON",
+            unset=read.unset,
+            kept=kept,
+            release=release.release.key,
+        )
+        cfg.unread = unread(read)
+        return cfg
+
+    cfg = config_of(script)
+    reading = _Launch(script, cfg, release, dict(env))
+    if "actor_num_nodes" in cfg.unknown:
+        _infer_nodes(
+            reading, rank, lambda extra: parse_script(script_path, {**env, **extra}, model_args, limit), config_of
+        )
+    for name, text in reading.config.unknown.items():
+        if name != "actor_num_nodes":
+            value = reading.config[name]
+            assumed = "no value assumed" if value is None else f"the default {value} assumed"
+            reading.inferred.append(
+                f"{BY_NAME[name].spelling} {text!r} reads variables the script never sets: unknown, {assumed} "
+                "(pass --env NAME=VALUE)"
+            )
+    return reading
+
+
+def _infer_nodes(reading: _Launch, rank: int | None, reparse, config_of) -> None:
+    """The node count from the rank and the layout (a lower bound), and the variable that sets it when one does."""
+    cfg = reading.config
+    etp = cfg["expert_tensor_parallel_size"]
+    sizes = inference.Sizes(
+        cfg["tensor_model_parallel_size"],
+        cfg["pipeline_model_parallel_size"],
+        cfg["context_parallel_size"],
+        cfg["expert_model_parallel_size"],
+        etp,
+    )
+    gpn = cfg["actor_num_gpus_per_node"]
+    world, why = inference.smallest_world(sizes, gpn, rank)
+    nodes = world // gpn
+    text = cfg.unknown["actor_num_nodes"]
+
+    def nodes_of(extra: dict[str, str]) -> int | None:
+        try:
+            read = config_of(reparse(extra))
+        except UserError:
+            return None
+        return None if "actor_num_nodes" in read.unknown else read["actor_num_nodes"]
+
+    solved = inference.solve(list(reading.script.unset), nodes, world, nodes_of)
+    bound = f"{nodes} nodes x {gpn} GPUs = world {world}, {why}: a lower bound, the rank's coordinates hold under it"
+    if solved is not None:
+        name, value = solved
+        reading.script = reparse({name: value})
+        reading.config = config_of(reading.script)
+        reading.env = {**reading.env, name: value}
+        origin = f"inferred: {name}={value} ({bound}); pass --env {name}=N for the real count"
+        line = f"--actor-num-nodes {text!r} reads {name}, which the script never sets: inferred {name}={value}"
+    else:
+        origin = f"inferred: {bound}; pass --env for the real count"
+        line = f"--actor-num-nodes {text!r} reads variables the script never sets: inferred {nodes}"
+    reading.config.values["actor_num_nodes"] = Value(nodes, origin)
+    reading.inferred.append(f"{line} ({bound})")
 
 
 def unread(script: LaunchScript) -> list[tuple[str, int]]:
@@ -143,10 +241,116 @@ def unread(script: LaunchScript) -> list[tuple[str, int]]:
     return [(source.path, source.line) for source in script.sources if source.status == "missing"]
 
 
+def _foreign(
+    script: LaunchScript, framework: Framework, traceback: Traceback | None, *, rank: int | None, origin: str, env: dict
+) -> Diagnosis:
+    """A launch that is not slime's: its framework's layout and flags, and the causes by its own code (launch.peers);
+    no slime rule."""
+    launch = read_foreign(script, framework)
+    hint = rank if rank is not None else _traceback_rank(traceback)
+    layout, inferred = _foreign_layout(launch, hint)
+    pp = layout.pp if layout is not None else launch.sizes.get("pp")
+    cp = layout.cp if layout is not None else launch.sizes.get("cp")
+    diagnosis = Diagnosis(
+        script=script,
+        config=None,
+        topology=layout,
+        batches=None,
+        findings=[],
+        fine=[],
+        notes=launch.notes + ([] if layout is None else layout.notes),
+        env=env,
+        traceback=traceback,
+        candidates=peer_candidates(framework, launch.view, traceback, pp=pp, cp=cp),
+        framework=framework,
+        inferred=inferred,
+        flags=launch.view,
+    )
+    if traceback is None:
+        diagnosis.missing.append(_NO_TRACEBACK)
+    else:
+        candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+    if layout is not None:
+        _place_failing(diagnosis, rank, origin)
+    elif traceback is not None:
+        diagnosis.explanations = notes.explain_alone(traceback)
+        diagnosis.notes += notes.traceback_notes(diagnosis, origin)
+    diagnosis.contradictions = notes.contradictions(diagnosis)
+    return diagnosis
+
+
+def _foreign_layout(launch: Foreign, rank: int | None):
+    """megatron-core's layout of a non-slime launch (None: OpenRLHF's DeepSpeed ranks, or sizes Megatron refuses),
+    and what was inferred for it."""
+    sizes, inferred = launch.sizes, []
+    if launch.framework.name == frameworks.OPENRLHF:
+        launch.notes.append("OpenRLHF trains with DeepSpeed: no megatron-core layout")
+        return None, inferred
+    gpn = sizes.get("gpus_per_node") or 8
+    if sizes.get("gpus_per_node") is None:
+        inferred.append("GPUs per node not given: 8 assumed")
+    parallel = inference.Sizes(sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes.get("etp") or sizes["tp"])
+    nodes = sizes.get("nodes")
+    if nodes is None:
+        world, why = inference.smallest_world(parallel, gpn, rank)
+        nodes = world // gpn
+        inferred.append(f"nodes not given: inferred {nodes} ({why}): a lower bound")
+    argv = ["--actor-num-nodes", str(nodes), "--actor-num-gpus-per-node", str(gpn)]
+    for flag, size in (("--tensor-model-parallel-size", "tp"), ("--pipeline-model-parallel-size", "pp"),
+                       ("--context-parallel-size", "cp"), ("--expert-model-parallel-size", "ep"),
+                       ("--expert-tensor-parallel-size", "etp")):  # fmt: skip
+        if sizes.get(size) is not None:
+            argv += [flag, str(sizes[size])]
+    if (sizes.get("vpp") or 1) > 1:
+        argv += ["--num-virtual-stages-per-pipeline-rank", str(sizes["vpp"])]
+    try:
+        return build(resolve(argv)), inferred
+    except UserError as error:
+        launch.notes.append(f"layout not built: {error}")
+        return None, inferred
+
+
+def _without_script(traceback: Traceback, rank: int | None, slime_version: str | None) -> Diagnosis:
+    """The traceback alone: the failure, the frames' evidence and the causes the check leaves (no flags, no layout)."""
+    framework = traceback.framework
+    release = None
+    if slime_version is not None:
+        release = Choice(releases.get(slime_version), "option", f"--slime-version {slime_version}")
+    elif framework.name == "slime" and framework.release is not None:
+        release = Choice(releases.BY_KEY[framework.release], "frames", framework.how)
+    diagnosis = Diagnosis(
+        script=None,
+        config=None,
+        topology=None,
+        batches=None,
+        findings=[],
+        fine=[],
+        traceback=traceback,
+        candidates=candidates.without_flags(traceback, framework, release),
+        release=release,
+        framework=framework,
+    )
+    candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+    failure = traceback.failure
+    where = f"rank {failure.rank}" if failure is not None and failure.rank is not None else "the failing rank"
+    diagnosis.missing.append(
+        f"no launch script: give it to place {where} in the layout (its TP/CP/DP/PP/EP coordinates, node and "
+        "layers), to read the flags that enable or rule out each cause, and to check the frames against the layout"
+    )
+    if rank is not None:
+        diagnosis.notes.append(
+            f"--rank {rank}: a rank is placed in a launch's layout; without a launch script it is not"
+        )
+    diagnosis.explanations = notes.explain_alone(traceback)
+    diagnosis.notes += notes.traceback_notes(diagnosis, "traceback")
+    return diagnosis
+
+
 def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str) -> None:
     """Locate the asked-for (or the traceback's) rank and note where the inputs disagree."""
     traceback, layout = diagnosis.traceback, diagnosis.topology
-    asked = rank if rank is not None else (traceback.failure.rank if traceback else None)
+    failure = traceback.failure if traceback is not None else None
+    asked = rank if rank is not None else (failure.rank if failure is not None else None)
     if asked is not None:
         if rank is None and not 0 <= asked < layout.world:
             raise UserError(
@@ -155,80 +359,13 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
                 "check --env and the script"
             )
         diagnosis.failing = layout.rank(asked)
-        if rank is not None and traceback and traceback.failure.rank != rank:
-            diagnosis.notes.append(f"--rank {rank} overrides the traceback's rank {traceback.failure.rank}")
-        device = traceback.failure.device if traceback else None  # "cpu": a CPU run names no GPU
-        if isinstance(device, int) and asked == traceback.failure.rank and device != diagnosis.failing.local_device:
+        if rank is not None and failure is not None and failure.rank is not None and failure.rank != rank:
+            diagnosis.notes.append(f"--rank {rank} overrides the traceback's rank {failure.rank}")
+        device = failure.device if failure is not None else None  # "cpu": a CPU run names no GPU
+        if isinstance(device, int) and asked == failure.rank and device != diagnosis.failing.local_device:
             diagnosis.notes.append(
-                f"the traceback says device {traceback.failure.device} but rank {asked} maps to local device "
+                f"the traceback says device {failure.device} but rank {asked} maps to local device "
                 f"{diagnosis.failing.local_device} with {layout.gpus_per_node} GPUs per node"
             )
-        diagnosis.explanations = _explain(diagnosis)
-    if traceback and traceback.failure.truncated:
-        diagnosis.notes.append(
-            f"{traceback_origin}: line {traceback.failure.line}: the Megatron error is cut short before its "
-            "closing `')`; its message is read as far as it goes"
-        )
-    check = traceback.failure.check if traceback else None
-    if check is not None and check.id == "large-grads" and not diagnosis.config["check_for_large_grads"]:
-        off = "--check-for-large-grads, which this launch does not set"
-    elif check is not None and check.quantity == "gradient" and not diagnosis.config["check_for_nan_in_loss_and_grad"]:
-        off = "--check-for-nan-in-loss-and-grad, which this launch turns off"
-    else:
-        off = None
-    if off is not None:
-        diagnosis.notes.append(
-            f"the traceback's check ({check.id}) runs only under {off}: the traceback may come from another launch"
-        )
-    if traceback and traceback.other_ranks:
-        shown, more = traceback.other_ranks[:_RANKS_SHOWN], len(traceback.other_ranks) - _RANKS_SHOWN
-        diagnosis.notes.append(
-            f"the traceback also has Megatron errors from rank(s) {', '.join(map(str, shown))}"
-            + (f" and {more} more" if more > 0 else "")
-            + f"; the first, rank {traceback.failure.rank}, is explained"
-        )
-
-
-def _input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_origin: str | None) -> list[str]:
-    notes = []
-    for source in script.sources:
-        if source.status == "missing":
-            where = f"; {model_origin} stands in for it" if model else "; pass --model-args FILE or --model JSON"
-            notes.append(f"line {source.line}: source {source.path}: not found{where}")
-        elif source.followed != source.path:
-            notes.append(f"line {source.line}: source {source.path}: read {source.followed} in its place")
-        else:
-            notes.append(f"line {source.line}: source {source.path}: followed")
-    arrays = script.unset_arrays
-    scalars = [name for name in script.unset if name not in arrays]
-    if arrays:
-        notes.append("unset arrays expanded to nothing: " + ", ".join(arrays))
-    if scalars:
-        notes.append("unset variables kept as text: " + ", ".join(scalars) + " (pass --env NAME=VALUE)")
-    for placeholder in script.placeholders:
-        if placeholder.kind == "command":
-            notes.append(f"line {placeholder.line}: {placeholder.text} is a run-time value, kept as text")
-    notes += script.assumptions + script.limits
-    for name in ("num_layers", "num_experts"):
-        if model and cfg.origin(name) == model_origin:
-            notes.append(f"{name.replace('_', '-')} {cfg[name]} from {model_origin}")
-    if script.syntax_errors:
-        notes.append("tree-sitter reported syntax errors at lines " + ", ".join(map(str, script.syntax_errors)))
-    return notes
-
-
-def _explain(diagnosis: Diagnosis) -> list[str]:
-    layout, failing, traceback = diagnosis.topology, diagnosis.failing, diagnosis.traceback
-    check = traceback.failure.check if traceback is not None else None
-    out = [explain_stage(layout.pp, failing.pp, check)]
-    if traceback is not None:
-        failure = traceback.failure
-        out.append(explain_iteration(failure.iteration))
-        pp = layout.coords[failure.rank]["pp"] if failure.rank < layout.world else failing.pp
-        bucket = explain_bucket(failure.bucket, pp, diagnosis.config["overlap_grad_reduce"])
-        if bucket:
-            out.append(bucket)
-        check_text = explain_check(failure)
-        if check_text:
-            out.append(check_text)
-    return out
+        diagnosis.explanations = notes.explain(diagnosis)
+    diagnosis.notes += notes.traceback_notes(diagnosis, traceback_origin)

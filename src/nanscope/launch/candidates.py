@@ -23,11 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope.causes import catalogue, immune
+from nanscope.causes.classes import HARDWARE
 from nanscope.facts import releases
 from nanscope.facts.flags import BY_NAME, SCRIPT
 from nanscope.facts.paths import HOOK_PATH
 from nanscope.launch import moe
 from nanscope.launch.config import Config
+from nanscope.launch.flagview import FlagView
+from nanscope.launch.reported import Context, reported
 from nanscope.launch.status import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE
 
 
@@ -67,31 +70,117 @@ def candidates(cfg: Config, traceback=None) -> list[Candidate]:
         traceback: the parsed traceback, if one was given: its failure means the gradient was non-finite.
     """
     out = []
-    failure = None if traceback is None else traceback.failure
     for hazard in catalogue.CATALOGUE:
         if hazard is catalogue.HEALTHY:
             continue
         status, evidence = _status(hazard, cfg)
-        misfit = None if failure is None or status == RULED_OUT else _misfit(hazard, failure, cfg)
-        if misfit is not None:
-            status, evidence = RULED_OUT, evidence + [misfit]
-        discriminator = None if status == RULED_OUT else hazard.discriminator
-        out.append(Candidate(hazard.name, status, evidence, discriminator, hazard.cause_class))
+        out.append(judged(hazard, status, evidence, traceback, cfg))
     for cause in immune.IMMUNE:
         evidence = [f"slime {cfg.release} is immune: {cause.why}", *cause.evidence]
         out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
+    view = FlagView(cfg.given, {flag: " ".join([flag, *words]) for flag, words in cfg.given.items()})
+    context = Context(
+        "slime",
+        view,
+        pp=cfg["pipeline_model_parallel_size"],
+        cp=cfg["context_parallel_size"],
+        core=core_of(traceback),
+        unread=bool(cfg.unread),
+    )
+    out += reported_candidates(context, traceback)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 
-def _misfit(hazard, failure, cfg: Config) -> str | None:
+def core_of(traceback) -> tuple[str, ...] | None:
+    """The megatron-core releases the traceback fits: its frames' lines, else its error line's form."""
+    if traceback is None:
+        return None
+    if traceback.evidence.core_releases:
+        return traceback.evidence.core_releases
+    failure = traceback.failure
+    return failure.releases if failure is not None and failure.releases else None
+
+
+def reported_candidates(context: Context, traceback, script: bool = True) -> list[Candidate]:
+    """The causes real reports had (launch.reported), the rerun verdict applied (`script` False: no flag read, so no
+    flag enables one)."""
+    out = []
+    failure = None if traceback is None else traceback.failure
+    for cause, status, evidence in reported(context):
+        if not script and status == ENABLED:
+            status, evidence = UNDECIDABLE, ["no launch script: the flags that decide it are unknown"]
+        check = None if failure is None else failure.check
+        if check is not None and status != RULED_OUT and check.value not in cause.makes:
+            found = "a finite value, unexpectedly large" if check.value == "large" else check.value
+            status, evidence = (
+                RULED_OUT,
+                evidence + [f"the traceback's check found {found}; this cause makes only {' or '.join(cause.makes)}"],
+            )
+        rerun = None if traceback is None else traceback.rerun
+        if rerun is not None and status != RULED_OUT:
+            status, evidence = _by_verdict(cause, rerun, status, evidence)
+        discriminator = None if status == RULED_OUT else cause.discriminator
+        out.append(Candidate(cause.name, status, [*evidence, *cause.evidence], discriminator, cause.cause_class))
+    return out
+
+
+def without_flags(traceback, framework, release) -> list[Candidate]:
+    """The catalogued causes a traceback alone leaves: no flag decides any, its check and verdict rule some out.
+
+    Only a slime job gets slime's hazards (its loss, its rollouts) and the causes slime is immune to; any other
+    framework, or none named, gets the causes that live in the model, the kernels and the devices.
+    """
+    slime = framework.name == "slime"
+    out = []
+    for hazard in catalogue.CATALOGUE:
+        if hazard is catalogue.HEALTHY or (not slime and hazard.level == "batch"):
+            continue
+        evidence = ["no launch script: the flags that decide it are unknown"]
+        out.append(judged(hazard, UNDECIDABLE, evidence, traceback, None))
+    if slime:
+        key = release.release.key if release is not None else "(release unknown)"
+        for cause in immune.IMMUNE:
+            evidence = [f"slime {key} is immune: {cause.why}", *cause.evidence]
+            out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
+    context = Context(framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False)
+    out += reported_candidates(context, traceback, script=False)
+    return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
+
+
+def judged(hazard, status: str, evidence: list[str], traceback, cfg: Config | None) -> Candidate:
+    """The hazard's candidate once the traceback's check and the rerun verdict have had their say."""
+    failure = None if traceback is None else traceback.failure
+    misfit = None if failure is None or status == RULED_OUT else _misfit(hazard, failure, cfg)
+    if misfit is not None:
+        status, evidence = RULED_OUT, evidence + [misfit]
+    rerun = None if traceback is None else traceback.rerun
+    if rerun is not None and status != RULED_OUT:
+        status, evidence = _by_verdict(hazard, rerun, status, evidence)
+    discriminator = None if status == RULED_OUT else hazard.discriminator
+    return Candidate(hazard.name, status, evidence, discriminator, hazard.cause_class)
+
+
+def _by_verdict(hazard, rerun, status: str, evidence: list[str]) -> tuple[str, list[str]]:
+    """What the rerun state machine's verdict says: not reproducible means the device; reproducible, not a one-off."""
+    said = f"the rerun state machine's verdict ({rerun.rerun} rerun, line {rerun.line}): {rerun.means}"
+    device = hazard.cause_class == HARDWARE
+    if rerun.verdict in ("transient", "persistent-fault"):
+        return (ENABLED, evidence + [said]) if device else (RULED_OUT, evidence + [said])
+    if device and (rerun.verdict == "application" or getattr(hazard, "fault_once", False)):
+        return RULED_OUT, evidence + [said]
+    return status, evidence
+
+
+def _misfit(hazard, failure, cfg: Config | None) -> str | None:
     """Why the traceback's check cannot have fired on `hazard` (None: it can), by what its message says."""
     check = failure.check
     if check is None:  # a message nanscope does not know: it says nothing about the hazard
         return None
     if not check.slime and hazard.level == "batch":
+        where = "the loss of Megatron-LM's own training loop" if check.quantity == "loss" else "Megatron-LM's optimizer"
         return (
-            f"the traceback's check is Megatron-LM's ({check.source}), on the loss of Megatron-LM's own training "
-            "loop, which slime never runs: this hazard lives in slime's loss or rollouts"
+            f"the traceback's check is Megatron-LM's ({check.source}), on {where}, which slime never runs: this "
+            "hazard lives in slime's loss or rollouts"
         )
     if check.quantity == "loss":
         finite = hazard.loss_finite
@@ -101,7 +190,7 @@ def _misfit(hazard, failure, cfg: Config) -> str | None:
             return f"the traceback's check found {check.value} in the forward loss; this fault leaves the loss finite"
         return None
     # A shifted rollout log-prob only reaches a clamped TIS weight, unless it is the ratio's old policy.
-    shifted_as_old = hazard is catalogue.ROLLOUT_LOGPROB_SHIFT and cfg.get("use_rollout_logprobs")
+    shifted_as_old = hazard is catalogue.ROLLOUT_LOGPROB_SHIFT and (cfg is None or cfg.get("use_rollout_logprobs"))
     finite = hazard.grad_finite and not shifted_as_old
     if check.value == "large":
         if finite:
@@ -124,6 +213,33 @@ def _makes(finite: bool, what: str) -> str:
     if finite:
         return f"leaves the {what} finite and as it was"
     return f"makes the {what} NaN or Inf, which the check passes over (rerun_state_machine.py:703-706)"
+
+
+# metric -> the causes an excursion of it supports (first: at the first step logged; later: after it)
+_METRIC_CAUSES = {
+    "grad_norm": (("bad-checkpoint-resume", "sp-new-architecture", "library-regression"),
+                  ("activation-overflow", "backward-only-fault", "library-regression")),
+    "train_rollout_logprob_abs_diff": (("bad-checkpoint-resume", "rollout-logprob-shift", "nan-rollout-logprob"),
+                                       ("rollout-logprob-shift", "nan-rollout-logprob", "ratio-exp-overflow")),
+    "kl": (("kl-exp-overflow", "logprob-drift"), ("kl-exp-overflow", "logprob-drift")),
+}  # fmt: skip
+
+
+def with_metrics(found: list[Candidate], metrics) -> None:
+    """Each metric's first step out of its range (launch.metrics) as evidence for the causes that make it."""
+    for excursion in metrics.excursions.values():
+        if excursion.metric not in _METRIC_CAUSES:
+            continue
+        first = excursion.step is not None and excursion.step == metrics.first_step
+        names = _METRIC_CAUSES[excursion.metric][0 if first else 1]
+        said = "the metrics: " + excursion.text() + (", the first step logged" if first else "")
+        loaded = metrics.after_load(excursion)
+        if loaded:
+            said += f", after the checkpoint load the log names at line {metrics.load_line}"
+            names = (*names, "bad-checkpoint-resume")
+        for candidate in found:
+            if candidate.id in names and candidate.status != RULED_OUT:
+                candidate.evidence.append(said)
 
 
 def remaining(found: list[Candidate]) -> list[Candidate]:

@@ -43,6 +43,8 @@ class Config:
         rejected: (flag, value, the release's choices) for a value its parser rejects.
         unread: (path as written, line) of each file the script sources that was not read (missing, no
             --model-args in its place): the flags in it are unknown, so a cause they decide stays open (launch.moe).
+        unknown: flags whose value is script text that reads unset variables -> that text; their value is the
+            default, or what doctor infers (launch.inference), and their origin says so.
     """
 
     values: dict[str, Value]
@@ -52,6 +54,7 @@ class Config:
     undefined: list[str] = field(default_factory=list)
     rejected: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
     unread: list[tuple[str, int]] = field(default_factory=list)
+    unknown: dict[str, str] = field(default_factory=dict)
 
     def __getitem__(self, name: str):
         return self.values[name].value
@@ -148,6 +151,12 @@ def _hint(words: list[str], unset: dict[str, int], kept: dict[str, str]) -> str:
     return f" (the script reads unset variables: {', '.join(sorted(unset))}; pass --env NAME=VALUE)"
 
 
+def _unset_text(words: list[str], unset: dict[str, int], kept: dict[str, str]) -> bool:
+    """A value of script text that reads unset variables (not one kept at a reading limit): unknown, not wrong."""
+    text = " ".join(words)
+    return bool(unset) and "$" in text and not any(placeholder in text for placeholder in kept)
+
+
 def _model_value(spec: Flag, value, origin: str):
     expected = {"int": int, "float": (int, float), "str": str}[spec.kind]
     if isinstance(value, bool) or not isinstance(value, expected):
@@ -189,6 +198,18 @@ def resolve(
         if not spec.defined_at(release):
             if spec.spelling in given:
                 cfg.undefined.append(spec.spelling)
+        elif (
+            spec.spelling in given
+            and spec.kind in ("int", "float", "floats")
+            and _unset_text(given[spec.spelling], unset or {}, kept or {})
+        ):
+            text = " ".join(given[spec.spelling])
+            cfg.unknown[spec.name] = text
+            default = spec.default_at(release)
+            origin = f"unknown: the script gives {_short(text)!r}, which reads variables it never sets"
+            cfg.values[spec.name] = Value(
+                default, f"{origin}; {'no value' if default is None else 'the default'} assumed"
+            )
         elif spec.spelling in given:
             value = _convert(spec, given[spec.spelling], unset or {}, kept or {})
             if spec.choices_at(release) and value not in spec.choices_at(release):

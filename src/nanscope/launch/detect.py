@@ -6,7 +6,8 @@ docker image `slimerl/slime:v0.3.1`, `slime@v0.2.4`, `slime@main` or main's comm
 parsers accept every modelled flag the script gives (`launch.config.FLAGS`: `since`, `choices`),
 the oldest of them when the flags rule some out; else v0.1.0, said as an assumption. The bundled case
 is its own release (`case.RELEASE`) unless `--slime-version` says otherwise. A script that names a
-release nanscope does not know, or two releases, is refused in one line: its defaults would be guessed.
+release nanscope does not know, or two releases, is refused in one line: its defaults would be guessed. Between
+what the script names and its flags: the release whose lines the traceback's slime frames are (`frames`).
 
     choose(None, "launch.sh", text, argv).source   # e.g. "launch.sh line 3 names it: slime-0.2.4"
 """
@@ -44,7 +45,8 @@ class Choice:
 
     Attributes:
         release: the release record.
-        how: "option" (--slime-version), "script" (named in its text), "flags", "case" or "assumed".
+        how: "option" (--slime-version), "script" (named in its text), "frames" (the traceback's slime frames are
+            one release's lines), "flags", "case" or "assumed".
         source: the evidence, in words.
     """
 
@@ -53,7 +55,14 @@ class Choice:
     source: str
 
 
-def choose(asked: str | None, path: str, text: str, argv: list[str], case: str | None = None) -> Choice:
+def choose(
+    asked: str | None,
+    path: str,
+    text: str,
+    argv: list[str],
+    case: str | None = None,
+    frames: tuple[str, str] | None = None,
+) -> Choice:
     """The release for a launch (see the module docstring).
 
     Args:
@@ -62,6 +71,7 @@ def choose(asked: str | None, path: str, text: str, argv: list[str], case: str |
         text: the script's text.
         argv: the train command's resolved arguments.
         case: the bundled case's release key, when the script is the case's.
+        frames: (release key, evidence) when the traceback's slime frames are one release's lines (launch.evidence).
 
     Raises:
         UserError: an unknown `asked`; a script naming an unknown release, or two.
@@ -70,7 +80,17 @@ def choose(asked: str | None, path: str, text: str, argv: list[str], case: str |
         return Choice(releases.get(asked), "option", f"--slime-version {asked}")
     if case is not None:
         return Choice(releases.BY_KEY[case], "case", f"the bundled case ran slime {case}; {OVERRIDE}")
-    return _named(path, text) or _by_flags(argv) or _assumed("nothing in the script names a release")
+    named = _named(path, text)
+    if named is not None:
+        return named
+    if frames is not None:
+        return Choice(releases.BY_KEY[frames[0]], "frames", f"the traceback's {frames[1]}")
+    return _by_flags(argv) or _assumed("nothing in the script names a release")
+
+
+def named_release(text: str) -> bool:
+    """The text names a slime release (known or not): evidence that the script is slime's."""
+    return _NAMED.search(text) is not None
 
 
 def _assumed(why: str) -> Choice:

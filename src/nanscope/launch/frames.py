@@ -14,7 +14,7 @@ from nanscope.facts.releases import SLIME_V0_1_0
 
 RAY = "ray"
 
-_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d{1,18}), in (?P<func>\S+)\s*$')
+_FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d{1,18}), in (?P<func>\S+)\s*$')
 _RAY = re.compile(r"RayTaskError\((?P<exc>\w+)\): ray::(?P<call>\S+?\(\)) \((?P<info>[^)]*)\)")
 _LM_LOOP = "Megatron-LM's own training loop (pretrain_gpt.py -> megatron.training), which slime never runs: "
 
@@ -160,6 +160,35 @@ KNOWN_FRAMES: tuple[KnownFrame, ...] = (
         _LM_LOOP + "the masked sum of the token losses, checked for NaN (line 251) and Inf (258), "
         "and for a spike under --check-for-spiky-loss (267).",
     ),
+    KnownFrame(
+        "slime/backends/megatron_utils/actor.py",
+        "train_actor",
+        "slime v0.2.4 on",
+        None,
+        "MegatronTrainRayActor.train_actor (slime v0.2.4 on): the actor's part of train, then model.train.",
+    ),
+    KnownFrame(
+        "megatron/core/pipeline_parallel/schedules.py",
+        "forward_step",
+        MCORE,
+        None,
+        "one micro-batch's forward pass, then the loss function on the last stage: a failure here is in the "
+        "forward pass or the loss, before any gradient.",
+    ),
+    KnownFrame(
+        "megatron/core/pipeline_parallel/schedules.py",
+        "backward_step",
+        MCORE,
+        None,
+        "one micro-batch's backward pass (autograd through the model).",
+    ),
+    KnownFrame(
+        "megatron/core/distributed/param_and_grad_buffer.py",
+        "check_for_nan_in_grad",
+        "megatron-core 0.9 to 0.11",
+        None,
+        "the bucket group's NaN check before the data-parallel reduce (before check_grads).",
+    ),
     KnownFrame("megatron/training/training.py", "train_step", MEGATRON_LM, None, _LM_LOOP + "one optimizer step."),
     KnownFrame("megatron/training/training.py", "train", MEGATRON_LM, None, _LM_LOOP + "the iteration loop."),
     KnownFrame("megatron/training/training.py", "pretrain", MEGATRON_LM, None, _LM_LOOP + "its entry point."),
@@ -213,10 +242,10 @@ def parse_frames(lines: list[str]) -> tuple[list[Frame], str | None]:
     """Frames outermost first; a Ray `RayTaskError` line becomes a boundary pseudo-frame."""
     frames, ray_ip = [], None
     for i, line in enumerate(lines):
-        frame = _FRAME.match(line)
+        frame = _FRAME.search(line) if 'File "' in line else None
         if frame:
             code = ""
-            if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]):
+            if i + 1 < len(lines) and 'File "' not in lines[i + 1]:
                 code = lines[i + 1].strip()
                 code = "" if set(code) <= {"^", "~", " "} else code
             path, function = frame["path"], frame["func"]

@@ -1,21 +1,29 @@
-"""A job's log read as a stream: its first Megatron error, the traceback that ends there, and the later errors' ranks.
+"""A job's log read as a stream: its first Megatron error, the traceback that ends there, the later errors' ranks and
+the rerun state machine's verdict; without an error line, the log's last traceback.
 
 A log is any size (a 64-rank Ray driver log is far over the input cap, and only the error's lines matter), so it
-is read in chunks of CHUNK bytes, and only the lines that hold "Unexpected" (every Megatron error line does;
-the last line, which may be cut short, is looked at for "Rank" too) are decoded and parsed. What is kept is
-the last CONTEXT bytes before the first error (its traceback) and the ranks of the later ones: memory is
-bounded by CHUNK + MAX_LINE + CONTEXT, whatever the log's size, and reading goes at the speed of
-`bytes.find` (hundreds of MB/s). A line longer than MAX_LINE is read in pieces of that size.
+is read in chunks of CHUNK bytes, and only the lines that hold a marker (`_MARKERS`: every form of Megatron's error
+line and of the rerun verdict has one; the last line, which may be cut short, is looked at for "Rank" too) are
+decoded and parsed. What is kept is the last CONTEXT bytes before the first error (its traceback), the ranks of the
+later ones and the verdicts: memory is bounded by CHUNK + MAX_LINE + CONTEXT, whatever the log's size, and reading
+goes at the speed of a literal search for each marker (about 500 MB/s) and of the metric scan before the first
+error (`launch.metrics`: about 80 MB/s where every line is a metric line). A line longer than MAX_LINE is read in
+pieces of that size.
 
 The lines read are cleaned as a terminal would show them: ANSI escapes (colours `ESC[36m`, `ESC[K`, OSC titles)
-are removed, and for the traceback Ray's worker prefix `(MegatronTrainRayActor pid=.., ip=..)` as well.
+are removed, and for the traceback the log prefixes (`strip_prefix`: Ray's `(MegatronTrainRayActor pid=.., ip=..)`
+and `(ActorWorker(actor_train-1) pid=.., ip=..)`, torchrun's `[rank14]:` and `[default2]:`, srun's `29: `,
+NeMo-Run's `i.pretrain/0 `, timestamps) as well. Where ranks interleave their lines, the traceback keeps the failing
+rank's (`[rankN]:`) lines.
 
-    found = read_log("driver.log")   # None: no Megatron error in it
+    found = read_log("driver.log")   # None: no Megatron error and no traceback in it
+    found = read_log("-")            # standard input
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,17 +31,39 @@ from functools import partial
 from nanscope import inputs
 from nanscope.errors import UserError
 from nanscope.launch.failure import Failure, line_failures
+from nanscope.launch.metrics import Metrics
+from nanscope.launch.rerun import Rerun, last_word, line_verdict
 
 CHUNK = 4 * inputs.MiB  # bytes read at once
 MAX_LINE = inputs.MiB  # a line longer than this is read in pieces
 CONTEXT = inputs.MiB  # bytes before the first error kept: its traceback
 MAX_RANKS = 4096  # distinct ranks of later errors kept
+MAX_VERDICTS = 64  # rerun verdict lines kept
+STDIN = "-"
 
-_MARKER = re.compile(rb"Unexpected")
-_LAST = re.compile(rb"Unexpected|Rank")  # the last line may be cut inside "Unexpected result"
+# Each a literal, searched on its own (a literal search runs at GB/s; one alternation of them at a tenth of that)
+_MARKERS = tuple(
+    re.compile(re.escape(marker))
+    for marker in (
+        b"Unexpected",
+        b" in local ",
+        b"found unexpected",
+        b"='Spiky loss",
+        b"rerun: unexpected",
+        b"Possible ",
+        b"Correct result",
+    )
+)
+_LAST = (*_MARKERS, re.compile(rb"Rank "))  # the last line may be cut inside the error's prefix
 # CSI (colours, ESC[K, cursor moves), OSC (window titles, links) ended by BEL or ESC \, and two-byte escapes
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-_RAY_PREFIX = re.compile(r"^\((?:[\w.:-]+ )?pid=\d+(?:, ip=[^)\s]+)?\) ?")
+# One log prefix at a line's start: a Ray worker `(Name pid=1, ip=..)` or `(Name(args) pid=1)`, srun's `12: `,
+# NeMo-Run's `i.pretrain/0 `, torchrun's `[default2]:` and `[rank14]:`, a bracketed or bare timestamp.
+_PREFIX = re.compile(
+    r"(?:\((?:[\w.:-]+(?:\([^()\s]*\))? )?pid=\d+(?:, ip=[^)\s]+)?\) ?|\s*\d{1,6}: (?=\[)|[\w.-]+/\d+ (?=\[)"
+    r"|\[default\d+\]:|\[rank\d+\]: ?|\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\]? ?)"
+)
+_RANK_TAG = re.compile(r"\[rank(\d+)\]:")
 _TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -42,24 +72,39 @@ def clean(line: str) -> str:
     return _ANSI.sub("", line).rstrip("\r") if "\x1b" in line else line.rstrip("\r")
 
 
+def strip_prefix(line: str) -> str:
+    """The line without the log prefixes before it (any number of them, as log collectors stack them)."""
+    pos = 0
+    while (match := _PREFIX.match(line, pos)) is not None and match.end() > pos:
+        pos = match.end()
+    return line[pos:]
+
+
 @dataclass
 class Found:
-    """The first Megatron error of a log.
+    """What a log says about its NaN.
 
     Attributes:
-        failure: its error line.
+        failure: its first Megatron error line (None: the log has none, only a traceback or a verdict).
         context: the cleaned lines of the traceback that ends at it (from its last `Traceback (most recent call
-            last):` line, at most CONTEXT bytes), Ray's worker prefixes removed, then the error line itself.
+            last):` line, at most CONTEXT bytes), log prefixes removed, then the error line itself; without an error
+            line, the log's last traceback.
         others: the ranks of the later errors, other than the first's (at most MAX_RANKS), ascending.
+        rerun: the rerun state machine's last word on it (None: the log has no verdict).
+        raw: the context's lines with their log prefixes (which name a framework: facts.frameworks.TEXTS).
+        metrics: the per-step metric lines before the failure (launch.metrics): where each left its range.
     """
 
-    failure: Failure
+    failure: Failure | None
     context: list[str]
     others: list[int] = field(default_factory=list)
+    rerun: Rerun | None = None
+    raw: list[str] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
 
 
 class _Scanner:
-    """Feeds chunks of a log; keeps the first error, what came before it, and the later errors' ranks."""
+    """Feeds chunks of a log; keeps the first error, what came before it, the later errors' ranks, the verdicts."""
 
     def __init__(self, origin: str):
         self.origin = origin
@@ -68,7 +113,10 @@ class _Scanner:
         self.lines = 0  # newlines before the next block
         self.first: Failure | None = None
         self.context: list[str] = []
+        self.raw: list[str] = []
         self.ranks: set[int] = set()
+        self.verdicts: list[Rerun] = []
+        self.metrics = Metrics()
 
     def feed(self, chunk: bytes) -> None:
         buf = self.carry + chunk
@@ -79,58 +127,96 @@ class _Scanner:
                 return
             cut = len(buf)  # a line longer than MAX_LINE: this piece now, the rest with the next chunk
         self.carry = buf[cut:]
-        self._block(buf[:cut], _MARKER)
+        self._block(buf[:cut], _MARKERS)
 
     def finish(self) -> Found | None:
         if self.carry:
-            self._block(self.carry, _LAST)
+            self._block(self.carry, _LAST, last=True)
             self.carry = b""
+        rerun = last_word(self.verdicts)
         if self.first is None:
-            return None
-        return Found(self.first, self.context, sorted(self.ranks))
+            raw = _traceback_lines(self.tail, whole=True)
+            if rerun is None and not self.metrics.seen and not any(_TRACEBACK in line for line in raw):
+                return None
+            return Found(None, _context(raw), sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
+        return Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
 
-    def _block(self, block: bytes, marker: re.Pattern) -> None:
-        """The lines of `block` that hold `marker`; then what to keep of it."""
-        pos = counted = 0
-        lines = self.lines
-        while (hit := marker.search(block, pos)) is not None:
-            start = block.rfind(b"\n", 0, hit.start()) + 1
-            end = block.find(b"\n", hit.end())
+    def _block(self, block: bytes, markers: tuple[re.Pattern, ...], last: bool = False) -> None:
+        """The lines of `block` that hold one of `markers`, in order, and the metric lines before the first error;
+        then what to keep of it."""
+        hits = {block.rfind(b"\n", 0, hit.start()) + 1 for marker in markers for hit in marker.finditer(block)}
+        counted, lines, done, metrics = 0, self.lines, -1, self.first is None
+        for start in sorted(hits):
+            if start <= done:
+                continue
+            end = block.find(b"\n", start)
             end = len(block) if end < 0 else end
             lines += block.count(b"\n", counted, start)
             counted = start
-            self._line(block, start, end, lines + 1)
-            pos = end + 1
+            self._line(block, start, end, lines + 1, last and end == len(block))
+            if metrics and self.first is not None:  # the metric lines before the failure only
+                self.metrics.scan(block[:start], self.lines)
+                metrics = False
+            done = end
+        if metrics:
+            self.metrics.scan(block, self.lines)
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
 
-    def _line(self, block: bytes, start: int, end: int, number: int) -> None:
+    def _line(self, block: bytes, start: int, end: int, number: int, last: bool) -> None:
         text = clean(block[start:end].decode("utf-8", "replace"))
-        found = list(line_failures(text, number, self.origin))
+        verdict = line_verdict(text, number)
+        if verdict is not None:
+            if len(self.verdicts) < MAX_VERDICTS:
+                self.verdicts.append(verdict)
+            return
+        found = list(line_failures(text, number, self.origin, last=last))
         if not found:
             return
+        if self.first is not None and _fuller(found[0], self.first):  # a summary line, then the error itself
+            self.first = None
         if self.first is None:
             self.first = found[0]
-            self.context = _traceback_lines(self.tail + block[:start]) + [text]
+            tag = _RANK_TAG.search(text)
+            self.raw = _traceback_lines(self.tail + block[:start], rank=None if tag is None else tag[1]) + [text]
+            self.context = _context(self.raw)
         for failure in found:
-            if failure.rank != self.first.rank and len(self.ranks) < MAX_RANKS:
+            if failure.rank is not None and failure.rank != self.first.rank and len(self.ranks) < MAX_RANKS:
                 self.ranks.add(failure.rank)
 
 
-def _traceback_lines(before: bytes) -> list[str]:
-    """The cleaned lines of `before` from its last traceback header (all of them if it has none)."""
+def _fuller(new: Failure, first: Failure) -> bool:
+    """`new` is `first`'s error said in full: the same check, and the rank `first` does not name."""
+    same = (new.check is None) == (first.check is None) and (new.check is None or new.check.id == first.check.id)
+    return same and first.rank is None and new.rank is not None
+
+
+def _traceback_lines(before: bytes, whole: bool = False, rank: str | None = None) -> list[str]:
+    """The cleaned lines of `before` from its last traceback header (all of them if it has none), log prefixes kept.
+
+    Args:
+        whole: `before` ends with a line of the traceback (not with the error line's newline).
+        rank: the failing rank's `[rankN]:` tag number: lines tagged with another rank are not its traceback's.
+    """
     cut = len(before) > CONTEXT
     lines = before[-CONTEXT:].decode("utf-8", "replace").split("\n")
-    lines = lines[1 if cut else 0 : -1]  # a line cut by CONTEXT; the empty string after the last newline
-    lines = [_RAY_PREFIX.sub("", clean(line)) for line in lines]
+    lines = lines[1 if cut else 0 : None if whole else -1]
+    lines = [clean(line) for line in lines]
+    if rank is not None:
+        lines = [line for line in lines if (tag := _RANK_TAG.search(line)) is None or tag[1] == rank]
     for i in range(len(lines) - 1, -1, -1):
-        if lines[i].lstrip().startswith(_TRACEBACK):
-            return lines[i:]
+        if _TRACEBACK in lines[i]:
+            return [lines[i]] + [line for line in lines[i + 1 :] if line.strip()]
     return lines
 
 
+def _context(raw: list[str]) -> list[str]:
+    """The traceback's lines as Python printed them: log prefixes gone, its header alone on its line."""
+    return [_TRACEBACK if _TRACEBACK in line else strip_prefix(line) for line in raw]
+
+
 def scan(chunks: Iterable[bytes], origin: str = "traceback") -> Found | None:
-    """The first Megatron error of the log whose bytes are `chunks`, in order (None: there is none).
+    """What the log whose bytes are `chunks`, in order, says (None: no Megatron error, verdict or traceback).
 
     Raises:
         UserError: an error line with a number more digits long than any Megatron prints.
@@ -142,11 +228,13 @@ def scan(chunks: Iterable[bytes], origin: str = "traceback") -> Found | None:
 
 
 def read_log(path: str, what: str = "traceback") -> Found | None:
-    """`scan` of the file at `path`, which must be a regular file (of any size).
+    """`scan` of the file at `path`, which must be a regular file (of any size), or of standard input ("-").
 
     Raises:
         UserError: not a regular file, unreadable, or a Megatron error line with an impossible number.
     """
+    if path == STDIN:
+        return scan(iter(partial(sys.stdin.buffer.read, CHUNK), b""), "standard input")
     inputs.check_file(path, what)
     try:
         with open(path, "rb") as log:

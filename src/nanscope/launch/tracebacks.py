@@ -1,4 +1,4 @@
-"""Reading a slime/Megatron NaN traceback: the failing rank, the message, and what each frame does.
+"""Reading a Megatron NaN traceback or log: the failing rank, the message, what each frame does and shows.
 
 The text is anything from a pasted traceback to a whole job log of any size (`read_traceback` streams a
 file: `logs`); the error line is `failure` (megatron-core's RerunStateMachine in mode DISABLED), the frames
@@ -12,19 +12,27 @@ from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
 from nanscope.facts.megatron import Check, core_frame
+from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, parse_frames
 from nanscope.launch.logs import Found, read_log, scan
+from nanscope.launch.metrics import Metrics
+from nanscope.launch.rerun import Rerun
 
 
 @dataclass
 class Traceback:
-    """A parsed traceback: the failure and the frames, outermost first."""
+    """A parsed traceback or log: the failure (None: cut before its error line), the frames, outermost first, and
+    what they show."""
 
-    failure: Failure
+    failure: Failure | None
     frames: list[Frame]
     ray_ip: str | None = None
     other_ranks: list[int] = field(default_factory=list)  # later Megatron errors in the same text
+    rerun: Rerun | None = None  # the rerun state machine's verdict, when the log has one
+    evidence: FrameEvidence = field(default_factory=FrameEvidence)
+    framework: Framework = UNKNOWN
+    metrics: Metrics = field(default_factory=Metrics)  # the per-step metric lines before the failure
 
     def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
         """The frames inside megatron-core, outermost first: (file basename, line, function)."""
@@ -36,31 +44,84 @@ def parse_traceback(text: str, origin: str = "traceback") -> Traceback:
     """Parse a traceback text.
 
     Raises:
-        UserError: no Megatron `Rank N, ... Unexpected result` error in it.
+        UserError: no Megatron error, rerun verdict or traceback frame nanscope knows in it.
     """
     return _traceback(scan([text.encode("utf-8", "replace")], origin), origin)
 
 
 def read_traceback(path: str) -> Traceback:
-    """Parse a traceback file or a whole job log, of any size, read as a stream (`logs.read_log`).
+    """Parse a traceback file or a whole job log, of any size, read as a stream (`logs.read_log`); "-": standard
+    input.
 
     Raises:
-        UserError: not a regular file, unreadable, or no Megatron error in it.
+        UserError: not a regular file, unreadable, or nothing in it nanscope reads.
     """
-    return _traceback(read_log(path), str(path))
+    return _traceback(read_log(path), "standard input" if path == "-" else str(path))
 
 
 def _traceback(found: Found | None, origin: str) -> Traceback:
-    if found is None:
+    frames, ip = parse_frames(found.context) if found is not None else ([], None)
+    framework = framework_of(frames, found.raw if found is not None else [])
+    known = any(core_frame(frame.path, 0, "") for frame in frames)
+    quiet = found is None or (found.failure is None and found.rerun is None and not found.metrics.seen)
+    if quiet and not known and framework is UNKNOWN:
         raise UserError(
-            f'{origin}: no Megatron error found (expected a line like "Rank 50, node dgx172, '
-            f"device 2, iteration -1: Unexpected result nan (message='...')\")"
+            f'{origin}: no Megatron error found (expected a line like "Rank 50, node dgx172, device 2, iteration -1: '
+            "Unexpected result nan (message='...')\" in any of Megatron's forms, its message alone, or a traceback "
+            "through megatron-core or a framework nanscope knows)"
         )
-    frames, ip = parse_frames(found.context)
-    return Traceback(found.failure, frames, ip, found.others)
+    failure = found.failure or _from_verdict(found.rerun)
+    _merge(failure, found.rerun)
+    return Traceback(
+        failure,
+        annotate(frames, framework),
+        ray_ip=ip,
+        other_ranks=found.others,
+        rerun=found.rerun,
+        evidence=read_frames(frames),
+        framework=framework,
+        metrics=found.metrics,
+    )
 
 
-def explain_iteration(iteration: int) -> str:
+def _from_verdict(rerun: Rerun | None) -> Failure | None:
+    """A log with the rerun state machine's verdict but no error line: the failure the verdict names."""
+    if rerun is None or rerun.rank is None:
+        return None
+    return Failure(
+        rank=rerun.rank,
+        node=rerun.node,
+        device=rerun.device,
+        iteration=rerun.iteration,
+        result=None,
+        kind=None,
+        message="",
+        bucket=None,
+        text=rerun.text,
+        line=rerun.line,
+        format="rerun",
+    )
+
+
+def _merge(failure: Failure | None, rerun: Rerun | None) -> None:
+    """The verdict's `Rank R, node N, device D` where the error line (core 0.10 to 0.13's) does not say them."""
+    if failure is None or rerun is None or rerun.rank is None:
+        return
+    if failure.rank is None:
+        failure.rank, failure.rank_from = rerun.rank, f"the rerun verdict (line {rerun.line})"
+    if failure.rank == rerun.rank:
+        failure.node = failure.node or rerun.node
+        failure.device = failure.device if failure.device is not None else rerun.device
+
+
+def explain_iteration(iteration: int, framework: str = "slime") -> str:
+    """What the error's iteration counts (`framework`: the job's, facts.frameworks.NAMES)."""
+    if iteration == -1 and framework != "slime":
+        return (
+            "iteration -1: Megatron's RerunStateMachine starts its counter at -1 and only Megatron-LM's own training "
+            "loop advances it (should_run_forward_backward); a job that drives the pipeline schedule itself (slime, "
+            "verl, ROLL, NeMo's Lightning loop) leaves it at -1: not a step index."
+        )
     if iteration == -1:
         return (
             "iteration -1: Megatron's RerunStateMachine starts its counter at -1 and only its own "

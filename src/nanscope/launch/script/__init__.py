@@ -46,7 +46,8 @@ class LaunchScript:
 
     Attributes:
         path: the script.
-        train_script: the python file after `python3`, e.g. `deepresearch/train.py`.
+        train_script: the python file after `python3` (e.g. `deepresearch/train.py`), `-m <module>`
+            (`-m verl.trainer.main_ppo`), or a training CLI (`megatron sft`).
         argv: the resolved arguments after the train script (one string per shell word).
         launcher: the words before `python3` on that command, e.g. `ray job submit ... --`.
         line: 1-based line where the train command starts.
@@ -58,6 +59,7 @@ class LaunchScript:
         syntax_errors: 1-based lines where tree-sitter reported an error node.
         assumptions: conditions that could not be decided statically, and what was assumed.
         limits: values that hit a reading cap, overflowed or that bash would reject, kept as text.
+        command_env: the `NAME=value` words before the train command (its own environment).
     """
 
     path: str
@@ -73,6 +75,7 @@ class LaunchScript:
     syntax_errors: list[int] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     limits: list[str] = field(default_factory=list)
+    command_env: dict[str, str] = field(default_factory=dict)
 
 
 def parse_script(
@@ -99,8 +102,8 @@ def parse_script(
         hint = f" (tree-sitter reported syntax errors at lines {_lines(reader.errors)})" if reader.errors else ""
         hint += reader.budget.stop_hint() + reader.calls.uncalled_hint()
         raise UserError(
-            f"{path}: no train command found: expected `python3 <train script>.py ...`, "
-            f"directly or after `ray job submit ... --`{hint}"
+            f"{path}: no train command found: expected `python3 <train script>.py ...` (or `python3 -m <module>`, "
+            f"`torchrun ... <script>.py`, `megatron sft ...`), directly or after `ray job submit ... --`{hint}"
         )
     if model_args is not None and reader.model_args is not None:
         reader.assumptions.append(f"--model-args {model_args}: not used (no `source` in the script was missing)")
@@ -120,6 +123,7 @@ def parse_script(
         syntax_errors=reader.errors,
         assumptions=reader.assumptions,
         limits=reader.budget.all_notes(),
+        command_env=train.env,
     )
 
 

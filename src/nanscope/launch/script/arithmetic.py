@@ -36,6 +36,12 @@ _OPERATORS = {
     "||": lambda left, right: bool(left or right),
 }
 
+# bash's binary operators, tighter first (man bash, ARITHMETIC EVALUATION); `**` is right-associative
+_PRECEDENCE = {
+    "**": 13, "*": 12, "/": 12, "%": 12, "+": 11, "-": 11, "<<": 10, ">>": 10,
+    "<": 9, ">": 9, "<=": 9, ">=": 9, "==": 8, "!=": 8, "&": 7, "^": 6, "|": 5, "&&": 4, "||": 3,
+}  # fmt: skip
+
 _INT_TESTS = {
     "-eq": int.__eq__,
     "-ne": int.__ne__,
@@ -81,34 +87,54 @@ class Evaluator:
             return self.operand(node)
         if kind == "parenthesized_expression":
             return self.value(node.named_children[0])
-        if kind == "unary_expression":
-            return self._unary([node.children[0].type], node.named_children[0])
-        if kind == "binary_expression":
-            left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
-            op = node.child_by_field_name("operator").type
-            return _binary(op, self.value(left), self.value(right))
+        if kind in ("unary_expression", "binary_expression"):
+            tokens: list[tuple[str, object]] = []
+            self._flatten(node, tokens)
+            value, end = self._climb(tokens, 0, 0)
+            if end != len(tokens):  # an operator bash has but nanscope does not model (`=`, `+=`, `,`)
+                raise Unresolved(str(tokens[end][1]))
+            return value
         if kind == "ternary_expression":
             condition, if_true, if_false = node.named_children
             return self.value(if_true) if self.value(condition) else self.value(if_false)
         raise Unresolved(kind)
 
-    def _unary(self, ops: list[str], node) -> int:
-        """`-x`, `+x`, `!x`, `~x`: bash binds them tighter than any binary operator, tree-sitter-bash looser
-        (`-7 - 1` is read as -(7 - 1)), so the operators (`ops`, outermost first) go down to the leftmost operand."""
+    def _flatten(self, node, out: list[tuple[str, object]]) -> None:
+        """The operators and operands of a chain of unary and binary expressions, left to right: tree-sitter-bash
+        binds a unary operator looser than any binary one (`0 - -0 + 1` is read 0 - -(0 + 1)), bash tighter, so
+        the chain is read again with bash's precedence (`_climb`)."""
         with self.deeper():
-            if node.type == "unary_expression":
-                return self._unary([*ops, node.children[0].type], node.named_children[0])
             if node.type == "binary_expression":
-                left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
-                op = node.child_by_field_name("operator").type
-                return _int64(_binary(op, self._unary(ops, left), self.value(right)))
-            if node.type == "ternary_expression":
-                condition, if_true, if_false = node.named_children
-                return self.value(if_true) if self._unary(ops, condition) else self.value(if_false)
-            value = self.value(node)
-            for op in reversed(ops):
-                value = _int64({"-": -value, "+": value, "!": int(not value), "~": ~value}.get(op, value))
-            return value
+                self._flatten(node.child_by_field_name("left"), out)
+                out.append(("op", node.child_by_field_name("operator").type))
+                self._flatten(node.child_by_field_name("right"), out)
+            elif node.type == "unary_expression":
+                out.append(("unary", node.children[0].type))
+                self._flatten(node.named_children[0], out)
+            else:
+                out.append(("operand", node))
+
+    def _climb(self, tokens: list[tuple[str, object]], pos: int, lowest: int) -> tuple[int, int]:
+        """Precedence climbing over `tokens` from `pos`, operators binding at least `lowest`: (value, next position)."""
+        with self.deeper():
+            value, pos = self._prefixed(tokens, pos)
+            while pos < len(tokens) and _PRECEDENCE.get(tokens[pos][1], -1) >= lowest:
+                op = tokens[pos][1]
+                precedence = _PRECEDENCE[op]
+                right, pos = self._climb(tokens, pos + 1, precedence if op == "**" else precedence + 1)
+                value = _int64(_binary(op, value, right))
+            return value, pos
+
+    def _prefixed(self, tokens: list[tuple[str, object]], pos: int) -> tuple[int, int]:
+        """An operand and the unary operators before it (bash binds them tighter than any binary operator)."""
+        ops = []
+        while tokens[pos][0] == "unary":
+            ops.append(tokens[pos][1])
+            pos += 1
+        value = self.value(tokens[pos][1])
+        for op in reversed(ops):
+            value = _int64({"-": -value, "+": value, "!": int(not value), "~": ~value}.get(op, value))
+        return value, pos + 1
 
 
 def int_or_raise(value: str | list[str] | dict[str, str]) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanscope import inputs
@@ -51,12 +51,14 @@ class Source:
 
 @dataclass
 class TrainCommand:
-    """The `python3 <train script>.py ...` command: its script, its arguments, the words before it, its line."""
+    """The training command: its script (or `-m module`, or a CLI such as `megatron sft`), its arguments, the words
+    before it (`ray job submit ... --`, `torchrun --nproc_per_node 8`), its line."""
 
     script: str
     argv: list[str]
     launcher: list[str]
     line: int
+    env: dict[str, str] = field(default_factory=dict)  # `NPROC_PER_NODE=8 NNODES=2 megatron sft ...`
 
 
 class Interpreter:
@@ -123,6 +125,28 @@ class Interpreter:
             self._follow(model_args, "model-args file")
         else:
             self.sources.append(Source(target, line(node), "missing"))
+
+    def _wrapper(self, node, words: list[str]) -> None:
+        """`bash run.sh a b`: the wrapper script read with its arguments as `$1 $2` (a child shell: the caller's
+        variables come back as they were); one not found is noted, with the way to give it."""
+        target = words[1]
+        candidate = Path(target) if os.path.isabs(target) else Path(self.words.file).parent / target
+        if "$" in target or self.depth >= MAX_SOURCES or self.budget.files >= MAX_FILES or not _is_file(candidate):
+            self.sources.append(Source(target, line(node), "missing"))
+            self.assumptions.append(
+                f"line {line(node)}: {words[0]} {target}: a wrapper script nanscope cannot read here: give it as the "
+                "launch script (with its arguments as --env or in a two-line script)"
+            )
+            return
+        self.sources.append(Source(target, line(node), "followed", str(candidate)))
+        saved, outer = dict(self.words.vars), self.words.positional
+        self.words.positional = words[2:]
+        try:
+            self._follow(str(candidate), "wrapper script")
+        finally:
+            self.words.vars.clear()
+            self.words.vars.update(saved)
+            self.words.positional = outer
 
     def _follow(self, path: str, what: str) -> None:
         self.depth += 1
@@ -284,6 +308,9 @@ class Interpreter:
         if words and words[0] in ("source", "."):
             self._source(node, words)
             return
+        if len(words) > 1 and os.path.basename(words[0]) in ("bash", "sh") and words[1].endswith(".sh"):
+            self._wrapper(node, words)
+            return
         if words and words[0] == "return" and (self.calls.frames or self.depth):
             if node.parent is None or node.parent.type not in ("list", "pipeline"):  # `test || return`: unknown
                 raise Return
@@ -296,7 +323,23 @@ class Interpreter:
         found = _train_command(words)
         if found is not None:
             script, argv, launcher = found
-            self.train = TrainCommand(script, argv, launcher, line(node))
+            self.train = TrainCommand(script, argv, launcher, line(node), self._prefix_env(node))
+
+    def _prefix_env(self, node) -> dict[str, str]:
+        """The `NAME=value` words before a command: its own environment (the script's variables are not changed)."""
+        env = {}
+        for child in node.named_children:
+            if child.type != "variable_assignment":
+                continue
+            name, value = child.child_by_field_name("name"), child.child_by_field_name("value")
+            if name is None or name.type != "variable_name":
+                continue
+            try:
+                assigned = self._assigned(name.text.decode(), value, False)
+            except Cap:
+                continue
+            env[name.text.decode()] = assigned if isinstance(assigned, str) else " ".join(map(str, assigned))
+        return env
 
     # ---- conditions --------------------------------------------------------------------------
 
@@ -385,13 +428,51 @@ def _is_file(path: Path) -> bool:
 
 
 def _train_command(words: list[str]) -> tuple[str, list[str], list[str]] | None:
-    """Find `python[3] [-opts] <script>.py args...` in one command's words."""
+    """Find the training command in one command's words: `python[3] [-opts] <script>.py args...` or `python3 -m
+    <module> args...`, the same after a launcher (torchrun, deepspeed, accelerate launch: its options are skipped),
+    or a training CLI (`megatron sft ...`, `swift rlhf ...`, `nemo llm pretrain ...`): (script, args, words before)."""
     for i, word in enumerate(words):
-        if not _PYTHON.match(os.path.basename(word)):
-            continue
-        j = i + 1
-        while j < len(words) and words[j].startswith("-") and words[j] not in ("-m", "-c"):
-            j += 1
-        if j < len(words) and words[j].endswith(".py"):
-            return words[j], words[j + 1 :], words[:i]
+        name = os.path.basename(word)
+        if _PYTHON.match(name) or name in _LAUNCHERS:
+            found = _python_args(words, i + 1) if _PYTHON.match(name) else _launched(words, i + 1)
+            if found is not None:  # a launcher keeps its own options (torchrun --nproc_per_node 8 ...); python's go
+                script, at = found
+                launched = not _PYTHON.match(name) or words[i + 1 : i + 3] == ["-m", "torch.distributed.run"]
+                args = words[at + (2 if script.startswith("-m ") else 1) :]
+                return script, args, words[:at] if launched else words[:i]
+        elif name in _CLIS and i + 1 < len(words) and words[i + 1] in _CLIS[name]:
+            return f"{name} {words[i + 1]}", words[i + 2 :], words[:i]
+    return None
+
+
+# Launchers whose options come before the training script or module; training CLIs and their subcommands.
+_LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "torch.distributed.run", "torch.distributed.launch")
+_CLIS = {
+    "megatron": ("sft", "pt", "rlhf", "rlhf_grpo"),  # ms-swift's Megatron backend
+    "swift": ("sft", "pt", "rlhf"),
+    "nemo": ("llm",),
+}
+
+
+def _python_args(words: list[str], j: int) -> tuple[str, int] | None:
+    """After `python3`: `[-opts] <script>.py args` or `-m <module> args`: (the script, where it starts); None for
+    `-c` and anything else."""
+    while j < len(words) and words[j].startswith("-") and words[j] not in ("-m", "-c"):
+        j += 1
+    if j < len(words) and words[j].endswith(".py"):
+        return words[j], j
+    if j + 1 < len(words) and words[j] == "-m" and words[j + 1] not in ("pip", "torch.distributed.run"):
+        return f"-m {words[j + 1]}", j
+    if j + 1 < len(words) and words[j] == "-m":  # python -m torch.distributed.run ...: a launcher
+        return _launched(words, j + 2)
+    return None
+
+
+def _launched(words: list[str], j: int) -> tuple[str, int] | None:
+    """After a launcher: its options, then `<script>.py args` or `-m/--module <module> args`."""
+    for k in range(j, len(words)):
+        if words[k].endswith(".py") and not words[k].startswith("-"):
+            return words[k], k
+        if words[k] in ("-m", "--module") and k + 1 < len(words):
+            return f"-m {words[k + 1]}", k
     return None

@@ -7,36 +7,50 @@ from nanscope.report.doctor.verdict import verdict
 
 
 def to_dict(diagnosis) -> dict:
-    """The JSON document (`--json PATH`)."""
-    traceback = diagnosis.traceback
+    """The JSON document (`--json PATH`); what an input not given would say is null (`missing` says what it adds)."""
+    traceback, cfg = diagnosis.traceback, diagnosis.config
     return {
         "verdict": verdict(diagnosis),
         "slime_release": release_dict(diagnosis),
+        "framework": diagnosis.framework.to_dict(),
         "inputs": _inputs(diagnosis),
-        "config": {
-            name: {"value": value.value, "origin": value.origin} for name, value in diagnosis.config.values.items()
-        },
-        "topology": _topology(diagnosis),
+        "config": None
+        if cfg is None
+        else {name: {"value": v.value, "origin": v.origin} for name, v in cfg.values.items()},
+        "topology": None if diagnosis.topology is None else _topology(diagnosis),
         "failing_rank": None if diagnosis.failing is None else _rank(diagnosis.failing),
-        "failure": None if traceback is None else _failure(traceback.failure),
+        "failure": None if traceback is None else _failure(traceback.failure, traceback.rerun),
+        "frame_evidence": None if traceback is None else traceback.evidence.to_dict(),
+        "metrics": None if traceback is None else traceback.metrics.to_dict(),
         "frames": [] if traceback is None else [_frame(frame) for frame in traceback.frames],
         "explanations": diagnosis.explanations,
         "findings": [_finding(finding) for finding in diagnosis.findings],
         "fine": diagnosis.fine,
         "notes": diagnosis.notes,
+        "framework_flags": None
+        if diagnosis.flags is None
+        else {f: diagnosis.flags.show(f) for f in diagnosis.flags.given},
+        "inferred": diagnosis.inferred,
+        "missing": diagnosis.missing,
+        "contradictions": diagnosis.contradictions,
         "candidates": [candidate.to_dict() for candidate in diagnosis.candidates],
     }
 
 
-def release_dict(diagnosis) -> dict:
-    """The slime release the diagnosis used: its short name, full name, how it was chosen, the evidence."""
+def release_dict(diagnosis) -> dict | None:
+    """The slime release the diagnosis used: its short name, full name, how it was chosen, the evidence (None: the
+    inputs have no slime evidence)."""
     choice = diagnosis.release
+    if choice is None:
+        return None
     return {"version": choice.release.key, "name": choice.release.name, "how": choice.how, "source": choice.source}
 
 
 def _inputs(diagnosis) -> dict:
     """What was read: the script, its train command, the values and files that stood in for others."""
     script = diagnosis.script
+    if script is None:
+        return {"script": None, "env": diagnosis.env, "model": diagnosis.model_origin}
     return {
         "script": script.path,
         "train_script": script.train_script,
@@ -56,6 +70,7 @@ def _inputs(diagnosis) -> dict:
 def _topology(diagnosis) -> dict:
     """The parallel layout, the layer split per stage, and the batch figures of one rollout."""
     layout, figures, cfg = diagnosis.topology, diagnosis.batches, diagnosis.config
+    slime = {} if cfg is None else _batch_figures(figures, cfg)
     return {
         "world": layout.world,
         "nodes": layout.nodes,
@@ -74,6 +89,13 @@ def _topology(diagnosis) -> dict:
         "experts_per_ep_rank": layout.experts_per_rank,
         "stages": None if layout.stages is None else [_stage(stage) for stage in layout.stages],
         "ep_groups": layout.groups["ep"],
+        **slime,
+    }
+
+
+def _batch_figures(figures, cfg) -> dict:
+    """A slime launch's batch figures of one rollout."""
+    return {
         "samples_per_rollout": figures.samples_per_rollout,
         "global_batch_size": figures.global_batch,
         "optimizer_steps_per_rollout": figures.steps_per_rollout,
@@ -116,8 +138,15 @@ def _rank(rank) -> dict:
     }
 
 
-def _failure(failure) -> dict:
-    """The traceback's Megatron error line, and the check its message names (facts.megatron.CHECKS)."""
+_FAILURE_KEYS = ("rank", "node", "device", "iteration", "result", "kind", "message", "bucket", "truncated")
+
+
+def _failure(failure, rerun) -> dict:
+    """The traceback's Megatron error line, and the check its message names (facts.megatron.CHECKS); every key
+    null when the traceback ends before its error line."""
+    if failure is None:
+        empty = {key: None for key in _FAILURE_KEYS} | {"check": None, "checked": None, "message_source": None}
+        return empty | {"slime_runs_this_check": None, "format": None, "megatron_core": None, "rerun": _rerun(rerun)}
     check = failure.check
     return {
         "rank": failure.rank,
@@ -133,7 +162,24 @@ def _failure(failure) -> dict:
         "checked": None if check is None else check.quantity,
         "message_source": None if check is None else check.source,
         "slime_runs_this_check": None if check is None else check.slime,
+        "format": failure.format,
+        "megatron_core": _releases(failure.releases),
+        "line": failure.line,
+        "rank_from": failure.rank_from,
+        "ambiguous": failure.ambiguous,
+        "rerun": _rerun(rerun),
     }
+
+
+def _rerun(rerun) -> dict | None:
+    return None if rerun is None else rerun.to_dict()
+
+
+def _releases(releases: tuple[str, ...]) -> dict | None:
+    """The megatron-core releases that print the line: the first and the last of them, and each."""
+    if not releases:
+        return None
+    return {"first": releases[0], "last": releases[-1], "releases": list(releases)}
 
 
 def _frame(frame) -> dict:

@@ -4,7 +4,15 @@ causes, the resolved flags, what is fine, the traceback frame by frame and the i
 
 from __future__ import annotations
 
-from nanscope.report.doctor.shared import MAX_STAGE_ROWS, frame_where, key_flags, ranks_text, release_line, stage_text
+from nanscope.report.doctor.shared import (
+    MAX_STAGE_ROWS,
+    failure_lines,
+    frame_where,
+    key_flags,
+    ranks_text,
+    release_line,
+    stage_text,
+)
 from nanscope.report.doctor.verdict import verdict
 from nanscope.report.html import esc, page
 from nanscope.report.text import span
@@ -105,31 +113,43 @@ def render_html(diagnosis) -> str:
     """One self-contained page: verdict, rank grid, layer split, findings, frames."""
     layout = diagnosis.topology
     body = [f"<p class='muted'>{esc(release_line(diagnosis))}</p>", f"<p><b>{esc(verdict(diagnosis))}</b></p>"]
+    lines = failure_lines(diagnosis) + (diagnosis.evidence.lines if diagnosis.evidence is not None else [])
+    if lines:
+        body.append("<h2>The error</h2><ul>" + "".join(f"<li>{esc(line)}</li>" for line in lines) + "</ul>")
     body += _rank_table(diagnosis)
-    body.append(
-        f"<h2>Rank grid</h2><p>world {layout.world} = {layout.nodes} x {layout.gpus_per_node}; TP {layout.tp} "
-        f"PP {layout.pp} CP {layout.cp} DP {layout.dp} EP {layout.ep} ETP {layout.etp}; order {esc(layout.order)}</p>"
-    )
-    body.append(rank_grid_svg(diagnosis))
-    body.append("<h2>Layer split per stage</h2>" + layer_split_svg(diagnosis))
-    body += _findings_table(diagnosis)
-    body += _candidates_table(diagnosis)
-    body.append(
-        "<h2>Resolved flags</h2><table><tr><th>flag</th><th>value</th><th>from</th></tr>"
-        + "".join(
-            f"<tr><td><code>{esc(name)}</code></td><td>{esc(value)}</td><td class='muted'>{esc(origin)}</td></tr>"
-            for name, value, origin in key_flags(diagnosis)
+    if layout is not None:
+        body.append(
+            f"<h2>Rank grid</h2><p>world {layout.world} = {layout.nodes} x {layout.gpus_per_node}; TP {layout.tp} "
+            f"PP {layout.pp} CP {layout.cp} DP {layout.dp} EP {layout.ep} ETP {layout.etp}; order {esc(layout.order)}</p>"
         )
-        + "</table>"
-    )
+        body.append(rank_grid_svg(diagnosis))
+        body.append("<h2>Layer split per stage</h2>" + layer_split_svg(diagnosis))
+        body += _findings_table(diagnosis)
+    body += _candidates_table(diagnosis)
+    if diagnosis.config is not None:
+        body.append(
+            "<h2>Resolved flags</h2><table><tr><th>flag</th><th>value</th><th>from</th></tr>"
+            + "".join(
+                f"<tr><td><code>{esc(name)}</code></td><td>{esc(value)}</td><td class='muted'>{esc(origin)}</td></tr>"
+                for name, value, origin in key_flags(diagnosis)
+            )
+            + "</table>"
+        )
     if diagnosis.fine:
         body.append(
             "<h2>Fine</h2><ul>" + "".join(f"<li class='ok'>{esc(line)}</li>" for line in diagnosis.fine) + "</ul>"
         )
     body += _frames_table(diagnosis)
-    if diagnosis.notes:
-        body.append("<h2>Inputs</h2><ul>" + "".join(f"<li>{esc(line)}</li>" for line in diagnosis.notes) + "</ul>")
-    return page(f"nanscope doctor: {diagnosis.script.path}", "\n".join(body))
+    for title, notes in (
+        ("Contradictions", diagnosis.contradictions),
+        ("Inferred", diagnosis.inferred),
+        ("Inputs", diagnosis.notes),
+        ("What the missing inputs would add", diagnosis.missing),
+    ):
+        if notes:
+            body.append(f"<h2>{title}</h2><ul>" + "".join(f"<li>{esc(line)}</li>" for line in notes) + "</ul>")
+    name = diagnosis.script.path if diagnosis.script is not None else "a traceback"
+    return page(f"nanscope doctor: {name}", "\n".join(body))
 
 
 def _rank_table(diagnosis) -> list[str]:

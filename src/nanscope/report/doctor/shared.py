@@ -3,6 +3,7 @@ the key flags, a frame's location, and how many stages are shown."""
 
 from __future__ import annotations
 
+from nanscope.facts import wordings
 from nanscope.report.text import span
 
 # The resolved flags shown in the report (all modelled flags are in the JSON's "config").
@@ -54,9 +55,44 @@ def stage_text(stage) -> str:
 
 
 def release_line(diagnosis) -> str:
-    """One line: the release and how it was chosen."""
+    """One line: the slime release and how it was chosen; without slime evidence, the framework and its evidence."""
     choice = diagnosis.release
-    return f"slime release {choice.release.name} ({choice.how}: {choice.source})"
+    if choice is not None:
+        return f"slime release {choice.release.name} ({choice.how}: {choice.source})"
+    framework = diagnosis.framework
+    release = framework.release or ("release unknown" if framework.name != "unknown" else "")
+    return (
+        f"framework {framework.name}"
+        + (f" {release}" if framework.release else f", {release}" if release else "")
+        + f" ({framework.how})"
+    )
+
+
+def failure_lines(diagnosis) -> list[str]:
+    """The error line's form, the megatron-core releases that print it, and the rerun verdict (terminal, HTML)."""
+    traceback = diagnosis.traceback
+    if traceback is None:
+        return []
+    failure, out = traceback.failure, []
+    if failure is not None:
+        out.append(f"form: {failure.format} ({wordings.BY_FORM[failure.format].means})")
+        if failure.releases:
+            first, last = failure.releases[0], failure.releases[-1]
+            out.append(f"megatron-core that prints it: {first}" + ("" if first == last else f" .. {last}"))
+        if failure.rank_from:
+            out.append(f"rank {failure.rank} from {failure.rank_from}")
+    else:
+        out.append("no error line: the traceback ends before it")
+    for excursion in traceback.metrics.excursions.values():
+        out.append("metric: " + excursion.text())
+    rerun = traceback.rerun
+    if rerun is not None:
+        out.append(
+            f"rerun verdict: {rerun.verdict} ({rerun.rerun} rerun{', ' + rerun.values if rerun.values else ''}): {rerun.means}"
+        )
+    else:
+        out.append("rerun verdict: none in the input (slime and most jobs run the RerunStateMachine disabled)")
+    return out
 
 
 def key_flags(diagnosis) -> list[tuple[str, str, str]]:

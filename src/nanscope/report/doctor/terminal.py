@@ -7,7 +7,15 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
-from nanscope.report.doctor.shared import MAX_STAGE_ROWS, frame_where, key_flags, ranks_text, release_line, stage_text
+from nanscope.report.doctor.shared import (
+    MAX_STAGE_ROWS,
+    failure_lines,
+    frame_where,
+    key_flags,
+    ranks_text,
+    release_line,
+    stage_text,
+)
 from nanscope.report.doctor.verdict import verdict
 from nanscope.report.text import span
 
@@ -23,15 +31,42 @@ _SEVERITY_STYLE = {
 def render_terminal(diagnosis, console) -> None:
     """Print the report on a rich Console, top-down: verdict, rank, layout, findings, the rest."""
     script = diagnosis.script
-    console.print(
-        f"[bold]nanscope doctor[/bold]  {escape(script.path)}  "
-        f"([dim]{escape(script.train_script)}, line {script.line}[/dim])"
-    )
+    if script is not None:
+        console.print(
+            f"[bold]nanscope doctor[/bold]  {escape(script.path)}  "
+            f"([dim]{escape(script.train_script)}, line {script.line}[/dim])"
+        )
+    else:
+        console.print("[bold]nanscope doctor[/bold]  [dim](a traceback alone: no launch script)[/dim]")
     _plain(console, release_line(diagnosis))
     border = "red" if diagnosis.traceback else "blue"
     console.print(Panel(escape(verdict(diagnosis)), title="verdict", title_align="left", border_style=border))
-    for section in (_rank_section, _layout_section, _findings_section, _flags_section, _frames_section, _notes_section):
+    sections = (
+        _failure_section,
+        _rank_section,
+        _layout_section,
+        _findings_section,
+        _flags_section,
+        _frames_section,
+        _notes_section,
+    )
+    for section in sections:
         section(diagnosis, console)
+
+
+def _failure_section(diagnosis, console) -> None:
+    """The error line's form, the releases that print it, the rerun verdict; what the frames show."""
+    lines = failure_lines(diagnosis)
+    if not lines:
+        return
+    _heading(console, "the error", "(as Megatron printed it)")
+    for line in lines:
+        _plain(console, f"  {line}")
+    evidence = diagnosis.evidence
+    if evidence is not None and evidence.lines:
+        _heading(console, "what the frames show")
+        for line in evidence.lines:
+            _plain(console, f"  {line}")
 
 
 def _plain(console, text: str) -> None:
@@ -77,6 +112,8 @@ def _rank_section(diagnosis, console) -> None:
 
 def _layout_section(diagnosis, console) -> None:
     layout = diagnosis.topology
+    if layout is None:
+        return
     _heading(
         console,
         "layout",
@@ -109,6 +146,8 @@ def _stages_table(diagnosis, console) -> None:
 def _layout_lines(diagnosis) -> list[str]:
     """Experts per EP rank, optimizer steps per rollout, the micro-batch budget, the rollout GPUs."""
     layout, figures, cfg = diagnosis.topology, diagnosis.batches, diagnosis.config
+    if cfg is None:  # a non-slime launch: its own flags follow
+        return [f"{diagnosis.framework.name}'s flags: {flag}" for flag in _flag_lines(diagnosis)]
     lines = []
     if layout.num_experts:
         lines.append(f"experts: {layout.num_experts} / EP {layout.ep} = {layout.experts_per_rank} per EP rank")
@@ -132,6 +171,9 @@ def _layout_lines(diagnosis) -> list[str]:
 
 
 def _findings_section(diagnosis, console) -> None:
+    if diagnosis.script is None:
+        _candidates_section(diagnosis, console)
+        return
     _heading(console, "findings", f"({len(diagnosis.findings)})")
     for finding in diagnosis.findings:
         style = _SEVERITY_STYLE.get(finding.severity, "")
@@ -160,7 +202,18 @@ def _candidates_section(diagnosis, console) -> None:
             _plain(console, f"              tell it apart: {candidate.discriminator}")
 
 
+def _flag_lines(diagnosis) -> list[str]:
+    view = diagnosis.flags
+    return [] if view is None else [view.show(flag) for flag in view.given]
+
+
 def _flags_section(diagnosis, console) -> None:
+    if diagnosis.config is None:
+        if diagnosis.flags is not None and diagnosis.topology is None:
+            _heading(console, f"{diagnosis.framework.name}'s flags", "(as the script wrote them)")
+            for line in _flag_lines(diagnosis):
+                _plain(console, f"  {line}")
+        return
     _heading(console, "resolved flags", "(value, where it came from)")
     table = Table(show_header=False, box=None, padding=(0, 2))
     for name, value, origin in key_flags(diagnosis):
@@ -178,7 +231,13 @@ def _frames_section(diagnosis, console) -> None:
 
 
 def _notes_section(diagnosis, console) -> None:
-    if diagnosis.notes:
-        _heading(console, "inputs")
-        for line in diagnosis.notes:
-            _plain(console, f"  - {line}")
+    for title, lines in (
+        ("contradictions", diagnosis.contradictions),
+        ("inferred", diagnosis.inferred),
+        ("inputs", diagnosis.notes),
+        ("what the missing inputs would add", diagnosis.missing),
+    ):
+        if lines:
+            _heading(console, title)
+            for line in lines:
+                _plain(console, f"  - {line}")

@@ -9,26 +9,80 @@ from nanscope.report.text import span
 
 def verdict(diagnosis) -> str:
     """The report's first paragraph: where, why it died, which flags enable which mechanism."""
-    parts = _rank_sentences(diagnosis) if diagnosis.failing is not None else []
-    if diagnosis.traceback is not None:
-        parts += _why_it_died(diagnosis.traceback.failure.check, diagnosis.config)
-    parts.append(_findings_sentence(diagnosis.findings))
+    traceback = diagnosis.traceback
+    failure = traceback.failure if traceback is not None else None
+    if diagnosis.failing is not None:
+        parts = _rank_sentences(diagnosis)
+    else:
+        parts = _failure_sentences(diagnosis)
+    if failure is not None and failure.format != "rerun":
+        parts += _why_it_died(failure, diagnosis.config)
+    if traceback is not None and traceback.rerun is not None:
+        rerun = traceback.rerun
+        parts.append(f"The rerun state machine's verdict ({rerun.rerun} rerun): {rerun.means}.")
+    if diagnosis.script is None:
+        parts.append(_framework_sentence(diagnosis))
+        parts.append("No launch script: no flag rule ran, and no flag decides a cause.")
+    elif diagnosis.config is None:
+        parts.append(_framework_sentence(diagnosis))
+        name = diagnosis.framework.name
+        parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s own "
+                     "code and flags.")  # fmt: skip
+    else:
+        parts.append(_findings_sentence(diagnosis.findings))
     parts.append(_candidates_sentence(diagnosis.candidates))
     return " ".join(parts)
+
+
+def _failure_sentences(diagnosis) -> list[str]:
+    """What the traceback says without a layout: who found what, where; the schedule and check its frames show."""
+    traceback = diagnosis.traceback
+    if traceback is None:
+        return []
+    failure, evidence = traceback.failure, traceback.evidence
+    parts = []
+    if failure is not None and failure.format != "rerun":
+        who = f"Rank {failure.rank}" if failure.rank is not None else "A rank (the text does not say which)"
+        where = [f"on node {failure.node}" if failure.node else "", f"device {failure.device}" if failure.device is not None else ""]  # fmt: skip
+        where_text = ", ".join(part for part in where if part)
+        parts.append(f"{who} {_what_it_found(failure)}" + (f", {where_text}." if where_text else "."))
+    elif failure is not None:
+        parts.append(f"Rank {failure.rank} (node {failure.node}, device {failure.device}) had a result rejected.")
+    elif traceback.frames:
+        parts.append("The traceback ends before its error line: only its frames say what happened.")
+    else:
+        parts.append("The log has no error line: only its metric lines say what happened.")
+    parts += [f"Its {excursion.text()}." for excursion in traceback.metrics.excursions.values()]
+    if evidence.schedule is not None or evidence.check is not None:
+        shown = [line for line in evidence.lines if not line.startswith("the innermost")]
+        parts.append("The frames show " + "; ".join(shown) + ".")
+    return parts
+
+
+def _framework_sentence(diagnosis) -> str:
+    framework = diagnosis.framework
+    if framework.name == "unknown":
+        return "Nothing in the traceback names the framework, so no framework's own causes are weighed."
+    release = f" {framework.release}" if framework.release else ""
+    return f"The job is {framework.name}{release}'s ({framework.how})."
 
 
 def _rank_sentences(diagnosis) -> list[str]:
     """Where the failing (or asked-for) rank sits and what it reported."""
     rank, layout, traceback = diagnosis.failing, diagnosis.topology, diagnosis.traceback
-    reported = traceback is not None and traceback.failure.rank == rank.rank
+    failure = traceback.failure if traceback is not None else None
+    reported = failure is not None and failure.rank == rank.rank
     if reported:
-        failure = traceback.failure
-        where = f"on node {failure.node} (node index {rank.node_index}), device {failure.device}"
+        device = failure.device if failure.device is not None else rank.local_device
+        node = (
+            f"node {failure.node} (node index {rank.node_index})" if failure.node else f"node index {rank.node_index}"
+        )
+        where = f"on {node}, device {device}"
         what = f" {_what_it_found(failure)}, {where}."
     else:
         what = f" is on node index {rank.node_index}, local device {rank.local_device}."
-        if traceback is not None:
-            what += f" (The traceback's failing rank is {traceback.failure.rank}.)"
+        if failure is not None and failure.rank is not None:
+            what += f" (The traceback's failing rank is {failure.rank}.)"
     last = rank.pp == layout.pp - 1
     stage = "the last pipeline stage" if last else f"pipeline stage {rank.pp} of {layout.pp}"
     layers = ""
@@ -40,7 +94,7 @@ def _rank_sentences(diagnosis) -> list[str]:
         f"It is TP {rank.tp} / CP {rank.cp} / DP {rank.dp} / PP {rank.pp} (EP {rank.ep}): {stage}{layers}.",
     ]
     if last and layout.pp > 1 and reported:
-        check, kind = traceback.failure.check, traceback.failure.kind
+        check, kind = failure.check, failure.kind
         if check is not None and check.quantity == "loss":
             parts.append(
                 "The last stage computes the loss, so its check reports a value that can have started in any layer."
@@ -57,6 +111,12 @@ def _rank_sentences(diagnosis) -> list[str]:
 def _what_it_found(failure) -> str:
     """What the failing rank's check found, in the words of its message."""
     check, bucket = failure.check, f" (bucket #{failure.bucket})" if failure.bucket is not None else ""
+    if check is not None and check.id == "clip-grad-norm-nan":
+        return "found NaN in its local gradient norm in clip_grads (the optimizer step, Megatron-LM core 0.4/0.5)"
+    if check is not None and check.id == "grad-norm-nan" and failure.format == "assert":
+        return "found NaN in its local gradient norm before the data-parallel reduce (core 0.6 to 0.9's assertion)"
+    if not failure.message:
+        return f"had a check reject the result {failure.result}" if failure.result else "had a check reject a result"
     nonfinite_norm = failure.kind in ("NaN", "Inf") and "grad norm" in failure.message  # a message cut or reworded
     if (check is None and nonfinite_norm) or (
         check is not None and check.quantity == "gradient" and check.value != "large"
@@ -78,8 +138,11 @@ def _what_it_found(failure) -> str:
     return f"found {check.value} in its local forward loss (Megatron-LM's loss_func)"
 
 
-def _why_it_died(check, config) -> list[str]:
+def _why_it_died(failure, config) -> list[str]:
     """Why the job died of this check (or, for Megatron-LM's checks, whose job it was)."""
+    check = failure.check
+    if config is None:
+        return _why_without_flags(failure)
     if check is not None and not check.slime:
         return [
             f"The job was not slime's: this check is Megatron-LM's ({check.source}), in Megatron-LM's own "
@@ -95,6 +158,21 @@ def _why_it_died(check, config) -> list[str]:
             "The job died (instead of skipping the step) because --check-for-nan-in-loss-and-grad is on "
             "and slime runs Megatron's rerun state machine disabled."
         ]
+    return []
+
+
+def _why_without_flags(failure) -> list[str]:
+    """What the form of the error line says about the job's end (no flags to read)."""
+    if failure.format == "raise":
+        return [
+            "The job died (instead of skipping the step) because megatron-core's RerunStateMachine ran disabled, "
+            "where a rejected result raises (core 0.12 on)."
+        ]
+    if failure.format == "assert":
+        return ["The job died of Megatron's assertion (core 0.4 to 0.9, before the RerunStateMachine)."]
+    if failure.format in ("log-at-file", "log-on-rank"):
+        return ["The RerunStateMachine was enabled: it logged the result and reran the step to tell a fault from "
+                "the computation."]  # fmt: skip
     return []
 
 

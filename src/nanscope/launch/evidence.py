@@ -1,0 +1,243 @@
+"""What a traceback's frames show, also without its error line: the pipeline schedule, the check reached, the
+phase of the step, and the framework that ran it (with its release, for slime, when the lines name one).
+
+    forward_backward_no_pipelining                   PP 1
+    forward_backward_pipelining_without_interleaving 1F1B: PP > 1, no virtual stages
+    forward_backward_pipelining_with_interleaving    interleaved 1F1B: PP > 1 with virtual stages (VPP)
+    finalize_model_grads -> ... -> check_grads       the DDP bucket check, after the last backward
+    loss_func                                        Megatron-LM's forward-loss check
+    clip_grad_norm_fp32                              clip_grads' check (core 0.4, 0.5)
+
+    evidence = read_frames(frames, lines)            # lines: the traceback's text, for the log-line markers
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from nanscope.facts import frameworks, releases, slime_frames, wordings
+from nanscope.launch.frames import Frame
+
+# schedule function -> (schedule, PP, VPP, in words)
+SCHEDULES = {
+    "forward_backward_no_pipelining": ("no-pipelining", "1", False, "no pipeline: PP 1"),
+    "forward_backward_pipelining_without_interleaving": ("1f1b", ">1", False, "1F1B: PP > 1, no virtual stages"),
+    "forward_backward_pipelining_with_interleaving": (
+        "interleaved",
+        ">1",
+        True,
+        "interleaved 1F1B: PP > 1 with virtual pipeline stages (VPP)",
+    ),
+}
+# function -> (the check it leads to, the phase of the step), innermost wins
+CHECK_FRAMES = {
+    "forward_step": (None, "forward"),
+    "backward_step": (None, "backward"),
+    "loss_func": ("loss", "forward"),
+    "finalize_model_grads": ("bucket", "gradient check"),
+    "finish_grad_sync": ("bucket", "gradient check"),
+    "start_grad_sync": ("bucket", "gradient check"),
+    "check_for_nan_in_grad": ("bucket", "gradient check"),
+    "check_grads": ("bucket", "gradient check"),
+    "clip_grad_norm_fp32": ("clip-grads", "optimizer step"),
+    "get_grad_norm_fp32": (None, "optimizer step"),
+    "step": (None, "optimizer step"),
+}
+CHECKS_IN_WORDS = {
+    "bucket": "the DDP bucket check (finalize_model_grads -> finish_grad_sync -> check_grads): each bucket's local "
+    "gradient norm, after the last micro-batch's backward, before the data-parallel reduce",
+    "loss": "Megatron-LM's forward-loss check (loss_func), on the last stage, after each micro-batch's forward",
+    "clip-grads": "clip_grads' check of the local gradient norm, in the optimizer step (Megatron-LM core 0.4, 0.5)",
+}
+
+
+@dataclass(frozen=True)
+class Framework:
+    """The framework a report comes from (facts.frameworks.NAMES), its release where known, and the evidence."""
+
+    name: str
+    release: str | None
+    how: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "release": self.release, "how": self.how}
+
+
+UNKNOWN = Framework(frameworks.UNKNOWN, None, "nothing in the input names a framework")
+
+
+@dataclass
+class FrameEvidence:
+    """What the frames show (each None when they do not show it).
+
+    Attributes:
+        schedule: "no-pipelining", "1f1b" or "interleaved".
+        pp: "1" or ">1" (from the schedule).
+        vpp: virtual pipeline stages (from the schedule).
+        check: the check reached: "bucket", "loss" or "clip-grads".
+        phase: "forward", "backward", "gradient check" or "optimizer step" (the innermost frame that shows one).
+        log_prob_pass: the step is a forward-only pass (a log-prob computation), not a training step.
+        lines: the evidence, one sentence each.
+    """
+
+    schedule: str | None = None
+    pp: str | None = None
+    vpp: bool | None = None
+    check: str | None = None
+    phase: str | None = None
+    log_prob_pass: bool = False
+    lines: list[str] = field(default_factory=list)
+    core_releases: tuple[str, ...] | None = None  # the megatron-core releases the frames' lines fit
+
+    def to_dict(self) -> dict:
+        return {
+            "schedule": self.schedule,
+            "pp": self.pp,
+            "vpp": self.vpp,
+            "check": self.check,
+            "phase": self.phase,
+            "log_prob_pass": self.log_prob_pass,
+            "megatron_core": None if self.core_releases is None else list(self.core_releases),
+            "lines": list(self.lines),
+        }
+
+
+def read_frames(frames: list[Frame]) -> FrameEvidence:
+    """The schedule, the check reached and the phase the frames show."""
+    evidence = FrameEvidence()
+    for frame in frames:
+        if frame.function in SCHEDULES:
+            schedule, pp, vpp, words = SCHEDULES[frame.function]
+            evidence.schedule, evidence.pp, evidence.vpp = schedule, pp, vpp
+            evidence.lines.append(f"{frame.function} (line {frame.line}): {words}")
+        if frame.function in CHECK_FRAMES and _core_or_lm(frame):
+            check, phase = CHECK_FRAMES[frame.function]
+            evidence.check = check or evidence.check
+            evidence.phase = phase
+        if frame.function in ("compute_log_prob", "forward_only", "compute_ref_log_prob"):
+            evidence.log_prob_pass = True
+    if evidence.check is not None:
+        evidence.lines.append(f"the check reached: {CHECKS_IN_WORDS[evidence.check]}")
+    if evidence.phase is not None and evidence.check is None:
+        evidence.lines.append(f"the innermost step frame is the {evidence.phase}: no check was reached yet")
+    if evidence.log_prob_pass:
+        evidence.lines.append("a forward-only pass (log-probs), not a training step: no gradient was computed")
+    core = core_releases(frames)
+    if core is not None:
+        evidence.core_releases, shown = core
+        fits = _range(evidence.core_releases) or "no release nanscope knows"
+        evidence.lines.append(f"megatron-core {fits}: the lines of {', '.join(shown)}")
+    return evidence
+
+
+def _range(found: tuple[str, ...]) -> str:
+    """`0.12.0 .. 0.15.0` (or one release); '' for none."""
+    if not found:
+        return ""
+    return found[0] if len(found) == 1 else f"{found[0]} .. {found[-1]}"
+
+
+def core_releases(frames: list[Frame]) -> tuple[tuple[str, ...], list[str]] | None:
+    """(the megatron-core releases every frame of facts.wordings.FRAME_LINES fits, those frames); None: none such."""
+    have, shown = set(wordings.RELEASES), []
+    for frame in frames:
+        path = frame.path.replace("\\", "/")
+        for suffix, function in wordings.FRAME_LINES:
+            if function == frame.function and frame.line is not None and path.endswith(suffix):
+                have &= wordings.frame_releases(suffix, function, frame.line)
+                shown.append(f"{suffix.rsplit('/', 1)[-1]}:{frame.line} {function}")
+    if not shown:
+        return None
+    return tuple(release for release in wordings.RELEASES if release in have), shown
+
+
+def _core_or_lm(frame: Frame) -> bool:
+    path = frame.path.replace("\\", "/")
+    return frameworks.CORE in path or path.endswith(("pretrain_gpt.py", "pretrain_mamba.py", "clip_grads.py"))
+
+
+def framework_of(frames: list[Frame], lines: list[str]) -> Framework:
+    """The framework the frames' paths and the traceback's log lines name (facts.frameworks), slime's release from
+    its frames' lines; UNKNOWN when nothing names one."""
+    found: dict[str, str] = {}
+    for frame in frames:
+        path = "/" + frame.path.replace("\\", "/").lstrip("/")
+        for name, dirs in frameworks.PATHS.items():
+            hit = next((directory for directory in dirs if directory in path), None)
+            if hit is not None:
+                found.setdefault(name, f"frames under {hit.strip('/')}/ ({_short(frame)})")
+    for line in lines:
+        for name, texts in frameworks.TEXTS.items():
+            hit = next((text for text in texts if text in line), None)
+            if hit is not None:
+                found.setdefault(name, f"the log names it: {hit.strip()}")
+    name = next((name for name in frameworks.NAMES if name in found), None)
+    if name is None:
+        return UNKNOWN
+    how = found[name]
+    others = [other for other in frameworks.NAMES if other in found and other != name]
+    if others:
+        how += f"; it calls {', '.join(others)}"
+    if name != frameworks.SLIME:
+        return Framework(name, None, how)
+    release, why = slime_release(frames)
+    return Framework(name, release, f"{how}; {why}")
+
+
+def _short(frame: Frame) -> str:
+    return f"{frame.path.replace(chr(92), '/').rsplit('/', 1)[-1]}:{frame.line} {frame.function}"
+
+
+def slime_release(frames: list[Frame]) -> tuple[str | None, str]:
+    """(the slime release whose lines every slime package frame is on, the evidence); (None, why) otherwise."""
+    package = [
+        (suffix, frame)
+        for frame in frames
+        for suffix, function in slime_frames.FRAMES
+        if function == frame.function and frame.line is not None and _under(frame.path, suffix)
+        and slime_frames.PACKAGE in "/" + frame.path.replace("\\", "/")
+    ]  # fmt: skip
+    if not package:
+        return None, "no frame of slime's package names a release: release unknown"
+    shown = ", ".join(_short(frame) for _, frame in package)
+    fitting = [
+        key
+        for key in releases.KEYS
+        if all(slime_frames.fits(suffix, frame.function, frame.line, key) for suffix, frame in package)
+    ]
+    if len(fitting) == 1:
+        return fitting[0], f"its frames {shown} are slime {fitting[0]}'s lines"
+    expected = "; ".join(
+        f"{key}: " + ", ".join(_expected(suffix, frame.function, key) for suffix, frame in package)
+        for key in releases.KEYS
+    )
+    return None, f"its frames {shown} are no release nanscope knows ({expected}): release unknown"
+
+
+def _under(path: str, suffix: str) -> bool:
+    norm = path.replace("\\", "/")
+    return norm == suffix or norm.endswith("/" + suffix)
+
+
+def _expected(suffix: str, function: str, key: str) -> str:
+    lines = slime_frames.lines_at(suffix, function, key)
+    name = suffix.rsplit("/", 1)[-1]
+    return f"{name} {function} at " + "/".join(str(first) for first, _ in lines) if lines else f"no {name} {function}"
+
+
+def annotate(frames: list[Frame], framework: Framework) -> list[Frame]:
+    """The frames, slime's checked against the release the framework's evidence names (KNOWN_FRAMES are v0.1.0's)."""
+    if framework.name != frameworks.SLIME or framework.release == releases.V0_1_0:
+        return frames
+    out = []
+    for frame in frames:
+        known = frame.known
+        if known is not None and known.release.startswith("slime") and frame.line is not None:
+            if framework.release is None:
+                out.append(replace(frame, known=replace(known, release="slime (release unknown)", line=None)))
+                continue
+            lines = slime_frames.lines_at(known.suffix, frame.function, framework.release)
+            line = next((first for first, last in lines if first <= frame.line <= last), lines[0][0] if lines else None)
+            frame = replace(frame, known=replace(known, release=f"slime {framework.release}", line=line))
+        out.append(frame)
+    return out

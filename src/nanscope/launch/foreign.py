@@ -1,0 +1,149 @@
+"""Launch scripts of frameworks other than slime: which framework a script runs, and its parallel layout and flags.
+
+    python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 ...   verl
+    python3 -m openrlhf.cli.train_ppo_ray --actor_num_nodes 1 ...                                       OpenRLHF
+    torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py --tensor-model-parallel-size 2 ...          Megatron-LM
+    NPROC_PER_NODE=8 megatron sft --tensor_model_parallel_size 2 ...                                    ms-swift
+    torchrun ... examples/qwen2/pretrain_qwen.py ... (PYTHONPATH with Pai-Megatron-Patch)             Pai-Megatron-Patch
+
+A script is slime's only on slime's evidence (a flag only slime's parser defines, or a slime release named): no
+other script is read with slime's rules. The layout is megatron-core's (launch.topology) from the sizes the
+framework's flags give; a size the script reads from an unset variable is the default, said so.
+
+    framework = script_framework(script, text)
+    launch = read_foreign(script, text, framework)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from nanscope.facts import frameworks
+from nanscope.facts.flags import BY_SPELLING, SLIME
+from nanscope.launch.detect import named_release
+from nanscope.launch.evidence import UNKNOWN, Framework
+from nanscope.launch.flagview import FlagView
+from nanscope.launch.script import LaunchScript
+
+_MODULES = (
+    ("verl.", frameworks.VERL), ("openrlhf.", frameworks.OPENRLHF), ("nemo_rl", frameworks.NEMO_RL),
+    ("roll.", frameworks.ROLL), ("swift", frameworks.MS_SWIFT), ("nemo", frameworks.NEMO),
+    ("megatron.training", frameworks.MEGATRON_LM),
+)  # fmt: skip
+_CLIS = (("megatron ", frameworks.MS_SWIFT), ("swift ", frameworks.MS_SWIFT), ("nemo ", frameworks.NEMO))
+_PATHS = (
+    ("/verl/", frameworks.VERL), ("/openrlhf/", frameworks.OPENRLHF), ("/nemo_rl/", frameworks.NEMO_RL),
+    ("/examples/start_", frameworks.ROLL), ("/roll/", frameworks.ROLL), ("/megatron_patch/", frameworks.PAI),
+    ("/pai-megatron-patch/", frameworks.PAI), ("/nemo/", frameworks.NEMO),
+)  # fmt: skip
+_TEXTS = (("Pai-Megatron-Patch", frameworks.PAI), ("megatron_patch", frameworks.PAI))
+_MEGATRON_LM = ("pretrain_gpt.py", "pretrain_mamba.py", "pretrain_bert.py", "pretrain_t5.py", "train_rl.py")
+# A framework's release named in the script's text (`pip install verl==0.4.1`, an image tag, a checkout).
+_RELEASE = {
+    frameworks.VERL: re.compile(r"\bverl(?:==|[-_@:/])v?(\d+\.\d+(?:\.\d+)?)\b", re.IGNORECASE),
+    frameworks.OPENRLHF: re.compile(r"\bopenrlhf(?:==|[-_@:/])v?(\d+\.\d+\.\d+)\b", re.IGNORECASE),
+    frameworks.MEGATRON_LM: re.compile(r"(?:megatron-core==|core_v)(\d+\.\d+\.\d+\w*)"),
+    frameworks.MS_SWIFT: re.compile(r"\bms-swift==v?(\d+\.\d+\.\d+)"),
+}
+# The flags only slime's parser defines (not Megatron's): a script that gives one is slime's.
+SLIME_ONLY = tuple(spelling for spelling, flag in BY_SPELLING.items() if flag.owner == SLIME)
+_SIZES = {
+    "tp": "--tensor-model-parallel-size",
+    "pp": "--pipeline-model-parallel-size",
+    "cp": "--context-parallel-size",
+    "ep": "--expert-model-parallel-size",
+    "etp": "--expert-tensor-parallel-size",
+}
+
+
+def script_framework(script: LaunchScript, text: str) -> Framework:
+    """The framework a launch script runs (facts.frameworks.NAMES), with the evidence; UNKNOWN without any."""
+    entry = script.train_script
+    found = None
+    if entry.startswith("-m "):
+        module = entry[3:]
+        found = next(((name, f"python3 -m {module}") for prefix, name in _MODULES if module.startswith(prefix)), None)
+    found = found or next(
+        ((name, f"the `{entry}` command") for prefix, name in _CLIS if entry.startswith(prefix)), None
+    )
+    path = "/" + entry.replace("\\", "/").lower()
+    found = found or next(((name, f"the script {entry}") for part, name in _PATHS if part in path), None)
+    found = found or next(((name, f"the script names {part}") for part, name in _TEXTS if part in text), None)
+    if found is None and path.rsplit("/", 1)[-1] in _MEGATRON_LM:
+        found = (frameworks.MEGATRON_LM, f"Megatron-LM's {entry.rsplit('/', 1)[-1]}")
+    slime = [flag for flag in SLIME_ONLY if flag in script.argv]
+    if found is None and (slime or named_release(text)):
+        shown = f"slime's flags ({', '.join(slime[:3])})" if slime else "the slime release its text names"
+        found = (frameworks.SLIME, f"the launch script runs {entry} with {shown}")
+    if found is None:
+        return UNKNOWN
+    name, how = found
+    match = _RELEASE.get(name).search(text) if name in _RELEASE else None
+    release = None if match is None else ("v" + match[1] if name != frameworks.MEGATRON_LM else match[1])
+    return Framework(name, release, how + (f"; the script names {match[0]}" if match else ""))
+
+
+@dataclass
+class Foreign:
+    """A non-slime launch: its flags (Megatron's spelling) and the parallel sizes they give.
+
+    Attributes:
+        sizes: tp, pp, cp, ep, etp, vpp, nodes, gpus_per_node -> value (None: not given).
+        origins: size -> where it came from, as the script wrote it.
+        notes: what was not read, or assumed.
+    """
+
+    framework: Framework
+    view: FlagView
+    sizes: dict[str, int | None]
+    origins: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
+    """The flags and sizes of a non-slime launch."""
+    overrides = any("=" in word and not word.startswith("-") for word in script.argv)
+    hydra = framework.name == frameworks.VERL or (framework.name == frameworks.NEMO and overrides)  # key=value
+    view = FlagView.of_hydra(script.argv) if hydra else FlagView.of_argv(script.argv)
+    launch = Foreign(framework, view, {})
+    for size, flag in {**_SIZES, "vpp": "--virtual-pipeline-model-parallel-size"}.items():
+        launch.sizes[size] = _int(view.value(flag))
+        if view.has(flag):
+            launch.origins[size] = view.show(flag)
+    stages = _int(view.value("--num-layers-per-virtual-pipeline-stage"))
+    launch.sizes["vpp"] = launch.sizes["vpp"] or _int(view.value("--num-virtual-stages-per-pipeline-rank"))
+    if stages is not None:
+        launch.notes.append(f"--num-layers-per-virtual-pipeline-stage {stages}: virtual stages need num-layers")
+    _world(launch, script)
+    for size, value in launch.sizes.items():
+        if value is None and size in ("tp", "pp", "cp", "ep"):
+            launch.sizes[size], launch.origins[size] = 1, "Megatron's default (not given)"
+    return launch
+
+
+def _world(launch: Foreign, script: LaunchScript) -> None:
+    """Nodes and GPUs per node: verl's trainer.*, a launcher's --nnodes / --nproc_per_node, ms-swift's NNODES /
+    NPROC_PER_NODE, OpenRLHF's actor nodes and GPUs."""
+    view, launcher = launch.view, FlagView.of_argv(script.launcher)
+    pairs = (
+        ("nodes", (view, "--nnodes"), (launcher, "--nnodes"), (view, "--actor-num-nodes")),
+        ("gpus_per_node", (view, "--nproc-per-node"), (launcher, "--nproc-per-node"), (view, "--actor-num-gpus-per-node")),
+    )  # fmt: skip
+    env = {"nodes": "NNODES", "gpus_per_node": "NPROC_PER_NODE"}
+    for size, *places in pairs:
+        launch.sizes[size] = None
+        for source, flag in places:
+            value = _int(source.value(flag))
+            if value is not None:
+                launch.sizes[size], launch.origins[size] = value, source.show(flag)
+                break
+        if launch.sizes[size] is None and _int(script.command_env.get(env[size])) is not None:
+            launch.sizes[size] = _int(script.command_env[env[size]])
+            launch.origins[size] = f"{env[size]}={script.command_env[env[size]]}"
+        if launch.sizes[size] is None:
+            launch.notes.append(f"{size.replace('_', ' ')}: not given (or read from an unset variable)")
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and re.fullmatch(r"\d{1,9}", text.strip()) else None

@@ -1,0 +1,208 @@
+"""The causes real reports had (causes.reported), each with its status from a launch's flags, whichever framework
+wrote them (launch.flagview), and the traceback's and metrics' evidence.
+
+    enabled      the flags switch the mechanism on (evidence: those flags)
+    ruled-out    the flags, or the framework's own code, exclude it (evidence: the flag, or file:line)
+    undecidable  no flag decides it (a library version, the data)
+
+Pure: `reported(context)` -> [Candidate], in the catalogue's order (launch.candidates sorts by status).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nanscope.causes import reported as causes
+from nanscope.facts import frameworks, wordings
+from nanscope.facts.releases import SLIME_V0_1_0
+from nanscope.launch.flagview import FlagView
+from nanscope.launch.status import ENABLED, RULED_OUT, UNDECIDABLE
+
+# Names of the new architectures whose sequence-parallel kernels real reports found NaN in (model paths, flags).
+_NEW_ARCHITECTURE = re.compile(r"qwen3[-_.]?next|qwen3[._]?[56]|gated.?delta|nemotron-h|mamba|hybrid", re.IGNORECASE)
+_NEW_ARCHITECTURE_FLAGS = ("--mtp-num-layers", "--experimental-attention-variant", "--hybrid-override-pattern")
+_MODEL_PATHS = ("--hf-checkpoint", "--model", "--load", "--pretrained-checkpoint", "--tokenizer-model")
+_CLAMPED_FROM = "0.16.0"  # megatron-core divides a micro-batch's loss by max(its token count, 1) from here on
+
+
+@dataclass
+class Context:
+    """What the rules read.
+
+    Attributes:
+        framework: facts.frameworks name of the launch.
+        view: its flags, Megatron's spelling.
+        pp, cp: its pipeline and context parallel sizes (None: unknown).
+        core: the megatron-core releases the traceback fits (None: unknown).
+        unread: a model-args file the script sources was not read (flags in it unknown).
+        defaults_known: flags not given are at Megatron's default (off), as in slime and Megatron-LM.
+    """
+
+    framework: str
+    view: FlagView
+    pp: int | None
+    cp: int | None
+    core: tuple[str, ...] | None = None
+    unread: bool = False
+    defaults_known: bool = True
+
+
+def reported(context: Context) -> list[tuple[causes.Reported, str, list[str]]]:
+    """(cause, status, evidence) for every reported cause."""
+    rules = {
+        causes.GRAD_REDUCE_RACE.name: _race,
+        causes.LIBRARY_REGRESSION.name: _library,
+        causes.BAD_CHECKPOINT.name: _checkpoint,
+        causes.CPU_OFFLOAD_OPTIMIZER.name: _offload,
+        causes.CP_ALL_MASKED.name: _cp_masked,
+        causes.EMPTY_MICRO_BATCH.name: _empty,
+        causes.NON_FLASH_MASK_PP.name: _mask_pp,
+        causes.SP_NEW_ARCHITECTURE.name: _sp_new,
+        causes.FP8_RECIPE.name: _fp8,
+    }
+    return [(cause, *rules[cause.name](context)) for cause in causes.REPORTED]
+
+
+def _given(context: Context, flags: tuple[str, ...]) -> list[str]:
+    view = context.view
+    return [view.show(flag) for flag in flags if view.on(flag) or (view.number(flag) or 0) > 1]
+
+
+def _off(context: Context, flags: tuple[str, ...], why: str) -> tuple[str, list[str]]:
+    """Ruled out where flags not given are off; undecidable where the framework's defaults are not read."""
+    if context.defaults_known:
+        return RULED_OUT, [f"no {', no '.join(flags)}: {why}"]
+    return UNDECIDABLE, [f"no {', no '.join(flags)} in the script, and {context.framework}'s defaults are not read"]
+
+
+def _race(context: Context) -> tuple[str, list[str]]:
+    if context.framework == frameworks.OPENRLHF:
+        return RULED_OUT, ["OpenRLHF trains with DeepSpeed, not megatron-core's DDP"]
+    flags = ("--overlap-grad-reduce", "--tp-comm-overlap", "--num-distributed-optimizer-instances")
+    on = _given(context, flags)
+    if on:
+        return ENABLED, on + ["the reduce runs on its own stream while the backward still writes gradients"]
+    return _off(context, flags[:2], "the data-parallel reduce runs after the backward, on the same stream")
+
+
+def _library(context: Context) -> tuple[str, list[str]]:
+    return UNDECIDABLE, ["no flag decides it: the TransformerEngine, flash-attention and torch versions do"]
+
+
+def _checkpoint(context: Context) -> tuple[str, list[str]]:
+    flags = ("--load", "--finetune", "--pretrained-checkpoint", "--resume-from-checkpoint", "--resume-mode")
+    given = [context.view.show(flag) for flag in flags if context.view.has(flag) and not context.view.off(flag)]
+    if given:
+        return ENABLED, given + ["the run starts from loaded weights and optimizer state"]
+    return UNDECIDABLE, ["the script loads no checkpoint by these flags; a conversion of the weights may still be bad"]
+
+
+def _offload(context: Context) -> tuple[str, list[str]]:
+    flags = ("--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer")
+    on = _given(context, flags)
+    if context.view.on("--optimizer-cpu-offload"):
+        return ENABLED, on
+    if on:
+        return ENABLED, on + ["(without --optimizer-cpu-offload: the optimizer's moments in lower precision)"]
+    return _off(context, flags[:1], "the optimizer state stays on the device")
+
+
+def _cp_masked(context: Context) -> tuple[str, list[str]]:
+    if context.cp is None:
+        return UNDECIDABLE, ["the context-parallel size is unknown"]
+    if context.cp == 1:
+        return RULED_OUT, ["CP 1: every rank holds whole samples"]
+    if context.framework == frameworks.SLIME:
+        return RULED_OUT, [
+            f"CP {context.cp}, but slime divides each CP slice's masked sum by clamp_min(the whole sample's mask sum, "
+            f"1) (slime/backends/megatron_utils/cp_utils.py:84-92, {SLIME_V0_1_0}) and hands megatron-core a token "
+            "count of 1 (loss.py:395-397): an all-masked slice adds 0"
+        ]
+    return _by_core(context, f"CP {context.cp}: a CP rank's slice may be all masked")
+
+
+def _by_core(context: Context, head: str) -> tuple[str, list[str]]:
+    """megatron-core 0.12 to 0.15 divide a micro-batch's loss by its token count unclamped; 0.16 on clamp it."""
+    core = context.core
+    clamped = core is not None and all(
+        wordings.RELEASES.index(release) >= wordings.RELEASES.index(_CLAMPED_FROM) for release in core
+    )
+    if clamped:
+        return RULED_OUT, [f"{head}, but megatron-core {core[0]}+ clamps the token count to 1 (schedules.py:262)"]
+    where = "megatron-core 0.15.0rc0 pipeline_parallel/schedules.py:236: output_tensor /= num_tokens, unclamped"
+    known = "" if core is None else f" (the traceback's megatron-core: {core[0]}..{core[-1]})"
+    return ENABLED, [head + known, where]
+
+
+def _empty(context: Context) -> tuple[str, list[str]]:
+    if context.framework == frameworks.SLIME:
+        return RULED_OUT, [
+            f"slime divides each sample's masked sum by clamp_min(its mask sum, 1) (cp_utils.py:60, {SLIME_V0_1_0}) "
+            "and hands megatron-core a token count of 1 (loss.py:395-397): an empty micro-batch adds 0"
+        ]
+    if context.framework == frameworks.VERL:
+        return _verl_accumulation(context)
+    if context.framework == frameworks.OPENRLHF:
+        return UNDECIDABLE, ["OpenRLHF's loss aggregation is not read"]
+    status, evidence = _by_core(context, "a micro-batch of padding only has no tokens to divide by")
+    return (status if status == RULED_OUT else UNDECIDABLE), evidence + ["no flag decides it: the data does"]
+
+
+def _verl_accumulation(context: Context) -> tuple[str, list[str]]:
+    """verl's FSDP actor: gradient_accumulation = ppo_mini_batch_size // ppo_micro_batch_size_per_gpu."""
+    view = context.view
+    if view.value("--verl-strategy") == "megatron":
+        return UNDECIDABLE, ["verl's Megatron actor: the micro-batches are megatron-core's, their token counts data"]
+    mini, micro = view.number("--ppo-mini-batch-size"), view.number("--ppo-micro-batch-size-per-gpu")
+    n, gpus = view.number("--rollout-n") or 1, (view.number("--nnodes") or 1) * (view.number("--nproc-per-node") or 0)
+    if mini is None or micro is None or not gpus:
+        return UNDECIDABLE, ["ppo_mini_batch_size, ppo_micro_batch_size_per_gpu or the GPU count not given"]
+    share = int(mini * n) // int(gpus)
+    arithmetic = f"ppo_mini_batch_size {mini:g} x rollout.n {n:g} / {gpus:g} GPUs = {share} per GPU"
+    where = "verl v0.4.1 verl/workers/actor/dp_actor.py:420"
+    if share // int(micro) == 0:
+        return ENABLED, [f"{arithmetic} < ppo_micro_batch_size_per_gpu {micro:g}: gradient_accumulation 0", where]
+    return RULED_OUT, [f"{arithmetic} >= ppo_micro_batch_size_per_gpu {micro:g}: gradient_accumulation >= 1", where]
+
+
+def _mask_pp(context: Context) -> tuple[str, list[str]]:
+    if context.pp is None:
+        return UNDECIDABLE, ["the pipeline size is unknown"]
+    if context.pp == 1:
+        return RULED_OUT, ["PP 1: no stage receives another's attention mask"]
+    backend, view = context.view.value("--attention-backend"), context.view
+    if backend == "flash" or view.on("--use-flash-attn"):
+        return RULED_OUT, [
+            f"PP {context.pp}, but {view.show('--attention-backend' if backend else '--use-flash-attn')}"
+        ]
+    if backend in ("unfused", "local", "fused"):
+        return ENABLED, [f"PP {context.pp}", view.show("--attention-backend")]
+    return UNDECIDABLE, [f"PP {context.pp}; the attention backend is megatron-core's choice (auto): unknown"]
+
+
+def _sp_new(context: Context) -> tuple[str, list[str]]:
+    view = context.view
+    sp = view.on("--sequence-parallel") or (
+        context.framework == frameworks.VERL and not view.off("--sequence-parallel")
+    )
+    if not sp:
+        return _off(context, ("--sequence-parallel",), "activations are not split along the sequence")
+    marks = [view.show(flag) for flag in _NEW_ARCHITECTURE_FLAGS if view.has(flag)]
+    marks += [view.show(flag) for flag in _MODEL_PATHS if _NEW_ARCHITECTURE.search(view.value(flag) or "")]
+    shown = (
+        view.show("--sequence-parallel") if view.has("--sequence-parallel") else "sequence_parallel (verl's default)"
+    )
+    if marks:
+        return ENABLED, [shown, *marks]
+    if context.unread:
+        return UNDECIDABLE, [shown, "the model-args file was not read: the architecture is unknown"]
+    return RULED_OUT, [shown, "no flag or model path of a new architecture (MTP, gated delta net, Mamba hybrids)"]
+
+
+def _fp8(context: Context) -> tuple[str, list[str]]:
+    flags = ("--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4", "--fp8", "--fp8-param-gather")
+    given = [context.view.show(flag) for flag in flags if context.view.has(flag) and not context.view.off(flag)]
+    if given:
+        return ENABLED, given
+    return _off(context, ("--fp8-format", "--fp4-format"), "bf16/fp16 training")
