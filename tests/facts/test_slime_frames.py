@@ -1,15 +1,14 @@
 """slime's frames per release (facts.slime_frames), checked against slime's own code at each tag: the call each
-frame makes to the next spans exactly the lines the table says (NANSCOPE_SLIME_SRC, one checkout per tag)."""
+frame makes to the next spans exactly the lines the table says (NANSCOPE_SLIME_SRC, one checkout per tag: CI's
+../shared/slime-src by default, tests/checkouts.py)."""
 
 import ast
-import os
-from pathlib import Path
 
 import pytest
 
 from nanscope.facts import slime_frames
+from tests.checkouts import slime_release
 
-SRC = os.environ.get("NANSCOPE_SLIME_SRC")
 CALLEES = {  # the next frame's call in each function
     ("train.py", "<module>"): ("train",),
     ("train.py", "train"): ("ray.get",),
@@ -32,14 +31,11 @@ def _calls(tree: ast.Module, function: str, callees: tuple[str, ...]) -> set[tup
     return {(n.lineno, n.end_lineno) for n in nodes if isinstance(n, ast.Call) and ast.unparse(n.func) in callees}
 
 
-@pytest.mark.skipif(not SRC, reason="NANSCOPE_SLIME_SRC is not set (one slime checkout per tag)")
 @pytest.mark.parametrize("key", sorted(slime_frames.FRAMES))
 def test_each_release_calls_the_next_frame_from_those_lines(key):
     suffix, function = key
     for release, spans in slime_frames.FRAMES[key].items():
-        path = Path(SRC) / release / suffix
-        if not path.is_file():
-            pytest.skip(f"no slime checkout for {release} at {path.parent}")
+        path = slime_release(release) / suffix
         calls = _calls(ast.parse(path.read_text()), function, CALLEES[key])
         assert set(spans) <= calls, (release, sorted(calls))
         if suffix != "train.py":  # slime's package: exactly these calls
