@@ -274,6 +274,9 @@ def test_case_script_without_total_nodes_infers_the_world_from_the_rank(tmp_path
     assert want["inferred"] == [] and want["config"]["actor_num_nodes"]["origin"] == "launch script"
     assert got["inputs"]["env"] == {"TOTAL_NODES": "8"}
     assert "inferred - --actor-num-nodes '$((NODES))' reads TOTAL_NODES" in out
+    # the layout line marks the inferred world in the run without --env only
+    assert out.count("layout world 64 (inferred: a lower bound, see below) = 8 nodes x 8 GPUs;") == 1
+    assert out.count("layout world 64 = 8 nodes x 8 GPUs;") == 1
     # the script alone: no rank, the smallest world the layout allows is 64 all the same (EP16 x PP4)
     alone = tmp_path / "alone.json"
     assert main(["doctor", str(root / "launch.sh"), "--json", str(alone)]) == 0

@@ -117,7 +117,8 @@ def _layout_section(diagnosis, console) -> None:
     _heading(
         console,
         "layout",
-        f"world {layout.world} = {layout.nodes} nodes x {layout.gpus_per_node} GPUs;  TP {layout.tp}  "
+        f"world {layout.world}{' (inferred: a lower bound, see below)' if diagnosis.inferred else ''} = "
+        f"{layout.nodes} nodes x {layout.gpus_per_node} GPUs;  TP {layout.tp}  "
         f"PP {layout.pp}  CP {layout.cp}  DP {layout.dp} (= {layout.world}/({layout.tp}*{layout.pp}*{layout.cp}))"
         f"  EP {layout.ep}  ETP {layout.etp}  expert DP {layout.edp}"
         + (f"  VPP {layout.vpp}" if layout.vpp else "")
