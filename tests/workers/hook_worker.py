@@ -144,6 +144,7 @@ def main(out: Path) -> None:
     result["files"] = {p: json.loads(Path(p).read_text()) for p in result["trace"]["reports"] if p.endswith(".json")}
     result["unwritable_skip"] = train(["healthy", "bad", "later"], block_reports=True, NANSCOPE_ON_NONFINITE="skip")[2]
     result["unwritable_raise"] = train(["healthy", "bad"], block_reports=True)[2]
+    result["blocked"] = str(out / "blocked")
     slime_plugin.uninstall()
     (out / "result.json").write_text(json.dumps(result, indent=1))
 
