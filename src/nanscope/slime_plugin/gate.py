@@ -10,9 +10,10 @@ data-parallel reduce (param_and_grad_buffer.py:319-467). The gate wraps each chu
            collective, so none waits there for one that did not
 
 With --overlap-grad-reduce the reduce is issued inside the backward pass, bucket group by bucket group, and
-finish_grad_sync only waits for it. `drain` waits for what is in flight before a held pass's gradients are
-zeroed (zeroing under a reduce-scatter in flight races it, and the rerun's backward would find megatron's
-`grad_reduce_handle` still set: param_and_grad_buffer.py:328-330). Megatron's own bucket check runs there too,
+finish_grad_sync only waits for it. `wait` lets it finish before the sentinel is read (a replica's gradients
+then hold what its peers reduced in, the same on both passes of a rerun), and `drain` forgets it before a held
+pass's gradients are zeroed (zeroing under a reduce-scatter in flight races it, and the rerun's backward would
+find megatron's `grad_reduce_handle` still set: param_and_grad_buffer.py:328-330). Megatron's own bucket check runs there too,
 inside the backward, where an error would end one rank while its data-parallel peers wait in the reduce:
 `DeferredCheck` keeps that error (megatron's own text) for the vote instead, and lets the reduce go out.
 """
@@ -72,13 +73,22 @@ def overlapped(chunks) -> bool:
     return any(bool(getattr(getattr(c, "ddp_config", None), "overlap_grad_reduce", False)) for c in chunks)
 
 
-def drain(chunks) -> None:
-    """Wait for every reduce the backward pass issued (--overlap-grad-reduce) and forget it, as megatron's
-    finish_grad_sync would, without its check: a held pass's gradients can then be zeroed."""
+def wait(chunks) -> None:
+    """Wait for every reduce the backward pass issued (--overlap-grad-reduce), leaving megatron's handles set:
+    every rank's gradient buffers are then final (a peer's values reduced in) before the sentinel reads them, and
+    megatron's own finish_grad_sync, if the gate opens, waits on a finished reduce (no extra wait, no sync)."""
     for group in bucket_groups(chunks):
         handle = getattr(group, "grad_reduce_handle", None)
         if handle is not None:
             handle.wait()
+
+
+def drain(chunks) -> None:
+    """`wait`, then forget the handles, as megatron's finish_grad_sync would, without its check: a held pass's
+    gradients can then be zeroed and the rerun's backward issue its reduces afresh."""
+    wait(chunks)
+    for group in bucket_groups(chunks):
+        if getattr(group, "grad_reduce_handle", None) is not None:
             group.grad_reduce_handle = None
 
 

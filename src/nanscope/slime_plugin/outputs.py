@@ -61,10 +61,16 @@ def _system(path: str) -> bool:
     return path in _SYSTEM or top in ("/bin", "/sbin") or lib or inside
 
 
-def warn(text: str) -> None:
-    """One warning line: the plugin's own failures never end the run they watch (nor does a failing stdout)."""
+def say(text: str) -> None:
+    """A line of the plugin's on stdout; a stdout that fails (a full disk under a log file, a closed pipe) never
+    ends the run, nor makes this rank skip a collective its peers take."""
     with contextlib.suppress(Exception):
-        print(f"nanscope: warning: {text}", flush=True)
+        print(text, flush=True)
+
+
+def warn(text: str) -> None:
+    """One warning line: the plugin's own failures never end the run they watch."""
+    say(f"nanscope: warning: {text}")
 
 
 def replay_instruction(args, rollout_id, step_id) -> dict:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 from nanscope.slime_plugin import bundles
-from nanscope.slime_plugin.outputs import Reports, replay_instruction, warn
+from nanscope.slime_plugin.outputs import Reports, replay_instruction, say, warn
 
 
 class Reporter:
@@ -55,11 +55,10 @@ class Reporter:
         contents = self._bundle(reading, doc, seen=seen, target=target, args=args, where=where, rows=rows)
         path = self.files.report(doc, where, contents)
         offline = f"nanscope trace {self.files.dir}"
-        print(
+        say(
             f"nanscope: rank {self.coords.rank}: non-finite values at rollout {where['rollout_id']} step "
             f"{where['step_id']}: {path or 'no report written'}; to name the op offline: {offline}; "
-            f"on the cluster: {replay['text']}",
-            flush=True,
+            f"on the cluster: {replay['text']}"
         )
         return path
 

@@ -29,6 +29,7 @@ The step, each state's work in its own module:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from nanscope.facts.keys import PER_TOKEN
@@ -36,11 +37,11 @@ from nanscope.loss.target import Target
 from nanscope.slime_plugin import ending, headroom, nonfinite, rerun, rows, step_vote, verdict
 from nanscope.slime_plugin.collectives import all_reduce_max
 from nanscope.slime_plugin.coords import Coords
-from nanscope.slime_plugin.gate import HOLD, OPEN, DeferredCheck, Gate, drain, overlapped
+from nanscope.slime_plugin.gate import HOLD, OPEN, DeferredCheck, Gate, drain, overlapped, wait
 from nanscope.slime_plugin.logs import Logger
 from nanscope.slime_plugin.loss_watch import LossWatch
 from nanscope.slime_plugin.names import PublicNames
-from nanscope.slime_plugin.outputs import Reports, check_dir, warn
+from nanscope.slime_plugin.outputs import Reports, check_dir, say, warn
 from nanscope.slime_plugin.report import Reporter
 from nanscope.slime_plugin.settings import Settings
 from nanscope.slime_plugin.skip import SkipVote
@@ -89,6 +90,7 @@ class StepWatch:
         self.step_start = None  # the data iterator at this step's schedule call (rows.StepStart), if seen
         self.schedule = rerun.ScheduleWatch(target.release.schedule_module, chunks, self)
         self.deferred = DeferredCheck(chunks)
+        self.overlapped = overlapped(chunks)
         self.gate = Gate(chunks, self._decide)
         self._handles = []
         for i, chunk in enumerate(chunks):
@@ -194,6 +196,8 @@ class StepWatch:
 
     def _decide(self) -> str:
         """At the first finish_grad_sync of a pass (the gate asks): what every chunk's does, OPEN or HOLD."""
+        if self.overlapped:  # the reduces the backward issued finish first: the buffers are final on every rank
+            wait(self.chunks)
         reading, vote = self._observe()
         step = self.step
         if step.first is not None:
@@ -229,7 +233,7 @@ class StepWatch:
         if step.report is not None:
             self.reporter.add_verdict(step.report, found)
         if step.first[rank].saw or self.coords.logs:
-            print(found.line(), flush=True)
+            say(found.line())
         errors = [f if f.error else a for f, a in zip(step.first, again)]  # a rank's first error, else the rerun's
         return self._conclude(vote, found, errors)
 
@@ -246,14 +250,17 @@ class StepWatch:
         raise ending.error(self.coords.rank, self.step.where, sightings, found, self.step.report)
 
     def _drain(self) -> None:
-        """Wait for the reduces the backward pass issued (--overlap-grad-reduce) before the gradients are zeroed."""
-        if overlapped(self.chunks):
+        """Forget the reduces the backward pass issued (--overlap-grad-reduce) before the gradients are zeroed."""
+        if self.overlapped:
             drain(self.chunks)
 
     def _sight(self, reading):
         """(every rank's sighting of this pass, this rank's classification or None): one all-gather."""
         saw = not reading.finite or self.deferred.error is not None
-        cls = self.classify(reading) if not reading.finite else None
+        # With the reduce issued in the backward pass, which backward call's screen first saw a value a peer
+        # reduced in is a race: the verdict compares the rest of the reading (forward, producer, gradients)
+        compared = dataclasses.replace(reading, backward=None) if self.overlapped else reading
+        cls = self.classify(compared) if not reading.finite else None
         tokens = reading.expert_tokens(self.names.offset) if not reading.finite else None
         mine = nonfinite.Sighting(
             rank=self.coords.rank, pp=self.coords.pp, tp=self.coords.tp, node=nonfinite.node(),
@@ -272,7 +279,7 @@ class StepWatch:
             metrics["nanscope/skipped_steps"] = self.skip.skipped
             if self.coords.logs:
                 shown = {"nanscope/skipped_steps": self.skip.skipped}
-                print(f"nanscope: rollout {where['rollout_id']} step {where['step_id']}: {shown}", flush=True)
+                say(f"nanscope: rollout {where['rollout_id']} step {where['step_id']}: {shown}")
         self.logger.step(self.step.args, where, metrics, vote.where)
         if self.settings.on_nonfinite == "skip" and self.skip.over_limit():
             raise RuntimeError(
@@ -346,7 +353,7 @@ class StepWatch:
         path = self.files.trace(doc, where)
         if self.coords.rank == 0:
             head = f"nanscope trace of rollout {where['rollout_id']} step {where['step_id']} (all ranks):"
-            print("\n".join([head] + ["  " + line for line in first_lines(first)]), flush=True)
+            say("\n".join([head] + ["  " + line for line in first_lines(first)]))
         return path
 
 
