@@ -85,7 +85,10 @@ def train_one_step(chunks, optimizer, scheduler, batch: dict, *, args, seq_lengt
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     if hook is not None:
-        hook.before_train_step(args, rollout_id, 0, chunks, optimizer, scheduler)
+        hook.before_train_step(
+            args=args, rollout_id=rollout_id, step_id=0, model=chunks, optimizer=optimizer,
+            opt_param_scheduler=scheduler,
+        )  # fmt: skip
 
     def forward_step(it, m):
         _, mb = it.get_next()
