@@ -17,7 +17,6 @@ and its peer waited in the data-parallel collective).
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -25,13 +24,18 @@ from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).with_name("layout_worker.py")
-MEGATRON = re.compile(
-    r"^Rank (\d+), node \S+, device cpu, iteration -1: Unexpected result nan \(message='found NaN in local grad norm "
-    r"for bucket #\d+ in backward pass before data-parallel communication collective'\)$"
+from tests.megatron.layout_checks import (
+    DP2_LAYOUTS,
+    RAISE,
+    SKIP,
+    check_raise,
+    check_report,
+    check_skip,
+    megatron_rank,
+    report_of,
 )
-DP2_LAYOUTS = ("dp2", "overlap-check", "overlap-nocheck", "recompute")
-RAISE, SKIP = ("raise", "raise-norerun"), ("skip", "skip-norerun", "skip-transient")
+
+WORKER = Path(__file__).with_name("layout_worker.py")
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -60,58 +64,6 @@ def vpp(tmp_path_factory):
     return _launch(tmp_path_factory, "pp2-vpp2")
 
 
-def _megatron_rank(error: str) -> int:
-    match = MEGATRON.match(error.splitlines()[-1])
-    assert match, error
-    return int(match[1])
-
-
-def check_raise(ranks: list[dict], layout: str, mode: str, fault_rank: int, checked: bool) -> None:
-    for r, rank in enumerate(ranks):
-        if not checked:  # megatron's check is off: nothing raises, slime's own path drops the update
-            step, healthy = rank[layout][mode]["steps"]
-            assert "error" not in step and step["ok"] is False and step["grad_norm"] != step["grad_norm"], step
-            assert healthy["ok"] and rank[layout][mode]["checksum"] == rank[layout]["reference"]["checksum"]
-            continue
-        (step,) = rank[layout][mode]["steps"]
-        assert "error" in step, (layout, mode, r, step)
-        lines = step["error"].splitlines()
-        assert len(lines) == 2 and _megatron_rank(step["error"]) in (r, fault_rank), step["error"]
-        assert "None" not in lines[0], lines[0]
-        if step["error_type"] == "PeerNonFinite":  # a healthy replica: which rank saw it, then that rank's words
-            assert r != fault_rank and _megatron_rank(step["error"]) == fault_rank
-            assert lines[0].startswith(f"nanscope: rank {r} stops with its peers: rank(s) {fault_rank} saw ")
-        else:
-            assert _megatron_rank(step["error"]) == r and "its bundle beside it)" in lines[0], step["error"]
-
-
-def check_skip(ranks: list[dict], layout: str, mode: str) -> None:
-    for rank in ranks:
-        run, reference = rank[layout][mode], rank[layout]["reference"]
-        assert [s.get("error") for s in run["steps"]] == [None, None], run["steps"]
-        skipped, healthy = run["steps"]
-        assert skipped["grad_norm"] != skipped["grad_norm"] and run["skipped"] == 1  # NaN: slime's invalid step
-        assert healthy["grad_norm"] == reference["steps"][0]["grad_norm"]
-        assert run["checksum"] == reference["checksum"] and run["params_finite"]  # bitwise
-        assert run["lr_steps"] == reference["lr_steps"] == 4  # the skipped step did not advance the LR schedule
-
-
-def _report(run: dict) -> dict:
-    (path,) = [p for p in run["reports"] if p.endswith(".json")]
-    return json.loads(Path(path).read_text())
-
-
-def check_report(ranks: list[dict], layout: str, mode: str, fault_rank: int) -> None:
-    names = sorted(Path(p).name for p in ranks[fault_rank][layout][mode]["reports"])
-    assert names == [f"rollout0_step0_rank{fault_rank}.bundle.pt", f"rollout0_step0_rank{fault_rank}.json"], names
-    report = _report(ranks[fault_rank][layout][mode])
-    if mode.endswith("norerun"):
-        assert "rerun" not in report
-    else:
-        expected = "not reproducible" if mode == "skip-transient" else "reproducible"
-        assert report["rerun"]["verdict"] == expected and report["rerun"]["not_ruled_out"] == []
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("layout", DP2_LAYOUTS)
 @pytest.mark.parametrize("mode", RAISE + SKIP)
@@ -131,7 +83,7 @@ def test_pipeline_with_two_virtual_stages(vpp, mode):
         check_raise(vpp, "pp2-vpp2", mode, fault_rank=0, checked=True)
     else:
         check_skip(vpp, "pp2-vpp2", mode)
-    report = _report(vpp[0]["pp2-vpp2"][mode])
+    report = report_of(vpp[0]["pp2-vpp2"][mode])
     # chunk 1 of stage 0 holds layer 2: its global name, not chunk 1's local layer 0
     assert report["first_forward"]["module"] == "decoder.layers.2.mlp" and report["first_forward"]["microbatch"] == 0
 
@@ -153,13 +105,13 @@ def test_the_report_and_bundle_are_written_before_the_rerun_runs_out_of_memory(d
         "rollout0_step0_rank1.bundle.pt",
         "rollout0_step0_rank1.json",
     ]
-    report = _report(run)
+    report = report_of(run)
     assert "rerun" not in report and report["first_forward"]["module"] == "decoder.layers.1.mlp"
 
 
 @pytest.mark.timeout(600)
 def test_a_zero_token_expert_is_not_ruled_out_by_a_clean_rerun_and_not_skipped_as_transient(dp2):
-    report = _report(dp2[1]["dp2"]["zero-token"])
+    report = report_of(dp2[1]["dp2"]["zero-token"])
     finding = report["expert_tokens"]["finding"]
     assert finding.startswith("expert 5 of layer 3 received 0 tokens, and its weight gradient is the first non-finite")
     rerun = report["rerun"]
@@ -168,7 +120,7 @@ def test_a_zero_token_expert_is_not_ruled_out_by_a_clean_rerun_and_not_skipped_a
     for r, rank in enumerate(dp2):  # NANSCOPE_SKIP_ON=transient does not skip it: every rank raises
         run = rank["dp2"]["zero-token"]
         (step,) = run["steps"]
-        assert run["skipped"] == 0 and _megatron_rank(step["error"]) == 1
+        assert run["skipped"] == 0 and megatron_rank(step["error"]) == 1
         head = step["error"].splitlines()[0]
         if r == 1:
             assert head.startswith("nanscope: rerun: not reproducible, but not only a transient fault: ")

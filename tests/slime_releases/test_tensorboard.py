@@ -43,7 +43,7 @@ STEPS = [  # (rollout_id, step_id, metrics): values exact in float32, which Tens
 @pytest.fixture(params=RELEASES)
 def release(request, monkeypatch, tmp_path):
     """(the release's LossApi.metrics_logger, its logging module) from the checkout; sys.modules' slime put back after."""
-    checkout = Path(SRC) / request.param
+    checkout = Path(SRC).resolve() / request.param  # absolute: the test runs in tmp_path (below)
     if not checkout.is_dir():
         pytest.skip(f"no slime checkout for {request.param} at {checkout}")
     logger = releases.BY_KEY[request.param].loss_api.metrics_logger
