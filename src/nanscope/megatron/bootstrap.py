@@ -94,9 +94,12 @@ def init(
     )
 
 
-def build_layout(*, seed: int = 0, bf16: bool = True, training=None):
+def build_layout(*, seed: int = 0, bf16: bool = True, training=None, sizes=None):
     """`build_training` for a layout slime's flags make (`model.Training`): this rank's chunks (one per virtual
     stage), their TransformerConfig wired as slime's train() wires it, and megatron's (distributed) optimizer.
+
+    Args:
+        sizes: the model's (model.TinyQwen3MoE; default the harness's).
 
     Returns:
         (chunks, transformer_config, optimizer): with the overlapped reduce the config carries each chunk's
@@ -106,8 +109,8 @@ def build_layout(*, seed: int = 0, bf16: bool = True, training=None):
 
     from nanscope.megatron import model
 
-    training = training or model.Training()
-    chunks, transformer_config = model.build_chunks(seed=seed, bf16=bf16, training=training)
+    training, sizes = training or model.Training(), sizes or model.TinyQwen3MoE()
+    chunks, transformer_config = model.build_chunks(sizes, seed=seed, bf16=bf16, training=training)
     optimizer = model.build_optimizer(chunks, bf16=bf16, distributed=training.distributed_optimizer)
     transformer_config.finalize_model_grads_func = finalize_model_grads
     transformer_config.grad_scale_func = optimizer.scale_loss
