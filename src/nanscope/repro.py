@@ -20,7 +20,7 @@ carry the driver's Ray-wrapped traceback (`Repro.traceback`). Rendering lives in
 from __future__ import annotations
 
 import json
-import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -458,7 +458,8 @@ def _plugin_check(
     raised: Repro, skipped: Repro, *, inject_step: int, max_skips: int | None, report_dir: str | Path | None
 ) -> PluginCheck:
     """Read the raise run's reports and replay its bundles offline, as `nanscope trace REPORT_DIR` does (no second
-    harness run); with `report_dir`, leave the reports and bundles there."""
+    harness run); with `report_dir`, leave the reports and bundles there (each renamed into place: a link at a name
+    is replaced, never followed; a file that cannot be left there is a warning on stderr, the result kept)."""
     written = [Path(path) for record in raised.ranks for path in record.reports]
     files = [path for path in written if path.name.endswith(".json") and not path.name.endswith(".trace.json")]
     reports = [json.loads(file.read_text()) for file in files]
@@ -466,14 +467,19 @@ def _plugin_check(
         inject_step=inject_step, raised=raised, skipped=skipped, max_skips=max_skips, reports=reports, replay=None
     )
     if report_dir is not None and written:
+        from nanscope.slime_plugin.outputs import place  # heavy: the plugin's package imports torch
+
         check.report_dir = str(report_dir)
-        Path(report_dir).mkdir(parents=True, exist_ok=True)
         for path in written:
-            shutil.copyfile(path, Path(report_dir) / path.name)
+            place(path, report_dir, warn_with=_warn)
     bundles = sorted(path for path in written if path.name.endswith(".bundle.pt"))
     if reports and bundles:
         check.replay = offline_replay(bundles, reports[0]["replay"])
     return check
+
+
+def _warn(text: str) -> None:
+    print(f"nanscope repro: warning: {text}", file=sys.stderr, flush=True)
 
 
 def offline_replay(bundles: list[Path], how: dict) -> dict:
