@@ -168,10 +168,15 @@ def build_model(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bo
     return ddp, config
 
 
-def build_chunks(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bool = True, training=Training()):
+def build_chunks(
+    sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bool = True, training=Training(), cuda: bool = False
+):
     """This rank's model chunks (one per virtual pipeline stage, else one), wrapped as Megatron-LM's get_model and
     slime's setup_model_and_optimizer do (training/training.py:1094-1114 and :1224-1235 at core_v0.15.0rc0:
     DDP per chunk, bucketing off from the second chunk on).
+
+    Args:
+        cuda: on the current CUDA device, as Megatron-LM's get_model moves each chunk (the CPU harness: False).
 
     Returns:
         ([DDP(Float16Module(GPTModel)) per chunk], config).
@@ -194,6 +199,8 @@ def build_chunks(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: b
     chunks = []
     for vp_stage in range(training.vpp or 1):
         model = _gpt_chunk(sizes, config, None if training.vpp is None else vp_stage)
+        if cuda:
+            model = model.cuda(torch.cuda.current_device())
         ddp = DistributedDataParallel(
             config=config, ddp_config=ddp_config, module=model, disable_bucketing=vp_stage > 0
         )
@@ -229,12 +236,15 @@ def _gpt_chunk(sizes: TinyQwen3MoE, config, vp_stage: int | None):
     return Float16Module(config, model) if config.bf16 else model
 
 
-def build_optimizer(ddp_model, *, bf16: bool = True, distributed: bool = False):
+def build_optimizer(ddp_model, *, bf16: bool = True, distributed: bool = False, cpu_offload: bool = False):
     """Megatron's Adam set up like the case: lr 1e-6, weight decay 0.1, betas 0.9/0.98.
 
     Args:
         ddp_model: a DDP chunk, or the list of a rank's chunks.
         distributed: megatron's distributed optimizer (the chunks' DDP must have use_distributed_optimizer).
+        cpu_offload: --optimizer-cpu-offload --optimizer-offload-fraction 1 --use-precision-aware-optimizer, as the
+            case runs it: megatron-core's HybridDeviceOptimizer (CUDA only: it takes the current stream and pins
+            memory, cpu_offloading/hybrid_optimizer.py:217); needs `distributed`.
     """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # heavy: megatron-core
 
@@ -249,7 +259,9 @@ def build_optimizer(ddp_model, *, bf16: bool = True, distributed: bool = False):
         bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
         use_distributed_optimizer=distributed,
-    )
+        **({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0, "use_precision_aware_optimizer": True}
+           if cpu_offload else {}),
+    )  # fmt: skip
     chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
     return get_megatron_optimizer(config, chunks)
 
