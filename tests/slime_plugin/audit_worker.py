@@ -1,9 +1,10 @@
 """One process, real megatron-core on CPU: a healthy step's host syncs and allocations with the plugin and without.
 
-    python tests/slime_plugin/audit_worker.py [--samples 4] [--vocab 8192] [--plugin-loss]
+    python tests/slime_plugin/audit_worker.py [--samples 4] [--vocab 512] [--plugin-loss]
 
-The tiny Qwen3-MoE (fp32; its vocabulary 8192 by default, so that the logits outweigh the sentinel's fixed-size
-buffers as a real model's do: the case's logits are 16,384 x 151,936 / TP 4 float32 = 2.5 GB a micro-batch) under megatron's DDP and distributed optimizer, slime v0.1.0's train_one_step
+The tiny Qwen3-MoE (fp32, the harness's vocabulary 512 by default: its logits, 64 x 512 float32 a micro-batch, are
+20,000 times smaller than the case's, 16,384 x 151,936 / TP 4, so a temporary under 1/64 of them here is far under
+it there) under megatron's DDP and distributed optimizer, slime v0.1.0's train_one_step
 (`nanscope.megatron.chunked`), one sample per micro-batch. Four steps on the same batch: without the plugin
 (warm-up), without it (audited), with the hook installed (its first step installs it), with it (audited). With
 --plugin-loss the audited step with the plugin also runs the plugin's NaN-safe loss (--loss-type custom_loss).
@@ -26,7 +27,7 @@ from tests.slime_plugin.audit import Audit  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=8192, help="the model's vocabulary (the harness's is 512)")
+    p.add_argument("--vocab", type=int, default=512, help="the model's vocabulary (default the harness's)")
     p.add_argument("--plugin-loss", action="store_true")
     p.add_argument("--report-dir", default="nanscope_reports")
     a = p.parse_args()

@@ -179,9 +179,7 @@ def test_the_ranks_agree_when_one_node_cannot_write(tmp_path):
     assert outs[1].startswith(f"refused NANSCOPE_REPORT_DIR={bad!r}: cannot write reports there: ")
 
 
-def test_repro_leaves_the_reports_in_report_dir_never_through_a_link_and_a_failure_keeps_the_result(
-    tmp_path, capsys
-):
+def test_repro_leaves_the_reports_in_report_dir_never_through_a_link_and_a_failure_keeps_the_result(tmp_path, capsys):
     # `nanscope repro --plugin --report-dir D` leaves the raise run's files in D (repro._plugin_check): a link at
     # a report's name used to have its target overwritten, a directory at a name ended the command after the run
     from types import SimpleNamespace
