@@ -171,6 +171,8 @@ def test_skip_reports_a_nan_grad_norm_logs_skipped_steps_and_leaves_the_paramete
     assert [{k: step[k] for k in logged[0]} for step in skip["logged"]] == logged
     assert all(set(step) == set(logged[0]) | set(HEADROOM) | {"warnings"} for step in skip["logged"])
     assert "nanscope: rollout 1 step 0: {'nanscope/skipped_steps': 1}\n" in stdout
+    assert stdout.count("nanscope: warning: NANSCOPE_ONNONFINITE is not one of the plugin's variables, so it does "
+                        "nothing; the closest is NANSCOPE_ON_NONFINITE (all: ") == 1  # fmt: skip
     # The NaN never reaches the parameters: bitwise those of a run that never trained on the bad rollout.
     assert result["params_finite"] and result["params_equal"]
     assert result["without_bad_step"]["grad_norms"] == [norms[0], norms[2]]

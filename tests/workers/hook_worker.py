@@ -133,7 +133,10 @@ def main(out: Path) -> None:
         )
 
     result = {"lifecycle": lifecycle(bootstrap, slime_plugin, args)}
-    model, _, result["skip"] = train(["healthy", "bad", "later"], NANSCOPE_ON_NONFINITE="skip")
+    # and a misspelt variable beside it: ignored, with a warning at install naming the real one
+    model, _, result["skip"] = train(
+        ["healthy", "bad", "later"], NANSCOPE_ON_NONFINITE="skip", NANSCOPE_ONNONFINITE="x"
+    )
     ref, _, result["without_bad_step"] = train(["healthy", "later"], hook=False)
     skipped_params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
     result["params_finite"] = all(bool(torch.isfinite(p).all()) for p in skipped_params.values())
