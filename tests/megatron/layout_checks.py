@@ -2,7 +2,11 @@
 train_one_step's (tests/slime_releases/test_layouts.py): what each rank saw in each layout and mode."""
 
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 MEGATRON = re.compile(
@@ -64,3 +68,34 @@ def check_report(ranks: list[dict], layout: str, mode: str, fault_rank: int) -> 
     else:
         expected = "not reproducible" if mode == "skip-transient" else "reproducible"
         assert report["rerun"]["verdict"] == expected and report["rerun"]["not_ruled_out"] == []
+
+
+def launch(out: Path, worker: Path, *flags: str) -> list[dict]:
+    """Both ranks' results of one torchrun launch of `worker` (2 processes), bounded: it returns, no watchdog fired."""
+    with socket.socket() as sock:  # torchrun's --master-port 0 hangs in rendezvous: pick a free port
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+           str(worker), *flags, "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=540)
+    stuck = sorted(p.read_text() for p in out.glob("stuck.rank*.txt"))
+    assert proc.returncode == 0 and not stuck, (stuck, proc.stderr[-4000:])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def check_dp2(ranks: list[dict], layout: str, mode: str) -> None:
+    """A DP 2 layout's run: the NaN on rank 1."""
+    check_report(ranks, layout, mode, fault_rank=1)
+    if mode in RAISE:
+        check_raise(ranks, layout, mode, fault_rank=1, checked=layout != "overlap-nocheck")
+    else:
+        check_skip(ranks, layout, mode)
+
+
+def check_vpp(ranks: list[dict], mode: str) -> None:
+    """The PP 2 x 2 virtual stages run: the NaN in rank 0's second chunk."""
+    check_report(ranks, "pp2-vpp2", mode, fault_rank=0)
+    if mode in RAISE:
+        check_raise(ranks, "pp2-vpp2", mode, fault_rank=0, checked=True)
+    else:
+        check_skip(ranks, "pp2-vpp2", mode)

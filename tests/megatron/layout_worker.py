@@ -212,7 +212,7 @@ def torch_oom(text: str):
     return torch.OutOfMemoryError(text)
 
 
-class _Tee(io.TextIOBase):
+class Tee(io.TextIOBase):
     """stdout, also kept: the plugin's lines (`nanscope: ...`) go to stdout."""
 
     def __init__(self, stream):
@@ -239,26 +239,39 @@ def main() -> None:
 
     pp = {"pp": 2, "vpp": 2} if a.group == "pp2-vpp2" else {}
     bootstrap.init(**pp, timeout_s=120, group_timeout_s=180)
-    import torch.distributed as dist
-
     a.out.mkdir(parents=True, exist_ok=True)
     w = Worker(a.group, a.out)
     results: dict = {}
     for layout, training in layouts(a.group).items():
         modes = ["reference", *MODES] + (list(EXTRA) if layout == "dp2" else [])
         for mode in modes:
-            if a.only is not None and a.only not in (layout, f"{layout}:{mode}"):
-                continue
-            tee = _Tee(sys.stdout)
-            with contextlib.redirect_stdout(tee):
-                result = w.run(layout, training, mode)
-            result["stdout"] = [line for line in tee.kept.getvalue().splitlines() if line.startswith("nanscope")]
-            results.setdefault(layout, {})[mode] = result
-            w.wd.arm(f"{layout} {mode}: barrier", 120.0)
-            dist.barrier()
-            print(f"rank {w.rank}: {layout} {mode}: {[round(s['seconds'], 1) for s in result['steps']]} s", flush=True)
+            if a.only is None or a.only in (layout, f"{layout}:{mode}"):
+                results.setdefault(layout, {})[mode] = watched(
+                    w, f"{layout} {mode}", lambda: w.run(layout, training, mode)
+                )
+    finish(w, a.out, results)
+
+
+def watched(w, name: str, run) -> dict:
+    """`run()`'s result with its `nanscope...` stdout lines; then every rank meets (bounded) and says how long."""
+    import torch.distributed as dist
+
+    tee = Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        result = run()
+    result["stdout"] = [line for line in tee.kept.getvalue().splitlines() if line.startswith("nanscope")]
+    w.wd.arm(f"{name}: barrier", 120.0)
+    dist.barrier()
+    print(f"rank {w.rank}: {name}: {[round(s['seconds'], 1) for s in result['steps']]} s", flush=True)
+    return result
+
+
+def finish(w, out: Path, results: dict) -> None:
+    """Write this rank's results, meet the others, and leave."""
+    import torch.distributed as dist
+
     w.wd.arm("end", 60.0)
-    (a.out / f"rank{w.rank}.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / f"rank{w.rank}.json").write_text(json.dumps(results, indent=1, default=str))
     dist.barrier()
     dist.destroy_process_group()
     os._exit(0)  # gloo's teardown at interpreter exit can abort ("terminate called"): the results are written

@@ -16,10 +16,6 @@ and its peer waited in the data-parallel collective).
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,9 +24,10 @@ from tests.megatron.layout_checks import (
     DP2_LAYOUTS,
     RAISE,
     SKIP,
-    check_raise,
-    check_report,
+    check_dp2,
     check_skip,
+    check_vpp,
+    launch,
     megatron_rank,
     report_of,
 )
@@ -40,49 +37,27 @@ WORKER = Path(__file__).with_name("layout_worker.py")
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def _launch(tmp_path_factory, group: str) -> list[dict]:
-    out = tmp_path_factory.mktemp(group)
-    with socket.socket() as sock:  # torchrun's --master-port 0 hangs in rendezvous: pick a free port
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-           str(WORKER), "--group", group, "--out", str(out)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540)
-    stuck = sorted(p.read_text() for p in out.glob("stuck.rank*.txt"))
-    assert proc.returncode == 0 and not stuck, (stuck, proc.stderr[-4000:])
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-
-
 @pytest.fixture(scope="module")
 def dp2(tmp_path_factory):
-    return _launch(tmp_path_factory, "dp2")
+    return launch(tmp_path_factory.mktemp("dp2"), WORKER, "--group", "dp2")
 
 
 @pytest.fixture(scope="module")
 def vpp(tmp_path_factory):
-    return _launch(tmp_path_factory, "pp2-vpp2")
+    return launch(tmp_path_factory.mktemp("vpp"), WORKER, "--group", "pp2-vpp2")
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("layout", DP2_LAYOUTS)
 @pytest.mark.parametrize("mode", RAISE + SKIP)
 def test_dp2_layouts(dp2, layout, mode):
-    check_report(dp2, layout, mode, fault_rank=1)
-    if mode in RAISE:
-        check_raise(dp2, layout, mode, fault_rank=1, checked=layout != "overlap-nocheck")
-    else:
-        check_skip(dp2, layout, mode)
+    check_dp2(dp2, layout, mode)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", RAISE + SKIP)
 def test_pipeline_with_two_virtual_stages(vpp, mode):
-    check_report(vpp, "pp2-vpp2", mode, fault_rank=0)
-    if mode in RAISE:
-        check_raise(vpp, "pp2-vpp2", mode, fault_rank=0, checked=True)
-    else:
-        check_skip(vpp, "pp2-vpp2", mode)
+    check_vpp(vpp, mode)
     report = report_of(vpp[0]["pp2-vpp2"][mode])
     # chunk 1 of stage 0 holds layer 2: its global name, not chunk 1's local layer 0
     assert report["first_forward"]["module"] == "decoder.layers.2.mlp" and report["first_forward"]["microbatch"] == 0

@@ -17,9 +17,7 @@ reference the healthy one alone. Each rank writes OUT/rank<R>.json as that worke
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import json
 import os
 import sys
 import time
@@ -28,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for tests.*
 
-from tests.megatron.layout_worker import FAULTS, MODES, _Tee  # noqa: E402
+from tests.megatron.layout_worker import FAULTS, MODES, finish, watched  # noqa: E402
 
 SEEDS = (1, 3)  # the two rollouts (train_worker.SEEDS' healthy and later)
 STEP_BOUND_S = 150.0
@@ -178,8 +176,6 @@ def main() -> None:
 
     pp = {"pp": 2, "vpp": 2} if a.group == "pp2-vpp2" else {}
     bootstrap.init(**pp, timeout_s=120, group_timeout_s=180)
-    import torch.distributed as dist
-
     from tests.slime_releases.train_worker import Worker
 
     a.out.mkdir(parents=True, exist_ok=True)
@@ -196,19 +192,10 @@ def main() -> None:
             if data is None:
                 w.plugin(f"{layout}/batches")
                 data = rollouts(w, Run(w, LAYOUTS[layout]))
-            tee = _Tee(sys.stdout)
-            with contextlib.redirect_stdout(tee):
-                result = one_run(w, layout, mode, data)
-            result["stdout"] = [line for line in tee.kept.getvalue().splitlines() if line.startswith("nanscope")]
-            results.setdefault(layout, {})[mode] = result
-            w.wd.arm(f"{layout} {mode}: barrier", 120.0)
-            dist.barrier()
-            print(f"rank {w.rank}: {layout} {mode}: {[round(s['seconds'], 1) for s in result['steps']]} s", flush=True)
-    w.wd.arm("end", 60.0)
-    (a.out / f"rank{w.rank}.json").write_text(json.dumps(results, indent=1, default=str))
-    dist.barrier()
-    dist.destroy_process_group()
-    os._exit(0)  # gloo's teardown at interpreter exit can abort ("terminate called"): the results are written
+            results.setdefault(layout, {})[mode] = watched(
+                w, f"{layout} {mode}", lambda: one_run(w, layout, mode, data)
+            )
+    finish(w, a.out, results)
 
 
 if __name__ == "__main__":
