@@ -256,19 +256,38 @@ def build(
         elif name == NAN_REWARD.name:
             rewards[i] = float("nan")
 
+    batch = slime_batch(rollout, log_probs=old, ref_log_probs=ref, rollout_log_probs=roll, rewards=rewards)
+    return {**batch, "hazard_site": site}
+
+
+def slime_batch(
+    rollout: Rollout,
+    *,
+    log_probs: list[torch.Tensor],
+    ref_log_probs: list[torch.Tensor],
+    rollout_log_probs: list[torch.Tensor],
+    rewards: list[float],
+) -> dict:
+    """A rollout group and its log-prob passes as slime's batch: GRPO advantages from `rewards`, per sample.
+
+    Args:
+        log_probs, ref_log_probs, rollout_log_probs: per sample [response_i] float32.
+    Returns:
+        dict with unconcat_tokens, total_lengths, response_lengths, loss_masks, log_probs, ref_log_probs,
+        rollout_log_probs (bfloat16), advantages, rewards.
+    """
     normalized = grpo_normalize(torch.tensor(rewards), min(rollout.group_size, len(rewards)))
     return {
         "unconcat_tokens": [t.clone() for t in rollout.tokens],
         "total_lengths": rollout.total_lengths,
         "response_lengths": list(rollout.response_lengths),
         "loss_masks": [m.clone() for m in rollout.loss_masks],
-        "log_probs": old,
-        "ref_log_probs": ref,
+        "log_probs": log_probs,
+        "ref_log_probs": ref_log_probs,
         # slime v0.1.0's data path hard-codes rollout log-probs to bfloat16 (backends/utils/data.py).
-        "rollout_log_probs": [x.bfloat16() for x in roll],
+        "rollout_log_probs": [x.bfloat16() for x in rollout_log_probs],
         "advantages": [torch.full((r,), float(a)) for r, a in zip(rollout.response_lengths, normalized)],
-        "rewards": rewards,
-        "hazard_site": site,
+        "rewards": list(rewards),
     }
 
 

@@ -1,28 +1,40 @@
 """User-named input files, checked before they are read: regular files only, with a size cap.
 
 A FIFO would block the read forever and /dev/zero would fill memory, so a path is resolved
-(symlinks followed) and must name a regular file no larger than `limit` bytes. Each refusal is one
-UserError line naming the file and, for the cap, the limit and the option that raises it.
+(symlinks followed) and must name a regular file no larger than `limit` bytes, outside the kernel's
+file systems (/proc, /sys, /dev: /proc/kmsg passes as a regular file and blocks the read, /proc/self/mem
+fails it; /dev/shm, plain memory-backed files, is read). Each refusal is one UserError line naming the
+file and, for the cap, the limit and the option that raises it.
 
     read_bytes("launch.sh", "launch script", limit=MiB, option="--max-input-mb")
+    read_json("report.json", "report", limit=MiB)   # bad JSON, too deep a nesting, a 5,000-digit int: one line
+    fill_template("dumps/{rollout_id:04d}.pt", "--rollout", rollout_id=12)   # "dumps/0012.pt"
+    printable("a\nb")   # "a\\nb": a file's text on a terminal, one line, no escape sequences
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
+import string
 from pathlib import Path
 
 from nanscope.errors import UserError
 
 MiB = 1 << 20
+KERNEL_FILE_SYSTEMS = ("/proc", "/sys", "/dev")  # files there may block or fail a read, whatever their mode
+READABLE_UNDER_DEV = ("/dev/shm",)  # tmpfs: plain files in memory
+MAX_TEMPLATE_WIDTH = 64  # the widest format spec a path template may ask for ({rollout_id:04d} asks for 4)
+_SPEC = re.compile(r"(?:.?[<>=^])?[+ -]?0?(?P<width>\d{1,3})?d?")  # [[fill]align][sign][0][width][d]
 
 
 def check_file(path: str | os.PathLike, what: str, limit: int | None = None, option: str | None = None) -> int:
     """Check that `path` is a regular file of at most `limit` bytes; returns its size.
 
     Raises:
-        UserError: missing, a directory, a FIFO/device/socket, or over the limit.
+        UserError: missing, a directory, a FIFO/device/socket, in a kernel file system, or over the limit.
     """
     try:
         st = os.stat(path)  # follows symlinks: a link to /dev/zero is refused as a device
@@ -34,6 +46,14 @@ def check_file(path: str | os.PathLike, what: str, limit: int | None = None, opt
         raise UserError(f"{path}: {what}: is a directory, expected a file")
     if not stat.S_ISREG(st.st_mode):
         raise UserError(f"{path}: {what}: not a regular file ({_kind(st.st_mode)})")
+    kernel = kernel_file_system(path)
+    if kernel is not None:
+        real = os.path.realpath(path)
+        where = f"resolves to {real}, " if real != os.path.abspath(path) else ""
+        raise UserError(
+            f"{path}: {what}: {where}in {kernel}, a kernel file system whose reads can block or fail: not read "
+            "(copy the file elsewhere first)"
+        )
     if limit is not None and st.st_size > limit:
         raise UserError(
             f"{path}: {what}: {_size(st.st_size)} is over the {_size(limit)} limit"
@@ -54,6 +74,71 @@ def read_bytes(path: str | os.PathLike, what: str, limit: int | None = None, opt
 def read_text(path: str | os.PathLike, what: str, limit: int | None = None, option: str | None = None) -> str:
     """`read_bytes` decoded as UTF-8 (undecodable bytes replaced)."""
     return read_bytes(path, what, limit, option).decode("utf-8", errors="replace")
+
+
+def read_json(path: str | os.PathLike, what: str, limit: int | None = None, option: str | None = None):
+    """`read_text` parsed as JSON; whatever the file holds is one UserError line (JSON's syntax errors, a nesting
+    deeper than Python's recursion limit, an integer past its 4,300-digit conversion limit)."""
+    text = read_text(path, what, limit, option)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: {what}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    except RecursionError:
+        raise UserError(f"{path}: {what}: not valid JSON: nested too deeply") from None
+    except ValueError as e:  # an integer past Python's 4,300-digit conversion limit
+        raise UserError(f"{path}: {what}: not valid JSON: {str(e).split(':')[0]}") from None
+
+
+def kernel_file_system(path: str | os.PathLike) -> str | None:
+    """The kernel file system ("/proc", "/sys", "/dev") that `path` resolves into (symlinks followed), else None."""
+    real = os.path.realpath(path)
+    if any(real == root or real.startswith(root + "/") for root in READABLE_UNDER_DEV):
+        return None
+    return next((root for root in KERNEL_FILE_SYSTEMS if real == root or real.startswith(root + "/")), None)
+
+
+def fill_template(template: str, what: str, **values: int) -> str:
+    """A path template as slime fills it (`str.format`, e.g. --save-debug-rollout-data `dumps/{rollout_id}.pt`),
+    with only the fields in `values` and integer format specs of width <= MAX_TEMPLATE_WIDTH ({rollout_id:04d}).
+
+    Raises:
+        UserError: one line naming `what` and the field: another name ({0}, {rollout_id.real}, {x}), a
+            conversion (!r), a wider or another spec ({rollout_id:>3000000000} would allocate gigabytes).
+    """
+    out = []
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:  # a lone brace
+        raise UserError(f"{what} {template!r:.200}: not a path template: {e}") from None
+    for literal, name, spec, conversion in parts:
+        out.append(literal)
+        if name is None:
+            continue
+        if name not in values or conversion is not None:
+            field = name[:40] + (f"!{conversion}" if conversion else "")
+            known = ", ".join("{" + k + "}" for k in values)
+            raise UserError(f"{what} {template!r:.200}: {{{field}}}: a path template fills only {known}")
+        match = _SPEC.fullmatch(spec)
+        if match is None or int(match["width"] or 0) > MAX_TEMPLATE_WIDTH:
+            raise UserError(
+                f"{what} {template!r:.200}: {{{name}:{spec[:40]}}}: expected an integer format of width <= "
+                f"{MAX_TEMPLATE_WIDTH}, e.g. {{{name}:04d}}"
+            )
+        out.append(format(values[name], spec))
+    return "".join(out)
+
+
+def printable(text: str) -> str:
+    """`text` with each unprintable character (a newline, an ANSI escape, a carriage return) as repr() writes it:
+    what a file holds, shown on a terminal, can neither forge a line nor retitle, clear or recolour it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def shown(path: str | os.PathLike) -> str:
+    """`path` as an error line shows it: as it is, or repr() of it if that is needed to keep the line one line."""
+    text = os.fspath(path)
+    return text if text.isprintable() else repr(text)
 
 
 def _kind(mode: int) -> str:

@@ -266,7 +266,7 @@ def test_bad_model_json(tmp_path, capsys):
     bad = tmp_path / "m.json"
     bad.write_text("{not json")
     msg = _error(["doctor", "--case", "slime-795", "--model", str(bad)], capsys)
-    assert msg.startswith(f"{bad}: not valid JSON: ")
+    assert msg.startswith(f"{bad}: model JSON: not valid JSON: ")
 
 
 def test_traceback_rank_outside_world(tmp_path, capsys):
@@ -360,12 +360,12 @@ def test_hostile_files_are_one_line_each(tmp_path):
         ".: launch script: is a directory, expected a file": ["."],
         "big.sh: launch script: 4.5 MiB is over the 4.0 MiB limit (raise it with --max-input-mb)": ["big.sh"],
         "--rollout-num-gpus-per-engine 0: must be >= 1": ["big.sh", "--max-input-mb", "5"],
-        "deep.json: model JSON nested too deeply (expected an object of architecture fields)": [
+        "deep.json: model JSON: not valid JSON: nested too deeply": [
             *case,
             "--model",
             "deep.json",
         ],
-        "huge_int.json: not valid JSON: Exceeds the limit (4300 digits) for integer string conversion": [
+        "huge_int.json: model JSON: not valid JSON: Exceeds the limit (4300 digits) for integer string conversion": [
             *case,
             "--model",
             "huge_int.json",

@@ -63,3 +63,12 @@ def test_hazards_cli_json(tmp_path, capsys):
 
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
+
+
+def test_hazards_piped_keeps_every_column_whole(capsys):
+    assert main(["hazards"]) == 0  # capsys: stdout is no terminal
+    out = capsys.readouterr().out
+    assert "…" not in out  # rich cuts a cell that does not fit with an ellipsis
+    assert "│ rollout-logprob-shift │ data          │ yes         │ yes         │ 0 " in out
+    immune = next(line for line in out.splitlines() if line.strip().startswith("inf-grad-clip (optimizer):"))
+    assert immune.rstrip().endswith(".")  # the whole sentence on its line

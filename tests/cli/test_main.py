@@ -42,3 +42,11 @@ def test_user_error_and_no_command(capsys):
         "nan-rollout-logprob, nan-reward, zero-temperature, rollout-logprob-shift, activation-overflow, "
         "backward-only-fault, transient-fault, logprob-drift, moe-aux-loss, moe-zero-token-expert, moe-router-logits\n"
     )
+
+
+def test_version(capsys):
+    from nanscope import __version__
+
+    with pytest.raises(SystemExit) as e:
+        nanscope(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"nanscope {__version__}\n"

@@ -47,8 +47,24 @@ def test_bad_counts_names_and_unreadable_files_are_one_line_each(tmp_path):
             ["trace", "tensor_lengths.pt"],
         ),
     ]
-    if os.path.exists("/proc/self/mem"):  # readable by its owner, but reading address 0 fails: EIO
-        cases.append(("/proc/self/mem: dump: cannot read: Input/output error", ["scan", "/proc/self/mem"]))
+    # issue 32 item 11: a kernel file system's files pass the regular-file check, yet /proc/kmsg blocks the read
+    # and /proc/self/mem fails it (EIO): refused by their resolved path, whatever a symlink calls them
+    for name in ("model.sh", "k.bundle.pt"):
+        os.symlink("/proc/version", tmp_path / name)
+    kernel = "in /proc, a kernel file system whose reads can block or fail: not read (copy the file elsewhere first)"
+    cases += [
+        (f"/proc/version: dump: {kernel}", ["scan", "/proc/version"]),
+        (f"/proc/version: micro-batch file: {kernel}", ["trace", "/proc/version"]),
+        (f"k.bundle.pt: repro bundle: resolves to /proc/version, {kernel}", ["trace", "k.bundle.pt"]),
+        (f"model.sh: model-args file: resolves to /proc/version, {kernel}",
+         ["doctor", "--case", "slime-795", "--model-args", "model.sh"]),
+        (f"model.sh: launch script: resolves to /proc/version, {kernel}", ["doctor", "model.sh"]),
+        ("--rollout 'x/{rollout_id:>3000000000}.pt': {rollout_id:>3000000000}: expected an integer format of "
+         "width <= 64, e.g. {rollout_id:04d}", ["trace", "x.bundle.pt", "--rollout", "x/{rollout_id:>3000000000}.pt"]),
+    ]  # fmt: skip
+    if os.path.isfile("/sys/kernel/profiling"):
+        sysfs = kernel.replace("in /proc,", "in /sys,")
+        cases.append((f"/sys/kernel/profiling: launch script: {sysfs}", ["doctor", "/sys/kernel/profiling"]))
     results = run_isolated([argv for _, argv in cases] + [["scan", "dump.pt", "--max-rows", "0"]], tmp_path)
     for (want, argv), result in zip(cases, results):
         assert refused(result, argv[0]) == want, argv

@@ -9,9 +9,12 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 import uuid
 from pathlib import Path
@@ -20,6 +23,7 @@ import pytest
 
 from nanscope.cli.main import main
 from nanscope.dumps import demo, ray_scan, writers
+from nanscope.errors import UserError
 from nanscope.megatron import ray_session
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,3 +127,134 @@ def test_ray_is_an_exactly_pinned_extra_the_tests_install_and_only_the_ray_modul
             if any(name.split(".")[0] == "ray" for name in names):
                 importers.add(str(path.relative_to(SRC)))
     assert importers == RAY_MODULES
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
+@pytest.mark.parametrize("command", ["scan", "repro"])
+def test_an_address_where_nothing_listens_is_one_line_at_once(command, tmp_path, capsys):
+    """Issue 32 item 7: `--ray-address 127.0.0.1:1` retried past 240 s, deaf to SIGTERM; now refused before Ray is
+    imported (scan) or a launch starts (repro)."""
+    demo.write_demo(tmp_path / "12.pt")
+    address = f"127.0.0.1:{_closed_port()}"
+    argv = {"scan": ["scan", str(tmp_path), "--ray"], "repro": ["repro", "--launcher", "ray", "--hazard", "healthy"]}
+    started = time.monotonic()
+    assert main([*argv[command], "--ray-address", address]) == 2
+    assert time.monotonic() - started < 10
+    assert capsys.readouterr() == (
+        "",
+        f"nanscope {command}: error: --ray-address {address}: cannot connect (Connection refused): start the "
+        "cluster's head there (`ray start --head`) or give its HOST:PORT\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("head", "--ray-address head: expected HOST:PORT of the cluster's head (its GCS port, 6379 by default)"),
+        ("head:0", "--ray-address head:0: expected HOST:PORT of the cluster's head (its GCS port, 6379 by default)"),
+        ("FULL", "--ray-address FULL: no answer within 0.2 s (--ray-timeout): is the cluster's head there?"),
+    ],
+)
+def test_the_probe_refuses_in_one_line_within_its_bound(address, message):
+    with socket.socket() as full, socket.socket() as queued:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)  # one connection queued, never accepted: the next one's SYN is dropped, its connect waits
+        queued.connect(full.getsockname())
+        where = f"127.0.0.1:{full.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(UserError) as raised:
+            ray_session.probe(address.replace("FULL", where), timeout_s=0.2)
+        assert str(raised.value) == message.replace("FULL", where) and time.monotonic() - started < 5
+
+
+def _silent_listener() -> socket.socket:
+    """A port that accepts connections (the kernel's backlog) and never answers: no Ray head."""
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen(16)
+    return server
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
+def test_an_address_that_never_answers_is_bounded_and_sigterm_ends_it_at_once(tmp_path):
+    demo.write_demo(tmp_path / "dumps" / "12.pt")
+    with _silent_listener() as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        argv = [sys.executable, "-m", "nanscope.cli.main", "scan", str(tmp_path / "dumps"), "--ray",
+                "--ray-address", address]  # fmt: skip
+        proc = subprocess.run([*argv, "--ray-timeout", "3"], capture_output=True, text=True, timeout=120)
+        ours = [line for line in proc.stderr.splitlines() if line.startswith("nanscope")]
+        assert (proc.returncode, ours) == (
+            2,
+            [
+                f"nanscope scan: error: --ray-address {address}: ray.init did not connect within 3 s (--ray-timeout): "
+                "something answers there, but not a Ray cluster's head (its GCS port, 6379 by default)"
+            ],
+        )
+        waiting = subprocess.Popen([*argv, "--ray-timeout", "100"], stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(8)  # Ray imported, ray.init retrying
+            assert waiting.poll() is None
+            sent = time.monotonic()
+            waiting.send_signal(signal.SIGTERM)
+            waiting.wait(timeout=30)
+            assert (waiting.returncode, time.monotonic() - sent < 2) == (-signal.SIGTERM, True)
+        finally:
+            waiting.kill()
+            waiting.communicate()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
+def test_repro_s_ray_driver_gives_up_joining_after_the_bound_in_one_line(capsys):
+    """The probe passes (the port accepts); the driver's ray.init never connects: the launch's one line, exit 2."""
+    with _silent_listener() as server:
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        argv = ["repro", "--launcher", "ray", "--ray-address", address, "--ray-timeout", "3", "--hazard", "healthy"]
+        assert main(argv) == 2
+    assert capsys.readouterr() == (
+        "",
+        f"nanscope repro: error: --ray-address {address}: ray.init did not connect within 3 s (--ray-timeout): "
+        "something answers there, but not a Ray cluster's head (its GCS port, 6379 by default)\n",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
+def test_scan_joins_a_running_cluster_and_equals_the_local_scan(tmp_path):
+    """--ray-address joins a head started by `ray start --head` (ray.init in the joining thread), then leaves it as
+    it was; the head is ended by its session dir, never `ray stop` (every Ray on the machine)."""
+    dumps = tmp_path / "dumps"
+    _dumps(dumps)
+    head = Path(tempfile.mkdtemp(prefix="nh", dir="/tmp"))  # Ray's sockets: a short path
+    env = {**os.environ, **ray_session.LOCAL_ENV}
+    port = _closed_port()
+    try:
+        subprocess.run(
+            ["ray", "start", "--head", "--port", str(port), "--num-cpus", "2", "--include-dashboard", "false",
+             "--temp-dir", str(head), "--disable-usage-stats"],
+            env=env, capture_output=True, timeout=180, check=True,
+        )  # fmt: skip
+        argv = [sys.executable, "-m", "nanscope.cli.main", "scan", str(dumps)]
+        local = subprocess.run([*argv, "--json", str(tmp_path / "l.json")], capture_output=True, text=True, timeout=60)
+        joined = subprocess.run(
+            [*argv, "--ray", "--ray-address", f"127.0.0.1:{port}", "--json", str(tmp_path / "r.json")],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        ray_session.reap(str(head))
+        shutil.rmtree(head, ignore_errors=True)
+    assert (joined.returncode, joined.stdout) == (local.returncode, local.stdout), joined.stderr[-2000:]
+    assert _json(tmp_path / "r.json") == _json(tmp_path / "l.json")

@@ -91,54 +91,41 @@ def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys, monk
     assert first["pp"] == 1  # the last pipeline stage raises first, as rank 50 in the case
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(500)
-def test_repro_without_arguments_runs_the_matrix(tmp_path, capsys):
-    path = tmp_path / "m.json"
-    assert main(["repro", "--json", str(path)]) == 0
-    doc = json.loads(path.read_text())
+# the sentinel in each as-is run of the matrix: (rank that saw it first, class, module, direction)
+MATRIX_SENTINEL = {
+    "healthy": (None, None, None, None), "rollout-logprob-shift": (None, None, None, None),
+    "kl-exp-overflow": (2, "loss-numerics", "output_layer", "backward"),
+    "ratio-exp-overflow": (2, "loss-numerics", "output_layer", "backward"),
+    "nan-rollout-logprob": (2, "data", None, None), "nan-reward": (2, "data", None, None),
+    "zero-temperature": (2, "data", None, None),
+    "activation-overflow": (0, "model-forward", "decoder.layers.1.mlp", "forward"),  # the planted module
+    "backward-only-fault": (0, "model-backward", "decoder.layers.0.self_attention", "backward"),  # planted
+    "transient-fault": (0, "model-forward", "decoder.layers.1.mlp", "forward"),  # one call: the matrix is one step
+    "logprob-drift": (2, "loss-numerics", "output_layer", "backward"),  # a one-step matrix: already crossed
+    "moe-aux-loss": (2, "model-backward", "decoder.layers.2.mlp.router", "backward"),
+    "moe-zero-token-expert": (2, "model-backward", "decoder.layers.3.mlp.experts.local_experts.5.linear_fc2",
+                              "backward"),  # the empty expert's weight gradient
+    "moe-router-logits": (0, "model-forward", "decoder.layers.1.mlp.router", "forward"),
+}  # fmt: skip
+
+
+def _check_matrix(code: int, doc: dict, out: str, names: list[str]) -> None:
+    """A matrix run of `names` (exit code, JSON, output): each row as expected (the sentinel, the outcomes, the
+    frames)."""
+    assert code == 0
     assert doc["ok"] is True
     rows = {r["hazard"]: r for r in doc["matrix"]}
-    assert list(rows) == [
-        "healthy",
-        "kl-exp-overflow",
-        "ratio-exp-overflow",
-        "nan-rollout-logprob",
-        "nan-reward",
-        "zero-temperature",
-        "rollout-logprob-shift",
-        "activation-overflow",
-        "backward-only-fault",
-        "transient-fault",
-        "logprob-drift",
-        "moe-aux-loss",
-        "moe-zero-token-expert",
-        "moe-router-logits",
-    ]
-    # the sentinel: (rank that saw it first, class, module, direction) of the as-is run
+    assert list(rows) == names
     assert {name: tuple(row["as_is"]["sentinel"][k] for k in ("rank", "class", "module", "direction"))
-            for name, row in rows.items()} == {
-        "healthy": (None, None, None, None), "rollout-logprob-shift": (None, None, None, None),
-        "kl-exp-overflow": (2, "loss-numerics", "output_layer", "backward"),
-        "ratio-exp-overflow": (2, "loss-numerics", "output_layer", "backward"),
-        "nan-rollout-logprob": (2, "data", None, None), "nan-reward": (2, "data", None, None),
-        "zero-temperature": (2, "data", None, None),
-        "activation-overflow": (0, "model-forward", "decoder.layers.1.mlp", "forward"),  # the planted module
-        "backward-only-fault": (0, "model-backward", "decoder.layers.0.self_attention", "backward"),  # planted
-        "transient-fault": (0, "model-forward", "decoder.layers.1.mlp", "forward"),  # one call: the matrix is one step
-        "logprob-drift": (2, "loss-numerics", "output_layer", "backward"),  # a one-step matrix: already crossed
-        "moe-aux-loss": (2, "model-backward", "decoder.layers.2.mlp.router", "backward"),
-        "moe-zero-token-expert": (2, "model-backward", "decoder.layers.3.mlp.experts.local_experts.5.linear_fc2",
-                                  "backward"),  # the empty expert's weight gradient
-        "moe-router-logits": (0, "model-forward", "decoder.layers.1.mlp.router", "forward"),
-    }  # fmt: skip
-    assert rows["backward-only-fault"]["as_is"]["fault"] == "decoder.layers.0.self_attention:backward:nan"
-    # stage 0 fails the check; stage 1's gradients pass it and its ranks stop instead of hanging
-    outcomes = [
-        (r["rank"], r["ok"], r["error"].endswith(case.nan_check_message()))
-        for r in rows["backward-only-fault"]["as_is"]["ranks"]
-    ]
-    assert outcomes == [(0, False, True), (1, False, True), (2, False, False), (3, False, False)]
+            for name, row in rows.items()} == {name: MATRIX_SENTINEL[name] for name in names}  # fmt: skip
+    if "backward-only-fault" in rows:
+        assert rows["backward-only-fault"]["as_is"]["fault"] == "decoder.layers.0.self_attention:backward:nan"
+        # stage 0 fails the check; stage 1's gradients pass it and its ranks stop instead of hanging
+        outcomes = [
+            (r["rank"], r["ok"], r["error"].endswith(case.nan_check_message()))
+            for r in rows["backward-only-fault"]["as_is"]["ranks"]
+        ]
+        assert outcomes == [(0, False, True), (1, False, True), (2, False, False), (3, False, False)]
     for name, row in rows.items():
         assert row["safe_params_finite"] is True, name
         fixed_elsewhere = {"zero-temperature", "activation-overflow", "backward-only-fault", "transient-fault"}
@@ -158,7 +145,27 @@ def test_repro_without_arguments_runs_the_matrix(tmp_path, capsys):
             assert first["holds_output_layer"] is (name != "backward-only-fault"), name
             assert first["error"].startswith(f"Rank {first['rank']}, node ")
             assert first["error"].endswith(f", device cpu, iteration -1: {case.nan_check_message()}")
-    assert "as expected: slime v0.1.0's loss fails megatron-core's NaN check" in capsys.readouterr().out
+    assert f"nanscope repro: case slime-795 scaled down, {len(names)} hazards x {{as-is, safe}}" in out
+    assert "as expected: slime v0.1.0's loss fails megatron-core's NaN check" in out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(500)
+def test_repro_without_arguments_runs_the_case_s_matrix(tmp_path, capsys):
+    path = tmp_path / "m.json"
+    code = main(["repro", "--json", str(path)])
+    _check_matrix(code, json.loads(path.read_text()), capsys.readouterr().out, [h.name for h in catalogue.CASE_HAZARDS])
+    assert [h.name for h in catalogue.CASE_HAZARDS] == [
+        "healthy", "kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_repro_all_runs_the_whole_catalogue(all_matrix):
+    _check_matrix(*all_matrix, list(MATRIX_SENTINEL))
+    assert list(MATRIX_SENTINEL) == [h.name for h in catalogue.CATALOGUE]
 
 
 @pytest.mark.integration
@@ -172,6 +179,34 @@ def test_repro_several_steps(tmp_path):
     assert (doc["ok"], doc["as_is_died_at"], doc["safe_steps_completed"]) == (True, 2, 3)
     assert doc["max_param_diff_safe_vs_defused_twin"] == 0.0  # bitwise
     assert all(r["params_finite"] for r in doc["safe"]["ranks"])
+
+
+def test_a_comparison_over_no_ranks_is_null_and_says_nothing_was_compared():
+    """Issue 32 item 8: with --timeout 1 no rank saved its parameters, and safe's were said to equal the defused
+    twin's "bitwise" (max_param_diff 0.0)."""
+    assert repro.max_abs_diff([], []) is None
+    assert repro.max_abs_diff(["a.pt"], []) is None
+    timed_out = [repro.Repro("kl-exp-overflow", loss, expected, "timeout", {}) for loss, expected in
+                 (("as-is", "nan-check"), ("safe", "completed"), ("as-is", "completed"))]  # fmt: skip
+    check = repro.StepsCheck("kl-exp-overflow", 2, 1, *timed_out, param_diff=None, wall_s=1.0, notes=[])
+    doc = report.steps_to_json(check)
+    assert doc["max_param_diff_safe_vs_defused_twin"] is None and doc["ok"] is False
+    assert doc["verdict"] == (
+        "UNEXPECTED: kl-exp-overflow at step 1 of 2: as-is timeout; safe completes 0/2 steps, no rank reported its "
+        "parameters; safe's parameters after step 2 were not compared with those of as-is on the hazard's defused "
+        "twin: a run saved none (nothing was compared)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_launch_that_timed_out_claims_no_equality(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    argv = ["repro", "--hazard", "kl-exp-overflow", "--steps", "2", "--timeout", "1", "--json", str(path)]
+    assert main(argv) == 1
+    doc = json.loads(path.read_text())
+    assert doc["max_param_diff_safe_vs_defused_twin"] is None
+    assert "bitwise" not in capsys.readouterr().out and "(nothing was compared)" in doc["verdict"]
 
 
 def test_steps_needs_a_hazard_and_a_step_inside(capsys):
@@ -214,13 +249,32 @@ def test_trace_needs_one_hazard(capsys):
         (["--timeout", "-5"], "--timeout -5: must be a finite number of seconds > 0"),
         (["--timeout", "inf"], "--timeout inf: must be a finite number of seconds > 0"),
         (["--hazard", "nan-reward", "--inject-step", "2"], "--inject-step 2 goes with --steps N"),
-        (["--steps", "0"], "--steps 0: must be >= 1"),
-        (["--steps", "-1", "--inject-step", "1"], "--steps -1: must be >= 1"),
+        (["--steps", "0"], "--steps 0: must be in 1..100 (each step is a full optimizer step)"),
+        (["--steps", "-1", "--inject-step", "1"], "--steps -1: must be in 1..100 (each step is a full optimizer step)"),
+        # issue 32: upper bounds, stated in --help
+        (["--steps", "101"], "--steps 101: must be in 1..100 (each step is a full optimizer step)"),
+        (
+            ["--fault", "output_layer:forward:nan", "--fault-step", "10000000"],
+            "--fault-step 10000000: must be in 1..100 (each step is a full optimizer step)",
+        ),
+        (["--ray-timeout", "5"], "--ray-timeout 5 goes with --ray-address (joining a cluster)"),
+        (
+            ["--launcher", "ray", "--ray-address", "h:1", "--ray-timeout", "nan"],
+            "--ray-timeout nan: must be a finite number of seconds > 0",
+        ),
     ],
 )
 def test_bad_numbers_are_one_line_errors_before_any_launch(argv, message, capsys):
     assert main(["repro", *argv]) == 2
     assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
+
+
+def test_help_states_the_upper_bounds_of_steps(capsys):
+    with pytest.raises(SystemExit):
+        main(["repro", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "run N optimizer steps with the hazard at --inject-step (1..100)" in text
+    assert "with --fault: the step it fires at, 1..100 (default 1;" in text
 
 
 def _ours(tag: str) -> list[tuple[int, str]]:
@@ -275,9 +329,9 @@ def test_sigkill_of_repro_leaves_no_worker_and_no_temp_dir(tmp_path):
     tag, tmp = uuid.uuid4().hex, tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "NANSCOPE_TEST_TAG": tag, "TMPDIR": str(tmp)}
-    # Healthy steps up to a fault at step 200: the launch is still running when the parent is killed.
+    # Healthy steps up to a fault at step 100: the launch is still running when the parent is killed.
     argv = [sys.executable, "-m", "nanscope.cli.main", "repro", "--fault", "decoder.layers.0.mlp:forward:nan",
-            "--fault-step", "200"]  # fmt: skip
+            "--fault-step", "100"]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
@@ -318,3 +372,12 @@ def test_repro_where_every_process_sees_cuda(tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert (doc["observed"], doc["frames_match_case"]) == ("nan-check", True)
     assert all(", device cpu, " in r["error"] for r in doc["ranks"])
+
+
+def test_an_output_named_as_a_plugin_report_in_the_report_dir_is_refused(tmp_path, capsys):
+    argv = ["repro", "--hazard", "kl-exp-overflow", "--steps", "2", "--plugin", "--report-dir", str(tmp_path)]
+    assert main([*argv, "--json", str(tmp_path / "rollout1_step0_rank2.json")]) == 2
+    assert capsys.readouterr().err == (
+        f"nanscope repro: error: --json {tmp_path}/rollout1_step0_rank2.json: a name the plugin's reports take in "
+        f"--report-dir {tmp_path}: the run would replace it (give another name or directory)\n"
+    )

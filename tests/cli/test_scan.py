@@ -252,6 +252,26 @@ def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
     assert (rc, err) == (2, f"nanscope scan: error: {tmp_path}/empty: no *.pt dumps in this directory or below\n")
 
 
+def test_file_text_in_the_tables_is_never_markup_nor_control_characters(tmp_path, capsys):
+    """Issue 32 item 4: a reward key `[/]` crashed the directory scan (MarkupError: no --json, no --html), names like
+    `[blink]x.pt` rendered as markup, an escape sequence in a file name reached the terminal."""
+    names = ["[/]x.pt", "[blink]x.pt", "[link=https:example.com]click.pt", "a\x1b]0;title\x07b.pt"]
+    for name in names:
+        demo.write_demo(tmp_path / "d" / name)
+    samples = [demo.rollout_sample(i, 4, 8, reward={"[/]": 1.0}) for i in range(4)]
+    writers.write_rollout_dump(tmp_path / "d" / "keys.pt", samples, rollout_id=1)
+    rc, out, err = run(capsys, str(tmp_path / "d"), "--workers", "1", "--json", str(tmp_path / "s.json"), "--progress")
+    missing = f"{tmp_path}/d/keys.pt: reward of sample 0: a dict with keys ['[/]']; pass --reward-key"
+    assert (rc, err.splitlines()[-1]) == (2, f"nanscope scan: error: 1 of 5 dumps failed; the first: {missing}")
+    assert not any(c in out + err for c in "\x1b\x07")
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(" ") and line.split()}
+    for name in ("[/]x.pt", "[blink]x.pt", "[link=https:example.com]click.pt", "a\\x1b]0;title\\x07b.pt"):
+        assert rows[name].split()[1:3] == ["rollout", "v0.1.0"], out
+    assert "a dict with keys ['[/]']" in out and len(json.loads((tmp_path / "s.json").read_text())["files"]) == 5
+    rc, out, _ = run(capsys, str(tmp_path / "d" / "[/]x.pt"))
+    assert rc == 1 and out.startswith(f"{tmp_path}/d/[/]x.pt: rollout dump, rollout 12, ")
+
+
 @pytest.mark.parametrize(
     ("release", "kind", "line"),
     [

@@ -2,7 +2,6 @@
 file or --model-args, and what megatron-core 0.15.0rc0's code says about each (launch.moe)."""
 
 import json
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -13,19 +12,17 @@ from nanscope.facts.slime_models import QWEN3_235B_A22B, matching
 from nanscope.launch import moe
 from nanscope.launch.candidates import ENABLED, RULED_OUT, UNDECIDABLE, candidates
 from nanscope.launch.config import resolve
+from tests import checkouts
 
 MOE = ("moe-aux-loss", "moe-zero-token-expert", "moe-router-logits")
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "launch" / "qwen3-235B-A22B.sh"
-SLIME_FILE = "v0.1.0/scripts/models/qwen3-235B-A22B.sh"
+SLIME_FILE = "scripts/models/qwen3-235B-A22B.sh"
 BASE = ["--num-experts", "128", "--moe-router-topk", "8"]
 
 
 def _slime_model_args(tmp_path) -> Path:
-    """slime v0.1.0's own scripts/models/qwen3-235B-A22B.sh: copied from NANSCOPE_SLIME_SRC when set, else the
-    fixture (the same file's lines 1-35)."""
-    src = os.environ.get("NANSCOPE_SLIME_SRC")
+    """slime v0.1.0's own scripts/models/qwen3-235B-A22B.sh, copied from its checkout (tests/checkouts.py)."""
     path = tmp_path / "qwen3-235B-A22B.sh"
-    shutil.copy(Path(src) / SLIME_FILE if src else FIXTURE, path)
+    shutil.copy(checkouts.slime_release("v0.1.0") / SLIME_FILE, path)
     return path
 
 

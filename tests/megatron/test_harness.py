@@ -119,6 +119,7 @@ def test_runs_are_independent(launched):
     assert all(a.param_checksum != b.param_checksum for a, b in zip(healthy.ranks, hazard.ranks))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_hung_rank_is_ended_and_reported(tmp_path):
     # Rank 1 hangs at the start of the run. Whichever watchdog fires first (rank 1's, or a peer's

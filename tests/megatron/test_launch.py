@@ -51,16 +51,29 @@ def test_seq_length_is_a_multiple_of_64_tp():
 
 
 def test_stop_signals_are_noted_then_raised_with_the_exit_code():
-    before = signal.getsignal(signal.SIGHUP)
-    with proctree.StopSignals() as stop:
-        os.kill(os.getpid(), signal.SIGHUP)
-        os.kill(os.getpid(), signal.SIGTERM)  # a second signal changes nothing: the first one counts
-        time.sleep(0.1)  # the handler runs in the main thread between bytecodes
-        assert stop.signum == signal.SIGHUP
-        with pytest.raises(proctree.Interrupted) as e:
-            stop.check(workers=4)
-    assert (e.value.exit_code, e.value.workers) == (129, 4)
-    assert signal.getsignal(signal.SIGHUP) is before  # restored
+    seen = []
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL), signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with proctree.StopSignals() as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
+            os.kill(os.getpid(), signal.SIGTERM)  # a second signal changes nothing: the first one counts
+            time.sleep(0.1)  # the handler runs in the main thread between bytecodes
+            assert stop.signum == signal.SIGHUP
+            with pytest.raises(proctree.Interrupted) as e:
+                stop.check(workers=4)
+        assert (e.value.exit_code, e.value.workers) == (129, 4)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # restored
+        # a handler of the caller's own (a test runner's) receives the noted signal once, on leaving
+        signal.signal(signal.SIGHUP, lambda signum, frame: seen.append(signum))
+        with proctree.StopSignals() as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.1)
+            assert seen == []
+        time.sleep(0.1)
+        assert seen == [signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, before[0])
+        signal.signal(signal.SIGTERM, before[1])
 
 
 def test_an_ignored_stop_signal_stays_ignored():

@@ -94,6 +94,7 @@ def _comparable(record: RankRecord, out: Path) -> dict:
     return fields
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_records_equal_torchrun_s_except_pids_and_timings(ray_launched, launched, short_tmp):
     assert launched.ok
@@ -317,12 +318,12 @@ def test_repro_prints_the_traceback_writes_it_and_puts_it_in_the_json(ray_launch
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_matrix_under_ray_has_torchrun_s_outcome(tmp_path, capsys, short_tmp, monkeypatch):
+def test_the_matrix_under_ray_has_torchrun_s_outcome(all_matrix, tmp_path, capsys, short_tmp, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
-    docs = {}
-    for how in ("torchrun", "ray"):
-        assert main(["repro", "--launcher", how, "--json", str(tmp_path / f"{how}.json")]) == 0
-        docs[how] = json.loads((tmp_path / f"{how}.json").read_text())
+    assert all_matrix[0] == 0  # torchrun's, shared with tests/cli/test_repro.py
+    docs = {"torchrun": all_matrix[1]}
+    assert main(["repro", "--all", "--launcher", "ray", "--json", str(tmp_path / "ray.json")]) == 0
+    docs["ray"] = json.loads((tmp_path / "ray.json").read_text())
 
     def outcome(doc):
         keys = ("expected", "observed", "ok", "frames_match_case")  # the first failure: by wall clock

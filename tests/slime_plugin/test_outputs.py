@@ -177,31 +177,3 @@ def test_the_ranks_agree_when_one_node_cannot_write(tmp_path):
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert outs[0] == f"refused NANSCOPE_REPORT_DIR={good!r}: another rank cannot write reports there"
     assert outs[1].startswith(f"refused NANSCOPE_REPORT_DIR={bad!r}: cannot write reports there: ")
-
-
-def test_repro_leaves_the_reports_in_report_dir_never_through_a_link_and_a_failure_keeps_the_result(tmp_path, capsys):
-    # `nanscope repro --plugin --report-dir D` leaves the raise run's files in D (repro._plugin_check): a link at
-    # a report's name used to have its target overwritten, a directory at a name ended the command after the run
-    from types import SimpleNamespace
-
-    from nanscope import repro
-
-    run = tmp_path / "run"
-    run.mkdir()
-    report, other = run / "rollout0_step0_rank0.json", run / "rollout0_step0_rank1.json"
-    report.write_text(json.dumps({"rank": 0, "replay": {}}))
-    other.write_text(json.dumps({"rank": 1, "replay": {}}))
-    victim = tmp_path / "victim.txt"
-    victim.write_text("keep me")
-    out = tmp_path / "D"
-    out.mkdir()
-    (out / report.name).symlink_to(victim)
-    (out / other.name).mkdir()  # a directory at the second report's name
-    raised = SimpleNamespace(ranks=[SimpleNamespace(reports=[str(report)]), SimpleNamespace(reports=[str(other)])])
-    check = repro._plugin_check(raised, raised, inject_step=1, max_skips=None, report_dir=out)
-    assert [r["rank"] for r in check.reports] == [0, 1] and check.report_dir == str(out)  # the result is kept
-    assert victim.read_text() == "keep me" and not (out / report.name).is_symlink()
-    assert json.loads((out / report.name).read_text())["rank"] == 0
-    assert capsys.readouterr().err == (
-        f"nanscope repro: warning: could not leave {other.name} in {out}: Is a directory\n"
-    )

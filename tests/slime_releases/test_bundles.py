@@ -2,7 +2,7 @@
 bundle_worker.py) replays offline through the same checkout (`nanscope trace DIR --slime-src`) and names the same
 op, source line, sample and token as the in-process trace of the same call, at CP 1 and on each rank of CP 2.
 
-Needs NANSCOPE_SLIME_SRC (one checkout per tag; see test_releases.py). zero-temperature's op is the log-prob
+Needs NANSCOPE_SLIME_SRC (one checkout per tag; tests/checkouts.py). zero-temperature's op is the log-prob
 helper's division of the logits by 0, before the recorded log-probs: offline, the replay names the non-finite
 inputs instead (class data). The README's table "The loss hazards offline, per release" is this test's result.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from nanscope.cli.main import main
-from tests.slime_releases.test_releases import RELEASES, SRC, pytestmark  # noqa: F401 (the skip marker)
+from tests.checkouts import RELEASES, SLIME_SRC, slime_release
 
 WORKER = Path(__file__).with_name("bundle_worker.py")
 KEYS = ("op", "source", "node", "sample", "token", "masked")
@@ -24,15 +24,13 @@ KEYS = ("op", "source", "node", "sample", "token", "masked")
 @pytest.fixture(scope="module", params=RELEASES)
 def replayed(request, tmp_path_factory):
     """(release, in-process records by bundle name, offline replays by bundle name, the bundles' directory)."""
-    checkout = Path(SRC) / request.param
-    if not checkout.is_dir():
-        pytest.skip(f"no slime checkout for {request.param} at {checkout}")
+    checkout = slime_release(request.param)
     out = tmp_path_factory.mktemp(request.param)
     cmd = [sys.executable, str(WORKER), "--slime-src", str(checkout), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     in_process = json.loads((out / "inprocess.json").read_text())["records"]
-    assert main(["trace", str(out), "--slime-src", str(SRC), "--json", str(out / "offline.json")]) == 1
+    assert main(["trace", str(out), "--slime-src", str(SLIME_SRC), "--json", str(out / "offline.json")]) == 1
     offline = {Path(b["source"]).name: b for b in json.loads((out / "offline.json").read_text())["bundles"]}
     return request.param, in_process, offline, out
 
@@ -64,7 +62,7 @@ def test_a_bundle_of_another_release_is_refused_in_one_line(replayed, capsys):
     release, _, _, out = replayed
     other = next(r for r in RELEASES if r != release)
     path = out / "kl-exp-overflow_cp1_rank0.bundle.pt"
-    assert main(["trace", str(path), "--slime-src", str(Path(SRC) / other)]) == 2
+    assert main(["trace", str(path), "--slime-src", str(slime_release(other))]) == 2
     err = capsys.readouterr().err
     assert err.startswith(
         f"nanscope trace: error: the bundle was written through slime {release}, but the slime here (checkout "

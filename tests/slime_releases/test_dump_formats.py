@@ -1,6 +1,6 @@
 """The release table against each slime checkout: its Sample and dump writers, and its parser's flags.
 
-Needs NANSCOPE_SLIME_SRC (one checkout per tag; see test_releases.py). The dumps: dump_worker.py has each
+Needs NANSCOPE_SLIME_SRC (one checkout per tag; tests/checkouts.py). The dumps: dump_worker.py has each
 release's own Sample and writers write nanscope's demo dumps next to nanscope's writers; both must read
 as that release's format and give the same findings. The flags: slime/utils/arguments.py is read (never
 imported) and every modelled slime flag's presence, default and choices must be the table's, and every
@@ -21,9 +21,9 @@ from nanscope import case
 from nanscope.dumps import checks, io
 from nanscope.facts import releases
 from nanscope.facts.flags import FLAGS, MEGATRON, SLIME
+from tests.checkouts import RELEASES, slime_release
 from tests.dumps.test_checks import rows
 from tests.launch.test_findings import UNMODELLED_FIX_FLAGS, fix_flags
-from tests.slime_releases.test_releases import RELEASES, SRC, pytestmark  # noqa: F401 (the skip marker)
 
 WORKER = Path(__file__).with_name("dump_worker.py")
 # Modelled as slime's but parsed elsewhere: Megatron's --global-batch-size, SGLang's --sglang-context-length.
@@ -31,10 +31,7 @@ NOT_SLIME_PARSED = {"--global-batch-size", "--sglang-context-length"}
 
 
 def _checkout(tag: str) -> Path:
-    checkout = Path(SRC) / tag
-    if not checkout.is_dir():
-        pytest.skip(f"no slime checkout for {tag} at {checkout}")
-    return checkout
+    return slime_release(tag)
 
 
 @pytest.fixture(scope="module", params=RELEASES)

@@ -5,30 +5,23 @@ raise, skip and skip-on-transient with the rerun on and off. The assertions are 
 (tests/megatron/layout_checks.py): bounded, megatron's words on every raising rank, the report and the bundle,
 skip on every rank, the next healthy rollout bitwise equal to a run that trained it alone.
 
-Needs slime's v0.1.0 checkout under NANSCOPE_SLIME_SRC (skipped without it; test_releases.py says how).
+Needs slime's v0.1.0 checkout under NANSCOPE_SLIME_SRC (tests/checkouts.py).
 """
 
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.checkouts import slime_release
 from tests.megatron.layout_checks import DP2_LAYOUTS, RAISE, SKIP, check_dp2, check_vpp, launch
 
-SRC = os.environ.get("NANSCOPE_SLIME_SRC")
 WORKER = Path(__file__).with_name("layout_worker.py")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.integration,
-    pytest.mark.skipif(not SRC, reason="NANSCOPE_SLIME_SRC is not set (see tests/slime_releases/test_releases.py)"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def _launch(tmp_path_factory, group: str) -> list[dict]:
-    checkout = Path(SRC).resolve() / "v0.1.0"
-    if not checkout.is_dir():
-        pytest.skip(f"no slime v0.1.0 checkout at {checkout}")
+    checkout = slime_release("v0.1.0")
     out = tmp_path_factory.mktemp(f"slime-{group}")
     return launch(out, WORKER, "--slime-src", str(checkout), "--group", group)
 

@@ -2,12 +2,13 @@
 then with `--loss-type custom_loss --custom-loss-function-path nanscope.slime_plugin.policy_loss`, on the
 same batches, CP 1 and 2 (2 processes, gloo, megatron-core's parallel state).
 
-Needs slime checkouts, one directory per tag, under NANSCOPE_SLIME_SRC (skipped without it):
+Needs slime checkouts, one directory per tag, under NANSCOPE_SLIME_SRC (default: ../shared/slime-src beside the
+repository, which CI has; tests/checkouts.py):
 
     git clone https://github.com/THUDM/slime && cd slime
     for t in v0.1.0 v0.2.4 v0.3.1; do git worktree add /tmp/slime/$t $t; done
     git worktree add /tmp/slime/main main
-    NANSCOPE_SLIME_SRC=/tmp/slime pytest tests/slime_releases
+    NANSCOPE_SLIME_SRC=/tmp/slime pytest -m release
 
 Healthy batches: loss, gradient and every metric of the release equal (relative difference <= 1e-6; 0
 measured). Hazards: the plugin's loss, gradient and metrics are finite where the release's are not, and
@@ -24,20 +25,12 @@ from pathlib import Path
 
 import pytest
 
-SRC = os.environ.get("NANSCOPE_SLIME_SRC")
-RELEASES = ("v0.1.0", "v0.2.4", "v0.3.1", "main")
+from tests.checkouts import RELEASES, slime_release
+
 WORKER = Path(__file__).with_name("worker.py")
 TOLERANCE = 1e-6
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not SRC,
-        reason="NANSCOPE_SLIME_SRC is not set (a directory with one slime checkout per tag: "
-        + ", ".join(RELEASES)
-        + "; see this module's docstring)",
-    ),
-]
+pytestmark = pytest.mark.integration
 
 
 def _free_port() -> str:
@@ -49,9 +42,7 @@ def _free_port() -> str:
 @pytest.fixture(scope="module", params=RELEASES)
 def run(request, tmp_path_factory):
     """The worker's records for one release, both ranks: (release name, [records of rank 0, rank 1])."""
-    checkout = Path(SRC) / request.param
-    if not checkout.is_dir():
-        pytest.skip(f"no slime checkout for {request.param} at {checkout}")
+    checkout = slime_release(request.param)
     out = tmp_path_factory.mktemp(request.param)
     cmd = [
         sys.executable,

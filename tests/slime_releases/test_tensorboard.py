@@ -7,12 +7,10 @@ TENSORBOARD_DIR, else on tensorboard_log/<--tb-project-name>/<--tb-experiment-na
 step key as a scalar at that step. The real module is imported from the checkout (standins.load_module; it
 imports the real wandb at module level); the scalars are read back with TensorBoard's EventAccumulator.
 
-Needs slime checkouts under NANSCOPE_SLIME_SRC (test_releases.py says how; skipped without it).
+Needs slime checkouts under NANSCOPE_SLIME_SRC (tests/checkouts.py).
 """
 
-import os
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,12 +18,11 @@ import pytest
 from nanscope.facts import releases
 from nanscope.slime_plugin import logs
 from nanscope.slime_plugin.settings import Settings
+from tests.checkouts import slime_release
 from tests.slime_releases.standins import PACKAGES, load_module
 
-SRC = os.environ.get("NANSCOPE_SLIME_SRC")
 RELEASES = ("v0.2.4", "v0.3.1", "main")
 
-pytestmark = pytest.mark.skipif(not SRC, reason="NANSCOPE_SLIME_SRC is not set (see test_releases.py)")
 pytest.importorskip("wandb")  # slime's logging_utils imports it at module level
 pytest.importorskip("tensorboard")
 
@@ -43,9 +40,7 @@ STEPS = [  # (rollout_id, step_id, metrics): values exact in float32, which Tens
 @pytest.fixture(params=RELEASES)
 def release(request, monkeypatch, tmp_path):
     """(the release's LossApi.metrics_logger, its logging module) from the checkout; sys.modules' slime put back after."""
-    checkout = Path(SRC).resolve() / request.param  # absolute: the test runs in tmp_path (below)
-    if not checkout.is_dir():
-        pytest.skip(f"no slime checkout for {request.param} at {checkout}")
+    checkout = slime_release(request.param)
     logger = releases.BY_KEY[request.param].loss_api.metrics_logger
     module = logger.rpartition(".")[0]
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)

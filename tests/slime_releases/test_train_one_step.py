@@ -7,7 +7,7 @@ rollouts, `--loss-type policy_loss` and `--custom-megatron-before-train-step-hoo
 nanscope.slime_plugin.before_train_step`. The stand-ins (megatron.training's names, a recording wandb) and why
 none of them is on the loss or step path: standins.py and megatron_training.py. The scenarios: train_worker.py.
 
-Needs slime's v0.1.0 checkout under NANSCOPE_SLIME_SRC (skipped without it; test_releases.py says how).
+Needs slime's v0.1.0 checkout under NANSCOPE_SLIME_SRC (tests/checkouts.py). In the slow tier (`pytest -m slow`).
 """
 
 import json
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = os.environ.get("NANSCOPE_SLIME_SRC")
+from tests.checkouts import slime_release
+
 WORKER = Path(__file__).with_name("train_worker.py")
 MEGATRON_TEXT = re.compile(
     r"^Rank (\d+), node \S+, device cpu, iteration -1: Unexpected result nan \(message='found NaN in local grad "
@@ -29,10 +30,7 @@ MEGATRON_TEXT = re.compile(
 REPRODUCIBLE = "nanscope: rerun: reproducible on this device:"
 TRANSIENT = "nanscope: rerun: not reproducible (transient):"
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not SRC, reason="NANSCOPE_SLIME_SRC is not set (see tests/slime_releases/test_releases.py)"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _free_port() -> str:
@@ -44,9 +42,7 @@ def _free_port() -> str:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     """Both ranks' results of every scenario (train_worker.py), from one torchrun launch."""
-    checkout = Path(SRC) / "v0.1.0"
-    if not checkout.is_dir():
-        pytest.skip(f"no slime v0.1.0 checkout at {checkout}")
+    checkout = slime_release("v0.1.0")
     out = tmp_path_factory.mktemp("train_one_step")
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port(),

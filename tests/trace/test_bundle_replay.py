@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import time
 from pathlib import Path
 
@@ -188,7 +189,7 @@ def test_a_report_directory_one_line_per_rank_and_step_earliest_first(tmp_path, 
 
 
 def test_the_cli_knows_the_bundle_suffix_without_importing_torch():
-    assert trace_cli.BUNDLE_SUFFIX == bundle.SUFFIX
+    assert trace_cli.BUNDLE_SUFFIX == bundle.SUFFIX  # the one fact, facts.paths
 
 
 def _hostile(tmp_path: Path, healthy: Path) -> dict:
@@ -211,9 +212,15 @@ def _hostile(tmp_path: Path, healthy: Path) -> dict:
     (tmp_path / "cut.bundle.pt").write_bytes(data[: len(data) // 2])
     n = len(mb["batch"]["total_lengths"])
     local = mb["batch"]["log_probs"][1].numel()
+    assert n >= 2 and mb["index"] == 0 and mb["batch"]["loss_masks"][1].dtype == torch.float32
     return {
         "cut": (tmp_path / "cut.bundle.pt", "repro bundle: not a readable zip archive: File is not a zip file"),
-        "code": (tmp_path / "code.bundle.pt", "not a nanscope repro bundle (torch.load weights_only: "),
+        # issue 32 item 12: torch's reason, not its advice to load with weights_only=False (which runs the code)
+        "code": (
+            tmp_path / "code.bundle.pt",
+            "not a nanscope repro bundle (torch.load weights_only: Unsupported global: GLOBAL print was not an "
+            "allowed global by default)\n",
+        ),
         "format": (
             variant("f.bundle.pt", lambda d, m: d.update(format="x")),
             "format 'x': expected 'nanscope-bundle/1' (a repro bundle)",
@@ -248,6 +255,99 @@ def _hostile(tmp_path: Path, healthy: Path) -> dict:
             variant("k.bundle.pt", lambda d, m: d["coords"].update(cp_rank=2)),
             "coords: cp_rank 2 outside cp_size 1",
         ),
+        # issue 32 item 12: a tensor's micro-batch by its loss call's index (7), not its place in the list (0)
+        "index": (
+            variant(
+                "i.bundle.pt",
+                lambda d, m: (
+                    m.update(index=7),
+                    m["current"]["log_probs"].__setitem__(1, torch.zeros(1).expand(10**9)),
+                ),
+            ),
+            "micro-batch 7: current log_probs of sample 1: tensor of 1,000,000,000 elements with stride 0 over a "
+            "storage of 1, expected each element stored once",
+        ),
+        # issue 32 items 1 and 9: values the field checks let through, the replay then crashed on or used
+        "loss list": (
+            variant("ll.bundle.pt", lambda d, m: m.update(loss=[1])),
+            "micro-batch 0: loss: expected a dict or None, got list",
+        ),
+        "current list": (
+            variant("cl.bundle.pt", lambda d, m: m.update(current=[1])),
+            "micro-batch 0: current: expected a dict or None, got list",
+        ),
+        "rows dict": (
+            variant("rd.bundle.pt", lambda d, m: m.update(rows=dict.fromkeys(range(n), 0))),
+            "micro-batch 0: rows: expected a list or None, got dict",
+        ),
+        "rows 10**30": (
+            variant("rh.bundle.pt", lambda d, m: m.update(rows=[10**30] * n)),
+            f"micro-batch 0: rows: expected {n} integers >= 0 (one dump row per sample)",
+        ),
+        "bool tokens": (
+            variant(
+                "tb.bundle.pt",
+                lambda d, m: m["batch"]["unconcat_tokens"].__setitem__(1, m["batch"]["unconcat_tokens"][1] > 0),
+            ),
+            "micro-batch 0: unconcat_tokens of sample 1: expected integer token ids, got torch.bool",
+        ),
+        "negative token": (
+            variant("tn.bundle.pt", lambda d, m: m["batch"]["unconcat_tokens"][1].__setitem__(3, -5)),
+            "micro-batch 0: unconcat_tokens of sample 1: token id -5 at position 3: expected ids >= 0",
+        ),
+        "mask nan": (
+            variant("mn.bundle.pt", lambda d, m: m["batch"]["loss_masks"][1].__setitem__(2, float("nan"))),
+            "micro-batch 0: loss_masks of sample 1: entry 2 is nan: expected 0 or 1",
+        ),
+        "mask 7": (
+            variant("m7.bundle.pt", lambda d, m: m["batch"]["loss_masks"][1].__setitem__(0, 7)),
+            "micro-batch 0: loss_masks of sample 1: entry 0 is 7.0: expected 0 or 1",
+        ),
+        "groups 0": (
+            variant("g0.bundle.pt", lambda d, m: d["args"].update(n_samples_per_prompt=0)),
+            "args: n_samples_per_prompt 0: expected an integer >= 1",
+        ),
+        "estimator": (
+            variant("ae.bundle.pt", lambda d, m: d["args"].update(advantage_estimator="magic")),
+            "args: advantage_estimator 'magic': expected one of cispo, grpo, gspo, ppo, reinforce_plus_plus, "
+            "reinforce_plus_plus_baseline",
+        ),
+        "10**400": (
+            variant("bi.bundle.pt", lambda d, m: d["args"].update(seed=10**400)),
+            "args: seed <1329-bit integer>: outside int64",
+        ),
+        "no microbatches": (
+            variant("e.bundle.pt", lambda d, m: d.update(microbatches=[])),
+            "microbatches: empty (a bundle holds the loss calls of the step it was written on)",
+        ),
+        "version": (
+            variant("v.bundle.pt", lambda d, m: d.update(nanscope="9" * 1000)),
+            "nanscope: expected the version that wrote it, a string of 1-40 characters",
+        ),
+        "version int": (
+            variant("vi.bundle.pt", lambda d, m: d.update(nanscope=5)),
+            "nanscope: expected the version that wrote it, a string of 1-40 characters",
+        ),
+        # issue 32 item 5: str.format of '{rollout_id:>3000000000}' allocates 3 GB
+        "template": (
+            variant(
+                "tp.bundle.pt", lambda d, m: d["args"].update(save_debug_rollout_data="/d/{rollout_id:>3000000000}.pt")
+            ),
+            "args: save_debug_rollout_data '/d/{rollout_id:>3000000000}.pt': {rollout_id:>3000000000}: expected an "
+            "integer format of width <= 64, e.g. {rollout_id:04d}",
+        ),
+        "template field": (
+            variant("tf.bundle.pt", lambda d, m: d["args"].update(load_debug_rollout_data="/d/{args.__class__}.pt")),
+            "args: load_debug_rollout_data '/d/{args.__class__}.pt': {args.__class__}: a path template fills only "
+            "{rollout_id}, {rank}",
+        ),
+    } | {  # NaN or inf clip and coefficient: a loss every entry of which is NaN
+        f"{name} {value}": (
+            variant(f"{name}{value}.bundle.pt", lambda d, m, name=name, value=value: d["args"].update({name: value})),
+            f"args: {name} {value!r}: expected a finite number",
+        )
+        for name in ("eps_clip", "kl_loss_coef")
+        for value in (math.nan, math.inf, -math.inf)
     }
 
 
@@ -260,6 +360,7 @@ def test_hostile_bundles_are_one_line_exit_2(tmp_path):
         assert res["rc"] == 2, (name, res)
         assert res["stderr"].startswith(f"nanscope trace: error: {path}: {error}"), (name, res["stderr"])
         assert res["stderr"].count("\n") == 1 and "pwned" not in res["stderr"], name
+        assert "weights_only=False" not in res["stderr"] and "\\x1b" not in res["stderr"], name
         assert res["grew"] < 64 * 2**20, (name, res)
 
 

@@ -307,6 +307,8 @@ CATALOGUE: tuple[Hazard, ...] = (
     LOGPROB_DRIFT, MOE_AUX_LOSS, MOE_ZERO_TOKEN_EXPERT, MOE_ROUTER_LOGITS,
 )  # fmt: skip
 BY_NAME = {h.name: h for h in CATALOGUE}
+# `nanscope repro`'s default matrix: the healthy batch and the case's own four hazards (`--all`: the catalogue)
+CASE_HAZARDS: tuple[Hazard, ...] = (HEALTHY, KL_EXP_OVERFLOW, RATIO_EXP_OVERFLOW, NAN_ROLLOUT_LOGPROB, NAN_REWARD)
 
 
 def get(name: str) -> Hazard:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import warnings
 from importlib.resources import as_file
 
 from nanscope import case
 from nanscope.errors import UserError
 from nanscope.facts import releases
-from nanscope.inputs import MiB, read_text
+from nanscope.inputs import MiB, read_json
 from nanscope.launch import Diagnosis, diagnose
 from nanscope.launch.script import parse_env
 from nanscope.launch.script.bounds import OPTION
@@ -97,15 +96,7 @@ def _megabytes(text: str) -> int:
 
 
 def _load_model(path: str, limit: int) -> dict:
-    text = read_text(path, "model JSON", limit, OPTION)
-    try:
-        model = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UserError(f"{path}: not valid JSON: {error.msg} at line {error.lineno}") from None
-    except RecursionError:
-        raise UserError(f"{path}: model JSON nested too deeply (expected an object of architecture fields)") from None
-    except ValueError as error:  # an integer past Python's 4,300-digit conversion limit
-        raise UserError(f"{path}: not valid JSON: {str(error).split(':')[0]}") from None
+    model = read_json(path, "model JSON", limit, OPTION)
     if not isinstance(model, dict):
         raise UserError(f"{path}: expected a JSON object of architecture fields")
     return model

@@ -20,7 +20,9 @@ import importlib
 import sys
 import warnings
 
+from nanscope import __version__
 from nanscope.errors import UserError
+from nanscope.inputs import printable
 
 # Subcommand name -> module under nanscope.cli. Imported lazily: megatron-core takes seconds to import.
 COMMANDS = ("repro", "hazards", "doctor", "scan", "trace")
@@ -30,6 +32,7 @@ INPUTS = ("dump", "script", "file", "case", "hazard")
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     parser = argparse.ArgumentParser(prog="nanscope", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"nanscope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an internal error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
@@ -102,7 +105,7 @@ class _Warnings:
 
 def one_line(text: str) -> str:
     """`text` with each unprintable character (a newline in a file name, an ANSI escape) as repr() writes it."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return printable(text)
 
 
 def _input(args) -> str:

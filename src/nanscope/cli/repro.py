@@ -3,8 +3,8 @@
 A torchrun launch of a tiny Qwen3-MoE at TP2 x PP2 with sequence parallelism (4 processes, gloo).
 Each hazard's batch is built against the model (slime's log-prob pass), then slime's
 train_one_step runs: 1F1B schedule -> finalize_model_grads -> DDP bucket NaN check ->
-RerunStateMachine -> optimizer step. With no arguments: every hazard x {as-is, safe}. With
-`--launcher ray` the ranks are a train group of Ray actors instead, as in slime, and a failure reaches
+RerunStateMachine -> optimizer step. With no arguments: the healthy batch and the case's four hazards x
+{as-is, safe} (`--all`: every hazard of the catalogue). With `--launcher ray` the ranks are a train group of Ray actors instead, as in slime, and a failure reaches
 the driver wrapped in a RayTaskError, as in the case's traceback.
 """
 
@@ -16,9 +16,10 @@ import os
 import sys
 from pathlib import Path
 
-from nanscope import repro
+from nanscope import natural, repro
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
+from nanscope.facts.paths import REPORT_FILE
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.megatron import ray_session
 from nanscope.megatron.proctree import Interrupted
@@ -26,10 +27,14 @@ from nanscope.megatron.spec import Launcher
 from nanscope.report import files
 
 REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the current directory
+TIMEOUT_HELP = f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f} with --natural: two runs of --steps)"
+MAX_STEPS = 100  # --steps and --fault-step: every step is a full optimizer step of the harness (seconds on CPU)
 
 EPILOG = """\
 examples:
-  nanscope repro                                       # the matrix: every hazard x {as-is, safe}
+  nanscope repro                                       # the matrix: healthy and the case's 4 hazards x
+                                                       # {as-is, safe}
+  nanscope repro --all                                 # the matrix over the whole catalogue (14 hazards)
   nanscope repro --hazard kl-exp-overflow --loss as-is # the case's exact error, from a last-stage rank
   nanscope repro --hazard healthy --json healthy.json
   nanscope repro --hazard kl-exp-overflow --steps 5 --inject-step 3   # as-is dies at 3, safe runs 5
@@ -45,10 +50,18 @@ examples:
   nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
                                                        # traceback; then: nanscope doctor --case slime-795 ...
+  nanscope repro --natural --seed 0 --json n.json      # nothing planted: a GRPO loop whose training drives the
+                                                       # KL's exp past fp32 on a masked tool token; as-is dies,
+                                                       # the plugin trains through and warns first
+  nanscope repro --natural --seed 3 --steps 40 --lr 2e-3
 
-exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
-exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129
-when SIGINT, SIGTERM or SIGHUP stopped it (the workers are killed and the temp dirs removed first).
+exit code: 0 when every run's observed outcome is its expected one: as-is fails megatron's NaN check on
+every hazard and completes on healthy batches; safe completes where its loss is the fix and fails the check,
+by design, where the fix lives elsewhere (a flag, the model, a kernel, the device: `nanscope hazards` lists
+which); with --steps, as-is dies at the hazard's step and safe runs every step; with --natural, as-is dies
+where an exp first crossed 88.72 and the plugin run is finite at every step, warned 2 steps ahead. 1 when an
+outcome differs from its expected one, 2 for bad input; 130, 143, 129 when SIGINT, SIGTERM or SIGHUP stopped it
+(the workers are killed and the temp dirs removed first).
 """
 
 
@@ -60,22 +73,45 @@ def add_parser(sub):
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--hazard", metavar="NAME", help="one hazard of the catalogue (default: all, as a matrix)")
-    p.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
-    p.add_argument("--steps", type=int, metavar="N", help="run N optimizer steps with the hazard at --inject-step")
-    p.add_argument(
+    _what(p.add_argument_group("what runs"))
+    _plugin(p.add_argument_group("the slime plugin"))
+    _fault(p.add_argument_group("a fault in the model"))
+    _add_natural(p.add_argument_group("nothing planted: the natural loop"))
+    _launch(p.add_argument_group("the launch and its outputs"))
+    return p
+
+
+def _what(g) -> None:
+    g.add_argument(
+        "--hazard", metavar="NAME", help="one hazard of the catalogue (default: a matrix of the case's hazards)"
+    )
+    g.add_argument(
+        "--all", action="store_true", help="the matrix over the whole catalogue (default: healthy and the case's 4)"
+    )
+    g.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
+    g.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help=f"run N optimizer steps with the hazard at --inject-step (1..{MAX_STEPS})",
+    )
+    g.add_argument(
         "--inject-step",
         type=int,
         default=None,
         metavar="K",
         help="with --steps: the step carrying the hazard (default: middle)",
     )
-    p.add_argument(
+    g.add_argument(
         "--trace",
         action="store_true",
         help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value",
     )
-    p.add_argument(
+    g.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
+
+
+def _plugin(g) -> None:
+    g.add_argument(
         "--plugin",
         action="store_true",
         help="with --steps: slime with nanscope's plugin installed as documented (hook in raise and in skip "
@@ -83,33 +119,39 @@ def add_parser(sub):
         "--report-dir and replayed offline, as `nanscope trace` does; NANSCOPE_MAX_SKIPS from the environment "
         "applies to the skip run",
     )
-    p.add_argument(
+    g.add_argument(
         "--report-dir",
         metavar="DIR",
         help=f"with --plugin: where the raise run's reports and bundles are left (default {REPORT_DIR}; "
         "files of the same name are replaced)",
     )
-    p.add_argument(
+
+
+def _fault(g) -> None:
+    g.add_argument(
         "--fault",
         metavar="MODULE:forward|backward:nan|inf",
         help="plant a fault in one module of the model (the hazard's batch, healthy by default, runs on it); "
         "the module names are --list-modules'",
     )
-    p.add_argument(
+    g.add_argument(
         "--fault-step",
         type=int,
         metavar="K",
-        help="with --fault: the step it fires at (default 1; the steps before it are healthy)",
+        help=f"with --fault: the step it fires at, 1..{MAX_STEPS} (default 1; the steps before it are healthy)",
     )
-    p.add_argument(
+    g.add_argument(
         "--fault-once",
         action="store_true",
         help="with --fault: fire on the module's first call of that step only (a transient fault: a rerun of the "
         "step is clean)",
     )
-    p.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
-    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
-    p.add_argument(
+    g.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
+
+
+def _launch(g) -> None:
+    g.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    g.add_argument(
         "--launcher",
         choices=("torchrun", "ray"),
         default=None,
@@ -117,28 +159,55 @@ def add_parser(sub):
         "slime's; a failure then reaches the driver as the case's did, a RayTaskError around the rank's error "
         "(printed; --traceback-out); needs the nanscope[ray] extra",
     )
-    p.add_argument(
+    g.add_argument(
         "--ray-address",
         metavar="ADDRESS",
         help="with --launcher ray: join this Ray cluster (default: a local instance, removed after the run)",
     )
-    p.add_argument(
+    g.add_argument(
+        "--ray-timeout",
+        type=float,
+        metavar="S",
+        help=f"with --ray-address: give up joining the cluster after S seconds, one line, exit 2 (default "
+        f"{ray_session.TIMEOUT_S:g})",
+    )
+    g.add_argument(
         "--traceback-out",
         metavar="FILE",
         help="with --launcher ray: write the driver's traceback of the (first) as-is failure to FILE, for "
         "`nanscope doctor --traceback FILE`",
     )
-    p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
-    return p
+    g.add_argument("--timeout", type=float, metavar="S", help=TIMEOUT_HELP)
+
+
+def _add_natural(g) -> None:
+    """--natural and the flag only it takes (--seed and --steps are shared)."""
+    g.add_argument(
+        "--natural",
+        action="store_true",
+        help="nothing planted: a GRPO loop (rollouts sampled from the current policy at the case's temperature, a toy "
+        "tool's output masked, a rule reward, groups of 8, the case's loss flags) as-is and with the plugin, for "
+        f"--steps (default {natural.DEFAULT_STEPS}) at --lr; every difference from the case is printed",
+    )
+    g.add_argument(
+        "--lr",
+        type=float,
+        metavar="LR",
+        help=f"with --natural: Adam's learning rate (default {natural.DEFAULT_LR:g}, {natural.DEFAULT_LR / 1e-6:.0f}x "
+        "the case's 1e-6: its thousands of rollouts in tens of steps)",
+    )
 
 
 def validate(args) -> None:
     """Every check on the arguments that needs no launch; raises UserError (one line)."""
+    _check_natural(args)
     if args.hazard is not None and args.hazard not in catalogue.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
         raise UserError(f"--fault-step {args.fault_step} goes with --fault MODULE:forward|backward:nan|inf")
+    for flag, value in (("--steps", args.steps), ("--fault-step", args.fault_step)):
+        if value is not None and not 1 <= value <= MAX_STEPS:
+            raise UserError(f"{flag} {value}: must be in 1..{MAX_STEPS} (each step is a full optimizer step)")
     if args.fault_once and args.fault is None:
         raise UserError("--fault-once goes with --fault MODULE:forward|backward:nan|inf")
     if args.fault is not None:
@@ -151,11 +220,15 @@ def validate(args) -> None:
                 f"--fault: {args.hazard} is a fault in the model already ({catalogue.get(args.hazard).fault})"
             )
         faults.check(faults.parse(args.fault, args.fault_step))
+    if args.all and (args.hazard is not None or args.fault is not None or args.steps is not None):
+        raise UserError("--all is the matrix over the whole catalogue: not with --hazard, --fault or --steps")
     if args.list_modules:
         launch = [f"--{name.replace('_', '-')}" for name in _LAUNCH_FLAGS if getattr(args, name) not in (None, False)]
         if launch:
             raise UserError(f"--list-modules lists the model's modules and exits: not with {', '.join(launch)}")
     _check_launcher(args)
+    if args.timeout is None:
+        args.timeout = natural.TIMEOUT_S if args.natural else 600.0
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
     if args.trace and ((args.hazard is None and args.fault is None) or args.steps is not None):
@@ -167,8 +240,6 @@ def validate(args) -> None:
     if args.inject_step is not None and args.steps is None:
         raise UserError(f"--inject-step {args.inject_step} goes with --steps N")
     if args.steps is not None:
-        if args.steps < 1:
-            raise UserError(f"--steps {args.steps}: must be >= 1")
         if args.hazard == catalogue.HEALTHY.name:
             raise UserError("--steps needs a hazard to inject (--hazard NAME, not healthy)")
         if args.hazard is not None and not catalogue.get(args.hazard).safe_finite:
@@ -180,9 +251,36 @@ def validate(args) -> None:
             raise UserError(f"--inject-step {args.inject_step} is outside steps 1..{args.steps}")
 
 
+def _check_natural(args) -> None:
+    if not args.natural:
+        if args.lr is not None:
+            raise UserError(f"--lr {args.lr:g} goes with --natural")
+        return
+    given = [f"--{name.replace('_', '-')}" for name in _NOT_NATURAL if getattr(args, name) not in (None, False)]
+    if given or args.loss != "as-is":
+        raise UserError(
+            f"--natural runs its own loop (as-is and the plugin): not with {', '.join(given or ['--loss'])}"
+        )
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise UserError(f"--lr {args.lr:g}: must be a finite number > 0")
+
+
+# The flags of the other shapes of evidence, which --natural does not take.
+_NOT_NATURAL = ("all", "hazard", "inject_step", "trace", "plugin", "report_dir", "fault", "fault_step", "fault_once",
+                "list_modules")  # fmt: skip
+
+
 def _check_report_dir(args) -> None:
     if not args.plugin:
         raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
+    for flag in ("json", "traceback_out"):
+        out = getattr(args, flag)
+        same_dir = out and os.path.realpath(os.path.dirname(os.path.abspath(out))) == os.path.realpath(args.report_dir)
+        if same_dir and REPORT_FILE.fullmatch(os.path.basename(out)):
+            raise UserError(
+                f"--{flag.replace('_', '-')} {out}: a name the plugin's reports take in --report-dir "
+                f"{args.report_dir}: the run would replace it (give another name or directory)"
+            )
     path = Path(args.report_dir)
     if path.exists() and not path.is_dir():
         raise UserError(f"--report-dir {args.report_dir}: not a directory")
@@ -196,6 +294,11 @@ def _check_launcher(args) -> None:
         for flag, value in (("--ray-address", args.ray_address), ("--traceback-out", args.traceback_out)):
             if value is not None:
                 raise UserError(f"{flag} {value} goes with --launcher ray")
+    if args.ray_timeout is not None:
+        if args.ray_address is None:
+            raise UserError(f"--ray-timeout {args.ray_timeout:g} goes with --ray-address (joining a cluster)")
+        ray_session.check_timeout(args.ray_timeout)
+    if args.launcher != "ray":
         return
     ray_session.require("--launcher ray")
     if args.ray_address is not None and not args.ray_address.strip():
@@ -203,7 +306,8 @@ def _check_launcher(args) -> None:
 
 
 def _via(args) -> Launcher:
-    return Launcher(args.launcher or "torchrun", args.ray_address)
+    timeout = args.ray_timeout if args.ray_timeout is not None else ray_session.TIMEOUT_S
+    return Launcher(args.launcher or "torchrun", args.ray_address, timeout)
 
 
 def _ray_output(args, result, doc: dict) -> None:
@@ -229,12 +333,14 @@ def _repros(result, doc: dict) -> list:
         return [(row.as_is, out["as_is"]) for row, out in rows] + [(row.safe, out["safe"]) for row, out in rows]
     if isinstance(result, repro.StepsCheck):
         return [(result.as_is, doc["as_is"]), (result.safe, doc["safe"])]
+    if isinstance(result, natural.NaturalCheck):
+        return [(result.as_is, doc["natural"]["as_is"]), (result.plugin, doc["natural"]["plugin"])]
     return [(result, doc)]
 
 
 # The flags of a launch, which --list-modules would ignore (--loss, --seed and --timeout have defaults).
-_LAUNCH_FLAGS = ("hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
-                 "launcher", "ray_address", "traceback_out")  # fmt: skip
+_LAUNCH_FLAGS = ("all", "hazard", "steps", "inject_step", "trace", "plugin", "fault", "fault_step", "fault_once",
+                 "launcher", "ray_address", "ray_timeout", "traceback_out", "natural", "lr")  # fmt: skip
 
 
 def _list_modules(args) -> int:
@@ -258,6 +364,21 @@ def _max_skips() -> int | None:
         raise UserError(str(e)) from None
 
 
+def _natural(args, console):
+    """`--natural`: the loop as-is and with the plugin, rendered; (the check, its JSON)."""
+    from nanscope.report import natural as report  # heavy: rich
+
+    result = natural.run_natural(
+        seed=args.seed,
+        steps=args.steps or natural.DEFAULT_STEPS,
+        lr=args.lr or natural.DEFAULT_LR,
+        timeout_s=args.timeout,
+        via=_via(args),
+    )
+    report.render(result, console)
+    return result, report.to_json(result)
+
+
 def run(args) -> int:
     try:
         return _run(args)
@@ -275,8 +396,12 @@ def _run(args) -> int:
     files.check_outputs({"--json": args.json, "--traceback-out": args.traceback_out})
     if args.list_modules:
         return _list_modules(args)
+    if args.ray_address is not None:  # nothing there: one line now, not a launch that waits on it
+        ray_session.probe(args.ray_address, _via(args).ray_timeout_s)
     console = Console(width=160)
-    if args.steps is not None:
+    if args.natural:
+        result, doc = _natural(args, console)
+    elif args.steps is not None:
         hazard = args.hazard or catalogue.KL_EXP_OVERFLOW.name
         inject = args.inject_step if args.inject_step is not None else (args.steps + 1) // 2
         result = repro.run_steps(
@@ -307,7 +432,8 @@ def _run(args) -> int:
         report.render(result, console)
         doc = report.to_json(result)
     else:
-        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args))
+        hazards = catalogue.CATALOGUE if args.all else catalogue.CASE_HAZARDS
+        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args), hazards=hazards)
         report.render_matrix(result, console)
         doc = report.matrix_to_json(result)
     if args.launcher == "ray":

@@ -15,7 +15,7 @@ from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
 from nanscope.errors import UserError
 from nanscope.facts import releases
-from nanscope.inputs import MiB
+from nanscope.inputs import MiB, printable
 from nanscope.megatron import ray_session
 from nanscope.report import files
 
@@ -129,6 +129,13 @@ def _add_output_arguments(group) -> None:
         "--ray-address",
         metavar="ADDRESS",
         help="with --ray: join this Ray cluster (default: a local instance, removed after the scan)",
+    )
+    group.add_argument(
+        "--ray-timeout",
+        type=float,
+        metavar="S",
+        help=f"with --ray-address: give up joining the cluster after S seconds, one line, exit 2 (default "
+        f"{ray_session.TIMEOUT_S:g})",
     )
 
 
@@ -294,6 +301,10 @@ def _check_numbers(args) -> None:
 def _check_ray(args, directory: bool) -> None:
     if args.ray_address is not None and not args.ray:
         raise UserError(f"--ray-address {args.ray_address} goes with --ray")
+    if args.ray_timeout is not None:
+        if args.ray_address is None:
+            raise UserError(f"--ray-timeout {args.ray_timeout:g} goes with --ray-address (joining a cluster)")
+        ray_session.check_timeout(args.ray_timeout)
     if not args.ray:
         return
     ray_session.require("--ray")
@@ -308,7 +319,8 @@ def _scanner(args, stack: contextlib.ExitStack):
     if not args.ray:
         return many.scan_files
     cpus = args.workers or len(os.sched_getaffinity(0))
-    stack.enter_context(ray_session.session(args.ray_address, cpus=cpus))
+    timeout = args.ray_timeout if args.ray_timeout is not None else ray_session.TIMEOUT_S
+    stack.enter_context(ray_session.session(args.ray_address, cpus=cpus, timeout_s=timeout))
     return ray_scan.scan_files
 
 
@@ -358,7 +370,7 @@ def _scan(dump, flags: ScanFlags, show: bool):
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(f"scanning {os.path.basename(dump.path)}", total=None, tokens=0, rate="")
+        task = bar.add_task(_label(os.path.basename(dump.path)), total=None, tokens=0, rate="")
         t0, tokens = time.perf_counter(), 0
 
         def step(n: int) -> None:
@@ -415,7 +427,7 @@ def _with_bar(scan_files, paths: list, flags: ScanFlags, opts: dict, label: str)
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(f"scanning {label}", total=len(paths), tokens=0)
+        task = bar.add_task(_label(label), total=len(paths), tokens=0)
         return scan_files(
             paths,
             flags,
@@ -424,6 +436,13 @@ def _with_bar(scan_files, paths: list, flags: ScanFlags, opts: dict, label: str)
                 task, advance=1, tokens=bar.tasks[0].fields["tokens"] + summary.response_tokens
             ),
         )
+
+
+def _label(name: str) -> str:
+    """The progress bar's description (rich markup): a file's name escaped, never markup."""
+    from rich.markup import escape  # heavy: rich, only a scan needs it
+
+    return escape(f"scanning {printable(name)}")
 
 
 def _render(args, result) -> None:

@@ -22,24 +22,22 @@ Input, one of:
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
-import re
 from pathlib import Path
 
 from nanscope import case
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
-from nanscope.inputs import MiB, read_text
+from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
+from nanscope.inputs import MiB, fill_template, printable, read_json
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files
 from nanscope.trace import bundle_text
 from nanscope.trace import text as render
 
 DEFAULT_LIMIT_MB = 4096  # case-sized logits are several GB (replay.select_samples keeps fewer samples)
-BUNDLE_SUFFIX = ".bundle.pt"  # nanscope.trace.bundle.SUFFIX, which imports torch (tests/cli/test_trace.py checks)
 REPORT_LIMIT = 16 * MiB  # a report or trace JSON the plugin writes is a few kB
-REPORT_NAME = re.compile(r"rollout\d+_step\d+_rank\d+(\.json|\.trace\.json|\.pt)")  # the plugin's file names
 
 EPILOG = """examples:
   nanscope trace /root/dumps/nanscope                   # the job died: every rank's report and bundle, one line each
@@ -76,8 +74,9 @@ def add_parser(sub):
     p.add_argument(
         "--rollout",
         metavar="DUMP",
-        help="a bundle: the step's rollout dump (--save-debug-rollout-data; '{rollout_id}' is filled in), to name "
-        "samples by their dump row (default: the bundle's rows, else the dump its args name, when it is there)",
+        help="a bundle: the step's rollout dump (--save-debug-rollout-data; '{rollout_id}' and '{rank}' are filled in, "
+        "with a format spec of width <= 64 such as {rollout_id:04d}), to name samples by their dump row (default: "
+        "the bundle's rows, else the dump its args name, when it is there)",
     )
     p.add_argument(
         "--allow",
@@ -110,13 +109,46 @@ def run(args) -> int:
             raise UserError(f"{given[0]} goes with FILE.pt or --hazard: a bundle replays the loss that wrote it")
     elif args.slime_src or args.rollout:
         raise UserError(f"{'--slime-src' if args.slime_src else '--rollout'} goes with a bundle or a report directory")
-    what = {"bundle": "repro bundle", "directory": "report directory"}.get(kind, "micro-batch file")
-    files.check_outputs({"--json": args.json}, [(what, args.file)] if kind != "directory" else [])
+    if args.rollout:  # a template that fills: refused once, here, not for every bundle
+        fill_template(args.rollout, "--rollout", rollout_id=0, rank=0)
+    files.check_outputs({"--json": args.json}, _inputs(args, kind))
     if kind == "bundle":
         return _bundle(args)
     if kind == "directory":
         return _directory(args)
     return _microbatch(args)
+
+
+def _inputs(args, kind: str) -> list[tuple[str, str | Path]]:
+    """(what, path) of every file the command will read, as far as known before it reads any: the file, a report
+    directory's members, --rollout (the dump a bundle's args name is checked when it is known), a file of the
+    --slime-src checkout."""
+    named = [("rollout dump", args.rollout)] if args.rollout and "{" not in args.rollout else []
+    if args.slime_src and args.json and _under(args.json, args.slime_src):  # the checkout whose code it imports
+        named.append(("--slime-src file", args.json))
+    if kind == "directory":
+        return [(_member(name), Path(args.file) / name) for name in _members(Path(args.file))] + named
+    if kind == "hazard":
+        return []
+    return [("repro bundle" if kind == "bundle" else "micro-batch file", args.file), *named]
+
+
+def _under(path: str, directory: str) -> bool:
+    return os.path.realpath(path).startswith(os.path.join(os.path.realpath(directory), ""))
+
+
+def _members(root: Path) -> list[str]:
+    """The names of the files of a report directory that `nanscope trace` reads, sorted."""
+    return sorted(p.name for p in root.iterdir() if _ours(p.name) and p.is_file())
+
+
+def _member(name: str) -> str:
+    """What a report directory's file is, in a refusal."""
+    if name.endswith(BUNDLE_SUFFIX):
+        return "repro bundle"
+    return (
+        "cluster trace" if name.endswith(".trace.json") else "report" if name.endswith(".json") else "micro-batch file"
+    )
 
 
 def _kind(path: str) -> str:
@@ -141,28 +173,30 @@ def _bundle(args) -> int:
             raise UserError(f"{args.file}: {e}") from None
     out = result.to_dict()
     for line in bundle_text.lines(out):
-        print(line)
+        print(printable(line))
     if args.json:
         files.write_json(args.json, {"source": args.file, "bundle": out})
     return 1 if result.found else 0
 
 
 def _rollout(args, doc: dict, cache: dict | None = None):
-    """(path, token tuples per row) of the step's rollout dump: --rollout, else the one the bundle's args name."""
+    """(path, token tuples per row) of the step's rollout dump: --rollout, else the one the bundle's args name.
+
+    cache: the last dump read, kept for the next bundle of the same rollout (one dump at a time: a run's dumps
+    are case-sized)."""
     from nanscope.dumps.io import load_rollout  # heavy: numpy and torch
 
-    step = {"rollout_id": doc["rollout_id"]}
-    named = [doc["args"].get(k) for k in ("save_debug_rollout_data", "load_debug_rollout_data")]
-    candidates = [args.rollout] if args.rollout else [n for n in named if isinstance(n, str) and n]
-    for template in candidates:
-        try:
-            path = template.format(**step)
-        except (KeyError, IndexError, ValueError):
-            path = template
+    named = [(f"args: {k}", doc["args"].get(k)) for k in ("save_debug_rollout_data", "load_debug_rollout_data")]
+    candidates = (
+        [("--rollout", args.rollout)] if args.rollout else [(k, v) for k, v in named if isinstance(v, str) and v]
+    )
+    for what, template in candidates:
+        path = fill_template(template, what, rollout_id=doc["rollout_id"], rank=doc["coords"]["rank"])
         if not args.rollout and not os.path.isfile(path):
             continue
         if cache is not None and path in cache:
             return cache[path]
+        files.check_outputs({"--json": args.json}, [("rollout dump", path)])
         try:
             samples = load_rollout(path)
         except ValueError as e:
@@ -171,75 +205,122 @@ def _rollout(args, doc: dict, cache: dict | None = None):
             continue  # a dump the run named but this machine cannot read: rows stay unknown, said so
         found = (path, [tuple(sample["tokens"].tolist()) for sample in samples])
         if cache is not None:
+            cache.clear()
             cache[path] = found
         return found
     return None
 
 
 def _directory(args) -> int:
-    """Every bundle, report and trace of a run's report directory, one line per rank and step, earliest first."""
+    """Every bundle, report and trace of a run's report directory, one line per rank and step, earliest first.
+    A file that cannot be read is one `refused:` line naming it and its field; the others are still listed."""
     root = Path(args.file)
-    names = sorted(p.name for p in root.iterdir() if p.is_file() and _ours(p.name))
-    replays, rows, refused = _replay_all(args, root, [n for n in names if n.endswith(BUNDLE_SUFFIX)])
+    names = _members(root)
+    replays, refused = [], []
+    for result, refusal in _replay_each(args, root, [n for n in names if n.endswith(BUNDLE_SUFFIX)]):
+        replays += [result] if result is not None else []
+        refused += [refusal] if refusal is not None else []
+    rows = _bundle_rows(replays)
     for name in names:
         path = root / name
-        try:
+        with _refusing(args, path, refused):
             if name.endswith(".trace.json"):
                 rows.append(_trace_row(path))
             elif name.endswith(".json") and not (root / (name[: -len(".json")] + BUNDLE_SUFFIX)).exists():
                 rows.append(_report_row(path))
             elif name.endswith(".pt") and not name.endswith(BUNDLE_SUFFIX):
                 rows.append(_pt_row(path, args))
-        except UserError as e:
-            refused.append(str(e))
     if not rows and not refused:
         raise UserError(f"{root}: report directory: no bundle (*{BUNDLE_SUFFIX}), report or trace in it")
-    print(f"nanscope trace: {root}: {len(replays)} bundles, {len(rows) - len(replays)} other files")
+    print(printable(f"nanscope trace: {root}: {len(replays)} bundles, {len(rows) - len(replays)} other files"))
     for _, line in sorted(rows, key=lambda row: row[0]):
-        print(line)
+        print(printable(line))
     for line in refused:
-        print(f"refused: {line}")
+        print(printable(f"refused: {line}"))
     if args.json:
         files.write_json(args.json, {"source": str(root), "bundles": replays, "refused": refused})
     return 1 if any(r["found"] for r in replays) else (2 if refused else 0)
 
 
-def _replay_all(args, root: Path, names: list[str]) -> tuple[list, list, list]:
-    """(each bundle's replay, its (order, line) row, refusals): one release's loss imported at a time, each dump
-    read once."""
+@contextlib.contextmanager
+def _refusing(args, path: Path, refused: list[str]):
+    """A file's UserError, or a bug its content hit (--debug: raised), as its `refused:` line; never the end of
+    the listing."""
+    try:
+        yield
+    except UserError as e:
+        text = str(e)
+        refused.append(text if text.startswith(str(path)) else f"{path}: {e}")
+    except Exception as e:  # noqa: BLE001 - one file's bug must not lose the other files' lines
+        if getattr(args, "debug", False):
+            raise
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        refused.append(f"{path}: internal error: {type(e).__name__}: {why} (rerun with --debug for the traceback)")
+
+
+def _replay_each(args, root: Path, names: list[str]):
+    """Each bundle read, replayed and dropped in turn: yields (its replay's dict or None, its refusal or None).
+    One bundle's tensors are in memory at a time, and one rollout dump (`_rollout`'s cache)."""
+    dumps: dict = {}  # the last rollout dump read
+    with contextlib.ExitStack() as stack:
+        losses = _Losses(args.slime_src, stack)
+        for name in names:
+            refused: list[str] = []
+            result = None
+            with _refusing(args, root / name, refused):
+                result = _replay_one(args, root / name, losses, dumps)
+            yield result, (refused[0] if refused else None)
+
+
+def _replay_one(args, path: Path, losses: _Losses, dumps: dict) -> dict:
+    """One bundle's replay, as its to_dict(); the bundle is dropped when this returns."""
     from nanscope.trace import bundle_load, bundle_replay  # heavy: torch
 
-    replays, refused, dumps, groups = [], [], {}, {}
-    for name in names:
-        try:
-            doc = bundle_load.load(root / name, _limit(args), "--max-input-mb")
-        except UserError as e:
-            refused.append(str(e))
-            continue
-        groups.setdefault((doc["release"]["module"], doc["release"]["name"]), []).append((name, doc))
-    for group in groups.values():
-        try:
-            with bundle_replay.loss_path(group[0][1], args.slime_src) as path:
-                for name, doc in group:
-                    try:
-                        rollout = _rollout(args, doc, dumps)
-                        replays.append(bundle_replay.replay(doc, path, source=str(root / name), rollout=rollout))
-                    except UserError as e:
-                        refused.append(f"{root / name}: {e}")
-        except UserError as e:  # the release's loss cannot be imported: every bundle of it
-            refused += [f"{root / name}: {e}" for name, _ in group]
-    replays = [result.to_dict() for result in replays]
+    doc = bundle_load.load(path, _limit(args), "--max-input-mb")
+    rollout = _rollout(args, doc, dumps)
+    return bundle_replay.replay(doc, losses.path(doc), source=str(path), rollout=rollout).to_dict()
+
+
+class _Losses:
+    """The loss each bundle of a directory replays through: one release's imported at a time (a checkout's modules
+    leave sys.modules before another's come in), kept while the bundles after it share the release; a release whose
+    loss cannot be imported is refused for each of its bundles, tried once."""
+
+    def __init__(self, slime_src: str | None, stack: contextlib.ExitStack):
+        self.slime_src, self.stack = slime_src, stack
+        self.release, self.current = None, None
+        self.broken: dict[tuple, str] = {}  # release -> why its loss cannot be imported
+
+    def path(self, doc: dict):
+        from nanscope.trace import bundle_replay  # heavy: torch
+
+        key = (doc["release"]["module"], doc["release"]["name"])
+        if key in self.broken:
+            raise UserError(self.broken[key])
+        if key != self.release:
+            self.stack.close()
+            self.release, self.current = None, None
+            try:
+                self.current = self.stack.enter_context(bundle_replay.loss_path(doc, self.slime_src))
+            except UserError as e:
+                self.broken[key] = str(e)
+                raise
+            self.release = key
+        return self.current
+
+
+def _bundle_rows(replays: list[dict]) -> list[tuple]:
+    """(order, line) of each replayed bundle; a finite rank's line names the ranks of its step whose loss does not."""
     named: dict[tuple, list[int]] = {}  # (rollout, step) -> ranks whose loss replays non-finite
     for r in replays:
         if r["found"]:
             named.setdefault((r["rollout_id"], r["step_id"]), []).append(r["coords"]["rank"])
-    rows = [(_order(r), bundle_text.summary_line(r, named.get((r["rollout_id"], r["step_id"]), []))) for r in replays]
-    return replays, rows, refused
+    return [(_order(r), bundle_text.summary_line(r, named.get((r["rollout_id"], r["step_id"]), []))) for r in replays]
 
 
 def _ours(name: str) -> bool:
     """A file the plugin writes into its report directory (any *.bundle.pt too)."""
-    return name.endswith(BUNDLE_SUFFIX) or REPORT_NAME.match(name) is not None
+    return name.endswith(BUNDLE_SUFFIX) or REPORT_FILE.fullmatch(name) is not None
 
 
 def _order(doc: dict) -> tuple:
@@ -248,10 +329,7 @@ def _order(doc: dict) -> tuple:
 
 
 def _json(path: Path, what: str) -> dict:
-    try:
-        doc = json.loads(read_text(path, what, REPORT_LIMIT))
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: {what}: not JSON ({e.msg} at line {e.lineno})") from None
+    doc = read_json(path, what, REPORT_LIMIT)
     ints = all(type(doc.get(k)) is int for k in ("rollout_id", "step_id", "rank")) if isinstance(doc, dict) else False
     if not ints:
         raise UserError(f"{path}: {what}: expected a dict with integer rollout_id, step_id and rank")
@@ -260,6 +338,9 @@ def _json(path: Path, what: str) -> dict:
 
 def _report_row(path: Path) -> tuple:
     doc = _json(path, "report")
+    problem = bundle_text.report_problem(doc)
+    if problem:
+        raise UserError(f"{path}: report: {problem}")
     where = f"rollout {doc['rollout_id']} step {doc['step_id']}, rank {doc['rank']}"
     line = f"{where}: report only, no bundle: {bundle_text.sentinel_text(doc)}; class {doc.get('class') or 'undecided'}"
     return (doc["rollout_id"], doc["step_id"], doc["rank"], 1, 0), line
@@ -271,7 +352,7 @@ def _trace_row(path: Path) -> tuple:
     where = f"rollout {doc['rollout_id']} step {doc['step_id']}, rank {doc['rank']}"
     try:
         said = "; ".join(render.first_lines(first))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         raise UserError(f"{path}: trace: 'first' is not a trace's first producers") from None
     return (
         doc["rollout_id"],
@@ -325,12 +406,12 @@ def _microbatch(args) -> int:
             f"{what}: the {doc['loss']} loss cannot run on its tensors: {type(e).__name__}: {why}"
         ) from None
 
-    print(f"nanscope trace: {what} through the {doc['loss']} loss ({report.ops_seen} aten ops traced)")
+    print(printable(f"nanscope trace: {what} through the {doc['loss']} loss ({report.ops_seen} aten ops traced)"))
     if site is not None:
         token = f", response token {site[1]}" if site[1] is not None else ""
         print(f"hazard site: sample {site[0]}{token}")
     for line in render.lines(report):
-        print(line)
+        print(printable(line))
     if args.json:
         out = {
             "source": what,

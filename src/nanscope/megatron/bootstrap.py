@@ -124,8 +124,10 @@ def build_layout(*, seed: int = 0, bf16: bool = True, training=None, sizes=None)
     return chunks, transformer_config, optimizer
 
 
-def build_training(*, seed: int = 0, bf16: bool = True):
+def build_training(*, seed: int = 0, bf16: bool = True, lr: float | None = None):
     """This rank's stage of the tiny model, megatron's Adam, and the TransformerConfig wired as slime's train step.
+
+    lr: Adam's learning rate (None: the case's, `model.build_optimizer`'s default).
 
     Returns:
         (ddp_model, transformer_config, optimizer): transformer_config.finalize_model_grads_func is
@@ -137,7 +139,7 @@ def build_training(*, seed: int = 0, bf16: bool = True):
     from nanscope.megatron import model
 
     ddp, transformer_config = model.build_model(seed=seed, bf16=bf16)
-    optimizer = model.build_optimizer(ddp, bf16=bf16)
+    optimizer = model.build_optimizer(ddp, bf16=bf16, **({} if lr is None else {"lr": lr}))
     transformer_config.finalize_model_grads_func = finalize_model_grads
     transformer_config.grad_scale_func = optimizer.scale_loss
     transformer_config.timers = None

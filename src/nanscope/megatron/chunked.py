@@ -56,7 +56,7 @@ def log_prob_pass(chunks, seq_length: int, vocab_size: int):
             )  # fmt: skip
         for chunk in chunks:
             chunk.train()
-        src = schedules._last_stage_tp0()
+        src = schedules.last_stage_tp0()
         sizes = [t.numel() for t in tokens]
         buf = torch.cat(store) if dist.get_rank() == src else torch.empty(sum(sizes), vocab_size)
         dist.broadcast(buf, src=src, group=mpu.get_model_parallel_group())

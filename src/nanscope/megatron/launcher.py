@@ -36,6 +36,7 @@ from pathlib import Path
 
 from nanscope import loss
 from nanscope.causes import catalogue
+from nanscope.errors import UserError
 from nanscope.megatron import proctree, ray_session, scratch
 from nanscope.megatron.bootstrap import free_port
 from nanscope.megatron.proctree import StopSignals
@@ -131,7 +132,7 @@ def _command(out: Path, spec: WorkerSpec, tmp: str, via: Launcher) -> list[str]:
     watch = ["--parent", str(os.getpid()), "--parent-tmp", tempfile.gettempdir()]  # the child's watch of this process
     files = ["--spec", str(out / "spec.json"), "--out", str(out)]
     if via.kind == "ray":
-        address = ["--address", via.ray_address] if via.ray_address else []
+        address = ["--address", via.ray_address, "--ray-timeout", str(via.ray_timeout_s)] if via.ray_address else []
         return [sys.executable, "-m", "nanscope.megatron.ray_driver", *files, *watch, "--ray-temp", tmp, *address]
     ranks = ["--nproc-per-node", str(spec.layout.world), "--master-port", str(free_port())]
     return [sys.executable, "-m", "nanscope.megatron.worker", *ranks, *files, *watch]
@@ -139,7 +140,7 @@ def _command(out: Path, spec: WorkerSpec, tmp: str, via: Launcher) -> list[str]:
 
 def _spawner(via: Launcher):
     """`_torchrun`, or `_ray_driver` for `via`'s cluster."""
-    return _torchrun if via.kind == "torchrun" else functools.partial(_ray_driver, address=via.ray_address)
+    return _torchrun if via.kind == "torchrun" else functools.partial(_ray_driver, via=via)
 
 
 def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: StopSignals) -> tuple[int, bool, str]:
@@ -148,10 +149,15 @@ def _torchrun(out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: Sto
 
 
 def _ray_driver(
-    out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: StopSignals, *, address: str | None
+    out: Path, spec: WorkerSpec, timeout_s: float, tmp: str, stop: StopSignals, *, via: Launcher
 ) -> tuple[int, bool, str]:
-    """One Ray driver over `spec`, with TMPDIR `tmp`, its local Ray instance's session there (`_spawn`)."""
-    return _spawn(out, spec, timeout_s, tmp, stop, via=Launcher("ray", address))
+    """One Ray driver over `spec`, with TMPDIR `tmp`, its local Ray instance's session there (`_spawn`); a cluster
+    it could not join (`ray_session.CONNECT_ERROR`) is one UserError line."""
+    launched = _spawn(out, spec, timeout_s, tmp, stop, via=via)
+    refused = out / ray_session.CONNECT_ERROR
+    if refused.exists():
+        raise UserError(refused.read_text())
+    return launched
 
 
 def _spawn(

@@ -236,8 +236,13 @@ def _gpt_chunk(sizes: TinyQwen3MoE, config, vp_stage: int | None):
     return Float16Module(config, model) if config.bf16 else model
 
 
-def build_optimizer(ddp_model, *, bf16: bool = True, distributed: bool = False, cpu_offload: bool = False):
-    """Megatron's Adam set up like the case: lr 1e-6, weight decay 0.1, betas 0.9/0.98.
+CASE_LR = 1e-6  # the case's --lr (constant: --lr-decay-style constant)
+
+
+def build_optimizer(
+    ddp_model, *, bf16: bool = True, lr: float = CASE_LR, distributed: bool = False, cpu_offload: bool = False
+):
+    """Megatron's Adam set up like the case: lr 1e-6 (unless `lr`), weight decay 0.1, betas 0.9/0.98.
 
     Args:
         ddp_model: a DDP chunk, or the list of a rank's chunks.
@@ -250,7 +255,7 @@ def build_optimizer(ddp_model, *, bf16: bool = True, distributed: bool = False, 
 
     config = OptimizerConfig(
         optimizer="adam",
-        lr=1e-6,
+        lr=lr,
         weight_decay=0.1,
         adam_beta1=0.9,
         adam_beta2=0.98,

@@ -40,6 +40,9 @@ class Interrupted(BaseException):
 class StopSignals:
     """Within `with StopSignals() as stop:`, SIGINT/SIGTERM/SIGHUP only set `stop.signum` (the first one).
 
+    On leaving, a handler the caller had installed for that signal (a Python function, not Python's default
+    SIGINT handler) receives it once: a program that embeds a launch is told to stop as well.
+
     The caller polls it at points where it can clean up. Outside the main thread (where Python
     cannot set handlers) nothing is changed and `signum` stays None; so are ignored signals.
     """
@@ -61,6 +64,11 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        previous = self._previous.get(self.signum)
+        if callable(previous) and previous is not signal.default_int_handler:
+            # the program around the launch had its own handler (a test runner's): it gets the signal too, now
+            # that the launch's processes are gone; the CLI's are the defaults, and its exit code says it
+            signal.raise_signal(self.signum)
 
     def check(self, workers: int = 0) -> None:
         """Raise Interrupted if a stop signal arrived (`workers`: how many processes were stopped)."""

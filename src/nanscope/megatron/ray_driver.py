@@ -1,5 +1,5 @@
 """The harness's Ray launch: `python -m nanscope.megatron.ray_driver --spec SPEC --out DIR --parent PID --parent-tmp TMP
---ray-temp RAYTMP [--address ADDRESS]`, the process `launcher.launch(..., via=Launcher("ray"))` starts instead of torchrun.
+--ray-temp RAYTMP [--address ADDRESS --ray-timeout S]`, the process `launcher.launch(..., via=Launcher("ray"))` starts instead of torchrun.
 
 slime's layout: a train group of N Ray actors (`ray_actor.MegatronTrainRayActor`), one per rank, rank 0's address and
 port the others' MASTER_ADDR/MASTER_PORT, gloo. The driver runs the spec's runs one at a time as slime's train.py runs
@@ -28,6 +28,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from nanscope.errors import UserError
 from nanscope.facts.megatron import bucket_check_pattern
 from nanscope.launch.logs import clean
 from nanscope.megatron import proctree, ray_session, scratch
@@ -179,13 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-tmp", required=True, help="its temp dir, where its marked dirs are swept")
     parser.add_argument("--ray-temp", required=True, help="the local Ray instance's dir (the parent's)")
     parser.add_argument("--address", help="join this Ray cluster instead of starting a local instance")
+    parser.add_argument("--ray-timeout", type=float, default=ray_session.TIMEOUT_S, help="the bound on joining it")
     args = parser.parse_args(argv)
     watch = proctree.ParentWatch(args.parent, cleanup=lambda: scratch.sweep(args.parent_tmp))
     code = 1
     try:
         spec = WorkerSpec.from_json(Path(args.spec).read_text())
-        with ray_session.session(args.address, cpus=spec.layout.world, temp=args.ray_temp):
+        with ray_session.session(args.address, cpus=spec.layout.world, temp=args.ray_temp, timeout_s=args.ray_timeout):
             code = drive(spec, Path(args.out))
+    except UserError as e:  # the cluster did not answer: the launch's one line (launcher.launch raises it)
+        (Path(args.out) / ray_session.CONNECT_ERROR).write_text(str(e))
     except BaseException:  # printed here: the exit below skips the interpreter's handler
         traceback.print_exc()
     finally:

@@ -3,6 +3,7 @@
     ray_session.require("--launcher ray")            # UserError (one line) when Ray is not installed
     with ray_session.session(address=None, cpus=4):  # ray.init; on exit ray.shutdown and the cleanup below
         ...
+    ray_session.probe("head:6379", timeout_s=60)     # UserError (one line) when nothing answers there
 
 A local instance runs without a dashboard, with `cpus` CPUs, on loopback only and off ~/.ray (`LOCAL_ENV`), and
 keeps its session directory (logs, sockets) in a temp dir of nanscope's own, marked as this process's
@@ -13,6 +14,11 @@ or another run's Ray (`ray stop` would end every Ray on the machine). On exit `r
 nothing up, so a reaper (`python -m nanscope.megatron.ray_session`, started next to the instance) watches it and
 then reaps and removes the dir. Joining `address`, nanscope starts nothing and leaves the cluster as it was (the
 actors and tasks it started end with it: Ray ends what a dead driver owned).
+
+Joining is bounded by `timeout_s` (--ray-timeout): ray.init has no connect timeout of its own and retries an address
+where nothing answers for minutes, deaf to SIGTERM while it does. So the head's port is probed first (`probe`: a TCP
+connection, refused or unanswered in one line), then ray.init runs in a thread of its own while this one waits
+(signals are handled here, at once); past the bound, one line (`UserError`) and the thread is left to the exit.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ import argparse
 import contextlib
 import importlib.util
 import logging
+import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +54,8 @@ OBJECT_STORE_BYTES = 128 * 1024 * 1024  # records and summaries are small; Ray's
 SOCKET_PATH_MAX = 107  # AF_UNIX: Ray's sockets live under the session dir
 SOCKET_TAIL = len("/session_2026-12-01_19-38-06_791234_4194304/sockets/plasma_store")
 POLL_S = 0.2
+TIMEOUT_S = 60.0  # --ray-timeout's default: joining a cluster (probe and ray.init)
+CONNECT_ERROR = "ray-connect-error.txt"  # the Ray driver's one line when it cannot join (launcher.launch raises it)
 
 
 def available() -> bool:
@@ -62,17 +73,22 @@ def require(flag: str) -> None:
 
 
 @contextlib.contextmanager
-def session(address: str | None = None, *, cpus: int, temp: str | None = None) -> Iterator[str | None]:
+def session(
+    address: str | None = None, *, cpus: int, temp: str | None = None, timeout_s: float = TIMEOUT_S
+) -> Iterator[str | None]:
     """ray.init, joining `address` or starting a local instance of `cpus` CPUs; yields the local instance's dir
     (None when joining). On exit: ray.shutdown, and for a local instance `reap`.
 
     temp: the dir for the local instance's session, a marked scratch dir its owner removes (the harness's launch
         passes its own); None: a new one, removed on exit.
+    timeout_s: the bound on joining `address` (`probe`, then ray.init); UserError past it.
     """
     if address is not None:
+        deadline = time.monotonic() + timeout_s
+        probe(address, timeout_s)  # before Ray's import: nothing there is one line in a second
         import ray  # optional: the nanscope[ray] extra, only --launcher ray and scan --ray use it
 
-        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+        _join(address, timeout_s, max(0.0, deadline - time.monotonic()))
         try:
             yield None
         finally:
@@ -99,6 +115,76 @@ def session(address: str | None = None, *, cpus: int, temp: str | None = None) -
         )
         stack.callback(ray.shutdown)
         yield temp
+
+
+def check_timeout(timeout_s: float, flag: str = "--ray-timeout") -> None:
+    """Raise UserError (one line) unless `timeout_s` is a finite number of seconds > 0."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise UserError(f"{flag} {timeout_s:g}: must be a finite number of seconds > 0")
+
+
+def probe(address: str, timeout_s: float = TIMEOUT_S, flag: str = "--ray-address") -> None:
+    """A TCP connection to `address`'s head (HOST:PORT, or ray://HOST:PORT) within `timeout_s`; "auto" and "local"
+    are Ray's to resolve (ray.init's bound covers them).
+
+    Raises:
+        UserError: one line naming the flag and the address: not HOST:PORT, refused, unreachable, or no answer.
+    """
+    if address.strip() in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"{flag} {address}: expected HOST:PORT of the cluster's head (its GCS port, 6379 by default)")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except TimeoutError:
+        raise UserError(
+            f"{flag} {address}: no answer within {timeout_s:g} s (--ray-timeout): is the cluster's head there?"
+        ) from None
+    except OSError as e:  # refused, unreachable, a name that does not resolve
+        why = e.strerror or str(e) or type(e).__name__
+        raise UserError(
+            f"{flag} {address}: cannot connect ({why}): start the cluster's head there (`ray start --head`) or give "
+            "its HOST:PORT"
+        ) from None
+
+
+def _join(address: str, timeout_s: float, left_s: float) -> None:
+    """ray.init(address) in a thread of its own, waited for at most `left_s`: this thread keeps handling signals."""
+    import ray  # optional: the nanscope[ray] extra
+
+    done, failed = threading.Event(), []
+
+    def init() -> None:
+        try:
+            ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+        except BaseException as e:  # noqa: BLE001 - raised again in the waiting thread
+            failed.append(e)
+        finally:
+            done.set()
+
+    quiet = _NotMainThread()
+    logging.getLogger("ray._private.worker").addFilter(quiet)  # "SIGTERM handler is not set": ours is
+    try:
+        threading.Thread(target=init, name="nanscope-ray-init", daemon=True).start()
+        joined = done.wait(left_s)
+    finally:
+        logging.getLogger("ray._private.worker").removeFilter(quiet)
+    if not joined:
+        raise UserError(
+            f"--ray-address {address}: ray.init did not connect within {timeout_s:g} s (--ray-timeout): something "
+            "answers there, but not a Ray cluster's head (its GCS port, 6379 by default)"
+        )
+    if failed:
+        raise failed[0]
+
+
+class _NotMainThread(logging.Filter):
+    """Drops Ray's warning that a ray.init outside the main thread sets no SIGTERM handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
 
 
 def check_temp(temp: str) -> None:

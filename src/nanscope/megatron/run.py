@@ -90,8 +90,7 @@ class Runner:
 
     def steps(self, ctx: RunContext) -> None:
         """Build the model, then per step: the batch against the current model, then train_one_step."""
-        from nanscope import hazards  # heavy: torch, in the ranks only (as the rest of this block)
-        from nanscope.loss import as_is
+        from nanscope.loss import as_is  # heavy: torch, in the ranks only (as the rest of this block)
         from nanscope.megatron import cpu, step
         from nanscope.megatron.model import layers_held
         from nanscope.megatron.observe import observe
@@ -99,7 +98,9 @@ class Runner:
 
         spec, rec, limit = ctx.spec, ctx.record, self.spec.rank_timeout_s
         self.wd.arm(f"{ctx.name}: build", limit)
-        ctx.model, ctx.transformer_config, ctx.optimizer = bootstrap.build_training(seed=spec.seed, bf16=self.spec.bf16)
+        ctx.model, ctx.transformer_config, ctx.optimizer = bootstrap.build_training(
+            seed=spec.seed, bf16=self.spec.bf16, lr=spec.lr
+        )
         rec.layers = layers_held(ctx.transformer_config)
         planted = spec.planted()
         if planted is not None:  # before the sentinel's hooks: they run after the fault's and see it
@@ -115,17 +116,16 @@ class Runner:
             slime_plugin.configure(ctx.hook_settings())
             ctx.hook = slime_plugin
         loss_module = as_is if spec.plugin else loss.get(spec.loss)  # plugin: slime's loss_function dispatches
+        loop = None
+        if spec.natural:  # each step's batch sampled from the current policy; the loop keeps what the loss saw
+            from nanscope.megatron.natural import NaturalLoop  # heavy: torch, in the ranks only
+
+            loop = loss_module = NaturalLoop(ctx, loss_module)
         for i in range(1, spec.steps + 1):
             ctx.step = i
             ctx.loss_overrides = {} if spec.defused else catalogue.get(spec.hazard_at(i)).loss_overrides
-            seed = spec.seed * 1000 + i
-            rollout = hazards.case_rollout(ctx.vocab_size, seed, **hazards.shape(ctx.loss_flags))
-            seq_length = step.seq_length_for(rollout.total_lengths, ctx.layout.tp)
-            self.wd.arm(f"{ctx.name} step {i}: log-prob pass", limit)
-            policy = self.policy(ctx, seq_length, i)
-            batch = hazards.build(
-                spec.hazard_at(i), policy, rollout, seed=seed, defused=spec.defused, progress=spec.progress_at(i)
-            )
+            self.wd.arm(f"{ctx.name} step {i}: {'rollout' if loop else 'log-prob pass'}", limit)
+            batch, seq_length = self.hazard_batch(ctx, i) if loop is None else loop.batch(ctx, i)
             site = batch.pop("hazard_site", None)
             rec.hazard_sites.append(site)
             rec.site_log_probs.append(_site_log_probs(batch, site))
@@ -142,8 +142,25 @@ class Runner:
                     rec.skipped_steps, rec.reports = ctx.hook.skipped_steps(), ctx.hook.reports()
                     rec.hook_log = ctx.hook.logged()
                 observe(ctx, batch, stepped)
+                if loop is not None and (entry := loop.entry(batch, i)) is not None:
+                    rec.series.append(entry)
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
             rec.losses.append(losses)
+
+    def hazard_batch(self, ctx: RunContext, i: int) -> tuple[dict, int]:
+        """Step i's case-shaped batch with the run's hazard (`hazards.build`), and the micro-batch length."""
+        from nanscope import hazards  # heavy: torch, in the ranks only
+        from nanscope.megatron import step
+
+        spec = ctx.spec
+        seed = spec.seed * 1000 + i
+        rollout = hazards.case_rollout(ctx.vocab_size, seed, **hazards.shape(ctx.loss_flags))
+        seq_length = step.seq_length_for(rollout.total_lengths, ctx.layout.tp)
+        policy = self.policy(ctx, seq_length, i)
+        batch = hazards.build(
+            spec.hazard_at(i), policy, rollout, seed=seed, defused=spec.defused, progress=spec.progress_at(i)
+        )
+        return batch, seq_length
 
     @staticmethod
     def plant(ctx: RunContext, spec_text: str, at: int | None, once: bool) -> None:

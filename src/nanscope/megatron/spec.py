@@ -39,6 +39,7 @@ class Launcher:
 
     kind: str = "torchrun"  # "torchrun" | "ray"
     ray_address: str | None = None  # with "ray": join this cluster; None: a local Ray instance
+    ray_timeout_s: float = 60.0  # joining ray_address: the bound on the connection (ray_session.session)
 
     def __post_init__(self):
         assert self.kind in ("torchrun", "ray") and (self.kind == "ray" or self.ray_address is None), self
@@ -77,6 +78,10 @@ class RunSpec:
     model_fault: str | None = None
     model_fault_step: int | None = None
     model_fault_once: bool = False  # the model fault fires on its module's first call only (repro --fault-once)
+    # the natural loop (megatron/natural.py): every step's batch sampled from the current policy, nothing planted
+    # (hazard stays healthy); the last stage records each step's headroom (RankRecord.series)
+    natural: bool = False
+    lr: float | None = None  # Adam's learning rate; None: the case's (model.build_optimizer)
 
     def hazard_at(self, step: int) -> str:
         """The hazard step `step` carries: the run's at its inject step (a drifting one at every step), else healthy."""
@@ -159,6 +164,7 @@ class RankRecord:
     # per step: the batch's log-probs at the hazard site (policy = the log-prob pass at T 0.8, i.e.
     # log_probs; ref_log_probs; rollout_log_probs), e.g. policy -113 vs ref -1 for kl-exp-overflow
     site_log_probs: list = field(default_factory=list)
+    series: list = field(default_factory=list)  # natural loop, last stage: per step the headroom (NaturalLoop.entry)
     seconds: float = 0.0
 
     def to_json(self) -> str:

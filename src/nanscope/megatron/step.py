@@ -71,7 +71,7 @@ def policy(ctx: RunContext, seq_length: int):
                 forward_only=True, collect_non_loss_data=True,
             )  # fmt: skip
         model.train()
-        src = _last_stage_tp0()
+        src = last_stage_tp0()
         sizes = [t.numel() for t in tokens]
         buf = torch.cat(store) if dist.get_rank() == src else torch.empty(sum(sizes), ctx.vocab_size)
         dist.broadcast(buf, src=src, group=mpu.get_model_parallel_group())  # within this replica
@@ -248,7 +248,7 @@ def _pad(tokens: torch.Tensor, length: int) -> torch.Tensor:
     return torch.nn.functional.pad(tokens, (0, length - tokens.numel()), value=0)
 
 
-def _last_stage_tp0() -> int:
+def last_stage_tp0() -> int:
     """Global rank of (last pipeline stage, TP rank 0) in this rank's data-parallel replica."""
     import torch.distributed as dist  # heavy: torch.distributed and megatron-core, in the ranks only
     from megatron.core import parallel_state as mpu

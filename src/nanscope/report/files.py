@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from nanscope.errors import UserError
+from nanscope.inputs import shown
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
@@ -123,12 +124,6 @@ def write_text(path: str | os.PathLike, text: str, flag: str = "--html") -> None
 def write_json(path: str | os.PathLike, doc, flag: str = "--json") -> None:
     """`doc` as indented JSON (NaN and inf as JSON's NaN/Infinity, as json.dump writes them)."""
     write_text(path, json.dumps(doc, indent=1) + "\n", flag)
-
-
-def shown(path: str | os.PathLike) -> str:
-    """`path` as an error line shows it: as it is, or repr() of it if that is needed to keep the line one line."""
-    text = os.fspath(path)
-    return text if text.isprintable() else repr(text)
 
 
 def _existing(path: str | os.PathLike, flag: str) -> os.stat_result | None:

@@ -218,7 +218,8 @@ def _fmt(x: float | None) -> str:
 
 def render_matrix(matrix: Matrix, console) -> None:
     table = Table(
-        title="nanscope repro: case slime-795 scaled down, every hazard x {as-is, safe} through megatron-core"
+        title=f"nanscope repro: case slime-795 scaled down, {len(matrix.rows)} hazards x {{as-is, safe}} through "
+        "megatron-core"
     )
     for column in (
         "hazard",
@@ -285,17 +286,28 @@ def matrix_to_json(matrix: Matrix) -> dict:
 # ---- several steps --------------------------------------------------------------------------
 
 
+def _params_text(rep) -> str:
+    if not rep.ranks:
+        return ", no rank reported its parameters"
+    return ", parameters finite" if rep.params_finite else ", parameters NOT finite"
+
+
 def steps_verdict(check: StepsCheck) -> str:
     head = "as expected" if check.ok else "UNEXPECTED"
     twin = ""
-    if check.twin is not None:
+    if check.twin is not None and check.param_diff is None:
+        twin = (
+            f"; safe's parameters after step {check.steps} were not compared with those of as-is on the hazard's "
+            "defused twin: a run saved none (nothing was compared)"
+        )
+    elif check.twin is not None:
         same = "equal (bitwise)" if check.param_diff == 0.0 else f"differ (max |diff| {_fmt(check.param_diff)})"
         twin = f"; safe's parameters after step {check.steps} {same} those of as-is on the hazard's defused twin"
     died = f"dies at step {check.as_is_died_at}" if check.as_is_died_at else f"{check.as_is.observed}"
     return (
         f"{head}: {check.hazard} at step {check.inject_step} of {check.steps}: as-is {died}; "
         f"safe completes {check.safe_steps}/{check.steps} steps"
-        + (", parameters finite" if check.safe.params_finite else ", parameters NOT finite")
+        + _params_text(check.safe)
         + twin
         + (_plugin_verdict(check.plugin) if check.plugin else "")
     )
@@ -386,6 +398,7 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
     )
     errors = {record.error for record in plugin.skipped.ranks if record.error}
     out += [f"skip mode stopped: {error}" for error in errors]
+    out += [f"warning: not left in --report-dir: {why}" for why in plugin.left_out]
     return out
 
 
@@ -417,6 +430,7 @@ def plugin_to_json(plugin: PluginCheck) -> dict:
         "reports": plugin.reports,
         "replay": plugin.replay,
         "report_dir": plugin.report_dir,
+        "report_dir_left_out": plugin.left_out,  # files that could not be left there, one line each
         "warned_steps": plugin.warned,  # harness steps at which the raise run's hook printed a warning
         "warnings": [line for entry in _hook_log(plugin.raised) for line in entry.get("warnings", [])],
         "skip": {

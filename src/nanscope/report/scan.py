@@ -11,6 +11,7 @@ import numpy as np
 from nanscope.dumps.checks import KINDS
 from nanscope.dumps.result import HIST_HI, HIST_LO, ScanResult, hazard_count
 from nanscope.facts.numerics import FP32_EXP_MAX
+from nanscope.inputs import printable
 from nanscope.report import files
 from nanscope.report.html import esc, page
 
@@ -44,8 +45,8 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
         + (f", rank {result.rank}" if result.rank is not None else "")
         + f", {result.num_samples} samples, {result.response_tokens:,} response tokens"
     )
-    console.print(head, highlight=False, markup=False)
-    console.print(format_line(result), highlight=False, markup=False, soft_wrap=True)  # one line, for grep
+    console.print(printable(head), highlight=False, markup=False)
+    console.print(printable(format_line(result)), highlight=False, markup=False, soft_wrap=True)  # one line, for grep
     if result.hazards:
         wide = console.width >= 130  # the note column only fits on wide terminals (it is in JSON/HTML)
         table = Table(
@@ -74,7 +75,7 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
                 (hazard.mechanism or "-") + ("" if hazard.certain else "?"),
                 hazard.detail,
             )
-            table.add_row(*row[: len(columns)])
+            table.add_row(*map(_cell, row[: len(columns)]))
         console.print(table)
     summary = Table(title="checks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("check", "count", "mechanism", "note"):
@@ -83,12 +84,12 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
         )
     for check in result.checks:
         count = "skipped" if check.status == "skipped" else str(check.count)
-        summary.add_row(check.kind, count, ", ".join(check.mechanisms) or "-", check.note)
+        summary.add_row(*map(_cell, (check.kind, count, ", ".join(check.mechanisms) or "-", check.note)))
     console.print(summary)
     if any(not h.certain for h in result.hazards):
         console.print("?: bound only (the dump lacks one side of the log-ratio; see the note)", style="dim")
     style = {"yes": "bold red", "possibly": "bold yellow", "no": "bold green"}[result.would_nan]
-    console.print(result.verdict, style=style, highlight=False, markup=False)
+    console.print(printable(result.verdict), style=style, highlight=False, markup=False)
 
 
 def format_line(result: ScanResult) -> str:
@@ -102,6 +103,14 @@ def format_line(result: ScanResult) -> str:
     ]
     parts = [*diff, f"rollout_log_probs checked as {f.rollout_logprob_dtype}"] + ([f.note] if f.note else [])
     return f"format: slime {f.release}{same}; " + "; ".join(parts)
+
+
+def _cell(text: str):
+    """A table cell of text that may come from a file (a file name, a reward key in an error): never rich markup
+    (`[/]` would raise, `[link=...]` would render), its control characters escaped."""
+    from rich.text import Text  # heavy: rich, only the terminal renderers need it
+
+    return Text(printable(text))
 
 
 def _opt(x) -> str:
@@ -311,7 +320,7 @@ def render_directory(summaries: list, console, root: str) -> None:
     for summary in summaries:
         name = os.path.relpath(summary.path, root)
         if summary.error:
-            table.add_row(name, *("-",) * 5, "error", summary.error)
+            table.add_row(*map(_cell, (name, *("-",) * 5, "error", summary.error)))
             continue
         note = ", ".join(summary.mechanisms) or "-"
         if summary.errors:
@@ -325,7 +334,7 @@ def render_directory(summaries: list, console, root: str) -> None:
             summary.would_nan,
             note,
         )
-        table.add_row(name, *row)
+        table.add_row(*map(_cell, (name, *row)))
     console.print(table)
     totals = directory_summary(summaries)
     verdicts = totals["would_nan"]

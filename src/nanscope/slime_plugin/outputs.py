@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import tempfile
 
 from nanscope.slime_plugin.coords import Coords
@@ -84,28 +83,6 @@ def replay_instruction(args, rollout_id, step_id) -> dict:
         "text": f"rerun from the checkpoint before rollout {rollout_id} with NANSCOPE_TRACE_STEP={rollout_id}:"
         f"{step_id} in the environment and --load-debug-rollout-data {data}",
     }
-
-
-def place(path: str | os.PathLike, directory: str | os.PathLike, warn_with=None) -> str | None:
-    """A copy of the file at `path` in `directory`, under its name, written as the reports are (a temporary file
-    renamed into place: a link at that name is replaced, never followed); None, and one warning line through
-    `warn_with` (default `warn`), when it cannot be (a directory at that name, a full disk)."""
-    target = os.path.join(directory, os.path.basename(path))
-    tmp = None
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".nanscope-", suffix=".tmp")
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-            shutil.copyfileobj(src, out)
-        os.replace(tmp, target)
-        return target
-    except Exception as e:  # the run's result is kept: a file not left behind is a warning
-        with contextlib.suppress(OSError):
-            if tmp is not None:
-                os.unlink(tmp)
-        reason = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
-        (warn_with or warn)(f"could not leave {os.path.basename(path)} in {directory}: {reason}")
-        return None
 
 
 class Reports:

@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import torch
 
+from nanscope.facts.paths import BUNDLE_SUFFIX
+
 FORMAT = "nanscope-bundle/1"
-SUFFIX = ".bundle.pt"
+SUFFIX = BUNDLE_SUFFIX
 WHY = ("sentinel-forward", "sentinel-backward", "nonfinite-input", "nonfinite-loss")
 _PLAIN = (bool, int, float, str, type(None))
 

@@ -4,8 +4,11 @@
 records stored uncompressed, a pickle within its file's budget, no code run, each tensor a dense CPU tensor
 whose elements each lie once in its own storage), then checks the document: types, lengths that agree
 (tokens = total length, masks = response length, each per-token list = the tokens this CP rank holds), rows,
-coordinates. What the replay allocates follows from the bytes read. Every refusal is one UserError line naming
-the file, the field and, for a per-sample field, the micro-batch and the sample.
+coordinates, the loss's args (`replay.arg_problem`: types, finite numbers, known choices, counts >= 1, every
+integer within int64, path templates `inputs.fill_template` fills), token ids >= 0, loss masks of 0s and 1s. What
+the replay allocates follows from the bytes read. Every refusal is one UserError line naming the file, the field
+and, for a per-sample field, the micro-batch (by its loss call's `index`, as every message names it) and the
+sample.
 
 Each micro-batch's CP coordinate: its own `parallel` ({"cp_rank", "cp_size"}) when the bundle has one, else the
 rank's `coords` when those say CP > 1, else it is inferred: nanscope's CPU harness simulates CP at the loss, so
@@ -17,13 +20,19 @@ from __future__ import annotations
 
 from nanscope.errors import UserError
 from nanscope.facts.keys import PER_TOKEN, SAMPLE
+from nanscope.inputs import fill_template
 from nanscope.loss import layout
-from nanscope.trace import bundle, torch_file
+from nanscope.trace import bundle, bundle_text, torch_file
+from nanscope.trace.replay import arg_problem, mask_problem, token_problem, value_text
 
 RETURNS = ("dict", "pair", "tensors")
 _COORDS = ("rank", "pp", "tp", "cp_rank", "cp_size", "dp_rank", "dp_size")
 _PLAIN = (bool, int, float, str, type(None))
 _MAX_CP = 64  # the largest context-parallel size an inference tries
+_MAX_VERSION = 40  # characters of the `nanscope` version field ("0.1.0", "0.1.0.dev3+g1234abc")
+_TEMPLATES = ("save_debug_rollout_data", "load_debug_rollout_data")  # the dumps `nanscope trace` may read
+# Each entry's optional parts and the type each must have.
+_PARTS = (("batch", dict), ("current", dict), ("loss", dict), ("rows", list), ("parallel", dict))
 
 
 def load(path, limit: int | None = None, option: str | None = None) -> dict:
@@ -42,16 +51,23 @@ def checked(path, doc) -> dict:
         if key not in doc:
             raise UserError(f"{path}: missing key {key!r}")
     _release(path, doc["release"])
+    version = doc.get("nanscope")
+    if version is not None and not (isinstance(version, str) and 0 < len(version) <= _MAX_VERSION):
+        raise UserError(
+            f"{path}: nanscope: expected the version that wrote it, a string of 1-{_MAX_VERSION} characters"
+        )
     for key in ("rollout_id", "step_id"):
         _int(path, doc[key], key)
     coords = _coords(path, doc["coords"])
-    args = doc["args"]
-    if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, _PLAIN) for k, v in args.items()):
-        raise UserError(f"{path}: args: expected a dict of field names to numbers, strings, booleans or None")
-    _report(path, doc.get("report"))
+    _args(path, doc["args"])
+    problem = bundle_text.report_problem(doc.get("report"))
+    if problem:
+        raise UserError(f"{path}: report: {problem}")
     entries = doc["microbatches"]
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise UserError(f"{path}: microbatches: expected a list of dicts")
+    if not entries:
+        raise UserError(f"{path}: microbatches: empty (a bundle holds the loss calls of the step it was written on)")
     indices = [_int(path, e.get("index"), f"microbatches[{i}] index") for i, e in enumerate(entries)]
     if len(set(indices)) != len(indices):
         raise UserError(f"{path}: microbatches: a loss call index appears twice")
@@ -63,11 +79,13 @@ def checked(path, doc) -> dict:
     return doc
 
 
-def _field(place: tuple) -> str:
-    """A tensor's place as the refusals name it: `micro-batch 3: log_probs of sample 1`."""
+def _field(place: tuple, doc) -> str:
+    """A tensor's place as the refusals name it: `micro-batch 3: log_probs of sample 1` (the entry's index)."""
     if len(place) == 5 and place[0] == "microbatches" and place[2] in ("batch", "current") and type(place[4]) is int:
+        index = doc["microbatches"][place[1]].get("index")
+        where = f"micro-batch {index}" if type(index) is int else f"microbatches[{place[1]}]"
         current = "current " if place[2] == "current" else ""
-        return f"micro-batch {place[1]}: {current}{str(place[3])[:40]} of sample {place[4]}"
+        return f"{where}: {current}{str(place[3])[:40]} of sample {place[4]}"
     return torch_file.where(place)
 
 
@@ -95,17 +113,18 @@ def _coords(path, coords) -> dict:
     return out
 
 
-def _report(path, report) -> None:
-    if report is None:
-        return
-    if not isinstance(report, dict):
-        raise UserError(f"{path}: report: expected a dict or None, got {type(report).__name__}")
-    for key in ("first_forward", "first_backward"):
-        hit = report.get(key)
-        if hit is not None and not (isinstance(hit, dict) and isinstance(hit.get("module"), (str, type(None)))):
-            raise UserError(f"{path}: report: {key}: expected a dict with a module name, or None")
-    if not isinstance(report.get("class"), (str, type(None))):
-        raise UserError(f"{path}: report: class: expected a string or None")
+def _args(path, args) -> None:
+    """Plain values; the loss's fields and every integer as `replay.arg_problem` wants them; the dump templates
+    fillable (`inputs.fill_template`: only {rollout_id} and {rank}, a small width)."""
+    if not isinstance(args, dict) or not all(isinstance(k, str) and isinstance(v, _PLAIN) for k, v in args.items()):
+        raise UserError(f"{path}: args: expected a dict of field names to numbers, strings, booleans or None")
+    for name, value in args.items():
+        problem = arg_problem(name, value)
+        if problem:
+            raise UserError(f"{path}: args: {name[:60]} {value_text(value)}: {problem}")
+    for name in _TEMPLATES:
+        if isinstance(args.get(name), str):
+            fill_template(args[name], f"{path}: args: {name}", rollout_id=0, rank=0)
 
 
 def _entry_head(path, entry: dict, i: int) -> None:
@@ -116,13 +135,16 @@ def _entry_head(path, entry: dict, i: int) -> None:
     why = entry.get("why", [])
     if not isinstance(why, list) or not all(w in bundle.WHY for w in why):
         raise UserError(f"{path}: {where}: why: expected a list of {', '.join(bundle.WHY)}")
-    for key in ("batch", "current", "loss", "rows", "parallel"):
-        if not isinstance(entry.get(key), (dict, list, type(None))):
-            raise UserError(f"{path}: {where}: {key}: expected a dict, a list or None")
+    for key, kind in _PARTS:
+        if not isinstance(entry.get(key), (kind, type(None))):
+            got = type(entry.get(key)).__name__
+            raise UserError(
+                f"{path}: {where}: {key}: expected {'a dict' if kind is dict else 'a list'} or None, got {got}"
+            )
     if entry.get("batch") is None and entry.get("current") is not None:
         raise UserError(f"{path}: {where}: current log-probs without the batch they belong to")
     loss = entry.get("loss")
-    if loss is not None and not (isinstance(loss.get("value"), (int, float)) and isinstance(loss.get("finite"), bool)):
+    if loss is not None and not (type(loss.get("value")) in (int, float) and isinstance(loss.get("finite"), bool)):
         raise UserError(f"{path}: {where}: loss: expected {{value: number, finite: bool}}")
     if not isinstance(entry.get("rows_how", ""), str):
         raise UserError(f"{path}: {where}: rows_how: expected a string")
@@ -217,7 +239,7 @@ def _entry_body(path, entry: dict, cp: tuple[int, int, str]) -> None:
             for i, x in enumerate(parts):
                 _per_token(where, x, f"current {key} of sample {i}", locals_[i])
     rows = entry.get("rows")
-    if rows is not None and (len(rows) != n or not all(type(r) is int and r >= 0 for r in rows)):
+    if rows is not None and (len(rows) != n or not all(type(r) is int and 0 <= r < 2**63 for r in rows)):
         raise UserError(f"{where}: rows: expected {n} integers >= 0 (one dump row per sample)")
 
 
@@ -231,12 +253,18 @@ def _sample(where: str, batch: dict, i: int, cp: tuple[int, int, str]) -> int:
     tokens = batch["unconcat_tokens"][i]
     if not _tensor(tokens) or tokens.dim() != 1 or tokens.is_floating_point() or tokens.is_complex():
         raise UserError(f"{where}: unconcat_tokens of sample {i}: expected a 1-D integer tensor")
+    problem = token_problem(tokens)
+    if problem:
+        raise UserError(f"{where}: unconcat_tokens of sample {i}: {problem}")
     if tokens.numel() != total:  # before any list of positions: the file bounds what the lengths may declare
         raise UserError(f"{where}: unconcat_tokens of sample {i}: {tokens.numel()} tokens != total_length {total}")
     mask = batch["loss_masks"][i]
     if not _tensor(mask) or mask.dim() != 1 or mask.is_complex() or mask.numel() != response:
         got = f"{mask.numel()} entries" if _tensor(mask) else type(mask).__name__
         raise UserError(f"{where}: loss_masks of sample {i}: {got}, expected a 1-D tensor of {response} entries")
+    problem = mask_problem(mask)
+    if problem:
+        raise UserError(f"{where}: loss_masks of sample {i}: {problem}")
     return _local(total, response, cp[0], cp[1])
 
 

@@ -160,11 +160,13 @@ def loss_path(doc: dict, slime_src: str | Path | None = None):
     A bundle written through nanscope's model replays through it; one written through a slime release replays
     through that release: `slime_src`'s checkout, else an installed slime, else nanscope's model of v0.1.0.
     """
-    name = doc["release"]["name"]
+    release = dict(doc["release"])
+    del doc  # the context may outlive this bundle (`nanscope trace DIR` keeps it for the next): not its tensors
+    name = release["name"]
     key = release_key(name)
-    if doc["release"]["module"] == targets.MODEL_LOSS or key is None:
+    if release["module"] == targets.MODEL_LOSS or key is None:
         why = "the bundle was written through it (nanscope's CPU harness)"
-        if doc["release"]["module"] != targets.MODEL_LOSS:
+        if release["module"] != targets.MODEL_LOSS:
             why = f"the bundle names the release {name!r:.80}, which nanscope does not know"
         yield LossPath(targets.model(), targets.MODEL.name, why, False)
         return

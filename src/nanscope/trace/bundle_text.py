@@ -109,6 +109,26 @@ def guard_lines(doc: dict) -> list[str]:
     ]
 
 
+def report_problem(report) -> str | None:
+    """Why a sentinel report (a bundle's `report`, a report directory's .json) cannot be read as one, or None:
+    `first_forward` / `first_backward` each None or {module: a string or None, microbatch: an integer or None},
+    `class` a string or None."""
+    if report is None:
+        return None
+    if not isinstance(report, dict):
+        return f"expected a dict or None, got {type(report).__name__}"
+    for key in ("first_forward", "first_backward"):
+        hit = report.get(key)
+        if hit is None:
+            continue
+        fine = isinstance(hit, dict) and isinstance(hit.get("module"), (str, type(None)))
+        if not fine or not (hit.get("microbatch") is None or type(hit.get("microbatch")) is int):
+            return f"{key}: expected None or {{module: a name, microbatch: an index}}, got {type(hit).__name__}"
+    if not isinstance(report.get("class"), (str, type(None))):
+        return f"class: expected a string or None, got {type(report.get('class')).__name__}"
+    return None
+
+
 def sentinel_text(report: dict | None) -> str:
     """The report's first non-finite module, in forward and in backward order."""
     report = report or {}

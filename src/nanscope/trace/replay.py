@@ -38,6 +38,7 @@ import torch
 
 from nanscope.errors import UserError
 from nanscope.facts.args import LOSS_DEFAULTS, loss_args
+from nanscope.facts.flags import BY_NAME
 from nanscope.facts.keys import PER_TOKEN, SAMPLE
 from nanscope.loss import NAMES as LOSSES
 from nanscope.loss import get as loss_module
@@ -48,7 +49,7 @@ from nanscope.trace.events import InputFinding, Site, TokenMap, TraceReport
 from nanscope.trace.locator import Tracer
 
 FORMAT = "nanscope-microbatch/1"
-# Loss args that count samples, integers >= 1 in any run (`_check_args`); the loss divides by global_batch_size.
+# Loss args that count samples, integers >= 1 in any run (`arg_problem`); the loss divides by global_batch_size.
 COUNTS = ("global_batch_size", "n_samples_per_prompt")
 # The sentinel's own .pt (slime_plugin.hook): a micro-batch's input_ids, no logits; not replayable here.
 SENTINEL_FORMAT = "nanscope-sentinel-microbatch/1"
@@ -264,7 +265,7 @@ def _step_env(doc: dict) -> str:
     return f"NANSCOPE_TRACE_STEP={doc.get('rollout_id')}:{doc.get('step_id')}"
 
 
-def _field(place: tuple) -> str:
+def _field(place: tuple, doc=None) -> str:
     """A tensor's place in the document as the other refusals name it: `log_probs of sample 3`, `logits`."""
     if len(place) == 3 and place[0] == "batch" and type(place[1]) is str and type(place[2]) is int:
         return f"{place[1][:40]} of sample {place[2]}"
@@ -277,33 +278,79 @@ def _plain(x) -> bool:
 
 
 def _check_args(path, args) -> None:
-    """slime's loss fields, each of its default's type. Ranges only where no run could have another value:
-    the counts (`COUNTS`) are integers >= 1 (slime sets global_batch_size to rollout_batch_size x
-    n_samples_per_prompt / num_steps_per_rollout, and megatron-core's micro-batch calculator asserts at least
-    one micro-batch in it; the loss divides by it), and loss_type is policy_loss (what `document` writes;
-    custom_loss would import custom_loss_function_path). Temperature, clips and coefficients are taken as
-    the run had them:
-    rollout_temperature 0 is a catalogued hazard (zero-temperature), which slime accepts and the replay
-    must show; clamp bounds in either order and any coefficient are what slime would compute with."""
+    """slime's loss fields (`arg_problem`), and loss_type policy_loss (what `document` writes; custom_loss would
+    import custom_loss_function_path)."""
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args) or set(args) - set(LOSS_DEFAULTS):
         bad = sorted(map(str, set(args) - set(LOSS_DEFAULTS))) if isinstance(args, dict) else type(args).__name__
         raise UserError(f"{path}: args: not slime loss fields: {bad}")
     for name, value in args.items():
-        default = LOSS_DEFAULTS[name]
-        kinds = (bool,) if isinstance(default, bool) else (str,) if isinstance(default, str) else (int, float)
-        if default is None:
-            kinds = (type(None), str, int, float)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise UserError(f"{path}: args: {name} {value!r}: expected {' or '.join(k.__name__ for k in kinds)}")
-    for name in COUNTS:
-        value = args.get(name, 1)
-        if type(value) is not int or value < 1:
-            raise UserError(f"{path}: args: {name} {value!r:.40}: expected an integer >= 1")
+        problem = arg_problem(name, value)
+        if problem:
+            raise UserError(f"{path}: args: {name} {value_text(value)}: {problem}")
     if args.get("loss_type", "policy_loss") != "policy_loss":  # custom_loss would import what the file names
         raise UserError(
             f"{path}: args: loss_type {args['loss_type']!r:.40}: a micro-batch replays slime's policy_loss "
             "(a custom_loss would import and run the module the file names)"
         )
+
+
+def arg_problem(name: str, value) -> str | None:
+    """Why `value` cannot be the run's value of args field `name`, or None.
+
+    Every integer fits int64 (torch takes the loss's numbers as C integers and doubles). slime's loss fields
+    (`facts.args.LOSS_DEFAULTS`) have their flag's type (`facts.flags`; None only where None is the default), and
+    ranges only where no run could have another value: the counts (`COUNTS`) are integers >= 1 (slime sets
+    global_batch_size to rollout_batch_size x n_samples_per_prompt / num_steps_per_rollout, megatron-core's
+    micro-batch calculator asserts at least one micro-batch in it; the loss divides by it), a float is finite, a
+    string field one of its choices in some release. Temperature, clips and coefficients are otherwise taken as
+    the run had them: rollout_temperature 0 is a catalogued hazard (zero-temperature), which slime accepts and the
+    replay must show; clamp bounds in either order and any coefficient are what slime would compute with.
+    """
+    if type(value) is int and not -(2**63) <= value < 2**63:
+        return "outside int64"
+    if name not in LOSS_DEFAULTS or (value is None and LOSS_DEFAULTS[name] is None):
+        return None
+    flag = BY_NAME[name]
+    if flag.kind in ("true", "false"):
+        return None if type(value) is bool else "expected bool"
+    if name in COUNTS:
+        return None if type(value) is int and value >= 1 else "expected an integer >= 1"
+    if flag.kind == "float":
+        if type(value) not in (int, float):
+            return "expected int or float"
+        return None if math.isfinite(value) else "expected a finite number"
+    choices = sorted({c for _, values in flag.choices for c in values})
+    if type(value) is not str:
+        return "expected str"
+    return None if not choices or value in choices else f"expected one of {', '.join(choices)}"
+
+
+def token_problem(tokens: torch.Tensor) -> str | None:
+    """Why a 1-D tensor cannot be a sample's token ids, or None: an integer dtype, no id below 0."""
+    if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+        return f"expected integer token ids, got {tokens.dtype}"
+    if tokens.numel() and int(tokens.min()) < 0:
+        return f"token id {int(tokens.min())} at position {int(tokens.argmin())}: expected ids >= 0"
+    return None
+
+
+def mask_problem(mask: torch.Tensor) -> str | None:
+    """Why a 1-D tensor cannot be a sample's loss mask, or None: every entry 0 or 1 (slime's masks are 0/1 ints;
+    NaN or 7 would scale the loss instead of selecting tokens)."""
+    if mask.is_complex():
+        return f"expected 0 or 1 entries, got {mask.dtype}"
+    bad = ~((mask == 0) | (mask == 1))
+    if bool(bad.any()):
+        at = int(bad.nonzero()[0, 0])
+        return f"entry {at} is {mask[at].item()!r}: expected 0 or 1"
+    return None
+
+
+def value_text(value) -> str:
+    """`value` in a refusal: repr, shortened (an integer of thousands of digits by its size)."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"<{value.bit_length()}-bit integer>"
+    return f"{value!r:.40}"
 
 
 def _int(path, value, what: str) -> int:
@@ -339,6 +386,13 @@ def _numel(path, x, what: str) -> int:
     return x.numel()
 
 
+def _values(path, x, what: str, problem) -> None:
+    """`problem` (token_problem, mask_problem) of a per-sample entry `_numel` accepted, as one line."""
+    found = problem(x if isinstance(x, torch.Tensor) else torch.as_tensor(x))
+    if found:
+        raise UserError(f"{path}: {what}: {found}")
+
+
 def _check_batch(path, batch, parallel: dict, packed: int) -> None:
     if not isinstance(batch, dict):
         raise UserError(f"{path}: batch: expected a dict, got {type(batch).__name__}")
@@ -364,9 +418,11 @@ def _check_batch(path, batch, parallel: dict, packed: int) -> None:
         if not 0 < response < total:
             raise UserError(f"{path}: response_lengths of sample {i}: {response} must be in [1, total_length {total})")
         tokens = _numel(path, batch["unconcat_tokens"][i], f"unconcat_tokens of sample {i}")
+        _values(path, batch["unconcat_tokens"][i], f"unconcat_tokens of sample {i}", token_problem)
         if tokens != total:
             raise UserError(f"{path}: unconcat_tokens of sample {i}: {tokens} tokens != total_length {total}")
         masks = _numel(path, batch["loss_masks"][i], f"loss_masks of sample {i}")
+        _values(path, batch["loss_masks"][i], f"loss_masks of sample {i}", mask_problem)
         if masks != response:
             raise UserError(f"{path}: loss_masks of sample {i}: {masks} entries != response_length {response}")
         used += layout.local_length(total, cp_size)

@@ -21,6 +21,7 @@ Torch is imported only when a file is read (`nanscope.dumps.unpickler` imports `
 
 from __future__ import annotations
 
+import re
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
@@ -63,15 +64,20 @@ def check_records(path: str) -> None:
 
 
 def load(
-    path, what: str, limit: int | None = None, option: str | None = None, *, name: Callable[[tuple], str] | None = None
+    path,
+    what: str,
+    limit: int | None = None,
+    option: str | None = None,
+    *,
+    name: Callable[[tuple, Any], str] | None = None,
 ) -> Any:
     """torch.load(path, weights_only=True) on the CPU, within the bounds of the module docstring.
 
     Args:
         what: the file's kind in messages ("micro-batch file": "PATH: not a nanscope micro-batch file (...)").
         limit, option: the largest file accepted in bytes (None: any size), and the option that raises it.
-        name: how a tensor's place in the loaded object reads in a refusal (keys and indices, outermost
-            first); default `where`.
+        name: how a tensor's place in the loaded object (keys and indices, outermost first) reads in a refusal,
+            given the place and the object; default `where`.
 
     Raises:
         UserError: one line naming the file (and the tensor).
@@ -79,9 +85,13 @@ def load(
     import torch  # heavy: torch, only when a file is read
 
     size = check_file(path, what, limit, option)
-    with open(path, "rb") as f:
-        if f.read(4) != b"PK\x03\x04":
-            raise UserError(f"{path}: not a nanscope {what} (not a torch.save zip archive)")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:  # an I/O error, a file that vanished since the check
+        raise UserError(f"{path}: {what}: cannot read: {e.strerror or e}") from None
+    if magic != b"PK\x03\x04":
+        raise UserError(f"{path}: not a nanscope {what} (not a torch.save zip archive)")
     try:
         check_records(str(path))
         pickle_budget.check(torch._C.PyTorchFileReader(str(path)).get_record("data.pkl"), size)
@@ -94,11 +104,11 @@ def load(
             warnings.simplefilter("ignore")  # a protocol other than 2: one line, not torch's warning
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # pickle errors, unsafe globals, a TorchScript archive, a truncated storage
-        raise UserError(f"{path}: not a nanscope {what} (torch.load weights_only: {_first_line(e)})") from None
+        raise UserError(f"{path}: not a nanscope {what} (torch.load weights_only: {refusal(e)})") from None
     for place, tensor in _tensors(obj):
         problem = plain_problem(tensor) or overrun(tensor)
         if problem:
-            raise UserError(f"{path}: {(name or where)(place)}: {problem}")
+            raise UserError(f"{path}: {name(place, obj) if name else where(place)}: {problem}")
     return obj
 
 
@@ -176,6 +186,20 @@ def _place(link) -> tuple:
         key, link = link
         out.append(key)
     return tuple(reversed(out))
+
+
+def refusal(e: BaseException) -> str:
+    """Why torch.load(weights_only=True) refused a file, without torch's advice to load it with weights_only=False
+    (which runs the file's code): the unpickler's own reason where torch gives one."""
+    reason = _WEIGHTS_ONLY.search(str(e))
+    if reason is not None:  # torch's advice to allowlist the global follows the reason
+        return reason.group(1).split(". Please use")[0].strip().rstrip(".")[:200]
+    line = _first_line(e)
+    advice = re.search(r"weights[ _]only", line, re.IGNORECASE) is not None
+    return "the file holds objects outside weights_only's allowlist" if advice else line
+
+
+_WEIGHTS_ONLY = re.compile(r"WeightsUnpickler error: ([^\n]*)")
 
 
 def _first_line(e: BaseException) -> str:
