@@ -30,6 +30,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # ~10-30 s on 2 cores; the layout matrix's recompute layout covers it too
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_full_recompute_runs_on_cpu_and_gives_the_gradients_without_it():
