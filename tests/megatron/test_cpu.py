@@ -24,6 +24,8 @@ PATCHED = [
     "torch.cuda.synchronize",
     "CudaRNGStatesTracker.add",
     "CudaRNGStatesTracker.fork",
+    "megatron.core.tensor_parallel.random._get_cuda_rng_state",
+    "megatron.core.tensor_parallel.random._set_cuda_rng_state",
     "megatron.core.transformer.moe.moe_utils.te_general_gemm",
 ]
 

@@ -35,6 +35,8 @@ WORKER = textwrap.dedent(
             print(name, collective())
         except Exception as e:  # noqa: BLE001
             print(name, "error", type(e).__name__, str(e).splitlines()[0])
+    sys.stdout.flush()
+    os._exit(0)  # gloo's teardown at interpreter exit can abort ("terminate called") under load: the lines are out
     """
 )
 

@@ -65,12 +65,54 @@ def test_settings_from_the_environment():
             f"NANSCOPE_TRACE_STEP={'1:' + '9' * 38!r}... (5002 characters): expected ROLLOUT:STEP, e.g. 12:0",
         ),
         ({"NANSCOPE_NAN_POLICY": "lenient"}, "NANSCOPE_NAN_POLICY='lenient': expected one of drop, strict"),
+        # skip-on-transient needs the verdict the rerun gives: refused, not silently "any"
+        (
+            {"NANSCOPE_ON_NONFINITE": "skip", "NANSCOPE_SKIP_ON": "transient", "NANSCOPE_RERUN": "off"},
+            "NANSCOPE_SKIP_ON=transient needs the rerun's verdict, and NANSCOPE_RERUN=off turns the rerun off: set "
+            "NANSCOPE_RERUN=on, or NANSCOPE_SKIP_ON=any to skip every non-finite step",
+        ),
+        # equal thresholds make one warning the other's; 0 warns on every token
+        (
+            {"NANSCOPE_WARN_LOG_RATIO": "0,0"},
+            "NANSCOPE_WARN_LOG_RATIO='0,0': expected LOW,HIGH with 0 < LOW < HIGH, like 20,60",
+        ),
+        (
+            {"NANSCOPE_WARN_LOG_RATIO": "30,30"},
+            "NANSCOPE_WARN_LOG_RATIO='30,30': expected LOW,HIGH with 0 < LOW < HIGH, like 20,60",
+        ),
+        (
+            {"NANSCOPE_WARN_LOG_RATIO": "60,20"},
+            "NANSCOPE_WARN_LOG_RATIO='60,20': expected 2 ascending number(s) like 20,60",
+        ),
+        ({"NANSCOPE_MAX_BUNDLES": "-1"}, "NANSCOPE_MAX_BUNDLES='-1': expected an integer >= 0"),
     ],
 )
 def test_bad_settings_are_one_line(env, message):
     with pytest.raises(ValueError) as e:
         Settings.from_env(env)
     assert str(e.value) == message
+
+
+def test_a_setting_that_is_not_the_plugins_is_named_with_the_closest_real_one():
+    env = {
+        "NANSCOPE_ONNONFINITE": "skip",
+        "NANSCOPE_RERUNS": "off",
+        "NANSCOPE_SLIME_SRC": "../shared",
+        "NANSCOPE_TEST_TAG": "x",
+    }
+    settings = Settings.from_env(env)
+    assert settings == Settings() and settings.unknown == ("NANSCOPE_ONNONFINITE", "NANSCOPE_RERUNS")
+    every = ", ".join(
+        f"NANSCOPE_{n}" for n in ("REPORT_DIR", "ON_NONFINITE", "MAX_SKIPS", "TRACE_STEP", "NAN_POLICY", "RERUN",
+                                  "SKIP_ON", "MAX_BUNDLES", "WARN_GAP", "WARN_LOG_RATIO")
+    )  # fmt: skip
+    assert settings.unknown_lines() == [
+        f"NANSCOPE_ONNONFINITE is not one of the plugin's variables, so it does nothing; the closest is "
+        f"NANSCOPE_ON_NONFINITE (all: {every})",
+        f"NANSCOPE_RERUNS is not one of the plugin's variables, so it does nothing; the closest is NANSCOPE_RERUN "
+        f"(all: {every})",
+    ]
+    assert Settings.from_env({"NANSCOPE_MAX_BUNDLES": "0"}).max_bundles == 0
 
 
 def test_replay_instruction_names_the_step_and_the_saved_rollouts():
@@ -129,6 +171,8 @@ def test_skip_reports_a_nan_grad_norm_logs_skipped_steps_and_leaves_the_paramete
     assert [{k: step[k] for k in logged[0]} for step in skip["logged"]] == logged
     assert all(set(step) == set(logged[0]) | set(HEADROOM) | {"warnings"} for step in skip["logged"])
     assert "nanscope: rollout 1 step 0: {'nanscope/skipped_steps': 1}\n" in stdout
+    assert stdout.count("nanscope: warning: NANSCOPE_ONNONFINITE is not one of the plugin's variables, so it does "
+                        "nothing; the closest is NANSCOPE_ON_NONFINITE (all: ") == 1  # fmt: skip
     # The NaN never reaches the parameters: bitwise those of a run that never trained on the bad rollout.
     assert result["params_finite"] and result["params_equal"]
     assert result["without_bad_step"]["grad_norms"] == [norms[0], norms[2]]
@@ -184,9 +228,13 @@ def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_goes_on_as_wit
     result, stdout = worker
     skip, raised = result["unwritable_skip"], result["unwritable_raise"]
     # skip mode: the step is still skipped and the run goes on; raise mode: megatron's own error, unchanged
-    assert skip["skipped"] == 1 and skip["error"] is None and skip["reports"] == []
+    assert skip["skipped"] == 1 and skip["error"] is None
+    assert [p.rsplit("/", 1)[1] for p in skip["reports"]] == ["rollout1_step0_rank0.bundle.pt"]  # the bundle is kept
     assert skip["grad_norms"][1] != skip["grad_norms"][1] and skip["grad_norms"][2] > 0
-    assert raised["error"] == result["trace"]["error"] and raised["error"].endswith(case.nan_check_message())
-    assert raised["reports"] == []
-    assert stdout.count("nanscope: warning: rank 0: could not write its report to ") == 2
+    head, megatron = raised["error"].splitlines()
+    assert head == "nanscope: rank 0: non-finite values at rollout 1 step 0 (no report written: see the warning)"
+    assert megatron == result["trace"]["error"].splitlines()[1] and raised["error"].endswith(case.nan_check_message())
+    assert [p.rsplit("/", 1)[1] for p in raised["reports"]] == ["rollout1_step0_rank0.bundle.pt"]
+    warning = "nanscope: warning: rank 0: could not write its report rollout1_step0_rank0.json to "
+    assert stdout.count(warning) == 2 and f"{warning}{result['blocked']}: Is a directory\n" in stdout
     assert "rollout 1 step 0: no report written; to name the op offline: nanscope trace " in stdout

@@ -46,25 +46,37 @@ def get_args():
 
 
 def core_transformer_config_from_args(args, config_class=None):
-    """The tiny Qwen3-MoE's TransformerConfig (nanscope.megatron.model) for the current parallel state."""
+    """The tiny Qwen3-MoE's TransformerConfig (nanscope.megatron.model) for the current parallel state, with the
+    layout flags slime passes through to it (--virtual-pipeline-model-parallel-size, --recompute-granularity full)."""
     from nanscope.megatron import model
 
-    config = model.transformer_config(bf16=args.bf16)
+    training = model.Training(
+        vpp=getattr(args, "virtual_pipeline_model_parallel_size", None),
+        recompute=getattr(args, "recompute_granularity", None) == "full",
+    )
+    config = model.transformer_config(bf16=args.bf16, training=training)
     assert config.num_moe_experts == args.num_experts and config.num_layers == args.num_layers
     return config
 
 
 def layer_spec(args):
-    """slime's `--spec` hook (model_provider.py: `import_module(args.spec)`, called with args): the local spec."""
+    """slime's `--spec` hook (model_provider.py: `import_module(args.spec)`, called with args): the local spec.
+
+    slime calls it with args alone, never a virtual stage (model_provider.py:60-63); with virtual stages megatron
+    wants one to count a chunk's layers. Every virtual stage holds as many here (4 layers, PP 2 x 2 virtual
+    stages), so the first stage's count is every chunk's."""
     from nanscope.megatron import model
 
-    return model.layer_spec(core_transformer_config_from_args(args))
+    vp_stage = 0 if getattr(args, "virtual_pipeline_model_parallel_size", None) is not None else None
+    return model.layer_spec(core_transformer_config_from_args(args), vp_stage)
 
 
 def get_model(model_provider_func, model_type, wrap_with_ddp=True):
-    """megatron.training.training.get_model for PP 1 without virtual stages, without DDP (slime v0.1.0 wraps it).
+    """megatron.training.training.get_model without DDP (slime v0.1.0 wraps the chunks itself): one chunk per
+    virtual pipeline stage under --virtual-pipeline-model-parallel-size, else one, as Megatron-LM's builds them
+    (training/training.py:1094-1114 at core_v0.15.0rc0: each chunk's pre/post process from its virtual stage).
 
-    As Megatron-LM's: the provider's chunk, tensor-parallel attributes defaulted, Float16Module under --bf16.
+    As Megatron-LM's: the provider's chunks, tensor-parallel attributes defaulted, Float16Module under --bf16.
     Also: the output layer's weights at the CPU harness's scale (a trained LLM's logit range), and the
     THD adapter of the module docstring.
     """
@@ -73,18 +85,30 @@ def get_model(model_provider_func, model_type, wrap_with_ddp=True):
     from megatron.core.transformer.module import Float16Module
 
     assert not wrap_with_ddp, "slime v0.1.0 wraps the chunks in DDP itself"
-    assert mpu.get_pipeline_model_parallel_world_size() == 1
     args = get_args()
-    chunk = model_provider_func(pre_process=True, post_process=True)
-    chunk.model_type = model_type
-    for param in chunk.parameters():
-        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
-    with torch.no_grad():
-        chunk.output_layer.weight.normal_(0.0, OUTPUT_INIT_STD / chunk.config.hidden_size**0.5)
-    chunk.register_forward_pre_hook(one_sample_per_micro_batch, with_kwargs=True)
-    if args.bf16:
-        chunk = Float16Module(chunk.config, chunk)
-    return [chunk]
+    vpp = getattr(args, "virtual_pipeline_model_parallel_size", None)
+    if mpu.get_pipeline_model_parallel_world_size() > 1 and vpp is not None:
+        chunks = []
+        for i in range(vpp):
+            first = mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=i)
+            last = mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=i)
+            chunk = model_provider_func(pre_process=first, post_process=last, vp_stage=i)
+            chunk.model_type, chunk.vp_stage = model_type, i
+            chunks.append(chunk)
+    else:
+        chunk = model_provider_func(
+            pre_process=mpu.is_pipeline_first_stage(), post_process=mpu.is_pipeline_last_stage()
+        )
+        chunk.model_type = model_type
+        chunks = [chunk]
+    for chunk in chunks:
+        for param in chunk.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        if chunk.post_process:
+            with torch.no_grad():
+                chunk.output_layer.weight.normal_(0.0, OUTPUT_INIT_STD / chunk.config.hidden_size**0.5)
+        chunk.register_forward_pre_hook(one_sample_per_micro_batch, with_kwargs=True)
+    return [Float16Module(c.config, c) for c in chunks] if args.bf16 else chunks
 
 
 def one_sample_per_micro_batch(module, args, kwargs):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import sys
@@ -431,20 +430,6 @@ def drift(w: Worker) -> dict:
     return {"drift": DRIFT, "steps": steps, "plugin": state, "bundle_losses": losses, "wandb": w.wandb_logged()}
 
 
-class _Tee(io.TextIOBase):
-    """stdout, also kept: the plugin's lines (`nanscope: ...`) go to stdout."""
-
-    def __init__(self, stream):
-        self.stream, self.kept = stream, io.StringIO()
-
-    def write(self, text):
-        self.kept.write(text)
-        return self.stream.write(text)
-
-    def flush(self):
-        self.stream.flush()
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--slime-src", type=Path, required=True)
@@ -457,6 +442,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from nanscope.megatron import bootstrap
     from nanscope.megatron.watchdog import Watchdog
+    from tests.megatron.layout_worker import Tee
 
     bootstrap.init(tp=2, timeout_s=90, group_timeout_s=60)
     import torch.distributed as dist
@@ -469,7 +455,7 @@ def main() -> None:
         if a.only is not None and name != a.only:
             continue
         wd.arm(name, 150.0)
-        started, tee = time.time(), _Tee(sys.stdout)
+        started, tee = time.time(), Tee(sys.stdout)
         try:
             with contextlib.redirect_stdout(tee):
                 results[name] = fn(w)

@@ -133,7 +133,10 @@ def main(out: Path) -> None:
         )
 
     result = {"lifecycle": lifecycle(bootstrap, slime_plugin, args)}
-    model, _, result["skip"] = train(["healthy", "bad", "later"], NANSCOPE_ON_NONFINITE="skip")
+    # and a misspelt variable beside it: ignored, with a warning at install naming the real one
+    model, _, result["skip"] = train(
+        ["healthy", "bad", "later"], NANSCOPE_ON_NONFINITE="skip", NANSCOPE_ONNONFINITE="x"
+    )
     ref, _, result["without_bad_step"] = train(["healthy", "later"], hook=False)
     skipped_params, ref_params = dict(model.named_parameters()), dict(ref.named_parameters())
     result["params_finite"] = all(bool(torch.isfinite(p).all()) for p in skipped_params.values())
@@ -144,6 +147,7 @@ def main(out: Path) -> None:
     result["files"] = {p: json.loads(Path(p).read_text()) for p in result["trace"]["reports"] if p.endswith(".json")}
     result["unwritable_skip"] = train(["healthy", "bad", "later"], block_reports=True, NANSCOPE_ON_NONFINITE="skip")[2]
     result["unwritable_raise"] = train(["healthy", "bad"], block_reports=True)[2]
+    result["blocked"] = str(out / "blocked")
     slime_plugin.uninstall()
     (out / "result.json").write_text(json.dumps(result, indent=1))
 

@@ -12,8 +12,8 @@ tokens count: slime computes exp on them too. The train-rollout gap |logp - roll
 tokens (loss_mask 1) only, where the engine's log-probs mean something.
 
 Every function takes this rank's local tokens, samples concatenated ([N] float32, as `nanscope.loss.microbatch`
-lays them out), returns 0-dim tensors on the inputs' device, and never syncs with the host: a NaN input gives a
-NaN maximum, no token gives -inf.
+lays them out), returns 0-dim tensors on the inputs' device, and never syncs with the host (no `.item()`, no
+Python value copied to the device, no boolean mask): a NaN input gives a NaN maximum, no token gives -inf.
 """
 
 from __future__ import annotations
@@ -47,14 +47,16 @@ def maximum(x: torch.Tensor, sizes: torch.Tensor, keep: torch.Tensor | None = No
     x = x.float()
     if keep is not None:
         x = torch.where(keep, x, torch.full_like(x, float("-inf")))
+    none = torch.full((), -1, dtype=torch.int64, device=x.device)  # a fill, not a copy from the host
     if x.numel() == 0:
-        return Maximum(x.new_tensor(float("-inf")), torch.tensor(-1, device=x.device))
+        return Maximum(torch.full((), float("-inf"), device=x.device), none)
     nan = torch.isnan(x)
     at = torch.where(nan.any(), nan.int().argmax(), x.argmax())  # argmax ignores NaN: point at the first one
-    value = torch.where(nan.any(), x.new_tensor(float("nan")), x[at])
+    # x[at] would read `at` on the host (a 0-dim index is taken as a Python int); index_select stays on the device
+    value = torch.where(nan.any(), torch.full((), float("nan"), device=x.device), x.index_select(0, at.reshape(1))[0])
     ends = sizes.to(x.device).cumsum(0)
     sample = torch.searchsorted(ends, at, right=True)
-    sample = torch.where(value == float("-inf"), torch.tensor(-1, device=x.device), sample)
+    sample = torch.where(value == float("-inf"), none, sample)
     return Maximum(value, sample)
 
 
@@ -89,5 +91,5 @@ def clamped(log_ratios: list[torch.Tensor]) -> torch.Tensor:
 def quantile(x: torch.Tensor, q: float) -> torch.Tensor:
     """0-dim: the q-quantile of `x` [N] (linear interpolation, as torch.quantile); -inf for no entry, NaN if any."""
     if x.numel() == 0:
-        return torch.tensor(float("-inf"), device=x.device)
+        return torch.full((), float("-inf"), device=x.device)
     return torch.quantile(x.float(), q)

@@ -52,6 +52,7 @@ def init(
     cp: int = 1,
     ep: int = 1,
     etp: int | None = None,
+    vpp: int | None = None,
     timeout_s: float = 180.0,
     group_timeout_s: float | None = None,
 ) -> None:
@@ -62,6 +63,7 @@ def init(
 
     Args:
         tp, pp, cp, ep, etp: megatron's parallel sizes (data parallel is what the world leaves).
+        vpp: virtual pipeline stages per pipeline rank (None: none; the chunks: `model.build_chunks`).
         timeout_s: bound on the process-group rendezvous.
         group_timeout_s: bound on megatron's process groups' collectives, rounded up to whole minutes
             (megatron's unit); None for megatron's default.
@@ -87,8 +89,39 @@ def init(
         context_parallel_size=cp,
         expert_model_parallel_size=ep,
         expert_tensor_parallel_size=etp,
+        virtual_pipeline_model_parallel_size=vpp,
         **minutes,
     )
+
+
+def build_layout(*, seed: int = 0, bf16: bool = True, training=None, sizes=None):
+    """`build_training` for a layout slime's flags make (`model.Training`): this rank's chunks (one per virtual
+    stage), their TransformerConfig wired as slime's train() wires it, and megatron's (distributed) optimizer.
+
+    Args:
+        sizes: the model's (model.TinyQwen3MoE; default the harness's).
+
+    Returns:
+        (chunks, transformer_config, optimizer): with the overlapped reduce the config carries each chunk's
+        no_sync and start_grad_sync (slime v0.1.0 model.py:389-399, --align-grad-reduce).
+    """
+    from megatron.core.distributed import finalize_model_grads  # heavy: megatron-core and torch
+
+    from nanscope.megatron import model
+
+    training, sizes = training or model.Training(), sizes or model.TinyQwen3MoE()
+    chunks, transformer_config = model.build_chunks(sizes, seed=seed, bf16=bf16, training=training)
+    optimizer = model.build_optimizer(chunks, bf16=bf16, distributed=training.distributed_optimizer)
+    transformer_config.finalize_model_grads_func = finalize_model_grads
+    transformer_config.grad_scale_func = optimizer.scale_loss
+    transformer_config.timers = None
+    if training.overlap_grad_reduce:
+        transformer_config.no_sync_func = [chunk.no_sync for chunk in chunks]
+        transformer_config.grad_sync_func = [chunk.start_grad_sync for chunk in chunks]
+        if len(chunks) == 1:
+            transformer_config.no_sync_func = transformer_config.no_sync_func[0]
+            transformer_config.grad_sync_func = transformer_config.grad_sync_func[0]
+    return chunks, transformer_config, optimizer
 
 
 def build_training(*, seed: int = 0, bf16: bool = True, lr: float | None = None):

@@ -106,6 +106,22 @@ class _CpuRngTracker:
             torch.set_rng_state(orig)
 
 
+class _CpuRecomputeRng:
+    """CPU stand-ins for megatron's save and restore of the CUDA generator around activation recompute
+    (tensor_parallel/random.py:383 and :391, `_get_all_rng_states` / `_set_all_rng_states`, which
+    CheckpointFunction calls in forward and in the recompute of backward): there is no CUDA generator on CPU.
+    The CPU generator and the tracker's states, which those functions save and restore beside it, are the
+    ones the CPU harness draws from (`_CpuRngTracker`)."""
+
+    @staticmethod
+    def get_state(*_args, **_kwargs) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8)
+
+    @staticmethod
+    def set_state(*_args, **_kwargs) -> None:
+        return None
+
+
 def install() -> list[str]:
     """Redirect megatron-core's CUDA-only calls to CPU, whether or not CUDA is visible. Idempotent.
 
@@ -138,6 +154,11 @@ def install() -> list[str]:
         (mp_random.CudaRNGStatesTracker, "add", _CpuRngTracker.add),
         # CudaRNGStatesTracker.fork: swaps the CUDA rng state -> swaps the cpu rng state.
         (mp_random.CudaRNGStatesTracker, "fork", _CpuRngTracker.fork),
+        # Activation recompute (--recompute-granularity full): random.py:41 _get_cuda_rng_state,
+        # torch.cuda.random.get_rng_state -> an empty state (no CUDA generator on CPU).
+        (mp_random, "_get_cuda_rng_state", _CpuRecomputeRng.get_state),
+        # Activation recompute: random.py:72 _set_cuda_rng_state, the CUDA default generator's set_state -> nothing.
+        (mp_random, "_set_cuda_rng_state", _CpuRecomputeRng.set_state),
         # moe_utils.te_general_gemm: a TransformerEngine symbol, undefined without TE -> None (torch.mm path).
         (moe_utils, "te_general_gemm", None),
     ]

@@ -8,6 +8,9 @@ fp32 logits, as slime asserts) with Float16OptimizerWithFloat16Params (fp32 main
 check_for_nan_in_grad and grad_reduce_in_fp32, and megatron's Adam with the case's lr / weight decay /
 betas. `bf16=False` gives an all-fp32 model (about 4x faster on CPU).
 
+`build_chunks` builds the layouts slime's flags make (`Training`): a chunk per virtual pipeline stage,
+the overlapped reduce, megatron's check off, the distributed optimizer, full activation recompute.
+
 Callers must have run `nanscope.megatron.cpu.install()` and `parallel_state.initialize_model_parallel`.
 """
 
@@ -59,7 +62,22 @@ class SequenceParallelRMSNorm(torch.nn.Module):
         return torch.nn.functional.rms_norm(x, (x.size(-1),), self.weight, self.eps)
 
 
-def transformer_config(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, bf16: bool = True, seed: int = 0):
+@dataclass(frozen=True)
+class Training:
+    """How megatron wraps and trains the model chunks: slime's flags that change the step's layout."""
+
+    vpp: int | None = None  # --virtual-pipeline-model-parallel-size: one chunk per virtual stage (interleaved 1F1B)
+    overlap_grad_reduce: bool = False  # --overlap-grad-reduce: the reduce goes out inside the backward pass
+    check_for_nan_in_grad: bool = True  # --check-for-nan-in-loss-and-grad (slime's default; off: --no-check-...)
+    distributed_optimizer: bool = False  # --use-distributed-optimizer (slime always sets it)
+    recompute: bool = False  # --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+    # --ddp-bucket-size: with the overlapped reduce, small buckets make one reduce per bucket, issued in backward
+    bucket_size: int | None = None
+
+
+def transformer_config(
+    sizes: TinyQwen3MoE = TinyQwen3MoE(), *, bf16: bool = True, seed: int = 0, training: Training = Training()
+):
     """The TransformerConfig for the current parallel state (TP/PP/EP sizes read from it)."""
     from megatron.core import parallel_state as mpu  # heavy: megatron-core, imported by bootstrap first
     from megatron.core.transformer import TransformerConfig
@@ -100,10 +118,24 @@ def transformer_config(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, bf16: bool = Tru
         use_cpu_initialization=True,
         perform_initialization=True,
         init_method_std=0.02,
+        **_layout_fields(training),
     )
 
 
-def layer_spec(config):
+def _layout_fields(training: Training) -> dict:
+    """The TransformerConfig fields a Training sets (none for the default: the config stays as it was)."""
+    fields = {}
+    if training.vpp is not None:
+        # Megatron-LM's defaults for the interleaved schedule (training/arguments.py:536-545, :1158, :2348 at
+        # core_v0.15.0rc0): p2p overlapped with compute, so not batched; at PP 2 it refuses anything else, since a
+        # batch would hold two sends and two receives between the same two ranks
+        fields.update(virtual_pipeline_model_parallel_size=training.vpp, overlap_p2p_comm=True, batch_p2p_comm=False)
+    if training.recompute:
+        fields.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return fields
+
+
+def layer_spec(config, vp_stage: int | None = None):
     """The local (no TransformerEngine) block spec with every norm swapped for SequenceParallelRMSNorm."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # heavy: megatron-core
     from megatron.core.transformer.transformer_block import (
@@ -121,7 +153,7 @@ def layer_spec(config):
     spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
     spec.submodules.self_attention.submodules.q_layernorm = SequenceParallelRMSNorm
     spec.submodules.self_attention.submodules.k_layernorm = SequenceParallelRMSNorm
-    n = get_num_layers_to_build(config)
+    n = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[spec] * n, layer_norm=SequenceParallelRMSNorm)
 
 
@@ -132,49 +164,93 @@ def build_model(sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bo
         (ddp_model, config): `ddp_model` is DDP(Float16Module(GPTModel)) with check_for_nan_in_grad
         and grad_reduce_in_fp32, as slime sets them.
     """
+    (ddp,), config = build_chunks(sizes, seed=seed, bf16=bf16)
+    return ddp, config
+
+
+def build_chunks(
+    sizes: TinyQwen3MoE = TinyQwen3MoE(), *, seed: int = 0, bf16: bool = True, training=Training(), cuda: bool = False
+):
+    """This rank's model chunks (one per virtual pipeline stage, else one), wrapped as Megatron-LM's get_model and
+    slime's setup_model_and_optimizer do (training/training.py:1094-1114 and :1224-1235 at core_v0.15.0rc0:
+    DDP per chunk, bucketing off from the second chunk on).
+
+    Args:
+        cuda: on the current CUDA device, as Megatron-LM's get_model moves each chunk (the CPU harness: False).
+
+    Returns:
+        ([DDP(Float16Module(GPTModel)) per chunk], config).
+    """
     from megatron.core import parallel_state as mpu  # heavy: megatron-core, imported by bootstrap first
     from megatron.core import tensor_parallel
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer.module import Float16Module
 
     # Same seed on every run: parameters are identical across runs of one launch.
     torch.manual_seed(seed + 100 * mpu.get_pipeline_model_parallel_rank())
     tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
-    config = transformer_config(sizes, bf16=bf16, seed=seed)
+    config = transformer_config(sizes, bf16=bf16, seed=seed, training=training)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        check_for_nan_in_grad=training.check_for_nan_in_grad,
+        overlap_grad_reduce=training.overlap_grad_reduce,
+        use_distributed_optimizer=training.distributed_optimizer,
+        bucket_size=training.bucket_size if training.overlap_grad_reduce else None,
+    )
+    chunks = []
+    for vp_stage in range(training.vpp or 1):
+        model = _gpt_chunk(sizes, config, None if training.vpp is None else vp_stage)
+        if cuda:
+            model = model.cuda(torch.cuda.current_device())
+        ddp = DistributedDataParallel(
+            config=config, ddp_config=ddp_config, module=model, disable_bucketing=vp_stage > 0
+        )
+        ddp.broadcast_params()
+        chunks.append(ddp)
+    return chunks, config
+
+
+def _gpt_chunk(sizes: TinyQwen3MoE, config, vp_stage: int | None):
+    """One chunk: GPTModel on this stage's (virtual stage's) layers, Float16Module under bf16."""
+    from megatron.core import parallel_state as mpu  # heavy: megatron-core, imported by bootstrap first
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    virtual = {} if vp_stage is None else {"ignore_virtual": False, "vp_stage": vp_stage}
+    last = mpu.is_pipeline_last_stage(**virtual)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(config),
+        transformer_layer_spec=layer_spec(config, vp_stage),
         vocab_size=sizes.vocab_size,
         max_sequence_length=sizes.max_sequence_length,
-        pre_process=mpu.is_pipeline_first_stage(),
-        post_process=mpu.is_pipeline_last_stage(),
+        pre_process=mpu.is_pipeline_first_stage(**virtual),
+        post_process=last,
         parallel_output=True,
         share_embeddings_and_output_weights=False,
         position_embedding_type="rope",
         rotary_base=sizes.rotary_base,
+        **({} if vp_stage is None else {"vp_stage": vp_stage}),
     )
-    if mpu.is_pipeline_last_stage():
+    if last:
         with torch.no_grad():
             model.output_layer.weight.normal_(0.0, OUTPUT_INIT_STD / sizes.hidden_size**0.5)
-    if bf16:
-        model = Float16Module(config, model)
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        check_for_nan_in_grad=True,
-        overlap_grad_reduce=False,
-        use_distributed_optimizer=False,
-    )
-    ddp = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
-    ddp.broadcast_params()
-    return ddp, config
+    return Float16Module(config, model) if config.bf16 else model
 
 
 CASE_LR = 1e-6  # the case's --lr (constant: --lr-decay-style constant)
 
 
-def build_optimizer(ddp_model, *, bf16: bool = True, lr: float = CASE_LR):
-    """Megatron's Adam set up like the case: lr 1e-6 (unless `lr`), weight decay 0.1, betas 0.9/0.98."""
+def build_optimizer(
+    ddp_model, *, bf16: bool = True, lr: float = CASE_LR, distributed: bool = False, cpu_offload: bool = False
+):
+    """Megatron's Adam set up like the case: lr 1e-6 (unless `lr`), weight decay 0.1, betas 0.9/0.98.
+
+    Args:
+        ddp_model: a DDP chunk, or the list of a rank's chunks.
+        distributed: megatron's distributed optimizer (the chunks' DDP must have use_distributed_optimizer).
+        cpu_offload: --optimizer-cpu-offload --optimizer-offload-fraction 1 --use-precision-aware-optimizer, as the
+            case runs it: megatron-core's HybridDeviceOptimizer (CUDA only: it takes the current stream and pins
+            memory, cpu_offloading/hybrid_optimizer.py:217); needs `distributed`.
+    """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # heavy: megatron-core
 
     config = OptimizerConfig(
@@ -187,9 +263,12 @@ def build_optimizer(ddp_model, *, bf16: bool = True, lr: float = CASE_LR):
         clip_grad=1.0,
         bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
-        use_distributed_optimizer=False,
-    )
-    return get_megatron_optimizer(config, [ddp_model])
+        use_distributed_optimizer=distributed,
+        **({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0, "use_precision_aware_optimizer": True}
+           if cpu_offload else {}),
+    )  # fmt: skip
+    chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
+    return get_megatron_optimizer(config, chunks)
 
 
 def layers_held(config) -> list[int]:

@@ -1,9 +1,10 @@
 """The repro bundle a rank writes on a non-finite step (the format is `nanscope.trace.bundle`'s).
 
 Which micro-batches: those the sentinel names (the first in forward order and the first in backward order),
-and on the last pipeline stage every micro-batch whose loss inputs or loss were non-finite. For each, what the
-policy loss received but the logits, and the current policy's per-token log-probs and entropy the loss watch
-kept. No logits: a case-sized micro-batch (16,384 tokens) is well under 2 MB.
+and on the last pipeline stage every micro-batch whose loss inputs or loss were non-finite, at most
+MAX_MICROBATCHES in all (the sentinel's first, then the others in order: `keep`). For each, what the policy loss
+received but the logits, and the current policy's per-token log-probs and entropy the loss watch kept. No
+logits: a case-sized micro-batch (16,384 tokens) is well under 2 MB, so a bundle stays under 8 MB.
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ def reasons(reading, seen: list[Seen], last_stage: bool) -> dict[int, list[str]]
             if mb.loss is not None and not bool(torch.isfinite(mb.loss).all()):
                 why.setdefault(mb.index, []).append("nonfinite-loss")
     return dict(sorted(why.items()))
+
+
+MAX_MICROBATCHES = 4
+
+
+def keep(why: dict[int, list[str]], limit: int = MAX_MICROBATCHES) -> tuple[dict[int, list[str]], int]:
+    """(at most `limit` of `why`'s micro-batches: those the sentinel names first, then in index order; how many
+    were left out)."""
+    named = [i for i, r in why.items() if any(x.startswith("sentinel-") for x in r)]
+    order = named + [i for i in why if i not in named]
+    kept = set(order[:limit])
+    return {i: r for i, r in why.items() if i in kept}, len(why) - len(kept)
 
 
 def document(

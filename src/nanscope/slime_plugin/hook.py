@@ -22,9 +22,11 @@ def before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_sch
 
     Installs an always-on sentinel on the model chunks (once: a new list of chunks or a new optimizer
     replaces the old installation): per-module output finiteness flags and a screen of the gradient
-    buffers after each backward call, kept on device, read once per step just before Megatron's DDP
-    gradient check. On a non-finite step it writes a report to NANSCOPE_REPORT_DIR; with
-    NANSCOPE_ON_NONFINITE=skip the step's gradients are zeroed and its optimizer step skipped on every rank.
+    buffers after each backward call, kept on device, read once per step with the step's vote, just before
+    Megatron's DDP gradient check on every chunk (one per virtual pipeline stage). On a non-finite step it
+    writes a report to NANSCOPE_REPORT_DIR, runs the step again for a verdict, then every rank raises with
+    Megatron's words, or with NANSCOPE_ON_NONFINITE=skip every rank zeroes the step's gradients and skips
+    its optimizer step (`watch`).
     """
     current = state.installation()
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]

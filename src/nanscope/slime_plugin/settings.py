@@ -11,20 +11,26 @@
     NANSCOPE_NAN_POLICY    drop (default) | strict: what the loss does with a non-finite log-prob or advantage
     NANSCOPE_RERUN         on (default) | off: run a non-finite step again once and say whether it reproduces
     NANSCOPE_SKIP_ON       any (default) | transient: with skip, skip every non-finite step, or only those whose
-                           rerun did not reproduce (a reproducible one raises with the verdict and the bundle)
+                           rerun did not reproduce and named no cause a rerun cannot rule out (another raises with
+                           the verdict and the bundle); needs NANSCOPE_RERUN=on
+    NANSCOPE_MAX_BUNDLES   N >= 0: repro bundles this rank writes in one run (default 8); later reports name none
     NANSCOPE_WARN_GAP      X: warn when the step's largest train-rollout log-prob gap exceeds X (default 5)
     NANSCOPE_WARN_LOG_RATIO  LOW,HIGH: warn when a log-ratio that reaches an exp exceeds LOW (default 20, where
-                           the guard's clamp starts to act) or HIGH (default 60, within 30 of fp32's overflow)
+                           the guard's clamp starts to act) or HIGH (default 60, within 30 of fp32's overflow);
+                           0 < LOW < HIGH
 
-An empty value counts as unset. A bad value is one ValueError line that names the variable; numbers are
-ASCII digits only (`int()` would take '٣' or '３').
+An empty value counts as unset. A bad value, or settings that contradict each other, is one ValueError line
+that names the variable; numbers are ASCII digits only (`int()` would take '٣' or '３'). Any other NANSCOPE_*
+variable is kept in `unknown` (the hook warns about it at install, naming the closest real one), except the
+test suite's own (NANSCOPE_SLIME_SRC, NANSCOPE_TEST_*).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nanscope.loss.guard import NAN_POLICIES
 
@@ -32,6 +38,11 @@ ON_NONFINITE = ("raise", "skip")
 RERUN = ("on", "off")
 SKIP_ON = ("any", "transient")
 _MAX_DIGITS = 18  # any count or step id a run can reach; longer is a typo, not a number
+VARIABLES = (
+    "NANSCOPE_REPORT_DIR", "NANSCOPE_ON_NONFINITE", "NANSCOPE_MAX_SKIPS", "NANSCOPE_TRACE_STEP", "NANSCOPE_NAN_POLICY",
+    "NANSCOPE_RERUN", "NANSCOPE_SKIP_ON", "NANSCOPE_MAX_BUNDLES", "NANSCOPE_WARN_GAP", "NANSCOPE_WARN_LOG_RATIO",
+)  # fmt: skip
+_NOT_THE_PLUGINS = ("NANSCOPE_SLIME_SRC",)  # the test suite's (tests/slime_releases), as is NANSCOPE_TEST_*
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,23 @@ class Settings:
     skip_on: str = "any"
     warn_gap: float = 5.0
     warn_log_ratio: tuple[float, float] = (20.0, 60.0)
+    max_bundles: int = 8
+    unknown: tuple[str, ...] = field(default=(), compare=False)  # other NANSCOPE_* names in the environment
+
+    def __post_init__(self):
+        if self.skip_on == "transient" and self.rerun == "off":
+            raise ValueError(
+                "NANSCOPE_SKIP_ON=transient needs the rerun's verdict, and NANSCOPE_RERUN=off turns the rerun off: "
+                "set NANSCOPE_RERUN=on, or NANSCOPE_SKIP_ON=any to skip every non-finite step"
+            )
+
+    def unknown_lines(self) -> list[str]:
+        """One line per unknown NANSCOPE_* variable, naming the closest real one."""
+        return [
+            f"{name} is not one of the plugin's variables, so it does nothing; the closest is "
+            f"{difflib.get_close_matches(name, VARIABLES, n=1, cutoff=0.0)[0]} (all: {', '.join(VARIABLES)})"
+            for name in self.unknown
+        ]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -54,6 +82,9 @@ class Settings:
         max_skips = env.get("NANSCOPE_MAX_SKIPS") or None
         if max_skips is not None and not (_digits(max_skips) and int(max_skips) >= 1):
             raise ValueError(f"NANSCOPE_MAX_SKIPS={_shown(max_skips)}: expected an integer >= 1")
+        bundles = env.get("NANSCOPE_MAX_BUNDLES") or None
+        if bundles is not None and not _digits(bundles):
+            raise ValueError(f"NANSCOPE_MAX_BUNDLES={_shown(bundles)}: expected an integer >= 0")
         step = env.get("NANSCOPE_TRACE_STEP") or None
         parts = (step or "").split(":")
         if step is not None and not (len(parts) == 2 and all(_digits(p) for p in parts)):
@@ -67,8 +98,27 @@ class Settings:
             rerun=_choice(env, "NANSCOPE_RERUN", RERUN),
             skip_on=_choice(env, "NANSCOPE_SKIP_ON", SKIP_ON),
             warn_gap=_numbers(env, "NANSCOPE_WARN_GAP", (cls.warn_gap,))[0],
-            warn_log_ratio=_numbers(env, "NANSCOPE_WARN_LOG_RATIO", cls.warn_log_ratio),
+            warn_log_ratio=_thresholds(env),
+            max_bundles=int(bundles) if bundles is not None else cls.max_bundles,
+            unknown=tuple(sorted(k for k in env if _unknown(k))),
         )
+
+
+def _unknown(name: str) -> bool:
+    return (
+        name.startswith("NANSCOPE_")
+        and name not in VARIABLES + _NOT_THE_PLUGINS
+        and not name.startswith("NANSCOPE_TEST_")
+    )
+
+
+def _thresholds(env: Mapping[str, str]) -> tuple[float, float]:
+    """NANSCOPE_WARN_LOG_RATIO: two numbers, 0 < LOW < HIGH (equal ones would make one warning the other's)."""
+    low, high = _numbers(env, "NANSCOPE_WARN_LOG_RATIO", Settings.warn_log_ratio)
+    if not 0 < low < high:
+        value = env["NANSCOPE_WARN_LOG_RATIO"]
+        raise ValueError(f"NANSCOPE_WARN_LOG_RATIO={_shown(value)}: expected LOW,HIGH with 0 < LOW < HIGH, like 20,60")
+    return low, high
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:

@@ -1,9 +1,10 @@
 """The plugin's one collective per step: every rank's row, all-gathered over the world, and what it decides.
 
-At the end of each step's backward pass (the wrapper of finish_grad_sync, which every rank reaches before
+At the end of each step's backward pass (the gate on finish_grad_sync, which every rank reaches before
 Megatron's own check) each rank contributes one row: whether its sentinel saw a non-finite value, where it sits,
 and its headroom (`nanscope.slime_plugin.headroom`). One all-gather gives every rank every row, so each decides
-the same thing from the same numbers:
+the same thing from the same numbers. The table and the rank's own sentinel flags come to the host in one copy:
+the only host sync the plugin adds to a healthy step.
 
     bad_ranks   the ranks whose sentinel saw a non-finite value (skip mode skips when there is any)
     metrics     nanscope/* over the data-parallel group with context parallelism on the last pipeline stage
@@ -45,30 +46,46 @@ class Vote:
 
     Attributes:
         where: metric -> {"rank", "microbatch", "sample"} of the rank and sample that hold a maximum.
+        carried: the caller's own numbers (`exchange`'s `own`), read to the host in the same copy.
     """
 
     bad_ranks: tuple[int, ...]
     metrics: dict[str, float | None] = field(default_factory=dict)
     where: dict[str, dict] = field(default_factory=dict)
+    carried: list[float] = field(default_factory=list)
 
     @property
     def bad(self) -> bool:
         return bool(self.bad_ranks)
 
 
-def exchange(bad: bool, coords: Coords, headroom: torch.Tensor) -> Vote:
-    """All-gather this rank's row over the world (one collective, one host sync) and decide."""
-    head = torch.tensor([float(bad), float(coords.rank), float(coords.last_stage), float(coords.tp)])
-    row = torch.cat([head.to(headroom.device), headroom.float()])
+def exchange(bad, coords: Coords, headroom: torch.Tensor, own: torch.Tensor | None = None) -> Vote:
+    """All-gather this rank's row over the world (one collective) and decide, with one copy to the host.
+
+    Args:
+        bad: this rank saw a non-finite value (a bool, or a 0-dim tensor on the device: no sync to make it).
+        headroom: this rank's headroom row (`headroom.measure`), on the device.
+        own: numbers of the caller's (the sentinel's flags) copied to the host with the table: `Vote.carried`.
+    """
+    device = headroom.device
+    place = torch.tensor([float(coords.rank), float(coords.last_stage), float(coords.tp)])  # host numbers
+    flag = bad.reshape(1).float() if isinstance(bad, torch.Tensor) else torch.full((1,), float(bad), device=device)
+    row = torch.cat([flag.to(device), place.to(device, non_blocking=True), headroom.float()])
     if dist.is_initialized():
-        device = collectives.device()
-        mine = row.to(device)
+        mine = row.to(collectives.device())
         rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(rows, mine)
-        table = torch.stack(rows).cpu().tolist()
+        table = torch.stack(rows)
     else:
-        table = [row.cpu().tolist()]
-    return decide([dict(zip(ROW, r)) for r in table])
+        table = row.reshape(1, -1)
+    flat = table.reshape(-1).double()
+    if own is not None:
+        flat = torch.cat([flat, own.to(flat.device).double().reshape(-1)])
+    values = flat.cpu().tolist()  # the step's one host sync
+    n = table.numel()
+    rows_ = [values[i : i + len(ROW)] for i in range(0, n, len(ROW))]
+    vote = decide([dict(zip(ROW, r)) for r in rows_])
+    return Vote(vote.bad_ranks, vote.metrics, vote.where, values[n:])
 
 
 def decide(rows: list[dict[str, float]]) -> Vote:

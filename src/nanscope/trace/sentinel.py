@@ -95,6 +95,13 @@ class Sentinel:
                 tensor holding them (megatron's flat grad buffers: one or two) in the same sync; per
                 parameter, exactly, only when one of those is not finite.
         """
+        values = self.pending(grads)
+        return self.finish(values.tolist(), grads)  # the host sync
+
+    def pending(self, grads: bool = False) -> torch.Tensor:
+        """The step's flags as one float64 device tensor, not read: `read` in two halves, for a caller that
+        copies them to the host together with its own numbers (the plugin's vote) and then calls `finish`.
+        `nonfinite(values)` is its 0-dim "something is non-finite", on the device."""
         outputs, gradients = self._outputs, self._gradients
         gradients.screen_unended_call()
         parts = outputs.first_bad()
@@ -102,10 +109,20 @@ class Sentinel:
         norms = storage_norms(gradients.named_params) if grads else None
         found = (*parts, screens, norms)
         device = next((tensor.device for tensor in found if tensor is not None), torch.device("cpu"))
-        none = torch.tensor(ALL_FINITE, device=device)
+        none = torch.full((), ALL_FINITE, dtype=torch.float64, device=device)
         head = [(part if part is not None else none).to(device).reshape(1).double() for part in parts]
         tail = [tensor.to(device).double() for tensor in (screens, norms) if tensor is not None]
-        values = torch.cat(head + tail).tolist()  # the host sync
+        return torch.cat(head + tail)
+
+    @staticmethod
+    def nonfinite(values: torch.Tensor) -> torch.Tensor:
+        """0-dim bool on the device: `pending`'s values flag a non-finite output, output gradient, gradient
+        screen or gradient norm (what `finish` turns into a reading that is not finite)."""
+        return (values[:2] != ALL_FINITE).any() | ~torch.isfinite(values[2:]).all()
+
+    def finish(self, values: list[float], grads: bool = False) -> Reading:
+        """The reading from `pending`'s values, read to the host; starts a new step."""
+        outputs, gradients = self._outputs, self._gradients
         screened = len(gradients.screens.labels)
         call = gradients.screens.first_bad(values[2 : 2 + screened])
         norms_ok = all(math.isfinite(value) for value in values[2 + screened :])
