@@ -5,9 +5,10 @@
 
 1. Inputs. Non-finite old/ref/rollout log-probs become 0 and their tokens leave the loss; a non-finite
    advantage removes its whole sample. The tokens are cut out of a copy of `loss_masks` (response
-   positions found with the release's own CP slicer) and out of slime's sample-mean reducer. A fully
-   finite batch passes through untouched, after one host sync. nan_policy "strict" raises instead,
-   naming the sample and response token.
+   positions found with the release's own CP slicer) and out of slime's sample-mean reducer. Every batch
+   takes the same device ops and no host sync (a step's one sync is the plugin's vote): finite entries and
+   the masks of finite tokens come out bit for bit as they went in. nan_policy "strict" raises instead,
+   naming the sample and response token (its check is one host sync per call).
 2. Exp. While the call runs, the loss module's helpers that exponentiate a log-ratio (PPO ratio, KL
    estimators, cispo) get it clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] = [-20, 20] first, and so
    does the module's inline `torch.exp` (TIS, icepop, unbiased KL). They are restored afterwards, also
@@ -59,9 +60,9 @@ def call(target: Target, args, batch: dict, logits, sum_of_sample_mean, *, nan_p
     positions = response_positions(target, args, batch, parallel)
     keys = target.release.reads(args)
     guard = _Inputs(batch, keys, positions, logits.device)
-    if not guard.finite and nan_policy == "strict":
+    if nan_policy == "strict" and guard.any_nonfinite():
         raise NonFiniteInputError(guard.first_nonfinite())
-    clean = batch if guard.finite else guard.cleaned()
+    clean = guard.cleaned()
     keep = guard.keep_local(clean["loss_masks"])  # [N] bool, this rank's tokens that stay in the loss
 
     def select(x):
@@ -87,14 +88,18 @@ def response_positions(target: Target, args, batch: dict, parallel=None) -> list
 
 
 class _Inputs:
-    """The per-token inputs the release reads, their non-finite entries, and the batch without them."""
+    """The per-token inputs the release reads, their non-finite entries, and the batch without them. Nothing here
+    waits for the device but `any_nonfinite` (strict's check) and `first_nonfinite` (its message)."""
 
     def __init__(self, batch: dict, keys: tuple[str, ...], positions: list[list[int]], device):
         self.batch, self.keys, self.positions, self.device = batch, keys, positions, device
         self.present = [k for k in keys if batch.get(k)]
-        flags = [torch.isfinite(_cat(batch[k])).all() for k in self.present]
-        self.finite = bool(torch.stack(flags).all()) if flags else True  # the one host sync
         self.sizes = [len(p) for p in positions]
+
+    def any_nonfinite(self) -> bool:
+        """Some read input is non-finite (one host sync: nan_policy "strict" only)."""
+        flags = [torch.isfinite(_cat(self.batch[k])).all() for k in self.present]
+        return not bool(torch.stack(flags).all()) if flags else False
 
     def _finite(self, key) -> list[torch.Tensor]:
         """Per sample, [n_i] bool: finite entries of `key` (all True when the batch lacks it)."""
@@ -114,28 +119,29 @@ class _Inputs:
 
     def input_finite(self) -> torch.Tensor:
         """[N] bool: tokens whose every read input is finite (advantages included, token by token)."""
-        if self.finite:
-            return torch.ones(sum(self.sizes), dtype=torch.bool, device=self.device)
         per_key = [torch.cat(self._finite(k)) for k in self.keys]
         return torch.stack(per_key).all(dim=0) if per_key else torch.ones(0, dtype=torch.bool, device=self.device)
 
     def cleaned(self) -> dict:
-        """A shallow copy of the batch: non-finite entries 0, their tokens (or samples) out of loss_masks."""
+        """A shallow copy of the batch: non-finite entries 0, their tokens (or samples) out of loss_masks.
+
+        Selections, never branches: a finite entry and the mask of a finite token are the same bits after.
+        """
         out = dict(self.batch)
         for key in self.present:
             out[key] = [torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0) for x in self.batch[key]]
-        token_ok = torch.stack([torch.cat(self._finite(k)) for k in self.keys if k != "advantages"]).all(dim=0)
-        sample_ok = [f.all() for f in self._finite("advantages")]
+        token_ok = [self._finite(k) for k in self.keys if k != "advantages"]
+        per_sample = zip(self.batch["loss_masks"], self._finite("advantages"), self.positions)
         masks = []
-        per_sample = zip(self.batch["loss_masks"], token_ok.split(self.sizes), sample_ok, self.positions)
-        for mask, ok, sample, pos in per_sample:
+        for i, (mask, advantage_ok, pos) in enumerate(per_sample):
             mask = torch.as_tensor(mask)
-            if not sample:
-                mask = torch.zeros_like(mask)
-            elif not ok.all():
-                mask = mask.clone()
-                mask[torch.tensor(pos, dtype=torch.long, device=mask.device)[~ok.to(mask.device)]] = 0
-            masks.append(mask)
+            ok = torch.stack([finite[i] for finite in token_ok]).all(dim=0) if token_ok else None
+            whole = advantage_ok.all().to(mask.device).expand(mask.shape).clone()  # [T] the sample stays
+            at = 0
+            for start, stop in _runs(pos) if ok is not None else []:  # slices: no index tensor to copy over
+                whole[start:stop] &= ok[at : at + stop - start].to(mask.device)
+                at += stop - start
+            masks.append(torch.where(whole, mask, torch.zeros((), dtype=mask.dtype, device=mask.device)))
         out["loss_masks"] = masks
         return out
 
@@ -150,13 +156,14 @@ class _Inputs:
         advantage; exp_overflow: tokens where a log-ratio exceeded 88.72 (fp32 exp would give inf),
         prevented by the clamp; dropped_tokens: tokens with loss_mask 1 that the guards removed.
         """
-        zero = torch.zeros((), device=self.device)
         out = {}
         for key in self.keys:
             if key != "advantages":
-                out[f"nan_guard/{key}"] = zero if self.finite else (~torch.cat(self._finite(key))).sum().float()
-        bad_samples = zero if self.finite else torch.stack([~f.all() for f in self._finite("advantages")]).sum()
-        out["nan_guard/advantages"] = bad_samples.float()
+                out[f"nan_guard/{key}"] = (~torch.cat(self._finite(key))).sum().float()
+        samples = [~f.all() for f in self._finite("advantages")]
+        out["nan_guard/advantages"] = (
+            torch.stack(samples).sum().float() if samples else torch.zeros((), device=self.device)
+        )
         out["nan_guard/exp_overflow"] = exp_overflow
         trained = local_entries(self.batch["loss_masks"], self.positions).to(self.device) != 0
         out["nan_guard/dropped_tokens"] = (trained & ~keep).sum().float()
