@@ -62,12 +62,16 @@ def require(flag: str) -> None:
 
 
 @contextlib.contextmanager
-def session(address: str | None = None, *, cpus: int, temp: str | None = None) -> Iterator[str | None]:
+def session(
+    address: str | None = None, *, cpus: int, temp: str | None = None, gpus: int | None = None
+) -> Iterator[str | None]:
     """ray.init, joining `address` or starting a local instance of `cpus` CPUs; yields the local instance's dir
     (None when joining). On exit: ray.shutdown, and for a local instance `reap`.
 
     temp: the dir for the local instance's session, a marked scratch dir its owner removes (the harness's launch
         passes its own); None: a new one, removed on exit.
+    gpus: logical GPUs the local instance offers (Ray resources only: `repro --slime-src` gives slime the GPUs it
+        schedules its actors on; nothing runs on a GPU); None: what Ray detects.
     """
     if address is not None:
         import ray  # optional: the nanscope[ray] extra, only --launcher ray and scan --ray use it
@@ -90,6 +94,7 @@ def session(address: str | None = None, *, cpus: int, temp: str | None = None) -
         stack.callback(_stop_reaper, reaper, temp)
         ray.init(
             num_cpus=cpus,
+            num_gpus=gpus,
             include_dashboard=False,
             _temp_dir=temp,
             _node_ip_address="127.0.0.1",  # with the single-node switch: everything on loopback
