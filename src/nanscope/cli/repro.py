@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nanscope import repro
 from nanscope.causes import catalogue
+from nanscope.cli import repro_slime
 from nanscope.errors import UserError
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.megatron import ray_session
@@ -129,12 +130,19 @@ def add_parser(sub):
         "`nanscope doctor --traceback FILE`",
     )
     p.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="hard limit for the launch (default 600)")
+    p.add_argument("--timeout", type=float, metavar="S", help="limit for the launch (default 600; --slime-src 1800)")
+    repro_slime.add_arguments(p)
     return p
 
 
 def validate(args) -> None:
     """Every check on the arguments that needs no launch; raises UserError (one line)."""
+    if args.slime_src is not None:
+        args.sources = repro_slime.validate(args)
+        return
+    if args.megatron_lm_src is not None:
+        raise UserError(f"--megatron-lm-src {args.megatron_lm_src} goes with --slime-src DIR")
+    args.timeout = 600.0 if args.timeout is None else args.timeout
     if args.hazard is not None and args.hazard not in catalogue.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
@@ -276,6 +284,13 @@ def _run(args) -> int:
     if args.list_modules:
         return _list_modules(args)
     console = Console(width=160)
+    if args.slime_src is not None:
+        code, doc = repro_slime.run(args, args.sources, console)
+        if args.traceback_out and doc.get("as_is", {}).get("traceback"):
+            files.write_text(args.traceback_out, doc["as_is"]["traceback"], "--traceback-out")
+        if args.json:
+            files.write_json(args.json, doc)
+        return code
     if args.steps is not None:
         hazard = args.hazard or catalogue.KL_EXP_OVERFLOW.name
         inject = args.inject_step if args.inject_step is not None else (args.steps + 1) // 2

@@ -161,8 +161,9 @@ def install_slime(gpus_per_node: int) -> list[str]:
     if _applied("init_process_group"):
         return installed()
 
+    import megatron.core.optimizer as mp_optimizer  # heavy: megatron-core, patched here
     import torch.distributed as dist  # heavy: torch.distributed, in the run's workers only
-    from megatron.core.tensor_parallel import random as mp_random  # heavy: megatron-core, patched here
+    from megatron.core.tensor_parallel import random as mp_random
     from megatron.core.transformer.moe import token_dispatcher
 
     patches = [
@@ -191,6 +192,10 @@ def install_slime(gpus_per_node: int) -> list[str]:
         # torch.cuda.get_rng_state() (Megatron-LM training/checkpointing.py:320, every save_checkpoint, even with
         # --no-save-rng) -> an empty state.
         (torch.cuda, "get_rng_state", _no_cuda_rng_state),
+        # Adam (optimizer/__init__.py:11-25): TransformerEngine's or Apex's FusedAdam, a CUDA kernel; without them
+        # torch's AdamW, whose state needs a `step` that init_state_fn (:376-383, which slime calls eagerly,
+        # model.py:142-145) never writes -> torch's AdamW, given the `step` its own init would write (0).
+        (mp_optimizer, "Adam", _AdamWAfterInitState),
     ]
     return _apply(patches)
 
@@ -252,6 +257,18 @@ def _split_sizes_to_host(tensor, as_numpy: bool = False, record_stream: bool = F
 
 def _no_cuda_rng_state(*_args, **_kwargs) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8)
+
+
+class _AdamWAfterInitState(torch.optim.AdamW):
+    """torch.optim.AdamW that starts a state megatron's init_state_fn filled (exp_avg, exp_avg_sq, no `step`) at step 0,
+    as its own lazy init would have; the update is torch's."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for state in self.state.values():
+            if state and "step" not in state:
+                state["step"] = torch.tensor(0.0)
+        return super().step(closure)
 
 
 class _CpuStream:

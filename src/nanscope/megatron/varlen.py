@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 
+from nanscope.megatron import model
+
 
 class VarlenDotProductAttention(DotProductAttention):
     """megatron's local attention, applied to each span of a THD-packed micro-batch on its own."""
@@ -37,7 +39,9 @@ class VarlenDotProductAttention(DotProductAttention):
         packed_seq_params=None,
     ) -> torch.Tensor:
         if packed_seq_params is None:
-            return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias)
+            return super().forward(
+                query, key, value, attention_mask, attn_mask_type=attn_mask_type, attention_bias=attention_bias
+            )
         assert packed_seq_params.qkv_format == "thd", packed_seq_params.qkv_format
         assert attention_mask is None, "a packed micro-batch is causal within each span; no mask is passed"
         cu_q = packed_seq_params.cu_seqlens_q.tolist()
@@ -47,14 +51,12 @@ class VarlenDotProductAttention(DotProductAttention):
         for start, end in zip(cu_q[:-1], cu_q[1:]):
             # [L, np, hn] -> [L, b=1, np, hn]: one causal sequence for megatron's own attention
             q, k, v = (x[start:end].unsqueeze(1) for x in (query, key, value))
-            spans.append(super().forward(q, k, v, None, attn_mask_type, attention_bias))
+            spans.append(super().forward(q, k, v, None, attn_mask_type=attn_mask_type, attention_bias=attention_bias))
         return torch.cat(spans, dim=0)  # [t, 1, hp]
 
 
 def layer_spec(config):
     """The harness's local block spec (`model.layer_spec`: SequenceParallelRMSNorm) with `VarlenDotProductAttention`."""
-    from nanscope.megatron import model
-
     block = model.layer_spec(config)
     for spec in block.layer_specs:  # one ModuleSpec object, repeated per layer
         spec.submodules.self_attention.submodules.core_attention = VarlenDotProductAttention

@@ -32,7 +32,7 @@ CPU_IMPOSSIBLE = {
     "--optimizer-cpu-offload)",
     "--use-precision-aware-optimizer": "TransformerEngine's FusedAdam (optimizer/__init__.py: "
     "transformer_engine.pytorch.optimizers.FusedAdam)",
-    "--attention-backend": "flash: FlashAttention through TransformerEngine; on CPU the local spec's attention "
+    "--attention-backend": "FlashAttention through TransformerEngine; on CPU the local spec's attention "
     "(VarlenDotProductAttention for slime's THD micro-batches, nanscope/megatron/varlen.py)",
 }
 # MODEL_ARGS flags the case's model-args file sets for Qwen3-235B-A22B (slime's scripts/models/qwen3-235B-A22B.sh)
@@ -54,13 +54,13 @@ NOT_HERE = {
     "rollout is read from the file (ray/buffer.py:46-50), never generated",
     "--custom-rm-path": "deepresearch's reward function: the rewards are in the rollout file",
     "--rollout-num-gpus-per-engine": "SGLang's engines: none starts under --debug-train-only (rollout.py:16)",
-    "--wandb-team": "the case's W&B server (no network here)",
-    "--wandb-project": "the case's W&B server",
-    "--wandb-group": "the case's W&B server",
-    "--wandb-key": "the case's W&B server",
-    "--wandb-host": "the case's W&B server",
-    "--use-wandb": "the case's W&B server; --plugin logs to W&B offline instead",
+    "--wandb-key": "the case's W&B login (no network here)",
+    "--wandb-host": "the case's W&B server (no network here)",
+    "--use-wandb": "the case's W&B server; with --plugin, W&B in offline mode instead",
 }
+# The README's plugin lines (README.md, "add these lines to your launch script").
+PLUGIN_LOSS = ("--loss-type", "custom_loss", "--custom-loss-function-path", "nanscope.slime_plugin.policy_loss")
+PLUGIN_HOOK = ("--custom-megatron-before-train-step-hook-path", "nanscope.slime_plugin.before_train_step")
 SGLANG_PREFIX = "--sglang-"  # every --sglang-* flag configures SGLang's engines: none starts
 # The case's values resized to a world of 4 ranks and the tiny model, and why each value.
 RESIZED = {
@@ -145,14 +145,19 @@ def cpu_args() -> list[str]:
     return ["--transformer-impl", "local", *CPU_FLAGS]
 
 
-def launch(case_flags: Mapping[str, list[str]], paths: Paths, *, plugin: bool = False) -> Plan:
-    """train.py's argv for the CPU run, from the case's flags (`{flag: [values]}`, as launch.sh gives them)."""
-    argv, kept, resized, dropped = [], [], [], []
+def launch(case_flags: Mapping[str, list[str]], paths: Paths, *, lines: tuple[int, ...] = ()) -> Plan:
+    """train.py's argv for the CPU run, from the case's flags (`{flag: [values]}`, as launch.sh gives them).
+
+    lines: the README's plugin lines to add (1 the loss, 2 the sentinel hook, 3 the rollout dumps), with W&B offline.
+    """
+    argv, kept, resized, dropped, sglang = [], [], [], [], []
     for flag, values in case_flags.items():
         if flag in CPU_IMPOSSIBLE:
             dropped.append((_shown(flag, values), CPU_IMPOSSIBLE[flag]))
-        elif flag in NOT_HERE or flag.startswith(SGLANG_PREFIX):
-            dropped.append((_shown(flag, values), NOT_HERE.get(flag, "SGLang's engines: none starts")))
+        elif flag in NOT_HERE:
+            dropped.append((_shown(flag, values), NOT_HERE[flag]))
+        elif flag.startswith(SGLANG_PREFIX):
+            sglang.append(flag)
         elif flag in RESIZED:
             value, why = RESIZED[flag]
             resized.append((flag, " ".join(values), value, why))
@@ -160,17 +165,26 @@ def launch(case_flags: Mapping[str, list[str]], paths: Paths, *, plugin: bool = 
         else:
             kept.append(flag)
             argv += [flag, *values]
+    if sglang:
+        dropped.append((" ".join(sglang), "SGLang's engine flags: no engine starts under --debug-train-only"))
     dropped += [(flag, why) for flag, why in MODEL_CPU_IMPOSSIBLE.items()]
     dropped.sort(key=lambda item: item[0].split()[0] not in CPU_IMPOSSIBLE and item[0] not in MODEL_CPU_IMPOSSIBLE)
-    added = _added(paths, plugin)
+    added = _added(paths, lines)
     for tokens, _ in added:
         argv += tokens
     model = model_args()
     shown = tuple((" ".join(tokens), why) for tokens, why in added)
-    return Plan(tuple(argv + model), tuple(kept), tuple(resized), tuple(dropped), shown, tuple(model))
+    return Plan(
+        argv=tuple(argv + model),
+        kept=tuple(kept),
+        resized=tuple(resized),
+        dropped=tuple(dropped),
+        added=shown,
+        model=tuple(model),
+    )
 
 
-def _added(paths: Paths, plugin: bool) -> list[tuple[tuple[str, ...], str]]:
+def _added(paths: Paths, lines: tuple[int, ...]) -> list[tuple[tuple[str, ...], str]]:
     files = [
         (("--hf-checkpoint", paths.hf), "the tiny Qwen3-MoE's config.json and tokenizer (nanscope writes them)"),
         (("--ref-load", paths.ref), "the tiny model's torch_dist checkpoint (Megatron-LM's save_checkpoint)"),
@@ -185,20 +199,24 @@ def _added(paths: Paths, plugin: bool) -> list[tuple[tuple[str, ...], str]]:
         (("--custom-megatron-init-path", INIT_HOOK), ADDED_WHY["--custom-megatron-init-path"]),
     ]
     files += [((flag,), ADDED_WHY[flag]) for flag in CPU_FLAGS]
-    if plugin:
+    if lines:
         files += [
             (
                 ("--use-wandb", "--wandb-mode", "offline", "--wandb-dir", paths.wandb),
                 "the plugin's nanscope/* metrics, offline",
             ),
-            (("--loss-type", "custom_loss"), "the plugin (README): the NaN-safe loss"),
-            (("--custom-loss-function-path", "nanscope.slime_plugin.policy_loss"), "the plugin (README): the loss"),
             (
-                ("--custom-megatron-before-train-step-hook-path", "nanscope.slime_plugin.before_train_step"),
-                "the plugin (README): the sentinel",
+                ("--disable-wandb-random-suffix",),
+                "slime v0.1.0's random run suffix calls wandb.util.generate_id (wandb_utils.py:40), which wandb 0.31 "
+                "(nanscope[logging]) no longer has",
             ),
-            (("--save-debug-rollout-data", paths.dumps), "the plugin (README): every rollout kept"),
         ]
+    readme = {
+        1: [(PLUGIN_LOSS, "the plugin, README line 1: the NaN-safe loss")],
+        2: [(PLUGIN_HOOK, "the plugin, README line 2: the sentinel")],
+        3: [(("--save-debug-rollout-data", paths.dumps), "the plugin, README line 3: every rollout kept")],
+    }
+    files += [added for line in sorted(lines) for added in readme[line]]
     return files
 
 

@@ -51,17 +51,23 @@ def config(sizes: TinyQwen3MoE) -> dict:
     }
 
 
+def tokenizer(vocab_size: int) -> dict:
+    """tokenizer.json of a word-level tokenizer (Hugging Face `tokenizers`' format, version 1.0): whitespace-split
+    words `t1` ... `t{V-1}`, id 0 `<|endoftext|>` (also what an unknown word maps to)."""
+    vocab = {EOS: 0} | {f"t{i}": i for i in range(1, vocab_size)}
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": EOS},
+    }  # fmt: skip
+
+
 def write(path: str | Path, sizes: TinyQwen3MoE = TinyQwen3MoE()) -> Path:
     """Write config.json, tokenizer.json and tokenizer_config.json under `path`; returns it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers  # optional: the nanscope[slime] extra (transformers')
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config(sizes), indent=1))
-    vocab = {EOS: 0} | {f"t{i}": i for i in range(1, sizes.vocab_size)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=EOS))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer.json").write_text(json.dumps(tokenizer(sizes.vocab_size)))
     settings = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": EOS,

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanscope.causes import catalogue
+from nanscope.megatron import bootstrap
+from nanscope.slime_train import spec, worker
 
 # Hazards whose trigger lives in the rollout's own fields (a Sample's rollout_log_probs, reward): the ones a
 # --debug-train-only run can carry in its data. The others live in the log-prob pass, the model or the flags.
@@ -64,6 +66,7 @@ class Request:
 @dataclass(frozen=True)
 class Result:
     site: tuple[int, int | None] | None  # the hazard's (sample, response position); (sample, None): a whole sample
+    patched: list[str]  # `cpu.install_slime`'s patches, as every Ray worker of the run applies them
     seconds: float
 
 
@@ -71,8 +74,7 @@ def _init(argv: tuple[str, ...]):
     """The CPU layer, a gloo group of one rank and slime's init from Megatron-LM's parser; returns the args."""
     import torch.distributed as dist  # heavy: torch, megatron-core, Megatron-LM and slime below
 
-    from nanscope.megatron import bootstrap, cpu
-    from nanscope.slime_train import spec, worker
+    from nanscope.megatron import cpu
 
     worker.torch_probes_triton()
     bootstrap.import_megatron()
@@ -80,7 +82,7 @@ def _init(argv: tuple[str, ...]):
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{bootstrap.free_port()}", rank=0, world_size=1)
     sys.argv = ["nanscope.slime_train.prepare", *argv]
-    from megatron.training.arguments import parse_args, validate_args
+    from megatron.training.arguments import parse_args, validate_args  # heavy: Megatron-LM and slime (the run's path)
     from slime.backends.megatron_utils import set_default_megatron_args
     from slime.backends.megatron_utils.initialize import init
 
@@ -152,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     batch = hazards.build(request.hazard, _policy(chunk), rollout, request.seed)
     writers.write_rollout_dump(request.rollout, _samples(batch, batch["rewards"], request.sample_fields))
     site = batch["hazard_site"]
-    result = Result(site=tuple(site) if site is not None else None, seconds=time.time() - started)
+    from nanscope.megatron import cpu  # heavy: torch (imported above)
+
+    result = Result(
+        site=tuple(site) if site is not None else None, patched=cpu.installed(), seconds=time.time() - started
+    )
     Path(request.result).write_text(json.dumps(dataclasses.asdict(result)))
     return 0
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from nanscope.megatron import bootstrap
+
 GPUS_VAR = "NANSCOPE_SLIME_GPUS_PER_NODE"  # the logical GPUs of each Ray node: torch.cuda.device_count() there
 
 
@@ -28,7 +30,7 @@ class WorkerSettings:
 
 def setup() -> None:
     """Ray's worker_process_setup_hook: megatron-core imported, `cpu.install_slime` applied."""
-    from nanscope.megatron import bootstrap, cpu  # heavy: torch and megatron-core, in the run's Ray workers only
+    from nanscope.megatron import cpu  # heavy: torch and megatron-core, in the run's Ray workers only
 
     settings = WorkerSettings.from_env()
     torch_probes_triton()
