@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -40,7 +39,6 @@ from nanscope.slime_train import flags, head, hf, prepare, worker
 
 STANDINS = Path(__file__).with_name("standins")
 STANDIN_MODULES = ("sglang", "torch_memory_saver", "triton", "sitecustomize")
-POLL_S = 0.2
 TAIL_LINES = 60
 TRACEBACK = "Traceback (most recent call last):"
 
@@ -146,7 +144,7 @@ def run(request: Request) -> Result:
         }
         head_request = _head_request(request, work, plans, env)
         remaining = request.timeout_s - (time.time() - started)
-        code, timed_out, output = _spawn(
+        code, timed_out, output = proctree.run_tree(
             [sys.executable, "-m", head.__name__, str(work / "head.json"), "--parent", str(os.getpid()),
              "--parent-tmp", str(work.parent)],
             env=dict(os.environ), timeout_s=remaining, stop=stop,  # Ray's own processes: the run's env is the job's
@@ -190,7 +188,7 @@ def _prepare(request: Request, work: Path, paths: flags.Paths, env: dict, stop: 
     )  # fmt: skip
     (work / "prepare.request.json").write_text(prep.to_json())
     started = time.time()
-    code, timed_out, output = _spawn(
+    code, timed_out, output = proctree.run_tree(
         [sys.executable, "-m", prepare.__name__, str(work / "prepare.request.json")],
         env={**os.environ, **env}, timeout_s=request.timeout_s, stop=stop,
     )  # fmt: skip
@@ -280,28 +278,6 @@ def train_steps(stdout: str) -> list[dict]:
         if match:
             steps.append({"step": int(match[1]), **{k: float(v) for k, v in _ITEM.findall(match[2])}})
     return steps
-
-
-def _spawn(cmd: list[str], *, env: dict, timeout_s: float, stop: StopSignals) -> tuple[int | None, bool, str]:
-    """Run `cmd` as its own process tree, killed after `timeout_s` or at a stop signal (then Interrupted)."""
-    stop.check()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + max(1.0, timeout_s)
-    while True:
-        try:
-            output, _ = proc.communicate(timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
-            return proc.returncode, False, output.decode(errors="replace")
-        except subprocess.TimeoutExpired:
-            if stop.signum is not None:
-                pids = proctree.kill_tree(proc.pid)
-                proc.wait()
-                stop.check(workers=len(pids) - 1)
-            if time.monotonic() >= deadline:
-                break
-    pids = proctree.kill_tree(proc.pid)
-    output, _ = proc.communicate(timeout=30)
-    proctree.wait_gone(pids[1:])
-    return proc.returncode, True, output.decode(errors="replace")
 
 
 def check_sources(slime: str | Path, megatron_lm: str | Path | None) -> Sources:
