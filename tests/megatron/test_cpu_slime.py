@@ -21,6 +21,9 @@ SLIME_PATCHED = [
     "megatron.core.tensor_parallel.random._get_cuda_rng_state",
     "megatron.core.tensor_parallel.random._set_cuda_rng_state",
     "torch.cuda.get_rng_state",
+    "torch.cuda.mem_get_info",
+    "torch.cuda.memory_allocated",
+    "torch.cuda.memory_reserved",
     "megatron.core.optimizer.Adam",
 ]
 
@@ -103,6 +106,12 @@ def test_adam_after_megatrons_eager_state_init_is_torchs_first_step(slime):
     for p, t in zip(params, twins):
         assert torch.equal(p, t)
     assert all(float(ours.state[p]["step"]) == 2.0 for p in params)
+
+
+def test_memory_reports_read_the_hosts(slime):
+    free, total = torch.cuda.mem_get_info(torch.device("cpu"))  # slime's memory_utils.available_memory
+    assert 0 < free <= total
+    assert torch.cuda.memory_allocated("cpu") == torch.cuda.memory_reserved("cpu") == 0
 
 
 def test_the_recompute_rng_state_is_the_cpu_generators_alone(slime):

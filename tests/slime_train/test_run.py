@@ -48,6 +48,17 @@ def test_a_frame_diff_names_what_is_missing_and_what_is_extra():
     assert not slime_repro.FrameDiff(case_frames, list(reversed(case_frames))).ok
 
 
+def test_another_release_keeps_the_cases_megatron_frames_under_its_own_slime_lines():
+    case_frames = slime_repro.compared_frames(CASE_TB)
+    later = [("train.py", 99, "<module>"), ("train.py", 69, "train"), ("slime/backends/megatron_utils/actor.py", 381, "train"),
+             ("slime/backends/megatron_utils/actor.py", 512, "train_actor")]  # fmt: skip
+    later += [f for f in case_frames if f[0].startswith("megatron/")]
+    diff = slime_repro.FrameDiff(case_frames, later)
+    assert not diff.ok and diff.megatron_ok
+    assert not slime_repro.FrameDiff(case_frames, later[2:]).megatron_ok  # no train.py on top
+    assert not slime_repro.FrameDiff(case_frames, later[:-1]).megatron_ok  # a megatron frame short
+
+
 def test_slimes_step_log_lines_are_read_with_nan_and_inf():
     out = "\n".join([
         "\x1b[36m(MegatronTrainRayActor pid=7)\x1b[0m step 0: {'train/loss': -0.0123, 'train/nan_guard/dropped_tokens': 1.0, "

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 import types
 from typing import TYPE_CHECKING
@@ -192,6 +193,13 @@ def install_slime(gpus_per_node: int) -> list[str]:
         # torch.cuda.get_rng_state() (Megatron-LM training/checkpointing.py:320, every save_checkpoint, even with
         # --no-save-rng) -> an empty state.
         (torch.cuda, "get_rng_state", _no_cuda_rng_state),
+        # torch.cuda.mem_get_info(device) (slime's memory_utils.available_memory: v0.3.1 memory_utils.py:21, at every
+        # actor's init; v0.1.0 memory_utils.py:13, under --offload) -> the host's free and total memory.
+        (torch.cuda, "mem_get_info", _host_memory),
+        # torch.cuda.memory_allocated(device) (v0.3.1 memory_utils.py:28) -> 0: no CUDA allocator holds anything.
+        (torch.cuda, "memory_allocated", lambda *a, **k: 0),
+        # torch.cuda.memory_reserved(device) (v0.3.1 memory_utils.py:29) -> 0, as memory_allocated.
+        (torch.cuda, "memory_reserved", lambda *a, **k: 0),
         # Adam (optimizer/__init__.py:11-25): TransformerEngine's or Apex's FusedAdam, a CUDA kernel; without them
         # torch's AdamW, whose state needs a `step` that init_state_fn (:376-383, which slime calls eagerly,
         # model.py:142-145) never writes -> torch's AdamW, given the `step` its own init would write (0).
@@ -253,6 +261,12 @@ def _split_sizes_to_host(tensor, as_numpy: bool = False, record_stream: bool = F
     if torch.is_tensor(tensor) and as_numpy:
         return tensor.numpy()
     return tensor
+
+
+def _host_memory(*_args, **_kwargs) -> tuple[int, int]:
+    """(free, total) bytes of the host's memory, as torch.cuda.mem_get_info gives them for a GPU."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
 def _no_cuda_rng_state(*_args, **_kwargs) -> torch.Tensor:

@@ -83,7 +83,7 @@ def _init(argv: tuple[str, ...]):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{bootstrap.free_port()}", rank=0, world_size=1)
     sys.argv = ["nanscope.slime_train.prepare", *argv]
     from megatron.training.arguments import parse_args, validate_args  # heavy: Megatron-LM and slime (the run's path)
-    from slime.backends.megatron_utils import set_default_megatron_args
+    from slime.backends.megatron_utils.arguments import set_default_megatron_args
     from slime.backends.megatron_utils.initialize import init
 
     args = set_default_megatron_args(parse_args())

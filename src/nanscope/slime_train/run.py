@@ -38,7 +38,7 @@ from nanscope.megatron.proctree import StopSignals
 from nanscope.slime_train import flags, head, hf, prepare, worker
 
 STANDINS = Path(__file__).with_name("standins")
-STANDIN_MODULES = ("sglang", "torch_memory_saver", "triton", "sitecustomize")
+STANDIN_MODULES = ("sglang", "sglang_router", "torch_memory_saver", "triton", "sitecustomize")
 TAIL_LINES = 60
 TRACEBACK = "Traceback (most recent call last):"
 
@@ -121,6 +121,15 @@ def environment(request: Request, report_dir: str | None) -> dict:
         # C++ in every rank at their first call on CPU (its GPU kernels are Triton's); the ops are the same
         "TORCHDYNAMO_DISABLE": "1",
         "WANDB_SILENT": "true",
+        # slime v0.1.0 never finishes an actor's W&B run, and Ray kills the actors when train.py exits (SIGKILL: no
+        # atexit); an offline run's .wandb file is flushed every 15 s by default, so an actor's records (the plugin's
+        # nanscope/* among them) would be lost: every 0.2 s here.
+        "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL": "0.2",
+        # slime >= v0.3.1 destroys and rebuilds WORLD for --offload's sleep and wake-up (dropped with --colocate) and
+        # then wraps every process group in its ReloadableProcessGroup (utils/reloadable_process_group.py:150-190),
+        # whose collectives do not reach gloo through torch 2.13's reduce_scatter_single; its own switch turns that
+        # off (backends/megatron_utils/actor.py:66-69). v0.1.0 has no such code.
+        "SLIME_DESTROY_WORLD_PROCESS_GROUP": "0",
     }
     if report_dir is not None:
         env["NANSCOPE_REPORT_DIR"] = report_dir

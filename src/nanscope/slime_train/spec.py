@@ -24,10 +24,15 @@ def use_spec(args) -> None:
     args.spec = list(SPEC)
 
 
-def layer_spec(args):
-    """The block spec for `args` (Megatron-LM's parsed arguments, as slime hands them to its --spec)."""
+def layer_spec(args, config=None, vp_stage=None):
+    """The block spec for `args` (Megatron-LM's parsed arguments, as slime hands them to its --spec).
+
+    v0.1.0 calls it with the args alone (model_provider.py:63); v0.3.1 and main add the TransformerConfig it built
+    and the virtual pipeline stage (v0.3.1 model_provider.py:108), which the run never uses (no virtual stages).
+    """
     from megatron.training.arguments import core_transformer_config_from_args  # heavy: Megatron-LM, in the run
 
     from nanscope.megatron import varlen  # heavy: megatron-core
 
-    return varlen.layer_spec(core_transformer_config_from_args(args))
+    assert vp_stage is None, "the CPU run has no virtual pipeline stages"
+    return varlen.layer_spec(config if config is not None else core_transformer_config_from_args(args))
