@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 POLL_S = 0.25  # how often a running tree's parent looks for a stop signal
@@ -206,3 +207,16 @@ class ParentWatch:
                     self.cleanup()
             finally:
                 os._exit(code)
+
+
+def agent(parent: int, cleanup, body) -> None:
+    """Run an agent process's `body()` under a ParentWatch of `parent`; its return value is the exit code, an
+    exception is printed and exits 1. Ends the process (`ParentWatch.exit`, never returns)."""
+    watch = ParentWatch(parent, cleanup=cleanup)
+    code = 1
+    try:
+        code = body()
+    except BaseException:  # printed here: the exit below skips the interpreter's handler
+        traceback.print_exc()
+    finally:
+        watch.exit(code)  # stdout and stderr flushed

@@ -180,16 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-temp", required=True, help="the local Ray instance's dir (the parent's)")
     parser.add_argument("--address", help="join this Ray cluster instead of starting a local instance")
     args = parser.parse_args(argv)
-    watch = proctree.ParentWatch(args.parent, cleanup=lambda: scratch.sweep(args.parent_tmp))
-    code = 1
-    try:
+
+    def body() -> int:
         spec = WorkerSpec.from_json(Path(args.spec).read_text())
         with ray_session.session(args.address, cpus=spec.layout.world, temp=args.ray_temp):
-            code = drive(spec, Path(args.out))
-    except BaseException:  # printed here: the exit below skips the interpreter's handler
-        traceback.print_exc()
-    finally:
-        watch.exit(code)  # stdout and stderr flushed
+            return drive(spec, Path(args.out))
+
+    proctree.agent(args.parent, lambda: scratch.sweep(args.parent_tmp), body)
 
 
 if __name__ == "__main__":

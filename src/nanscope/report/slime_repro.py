@@ -117,7 +117,8 @@ def verdict(rep: SlimeRepro) -> str:
     if rep.result.timed_out:
         return f"{head}: the run timed out ({rep.result.wall_s:.0f} s); raise --timeout"
     if rep.as_is is not None:
-        got = "the case's error and frames" if rep.as_is.ok else "not the case's error and frames"
+        frames = "frames" if rep.as_is.case_release else "megatron-core frames (under the release's own slime lines)"
+        got = f"the case's error and {frames}" if rep.as_is.ok else f"not the case's error and {frames}"
         return f"{head}: slime {rep.result.release}'s train.py as-is on {rep.hazard}: {got}"
     if rep.plugin is not None:
         got = "detected, reported, replayed; then trained through" if rep.plugin.ok else "not all of it held"

@@ -67,7 +67,11 @@ RESIZED = {
     "--actor-num-nodes": ("1", "one node"),
     "--actor-num-gpus-per-node": (str(WORLD), "4 logical GPUs (Ray resources) = 4 ranks"),
     "--rollout-num-gpus": (str(WORLD), "the actor's GPUs (no engines start)"),
-    "--num-rollout": ("1", "one rollout: the one nanscope wrote"),
+    "--num-rollout": (
+        "2",
+        "two rollouts: the hazard's, then a healthy one (skip mode trains on after the skipped step; "
+        "W&B's offline file holds the first step before train.py exits and Ray kills the actors)",
+    ),
     "--rollout-batch-size": ("2", "2 prompts x 8 samples = 16 samples"),
     "--global-batch-size": ("16", "one optimizer step per rollout, as the case's 64 x 8 / 512"),
     "--rollout-max-response-len": ("64", "the tiny rollout's responses (under 40 tokens)"),

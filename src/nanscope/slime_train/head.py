@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,20 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True, help="the launching process's pid")
     parser.add_argument("--parent-tmp", required=True, help="its temp dir, where its marked dirs are swept")
     args = parser.parse_args(argv)
-    watch = proctree.ParentWatch(args.parent, cleanup=lambda: scratch.sweep(args.parent_tmp))
-    code = 1
-    try:
+
+    def body() -> int:
         request = HeadRequest.from_json(Path(args.request).read_text())
         started = time.time()
         with ray_session.session(cpus=request.cpus, gpus=request.gpus, temp=request.ray_temp):
             import ray  # optional: the nanscope[ray] extra, in this process only
 
             drive(request, ray.get_runtime_context().gcs_address, time.time() - started)
-        code = 0
-    except BaseException:  # printed here: the exit below skips the interpreter's handler
-        traceback.print_exc()
-    finally:
-        watch.exit(code)  # stdout and stderr flushed
+        return 0
+
+    proctree.agent(args.parent, lambda: scratch.sweep(args.parent_tmp), body)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ trained LLM's).
 The same model then plays SGLang: a rollout group of the case's shape (`nanscope.hazards.case_rollout`: multi-turn,
 a tool-output span with loss_mask 0), its rollout log-probs this model's at the rollout temperature plus SGLang's
 noise (0.0 on tool tokens), and the hazard planted by `nanscope.hazards.build`, the catalogue's one place for it.
-The rollout is written as slime's rollout dump (`nanscope.dumps.writers`), which --load-debug-rollout-data reads.
+The rollouts are written as slime's rollout dumps (`nanscope.dumps.writers`), which --load-debug-rollout-data reads:
+rollout 0 carries the hazard, the next ones are healthy groups of their own (drawn with other seeds).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Request:
     """What to write: the writer's Megatron flags, where, and the rollout's shape and hazard."""
 
     argv: tuple[str, ...]  # Megatron-LM flags: the model's, the CPU ones, --hf-checkpoint, --save
-    rollout: str  # the rollout dump's path
+    rollout: str  # the rollout dumps' path template, {rollout_id} in it
+    rollouts: int  # how many: rollout 0 with the hazard, the others healthy
     result: str  # where this process writes its Result as JSON
     hazard: str
     seed: int
@@ -147,13 +149,17 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _init(request.argv)
     chunk = _save_model(args)
-    rollout = hazards.case_rollout(
-        args.padded_vocab_size, request.seed, temperature=request.temperature, group_size=request.group_size,
-        n_samples=request.samples,
-    )  # fmt: skip
-    batch = hazards.build(request.hazard, _policy(chunk), rollout, request.seed)
-    writers.write_rollout_dump(request.rollout, _samples(batch, batch["rewards"], request.sample_fields))
-    site = batch["hazard_site"]
+    policy, site = _policy(chunk), None
+    for rollout_id in range(request.rollouts):
+        seed = request.seed + rollout_id
+        rollout = hazards.case_rollout(
+            args.padded_vocab_size, seed, temperature=request.temperature, group_size=request.group_size,
+            n_samples=request.samples,
+        )  # fmt: skip
+        batch = hazards.build(request.hazard if rollout_id == 0 else catalogue.HEALTHY.name, policy, rollout, seed)
+        path = request.rollout.format(rollout_id=rollout_id)
+        writers.write_rollout_dump(path, _samples(batch, batch["rewards"], request.sample_fields), rollout_id)
+        site = batch["hazard_site"] if rollout_id == 0 else site
     from nanscope.megatron import cpu  # heavy: torch (imported above)
 
     result = Result(

@@ -191,7 +191,8 @@ def _prepare(request: Request, work: Path, paths: flags.Paths, env: dict, stop: 
             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", paths.hf, "--save", paths.ref,
             "--no-save-optim", "--no-save-rng"]  # fmt: skip
     prep = prepare.Request(
-        argv=tuple(argv), rollout=paths.rollout.format(rollout_id=0), result=str(work / "prepare.json"),
+        argv=tuple(argv), rollout=paths.rollout, rollouts=int(flags.RESIZED["--num-rollout"][0]),
+        result=str(work / "prepare.json"),
         hazard=request.hazard, seed=request.seed, temperature=request.temperature, group_size=request.group_size,
         samples=_samples(request.case_flags), sample_fields=releases.get(request.release).sample_fields,
     )  # fmt: skip
