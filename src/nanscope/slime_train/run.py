@@ -19,6 +19,7 @@ does), then what the environment had. The result holds each launch's exit code, 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import os
@@ -149,7 +150,8 @@ def run(request: Request) -> Result:
         if isinstance(prep, Result):
             return prep
         plans = {
-            launch.name: flags.launch(request.case_flags, paths, lines=launch.lines) for launch in request.launches
+            launch.name: flags.launch(request.case_flags, _own_ckpt(paths, work, launch.name), lines=launch.lines)
+            for launch in request.launches
         }
         head_request = _head_request(request, work, plans, env)
         remaining = request.timeout_s - (time.time() - started)
@@ -172,13 +174,20 @@ def run(request: Request) -> Result:
         )  # fmt: skip
 
 
+def _own_ckpt(paths: flags.Paths, work: Path, name: str) -> flags.Paths:
+    """`paths` with a --load/--save dir of the launch's own, empty: each launch starts from --ref-load (v0.3.1 saves
+    a checkpoint after its last rollout, which the next launch would otherwise resume from)."""
+    ckpt = work / f"ckpt.{name}"
+    ckpt.mkdir()
+    return dataclasses.replace(paths, ckpt=str(ckpt))
+
+
 def _paths(work: Path, report_dir: str | None) -> flags.Paths:
-    (work / "ckpt").mkdir()
     out = Path(report_dir) if report_dir is not None else work
     return flags.Paths(
         hf=str(work / "hf"),
         ref=str(work / "ref"),
-        ckpt=str(work / "ckpt"),
+        ckpt="",  # each launch's own (`_own_ckpt`)
         rollout=str(work / "rollout" / "{rollout_id}.pt"),
         wandb=str(out / "wandb"),
         dumps=str(out / "rollout_data" / "{rollout_id}.pt"),
@@ -245,7 +254,7 @@ def _launch_result(launch: head.DriverLaunch, plan: flags.Plan, done: dict) -> L
     return LaunchResult(
         name=launch.name, plan=plan, returncode=finished["returncode"] if finished else None,
         seconds=finished["seconds"] if finished else None, traceback=driver_traceback(stderr),
-        stdout_tail=_tail(stdout), stderr_tail=_tail(stderr), steps=train_steps(stdout),
+        stdout_tail=_tail(stdout), stderr_tail=_tail(stderr), steps=train_steps(stdout) or train_steps(stderr),
     )  # fmt: skip
 
 
@@ -281,7 +290,8 @@ _ITEM = re.compile(r"'([^']+)': (-?inf|nan|[-+0-9.eE]+)")
 
 
 def train_steps(stdout: str) -> list[dict]:
-    """slime's per-step train log lines (model.py:476, `step N: {'train/loss': ..., ...}`) as {key: float}."""
+    """slime's per-step train log lines as {key: float}: `step N: {'train/loss': ..., ...}`, which v0.1.0 prints
+    (model.py:476, stdout) and v0.3.1 logs (model.py:909, its logger: stderr)."""
     steps = []
     for line in stdout.splitlines():
         match = _STEP.search(clean(line))
