@@ -135,3 +135,16 @@ def test_plugin_catches_reports_and_trains_through(tmp_path):
 
     rows = [row for path in plugin["wandb_runs"] for row in history(records(Path(path)))]
     assert any(key.startswith("nanscope/") for row in rows for key in row)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
+def test_v0_3_1_dies_with_the_case_error_through_the_case_megatron_frames(tmp_path):
+    if not (Path(SRC) / "v0.3.1").is_dir():
+        pytest.skip("no v0.3.1 checkout")
+    out, doc = _repro(tmp_path, "v0.3.1")
+    assert out.returncode == 0 and doc["ok"], out.stdout[-6000:]
+    assert doc["release"] == "v0.3.1" and doc["as_is"]["message"] == case.nan_check_message()
+    frames = [tuple(f) for f in doc["as_is"]["frames"]["run"]]
+    core = [f for f in compared_frames(case.text("traceback.txt")) if f[0].startswith("megatron/")]
+    assert [f for f in frames if f[0].startswith("megatron/")] == core  # megatron-core's: the case's, line for line
+    assert frames[0][0] == "train.py" and ("slime/backends/megatron_utils/model.py", 642, "train_one_step") in frames
