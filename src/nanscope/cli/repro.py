@@ -46,6 +46,9 @@ examples:
   nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
                                                        # traceback; then: nanscope doctor --case slime-795 ...
+  nanscope repro --slime-src ~/slime --megatron-lm-src ~/Megatron-LM --traceback-out tb.txt   # slime's own train.py
+                                                       # on CPU: the case's traceback from slime's own frames
+  nanscope repro --slime-src ~/slime --megatron-lm-src ~/Megatron-LM --plugin --report-dir reports  # with the plugin
 
 exit code: 0 when every observed outcome is the expected one (as-is fails megatron's NaN check
 exactly on the hazards, safe completes everywhere), 1 otherwise, 2 for bad input; 130, 143, 129

@@ -33,9 +33,10 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--slime-src",
         metavar="DIR",
-        help="run slime's own train.py from this checkout on CPU instead of the harness (Ray, 4 logical GPUs): as-is it "
-        "dies with the case's error and frames; with --plugin it trains through (nanscope[slime,ray]; "
-        "`nanscope repro --slime-src DIR --help` examples in docs/slime-train.md)",
+        help="run slime's own train.py from this checkout (train.py and slime/) on CPU instead of the harness (Ray, 4 "
+        "logical GPUs, the hazard in its rollout; --hazard: the ones a rollout carries): as-is it dies with the case's "
+        "error and frames; with --plugin it is caught, reported and trained through (nanscope[ray,slime]; "
+        "docs/slime-train.md)",
     )
     p.add_argument(
         "--megatron-lm-src",
