@@ -22,7 +22,18 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "nanscope"
-HEAVY = ("torch", "megatron", "rich", "tree_sitter", "tree_sitter_bash", "wandb", "ray", "tensorboard", "numpy")
+HEAVY = (
+    "torch",
+    "megatron",
+    "rich",
+    "tree_sitter",
+    "tree_sitter_bash",
+    "wandb",
+    "ray",
+    "tensorboard",
+    "numpy",
+    "slime",
+)  # slime: a user's checkout, importable only in the processes of a run of it (nanscope.slime_train)
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 MAX_POSITIONAL = 5

@@ -29,7 +29,8 @@ from nanscope.megatron import ray_session
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "nanscope"
 # the only modules that import Ray (inside functions: it is optional)
-RAY_MODULES = {"megatron/ray_session.py", "megatron/ray_actor.py", "megatron/ray_driver.py", "dumps/ray_scan.py"}
+RAY_MODULES = {"megatron/ray_session.py", "megatron/ray_actor.py", "megatron/ray_driver.py", "dumps/ray_scan.py",
+               "slime_train/head.py"}  # fmt: skip
 
 
 def _dumps(root: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nanscope import natural, repro
 from nanscope.causes import catalogue
+from nanscope.cli import repro_slime
 from nanscope.errors import UserError
 from nanscope.facts.paths import REPORT_FILE
 from nanscope.loss import NAMES as LOSS_NAMES
@@ -27,7 +28,10 @@ from nanscope.megatron.spec import Launcher
 from nanscope.report import files
 
 REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the current directory
-TIMEOUT_HELP = f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f} with --natural: two runs of --steps)"
+TIMEOUT_HELP = (
+    f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f} with --natural: two runs of --steps; "
+    f"{repro_slime.TIMEOUT_S:.0f} with --slime-src)"
+)
 MAX_STEPS = 100  # --steps and --fault-step: every step is a full optimizer step of the harness (seconds on CPU)
 
 EPILOG = """\
@@ -54,6 +58,9 @@ examples:
                                                        # KL's exp past fp32 on a masked tool token; as-is dies,
                                                        # the plugin trains through and warns first
   nanscope repro --natural --seed 3 --steps 40 --lr 2e-3
+  nanscope repro --slime-src ~/slime --megatron-lm-src ~/Megatron-LM --traceback-out tb.txt   # slime's own train.py
+                                                       # on CPU: the case's traceback from slime's own frames
+  nanscope repro --slime-src ~/slime --megatron-lm-src ~/Megatron-LM --plugin --report-dir reports  # with the plugin
 
 exit code: 0 when every run's observed outcome is its expected one: as-is fails megatron's NaN check on
 every hazard and completes on healthy batches; safe completes where its loss is the fix and fails the check,
@@ -77,6 +84,7 @@ def add_parser(sub):
     _plugin(p.add_argument_group("the slime plugin"))
     _fault(p.add_argument_group("a fault in the model"))
     _add_natural(p.add_argument_group("nothing planted: the natural loop"))
+    repro_slime.add_arguments(p.add_argument_group("slime's own train.py"))
     _launch(p.add_argument_group("the launch and its outputs"))
     return p
 
@@ -200,6 +208,11 @@ def _add_natural(g) -> None:
 
 def validate(args) -> None:
     """Every check on the arguments that needs no launch; raises UserError (one line)."""
+    if args.slime_src is not None:
+        args.sources = repro_slime.validate(args)
+        return
+    if args.megatron_lm_src is not None:
+        raise UserError(f"--megatron-lm-src {args.megatron_lm_src} goes with --slime-src DIR")
     _check_natural(args)
     if args.hazard is not None and args.hazard not in catalogue.BY_NAME:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
@@ -399,6 +412,13 @@ def _run(args) -> int:
     if args.ray_address is not None:  # nothing there: one line now, not a launch that waits on it
         ray_session.probe(args.ray_address, _via(args).ray_timeout_s)
     console = Console(width=160)
+    if args.slime_src is not None:
+        code, doc = repro_slime.run(args, args.sources, console)
+        if args.traceback_out and doc.get("as_is", {}).get("traceback"):
+            files.write_text(args.traceback_out, doc["as_is"]["traceback"], "--traceback-out")
+        if args.json:
+            files.write_json(args.json, doc)
+        return code
     if args.natural:
         result, doc = _natural(args, console)
     elif args.steps is not None:

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
+import types
 from typing import TYPE_CHECKING
 
 import torch
@@ -128,7 +130,7 @@ def install() -> list[str]:
     Returns:
         The names of the patched callables.
     """
-    if installed():
+    if _applied("torch.cuda.current_device"):
         return installed()
 
     from megatron.core.tensor_parallel import random as mp_random  # heavy: megatron-core, patched here
@@ -162,11 +164,174 @@ def install() -> list[str]:
         # moe_utils.te_general_gemm: a TransformerEngine symbol, undefined without TE -> None (torch.mm path).
         (moe_utils, "te_general_gemm", None),
     ]
+    return _apply(patches)
+
+
+def install_slime(gpus_per_node: int) -> list[str]:
+    """On top of `install()`: the CUDA-only calls slime's own train actor makes (`nanscope repro --slime-src`).
+
+    A Ray worker of that run calls this first (`nanscope.slime_train.worker.setup`), before slime's modules load.
+    slime v0.1.0's line numbers; megatron-core 0.15.0rc0's. Idempotent; `uninstall` undoes these too.
+
+    Args:
+        gpus_per_node: the logical GPUs Ray offers each node (what `torch.cuda.device_count()` would say there).
+
+    Returns:
+        The names of every patched callable, `install()`'s first.
+    """
+    install()
+    if _applied("init_process_group"):
+        return installed()
+
+    import megatron.core.optimizer as mp_optimizer  # heavy: megatron-core, patched here
+    import torch.distributed as dist  # heavy: torch.distributed, in the run's workers only
+    from megatron.core.transformer.moe import token_dispatcher
+
+    patches = [
+        # torch.cuda.set_device(f"cuda:{local_rank}") (ray/train_actor.py:44, :53): nothing to select on cpu.
+        (torch.cuda, "set_device", lambda *a, **k: None),
+        # torch.cuda.device_count() (train_actor.py:52, rank % it: 0 on cpu divides by zero) -> the node's logical GPUs.
+        (torch.cuda, "device_count", lambda: gpus_per_node),
+        # dist.init_process_group(backend="nccl") (train_actor.py:46, hard-coded) -> backend gloo.
+        (dist, "init_process_group", _gloo(dist.init_process_group)),
+        # torch.empty_like(..., pin_memory=True) (actor.py:122, the cpu copies of the weights) -> unpinned.
+        (torch, "empty_like", _unpinned(torch.empty_like)),
+        # torch.cuda.Stream() (moe/token_dispatcher.py:424, the alltoall dispatcher's DtoH stream) -> a cpu stand-in.
+        (torch.cuda, "Stream", _CpuStream),
+        # torch.cuda.current_stream() (token_dispatcher.py:830, :832) -> the one cpu stand-in stream.
+        (torch.cuda, "current_stream", _CpuStream.current),
+        # torch.cuda.stream(s) (token_dispatcher.py:833) -> no stream to switch to.
+        (torch.cuda, "stream", lambda *a, **k: contextlib.nullcontext()),
+        # maybe_move_tensor_to_cpu (moe_utils.py:850, bound in token_dispatcher.py:26): the alltoall split sizes' DtoH
+        # copy, numpy for all_to_all_single, skipped for a tensor that is not on CUDA -> a cpu tensor converted too.
+        (token_dispatcher, "maybe_move_tensor_to_cpu", _split_sizes_to_host),
+        # (the CUDA generator's save and restore under activation recompute, random.py:41 and :72: install()'s)
+        # torch.cuda.get_rng_state() (Megatron-LM training/checkpointing.py:320, every save_checkpoint, even with
+        # --no-save-rng) -> an empty state, as under recompute.
+        (torch.cuda, "get_rng_state", _CpuRecomputeRng.get_state),
+        # torch.cuda.mem_get_info(device) (slime's memory_utils.available_memory: v0.3.1 memory_utils.py:21, at every
+        # actor's init; v0.1.0 memory_utils.py:13, under --offload) -> the host's free and total memory.
+        (torch.cuda, "mem_get_info", _host_memory),
+        # torch.cuda.memory_allocated(device) (v0.3.1 memory_utils.py:28) -> 0: no CUDA allocator holds anything.
+        (torch.cuda, "memory_allocated", lambda *a, **k: 0),
+        # torch.cuda.memory_reserved(device) (v0.3.1 memory_utils.py:29) -> 0, as memory_allocated.
+        (torch.cuda, "memory_reserved", lambda *a, **k: 0),
+        # Adam (optimizer/__init__.py:11-25): TransformerEngine's or Apex's FusedAdam, a CUDA kernel; without them
+        # torch's AdamW, whose state needs a `step` that init_state_fn (:376-383, which slime calls eagerly,
+        # model.py:142-145) never writes -> torch's AdamW, given the `step` its own init would write (0).
+        (mp_optimizer, "Adam", _AdamWAfterInitState),
+    ]
+    return _apply(patches)
+
+
+def install_driver() -> list[str]:
+    """The CUDA-only call of slime's driver process (train.py parsing its arguments): `nanscope repro --slime-src`.
+
+    The driver imports torch but not megatron-core's layers; its one CUDA-only call is in Megatron-LM's
+    validate_args, which slime's parser runs. Applied by the run's sitecustomize (`slime_train/standins`), so that
+    slime's train.py stays the driver's top frame. Idempotent; `uninstall` undoes it.
+    """
+    if _applied("get_device_properties"):
+        return installed()
+    patches = [
+        # torch.cuda.get_device_properties("cuda:0").major (Megatron-LM training/utils.py:413, from validate_args
+        # arguments.py:850 at TP > 1) -> the case's H100: compute capability 9.0.
+        (torch.cuda, "get_device_properties", _h100_properties),
+    ]
+    return _apply(patches)
+
+
+def _h100_properties(*_args, **_kwargs):
+    """What torch.cuda.get_device_properties says of an H100 (SXM), the case's GPU, in the fields megatron reads."""
+    return types.SimpleNamespace(name="NVIDIA H100 80GB HBM3 (nanscope: a CPU rank)", major=9, minor=0,
+                                 total_memory=80 * 1024**3, multi_processor_count=132, uuid="nanscope-cpu")  # fmt: skip
+
+
+def _gloo(init_process_group):
+    """init_process_group with gloo for any backend slime names (nccl on the GPUs it assumes)."""
+
+    def wrapped(*args, **kwargs):
+        if args:
+            args = ("gloo", *args[1:])
+        else:
+            kwargs["backend"] = "gloo"
+        return init_process_group(*args, **kwargs)
+
+    wrapped.__wrapped__ = init_process_group
+    return wrapped
+
+
+def _unpinned(factory):
+    """A tensor factory that ignores pin_memory= (page-locking needs a CUDA driver)."""
+
+    def wrapped(*args, **kwargs):
+        kwargs.pop("pin_memory", None)
+        return factory(*args, **kwargs)
+
+    wrapped.__wrapped__ = factory
+    return wrapped
+
+
+def _split_sizes_to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """megatron's maybe_move_tensor_to_cpu for tensors already on cpu: as_numpy converts them as it does a CUDA one's."""
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.numpy()
+    return tensor
+
+
+def _host_memory(*_args, **_kwargs) -> tuple[int, int]:
+    """(free, total) bytes of the host's memory, as torch.cuda.mem_get_info gives them for a GPU."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+class _AdamWAfterInitState(torch.optim.AdamW):
+    """torch.optim.AdamW that starts a state megatron's init_state_fn filled (exp_avg, exp_avg_sq, no `step`) at step 0,
+    as its own lazy init would have; the update is torch's."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for state in self.state.values():
+            if state and "step" not in state:
+                state["step"] = torch.tensor(0.0)
+        return super().step(closure)
+
+
+class _CpuStream:
+    """torch.cuda.Stream on cpu: work is already ordered, so waiting, recording and synchronising do nothing."""
+
+    def __init__(self, *_args, **_kwargs):
+        pass
+
+    @staticmethod
+    def current(*_args, **_kwargs) -> _CpuStream:
+        return _DEFAULT_STREAM
+
+    def wait_stream(self, _other) -> None:
+        pass
+
+    def record_event(self, *_args) -> _CpuStream:
+        return self  # an event's synchronize() and a stream's are both nothing to wait for
+
+    def synchronize(self) -> None:
+        pass
+
+
+_DEFAULT_STREAM = _CpuStream()
+
+
+def _apply(patches: list) -> list[str]:
+    """Set each (owner, name, value), appending the originals to the record; returns `installed()`."""
     record = tuple((owner, name, getattr(owner, name, _ABSENT)) for owner, name, _ in patches)
     for owner, name, value in patches:
         setattr(owner, name, value)
-    setattr(torch.cuda, _RECORD, record)
+    setattr(torch.cuda, _RECORD, getattr(torch.cuda, _RECORD, ()) + record)
     return installed()
+
+
+def _applied(suffix: str) -> bool:
+    """A patched callable whose name ends with `suffix` is installed."""
+    return any(name.endswith(suffix) for name in installed())
 
 
 def installed() -> list[str]:

@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +40,6 @@ from nanscope.megatron import proctree, ray_session, scratch
 from nanscope.megatron.bootstrap import free_port
 from nanscope.megatron.proctree import StopSignals
 from nanscope.megatron.spec import Launcher, LaunchResult, Layout, RankRecord, RunResult, RunSpec, WorkerSpec
-
-POLL_S = 0.25  # how often a running launch looks for a stop signal
 
 
 def launch(
@@ -173,35 +170,7 @@ def _spawn(
     cmd = _command(out, spec, tmp, via)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": "",
            "TMPDIR": tmp}  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + max(1.0, timeout_s)
-    while True:
-        try:  # short waits: a stop signal is acted on within POLL_S
-            output, _ = proc.communicate(timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
-            return proc.returncode, False, output.decode(errors="replace")
-        except subprocess.TimeoutExpired:
-            if stop.signum is not None:
-                pids = _stop(proc)
-                stop.check(workers=len(pids) - 1)
-            if time.monotonic() >= deadline:
-                break
-    pids = proctree.kill_tree(proc.pid)
-    try:
-        output, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:  # a descendant we could not see still holds the pipe
-        proc.kill()
-        output = b"(output lost: the process tree did not exit after SIGKILL)"
-    proctree.wait_gone(pids[1:])
-    return proc.returncode, True, output.decode(errors="replace")
-
-
-def _stop(proc: subprocess.Popen) -> list[int]:
-    """Kill torchrun's tree, reap torchrun, wait for the ranks to be gone; returns the pids killed."""
-    pids = proctree.kill_tree(proc.pid)
-    proc.wait()
-    proc.stdout.close()
-    proctree.wait_gone(pids[1:])
-    return pids
+    return proctree.run_tree(cmd, env=env, timeout_s=timeout_s, stop=stop)
 
 
 def resume_at(broken: int | None, notes: dict[int, str], world: int) -> int | None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
+POLL_S = 0.25  # how often a running tree's parent looks for a stop signal
 # The signals that end `nanscope repro` (exit 128 + signal number: 130, 143, 129).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PARENT_GONE_EXIT = 128 + signal.SIGKILL  # a launch's agent whose parent was killed ends as if killed too
@@ -124,6 +127,38 @@ def kill_tree(pid: int, *, root: bool = True) -> list[int]:
     return seen
 
 
+def run_tree(cmd: list[str], *, env: dict, timeout_s: float, stop: StopSignals) -> tuple[int | None, bool, str]:
+    """Run `cmd` in a session of its own, stdout and stderr captured together; returns (exit code, timed out, output).
+
+    Its whole tree is killed after `timeout_s`, or at once when `stop` notes a stop signal (then Interrupted is
+    raised, once the tree is gone).
+    """
+    stop.check()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + max(1.0, timeout_s)
+    while True:
+        try:  # short waits: a stop signal is acted on within POLL_S
+            output, _ = proc.communicate(timeout=min(POLL_S, max(0.0, deadline - time.monotonic())))
+            return proc.returncode, False, output.decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            if stop.signum is not None:
+                pids = kill_tree(proc.pid)
+                proc.wait()
+                proc.stdout.close()
+                wait_gone(pids[1:])
+                stop.check(workers=len(pids) - 1)
+            if time.monotonic() >= deadline:
+                break
+    pids = kill_tree(proc.pid)
+    try:
+        output, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # a descendant we could not see still holds the pipe
+        proc.kill()
+        output = b"(output lost: the process tree did not exit after SIGKILL)"
+    wait_gone(pids[1:])
+    return proc.returncode, True, output.decode(errors="replace")
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie (a zombie has exited; only its parent's wait is missing)."""
     try:
@@ -180,3 +215,16 @@ class ParentWatch:
                     self.cleanup()
             finally:
                 os._exit(code)
+
+
+def agent(parent: int, cleanup, body) -> None:
+    """Run an agent process's `body()` under a ParentWatch of `parent`; its return value is the exit code, an
+    exception is printed and exits 1. Ends the process (`ParentWatch.exit`, never returns)."""
+    watch = ParentWatch(parent, cleanup=cleanup)
+    code = 1
+    try:
+        code = body()
+    except BaseException:  # printed here: the exit below skips the interpreter's handler
+        traceback.print_exc()
+    finally:
+        watch.exit(code)  # stdout and stderr flushed

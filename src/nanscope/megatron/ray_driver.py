@@ -182,18 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", help="join this Ray cluster instead of starting a local instance")
     parser.add_argument("--ray-timeout", type=float, default=ray_session.TIMEOUT_S, help="the bound on joining it")
     args = parser.parse_args(argv)
-    watch = proctree.ParentWatch(args.parent, cleanup=lambda: scratch.sweep(args.parent_tmp))
-    code = 1
-    try:
+
+    def body() -> int:
         spec = WorkerSpec.from_json(Path(args.spec).read_text())
-        with ray_session.session(args.address, cpus=spec.layout.world, temp=args.ray_temp, timeout_s=args.ray_timeout):
-            code = drive(spec, Path(args.out))
-    except UserError as e:  # the cluster did not answer: the launch's one line (launcher.launch raises it)
-        (Path(args.out) / ray_session.CONNECT_ERROR).write_text(str(e))
-    except BaseException:  # printed here: the exit below skips the interpreter's handler
-        traceback.print_exc()
-    finally:
-        watch.exit(code)  # stdout and stderr flushed
+        try:
+            with ray_session.session(
+                args.address, cpus=spec.layout.world, temp=args.ray_temp, timeout_s=args.ray_timeout
+            ):
+                return drive(spec, Path(args.out))
+        except UserError as e:  # the cluster did not answer: the launch's one line (launcher.launch raises it)
+            (Path(args.out) / ray_session.CONNECT_ERROR).write_text(str(e))
+            return 1
+
+    proctree.agent(args.parent, lambda: scratch.sweep(args.parent_tmp), body)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,12 @@ def require(flag: str) -> None:
 
 @contextlib.contextmanager
 def session(
-    address: str | None = None, *, cpus: int, temp: str | None = None, timeout_s: float = TIMEOUT_S
+    address: str | None = None,
+    *,
+    cpus: int,
+    temp: str | None = None,
+    timeout_s: float = TIMEOUT_S,
+    gpus: int | None = None,
 ) -> Iterator[str | None]:
     """ray.init, joining `address` or starting a local instance of `cpus` CPUs; yields the local instance's dir
     (None when joining). On exit: ray.shutdown, and for a local instance `reap`.
@@ -82,6 +87,8 @@ def session(
     temp: the dir for the local instance's session, a marked scratch dir its owner removes (the harness's launch
         passes its own); None: a new one, removed on exit.
     timeout_s: the bound on joining `address` (`probe`, then ray.init); UserError past it.
+    gpus: logical GPUs the local instance offers (Ray resources only: `repro --slime-src` gives slime the GPUs it
+        schedules its actors on; nothing runs on a GPU); None: what Ray detects.
     """
     if address is not None:
         deadline = time.monotonic() + timeout_s
@@ -106,6 +113,7 @@ def session(
         stack.callback(_stop_reaper, reaper, temp)
         ray.init(
             num_cpus=cpus,
+            num_gpus=gpus,
             include_dashboard=False,
             _temp_dir=temp,
             _node_ip_address="127.0.0.1",  # with the single-node switch: everything on loopback

@@ -9,14 +9,15 @@ from pathlib import Path
 from nanscope.trace.bundles import bundle_load, bundle_replay, bundle_text
 
 
-def replay_step(bundles: list[Path]) -> dict:
+def replay_step(bundles: list[Path], slime_src: str | Path | None = None) -> dict:
     """The bundles (one per rank, at least one) replayed offline, with the keys a NANSCOPE_TRACE_STEP trace has
-    (forward, backward, first_forward, first_backward, inputs)."""
+    (forward, backward, first_forward, first_backward, inputs); through `slime_src`'s checkout when given
+    (`bundle_replay.loss_path`)."""
     assert bundles, "a step with no bundle to replay"
     started, results = time.time(), []
     for path in bundles:
         doc = bundle_load.load(path)
-        with bundle_replay.loss_path(doc) as loss:
+        with bundle_replay.loss_path(doc, slime_src) as loss:
             results.append(bundle_replay.replay(doc, loss, source=path.name).to_dict())
     first = bundle_replay.first_of(bundle_replay.records_of(results))
     found = [r for r in results if r["found"]]

@@ -1,0 +1,36 @@
+"""proctree.run_tree: a command as its own process tree, its output captured, killed whole at the deadline."""
+
+import os
+import sys
+import time
+
+from nanscope.megatron import proctree
+from nanscope.megatron.proctree import StopSignals
+
+
+def test_a_command_that_ends_returns_its_code_and_output():
+    with StopSignals() as stop:
+        code, timed_out, output = proctree.run_tree(
+            [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+            env=dict(os.environ), timeout_s=60, stop=stop,
+        )  # fmt: skip
+    assert (code, timed_out) == (3, False) and output.split() == ["out", "err"]
+
+
+def test_a_tree_past_its_deadline_is_killed_with_its_descendants(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    started = time.monotonic()
+    with StopSignals() as stop:
+        code, timed_out, output = proctree.run_tree(
+            [sys.executable, "-c", script], env=dict(os.environ), timeout_s=3, stop=stop
+        )
+    assert timed_out and code != 0 and "started" in output
+    assert time.monotonic() - started < 60
+    assert not proctree.alive(int(pid_file.read_text()))  # the grandchild, in a session of its own, is gone too
