@@ -286,6 +286,22 @@ def test_case_script_without_total_nodes_infers_the_world_from_the_rank(tmp_path
     assert doc["missing"][0].startswith("no traceback: give it (--traceback FILE, or - for standard input)")
 
 
+def test_the_case_s_launch_sh_at_v0_2_4_needs_no_env(tmp_path, capsys):
+    # README's `nanscope doctor launch.sh --slime-version v0.2.4`, on the case's launch.sh as shipped, no --env
+    js = tmp_path / "d.json"
+    script = Path(case.root() / "launch.sh")
+    assert main(["doctor", str(script), "--slime-version", "v0.2.4", "--json", str(js)]) == 0
+    capsys.readouterr()
+    doc = json.loads(js.read_text())
+    assert doc["slime_release"]["version"] == "v0.2.4"
+    # TOTAL_NODES inferred, and said so: the smallest world the layout allows (EP16 x PP4 = 64), 8 nodes of 8
+    assert [line.split(" (")[0] for line in doc["inferred"]] == [
+        "--actor-num-nodes '$((NODES))' reads TOTAL_NODES, which the script never sets: inferred TOTAL_NODES=8"
+    ]
+    assert (doc["topology"]["world"], doc["config"]["actor_num_nodes"]["value"]) == (64, 8)
+    assert doc["config"]["kl_loss_type"]["value"] == "low_var_kl"
+
+
 # `nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt`, as it wrote it (rank 3 raised)
 RAY_TRACEBACK = FIXTURES / "harness_ray_traceback.txt"
 
