@@ -34,7 +34,7 @@ from nanscope.errors import UserError
 from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
 from nanscope.inputs import MiB, fill_template, printable, read_json
 from nanscope.loss import NAMES as LOSS_NAMES
-from nanscope.report import bundles, files
+from nanscope.report import files, trace_dir
 from nanscope.trace import bundle_text
 from nanscope.trace import text as render
 
@@ -238,11 +238,11 @@ def _directory(args) -> int:
     if not rows and not refused:
         raise UserError(f"{root}: report directory: no bundle (*{BUNDLE_SUFFIX}), report or trace in it")
     print(printable(f"nanscope trace: {root}: {len(replays)} bundles, {len(rows) - len(replays)} other files"))
-    said = bundles.loss_lines(replays, args.slime_src) if replays else []
+    said = trace_dir.loss_lines(replays, args.slime_src) if replays else []
     for line in said + [line for _, line in sorted(rows, key=lambda row: row[0])]:
         print(printable(line))
-    verdict = bundles.verdict_line(replays) if replays else None
-    for line in (bundles.guard_lines(replays) + [verdict]) if replays else []:
+    verdict = trace_dir.verdict_line(replays) if replays else None
+    for line in (trace_dir.guard_lines(replays) + [verdict]) if replays else []:
         print(printable(line))
     for line in refused:
         print(printable(f"refused: {line}"))
