@@ -19,7 +19,7 @@ the fastest round of each variant over the fastest plain round):
              step), plain and sentinel steps in alternating order from round to round;
   tracer:    forward_backward_func under Tracer(modules=[model], token_map) / plain forward_backward_func;
   anomaly:   forward_backward_func under detect_anomaly(check_nan=True) / plain forward_backward_func.
-  --against REF: the same ratio for the Sentinel of src/nanscope/trace/sentinel.py at git revision REF,
+  --against REF: the same ratio for the Sentinel of nanscope.trace.sentinel at git revision REF,
              timed in the same rounds (plain, current and REF's steps in rotating order).
 The sentinel's rounds run first, then the tracer's (fwd_bwd, tracer, anomaly).
 The tracer only ever runs on a replay of one step, the sentinel on every step. Wall and process-CPU
@@ -107,21 +107,23 @@ def make_step(bf16: bool, per_micro: int, seed: int = 0):
 
 
 def sentinel_at(ref: str):
-    """The Sentinel class of src/nanscope/trace/sentinel.py at git revision `ref`, with the modules of
-    nanscope.trace it imports at that revision: the package's files at `ref` as a package of their own,
-    `trace_at_ref` (their imports of nanscope.trace renamed), side by side with this tree's."""
+    """The Sentinel class of nanscope.trace.sentinel at git revision `ref` (trace/sentinel.py, or after the move to
+    subpackages the module it re-exports), with the modules of nanscope.trace it imports at that revision: the
+    package's files at `ref` as a package of their own, `trace_at_ref` (their imports of nanscope.trace renamed),
+    side by side with this tree's."""
     root = Path(__file__).resolve().parent.parent
     git = ["git", "-C", str(root)]
     listing = subprocess.run(
-        [*git, "ls-tree", "--name-only", ref, "src/nanscope/trace/"], capture_output=True, text=True, check=True
+        [*git, "ls-tree", "-r", "--name-only", ref, "src/nanscope/trace/"], capture_output=True, text=True, check=True
     )
     package = Path(tempfile.mkdtemp()) / "trace_at_ref"
     package.mkdir()
-    for name in listing.stdout.split():
-        if name.endswith(".py") and not name.endswith("__init__.py"):
+    for name in listing.stdout.split():  # flat before the subpackages (sentinels/, tracer/, ...), nested after
+        if name.endswith(".py"):
             text = subprocess.run([*git, "show", f"{ref}:{name}"], capture_output=True, text=True, check=True).stdout
-            (package / Path(name).name).write_text(re.sub(r"\bnanscope\.trace\b", package.name, text))
-    (package / "__init__.py").write_text("")
+            target = package / Path(name).relative_to("src/nanscope/trace")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(re.sub(r"\bnanscope\.trace\b", package.name, text))
     sys.path.insert(0, str(package.parent))
     return importlib.import_module(f"{package.name}.sentinel").Sentinel
 
@@ -203,8 +205,8 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     from nanscope.megatron import bootstrap
-    from nanscope.trace.locator import Tracer
-    from nanscope.trace.sentinel import Sentinel
+    from nanscope.trace.sentinels.sentinel import Sentinel
+    from nanscope.trace.tracer.locator import Tracer
 
     bootstrap.init()
     train_step, fwd_bwd, model, _ = make_step(a.bf16, a.samples_per_microbatch)

@@ -1,7 +1,7 @@
 """Where the tests find real slime and Megatron-LM, and what a missing checkout means.
 
     NANSCOPE_SLIME_SRC        a directory with one slime checkout per tag (v0.1.0/, v0.2.4/, v0.3.1/, main/)
-    NANSCOPE_MEGATRON_LM_SRC  Megatron-LM's tree at the case's release (holding megatron/ with megatron.training)
+    NANSCOPE_TEST_MEGATRON_LM_SRC  Megatron-LM's tree at the case's release (holding megatron/ with megatron.training)
 
 Unset, each defaults to the copy CI has beside the repository (`../shared/slime-src`,
 `../shared/megatron-lm/core_v0.15.0rc0`) when that directory exists. Paths are absolute: some tests change
@@ -32,7 +32,7 @@ def _resolved(variable: str, shared: Path) -> Path | None:
 
 
 SLIME_SRC = _resolved("NANSCOPE_SLIME_SRC", SHARED_SLIME)
-MEGATRON_LM_SRC = _resolved("NANSCOPE_MEGATRON_LM_SRC", SHARED_MEGATRON_LM)
+MEGATRON_LM_SRC = _resolved("NANSCOPE_TEST_MEGATRON_LM_SRC", SHARED_MEGATRON_LM)
 NO_SLIME = "NANSCOPE_SLIME_SRC is not set and ../shared/slime-src does not exist (tests/checkouts.py)"
 
 

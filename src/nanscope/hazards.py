@@ -43,7 +43,7 @@ from nanscope.errors import UserError
 from nanscope.facts.args import loss_args
 from nanscope.facts.numerics import FP32_EXP_MAX
 from nanscope.loss.formulas import grpo_normalize, log_probs
-from nanscope.trace import replay
+from nanscope.trace.tracer import replay
 
 # A policy maps per-sample token sequences [total_i] to full-vocabulary logits [total_i, V] (T = 1).
 Policy: TypeAlias = Callable[[list[torch.Tensor]], list[torch.Tensor]]
@@ -347,7 +347,7 @@ def run_loss(name: str, loss: str = "as-is", *, flags: Mapping[str, object], voc
 def microbatch_document(
     name: str, loss: str = "as-is", *, flags: Mapping[str, object], seed: int = 0, vocab_size: int = 512
 ):
-    """A catalogued hazard's micro-batch as a `nanscope.trace.replay` document (as `run_loss` builds it).
+    """A catalogued hazard's micro-batch as a `nanscope.trace.tracer.replay` document (as `run_loss` builds it).
 
     Returns:
         (document, hazard site (sample, response position) or None).

@@ -25,7 +25,7 @@ PRELOAD = (
     "nanscope.report.doctor.terminal",
     "nanscope.report.repro",
     "nanscope.report.scan",
-    "nanscope.trace.replay",
+    "nanscope.trace.tracer.replay",
 )
 
 DRIVER = r"""

@@ -27,7 +27,7 @@ from nanscope.cli.main import main
 from nanscope.dumps import demo
 from nanscope.errors import UserError
 from nanscope.report import files
-from nanscope.trace import replay
+from nanscope.trace.tracer import replay
 from tests.cli.isolated import refused, run_isolated
 
 REGULAR = "outputs are written to regular files"

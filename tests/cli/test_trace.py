@@ -8,7 +8,7 @@ import torch
 from nanscope import case, hazards
 from nanscope.cli.main import main
 from nanscope.loss import formulas
-from nanscope.trace import replay
+from nanscope.trace.tracer import replay
 
 
 def _exp_line(fn) -> int:

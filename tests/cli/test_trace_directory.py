@@ -2,7 +2,7 @@
 line naming it and its field, every other file is still listed and replayed; one bundle in memory at a time; what
 a file holds never reaches the terminal as control characters; the outputs never replace an input.
 
-The bundles are written as the plugin writes them (tests/trace/test_bundle_replay.py's `write`).
+The bundles are written as the plugin writes them (tests/trace/bundles/test_bundle_replay.py's `write`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from nanscope.cli.main import main
-from nanscope.trace import bundle_load
-from tests.trace.test_bundle_replay import write
+from nanscope.trace.bundles import bundle_load
+from tests.trace.bundles.test_bundle_replay import write
 
 HEALTHY = "rollout1_step0_rank2.bundle.pt"  # the hazard's bundle: its loss names the op (exit 1)
 
@@ -89,7 +89,7 @@ def test_one_bad_file_is_one_refused_line_and_every_other_file_is_still_replayed
 
 
 def test_a_bug_one_file_hits_is_its_refused_line_not_the_end_of_the_listing(tmp_path, capsys, monkeypatch):
-    from nanscope.trace import bundle_text
+    from nanscope.trace.bundles import bundle_text
 
     write(tmp_path / HEALTHY)
     (tmp_path / "rollout2_step0_rank1.json").write_text('{"rank": 1, "rollout_id": 2, "step_id": 0}')

@@ -29,7 +29,7 @@ limit, seconds, cases = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.stdin
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 from nanscope.cli.main import build_parser, main
 from nanscope.dumps import checks, io
-from nanscope.trace import replay
+from nanscope.trace.tracer import replay
 build_parser()  # every command's imports, once, before the forks
 
 def status(key):

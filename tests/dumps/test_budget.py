@@ -19,8 +19,8 @@ from nanscope.dumps import demo, io, writers
 from nanscope.dumps.unpickler import Loader, Refused
 from nanscope.errors import UserError
 from nanscope.facts import releases
-from nanscope.trace import pickle_budget
-from nanscope.trace.pickle_budget import OverBudget
+from nanscope.trace.loading import pickle_budget
+from nanscope.trace.loading.pickle_budget import OverBudget
 from tests.dumps.hostile import PLACEHOLDER, rollout, torch_zip, with_raw
 
 N = 20_000

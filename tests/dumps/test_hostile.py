@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanscope.dumps.limits import MAX_SAMPLE_TOKENS
-from nanscope.trace import pickle_budget
+from nanscope.trace.loading import pickle_budget
 from tests.dumps.hostile import (
     ADDRESS_SPACE,
     PLACEHOLDER,

@@ -1,7 +1,7 @@
 """verl's and OpenRLHF's loss code per release (facts.peer_code), checked against their own code at each cited tag:
 every cited span holds the exp, and the clamp comes before it exactly where the table says the defect is absent.
 
-    NANSCOPE_VERL_GIT=/path/to/verl/.git NANSCOPE_OPENRLHF_GIT=/path/to/OpenRLHF/.git pytest tests/facts
+    NANSCOPE_TEST_VERL_GIT=/path/to/verl/.git NANSCOPE_TEST_OPENRLHF_GIT=/path/to/OpenRLHF/.git pytest tests/facts
 """
 
 import os
@@ -13,8 +13,8 @@ import pytest
 from nanscope.facts import frameworks, peer_code
 
 GITS = {
-    frameworks.VERL: os.environ.get("NANSCOPE_VERL_GIT"),
-    frameworks.OPENRLHF: os.environ.get("NANSCOPE_OPENRLHF_GIT"),
+    frameworks.VERL: os.environ.get("NANSCOPE_TEST_VERL_GIT"),
+    frameworks.OPENRLHF: os.environ.get("NANSCOPE_TEST_OPENRLHF_GIT"),
 }
 _CITES = re.compile(r"((?::\d+(?:-\d+)?(?:, )?)+) \((v[\d.]+)")
 
@@ -52,7 +52,7 @@ NO_CLONE = sorted({d.framework for d in peer_code.DEFECTS} - {d.framework for d 
 
 @pytest.mark.skipif(not NO_CLONE, reason="every framework's clone is at hand")
 def test_the_frameworks_without_a_clone_at_hand_are_named():
-    pytest.skip(f"no {' or '.join(NO_CLONE)} clone (NANSCOPE_VERL_GIT / NANSCOPE_OPENRLHF_GIT)")
+    pytest.skip(f"no {' or '.join(NO_CLONE)} clone (NANSCOPE_TEST_VERL_GIT / NANSCOPE_TEST_OPENRLHF_GIT)")
 
 
 @pytest.mark.parametrize("defect", AT_HAND, ids=lambda d: f"{d.framework}-{d.cause}-{d.first}-{d.last}")

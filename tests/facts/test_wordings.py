@@ -4,8 +4,8 @@ at any point; the rerun verdicts too.
 
 Where Megatron-LM's sources are at hand, each release's own f-string is rendered and must equal the template:
 
-    NANSCOPE_MEGATRON_LM_GIT=/path/to/Megatron-LM/.git   # a clone with the core_vX.Y.Z tags and main
-    NANSCOPE_MEGATRON_LM=../shared/megatron-lm           # or one checkout per tag: core_v0.15.0rc0/megatron/...
+    NANSCOPE_TEST_MEGATRON_LM_GIT=/path/to/Megatron-LM/.git   # a clone with the core_vX.Y.Z tags and main
+    NANSCOPE_TEST_MEGATRON_LM=../shared/megatron-lm           # or one checkout per tag: core_v0.15.0rc0/megatron/...
 
 Without either, the checkouts CI has beside the repository (../shared/megatron-lm: the case's 0.15.0rc0) are read;
 the releases no source is at hand for are one skip, not one per text.
@@ -24,8 +24,8 @@ from nanscope.launch.failure import failures
 from nanscope.launch.rerun import line_verdict
 from tests import checkouts
 
-GIT = os.environ.get("NANSCOPE_MEGATRON_LM_GIT")
-CHECKOUTS = os.environ.get("NANSCOPE_MEGATRON_LM") or str(checkouts.SHARED / "megatron-lm")
+GIT = os.environ.get("NANSCOPE_TEST_MEGATRON_LM_GIT")
+CHECKOUTS = os.environ.get("NANSCOPE_TEST_MEGATRON_LM") or str(checkouts.SHARED / "megatron-lm")
 MESSAGE = BY_ID["grad-norm-nan"].message.replace("{bucket}", "0")
 FILE = "/opt/Megatron-LM/megatron/core/distributed/param_and_grad_buffer.py"
 TS = "2025-08-30 12:01:02.123456"
@@ -112,7 +112,9 @@ def test_each_release_prints_the_text_the_table_says(key, release):
 
 @pytest.mark.skipif(not NO_SOURCE, reason="every release's source is at hand")
 def test_the_releases_without_a_source_at_hand_are_named():
-    pytest.skip(f"no Megatron-LM source (NANSCOPE_MEGATRON_LM_GIT or NANSCOPE_MEGATRON_LM) for {', '.join(NO_SOURCE)}")
+    pytest.skip(
+        f"no Megatron-LM source (NANSCOPE_TEST_MEGATRON_LM_GIT or NANSCOPE_TEST_MEGATRON_LM) for {', '.join(NO_SOURCE)}"
+    )
 
 
 # ---- synthetic lines of every form, read back ------------------------------------------------------------------

@@ -29,7 +29,7 @@ def main(out: Path) -> None:
     from nanscope import case, hazards, slime_plugin
     from nanscope.megatron import bootstrap, chunked, faults, model, step
     from nanscope.slime_plugin.settings import Settings
-    from nanscope.trace.observe import layer_offset
+    from nanscope.trace.sentinels.observe import layer_offset
 
     bootstrap.import_megatron()  # megatron-core only: no CPU layer, the real CUDA calls
     from megatron.core import parallel_state as mpu

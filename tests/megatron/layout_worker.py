@@ -120,7 +120,7 @@ class Worker:
         """The NaN in the module's forward output on the fault rank, at step 1 (its first call only if `once`);
         RERUN_OOM and ZERO_TOKEN add theirs (see above)."""
         from nanscope.megatron import faults
-        from nanscope.trace.observe import layer_offset
+        from nanscope.trace.sentinels.observe import layer_offset
 
         forwards = {"n": 0}  # step 1's training forwards of the first chunk: past the first pass's, the rerun's
 

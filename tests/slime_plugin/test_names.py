@@ -3,7 +3,7 @@
 import torch
 
 from nanscope.slime_plugin.names import PublicNames
-from nanscope.trace.reading import Hit
+from nanscope.trace.sentinels.reading import Hit
 
 
 class Layer(torch.nn.Module):

@@ -5,7 +5,7 @@ megatron-core: the same healthy step of slime v0.1.0's train_one_step with the p
                   one, the vote's (its all-gathered table and this rank's sentinel flags, read in one copy)
     memory        the hook's largest new tensor is at most 1/64 of the step's logits (one micro-batch's [S, V]), at
                   the harness's vocabulary (512) and 8 micro-batches: the sentinel's fold of its slots, 1 byte a
-                  module-output check, at most 1 KiB (trace/slots.py)
+                  module-output check, at most 1 KiB (trace/sentinels/slots.py)
 
 Before: 76 syncs (headroom's torch.tensor(list, device=) and boolean masks, the sentinel's own read, a
 `torch.isfinite(g).all()` per chunk output) and a temporary the size of the logits (that isfinite's abs).

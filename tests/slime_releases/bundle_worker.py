@@ -1,5 +1,5 @@
 """One process: a slime checkout's own loss on the catalogue's loss hazards, at CP 1 and at CP 2 (each CP rank in
-turn, megatron-core's parallel state standing in for the CP coordinate: `nanscope.trace.slime_import.parallel`).
+turn, megatron-core's parallel state standing in for the CP coordinate: `nanscope.trace.bundles.slime_import.parallel`).
 
 Each call runs under nanscope's tracer (the in-process trace: op, source line, sample, token) while the plugin's
 loss watch observes it (`nanscope.slime_plugin.loss_watch`, over the release's own policy loss and log-prob
@@ -28,9 +28,9 @@ from nanscope.loss import target as targets  # noqa: E402
 from nanscope.slime_plugin import bundles  # noqa: E402
 from nanscope.slime_plugin.coords import Coords  # noqa: E402
 from nanscope.slime_plugin.loss_watch import LossWatch  # noqa: E402
-from nanscope.trace import slime_import  # noqa: E402
-from nanscope.trace.events import Site  # noqa: E402
-from nanscope.trace.locator import Tracer  # noqa: E402
+from nanscope.trace.bundles import slime_import  # noqa: E402
+from nanscope.trace.tracer.events import Site  # noqa: E402
+from nanscope.trace.tracer.locator import Tracer  # noqa: E402
 from tests.slime_releases.worker import CASE, Config, build_batch, release_defaults  # noqa: E402
 
 # The catalogue's loss-level hazards with a non-finite gradient (level "batch"), with the flags that expose them.

@@ -119,7 +119,7 @@ def rollouts(w, run: Run) -> list[dict]:
 def plant(run: Run, module: str, once: bool, step_of) -> None:
     """The NaN in `module`'s forward output, at the first rollout (its first call only if `once`)."""
     from nanscope.megatron import faults
-    from nanscope.trace.observe import layer_offset
+    from nanscope.trace.sentinels.observe import layer_offset
 
     fault = faults.Fault(module, "forward", "nan", once=once)
     handles = [h for c in run.model for h in faults.plant(c, fault, layer_offset([c]), lambda: step_of() == 0)]

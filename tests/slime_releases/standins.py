@@ -21,7 +21,7 @@ For slime v0.1.0's model module (`load_model_module`: its train_one_step and tra
   DataIterator lives there).
 
 Nothing here is imported by nanscope itself: these exist in the test process only (the slime packages,
-`slime.utils.http_utils` and `ray` are put in place by `nanscope.trace.slime_import.stand_in`, which the offline
+`slime.utils.http_utils` and `ray` are put in place by `nanscope.trace.bundles.slime_import.stand_in`, which the offline
 replay uses too).
 """
 
@@ -30,7 +30,7 @@ import sys
 import types
 from pathlib import Path
 
-from nanscope.trace import slime_import
+from nanscope.trace.bundles import slime_import
 
 PACKAGES = ("slime", "slime.backends", "slime.backends.megatron_utils", "slime.utils")
 MEGATRON_TRAINING = (

@@ -315,7 +315,7 @@ def kl_hazard(w: Worker) -> dict:
     bundle against slime's own get_log_probs_and_entropy on the same logits, the verdict and the error."""
     import torch
 
-    from nanscope.trace import torch_file
+    from nanscope.trace.loading import torch_file
 
     w.plugin("kl")
     run = Run(w, hook=True)

@@ -27,9 +27,9 @@ def main(out_path: str) -> None:
     from nanscope.loss import as_is
     from nanscope.megatron import bootstrap
     from nanscope.megatron.model import TinyQwen3MoE
-    from nanscope.trace import replay
-    from nanscope.trace.locator import Tracer
-    from nanscope.trace.sentinel import Sentinel
+    from nanscope.trace.sentinels.sentinel import Sentinel
+    from nanscope.trace.tracer import replay
+    from nanscope.trace.tracer.locator import Tracer
 
     torch.set_num_threads(1)
     bootstrap.init(timeout_s=60)

@@ -5,5 +5,6 @@
     catalogue.py  the hazards nanscope builds, plants and runs: mechanism, flags, class, fix, discriminator
     immune.py     causes real runs hit that slime's own code rules out, with the lines that show it
 
-Torch-free and no file reads; `nanscope.hazards` builds the batches, `nanscope.trace.classify` sorts a reading.
+Torch-free and no file reads; `nanscope.hazards` builds the batches, `nanscope.trace.sentinels.classify` sorts a
+reading.
 """

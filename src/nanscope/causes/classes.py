@@ -1,4 +1,4 @@
-"""The classes of cause a non-finite step is sorted into (`nanscope.trace.classify` decides which).
+"""The classes of cause a non-finite step is sorted into (`nanscope.trace.sentinels.classify` decides which).
 
 data            non-finite log-probs, rewards or advantages reach the loss
 loss-numerics   the loss's own ops (an exp that overflows before its clamp) make a finite input non-finite

@@ -7,7 +7,7 @@ the source line, and the sample and token of the first bad entry. A non-finite v
 produced came from an input: the batch keys that hold one are listed.
 
 Input, one of:
-  BUNDLE.bundle.pt  a repro bundle the slime plugin wrote on a non-finite step (nanscope.trace.bundle): the
+  BUNDLE.bundle.pt  a repro bundle the slime plugin wrote on a non-finite step (nanscope.trace.bundles.bundle): the
                     loss replayed offline from the recorded log-probs, through the release that wrote it (an
                     installed slime, or --slime-src DIR; else nanscope's model of slime v0.1.0, said so), then
                     through the guard. Exit 1 when it names the cause in the loss (an op of it, or a non-finite
@@ -17,7 +17,7 @@ Input, one of:
                     line per rank and step, earliest first, for every bundle, report and cluster trace in it, then
                     the guard's replay and the verdict (the earliest bundle's that names the cause); exit 1 if any
                     bundle names the cause.
-  FILE.pt           a micro-batch file written by nanscope.trace.replay.save_microbatch (batch, logits, args).
+  FILE.pt           a micro-batch file written by nanscope.trace.tracer.replay.save_microbatch (batch, logits, args).
   --hazard NAME     a catalogued hazard, built against the synthetic policy as `nanscope hazards` does.
 """
 
@@ -35,8 +35,8 @@ from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
 from nanscope.inputs import MiB, fill_template, printable, read_json
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files, trace_dir
-from nanscope.trace import bundle_text
-from nanscope.trace import text as render
+from nanscope.trace.bundles import bundle_text
+from nanscope.trace.tracer import text as render
 
 DEFAULT_LIMIT_MB = 4096  # case-sized logits are several GB (replay.select_samples keeps fewer samples)
 REPORT_LIMIT = 16 * MiB  # a report or trace JSON the plugin writes is a few kB
@@ -47,7 +47,7 @@ EPILOG = """examples:
   nanscope trace x.bundle.pt --slime-src ~/slime        # through that slime checkout's own loss (or ~/slime/v0.1.0)
   nanscope trace --hazard kl-exp-overflow               # exp overflow in low_var_kl, then 0 * inf in its backward
   nanscope trace --hazard nan-reward --loss safe        # the fix on the same batch: no producer
-  nanscope trace mb.pt                                  # a file from nanscope.trace.replay.save_microbatch
+  nanscope trace mb.pt                                  # a file from nanscope.trace.tracer.replay.save_microbatch
   nanscope trace --hazard ratio-exp-overflow --json trace.json
 """
 
@@ -166,7 +166,7 @@ def _limit(args) -> int:
 
 
 def _bundle(args) -> int:
-    from nanscope.trace import bundle_load, bundle_replay  # heavy: torch
+    from nanscope.trace.bundles import bundle_load, bundle_replay  # heavy: torch
 
     doc = bundle_load.load(args.file, _limit(args), "--max-input-mb")
     with bundle_replay.loss_path(doc, args.slime_src) as path:
@@ -284,7 +284,7 @@ def _replay_each(args, root: Path, names: list[str]):
 
 def _replay_one(args, path: Path, losses: _Losses, dumps: dict) -> dict:
     """One bundle's replay, as its to_dict(); the bundle is dropped when this returns."""
-    from nanscope.trace import bundle_load, bundle_replay  # heavy: torch
+    from nanscope.trace.bundles import bundle_load, bundle_replay  # heavy: torch
 
     doc = bundle_load.load(path, _limit(args), "--max-input-mb")
     rollout = _rollout(args, doc, dumps)
@@ -302,7 +302,7 @@ class _Losses:
         self.broken: dict[tuple, str] = {}  # release -> why its loss cannot be imported
 
     def path(self, doc: dict):
-        from nanscope.trace import bundle_replay  # heavy: torch
+        from nanscope.trace.bundles import bundle_replay  # heavy: torch
 
         key = (doc["release"]["module"], doc["release"]["name"])
         if key in self.broken:
@@ -374,7 +374,7 @@ def _trace_row(path: Path) -> tuple:
 
 
 def _pt_row(path: Path, args) -> tuple:
-    from nanscope.trace import replay  # heavy: torch
+    from nanscope.trace.tracer import replay  # heavy: torch
 
     try:
         replay.load_microbatch(path, _limit(args), "--max-input-mb")
@@ -385,7 +385,7 @@ def _pt_row(path: Path, args) -> tuple:
 
 def _microbatch(args) -> int:
     from nanscope import hazards  # heavy: torch, which `nanscope --help` never needs
-    from nanscope.trace import replay  # heavy: torch
+    from nanscope.trace.tracer import replay  # heavy: torch
 
     site = None
     if args.hazard is not None:

@@ -16,7 +16,7 @@ read, so a scan of one needs the pickle bytes and the compact arrays, never Pyth
 Nothing a file declares is trusted (`Limits`, `nanscope.dumps.fields`): the file must be a regular file
 under a size cap; a sample's fields and declared response length under a per-sample cap; a tensor dense,
 on the CPU, 1-D and contiguous inside its own storage; what the pickle builds while it is read at most 8
-bytes a byte of the file + 32 MiB (`nanscope.trace.pickle_budget`); and the entries converted over the whole
+bytes a byte of the file + 32 MiB (`nanscope.trace.loading.pickle_budget`); and the entries converted over the whole
 file at most one per byte of it, so samples sharing one list cannot multiply the work. Each refusal is one
 line naming the file, the field and the sample.
 
@@ -46,7 +46,7 @@ from nanscope.dumps.train_dump import is_main_sample, main_sample, train_dump
 from nanscope.dumps.unpickler import Loader, Refused, Unreadable
 from nanscope.errors import UserError
 from nanscope.inputs import check_file
-from nanscope.trace.pickle_budget import OverBudget
+from nanscope.trace.loading.pickle_budget import OverBudget
 
 
 class _NotADump(UserError):

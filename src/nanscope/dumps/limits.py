@@ -1,7 +1,7 @@
 """How much a dump may make nanscope read, allocate and compute, whatever the file declares.
 
 Three bounds: the file's size (`Limits.max_bytes`, --max-dump-mb), what its pickle builds while it is read
-(8 bytes a byte of the file + 32 MiB, `nanscope.trace.pickle_budget`, shared with every torch.save reader),
+(8 bytes a byte of the file + 32 MiB, `nanscope.trace.loading.pickle_budget`, shared with every torch.save reader),
 and the entries converted from it (`Budget`, one a byte, and `Limits.max_sample_tokens` a field).
 
 No torch or numpy here: the CLI takes its defaults and --help from this module.

@@ -12,7 +12,7 @@ semantics, but:
 * the samples of a rollout dump are handed out as soon as each is complete (`Loader.events`), while the
   rest of the file is still being read;
 * what it builds is charged, before it is built, to a budget of 8 bytes a byte of the file + 32 MiB
-  (`nanscope.trace.pickle_budget`): a file of 20 MB of EMPTY_SET opcodes is refused at 201 MB, not 4.8 GB.
+  (`nanscope.trace.loading.pickle_budget`): a file of 20 MB of EMPTY_SET opcodes is refused at 201 MB, not 4.8 GB.
 
 What it accepts is a strict subset of what torch's weights_only unpickler accepts, and it loads the same
 object (with `CList` in place of list). Refused, where weights_only accepts: globals other than `_allowed()`
@@ -52,8 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.trace import pickle_budget, torch_file
-from nanscope.trace.pickle_budget import OverBudget
+from nanscope.trace.loading import pickle_budget, torch_file
+from nanscope.trace.loading.pickle_budget import OverBudget
 
 # The opcodes read here (as pickle's own constants: one-byte bytes).
 MARK, STOP, BININT, BININT1, BININT2, NONE = b"(", b".", b"J", b"K", b"M", b"N"
@@ -211,7 +211,7 @@ class Loader:
             Refused: an archive of the other byte order (torch would byteswap it; this loader does not).
 
         What the pickle builds is charged to a budget proportional to the file's size
-        (`nanscope.trace.pickle_budget`); `events()` raises OverBudget past it.
+        (`nanscope.trace.loading.pickle_budget`); `events()` raises OverBudget past it.
         """
         import torch  # heavy: torch, at the first file read
 

@@ -43,7 +43,7 @@ class Candidate:
         status: one of STATUSES.
         evidence: the flags (as written) or code that decide the status, one per line.
         discriminator: the cheapest observation that tells it apart; None when ruled out.
-        cause_class: its class (nanscope.trace.classify.CLASSES).
+        cause_class: its class (nanscope.trace.sentinels.classify.CLASSES).
     """
 
     id: str

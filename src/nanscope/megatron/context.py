@@ -26,9 +26,9 @@ class RunContext:
     transformer_config: Any = None  # megatron's TransformerConfig of the model
     optimizer: Any = None
     hook: ModuleType | None = None  # nanscope.slime_plugin when spec.hook (before_train_step, ...)
-    tracer: Any = None  # the nanscope.trace.locator.Tracer of the current step when spec.trace
+    tracer: Any = None  # the nanscope.trace.tracer.locator.Tracer of the current step when spec.trace
     grads_path: Path | None = None  # where train_one_step saves the main grads (spec.save_grads)
-    sentinel: Any = None  # nanscope.trace.sentinel.Sentinel on the model, read after every step
+    sentinel: Any = None  # nanscope.trace.sentinels.sentinel.Sentinel on the model, read after every step
     step: int = 0  # the current step (1-based); a planted model fault reads it
     loss_overrides: dict = field(default_factory=dict)  # slime loss fields the step's hazard sets
     output_grads: list = field(default_factory=list)  # per micro-batch: the output's gradient is finite (0-dim)

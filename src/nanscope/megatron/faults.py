@@ -26,7 +26,7 @@ import torch
 
 from nanscope.errors import UserError
 from nanscope.megatron import bootstrap, model, zero_tokens
-from nanscope.trace.observe import public_name
+from nanscope.trace.sentinels.observe import public_name
 
 DIRECTIONS = ("forward", "backward", zero_tokens.DIRECTION)
 VALUES = ("nan", "inf")

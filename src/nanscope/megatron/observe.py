@@ -1,4 +1,5 @@
-"""The harness's sentinel: each run's model under `nanscope.trace.sentinel.Sentinel`, each step read and classified.
+"""The harness's sentinel: each run's model under `nanscope.trace.sentinels.sentinel.Sentinel`, each step read and
+classified.
 
     ctx.sentinel = Sentinel([ctx.model])     # after any planted fault (megatron.faults): hooks run in order
     ...train_one_step...                     # step.py records whether the gradient entering the model was finite
@@ -14,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nanscope.trace.classify import Observation, classify
-from nanscope.trace.observe import layer_offset, nonfinite_counts, public_hit, public_name, public_producer
+from nanscope.trace.sentinels.classify import Observation, classify
+from nanscope.trace.sentinels.observe import layer_offset, nonfinite_counts, public_hit, public_name, public_producer
 
 if TYPE_CHECKING:
     from nanscope.megatron.context import RunContext
@@ -24,7 +25,7 @@ SHOWN = 20  # parameter names kept in a record
 
 
 def observe(ctx: RunContext, batch: dict, stepped: bool) -> None:
-    """Read the sentinel after a step and classify the reading (trace.classify) into `ctx.record.sentinel`.
+    """Read the sentinel after a step and classify the reading (trace.sentinels.classify) into `ctx.record.sentinel`.
 
     The record keeps the first step with a non-finite value, else the latest step.
 

@@ -29,7 +29,7 @@ from nanscope.megatron import bootstrap
 from nanscope.megatron.context import RunContext
 from nanscope.megatron.spec import RankRecord, RunSpec, WorkerSpec
 from nanscope.megatron.watchdog import Watchdog
-from nanscope.trace.observe import layer_offset, public_name
+from nanscope.trace.sentinels.observe import layer_offset, public_name
 
 
 class Runner:
@@ -94,7 +94,7 @@ class Runner:
         from nanscope.megatron import cpu, step
         from nanscope.megatron.model import layers_held
         from nanscope.megatron.observe import observe
-        from nanscope.trace.sentinel import Sentinel
+        from nanscope.trace.sentinels.sentinel import Sentinel
 
         spec, rec, limit = ctx.spec, ctx.record, self.spec.rank_timeout_s
         self.wd.arm(f"{ctx.name}: build", limit)
@@ -198,7 +198,7 @@ class Runner:
     def train(self, ctx: RunContext, batch: dict, seq_length: int, loss_module, i: int):
         """step.train_one_step, under the tracer when the run asks for it (its report into the record)."""
         from nanscope.megatron import step  # heavy: torch, in the ranks only (as the tracer)
-        from nanscope.trace.locator import Tracer
+        from nanscope.trace.tracer.locator import Tracer
 
         if not ctx.spec.trace:
             return step.train_one_step(ctx, batch, seq_length, loss_module, i)

@@ -65,7 +65,7 @@ class RunSpec:
     defused: bool = False  # the hazard's clean twin: same batch and site, no trigger (hazards.build)
     hook: bool = False  # call nanscope.slime_plugin.before_train_step before each step, as slime does
     on_nonfinite: str = "raise"  # NANSCOPE_ON_NONFINITE for the hook: "raise" | "skip"
-    trace: bool = False  # run the steps under the tracer (nanscope.trace.locator.Tracer) and record its report
+    trace: bool = False  # run the steps under the tracer (nanscope.trace.tracer.locator.Tracer) and record its report
     # slime with nanscope's plugin as its README installs it: the hook (needs hook=True), the "safe" loss
     # through slime's custom-loss path, each step's rollout saved (--save-debug-rollout-data); step k is
     # rollout k-1 (one optimizer step per rollout)
@@ -156,7 +156,7 @@ class RankRecord:
     hook_log: list[dict] = field(default_factory=list)  # what the plugin hook logged (skip: nanscope/skipped_steps)
     trace: dict | None = None  # TraceReport.to_dict() of this rank (spec.trace)
     # the sentinel's reading of the first non-finite step (else the last step) and its classification
-    # (trace.classify): {"step", "forward", "backward", "grads", "output_grad_finite", "loss_inputs",
+    # (trace.sentinels.classify): {"step", "forward", "backward", "grads", "output_grad_finite", "loss_inputs",
     # "nonfinite_params", "last_stage", "class", "candidates", "evidence", "module", "direction", "microbatch"}
     sentinel: dict | None = None
     losses: list[dict] = field(default_factory=list)  # per step on the last stage: slime's reduced metrics

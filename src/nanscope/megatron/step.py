@@ -27,7 +27,7 @@ from nanscope.facts import paths
 from nanscope.facts.args import loss_args
 from nanscope.facts.keys import PER_TOKEN, SAMPLE
 from nanscope.loss import as_is, microbatch
-from nanscope.trace import replay
+from nanscope.trace.tracer import replay
 
 if TYPE_CHECKING:
     from nanscope.megatron.context import RunContext

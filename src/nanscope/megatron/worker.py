@@ -65,8 +65,8 @@ RANK_MODULES = (
     "nanscope.megatron.step",
     "nanscope.facts.args",
     "nanscope.slime_plugin",
-    "nanscope.trace.classify",
-    "nanscope.trace.sentinel",
+    "nanscope.trace.sentinels.classify",
+    "nanscope.trace.sentinels.sentinel",
 )
 
 

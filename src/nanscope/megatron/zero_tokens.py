@@ -26,7 +26,7 @@ from collections import deque
 import torch
 
 from nanscope.errors import UserError
-from nanscope.trace.observe import public_name
+from nanscope.trace.sentinels.observe import public_name
 
 DIRECTION = "zero-tokens"
 EXPERT = re.compile(r"^(?P<layer>decoder\.layers\.\d+\.mlp)\.experts\.local_experts\.(?P<local>\d+)$")

@@ -9,8 +9,8 @@ from nanscope import case
 from nanscope.megatron.spec import PEER_FAILED, failed_check
 from nanscope.report.text import span
 from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
-from nanscope.trace import text as trace_text
-from nanscope.trace.events import TraceReport
+from nanscope.trace.tracer import text as trace_text
+from nanscope.trace.tracer.events import TraceReport
 
 
 def _layers(record) -> str:
@@ -102,7 +102,7 @@ def render(rep: Repro, console) -> None:
 
 def expert_lines(tokens: dict | None) -> list[str]:
     """The failing micro-batch's per-expert token counts, one line per MoE layer that has an expert with 0 tokens, and
-    the zero-token finding (trace.expert_counts); nothing on a healthy step."""
+    the zero-token finding (trace.sentinels.expert_counts); nothing on a healthy step."""
     if not tokens or "layers" not in tokens:
         return []
     lines = [

@@ -1,5 +1,5 @@
 """A report directory's replayed bundles in words, beyond one line per bundle: the loss they replayed through, the
-guard's replay and the verdict, as `nanscope trace BUNDLE` prints them for one (`trace.bundle_text`).
+guard's replay and the verdict, as `nanscope trace BUNDLE` prints them for one (`trace.bundles.bundle_text`).
 
 Each takes the replays' dicts (`BundleReplay.to_dict()`), in the directory's order (earliest step, then rank).
 """
@@ -7,7 +7,7 @@ Each takes the replays' dicts (`BundleReplay.to_dict()`), in the directory's ord
 from __future__ import annotations
 
 from nanscope.report.text import span
-from nanscope.trace import bundle_text
+from nanscope.trace.bundles import bundle_text
 
 
 def loss_lines(replays: list[dict], slime_src: str | None = None) -> list[str]:

@@ -126,9 +126,9 @@ def _leave(path: Path, report_dir: Path) -> str | None:
 
 
 def offline_replay(bundles: list[Path], how: dict) -> dict:
-    """The step's bundles replayed as `nanscope trace` replays them (`trace.bundle_step`), with the report's
+    """The step's bundles replayed as `nanscope trace` replays them (`trace.bundles.bundle_step`), with the report's
     replay instruction."""
-    from nanscope.trace import bundle_step  # heavy: torch
+    from nanscope.trace.bundles import bundle_step  # heavy: torch
 
     replayed = bundle_step.replay_step(bundles)
     return {

@@ -12,7 +12,7 @@ from nanscope.errors import UserError
 from nanscope.launch.tracebacks import parse_traceback
 from nanscope.megatron import launcher
 from nanscope.megatron.spec import Launcher, Layout, RunSpec, failed_check
-from nanscope.trace.observe import causal_order
+from nanscope.trace.sentinels.observe import causal_order
 
 
 @dataclass
@@ -72,7 +72,7 @@ def sentinel_finding(ranks) -> dict:
 
     Returns:
         {"rank", "step", "module", "direction", "microbatch", "class", "candidates", "evidence", "expert_tokens"}
-        (expert_tokens: that rank's per-expert token counts of the failing micro-batch, trace.expert_counts).
+        (expert_tokens: that rank's per-expert token counts of the failing micro-batch, trace.sentinels.expert_counts).
     """
     seen = [record for record in ranks if record.sentinel and record.sentinel["candidates"]]
     keys = ("step", "module", "direction", "microbatch", "class", "candidates", "evidence", "expert_tokens")

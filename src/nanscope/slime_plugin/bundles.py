@@ -1,4 +1,4 @@
-"""The repro bundle a rank writes on a non-finite step (the format is `nanscope.trace.bundle`'s).
+"""The repro bundle a rank writes on a non-finite step (the format is `nanscope.trace.bundles.bundle`'s).
 
 Which micro-batches: those the sentinel names (the first in forward order and the first in backward order),
 and on the last pipeline stage every micro-batch whose loss inputs or loss were non-finite, at most
@@ -17,7 +17,7 @@ from nanscope.loss import guard
 from nanscope.loss.target import Target
 from nanscope.slime_plugin.coords import Coords
 from nanscope.slime_plugin.loss_watch import Seen
-from nanscope.trace import bundle
+from nanscope.trace.bundles import bundle
 
 
 def reasons(reading, seen: list[Seen], last_stage: bool) -> dict[int, list[str]]:
@@ -53,7 +53,7 @@ def keep(why: dict[int, list[str]], limit: int = MAX_MICROBATCHES) -> tuple[dict
 def document(
     *, target: Target, coords: Coords, args, where: dict, report: dict, seen: list[Seen], why: dict, rows=None
 ) -> dict:
-    """The bundle's dict (see nanscope.trace.bundle), tensors on the CPU.
+    """The bundle's dict (see nanscope.trace.bundles.bundle), tensors on the CPU.
 
     Args:
         rows: `rows(microbatch) -> (dump rows or None, how)`, the rollout-dump rows of a micro-batch's samples.

@@ -3,7 +3,7 @@
 The sentinel prefixes `chunk<i>.` to module paths when it watches more than one chunk (a virtual pipeline:
 megatron builds one chunk per virtual stage, each numbering its decoder layers from 0). Each chunk's layers
 start at their own global layer (`layer_offset([chunk])`), so a path is made public with its own chunk's
-offset (`trace.observe.public_name`), and the prefix is dropped: `chunk1.module.module.decoder.layers.0.mlp`
+offset (`trace.sentinels.observe.public_name`), and the prefix is dropped: `chunk1.module.module.decoder.layers.0.mlp`
 on pipeline stage 0 of 2 with 2 virtual stages of 1 layer is `decoder.layers.2.mlp`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from nanscope.trace.observe import layer_offset, public_name
+from nanscope.trace.sentinels.observe import layer_offset, public_name
 
 _CHUNK = re.compile(r"^chunk(\d+)\.")
 

@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from nanscope.facts.megatron import BUCKET_NONFINITE, UNEXPECTED_RESULT
-from nanscope.trace.observe import causal_order
+from nanscope.trace.sentinels.observe import causal_order
 
 
 @dataclass(frozen=True)

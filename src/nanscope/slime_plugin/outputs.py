@@ -3,7 +3,7 @@
 On a non-finite step every rank with a non-finite value writes `rollout<R>_step<S>_rank<K>.json` (the
 first module in forward and backward order, its micro-batch, its class, and the `replay` instruction for a rerun
 on the cluster: the same NANSCOPE_TRACE_STEP on every rank) and `.bundle.pt`, the repro bundle that
-`nanscope trace` replays offline (`nanscope.trace.bundle`). Both are written when the step's vote finds it
+`nanscope trace` replays offline (`nanscope.trace.bundles.bundle`). Both are written when the step's vote finds it
 non-finite, before anything else can fail; the rerun's verdict is added to the report afterwards (`add`). A
 traced step writes `rollout<R>_step<S>_rank<K>.trace.json` with this rank's trace and `first`, the first
 producer over all ranks.
@@ -22,7 +22,7 @@ import os
 import tempfile
 
 from nanscope.slime_plugin.coords import Coords
-from nanscope.trace.bundle import SUFFIX
+from nanscope.trace.bundles.bundle import SUFFIX
 
 # Directories a report directory may not resolve to (the system's own), and the kernel's, not even inside them
 # (/dev/shm, a tmpfs, excepted).
@@ -100,7 +100,7 @@ class Reports:
 
     def report(self, doc: dict, where: dict, bundle: dict | None) -> str | None:
         """`<stem>.json` holding `doc` (with `bundle`, and `microbatch_file` naming the same file), and
-        `<stem>.bundle.pt` holding `bundle` (`nanscope.trace.bundle`), unless this rank wrote `max_bundles`.
+        `<stem>.bundle.pt` holding `bundle` (`nanscope.trace.bundles.bundle`), unless this rank wrote `max_bundles`.
 
         A failed write is one warning line: the report without its bundle, or None without the report.
         """

@@ -2,14 +2,14 @@
 
 Written before the rerun, so an out-of-memory error or any exception during the rerun leaves them behind; the
 rerun's verdict is added to the report afterwards (`Reporter.add_verdict`). The bundle is written once, with
-the report as it stood then (`nanscope.trace.bundle`; `nanscope trace` reads it). What a report says:
+the report as it stood then (`nanscope.trace.bundles.bundle`; `nanscope trace` reads it). What a report says:
 
     rank, rollout_id, step_id, mode, time
     first_forward, first_backward     the sentinel's first non-finite module output / parameter gradient
     nonfinite_grads                   up to 20 parameters whose accumulated gradient is non-finite
     expert_tokens                     the failing micro-batch's tokens per expert, and the zero-token finding
     replay                            how to rerun the step under the tracer on the cluster
-    class, class_candidates, class_evidence   trace.classify's class of cause
+    class, class_candidates, class_evidence   trace.sentinels.classify's class of cause
     rerun                             the verdict (verdict.Verdict.to_dict), once the rerun ran
     bundle, microbatch_file           the bundle's path (None if not written); bundle_left_out: why not
 """
@@ -32,7 +32,7 @@ class Reporter:
         """The report (and bundle) of this rank's non-finite reading; prints where it is. None: not written.
 
         Args:
-            cls: the reading's classification (trace.classify), in public names.
+            cls: the reading's classification (trace.sentinels.classify), in public names.
             seen: the step's micro-batches as the loss saw them (loss_watch.Seen).
             rows: `rows(microbatch) -> (dump rows or None, how)` (slime_plugin.rows).
         """

@@ -7,7 +7,7 @@
 A rerun that does not reproduce rules out the data and the numerics, not every software cause. What it cannot
 rule out is said (`not_ruled_out`), and such a step is not "transient" for NANSCOPE_SKIP_ON=transient:
 
-    a zero-token expert    the first pass's reading names one (`trace.expert_counts`): its weight gradient is
+    a zero-token expert    the first pass's reading names one (`trace.sentinels.expert_counts`): its weight gradient is
                            memory a grouped GEMM never wrote, NaN only when the allocator hands back memory that
                            held one (catalogue: moe-zero-token-expert)
     nondeterminism         the rerun is non-finite again, elsewhere: a kernel whose result depends on run order

@@ -2,7 +2,8 @@
 
 Installed by `before_train_step` (nanscope.slime_plugin.hook), once per set of chunks:
 
-    sentinel          nanscope.trace.sentinel.Sentinel on the chunks: on-device finiteness flags, read once a step
+    sentinel          nanscope.trace.sentinels.sentinel.Sentinel on the chunks: on-device finiteness flags, read once
+                      a step
     forward hooks     each chunk's training forwards (the loss's micro-batch index is its chunk's count), and
                       whether the gradient entering each chunk's output was finite (the class needs it)
     loss watch        the release's policy loss and log-prob helper, observed (`loss_watch`): the step's
@@ -45,9 +46,9 @@ from nanscope.slime_plugin.outputs import Reports, check_dir, say, warn
 from nanscope.slime_plugin.report import Reporter
 from nanscope.slime_plugin.settings import Settings
 from nanscope.slime_plugin.skip import SkipVote
-from nanscope.trace.classify import Observation, classify
-from nanscope.trace.observe import nonfinite_counts
-from nanscope.trace.text import first_lines
+from nanscope.trace.sentinels.classify import Observation, classify
+from nanscope.trace.sentinels.observe import nonfinite_counts
+from nanscope.trace.tracer.text import first_lines
 
 _MISSING = object()
 
@@ -67,7 +68,7 @@ class StepWatch:
     """The hook installed on some model chunks and their optimizer (see the module docstring)."""
 
     def __init__(self, chunks, optimizer, scheduler, settings: Settings, target: Target):
-        from nanscope.trace.sentinel import Sentinel  # heavy: torch, imported by the run already
+        from nanscope.trace.sentinels.sentinel import Sentinel  # heavy: torch, imported by the run already
 
         self.chunks, self.optimizer, self.scheduler, self.settings = chunks, optimizer, scheduler, settings
         self.coords = Coords.here()
@@ -151,7 +152,7 @@ class StepWatch:
 
     def _start_trace(self, args, rollout_id):
         from nanscope.dumps.io import load_rollout  # heavy: numpy; only a traced step reads a dump
-        from nanscope.trace.step import StepTrace  # heavy: torch
+        from nanscope.trace.tracer.step import StepTrace  # heavy: torch
 
         path = getattr(args, "load_debug_rollout_data", None)
         rollout = load_rollout(path.format(rollout_id=rollout_id)) if path else None
@@ -311,8 +312,8 @@ class StepWatch:
         return next(self.chunks[0].parameters()).device
 
     def classify(self, reading):
-        """This pass's reading's class of cause (trace.classify), in public names; the loss inputs are those the
-        policy loss received."""
+        """This pass's reading's class of cause (trace.sentinels.classify), in public names; the loss inputs are those
+        the policy loss received."""
         batches = [seen.batch for seen in self.losses.seen]
         inputs = nonfinite_counts(batches, PER_TOKEN) if self.coords.last_stage and batches else None
         # the gradient entering the model from outside this rank: the loss's (the last chunk of the last stage),
@@ -332,7 +333,7 @@ class StepWatch:
         """`<stem>.trace.json`: this rank's trace and the first producer over all ranks (an all-gather)."""
         import torch.distributed as dist  # heavy: torch, imported by the run already
 
-        from nanscope.trace.step import first_across_ranks  # heavy: torch, only a traced step needs it
+        from nanscope.trace.tracer.step import first_across_ranks  # heavy: torch, only a traced step needs it
 
         microbatches = self.trace.microbatches
         own = self._stop_trace().to_dict()
