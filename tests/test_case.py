@@ -40,3 +40,32 @@ def test_frames_and_message_are_the_traceback_s():
         "before data-parallel communication collective')"
     )
     assert case.traceback().failure.rank == 50
+
+
+def test_the_harness_s_launch_sh_is_the_world_repro_runs():
+    import dataclasses
+
+    from nanscope.facts.args import LOSS_FIELDS
+    from nanscope.launch import diagnose
+    from nanscope.megatron.model import CASE_LR, TinyQwen3MoE
+    from nanscope.megatron.spec import Layout
+
+    diagnosis = diagnose(case.harness_script(), case_release=case.RELEASE)
+    cfg, topo = diagnosis.config, diagnosis.topology
+    # the layout `nanscope repro` launches: Layout() (TP2 PP2 DP1 EP1) on 1 node x 4, sequence parallel (TP > 1)
+    layout = Layout()
+    assert (topo.world, topo.nodes, topo.gpus_per_node) == (layout.world, 1, 4) == (4, 1, 4)
+    assert (topo.tp, topo.pp, topo.dp, topo.ep, topo.cp) == (layout.tp, layout.pp, layout.dp, layout.ep, 1)
+    assert cfg["sequence_parallel"] is True and diagnosis.notes == [] and cfg.undefined == []
+    # the model: megatron/model.py's TinyQwen3MoE, field by field, as the script spells it
+    sizes = dataclasses.asdict(TinyQwen3MoE())
+    spelled = {"num_experts": "--num-experts", "max_sequence_length": "--max-position-embeddings"}
+    for name, value in sizes.items():
+        (word,) = cfg.given[spelled.get(name, "--" + name.replace("_", "-"))]
+        assert float(word) == value, name
+    # the loss: the case's flags (slime-795's GRPO_ARGS and ROLLOUT_ARGS), --kl-loss-type low_var_kl among them
+    loss = {k: cfg[k] for k in LOSS_FIELDS if k != "global_batch_size" and cfg.origin(k) == SCRIPT}
+    assert loss == case.loss_flags() and loss["kl_loss_type"] == "low_var_kl"
+    # one rollout group of the case's size a step, one sample per micro-batch (megatron/step.py); Adam's lr
+    assert (cfg["global_batch_size"], cfg["micro_batch_size"]) == (case.group_size(), 1)
+    assert float(*cfg.given["--lr"]) == CASE_LR and cfg["transformer_impl"] == "local"

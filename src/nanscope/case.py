@@ -35,6 +35,26 @@ RELEASE = "v0.1.0"  # the slime release the case ran (its README.md); doctor --c
 # The only value launch.sh reads from its environment: 8 nodes x 8 GPUs = the case's 64 H100s.
 ENV = MappingProxyType({"TOTAL_NODES": "8"})
 FILES = ("launch.sh", "model.json", "traceback.txt")
+# The harness's own world, the one `nanscope repro` runs (TP2 PP2, 1 node x 4 GPUs, the tiny Qwen3-MoE, the case's
+# loss flags, slime v0.1.0's loss): a launch.sh alone, for doctor on a repro's traceback (`doctor --case harness`).
+HARNESS = "harness"
+
+
+@dataclass(frozen=True)
+class Bundled:
+    """A launch bundled with nanscope (`doctor --case NAME`): the files in its directory, the environment its
+    launch.sh reads."""
+
+    name: str
+    files: tuple[str, ...]
+    env: MappingProxyType
+    release: str | None  # the slime release whose defaults apply; None: the one its launch.sh names
+
+
+BUNDLED = MappingProxyType({
+    NAME: Bundled(NAME, FILES, ENV, RELEASE),
+    HARNESS: Bundled(HARNESS, ("launch.sh",), MappingProxyType({}), None),
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,9 +65,15 @@ class _Case:
     traceback: Traceback
 
 
-def root():
-    """The case's directory inside the installed package (a Traversable)."""
-    return resources.files("nanscope") / "cases" / NAME
+def root(name: str = NAME):
+    """A bundled launch's directory inside the installed package (a Traversable): the case's by default."""
+    assert name in BUNDLED, name
+    return resources.files("nanscope") / "cases" / name
+
+
+def harness_script() -> str:
+    """The path of the harness's launch.sh in the installed package (a plain install: a file on disk)."""
+    return str(root(HARNESS) / "launch.sh")
 
 
 def text(name: str) -> str:

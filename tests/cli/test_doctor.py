@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nanscope import case
 from nanscope.cli.main import main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
@@ -285,8 +286,44 @@ def test_case_script_without_total_nodes_infers_the_world_from_the_rank(tmp_path
     assert doc["missing"][0].startswith("no traceback: give it (--traceback FILE, or - for standard input)")
 
 
+def test_the_case_s_launch_sh_at_v0_2_4_needs_no_env(tmp_path, capsys):
+    # README's `nanscope doctor launch.sh --slime-version v0.2.4`, on the case's launch.sh as shipped, no --env
+    js = tmp_path / "d.json"
+    script = Path(case.root() / "launch.sh")
+    assert main(["doctor", str(script), "--slime-version", "v0.2.4", "--json", str(js)]) == 0
+    capsys.readouterr()
+    doc = json.loads(js.read_text())
+    assert doc["slime_release"]["version"] == "v0.2.4"
+    # TOTAL_NODES inferred, and said so: the smallest world the layout allows (EP16 x PP4 = 64), 8 nodes of 8
+    assert [line.split(" (")[0] for line in doc["inferred"]] == [
+        "--actor-num-nodes '$((NODES))' reads TOTAL_NODES, which the script never sets: inferred TOTAL_NODES=8"
+    ]
+    assert (doc["topology"]["world"], doc["config"]["actor_num_nodes"]["value"]) == (64, 8)
+    assert doc["config"]["kl_loss_type"]["value"] == "low_var_kl"
+
+
+# `nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt`, as it wrote it (rank 3 raised)
+RAY_TRACEBACK = FIXTURES / "harness_ray_traceback.txt"
+
+
+@pytest.mark.parametrize("script", [["--case", "harness"], [case.harness_script()]], ids=["case", "path"])
+def test_the_harness_s_launch_sh_reads_a_repro_ray_traceback(script, tmp_path, capsys):
+    js = tmp_path / "d.json"
+    assert main(["doctor", *script, "--traceback", str(RAY_TRACEBACK), "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(js.read_text())
+    status = {c["id"]: c["status"] for c in doc["candidates"]}
+    # the cause that fired: enabled by the harness's --use-kl-loss --kl-loss-coef 0 --kl-loss-type low_var_kl
+    assert status["kl-exp-overflow"] == "enabled" and doc["inputs"]["env"] == {}
+    assert doc["slime_release"]["how"] == "script" and doc["slime_release"]["version"] == "v0.1.0"
+    rank = doc["failing_rank"]
+    assert (rank["rank"], rank["tp"], rank["pp"], rank["layers"], rank["holds_output_layer"]) == (3, 1, 1, [2, 3], True)
+    assert doc["topology"]["world"] == 4 and doc["inferred"] == [] and doc["contradictions"] == []
+    assert "Rank 3 found NaN in its local gradient norm (bucket #0) before the data-parallel reduce" in _flat(out)
+
+
 def test_unknown_case_and_missing_inputs(capsys):
-    assert _error(["doctor", "--case", "nope"], capsys) == "--case nope: unknown case (bundled: slime-795)"
+    assert _error(["doctor", "--case", "nope"], capsys) == "--case nope: unknown case (bundled: slime-795, harness)"
     assert _error(["doctor"], capsys) == (
         "give a launch script, a --traceback FILE (- for standard input), or both (or --case slime-795)"
     )

@@ -57,7 +57,7 @@ def test_verdict_and_exit_code_compare_observed_with_expected():
     assert failed.ok
     assert report.verdict(failed) == (
         "as expected: kl-exp-overflow under the as-is loss fails megatron-core's DDP NaN check: "
-        "NaN check on 4/4 ranks, rank 3 first (last stage); frames match the case's traceback"
+        "NaN check on 4/4 ranks, rank 3 raised first (last stage); frames match the case's traceback"
     )
     done = repro.Repro(
         "kl-exp-overflow", "as-is", "nan-check", "completed", {}, [_rank(r, r // 2, True) for r in range(4)]

@@ -77,6 +77,6 @@ def test_a_forward_fault_fails_the_check_and_the_sentinel_and_tracer_name_it(tmp
     assert "faults.py" in fwd["source"]
     out = capsys.readouterr().out
     assert (
-        "sentinel: rank 0 saw it first (step 1): module decoder.layers.0.mlp, forward, micro-batch 0; "
+        "sentinel: rank 0 produced it first (step 1): module decoder.layers.0.mlp, forward, micro-batch 0; "
         "class model-forward"
     ) in out

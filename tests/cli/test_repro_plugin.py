@@ -61,6 +61,13 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
         "environment and --load-debug-rollout-data "
     )
     assert f"the report says: {said} replay offline, as `nanscope trace nanscope-reports` does (4 bundles, " in text
+    # the headline follows the reports' producer (the loss's rank), whichever rank raised first
+    raised = doc["as_is"]["first_failure"]
+    assert (
+        "plugin: ranks 0-3 reported rollout 1 step 0 (harness step 2); the first non-finite value (the rerun's "
+        f"producer): rank 2 (pp 1, tp 0), module 'output_layer', backward, micro-batch {sample}, class loss-numerics; "
+        f"rank {raised} raised Megatron's error first the report says: "
+    ) in text
     # The replay, offline from the bundles: exp in approx_kl on the last stage (the loss), then ExpBackward0's mul, at
     # the hazard's token; the guard makes both finite.
     replay = plugin["replay"]
@@ -173,3 +180,40 @@ def test_plugin_input_errors_are_one_line_before_any_launch(argv, env, message, 
         monkeypatch.setenv(k, v)
     assert main(["repro", *argv]) == 2
     assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
+
+
+def _report(rank: int, first_backward: str) -> dict:
+    """A rank's report at the hazard's step, the fields the headline reads (from a kl-exp-overflow run's reports:
+    every rank holds the same rerun producer, the loss's rank 2; each its own first module in backward order)."""
+    producer = {"rank": 2, "pp": 1, "tp": 0, "node": "vm", "device": "cpu", "module": "output_layer",
+                "direction": "backward", "microbatch": 2, "class": "loss-numerics"}  # fmt: skip
+    return {
+        "rank": rank, "rollout_id": 1, "step_id": 0, "first_forward": None,
+        "first_backward": {"module": first_backward, "microbatch": 2}, "replay": {"text": "rerun ..."},
+        "rerun": {"verdict": "reproducible", "producer": producer},
+    }  # fmt: skip
+
+
+def test_the_plugin_headline_follows_the_producer_not_the_first_rank_to_raise():
+    from nanscope.report import repro as report
+    from nanscope.repro import PluginCheck, Repro
+
+    fc2 = "decoder.layers.1.mlp.experts.local_experts.7.linear_fc2"
+    reports = [_report(0, fc2), _report(1, fc2), _report(2, "output_layer"), _report(3, "output_layer")]
+    # rank 0 (pp 0, an expert's fc2 the NaN reached in backward) raised first, by wall clock
+    raised = Repro("kl-exp-overflow", "as-is", "nan-check", "nan-check", {}, first_failure=0)
+    skipped = Repro("kl-exp-overflow", "as-is", "completed", "completed", {})
+    check = PluginCheck(inject_step=2, raised=raised, skipped=skipped, max_skips=None, reports=reports, replay=None)
+    assert report.plugin_lines(check)[0] == (
+        "plugin: ranks 0-3 reported rollout 1 step 0 (harness step 2); the first non-finite value (the rerun's "
+        "producer): rank 2 (pp 1, tp 0), module 'output_layer', backward, micro-batch 2, class loss-numerics; rank 0 "
+        "raised Megatron's error first"
+    )
+    # without a rerun (NANSCOPE_RERUN=off) there is no producer across ranks: the first to raise's, said so
+    for r in reports:
+        r["rerun"] = None
+    assert report.plugin_lines(check)[0] == (
+        "plugin: ranks 0-3 reported rollout 1 step 0 (harness step 2); rank 0's first non-finite: module "
+        f"'{fc2}', micro-batch 2; rank 0 raised Megatron's error first (no rerun in the reports: no producer "
+        "across ranks)"
+    )

@@ -20,7 +20,9 @@ def run(capsys, *argv):
 def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
     dump = str(tmp_path / "rollout_data" / "12.pt")
     rc, out, _ = run(capsys, "--write-demo", dump)
-    assert rc == 0 and out.splitlines()[0] == f"wrote rollout dump {dump} (slime v0.1.0 format) with 4 planted hazards:"
+    assert rc == 0 and out.splitlines()[0] == (
+        f"wrote rollout dump {dump} (rollout 12, slime v0.1.0 format) with 4 planted hazards:"
+    )
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"), "--html", str(tmp_path / "s.html"))
     assert (rc, err) == (1, "")
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
@@ -227,9 +229,11 @@ def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
     assert (
         "train_data/12_0.pt train v0.1.0 16 1,024 4 yes kl-exp-overflow, nan-rollout-logprob, ratio-exp-overflow"
     ) in lines
-    assert lines[-1] == (
-        "3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; 0 failed; 17 findings"
-    )
+    assert lines[-2:] == [
+        "3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; 0 failed; 17 findings",
+        "trend over 2 rollouts (12-13): first hazard at rollout 12 (would produce NaN: yes, via nan-rollout-logprob, "
+        "nan-reward, kl-exp-overflow, ratio-exp-overflow): the run was heading here",
+    ]
     doc = json.loads((tmp_path / "s.json").read_text())
     assert [f["path"] for f in doc["files"]] == [f"{tmp_path}/rollout_data/{n}.pt" for n in (12, 13)] + [
         f"{tmp_path}/train_data/12_0.pt"
@@ -245,7 +249,8 @@ def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
     assert err.startswith(
         f"nanscope scan: error: 1 of 2 dumps failed; the first: {tmp_path}/13.pt: unreadable torch.save file ("
     )
-    assert "1 failed" in out.splitlines()[-1]
+    assert "1 failed" in out.splitlines()[-2]
+    assert out.splitlines()[-1].startswith("trend over 1 rollout (12): first hazard at rollout 12 (would produce NaN")
     # --html on a directory draws the run's trend (tests/cli/test_scan_trend.py)
     (tmp_path / "empty").mkdir()
     rc, _, err = run(capsys, str(tmp_path / "empty"))
@@ -292,7 +297,7 @@ def test_file_text_in_the_tables_is_never_markup_nor_control_characters(tmp_path
 def test_each_release_s_format_through_argv(tmp_path, capsys, release, kind, line):
     dump = str(tmp_path / "d.pt")
     rc, out, _ = run(capsys, "--write-demo", dump, "--demo-kind", kind, "--demo-release", release)
-    assert rc == 0 and out.splitlines()[0] == f"wrote {kind} dump {dump} (slime {release} format) with " + (
+    assert rc == 0 and out.splitlines()[0] == f"wrote {kind} dump {dump} (rollout 12, slime {release} format) with " + (
         "4 planted hazards:" if kind == "rollout" else "3 planted hazards:"
     )
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"))

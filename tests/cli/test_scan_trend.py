@@ -16,20 +16,86 @@ FILE_KEYS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def scanned(tmp_path_factory):
-    """The drifting run's directory scanned once: (exit code, stdout, stderr, JSON, HTML)."""
-    root = tmp_path_factory.mktemp("run")
-    demo.write_drifting_run(root / "dumps", rollouts=6)
-    js, page = root / "scan.json", root / "trend.html"
+def _main(*argv) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(["scan", str(root / "dumps"), "--json", str(js), "--html", str(page), "--workers", "2"])
-    return rc, out.getvalue(), err.getvalue(), json.loads(js.read_text()), page.read_text(), root
+        rc = main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory):
+    """The drifting run's directory, written by `scan --write-demo DIR --demo-kind run` and scanned once: (exit
+    code, stdout, stderr, JSON, HTML, the root, --write-demo's stdout)."""
+    root = tmp_path_factory.mktemp("run")
+    wrote = _main("scan", "--write-demo", str(root / "dumps"), "--demo-kind", "run")
+    assert wrote[0] == 0 and wrote[2] == ""
+    js, page = root / "scan.json", root / "trend.html"
+    rc, out, err = _main("scan", str(root / "dumps"), "--json", str(js), "--html", str(page), "--workers", "2")
+    return rc, out, err, json.loads(js.read_text()), page.read_text(), root, wrote[1]
+
+
+def test_write_demo_run_writes_the_drifting_run_as_slime_lays_out_its_dumps(scanned, tmp_path):
+    root, wrote = scanned[5], scanned[6]
+    dumps = root / "dumps"
+    assert sorted(str(p.relative_to(dumps)) for p in dumps.rglob("*")) == [
+        "rollout_data", *(f"rollout_data/{i}.pt" for i in range(6)), "train_data",
+        *(f"train_data/{i}_0.pt" for i in range(5)),
+    ]  # fmt: skip
+    assert wrote.splitlines() == [
+        f"wrote a drifting run of 6 rollouts under {dumps} (slime v0.1.0 format): rollout dumps rollout_data/0.pt .. "
+        "5.pt, train dumps train_data/0_0.pt .. 4_0.pt (the last rollout's training is the one that fails: no train "
+        "dump); a masked token's KL log-ratio grows 18 a rollout, 0 .. 90, past 88.72 at rollout 5",
+        f"now run: nanscope scan {dumps} --html trend.html",
+    ]
+    # the files the library's writer writes
+    demo.write_drifting_run(tmp_path)
+    assert [p.relative_to(tmp_path) for p in demo.drifting_run_paths(tmp_path)] == [
+        p.relative_to(dumps) for p in demo.drifting_run_paths(dumps)
+    ]
+    # again: nothing replaced without --force (one line, exit 2), every file replaced with it
+    before = {p: p.stat().st_mtime_ns for p in dumps.rglob("*.pt")}
+    rc, out, err = _main("scan", "--write-demo", str(dumps), "--demo-kind", "run")
+    assert (rc, out, err) == (
+        2, "", f"nanscope scan: error: --write-demo {dumps}/rollout_data/0.pt: exists (pass --force to replace it)\n"
+    )  # fmt: skip
+    assert {p: p.stat().st_mtime_ns for p in dumps.rglob("*.pt")} == before
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert _main("scan", "--write-demo", str(a_file), "--demo-kind", "run")[2] == (
+        f"nanscope scan: error: --write-demo {a_file}: not a directory (--demo-kind run writes a directory)\n"
+    )
+    assert _main("scan", "--write-demo", str(tmp_path), "--demo-kind", "run", "--force")[0] == 0
+
+
+def test_scan_of_the_directory_prints_the_trend_s_first_hazard(scanned):
+    rc, out = scanned[0], scanned[1]
+    assert rc == 1 and out.splitlines()[-1] == (
+        "trend over 6 rollouts (0-5): first hazard at rollout 5 (would produce NaN: possibly, via kl-exp-overflow, "
+        "ratio-exp-overflow): the run was heading here"
+    )
+
+
+def test_demos_take_their_rollout_from_their_names_and_a_disagreement_is_one_line(tmp_path):
+    for name, rollout in (("3.pt", 3), ("4.pt", 4), ("notes.pt", 12)):  # 12: the demo's own, where the name has none
+        rc, out, _ = _main("scan", "--write-demo", str(tmp_path / "d" / name))
+        assert rc == 0 and out.startswith(f"wrote rollout dump {tmp_path}/d/{name} (rollout {rollout}, slime v0.1.0 ")
+    (tmp_path / "d" / "9.pt").write_bytes((tmp_path / "d" / "3.pt").read_bytes())  # a copy under another name
+    rc, out, _ = _main("scan", str(tmp_path / "d"), "--json", str(tmp_path / "s.json"), "--workers", "2")
+    series = json.loads((tmp_path / "s.json").read_text())["trend"]
+    # each placed at the id it stores: 3, 4, 12 (notes.pt, no id in its name), and 9.pt's copy of rollout 3 at 3
+    assert [(e["rollout_id"], e["rollout_dumps"]) for e in series["rollouts"]] == [(3, 2), (4, 1), (12, 1)]
+    assert series["id_disagrees"] == [{"path": f"{tmp_path}/d/9.pt", "rollout_id": 3, "name_rollout": 9}]
+    assert rc == 1 and out.splitlines()[-2:] == [
+        "trend over 3 rollouts (3-12): first hazard at rollout 3 (would produce NaN: yes, via nan-rollout-logprob, "
+        "nan-reward, kl-exp-overflow, ratio-exp-overflow): the run was heading here",
+        "rollout ids: 1 file(s) store a rollout_id their name does not give (9.pt stores 3, its name says 9): each "
+        "is placed at the id it stores",
+    ]
 
 
 def test_the_json_keeps_its_keys_and_adds_the_trend(scanned):
-    rc, out, err, doc, _, root = scanned
+    rc, out, err, doc, _, root, _ = scanned
     assert (rc, err) == (1, "")  # rollout 5's bound is a finding
     assert list(doc) == ["files", "summary", "trend"]
     assert all(list(f) == FILE_KEYS for f in doc["files"])
@@ -38,7 +104,7 @@ def test_the_json_keeps_its_keys_and_adds_the_trend(scanned):
     assert [e["rollout_log_ratio_bound"] for e in trend["rollouts"]] == [1.0, 19.0, 37.0, 55.0, 73.0, 91.0]
     assert [e["max_kl_log_ratio"] for e in trend["rollouts"]] == [0.0, 18.0, 36.0, 54.0, 72.0, None]
     assert trend["first_hazard"]["rollout_id"] == 5 and trend["without_train_dump"] == [5]
-    assert out.splitlines()[-1] == (
+    assert out.splitlines()[-2] == (
         "11 dumps, 176 samples, 11,264 response tokens: would produce NaN: 0 yes, 1 possibly, 10 no; 0 failed; "
         "2 findings"
     )

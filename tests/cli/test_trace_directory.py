@@ -73,12 +73,14 @@ def test_one_bad_file_is_one_refused_line_and_every_other_file_is_still_replayed
     out, err = capsys.readouterr()
     lines = [_pid_free(line) for line in out.splitlines()]
     assert lines[0] == f"nanscope trace: {tmp_path}: 1 bundles, 0 other files"
-    assert lines[1].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 0 of 1, dp 0 of 1): aten.exp.default at ")
-    assert lines[2:] == [f"refused: {tmp_path / name}: {why}" for name, why in refusals.items()]
+    assert lines[1].startswith("loss: nanscope's model of slime v0.1.0 ")
+    assert lines[2].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 0 of 1, dp 0 of 1): aten.exp.default at ")
+    assert lines[3].startswith("with the guard ") and lines[4].startswith("verdict (rollout 1 step 0, rank 2): ")
+    assert lines[5:] == [f"refused: {tmp_path / name}: {why}" for name, why in refusals.items()]
     assert err == ""
     doc = json.loads((tmp_path / "t.json").read_text())
     assert [b["source"] for b in doc["bundles"]] == [str(tmp_path / HEALTHY)]
-    assert [_pid_free(r) for r in doc["refused"]] == [line.removeprefix("refused: ") for line in lines[2:]]
+    assert [_pid_free(r) for r in doc["refused"]] == [line.removeprefix("refused: ") for line in lines[5:]]
     # the same bundles alone: the field in one line, exit 2
     for name, why in refusals.items():
         if name.endswith(".bundle.pt"):
@@ -120,7 +122,7 @@ def test_a_directory_holds_one_bundle_in_memory_at_a_time(tmp_path, capsys, monk
 
     monkeypatch.setattr(bundle_load, "load", load)
     assert main(["trace", str(tmp_path)]) == 1
-    assert capsys.readouterr().out.count(": aten.exp.default at ") == 4
+    assert capsys.readouterr().out.count(": aten.exp.default at ") == 4 + 1  # a line per bundle, and the verdict
     assert len(alive) == 4 * 8 and held == [0, 0, 0, 0]  # 8 tensors a bundle, none alive at the next read
 
 

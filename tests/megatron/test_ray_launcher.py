@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,13 +40,6 @@ HEADER = re.compile(
     r"^ray\.exceptions\.RayTaskError\(RuntimeError\): ray::MegatronTrainRayActor\.train\(\) \(pid=\d+, ip=[\d.]+, "
     r"actor_id=[0-9a-f]+, repr=<[\w.]+\.MegatronTrainRayActor object at 0x[0-9a-f]+>\)$"
 )
-# the harness's world for doctor: TP2 x PP2 on one node of 4, 4 layers, 8 experts (megatron/model.py's TinyQwen3MoE)
-HARNESS_SCRIPT = """\
-MODEL_ARGS=(--num-layers 4 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --num-experts 8
-            --moe-router-topk 2 --moe-ffn-hidden-size 64 --vocab-size 256)
-python3 train.py --actor-num-nodes 1 --actor-num-gpus-per-node 4 --colocate "${MODEL_ARGS[@]}" \\
-    --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2 --use-kl-loss
-"""
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +152,8 @@ def test_repro_s_check_accepts_the_ray_shape(ray_launched):
 
 @pytest.mark.timeout(300)
 def test_doctor_reads_it_with_the_case_s_coordinates_for_that_world(ray_launched, tmp_path, capsys):
-    script, ray_tb, case_tb = tmp_path / "launch.sh", tmp_path / "ray.txt", tmp_path / "case.txt"
-    script.write_text(HARNESS_SCRIPT)
+    # the harness's world, as shipped (cases/harness/launch.sh: TP2 x PP2 on one node of 4, the tiny Qwen3-MoE)
+    script, ray_tb, case_tb = case.harness_script(), tmp_path / "ray.txt", tmp_path / "case.txt"
     ray_tb.write_text(ray_launched.runs[1].traceback)
     first = ray_launched.runs[1].first_failure()
     # the case's own traceback, its error line the harness's: Rank R, node N, device cpu
@@ -309,11 +303,25 @@ def test_repro_prints_the_traceback_writes_it_and_puts_it_in_the_json(ray_launch
     doc = report.to_json(rep)
     cli._ray_output(args, rep, doc)
     out = capsys.readouterr().out
+    tb = tmp_path / "tb.txt"
     assert out == (
-        "\nthe Ray driver's traceback (kl-exp-overflow, as-is loss), as slime's train.py shows it:\n" + rep.traceback
+        "\nthe Ray driver's traceback (kl-exp-overflow, as-is loss), as slime's train.py shows it:\n"
+        + rep.traceback
+        + f"diagnose it in the harness's world (its launch script: {case.harness_script()}): "
+        f"nanscope doctor --case harness --traceback {tb}\n"
     )
-    assert (tmp_path / "tb.txt").read_text() == rep.traceback == doc["traceback"]
+    assert tb.read_text() == rep.traceback == doc["traceback"]
     assert doc["launcher"] == {"kind": "ray", "ray_address": None}
+    # the command it prints, run as printed: doctor finds the cause that fired enabled by the harness's flags
+    command = shlex.split(out.splitlines()[-1].split("): ", 1)[1])
+    assert command[:2] == ["nanscope", "doctor"]
+    assert main([*command[1:], "--json", str(tmp_path / "d.json")]) == 0
+    capsys.readouterr()
+    got = json.loads((tmp_path / "d.json").read_text())
+    status = {c["id"]: c["status"] for c in got["candidates"]}
+    assert status["kl-exp-overflow"] == "enabled" and got["inputs"]["script"] == case.harness_script()
+    first = ray_launched.runs[1].first_failure()
+    assert (got["failing_rank"]["rank"], got["failing_rank"]["pp"]) == (first.rank, 1)
 
 
 @pytest.mark.slow

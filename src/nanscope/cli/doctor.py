@@ -32,6 +32,7 @@ from nanscope.report.doctor.page import render_html
 
 EPILOG = """examples:
   nanscope doctor --case slime-795
+  nanscope doctor --case harness --traceback tb.txt  # a `repro --launcher ray --traceback-out tb.txt`, in its world
   nanscope doctor --traceback job.log                # the log alone, of any size
   pbpaste | nanscope doctor --traceback -            # a pasted traceback, or only its error line
   nanscope doctor launch.sh --traceback traceback.txt   # unset variables are inferred, and said so
@@ -52,7 +53,13 @@ def add_parser(sub):
     parser.add_argument(
         "script", nargs="?", help="slime launch script (bash); read, never executed (optional with --traceback)"
     )
-    parser.add_argument("--case", help="use a bundled case (slime-795) instead of a script")
+    parser.add_argument(
+        "--case",
+        metavar="NAME",
+        help=f"use a bundled launch instead of a script: {case.NAME} (the case: its launch.sh, model.json and "
+        f"traceback.txt) or {case.HARNESS} (the world `nanscope repro` runs, TP2 PP2 on 1 node x 4: its launch.sh, "
+        "for a repro's --traceback)",
+    )
     parser.add_argument(
         "--env",
         action="append",
@@ -123,11 +130,12 @@ def _inputs(args, stack) -> tuple[str, dict, str | None, str | None]:
     env = parse_env(args.env)
     if not args.case:
         return args.script, env, args.model, args.traceback
-    if args.case != case.NAME:
-        raise UserError(f"--case {args.case}: unknown case (bundled: {case.NAME})")
+    if args.case not in case.BUNDLED:
+        raise UserError(f"--case {args.case}: unknown case (bundled: {', '.join(case.BUNDLED)})")
+    launch = case.BUNDLED[args.case]
     # as_file per file: works for a zipped install too (directories need Python 3.12)
-    bundled = {name: str(stack.enter_context(as_file(case.root() / name))) for name in case.FILES}
-    env = {**case.ENV, **env}
+    bundled = {name: str(stack.enter_context(as_file(case.root(launch.name) / name))) for name in launch.files}
+    env = {**launch.env, **env}
     return (
         bundled["launch.sh"],
         env,
@@ -167,7 +175,7 @@ def run(args) -> int:
                 rank=args.rank,
                 limit=limit,
                 slime_version=args.slime_version,
-                case_release=case.RELEASE if args.case else None,
+                case_release=case.BUNDLED[args.case].release if args.case else None,
             )
         # again, with the files the script sourced: the outputs must not replace one of them either
         sources = diagnosis.script.sources if diagnosis.script is not None else []

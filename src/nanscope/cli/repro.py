@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
-from nanscope import natural, repro
+from nanscope import case, natural, repro
 from nanscope.causes import catalogue
 from nanscope.cli import repro_slime
 from nanscope.errors import UserError
@@ -53,7 +54,8 @@ examples:
   nanscope repro --list-modules                        # the module names --fault takes
   nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
-                                                       # traceback; then: nanscope doctor --case slime-795 ...
+                                                       # traceback; then, in the harness's world (its launch.sh
+                                                       # ships): nanscope doctor --case harness --traceback tb.txt
   nanscope repro --natural --seed 0 --json n.json      # nothing planted: a GRPO loop whose training drives the
                                                        # KL's exp past fp32 on a masked tool token; as-is dies,
                                                        # the plugin trains through and warns first
@@ -183,7 +185,8 @@ def _launch(g) -> None:
         "--traceback-out",
         metavar="FILE",
         help="with --launcher ray: write the driver's traceback of the (first) as-is failure to FILE, for "
-        "`nanscope doctor --traceback FILE`",
+        "`nanscope doctor --case harness --traceback FILE` (the harness's own launch script; the line printed "
+        "after the traceback says where it is)",
     )
     g.add_argument("--timeout", type=float, metavar="S", help=TIMEOUT_HELP)
 
@@ -337,6 +340,13 @@ def _ray_output(args, result, doc: dict) -> None:
     print(text, end="" if text.endswith("\n") else "\n")
     if args.traceback_out:
         files.write_text(args.traceback_out, text, "--traceback-out")
+        print(doctor_line(args.traceback_out))
+
+
+def doctor_line(traceback_out: str) -> str:
+    """The one line after --traceback-out: where the harness's launch script is, and doctor's command for the file."""
+    command = f"nanscope doctor --case {case.HARNESS} --traceback {shlex.quote(traceback_out)}"
+    return f"diagnose it in the harness's world (its launch script: {case.harness_script()}): {command}"
 
 
 def _repros(result, doc: dict) -> list:

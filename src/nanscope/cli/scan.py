@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from nanscope import case
+from nanscope.cli import scan_demo
 from nanscope.dumps import many, ray_scan
 from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
@@ -35,11 +36,12 @@ minutes); a file that needs more is refused unless you pass --trust-pickle. slim
 after the optimizer step, so the step that crashes leaves none: scan that step's rollout dump.
 
 Given a directory, scans every *.pt file under it, several at a time on the available cores, and
-prints one line per file and a summary (--json writes them). Its --html and --json also hold the run's
-trend: per rollout, the largest log-ratios that reach an exp (train dumps: exact KL and TIS, the PPO
-bound; rollout dumps: the bound -rollout_log_probs) and the train-rollout gap, against fp32's 88.72, and
-the rollout where a hazard first appears (a rollout's train dump is written after its training, so the
-failing rollout has only its rollout dump).
+prints one line per file, a summary (--json writes them) and the trend's first hazard in one line. Its
+--html and --json hold the whole trend: per rollout, the largest log-ratios that reach an exp (train
+dumps: exact KL and TIS, the PPO bound; rollout dumps: the bound -rollout_log_probs) and the train-rollout
+gap, against fp32's 88.72, and the rollout where a hazard first appears (a rollout's train dump is written after its training, so the
+failing rollout has only its rollout dump). A file's rollout is the rollout_id it stores, else the one its
+name gives ({rollout_id}.pt, {rollout_id}_{rank}.pt); one line names the files where the two disagree.
 
 Positions are 0-based: `sample` in the file, `token` in the response, `abs_token` in the sequence
 (prompt + response). Masked tokens (loss_mask 0) are hazards too: slime v0.1.0 computes exp on them
@@ -62,6 +64,8 @@ examples:
   nanscope scan /root/dumps/ --json scan.json        # every dump under the directory
   nanscope scan /root/dumps/ --html trend.html       # and the run's trend towards 88.72, per rollout
   nanscope scan --write-demo train_data/12.pt --demo-kind train --demo-release main   # main's train format
+  nanscope scan --write-demo run/ --demo-kind run    # a drifting run: 6 rollouts, the KL log-ratio 0, 18, .. 90
+  nanscope scan run/ --html trend.html               # its trend, past 88.72 at rollout 5
   nanscope scan /root/dumps/ --ray --ray-address head:6379   # one Ray task a file, each read where it lies
 """
 
@@ -176,13 +180,20 @@ def _add_input_arguments(group) -> None:
         help="refuse a sample whose fields hold, or whose response_length declares, more entries "
         f"(default {MAX_SAMPLE_TOKENS:,})",
     )
-    group.add_argument("--write-demo", metavar="PATH", help="write a small dump with planted hazards and exit")
-    group.add_argument("--force", action="store_true", help="with --write-demo: replace an existing file")
+    group.add_argument(
+        "--write-demo",
+        metavar="PATH",
+        help="write a small dump with planted hazards and exit; its rollout_id is the one PATH's name gives "
+        "({id}.pt, {id}_{rank}.pt), else the demo's own (printed); with --demo-kind run, PATH is a directory",
+    )
+    group.add_argument("--force", action="store_true", help="with --write-demo: replace existing files")
     group.add_argument(
         "--demo-kind",
-        choices=("rollout", "train"),
+        choices=("rollout", "train", "run"),
         default="rollout",
-        help="what --write-demo writes (default rollout)",
+        help="what --write-demo writes (default rollout): one rollout dump, one train dump, or run: a drifting run "
+        "of several rollouts (PATH/rollout_data/{id}.pt, PATH/train_data/{id}_0.pt) whose log-ratio maxima cross "
+        "88.72 at the last",
     )
     group.add_argument(
         "--demo-release",
@@ -256,7 +267,7 @@ def run(args) -> int:
     if args.force and args.write_demo is None:
         raise UserError("--force goes with --write-demo PATH (it replaces an existing file there)")
     if args.write_demo is not None:
-        return _write_demo(args)
+        return scan_demo.write(args)
     if not args.dump:
         raise UserError("no dump given (try: nanscope scan --write-demo rollout_data/12.pt)")
     _check_numbers(args)
@@ -403,6 +414,8 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
         summaries = _with_bar(scan_files, paths, flags, opts, args.dump) if show else scan_files(paths, flags, **opts)
     report.render_directory(summaries, console, args.dump)
     series = trend.trend(summaries)
+    for line in report_trend.terminal_lines(series, args.dump):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     if args.json:
         report.write_directory_json(summaries, args.json, series)
     if args.html:
@@ -457,28 +470,3 @@ def _render(args, result) -> None:
         report.write_json(result, args.json)
     if args.html:
         report.write_html(result, args.html)
-
-
-def _write_demo(args) -> int:
-    from nanscope.dumps import demo  # heavy: torch, only --write-demo writes a dump
-
-    target = {"--write-demo": args.write_demo}
-    files.check_outputs(target, replace=args.force, parents=True)
-    with files.replacing(args.write_demo, "--write-demo", parents=True) as temporary:
-        try:
-            planted = demo.write_demo(temporary, kind=args.demo_kind, release=args.demo_release)
-        except RuntimeError as e:  # torch.save's writer: the disk is full, the file system refuses
-            raise UserError(f"--write-demo {files.shown(args.write_demo)}: cannot write: {_first_line(e)}") from None
-    print(
-        f"wrote {args.demo_kind} dump {args.write_demo} (slime {args.demo_release} format) "
-        f"with {len(planted)} planted hazards:"
-    )
-    for hazard in planted:
-        where = f"sample {hazard.sample}" + (f" token {hazard.token}" if hazard.token is not None else "")
-        print(f"  {hazard.kind:<26} {where:<20} {hazard.what}")
-    print(f"now run: nanscope scan {args.write_demo}")
-    return 0
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

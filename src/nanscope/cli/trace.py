@@ -13,8 +13,10 @@ Input, one of:
                     through the guard. Exit 1 when it names the cause in the loss (an op of it, or a non-finite
                     input), 0 when the NaN started upstream of the loss (the loss replays finite, or the log-probs
                     the release computed from the logits were non-finite already): the report's module names where.
-  REPORT_DIR        the plugin's report directory (NANSCOPE_REPORT_DIR): one line per rank and step, earliest
-                    first, for every bundle, report and cluster trace in it; exit 1 if any bundle names the cause.
+  REPORT_DIR        the plugin's report directory (NANSCOPE_REPORT_DIR): the loss its bundles replay through, one
+                    line per rank and step, earliest first, for every bundle, report and cluster trace in it, then
+                    the guard's replay and the verdict (the earliest bundle's that names the cause); exit 1 if any
+                    bundle names the cause.
   FILE.pt           a micro-batch file written by nanscope.trace.tracer.replay.save_microbatch (batch, logits, args).
   --hazard NAME     a catalogued hazard, built against the synthetic policy as `nanscope hazards` does.
 """
@@ -32,7 +34,7 @@ from nanscope.errors import UserError
 from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
 from nanscope.inputs import MiB, fill_template, printable, read_json
 from nanscope.loss import NAMES as LOSS_NAMES
-from nanscope.report import files
+from nanscope.report import files, trace_dir
 from nanscope.trace.bundles import bundle_text
 from nanscope.trace.tracer import text as render
 
@@ -109,6 +111,8 @@ def run(args) -> int:
             raise UserError(f"{given[0]} goes with FILE.pt or --hazard: a bundle replays the loss that wrote it")
     elif args.slime_src or args.rollout:
         raise UserError(f"{'--slime-src' if args.slime_src else '--rollout'} goes with a bundle or a report directory")
+    if args.slime_src is not None and not os.path.isdir(args.slime_src):
+        raise UserError(f"--slime-src {printable(args.slime_src)}: no such directory (give a slime checkout)")
     if args.rollout:  # a template that fills: refused once, here, not for every bundle
         fill_template(args.rollout, "--rollout", rollout_id=0, rank=0)
     files.check_outputs({"--json": args.json}, _inputs(args, kind))
@@ -220,6 +224,7 @@ def _directory(args) -> int:
     for result, refusal in _replay_each(args, root, [n for n in names if n.endswith(BUNDLE_SUFFIX)]):
         replays += [result] if result is not None else []
         refused += [refusal] if refusal is not None else []
+    replays.sort(key=_order)
     rows = _bundle_rows(replays)
     for name in names:
         path = root / name
@@ -233,12 +238,17 @@ def _directory(args) -> int:
     if not rows and not refused:
         raise UserError(f"{root}: report directory: no bundle (*{BUNDLE_SUFFIX}), report or trace in it")
     print(printable(f"nanscope trace: {root}: {len(replays)} bundles, {len(rows) - len(replays)} other files"))
-    for _, line in sorted(rows, key=lambda row: row[0]):
+    said = trace_dir.loss_lines(replays, args.slime_src) if replays else []
+    for line in said + [line for _, line in sorted(rows, key=lambda row: row[0])]:
+        print(printable(line))
+    verdict = trace_dir.verdict_line(replays) if replays else None
+    for line in (trace_dir.guard_lines(replays) + [verdict]) if replays else []:
         print(printable(line))
     for line in refused:
         print(printable(f"refused: {line}"))
     if args.json:
-        files.write_json(args.json, {"source": str(root), "bundles": replays, "refused": refused})
+        doc = {"source": str(root), "bundles": replays, "refused": refused, "verdict": verdict}
+        files.write_json(args.json, doc)
     return 1 if any(r["found"] for r in replays) else (2 if refused else 0)
 
 

@@ -8,7 +8,10 @@ samples against each release's own Sample. Nothing here is used to read a dump.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,14 +168,18 @@ class Planted:
     what: str
 
 
+DEMO_ROLLOUT = 12  # the demo's rollout_id where its file name gives none
+
+
 def write_demo(
-    path: str | Path, kind: str = "rollout", rollout_id: int = 12, release: str = releases.V0_1_0
+    path: str | Path, kind: str = "rollout", rollout_id: int = DEMO_ROLLOUT, release: str = releases.V0_1_0
 ) -> list[Planted]:
     """Write a small dump (16 samples = 2 GRPO groups of 8, prompt 24 + response 64 tokens, response
     positions 32-47 masked like a tool result) with known hazards planted, and return them.
 
     Args:
         kind: "rollout" (what --save-debug-rollout-data writes) or "train" (--save-debug-train-data, cp=1).
+        rollout_id: the id the dump stores (`scan --write-demo` passes the one the file's name gives).
         release: whose format (nanscope.facts.releases key); the planted hazards are the same in each.
     """
     if kind == "rollout":
@@ -233,10 +240,31 @@ DRIFT_KL_STEP = 18.0
 DRIFT_GAP_STEP = 0.25
 DRIFT_KL_AT = (5, 40)  # sample, response token (masked: positions 32-47 are a tool result)
 DRIFT_GAP_SAMPLE = 2
+DRIFT_ROLLOUTS = 6  # rollouts 0-5: the KL log-ratio 0, 18, ..., 90, past 88.72 at the last
 
 
-def write_drifting_run(directory: str | Path, rollouts: int = 6, release: str = releases.V0_1_0) -> list[Path]:
-    """Write a run's dumps whose log-ratio drifts towards fp32's exp overflow, and return their paths.
+def drifting_run_paths(directory: str | Path, rollouts: int = DRIFT_ROLLOUTS) -> list[Path]:
+    """The files `write_drifting_run` writes, in its order: rollout i's rollout dump, then its train dump."""
+    directory = Path(directory)
+    paths = []
+    for i in range(rollouts):
+        paths.append(directory / "rollout_data" / f"{i}.pt")
+        if i < rollouts - 1:
+            paths.append(directory / "train_data" / f"{i}_0.pt")
+    return paths
+
+
+def write_drifting_run(
+    directory: str | Path,
+    rollouts: int = DRIFT_ROLLOUTS,
+    release: str = releases.V0_1_0,
+    opener: Callable[[Path], ContextManager[str | Path]] | None = None,
+) -> list[Path]:
+    """Write a run's dumps whose log-ratio drifts towards fp32's exp overflow, and return their paths
+    (`drifting_run_paths`).
+
+    `opener(path)` is a context manager giving the path each writer writes to (`scan --write-demo`: a temporary
+    file renamed onto `path` once whole); default: `path` itself.
 
     Rollout i (0 <= i < rollouts) has a rollout dump `rollout_data/{i}.pt` and, but for the last one (slime
     writes a train dump after the rollout's training, and the last rollout's training is the one that
@@ -247,8 +275,8 @@ def write_drifting_run(directory: str | Path, rollouts: int = 6, release: str = 
                                      KL log-ratio 18 i, bound -rollout 1 + 18 i (91 > 88.72 at i = 5)
         sample 2, trained tokens     rollout_log_probs = -0.5 - 0.25 i: gap and TIS log-ratio 0.25 i
     """
-    directory = Path(directory)
-    paths = []
+    opener = opener or contextlib.nullcontext  # the writers make the directories
+    targets = iter(drifting_run_paths(directory, rollouts))
     for i in range(rollouts):
         samples = [
             rollout_sample(j, 24, 64, reward=float(j % 3 == 0), masked_span=(32, 48), release=release)
@@ -261,7 +289,8 @@ def write_drifting_run(directory: str | Path, rollouts: int = 6, release: str = 
             samples[DRIFT_GAP_SAMPLE]["rollout_log_probs"][t] = -0.5 - DRIFT_GAP_STEP * i
         sample, token = DRIFT_KL_AT
         samples[sample]["rollout_log_probs"][token] = -(1.0 + DRIFT_KL_STEP * i)
-        paths.append(writers.write_rollout_dump(directory / "rollout_data" / f"{i}.pt", samples, rollout_id=i))
+        with opener(next(targets)) as path:
+            writers.write_rollout_dump(path, samples, rollout_id=i)
         if i == rollouts - 1:
             break
         rewards = grpo_normalize(torch.tensor([s["reward"] for s in samples]), 8).tolist()
@@ -269,6 +298,6 @@ def write_drifting_run(directory: str | Path, rollouts: int = 6, release: str = 
         data["log_probs"][DRIFT_GAP_SAMPLE][trained] = -0.5
         data["ref_log_probs"][DRIFT_GAP_SAMPLE][trained] = -0.5
         data["ref_log_probs"][sample][token] = -1.0
-        path = directory / "train_data" / f"{i}_0.pt"
-        paths.append(writers.write_train_dump(path, data, rollout_id=i, rank=0, release=release))
-    return paths
+        with opener(next(targets)) as path:
+            writers.write_train_dump(path, data, rollout_id=i, rank=0, release=release)
+    return drifting_run_paths(directory, rollouts)

@@ -8,6 +8,7 @@ that cannot be read is a summary with its one-line error, not the end of the bat
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -66,6 +67,16 @@ def find_dumps(directory: str | Path) -> list[Path]:
     if not paths:
         raise UserError(f"{directory}: no *.pt dumps in this directory or below")
     return paths
+
+
+def name_rollout(path: str | Path) -> int | None:
+    """The rollout a dump's file name gives, as slime names them ({rollout_id}.pt, {rollout_id}_{rank}.pt), else
+    None."""
+    match = _DUMP_NAME.fullmatch(Path(path).stem)
+    return int(match.group(1)) if match else None
+
+
+_DUMP_NAME = re.compile(r"(\d+)(?:_\d+)?")
 
 
 def scan_file(path: str, flags: ScanFlags, load: dict) -> FileSummary:

@@ -2,7 +2,8 @@
 
 Each file's headroom (`nanscope.dumps.headroom`, computed by the worker that scanned it) is placed at its
 rollout: the id the dump stores (`rollout_id`), else the one its name gives (`{rollout_id}.pt` for rollout
-dumps, `{rollout_id}_{rank}.pt` for train dumps). A rollout's train dumps (one per rank) combine as the
+dumps, `{rollout_id}_{rank}.pt` for train dumps); a file whose stored id and name disagree is listed (slime
+names each dump by its id, so one of them was renamed or copied). A rollout's train dumps (one per rank) combine as the
 plugin reduces over ranks: maxima as maxima, the gap's mean over all their trained tokens, its 99th
 percentile as the largest per-dump 99th percentile, the clamped tokens as the largest per-dump count.
 
@@ -13,11 +14,9 @@ training failed has a rollout dump and no train dump: its points are the rollout
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
 
 from nanscope.dumps.headroom import ROLLOUT_MAXIMA, TRAIN_MAXIMA, later
-from nanscope.dumps.many import FileSummary
+from nanscope.dumps.many import FileSummary, name_rollout
 from nanscope.facts.numerics import FP32_EXP_MAX, LOG_RATIO_BOUND
 
 # What each metric of the series is, from which dump kind: the JSON's `metrics`, the chart's legend.
@@ -38,18 +37,31 @@ METRICS = {
     "the engine's (scan's kl-margin bound)",
 }
 SERIES = tuple(METRICS)
-_NAME = re.compile(r"(\d+)(?:_\d+)?")
+
+
+def _stored_rollout(summary: FileSummary) -> int | None:
+    """The dump's own integer rollout_id (a whole float counts), else None."""
+    stored = summary.rollout_id
+    if isinstance(stored, float) and stored.is_integer():
+        stored = int(stored)
+    return stored if isinstance(stored, int) and not isinstance(stored, bool) else None
 
 
 def rollout_of(summary: FileSummary) -> int | None:
     """The file's rollout: its stored integer rollout_id, else its name's ({id}.pt, {id}_{rank}.pt), else None."""
-    stored = summary.rollout_id
-    if isinstance(stored, float) and stored.is_integer():
-        stored = int(stored)
-    if isinstance(stored, int) and not isinstance(stored, bool):
-        return stored
-    match = _NAME.fullmatch(Path(summary.path).stem)
-    return int(match.group(1)) if match else None
+    stored = _stored_rollout(summary)
+    return stored if stored is not None else name_rollout(summary.path)
+
+
+def disagreements(summaries: list[FileSummary]) -> list[dict]:
+    """The files whose stored rollout_id and name give two rollouts: {"path", "rollout_id" (stored, where the
+    trend places it), "name_rollout"}."""
+    out = []
+    for summary in summaries:
+        stored, named = _stored_rollout(summary), name_rollout(summary.path)
+        if not summary.error and stored is not None and named is not None and stored != named:
+            out.append({"path": summary.path, "rollout_id": stored, "name_rollout": named})
+    return out
 
 
 def _combine(values: list[float | None]) -> float | None:
@@ -98,7 +110,8 @@ def trend(summaries: list[FileSummary]) -> dict:
         {"limit": 88.72..., "clamp": 20.0, "metrics": METRICS, "rollouts": [one entry per rollout],
         "first_hazard": the first rollout whose dumps would produce NaN (yes or possibly) or None,
         "without_train_dump": rollouts with a rollout dump and no train dump, "unplaced": files whose rollout
-        is unknown, "note": the chart's note on the missing train dumps}. Files that failed are left out.
+        is unknown, "id_disagrees": files whose stored rollout_id is not their name's (`disagreements`), "note":
+        the chart's note on the missing train dumps}. Files that failed are left out.
     """
     by_rollout: dict[int, list[FileSummary]] = {}
     unplaced = []
@@ -128,6 +141,7 @@ def trend(summaries: list[FileSummary]) -> dict:
         },
         "without_train_dump": missing,
         "unplaced": unplaced,
+        "id_disagrees": disagreements(summaries),
         "note": _note(rollouts, missing),
     }
 

@@ -28,13 +28,14 @@ def _rank_outcome(record) -> str:
 
 
 def outcome(rep: Repro) -> str:
-    """A short cell: 'completed' or 'NaN check, rank 3 first (last stage)'."""
+    """A short cell: 'completed' or 'NaN check on 4/4 ranks, rank 3 raised first (last stage)': the first rank to
+    raise Megatron's error, by wall clock (the sentinel's line names where the value was produced)."""
     if rep.observed != "nan-check":
         return rep.observed
     first = next(record for record in rep.ranks if record.rank == rep.first_failure)
     failed = sum(failed_check(record) for record in rep.ranks)
     stage = "last stage" if first.holds_output_layer else "pp " + str(first.pp)
-    return f"NaN check on {failed}/{len(rep.ranks)} ranks, rank {first.rank} first ({stage})"
+    return f"NaN check on {failed}/{len(rep.ranks)} ranks, rank {first.rank} raised first ({stage})"
 
 
 def verdict(rep: Repro) -> str:
@@ -114,7 +115,8 @@ def expert_lines(tokens: dict | None) -> list[str]:
 
 
 def sentinel_text(finding: dict) -> str:
-    """One line: where the sentinel saw the first non-finite value, and its class."""
+    """One line: the rank that produced the first non-finite value (first in causal order, `repro.sentinel_finding`;
+    not necessarily the first to raise Megatron's error), where, and its class."""
     if finding["rank"] is None:
         return "nothing non-finite (every module output, gradient and loss input was finite)"
     where = (
@@ -123,7 +125,7 @@ def sentinel_text(finding: dict) -> str:
         else "no module"
     )
     cls = finding["class"] or "undecided: " + " or ".join(finding["candidates"])
-    return f"rank {finding['rank']} saw it first (step {finding['step']}): {where}; class {cls}"
+    return f"rank {finding['rank']} produced it first (step {finding['step']}): {where}; class {cls}"
 
 
 def _trace_lines(trace: dict) -> list[str]:
@@ -361,16 +363,10 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
     """The raise run's report, the instruction it printed, what the replay found, and skip mode."""
     if not plugin.reports:
         return [f"plugin: no rank wrote a report at step {plugin.inject_step} ({outcome(plugin.raised)})"]
-    # the first rank to fail
-    first = next(
-        (report for report in plugin.reports if report["rank"] == plugin.raised.first_failure), plugin.reports[0]
-    )
-    hit = first["first_forward"] or first["first_backward"]
-    where = f"module {hit['module']!r}, micro-batch {hit['microbatch']}" if hit else "accumulated gradients"
+    first = plugin.reports[0]
     out = [
         f"plugin: ranks {span(sorted(report['rank'] for report in plugin.reports))} reported rollout "
-        f"{first['rollout_id']} step {first['step_id']} (harness step {plugin.inject_step}); rank {first['rank']}'s "
-        f"first non-finite: {where}",
+        f"{first['rollout_id']} step {first['step_id']} (harness step {plugin.inject_step}); {_first_value(plugin)}",
         f"the report says: {first['replay']['text']}",
     ]
     if plugin.replay is None:
@@ -400,6 +396,26 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
     out += [f"skip mode stopped: {error}" for error in errors]
     out += [f"warning: not left in --report-dir: {why}" for why in plugin.left_out]
     return out
+
+
+def _first_value(plugin: PluginCheck) -> str:
+    """Where the first non-finite value was produced (the reports' rerun.producer, the same on every rank: first in
+    causal order across ranks), and which rank raised Megatron's error first (by wall clock: any rank whose gradients
+    the value reached, a peer of the producer as often as the producer)."""
+    raised = plugin.raised.first_failure
+    who = "" if raised is None else f"; rank {raised} raised Megatron's error first"
+    producer = next((r["rerun"]["producer"] for r in plugin.reports if (r.get("rerun") or {}).get("producer")), None)
+    if producer is not None:
+        return (
+            f"the first non-finite value (the rerun's producer): rank {producer['rank']} (pp {producer['pp']}, tp "
+            f"{producer['tp']}), module {producer['module']!r}, {producer['direction']}, micro-batch "
+            f"{producer['microbatch']}, class {producer['class'] or 'undecided'}{who}"
+        )
+    # no rerun (NANSCOPE_RERUN=off): the first rank to raise, whose reading need not be the producer's
+    report = next((r for r in plugin.reports if r["rank"] == raised), plugin.reports[0])
+    hit = report["first_forward"] or report["first_backward"]
+    where = f"module {hit['module']!r}, micro-batch {hit['microbatch']}" if hit else "accumulated gradients"
+    return f"rank {report['rank']}'s first non-finite: {where}{who} (no rerun in the reports: no producer across ranks)"
 
 
 def _warning_line(plugin: PluginCheck) -> str:

@@ -194,22 +194,49 @@ def _legend(lines: tuple[Line, ...]) -> list[str]:
     return out
 
 
+def headline(trend: dict) -> str:
+    """The trend's first-hazard line: the HTML's headline, and `scan DIR`'s in the terminal."""
+    first = trend["first_hazard"]
+    if first is None:
+        return "no rollout would produce NaN"
+    return (
+        f"first hazard at rollout {first['rollout_id']} (would produce NaN: {first['would_nan']}, via "
+        f"{', '.join(first['mechanisms']) or '-'}): the run was heading here"
+    )
+
+
+def terminal_lines(trend: dict, root: str) -> list[str]:
+    """`scan DIR`'s trend in the terminal: the rollouts and the first hazard in one line, then one line naming
+    the files whose stored rollout_id is not their name's, if any (paths under `root`)."""
+    rollouts = [e["rollout_id"] for e in trend["rollouts"]]
+    if not rollouts:
+        lines = [f"trend: {trend['note']}"]
+    else:
+        span = "1 rollout (" if len(rollouts) == 1 else f"{len(rollouts)} rollouts ({rollouts[0]}-"
+        lines = [f"trend over {span}{rollouts[-1]}): {headline(trend)}"]
+    off = trend["id_disagrees"]
+    if off:
+        shown = "; ".join(
+            f"{os.path.relpath(d['path'], root)} stores {d['rollout_id']}, its name says {d['name_rollout']}"
+            for d in off[:5]
+        ) + (f"; and {len(off) - 5} more" if len(off) > 5 else "")
+        lines.append(
+            f"rollout ids: {len(off)} file(s) store a rollout_id their name does not give ({shown}): each is placed "
+            "at the id it stores"
+        )
+    return lines
+
+
 def trend_html(trend: dict) -> str:
     """The trend's section: both charts, the note on missing train dumps, the rollouts' table."""
     rollouts = trend["rollouts"]
     if not rollouts:
         return f"<h2>the run's trend</h2><p class='muted'>{esc(trend['note'])}</p>"
     first = trend["first_hazard"]
-    head = (
-        f"first hazard at rollout {first['rollout_id']} (would produce NaN: {first['would_nan']}, via "
-        f"{', '.join(first['mechanisms']) or '-'}): the run was heading here"
-        if first
-        else "no rollout would produce NaN"
-    )
     limit, clamp = trend["limit"], trend["clamp"]
     body = [
         "<h2>the run's trend: per-rollout headroom</h2>",
-        f"<p class='{'bad' if first else 'ok'}'>{esc(head)}</p>",
+        f"<p class='{'bad' if first else 'ok'}'>{esc(headline(trend))}</p>",
         f"<p class='muted'>largest log-ratio that reaches an exp, per rollout; red line: fp32 exp overflow "
         f"{limit:.2f}; dashed grey: the guard's clamp ±{clamp:g}; open points and dashed lines are bounds</p>",
         chart_svg(

@@ -115,9 +115,9 @@ def test_cp_ranks_each_write_their_bundle_and_get_their_own_line(tmp_path, capsy
     assert main(["trace", str(tmp_path)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"nanscope trace: {tmp_path}: 2 bundles, 0 other files"
-    assert lines[1].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 0 of 2, dp 0 of 1): ")
-    assert lines[2].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 1 of 2, dp 0 of 1): ")
-    assert sum(" in approx_kl, sample " in line for line in lines[1:]) == 1  # one CP rank holds the token
+    assert lines[2].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 0 of 2, dp 0 of 1): ")
+    assert lines[3].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 1 of 2, dp 0 of 1): ")
+    assert sum(" in approx_kl, sample " in line for line in lines[2:4]) == 1  # one CP rank holds the token
 
 
 def test_without_current_log_probs_the_replay_is_approximate(tmp_path, capsys):
@@ -170,23 +170,45 @@ def test_a_report_directory_one_line_per_rank_and_step_earliest_first(tmp_path, 
     (tmp_path / "rollout1_step0_rank1.json").write_text(json.dumps({**report, "class": None}))
     torch.save({"format": replay.SENTINEL_FORMAT, "rollout_id": 1, "step_id": 0}, tmp_path / "rollout1_step0_rank1.pt")
     (tmp_path / "notes.txt").write_text("not ours")
-    assert main(["trace", str(tmp_path)]) == 1
+    assert main(["trace", str(tmp_path), "--json", str(tmp_path / "t.json")]) == 1
     lines = capsys.readouterr().out.splitlines()
     old = tmp_path / "rollout1_step0_rank1.pt"
+    model = "nanscope's model of slime v0.1.0 (nanscope.loss.as_is; slime is not installed)"
+    # the loss they replayed through, as a bundle's trace says it; the rows; the guard; the earliest cause's verdict
+    event = f"aten.exp.default at nanscope/loss/formulas.py:{_line(formulas.approx_kl)} in approx_kl, sample "
+    verdict = f"verdict (rollout 3 step 0, rank 2): the NaN starts in the loss: {event}"
     assert lines == [
         f"nanscope trace: {tmp_path}: 3 bundles, 2 other files",
+        f"loss: {model} (the bundle was written through it (nanscope's CPU harness)), for every bundle",
         f"not replayed: {old}: the sentinel's copy of a micro-batch's input_ids, no logits to replay: rerun the step "
         'as the report\'s "replay" says (NANSCOPE_TRACE_STEP=1:0)',
         "rollout 1 step 0, rank 0 (pp 0, tp 0, cp 0 of 1, dp 0 of 1): no loss on this rank; the sentinel's first "
         "non-finite module, backward: module 'output_layer', micro-batch 0",
         "rollout 1 step 0, rank 1: report only, no bundle: the sentinel's first non-finite module, backward: module "
         "'output_layer', micro-batch 0; class undecided",
-        lines[4],
         lines[5],
+        lines[6],
+        f"with the guard (nanscope.loss.guard around {model}, as the plugin's loss runs it): loss and d loss / d "
+        "log-probs finite in every replayed micro-batch of the 2 bundle(s) that hold a loss (rollout 1 step 0, rank "
+        "2; rollout 3 step 0, rank 2)",
+        lines[8],
     ]
-    assert lines[4].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 0 of 1, dp 0 of 1): the loss replays finite")
-    assert lines[5].startswith("rollout 3 step 0, rank 2 (pp 1, tp 0, cp 0 of 1, dp 0 of 1): aten.exp.default at ")
-    assert lines[5].endswith(", loss_mask 0 (masked) (loss-numerics)")
+    assert lines[5].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 0 of 1, dp 0 of 1): the loss replays finite")
+    assert lines[6].startswith("rollout 3 step 0, rank 2 (pp 1, tp 0, cp 0 of 1, dp 0 of 1): aten.exp.default at ")
+    # the verdict: rollout 3's bundle, the earliest that names the cause (rollout 1's replays finite), as its row
+    assert lines[6].endswith(", loss_mask 0 (masked) (loss-numerics)") and lines[8].startswith(verdict)
+    assert lines[8] == verdict + lines[6].split(f": {event}")[1].removesuffix(" (loss-numerics)")
+    assert json.loads((tmp_path / "t.json").read_text())["verdict"] == lines[8]
+    # a --slime-src that is not there: one line, exit 2; one that is, unused by these bundles: said so
+    assert main(["trace", str(tmp_path), "--slime-src", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == (
+        f"nanscope trace: error: --slime-src {tmp_path / 'nope'}: no such directory (give a slime checkout)\n"
+    )
+    assert main(["trace", str(tmp_path), "--slime-src", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.splitlines()[1] == (
+        f"loss: {model} (the bundle was written through it (nanscope's CPU harness); --slime-src {tmp_path} not "
+        "used), for every bundle"
+    )
 
 
 def test_the_cli_knows_the_bundle_suffix_without_importing_torch():
