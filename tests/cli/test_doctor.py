@@ -759,3 +759,15 @@ def test_an_unknown_release_is_refused_in_one_line(tmp_path, capsys):
         f"nanscope doctor: error: {script}: line 1 names slime 0.3.0 (slime:v0.3.0), a release nanscope does not "
         "know (known: v0.1.0, v0.2.4, v0.3.1, main); pass --slime-version to use the defaults of one\n"
     )
+
+
+def test_a_value_at_exactly_the_reading_cap_leaves_its_command_read(tmp_path, capsys):
+    """19 doublings of "ab" make X 1,048,576 characters, the cap itself: the command's words together pass it. The
+    command is still read, with that word kept as text (a hypothesis draw once found "no train command found")."""
+    script = tmp_path / "bomb.sh"
+    script.write_text("X=ab\n" + 'X="$X$X"\n' * 19 + TRAIN + '--actor-num-nodes "$X" --rollout-num-gpus-per-engine 0\n')
+    assert main(["doctor", str(script)]) == 2
+    assert capsys.readouterr().err == (
+        "nanscope doctor: error: --actor-num-nodes: '\"$X\"' is not an integer (kept as text: longer than 1,048,576 "
+        "characters or 65,536 words)\n"
+    )

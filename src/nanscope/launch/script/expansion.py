@@ -148,13 +148,21 @@ class Expander:
         except Cap as cap:
             return self.capped(node, str(cap))
 
-    def words(self, nodes: Iterable) -> list[str]:
-        """The fields of several words, one list (a Cap past MAX_ITEMS words or MAX_VALUE characters)."""
+    def words(self, nodes: Iterable, *, keep_going: bool = False) -> list[str]:
+        """The fields of several words, one list (a Cap past MAX_ITEMS words or MAX_VALUE characters).
+
+        keep_going: a word whose fields would take the list past a cap is kept as text instead (a command's
+            arguments: the command is still read, its other words as they are).
+        """
         out: list[str] = []
         size = 0
         for node in nodes:
             part = self.fields(node)
-            size += sum(len(word) + 1 for word in part)
+            grown = size + sum(len(word) + 1 for word in part)
+            if keep_going and (grown > MAX_VALUE or len(out) + len(part) > MAX_ITEMS):
+                part = [self.capped(node, too_long())]
+                grown = size + len(part[0]) + 1
+            size = grown
             out += part
             if size > MAX_VALUE or len(out) > MAX_ITEMS:
                 raise Cap(too_long())

@@ -301,7 +301,7 @@ class Interpreter:
         if name is None:
             return
         try:
-            words = self.words.words([name, *node.children_by_field_name("argument")])
+            words = self.words.words([name, *node.children_by_field_name("argument")], keep_going=True)
         except Cap as cap:
             self.budget.note(line(node), f"a command {cap}: not read")
             return
