@@ -50,3 +50,14 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         nanscope(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out == f"nanscope {__version__}\n"
+
+
+def test_the_parser_imports_no_torch():
+    """Every `nanscope ...` starts by building the parser: torch (a second of imports) waits for a command that
+    runs a model or reads a tensor (repro --slime-src's flags once pulled it in through the model's sizes)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from nanscope.cli.main import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "False\n"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nanscope.megatron.model import TinyQwen3MoE
+from nanscope.megatron.sizes import TinyQwen3MoE
 
 INIT_HOOK = "nanscope.slime_train.spec.use_spec"  # sets args.spec in each actor (spec.py says why not --spec)
 WORLD = 4  # ranks: 1 node x 4 logical GPUs

@@ -6,7 +6,7 @@ tied embeddings, norm epsilon, rope theta), and `AutoConfig` plus `AutoTokenizer
 Megatron's tokenizer (`--tokenizer-type HuggingFaceTokenizer`, slime's default) loads it too. No weights are read
 from it: the weights are the torch_dist checkpoint (`prepare.py`).
 
-The config is Qwen3-MoE's (`model_type` qwen3_moe) at the harness's sizes (`nanscope.megatron.model.TinyQwen3MoE`).
+The config is Qwen3-MoE's (`model_type` qwen3_moe) at the harness's sizes (`nanscope.megatron.sizes.TinyQwen3MoE`).
 The tokenizer maps `vocab_size` words to ids: id 0 `<|endoftext|>` (eos and pad, as slime pads with 0), then
 `t1` ... `t{V-1}`; the rollout is token ids, so the words are never read.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nanscope.megatron.model import TinyQwen3MoE
+from nanscope.megatron.sizes import TinyQwen3MoE
 
 EOS = "<|endoftext|>"
 
