@@ -100,6 +100,7 @@ def test_plugin_under_megatron_parallel_state(tmp_path, layout):
         assert all(math.isfinite(v) for v in metrics.values()), h.name
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_before_train_step_hook_raise_and_skip_on_the_cpu_harness(tmp_path):

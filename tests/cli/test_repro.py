@@ -93,11 +93,11 @@ def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys, monk
 
 # the sentinel in each as-is run of the matrix: (rank that saw it first, class, module, direction)
 MATRIX_SENTINEL = {
-    "healthy": (None, None, None, None), "rollout-logprob-shift": (None, None, None, None),
+    "healthy": (None, None, None, None),
     "kl-exp-overflow": (2, "loss-numerics", "output_layer", "backward"),
     "ratio-exp-overflow": (2, "loss-numerics", "output_layer", "backward"),
     "nan-rollout-logprob": (2, "data", None, None), "nan-reward": (2, "data", None, None),
-    "zero-temperature": (2, "data", None, None),
+    "zero-temperature": (2, "data", None, None), "rollout-logprob-shift": (None, None, None, None),
     "activation-overflow": (0, "model-forward", "decoder.layers.1.mlp", "forward"),  # the planted module
     "backward-only-fault": (0, "model-backward", "decoder.layers.0.self_attention", "backward"),  # planted
     "transient-fault": (0, "model-forward", "decoder.layers.1.mlp", "forward"),  # one call: the matrix is one step
@@ -168,6 +168,7 @@ def test_repro_all_runs_the_whole_catalogue(all_matrix):
     assert list(MATRIX_SENTINEL) == [h.name for h in catalogue.CATALOGUE]
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(500)
 def test_repro_several_steps(tmp_path):
@@ -296,7 +297,7 @@ def _ours(tag: str) -> list[tuple[int, str]]:
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
 def test_a_stop_signal_kills_every_worker_and_removes_the_temp_dirs(tmp_path, sig, code):
     tag, tmp = uuid.uuid4().hex, tmp_path / "tmp"
     tmp.mkdir()

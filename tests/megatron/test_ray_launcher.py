@@ -233,7 +233,11 @@ def _kill_ours(tag: str) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "sig, code",
-    [(signal.SIGINT, 130), (signal.SIGTERM, 143), pytest.param(signal.SIGHUP, 129, marks=pytest.mark.slow)],
+    [
+        pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
+        (signal.SIGTERM, 143),
+        pytest.param(signal.SIGHUP, 129, marks=pytest.mark.slow),
+    ],
 )
 def test_a_stop_signal_leaves_no_ray_process_and_no_session_dir(short_tmp, sig, code):
     tag, tmp = uuid.uuid4().hex, short_tmp / str(sig.value)
@@ -255,6 +259,7 @@ def test_a_stop_signal_leaves_no_ray_process_and_no_session_dir(short_tmp, sig, 
     assert sorted(p.name for p in tmp.iterdir()) == ["home"] and not (tmp / "home" / ".ray").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sigkill_of_repro_leaves_no_ray_process_and_no_session_dir(short_tmp):
     # SIGKILL cannot be caught: the Ray driver notices its parent's death, kills its tree (the local Ray instance,

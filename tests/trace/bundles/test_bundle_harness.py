@@ -117,14 +117,31 @@ def test_offline_replay_names_what_the_in_run_trace_names(launched, tmp_path, ca
 def test_model_level_hazards_replay_finite_and_point_to_the_sentinel(launched, tmp_path, capsys):
     """activation-overflow's fault fires in the log-prob pass too, so the last stage's recorded log-probs are non-finite
     already; backward-only-fault never reaches the loss (only the first stage's ranks report). Both: exit 0, upstream,
-    at the sentinel's modules."""
+    at the sentinel's modules; the guard's replay and the verdict where a bundle holds a loss."""
     cp, _, plain, _ = launched
     if cp != 1:
         pytest.skip("the model-level hazards run in the CP 1 launch")
     for hazard in MODEL_HAZARDS:
         code, doc = _offline(plain[hazard], tmp_path, hazard)
-        lines = capsys.readouterr().out.splitlines()[1:]
-        assert code == 0 and len(lines) == len(doc["bundles"]), (hazard, lines)
+        # the loss replayed through, one line per bundle, then (where a bundle holds a loss) the guard and the verdict
+        loss, *lines = capsys.readouterr().out.splitlines()[1:]
+        with_loss = [b for b in doc["bundles"] if b["microbatches"]]
+        tail = lines[len(doc["bundles"]) :]
+        lines = lines[: len(doc["bundles"])]
+        assert code == 0 and loss.startswith("loss: nanscope's model of slime v0.1.0 "), (hazard, loss)
+        assert all(line.startswith("rollout 0 step 0, rank ") for line in lines), (hazard, lines)
+        if with_loss:
+            guard, verdict = tail
+            assert guard.startswith("with the guard (") and guard.endswith(
+                f"loss and d loss / d log-probs finite in every replayed micro-batch of the {len(with_loss)} "
+                "bundle(s) that hold a loss (rollout 0 step 0, ranks 2-3)"
+            ), guard
+            assert verdict.startswith("verdict (rollout 0 step 0, rank 2): ") and verdict.endswith(lines[2][-80:])
+        else:
+            assert tail == [
+                "verdict: no bundle holds a loss (none from the last pipeline stage): nothing replayed; each line "
+                "above names its rank's first non-finite module"
+            ], (hazard, tail)
         assert not any(b["found"] or b["class"] for b in doc["bundles"]), hazard
         for b, line in zip(sorted(doc["bundles"], key=lambda b: b["coords"]["rank"]), lines, strict=True):
             hits = [b["report"][k] for k in ("first_forward", "first_backward") if b["report"][k]]
