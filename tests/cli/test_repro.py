@@ -322,6 +322,7 @@ def test_a_stop_signal_kills_every_worker_and_removes_the_temp_dirs(tmp_path, si
     assert sorted(p.name for p in tmp.iterdir()) == []  # no torchelastic_*, nanscope-* left
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_sigkill_of_repro_leaves_no_worker_and_no_temp_dir(tmp_path):

@@ -235,7 +235,7 @@ def _kill_ours(tag: str) -> None:
     "sig, code",
     [
         pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
-        (signal.SIGTERM, 143),
+        pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow),
         pytest.param(signal.SIGHUP, 129, marks=pytest.mark.slow),
     ],
 )

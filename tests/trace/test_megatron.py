@@ -10,6 +10,7 @@ import pytest
 WORKER = Path(__file__).with_name("megatron_worker.py")
 
 
+@pytest.mark.slow  # the fast tier traces under megatron through `repro --trace` (tests/cli/test_repro.py)
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_sentinel_and_tracer_name_the_kl_overflow_under_megatron(tmp_path):
