@@ -48,6 +48,7 @@ def _json(path: Path) -> dict:
     return doc
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
@@ -81,6 +82,7 @@ def _environ(pid: str) -> bytes:
         return b""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra")
 def test_a_task_that_fails_in_ray_is_its_file_s_one_line_error():
     import ray.exceptions  # optional: the nanscope[ray] extra; no Ray instance is started

@@ -31,6 +31,7 @@ from nanscope.megatron.spec import Launcher, Layout, RankRecord, RunSpec
 from tests.megatron.conftest import HARNESS_RUNS
 
 pytestmark = [
+    pytest.mark.slow,  # Ray's start-up is seconds a launch: the slow tier (the fast tier checks the flags, tests/cli)
     pytest.mark.integration,
     pytest.mark.skipif(not ray_session.available(), reason="needs the nanscope[ray] extra"),
 ]
@@ -234,9 +235,9 @@ def _kill_ours(tag: str) -> None:
 @pytest.mark.parametrize(
     "sig, code",
     [
-        pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
-        pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow),
-        pytest.param(signal.SIGHUP, 129, marks=pytest.mark.slow),
+        (signal.SIGINT, 130),
+        (signal.SIGTERM, 143),
+        (signal.SIGHUP, 129),
     ],
 )
 def test_a_stop_signal_leaves_no_ray_process_and_no_session_dir(short_tmp, sig, code):
@@ -259,7 +260,6 @@ def test_a_stop_signal_leaves_no_ray_process_and_no_session_dir(short_tmp, sig, 
     assert sorted(p.name for p in tmp.iterdir()) == ["home"] and not (tmp / "home" / ".ray").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sigkill_of_repro_leaves_no_ray_process_and_no_session_dir(short_tmp):
     # SIGKILL cannot be caught: the Ray driver notices its parent's death, kills its tree (the local Ray instance,

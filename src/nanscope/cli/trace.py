@@ -87,7 +87,12 @@ def add_parser(sub):
         metavar="OP",
         help="never blame this op (e.g. aten.masked_fill for intentional -inf masks); repeatable",
     )
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON (key 'trace'; a bundle: 'bundle')")
+    p.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the report as JSON (key 'trace'; a bundle: 'bundle'; a report directory: 'bundles', "
+        "'refused', 'verdict'; docs/json.md)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the hazard's batch (default 0)")
     p.add_argument(
         "--max-input-mb",
