@@ -68,6 +68,7 @@ def test_verdict_and_exit_code_compare_observed_with_expected():
     )
 
 
+@pytest.mark.slow  # the fast tier runs --hazard through --trace, below
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_repro_hazard_reproduces_the_case_and_writes_json(tmp_path, capsys, monkeypatch):

@@ -7,6 +7,7 @@ import pytest
 from nanscope.cli.main import main
 
 
+@pytest.mark.slow  # the fast tier runs --list-modules in tests/test_docs.py and tests/cli/test_outputs.py
 def test_list_modules_prints_one_name_a_line(capsys):
     assert main(["repro", "--list-modules"]) == 0
     lines = capsys.readouterr().out.splitlines()

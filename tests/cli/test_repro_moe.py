@@ -8,6 +8,7 @@ from nanscope import case
 from nanscope.cli.main import main
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_a_zero_token_expert_raises_the_case_s_message_and_the_report_names_the_expert(tmp_path, capsys):

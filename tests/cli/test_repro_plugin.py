@@ -21,6 +21,7 @@ def _exp_line() -> int:
     return hit
 
 
+@pytest.mark.slow  # several steps x 4 runs; the fast tier runs the hook in the harness (tests/slime_plugin/test_hook.py)
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path, capsys, monkeypatch):

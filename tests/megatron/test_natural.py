@@ -113,6 +113,7 @@ def test_crossing_is_the_first_step_past_fp32_and_at_one_step_the_first_exp_slim
     assert crossing([_entry(1, kl=90.0, ppo=89.0)])["exp"] == "PPO ratio"
 
 
+@pytest.mark.slow  # the natural reproduction is the slow tier's (issue 30)
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_two_steps_of_the_loop_on_one_rank(tmp_path):
