@@ -24,7 +24,7 @@ from nanscope.inputs import fill_template
 from nanscope.loss import layout
 from nanscope.trace.bundles import bundle, bundle_text
 from nanscope.trace.loading import torch_file
-from nanscope.trace.tracer.replay import arg_problem, mask_problem, token_problem, value_text
+from nanscope.trace.tracer.replay import arg_problem, mask_problem, sample_count, token_problem, value_text
 
 RETURNS = ("dict", "pair", "tensors")
 _COORDS = ("rank", "pp", "tp", "cp_rank", "cp_size", "dp_rank", "dp_size")
@@ -211,19 +211,7 @@ def _entry_body(path, entry: dict, cp: tuple[int, int, str]) -> None:
     if batch is None:
         return
     where = f"{path}: micro-batch {entry['index']}"
-    for key in SAMPLE + ("log_probs", "advantages"):
-        if key not in batch:
-            raise UserError(f"{where}: batch: missing key {key!r}")
-    keys = SAMPLE + tuple(k for k in PER_TOKEN if batch.get(k) is not None)
-    for key in keys:
-        if not isinstance(batch[key], list):
-            raise UserError(f"{where}: batch: {key}: expected a list (one entry per sample)")
-    n = len(batch["total_lengths"])
-    if n == 0:
-        raise UserError(f"{where}: batch: no samples (total_lengths is empty)")
-    for key in keys:
-        if len(batch[key]) != n:
-            raise UserError(f"{where}: batch: {key} has {len(batch[key])} samples, total_lengths has {n}")
+    n = sample_count(where, batch, tuple(k for k in PER_TOKEN if batch.get(k) is not None), (list,))
     locals_ = [_sample(where, batch, i, cp) for i in range(n)]
     for key in PER_TOKEN:
         for i, x in enumerate(batch.get(key) or []):

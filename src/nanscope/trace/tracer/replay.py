@@ -393,23 +393,31 @@ def _values(path, x, what: str, problem) -> None:
         raise UserError(f"{path}: {what}: {found}")
 
 
+def sample_count(where: str, batch: dict, per_token: tuple[str, ...], kinds: tuple[type, ...]) -> int:
+    """The samples of a loss batch (a micro-batch file's, a repro bundle's), checked in one line each: slime's
+    per-sample keys and log_probs and advantages present, each per-sample key and the `per_token` keys present a
+    list (of `kinds`) with one entry per sample, at least one sample."""
+    for key in SAMPLE + ("log_probs", "advantages"):
+        if key not in batch:
+            raise UserError(f"{where}: batch: missing key {key!r}")
+    keys = SAMPLE + per_token
+    for key in keys:
+        if not isinstance(batch[key], kinds):
+            got = type(batch[key]).__name__
+            raise UserError(f"{where}: batch: {key}: expected a list (one entry per sample), got {got}")
+    n = len(batch["total_lengths"])
+    if n == 0:
+        raise UserError(f"{where}: batch: no samples (total_lengths is empty)")
+    for key in keys:
+        if len(batch[key]) != n:
+            raise UserError(f"{where}: batch: {key} has {len(batch[key])} samples, total_lengths has {n}")
+    return n
+
+
 def _check_batch(path, batch, parallel: dict, packed: int) -> None:
     if not isinstance(batch, dict):
         raise UserError(f"{path}: batch: expected a dict, got {type(batch).__name__}")
-    for key in SAMPLE + ("log_probs", "advantages"):
-        if key not in batch:
-            raise UserError(f"{path}: batch: missing key {key!r}")
-    keys = SAMPLE + tuple(k for k in PER_TOKEN if k in batch)
-    for key in keys:
-        if not isinstance(batch[key], (list, tuple)):
-            got = type(batch[key]).__name__
-            raise UserError(f"{path}: batch: {key}: expected a list (one entry per sample), got {got}")
-    n = len(batch["total_lengths"])
-    if n == 0:
-        raise UserError(f"{path}: batch: no samples (total_lengths is empty)")
-    for key in keys:
-        if len(batch[key]) != n:
-            raise UserError(f"{path}: batch: {key} has {len(batch[key])} samples, total_lengths has {n}")
+    n = sample_count(str(path), batch, tuple(k for k in PER_TOKEN if k in batch), (list, tuple))
     cp_rank, cp_size = parallel["cp_rank"], parallel["cp_size"]
     used = 0
     for i in range(n):
