@@ -102,6 +102,17 @@ def _outputs(argv: list[str]) -> set[str]:
     return {argv[i + 1].rstrip("/") for i, a in enumerate(argv[:-1]) if a in OUTPUTS}
 
 
+def _plan(page: Path) -> list[tuple[list[str], str | None]]:
+    """The page's `nanscope` lines in order, each with why it is parsed only (None: it runs)."""
+    plan, not_written = [], set()
+    for argv, piped in _commands(page.read_text()):
+        why = _why_not_run(argv, piped, not_written)
+        if why:
+            not_written |= _outputs(argv)
+        plan.append((argv, why))
+    return plan
+
+
 def _why_not_run(argv: list[str], piped: bool, not_written: set[str]) -> str | None:
     """Why a documented line is parsed only, or None: it runs."""
     if any(PLACEHOLDER.search(a) for a in argv if not a.startswith("-") and "=" not in a):
@@ -123,15 +134,13 @@ def test_every_nanscope_line_parses_and_the_cheap_ones_run(page, tmp_path, monke
     for shipped in ("src", "examples"):  # the files a fresh clone has, at their paths
         (tmp_path / shipped).symlink_to(ROOT / shipped)
     monkeypatch.chdir(tmp_path)
-    not_written: set[str] = set()
-    for argv, piped in _commands(page.read_text()):
+    for argv, why in _plan(page):
         try:
             if argv not in (["--version"], ["--help"]) and "--help" not in argv:
                 parser.parse_args(argv)
         except SystemExit as e:
             pytest.fail(f"{page.name}: nanscope {shlex.join(argv)} does not parse (exit {e.code})")
-        if _why_not_run(argv, piped, not_written):
-            not_written |= _outputs(argv)
+        if why:
             continue
         try:
             code = main(argv)
@@ -144,12 +153,5 @@ def test_every_nanscope_line_parses_and_the_cheap_ones_run(page, tmp_path, monke
 
 def test_most_documented_lines_run():
     """The skip rules above leave the cheap lines to run: a rule that skipped them all would pass vacuously."""
-    ran = 0
-    for page in PAGES:
-        not_written: set[str] = set()
-        for argv, piped in _commands(page.read_text()):
-            if _why_not_run(argv, piped, not_written):
-                not_written |= _outputs(argv)
-            else:
-                ran += 1
+    ran = sum(why is None for page in PAGES for _, why in _plan(page))
     assert ran >= 18, ran
