@@ -178,7 +178,7 @@ class RankRecord:
 
 
 # error_type of a rank the harness stopped because a peer failed megatron's check while its own gradients
-# passed (cpu.agree_on_grad_check): on a cluster the job ends there; here every rank records it.
+# passed (cpu_distributed.agree_on_grad_check): on a cluster the job ends there; here every rank records it.
 PEER_FAILED = "PeerFailed"
 
 
