@@ -67,10 +67,11 @@ def cmdline(pid: int) -> str:
 
 
 class ProcessWatch:
-    """Records every descendant of `root` (not `root` itself) while the block runs; `seen`: pid -> Seen."""
+    """Records every descendant of `root` (and `root` itself with `include_root`) while the block runs; `seen`:
+    pid -> Seen."""
 
-    def __init__(self, root: int, poll_s: float = 0.25):
-        self.root, self.poll_s = root, poll_s
+    def __init__(self, root: int, poll_s: float = 0.25, include_root: bool = False):
+        self.root, self.poll_s, self.include_root = root, poll_s, include_root
         self.seen: dict[int, Seen] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
@@ -91,7 +92,7 @@ class ProcessWatch:
 
     def poll(self) -> None:
         tree = proctree.children()
-        todo, pids = list(tree.get(self.root, [])), []
+        todo, pids = list(tree.get(self.root, [])), [self.root] if self.include_root else []
         while todo:
             pid = todo.pop()
             pids.append(pid)
