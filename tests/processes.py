@@ -67,16 +67,19 @@ def cmdline(pid: int) -> str:
 
 
 class ProcessWatch:
-    """Records every descendant of `root` (and `root` itself with `include_root`) while the block runs; `seen`:
-    pid -> Seen."""
+    """Records every descendant `root` starts while the block runs (and `root` itself with `include_root`); `seen`:
+    pid -> Seen. Those alive when the block starts, and what they start, are not its business (a test process's
+    earlier children, TorchInductor's compile workers) and are left out."""
 
     def __init__(self, root: int, poll_s: float = 0.25, include_root: bool = False):
         self.root, self.poll_s, self.include_root = root, poll_s, include_root
         self.seen: dict[int, Seen] = {}
+        self._before: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
 
     def __enter__(self) -> ProcessWatch:
+        self._before = set(self._descendants())
         self._thread.start()
         return self
 
@@ -90,13 +93,18 @@ class ProcessWatch:
             self._stop.wait(self.poll_s)
         self.poll()
 
-    def poll(self) -> None:
+    def _descendants(self) -> list[int]:
+        """`root`'s descendants now, but for the subtrees of those alive when the block started."""
         tree = proctree.children()
-        todo, pids = list(tree.get(self.root, [])), [self.root] if self.include_root else []
+        todo, pids = [p for p in tree.get(self.root, []) if p not in self._before], []
         while todo:
             pid = todo.pop()
             pids.append(pid)
             todo.extend(tree.get(pid, []))
+        return pids
+
+    def poll(self) -> None:
+        pids = self._descendants() + ([self.root] if self.include_root else [])
         for pid in pids:
             seen = self.seen.get(pid)
             if seen is None:

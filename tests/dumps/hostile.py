@@ -17,22 +17,13 @@ from pathlib import Path
 
 import torch
 
-# RLIMIT_AS of every case: what the driver's imports mapped (measured in the driver: 0.6 GiB with a CPU build of
-# torch, several GiB with a CUDA build, whose libraries a fixed cap could not even map) plus this budget, which
-# scanning a real dump fits in and a naive reader's allocation (GiBs to TiBs) does not. With a CPU build the cap is
-# the 2 GiB it always was.
+from tests.address_space import CAP
+
+# RLIMIT_AS of every case: what the driver's imports mapped (tests/address_space.py: 0.6 GiB with a CPU build of
+# torch, several GiB with a CUDA build) plus this budget, which scanning a real dump fits in and a naive reader's
+# allocation (GiBs to TiBs) does not. With a CPU build the cap is the 2 GiB it always was.
 CASE_BUDGET = 1408 << 20
 CASE_SECONDS = 20  # SIGALRM per case
-
-# `cap(budget)`: RLIMIT_AS set to this process's address space now plus `budget` (bytes); the cap, returned.
-CAP = r"""
-import resource
-
-def cap(budget):
-    size = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (size + budget, size + budget))
-    return size + budget
-"""
 
 # One driver process imports nanscope once under the limit and forks a child per case, so a case costs
 # milliseconds, not an interpreter start. A child's peak RSS (VmHWM) starts at its RSS at the fork: the

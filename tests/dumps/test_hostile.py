@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from nanscope.dumps.limits import MAX_SAMPLE_TOKENS
 from nanscope.trace.loading import pickle_budget
+from tests.address_space import CAP
 from tests.dumps.hostile import (
-    CAP,
     CASE_BUDGET,
     PLACEHOLDER,
     isolated,
