@@ -11,6 +11,8 @@
 #     run(command="bash tests/gpu/run_on_device.sh", carry=[".device"], timeout_s=600)
 # The machine (nvidia-h200): Python 3.12 with torch 2.11.0+cu130, no TransformerEngine, no apex, no network; the
 # checkout travels, ../shared does not. nanscope runs from src/ on PYTHONPATH (no install), megatron from .device.
+# The image's numpy is 2.x, which megatron-core 0.15's metadata refuses (numpy<2); nothing the tier runs reaches the
+# numpy-1 calls that pin is for (np.product in dist_checkpointing: checkpoint saving).
 # Stages (default: all, in this order), each bounded by `timeout` so that all end inside one 600 s call:
 #     repro   nanscope repro (the default matrix) as a user runs it, CUDA visible               90 s
 #     gpu     pytest -m gpu tests/gpu: every scenario, its JSON kept                           420 s
