@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from nanscope import case
 from nanscope.cli.main import main
+from tests.address_space import after_imports
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "launch"
 
@@ -359,22 +360,33 @@ def test_one_range_formatter():
 
 
 # ---- hostile and careless input (issue 15) --------------------------------------------------------------
-# Each case runs `python -m nanscope.cli.main doctor ...` in its own process under RLIMIT_AS (2 GiB) and a
-# wall-clock timeout: a FIFO that blocks the read, /dev/zero that fills memory, or a bash bomb that expands
-# to 2^48 characters fails its case instead of passing. Two at a time (the machine has two cores).
+# Each case runs `python -m nanscope.cli.main doctor ...` in its own process under RLIMIT_AS (what doctor's imports
+# map, megatron-core's RankGenerator and torch among them, plus CASE_BUDGET: 2 GiB with a CPU build of torch,
+# tests/address_space.py) and a wall-clock timeout: a FIFO that blocks the read, /dev/zero that fills memory, or a
+# bash bomb that expands to 2^48 characters fails its case instead of passing. Two at a time (the machine has two
+# cores).
 
-ADDRESS_SPACE = 2 << 30
+DOCTOR_IMPORTS = (
+    "import contextlib\n"
+    "with contextlib.suppress(ImportError):\n"
+    "    import megatron.core.parallel_state\n"  # rank coordinates (launch/topology.py), the repro extra
+    "from nanscope.cli.main import build_parser\n"
+    "build_parser()\n"
+)
+CASE_BUDGET = 1280 << 20
 CASE_SECONDS = 30
 TRAIN = "python3 train.py --colocate --rollout-batch-size 1 --num-layers 4 "
 
 
-def _address_space():
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+def _capped(limit: int):
+    """preexec_fn: RLIMIT_AS `limit` in the child, before it runs python."""
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def _doctor_isolated(cases: list[list[str]], cwd: Path) -> list[tuple[int, str, float]]:
     """(exit code, stderr, seconds) of `nanscope doctor ARGV` for each case, each in its own limited process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
+    capped = _capped(after_imports(DOCTOR_IMPORTS) + CASE_BUDGET)
 
     def one(argv):
         start = time.monotonic()
@@ -385,7 +397,7 @@ def _doctor_isolated(cases: list[list[str]], cwd: Path) -> list[tuple[int, str, 
             capture_output=True,
             text=True,
             timeout=CASE_SECONDS,
-            preexec_fn=_address_space,
+            preexec_fn=capped,
         )
         return proc.returncode, proc.stderr, time.monotonic() - start
 

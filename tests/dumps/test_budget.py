@@ -1,7 +1,7 @@
 """The restricted unpickler's memory budget: what it builds is charged (at least what it allocates), and
 refused past 8 bytes a byte of the file + 32 MiB; real dumps need far less.
 
-The 20 MB floods, under the 2 GiB limit with their peak RSS measured, are in test_hostile.py.
+The 20 MB floods, under the limit (2 GiB with a CPU build) with their peak RSS measured, are in test_hostile.py.
 """
 
 from __future__ import annotations

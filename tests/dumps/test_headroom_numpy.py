@@ -66,23 +66,37 @@ def test_maximum_is_torch_s_value_and_position(case):
     assert math.isnan(value) == math.isnan(m.value.item())
 
 
+def quantile_tolerance(x: np.ndarray, q: float, want: float) -> float:
+    """How far two evaluations of the q-quantile of `x` by linear interpolation may be apart: one fp32 ulp of the
+    value (torch's CPU lerp fuses its multiply-add where it vectorises, so the last bit depends on the machine),
+    plus what rounding the rank q * (N - 1) to fp32 or not moves it: one ulp of the rank times the steepest slope of
+    the interpolation around it (the gaps between the sorted entries next to it). torch 2.13.0, the harness's,
+    rounds it as scan does (the two are then bitwise equal on this project's x86 machines); torch 2.14.1 does not
+    (up to 1e-5 relative apart, measured on its CUDA build)."""
+    ordered = np.sort(x).astype(np.float64)
+    rank = np.float32(q) * np.float32(x.size - 1)
+    near = ordered[max(int(rank) - 1, 0) : int(np.ceil(rank)) + 2]
+    slope = float(np.abs(np.diff(near)).max()) if near.size > 1 else 0.0
+    return float(np.spacing(np.float32(want))) + slope * float(np.spacing(rank))
+
+
 @pytest.mark.parametrize("case", range(6))
 @pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0])
 def test_quantile_is_torch_s(case, q):
     x = np.abs(inputs()[case][0])
     got, want = N.quantile(x, q), T.quantile(torch.from_numpy(x), q).item()
-    assert got == want or (math.isnan(got) and math.isnan(want)) or abs(got - want) <= np.spacing(np.float32(want))
+    if got == want or (math.isnan(got) and math.isnan(want)):
+        return
+    assert abs(got - want) <= quantile_tolerance(x, q, want), (got, want)
 
 
-def test_quantile_is_torch_s_to_one_ulp_on_many_sizes():
-    # torch's CPU lerp fuses its multiply-add where it vectorises (fmadd), so the last bit depends on the
-    # machine: one fp32 ulp apart at most (and equal on this project's x86 machines)
+def test_quantile_is_torch_s_within_the_rank_s_rounding_on_many_sizes():
     rng = np.random.default_rng(3)
     for n in list(range(1, 40)) + [767, 768, 1000, 4097]:
         x = rng.exponential(0.3, n).astype(np.float32)
         for q in (0.5, 0.9, 0.99):
             got, want = N.quantile(x, q), T.quantile(torch.from_numpy(x), q).item()
-            assert abs(got - want) <= np.spacing(np.float32(want)), (n, q)
+            assert abs(got - want) <= quantile_tolerance(x, q, want), (n, q, got, want)
 
 
 def test_quantile_interpolates_linearly():

@@ -1,6 +1,7 @@
 """Hostile dumps are refused cheaply: one stderr line naming file, sample and field, exit 2, no traceback.
 
-Every case runs `nanscope scan` in its own process under RLIMIT_AS (2 GiB) and a wall-clock alarm
+Every case runs `nanscope scan` in its own process under RLIMIT_AS (what its imports mapped plus 1.375 GiB: 2 GiB
+with a CPU build of torch) and a wall-clock alarm
 (`tests.dumps.hostile.isolated`): a reader that allocates what a file only declares (931 GiB for a
 response_length of 10^12, 37 GiB for a stride-0 view, 4.8 GB of sets from 20 MB of EMPTY_SET opcodes) dies
 of the limit or the alarm instead of passing, and each case's peak RSS is measured.
@@ -20,8 +21,9 @@ from hypothesis import strategies as st
 
 from nanscope.dumps.limits import MAX_SAMPLE_TOKENS
 from nanscope.trace.loading import pickle_budget
+from tests.address_space import CAP
 from tests.dumps.hostile import (
-    ADDRESS_SPACE,
+    CASE_BUDGET,
     PLACEHOLDER,
     isolated,
     nested_dict,
@@ -129,7 +131,7 @@ def test_the_harness_catches_an_allocation():
         [
             sys.executable,
             "-c",
-            f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE}, {ADDRESS_SPACE})); {code}",
+            f"{CAP}\nimport numpy as np\ncap({CASE_BUDGET})\n{code}",
         ],
         capture_output=True,
         text=True,

@@ -3,7 +3,8 @@
 A scenario is a module under tests/gpu/scenarios/ with `main(out: dict, args: list[str]) -> None`: it fills
 `out` with what it measured. `python -m tests.gpu.scenario NAME OUT.json [ARGS...]` runs it, adds `machine`
 (torch, CUDA, the GPU, TransformerEngine and apex present or not, the shims applied) and writes OUT.json, also
-when the scenario raises (then with `error`). `run` is the parent's side, with a hard timeout.
+when the scenario raises (then with `error`). `run` is the parent's side, with a hard timeout; where
+NANSCOPE_TEST_GPU_OUT names a folder (tests/gpu/run_on_device.sh), it keeps a copy of each JSON there.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import traceback
@@ -40,6 +42,9 @@ def run(name: str, out: Path, *args: str, timeout_s: float = 300, env: dict | No
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout_s)  # fmt: skip
     assert out.exists(), f"scenario {name} wrote nothing (exit {proc.returncode}): {proc.stderr[-4000:]}"
+    keep = os.environ.get("NANSCOPE_TEST_GPU_OUT")  # the device script's folder of every scenario's JSON
+    if keep:
+        shutil.copyfile(out, Path(keep) / f"{name}.json")
     result = json.loads(out.read_text())
     assert "error" not in result, f"scenario {name} raised:\n{result['error']}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, proc.stderr[-4000:]

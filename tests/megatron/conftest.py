@@ -4,11 +4,14 @@ test_harness.py checks it; test_ray_launcher.py compares the same runs launched 
 for record, without paying for a second torchrun launch.
 """
 
+import os
+
 import pytest
 
 from nanscope import case
 from nanscope.megatron import launcher
 from nanscope.megatron.spec import Layout, RunSpec
+from tests.processes import ProcessWatch
 
 # run 2: healthy again, its first-step log-prob pass shared with run 0's (run.Runner.policy), its grads compared on
 # each rank with those run 0 saved
@@ -20,9 +23,17 @@ HARNESS_RUNS = (
 
 
 @pytest.fixture(scope="session")
-def launched(tmp_path_factory):
+def launched_watched(tmp_path_factory):
+    """The launch, and the environment each of its processes was started with (tests/processes.py)."""
     out = tmp_path_factory.mktemp("harness")
-    return launcher.launch(
-        list(HARNESS_RUNS), Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out,
-        loss_flags=case.loss_flags(),
-    )  # fmt: skip
+    with ProcessWatch(os.getpid()) as watch:
+        launched = launcher.launch(
+            list(HARNESS_RUNS), Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out,
+            loss_flags=case.loss_flags(),
+        )  # fmt: skip
+    return launched, watch
+
+
+@pytest.fixture(scope="session")
+def launched(launched_watched):
+    return launched_watched[0]

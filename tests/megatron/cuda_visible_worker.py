@@ -4,6 +4,10 @@
 
 What `nanscope repro` meets on a GPU machine: bootstrap.init must still switch the CPU layer on, and
 the harness build the model and run a healthy step and a hazard step (megatron's NaN check) on CPU.
+
+A CPU build of torch is told it has a device; on a GPU the device is real. A CUDA build without one cannot be told:
+torch's AdamW then asks the CUDA driver whether its stream is capturing (is_current_stream_capturing), and there is
+no driver; the worker prints {"skip": why} instead (the GPU tier's `harness` scenario runs the harness on a GPU).
 """
 
 import dataclasses
@@ -13,11 +17,16 @@ from pathlib import Path
 
 import torch
 
-torch.cuda.is_available = lambda: True
-torch.cuda.device_count = lambda: 1
+CANNOT_PRETEND = torch.version.cuda is not None and not torch.cuda.is_available()
+if torch.version.cuda is None:
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
 
 
 def main(out: Path) -> None:
+    if CANNOT_PRETEND:
+        print(json.dumps({"skip": "a CUDA build of torch without a device cannot be told it has one"}))
+        return
     from nanscope import case
     from nanscope.megatron import bootstrap, cpu
     from nanscope.megatron.run import Runner

@@ -1,10 +1,10 @@
 """bootstrap.import_megatron: megatron-core imported with torch.compile deferred to a first call
-(cpu.compile_on_first_call)."""
+(cpu_megatron.compile_on_first_call)."""
 
 import subprocess
 import sys
 
-from nanscope.megatron import cpu
+from nanscope.megatron import cpu_megatron
 
 
 def test_compile_on_first_call_compiles_once_with_the_options_at_the_first_call():
@@ -17,12 +17,12 @@ def test_compile_on_first_call_compiles_once_with_the_options_at_the_first_call(
     def double(x):
         return 2 * x
 
-    f = cpu._compile_on_first_call(fake_compile, double, dynamic=False)
+    f = cpu_megatron._compile_on_first_call(fake_compile, double, dynamic=False)
     assert compiled == [] and f.__name__ == "double"  # decorating compiles nothing
     assert f(3) == ("compiled", 6) and f(4) == ("compiled", 8)
     assert compiled == [("double", {"dynamic": False})]
     # as a decorator with options only: torch.compile(mode=...)(fn)
-    g = cpu._compile_on_first_call(fake_compile, mode="max-autotune")(double)
+    g = cpu_megatron._compile_on_first_call(fake_compile, mode="max-autotune")(double)
     assert g(1) == ("compiled", 2) and compiled[-1] == ("double", {"mode": "max-autotune"})
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from nanscope.megatron import cpu
+from nanscope.megatron import cpu, cpu_distributed
 
 SLIME_PATCHED = [
     "torch.cuda.set_device",
@@ -54,7 +54,7 @@ def test_uninstall_restores_what_install_slime_patched():
 
 def test_nccl_becomes_gloo_and_the_node_has_its_logical_gpus(slime):
     seen = []
-    wrapped = cpu._gloo(lambda *args, **kwargs: seen.append((args, kwargs)))
+    wrapped = cpu_distributed.gloo(lambda *args, **kwargs: seen.append((args, kwargs)))
     wrapped(backend="nccl", timeout=5)
     wrapped("nccl", "env://")
     assert seen == [((), {"backend": "gloo", "timeout": 5}), (("gloo", "env://"), {})]

@@ -41,6 +41,21 @@ def test_launch_finishes_and_reports_every_rank(launched):
 
 
 @pytest.mark.timeout(300)
+def test_every_process_of_the_launch_sees_no_cuda_device(launched_watched):
+    # The agent and the ranks it forks are started with CUDA hidden (nanscope.megatron.hidden_cuda): on a GPU node
+    # the agent would otherwise initialise the CUDA driver before the fork, and every rank die in AdamW's step.
+    launched, watch = launched_watched
+    assert launched.ok, launched.stderr_tail
+    assert len(watch.matching("-m nanscope.megatron.worker")) >= 5, watch.seen  # the agent and its 4 forked ranks
+    for seen in watch.seen.values():
+        assert seen.environ == {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+                                "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": None}, seen  # fmt: skip
+        assert not seen.cuda_driver, seen
+    # what each rank's torch reads, after torchrun's agent set the rank's variables
+    assert {rank: s["cuda_visible_devices"] for rank, s in launched.startup.items()} == dict.fromkeys(range(4), "")
+
+
+@pytest.mark.timeout(300)
 def test_healthy_step_completes(launched):
     run = launched.runs[0]
     assert run.observed == "completed"

@@ -29,6 +29,7 @@ from nanscope.cli.main import main
 from nanscope.megatron import launcher, ray_session
 from nanscope.megatron.spec import Launcher, Layout, RankRecord, RunSpec
 from tests.megatron.conftest import HARNESS_RUNS
+from tests.processes import ProcessWatch
 
 pytestmark = [
     pytest.mark.slow,  # Ray's start-up is seconds a launch: the slow tier (the fast tier checks the flags, tests/cli)
@@ -52,7 +53,13 @@ def short_tmp():
 
 
 @pytest.fixture(scope="module")
-def ray_launched(tmp_path_factory, short_tmp):
+def ray_launched(ray_launched_watched):
+    return ray_launched_watched[0]
+
+
+@pytest.fixture(scope="module")
+def ray_launched_watched(tmp_path_factory, short_tmp):
+    """The Ray launch, and the environment each of its processes was started with (tests/processes.py)."""
     out = tmp_path_factory.mktemp("ray")
     runs = [*HARNESS_RUNS, RunSpec("healthy", fault=f"hang:{KILLED}")]
     killer = threading.Thread(target=_kill_in_last_run, args=(out, len(HARNESS_RUNS)), daemon=True)
@@ -60,10 +67,12 @@ def ray_launched(tmp_path_factory, short_tmp):
     before = tempfile.tempdir
     tempfile.tempdir = str(short_tmp)  # the launch's temp dirs, the local Ray instance's session among them
     try:
-        return launcher.launch(
-            runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out,
-            loss_flags=case.loss_flags(), via=Launcher("ray"), max_relaunches=0,
-        )  # fmt: skip
+        with ProcessWatch(os.getpid()) as watch:
+            launched = launcher.launch(
+                runs, Layout(tp=2, pp=2), timeout_s=240, rank_timeout_s=120, out_dir=out,
+                loss_flags=case.loss_flags(), via=Launcher("ray"), max_relaunches=0,
+            )  # fmt: skip
+        return launched, watch
     finally:
         tempfile.tempdir = before
 
@@ -87,6 +96,19 @@ def _comparable(record: RankRecord, out: Path) -> dict:
     for key in ("params_path", "grads_path"):
         fields[key] = fields[key] and os.path.relpath(fields[key], out)
     return fields
+
+
+@pytest.mark.timeout(300)
+def test_every_process_of_the_ray_launch_sees_no_cuda_device(ray_launched_watched):
+    # the driver, the local Ray instance it starts (GCS, raylet, their agents) and the actors: CUDA hidden in each
+    # (nanscope.megatron.hidden_cuda), and Ray offers no GPU, so it sets no CUDA_VISIBLE_DEVICES of its own
+    launched, watch = ray_launched_watched
+    assert watch.matching("nanscope.megatron.ray_driver") and len(watch.matching("MegatronTrainRayActor")) >= 4
+    for seen in watch.seen.values():
+        assert seen.environ == {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+                                "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": None}, seen  # fmt: skip
+        assert not seen.cuda_driver, seen
+    assert {rank: s["cuda_visible_devices"] for rank, s in launched.startup.items()} == dict.fromkeys(range(4), "")
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Full activation recompute on CPU (--recompute-granularity full, as in the case): megatron's CheckpointFunction
 saves and restores the CUDA generator around the recompute (tensor_parallel/random.py:383, :391), which the CPU
-layer stands in for (`cpu._CpuRecomputeRng`). The gradients equal those of the same step without recompute."""
+layer stands in for (`cpu_megatron.CpuRecomputeRng`). The gradients equal those of the same step without recompute."""
 
 import subprocess
 import sys

@@ -8,6 +8,7 @@ core_v0.15.0rc0 under NANSCOPE_TEST_MEGATRON_LM_SRC; both default to CI's copies
     NANSCOPE_SLIME_SRC=../shared/slime-src pytest -m slow tests/slime_releases/test_slime_train.py
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 from nanscope import case
 from nanscope.slime_repro import compared_frames, normalised
 from tests import checkouts
+from tests.processes import ProcessWatch
 
 SRC = checkouts.SLIME_SRC
 LM = checkouts.MEGATRON_LM_SRC
@@ -34,16 +36,25 @@ def _checkouts():
         checkouts.missing(f"no Megatron-LM megatron/training at {LM} (NANSCOPE_TEST_MEGATRON_LM_SRC)")
 
 
-def _nanscope(*argv: str, cwd: Path, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "nanscope.cli.main", *argv], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+def _nanscope(*argv: str, cwd: Path, timeout: float = RUN_TIMEOUT_S, watches: list | None = None):
+    """`nanscope ARGV` in `cwd`; with `watches`, a ProcessWatch of its descendants is appended to it."""
+    with subprocess.Popen([sys.executable, "-m", "nanscope.cli.main", *argv], cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:  # fmt: skip
+        with ProcessWatch(proc.pid, poll_s=0.5) if watches is not None else contextlib.nullcontext() as watch:
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+        if watches is not None:
+            watches.append(watch)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
-def _repro(tmp: Path, release: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _repro(tmp: Path, release: str, *extra: str, watches: list | None = None) -> tuple:
     out = _nanscope(
         "repro", "--slime-src", str(Path(SRC).absolute() / release), "--megatron-lm-src", str(Path(LM).absolute()),
-        "--json", str(tmp / "out.json"), *extra, cwd=tmp, timeout=RUN_TIMEOUT_S + 120,
+        "--json", str(tmp / "out.json"), *extra, cwd=tmp, timeout=RUN_TIMEOUT_S + 120, watches=watches,
     )  # fmt: skip
     assert (tmp / "out.json").exists(), out.stdout[-4000:] + out.stderr[-4000:]
     return out, json.loads((tmp / "out.json").read_text())
@@ -51,8 +62,18 @@ def _repro(tmp: Path, release: str, *extra: str) -> tuple[subprocess.CompletedPr
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_as_is_dies_with_the_case_error_and_every_slime_and_megatron_frame_of_the_case(tmp_path):
-    out, doc = _repro(tmp_path, "v0.1.0", "--traceback-out", str(tmp_path / "tb.txt"))
+    watches = []
+    out, doc = _repro(tmp_path, "v0.1.0", "--traceback-out", str(tmp_path / "tb.txt"), watches=watches)
     assert out.returncode == 0 and doc["ok"], out.stdout[-6000:]
+    # every process of the run (prepare, the Ray head and its instance, train.py, the Ray workers) sees no CUDA
+    # device, and Ray's 4 logical GPUs stay named for slime's lookup of its GPU id (nanscope.megatron.hidden_cuda)
+    watch = watches[0]
+    assert watch.matching("train.py") and len(watch.matching("MegatronTrainRayActor")) >= 4, watch.seen
+    assert watch.matching("nanscope.slime_train.prepare") and watch.matching("nanscope.slime_train.head")
+    for seen in watch.seen.values():
+        assert seen.environ == {"CUDA_VISIBLE_DEVICES": "-1,0,1,2", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+                                "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}, seen  # fmt: skip
+        assert not seen.cuda_driver, seen
     assert doc["release"] == "v0.1.0" and [launch["name"] for launch in doc["launches"]] == ["as-is"]
     assert doc["launches"][0]["returncode"] == 1  # train.py died
     tb = (tmp_path / "tb.txt").read_text()

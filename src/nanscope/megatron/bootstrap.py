@@ -31,13 +31,13 @@ def import_megatron() -> None:
 
     megatron.core.jit decorates about 40 fused functions with torch.compile at import, which would import
     TorchInductor (about 1 s of a rank's 3 s of imports on CPU) for functions the harness never calls; it
-    is imported under `cpu.compile_on_first_call()`, so each of them is compiled by the real torch.compile
+    is imported under `cpu_megatron.compile_on_first_call()`, so each of them is compiled by the real torch.compile
     at its first call, and nothing else sees the stand-in.
     """
-    from nanscope.megatron import cpu  # heavy: torch (the agent and the ranks; the parent never imports it)
+    from nanscope.megatron import cpu_megatron  # heavy: torch (the agent and the ranks; the parent never imports it)
 
     if "megatron.core.jit" not in sys.modules:
-        with cpu.compile_on_first_call():
+        with cpu_megatron.compile_on_first_call():
             import megatron.core.jit  # noqa: F401  (binds jit_fuser to the stand-in)
     import megatron.core.distributed  # noqa: F401
     import megatron.core.models.gpt  # noqa: F401

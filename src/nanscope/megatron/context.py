@@ -32,7 +32,7 @@ class RunContext:
     step: int = 0  # the current step (1-based); a planted model fault reads it
     loss_overrides: dict = field(default_factory=dict)  # slime loss fields the step's hazard sets
     output_grads: list = field(default_factory=list)  # per micro-batch: the output's gradient is finite (0-dim)
-    error_time: float | None = None  # when megatron's check raised on this rank (cpu.agree_on_grad_check)
+    error_time: float | None = None  # when megatron's check raised on this rank (cpu_distributed.agree_on_grad_check)
 
     @property
     def name(self) -> str:

@@ -15,6 +15,9 @@ one per rank, running the same `run.Runner`); a local Ray instance keeps its ses
 processes are the driver's descendants, so the same timeout, stop signals and tree kill apply. Its records are
 the same files; a run that raised also leaves the driver's traceback (`RunResult.traceback`).
 
+Every process a launch starts sees no CUDA device (`hidden_cuda.HARNESS` in its environment), also on a GPU node:
+the agent must not initialise the CUDA driver before it forks the ranks.
+
 The launch's temp dirs are `scratch` dirs, marked as this process's. Killed by SIGKILL, this process
 cleans nothing up; its agent notices (`proctree.ParentWatch`), kills the ranks and removes them. Should
 the agent die too, the next launch removes them: each launch first sweeps the temp dir of every marked
@@ -36,7 +39,7 @@ from pathlib import Path
 from nanscope import loss
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
-from nanscope.megatron import proctree, ray_session, scratch
+from nanscope.megatron import hidden_cuda, proctree, ray_session, scratch
 from nanscope.megatron.bootstrap import free_port
 from nanscope.megatron.proctree import StopSignals
 from nanscope.megatron.spec import Launcher, LaunchResult, Layout, RankRecord, RunResult, RunSpec, WorkerSpec
@@ -168,8 +171,10 @@ def _spawn(
     stop.check()
     (out / "spec.json").write_text(spec.to_json())
     cmd = _command(out, spec, tmp, via)
+    # CUDA hidden (`hidden_cuda`): the agent, its forked ranks, the Ray driver and its instance answer as on a CPU-only
+    # machine, so that no process initialises the CUDA driver before the agent forks.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCHELASTIC_ERROR_FILE": "",
-           "TMPDIR": tmp}  # fmt: skip
+           "TMPDIR": tmp, **hidden_cuda.HARNESS}  # fmt: skip
     return proctree.run_tree(cmd, env=env, timeout_s=timeout_s, stop=stop)
 
 

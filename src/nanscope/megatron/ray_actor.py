@@ -22,7 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
-from nanscope.megatron import bootstrap
+from nanscope.megatron import bootstrap, hidden_cuda
 from nanscope.megatron.spec import WorkerSpec
 from nanscope.megatron.watchdog import Watchdog, barrier
 
@@ -70,6 +70,7 @@ class MegatronTrainRayActor:
         assert layout.world == dist.get_world_size(), f"layout world {layout.world} != {dist.get_world_size()}"
         torch.set_num_threads(1)
         self.startup["init_s"] = time.time() - t_init
+        self.startup["cuda_visible_devices"] = os.environ.get(hidden_cuda.VISIBLE)  # as Ray left it for this actor
         (self.out / f"startup.rank{self.rank}.json").write_text(json.dumps(self.startup))
         self.runner = Runner(spec, self.out, wd)
         return os.getpid()

@@ -31,7 +31,7 @@ from pathlib import Path
 from nanscope.errors import UserError
 from nanscope.facts.megatron import bucket_check_pattern
 from nanscope.launch.logs import clean
-from nanscope.megatron import proctree, ray_session, scratch
+from nanscope.megatron import hidden_cuda, proctree, ray_session, scratch
 from nanscope.megatron.ray_actor import MegatronTrainRayActor
 from nanscope.megatron.spec import RankRecord, WorkerSpec
 
@@ -45,13 +45,18 @@ class RankDied(Exception):
 
 
 class TrainGroup:
-    """The train group: one actor per rank, their process group up; `async_train` starts a run on every rank."""
+    """The train group: one actor per rank, their process group up; `async_train` starts a run on every rank.
 
-    def __init__(self, spec: WorkerSpec, out: Path):
+    The actors hold no GPU (num_gpus=0) and see none: a local instance's workers inherit the driver's environment
+    (`hidden_cuda.HARNESS`, set by the launch); on a cluster (`joined`) their runtime env sets it.
+    """
+
+    def __init__(self, spec: WorkerSpec, out: Path, *, joined: bool = False):
         import ray  # optional: the nanscope[ray] extra, in this process only
 
         world = spec.layout.world
-        remote = ray.remote(num_cpus=1, max_restarts=0)(MegatronTrainRayActor)
+        hidden = {"runtime_env": {"env_vars": dict(hidden_cuda.HARNESS)}} if joined else {}
+        remote = ray.remote(num_cpus=1, num_gpus=0, max_restarts=0, **hidden)(MegatronTrainRayActor)
         self.spec, self.out = spec, out
         self.actors = [remote.remote(spec.to_json(), str(out), rank) for rank in range(world)]
         addr, port = ray.get(self.actors[0].master_addr_and_port.remote())
@@ -148,11 +153,12 @@ def train(group: TrainGroup, index: int) -> None:
     ray.get(group.settled(refs, index))
 
 
-def drive(spec: WorkerSpec, out: Path) -> int:
-    """The spec's runs on a train group; 1 when a rank died (the launch ends there), else 0."""
+def drive(spec: WorkerSpec, out: Path, *, joined: bool = False) -> int:
+    """The spec's runs on a train group (on a cluster this process `joined`); 1 when a rank died (the launch ends
+    there), else 0."""
     import ray  # optional: the nanscope[ray] extra
 
-    group = TrainGroup(spec, out)
+    group = TrainGroup(spec, out, joined=joined)
     for index in range(spec.first_run, len(spec.runs)):
         try:
             train(group, index)
@@ -187,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = WorkerSpec.from_json(Path(args.spec).read_text())
         try:
             with ray_session.session(
-                args.address, cpus=spec.layout.world, temp=args.ray_temp, timeout_s=args.ray_timeout
+                args.address, cpus=spec.layout.world, temp=args.ray_temp, timeout_s=args.ray_timeout, gpus=0
             ):
-                return drive(spec, Path(args.out))
+                return drive(spec, Path(args.out), joined=args.address is not None)
         except UserError as e:  # the cluster did not answer: the launch's one line (launcher.launch raises it)
             (Path(args.out) / ray_session.CONNECT_ERROR).write_text(str(e))
             return 1

@@ -91,7 +91,7 @@ class Runner:
     def steps(self, ctx: RunContext) -> None:
         """Build the model, then per step: the batch against the current model, then train_one_step."""
         from nanscope.loss import as_is  # heavy: torch, in the ranks only (as the rest of this block)
-        from nanscope.megatron import cpu, step
+        from nanscope.megatron import cpu_distributed, step
         from nanscope.megatron.model import layers_held
         from nanscope.megatron.observe import observe
         from nanscope.trace.sentinels.sentinel import Sentinel
@@ -106,7 +106,7 @@ class Runner:
         if planted is not None:  # before the sentinel's hooks: they run after the fault's and see it
             self.plant(ctx, *planted)
         ctx.sentinel = Sentinel([ctx.model], output_grads=True)  # names a backward's producer, not only its params
-        cpu.agree_on_grad_check(ctx)
+        cpu_distributed.agree_on_grad_check(ctx)
         if spec.save_grads:
             ctx.grads_path = ctx.path("grads")
             rec.grads_path = str(ctx.grads_path)

@@ -178,7 +178,7 @@ class RankRecord:
 
 
 # error_type of a rank the harness stopped because a peer failed megatron's check while its own gradients
-# passed (cpu.agree_on_grad_check): on a cluster the job ends there; here every rank records it.
+# passed (cpu_distributed.agree_on_grad_check): on a cluster the job ends there; here every rank records it.
 PEER_FAILED = "PeerFailed"
 
 
@@ -222,7 +222,9 @@ class LaunchResult:
     returncode: int | None  # torchrun's or the Ray driver's exit code; the first non-zero one when relaunched
     timed_out: bool
     wall_s: float  # parent-side, spawn to exit
-    startup: dict[int, dict]  # rank -> {"started" (time.time() at worker entry), "imports_s", "init_s"}
+    # rank -> {"started" (time.time() at worker entry), "imports_s", "init_s", "cuda_visible_devices" (the rank's
+    # CUDA_VISIBLE_DEVICES after process-group init: "" hides every device, `hidden_cuda`)}; Ray's add "pid"
+    startup: dict[int, dict]
     stuck: dict[int, str]  # rank -> watchdog message, for ranks the watchdog ended
     stderr_tail: str
     launched_at: float = 0.0  # time.time() when the parent spawned the first torchrun

@@ -31,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from nanscope.megatron import bootstrap, proctree, scratch
+from nanscope.megatron import bootstrap, hidden_cuda, proctree, scratch
 from nanscope.megatron.run import Runner
 from nanscope.megatron.spec import WorkerSpec
 from nanscope.megatron.watchdog import Watchdog, barrier
@@ -166,7 +166,8 @@ def _rank(spec: WorkerSpec, out: Path, started: float, imports_s: float) -> int:
                    timeout_s=spec.startup_timeout_s, group_timeout_s=spec.rank_timeout_s)  # fmt: skip
     assert layout.world == dist.get_world_size(), f"layout world {layout.world} != {dist.get_world_size()}"
     torch.set_num_threads(1)
-    startup = {"started": started, "imports_s": imports_s, "init_s": time.time() - t_init}
+    startup = {"started": started, "imports_s": imports_s, "init_s": time.time() - t_init,
+               "cuda_visible_devices": os.environ.get(hidden_cuda.VISIBLE)}  # fmt: skip
     (out / f"startup.rank{rank}.json").write_text(json.dumps(startup))
     runner = Runner(spec, out, wd)
     for i in range(spec.first_run, len(spec.runs)):

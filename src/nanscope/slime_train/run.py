@@ -12,7 +12,8 @@ In a work dir of its own (removed at the end):
 Every process of the run gets the same PYTHONPATH: nanscope's stand-ins first (`standins/`: sglang,
 torch_memory_saver, triton, the driver's sitecustomize), then slime's checkout, then Megatron-LM's (for
 `megatron.training`; its megatron-core shadows the installed wheel, as the case's PYTHONPATH=/root/Megatron-LM/
-does), then what the environment had. The result holds each launch's exit code, seconds, the driver's traceback
+does), then what the environment had. Every process of it, Ray's own included, sees no CUDA device
+(`hidden_cuda.slime_run`), also on a GPU node. The result holds each launch's exit code, seconds, the driver's traceback
 (cleaned of Ray's colour codes) and the tails of its output; the caller (`nanscope.slime_repro`) checks them.
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 from nanscope.errors import UserError
 from nanscope.facts import releases
 from nanscope.launch.logs import clean
-from nanscope.megatron import proctree, scratch
+from nanscope.megatron import hidden_cuda, proctree, scratch
 from nanscope.megatron.proctree import StopSignals
 from nanscope.slime_train import flags, head, hf, prepare, worker
 
@@ -131,6 +132,8 @@ def environment(request: Request, report_dir: str | None) -> dict:
         # whose collectives do not reach gloo through torch 2.13's reduce_scatter_single; its own switch turns that
         # off (backends/megatron_utils/actor.py:66-69). v0.1.0 has no such code.
         "SLIME_DESTROY_WORLD_PROCESS_GROUP": "0",
+        # CUDA hidden, the GPUs Ray offers still named for slime's lookup of its GPU id (`hidden_cuda.slime_run`)
+        **hidden_cuda.slime_run(flags.WORLD),
     }
     if report_dir is not None:
         env["NANSCOPE_REPORT_DIR"] = report_dir
@@ -158,7 +161,8 @@ def run(request: Request) -> Result:
         code, timed_out, output = proctree.run_tree(
             [sys.executable, "-m", head.__name__, str(work / "head.json"), "--parent", str(os.getpid()),
              "--parent-tmp", str(work.parent)],
-            env=dict(os.environ), timeout_s=remaining, stop=stop,  # Ray's own processes: the run's env is the job's
+            # Ray's own processes: the run's env is the job's; CUDA hidden from all of them, as from the job's
+            env={**os.environ, **hidden_cuda.slime_run(flags.WORLD)}, timeout_s=remaining, stop=stop,
         )  # fmt: skip
         done = json.loads(Path(head_request.result).read_text()) if Path(head_request.result).exists() else {}
         launches = [_launch_result(launch, plans[launch.name], done) for launch in head_request.launches]

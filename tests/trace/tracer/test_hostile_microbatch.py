@@ -1,6 +1,6 @@
 """Hostile micro-batch files are refused cheaply by `nanscope trace FILE.pt`: one line, exit 2, memory bounded.
 
-Each case runs in its own forked process under a 2 GiB RLIMIT_AS and an alarm (`tests.dumps.hostile.isolated`),
+Each case runs in its own forked process under RLIMIT_AS (its imports plus 1.375 GiB) and an alarm (`tests.dumps.hostile.isolated`),
 so a loader that allocates what a file only declares dies instead of passing, and its peak RSS is measured.
 """
 

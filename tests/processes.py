@@ -1,0 +1,120 @@
+"""What each process of a launch received: a watch of a process's descendants, read from /proc while they live.
+
+    with ProcessWatch(os.getpid()) as watch:
+        launcher.launch(...)
+    for seen in watch.seen.values():
+        assert seen.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+A thread polls the descendants of `root` every `poll_s`; for each process it records, at first sight, the variables
+of `hidden_cuda.NAMES` in /proc/PID/environ (the environment the process was started with: for a process forked
+without exec, the one its parent was started with) and, at every poll, its command line (Ray's workers rename
+themselves), whether it maps the CUDA driver (libcuda.so) and whether it holds /dev/nvidia-uvm open, which the driver's
+initialisation opens. A process that lives shorter than a poll may be missed: the checks count the ones they need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from pathlib import Path
+
+from nanscope.megatron import hidden_cuda, proctree
+
+UNSET = None  # a variable the process's environment does not hold
+
+
+@dataclasses.dataclass
+class Seen:
+    pid: int
+    environ: dict  # name -> value, or UNSET, for hidden_cuda.NAMES
+    cmdline: str = ""
+    cuda_driver: bool = False  # libcuda.so mapped, or /dev/nvidia-uvm open, at any poll
+
+
+def environ(pid: int) -> dict | None:
+    """hidden_cuda.NAMES in /proc/PID/environ (None: the process is gone or not readable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {name: (pairs[name.encode()].decode() if name.encode() in pairs else UNSET) for name in hidden_cuda.NAMES}
+
+
+def cuda_driver(pid: int) -> bool:
+    """The process has the CUDA driver loaded (libcuda.so in its maps) or initialised (/dev/nvidia-uvm open)."""
+    try:
+        if "libcuda.so" in Path(f"/proc/{pid}/maps").read_text(errors="replace"):
+            return True
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/nvidia-uvm":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+class ProcessWatch:
+    """Records every descendant `root` starts while the block runs (and `root` itself with `include_root`); `seen`:
+    pid -> Seen. Those alive when the block starts, and what they start, are not its business (a test process's
+    earlier children, TorchInductor's compile workers) and are left out."""
+
+    def __init__(self, root: int, poll_s: float = 0.25, include_root: bool = False):
+        self.root, self.poll_s, self.include_root = root, poll_s, include_root
+        self.seen: dict[int, Seen] = {}
+        self._before: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="process-watch", daemon=True)
+
+    def __enter__(self) -> ProcessWatch:
+        self._before = set(self._descendants())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.poll_s)
+        self.poll()
+
+    def _descendants(self) -> list[int]:
+        """`root`'s descendants now, but for the subtrees of those alive when the block started."""
+        tree = proctree.children()
+        todo, pids = [p for p in tree.get(self.root, []) if p not in self._before], []
+        while todo:
+            pid = todo.pop()
+            pids.append(pid)
+            todo.extend(tree.get(pid, []))
+        return pids
+
+    def poll(self) -> None:
+        pids = self._descendants() + ([self.root] if self.include_root else [])
+        for pid in pids:
+            seen = self.seen.get(pid)
+            if seen is None:
+                env = environ(pid)
+                if env is None:
+                    continue
+                seen = self.seen[pid] = Seen(pid, env)
+            seen.cmdline = cmdline(pid) or seen.cmdline
+            seen.cuda_driver = seen.cuda_driver or cuda_driver(pid)
+
+    def matching(self, text: str) -> list[Seen]:
+        """The processes whose command line (their last seen) holds `text`."""
+        return [seen for seen in self.seen.values() if text in seen.cmdline]
