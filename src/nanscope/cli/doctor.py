@@ -6,8 +6,8 @@ check, the schedule and the framework its frames show; a launch script alone giv
 causes; each says what the other would add. The launch script is parsed (tree-sitter-bash), never executed. The flags are resolved with the slime
 release's and Megatron's defaults (--slime-version; else the release the script names, e.g. a path
 slime-0.2.4 or slimerl/slime:v0.3.1, or the one its flags imply; else v0.1.0, said in the output), the
-rank layout comes from megatron-core's RankGenerator, and a catalogue of rules maps the flags to NaN
-mechanisms.
+rank layout is megatron-core's RankGenerator's (by nanscope's own arithmetic: no megatron import), and a
+catalogue of rules maps the flags to NaN mechanisms.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def run(args) -> int:
             model_origin = f"model.json (bundled with {args.case})" if args.case and not args.model else model_path
         traceback = read_traceback(tb_path) if tb_path else None
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # megatron-core (the rank layout imports it) warns about missing TE/Apex
+            warnings.simplefilter("ignore")  # a reader's warning is no part of the report
             diagnosis = diagnose(
                 script,
                 env=env,

@@ -3,7 +3,7 @@
 diagnosis.py  the Diagnosis the renderers read; notes.py: the explanations, notes and contradictions in it
 script/       launch script -> argument list (tree-sitter-bash, never executed; bash arithmetic, bounds)
 config.py     argument list -> resolved flags with origins, derived batch figures
-topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
+topology.py   flags -> parallel sizes, layer split, rank coordinates (ranks.py: RankGenerator's, by arithmetic)
 detect.py     --slime-version / the script's text / its flags -> the slime release whose defaults apply
 tracebacks.py traceback or whole job log -> failing rank, message, annotated frames (failure.py: the error
               line and its check; frames.py: the frames; logs.py: a log of any size, as a stream)

@@ -137,7 +137,7 @@ def explain(diagnosis: Diagnosis) -> list[str]:
     failure = traceback.failure if traceback is not None else None
     if failure is not None:
         known = failure.rank is not None and failure.rank < layout.world
-        pp = layout.coords[failure.rank]["pp"] if known else failing.pp
+        pp = layout.coord(failure.rank)["pp"] if known else failing.pp
         overlap = diagnosis.config["overlap_grad_reduce"] if diagnosis.config is not None else False
         out += _failure_lines(failure, diagnosis.framework.name, pp, overlap)
     return out

@@ -3,6 +3,8 @@ the resolved flags with their origins. Its keys are in the order written here.""
 
 from __future__ import annotations
 
+from nanscope.launch.topology import MAX_LISTED
+from nanscope.report.doctor.shared import ranks_text
 from nanscope.report.doctor.verdict import verdict
 
 
@@ -88,9 +90,19 @@ def _topology(diagnosis) -> dict:
         "num_experts": layout.num_experts,
         "experts_per_ep_rank": layout.experts_per_rank,
         "stages": None if layout.stages is None else [_stage(stage) for stage in layout.stages],
-        "ep_groups": layout.groups["ep"],
+        "ep_groups": _ep_groups(layout),
+        "ep_group_count": layout.world // layout.ep,
         **slime,
     }
+
+
+def _ep_groups(layout) -> list[list[int]] | None:
+    """Every expert-parallel group's ranks (None: a world over MAX_LISTED ranks is described, not listed)."""
+    if layout.world > MAX_LISTED:
+        return None
+    firsts = sorted({layout.group(rank, "ep")[0]: layout.group_index(rank, "ep") for rank in range(layout.world)}.items(),
+                    key=lambda item: item[1])  # fmt: skip
+    return [list(layout.group(first, "ep")) for first, _ in firsts]
 
 
 def _batch_figures(figures, cfg) -> dict:
@@ -134,8 +146,14 @@ def _rank(rank) -> dict:
         "holds_output_layer": rank.holds_output_layer,
         "holds_embedding": rank.holds_embedding,
         "experts": rank.experts,
-        "groups": rank.groups,
+        "groups": {key: _listed(group) for key, group in rank.groups.items()},
+        "groups_text": {key: ranks_text(group) for key, group in rank.groups.items()},
     }
+
+
+def _listed(group) -> list[int] | None:
+    """A group's ranks as a list (None: more than MAX_LISTED: `groups_text` describes it)."""
+    return None if group is None or len(group) > MAX_LISTED else list(group)
 
 
 _FAILURE_KEYS = ("rank", "node", "device", "iteration", "result", "kind", "message", "bucket", "truncated")

@@ -32,8 +32,18 @@ KEY_FLAGS = (
 MAX_STAGE_ROWS = 64  # pipeline stages listed in the terminal layout and drawn in the HTML layer split
 
 
-def ranks_text(group: list[int]) -> str:
-    """A group of ranks: `48-63`, `2, 18, 34, 50`; a long strided one as `0, 8, ..., 1016 (128 ranks, every 8)`."""
+def ranks_text(group) -> str:
+    """A group of ranks (a list or a range): `48-63`, `2, 18, 34, 50`; a long strided one as `0, 8, ..., 1016 (128
+    ranks, every 8)`, without listing it (a group of a large world may hold 100,000 ranks)."""
+    if group is None:
+        return "not listed"
+    if isinstance(group, range) and len(group) > 1:
+        if group.step == 1:
+            return f"{group[0]}-{group[-1]}" if len(group) >= 3 else f"{group[0]}, {group[1]}"
+        if len(group) > 8:
+            return f"{group[0]}, {group[1]}, ..., {group[-1]} ({len(group):,} ranks, every {group.step})"
+        return ", ".join(map(str, group))
+    group = list(group)
     if len(group) <= 8 or group == list(range(group[0], group[-1] + 1)):
         return span(group, min_run=3)
     step = group[1] - group[0]
