@@ -30,6 +30,7 @@ from nanscope.launch.config import Config, Value, batches, resolve
 from nanscope.launch.detect import Choice, choose
 from nanscope.launch.diagnosis import Diagnosis
 from nanscope.launch.evidence import UNKNOWN, Framework
+from nanscope.launch.findings.finding import Finding
 from nanscope.launch.foreign import Foreign, read_foreign, script_framework
 from nanscope.launch.peers import peer_candidates
 from nanscope.launch.script import LaunchScript, parse_script
@@ -266,6 +267,7 @@ def _foreign(
         inferred=inferred,
         flags=launch.view,
     )
+    diagnosis.findings = [_not_a_size(line) for line in launch.refused]
     if traceback is None:
         diagnosis.missing.append(_NO_TRACEBACK)
     else:
@@ -283,12 +285,15 @@ def _foreign_layout(launch: Foreign, rank: int | None):
     """megatron-core's layout of a non-slime launch (None: OpenRLHF's DeepSpeed ranks, or sizes Megatron refuses),
     and what was inferred for it."""
     sizes, inferred = launch.sizes, []
+    if launch.refused:  # never a default in place of a value the script gives
+        launch.notes.append(f"layout not built: the script gives a value that is no size ({launch.refused[0]})")
+        return None, inferred
     if launch.framework.name == frameworks.OPENRLHF:
         launch.notes.append("OpenRLHF trains with DeepSpeed: no megatron-core layout")
         return None, inferred
     gpn = sizes.get("gpus_per_node") or 8
     if sizes.get("gpus_per_node") is None:
-        inferred.append("GPUs per node not given: 8 assumed")
+        inferred.append("GPUs per node not given (nor CUDA_VISIBLE_DEVICES): 8 assumed")
     parallel = inference.Sizes(sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes.get("etp") or sizes["tp"])
     nodes = sizes.get("nodes")
     if nodes is None:
@@ -308,6 +313,20 @@ def _foreign_layout(launch: Foreign, rank: int | None):
     except UserError as error:
         launch.notes.append(f"layout not built: {error}")
         return None, inferred
+
+
+def _not_a_size(line: str) -> Finding:
+    """A value of a non-slime launch that is no size (`--num-layers -4`): a finding, never a silent default."""
+    written = line.rsplit(": ", 1)[0]
+    return Finding(
+        id="not-a-size",
+        severity="high",
+        title=line,
+        flags=[written],
+        mechanism="Megatron refuses a size that is not a whole number >= 1 before the first step, so a run that "
+        "reached a NaN did not run this value: the script is not the one that ran, or a variable changed it.",
+        fix="give the value the run used (--env NAME=VALUE for a variable)",
+    )
 
 
 def _without_script(traceback: Traceback, rank: int | None, slime_version: str | None) -> Diagnosis:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from nanscope.causes import catalogue, immune
 from nanscope.causes.classes import HARDWARE
+from nanscope.causes.neutral import neutral
 from nanscope.facts import releases
 from nanscope.facts.flags import BY_NAME, SCRIPT
 from nanscope.facts.paths import HOOK_PATH
@@ -142,8 +143,12 @@ def without_flags(traceback, framework, release) -> list[Candidate]:
         for cause in immune.IMMUNE:
             evidence = [f"slime {key} is immune: {cause.why}", *cause.evidence]
             out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
-    context = Context(framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False)
+    context = Context(
+        framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False, script=False
+    )
     out += reported_candidates(context, traceback, script=False)
+    if not slime:
+        neutral(out)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 

@@ -60,6 +60,7 @@ class LaunchScript:
         assumptions: conditions that could not be decided statically, and what was assumed.
         limits: values that hit a reading cap, overflowed or that bash would reject, kept as text.
         command_env: the `NAME=value` words before the train command (its own environment).
+        cut: a comment line inside the train command's backslash continuation ended it there, as bash does (the note).
     """
 
     path: str
@@ -76,6 +77,7 @@ class LaunchScript:
     assumptions: list[str] = field(default_factory=list)
     limits: list[str] = field(default_factory=list)
     command_env: dict[str, str] = field(default_factory=dict)
+    cut: str | None = None  # the train command cut short by a comment in its `\` continuation, said as bash cuts it
 
 
 def parse_script(
@@ -124,6 +126,7 @@ def parse_script(
         assumptions=reader.assumptions,
         limits=reader.budget.all_notes(),
         command_env=train.env,
+        cut=reader.cut,
     )
 
 

@@ -33,6 +33,7 @@ from nanscope.launch.script.bounds import (
     Cap,
 )
 from nanscope.launch.script.calls import Calls, Return
+from nanscope.launch.script.continuation import cut_note
 from nanscope.launch.script.expansion import Expander, unescape_word
 from nanscope.launch.script.syntax import TooSlow, line, parse, snippet, without_controls
 
@@ -80,6 +81,8 @@ class Interpreter:
         self.errors: list[int] = []
         self.depth = 0  # nested `source` files
         self.assumptions: list[str] = []
+        self.source = b""  # the bytes of the file being read
+        self.cut: str | None = None  # the train command cut by a comment in its continuation (script.continuation)
         self.calls = Calls(self.words, self.budget, self.statement)
 
     # ---- files -------------------------------------------------------------------------------
@@ -97,6 +100,7 @@ class Interpreter:
                 "(`)a)a...`, `a|a|...|`, `x=(x=(...`); not a script nanscope can read"
             ) from None
         outer, self.words.file = self.words.file, str(path)
+        outer_source, self.source = self.source, text.encode()
         if removed is not None:
             where = "" if self.depth == 0 else f"{path}: "
             self.budget.note(removed.line, where + removed.note())
@@ -105,7 +109,7 @@ class Interpreter:
         try:
             self.visit(tree.root_node)
         finally:
-            self.words.file = outer
+            self.words.file, self.source = outer, outer_source
 
     def _source(self, node, words: list[str]) -> None:
         if len(words) < 2:
@@ -324,6 +328,7 @@ class Interpreter:
         if found is not None:
             script, argv, launcher = found
             self.train = TrainCommand(script, argv, launcher, line(node), self._prefix_env(node))
+            self.cut = cut_note(self.source, node.end_byte, node.end_point[0] + 1)
 
     def _prefix_env(self, node) -> dict[str, str]:
         """The `NAME=value` words before a command: its own environment (the script's variables are not changed)."""

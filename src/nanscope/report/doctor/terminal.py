@@ -148,7 +148,8 @@ def _layout_lines(diagnosis) -> list[str]:
     """Experts per EP rank, optimizer steps per rollout, the micro-batch budget, the rollout GPUs."""
     layout, figures, cfg = diagnosis.topology, diagnosis.batches, diagnosis.config
     if cfg is None:  # a non-slime launch: its own flags follow
-        return [f"{diagnosis.framework.name}'s flags: {flag}" for flag in _flag_lines(diagnosis)]
+        owner = "the launch" if diagnosis.framework.name == "unknown" else diagnosis.framework.name
+        return [f"{owner}'s flags: {flag}" for flag in _flag_lines(diagnosis)]
     lines = []
     if layout.num_experts:
         lines.append(f"experts: {layout.num_experts} / EP {layout.ep} = {layout.experts_per_rank} per EP rank")
@@ -211,7 +212,8 @@ def _flag_lines(diagnosis) -> list[str]:
 def _flags_section(diagnosis, console) -> None:
     if diagnosis.config is None:
         if diagnosis.flags is not None and diagnosis.topology is None:
-            _heading(console, f"{diagnosis.framework.name}'s flags", "(as the script wrote them)")
+            owner = "the launch" if diagnosis.framework.name == "unknown" else diagnosis.framework.name
+            _heading(console, f"{owner}'s flags", "(as the script wrote them)")
             for line in _flag_lines(diagnosis):
                 _plain(console, f"  {line}")
         return

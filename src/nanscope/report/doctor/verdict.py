@@ -20,14 +20,26 @@ def verdict(diagnosis) -> str:
     if traceback is not None and traceback.rerun is not None:
         rerun = traceback.rerun
         parts.append(f"The rerun state machine's verdict ({rerun.rerun} rerun): {rerun.means}.")
+    if diagnosis.script is not None and diagnosis.script.cut:
+        parts.append(f"The launch script's train command is cut short: {diagnosis.script.cut}.")
     if diagnosis.script is None:
         parts.append(_framework_sentence(diagnosis))
         parts.append("No launch script: no flag rule ran, and no flag decides a cause.")
     elif diagnosis.config is None:
         parts.append(_framework_sentence(diagnosis))
         name = diagnosis.framework.name
-        parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s own "
-                     "code and flags.")  # fmt: skip
+        if name == "unknown":
+            parts.append("slime's rules do not apply: nothing names the launch's framework, so no framework's own "
+                         "code weighs the causes.")  # fmt: skip
+        else:
+            parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s "
+                         "own code and flags.")  # fmt: skip
+        if diagnosis.findings:
+            parts.append(
+                "The launch script gives values that are no size: "
+                + "; ".join(finding.title for finding in diagnosis.findings)
+                + "; no layout is built."
+            )
     else:
         parts.append(_findings_sentence(diagnosis.findings))
     parts.append(_candidates_sentence(diagnosis.candidates))
