@@ -29,6 +29,7 @@ from nanscope.launch.tracebacks import read_traceback
 from nanscope.report import files
 from nanscope.report.doctor.document import to_dict
 from nanscope.report.doctor.page import render_html
+from nanscope.report.doctor.shown import shown
 
 EPILOG = """examples:
   nanscope doctor --case slime-795
@@ -194,7 +195,8 @@ def _report(diagnosis: Diagnosis, args) -> None:
     from nanscope.report.doctor.terminal import render_terminal  # heavy: rich at its top
 
     if args.json:  # files first: a closed stdout pipe (| head) must not lose them
-        files.write_json(args.json, to_dict(diagnosis))
+        files.write_json(args.json, to_dict(diagnosis))  # as read: json.dumps escapes every control character
+    display = shown(diagnosis)  # no control character of a file reaches the page or the terminal
     if args.html:
-        files.write_text(args.html, render_html(diagnosis))
-    render_terminal(diagnosis, Console(highlight=False))
+        files.write_text(args.html, render_html(display))
+    render_terminal(display, Console(highlight=False))

@@ -42,7 +42,7 @@ def traceback_notes(diagnosis: Diagnosis, traceback_origin: str) -> list[str]:
     """What the traceback says about itself: cut short, a check this launch does not run, other failing ranks."""
     traceback = diagnosis.traceback
     failure = traceback.failure if traceback is not None else None
-    notes = []
+    notes = [f"{traceback_origin}: {note}" for note in traceback.notes] if traceback is not None else []
     if failure is not None and failure.truncated:
         notes.append(
             f"{traceback_origin}: line {failure.line}: the Megatron error is cut short before its end; it is read "
@@ -107,7 +107,7 @@ def input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_ori
     for source in script.sources:
         if source.status == "missing":
             where = f"; {model_origin} stands in for it" if model else "; pass --model-args FILE or --model JSON"
-            notes.append(f"line {source.line}: source {source.path}: not found{where}")
+            notes.append(f"line {source.line}: source {source.path}: {source.reason}{where}")
         elif source.followed != source.path:
             notes.append(f"line {source.line}: source {source.path}: read {source.followed} in its place")
         else:

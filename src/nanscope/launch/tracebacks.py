@@ -33,6 +33,7 @@ class Traceback:
     evidence: FrameEvidence = field(default_factory=FrameEvidence)
     framework: Framework = UNKNOWN
     metrics: Metrics = field(default_factory=Metrics)  # the per-step metric lines before the failure
+    notes: list[str] = field(default_factory=list)  # how the text was read, and what of it was not
 
     def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
         """The frames inside megatron-core, outermost first: (file basename, line, function)."""
@@ -81,6 +82,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         evidence=read_frames(frames),
         framework=framework,
         metrics=found.metrics,
+        notes=found.notes,
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class Source:
     line: int
     status: str  # "followed" | "missing"
     followed: str | None = None  # the file read in its place (--model-args)
+    reason: str = "not found"  # why a missing one was not read: not found, or what it is (a directory, a FIFO)
 
 
 @dataclass
@@ -128,7 +130,7 @@ class Interpreter:
             model_args, self.model_args = self.model_args, None  # stands in for one file only
             self._follow(model_args, "model-args file")
         else:
-            self.sources.append(Source(target, line(node), "missing"))
+            self.sources.append(Source(target, line(node), "missing", reason=_not_a_file(candidate)))
 
     def _wrapper(self, node, words: list[str]) -> None:
         """`bash run.sh a b`: the wrapper script read with its arguments as `$1 $2` (a child shell: the caller's
@@ -423,6 +425,19 @@ def _error_lines(root) -> list[int]:
             lines.add(line(node))
         stack.extend(child for child in node.children if child.has_error or child.type == "ERROR" or child.is_missing)
     return sorted(lines)
+
+
+def _not_a_file(path: Path) -> str:
+    """Why `path` was not read: "not found", or what it is instead of a regular file (never opened: a FIFO would
+    block, /dev/zero never end)."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return "not found"
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    what = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"{what}, not a file: not read"
 
 
 def _is_file(path: Path) -> bool:
