@@ -32,11 +32,14 @@ from nanscope.launch.diagnosis import Diagnosis
 from nanscope.launch.evidence import UNKNOWN, Framework
 from nanscope.launch.findings.finding import Finding
 from nanscope.launch.foreign import Foreign, read_foreign, script_framework
+from nanscope.launch.inputkind import LOG, what_it_is
 from nanscope.launch.peers import peer_candidates
-from nanscope.launch.script import LaunchScript, parse_script
+from nanscope.launch.script import LaunchScript, NotALaunch, parse_script
 from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
+from nanscope.launch.script.interpreter import NotBash
+from nanscope.launch.summary import summarize
 from nanscope.launch.topology import build
-from nanscope.launch.tracebacks import Traceback
+from nanscope.launch.tracebacks import Traceback, read_traceback
 
 __all__ = ["Diagnosis", "diagnose", "unread"]
 
@@ -88,10 +91,11 @@ def diagnose(
         assert traceback is not None, "diagnose needs a script or a traceback"
         return _without_script(traceback, rank, slime_version)
     env, limit = env or {}, INPUT_LIMIT if limit is None else limit
-    script, text = (
-        parse_script(script_path, env, model_args, limit),
-        inputs.read_text(script_path, "launch script", limit, OPTION),
-    )
+    try:
+        script = parse_script(script_path, env, model_args, limit)
+    except (NotALaunch, NotBash) as error:
+        return _not_a_script(script_path, str(error), traceback, rank=rank, slime_version=slime_version, limit=limit)
+    text = inputs.read_text(script_path, "launch script", limit, OPTION)
     framework = script_framework(script, text)
     if framework.name != frameworks.SLIME and slime_version is None and case_release is None:
         return _foreign(script, framework, traceback, rank=rank, origin=traceback_origin, env=env)
@@ -111,9 +115,30 @@ def diagnose(
     )
     diagnosis = _slime(reading, traceback, model, model_origin)
     if traceback is not None:
-        candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+        _with_traceback(diagnosis, traceback)
     _place_failing(diagnosis, rank, traceback_origin)
     diagnosis.contradictions = notes.contradictions(diagnosis)
+    return diagnosis
+
+
+def _not_a_script(path: str, error: str, traceback: Traceback | None, *, rank, slime_version, limit) -> Diagnosis:
+    """A launch script nanscope cannot read: a job log is read as the traceback (when none is given); with a
+    traceback the diagnosis is the traceback's, the script named in one line; else the one-line error, with what
+    the file is."""
+    kind = what_it_is(path, limit)
+    note = None
+    if kind == LOG and traceback is None:
+        traceback, note = read_traceback(path), f"{path}: a job log, not a launch script: read as --traceback"
+    if traceback is None:
+        if kind is not None:
+            raise UserError(f"{error}; it is {kind}, not a bash launch script (a log goes to --traceback)")
+        raise UserError(error)
+    diagnosis = _without_script(traceback, rank, slime_version)
+    if note is None:
+        what = f" ({kind})" if kind is not None and kind != LOG else ""
+        note = f"launch script{what} not read: {error}; the traceback is diagnosed alone"
+    diagnosis.notes.insert(0, note)
+    diagnosis.unread_script = note
     return diagnosis
 
 
@@ -271,7 +296,7 @@ def _foreign(
     if traceback is None:
         diagnosis.missing.append(_NO_TRACEBACK)
     else:
-        candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+        _with_traceback(diagnosis, traceback)
     if layout is not None:
         _place_failing(diagnosis, rank, origin)
     elif traceback is not None:
@@ -349,7 +374,7 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
         release=release,
         framework=framework,
     )
-    candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+    _with_traceback(diagnosis, traceback)
     failure = traceback.failure
     where = f"rank {failure.rank}" if failure is not None and failure.rank is not None else "the failing rank"
     diagnosis.missing.append(
@@ -363,6 +388,14 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
     diagnosis.explanations = notes.explain_alone(traceback)
     diagnosis.notes += notes.traceback_notes(diagnosis, "traceback")
     return diagnosis
+
+
+def _with_traceback(diagnosis: Diagnosis, traceback: Traceback) -> None:
+    """What the traceback or log adds to every diagnosis: the metrics' and the evidence lines' weight on the causes,
+    and the summary of what its text alone supports."""
+    candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+    candidates.with_evidence(diagnosis.candidates, traceback)
+    diagnosis.summary = summarize(traceback)
 
 
 def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from nanscope.errors import UserError
 from nanscope.facts import wordings
 from nanscope.facts.megatron import BUCKETLESS_NAN, BY_ID, CHECKS, Check, checks_of
+from nanscope.facts.signals import Signal
 
 _RESULT = "Unexpected result "
 _MESSAGE = " (message='"
@@ -103,6 +104,13 @@ class Failure:
     rank_from: str | None = None
     invocation: int | None = None
     location: str | None = None  # log-at-file: the validate_result caller's FILE:LINE
+    # evidence other than Megatron's check (format "signal": facts.signals), and what its line says
+    signal: Signal | None = None
+    step: int | None = None  # the step the line names, or its progress bar's
+    op: str | None = None  # the backward function, assert, collective or exception it names
+    output: int | None = None  # anomaly mode: the backward function's output index
+    detail: str | None = None
+    ranks: list[str] = field(default_factory=list)  # ranks named that are not the failing one (logging, waiting)
 
 
 def failures(text: str, origin: str = "traceback") -> Iterator[Failure]:

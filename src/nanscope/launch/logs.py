@@ -31,6 +31,7 @@ from nanscope.errors import UserError
 from nanscope.launch.failure import Failure, Impossible, line_failures
 from nanscope.launch.logsource import open_log
 from nanscope.launch.metrics import Metrics
+from nanscope.launch.nonfinite import Nonfinite
 from nanscope.launch.rerun import Rerun, last_word, line_verdict
 
 CHUNK = 4 * inputs.MiB  # bytes read at once
@@ -101,6 +102,8 @@ class Found:
     raw: list[str] = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
     notes: list[str] = field(default_factory=list)  # what was not read, and why (an impossible number, an encoding)
+    nonfinite: Nonfinite = field(default_factory=Nonfinite)  # the other stacks' evidence lines and metric lines
+    signal: tuple[list[str], list[str]] | None = None  # (context, raw) of the first fatal evidence line
 
 
 MAX_NOTES = 8  # lines not read as error lines, said one by one; the rest counted
@@ -122,6 +125,8 @@ class _Scanner:
         self.metrics = Metrics()
         self.impossible: list[str] = []  # lines whose rank, device or iteration no Megatron prints (not read)
         self.skipped = 0
+        self.nonfinite = Nonfinite()
+        self.signal: tuple[list[str], list[str]] | None = None  # the first fatal evidence line's traceback
 
     def feed(self, chunk: bytes) -> None:
         buf = self.carry + chunk
@@ -142,16 +147,24 @@ class _Scanner:
         notes = [f"{line}: not read as one" for line in self.impossible]
         if self.skipped > len(self.impossible):
             notes.append(f"{self.skipped - len(self.impossible)} more line(s) with such a number, not read")
+        seen = self.nonfinite
+        quiet = not seen.first and seen.metrics.first is None and not seen.metrics.counters
         if self.first is None:
             raw = _traceback_lines(self.tail, whole=True)
-            if rerun is None and not self.metrics.seen and not any(_TRACEBACK in line for line in raw):
+            if self.signal is not None and not any('File "' in line for line in self.signal[1]):
+                self.signal = None  # its frames, if any, come after it: the log's last traceback
+            if self.signal is not None:
+                context, raw = self.signal
+            else:
+                context = _context(raw)
+            if quiet and rerun is None and not self.metrics.seen and not any(_TRACEBACK in line for line in raw):
                 if self.impossible:  # nothing else: the one line that looked like an error is the answer
                     raise UserError(self.impossible[0])
                 return None
-            found = Found(None, _context(raw), sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
+            found = Found(None, context, sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
         else:
             found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
-        found.notes = notes
+        found.notes, found.nonfinite = notes, seen
         return found
 
     def _block(self, block: bytes, markers: tuple[re.Pattern, ...], last: bool = False) -> None:
@@ -173,6 +186,11 @@ class _Scanner:
             done = end
         if metrics:
             self.metrics.scan(block, self.lines)
+        for start, hit in self.nonfinite.block(block, self.lines, clean):
+            if self.signal is None:  # the traceback that ends at the first fatal evidence line
+                tag = None if hit.rank is None else str(hit.rank)
+                raw = _traceback_lines(self.tail + block[:start], rank=tag) + [hit.text]
+                self.signal = (_context(raw), raw)
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from nanscope.causes import catalogue
 from nanscope.causes.neutral import neutral
 from nanscope.facts import frameworks, peer_code
-from nanscope.launch.candidates import Candidate, core_of, judged, reported_candidates
+from nanscope.launch.candidates import Candidate, core_of, judged, reported_candidates, without_megatron
 from nanscope.launch.evidence import Framework
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.reported import Context
@@ -47,6 +47,7 @@ def peer_candidates(
                       script=view is not None)  # fmt: skip
     out += reported_candidates(context, traceback, script=view is not None)
     neutral(out)
+    out = without_megatron(out, framework.name)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 

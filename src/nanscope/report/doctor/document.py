@@ -13,6 +13,7 @@ def to_dict(diagnosis) -> dict:
     traceback, cfg = diagnosis.traceback, diagnosis.config
     return {
         "verdict": verdict(diagnosis),
+        "summary": None if diagnosis.summary is None else diagnosis.summary.to_dict(),
         "slime_release": release_dict(diagnosis),
         "framework": diagnosis.framework.to_dict(),
         "inputs": _inputs(diagnosis),
@@ -23,7 +24,8 @@ def to_dict(diagnosis) -> dict:
         "failing_rank": None if diagnosis.failing is None else _rank(diagnosis.failing),
         "failure": None if traceback is None else _failure(traceback.failure, traceback.rerun),
         "frame_evidence": None if traceback is None else traceback.evidence.to_dict(),
-        "metrics": None if traceback is None else traceback.metrics.to_dict(),
+        "metrics": None if traceback is None else _metrics(traceback),
+        "signals": None if traceback is None else traceback.nonfinite.to_dict(),
         "frames": [] if traceback is None else [_frame(frame) for frame in traceback.frames],
         "explanations": diagnosis.explanations,
         "findings": [_finding(finding) for finding in diagnosis.findings],
@@ -165,7 +167,7 @@ def _failure(failure, rerun) -> dict:
     if failure is None:
         empty = {key: None for key in _FAILURE_KEYS} | {"check": None, "checked": None, "message_source": None}
         return empty | {"slime_runs_this_check": None, "format": None, "megatron_core": None, "rerun": _rerun(rerun)}
-    check = failure.check
+    check, signal = failure.check, failure.signal
     return {
         "rank": failure.rank,
         "node": failure.node,
@@ -176,9 +178,9 @@ def _failure(failure, rerun) -> dict:
         "message": failure.message,
         "bucket": failure.bucket,
         "truncated": failure.truncated,
-        "check": None if check is None else check.id,
-        "checked": None if check is None else check.quantity,
-        "message_source": None if check is None else check.source,
+        "check": check.id if check is not None else signal.id if signal is not None else None,
+        "checked": check.quantity if check is not None else signal.quantity if signal is not None else None,
+        "message_source": check.source if check is not None else signal.source if signal is not None else None,
         "slime_runs_this_check": None if check is None else check.slime,
         "format": failure.format,
         "megatron_core": _releases(failure.releases),
@@ -186,6 +188,23 @@ def _failure(failure, rerun) -> dict:
         "rank_from": failure.rank_from,
         "ambiguous": failure.ambiguous,
         "rerun": _rerun(rerun),
+        "step": failure.step,
+        "op": failure.op,
+        "output": failure.output,
+        "fatal": None if signal is None else signal.fatal,
+        "means": None if signal is None else signal.means,
+        "other_ranks": list(failure.ranks),
+    }
+
+
+def _metrics(traceback) -> dict:
+    """The metric lines: the range excursions (launch.metrics), the first non-finite line and the skip counters
+    (launch.metric_lines)."""
+    lines = traceback.nonfinite.metrics
+    return traceback.metrics.to_dict() | {
+        "first_nonfinite": None if lines.first is None else lines.first.to_dict(),
+        "later_nonfinite_lines": lines.later,
+        "counters": [counter.to_dict() for counter in lines.counters],
     }
 
 

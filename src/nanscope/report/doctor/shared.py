@@ -3,7 +3,8 @@ the key flags, a frame's location, and how many stages are shown."""
 
 from __future__ import annotations
 
-from nanscope.facts import wordings
+from nanscope.facts import frameworks, wordings
+from nanscope.report.doctor.evidence_text import evidence_lines
 from nanscope.report.text import span
 
 # The resolved flags shown in the report (all modelled flags are in the JSON's "config").
@@ -84,15 +85,21 @@ def failure_lines(diagnosis) -> list[str]:
     if traceback is None:
         return []
     failure, out = traceback.failure, []
-    if failure is not None:
+    if failure is not None and failure.signal is not None:
+        out += evidence_lines(traceback)
+    elif failure is not None:
         out.append(f"form: {failure.format} ({wordings.BY_FORM[failure.format].means})")
         if failure.releases:
             first, last = failure.releases[0], failure.releases[-1]
             out.append(f"megatron-core that prints it: {first}" + ("" if first == last else f" .. {last}"))
         if failure.rank_from:
             out.append(f"rank {failure.rank} from {failure.rank_from}")
-    else:
+    elif traceback.frames:
         out.append("no error line: the traceback ends before it")
+    else:
+        out.append("no error line")
+    if failure is None or failure.signal is None:
+        out += evidence_lines(traceback)
     for excursion in traceback.metrics.excursions.values():
         out.append("metric: " + excursion.text())
     rerun = traceback.rerun
@@ -100,7 +107,7 @@ def failure_lines(diagnosis) -> list[str]:
         out.append(
             f"rerun verdict: {rerun.verdict} ({rerun.rerun} rerun{', ' + rerun.values if rerun.values else ''}): {rerun.means}"
         )
-    else:
+    elif diagnosis.framework.name not in frameworks.WITHOUT_MEGATRON:
         out.append("rerun verdict: none in the input (slime and most jobs run the RerunStateMachine disabled)")
     return out
 

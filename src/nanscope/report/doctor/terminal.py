@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from nanscope.facts import frameworks
 from nanscope.report.doctor.shared import (
     MAX_STAGE_ROWS,
     failure_lines,
@@ -59,7 +60,12 @@ def _failure_section(diagnosis, console) -> None:
     lines = failure_lines(diagnosis)
     if not lines:
         return
-    _heading(console, "the error", "(as Megatron printed it)")
+    failure = diagnosis.traceback.failure if diagnosis.traceback is not None else None
+    _heading(
+        console,
+        "the error",
+        "(as Megatron printed it)" if failure is None or failure.signal is None else "(as the log printed it)",
+    )
     for line in lines:
         _plain(console, f"  {line}")
     evidence = diagnosis.evidence
@@ -196,7 +202,10 @@ def _findings_section(diagnosis, console) -> None:
 
 
 def _candidates_section(diagnosis, console) -> None:
-    _heading(console, "candidate causes", f"({len(diagnosis.candidates)}: every cause nanscope catalogues)")
+    every = "every cause nanscope catalogues"
+    if diagnosis.framework.name in frameworks.WITHOUT_MEGATRON:
+        every = "the catalogued causes of a job without megatron-core"
+    _heading(console, "candidate causes", f"({len(diagnosis.candidates)}: {every})")
     for candidate in diagnosis.candidates:
         evidence = "; ".join(candidate.evidence)
         _plain(console, f"  {candidate.status:<11} {candidate.id} [{candidate.cause_class}]: {evidence}")
