@@ -135,6 +135,17 @@ CRAFTED = {
     "repeated `Unexpected result`": "Unexpected result nan (message=' " * 30_000,
     "repeated `Rank R, node N,`": "Rank 1, node n, device 1, " * 40_000,
     "repeated frames": 'File "a", line 1, in f ' * 40_000,
+    # issue 41's readers: other stacks' evidence lines and metric lines
+    "a dict of NaNs": "{" + "'loss': nan, " * 80_000 + "}",
+    "`|` fields": "| loss nan " * 100_000,
+    "a wrapped quoted key": "{'" + "a  -" * 250_000 + "': nan, 'b': 1}",
+    "an anomaly warning's op": "Error detected in " + "a" * 1_000_000,
+    "a wrapped `found inf during`": "found " + " " * 500_000 + "inf during" + " " * 500_000,
+    "a sentence saying NaN": "loss " + "is " * 300_000 + "nan",
+    "an error line naming NaN": "RuntimeError: " + "x" * 1_000_000 + " nan",
+    "repeated overflow lines": "[deepspeed] OVERFLOW! Rank 0 Skipping step. " * 25_000,
+    "repeated watchdog lines": "Watchdog caught collective operation timeout: WorkNCCL(" * 20_000,
+    "Megatron's iteration fields": " iteration 1/ 2 |" * 60_000 + " loss scale: 1.0 | grad norm: nan |",
 }
 
 
