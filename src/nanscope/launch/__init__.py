@@ -393,7 +393,7 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
 def _with_traceback(diagnosis: Diagnosis, traceback: Traceback) -> None:
     """What the traceback or log adds to every diagnosis: the metrics' and the evidence lines' weight on the causes,
     and the summary of what its text alone supports."""
-    candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+    candidates.with_metrics(diagnosis.candidates, traceback.metrics, traceback.excursions())
     candidates.with_evidence(diagnosis.candidates, traceback)
     diagnosis.summary = summarize(traceback)
 

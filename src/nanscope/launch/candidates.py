@@ -244,9 +244,10 @@ _METRIC_CAUSES = {
 }  # fmt: skip
 
 
-def with_metrics(found: list[Candidate], metrics) -> None:
-    """Each metric's first step out of its range (launch.metrics) as evidence for the causes that make it."""
-    for excursion in metrics.excursions.values():
+def with_metrics(found: list[Candidate], metrics, excursions=None) -> None:
+    """Each metric's first step out of its range (launch.metrics; `excursions`: those to say, default all) as
+    evidence for the causes that make it."""
+    for excursion in metrics.excursions.values() if excursions is None else excursions:
         if excursion.metric not in _METRIC_CAUSES:
             continue
         first = excursion.step is not None and excursion.step == metrics.first_step

@@ -8,6 +8,7 @@ bucket and rank mean.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
@@ -39,6 +40,12 @@ class Traceback:
     notes: list[str] = field(default_factory=list)  # how the text was read, and what of it was not
     nonfinite: Nonfinite = field(default_factory=Nonfinite)  # other stacks' evidence lines, the metric lines
     prefix_rank: int | None = None  # the one rank the traceback's `[rankN]:` prefixes name (a cut traceback's rank)
+
+    def excursions(self) -> list:
+        """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
+        metric line (launch.metric_lines), which names the key, the model and the step exactly."""
+        exact = self.nonfinite.metrics.first is not None
+        return [e for e in self.metrics.excursions.values() if not (exact and not math.isfinite(e.value))]
 
     def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
         """The frames inside megatron-core, outermost first: (file basename, line, function)."""

@@ -100,7 +100,7 @@ def failure_lines(diagnosis) -> list[str]:
         out.append("no error line")
     if failure is None or failure.signal is None:
         out += evidence_lines(traceback)
-    for excursion in traceback.metrics.excursions.values():
+    for excursion in traceback.excursions():
         out.append("metric: " + excursion.text())
     rerun = traceback.rerun
     if rerun is not None:

@@ -74,7 +74,7 @@ def _failure_sentences(diagnosis) -> list[str]:
         parts.append(f"The traceback{said} ends before its error line: only its frames say what happened.")
     else:
         parts.append("The log has no error line: only its metric lines say what happened.")
-    parts += [f"Its {excursion.text()}." for excursion in traceback.metrics.excursions.values()]
+    parts += [f"Its {excursion.text()}." for excursion in traceback.excursions()]
     if evidence.schedule is not None or evidence.check is not None:
         shown = [line for line in evidence.lines if not line.startswith("the innermost")]
         parts.append("The frames show " + "; ".join(shown) + ".")
