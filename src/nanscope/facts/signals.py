@@ -64,6 +64,17 @@ SIGNALS: tuple[Signal, ...] = (
         causes=("activation-overflow", "backward-only-fault"),
     ),
     Signal(
+        id="scaler-overflow",
+        value="NaN or Inf",
+        quantity="gradient",
+        fatal=False,
+        stack="-",
+        source="apex amp (scaler.py), fairseq (fp16_optimizer.py), ColossalAI's mixed precision: their own words",
+        means="a dynamic loss scaler found inf/NaN in the scaled gradients and skipped the step, lowering the scale: "
+        "at the start of a run the scale calibrating, later a gradient that overflows fp16 step after step",
+        causes=("activation-overflow", "backward-only-fault"),
+    ),
+    Signal(
         id="loss-scale-minimum",
         value="NaN or Inf",
         quantity="gradient",

@@ -50,7 +50,9 @@ _PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train
 _RL = ("reward", "reward_std", "kl", "ppo_kl", "advantages", "returns", "completion_length", "act_loss")
 _PRIMARY = ("loss", "grad_norm", "grad norm", "lm loss", "logps", "logp", "rewards", "act_loss", "pg_loss")
 _MODELS = (("actor/", "actor"), ("critic/", "critic"), ("ref/", "reference"), ("reference/", "reference"),
-           ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"))  # fmt: skip
+           ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"),
+           ("policy_loss", "policy"), ("actor_loss", "actor"), ("critic_loss", "critic"), ("value_loss", "critic"),
+           ("ref_", "reference"))  # fmt: skip
 
 
 def _key(text: str) -> str:

@@ -50,6 +50,16 @@ _OVERFLOW = re.compile(
     rf"(?: Attempted loss scale: (?P<scale>{_NUMBER}),? (?:reducing to (?P<next>{_NUMBER})"
     r"|but hysteresis is (?P<hysteresis>\d{1,9})\.? Reducing hysteresis to (?P<left>\d{1,9})))?"
 )
+# apex's `Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0`, fairseq's `gradient
+# overflow detected, ignoring gradient, setting loss scale to: 64.0`, ColossalAI's `Found overflow. Skip step`
+_SCALER = re.compile(
+    r"overflow[^\n]{0,60}?\bskip(?:ping|ped)?\b[^\n]{0,20}?\bstep|overflow detected[^\n]{0,60}?loss scale"
+    r"|skipping step[^\n]{0,60}?loss scale",
+    re.IGNORECASE,
+)
+_SCALE_TO = re.compile(
+    r"(?:reducing loss scale to|setting loss scale to:?)\s{0,4}(?P<scale>[\d.eE+-]{1,30})", re.IGNORECASE
+)
 _ANOMALY = re.compile(
     r"Function '(?P<op>[\w.<>]{1,200})' returned (?P<value>nan|inf) values in its (?P<output>\d{1,4})\w{0,2} output"
 )
@@ -173,6 +183,13 @@ def _overflow(text: str, before: str):
     return BY_ID["deepspeed-overflow"], {"detail": detail, "ranks": ranks}
 
 
+def _scaler(text: str, before: str):
+    if _SCALER.search(text) is None:
+        return None
+    scale = _SCALE_TO.search(text)
+    return BY_ID["scaler-overflow"], {"detail": "step skipped" + (f", loss scale -> {scale['scale']}" if scale else "")}
+
+
 def _minimum(text: str, before: str):
     return BY_ID["loss-scale-minimum"], {"detail": "loss scale at its minimum"}
 
@@ -218,6 +235,10 @@ def _watchdog(text: str, before: str):
     return BY_ID["nccl-timeout"], {"op": op and op["op"], "detail": detail, "ranks": ranks}
 
 
+def _nccl(text: str, before: str):
+    return BY_ID["nccl-timeout"], {"detail": "NCCL operations failed or timed out"}
+
+
 def _not_finite(text: str, before: str):
     match = _NOT_FINITE.search(text)
     if match is None:
@@ -235,10 +256,10 @@ def _logged(text: str, before: str):
 # (literal anchor, reader of the window around it), in order: the first that reads the line wins
 _READERS = (
     ("OVERFLOW!", _overflow), ("loss scale overflow!", _overflow), ("Overflow detected", _overflow),
-    ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
+    ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
     ("Error detected in", _forward),
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
-    ("Watchdog caught collective", _watchdog), ("not finite", _not_finite), ("NaN or Inf found", _logged),
+    ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
 )  # fmt: skip
 
 
