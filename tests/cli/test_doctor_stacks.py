@@ -141,6 +141,10 @@ def test_a_traceback_through_nemo_frames_gives_the_rank_from_its_prefixes(tmp_pa
             "step:1 - actor/grad_norm:9.8 - actor/pg_loss:0.12 - critic/vf_loss:nan - critic/grad_norm:nan\n",
             ("critic/vf_loss", "critic", 1, "verl"),
         ),
+        (  # verl logs its data metrics under `critic/` too: a NaN score is the reward's, not the value model's
+            "step:2 - critic/score/mean:nan - critic/rewards/mean:nan - actor/pg_loss:0.1 - critic/vf_loss:0.2\n",
+            ("critic/score/mean", "reward", 2, "verl"),
+        ),
         (  # NeMo AutoModel's `|` steps: step 10 was found, the NaN at step 11 never reported
             "step 10 | epoch 0 | loss 2.1 | grad_norm 3.3\nstep 11 | epoch 0 | loss nan | grad_norm nan\n",
             ("loss", None, 11, "unknown"),
@@ -156,7 +160,7 @@ def test_a_traceback_through_nemo_frames_gives_the_rank_from_its_prefixes(tmp_pa
             ("inf_nan_skip_batches", None, None, "internevo"),
         ),
     ],
-    ids=["trl-dpo-logps", "verl-critic", "automodel-pipes", "ms-swift-json", "internevo-counter"],
+    ids=["trl-dpo-logps", "verl-critic", "verl-data-metrics", "automodel-pipes", "ms-swift-json", "internevo-counter"],
 )
 def test_which_model_and_which_metric_first(text, want, tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, text)

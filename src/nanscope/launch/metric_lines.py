@@ -49,7 +49,10 @@ _ITERATION = ("consumed samples", "elapsed time per iteration (ms)")
 _PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train/chosen", "logps_train/chosen")
 _RL = ("reward", "reward_std", "kl", "ppo_kl", "advantages", "returns", "completion_length", "act_loss")
 _PRIMARY = ("loss", "grad_norm", "grad norm", "lm loss", "logps", "logp", "rewards", "act_loss", "pg_loss")
-_MODELS = (("actor/", "actor"), ("critic/", "critic"), ("ref/", "reference"), ("reference/", "reference"),
+# verl logs its data metrics under `critic/` too (compute_data_metrics): the scores and rewards are the reward's,
+# the advantages and returns computed from them; `critic/kl` is the KL in the reward
+_MODELS = (("critic/score", "reward"), ("critic/rewards", "reward"), ("critic/advantages", None),
+           ("critic/returns", None), ("critic/kl", None), ("actor/", "actor"), ("critic/", "critic"), ("ref/", "reference"), ("reference/", "reference"),
            ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"),
            ("policy_loss", "policy"), ("actor_loss", "actor"), ("critic_loss", "critic"), ("value_loss", "critic"),
            ("ref_", "reference"))  # fmt: skip
@@ -286,8 +289,9 @@ def model_of(bad: list[str], keys: set[str]) -> str | None:
     rl = any(key in keys for key in _PREFERENCE + _RL)
     for key in bad:
         low = key.lower()
-        named = next((model for prefix, model in _MODELS if low.startswith(prefix)), None)
-        if named is None and rl and any(low.split("/")[0].startswith(word) for word in _PRIMARY):
+        prefix = next((prefix for prefix, _ in _MODELS if low.startswith(prefix)), None)
+        named = dict(_MODELS)[prefix] if prefix is not None else None
+        if prefix is None and rl and any(low.split("/")[0].startswith(word) for word in _PRIMARY):
             named = "policy"
         if named is not None:
             models.add(named)
@@ -303,7 +307,7 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     if any(value == "missing" for _, value in bad):
         return ("Megatron prints a loss only when its average is > 0, and NaN is not: the loss was NaN (or not "
                 "reported) at this iteration")  # fmt: skip
-    models = {model for prefix, model in _MODELS for key in keys if key.startswith(prefix)}
+    models = {model_of([key], set()) for key in keys}
     if {"actor", "critic"} <= models:
         return ("both the actor's and the critic's losses on the same logged step: the line cannot tell which went "
                 "first (a shared input: the rewards, the advantages, or the rollout)")  # fmt: skip
@@ -313,7 +317,9 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     if all(key.startswith(("logits/", "clip_ratio/")) or key in ("kl", "clip_ratio") for key in keys) and loss_ok:
         return ("a logged statistic only (over the raw logits, or over an empty token set), while the loss on the line "
                 "is finite: not a diverged model")  # fmt: skip
-    if any(key in ("reward_std", "reward", "rewards") or key.startswith("rewards/") and model is None for key in keys):
+    if model == "reward" or any(
+        key in ("reward_std", "reward", "rewards") or key.startswith("rewards/") and model is None for key in keys
+    ):
         return "the reward: a reward function's NaN, or the spread of a group of one sample (std of one value)"
     if any(key.startswith(("logps", "rewards")) for key in keys):
         return ("the policy's forward pass: its log-probs are non-finite (a preference reward is a log-ratio of them); "

@@ -25,7 +25,7 @@ _WHO = {
     "nonfinite-message": "the log says a loss or a gradient went NaN or Inf",
 }
 _MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
-           "reference": "the reference model", "reward model": "the reward model"}  # fmt: skip
+           "reference": "the reference model", "reward model": "the reward model", "reward": "the reward"}  # fmt: skip
 
 
 def signal_sentence(failure, count: int = 1) -> str:
