@@ -6,7 +6,9 @@ config.py     argument list -> resolved flags with origins, derived batch figure
 topology.py   flags -> parallel sizes, layer split, rank coordinates (ranks.py: RankGenerator's, by arithmetic)
 detect.py     --slime-version / the script's text / its flags -> the slime release whose defaults apply
 tracebacks.py traceback or whole job log -> failing rank, message, annotated frames (failure.py: the error
-              line and its check; frames.py: the frames; logs.py: a log of any size, as a stream)
+              line and its check; frames.py: the frames; logs.py: a log of any size, as a stream; signals.py and
+              metric_lines.py: other stacks' evidence lines and metric lines, read by nonfinite.py; summary.py:
+              what the text alone supports)
 findings/     flags -> NaN mechanisms (rules, by family) and what is fine
 candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
 reported.py   the causes real reports had, from any framework's flags (flagview.py: one spelling for them all)
