@@ -54,7 +54,7 @@ _OVERFLOW = re.compile(
 # overflow detected, ignoring gradient, setting loss scale to: 64.0`, ColossalAI's `Found overflow. Skip step`
 _SCALER = re.compile(
     r"overflow[^\n]{0,60}?\bskip(?:ping|ped)?\b[^\n]{0,20}?\bstep|overflow detected[^\n]{0,60}?loss scale"
-    r"|skipping step[^\n]{0,60}?loss scale",
+    r"|skipping step[^\n]{0,60}?loss scale|overflow on iteration \d",
     re.IGNORECASE,
 )
 _SCALE_TO = re.compile(
@@ -84,7 +84,8 @@ _SAYS = re.compile(
     r"(?<![A-Za-z])(?:nan|inf|infinite|infinity|non-?finite|not finite)(?![A-Za-z])"
     r"|(?<![A-Za-z])(?:nan|inf)[ _](?P<what2>loss|grad(?:ient)?s?(?:[ _]norm)?)\b[^.\n]{0,20}?"
     r"\b(?:detected|occurs?|found|encountered)\b"
-    r"|\bfound (?:an? )?(?:nan|inf)s?\b(?! during)",
+    r"|\bfound (?:an? )?(?:nan|inf)s?\b(?! during)"
+    r"|\b(?:detected|encountered|got)\s(?:an?\s)?(?:nan|inf)\b",
     re.IGNORECASE,
 )
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
