@@ -40,6 +40,7 @@ _NOT_STEPS = re.compile(r"^\s{0,8}(?:Map|Filter|Tokeniz|Load|Download|Generat|Pr
 _EPOCH_ITER = re.compile(r"\]\[(?P<step>\d{1,12})/\d{1,12}\]")
 _WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it")
+_SETTINGS = ("max_", "min_")  # a setting printed beside the metrics (`max_grad_norm: inf`), not a value that went bad
 _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
 COUNTERS = {"number of skipped iterations": False, "number of nan iterations": False, "inf_nan_skip_batches": True,
@@ -182,7 +183,11 @@ class MetricLines:
         self._counters(found, number, step)
         # a missing loss first: Megatron prints `lm loss` before `loss scale` and `grad norm`
         bad = self._missing_loss(found)
-        bad += [(key, value) for key, value, _ in found if _nonfinite(value) and not _is_step_key(key)]
+        bad += [
+            (key, value)
+            for key, value, _ in found
+            if _nonfinite(value) and not _is_step_key(key) and not key.lower().startswith(_SETTINGS)
+        ]
         if bad and len(found) >= 2:
             if self.first is None:
                 self._first(line, number, found, bad, step=step, step_from=step_from)
