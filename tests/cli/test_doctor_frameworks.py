@@ -207,7 +207,8 @@ def test_nemo_resume_is_a_checkpoint_cause(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, str(LAUNCHERS / "nemo-llm.sh"), "--traceback", str(REPORTS / "nemo-14751.log"))
     assert _status(doc)["bad-checkpoint-resume"] == "enabled"
     assert _evidence(doc, "bad-checkpoint-resume")[0] == (
-        "resume.restore_config.path=nvidia/NVIDIA-Nemotron-Nano-12B-v2-Base"
+        "resume.restore_config.path=nvidia/NVIDIA-Nemotron-Nano-12B-v2-Base: the run loads weights (NeMo's "
+        "restore_config: the optimizer state only where load_optim_state is set)"
     )
     assert doc["failure"]["check"] == "grad-norm-inf" and doc["failing_rank"]["rank"] == 6
 

@@ -192,12 +192,13 @@ def test_a_whole_driver_log_over_the_input_cap_is_read_without_raising_it(tmp_pa
     )
 
 
-def test_a_log_streams_at_50_mb_per_second_in_bounded_memory(tmp_path):
+def test_a_log_streams_in_bounded_memory(tmp_path):
+    """The memory a log takes is bounded whatever its size; its speed is measured in benchmarks/doctor_inputs.py
+    (issue 42: no test asserts a speed), and a reader that is not linear is caught by a hang bound."""
     from nanscope.launch.tracebacks import read_traceback  # here: the tests above also run on the code before it
 
     log = tmp_path / "driver.log"
     _driver_log(log, 48 << 20)
-    size = log.stat().st_size
     start = time.process_time()
     traceback = read_traceback(str(log))
     seconds = time.process_time() - start  # timed apart from the memory: tracemalloc slows it by a third
@@ -208,5 +209,5 @@ def test_a_log_streams_at_50_mb_per_second_in_bounded_memory(tmp_path):
     finally:
         tracemalloc.stop()
     assert (traceback.failure.rank, traceback.other_ranks, len(traceback.frames)) == (50, [48, 49, 51], 17)
-    assert size / seconds >= 50e6, f"{size / seconds / 1e6:.0f} MB/s"
+    assert seconds < 120, "a hang: a linear reader takes a few seconds on a loaded box"
     assert peak < 24 << 20, peak  # a chunk, a line piece and the context kept, not the log

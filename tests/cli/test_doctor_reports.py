@@ -198,7 +198,14 @@ def test_a_verl_log_without_an_error_line_is_verls_and_gets_no_slime_rules(tmp_p
     """verl-project/verl#747: autograd's anomaly mode names the op; the frames are verl's."""
     doc, _ = _doctor(REPORTS / "verl-747.log", tmp_path, capsys)
     assert doc["framework"]["name"] == "verl" and doc["slime_release"] is None
-    assert doc["failure"]["format"] is None
+    # issue 41: autograd's anomaly error is evidence: which backward function, which output, in the actor's update
+    assert (doc["failure"]["format"], doc["failure"]["check"], doc["failure"]["op"], doc["failure"]["output"]) == (
+        "signal",
+        "anomaly-nan",
+        "ExpBackward0",
+        0,
+    )
+    assert (doc["summary"]["model"], doc["summary"]["kind"]) == ("actor", "NaN")
     assert not any(c["id"].startswith(("kl-", "ratio-", "nan-r", "zero-t")) for c in doc["candidates"])
 
 

@@ -61,14 +61,15 @@ def test_case_rank_50(case_topo):
     assert (r.node_index, r.local_device) == (6, 2)  # 50 // 8, 50 % 8
     assert r.layers == list(range(72, 94)) and r.holds_output_layer and not r.holds_embedding
     assert r.experts == list(range(16, 24))  # EP rank 2 x 8 experts
-    assert r.groups["ep"] == list(range(48, 64))
-    assert r.groups["tp"] == [48, 49, 50, 51] and r.groups["pp"] == [2, 18, 34, 50]
-    assert r.groups["dp"] == [50, 58] and r.groups["cp"] == [50, 54]
+    groups = {key: list(group) for key, group in r.groups.items()}
+    assert groups["ep"] == list(range(48, 64))
+    assert groups["tp"] == [48, 49, 50, 51] and groups["pp"] == [2, 18, 34, 50]
+    assert groups["dp"] == [50, 58] and groups["cp"] == [50, 54] and groups["dp_cp"] == [50, 54, 58, 62]
 
 
 def test_case_every_rank_follows_tp_cp_ep_dp_pp(case_topo):
     for rank in range(64):
-        c = case_topo.coords[rank]
+        c = case_topo.coord(rank)
         assert (c["tp"], c["cp"], c["dp"], c["pp"], c["ep"]) == (
             rank % 4,
             rank // 4 % 2,

@@ -6,8 +6,8 @@ check, the schedule and the framework its frames show; a launch script alone giv
 causes; each says what the other would add. The launch script is parsed (tree-sitter-bash), never executed. The flags are resolved with the slime
 release's and Megatron's defaults (--slime-version; else the release the script names, e.g. a path
 slime-0.2.4 or slimerl/slime:v0.3.1, or the one its flags imply; else v0.1.0, said in the output), the
-rank layout comes from megatron-core's RankGenerator, and a catalogue of rules maps the flags to NaN
-mechanisms.
+rank layout is megatron-core's RankGenerator's (by nanscope's own arithmetic: no megatron import), and a
+catalogue of rules maps the flags to NaN mechanisms.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from nanscope.launch.tracebacks import read_traceback
 from nanscope.report import files
 from nanscope.report.doctor.document import to_dict
 from nanscope.report.doctor.page import render_html
+from nanscope.report.doctor.shown import shown
 
 EPILOG = """examples:
   nanscope doctor --case slime-795
@@ -163,7 +164,7 @@ def run(args) -> int:
             model_origin = f"model.json (bundled with {args.case})" if args.case and not args.model else model_path
         traceback = read_traceback(tb_path) if tb_path else None
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # megatron-core (the rank layout imports it) warns about missing TE/Apex
+            warnings.simplefilter("ignore")  # a reader's warning is no part of the report
             diagnosis = diagnose(
                 script,
                 env=env,
@@ -194,7 +195,8 @@ def _report(diagnosis: Diagnosis, args) -> None:
     from nanscope.report.doctor.terminal import render_terminal  # heavy: rich at its top
 
     if args.json:  # files first: a closed stdout pipe (| head) must not lose them
-        files.write_json(args.json, to_dict(diagnosis))
+        files.write_json(args.json, to_dict(diagnosis))  # as read: json.dumps escapes every control character
+    display = shown(diagnosis)  # no control character of a file reaches the page or the terminal
     if args.html:
-        files.write_text(args.html, render_html(diagnosis))
-    render_terminal(diagnosis, Console(highlight=False))
+        files.write_text(args.html, render_html(display))
+    render_terminal(display, Console(highlight=False))

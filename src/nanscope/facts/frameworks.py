@@ -12,9 +12,23 @@ from __future__ import annotations
 SLIME, MEGATRON_LM, NEMO, NEMO_RL, VERL, OPENRLHF, ROLL, MS_SWIFT, PAI, UNKNOWN = (
     "slime", "megatron-lm", "nemo", "nemo-rl", "verl", "openrlhf", "roll", "ms-swift", "pai-megatron-patch", "unknown",
 )  # fmt: skip
+# The stacks outside Megatron whose NaN reports doctor reads too (their evidence lines and metric lines).
+LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI, COMPOSER, LIGHTNING = (
+    "llama-factory", "trl", "dpo-reference", "deepspeed-chat", "internevo", "xtuner", "mmengine", "colossalai",
+    "composer", "lightning",
+)  # fmt: skip
+MEGATRON_DEEPSPEED, NANOGPT, TRANSFORMERS, DEEPSPEED = "megatron-deepspeed", "nanogpt", "transformers", "deepspeed"
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
-# Megatron-LM's training loop; every one of them calls megatron-core).
-NAMES = (SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, MEGATRON_LM, UNKNOWN)
+# Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
+# Trainer, which calls DeepSpeed).
+NAMES = (
+    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT,
+    INTERNEVO, XTUNER, MMENGINE, COLOSSALAI, COMPOSER, LIGHTNING, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT,
+    TRANSFORMERS, DEEPSPEED, UNKNOWN,
+)  # fmt: skip
+# The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
+WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
+                    COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED)  # fmt: skip
 
 # framework -> directories (with their slashes) one of its frames' paths holds
 PATHS: dict[str, tuple[str, ...]] = {
@@ -26,6 +40,19 @@ PATHS: dict[str, tuple[str, ...]] = {
     MS_SWIFT: ("/swift/megatron/", "/swift/cli/", "/swift/llm/", "/swift/trainers/"),
     PAI: ("/megatron_patch/",),
     NEMO: ("/nemo/lightning/", "/nemo/collections/", "/megatron/bridge/", "/nemo/core/"),
+    LLAMA_FACTORY: ("/llamafactory/", "/llmtuner/"),
+    TRL: ("/trl/trainer/", "/trl/models/"),
+    INTERNEVO: ("/internlm/",),
+    XTUNER: ("/xtuner/",),
+    MMENGINE: ("/mmengine/",),
+    COLOSSALAI: ("/colossalai/",),
+    COMPOSER: ("/composer/",),
+    LIGHTNING: ("/pytorch_lightning/", "/lightning/pytorch/", "/lightning/fabric/", "/lightning_fabric/"),
+    TRANSFORMERS: ("/transformers/trainer", "/transformers/models/"),
+    DEEPSPEED: (
+        "/deepspeed/runtime/",
+        "/deepspeed/",
+    ),
     MEGATRON_LM: (
         "/megatron/training/",
         "/pretrain_gpt.py",
@@ -37,13 +64,36 @@ PATHS: dict[str, tuple[str, ...]] = {
 # framework -> texts in a log line that name it (a Ray actor, a logger's prefix)
 TEXTS: dict[str, tuple[str, ...]] = {
     SLIME: ("MegatronTrainRayActor", "slime.backends.megatron_utils"),
-    VERL: ("ray::WorkerDict.", "verl.single_controller", "(TaskRunner pid="),
+    VERL: ("ray::WorkerDict.", "verl.single_controller", "(TaskRunner pid=", "(WorkerDict pid="),
     OPENRLHF: ("openrlhf.",),
     NEMO_RL: ("nemo_rl.",),
     ROLL: ("(ActorWorker(actor_train",),
     MS_SWIFT: ("[INFO:swift]", "[WARNING:swift]"),
     PAI: ("megatron_patch.",),
-    NEMO: ("i.pretrain/", "nemo_run", "[NeMo I ", "[NeMo W "),
+    NEMO: ("i.pretrain/", "nemo_run", "[NeMo I ", "[NeMo W ", "reduced_train_loss"),
+    LLAMA_FACTORY: ("llamafactory.", "llmtuner."),
+    INTERNEVO: ("inf_nan_skip_batches", "record_current_batch_training_metrics"),
+    XTUNER: ("xtuner.",),
+    MMENGINE: (" - mmengine - ",),
+    COLOSSALAI: ("colossalai - ", "colossalai."),
+    COMPOSER: ("loss/train/total", "composer.trainer"),
+    MEGATRON_DEEPSPEED: ("tokens per gpu per second (tgs)", "| actual seqlen:"),
+    DEEPSPEED_CHAT: ("|act_loss: ", "|cri_loss: "),
+    DPO_REFERENCE: ("train stats after ",),
+    DEEPSPEED: ("[deepspeed]", "deepspeed.runtime", "loss_scaler.py:", "DeepSpeed "),
 }
+# framework -> metric keys (as printed, lowered) that only its logs hold, each set all present
+KEYS: dict[str, tuple[frozenset[str], ...]] = {
+    MS_SWIFT: (frozenset({"global_step/max_steps"}), frozenset({"memory(gib)", "train_speed(iter/s)"})),
+    TRL: (frozenset({"rewards/chosen", "logps/chosen"}), frozenset({"reward_std", "kl", "completion_length"}),
+          frozenset({"reward_std", "kl", "completions/mean_length"}), frozenset({"logits/chosen", "rewards/margins"})),
+    DPO_REFERENCE: (frozenset({"rewards_train/chosen"}),),
+    VERL: (frozenset({"actor/pg_loss"}), frozenset({"critic/vf_loss"}), frozenset({"actor/grad_norm"}),
+           frozenset({"train/loss", "train/global_tokens"})),
+    MEGATRON_LM: (frozenset({"consumed samples", "elapsed time per iteration (ms)"}),),
+    NANOGPT: (frozenset({"iter", "loss", "time", "mfu"}),),
+    TRANSFORMERS: (frozenset({"loss", "learning_rate", "epoch"}), frozenset({"grad_norm", "learning_rate", "epoch"})),
+    LIGHTNING: (frozenset({"v_num"}),),
+}  # fmt: skip
 # The megatron-core package, which every one of them calls (not a framework of its own).
 CORE = "/megatron/core/"

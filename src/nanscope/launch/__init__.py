@@ -3,10 +3,12 @@
 diagnosis.py  the Diagnosis the renderers read; notes.py: the explanations, notes and contradictions in it
 script/       launch script -> argument list (tree-sitter-bash, never executed; bash arithmetic, bounds)
 config.py     argument list -> resolved flags with origins, derived batch figures
-topology.py   flags -> parallel sizes, layer split, rank coordinates (megatron-core's RankGenerator)
+topology.py   flags -> parallel sizes, layer split, rank coordinates (ranks.py: RankGenerator's, by arithmetic)
 detect.py     --slime-version / the script's text / its flags -> the slime release whose defaults apply
 tracebacks.py traceback or whole job log -> failing rank, message, annotated frames (failure.py: the error
-              line and its check; frames.py: the frames; logs.py: a log of any size, as a stream)
+              line and its check; frames.py: the frames; logs.py: a log of any size, as a stream; signals.py and
+              metric_lines.py: other stacks' evidence lines and metric lines, read by nonfinite.py; summary.py:
+              what the text alone supports)
 findings/     flags -> NaN mechanisms (rules, by family) and what is fine
 candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
 reported.py   the causes real reports had, from any framework's flags (flagview.py: one spelling for them all)
@@ -30,12 +32,16 @@ from nanscope.launch.config import Config, Value, batches, resolve
 from nanscope.launch.detect import Choice, choose
 from nanscope.launch.diagnosis import Diagnosis
 from nanscope.launch.evidence import UNKNOWN, Framework
+from nanscope.launch.findings.finding import Finding
 from nanscope.launch.foreign import Foreign, read_foreign, script_framework
+from nanscope.launch.inputkind import LOG, what_it_is
 from nanscope.launch.peers import peer_candidates
-from nanscope.launch.script import LaunchScript, parse_script
+from nanscope.launch.script import LaunchScript, NotALaunch, parse_script
 from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
+from nanscope.launch.script.interpreter import NotBash
+from nanscope.launch.summary import summarize
 from nanscope.launch.topology import build
-from nanscope.launch.tracebacks import Traceback
+from nanscope.launch.tracebacks import Traceback, read_traceback
 
 __all__ = ["Diagnosis", "diagnose", "unread"]
 
@@ -87,10 +93,11 @@ def diagnose(
         assert traceback is not None, "diagnose needs a script or a traceback"
         return _without_script(traceback, rank, slime_version)
     env, limit = env or {}, INPUT_LIMIT if limit is None else limit
-    script, text = (
-        parse_script(script_path, env, model_args, limit),
-        inputs.read_text(script_path, "launch script", limit, OPTION),
-    )
+    try:
+        script = parse_script(script_path, env, model_args, limit)
+    except (NotALaunch, NotBash) as error:
+        return _not_a_script(script_path, str(error), traceback, rank=rank, slime_version=slime_version, limit=limit)
+    text = inputs.read_text(script_path, "launch script", limit, OPTION)
     framework = script_framework(script, text)
     if framework.name != frameworks.SLIME and slime_version is None and case_release is None:
         return _foreign(script, framework, traceback, rank=rank, origin=traceback_origin, env=env)
@@ -110,9 +117,30 @@ def diagnose(
     )
     diagnosis = _slime(reading, traceback, model, model_origin)
     if traceback is not None:
-        candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+        _with_traceback(diagnosis, traceback)
     _place_failing(diagnosis, rank, traceback_origin)
     diagnosis.contradictions = notes.contradictions(diagnosis)
+    return diagnosis
+
+
+def _not_a_script(path: str, error: str, traceback: Traceback | None, *, rank, slime_version, limit) -> Diagnosis:
+    """A launch script nanscope cannot read: a job log is read as the traceback (when none is given); with a
+    traceback the diagnosis is the traceback's, the script named in one line; else the one-line error, with what
+    the file is."""
+    kind = what_it_is(path, limit)
+    note = None
+    if kind == LOG and traceback is None:
+        traceback, note = read_traceback(path), f"{path}: a job log, not a launch script: read as --traceback"
+    if traceback is None:
+        if kind is not None:
+            raise UserError(f"{error}; it is {kind}, not a bash launch script (a log goes to --traceback)")
+        raise UserError(error)
+    diagnosis = _without_script(traceback, rank, slime_version)
+    if note is None:
+        what = f" ({kind})" if kind is not None and kind != LOG else ""
+        note = f"launch script{what} not read: {error}; the traceback is diagnosed alone"
+    diagnosis.notes.insert(0, note)
+    diagnosis.unread_script = note
     return diagnosis
 
 
@@ -266,10 +294,11 @@ def _foreign(
         inferred=inferred,
         flags=launch.view,
     )
+    diagnosis.findings = [_not_a_size(line) for line in launch.refused]
     if traceback is None:
         diagnosis.missing.append(_NO_TRACEBACK)
     else:
-        candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+        _with_traceback(diagnosis, traceback)
     if layout is not None:
         _place_failing(diagnosis, rank, origin)
     elif traceback is not None:
@@ -283,12 +312,15 @@ def _foreign_layout(launch: Foreign, rank: int | None):
     """megatron-core's layout of a non-slime launch (None: OpenRLHF's DeepSpeed ranks, or sizes Megatron refuses),
     and what was inferred for it."""
     sizes, inferred = launch.sizes, []
+    if launch.refused:  # never a default in place of a value the script gives
+        launch.notes.append(f"layout not built: the script gives a value that is no size ({launch.refused[0]})")
+        return None, inferred
     if launch.framework.name == frameworks.OPENRLHF:
         launch.notes.append("OpenRLHF trains with DeepSpeed: no megatron-core layout")
         return None, inferred
     gpn = sizes.get("gpus_per_node") or 8
     if sizes.get("gpus_per_node") is None:
-        inferred.append("GPUs per node not given: 8 assumed")
+        inferred.append("GPUs per node not given (nor CUDA_VISIBLE_DEVICES): 8 assumed")
     parallel = inference.Sizes(sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes.get("etp") or sizes["tp"])
     nodes = sizes.get("nodes")
     if nodes is None:
@@ -308,6 +340,20 @@ def _foreign_layout(launch: Foreign, rank: int | None):
     except UserError as error:
         launch.notes.append(f"layout not built: {error}")
         return None, inferred
+
+
+def _not_a_size(line: str) -> Finding:
+    """A value of a non-slime launch that is no size (`--num-layers -4`): a finding, never a silent default."""
+    written = line.rsplit(": ", 1)[0]
+    return Finding(
+        id="not-a-size",
+        severity="high",
+        title=line,
+        flags=[written],
+        mechanism="Megatron refuses a size that is not a whole number >= 1 before the first step, so a run that "
+        "reached a NaN did not run this value: the script is not the one that ran, or a variable changed it.",
+        fix="give the value the run used (--env NAME=VALUE for a variable)",
+    )
 
 
 def _without_script(traceback: Traceback, rank: int | None, slime_version: str | None) -> Diagnosis:
@@ -330,7 +376,7 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
         release=release,
         framework=framework,
     )
-    candidates.with_metrics(diagnosis.candidates, traceback.metrics)
+    _with_traceback(diagnosis, traceback)
     failure = traceback.failure
     where = f"rank {failure.rank}" if failure is not None and failure.rank is not None else "the failing rank"
     diagnosis.missing.append(
@@ -344,6 +390,14 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
     diagnosis.explanations = notes.explain_alone(traceback)
     diagnosis.notes += notes.traceback_notes(diagnosis, "traceback")
     return diagnosis
+
+
+def _with_traceback(diagnosis: Diagnosis, traceback: Traceback) -> None:
+    """What the traceback or log adds to every diagnosis: the metrics' and the evidence lines' weight on the causes,
+    and the summary of what its text alone supports."""
+    candidates.with_metrics(diagnosis.candidates, traceback.metrics, traceback.excursions())
+    candidates.with_evidence(diagnosis.candidates, traceback)
+    diagnosis.summary = summarize(traceback)
 
 
 def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str) -> None:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from nanscope.causes import catalogue, immune
 from nanscope.causes.classes import HARDWARE
-from nanscope.facts import releases
+from nanscope.causes.neutral import neutral
+from nanscope.facts import frameworks, releases
 from nanscope.facts.flags import BY_NAME, SCRIPT
 from nanscope.facts.paths import HOOK_PATH
 from nanscope.launch import moe
@@ -142,9 +143,27 @@ def without_flags(traceback, framework, release) -> list[Candidate]:
         for cause in immune.IMMUNE:
             evidence = [f"slime {key} is immune: {cause.why}", *cause.evidence]
             out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
-    context = Context(framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False)
+    context = Context(
+        framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False, script=False
+    )
     out += reported_candidates(context, traceback, script=False)
-    return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
+    if not slime:
+        neutral(out)
+    return sorted(without_megatron(out, framework.name), key=lambda candidate: STATUSES.index(candidate.status))
+
+
+# the causes that live in megatron-core (its router, DDP, schedules, optimizer, TransformerEngine recipes)
+MEGATRON_CAUSES = ("moe-aux-loss", "moe-zero-token-expert", "moe-router-logits", "grad-reduce-overlap-race",
+                   "cpu-offloaded-optimizer", "cp-rank-all-masked", "non-flash-attention-mask-pp",
+                   "sp-new-architecture", "fp8-fp4-recipe")  # fmt: skip
+
+
+def without_megatron(found: list[Candidate], framework: str) -> list[Candidate]:
+    """The candidates of a stack that trains without megatron-core (facts.frameworks.WITHOUT_MEGATRON): those whose
+    mechanism and evidence are megatron-core's are not its causes."""
+    if framework not in frameworks.WITHOUT_MEGATRON:
+        return found
+    return [candidate for candidate in found if candidate.id not in MEGATRON_CAUSES]
 
 
 def judged(hazard, status: str, evidence: list[str], traceback, cfg: Config | None) -> Candidate:
@@ -225,9 +244,10 @@ _METRIC_CAUSES = {
 }  # fmt: skip
 
 
-def with_metrics(found: list[Candidate], metrics) -> None:
-    """Each metric's first step out of its range (launch.metrics) as evidence for the causes that make it."""
-    for excursion in metrics.excursions.values():
+def with_metrics(found: list[Candidate], metrics, excursions=None) -> None:
+    """Each metric's first step out of its range (launch.metrics; `excursions`: those to say, default all) as
+    evidence for the causes that make it."""
+    for excursion in metrics.excursions.values() if excursions is None else excursions:
         if excursion.metric not in _METRIC_CAUSES:
             continue
         first = excursion.step is not None and excursion.step == metrics.first_step
@@ -240,6 +260,36 @@ def with_metrics(found: list[Candidate], metrics) -> None:
         for candidate in found:
             if candidate.id in names and candidate.status != RULED_OUT:
                 candidate.evidence.append(said)
+
+
+# the first non-finite metric's kind (by its key's last part) -> the causes it supports
+_NONFINITE_CAUSES = {
+    "grad_norm": ("backward-only-fault", "activation-overflow"), "grad norm": ("backward-only-fault", "activation-overflow"),
+    "kl": ("kl-exp-overflow", "logprob-drift"), "ppo_kl": ("ratio-exp-overflow", "logprob-drift"),
+    "reward": ("nan-reward",), "reward_std": ("nan-reward",), "loss": ("activation-overflow",),
+    "lm loss": ("activation-overflow",),
+}  # fmt: skip
+
+
+def with_evidence(found: list[Candidate], traceback) -> None:
+    """Another stack's evidence line (facts.signals) and the first non-finite metric line as evidence for the causes
+    each supports."""
+    failure = traceback.failure
+    signal = None if failure is None else failure.signal
+    said: list[tuple[tuple[str, ...], str]] = []
+    if signal is not None:
+        said.append((signal.causes, f"the log's {signal.id} line {failure.line}: {signal.means}"))
+    reading = traceback.nonfinite.metrics.first
+    if reading is not None:
+        names = tuple(
+            cause for key, _ in reading.values for cause in _NONFINITE_CAUSES.get(key.lower().rsplit("/", 1)[-1], ())
+        )
+        step = f"step {reading.step}" if reading.step is not None else f"line {reading.line}"
+        said.append((names, f"the metrics: {reading.metric} non-finite first at {step}: {reading.points_to}"))
+    for names, text in said:
+        for candidate in found:
+            if candidate.id in names and candidate.status != RULED_OUT and text not in candidate.evidence:
+                candidate.evidence.append(text)
 
 
 def remaining(found: list[Candidate]) -> list[Candidate]:

@@ -11,6 +11,7 @@ from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework
 from nanscope.launch.findings.finding import Finding
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.script import LaunchScript
+from nanscope.launch.summary import Summary
 from nanscope.launch.topology import RankInfo, Topology
 from nanscope.launch.tracebacks import Traceback
 
@@ -43,6 +44,7 @@ class Diagnosis:
         missing: what each input not given would add, one line each.
         contradictions: where the inputs disagree (the frames' schedule against the script's PP, ...).
         flags: a non-slime launch's flags (launch.flagview), Megatron's spelling; None for slime's (`config`).
+        summary: the traceback's or log's answers: rank, kind, check, step, model, metric (launch.summary).
     """
 
     script: LaunchScript | None
@@ -64,6 +66,8 @@ class Diagnosis:
     missing: list[str] = field(default_factory=list)
     contradictions: list[str] = field(default_factory=list)
     flags: FlagView | None = None
+    summary: Summary | None = None  # what the traceback or log alone supports (launch.summary)
+    unread_script: str | None = None  # the launch script given but not read as one, in one line (why, what it is)
 
     @property
     def evidence(self) -> FrameEvidence | None:

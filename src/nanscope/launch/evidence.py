@@ -156,10 +156,14 @@ def _core_or_lm(frame: Frame) -> bool:
     return frameworks.CORE in path or path.endswith(("pretrain_gpt.py", "pretrain_mamba.py", "clip_grads.py"))
 
 
-def framework_of(frames: list[Frame], lines: list[str]) -> Framework:
-    """The framework the frames' paths and the traceback's log lines name (facts.frameworks), slime's release from
-    its frames' lines; UNKNOWN when nothing names one."""
+def framework_of(frames: list[Frame], lines: list[str], keys: set[str] | frozenset[str] = frozenset()) -> Framework:
+    """The framework the frames' paths, the traceback's log lines and the metric lines' keys (`keys`, lowered) name
+    (facts.frameworks), slime's release from its frames' lines; UNKNOWN when nothing names one."""
     found: dict[str, str] = {}
+    for name, sets in frameworks.KEYS.items():
+        hit = next((wanted for wanted in sets if wanted <= keys), None)
+        if hit is not None:
+            found.setdefault(name, f"its metric lines' keys ({', '.join(sorted(hit))})")
     for frame in frames:
         path = "/" + frame.path.replace("\\", "/").lstrip("/")
         for name, dirs in frameworks.PATHS.items():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from nanscope.errors import UserError
 from nanscope.facts import wordings
 from nanscope.facts.megatron import BUCKETLESS_NAN, BY_ID, CHECKS, Check, checks_of
+from nanscope.facts.signals import Signal
 
 _RESULT = "Unexpected result "
 _MESSAGE = " (message='"
@@ -67,6 +68,10 @@ _MESSAGES = tuple(
 )
 
 
+class Impossible(UserError):
+    """A number no Megatron prints where a rank, device or iteration goes: the line is not a Megatron error line."""
+
+
 @dataclass
 class Failure:
     """One Megatron error line; a field the text does not say is None.
@@ -99,6 +104,13 @@ class Failure:
     rank_from: str | None = None
     invocation: int | None = None
     location: str | None = None  # log-at-file: the validate_result caller's FILE:LINE
+    # evidence other than Megatron's check (format "signal": facts.signals), and what its line says
+    signal: Signal | None = None
+    step: int | None = None  # the step the line names, or its progress bar's
+    op: str | None = None  # the backward function, assert, collective or exception it names
+    output: int | None = None  # anomaly mode: the backward function's output index
+    detail: str | None = None
+    ranks: list[str] = field(default_factory=list)  # ranks named that are not the failing one (logging, waiting)
 
 
 def failures(text: str, origin: str = "traceback") -> Iterator[Failure]:
@@ -132,7 +144,7 @@ class _Line:
         self.line, self.number, self.origin = line, number, origin
         self.messages = [m.start() for m in re.finditer(re.escape(_MESSAGE), line)] if "(message=" in line else []
         self.ends = [m.start() for m in re.finditer(re.escape(_END), line)] if "')" in line else []
-        self.taken: list[tuple[int, int]] = []
+        self.taken: list[tuple[int, int]] = []  # sorted, never overlapping: a lookup is one bisect
 
     def unexpected(self) -> Iterator[tuple[int, Failure]]:
         """The forms around `Unexpected result` (raise, log-at-file, log-on-rank): (where it starts, the failure)."""
@@ -150,7 +162,7 @@ class _Line:
             self._digits(fields)
             start = at if prefix is None else prefix.start()
             failure, end = self._after_result(at, start, fields)
-            self.taken.append((start, end))
+            bisect.insort(self.taken, (start, end))
             yield start, failure
             pos = max(end, at + 1)
 
@@ -185,15 +197,21 @@ class _Line:
             return
         for marker in _FOUND.finditer(line):
             at = marker.start()
-            if any(start <= at < end for start, end in self.taken):
+            if self._taken(at):
                 continue
             read = _message_at(line, at)
             if read is None:
                 continue
             message, end, cut = read
             start, failure, end = self._around_message(at, message, end, cut)
-            self.taken.append((start, end))
+            bisect.insort(self.taken, (start, end))
             yield start, failure
+
+    def _taken(self, at: int) -> bool:
+        """`at` lies inside a span already read (the spans do not overlap: only the last one starting at or before
+        `at` can hold it)."""
+        i = bisect.bisect_right(self.taken, (at, len(self.line) + 1)) - 1
+        return i >= 0 and self.taken[i][0] <= at < self.taken[i][1]
 
     def _around_message(self, at: int, message: str, end: int, cut: bool) -> tuple[int, Failure, int]:
         """The assert or tracker form around a message at `at` (or the message alone): (start, failure, end)."""
@@ -241,7 +259,7 @@ class _Line:
         for name in ("rank", "device", "iteration"):
             value = fields.get(name)
             if value is not None and len(value.lstrip("-")) > _MAX_DIGITS:
-                raise UserError(
+                raise Impossible(
                     f"{self.origin}: line {self.number}: the {name} has {len(value.lstrip('-'))} digits, "
                     "more than Megatron ever prints: not a Megatron error line"
                 )
@@ -266,13 +284,13 @@ def _message_at(line: str, at: int) -> tuple[str, int, bool] | None:
     """The known message that starts at `at`: (its text, where it ends, cut short); None: not one. A message cut at
     its start (`NaN in local ...`) is read as `found NaN in local ...`, cut short."""
     if not line.startswith(("found ", "Spiky"), at):
-        read = _message_at("found " + line[at:], 0)
+        read = _message_at("found " + line[at : at + _WINDOW], 0)
         return None if read is None else (read[0], at + read[1] - len("found "), True)
     for pattern in _MESSAGES:
         match = pattern.match(line, at)
         if match is not None:
             return match.group(0), match.end(), False
-    rest = line[at:].rstrip().rstrip("'\"`)").rstrip().removesuffix("...").removesuffix("\u2026").rstrip()
+    rest = line[at : at + _WINDOW].rstrip().rstrip("'\"`)").rstrip().removesuffix("...").removesuffix("\u2026").rstrip()
     if rest and checks_of(rest, truncated=True):
         return rest, at + len(rest), True
     return None

@@ -25,6 +25,7 @@ from nanscope.launch.detect import named_release
 from nanscope.launch.evidence import UNKNOWN, Framework
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.script import LaunchScript
+from nanscope.launch.topology import MAX_EXPERTS, MAX_LAYERS, MAX_WORLD
 
 _MODULES = (
     ("verl.", frameworks.VERL), ("openrlhf.", frameworks.OPENRLHF), ("nemo_rl", frameworks.NEMO_RL),
@@ -99,6 +100,7 @@ class Foreign:
     sizes: dict[str, int | None]
     origins: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # values given that are no size: one line each, as written
 
 
 def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
@@ -108,14 +110,19 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     view = FlagView.of_hydra(script.argv) if hydra else FlagView.of_argv(script.argv)
     launch = Foreign(framework, view, {})
     for size, flag in {**_SIZES, "vpp": "--virtual-pipeline-model-parallel-size"}.items():
-        launch.sizes[size] = _int(view.value(flag))
+        launch.sizes[size] = _checked(launch, view, flag)
         if view.has(flag):
             launch.origins[size] = view.show(flag)
-    stages = _int(view.value("--num-layers-per-virtual-pipeline-stage"))
-    launch.sizes["vpp"] = launch.sizes["vpp"] or _int(view.value("--num-virtual-stages-per-pipeline-rank"))
+    stages = _checked(launch, view, "--num-layers-per-virtual-pipeline-stage")
+    launch.sizes["vpp"] = launch.sizes["vpp"] or _checked(launch, view, "--num-virtual-stages-per-pipeline-rank")
+    for flag, high in (("--num-layers", MAX_LAYERS), ("--num-experts", MAX_EXPERTS)):
+        _checked(launch, view, flag, high)
     if stages is not None:
         launch.notes.append(f"--num-layers-per-virtual-pipeline-stage {stages}: virtual stages need num-layers")
+    if script.cut:
+        launch.notes.append(script.cut)
     _world(launch, script)
+    _visible_devices(launch, script)
     for size, value in launch.sizes.items():
         if value is None and size in ("tp", "pp", "cp", "ep"):
             launch.sizes[size], launch.origins[size] = 1, "Megatron's default (not given)"
@@ -134,16 +141,58 @@ def _world(launch: Foreign, script: LaunchScript) -> None:
     for size, *places in pairs:
         launch.sizes[size] = None
         for source, flag in places:
-            value = _int(source.value(flag))
-            if value is not None:
-                launch.sizes[size], launch.origins[size] = value, source.show(flag)
+            if source.has(flag):
+                launch.sizes[size], launch.origins[size] = _checked(launch, source, flag), source.show(flag)
                 break
-        if launch.sizes[size] is None and _int(script.command_env.get(env[size])) is not None:
-            launch.sizes[size] = _int(script.command_env[env[size]])
-            launch.origins[size] = f"{env[size]}={script.command_env[env[size]]}"
+        if size not in launch.origins and script.command_env.get(env[size]) is not None:
+            text = script.command_env[env[size]]
+            launch.origins[size] = f"{env[size]}={text}"
+            launch.sizes[size] = _size(launch, f"{env[size]}={text}", text)
         if launch.sizes[size] is None:
             launch.notes.append(f"{size.replace('_', ' ')}: not given (or read from an unset variable)")
 
 
-def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and re.fullmatch(r"\d{1,9}", text.strip()) else None
+def _visible_devices(launch: Foreign, script: LaunchScript) -> None:
+    """CUDA_VISIBLE_DEVICES (the command's own, else the script's) counts the GPUs a node's processes see: the GPUs
+    per node where the launch does not give them, and a contradiction where it gives another count."""
+    text = script.command_env.get("CUDA_VISIBLE_DEVICES", script.variables.get("CUDA_VISIBLE_DEVICES"))
+    if not isinstance(text, str) or not re.fullmatch(r"\d{1,4}(,\d{1,4}){0,255}", text.strip()):
+        return
+    count, given = len(text.split(",")), launch.sizes.get("gpus_per_node")
+    shown = f"CUDA_VISIBLE_DEVICES={text.strip()}"
+    if given is None and "gpus_per_node" not in launch.origins:
+        launch.sizes["gpus_per_node"], launch.origins["gpus_per_node"] = count, f"{shown} ({count} devices)"
+        launch.notes = [note for note in launch.notes if not note.startswith("gpus per node: not given")]
+        default = " (verl's own default, trainer.n_gpus_per_node 8, would not fit them)" * (
+            launch.framework.name == frameworks.VERL and count < 8
+        )
+        launch.notes.append(f"GPUs per node not given: {count}, the devices {shown} names{default}")
+    elif given is not None and given != count:
+        launch.notes.append(
+            f"{launch.origins['gpus_per_node']} but {shown} names {count} devices: the processes of a node see {count}"
+        )
+
+
+def _checked(launch: Foreign, view: FlagView, flag: str, high: int = MAX_WORLD) -> int | None:
+    """The size `flag` gives (None: not given, or no size: then said in `launch.refused`)."""
+    if not view.has(flag):
+        return None
+    return _size(launch, view.show(flag), view.value(flag) or "", high)
+
+
+def _size(launch: Foreign, written: str, text: str, high: int = MAX_WORLD) -> int | None:
+    """A size as the script wrote it: a whole number in 1..high, else None, with the reason in `launch.refused`
+    (a negative, zero or absurd value is never taken silently, nor replaced by a default). A value read from a
+    variable the script never sets is not a size yet: None, without a word (the layout says it is not given)."""
+    text = text.strip()
+    if "$" in text:
+        return None
+    if not re.fullmatch(r"[+-]?\d{1,30}", text):
+        launch.refused.append(f"{written}: not a whole number")
+    elif int(text) < 1:
+        launch.refused.append(f"{written}: must be >= 1")
+    elif int(text) > high:
+        launch.refused.append(f"{written}: over {high:,}, more than nanscope lays out")
+    else:
+        return int(text)
+    return None

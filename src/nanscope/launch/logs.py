@@ -23,15 +23,15 @@ rank's (`[rankN]:`) lines.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import partial
 
 from nanscope import inputs
 from nanscope.errors import UserError
-from nanscope.launch.failure import Failure, line_failures
+from nanscope.launch.failure import Failure, Impossible, line_failures
+from nanscope.launch.logsource import open_log
 from nanscope.launch.metrics import Metrics
+from nanscope.launch.nonfinite import Nonfinite
 from nanscope.launch.rerun import Rerun, last_word, line_verdict
 
 CHUNK = 4 * inputs.MiB  # bytes read at once
@@ -101,6 +101,12 @@ class Found:
     rerun: Rerun | None = None
     raw: list[str] = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
+    notes: list[str] = field(default_factory=list)  # what was not read, and why (an impossible number, an encoding)
+    nonfinite: Nonfinite = field(default_factory=Nonfinite)  # the other stacks' evidence lines and metric lines
+    signal: tuple[list[str], list[str]] | None = None  # (context, raw) of the first fatal evidence line
+
+
+MAX_NOTES = 8  # lines not read as error lines, said one by one; the rest counted
 
 
 class _Scanner:
@@ -117,6 +123,10 @@ class _Scanner:
         self.ranks: set[int] = set()
         self.verdicts: list[Rerun] = []
         self.metrics = Metrics()
+        self.impossible: list[str] = []  # lines whose rank, device or iteration no Megatron prints (not read)
+        self.skipped = 0
+        self.nonfinite = Nonfinite()
+        self.signal: tuple[list[str], list[str]] | None = None  # the first fatal evidence line's traceback
 
     def feed(self, chunk: bytes) -> None:
         buf = self.carry + chunk
@@ -134,12 +144,28 @@ class _Scanner:
             self._block(self.carry, _LAST, last=True)
             self.carry = b""
         rerun = last_word(self.verdicts)
+        notes = [f"{line}: not read as one" for line in self.impossible]
+        if self.skipped > len(self.impossible):
+            notes.append(f"{self.skipped - len(self.impossible)} more line(s) with such a number, not read")
+        seen = self.nonfinite
+        quiet = not seen.first and seen.metrics.first is None and not seen.metrics.counters
         if self.first is None:
             raw = _traceback_lines(self.tail, whole=True)
-            if rerun is None and not self.metrics.seen and not any(_TRACEBACK in line for line in raw):
+            if self.signal is not None and not any('File "' in line for line in self.signal[1]):
+                self.signal = None  # its frames, if any, come after it: the log's last traceback
+            if self.signal is not None:
+                context, raw = self.signal
+            else:
+                context = _context(raw)
+            if quiet and rerun is None and not self.metrics.seen and not any(_TRACEBACK in line for line in raw):
+                if self.impossible:  # nothing else: the one line that looked like an error is the answer
+                    raise UserError(self.impossible[0])
                 return None
-            return Found(None, _context(raw), sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
-        return Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
+            found = Found(None, context, sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
+        else:
+            found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
+        found.notes, found.nonfinite = notes, seen
+        return found
 
     def _block(self, block: bytes, markers: tuple[re.Pattern, ...], last: bool = False) -> None:
         """The lines of `block` that hold one of `markers`, in order, and the metric lines before the first error;
@@ -160,6 +186,11 @@ class _Scanner:
             done = end
         if metrics:
             self.metrics.scan(block, self.lines)
+        for start, hit in self.nonfinite.block(block, self.lines, clean):
+            if self.signal is None:  # the traceback that ends at the first fatal evidence line
+                tag = None if hit.rank is None else str(hit.rank)
+                raw = _traceback_lines(self.tail + block[:start], rank=tag) + [hit.text]
+                self.signal = (_context(raw), raw)
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
 
@@ -170,7 +201,13 @@ class _Scanner:
             if len(self.verdicts) < MAX_VERDICTS:
                 self.verdicts.append(verdict)
             return
-        found = list(line_failures(text, number, self.origin, last=last))
+        try:
+            found = list(line_failures(text, number, self.origin, last=last))
+        except Impossible as error:  # one junk line does not sink the errors around it
+            self.skipped += 1
+            if len(self.impossible) < MAX_NOTES:
+                self.impossible.append(str(error))
+            return
         if not found:
             return
         if self.first is not None and _fuller(found[0], self.first):  # a summary line, then the error itself
@@ -228,16 +265,21 @@ def scan(chunks: Iterable[bytes], origin: str = "traceback") -> Found | None:
 
 
 def read_log(path: str, what: str = "traceback") -> Found | None:
-    """`scan` of the file at `path`, which must be a regular file (of any size), or of standard input ("-").
+    """`scan` of the file at `path`, which must be a regular file (of any size; gzip-compressed or UTF-16 too:
+    launch.logsource), or of standard input ("-").
 
     Raises:
-        UserError: not a regular file, unreadable, or a Megatron error line with an impossible number.
+        UserError: not a regular file, unreadable, a closed standard input, or one line with an impossible number and
+            nothing else read.
     """
-    if path == STDIN:
-        return scan(iter(partial(sys.stdin.buffer.read, CHUNK), b""), "standard input")
-    inputs.check_file(path, what)
+    chunks, notes, handle = open_log(path, what)
     try:
-        with open(path, "rb") as log:
-            return scan(iter(partial(log.read, CHUNK), b""), str(path))
-    except OSError as error:
-        raise UserError(f"{path}: {what}: cannot read: {error.strerror or error}") from None
+        found = scan(chunks, "standard input" if path == STDIN else str(path))
+    finally:
+        if handle is not None:
+            handle.close()
+    if found is not None:
+        found.notes = notes + found.notes
+    elif notes:  # nothing read: say what the file was
+        raise UserError(f"{path}: {notes[0]}, and nothing in it is a NaN report nanscope reads")
+    return found

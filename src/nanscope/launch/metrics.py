@@ -78,7 +78,7 @@ _QUICK = {
 # A checkpoint load in the log: an excursion after it points at the checkpoint (causes.reported BAD_CHECKPOINT).
 # Matched in the lowered block with bytes.rfind (a case-insensitive regex has no literal fast path: 30 MB/s).
 _LOADS = (b"loading checkpoint", b"loaded checkpoint", b"load checkpoint", b"resuming from", b"resume from")
-_STEP = re.compile(r"\b(?:step|iteration|global_step)['\"]?\s*[:=]?\s*(?P<step>\d{1,12})\b", re.IGNORECASE)
+_STEP = re.compile(r"\b(?:step|iteration|global_step)['\"]?\s*(?:[:=]\s*)?(?P<step>\d{1,12})\b", re.IGNORECASE)
 
 
 @dataclass

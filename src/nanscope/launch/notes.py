@@ -42,7 +42,7 @@ def traceback_notes(diagnosis: Diagnosis, traceback_origin: str) -> list[str]:
     """What the traceback says about itself: cut short, a check this launch does not run, other failing ranks."""
     traceback = diagnosis.traceback
     failure = traceback.failure if traceback is not None else None
-    notes = []
+    notes = [f"{traceback_origin}: {note}" for note in traceback.notes] if traceback is not None else []
     if failure is not None and failure.truncated:
         notes.append(
             f"{traceback_origin}: line {failure.line}: the Megatron error is cut short before its end; it is read "
@@ -107,7 +107,7 @@ def input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_ori
     for source in script.sources:
         if source.status == "missing":
             where = f"; {model_origin} stands in for it" if model else "; pass --model-args FILE or --model JSON"
-            notes.append(f"line {source.line}: source {source.path}: not found{where}")
+            notes.append(f"line {source.line}: source {source.path}: {source.reason}{where}")
         elif source.followed != source.path:
             notes.append(f"line {source.line}: source {source.path}: read {source.followed} in its place")
         else:
@@ -121,7 +121,7 @@ def input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_ori
     for placeholder in script.placeholders:
         if placeholder.kind == "command":
             notes.append(f"line {placeholder.line}: {placeholder.text} is a run-time value, kept as text")
-    notes += script.assumptions + script.limits
+    notes += ([script.cut] if script.cut else []) + script.assumptions + script.limits
     for name in ("num_layers", "num_experts"):
         if model and cfg.origin(name) == model_origin:
             notes.append(f"{name.replace('_', '-')} {cfg[name]} from {model_origin}")
@@ -137,7 +137,7 @@ def explain(diagnosis: Diagnosis) -> list[str]:
     failure = traceback.failure if traceback is not None else None
     if failure is not None:
         known = failure.rank is not None and failure.rank < layout.world
-        pp = layout.coords[failure.rank]["pp"] if known else failing.pp
+        pp = layout.coord(failure.rank)["pp"] if known else failing.pp
         overlap = diagnosis.config["overlap_grad_reduce"] if diagnosis.config is not None else False
         out += _failure_lines(failure, diagnosis.framework.name, pp, overlap)
     return out

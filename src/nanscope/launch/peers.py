@@ -11,8 +11,9 @@ causes undecided. The causes real reports had (launch.reported) and the faults i
 from __future__ import annotations
 
 from nanscope.causes import catalogue
+from nanscope.causes.neutral import neutral
 from nanscope.facts import frameworks, peer_code
-from nanscope.launch.candidates import Candidate, core_of, judged, reported_candidates
+from nanscope.launch.candidates import Candidate, core_of, judged, reported_candidates, without_megatron
 from nanscope.launch.evidence import Framework
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.reported import Context
@@ -28,8 +29,8 @@ def peer_candidates(
     """Every catalogued and reported cause for a `framework` job (`view`: its launch's flags, None without one)."""
     out = []
     for hazard in catalogue.CATALOGUE:
-        if hazard is catalogue.HEALTHY:
-            continue
+        if hazard is catalogue.HEALTHY or (framework.name == frameworks.UNKNOWN and hazard.level == "batch"):
+            continue  # a job nothing names is not known to have a policy loss or rollouts
         if hazard.name in _LOSS:
             status, evidence = _loss(framework, hazard.name, view)
         elif hazard.level == "batch":
@@ -42,8 +43,11 @@ def peer_candidates(
             status, evidence = UNDECIDABLE, ["no launch script: the flags that decide it are unknown", *evidence]
         out.append(judged(hazard, status, evidence, traceback if status != RULED_OUT else None, None))
     known = framework.name in (frameworks.MEGATRON_LM, frameworks.PAI)  # Megatron's argparse defaults: off
-    context = Context(framework.name, view or FlagView(), pp, cp, core=core_of(traceback), defaults_known=known)
+    context = Context(framework.name, view or FlagView(), pp, cp, core=core_of(traceback), defaults_known=known,
+                      script=view is not None)  # fmt: skip
     out += reported_candidates(context, traceback, script=view is not None)
+    neutral(out)
+    out = without_megatron(out, framework.name)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 

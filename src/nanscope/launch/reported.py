@@ -46,6 +46,7 @@ class Context:
     core: tuple[str, ...] | None = None
     unread: bool = False
     defaults_known: bool = True
+    script: bool = True  # a launch script was read (False: no flag, and no sentence about "the script")
 
 
 def reported(context: Context) -> list[tuple[causes.Reported, str, list[str]]]:
@@ -71,9 +72,12 @@ def _given(context: Context, flags: tuple[str, ...]) -> list[str]:
 
 def _off(context: Context, flags: tuple[str, ...], why: str) -> tuple[str, list[str]]:
     """Ruled out where flags not given are off; undecidable where the framework's defaults are not read."""
+    if not context.script:
+        return UNDECIDABLE, [f"no launch script: whether it sets {', '.join(flags)} is unknown"]
     if context.defaults_known:
         return RULED_OUT, [f"no {', no '.join(flags)}: {why}"]
-    return UNDECIDABLE, [f"no {', no '.join(flags)} in the script, and {context.framework}'s defaults are not read"]
+    owner = "the framework" if context.framework == frameworks.UNKNOWN else context.framework
+    return UNDECIDABLE, [f"no {', no '.join(flags)} in the script, and {owner}'s defaults are not read"]
 
 
 def _race(context: Context) -> tuple[str, list[str]]:
@@ -90,11 +94,31 @@ def _library(context: Context) -> tuple[str, list[str]]:
     return UNDECIDABLE, ["no flag decides it: the TransformerEngine, flash-attention and torch versions do"]
 
 
+# flag -> what a run that gives it loads, in that flag's own meaning (Megatron-LM arguments.py at core_v0.15.0rc0;
+# ms-swift passes --load and --finetune to Megatron; verl's trainer.resume_mode, NeMo's resume.* are their own)
+_LOADS = {
+    "--load": "weights and, unless --no-load-optim or --finetune, the optimizer and RNG state",
+    "--finetune": "weights only: no optimizer or RNG state, the iteration reset to 0 (Megatron's --finetune)",
+    "--pretrained-checkpoint": "weights only (a pretrained checkpoint: no optimizer state)",
+    "--resume-from-checkpoint": "weights and optimizer state (a resumed run)",
+    "--resume-mode": "weights and optimizer state of the last checkpoint (a resumed run)",
+}
+
+
+def _loads(view: FlagView, flag: str) -> str:
+    """What `flag` loads, as the framework that wrote it means it."""
+    if view.show(flag).startswith("resume.restore_config"):
+        return "weights (NeMo's restore_config: the optimizer state only where load_optim_state is set)"
+    return _LOADS[flag]
+
+
 def _checkpoint(context: Context) -> tuple[str, list[str]]:
-    flags = ("--load", "--finetune", "--pretrained-checkpoint", "--resume-from-checkpoint", "--resume-mode")
-    given = [context.view.show(flag) for flag in flags if context.view.has(flag) and not context.view.off(flag)]
+    view = context.view
+    given = [flag for flag in _LOADS if view.has(flag) and not view.off(flag)]
     if given:
-        return ENABLED, given + ["the run starts from loaded weights and optimizer state"]
+        return ENABLED, [f"{view.show(flag)}: the run loads {_loads(view, flag)}" for flag in given]
+    if not context.script:
+        return UNDECIDABLE, ["no launch script: whether the run loads a checkpoint is unknown"]
     return UNDECIDABLE, ["the script loads no checkpoint by these flags; a conversion of the weights may still be bad"]
 
 

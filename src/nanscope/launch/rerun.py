@@ -21,7 +21,7 @@ _PREFIX = re.compile(
     r"Rank (?P<rank>\d{1,18}), node (?P<node>[^\s,]+), device (?P<device>\d{1,18}|cpu)"
     r"(?:, iteration #(?P<iteration>-?\d{1,18}))?: "
 )
-_VALUES = re.compile(r"\((?P<result>.*?) (?P<op>!=|=) (?P<initial>.*?)\)")
+_WINDOW = 512  # characters after the verdict's words where its `(result != initial)` is read
 # log_failure's conclusions (core 0.10 to 0.15 print them after the verdict line, on their own)
 _CONCLUSIONS = (
     (wordings.TRANSIENT, "first-not"),
@@ -95,7 +95,7 @@ def line_verdict(line: str, number: int) -> Rerun | None:
     if start >= 0:
         prefix = _PREFIX.match(line, start)
         prefix = prefix if prefix is not None and prefix.end() == at else None
-    values = _VALUES.search(line, at)
+    values = _values(line, at)
     rerun = Rerun(
         key=key,
         rerun=record.rerun,
@@ -104,13 +104,32 @@ def line_verdict(line: str, number: int) -> Rerun | None:
         means=record.means,
         text=line[prefix.start() if prefix else at :].strip(),
         line=number,
-        values=None if values is None else f"{values['result']} {values['op']} {values['initial']}",
+        values=values,
     )
     if prefix is not None:
         rerun.rank, rerun.node = int(prefix["rank"]), prefix["node"]
         rerun.device = int(prefix["device"]) if prefix["device"].isdigit() else prefix["device"]
         rerun.iteration = None if prefix["iteration"] is None else int(prefix["iteration"])
     return rerun
+
+
+def _values(line: str, at: int) -> str | None:
+    """`result != initial` (or `=`) from the first `( ... )` after `at` that holds one, within _WINDOW characters.
+    Literal searches, each from where the last ended: linear in the window (a pattern of lazy groups around an
+    alternation was cubic on a line of repeated `( = `)."""
+    window = line[at : at + _WINDOW]
+    start = window.find("(")
+    while start >= 0:
+        end = window.find(")", start)
+        if end < 0:
+            return None
+        inner = window[start + 1 : end]
+        found = [(i, op) for op in (" != ", " = ") if (i := inner.find(op)) >= 0]
+        if found:
+            i, op = min(found)
+            return f"{inner[:i]} {op.strip()} {inner[i + len(op) :]}"
+        start = window.find("(", end)
+    return None
 
 
 def last_word(verdicts: list[Rerun]) -> Rerun | None:

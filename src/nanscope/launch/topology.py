@@ -1,25 +1,31 @@
 """Rank layout of a slime v0.1.0 actor: parallel sizes, layer split per pipeline stage, rank coordinates.
 
-Coordinates come from megatron-core's own `RankGenerator`, built as `initialize_model_parallel`
-(core_v0.15.0rc0) builds it: a dense generator (tp, cp, dp, pp; ep=1) and a separate expert generator
-(tp=expert-tensor-parallel, ep, dp=expert data parallel, pp; cp=1), both in slime's order
-`tp-cp-ep-dp-pp` (`tp-cp-ep-pp-dp` with --use-tp-pp-dp-mapping). The layer split re-derives
-Megatron's `get_num_layers_to_build` / `get_transformer_layer_offset`; layers are 0-based here
-(Megatron's `layer_number` is 1-based).
+Coordinates are megatron-core's `RankGenerator`'s, by arithmetic (launch.ranks, checked against megatron-core's
+own in tests/launch/test_ranks.py), built as `initialize_model_parallel` (core_v0.15.0rc0) builds them: a dense
+generator (tp, cp, dp, pp; ep=1) and a separate expert generator (tp=expert-tensor-parallel, ep, dp=expert data
+parallel, pp; cp=1), both in slime's order `tp-cp-ep-dp-pp` (`tp-cp-ep-pp-dp` with --use-tp-pp-dp-mapping). No rank
+is enumerated: a rank's coordinates and groups are computed when asked, so a world of 2^20 ranks is described in
+the time of one of 8. The layer split re-derives Megatron's `get_num_layers_to_build` /
+`get_transformer_layer_offset`; layers are 0-based here (Megatron's `layer_number` is 1-based).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
 from nanscope.facts.flags import BY_NAME
 from nanscope.launch.config import Config
+from nanscope.launch.ranks import Grid
 
-MAX_WORLD = 1 << 20  # ranks (1,048,576); laying out 1M ranks through RankGenerator takes about a minute
+MAX_WORLD = 1 << 20  # ranks (1,048,576): more GPUs than any cluster has; a larger world is refused in one line
 MAX_LAYERS = 1 << 16  # decoder layers
 MAX_EXPERTS = 1 << 16  # routed experts
-REPRO_EXTRA = "pip install 'nanscope[repro]'"  # the extra that brings megatron-core
+MAX_LISTED = 4096  # ranks: a group (or, for ep_groups, a world) larger than this is described, not listed
+# (group key, generator, its kind there): the groups a rank belongs to
+GROUPS = (("tp", "dense", "tp"), ("cp", "dense", "cp"), ("dp", "dense", "dp"), ("pp", "dense", "pp"),
+          ("ep", "expert", "ep"), ("etp", "expert", "tp"), ("edp", "expert", "dp"))  # fmt: skip
 
 
 @dataclass
@@ -63,7 +69,7 @@ class RankInfo:
     holds_output_layer: bool
     holds_embedding: bool
     experts: list[int] | None
-    groups: dict[str, list[int]]
+    groups: dict[str, Sequence[int] | None]  # key (GROUPS, and dp_cp) -> its group's ranks, megatron-core's order
 
 
 @dataclass
@@ -86,9 +92,24 @@ class Topology:
     num_experts: int | None
     stages: list[Stage] | None
     experts_per_rank: int | None
-    coords: list[dict[str, int]]
-    groups: dict[str, list[list[int]]]
+    dense: Grid  # the dense layers' generator (tp, cp, dp, pp)
+    expert: Grid  # the expert layers' generator (etp as tp, ep, expert dp as dp, pp)
     notes: list[str] = field(default_factory=list)
+
+    def coord(self, rank: int) -> dict[str, int]:
+        """The rank's index in each of its groups (GROUPS keys)."""
+        grids = {"dense": self.dense, "expert": self.expert}
+        return {key: grids[grid].coord(rank, kind) for key, grid, kind in GROUPS}
+
+    def group(self, rank: int, key: str) -> range:
+        """The ranks of `rank`'s `key` group (GROUPS keys)."""
+        grid, kind = next((grid, kind) for name, grid, kind in GROUPS if name == key)
+        return (self.dense if grid == "dense" else self.expert).group(rank, kind)
+
+    def group_index(self, rank: int, key: str) -> int:
+        """Which `key` group holds `rank`, numbered as megatron-core lists them."""
+        grid, kind = next((grid, kind) for name, grid, kind in GROUPS if name == key)
+        return (self.dense if grid == "dense" else self.expert).group_index(rank, kind)
 
     def rank(self, rank: int) -> RankInfo:
         """Coordinates, node, device, layers and groups of one global rank."""
@@ -97,12 +118,15 @@ class Topology:
                 f"rank {rank} is outside the world: 0..{self.world - 1} "
                 f"(= {self.nodes} nodes x {self.gpus_per_node} GPUs)"
             )
-        coord = self.coords[rank]
+        coord = self.coord(rank)
         stage = self.stages[coord["pp"]] if self.stages else None
         experts = None
         if self.experts_per_rank:
             experts = list(range(coord["ep"] * self.experts_per_rank, (coord["ep"] + 1) * self.experts_per_rank))
-        groups = {key: next(group for group in partition if rank in group) for key, partition in self.groups.items()}
+        groups: dict[str, Sequence[int] | None] = {key: self.group(rank, key) for key in ("tp", "cp", "dp", "pp")}
+        listed = self.dp * self.cp <= MAX_LISTED  # dp-cp: two digits, listed (None: too large to list)
+        groups["dp_cp"] = self.dense.members(rank, ("dp", "cp")) if listed else None
+        groups |= {key: self.group(rank, key) for key in ("ep", "etp", "edp")}
         return RankInfo(
             rank=rank,
             tp=coord["tp"],
@@ -326,38 +350,17 @@ class _Split:
         return offset
 
 
-def _rank_coords(sizes: dict[str, int], dp: int, edp: int, order: str):
-    try:
-        from megatron.core.parallel_state import RankGenerator  # heavy and optional: the repro extra
-    except ImportError:
-        raise UserError(f"rank coordinates need megatron-core's RankGenerator: {REPRO_EXTRA}") from None
-
-    dense = RankGenerator(tp=sizes["tp"], ep=1, dp=dp, pp=sizes["pp"], cp=sizes["cp"], order=order, rank_offset=0)
-    expert = RankGenerator(tp=sizes["etp"], ep=sizes["ep"], dp=edp, pp=sizes["pp"], cp=1, order=order, rank_offset=0)
-    if dense.get_ranks("pp") != expert.get_ranks("pp"):
+def _grids(sizes: dict[str, int], dp: int, edp: int, order: str) -> tuple[Grid, Grid]:
+    """The dense and the expert generators, as initialize_model_parallel builds them (parallel_state.py)."""
+    dense = Grid.of(order, tp=sizes["tp"], cp=sizes["cp"], ep=1, dp=dp, pp=sizes["pp"])
+    expert = Grid.of(order, tp=sizes["etp"], cp=1, ep=sizes["ep"], dp=edp, pp=sizes["pp"])
+    # the two must have the same pipeline groups: with the same stride, every rank's group is the same range
+    if sizes["pp"] > 1 and dense.stride("pp") != expert.stride("pp"):
         raise UserError(
             f"order {order}: pipeline groups of dense and expert layers differ "
             f"(dp {dp} vs expert dp {edp}); Megatron rejects this layout"
         )
-    coords = [dict() for _ in range(sizes["world"])]
-    groups = {}
-    for key, generator, token in (
-        ("tp", dense, "tp"),
-        ("cp", dense, "cp"),
-        ("dp", dense, "dp"),
-        ("pp", dense, "pp"),
-        ("dp_cp", dense, "dp-cp"),
-        ("ep", expert, "ep"),
-        ("etp", expert, "tp"),
-        ("edp", expert, "dp"),
-    ):
-        groups[key] = generator.get_ranks(token)
-        if key == "dp_cp":
-            continue
-        for group in groups[key]:
-            for i, rank in enumerate(group):
-                coords[rank][key] = i
-    return coords, groups
+    return dense, expert
 
 
 def build(cfg: Config) -> Topology:
@@ -407,7 +410,7 @@ def build(cfg: Config) -> Topology:
             )
             for pp_rank, chunks in enumerate(split)
         ]
-    coords, groups = _rank_coords(sizes, dp, edp, order)
+    dense, expert = _grids(sizes, dp, edp, order)
     return Topology(
         world=sizes["world"],
         nodes=sizes["nodes"],
@@ -425,7 +428,7 @@ def build(cfg: Config) -> Topology:
         num_experts=num_experts,
         stages=stages,
         experts_per_rank=experts_per_rank,
-        coords=coords,
-        groups=groups,
+        dense=dense,
+        expert=expert,
         notes=notes,
     )

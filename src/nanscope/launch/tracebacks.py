@@ -8,16 +8,20 @@ bucket and rank mean.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
+from nanscope.facts import frameworks
 from nanscope.facts.megatron import Check, core_frame
 from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, parse_frames
 from nanscope.launch.logs import Found, read_log, scan
 from nanscope.launch.metrics import Metrics
+from nanscope.launch.nonfinite import Nonfinite
 from nanscope.launch.rerun import Rerun
+from nanscope.launch.summary import prefix_rank
 
 
 @dataclass
@@ -33,6 +37,15 @@ class Traceback:
     evidence: FrameEvidence = field(default_factory=FrameEvidence)
     framework: Framework = UNKNOWN
     metrics: Metrics = field(default_factory=Metrics)  # the per-step metric lines before the failure
+    notes: list[str] = field(default_factory=list)  # how the text was read, and what of it was not
+    nonfinite: Nonfinite = field(default_factory=Nonfinite)  # other stacks' evidence lines, the metric lines
+    prefix_rank: int | None = None  # the one rank the traceback's `[rankN]:` prefixes name (a cut traceback's rank)
+
+    def excursions(self) -> list:
+        """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
+        metric line (launch.metric_lines), which names the key, the model and the step exactly."""
+        exact = self.nonfinite.metrics.first is not None
+        return [e for e in self.metrics.excursions.values() if not (exact and not math.isfinite(e.value))]
 
     def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
         """The frames inside megatron-core, outermost first: (file basename, line, function)."""
@@ -61,16 +74,25 @@ def read_traceback(path: str) -> Traceback:
 
 def _traceback(found: Found | None, origin: str) -> Traceback:
     frames, ip = parse_frames(found.context) if found is not None else ([], None)
-    framework = framework_of(frames, found.raw if found is not None else [])
+    framework = framework_of(frames, _named_lines(found), found.nonfinite.metrics.keys if found is not None else set())
+    if framework is UNKNOWN and found is not None:  # an evidence line only one stack prints names it
+        hit = next((hit for hit in found.nonfinite.first.values() if hit.signal.stack in frameworks.NAMES), None)
+        if hit is not None:
+            framework = Framework(
+                hit.signal.stack, None, f"its {hit.signal.id} line (line {hit.line}) is {hit.signal.stack}'s"
+            )
     known = any(core_frame(frame.path, 0, "") for frame in frames)
-    quiet = found is None or (found.failure is None and found.rerun is None and not found.metrics.seen)
+    said = found is not None and (
+        found.nonfinite.first or found.nonfinite.metrics.first or found.nonfinite.metrics.counters
+    )
+    quiet = found is None or (found.failure is None and found.rerun is None and not found.metrics.seen and not said)
     if quiet and not known and framework is UNKNOWN:
         raise UserError(
             f'{origin}: no Megatron error found (expected a line like "Rank 50, node dgx172, device 2, iteration -1: '
             "Unexpected result nan (message='...')\" in any of Megatron's forms, its message alone, or a traceback "
             "through megatron-core or a framework nanscope knows)"
         )
-    failure = found.failure or _from_verdict(found.rerun)
+    failure = found.failure or _from_verdict(found.rerun) or from_signal(found.nonfinite)
     _merge(failure, found.rerun)
     return Traceback(
         failure,
@@ -81,6 +103,51 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         evidence=read_frames(frames),
         framework=framework,
         metrics=found.metrics,
+        notes=found.notes,
+        nonfinite=found.nonfinite,
+        prefix_rank=prefix_rank(found.raw),
+    )
+
+
+def _named_lines(found: Found | None) -> list[str]:
+    """The lines that may name a framework: the traceback's, the evidence lines', the first non-finite metric line."""
+    if found is None:
+        return []
+    seen = found.nonfinite
+    first = [seen.metrics.first.text] if seen.metrics.first is not None else []
+    return found.raw + [hit.text for hit in seen.first.values()] + first
+
+
+def from_signal(seen: Nonfinite) -> Failure | None:
+    """The failure an evidence line of another stack names (facts.signals): the first fatal one, else a watchdog's
+    timeout, else the first skip or warning; None: no such line."""
+    hit = seen.fatal or seen.watchdog or seen.softest()
+    if hit is None:
+        return None
+    low = hit.text.lower()
+    value = hit.signal.value
+    if value == "NaN or Inf" and hit.signal.id.startswith(("nonfinite", "skip", "logged")):
+        nan, inf = "nan" in low, "inf" in low.replace("info", "")
+        value = "NaN" if nan and not inf else "Inf" if inf and not nan else value
+    return Failure(
+        rank=hit.rank,
+        node=None,
+        device=None,
+        iteration=None,
+        result=None,
+        kind=None if value == "-" else value,
+        message=hit.detail or "",
+        bucket=None,
+        text=hit.text,
+        line=hit.line,
+        format="signal",
+        rank_from=None if hit.rank is None else "the log prefix [rankN]:",
+        signal=hit.signal,
+        step=hit.step,
+        op=hit.op,
+        output=hit.output,
+        detail=hit.detail,
+        ranks=list(hit.ranks),
     )
 
 

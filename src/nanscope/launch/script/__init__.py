@@ -40,6 +40,11 @@ from nanscope.launch.script.expansion import Placeholder
 from nanscope.launch.script.interpreter import Interpreter, Source
 
 
+class NotALaunch(UserError):
+    """The file was read, but nothing in it is a launch nanscope reads: no train command, or a text tree-sitter-bash
+    gives up on (a log, a Python file, a wrapper whose target is elsewhere)."""
+
+
 @dataclass
 class LaunchScript:
     """What a launch script resolves to.
@@ -60,6 +65,7 @@ class LaunchScript:
         assumptions: conditions that could not be decided statically, and what was assumed.
         limits: values that hit a reading cap, overflowed or that bash would reject, kept as text.
         command_env: the `NAME=value` words before the train command (its own environment).
+        cut: a comment line inside the train command's backslash continuation ended it there, as bash does (the note).
     """
 
     path: str
@@ -76,6 +82,7 @@ class LaunchScript:
     assumptions: list[str] = field(default_factory=list)
     limits: list[str] = field(default_factory=list)
     command_env: dict[str, str] = field(default_factory=dict)
+    cut: str | None = None  # the train command cut short by a comment in its `\` continuation, said as bash cuts it
 
 
 def parse_script(
@@ -101,7 +108,10 @@ def parse_script(
     if train is None:
         hint = f" (tree-sitter reported syntax errors at lines {_lines(reader.errors)})" if reader.errors else ""
         hint += reader.budget.stop_hint() + reader.calls.uncalled_hint()
-        raise UserError(
+        if reader.wrapped:
+            hint += (f" (a wrapper: it runs {', '.join(reader.wrapped[:3])}, which nanscope cannot read here: give "
+                     "that script as the launch script)")  # fmt: skip
+        raise NotALaunch(
             f"{path}: no train command found: expected `python3 <train script>.py ...` (or `python3 -m <module>`, "
             f"`torchrun ... <script>.py`, `megatron sft ...`), directly or after `ray job submit ... --`{hint}"
         )
@@ -124,6 +134,7 @@ def parse_script(
         assumptions=reader.assumptions,
         limits=reader.budget.all_notes(),
         command_env=train.env,
+        cut=reader.cut,
     )
 
 

@@ -12,7 +12,7 @@ arguments (`calls`); heredocs and other command substitutions are not run. Words
 from __future__ import annotations
 
 import os
-import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,10 +33,14 @@ from nanscope.launch.script.bounds import (
     Cap,
 )
 from nanscope.launch.script.calls import Calls, Return
+from nanscope.launch.script.commands import called_script, train_command
+from nanscope.launch.script.continuation import cut_note
 from nanscope.launch.script.expansion import Expander, unescape_word
 from nanscope.launch.script.syntax import TooSlow, line, parse, snippet, without_controls
 
-_PYTHON = re.compile(r"python(\d+(\.\d+)*)?$")
+
+class NotBash(UserError):
+    """tree-sitter-bash gave up on a file past its allowance: not a script nanscope reads."""
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Source:
     line: int
     status: str  # "followed" | "missing"
     followed: str | None = None  # the file read in its place (--model-args)
+    reason: str = "not found"  # why a missing one was not read: not found, or what it is (a directory, a FIFO)
 
 
 @dataclass
@@ -80,6 +85,9 @@ class Interpreter:
         self.errors: list[int] = []
         self.depth = 0  # nested `source` files
         self.assumptions: list[str] = []
+        self.source = b""  # the bytes of the file being read
+        self.cut: str | None = None  # the train command cut by a comment in its continuation (script.continuation)
+        self.wrapped: list[str] = []  # scripts it runs that could not be read here (a site wrapper's target)
         self.calls = Calls(self.words, self.budget, self.statement)
 
     # ---- files -------------------------------------------------------------------------------
@@ -90,13 +98,14 @@ class Interpreter:
         try:
             tree = parse(text.encode(), self.budget)
         except TooSlow as slow:
-            raise UserError(
+            raise NotBash(
                 f"{path}: {what}: tree-sitter-bash gave up parsing it at line {slow.line}, past its allowance "
                 f"({PARSE_SECONDS:g} s of CPU + {PARSE_SECONDS_PER_MIB:g} s per MiB read; {PARSE_MEMORY // MiB} MiB "
                 f"+ {PARSE_MEMORY_PER_BYTE} bytes per byte): its error recovery is quadratic on a long malformed run "
                 "(`)a)a...`, `a|a|...|`, `x=(x=(...`); not a script nanscope can read"
             ) from None
         outer, self.words.file = self.words.file, str(path)
+        outer_source, self.source = self.source, text.encode()
         if removed is not None:
             where = "" if self.depth == 0 else f"{path}: "
             self.budget.note(removed.line, where + removed.note())
@@ -105,7 +114,7 @@ class Interpreter:
         try:
             self.visit(tree.root_node)
         finally:
-            self.words.file = outer
+            self.words.file, self.source = outer, outer_source
 
     def _source(self, node, words: list[str]) -> None:
         if len(words) < 2:
@@ -124,7 +133,7 @@ class Interpreter:
             model_args, self.model_args = self.model_args, None  # stands in for one file only
             self._follow(model_args, "model-args file")
         else:
-            self.sources.append(Source(target, line(node), "missing"))
+            self.sources.append(Source(target, line(node), "missing", reason=_not_a_file(candidate)))
 
     def _wrapper(self, node, words: list[str]) -> None:
         """`bash run.sh a b`: the wrapper script read with its arguments as `$1 $2` (a child shell: the caller's
@@ -133,6 +142,7 @@ class Interpreter:
         candidate = Path(target) if os.path.isabs(target) else Path(self.words.file).parent / target
         if "$" in target or self.depth >= MAX_SOURCES or self.budget.files >= MAX_FILES or not _is_file(candidate):
             self.sources.append(Source(target, line(node), "missing"))
+            self.wrapped.append(f"{target} (line {line(node)})")
             self.assumptions.append(
                 f"line {line(node)}: {words[0]} {target}: a wrapper script nanscope cannot read here: give it as the "
                 "launch script (with its arguments as --env or in a two-line script)"
@@ -308,8 +318,9 @@ class Interpreter:
         if words and words[0] in ("source", "."):
             self._source(node, words)
             return
-        if len(words) > 1 and os.path.basename(words[0]) in ("bash", "sh") and words[1].endswith(".sh"):
-            self._wrapper(node, words)
+        called = called_script(words)
+        if called is not None:
+            self._wrapper(node, called)
             return
         if words and words[0] == "return" and (self.calls.frames or self.depth):
             if node.parent is None or node.parent.type not in ("list", "pipeline"):  # `test || return`: unknown
@@ -320,10 +331,11 @@ class Interpreter:
             return
         if self.calls.call(words, node):
             return
-        found = _train_command(words)
+        found = train_command(words)
         if found is not None:
             script, argv, launcher = found
             self.train = TrainCommand(script, argv, launcher, line(node), self._prefix_env(node))
+            self.cut = cut_note(self.source, node.end_byte, node.end_point[0] + 1)
 
     def _prefix_env(self, node) -> dict[str, str]:
         """The `NAME=value` words before a command: its own environment (the script's variables are not changed)."""
@@ -420,59 +432,21 @@ def _error_lines(root) -> list[int]:
     return sorted(lines)
 
 
+def _not_a_file(path: Path) -> str:
+    """Why `path` was not read: "not found", or what it is instead of a regular file (never opened: a FIFO would
+    block, /dev/zero never end)."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return "not found"
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    what = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"{what}, not a file: not read"
+
+
 def _is_file(path: Path) -> bool:
     try:
         return path.is_file()
     except (OSError, ValueError):  # a name too long, a NUL byte: not a file to follow
         return False
-
-
-def _train_command(words: list[str]) -> tuple[str, list[str], list[str]] | None:
-    """Find the training command in one command's words: `python[3] [-opts] <script>.py args...` or `python3 -m
-    <module> args...`, the same after a launcher (torchrun, deepspeed, accelerate launch: its options are skipped),
-    or a training CLI (`megatron sft ...`, `swift rlhf ...`, `nemo llm pretrain ...`): (script, args, words before)."""
-    for i, word in enumerate(words):
-        name = os.path.basename(word)
-        if _PYTHON.match(name) or name in _LAUNCHERS:
-            found = _python_args(words, i + 1) if _PYTHON.match(name) else _launched(words, i + 1)
-            if found is not None:  # a launcher keeps its own options (torchrun --nproc_per_node 8 ...); python's go
-                script, at = found
-                launched = not _PYTHON.match(name) or words[i + 1 : i + 3] == ["-m", "torch.distributed.run"]
-                args = words[at + (2 if script.startswith("-m ") else 1) :]
-                return script, args, words[:at] if launched else words[:i]
-        elif name in _CLIS and i + 1 < len(words) and words[i + 1] in _CLIS[name]:
-            return f"{name} {words[i + 1]}", words[i + 2 :], words[:i]
-    return None
-
-
-# Launchers whose options come before the training script or module; training CLIs and their subcommands.
-_LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "torch.distributed.run", "torch.distributed.launch")
-_CLIS = {
-    "megatron": ("sft", "pt", "rlhf", "rlhf_grpo"),  # ms-swift's Megatron backend
-    "swift": ("sft", "pt", "rlhf"),
-    "nemo": ("llm",),
-}
-
-
-def _python_args(words: list[str], j: int) -> tuple[str, int] | None:
-    """After `python3`: `[-opts] <script>.py args` or `-m <module> args`: (the script, where it starts); None for
-    `-c` and anything else."""
-    while j < len(words) and words[j].startswith("-") and words[j] not in ("-m", "-c"):
-        j += 1
-    if j < len(words) and words[j].endswith(".py"):
-        return words[j], j
-    if j + 1 < len(words) and words[j] == "-m" and words[j + 1] not in ("pip", "torch.distributed.run"):
-        return f"-m {words[j + 1]}", j
-    if j + 1 < len(words) and words[j] == "-m":  # python -m torch.distributed.run ...: a launcher
-        return _launched(words, j + 2)
-    return None
-
-
-def _launched(words: list[str], j: int) -> tuple[str, int] | None:
-    """After a launcher: its options, then `<script>.py args` or `-m/--module <module> args`."""
-    for k in range(j, len(words)):
-        if words[k].endswith(".py") and not words[k].startswith("-"):
-            return words[k], k
-        if words[k] in ("-m", "--module") and k + 1 < len(words):
-            return f"-m {words[k + 1]}", k
-    return None

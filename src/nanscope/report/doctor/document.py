@@ -3,6 +3,8 @@ the resolved flags with their origins. Its keys are in the order written here.""
 
 from __future__ import annotations
 
+from nanscope.launch.topology import MAX_LISTED
+from nanscope.report.doctor.shared import ranks_text
 from nanscope.report.doctor.verdict import verdict
 
 
@@ -11,6 +13,7 @@ def to_dict(diagnosis) -> dict:
     traceback, cfg = diagnosis.traceback, diagnosis.config
     return {
         "verdict": verdict(diagnosis),
+        "summary": None if diagnosis.summary is None else diagnosis.summary.to_dict(),
         "slime_release": release_dict(diagnosis),
         "framework": diagnosis.framework.to_dict(),
         "inputs": _inputs(diagnosis),
@@ -21,7 +24,8 @@ def to_dict(diagnosis) -> dict:
         "failing_rank": None if diagnosis.failing is None else _rank(diagnosis.failing),
         "failure": None if traceback is None else _failure(traceback.failure, traceback.rerun),
         "frame_evidence": None if traceback is None else traceback.evidence.to_dict(),
-        "metrics": None if traceback is None else traceback.metrics.to_dict(),
+        "metrics": None if traceback is None else _metrics(traceback),
+        "signals": None if traceback is None else traceback.nonfinite.to_dict(),
         "frames": [] if traceback is None else [_frame(frame) for frame in traceback.frames],
         "explanations": diagnosis.explanations,
         "findings": [_finding(finding) for finding in diagnosis.findings],
@@ -88,9 +92,19 @@ def _topology(diagnosis) -> dict:
         "num_experts": layout.num_experts,
         "experts_per_ep_rank": layout.experts_per_rank,
         "stages": None if layout.stages is None else [_stage(stage) for stage in layout.stages],
-        "ep_groups": layout.groups["ep"],
+        "ep_groups": _ep_groups(layout),
+        "ep_group_count": layout.world // layout.ep,
         **slime,
     }
+
+
+def _ep_groups(layout) -> list[list[int]] | None:
+    """Every expert-parallel group's ranks (None: a world over MAX_LISTED ranks is described, not listed)."""
+    if layout.world > MAX_LISTED:
+        return None
+    firsts = sorted({layout.group(rank, "ep")[0]: layout.group_index(rank, "ep") for rank in range(layout.world)}.items(),
+                    key=lambda item: item[1])  # fmt: skip
+    return [list(layout.group(first, "ep")) for first, _ in firsts]
 
 
 def _batch_figures(figures, cfg) -> dict:
@@ -134,8 +148,14 @@ def _rank(rank) -> dict:
         "holds_output_layer": rank.holds_output_layer,
         "holds_embedding": rank.holds_embedding,
         "experts": rank.experts,
-        "groups": rank.groups,
+        "groups": {key: _listed(group) for key, group in rank.groups.items()},
+        "groups_text": {key: ranks_text(group) for key, group in rank.groups.items()},
     }
+
+
+def _listed(group) -> list[int] | None:
+    """A group's ranks as a list (None: more than MAX_LISTED: `groups_text` describes it)."""
+    return None if group is None or len(group) > MAX_LISTED else list(group)
 
 
 _FAILURE_KEYS = ("rank", "node", "device", "iteration", "result", "kind", "message", "bucket", "truncated")
@@ -147,7 +167,7 @@ def _failure(failure, rerun) -> dict:
     if failure is None:
         empty = {key: None for key in _FAILURE_KEYS} | {"check": None, "checked": None, "message_source": None}
         return empty | {"slime_runs_this_check": None, "format": None, "megatron_core": None, "rerun": _rerun(rerun)}
-    check = failure.check
+    check, signal = failure.check, failure.signal
     return {
         "rank": failure.rank,
         "node": failure.node,
@@ -158,9 +178,9 @@ def _failure(failure, rerun) -> dict:
         "message": failure.message,
         "bucket": failure.bucket,
         "truncated": failure.truncated,
-        "check": None if check is None else check.id,
-        "checked": None if check is None else check.quantity,
-        "message_source": None if check is None else check.source,
+        "check": check.id if check is not None else signal.id if signal is not None else None,
+        "checked": check.quantity if check is not None else signal.quantity if signal is not None else None,
+        "message_source": check.source if check is not None else signal.source if signal is not None else None,
         "slime_runs_this_check": None if check is None else check.slime,
         "format": failure.format,
         "megatron_core": _releases(failure.releases),
@@ -168,6 +188,23 @@ def _failure(failure, rerun) -> dict:
         "rank_from": failure.rank_from,
         "ambiguous": failure.ambiguous,
         "rerun": _rerun(rerun),
+        "step": failure.step,
+        "op": failure.op,
+        "output": failure.output,
+        "fatal": None if signal is None else signal.fatal,
+        "means": None if signal is None else signal.means,
+        "other_ranks": list(failure.ranks),
+    }
+
+
+def _metrics(traceback) -> dict:
+    """The metric lines: the range excursions (launch.metrics), the first non-finite line and the skip counters
+    (launch.metric_lines)."""
+    lines = traceback.nonfinite.metrics
+    return traceback.metrics.to_dict() | {
+        "first_nonfinite": None if lines.first is None else lines.first.to_dict(),
+        "later_nonfinite_lines": lines.later,
+        "counters": [counter.to_dict() for counter in lines.counters],
     }
 
 

@@ -34,8 +34,8 @@ def rank_grid_svg(diagnosis) -> str:
     cell_h, gap_cp, gap_dp, label_w = 26, 6, 16, 230
     cp_block_w = layout.tp * cell_w + gap_cp  # one CP block: its TP cells and a gap
     dp_block_w = layout.cp * cp_block_w + gap_dp  # one DP block: its CP blocks and a gap
-    by_coord = {(coord["pp"], coord["dp"], coord["cp"], coord["tp"]): rank for rank, coord in enumerate(layout.coords)}
-    ep_group_of = {rank: index for index, group in enumerate(layout.groups["ep"]) for rank in group}
+    coords = [layout.coord(rank) for rank in range(layout.world)]
+    by_coord = {(coord["pp"], coord["dp"], coord["cp"], coord["tp"]): rank for rank, coord in enumerate(coords)}
     width, height = max(label_w + layout.dp * dp_block_w + 10, 760), 40 + layout.pp * (cell_h + 14) + 30
     failing = diagnosis.failing.rank if diagnosis.failing is not None else None
     out = [
@@ -58,12 +58,16 @@ def rank_grid_svg(diagnosis) -> str:
                 for tp in range(layout.tp):
                     rank = by_coord[(pp, dp, cp, tp)]
                     x = label_w + dp * dp_block_w + cp * cp_block_w + tp * cell_w
-                    fill = _EP_COLOURS[ep_group_of[rank] % len(_EP_COLOURS)] if layout.ep > 1 else _EP_COLOURS[0]
+                    fill = (
+                        _EP_COLOURS[layout.group_index(rank, "ep") % len(_EP_COLOURS)]
+                        if layout.ep > 1
+                        else _EP_COLOURS[0]
+                    )
                     stroke, stroke_w = ("#b00020", 3) if rank == failing else ("#888", 1)
                     out.append(
                         f"<rect x='{x}' y='{y}' width='{cell_w - 2}' height='{cell_h}' fill='{fill}' "
                         f"stroke='{stroke}' stroke-width='{stroke_w}'><title>rank {rank}: TP {tp} CP {cp} DP {dp} "
-                        f"PP {pp} EP {layout.coords[rank]['ep']}</title></rect>"
+                        f"PP {pp} EP {coords[rank]['ep']}</title></rect>"
                     )
                     if cell_w >= 30:
                         out.append(f"<text x='{x + 4}' y='{y + 17}'>{rank}</text>")

@@ -3,7 +3,8 @@ the key flags, a frame's location, and how many stages are shown."""
 
 from __future__ import annotations
 
-from nanscope.facts import wordings
+from nanscope.facts import frameworks, wordings
+from nanscope.report.doctor.evidence_text import evidence_lines
 from nanscope.report.text import span
 
 # The resolved flags shown in the report (all modelled flags are in the JSON's "config").
@@ -32,8 +33,18 @@ KEY_FLAGS = (
 MAX_STAGE_ROWS = 64  # pipeline stages listed in the terminal layout and drawn in the HTML layer split
 
 
-def ranks_text(group: list[int]) -> str:
-    """A group of ranks: `48-63`, `2, 18, 34, 50`; a long strided one as `0, 8, ..., 1016 (128 ranks, every 8)`."""
+def ranks_text(group) -> str:
+    """A group of ranks (a list or a range): `48-63`, `2, 18, 34, 50`; a long strided one as `0, 8, ..., 1016 (128
+    ranks, every 8)`, without listing it (a group of a large world may hold 100,000 ranks)."""
+    if group is None:
+        return "not listed"
+    if isinstance(group, range) and len(group) > 1:
+        if group.step == 1:
+            return f"{group[0]}-{group[-1]}" if len(group) >= 3 else f"{group[0]}, {group[1]}"
+        if len(group) > 8:
+            return f"{group[0]}, {group[1]}, ..., {group[-1]} ({len(group):,} ranks, every {group.step})"
+        return ", ".join(map(str, group))
+    group = list(group)
     if len(group) <= 8 or group == list(range(group[0], group[-1] + 1)):
         return span(group, min_run=3)
     step = group[1] - group[0]
@@ -74,23 +85,29 @@ def failure_lines(diagnosis) -> list[str]:
     if traceback is None:
         return []
     failure, out = traceback.failure, []
-    if failure is not None:
+    if failure is not None and failure.signal is not None:
+        out += evidence_lines(traceback)
+    elif failure is not None:
         out.append(f"form: {failure.format} ({wordings.BY_FORM[failure.format].means})")
         if failure.releases:
             first, last = failure.releases[0], failure.releases[-1]
             out.append(f"megatron-core that prints it: {first}" + ("" if first == last else f" .. {last}"))
         if failure.rank_from:
             out.append(f"rank {failure.rank} from {failure.rank_from}")
-    else:
+    elif traceback.frames:
         out.append("no error line: the traceback ends before it")
-    for excursion in traceback.metrics.excursions.values():
+    else:
+        out.append("no error line")
+    if failure is None or failure.signal is None:
+        out += evidence_lines(traceback)
+    for excursion in traceback.excursions():
         out.append("metric: " + excursion.text())
     rerun = traceback.rerun
     if rerun is not None:
         out.append(
             f"rerun verdict: {rerun.verdict} ({rerun.rerun} rerun{', ' + rerun.values if rerun.values else ''}): {rerun.means}"
         )
-    else:
+    elif diagnosis.framework.name not in frameworks.WITHOUT_MEGATRON:
         out.append("rerun verdict: none in the input (slime and most jobs run the RerunStateMachine disabled)")
     return out
 

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from nanscope.facts import frameworks
 from nanscope.report.doctor.shared import (
     MAX_STAGE_ROWS,
     failure_lines,
@@ -59,7 +60,12 @@ def _failure_section(diagnosis, console) -> None:
     lines = failure_lines(diagnosis)
     if not lines:
         return
-    _heading(console, "the error", "(as Megatron printed it)")
+    failure = diagnosis.traceback.failure if diagnosis.traceback is not None else None
+    _heading(
+        console,
+        "the error",
+        "(as Megatron printed it)" if failure is None or failure.signal is None else "(as the log printed it)",
+    )
     for line in lines:
         _plain(console, f"  {line}")
     evidence = diagnosis.evidence
@@ -148,7 +154,8 @@ def _layout_lines(diagnosis) -> list[str]:
     """Experts per EP rank, optimizer steps per rollout, the micro-batch budget, the rollout GPUs."""
     layout, figures, cfg = diagnosis.topology, diagnosis.batches, diagnosis.config
     if cfg is None:  # a non-slime launch: its own flags follow
-        return [f"{diagnosis.framework.name}'s flags: {flag}" for flag in _flag_lines(diagnosis)]
+        owner = "the launch" if diagnosis.framework.name == "unknown" else diagnosis.framework.name
+        return [f"{owner}'s flags: {flag}" for flag in _flag_lines(diagnosis)]
     lines = []
     if layout.num_experts:
         lines.append(f"experts: {layout.num_experts} / EP {layout.ep} = {layout.experts_per_rank} per EP rank")
@@ -195,7 +202,10 @@ def _findings_section(diagnosis, console) -> None:
 
 
 def _candidates_section(diagnosis, console) -> None:
-    _heading(console, "candidate causes", f"({len(diagnosis.candidates)}: every cause nanscope catalogues)")
+    every = "every cause nanscope catalogues"
+    if diagnosis.framework.name in frameworks.WITHOUT_MEGATRON:
+        every = "the catalogued causes of a job without megatron-core"
+    _heading(console, "candidate causes", f"({len(diagnosis.candidates)}: {every})")
     for candidate in diagnosis.candidates:
         evidence = "; ".join(candidate.evidence)
         _plain(console, f"  {candidate.status:<11} {candidate.id} [{candidate.cause_class}]: {evidence}")
@@ -211,7 +221,8 @@ def _flag_lines(diagnosis) -> list[str]:
 def _flags_section(diagnosis, console) -> None:
     if diagnosis.config is None:
         if diagnosis.flags is not None and diagnosis.topology is None:
-            _heading(console, f"{diagnosis.framework.name}'s flags", "(as the script wrote them)")
+            owner = "the launch" if diagnosis.framework.name == "unknown" else diagnosis.framework.name
+            _heading(console, f"{owner}'s flags", "(as the script wrote them)")
             for line in _flag_lines(diagnosis):
                 _plain(console, f"  {line}")
         return

@@ -4,6 +4,7 @@ mechanism, and how many catalogued causes remain."""
 from __future__ import annotations
 
 from nanscope.launch.candidates import ENABLED, UNDECIDABLE, remaining
+from nanscope.report.doctor.evidence_text import first_sentence, signal_sentence
 from nanscope.report.text import span
 
 
@@ -15,19 +16,36 @@ def verdict(diagnosis) -> str:
         parts = _rank_sentences(diagnosis)
     else:
         parts = _failure_sentences(diagnosis)
-    if failure is not None and failure.format != "rerun":
+    if failure is not None and failure.format not in ("rerun", "signal"):
         parts += _why_it_died(failure, diagnosis.config)
+    first = first_sentence(diagnosis.summary) if diagnosis.summary is not None else None
+    if first is not None:
+        parts.append(first)
     if traceback is not None and traceback.rerun is not None:
         rerun = traceback.rerun
         parts.append(f"The rerun state machine's verdict ({rerun.rerun} rerun): {rerun.means}.")
+    if diagnosis.script is not None and diagnosis.script.cut:
+        parts.append(f"The launch script's train command is cut short: {diagnosis.script.cut}.")
     if diagnosis.script is None:
         parts.append(_framework_sentence(diagnosis))
+        if diagnosis.unread_script:
+            parts.append(f"The input given as the launch script: {diagnosis.unread_script}.")
         parts.append("No launch script: no flag rule ran, and no flag decides a cause.")
     elif diagnosis.config is None:
         parts.append(_framework_sentence(diagnosis))
         name = diagnosis.framework.name
-        parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s own "
-                     "code and flags.")  # fmt: skip
+        if name == "unknown":
+            parts.append("slime's rules do not apply: nothing names the launch's framework, so no framework's own "
+                         "code weighs the causes.")  # fmt: skip
+        else:
+            parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s "
+                         "own code and flags.")  # fmt: skip
+        if diagnosis.findings:
+            parts.append(
+                "The launch script gives values that are no size: "
+                + "; ".join(finding.title for finding in diagnosis.findings)
+                + "; no layout is built."
+            )
     else:
         parts.append(_findings_sentence(diagnosis.findings))
     parts.append(_candidates_sentence(diagnosis.candidates))
@@ -41,7 +59,9 @@ def _failure_sentences(diagnosis) -> list[str]:
         return []
     failure, evidence = traceback.failure, traceback.evidence
     parts = []
-    if failure is not None and failure.format != "rerun":
+    if failure is not None and failure.signal is not None:
+        parts.append(signal_sentence(failure, traceback.nonfinite.counts.get(failure.signal.id, 1)))
+    elif failure is not None and failure.format != "rerun":
         who = f"Rank {failure.rank}" if failure.rank is not None else "A rank (the text does not say which)"
         where = [f"on node {failure.node}" if failure.node else "", f"device {failure.device}" if failure.device is not None else ""]  # fmt: skip
         where_text = ", ".join(part for part in where if part)
@@ -49,10 +69,12 @@ def _failure_sentences(diagnosis) -> list[str]:
     elif failure is not None:
         parts.append(f"Rank {failure.rank} (node {failure.node}, device {failure.device}) had a result rejected.")
     elif traceback.frames:
-        parts.append("The traceback ends before its error line: only its frames say what happened.")
+        rank = traceback.prefix_rank
+        said = f" (rank {rank}'s: its lines' [rank{rank}]: prefixes)" if rank is not None else ""
+        parts.append(f"The traceback{said} ends before its error line: only its frames say what happened.")
     else:
         parts.append("The log has no error line: only its metric lines say what happened.")
-    parts += [f"Its {excursion.text()}." for excursion in traceback.metrics.excursions.values()]
+    parts += [f"Its {excursion.text()}." for excursion in traceback.excursions()]
     if evidence.schedule is not None or evidence.check is not None:
         shown = [line for line in evidence.lines if not line.startswith("the innermost")]
         parts.append("The frames show " + "; ".join(shown) + ".")
@@ -111,6 +133,8 @@ def _rank_sentences(diagnosis) -> list[str]:
 def _what_it_found(failure) -> str:
     """What the failing rank's check found, in the words of its message."""
     check, bucket = failure.check, f" (bucket #{failure.bucket})" if failure.bucket is not None else ""
+    if failure.signal is not None:
+        return signal_sentence(failure).rstrip(".")
     if check is not None and check.id == "clip-grad-norm-nan":
         return "found NaN in its local gradient norm in clip_grads (the optimizer step, Megatron-LM core 0.4/0.5)"
     if check is not None and check.id == "grad-norm-nan" and failure.format == "assert":

@@ -1,0 +1,32 @@
+"""A command cut short by a comment inside its `\\` continuation, as bash cuts it.
+
+    python3 -m verl.trainer.main_ppo \\
+        algorithm.adv_estimator=grpo \\
+        # trainer.logger=['console'] \\
+        trainer.n_gpus_per_node=7
+
+bash ends the command at the comment line (a `#` starts a comment, and the comment's own trailing `\\` continues
+nothing): `trainer.n_gpus_per_node=7` is a command of its own, not an argument. The reading keeps bash's cut and
+says it, with the lines that a reader of the script might take for arguments.
+"""
+
+from __future__ import annotations
+
+import re
+
+# after the command's last word: its `\` and newline, one or more comment lines, then an indented line
+_CUT = re.compile(rb"[ \t]*\\\r?\n((?:[ \t]*#[^\n]*\n)+)[ \t]+(\S[^\n]{0,80})")
+
+
+def cut_note(source: bytes, end_byte: int, end_line: int) -> str | None:
+    """The note for a command ending at `end_byte` (its last line `end_line`) cut by a comment; None: not cut."""
+    match = _CUT.match(source, end_byte)
+    if match is None:
+        return None
+    comments = match[1].count(b"\n")
+    after = end_line + comments + 1
+    shown = match[2].decode("utf-8", "replace").rstrip(" \\")
+    return (
+        f"line {end_line + 1}: a `#` comment line inside the command's `\\` continuation ends the command there, as "
+        f"bash does: line {after} on (`{shown}` ...) is not its arguments, and what those lines set is not read"
+    )

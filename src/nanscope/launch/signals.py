@@ -1,0 +1,276 @@
+"""NaN and Inf evidence lines of every stack (facts.signals), read one line at a time.
+
+    [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768
+    Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.
+    RuntimeError: Function 'Log1PBackward0' returned nan values in its 0th output.
+    Warning: Error detected in StackBackward. Traceback of forward call that caused the error:
+    [rank5]: RuntimeError: probability tensor contains either `inf`, `nan` or element < 0
+    ...TensorCompare.cu:110: _assert_async_cuda_kernel: ... Assertion `probability tensor contains ...` failed.
+    [E ProcessGroupNCCL.cpp:828] [Rank 38] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4447361, ...
+    (WorkerDict pid=9092) WARN: grad_norm is not finite: nan
+    WARNING: found inf during ShardedOptimV2 step            (wrapped over two lines by a rich console)
+    NaN or Inf found in input tensor.
+    ValueError: Input contains NaN.                          (any error line naming NaN or Inf)
+    loss is nan, stopping training                          (any line saying a loss or gradient is NaN or Inf)
+
+A line is read only if it holds one of MARKERS (literals; the log reader searches them at the speed of a literal
+search) or a NaN/Inf word; each pattern is applied to a window of WINDOW characters around its literal anchor, with
+bounded repeats only: the time is linear in the line. A wrapped line is read with the end of the line before it.
+
+    hit = read_line(line, number, before=previous_line)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from nanscope.facts.signals import BY_ID, Signal
+
+WINDOW = 2048  # characters read after an anchor (and 512 before it)
+MARKERS = (
+    b"OVERFLOW!",
+    b"loss scale overflow!",
+    b"Overflow detected",
+    b"already at minimum",
+    b"returned nan values",
+    b"returned inf values",
+    b"Error detected in",
+    b"probability tensor contains",
+    b"device-side assert",
+    b"Assertion `",
+    b"Watchdog caught collective",
+    b"not finite",
+    b"NaN or Inf found",
+)  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
+_NUMBER = r"[\d.eE+-]{1,30}"
+_OVERFLOW = re.compile(
+    r"(?:OVERFLOW! Rank (?P<rank>\d{1,9}) Skipping step\.|fp16 dynamic loss scale overflow!(?: Rank (?P<rank2>\d{1,9}))?"
+    r" Skipping step\.|Overflow detected\. Skipping step\.)"
+    rf"(?: Attempted loss scale: (?P<scale>{_NUMBER}),? (?:reducing to (?P<next>{_NUMBER})"
+    r"|but hysteresis is (?P<hysteresis>\d{1,9})\.? Reducing hysteresis to (?P<left>\d{1,9})))?"
+)
+# apex's `Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0`, fairseq's `gradient
+# overflow detected, ignoring gradient, setting loss scale to: 64.0`, ColossalAI's `Found overflow. Skip step`
+_SCALER = re.compile(
+    r"overflow[^\n]{0,60}?\bskip(?:ping|ped)?\b[^\n]{0,20}?\bstep|overflow detected[^\n]{0,60}?loss scale"
+    r"|skipping step[^\n]{0,60}?loss scale|overflow on iteration \d",
+    re.IGNORECASE,
+)
+_SCALE_TO = re.compile(
+    r"(?:reducing loss scale to|setting loss scale to:?)\s{0,4}(?P<scale>[\d.eE+-]{1,30})", re.IGNORECASE
+)
+_ANOMALY = re.compile(
+    r"Function '(?P<op>[\w.<>]{1,200})' returned (?P<value>nan|inf) values in its (?P<output>\d{1,4})\w{0,2} output"
+)
+_FORWARD = re.compile(r"Error detected in (?P<op>[\w.<>]{1,200})\. Traceback of forward call")
+_FORWARD_HEAD = re.compile(r"Error detected in (?P<op>[\w.<>]{0,200})\s*\Z")
+_FORWARD_TAIL = re.compile(r"\s*(?P<op>[\w.<>]{0,200})\. Traceback of forward call")
+_ASSERTION = re.compile(r"Assertion `(?P<op>.{1,300}?)` failed")
+_WATCHDOG = re.compile(r"(?:\[Rank (?P<rank>\d{1,9})\] )?Watchdog caught collective operation timeout: WorkNCCL\((?P<work>[^)]{0,600})\)")  # fmt: skip
+_OP_TYPE = re.compile(r"OpType=(?P<op>\w{1,40})")
+_SEQ = re.compile(r"SeqNum=(?P<seq>\d{1,20})")
+_NOT_FINITE = re.compile(r"grad_norm is not finite: (?P<value>\S{1,40})")
+_FOUND_INF = re.compile(
+    r"found\s{1,60}(?P<value>inf|nan)\s{1,60}during\s{1,60}(?P<op>\w{1,80})\s{1,60}step", re.IGNORECASE
+)
+_ERROR = re.compile(r"(?:^|[\s:\]>])(?P<exc>[A-Z][A-Za-z]{0,60}(?:Error|Exception)|Exception)(?:\([\w.]{0,80}\))?: (?P<msg>.{0,400})")  # fmt: skip
+_NONFINITE = re.compile(
+    r"(?<![A-Za-z])(?P<word>nan|inf(?:inity|inite)?|non-?finite|not finite)(?![A-Za-z])", re.IGNORECASE
+)
+_SAYS = re.compile(
+    r"\b(?P<what>loss(?:es)?|grad(?:ient)?s?(?:[ _]norm)?|weights?|logits|outputs?|activations?)\b[^.\n]{0,40}?"
+    r"\b(?:is|are|was|were|became|becomes|contains?|got|gets|detected|occurs?|has|have)\b[^.\n]{0,20}?"
+    r"(?<![A-Za-z])(?:nan|inf|infinite|infinity|non-?finite|not finite)(?![A-Za-z])"
+    r"|(?<![A-Za-z])(?:nan|inf)[ _](?P<what2>loss|grad(?:ient)?s?(?:[ _]norm)?)\b[^.\n]{0,20}?"
+    r"\b(?:detected|occurs?|found|encountered)\b"
+    r"|\bfound (?:an? )?(?:nan|inf)s?\b(?! during)"
+    r"|\b(?:detected|encountered|got)\s(?:an?\s)?(?:nan|inf)\b",
+    re.IGNORECASE,
+)
+_RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
+_STEP = re.compile(r"\b(?:step|iteration|global_step)\s?[:=]?\s?(?P<step>\d{1,12})\b", re.IGNORECASE)
+
+
+@dataclass
+class Hit:
+    """One evidence line.
+
+    Attributes:
+        signal: what kind (facts.signals).
+        line: 1-based line of the log.
+        text: the line, cut to 300 characters.
+        rank: the failing rank the line names (`[rank5]:`); None where it names none, or only a logging or
+            waiting rank (DeepSpeed's `Rank 0`, the watchdog's `[Rank 38]`: in `ranks`).
+        ranks: other ranks the line names, and as what.
+        step: the step the line names (None: not said).
+        op: the backward function, the assert, the collective or the exception the line names.
+        output: the backward function's output index (anomaly mode).
+        detail: the rest in words ("loss scale 65536 -> 32768", "ALLREDUCE SeqNum=4447361").
+    """
+
+    signal: Signal
+    line: int
+    text: str
+    rank: int | None = None
+    ranks: list[str] = field(default_factory=list)
+    step: int | None = None
+    op: str | None = None
+    output: int | None = None
+    detail: str | None = None
+    metric: str | None = None  # the metric the line names as non-finite (`grad_norm is not finite`)
+
+
+def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit | None:
+    """The evidence `line` (the log's line `number`; `before`, `after`: the lines around it, for a wrapped one)
+    holds."""
+    hit = _known(line, before, after)
+    if hit is None:
+        hit = _generic(line)
+    if hit is None:
+        return None
+    signal, fields = hit
+    found = Hit(signal, number, line.strip()[:300], **fields)
+    tag = _RANK_TAG.search(line, 0, WINDOW) if "[rank" in line else None
+    if tag is not None and signal.id == "nccl-timeout":  # the process that timed out: one left waiting
+        said = f"rank {tag['rank']} waited (the watchdog's rank)"
+        found.ranks += [] if said in found.ranks else [said]
+    elif tag is not None and found.rank is None:
+        found.rank = int(tag["rank"])
+    if found.step is None and (step := _STEP.search(line, 0, WINDOW)) is not None:
+        found.step = int(step["step"])
+    return found
+
+
+def _window(line: str, anchor: str) -> tuple[str, int] | None:
+    """(the part of `line` around the first `anchor`, where it starts), None: no anchor."""
+    at = line.find(anchor)
+    if at < 0:
+        return None
+    low = max(0, at - 512)
+    return line[low : at + WINDOW], low
+
+
+def _known(line: str, before: str, after: str) -> tuple[Signal, dict] | None:
+    """The evidence of a named stack's line."""
+    for anchor, reader in _READERS:
+        part = _window(line, anchor)
+        if part is not None:
+            read = reader(part[0], after if reader is _forward else before)
+            if read is not None:
+                return read
+    if "inf during" in line[:WINDOW] or "nan during" in line[:WINDOW]:  # a rich console wrapped `found` away
+        found = _FOUND_INF.search((before[-200:] + " " + line[:WINDOW]).replace("\n", " "))
+        if found is not None:
+            return BY_ID["skip-nonfinite-grad"], {
+                "op": found["op"],
+                "detail": f"found {found['value']} ({found['op']})",
+            }
+    return None
+
+
+def _overflow(text: str, before: str):
+    match = _OVERFLOW.search(text)
+    if match is None:
+        return None
+    rank = match["rank"] or match["rank2"]
+    if match["next"] is not None:
+        detail = f"loss scale {match['scale']} -> {match['next']}"
+    elif match["hysteresis"] is not None:
+        detail = f"loss scale {match['scale']} kept, hysteresis {match['hysteresis']} -> {match['left']}"
+    else:
+        detail = "step skipped"
+    ranks = [] if rank is None else [f"rank {rank} logs it (DeepSpeed prints it on rank 0 only)"]
+    return BY_ID["deepspeed-overflow"], {"detail": detail, "ranks": ranks}
+
+
+def _scaler(text: str, before: str):
+    if _SCALER.search(text) is None:
+        return None
+    scale = _SCALE_TO.search(text)
+    return BY_ID["scaler-overflow"], {"detail": "step skipped" + (f", loss scale -> {scale['scale']}" if scale else "")}
+
+
+def _minimum(text: str, before: str):
+    return BY_ID["loss-scale-minimum"], {"detail": "loss scale at its minimum"}
+
+
+def _anomaly(text: str, before: str):
+    match = _ANOMALY.search(text)
+    if match is None:
+        return None
+    output = int(match["output"])
+    return BY_ID["anomaly-nan"], {"op": match["op"], "output": output, "detail": f"{match['value']} in output {output}"}
+
+
+def _forward(text: str, after: str):
+    match = _FORWARD.search(text)
+    op = None if match is None else match["op"]
+    if match is None:  # `Error detected in StackBa` / `ckward. Traceback of forward call`: a terminal's wrap
+        head, tail = _FORWARD_HEAD.search(text), _FORWARD_TAIL.match(after[:300])
+        if tail is None or head is None:
+            return None
+        op = head["op"] + tail["op"]
+    return BY_ID["anomaly-forward"], {"op": op, "detail": "the forward call of the failing backward function"}
+
+
+def _probability(text: str, before: str):
+    where = "a CUDA device-side assert (asynchronous)" if "Assertion" in text else "torch.multinomial"
+    return BY_ID["probability-assert"], {"op": "torch.multinomial (sampling)", "detail": where}
+
+
+def _assertion(text: str, before: str):
+    match = _ASSERTION.search(text)
+    if match is not None and "probability tensor" in match["op"]:
+        return _probability(text, before)
+    return BY_ID["device-assert"], {"op": None if match is None else match["op"][:120]}
+
+
+def _watchdog(text: str, before: str):
+    match = _WATCHDOG.search(text)
+    if match is None:
+        return None
+    op, seq = _OP_TYPE.search(match["work"]), _SEQ.search(match["work"])
+    detail = " ".join(part for part in (op and op["op"], seq and f"SeqNum={seq['seq']}") if part) or None
+    ranks = [] if match["rank"] is None else [f"rank {match['rank']} waited (the watchdog's rank)"]
+    return BY_ID["nccl-timeout"], {"op": op and op["op"], "detail": detail, "ranks": ranks}
+
+
+def _nccl(text: str, before: str):
+    return BY_ID["nccl-timeout"], {"detail": "NCCL operations failed or timed out"}
+
+
+def _not_finite(text: str, before: str):
+    match = _NOT_FINITE.search(text)
+    if match is None:
+        return None
+    return BY_ID["skip-nonfinite-grad"], {
+        "detail": f"grad_norm {match['value']}: the step skipped",
+        "metric": "grad_norm",
+    }
+
+
+def _logged(text: str, before: str):
+    return BY_ID["logged-nonfinite"], {"detail": "a logged scalar is NaN or Inf"}
+
+
+# (literal anchor, reader of the window around it), in order: the first that reads the line wins
+_READERS = (
+    ("OVERFLOW!", _overflow), ("loss scale overflow!", _overflow), ("Overflow detected", _overflow),
+    ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
+    ("Error detected in", _forward),
+    ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
+    ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
+)  # fmt: skip
+
+
+def _generic(line: str) -> tuple[Signal, dict] | None:
+    """An error line whose message names NaN or Inf, or a line saying a loss or a gradient is NaN or Inf."""
+    head = line[:WINDOW]
+    error = _ERROR.search(head) if ("Error" in head or "Exception" in head) else None
+    if error is not None and _NONFINITE.search(error["msg"]) is not None:
+        return BY_ID["nonfinite-error"], {"op": error["exc"], "detail": error["msg"].strip()[:200]}
+    says = _SAYS.search(head)
+    if says is not None:
+        return BY_ID["nonfinite-message"], {"detail": says.group(0)[:200]}
+    return None

@@ -1,0 +1,129 @@
+"""What a NaN report's text alone supports, in one record: the failing rank, the kind, the check (or evidence line)
+that fired, the step, which model and which metric went non-finite first, the operation, and what that points to.
+
+Each field is traced to a line of the input (`lines`) or is None; the record is the JSON `summary` and the first
+sentence of the verdict. The model comes from the first non-finite metric line's keys (launch.metric_lines), else
+from the frames of the step that failed (a rollout's generation is the policy's, a critic update the critic's).
+
+    summary = summarize(traceback)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# a frame's function -> the model that was running (the innermost one that names one wins)
+_FRAME_MODELS = {
+    "update_critic": "critic", "compute_values": "critic", "update_policy": "actor", "update_actor": "actor",
+    "compute_ref_log_prob": "reference", "compute_rm_score": "reward model", "_generate_and_score_completions":
+    "policy", "generate_sequences": "policy", "_prepare_inputs": "policy", "compute_log_prob": "policy",
+}  # fmt: skip
+_RANK_TAG = "[rank"
+
+
+@dataclass
+class Summary:
+    """The report's answers (None: the text does not say).
+
+    Attributes:
+        rank: the failing rank (an error line's, a `[rankN]:` prefix's; never a logging or waiting rank).
+        kind: NaN, Inf, "NaN or Inf", large, or None.
+        check: Megatron's check id, or another stack's evidence id (facts.signals), or "skip-counter".
+        step: the step it names (an error line's iteration when >= 0, an evidence line's, the metric line's).
+        model: actor, critic, policy, reference, reward model.
+        metric: the first metric that went non-finite (or the counter that rose).
+        op: the backward function, assert, collective or exception named.
+        points_to: what it points to.
+        lines: where each answer came from, field -> line of the input.
+    """
+
+    rank: int | None = None
+    kind: str | None = None
+    check: str | None = None
+    step: int | None = None
+    model: str | None = None
+    metric: str | None = None
+    op: str | None = None
+    points_to: str | None = None
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step, "model": self.model,
+            "metric": self.metric, "op": self.op, "points_to": self.points_to, "lines": dict(self.lines),
+        }  # fmt: skip
+
+
+def summarize(traceback) -> Summary:
+    """The Summary of a parsed traceback or log (launch.tracebacks.Traceback)."""
+    out, failure = Summary(), traceback.failure
+    seen = traceback.nonfinite
+    reading = seen.metrics.first
+    if failure is not None:
+        out.rank, out.kind, out.op = failure.rank, failure.kind, failure.op
+        out.check = failure.check.id if failure.check is not None else failure.signal.id if failure.signal else None
+        step = failure.step if failure.step is not None else failure.iteration
+        out.step = step if step is not None and step >= 0 else None
+        out.lines.update(dict.fromkeys(("rank", "check"), failure.line))
+        out.points_to = failure.signal.means if failure.signal is not None else None
+    elif traceback.prefix_rank is not None:
+        out.rank = traceback.prefix_rank
+    if reading is not None:
+        out.metric, out.model = reading.metric, reading.model
+        if out.kind in (None, "NaN or Inf") and (failure is None or failure.format == "signal"):
+            out.kind = _kind(reading.values) or out.kind
+        out.lines["metric"] = reading.line
+        if out.step is None and (failure is None or failure.format == "signal"):
+            out.step = reading.step
+        out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
+    elif (
+        failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
+    ):
+        out.metric, out.lines["metric"] = hit.metric, hit.line
+    elif seen.metrics.counters:
+        counter = seen.metrics.counters[0]
+        out.metric, out.lines["metric"] = counter.key, counter.line
+        out.check = out.check or "skip-counter"
+        out.step = out.step if out.step is not None else counter.step
+        out.points_to = out.points_to or (
+            f"the loss scaler skipped steps ({counter.key} {counter.value}): their gradients held inf or NaN "
+            "(at the start of an fp16 run, its scale calibrating)"
+        )
+    if out.model is None:
+        out.model = _frame_model(traceback.frames)
+    return out
+
+
+def _kind(values: list[tuple[str, str]]) -> str | None:
+    words = {value.strip("'\"").lower().lstrip("+-") for _, value in values}
+    if words <= {"nan", "nan.0"}:
+        return "NaN"
+    if words <= {"inf", "infinity"}:
+        return "Inf"
+    return None if words == {"missing"} else "NaN or Inf"
+
+
+def _frame_model(frames) -> str | None:
+    """The model the innermost frame that names one was running (a frame's own function, or the call its line
+    makes: a traceback cut inside the next frame)."""
+    for frame in reversed(frames):
+        if frame.function in _FRAME_MODELS:
+            return _FRAME_MODELS[frame.function]
+        called = next((name for name in _FRAME_MODELS if f"{name}(" in frame.code), None)
+        if called is not None:
+            return _FRAME_MODELS[called]
+    return None
+
+
+def prefix_rank(lines: list[str]) -> int | None:
+    """The one rank every `[rankN]:` prefix of a traceback's lines names (None: none, or several)."""
+    ranks = set()
+    for line in lines:
+        at = line.find(_RANK_TAG)
+        while at >= 0 and len(ranks) < 2:
+            end = line.find("]:", at, at + 16)
+            digits = line[at + len(_RANK_TAG) : end] if end > 0 else ""
+            if digits.isdigit():
+                ranks.add(int(digits))
+            at = line.find(_RANK_TAG, at + 1)
+    return ranks.pop() if len(ranks) == 1 else None

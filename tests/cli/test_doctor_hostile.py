@@ -1,0 +1,161 @@
+"""Issue 42's fourth probe round against doctor: terminal escapes from a log, readers that were not linear, internal
+errors and wrong answers on odd input. Each test failed on the code before its fix."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nanscope.cli.main import main
+from nanscope.launch import logs
+from nanscope.launch.tracebacks import parse_traceback
+
+REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
+NEMO = REPORTS / "nemo-14348.log"
+
+# ESC c (reset), ESC ( 0 (line drawing), ESC # 8 (screen of E), ESC 7 (save cursor), a bare ESC, an unfinished CSI,
+# 8-bit CSI (U+009B) and OSC (U+009D) with BEL
+ESCAPES = "\x1bc" + "\x1b(0" + "\x1b#8" + "\x1b7" + "\x1b" + "\x1b[1;" + "\x9b2J" + "\x9d0;title\x07"
+
+
+def _controls(text: str) -> set[str]:
+    return {c for c in text if (ord(c) < 32 and c != "\n") or 0x7F <= ord(c) <= 0x9F}
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+
+
+def test_no_control_character_of_a_log_reaches_the_terminal_or_the_page(tmp_path, capsys):
+    """They came through node names, frame paths, function names and unknown messages; the JSON stays faithful."""
+    log = tmp_path / "esc.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        f'  File "/opt/{ESCAPES}/megatron/core/distributed/param_and_grad_buffer.py", line 185, in check_{ESCAPES}\n'
+        f"RuntimeError: Rank 5, node dgx{ESCAPES}1, device 2, iteration -1: Unexpected result nan (message='my check "
+        f"{ESCAPES} said no')\n",
+        encoding="utf-8",
+    )
+    out, page = tmp_path / "d.json", tmp_path / "d.html"
+    assert main(["doctor", "--traceback", str(log), "--json", str(out), "--html", str(page)]) == 0
+    terminal = capsys.readouterr().out
+    assert _controls(terminal) == set() and _controls(page.read_text(encoding="utf-8")) == set()
+    assert "dgx\\x1bc\\x1b(0" in terminal  # shown, escaped
+    assert _controls(out.read_text(encoding="utf-8")) == set()  # every one a \u escape in the file
+    assert json.loads(out.read_text())["failure"]["node"] == f"dgx{ESCAPES}1"
+
+
+def test_a_closed_standard_input_is_one_line(tmp_path):
+    code = "import sys; from nanscope.cli.main import main; sys.exit(main(['doctor', '--traceback', '-']))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.close(0)
+    )
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "nanscope doctor: error: standard input: traceback: standard input is closed: nothing to read (pass a file)\n",
+    )
+
+
+def test_one_junk_line_with_a_19_digit_rank_does_not_sink_an_earlier_error(tmp_path, capsys):
+    log = tmp_path / "job.log"
+    junk = "Rank 1234567890123456789, node n, device 1, iteration 2: Unexpected result nan (message='x')\n"
+    log.write_text(NEMO.read_text() + "later noise\n" + junk)
+    out = tmp_path / "d.json"
+    assert main(["doctor", "--traceback", str(log), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert (doc["failure"]["rank"], doc["failure"]["check"]) == (4, "grad-norm-nan")
+    lines = len(NEMO.read_text().splitlines()) + 2
+    assert (
+        f"traceback: {log}: line {lines}: the rank has 19 digits, more than Megatron ever prints: not a Megatron error "
+        "line: not read as one"
+    ) in doc["notes"]
+
+
+@pytest.mark.parametrize(
+    ("encode", "said"),
+    [
+        (lambda text: gzip.compress(text.encode()), "the log is gzip-compressed: read decompressed"),
+        (lambda text: text.encode("utf-16"), "the log is UTF-16 LE: read decoded"),
+        (lambda text: text.encode("utf-16-be"), "the log is UTF-16 BE: read decoded"),
+    ],
+    ids=["gzip", "utf-16", "utf-16-be-no-bom"],
+)
+def test_a_gzipped_or_utf16_log_is_read_and_said(encode, said, tmp_path, capsys):
+    """Before: "no Megatron error found", with no word about the encoding or the compression."""
+    log = tmp_path / "job.log"
+    log.write_bytes(encode(NEMO.read_text()))
+    out = tmp_path / "d.json"
+    assert main(["doctor", "--traceback", str(log), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert (doc["failure"]["rank"], doc["framework"]["name"]) == (4, "nemo")
+    assert f"traceback: {said}" in doc["notes"]
+
+
+def test_a_gzipped_log_with_nothing_in_it_says_what_it_is(tmp_path, capsys):
+    log = tmp_path / "job.log.gz"
+    log.write_bytes(gzip.compress(b"all is well\n" * 100))
+    assert main(["doctor", "--traceback", str(log)]) == 2
+    assert capsys.readouterr().err == (
+        f"nanscope doctor: error: {log}: the log is gzip-compressed: read decompressed, and nothing in it is a NaN "
+        "report nanscope reads\n"
+    )
+
+
+def test_a_sourced_device_fifo_or_directory_is_said_to_be_one(tmp_path, capsys):
+    """Before: each was "not found"."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    script = tmp_path / "launch.sh"
+    script.write_text(
+        "source /dev/zero\nsource fifo\nsource dir\npython3 train.py --actor-num-nodes 1 --colocate --num-layers 4\n"
+    )
+    out = tmp_path / "d.json"
+    assert main(["doctor", str(script), "--json", str(out)]) == 0
+    notes = json.loads(out.read_text())["notes"]
+    for line, path, what in ((1, "/dev/zero", "a character device"), (2, "fifo", "a FIFO"), (3, "dir", "a directory")):
+        assert f"line {line}: source {path}: {what}, not a file: not read; pass --model-args FILE or --model JSON" in (
+            notes
+        )
+
+
+# A line of each class that was not linear, at about 1 MB: a hang check (10 CPU seconds, where a linear reader
+# takes well under one), not a speed assertion.
+CRAFTED = {
+    "rerun verdict of repeated `( = `": "First rerun: unexpected result is reproducible within the tolerance "
+    + "( = " * 250_000,
+    "step, 50,000 spaces, a metric": ("step" + " " * 50_000 + "grad_norm: nan\n") * 20,
+    "repeated check messages": "found NaN in local grad norm for bucket #0 in backward pass before data-parallel "
+    "communication collective " * 9_000,
+    "repeated `Unexpected result`": "Unexpected result nan (message=' " * 30_000,
+    "repeated `Rank R, node N,`": "Rank 1, node n, device 1, " * 40_000,
+    "repeated frames": 'File "a", line 1, in f ' * 40_000,
+    # issue 41's readers: other stacks' evidence lines and metric lines
+    "a dict of NaNs": "{" + "'loss': nan, " * 80_000 + "}",
+    "`|` fields": "| loss nan " * 100_000,
+    "a wrapped quoted key": "{'" + "a  -" * 250_000 + "': nan, 'b': 1}",
+    "an anomaly warning's op": "Error detected in " + "a" * 1_000_000,
+    "a wrapped `found inf during`": "found " + " " * 500_000 + "inf during" + " " * 500_000,
+    "a sentence saying NaN": "loss " + "is " * 300_000 + "nan",
+    "an error line naming NaN": "RuntimeError: " + "x" * 1_000_000 + " nan",
+    "repeated overflow lines": "[deepspeed] OVERFLOW! Rank 0 Skipping step. " * 25_000,
+    "repeated watchdog lines": "Watchdog caught collective operation timeout: WorkNCCL(" * 20_000,
+    "Megatron's iteration fields": " iteration 1/ 2 |" * 60_000 + " loss scale: 1.0 | grad norm: nan |",
+}
+
+
+@pytest.mark.parametrize("text", list(CRAFTED.values()), ids=list(CRAFTED))
+def test_each_reader_of_a_line_is_linear(text):
+    start = time.process_time()
+    found = logs.scan([text.encode() + b"\n"], "crafted")
+    try:
+        parse_traceback(text)
+    except ValueError:
+        pass
+    assert time.process_time() - start < 10, "a reader is not linear on this line"
+    assert found is None or len(found.context) < 100_000
