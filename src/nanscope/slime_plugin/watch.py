@@ -156,7 +156,7 @@ class StepWatch:
 
         path = getattr(args, "load_debug_rollout_data", None)
         rollout = load_rollout(path.format(rollout_id=rollout_id)) if path else None
-        trace = StepTrace(self.chunks, rollout, self.coords.cp_rank, self.coords.cp_size)
+        trace = StepTrace(self.chunks, rollout, self.coords.cp_rank, self.coords.cp_size, warn=warn)
         trace.start()
         return trace
 
