@@ -52,6 +52,7 @@ from nanscope.loss.target import Target
 
 NAN_POLICIES = ("drop", "strict")
 COUNTERS = ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages", "exp_overflow", "dropped_tokens")
+METRICS = tuple(f"nan_guard/{name}" for name in COUNTERS)  # their names as metrics (the plugin's: nanscope/<name>)
 
 
 class NonFiniteInputError(ValueError):
