@@ -143,3 +143,13 @@ def test_to_device_keeps_a_tensor_already_there():
     assert devices.to_device(t, "cpu") is t and devices.to_device(t, torch.device("cpu")) is t
     assert devices.to_device(t, "meta").is_meta
     assert devices.full(2.0, "meta").shape == () and float(devices.full(2.0, "cpu")) == 2.0
+
+
+def test_the_gpu_tiers_loss_checks_hold_on_the_cpu():
+    # tests/gpu/scenarios/loss_cuda.py's checks, run here on the CPU at a small size (the tier itself needs CUDA)
+    from tests.gpu.scenarios import loss_cuda
+
+    assert all(r["loss"] and r["grad"] for r in loss_cuda.bitwise("cpu", tokens=512, vocab=256).values())
+    o = loss_cuda.overflow("cpu")
+    assert o["masked"] and o["ref_minus_old"] > 88.72 and o["as_is_nan_grad_entries"] > 0
+    assert o["safe_grad_finite"] and o["safe_equals_as_is_on_defused"]
