@@ -28,12 +28,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanscope import case
 from nanscope.loss import as_is, safe
-from nanscope.loss.microbatch import Parallel
+from nanscope.loss.microbatch import Parallel, log_probs_and_entropy
 
 
 def make_batch(n_samples: int, lo: int, hi: int, vocab: int, seed: int = 0, device="cpu", tokens: int | None = None):
     """A healthy batch (a quarter of each sample prompt, 80 % of response tokens trained) and its packed logits
-    [1, T, vocab], on `device`; `tokens`: scale the drawn lengths to about this many packed tokens."""
+    [1, T, vocab], on `device`; `tokens`: scale the drawn lengths to about this many packed tokens.
+
+    Healthy: the old, reference and rollout log-probs are the current policy's (from the logits, at the case's
+    temperature) plus noise of 0.3, so no log-ratio nears the guard's bound of 20 (where safe would differ)."""
     g = torch.Generator().manual_seed(seed)
     totals = torch.randint(lo, hi + 1, (n_samples,), generator=g).tolist()
     if tokens is not None:
@@ -41,18 +44,18 @@ def make_batch(n_samples: int, lo: int, hi: int, vocab: int, seed: int = 0, devi
     responses = [t - t // 4 for t in totals]  # prompt = a quarter
     ids = [torch.randint(0, vocab, (t,), generator=g) for t in totals]
     masks = [(torch.rand(r, generator=g) < 0.8).float() for r in responses]
-    lp = lambda r: -torch.rand(r, generator=g) * 3
     batch = {
         "unconcat_tokens": ids,
         "total_lengths": totals,
         "response_lengths": responses,
         "loss_masks": masks,
-        "log_probs": [lp(r) for r in responses],
-        "ref_log_probs": [lp(r) for r in responses],
-        "rollout_log_probs": [lp(r) for r in responses],
         "advantages": [torch.full((r,), float(torch.randn(1, generator=g))) for r in responses],
     }
     logits = torch.randn(1, sum(totals), vocab, generator=g) * 4
+    with torch.no_grad():
+        logp, _ = log_probs_and_entropy(logits, batch, case.args().rollout_temperature, Parallel())
+    for key in ("log_probs", "ref_log_probs", "rollout_log_probs"):
+        batch[key] = list((logp + 0.3 * torch.randn(logp.shape, generator=g)).split(responses))
     moved = {k: [x.to(device) if isinstance(x, torch.Tensor) else x for x in v] for k, v in batch.items()}
     return moved, logits.to(device)
 
@@ -62,20 +65,22 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def time_once(module, args, batch, logits) -> tuple[float, int]:
-    """(seconds, peak bytes above the start; 0 off CUDA) of one forward + backward."""
+def time_once(module, args, batch, logits) -> tuple[float, int, float]:
+    """(wall seconds, peak bytes above the start (0 off CUDA), this process's CPU seconds) of one forward + backward.
+
+    On a shared CPU box the CPU seconds move less with other jobs' load than the wall time does."""
     x = logits.clone().requires_grad_(True)
     cuda = x.device.type == "cuda"
     _sync(x.device)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss, _, _ = module.loss_function(args, batch, 1, x, parallel=Parallel())
     loss.backward()
     _sync(x.device)
-    seconds = time.perf_counter() - t0
-    return seconds, (torch.cuda.max_memory_allocated() - base) if cuda else 0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return seconds, (torch.cuda.max_memory_allocated() - base) if cuda else 0, cpu
 
 
 class _Ops(TorchDispatchMode):
@@ -127,8 +132,7 @@ def main() -> None:
     threads = f"{torch.get_num_threads()} threads" if torch.device(a.device).type == "cpu" else a.device
     print(
         f"{a.samples} samples ({sum(batch['total_lengths'])} packed tokens, {sum(batch['response_lengths'])} response), "
-        f"vocab {a.vocab}, {threads}, torch {torch.__version__}"
-        + ("" if a.ops else f", {a.repeats} alternating pairs")
+        f"vocab {a.vocab}, {threads}, torch {torch.__version__}" + ("" if a.ops else f", {a.repeats} alternating pairs")
     )
     for name, args in configs(a.samples).items():
         if a.ops:
@@ -141,13 +145,21 @@ def main() -> None:
             continue
         for module in (as_is, safe):  # warm-up
             time_once(module, args, batch, logits)
-        pairs = [(time_once(as_is, args, batch, logits), time_once(safe, args, batch, logits)) for _ in range(a.repeats)]
+        pairs = [
+            (time_once(as_is, args, batch, logits), time_once(safe, args, batch, logits)) for _ in range(a.repeats)
+        ]
         ratios = [s[0] / x[0] for x, s in pairs]
         line = (
             f"{name}: as-is median {statistics.median(x[0] for x, _ in pairs) * 1e3:.1f} ms, safe median "
             f"{statistics.median(s[0] for _, s in pairs) * 1e3:.1f} ms; safe / as-is median ratio "
             f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
         )
+        if logits.device.type == "cpu":
+            cpu = [s[2] / x[2] for x, s in pairs]
+            line += (
+                f"; CPU seconds as-is median {statistics.median(x[2] for x, _ in pairs):.2f}, safe / as-is median "
+                f"ratio {statistics.median(cpu):.3f} (min {min(cpu):.3f}, max {max(cpu):.3f})"
+            )
         if logits.device.type == "cuda":
             peak = [max(x[1] for x, _ in pairs), max(s[1] for _, s in pairs)]
             logit_bytes = logits.numel() * logits.element_size()
