@@ -14,8 +14,9 @@ Three figures, each the median over alternating rounds:
     headroom     `slime_plugin.headroom.measure` over the step's micro-batches (the log-ratio maxima, the
                  train-rollout gap, the clamped tokens, on the loss's device) against the loss's time
                                                                                   issue 23: <= 1% of the loss
-    vote         `slime_plugin.step_vote.exchange`: the step's one all-gather of every rank's row, over 4 gloo
-                 processes on this box, against the loss's time                  issue 22: <= 1% of a step
+    vote         `slime_plugin.step_vote.exchange`: the step's one all-gather of every rank's row (the NaN-safe loss's
+                 counter block in it, as the hook sends it), over 4 gloo processes on this box, against the loss's
+                 time                                                             issue 22: <= 1% of a step
 
 --instructions DIR (under callgrind, as above; needs gcc and valgrind's headers): the instructions of one
 healthy training step through real megatron-core (trace_overhead.py's step: the tiny Qwen3-MoE, a gloo world
@@ -45,7 +46,7 @@ import torch
 
 from loss_overhead import make_batch  # the same healthy batch as loss_overhead.py (benchmarks/ is the path)
 from nanscope import case
-from nanscope.loss import as_is, target
+from nanscope.loss import as_is, guard, target
 from nanscope.loss.microbatch import Parallel
 from nanscope.slime_plugin import headroom, rerun, step_vote
 from nanscope.slime_plugin.coords import Coords
@@ -85,11 +86,12 @@ def _vote_worker(rank: int, port: int, rounds: int, out) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=4)
     row = headroom.empty(torch.device("cpu"))
+    counters = step_vote.Counters.total(guard.METRICS, [torch.zeros(len(guard.METRICS))] * 8, torch.device("cpu"))
     times = []
     for _ in range(rounds):
         torch.distributed.barrier()
         t0 = time.perf_counter()
-        step_vote.exchange(False, Coords(rank=rank), row)
+        step_vote.exchange(False, Coords(rank=rank), row, counters=counters)  # the row as the hook sends it
         times.append(time.perf_counter() - t0)
     if rank == 0:
         out.put(statistics.median(times))
@@ -141,7 +143,8 @@ def count_instructions(out_dir: str) -> None:
                 if measure:
                     row = headroom.measure(seen.seen, seen.target, torch.device("cpu"))
                 if vote:
-                    step_vote.exchange(False, Coords(rank=0), row)
+                    counts = step_vote.Counters.total(guard.METRICS, [], torch.device("cpu"))
+                    step_vote.exchange(False, Coords(rank=0), row, counters=counts)
             finally:
                 if seen is not None:
                     seen.remove()
