@@ -50,7 +50,8 @@ def batch_on(device, n_samples: int, tokens: int, vocab: int, seed: int = 0):
         "loss_masks": [(torch.rand(r, generator=g) < 0.8).int().to(device) for r in responses],
         "advantages": [torch.full((r,), float(torch.randn(1, generator=g))).to(device) for r in responses],
     }
-    logits = (torch.randn(1, sum(totals), vocab, generator=g) * 4).to(device)
+    on_device = torch.Generator(device).manual_seed(seed)  # a case-sized [1, T, V] is drawn where it lives
+    logits = torch.randn(1, sum(totals), vocab, generator=on_device, device=device) * 4
     with torch.no_grad():
         logp, _ = log_probs_and_entropy(logits, batch, case.args().rollout_temperature, Parallel())
     for key in ("log_probs", "ref_log_probs", "rollout_log_probs"):
@@ -59,11 +60,16 @@ def batch_on(device, n_samples: int, tokens: int, vocab: int, seed: int = 0):
     return batch, logits
 
 
-def forward_backward(module, args, batch, logits):
-    """(loss, d loss / d logits) of one call."""
+def leaf(logits):
+    """A fresh copy of the logits that requires grad (made outside any timed or counted region)."""
+    return logits.detach().clone().requires_grad_(True)
+
+
+def forward_backward(module, args, batch, logits, x=None):
+    """(loss, d loss / d logits) of one call; `x`: the leaf to use (default: a fresh copy of `logits`)."""
     from nanscope.loss.microbatch import Parallel
 
-    x = logits.detach().clone().requires_grad_(True)
+    x = leaf(logits) if x is None else x
     loss, _, _ = module.loss_function(args, batch, 1, x, parallel=Parallel())
     loss.backward()
     return loss.detach(), x.grad
@@ -162,11 +168,14 @@ def syncs(device) -> dict:
     for module in (as_is, safe):  # warm-up: the caching allocators (device and pinned host) hold their blocks
         forward_backward(module, args, batch, logits)
     torch.cuda.synchronize()
-    out = {name: count_syncs(lambda m=m: forward_backward(m, args, batch, logits)) for name, m in
-           (("as_is", as_is), ("safe", safe))}  # fmt: skip
+    out = {}
+    for name, module in (("as_is", as_is), ("safe", safe)):
+        x = leaf(logits)
+        out[name] = count_syncs(lambda m=module, x=x: forward_backward(m, args, batch, logits, x))
+    x = leaf(logits)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        forward_backward(safe, args, batch, logits)
+        forward_backward(safe, args, batch, logits, x)
         out["safe_under_error_mode"] = "ran"
     except RuntimeError as e:
         out["safe_under_error_mode"] = f"{type(e).__name__}: {e}"
@@ -185,11 +194,12 @@ def timing(device, vocab: int, tokens: int, repeats: int) -> dict:
     args = case.args(global_batch_size=8)
 
     def once(module) -> tuple[float, int]:
+        x = leaf(logits)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
-        forward_backward(module, args, batch, logits)
+        forward_backward(module, args, batch, logits, x)
         torch.cuda.synchronize()
         return time.perf_counter() - t0, torch.cuda.max_memory_allocated() - base
 
