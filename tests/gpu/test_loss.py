@@ -36,7 +36,7 @@ def test_the_loss_on_cuda(tmp_path):
 def test_the_plugins_loss_through_the_release_own_loss_and_packing(tmp_path, tag):
     checkout = slime_release(tag)  # NANSCOPE_SLIME_SRC: the device script's copy of ../shared/slime-src
     env = {"NANSCOPE_SLIME_SRC": str(checkout.parent), "TORCHDYNAMO_DISABLE": "1"}
-    r = scenario.run("loss_releases", tmp_path / f"{tag}.json", "--release", tag, env=env, timeout_s=540)
+    r = scenario.run("loss_releases", tmp_path / f"loss_releases-{tag}.json", "--release", tag, env=env, timeout_s=540)
     assert r["release"] == tag
     configs = r["configs"]
     assert ("recompute-loss-function" in configs) == (tag != "v0.1.0")

@@ -7,8 +7,8 @@ a GPU machine, so the device script copies it and names the copy. One process, w
 parallel state (TP 1, CP 1); the release's loss module imported from the checkout as the offline replay does
 (`nanscope.trace.bundles.slime_import.checkout_loss`). Every tensor of the batch on the GPU, as slime's is.
 
-Per configuration (tests/slime_releases/packing_worker.py's, --recompute-loss-function on and off where the release
-has it), after a warm-up of each variant, one forward + backward of the release's `loss_function` under
+Per configuration (`CONFIGS`: four of tests/slime_releases/packing_worker.py's, which runs them all on CPU: healthy
+and a hazard, --recompute-loss-function on and off where the release has it), after a warm-up of each variant, one forward + backward of the release's `loss_function` under
 torch.cuda.set_sync_debug_mode("warn"), each synchronizing call with the file:line that made it:
 
     own       --loss-type policy_loss
@@ -29,6 +29,8 @@ import types
 from pathlib import Path
 
 from tests.gpu.scenarios.loss_cuda import count_syncs
+
+CONFIGS = ("case-flags", "recompute-loss-function", "nan-rollout-logprob", "recompute kl-exp-overflow")
 
 
 def on_device(batch: dict, device) -> dict:
@@ -125,7 +127,7 @@ def main(out: dict, args: list[str]) -> None:
             out["configs"] = {
                 cfg.name: evaluate(module, release, cfg, device)
                 for cfg in packing_worker.CONFIGS
-                if worker.ORDER.index(cfg.since) <= worker.ORDER.index(release)
+                if cfg.name in CONFIGS and worker.ORDER.index(cfg.since) <= worker.ORDER.index(release)
             }
     finally:
         ps.destroy_model_parallel()
