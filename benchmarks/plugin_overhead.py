@@ -2,6 +2,7 @@
 
     python benchmarks/plugin_overhead.py                     # 8 samples x 512-2048 tokens, vocab 32k
     python benchmarks/plugin_overhead.py --vocab 16384 --repeats 9
+    python benchmarks/plugin_overhead.py --device cuda        # the loss and headroom on a GPU (the vote: gloo)
     valgrind --tool=callgrind --trace-children=yes --instr-atstart=no --collect-atstart=no \
         --callgrind-out-file=/tmp/cg/cg.%p python benchmarks/plugin_overhead.py --instructions /tmp/cg
 
@@ -13,8 +14,9 @@ Three figures, each the median over alternating rounds:
     headroom     `slime_plugin.headroom.measure` over the step's micro-batches (the log-ratio maxima, the
                  train-rollout gap, the clamped tokens, on the loss's device) against the loss's time
                                                                                   issue 23: <= 1% of the loss
-    vote         `slime_plugin.step_vote.exchange`: the step's one all-gather of every rank's row, over 4 gloo
-                 processes on this box, against the loss's time                  issue 22: <= 1% of a step
+    vote         `slime_plugin.step_vote.exchange`: the step's one all-gather of every rank's row (the NaN-safe loss's
+                 counter block in it, as the hook sends it), over 4 gloo processes on this box, against the loss's
+                 time                                                             issue 22: <= 1% of a step
 
 --instructions DIR (under callgrind, as above; needs gcc and valgrind's headers): the instructions of one
 healthy training step through real megatron-core (trace_overhead.py's step: the tiny Qwen3-MoE, a gloo world
@@ -26,6 +28,10 @@ against the same step with the loss watch installed, headroom.measure over what 
 
 The loss stands in for a step here: on the case's model a step is the loss plus a 235B-parameter forward and
 backward, so a cost under 1% of the loss alone is far under 1% of the step.
+
+--device: where the batch, the logits, the loss and headroom.measure run (default cpu); on CUDA each timed part
+is bracketed by torch.cuda.synchronize(). The vote is always measured over 4 gloo processes on this machine's CPU
+(a GPU vote needs 4 devices).
 """
 
 from __future__ import annotations
@@ -40,18 +46,25 @@ import torch
 
 from loss_overhead import make_batch  # the same healthy batch as loss_overhead.py (benchmarks/ is the path)
 from nanscope import case
-from nanscope.loss import as_is, target
+from nanscope.loss import as_is, guard, target
 from nanscope.loss.microbatch import Parallel
 from nanscope.slime_plugin import headroom, rerun, step_vote
 from nanscope.slime_plugin.coords import Coords
 from nanscope.slime_plugin.loss_watch import LossWatch
 
 
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def loss_time(args, batch, logits) -> float:
     x = logits.clone().requires_grad_(True)
+    _sync(x.device)
     t0 = time.perf_counter()
     loss, _, _ = as_is.loss_function(args, batch, 1, x, parallel=Parallel())
     loss.backward()
+    _sync(x.device)
     return time.perf_counter() - t0
 
 
@@ -62,7 +75,7 @@ def watched_time(args, batch, logits) -> tuple[float, float]:
         t = loss_time(args, batch, logits)
         t0 = time.perf_counter()
         row = headroom.measure(watch.seen, watch.target, logits.device)
-        float(row.sum())  # the vote reads the row: the host sync belongs to it
+        float(row.sum())  # the vote reads the row: the host sync belongs to it (it waits for the row's kernels)
         return t, time.perf_counter() - t0
     finally:
         watch.remove()
@@ -73,11 +86,12 @@ def _vote_worker(rank: int, port: int, rounds: int, out) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=4)
     row = headroom.empty(torch.device("cpu"))
+    counters = step_vote.Counters.total(guard.METRICS, [torch.zeros(len(guard.METRICS))] * 8, torch.device("cpu"))
     times = []
     for _ in range(rounds):
         torch.distributed.barrier()
         t0 = time.perf_counter()
-        step_vote.exchange(False, Coords(rank=rank), row)
+        step_vote.exchange(False, Coords(rank=rank), row, counters=counters)  # the row as the hook sends it
         times.append(time.perf_counter() - t0)
     if rank == 0:
         out.put(statistics.median(times))
@@ -129,7 +143,8 @@ def count_instructions(out_dir: str) -> None:
                 if measure:
                     row = headroom.measure(seen.seen, seen.target, torch.device("cpu"))
                 if vote:
-                    step_vote.exchange(False, Coords(rank=0), row)
+                    counts = step_vote.Counters.total(guard.METRICS, [], torch.device("cpu"))
+                    step_vote.exchange(False, Coords(rank=0), row, counters=counts)
             finally:
                 if seen is not None:
                     seen.remove()
@@ -172,11 +187,12 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=32768)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--instructions", metavar="DIR", help="count instructions under callgrind instead (see above)")
+    p.add_argument("--device", default="cpu", help="where the loss and headroom run (default cpu; see above)")
     a = p.parse_args()
     torch.set_num_threads(1)
     if a.instructions:
         return count_instructions(a.instructions)
-    batch, logits = make_batch(a.samples, a.min_tokens, a.max_tokens, a.vocab)
+    batch, logits = make_batch(a.samples, a.min_tokens, a.max_tokens, a.vocab, device=a.device)
     args = case.args(global_batch_size=a.samples)
     loss_time(args, batch, logits)  # warm-up
     watch_ratios, headroom_ratios, plain = [], [], []
@@ -190,7 +206,8 @@ def main() -> None:
     loss_s = statistics.median(plain)
     tokens = sum(batch["response_lengths"])
     print(
-        f"loss (as_is, fwd+bwd, {a.samples} samples, {tokens} response tokens, vocab {a.vocab}): {loss_s * 1e3:.1f} ms"
+        f"loss (as_is, fwd+bwd, {a.samples} samples, {tokens} response tokens, vocab {a.vocab}, on {a.device}): "
+        f"{loss_s * 1e3:.1f} ms"
     )
     print(f"loss watch: {statistics.median(watch_ratios):.4f}x the loss (median of {a.repeats} alternating rounds)")
     print(f"headroom.measure: {statistics.median(headroom_ratios) * 100:.2f}% of the loss")

@@ -100,12 +100,9 @@ class NaturalCheck:
 
     @property
     def exp_overflow(self) -> list[int]:
-        """Per step of the plugin run: tokens whose log-ratio the guard kept from overflowing (nan_guard/exp_overflow,
-        slime's per-sample mean times the step's samples)."""
-        last = _last_stage(self.plugin)
-        samples = [len(entry["rewards"]) for entry in self.series]
-        values = [losses.get("nan_guard/exp_overflow", 0.0) for losses in (last.losses if last else [])]
-        return [round(value * n) for value, n in zip(values, samples)]
+        """Per step of the plugin run: tokens whose log-ratio the guard kept from overflowing (the step's
+        nanscope/nan_guard/exp_overflow, added up over the ranks by the hook's vote and logged once a step)."""
+        return [int(entry.get("nanscope/nan_guard/exp_overflow") or 0) for entry in hook_log(self.plugin)]
 
     @property
     def ok(self) -> bool:

@@ -113,7 +113,10 @@ class PluginCheck:
 
     @property
     def nan_guard(self) -> dict[str, float]:
-        return {k: v for s in self.plugin.steps for k, v in s.items() if k.startswith("train/nan_guard/") and v}
+        """The NaN-safe loss's non-zero counters: the hook's line of each step (nanscope/nan_guard/*, with the hook
+        installed), or slime's own train/nan_guard/* (the loss alone)."""
+        prefixes = ("train/nan_guard/", "nanscope/nan_guard/")
+        return {k: v for s in self.plugin.steps for k, v in s.items() if k.startswith(prefixes) and v}
 
     @property
     def ok(self) -> bool:

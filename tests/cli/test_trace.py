@@ -232,3 +232,19 @@ def test_a_model_fault_is_traced_by_repro_not_by_the_loss_replay(capsys):
         "nanscope trace: error: --hazard activation-overflow: a fault in the model, not in the loss's batch: "
         "nanscope repro --hazard activation-overflow --trace\n"
     )
+
+
+def test_trace_device_defaults_to_the_cpu_and_refuses_a_device_it_cannot_use(tmp_path, capsys):
+    # --device cpu is the default's run, line for line; a device torch does not see, or meta, is one line, exit 2
+    assert main(["trace", "--hazard", "kl-exp-overflow"]) == 0
+    default = capsys.readouterr().out
+    assert main(["trace", "--hazard", "kl-exp-overflow", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == default
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for device, why in (
+        ("meta", "--device meta: the replay runs on cpu or cuda"),
+        ("bogus", "--device bogus: not a torch device (cpu, cuda, cuda:1, ...)"),
+        (f"cuda:{cuda}", f"--device cuda:{cuda}: torch sees {cuda} CUDA device(s) here"),
+    ):
+        assert main(["trace", "--hazard", "kl-exp-overflow", "--device", device]) == 2
+        assert capsys.readouterr().err == f"nanscope trace: error: {why}\n"

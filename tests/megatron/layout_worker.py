@@ -12,6 +12,7 @@ schedule. A NaN is planted in one module's forward output on one rank (FAULTS), 
                  --no-check-for-nan-in-loss-and-grad), recompute (--recompute-granularity full)
     pp2-vpp2     PP 2 with 2 virtual stages each (interleaved 1F1B): the fault in decoder.layers.2.mlp, the first
                  chunk of rank 0 that is not its first (the chunk megatron's finalize_model_grads reaches second)
+    plugin-loss  (dp2 and pp2-vpp2) no fault: the plugin's loss over a batch with two NaN inputs (PLUGIN_LOSS)
 
 Each layout runs every mode of MODES: [the faulty step, a healthy step] (raise modes end at the first), and a
 reference run that trains the healthy step alone, without a fault: a skipped step must leave the next healthy
@@ -58,7 +59,12 @@ RERUN_OOM = "rerun-oom"
 # dp2 only: the catalogue's zero-token expert (decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan) in the
 # first pass of step 1 only, under skip-on-transient: the rerun is finite, but a zero-token expert is not ruled out
 ZERO_TOKEN = "zero-token"
+# dp2 and pp2-vpp2: no fault; the plugin's loss (--loss-type custom_loss) over step 1's batch with a NaN rollout
+# log-prob on a masked token (sample 1) and a NaN old log-prob on a trained one (sample 2): the guard's counters reach
+# the logging rank once a step, summed over the replicas (nanscope/nan_guard/*), and both steps are finite
+PLUGIN_LOSS = "plugin-loss"
 EXTRA = {
+    PLUGIN_LOSS: MODES["raise"],
     FULL_DISK: MODES["skip"],
     RERUN_OOM: MODES["raise"],
     ZERO_TOKEN: MODES["skip-transient"],
@@ -155,13 +161,18 @@ class Worker:
         if self.batches is None:
             self.make_batches(chunks)
         current = {"step": 0}
-        if mode != "reference":
+        if mode not in ("reference", PLUGIN_LOSS):
             self.plant(chunks, lambda: current["step"], once, mode)
         reports = self.out / "reports" / layout / mode
         slime_plugin.configure(Settings.from_env({**env, "NANSCOPE_REPORT_DIR": str(reports)}))
         args = case.args(global_batch_size=4)
         args.check_for_nan_in_loss_and_grad = training.check_for_nan_in_grad
         batches = self.batches[1:] if mode == "reference" else self.batches
+        if mode == PLUGIN_LOSS:
+            from nanscope.facts.paths import LOSS_FUNCTION_PATH
+
+            args.loss_type, args.custom_loss_function_path = "custom_loss", LOSS_FUNCTION_PATH
+            batches = [with_nans(self.batches[0]), self.batches[1]]
         steps = []
         for i, batch in enumerate(batches, start=1):
             current["step"] = i
@@ -185,7 +196,7 @@ class Worker:
         result = {
             "steps": steps, "reports": slime_plugin.reports(), "skipped": slime_plugin.skipped_steps(),
             "checksum": digest.hexdigest(), "params_finite": all(bool(torch.isfinite(p).all()) for p in params.values()),
-            "lr_steps": scheduler.num_steps,
+            "lr_steps": scheduler.num_steps, "logged": slime_plugin.logged(),
         }  # fmt: skip
         slime_plugin.uninstall()
         return result
@@ -204,6 +215,17 @@ class Worker:
         finally:
             resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
             signal.signal(signal.SIGXFSZ, previous)
+
+
+def with_nans(batch: dict) -> dict:
+    """PLUGIN_LOSS's batch: sample 1's first masked token has a NaN rollout log-prob, sample 2's first trained token
+    a NaN old log-prob."""
+    out = {k: list(v) if isinstance(v, list) else v for k, v in batch.items()}
+    for key, sample, masked in (("rollout_log_probs", 1, True), ("log_probs", 2, False)):
+        values = out[key][sample].clone()
+        values[int(((out["loss_masks"][sample] == 0) == masked).nonzero()[0])] = float("nan")
+        out[key][sample] = values
+    return out
 
 
 def torch_oom(text: str):
@@ -243,7 +265,9 @@ def main() -> None:
     w = Worker(a.group, a.out)
     results: dict = {}
     for layout, training in layouts(a.group).items():
-        modes = ["reference", *MODES] + (list(EXTRA) if layout == "dp2" else [])
+        modes = ["reference", *MODES] + (
+            list(EXTRA) if layout == "dp2" else [PLUGIN_LOSS] if layout == "pp2-vpp2" else []
+        )
         for mode in modes:
             if a.only is None or a.only in (layout, f"{layout}:{mode}"):
                 results.setdefault(layout, {})[mode] = watched(

@@ -102,3 +102,25 @@ def test_a_zero_token_expert_is_not_ruled_out_by_a_clean_rerun_and_not_skipped_a
             assert "NANSCOPE_SKIP_ON=transient does not skip this step" in head
         else:
             assert step["error_type"] == "PeerNonFinite" and "rerun: not reproducible" in head
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("group", ["dp2", "vpp"])
+def test_the_plugins_loss_counts_reach_the_logging_rank_once_a_step(request, group):
+    # the plugin's loss over a NaN rollout log-prob on a masked token and a NaN old log-prob on a trained one
+    # (different samples, so over DP 2 on different replicas): both steps finite, the counts summed over the replicas
+    # (or taken from the last pipeline stage) and logged once a step by the one logging rank
+    layout = "dp2" if group == "dp2" else "pp2-vpp2"
+    runs = [rank[layout]["plugin-loss"] for rank in request.getfixturevalue(group)]
+    for run in runs:
+        assert [("error" in s, s.get("grad_norm", 0) == s.get("grad_norm", 1)) for s in run["steps"]] == [
+            (False, True)
+        ] * 2
+    (logged,) = [run["logged"] for run in runs if run["logged"]]
+    zero = {f"nanscope/nan_guard/{k}": 0.0 for k in
+            ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages", "exp_overflow", "dropped_tokens")}  # fmt: skip
+    dropped = {"nanscope/nan_guard/log_probs": 1.0, "nanscope/nan_guard/rollout_log_probs": 1.0,
+               "nanscope/nan_guard/dropped_tokens": 1.0}  # fmt: skip
+    assert [{k: step[k] for k in zero} for step in logged] == [{**zero, **dropped}, zero]
+    lines = [line for run in runs for line in run["stdout"] if "nan_guard" in line]
+    assert lines == [f"nanscope: rollout 0 step 0: {dropped}"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nanscope import case
+from nanscope.loss import guard
 from nanscope.slime_plugin.outputs import replay_instruction
 from nanscope.slime_plugin.settings import Settings
 
@@ -22,7 +23,7 @@ HEADROOM = (
     "nanscope/train_rollout_gap_max",
     "nanscope/clamped_tokens",
     "nanscope/nonfinite_inputs",
-)
+) + tuple(f"nanscope/{name}" for name in guard.METRICS)  # None here: slime's own loss, not the plugin's
 
 
 def test_settings_from_the_environment():

@@ -199,6 +199,8 @@ def test_recompute_loss_function_gives_the_same_gradient_and_records_the_batch_o
         grads.append(x.grad)
     assert torch.isfinite(grads[1]).all() and torch.equal(grads[0], grads[1])
     assert [seen.batch for seen in watch.seen] == [batch] and watch.seen[0].batch is batch
+    overflow = plugin_loss.COUNTERS.index("exp_overflow")
+    assert watch.seen[0].counts[overflow] == 1.0  # the recomputation's counts replaced the first call's: not 2
     state.installation().hook = None
     watch.remove()
 
@@ -253,3 +255,65 @@ def test_runs_of_positions():
     assert plugin_loss._runs([3, 4, 5, 9]) == [(3, 6), (9, 10)]
     assert plugin_loss._runs([]) == []
     assert plugin_loss._runs(layout.response_positions(10, 6, 1, 2)) == [(0, 6)]
+
+
+def _with_record(fn):
+    """`fn()` with the hook's record of the step's loss calls open (the LossWatch the hook keeps): its records."""
+    watch = LossWatch(releases.model())
+    state.installation().hook = types.SimpleNamespace(losses=watch)
+    try:
+        fn()
+        return watch.seen
+    finally:
+        state.installation().hook = None
+        watch.remove()
+
+
+@pytest.mark.parametrize("name", ["nan-rollout-logprob", "nan-reward", "kl-exp-overflow", "healthy"])
+def test_with_the_hook_the_counters_ride_on_the_record_and_the_metrics_are_the_releases(name):
+    # no nan_guard/* in slime's metrics (its packing would read each to the host): the record carries the same
+    # counts as one device tensor, for the step's vote
+    batch, logits = hazard_batch(name)
+    args = case.args(global_batch_size=8)
+    alone = through_slime(case.args(global_batch_size=8), batch, logits, custom=True)
+    (record,) = _with_record(lambda: through_slime(args, batch, logits, custom=True))
+    counts = dict(zip(plugin_loss.METRICS, record.counts.tolist()))
+    metrics = dict(zip(alone[2], alone[3][1:].tolist()))
+    assert {k: counts[k] for k in metrics if k.startswith("nan_guard/")} == {
+        k: v for k, v in metrics.items() if k.startswith("nan_guard/")
+    }
+    assert record.counts.shape == (len(plugin_loss.COUNTERS),) and record.counts.dtype == torch.float32
+
+
+def test_with_the_hook_slimes_metrics_are_its_own_and_the_loss_and_gradient_unchanged():
+    batch, logits = hazard_batch("nan-rollout-logprob")
+    alone = through_slime(case.args(global_batch_size=8), batch, logits, custom=True)
+    results = []
+    _with_record(lambda: results.append(through_slime(case.args(global_batch_size=8), batch, logits, custom=True)))
+    (hooked,) = results
+    own = through_slime(case.args(global_batch_size=8), batch, logits, custom=False)
+    assert hooked[2] == own[2] and not any(k.startswith("nan_guard/") for k in hooked[2])
+    assert torch.equal(hooked[0], alone[0]) and torch.equal(hooked[1], alone[1])
+    n = len(own[2]) + 1
+    assert torch.equal(hooked[3], alone[3][:n])  # the release's metrics, the same values
+
+
+def test_under_cp_a_nan_reward_group_is_counted_once_over_the_cp_ranks():
+    # every sample of the group has a NaN advantage on every CP rank holding its tokens: each sample counts on the
+    # rank holding its last response token only, so the CP ranks' counts add up to 8 samples, as without CP
+    batch, logits = hazard_batch("nan-reward")
+    totals = {}
+    for cp in (1, 2):
+        counts = []
+        for r in range(cp):
+            par = Parallel(cp_rank=r, cp_size=cp, dp_cp_size=cp)
+            local = microbatch.cp_local_logits(logits, batch["total_lengths"], par)
+            sliced = microbatch.slice_for_cp(batch, par)
+            ssm = microbatch.make_sum_of_sample_mean(sliced, par, False, select=False)
+            _, _, c = plugin_loss.guarded(
+                releases.model(), case.args(global_batch_size=8), sliced, local, ssm, parallel=par
+            )
+            counts.append(c)
+        totals[cp] = dict(zip(plugin_loss.COUNTERS, torch.stack(counts).sum(0).tolist()))
+    assert totals[1]["advantages"] == totals[2]["advantages"] == 8.0
+    assert totals[1]["dropped_tokens"] == totals[2]["dropped_tokens"] > 0

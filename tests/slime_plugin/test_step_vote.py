@@ -51,6 +51,37 @@ def test_nothing_measured_is_none():
     assert m["nanscope/max_kl_log_ratio"] is None and m["nanscope/train_rollout_gap_mean"] is None
 
 
+GUARD = ("nan_guard/rollout_log_probs", "nan_guard/dropped_tokens")
+
+
+def counted(r, n, **counts):
+    return {**r, "counted": float(n), **{name: float(counts.get(name.split("/")[1], 0.0)) for name in GUARD}}
+
+
+def test_a_counter_block_is_summed_over_the_group_and_none_where_nothing_was_counted():
+    rows = [
+        counted(row(0), 2, rollout_log_probs=1.0, dropped_tokens=1.0),
+        counted(row(1), 2, dropped_tokens=3.0),
+        counted(row(2, tp=1), 2, dropped_tokens=3.0),  # rank 1's TP peer: the same loss, counted once
+        counted(row(3, last=False), 0),  # a stage without the loss
+    ]
+    m = step_vote.decide(rows, GUARD).metrics
+    assert (m["nanscope/nan_guard/rollout_log_probs"], m["nanscope/nan_guard/dropped_tokens"]) == (1.0, 4.0)
+    none = step_vote.decide([counted(row(0), 0), counted(row(1), 0)], GUARD).metrics
+    assert none["nanscope/nan_guard/dropped_tokens"] is None  # the plugin's loss did not run: not 0, nothing
+    assert "nanscope/nan_guard/dropped_tokens" not in step_vote.decide([row(0)]).metrics  # no block, no metric
+
+
+def test_counters_total_adds_the_steps_calls_on_the_device():
+    import torch
+
+    parts = [torch.tensor([1.0, 0.0]), torch.tensor([2.0, 5.0])]
+    total = step_vote.Counters.total(GUARD, parts, torch.device("cpu"))
+    assert total.values.tolist() == [3.0, 5.0] and total.counted == 2
+    empty = step_vote.Counters.total(GUARD, [], "meta")
+    assert empty.values.is_meta and empty.values.shape == (2,) and empty.counted == 0
+
+
 WORKER = textwrap.dedent(
     """
     import os, sys
@@ -71,16 +102,20 @@ WORKER = textwrap.dedent(
     if rank == 2:
         values.update(ppo_value=95.0, ppo_microbatch=1.0, ppo_sample=5.0)
     row = torch.tensor([values[f] for f in headroom.FIELDS])
-    vote = step_vote.exchange(rank == 3, Coords(rank=rank), row)
-    print(vote.metrics["nanscope/max_ppo_log_ratio"], vote.where["nanscope/max_ppo_log_ratio"], vote.bad_ranks)
+    # each rank dropped `rank` tokens over 2 micro-batches, rank 1 none at all (its loss did not run)
+    parts = [torch.tensor([0.0, float(rank)]), torch.tensor([0.0, 0.0])] if rank != 1 else []
+    block = step_vote.Counters.total(("nan_guard/log_probs", "nan_guard/dropped_tokens"), parts, "cpu")
+    vote = step_vote.exchange(rank == 3, Coords(rank=rank), row, counters=block)
+    print(vote.metrics["nanscope/max_ppo_log_ratio"], vote.where["nanscope/max_ppo_log_ratio"], vote.bad_ranks,
+          vote.metrics["nanscope/nan_guard/dropped_tokens"], vote.metrics["nanscope/nan_guard/log_probs"])
     """
 )
 
 
-def test_across_dp2_cp2_every_rank_gets_the_planted_maximum_of_one_rank():
+def test_across_dp2_cp2_every_rank_gets_the_planted_maximum_of_one_rank_and_the_counters_sum():
     procs = [
         subprocess.Popen([sys.executable, "-c", WORKER, str(r), "29631"], stdout=subprocess.PIPE, text=True)
         for r in range(4)
     ]
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
-    assert outs == ["95.0 {'rank': 2, 'microbatch': 1, 'sample': 5} (3,)"] * 4
+    assert outs == ["95.0 {'rank': 2, 'microbatch': 1, 'sample': 5} (3,) 5.0 0.0"] * 4  # 0 + 2 + 3 tokens dropped

@@ -227,3 +227,25 @@ def test_the_metrics_go_through_v0_1_0_wandb_log_as_nanscope_names(ranks):
     assert series == sorted(series) and series[-1] > 60
     assert {"nanscope/train_rollout_gap_max", "nanscope/clamped_tokens", "nanscope/max_tis_log_ratio"} <= set(ours[0])
     assert ranks[1]["drift"]["wandb"] == []
+
+
+@pytest.mark.timeout(450)
+def test_the_plugins_loss_counts_reach_the_step_once_through_the_vote_not_slimes_metrics(ranks):
+    # the three lines over a masked NaN rollout log-prob, then a healthy step: both finite; slime's own train/* log
+    # has no nan_guard key (its packing would read each to the host); the hook logs the step's counts, once
+    for rank in ranks:
+        steps = rank["plugin_loss"]["steps"]
+        assert [("error" in s, 0 < s.get("grad_norm", 0) < float("inf")) for s in steps] == [(False, True)] * 2, steps
+        assert not any("nan_guard" in k for s in steps for k in s["loss"])
+    o = ranks[0]["plugin_loss"]  # TP rank 0 logs
+    counts = [{k: v for k, v in step.items() if k.startswith("nanscope/nan_guard/")} for step in o["plugin"]["logged"]]
+    zero = dict.fromkeys(
+        (f"nanscope/nan_guard/{k}" for k in ("log_probs", "ref_log_probs", "rollout_log_probs", "advantages",
+                                             "exp_overflow", "dropped_tokens")), 0.0)  # fmt: skip
+    assert counts == [{**zero, "nanscope/nan_guard/rollout_log_probs": 1.0}, zero]  # a masked token: none dropped
+    lines = [line for line in o["stdout"] if "nan_guard" in line]  # besides the headroom's warnings on the NaN input
+    assert lines == ["nanscope: rollout 0 step 0: {'nanscope/nan_guard/rollout_log_probs': 1.0}"]
+    ours = [x for x in o["wandb"] if any(k.startswith("nanscope/") for k in x)]
+    assert [x["nanscope/nan_guard/rollout_log_probs"] for x in ours] == [1.0, 0.0]  # through v0.1.0's wandb.log
+    assert not any(k.startswith("train/nan_guard") for x in o["wandb"] for k in x)
+    assert ranks[1]["plugin_loss"]["stdout"] == [] and ranks[1]["plugin_loss"]["plugin"]["logged"] == []

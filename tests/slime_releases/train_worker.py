@@ -21,6 +21,8 @@ and rerun unless said:
     one_time_fault    a NaN in FAULT's forward output at its first call of the step, on FAULT_RANK only
     persistent_fault  the same NaN at every call
     skip_transient    NANSCOPE_ON_NONFINITE=skip, NANSCOPE_SKIP_ON=transient: [one-time fault, healthy, KL hazard]
+    plugin_loss       the hook and the plugin's loss (--loss-type custom_loss) over [a masked NaN rollout log-prob,
+                      healthy]: the guard's counters logged once a step as nanscope/nan_guard/*
     drift             the KL log-ratio of a masked tool token grows by 22 a rollout (DRIFT) until slime's step dies
 
 Each rank writes out/rank<R>.json: per scenario what train_one_step returned or raised per rollout, the
@@ -408,6 +410,23 @@ def skip_transient(w: Worker) -> dict:
     state = plugin_state()
     reports = {p: json.loads(Path(p).read_text()) for p in state["reports"] if p.endswith(".json")}
     return {"steps": steps, "plugin": state, "reports": reports, "wandb": w.wandb_logged()}
+
+
+@scenario
+def plugin_loss(w: Worker) -> dict:
+    """All three lines (the hook and the plugin's loss, --loss-type custom_loss) over a masked NaN rollout log-prob,
+    then a healthy step: the guard's counters reach the step once, through the vote, not slime's metric packing."""
+    from nanscope.facts.paths import LOSS_FUNCTION_PATH
+
+    w.plugin("plugin_loss")
+    run = Run(w, hook=True)
+    run.args.loss_type, run.args.custom_loss_function_path = "custom_loss", LOSS_FUNCTION_PATH
+    w.wandb_logged()
+    steps = []
+    for rollout_id, (hazard, seed) in enumerate([("nan-rollout-logprob", 2), ("healthy", SEEDS["healthy"])]):
+        data, site = run.rollout(hazard, seed)
+        steps.append(run.train(rollout_id, data))
+    return {"steps": steps, "site": site, "plugin": plugin_state(), "wandb": w.wandb_logged()}
 
 
 @scenario

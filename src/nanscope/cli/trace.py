@@ -95,6 +95,12 @@ def add_parser(sub):
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the hazard's batch (default 0)")
     p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help="replay the loss on this torch device (default cpu; e.g. cuda, cuda:1 on the node the job ran on)",
+    )
+    p.add_argument(
         "--max-input-mb",
         type=float,
         default=DEFAULT_LIMIT_MB,
@@ -120,12 +126,30 @@ def run(args) -> int:
         raise UserError(f"--slime-src {printable(args.slime_src)}: no such directory (give a slime checkout)")
     if args.rollout:  # a template that fills: refused once, here, not for every bundle
         fill_template(args.rollout, "--rollout", rollout_id=0, rank=0)
+    if args.device != "cpu":
+        _check_device(args.device)
     files.check_outputs({"--json": args.json}, _inputs(args, kind))
     if kind == "bundle":
         return _bundle(args)
     if kind == "directory":
         return _directory(args)
     return _microbatch(args)
+
+
+def _check_device(text: str) -> None:
+    """--device: a torch device this process can compute on (a replay reads its values: not meta)."""
+    import torch  # heavy: only for a device other than the CPU
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device {printable(text)}: not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise UserError(f"--device {printable(text)}: torch sees {count} CUDA device(s) here")
+    elif device.type != "cpu":
+        raise UserError(f"--device {printable(text)}: the replay runs on cpu or cuda")
 
 
 def _inputs(args, kind: str) -> list[tuple[str, str | Path]]:
@@ -177,7 +201,9 @@ def _bundle(args) -> int:
     with bundle_replay.loss_path(doc, args.slime_src) as path:
         rollout = _rollout(args, doc)
         try:
-            result = bundle_replay.replay(doc, path, source=args.file, rollout=rollout, allow=tuple(args.allow))
+            result = bundle_replay.replay(
+                doc, path, source=args.file, rollout=rollout, allow=tuple(args.allow), device=args.device
+            )
         except UserError as e:  # the bundle's args or tensors: name the file
             raise UserError(f"{args.file}: {e}") from None
     out = result.to_dict()
@@ -293,7 +319,7 @@ def _replay_one(args, path: Path, losses: _Losses, dumps: dict) -> dict:
 
     doc = bundle_load.load(path, _limit(args), "--max-input-mb")
     rollout = _rollout(args, doc, dumps)
-    return bundle_replay.replay(doc, losses.path(doc), source=str(path), rollout=rollout).to_dict()
+    return bundle_replay.replay(doc, losses.path(doc), source=str(path), rollout=rollout, device=args.device).to_dict()
 
 
 class _Losses:
@@ -410,7 +436,7 @@ def _microbatch(args) -> int:
             doc["loss"] = args.loss
         what = args.file
     try:
-        report = replay.replay(doc, allow=tuple(args.allow))
+        report = replay.replay(doc, allow=tuple(args.allow), device=args.device)
     except ValueError as e:  # the loss refuses the file's args (e.g. an unmodelled advantage estimator)
         raise UserError(f"{what}: the {doc['loss']} loss rejected it: {e}") from None
     except (RuntimeError, IndexError) as e:  # a file's tensors that passed the checks but do not fit together

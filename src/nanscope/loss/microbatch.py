@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from nanscope.facts.keys import PER_TOKEN
-from nanscope.loss import layout
+from nanscope.loss import devices, layout
 from nanscope.loss.formulas import entropy, log_probs, sum_of_sample_mean
 
 
@@ -59,20 +59,23 @@ def response_rows(logits: torch.Tensor, batch: dict, par: Parallel) -> tuple[tor
         par: parallel coordinates.
 
     Returns:
-        (rows [N, V_local], tokens [N] int64): N local response tokens, samples concatenated in order.
+        (rows [N, V_local], tokens [N] int64) on the logits' device: N local response tokens, samples concatenated
+        in order. The row index is built on the host from the lengths and reaches the device in one pinned copy
+        (`devices.to_device`); index_select's backward is one scatter into one gradient the size of the logits.
     """
     index, tokens, base = [], [], 0
     for seq, total, response in zip(batch["unconcat_tokens"], batch["total_lengths"], batch["response_lengths"]):
         prompt = total - response
         for s in layout.segments(total, response, par.cp_rank, par.cp_size):
             index.append(torch.arange(base + s.logit_start, base + s.logit_start + s.length))
-            tokens.append(seq[prompt + s.response_start : prompt + s.response_start + s.length])
+            tokens.append(seq[prompt + s.response_start : prompt + s.response_start + s.length])  # a view
         base += layout.local_length(total, par.cp_size)
     # slime pads the packed row (to a multiple of 128); padding after the last sample is ignored.
     assert base <= logits.size(1), f"packed length {logits.size(1)} < sum of local sample lengths {base}"
     index = torch.cat(index) if index else torch.zeros(0, dtype=torch.long)
     tokens = torch.cat(tokens).long() if tokens else torch.zeros(0, dtype=torch.long)
-    return logits[0].index_select(0, index.to(logits.device)), tokens.to(logits.device)
+    device = logits.device
+    return logits[0].index_select(0, devices.to_device(index, device)), devices.to_device(tokens, device)
 
 
 def log_probs_and_entropy(
@@ -100,20 +103,29 @@ def log_probs_and_entropy(
 
 
 def local_masks(batch: dict, par: Parallel) -> list[torch.Tensor]:
-    """Per sample, the loss mask of this CP rank's response tokens, float32 [n_i]."""
+    """Per sample, the loss mask of this CP rank's response tokens, float32 [n_i], on the mask's device.
+
+    Cut with slices of the rank's segments (a view with one CP rank), never indexed with a list of positions
+    (which would copy an index to the device and wait for it, one sample at a time).
+    """
     out = []
     for mask, total, response in zip(batch["loss_masks"], batch["total_lengths"], batch["response_lengths"]):
         mask = torch.as_tensor(mask).float()
         assert mask.numel() == response, f"loss mask has {mask.numel()} entries, response has {response} tokens"
-        out.append(mask[layout.response_positions(total, response, par.cp_rank, par.cp_size)])
+        parts = [
+            mask[s.response_start : s.response_start + s.length]
+            for s in layout.segments(total, response, par.cp_rank, par.cp_size)
+        ]
+        out.append(parts[0] if len(parts) == 1 else torch.cat(parts) if parts else mask[:0])
     return out
 
 
 def denominators(batch: dict, per_token: bool) -> list[torch.Tensor]:
-    """Per sample: clamp_min(whole loss-mask sum, 1) for the per-sample mean, or 1 per token."""
+    """Per sample: clamp_min(whole loss-mask sum, 1) for the per-sample mean, or 1 per token; on the mask's device."""
+    masks = [torch.as_tensor(m) for m in batch["loss_masks"]]
     if per_token:
-        return [torch.ones(()) for _ in batch["loss_masks"]]
-    return [torch.as_tensor(m).float().sum().clamp_min(1) for m in batch["loss_masks"]]
+        return [torch.ones((), device=m.device) for m in masks]
+    return [m.float().sum().clamp_min(1) for m in masks]
 
 
 def make_sum_of_sample_mean(batch: dict, par: Parallel, per_token: bool, select: bool, masks=None):
@@ -127,7 +139,8 @@ def make_sum_of_sample_mean(batch: dict, par: Parallel, per_token: bool, select:
     dens = denominators(batch, per_token)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return sum_of_sample_mean(x, [m.to(x.device) for m in masks], [d.to(x.device) for d in dens], select=select)
+        here = [devices.to_device(m, x.device) for m in masks], [devices.to_device(d, x.device) for d in dens]
+        return sum_of_sample_mean(x, *here, select=select)
 
     return fn
 
@@ -135,7 +148,7 @@ def make_sum_of_sample_mean(batch: dict, par: Parallel, per_token: bool, select:
 def concat(batch: dict, key: str, device) -> torch.Tensor:
     """Concatenate a per-sample per-token key into [N] float32."""
     parts = [torch.as_tensor(x, dtype=torch.float32) for x in batch[key]]
-    return (torch.cat(parts) if parts else torch.zeros(0)).to(device)
+    return devices.to_device(torch.cat(parts) if parts else torch.zeros(0), device)
 
 
 def finish(
@@ -154,11 +167,13 @@ def finish(
     num_samples = len(batch["response_lengths"])
     per_token = args.calculate_per_token_loss
     loss = loss * num_microbatches / args.global_batch_size * par.dp_cp_size
+    device = logits.device
+    # stacked on the logits' device: slime's torch.tensor([...]) reads each metric to the host instead (one sync each)
     values = torch.stack(
-        [torch.as_tensor(float(num_tokens if per_token else num_samples))]
-        + [torch.as_tensor(v).float().reshape(()) for v in log.values()]
+        [devices.full(float(num_tokens if per_token else num_samples), device)]
+        + [devices.to_device(torch.as_tensor(v), device).float().reshape(()) for v in log.values()]
     )
-    return loss, (num_tokens if per_token else 1), {"keys": list(log.keys()), "values": values.to(logits.device)}
+    return loss, (num_tokens if per_token else 1), {"keys": list(log.keys()), "values": values}
 
 
 def slice_for_cp(batch: dict, par: Parallel) -> dict:
@@ -191,6 +206,6 @@ def cp_local_logits(full: torch.Tensor, total_lengths: list[int], par: Parallel)
             index.append(base + min(p, total - 1))
             pad.append(p >= total)
         base += total
-    rows = full[0].index_select(0, torch.tensor(index, dtype=torch.long, device=full.device))
-    pad = torch.tensor(pad, device=full.device).unsqueeze(-1)
+    rows = full[0].index_select(0, devices.to_device(torch.tensor(index, dtype=torch.long), full.device))
+    pad = devices.to_device(torch.tensor(pad), full.device).unsqueeze(-1)
     return torch.where(pad, torch.zeros_like(rows), rows).unsqueeze(0)

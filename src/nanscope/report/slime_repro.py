@@ -94,7 +94,7 @@ def plugin_lines(check: PluginCheck, sources) -> list[str]:
         out += ["  " + line for line in trace_text.first_lines(check.replay)]
         out.append(f"  verdict: {check.replay['verdict']}")
     guard = ", ".join(f"{k.removeprefix('train/')} {v:g}" for k, v in check.nan_guard.items()) or "all 0"
-    losses = [s.get("train/loss") for s in check.plugin.steps]
+    losses = [s["train/loss"] for s in check.plugin.steps if "train/loss" in s]  # not the hook's own step lines
     out.append(
         f"plugin launch (README lines 1-3): exit {check.plugin.returncode}; loss {losses} "
         f"({'finite' if check.loss_finite else 'NOT FINITE'}); {guard}"

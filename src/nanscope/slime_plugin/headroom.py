@@ -18,8 +18,8 @@ A maximum carries the micro-batch and the sample (in that micro-batch) that hold
 masked ones too (slime computes exp on them), except for the gap.
 
 No host sync and no temporary larger than a micro-batch's per-token tensors ([N] for N local tokens, against
-the logits' [N, V/TP]): Python numbers reach the device as fills or non-blocking copies, never
-`torch.tensor(..., device=)`; masks select with `torch.where`, never boolean indexing; a 0-dim index is taken
+the logits' [N, V/TP]): Python numbers reach the device as fills or pinned non-blocking copies
+(`nanscope.loss.devices.to_device`), never `torch.tensor(..., device=)`; masks select with `torch.where`, never boolean indexing; a 0-dim index is taken
 with index_select, never `x[i]` (which reads it on the host).
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from nanscope.facts.keys import PER_TOKEN
-from nanscope.loss import guard
+from nanscope.loss import devices, guard
 from nanscope.loss import headroom as formulas
 from nanscope.loss.target import Target
 from nanscope.slime_plugin.loss_watch import Seen
@@ -54,7 +54,7 @@ def measure(seen: list[Seen], target: Target, device) -> torch.Tensor:
             continue
         batch, args, logp = mb.batch, mb.args, mb.logp
         positions = guard.response_positions(target, args, batch, mb.parallel)
-        sizes = torch.tensor([len(p) for p in positions]).to(logp.device, non_blocking=True)
+        sizes = devices.to_device(torch.tensor([len(p) for p in positions]), logp.device)
         ratios = _log_ratios(batch, args, logp)
         for name, ratio in ratios.items():
             parts[name].append((formulas.maximum(ratio, sizes), _microbatch(mb)))
@@ -123,7 +123,7 @@ def _largest(found: list, device) -> list[torch.Tensor]:
     nan = torch.isnan(values)
     at = torch.where(nan.any(), nan.int().argmax(), values.argmax()).reshape(1)
     samples = torch.stack([m.sample for m, _ in found]).float()
-    microbatches = torch.tensor([float(index) for _, index in found]).to(values.device, non_blocking=True)
+    microbatches = devices.to_device(torch.tensor([float(index) for _, index in found]), values.device)
     return [t.index_select(0, at)[0] for t in (values, microbatches, samples)]
 
 
@@ -143,4 +143,4 @@ def _microbatch(mb: Seen) -> int:
 
 
 def _cat(parts, device) -> torch.Tensor:
-    return torch.cat([torch.as_tensor(p).reshape(-1) for p in parts]).to(device, non_blocking=True)
+    return devices.to_device(torch.cat([torch.as_tensor(p).reshape(-1) for p in parts]), device)

@@ -36,6 +36,8 @@ class Seen:
         logp, entropy: [N] float32 detached: the current policy's per-token log-probs and entropy of this
             rank's local tokens (samples concatenated), None if the helper was not seen.
         loss: 0-dim detached loss the call returned, None until it returned.
+        counts: the plugin's loss only: its guard's counters of this micro-batch ([len(loss.guard.COUNTERS)] float32
+            on the device), which the step adds up and logs once through its vote; None for slime's own loss.
     """
 
     index: int
@@ -46,6 +48,7 @@ class Seen:
     logp: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     loss: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
 
 
 class LossWatch:

@@ -10,10 +10,16 @@ the only host sync the plugin adds to a healthy step.
     metrics     nanscope/* over the data-parallel group with context parallelism on the last pipeline stage
                 (TP rank 0: its TP peers compute the same loss): maxima as maxima, carried with the rank,
                 micro-batch and sample that hold them; the gap's mean from sums and counts; its 99th
-                percentile as the maximum of the ranks' 99th percentiles
+                percentile as the maximum of the ranks' 99th percentiles; a block of counters (`Counters`,
+                e.g. the NaN-safe loss's nan_guard/*) as sums, nanscope/<name> each
 
 slime would average these (it sums a loss metric over micro-batches, all-reduces with SUM over DP x CP and
-divides), which a maximum does not survive.
+divides), which a maximum does not survive, and reads each of a micro-batch's metrics to the host to pack them
+(`torch.tensor([n] + list(log.values()), device=...)`, loss.py in every release): a count that rides in the row
+instead costs no host read of its own.
+
+Public surface: `exchange`, `decide`, `Vote`, `Counters` (any plugin's block of per-step counts: its names, the
+same on every rank, fix the row's length), `ROW` (the row's fixed head).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from nanscope.loss import devices
 from nanscope.slime_plugin import collectives
 from nanscope.slime_plugin.coords import Coords
 from nanscope.slime_plugin.headroom import FIELDS, MAXIMA
@@ -38,6 +45,29 @@ METRICS = {
     "nanscope/max_tis_log_ratio": "tis",
     "nanscope/train_rollout_gap_max": "gap",
 }
+
+
+@dataclass(frozen=True)
+class Counters:
+    """A block of counts one rank added up over the step, on the device: summed over the vote's group and logged as
+    `nanscope/<name>` (None where no rank of the group counted any this step).
+
+    Attributes:
+        names: the block's names, the same on every rank (they fix the row's length), e.g. "nan_guard/advantages".
+        values: [len(names)] float32 on the device: this rank's sums over the step.
+        counted: how many calls (micro-batches) this rank's `values` add up, a host number (0: none this step).
+    """
+
+    names: tuple[str, ...]
+    values: torch.Tensor
+    counted: int
+
+    @classmethod
+    def total(cls, names: tuple[str, ...], parts: list[torch.Tensor], device) -> Counters:
+        """The sum of the step's per-call [len(names)] tensors (stacked on the device: no host read); none: zeros."""
+        if not parts:
+            return cls(names, torch.zeros(len(names), device=device), 0)
+        return cls(names, torch.stack([p.to(device) for p in parts]).sum(dim=0), len(parts))
 
 
 @dataclass(frozen=True)
@@ -59,18 +89,25 @@ class Vote:
         return bool(self.bad_ranks)
 
 
-def exchange(bad, coords: Coords, headroom: torch.Tensor, own: torch.Tensor | None = None) -> Vote:
+def exchange(
+    bad, coords: Coords, headroom: torch.Tensor, own: torch.Tensor | None = None, counters: Counters | None = None
+) -> Vote:
     """All-gather this rank's row over the world (one collective) and decide, with one copy to the host.
 
     Args:
         bad: this rank saw a non-finite value (a bool, or a 0-dim tensor on the device: no sync to make it).
         headroom: this rank's headroom row (`headroom.measure`), on the device.
         own: numbers of the caller's (the sentinel's flags) copied to the host with the table: `Vote.carried`.
+        counters: the step's counts to add up over the group (every rank passes the same names, or none).
     """
     device = headroom.device
-    place = torch.tensor([float(coords.rank), float(coords.last_stage), float(coords.tp)])  # host numbers
+    place = [float(coords.rank), float(coords.last_stage), float(coords.tp)]  # host numbers
+    block = []
+    if counters is not None:
+        place.append(float(counters.counted))
+        block = [counters.values.to(device).float()]
     flag = bad.reshape(1).float() if isinstance(bad, torch.Tensor) else torch.full((1,), float(bad), device=device)
-    row = torch.cat([flag.to(device), place.to(device, non_blocking=True), headroom.float()])
+    row = torch.cat([flag.to(device), devices.to_device(torch.tensor(place), device), headroom.float(), *block])
     if dist.is_initialized():
         mine = row.to(collectives.device())
         rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
@@ -82,14 +119,22 @@ def exchange(bad, coords: Coords, headroom: torch.Tensor, own: torch.Tensor | No
     if own is not None:
         flat = torch.cat([flat, own.to(flat.device).double().reshape(-1)])
     values = flat.cpu().tolist()  # the step's one host sync
-    n = table.numel()
-    rows_ = [values[i : i + len(ROW)] for i in range(0, n, len(ROW))]
-    vote = decide([dict(zip(ROW, r)) for r in rows_])
+    n, names = table.numel(), _row(counters)
+    rows_ = [values[i : i + len(names)] for i in range(0, n, len(names))]
+    vote = decide([dict(zip(names, r)) for r in rows_], counters.names if counters is not None else ())
     return Vote(vote.bad_ranks, vote.metrics, vote.where, values[n:])
 
 
-def decide(rows: list[dict[str, float]]) -> Vote:
-    """The vote from every rank's row (pure: the same rows give the same vote on every rank)."""
+def _row(counters: Counters | None) -> tuple[str, ...]:
+    """The names of a row's entries: the fixed ROW, then the counter block's (with how many calls it counts)."""
+    if counters is None:
+        return ROW
+    return ROW[: len(_HEAD)] + ("counted",) + ROW[len(_HEAD) :] + counters.names
+
+
+def decide(rows: list[dict[str, float]], counters: tuple[str, ...] = ()) -> Vote:
+    """The vote from every rank's row (pure: the same rows give the same vote on every rank); `counters`: the names
+    of the rows' counter block, summed over the group."""
     bad = tuple(sorted(int(r["rank"]) for r in rows if r["bad"]))
     group = [r for r in rows if r["last_stage"] and r["tp"] == 0]
     metrics, where = {}, {}
@@ -108,6 +153,9 @@ def decide(rows: list[dict[str, float]]) -> Vote:
     metrics["nanscope/train_rollout_gap_p99"] = _max(p99) if p99 else None  # the largest rank's p99
     metrics["nanscope/clamped_tokens"] = sum(r["clamped"] for r in group) if group else None
     metrics["nanscope/nonfinite_inputs"] = sum(r["nonfinite_inputs"] for r in group) if group else None
+    counted = any(r["counted"] for r in group) if counters else False
+    for name in counters:
+        metrics[f"nanscope/{name}"] = sum(r[name] for r in group) if counted else None
     return Vote(bad, metrics, where)
 
 

@@ -34,6 +34,7 @@ import dataclasses
 import os
 
 from nanscope.facts.keys import PER_TOKEN
+from nanscope.loss.guard import METRICS as COUNTERS
 from nanscope.loss.target import Target
 from nanscope.slime_plugin import ending, headroom, nonfinite, rerun, rows, step_vote, verdict
 from nanscope.slime_plugin.collectives import all_reduce_max
@@ -156,7 +157,7 @@ class StepWatch:
 
         path = getattr(args, "load_debug_rollout_data", None)
         rollout = load_rollout(path.format(rollout_id=rollout_id)) if path else None
-        trace = StepTrace(self.chunks, rollout, self.coords.cp_rank, self.coords.cp_size)
+        trace = StepTrace(self.chunks, rollout, self.coords.cp_rank, self.coords.cp_size, warn=warn)
         trace.start()
         return trace
 
@@ -192,7 +193,7 @@ class StepWatch:
         bad = self.sentinel.nonfinite(values)
         if self.deferred.error is not None:  # megatron's own check failed in the backward (overlapped reduce)
             bad = bad | True
-        vote = step_vote.exchange(bad, self.coords, self._headroom(), own=values)
+        vote = step_vote.exchange(bad, self.coords, self._headroom(), own=values, counters=self._counters())
         return self.sentinel.finish(vote.carried, grads=True), vote
 
     def _decide(self) -> str:
@@ -273,14 +274,18 @@ class StepWatch:
         return nonfinite.exchange(mine), cls
 
     def _end_step(self, vote, *, skip: bool) -> None:
-        """The step's end: skip mode's skip, its count and limit, and the step's metrics logged."""
+        """The step's end: skip mode's skip, its count and limit, and the step's metrics logged; on the logging rank
+        one line with skip mode's count and the NaN-safe loss's non-zero counters (what it dropped this step)."""
         metrics, where = dict(vote.metrics), self.step.where
+        shown = {}
         if self.settings.on_nonfinite == "skip":
             self.skip.apply(skip)
-            metrics["nanscope/skipped_steps"] = self.skip.skipped
-            if self.coords.logs:
-                shown = {"nanscope/skipped_steps": self.skip.skipped}
-                say(f"nanscope: rollout {where['rollout_id']} step {where['step_id']}: {shown}")
+            metrics["nanscope/skipped_steps"] = shown["nanscope/skipped_steps"] = self.skip.skipped
+        shown |= {
+            f"nanscope/{name}": metrics[f"nanscope/{name}"] for name in COUNTERS if metrics.get(f"nanscope/{name}")
+        }
+        if self.coords.logs and shown:
+            say(f"nanscope: rollout {where['rollout_id']} step {where['step_id']}: {shown}")
         self.logger.step(self.step.args, where, metrics, vote.where)
         if self.settings.on_nonfinite == "skip" and self.skip.over_limit():
             raise RuntimeError(
@@ -306,6 +311,16 @@ class StepWatch:
         except Exception as e:  # nanscope's own failure: never the end of the run, never a rank out of the vote
             warn(f"rank {self.coords.rank}: could not measure the step's headroom: {type(e).__name__}: {e}")
             return headroom.empty(self._device())
+
+    def _counters(self) -> step_vote.Counters:
+        """The step's nan_guard/* counts from the plugin's loss (zeros when it did not run here), on the device."""
+        device = self._device()
+        try:
+            parts = [seen.counts for seen in self.losses.seen if seen.counts is not None]
+            return step_vote.Counters.total(COUNTERS, parts, device)
+        except Exception as e:  # nanscope's own failure: the row keeps its length, the rank its place in the vote
+            warn(f"rank {self.coords.rank}: could not add up the loss's counters: {type(e).__name__}: {e}")
+            return step_vote.Counters.total(COUNTERS, [], device)
 
     def _device(self):
         """Where the step's numbers live: the model's parameters' device."""

@@ -7,6 +7,7 @@ CPU harness runs) and `slime_plugin.bundles.document` builds the file from what 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
@@ -427,3 +428,33 @@ def test_a_release_bundle_without_slime_replays_through_the_model_and_says_so(tm
         "loss: nanscope's model of slime v0.1.0 (nanscope.loss.as_is; slime is not installed) (the bundle was written "
         "through slime v0.1.0, which is not importable here: give --slime-src DIR)\n"
     ) in capsys.readouterr().out
+
+
+def test_the_replay_runs_on_the_device_it_is_given(tmp_path):
+    # meta holds shapes, no data: the loss and the guard's call on the bundle's tensors mix no device and read nothing
+    # (the tracer and the outcome read values, so a whole replay runs where data is: the CPU here, CUDA on a GPU)
+    from nanscope.trace.bundles import bundle_load, bundle_replay
+
+    write(tmp_path / "b.bundle.pt")
+    doc = bundle_load.load(tmp_path / "b.bundle.pt")
+    entry = doc["microbatches"][0]
+    with bundle_replay.loss_path(doc) as path:
+        args = bundle_replay._args(doc["args"], path)
+        batch = bundle_replay.on_device(entry["batch"], "meta")
+        par = microbatch.Parallel(cp_rank=entry["cp"][0], cp_size=entry["cp"][1])
+        current, _ = bundle_replay._current(entry, entry["batch"])
+        for guarded in (False, True):
+            leaves = bundle_replay._leaves(current, "meta")
+            with bundle_replay._guarded(path, par) if guarded else contextlib.nullcontext():
+                value = bundle_replay._run(path, args, batch, par, leaves)
+            assert value.is_meta and all(x.grad.is_meta for x in leaves["log_probs"])
+        on_cpu = bundle_replay.replay(doc, path, source="b", device="cpu").to_dict()
+    assert on_cpu == bundle_replay_default(tmp_path / "b.bundle.pt")
+
+
+def bundle_replay_default(path):
+    from nanscope.trace.bundles import bundle_load, bundle_replay
+
+    doc = bundle_load.load(path)
+    with bundle_replay.loss_path(doc) as loss:
+        return bundle_replay.replay(doc, loss, source="b").to_dict()

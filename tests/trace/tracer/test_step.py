@@ -83,3 +83,32 @@ def test_first_across_ranks_forward_by_stage_backward_by_reverse_stage():
     clean = [{**r, "trace": {"forward": None, "backward": None, "inputs": []}} for r in records]
     phases = ("forward", "backward", "first_forward", "first_backward")
     assert step.first_across_ranks(clean) == dict.fromkeys(phases) | {"inputs": []}
+
+
+def test_the_row_is_compared_on_the_host_whatever_its_device():
+    # the user's input ids live on the run's device, the dump's tokens on the CPU: the row comes to the host once
+    index = step.RolloutIndex(_rollout())
+    row, params = _packed(index)
+    copied = []
+
+    class Elsewhere(torch.Tensor):  # a CPU tensor that records where it is asked to go
+        def to(self, *args, **kwargs):
+            copied.append(args)
+            return torch.Tensor.to(self.as_subclass(torch.Tensor), *args, **kwargs)
+
+    assert step.microbatch_map(index, row.as_subclass(Elsewhere), params)[1] == ORDER
+    assert copied == [("cpu",)]
+
+
+def test_input_ids_whose_values_cannot_reach_the_host_leave_the_forward_alone():
+    # meta input ids (shapes, no data): the micro-batch is traced without token positions, one warning line
+    chunk = torch.nn.Embedding(500, 4, device="meta")
+    lines = []
+    trace = step.StepTrace([chunk], _rollout(), warn=lines.append)
+    trace._handles.append(chunk.register_forward_pre_hook(trace._mark(0), with_kwargs=True))  # the hook alone
+    out = chunk(torch.zeros(1, 16, dtype=torch.long, device="meta"))
+    assert out.is_meta and trace.calls == [1] and trace.microbatches == {}
+    assert lines == ["trace: micro-batch 0 not matched to the rollout: NotImplementedError: Cannot copy out of meta "
+                     "tensor; no data!"]  # fmt: skip
+    for handle in trace._handles:
+        handle.remove()

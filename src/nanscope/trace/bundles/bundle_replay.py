@@ -1,4 +1,4 @@
-"""Replay a repro bundle's loss offline, on CPU: the op, source line, sample and token, then the guard.
+"""Replay a repro bundle's loss offline, on CPU by default: the op, source line, sample and token, then the guard.
 
 The bundle (`nanscope.trace.bundles.bundle`) holds what the release's policy loss received but the logits, and the
 current policy's per-token log-probs and entropy as the release's own helper computed them from the logits.
@@ -13,6 +13,9 @@ Then the same micro-batch through the guard (`nanscope.loss.guard.call` around t
 the plugin's loss runs it): the loss and d loss / d leaves, finite or not.
 
 Where the bundle kept no current log-probs, the old-policy `log_probs` stand in for them: approximate, and said.
+
+The replay runs on the device its caller names (`device`: the bundle's tensors, the leaves and the stand-in logits
+go there; the token map and the input scan read the host copy): the CPU unless asked.
 
     with bundle_replay.loss_path(doc, slime_src=None) as path:
         result = bundle_replay.replay(doc, path, source="x.bundle.pt")
@@ -190,11 +193,12 @@ def loss_path(doc: dict, slime_src: str | Path | None = None):
         yield LossPath(bound, f"slime {bound.release.name}'s own loss ({where})", "the release that wrote it", True)
 
 
-def replay(doc: dict, path: LossPath, *, source: str, rollout=None, allow=()) -> BundleReplay:
+def replay(doc: dict, path: LossPath, *, source: str, rollout=None, allow=(), device="cpu") -> BundleReplay:
     """Replay every micro-batch of a checked bundle (`bundle_load.load`) that has a batch.
 
     Args:
         rollout: (path, [token tuple per dump row]) of the run's rollout dump, to name samples by their row.
+        device: where the loss runs (the module docstring).
     """
     entries, skipped = [], []
     for entry in doc["microbatches"]:
@@ -202,7 +206,7 @@ def replay(doc: dict, path: LossPath, *, source: str, rollout=None, allow=()) ->
             skipped.append({k: entry.get(k) for k in ("index", "microbatch", "why")})
             continue
         rows = rows_of(doc, entry, rollout)
-        entries.append(replay_entry(doc, entry, path, rows=rows, allow=allow))
+        entries.append(replay_entry(doc, entry, path, rows=rows, allow=allow, device=device))
     coords = doc["coords"]
     records = [{"rank": coords["rank"], "pp": coords["pp"], "tp": coords["tp"], "trace": e.trace} for e in entries]
     where = {k: doc[k] for k in ("rollout_id", "step_id", "coords", "release")} | {"nanscope": doc.get("nanscope")}
@@ -237,27 +241,28 @@ def records_of(results: list[dict]) -> list[dict]:
     ]
 
 
-def replay_entry(doc: dict, entry: dict, path: LossPath, *, rows: Rows, allow=()) -> EntryReplay:
-    """One micro-batch: under the tracer from the recorded leaves, then through the guard."""
+def replay_entry(doc: dict, entry: dict, path: LossPath, *, rows: Rows, allow=(), device="cpu") -> EntryReplay:
+    """One micro-batch: under the tracer from the recorded leaves, then through the guard, on `device`."""
     cp_rank, cp_size, _ = entry["cp"]
-    batch = {k: list(v) if isinstance(v, list) else v for k, v in entry["batch"].items()}
+    host = {k: list(v) if isinstance(v, list) else v for k, v in entry["batch"].items()}
+    batch = on_device(host, device)
     args = _args(doc["args"], path)
     par = Parallel(cp_rank=cp_rank, cp_size=cp_size)
     dp = doc["coords"]["dp_size"]
     state = slime_import.parallel(cp_rank, cp_size, dp) if path.release else contextlib.nullcontext()
     with state, slime_import.eager():
         _refuse_collectives(args, cp_size, path)
-        positions = guard.response_positions(path.target, args, batch, par)
-        masks = [torch.as_tensor(m) for m in batch["loss_masks"]]
-        current, approximate = _current(entry, batch)
-        leaves = _leaves(current)
-        inputs = _scan(batch, positions, masks, leaves)
+        positions = guard.response_positions(path.target, args, host, par)
+        masks = [torch.as_tensor(m) for m in host["loss_masks"]]  # the token map reads them, on the host
+        current, approximate = _current(entry, host)
+        leaves = _leaves(current, device)
+        inputs = _scan(host, positions, masks, leaves)
         with Tracer(token_map=_token_map(positions, masks), allow=allow) as tracer:
             tracer.microbatch(entry["microbatch"])
             value = _run(path, args, batch, par, leaves)
         report = tracer.report(inputs)
         report.outcome = _outcome(value, leaves)
-        fresh = _leaves(current)
+        fresh = _leaves(current, device)
         with _guarded(path, par):
             guarded = _outcome(_run(path, args, batch, par, fresh), fresh)
     trace = rows.translate(report.to_dict())
@@ -314,8 +319,17 @@ def _current(entry: dict, batch: dict) -> tuple[dict, bool]:
     return {"log_probs": old, "entropy": [torch.zeros_like(x, dtype=torch.float32) for x in old]}, True
 
 
-def _leaves(current: dict) -> dict:
-    return {k: [x.detach().float().clone().requires_grad_(True) for x in v] for k, v in current.items()}
+def _leaves(current: dict, device="cpu") -> dict:
+    return {k: [x.detach().float().to(device).clone().requires_grad_(True) for x in v] for k, v in current.items()}
+
+
+def on_device(batch: dict, device) -> dict:
+    """The batch with its tensors (and lists of tensors) on `device`; lengths and other values as they are."""
+
+    def moved(x):
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+
+    return {k: [moved(x) for x in v] if isinstance(v, list) else moved(v) for k, v in batch.items()}
 
 
 def _token_map(positions: list[list[int]], masks: list[torch.Tensor]):
@@ -374,7 +388,8 @@ def _run(path: LossPath, args, batch: dict, par: Parallel, leaves: dict) -> torc
     """The release's loss_function on a stand-in logits tensor, the helper returning `leaves`; backward too."""
     module = path.target.module
     total = sum(x.numel() for x in leaves["log_probs"])
-    logits = torch.zeros(1, max(total, 1), 1)
+    device = next((x.device for x in leaves["log_probs"]), torch.device("cpu"))  # the replay's device
+    logits = torch.zeros(1, max(total, 1), 1, device=device)
     with _replaced(module, path.target.release.log_prob_helper, _helper(path, leaves)):
         try:
             if not path.release:

@@ -136,8 +136,9 @@ def count_nonfinite(parts) -> tuple[dict, tuple[int, int] | None]:
     return counts, first
 
 
-def replay(doc: dict, allow=()) -> TraceReport:
-    """Trace the loss of a loaded micro-batch document (see the module docstring), forward + backward.
+def replay(doc: dict, allow=(), device="cpu") -> TraceReport:
+    """Trace the loss of a loaded micro-batch document (see the module docstring), forward + backward, on `device`
+    (the batch's tensors and the logits go there; the input scan and the token map read the host copy).
 
     The loss sees one micro-batch of one process (num_microbatches 1, dp_cp_size 1): the scale of
     the loss differs from the run's, not where non-finite values appear.
@@ -146,11 +147,13 @@ def replay(doc: dict, allow=()) -> TraceReport:
     batch = doc["batch"]
     parallel = _parallel(**(doc.get("parallel") or {}))
     args = loss_args(**doc["args"])
-    logits = doc["logits"].detach().clone().float().requires_grad_(True)
+    logits = doc["logits"].detach().clone().float()
     inputs = scan_batch(batch, parallel.cp_rank, parallel.cp_size, logits)
     sites = token_map(batch, parallel.cp_rank, parallel.cp_size, logits.size(1))
+    logits = logits.to(device).requires_grad_(True)
+    moved = {k: [x.to(device) if isinstance(x, torch.Tensor) else x for x in v] for k, v in batch.items()}
     with Tracer(token_map=sites, allow=allow) as tracer:
-        value, _, _ = module.loss_function(args, batch, 1, logits, parallel=parallel)
+        value, _, _ = module.loss_function(args, moved, 1, logits, parallel=parallel)
         value.backward()
     report = tracer.report(inputs)
     bad = int((~torch.isfinite(logits.grad)).sum())

@@ -65,9 +65,10 @@ def _packed_ids(index: RolloutIndex, input_ids: torch.Tensor, packed_seq_params)
 
     With packed_seq_params the row is cut at its cu_seqlens (whole-sequence units, so divided by
     cp_size), the last segment usually slime's padding to a multiple of 128. Without, samples are
-    matched one after the other from the row's start until one is not found (the padding).
+    matched one after the other from the row's start until one is not found (the padding). The row (on the
+    run's device) comes to the host once, where the rollout's tokens are: every comparison is on the CPU.
     """
-    row = input_ids.reshape(-1)
+    row = input_ids.detach().reshape(-1).to("cpu")  # the dump's tokens are on the host: compare there (one copy)
     if packed_seq_params is not None:
         bounds = [int(x) // index.cp_size for x in packed_seq_params.cu_seqlens_q.tolist()]
         return [index.find(row[start:end], exact=True) for start, end in zip(bounds[:-1], bounds[1:])]
@@ -112,10 +113,12 @@ class StepTrace:
         chunks: the model chunks (megatron's list).
         rollout: the step's rollout samples (`nanscope.dumps.io.load_rollout`), or None (then no token positions).
         cp_rank, cp_size: this rank's context-parallel coordinate (slime slices tokens by it).
+        warn: prints one warning line (the plugin's); a micro-batch that cannot be matched to the rollout is traced
+            without token positions and said so, never an error in the user's forward.
     """
 
-    def __init__(self, chunks, rollout: list[dict] | None, cp_rank: int = 0, cp_size: int = 1):
-        self.chunks = list(chunks)
+    def __init__(self, chunks, rollout: list[dict] | None, cp_rank: int = 0, cp_size: int = 1, warn=None):
+        self.chunks, self.warn = list(chunks), warn or _warn
         self.index = RolloutIndex(rollout, cp_rank, cp_size) if rollout is not None else None
         self.tracer = Tracer(modules=self.chunks)
         self.calls = [0] * len(self.chunks)
@@ -135,7 +138,10 @@ class StepTrace:
             input_ids = kwargs.get("input_ids", args[0] if args else None)
             if self.index is not None and input_ids is not None:
                 packed = kwargs.get("packed_seq_params")
-                sites, self.microbatches[microbatch] = microbatch_map(self.index, input_ids, packed)
+                try:
+                    sites, self.microbatches[microbatch] = microbatch_map(self.index, input_ids, packed)
+                except Exception as e:  # nanscope's own failure: the user's forward goes on, without token positions
+                    self.warn(f"trace: micro-batch {microbatch} not matched to the rollout: {type(e).__name__}: {e}")
             self.tracer.microbatch(microbatch, sites)
 
         return hook
@@ -148,6 +154,10 @@ class StepTrace:
                 handle.remove()
             self._handles.clear()
         return self.tracer.report()
+
+
+def _warn(text: str) -> None:
+    print(f"nanscope: warning: {text}", flush=True)
 
 
 def first_across_ranks(records: list[dict]) -> dict:
