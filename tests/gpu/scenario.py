@@ -44,7 +44,7 @@ def run(name: str, out: Path, *args: str, timeout_s: float = 300, env: dict | No
     assert out.exists(), f"scenario {name} wrote nothing (exit {proc.returncode}): {proc.stderr[-4000:]}"
     keep = os.environ.get("NANSCOPE_TEST_GPU_OUT")  # the device script's folder of every scenario's JSON
     if keep:
-        shutil.copyfile(out, Path(keep) / f"{name}.json")
+        shutil.copyfile(out, Path(keep) / out.name)  # each caller names its run (loss_releases-v0.1.0.json)
     result = json.loads(out.read_text())
     assert "error" not in result, f"scenario {name} raised:\n{result['error']}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, proc.stderr[-4000:]
