@@ -13,7 +13,7 @@ from nanscope.facts.numerics import FP32_EXP_MAX
 
 def drifting_series(tmp_path, release):
     demo.write_drifting_run(tmp_path, rollouts=6, release=release)
-    summaries = many.scan_files(many.find_dumps(tmp_path), case.scan_config(), workers=2)
+    summaries = many.scan_files(many.find_dumps(tmp_path)[0], case.scan_config(), workers=2)
     return trend.trend(summaries)
 
 

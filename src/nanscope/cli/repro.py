@@ -15,20 +15,18 @@ import math
 import os
 import shlex
 import sys
-from pathlib import Path
 
 from nanscope import case, natural, repro
 from nanscope.causes import catalogue
 from nanscope.cli import repro_slime
 from nanscope.errors import UserError
-from nanscope.facts.paths import REPORT_FILE
+from nanscope.facts.paths import REPORT_DIR, REPORT_FILE
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.megatron import ray_session
 from nanscope.megatron.proctree import Interrupted
 from nanscope.megatron.spec import Launcher
 from nanscope.report import files
 
-REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the current directory
 TIMEOUT_HELP = (
     f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f} with --natural: two runs of --steps; "
     f"{repro_slime.TIMEOUT_S:.0f} with --slime-src)"
@@ -45,7 +43,7 @@ examples:
   nanscope repro --hazard kl-exp-overflow --steps 5 --inject-step 3   # as-is dies at 3, safe runs 5
   nanscope repro --hazard kl-exp-overflow --loss as-is --trace --json t.json  # the op and token
   nanscope repro --hazard kl-exp-overflow --steps 4 --inject-step 2 --plugin  # the slime plugin: report, bundle,
-                                                       # replayed offline; then: nanscope trace nanscope-reports
+                                                       # replayed offline; then: nanscope trace nanscope_reports
   NANSCOPE_MAX_SKIPS=1 nanscope repro --hazard kl-exp-overflow --steps 2 --inject-step 2 --plugin
   nanscope repro --fault decoder.layers.0.mlp:forward:inf --json f.json   # a fault in any module: the
                                                        # sentinel names module, direction, rank and class
@@ -251,7 +249,9 @@ def validate(args) -> None:
         raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
     if args.plugin and (args.hazard is None or args.steps is None):
         raise UserError("--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)")
-    if args.report_dir is not None:
+    if args.report_dir is not None and not args.plugin:
+        raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
+    if args.plugin:
         _check_report_dir(args)
     if args.inject_step is not None and args.steps is None:
         raise UserError(f"--inject-step {args.inject_step} goes with --steps N")
@@ -287,22 +287,18 @@ _NOT_NATURAL = ("all", "hazard", "inject_step", "trace", "plugin", "report_dir",
 
 
 def _check_report_dir(args) -> None:
-    if not args.plugin:
-        raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
+    """--plugin's report directory (given, or the default): a directory the run can write, and no output of the
+    command takes one of the plugin's names in it."""
+    report_dir = args.report_dir or REPORT_DIR
     for flag in ("json", "traceback_out"):
         out = getattr(args, flag)
-        same_dir = out and os.path.realpath(os.path.dirname(os.path.abspath(out))) == os.path.realpath(args.report_dir)
+        same_dir = out and os.path.realpath(os.path.dirname(os.path.abspath(out))) == os.path.realpath(report_dir)
         if same_dir and REPORT_FILE.fullmatch(os.path.basename(out)):
             raise UserError(
                 f"--{flag.replace('_', '-')} {out}: a name the plugin's reports take in --report-dir "
-                f"{args.report_dir}: the run would replace it (give another name or directory)"
+                f"{report_dir}: the run would replace it (give another name or directory)"
             )
-    path = Path(args.report_dir)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"--report-dir {args.report_dir}: not a directory")
-    parent = path if path.exists() else next((p for p in path.absolute().parents if p.exists()), Path("/"))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--report-dir {args.report_dir}: directory not writable: {parent}")
+    files.check_directory(report_dir, "--report-dir")
 
 
 def _check_launcher(args) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,8 +17,8 @@ from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
 from nanscope.errors import UserError
 from nanscope.facts import releases
-from nanscope.inputs import MiB, printable
-from nanscope.megatron import ray_session
+from nanscope.inputs import MiB, printable, skipped_lines
+from nanscope.megatron import proctree, ray_session
 from nanscope.report import files
 
 DESCRIPTION = """\
@@ -273,7 +274,9 @@ def run(args) -> int:
     _check_numbers(args)
     directory = Path(args.dump).is_dir()
     _check_ray(args, directory)
-    dumps = many.find_dumps(args.dump) if directory else [args.dump]
+    dumps, skipped = many.find_dumps(args.dump) if directory else ([args.dump], [])
+    for line in skipped_lines(skipped):  # said, not silently dropped: a FIFO, a device, a directory named *.pt
+        print(f"nanscope scan: {line}", file=sys.stderr)
     files.check_outputs({"--json": args.json, "--html": args.html}, [("dump", path) for path in dumps])
     flags = ScanFlags(
         n_samples_per_prompt=args.n_samples_per_prompt,
@@ -289,7 +292,13 @@ def run(args) -> int:
         histograms=bool(args.html) and not directory,
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    return _run_directory(args, dumps, flags, show) if directory else _run_file(args, flags, show)
+    if not directory:
+        return _run_file(args, flags, show)
+    try:
+        return _run_directory(args, dumps, flags, show)
+    except proctree.Interrupted as e:
+        print(f"nanscope scan: interrupted by {signal.Signals(e.signum).name}; its workers stopped", file=sys.stderr)
+        return e.exit_code
 
 
 def _check_numbers(args) -> None:
@@ -410,6 +419,8 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
         workers=args.workers,
     )
     with contextlib.ExitStack() as stack:
+        if not args.ray:  # Ctrl-C or kill ends the scan now, its workers first (Ray's session has its own)
+            opts["check"] = stack.enter_context(proctree.StopSignals()).check
         scan_files = _scanner(args, stack)
         summaries = _with_bar(scan_files, paths, flags, opts, args.dump) if show else scan_files(paths, flags, **opts)
     report.render_directory(summaries, console, args.dump)
