@@ -37,7 +37,6 @@ def checkout(tmp_path) -> Path:
             "--traceback-out goes with the as-is run (without --plugin): the plugin run trains through",
         ),  # fmt: skip
         (["--report-dir", "r"], "--report-dir r goes with --plugin (the plugin's reports and bundles)"),
-        (["--timeout", "0"], "--timeout 0: must be a finite number of seconds > 0"),
     ],
 )
 def test_what_does_not_go_with_slime_src_is_one_line(checkout, extra, message, capsys):

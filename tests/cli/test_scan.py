@@ -160,8 +160,11 @@ def test_wrong_structure_and_bad_flags_exit_2(tmp_path, capsys):
     torch.save({"rollout_data": [1]}, path)
     rc, _, err = run(capsys, str(path))
     assert (rc, err) == (2, f"nanscope scan: error: {path}: rollout_data: expected a dict of per-key lists, got list\n")
-    rc, _, err = run(capsys, str(path), "--n-samples-per-prompt", "0")
-    assert (rc, err) == (2, "nanscope scan: error: --n-samples-per-prompt 0: must be >= 1\n")
+    with pytest.raises(SystemExit) as exited:  # argparse's error (nanscope.cli.numbers' types)
+        run(capsys, str(path), "--n-samples-per-prompt", "0")
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert exited.value.code == 2
+    assert err.startswith("nanscope scan: error: argument --n-samples-per-prompt: '0': expected an integer from 1 to ")
     rc, _, err = run(capsys)
     assert (rc, err) == (
         2,

@@ -13,8 +13,6 @@ examples:
 
 from __future__ import annotations
 
-import math
-
 from nanscope import slime_repro
 from nanscope.errors import UserError
 from nanscope.facts.paths import REPORT_DIR
@@ -66,8 +64,6 @@ def validate(args) -> slime_run.Sources:
         raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
     if args.plugin:  # checked now, not after the run's minutes: the drivers' logs are copied there at its end
         files.check_directory(args.report_dir or REPORT_DIR, "--report-dir")
-    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
     ray_session.require("--slime-src")
     return slime_run.check_sources(args.slime_src, args.megatron_lm_src)
 

@@ -31,7 +31,9 @@ from pathlib import Path
 
 from nanscope import case
 from nanscope.causes import catalogue
+from nanscope.cli import numbers
 from nanscope.errors import UserError
+from nanscope.facts import ranges
 from nanscope.facts.paths import BUNDLE_SUFFIX, OLD_REPORT_DIRS, REPORT_DIR, REPORT_FILE
 from nanscope.inputs import MiB, directory_files, fill_template, printable, read_json, skipped_lines
 from nanscope.loss import NAMES as LOSS_NAMES
@@ -94,11 +96,11 @@ def add_parser(sub):
         help="also write the report as JSON (key 'trace'; a bundle: 'bundle'; a report directory: 'bundles', "
         "'refused', 'verdict'; docs/json.md)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the hazard's batch (default 0)")
+    p.add_argument("--seed", type=numbers.SEED, default=0, help="seed of the hazard's batch, 0..2^32-1 (default 0)")
     p.add_argument(
         "--max-input-mb",
-        type=float,
-        default=DEFAULT_LIMIT_MB,
+        type=numbers.MEBIBYTES,
+        default=str(DEFAULT_LIMIT_MB),
         metavar="MB",
         help=f"refuse a FILE.pt or bundle larger than this (default {DEFAULT_LIMIT_MB})",
     )
@@ -108,8 +110,6 @@ def add_parser(sub):
 def run(args) -> int:
     if (args.file is None) == (args.hazard is None):
         raise UserError("give either FILE.pt or --hazard NAME (not both)")
-    if not args.max_input_mb > 0:
-        raise UserError(f"--max-input-mb {args.max_input_mb}: must be a number > 0")
     if args.file is not None:
         args.file = _report_dir_spelling(args.file)
     kind = _kind(args.file) if args.file is not None else "hazard"
@@ -189,7 +189,7 @@ def _kind(path: str) -> str:
 
 
 def _limit(args) -> int:
-    return int(min(args.max_input_mb * MiB, 2**62))
+    return args.max_input_mb  # in bytes (numbers.MEBIBYTES)
 
 
 def _bundle(args) -> int:
@@ -374,9 +374,12 @@ def _order(doc: dict) -> tuple:
 
 def _json(path: Path, what: str) -> dict:
     doc = read_json(path, what, REPORT_LIMIT)
-    ints = all(type(doc.get(k)) is int for k in ("rollout_id", "step_id", "rank")) if isinstance(doc, dict) else False
+    bounds = (("rollout_id", ranges.MAX_ID), ("step_id", ranges.MAX_ID), ("rank", ranges.MAX_RANK))
+    ints = isinstance(doc, dict) and all(ranges.in_range(doc.get(k), 0, high) for k, high in bounds)
     if not ints:
-        raise UserError(f"{path}: {what}: expected a dict with integer rollout_id, step_id and rank")
+        raise UserError(
+            f"{path}: {what}: expected a dict with integer rollout_id and step_id (0 to 2^63-1) and rank (0 to 2^31-1)"
+        )
     return doc
 
 

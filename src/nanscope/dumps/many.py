@@ -84,7 +84,7 @@ def name_rollout(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-_DUMP_NAME = re.compile(r"(\d+)(?:_\d+)?")
+_DUMP_NAME = re.compile(r"([0-9]{1,18})(?:_[0-9]{1,10})?")  # ASCII digits, an id under 10**18 < MAX_ID
 
 
 def scan_file(path: str, flags: ScanFlags, load: dict) -> FileSummary:

@@ -339,6 +339,15 @@ def _hostile(tmp_path: Path, healthy: Path) -> dict:
             variant("bi.bundle.pt", lambda d, m: d["args"].update(seed=10**400)),
             "args: seed <1329-bit integer>: outside int64",
         ),
+        # issue 42: a rank of 2**63 and a rollout id of 10**23 were accepted
+        "rank 2**63": (
+            variant("r63.bundle.pt", lambda d, m: d["coords"].update(rank=2**63)),
+            "coords rank: expected an integer from 0 to 2,147,483,647, got int 9223372036854775808",
+        ),
+        "rollout 10**23": (
+            variant("r23.bundle.pt", lambda d, m: d.update(rollout_id=10**23)),
+            "rollout_id: expected an integer from 0 to 9,223,372,036,854,775,807, got int 100000000000000000000000",
+        ),
         "no microbatches": (
             variant("e.bundle.pt", lambda d, m: d.update(microbatches=[])),
             "microbatches: empty (a bundle holds the loss calls of the step it was written on)",
