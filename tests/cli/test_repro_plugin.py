@@ -7,7 +7,6 @@ nanscope/skipped_steps; NANSCOPE_MAX_SKIPS ends the run.
 
 import inspect
 import json
-import time
 
 import pytest
 
@@ -97,7 +96,7 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
         token,
         1,
     )
-    # The bundles left behind: `nanscope trace` on the last stage's names the same, exit 1, in seconds.
+    # The bundles left behind: `nanscope trace` on the last stage's names the same, exit 1.
     assert plugin["report_dir"] == "nanscope_reports" and sorted(p.name for p in left.glob("*.bundle.pt")) == [
         f"rollout1_step0_rank{r}.bundle.pt" for r in range(4)
     ]
@@ -106,9 +105,7 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
     blocked = "nanscope_reports/rollout1_step0_rank3.bundle.pt: Is a directory"
     assert plugin["report_dir_left_out"] == [blocked] and f"warning: not left in --report-dir: {blocked}" in text
     capsys.readouterr()
-    started = time.perf_counter()
     assert main(["trace", str(left / "rollout1_step0_rank2.bundle.pt")]) == 1
-    assert time.perf_counter() - started < 10
     assert (
         f"verdict: the NaN starts in the loss: aten.exp.default at {source.split(' `')[0]}, sample {sample}, "
         f"response token {token}, loss_mask 0 (masked)\n"

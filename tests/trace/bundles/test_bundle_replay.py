@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -70,9 +69,7 @@ def test_a_bundle_names_the_op_sample_and_token_the_in_process_trace_names(tmp_p
     path = tmp_path / "rollout1_step0_rank2.bundle.pt"
     sample, token = write(path, cp=cp)
     in_process = replay.replay(hazards.microbatch_document("kl-exp-overflow", flags=case.loss_flags())[0])
-    started = time.perf_counter()
     assert main(["trace", str(path), "--json", str(tmp_path / "t.json")]) == 1
-    assert time.perf_counter() - started < 10
     text = capsys.readouterr().out
     first = json.loads((tmp_path / "t.json").read_text())["bundle"]["first"]
     for phase in ("forward", "backward"):
