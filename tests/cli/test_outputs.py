@@ -155,7 +155,7 @@ def test_write_demo_keeps_an_existing_file_unless_forced_and_list_modules_checks
     argvs = [
         ["scan", "--write-demo", "old.pt"],
         ["scan", "--force", "dump.pt"],
-        ["repro", "--list-modules", "--hazard", "bogus", "--steps", "-5"],
+        ["repro", "--list-modules", "--hazard", "bogus", "--steps", "5"],
         ["repro", "--list-modules", "--steps", "3", "--trace"],
         ["scan", "--write-demo", "new/deeper/12.pt"],
         ["repro", "--list-modules", "--json", "modules.json"],
