@@ -130,6 +130,15 @@ def _mode(target: str) -> int:
         st = os.lstat(target)
         if stat.S_ISREG(st.st_mode):
             return stat.S_IMODE(st.st_mode)
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read where Linux shows it (setting it to read it back would change it for every thread
+    of a training run for that moment)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
