@@ -10,6 +10,7 @@ file and, for the cap, the limit and the option that raises it.
     read_json("report.json", "report", limit=MiB)   # bad JSON, too deep a nesting, a 5,000-digit int: one line
     fill_template("dumps/{rollout_id:04d}.pt", "--rollout", rollout_id=12)   # "dumps/0012.pt"
     printable("a\nb")   # "a\\nb": a file's text on a terminal, one line, no escape sequences
+    found, skipped = directory_files("dumps/", "*.pt", recursive=True)   # and what was named so but not read
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def check_file(path: str | os.PathLike, what: str, limit: int | None = None, opt
     if stat.S_ISDIR(st.st_mode):
         raise UserError(f"{path}: {what}: is a directory, expected a file")
     if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{path}: {what}: not a regular file ({_kind(st.st_mode)})")
+        raise UserError(f"{path}: {what}: not a regular file ({file_kind(st.st_mode)})")
     kernel = kernel_file_system(path)
     if kernel is not None:
         real = os.path.realpath(path)
@@ -88,6 +89,52 @@ def read_json(path: str | os.PathLike, what: str, limit: int | None = None, opti
         raise UserError(f"{path}: {what}: not valid JSON: nested too deeply") from None
     except ValueError as e:  # an integer past Python's 4,300-digit conversion limit
         raise UserError(f"{path}: {what}: not valid JSON: {str(e).split(':')[0]}") from None
+
+
+def directory_files(
+    root: str | os.PathLike, pattern: str, recursive: bool = False
+) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The regular files in `root` (and below, `recursive`) whose names match `pattern` (a glob, "*.pt"), sorted;
+    and, sorted too, each entry named so that is no regular file, with what it is: a FIFO, a device, a directory, a
+    link to one of those or to nothing. Links to regular files are files; linked directories are not walked.
+
+    Raises:
+        UserError: `root` is not a directory, or lies in a kernel file system (/proc's entries come and go).
+    """
+    kernel = kernel_file_system(root)
+    if kernel is not None:
+        raise UserError(f"{root}: in {kernel}, a kernel file system whose reads can block or fail: not read")
+    if not os.path.isdir(root):
+        raise UserError(f"{root}: not a directory")
+    found, skipped = [], []
+    for path in sorted(Path(root).rglob(pattern) if recursive else Path(root).glob(pattern)):
+        what = _entry(path)
+        if what is None:
+            found.append(path)
+        else:
+            skipped.append((path, what))
+    return found, skipped
+
+
+def skipped_lines(skipped: list[tuple[Path, str]], shown_at_most: int = 5) -> list[str]:
+    """One line per entry `directory_files` skipped (at most `shown_at_most`, then how many more), printable."""
+    lines = [printable(f"skipped {path}: {what}, not a regular file") for path, what in skipped[:shown_at_most]]
+    more = len(skipped) - shown_at_most
+    return lines + ([f"skipped {more} more entries that are not regular files"] if more > 0 else [])
+
+
+def _entry(path: Path) -> str | None:
+    """None for a regular file (or a link to one); else what the entry is."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "a dangling link" if os.path.islink(path) else "gone"
+    except OSError as e:  # a link loop, a name too long, no permission
+        return f"unreadable: {e.strerror or e}"
+    link = "a link to " if os.path.islink(path) else ""
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return f"{link}{'a directory' if stat.S_ISDIR(st.st_mode) else file_kind(st.st_mode)}"
 
 
 def kernel_file_system(path: str | os.PathLike) -> str | None:
@@ -141,7 +188,8 @@ def shown(path: str | os.PathLike) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, as a refusal names it ("a FIFO", "a character device")."""
     for test, name in (
         (stat.S_ISFIFO, "a FIFO"),
         (stat.S_ISCHR, "a character device"),

@@ -19,7 +19,7 @@ at the top and checks what the run gave:
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -29,12 +29,15 @@ from nanscope import case
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
 from nanscope.facts import releases
+from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
+from nanscope.inputs import MiB, directory_files, read_json
 from nanscope.launch.frames import parse_frames
 from nanscope.launch.tracebacks import parse_traceback
 from nanscope.slime_train import run as slime_run
 from nanscope.slime_train.prepare import IN_DATA
 
 Frame = tuple[str, int, str]
+REPORT_LIMIT = 16 * MiB  # a report the plugin writes is a few kB
 DEFAULT_HAZARD = catalogue.NAN_ROLLOUT_LOGPROB.name  # the case's custom generate function and --use-tis: data
 
 
@@ -177,6 +180,7 @@ def run(
     )  # fmt: skip
     result = slime_run.run(request)
     rep = SlimeRepro(result=result, sources=sources, hazard=hazard)
+    rep.notes += [f"not left in the report directory: {why}" for why in result.left_out]
     if not release:
         rep.notes.append(f"{sources.slime}: a slime release nanscope does not know (its Sample fields); run as v0.1.0")
     done = {launch.name: launch for launch in result.launches}
@@ -208,9 +212,14 @@ def _plugin(sentinel, plugin, report_dir: str | None, checkout: Path) -> PluginC
     from nanscope.trace.bundles import bundle_step  # heavy: torch, for the offline replay only
 
     root = Path(report_dir) if report_dir else None
-    files = sorted(root.glob("*.json")) if root is not None else []
-    reports = [doc for doc in (json.loads(f.read_text()) for f in files) if isinstance(doc, dict) and "replay" in doc]
-    bundles = sorted(str(p) for p in root.glob("*.bundle.pt")) if root is not None else []
+    found, _ = directory_files(root, "*") if root is not None and root.is_dir() else ([], [])
+    ours = [path for path in found if REPORT_FILE.fullmatch(path.name)]  # regular files only: a FIFO never blocks
+    reports = []
+    for path in (p for p in ours if p.name.endswith(".json") and not p.name.endswith(".trace.json")):
+        with contextlib.suppress(UserError):  # another run's file, half a file: not this run's report
+            reports.append(read_json(path, "report", REPORT_LIMIT))
+    reports = [doc for doc in reports if isinstance(doc, dict) and "replay" in doc]
+    bundles = [str(p) for p in ours if p.name.endswith(BUNDLE_SUFFIX)]
     replay = bundle_step.replay_step([Path(b) for b in bundles], slime_src=checkout) if bundles else None
     runs = sorted(str(p) for p in root.glob("wandb/wandb/offline-run-*/run-*.wandb")) if root is not None else []
     return PluginCheck(sentinel, plugin, reports=reports, bundles=bundles, replay=replay, wandb_runs=runs)

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-CASE_SECONDS = 20  # SIGALRM per case
+CASE_SECONDS = 90  # SIGALRM per case: a hang check (`doctor --case` took over 20 s at load 11), not a speed
 IMPORT_SECONDS = 60  # the driver's imports
 PRELOAD = (
     "nanscope.dumps.checks",

@@ -31,9 +31,7 @@ def test_bad_counts_names_and_unreadable_files_are_one_line_each(tmp_path):
     batch = {**doc["batch"], "total_lengths": [torch.tensor(n) for n in doc["batch"]["total_lengths"]]}
     torch.save({**doc, "batch": batch}, tmp_path / "tensor_lengths.pt")
     cases = [
-        ("--workers 0: must be >= 1", ["scan", "dump.pt", "--workers", "0"]),
-        ("--max-rows -5: must be >= 0", ["scan", "dump.pt", "--max-rows", "-5"]),
-        ("--rollout-max-response-len -1: must be >= 1", ["scan", "dump.pt", "--rollout-max-response-len", "-1"]),
+        # a bad count: argparse's line (tests/cli/test_numbers.py)
         ("a\\nb.pt: dump: no such file", ["scan", "a\nb.pt"]),
         ("a\\nb.pt: micro-batch file: no such file", ["trace", "a\nb.pt"]),
         ("a\\nb.sh: launch script: no such file", ["doctor", "a\nb.sh"]),

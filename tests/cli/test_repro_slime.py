@@ -1,19 +1,22 @@
 """`nanscope repro --slime-src`: its input errors are one line and exit 2, before anything starts (the runs themselves:
 tests/slime_releases/test_slime_train.py, slow)."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 from nanscope.cli.main import main
+from nanscope.slime_train import run as slime_run
 
 
 @pytest.fixture
 def checkout(tmp_path) -> Path:
+    """The files of a checkout that `--slime-src` checks for (empty: no run starts in these tests)."""
     root = tmp_path / "slime"
-    (root / "slime").mkdir(parents=True)
-    (root / "slime" / "__init__.py").write_text("")
-    (root / "train.py").write_text("")
+    for name in slime_run.REQUIRED:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
     return root
 
 
@@ -34,7 +37,6 @@ def checkout(tmp_path) -> Path:
             "--traceback-out goes with the as-is run (without --plugin): the plugin run trains through",
         ),  # fmt: skip
         (["--report-dir", "r"], "--report-dir r goes with --plugin (the plugin's reports and bundles)"),
-        (["--timeout", "0"], "--timeout 0: must be a finite number of seconds > 0"),
     ],
 )
 def test_what_does_not_go_with_slime_src_is_one_line(checkout, extra, message, capsys):
@@ -69,3 +71,55 @@ def test_without_megatron_lm_src_megatron_training_must_be_importable(checkout, 
         "nanscope repro: error: --slime-src needs Megatron-LM's megatron.training, which is not importable here: pass "
         "--megatron-lm-src DIR (a Megatron-LM checkout; core_v0.15.0rc0 for the case's line numbers)\n"
     )
+
+
+def test_a_fake_checkout_is_one_line_not_the_runs_traceback(tmp_path, capsys):
+    # issue 42: train.py and slime/ alone passed, and the run ended exit 1 with prepare's 10-line traceback
+    (tmp_path / "fake" / "slime").mkdir(parents=True)
+    (tmp_path / "fake" / "slime" / "__init__.py").write_text("")
+    (tmp_path / "fake" / "train.py").write_text("")
+    assert main(["repro", "--slime-src", str(tmp_path / "fake")]) == 2
+    assert capsys.readouterr().err == (
+        f"nanscope repro: error: --slime-src {tmp_path / 'fake'}: not a slime checkout: no slime/utils/types.py, "
+        "slime/backends/megatron_utils/arguments.py, slime/backends/megatron_utils/initialize.py, "
+        "slime/backends/megatron_utils/model_provider.py (every release has them; the run imports them)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (b"class Sample:\n    index: int\n# \xff\xfe\n", "not UTF-8 (byte 31): not a slime checkout"),
+        (b"x = " + b"-" * 100_000 + b"1\n", "not Python this interpreter parses: nested too deeply"),
+        (b"x = 1" + b" + 1" * 200_000 + b"\n", "not Python this interpreter parses: nested too deeply"),
+        (b"x = " + b"(" * 300 + b")" * 300 + b"\n", "not Python this interpreter parses: too many nested parentheses"),
+    ],
+)
+def test_a_checkout_whose_sample_cannot_be_read_is_one_line(checkout, text, why, capsys):
+    # issue 42: a deeply nested or non-UTF-8 slime/utils/types.py was an internal error
+    (checkout / "slime" / "utils" / "types.py").write_bytes(text)
+    assert main(["repro", "--slime-src", str(checkout)]) == 2
+    types = checkout / "slime" / "utils" / "types.py"
+    assert capsys.readouterr().err == f"nanscope repro: error: {types}: slime's Sample (--slime-src): {why}\n"
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("file", "--report-dir {path}: not a directory"),
+        ("fifo", "--report-dir {path}: not a directory (a FIFO)"),
+        ("under-a-file", "--report-dir {path}: not a directory: {tmp}/file is a file"),
+        ("/etc/cron.d", "--report-dir {path}: resolves to /etc/cron.d, a system directory: give a directory of the "
+         "run's own"),
+    ],
+)  # fmt: skip
+def test_the_plugins_report_dir_is_checked_before_the_run(checkout, tmp_path, where, message, capsys):
+    # issue 42: never checked; a regular file failed after the run's 83 s with an internal error
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    path = {"file": tmp_path / "file", "fifo": tmp_path / "fifo", "under-a-file": tmp_path / "file" / "r"}.get(
+        where, where
+    )
+    assert main(["repro", "--slime-src", str(checkout), "--plugin", "--report-dir", str(path)]) == 2
+    want = message.format(path=path, tmp=tmp_path)
+    assert capsys.readouterr().err == f"nanscope repro: error: {want}\n"

@@ -1,6 +1,7 @@
 """`nanscope scan` through argv: exit codes, one-line errors, the table, JSON and HTML."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -159,8 +160,11 @@ def test_wrong_structure_and_bad_flags_exit_2(tmp_path, capsys):
     torch.save({"rollout_data": [1]}, path)
     rc, _, err = run(capsys, str(path))
     assert (rc, err) == (2, f"nanscope scan: error: {path}: rollout_data: expected a dict of per-key lists, got list\n")
-    rc, _, err = run(capsys, str(path), "--n-samples-per-prompt", "0")
-    assert (rc, err) == (2, "nanscope scan: error: --n-samples-per-prompt 0: must be >= 1\n")
+    with pytest.raises(SystemExit) as exited:  # argparse's error (nanscope.cli.numbers' types)
+        run(capsys, str(path), "--n-samples-per-prompt", "0")
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert exited.value.code == 2
+    assert err.startswith("nanscope scan: error: argument --n-samples-per-prompt: '0': expected an integer from 1 to ")
     rc, _, err = run(capsys)
     assert (rc, err) == (
         2,
@@ -255,6 +259,33 @@ def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     rc, _, err = run(capsys, str(tmp_path / "empty"))
     assert (rc, err) == (2, f"nanscope scan: error: {tmp_path}/empty: no *.pt dumps in this directory or below\n")
+
+
+def test_a_directory_says_what_it_skipped_and_a_kernel_directory_is_refused(tmp_path, capsys):
+    """issue 42: FIFOs, device links and directories named like dumps were skipped silently; `scan /proc` was an
+    internal error."""
+    demo.write_demo(tmp_path / "12.pt")
+    os.mkfifo(tmp_path / "13.pt")
+    os.symlink("/dev/zero", tmp_path / "14.pt")
+    (tmp_path / "15.pt").mkdir()
+    os.symlink("missing.pt", tmp_path / "16.pt")
+    rc, out, err = run(capsys, str(tmp_path), "--workers", "1")
+    assert rc == 1 and out.splitlines()[-2].startswith("1 dumps, 16 samples")
+    assert err == "".join(
+        f"nanscope scan: skipped {tmp_path}/{name}: {what}, not a regular file\n"
+        for name, what in (("13.pt", "a FIFO"), ("14.pt", "a link to a character device"), ("15.pt", "a directory"),
+                           ("16.pt", "a dangling link"))
+    )  # fmt: skip
+    (tmp_path / "12.pt").unlink()
+    rc, _, err = run(capsys, str(tmp_path))
+    assert (rc, err) == (
+        2,
+        f"nanscope scan: error: {tmp_path}: no *.pt dumps in this directory or below (4 named so are not regular "
+        f"files: skipped {tmp_path}/13.pt: a FIFO, not a regular file)\n",
+    )
+    rc, _, err = run(capsys, "/proc")
+    assert (rc, err) == (2, "nanscope scan: error: /proc: in /proc, a kernel file system whose reads can block or fail: "
+                            "not read\n")  # fmt: skip
 
 
 def test_file_text_in_the_tables_is_never_markup_nor_control_characters(tmp_path, capsys):

@@ -88,6 +88,44 @@ def test_one_bad_file_is_one_refused_line_and_every_other_file_is_still_replayed
             assert _pid_free(capsys.readouterr().err) == f"nanscope trace: error: {tmp_path / name}: {why}\n"
 
 
+def test_every_file_refused_says_why_on_stderr_and_what_is_no_file_is_said_skipped(tmp_path, capsys):
+    """issue 42: every bundle refused exited 2 with nothing on stderr; FIFOs, device links and directories named
+    like the plugin's files were skipped silently; `trace /proc` was an internal error."""
+    for rank in (0, 1):
+        (tmp_path / f"rollout1_step0_rank{rank}.bundle.pt").write_bytes(b"junk")
+    os.mkfifo(tmp_path / "rollout1_step0_rank2.json")
+    (tmp_path / "rollout1_step0_rank3.bundle.pt").mkdir()
+    os.symlink("/dev/zero", tmp_path / "rollout1_step0_rank4.json")
+    (tmp_path / "notes.json").mkdir()  # not named like the plugin's files: not the directory's business
+    assert main(["trace", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    why = "not a nanscope repro bundle (not a torch.save zip archive)"
+    assert out.splitlines()[1:] == [f"refused: {tmp_path}/rollout1_step0_rank{r}.bundle.pt: {why}" for r in (0, 1)]
+    assert err.splitlines() == [
+        f"nanscope trace: skipped {tmp_path}/rollout1_step0_rank2.json: a FIFO, not a regular file",
+        f"nanscope trace: skipped {tmp_path}/rollout1_step0_rank3.bundle.pt: a directory, not a regular file",
+        f"nanscope trace: skipped {tmp_path}/rollout1_step0_rank4.json: a link to a character device, not a regular "
+        "file",
+        f"nanscope trace: error: 2 of 2 files refused (the refused: lines above); the first: {tmp_path}/"
+        f"rollout1_step0_rank0.bundle.pt: {why}",
+    ]
+    assert main(["trace", "/proc"]) == 2
+    assert capsys.readouterr().err == (
+        "nanscope trace: error: /proc: in /proc, a kernel file system whose reads can block or fail: not read\n"
+    )
+
+
+def test_the_default_report_directory_is_read_under_its_old_spelling_too(tmp_path, capsys, monkeypatch):
+    """issue 42: one default, nanscope_reports; `repro --plugin` wrote nanscope-reports before."""
+    (tmp_path / "nanscope-reports").mkdir()
+    write(tmp_path / "nanscope-reports" / HEALTHY)
+    monkeypatch.chdir(tmp_path)
+    assert main(["trace", "nanscope_reports"]) == 1
+    out, err = capsys.readouterr()
+    assert err == "nanscope trace: nanscope_reports: missing; reading nanscope-reports, its old spelling\n"
+    assert out.splitlines()[0] == "nanscope trace: nanscope-reports: 1 bundles, 0 other files"
+
+
 def test_a_bug_one_file_hits_is_its_refused_line_not_the_end_of_the_listing(tmp_path, capsys, monkeypatch):
     from nanscope.trace.bundles import bundle_text
 

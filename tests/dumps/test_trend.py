@@ -13,7 +13,7 @@ from nanscope.facts.numerics import FP32_EXP_MAX
 
 def drifting_series(tmp_path, release):
     demo.write_drifting_run(tmp_path, rollouts=6, release=release)
-    summaries = many.scan_files(many.find_dumps(tmp_path), case.scan_config(), workers=2)
+    summaries = many.scan_files(many.find_dumps(tmp_path)[0], case.scan_config(), workers=2)
     return trend.trend(summaries)
 
 
@@ -88,7 +88,10 @@ def test_a_rollout_s_ranks_combine_as_the_plugin_reduces_them():
 
 def test_rollout_ids_from_the_dump_then_the_name():
     cases = [("a/12.pt", None, 12), ("a/12_50.pt", None, 12), ("a/x.pt", 4, 4), ("a/x.pt", 4.0, 4), ("a/x.pt", None, None),
-             ("a/3.pt", "<dict>", 3), ("a/3.pt", True, 3)]  # fmt: skip
+             ("a/3.pt", "<dict>", 3), ("a/3.pt", True, 3),
+             # issue 42: no rollout a run reaches, nor digits that are not ASCII
+             ("a/3.pt", 10**23, 3), ("a/3.pt", -1, 3), ("a/100000000000000000000000.pt", None, None),
+             ("a/\u0665\u0660.pt", None, None)]  # fmt: skip
     got = [trend.rollout_of(FileSummary(path, rollout_id=stored)) for path, stored, _ in cases]
     assert got == [want for _, _, want in cases]
 

@@ -34,3 +34,34 @@ def test_a_tree_past_its_deadline_is_killed_with_its_descendants(tmp_path):
     assert timed_out and code != 0 and "started" in output
     assert time.monotonic() - started < 60
     assert not proctree.alive(int(pid_file.read_text()))  # the grandchild, in a session of its own, is gone too
+
+
+DETACH = (
+    "import os, sys, time\n"
+    "from nanscope.megatron import proctree\n"
+    "proctree.adopt_orphans()\n"
+    "if os.fork() == 0:\n"  # a child that detaches: it forks a sleeper, in a session of its own, and exits
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+    "        time.sleep(600)\n"
+    "    os._exit(0)\n"
+    "print('started', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_process_that_detaches_from_a_root_that_adopts_orphans_dies_at_the_deadline(tmp_path):
+    # issue 42: a train.py that detaches a process survived --slime-src's --timeout (re-parented to init)
+    pid_file = tmp_path / "detached.pid"
+    with StopSignals() as stop:
+        code, timed_out, output = proctree.run_tree(
+            [sys.executable, "-c", DETACH, str(pid_file)], env=dict(os.environ), timeout_s=5, stop=stop
+        )
+    try:
+        assert timed_out and "started" in output
+        detached = int(pid_file.read_text())
+        assert proctree.wait_gone([detached], 30) == []
+    finally:
+        if pid_file.exists():
+            proctree.kill_tree(int(pid_file.read_text()))

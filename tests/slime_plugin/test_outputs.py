@@ -42,6 +42,20 @@ def test_a_system_directory_is_refused_by_where_it_resolves(path, resolved):
     )
 
 
+@pytest.mark.parametrize(
+    "path,why",
+    [("/etc/cron.d", "a system directory"), ("/usr/local/bin", "a system directory"),
+     ("/var/spool/cron", "a system directory"), ("/boot/grub", "a system directory"),
+     ("/root/.ssh", "inside a .ssh directory (credentials)"), ("/home/u/.ssh/keys", "inside a .ssh directory "
+     "(credentials)"), ("/home/u/.aws", "inside a .aws directory (credentials)")],
+)  # fmt: skip
+def test_a_directory_below_a_system_one_or_of_credentials_is_refused(path, why):
+    # issue 42: the check matched exact paths only; /etc/cron.d, /root/.ssh and /usr/local/bin were accepted
+    assert outputs.check_dir(path) == (
+        f"NANSCOPE_REPORT_DIR={path!r}: resolves to {os.path.realpath(path)}, {why}: give a directory of the run's own"
+    )
+
+
 def test_a_link_to_a_system_directory_is_refused(tmp_path):
     (tmp_path / "reports").symlink_to("/etc")
     assert "resolves to /etc, a system directory" in outputs.check_dir(str(tmp_path / "reports"))

@@ -12,6 +12,7 @@ import datetime
 import json
 import struct
 import sys
+import time
 import types
 import zlib
 from pathlib import Path
@@ -47,11 +48,13 @@ STEPS = [
 PLACE = {"rank": 1, "microbatch": 0, "sample": 5}
 
 _BLOCK, _HEADER = 32768, 7
+WAIT_S = 60  # wandb-core's writes after wandb.finish(): a bound on a loaded box, not a speed
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
 def records(path: Path) -> list:
-    """Every Record in a `.wandb` run file, in order."""
+    """Every complete Record in a `.wandb` run file, in order; a chunk still being written at the end (wandb-core
+    writes in its own process) is not one yet."""
     data = path.read_bytes()
     assert struct.unpack("<4sHB", data[:_HEADER]) == (b":W&B", 0xBEE1, 0), data[:_HEADER]
     out, pending, at = [], None, _HEADER
@@ -61,6 +64,8 @@ def records(path: Path) -> list:
             continue
         crc, length, kind = struct.unpack("<IHB", data[at : at + _HEADER])
         chunk = data[at + _HEADER : at + _HEADER + length]
+        if len(chunk) < length:  # the writer's last chunk, not all there yet
+            break
         at += _HEADER + length
         if kind == 0 and length == 0:  # preallocated zeros at the end
             continue
@@ -71,6 +76,23 @@ def records(path: Path) -> list:
             record.ParseFromString(pending)
             out.append(record)
     return out
+
+
+def finished_records(root: Path, timeout_s: float = WAIT_S) -> list:
+    """The records of the one offline run under `root`, once wandb-core has written its `exit` record: wandb.finish()
+    returns before its service has written everything (on a loaded box the file held no history yet). A bound, not
+    a speed: past it, the test fails saying what the file held."""
+    deadline, recs = time.monotonic() + timeout_s, []
+    while True:
+        found = list(root.glob("wandb/offline-run-*/run-*.wandb"))
+        if len(found) == 1 and len(found[0].read_bytes()) >= _HEADER:
+            recs = records(found[0])
+            if recs and recs[-1].WhichOneof("record_type") == "exit":
+                return recs
+        if time.monotonic() > deadline:
+            kinds = [r.WhichOneof("record_type") for r in recs]
+            pytest.fail(f"wandb wrote no exit record within {timeout_s:g} s under {root}: run files {found}, {kinds}")
+        time.sleep(0.1)
 
 
 def history(recs) -> list[dict]:
@@ -107,12 +129,6 @@ def offline(tmp_path, monkeypatch):
     wandb.teardown()  # stops the wandb-core service this test started
 
 
-def _run(tmp_path) -> Path:
-    """The finished offline run's `.wandb` file."""
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    return run_file
-
-
 def test_the_series_every_step_at_train_step(offline, capsys):
     wandb.init(settings=wandb.Settings(x_disable_stats=True, x_disable_meta=True))
     logger = logs.Logger(Settings(), metrics_logger=None, logs=True)  # v0.1.0: the plugin calls wandb.log
@@ -121,7 +137,7 @@ def test_the_series_every_step_at_train_step(offline, capsys):
         logger.step(args, {"rollout_id": rollout_id, "step_id": step_id}, metrics, {"nanscope/max_kl_log_ratio": PLACE})
     wandb.finish()
 
-    recs = records(_run(offline))
+    recs = finished_records(offline)
     expected = [
         {**{k: v for k, v in m.items() if v is not None}, "train/step": 2 * r + s} for r, s, m in STEPS
     ]  # every step, every measured metric, the exact values

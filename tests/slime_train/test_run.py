@@ -1,5 +1,7 @@
 """Reading what a run of slime's train.py printed, and checking the checkouts it is pointed at (no launch)."""
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -74,9 +76,9 @@ def test_slimes_step_log_lines_are_read_with_nan_and_inf():
 
 
 def _checkout(root: Path, fields: str = "index: int = 0\n    tokens: list = None\n") -> Path:
-    (root / "slime" / "utils").mkdir(parents=True)
-    (root / "slime" / "__init__.py").write_text("")
-    (root / "train.py").write_text("")
+    for name in run.REQUIRED:  # the modules --slime-src checks for, empty
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
     (root / "slime" / "utils" / "types.py").write_text(f"class Sample:\n    {fields}")
     return root
 
@@ -108,3 +110,14 @@ def test_the_release_of_a_checkout_is_read_from_its_sample_fields(tmp_path):
 def test_the_standins_are_the_ones_the_output_names():
     names = {p.name.removesuffix(".py") for p in run.STANDINS.iterdir() if p.suffix == ".py" or p.is_dir()}
     assert names == set(run.STANDIN_MODULES)
+
+
+@pytest.mark.timeout(60)  # a FIFO opened for reading blocks until a writer comes: the old code hung here
+def test_the_plugin_runs_report_dir_reads_its_regular_report_files_only(tmp_path):
+    # issue 42: a FIFO named *.json in --slime-src --plugin's report directory blocked forever
+    os.mkfifo(tmp_path / "rollout1_step0_rank0.json")
+    os.mkfifo(tmp_path / "notes.json")
+    (tmp_path / "rollout1_step0_rank1.json").write_text(json.dumps({"rank": 1, "replay": {"text": "rerun"}}))
+    (tmp_path / "rollout1_step0_rank2.json").write_text("{half a report")
+    check = slime_repro._plugin(None, None, str(tmp_path), tmp_path)
+    assert check.reports == [{"rank": 1, "replay": {"text": "rerun"}}] and check.bundles == []

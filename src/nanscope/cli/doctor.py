@@ -18,9 +18,10 @@ import warnings
 from importlib.resources import as_file
 
 from nanscope import case
+from nanscope.cli import numbers
 from nanscope.errors import UserError
 from nanscope.facts import releases
-from nanscope.inputs import MiB, read_json
+from nanscope.inputs import read_json
 from nanscope.launch import Diagnosis, diagnose
 from nanscope.launch.logs import STDIN
 from nanscope.launch.script import parse_env
@@ -82,7 +83,9 @@ def add_parser(sub):
         "(read as a stream for its first Megatron error, the traceback that ends there and the rerun verdict; colour "
         "codes and log prefixes are removed); - reads standard input",
     )
-    parser.add_argument("--rank", type=int, help="explain this global rank (overrides the traceback's)")
+    parser.add_argument(
+        "--rank", type=numbers.RANK, help="explain this global rank, 0..2^31-1 (overrides the traceback's)"
+    )
     parser.add_argument(
         "--slime-version",
         metavar="RELEASE",
@@ -94,23 +97,12 @@ def add_parser(sub):
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML page")
     parser.add_argument(
         "--max-input-mb",
-        type=_megabytes,
-        default=_megabytes("4"),
+        type=numbers.MEBIBYTES,
+        default="4",
         metavar="MB",
         help="largest script, sourced file or model file read (default 4; a --traceback log may be any size)",
     )
     return parser
-
-
-def _megabytes(text: str) -> int:
-    """`--max-input-mb` in bytes."""
-    try:
-        mebibytes = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < mebibytes <= 1 << 20:
-        raise argparse.ArgumentTypeError(f"{text}: expected a size in MiB, > 0 and <= {1 << 20}")
-    return int(mebibytes * MiB)
 
 
 def _load_model(path: str, limit: int) -> dict:

@@ -13,6 +13,7 @@ import sys
 
 from nanscope import case
 from nanscope.causes import catalogue, immune
+from nanscope.cli import numbers
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files
 
@@ -34,7 +35,7 @@ def add_parser(sub):
     )
     p.add_argument("--loss", choices=LOSS_NAMES, default="as-is", help="which loss (default: as-is)")
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=numbers.SEED, default=0, help="seed of the batches, 0..2^32-1 (default 0)")
     return p
 
 

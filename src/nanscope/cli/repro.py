@@ -11,29 +11,26 @@ the driver wrapped in a RayTaskError, as in the case's traceback.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import sys
-from pathlib import Path
 
 from nanscope import case, natural, repro
 from nanscope.causes import catalogue
-from nanscope.cli import repro_slime
+from nanscope.cli import numbers, repro_slime
 from nanscope.errors import UserError
-from nanscope.facts.paths import REPORT_FILE
+from nanscope.facts.paths import REPORT_DIR, REPORT_FILE
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.megatron import ray_session
 from nanscope.megatron.proctree import Interrupted
 from nanscope.megatron.spec import Launcher
 from nanscope.report import files
 
-REPORT_DIR = "nanscope-reports"  # --plugin's default --report-dir, in the current directory
 TIMEOUT_HELP = (
     f"hard limit for the launch (default 600; {natural.TIMEOUT_S:.0f} with --natural: two runs of --steps; "
     f"{repro_slime.TIMEOUT_S:.0f} with --slime-src)"
 )
-MAX_STEPS = 100  # --steps and --fault-step: every step is a full optimizer step of the harness (seconds on CPU)
+MAX_STEPS = numbers.STEPS  # --steps and --fault-step: every step is a full optimizer step of the harness
 
 EPILOG = """\
 examples:
@@ -45,7 +42,7 @@ examples:
   nanscope repro --hazard kl-exp-overflow --steps 5 --inject-step 3   # as-is dies at 3, safe runs 5
   nanscope repro --hazard kl-exp-overflow --loss as-is --trace --json t.json  # the op and token
   nanscope repro --hazard kl-exp-overflow --steps 4 --inject-step 2 --plugin  # the slime plugin: report, bundle,
-                                                       # replayed offline; then: nanscope trace nanscope-reports
+                                                       # replayed offline; then: nanscope trace nanscope_reports
   NANSCOPE_MAX_SKIPS=1 nanscope repro --hazard kl-exp-overflow --steps 2 --inject-step 2 --plugin
   nanscope repro --fault decoder.layers.0.mlp:forward:inf --json f.json   # a fault in any module: the
                                                        # sentinel names module, direction, rank and class
@@ -101,13 +98,13 @@ def _what(g) -> None:
     g.add_argument("--loss", default="as-is", choices=LOSS_NAMES, help="with --hazard: slime v0.1.0's loss or the fix")
     g.add_argument(
         "--steps",
-        type=int,
+        type=numbers.STEP,
         metavar="N",
         help=f"run N optimizer steps with the hazard at --inject-step (1..{MAX_STEPS})",
     )
     g.add_argument(
         "--inject-step",
-        type=int,
+        type=numbers.STEP,
         default=None,
         metavar="K",
         help="with --steps: the step carrying the hazard (default: middle)",
@@ -117,7 +114,7 @@ def _what(g) -> None:
         action="store_true",
         help="with --hazard: replay the step under the tracer and name the first op that made a non-finite value",
     )
-    g.add_argument("--seed", type=int, default=0, help="model and batch seed (default 0)")
+    g.add_argument("--seed", type=numbers.SEED, default=0, help="model and batch seed, 0..2^32-1 (default 0)")
 
 
 def _plugin(g) -> None:
@@ -146,7 +143,7 @@ def _fault(g) -> None:
     )
     g.add_argument(
         "--fault-step",
-        type=int,
+        type=numbers.STEP,
         metavar="K",
         help=f"with --fault: the step it fires at, 1..{MAX_STEPS} (default 1; the steps before it are healthy)",
     )
@@ -176,7 +173,7 @@ def _launch(g) -> None:
     )
     g.add_argument(
         "--ray-timeout",
-        type=float,
+        type=numbers.SECONDS,
         metavar="S",
         help=f"with --ray-address: give up joining the cluster after S seconds, one line, exit 2 (default "
         f"{ray_session.TIMEOUT_S:g})",
@@ -188,7 +185,7 @@ def _launch(g) -> None:
         "`nanscope doctor --case harness --traceback FILE` (the harness's own launch script; the line printed "
         "after the traceback says where it is)",
     )
-    g.add_argument("--timeout", type=float, metavar="S", help=TIMEOUT_HELP)
+    g.add_argument("--timeout", type=numbers.SECONDS, metavar="S", help=TIMEOUT_HELP)
 
 
 def _add_natural(g) -> None:
@@ -202,7 +199,7 @@ def _add_natural(g) -> None:
     )
     g.add_argument(
         "--lr",
-        type=float,
+        type=numbers.LEARNING_RATE,
         metavar="LR",
         help=f"with --natural: Adam's learning rate (default {natural.DEFAULT_LR:g}, {natural.DEFAULT_LR / 1e-6:.0f}x "
         "the case's 1e-6: its thousands of rollouts in tens of steps)",
@@ -221,9 +218,6 @@ def validate(args) -> None:
         raise UserError(f"--hazard: unknown hazard {args.hazard!r}; known: {', '.join(catalogue.BY_NAME)}")
     if args.fault_step is not None and args.fault is None:
         raise UserError(f"--fault-step {args.fault_step} goes with --fault MODULE:forward|backward:nan|inf")
-    for flag, value in (("--steps", args.steps), ("--fault-step", args.fault_step)):
-        if value is not None and not 1 <= value <= MAX_STEPS:
-            raise UserError(f"{flag} {value}: must be in 1..{MAX_STEPS} (each step is a full optimizer step)")
     if args.fault_once and args.fault is None:
         raise UserError("--fault-once goes with --fault MODULE:forward|backward:nan|inf")
     if args.fault is not None:
@@ -245,13 +239,13 @@ def validate(args) -> None:
     _check_launcher(args)
     if args.timeout is None:
         args.timeout = natural.TIMEOUT_S if args.natural else 600.0
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
     if args.trace and ((args.hazard is None and args.fault is None) or args.steps is not None):
         raise UserError("--trace goes with --hazard NAME (one step of one hazard)")
     if args.plugin and (args.hazard is None or args.steps is None):
         raise UserError("--plugin goes with --hazard NAME --steps N (the hazard at --inject-step, then its replay)")
-    if args.report_dir is not None:
+    if args.report_dir is not None and not args.plugin:
+        raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
+    if args.plugin:
         _check_report_dir(args)
     if args.inject_step is not None and args.steps is None:
         raise UserError(f"--inject-step {args.inject_step} goes with --steps N")
@@ -277,8 +271,6 @@ def _check_natural(args) -> None:
         raise UserError(
             f"--natural runs its own loop (as-is and the plugin): not with {', '.join(given or ['--loss'])}"
         )
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        raise UserError(f"--lr {args.lr:g}: must be a finite number > 0")
 
 
 # The flags of the other shapes of evidence, which --natural does not take.
@@ -287,22 +279,18 @@ _NOT_NATURAL = ("all", "hazard", "inject_step", "trace", "plugin", "report_dir",
 
 
 def _check_report_dir(args) -> None:
-    if not args.plugin:
-        raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
+    """--plugin's report directory (given, or the default): a directory the run can write, and no output of the
+    command takes one of the plugin's names in it."""
+    report_dir = args.report_dir or REPORT_DIR
     for flag in ("json", "traceback_out"):
         out = getattr(args, flag)
-        same_dir = out and os.path.realpath(os.path.dirname(os.path.abspath(out))) == os.path.realpath(args.report_dir)
+        same_dir = out and os.path.realpath(os.path.dirname(os.path.abspath(out))) == os.path.realpath(report_dir)
         if same_dir and REPORT_FILE.fullmatch(os.path.basename(out)):
             raise UserError(
                 f"--{flag.replace('_', '-')} {out}: a name the plugin's reports take in --report-dir "
-                f"{args.report_dir}: the run would replace it (give another name or directory)"
+                f"{report_dir}: the run would replace it (give another name or directory)"
             )
-    path = Path(args.report_dir)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"--report-dir {args.report_dir}: not a directory")
-    parent = path if path.exists() else next((p for p in path.absolute().parents if p.exists()), Path("/"))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--report-dir {args.report_dir}: directory not writable: {parent}")
+    files.check_directory(report_dir, "--report-dir")
 
 
 def _check_launcher(args) -> None:
@@ -313,7 +301,6 @@ def _check_launcher(args) -> None:
     if args.ray_timeout is not None:
         if args.ray_address is None:
             raise UserError(f"--ray-timeout {args.ray_timeout:g} goes with --ray-address (joining a cluster)")
-        ray_session.check_timeout(args.ray_timeout)
     if args.launcher != "ray":
         return
     ray_session.require("--launcher ray")

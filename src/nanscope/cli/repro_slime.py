@@ -13,16 +13,15 @@ examples:
 
 from __future__ import annotations
 
-import math
-
 from nanscope import slime_repro
 from nanscope.errors import UserError
+from nanscope.facts.paths import REPORT_DIR
 from nanscope.megatron import ray_session
+from nanscope.report import files
 from nanscope.slime_train import run as slime_run
 from nanscope.slime_train.prepare import IN_DATA
 
 TIMEOUT_S = 1800.0  # --timeout's default here: one train.py launch takes minutes on 2 cores, --plugin two
-REPORT_DIR = "nanscope-reports"
 # repro's flags that belong to its own harness, not to a run of slime's train.py
 HARNESS_ONLY = ("all", "steps", "inject_step", "trace", "fault", "fault_step", "fault_once", "list_modules",
                 "launcher", "ray_address", "natural", "lr")  # fmt: skip
@@ -63,8 +62,8 @@ def validate(args) -> slime_run.Sources:
         raise UserError("--traceback-out goes with the as-is run (without --plugin): the plugin run trains through")
     if args.report_dir is not None and not args.plugin:
         raise UserError(f"--report-dir {args.report_dir} goes with --plugin (the plugin's reports and bundles)")
-    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise UserError(f"--timeout {args.timeout:g}: must be a finite number of seconds > 0")
+    if args.plugin:  # checked now, not after the run's minutes: the drivers' logs are copied there at its end
+        files.check_directory(args.report_dir or REPORT_DIR, "--report-dir")
     ray_session.require("--slime-src")
     return slime_run.check_sources(args.slime_src, args.megatron_lm_src)
 

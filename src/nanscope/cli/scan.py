@@ -5,19 +5,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 from nanscope import case
-from nanscope.cli import scan_demo
+from nanscope.cli import numbers, scan_demo
 from nanscope.dumps import many, ray_scan
 from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
 from nanscope.errors import UserError
 from nanscope.facts import releases
-from nanscope.inputs import MiB, printable
-from nanscope.megatron import ray_session
+from nanscope.inputs import MiB, printable, skipped_lines
+from nanscope.megatron import proctree, ray_session
 from nanscope.report import files
 
 DESCRIPTION = """\
@@ -100,13 +101,13 @@ def _add_output_arguments(group) -> None:
     )
     group.add_argument(
         "--max-rows",
-        type=int,
+        type=numbers.ROWS,
         default=30,
         help="hazard rows in the terminal table (default 30; 0: none, the counts only)",
     )
     group.add_argument(
         "--max-per-sample",
-        type=int,
+        type=numbers.COUNT,
         default=100,
         help="hazards listed per check and sample in JSON/HTML; counts stay exact (default 100)",
     )
@@ -118,7 +119,7 @@ def _add_output_arguments(group) -> None:
     )
     group.add_argument(
         "--workers",
-        type=int,
+        type=numbers.WORKERS,
         default=None,
         metavar="N",
         help="directories: files scanned at once, >= 1 (default: the cores available; with --ray, as Ray schedules)",
@@ -136,7 +137,7 @@ def _add_output_arguments(group) -> None:
     )
     group.add_argument(
         "--ray-timeout",
-        type=float,
+        type=numbers.SECONDS,
         metavar="S",
         help=f"with --ray-address: give up joining the cluster after S seconds, one line, exit 2 (default "
         f"{ray_session.TIMEOUT_S:g})",
@@ -152,14 +153,14 @@ def _add_input_arguments(group) -> None:
     )
     group.add_argument(
         "--context-parallel-size",
-        type=int,
+        type=numbers.PARALLEL,
         default=1,
         metavar="N",
         help="train dumps: the run's CP size; per-token tensors are CP-sliced when > 1 (default 1)",
     )
     group.add_argument(
         "--tensor-model-parallel-size",
-        type=int,
+        type=numbers.PARALLEL,
         default=1,
         metavar="N",
         help="train dumps with CP: the run's TP size, to find the CP rank of the dump's rank "
@@ -167,14 +168,14 @@ def _add_input_arguments(group) -> None:
     )
     group.add_argument(
         "--max-dump-mb",
-        type=int,
+        type=numbers.DUMP_MB,
         default=MAX_DUMP_MB,
         metavar="MB",
         help=f"refuse dump files larger than this (default {MAX_DUMP_MB})",
     )
     group.add_argument(
         "--max-sample-tokens",
-        type=int,
+        type=numbers.TOKENS,
         default=MAX_SAMPLE_TOKENS,
         metavar="N",
         help="refuse a sample whose fields hold, or whose response_length declares, more entries "
@@ -208,7 +209,7 @@ def _add_slime_flags(group) -> None:
     defaults = case.scan_config()
     group.add_argument(
         "--n-samples-per-prompt",
-        type=int,
+        type=numbers.PARALLEL,
         default=defaults.n_samples_per_prompt,
         help=f"GRPO group size (default {defaults.n_samples_per_prompt})",
     )
@@ -217,7 +218,7 @@ def _add_slime_flags(group) -> None:
     )
     group.add_argument(
         "--rollout-max-response-len",
-        type=int,
+        type=numbers.TOKENS,
         default=defaults.rollout_max_response_len,
         help=f"flag responses longer than this, >= 1 (default {defaults.rollout_max_response_len})",
     )
@@ -270,10 +271,11 @@ def run(args) -> int:
         return scan_demo.write(args)
     if not args.dump:
         raise UserError("no dump given (try: nanscope scan --write-demo rollout_data/12.pt)")
-    _check_numbers(args)
     directory = Path(args.dump).is_dir()
     _check_ray(args, directory)
-    dumps = many.find_dumps(args.dump) if directory else [args.dump]
+    dumps, skipped = many.find_dumps(args.dump) if directory else ([args.dump], [])
+    for line in skipped_lines(skipped):  # said, not silently dropped: a FIFO, a device, a directory named *.pt
+        print(f"nanscope scan: {line}", file=sys.stderr)
     files.check_outputs({"--json": args.json, "--html": args.html}, [("dump", path) for path in dumps])
     flags = ScanFlags(
         n_samples_per_prompt=args.n_samples_per_prompt,
@@ -289,24 +291,13 @@ def run(args) -> int:
         histograms=bool(args.html) and not directory,
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    return _run_directory(args, dumps, flags, show) if directory else _run_file(args, flags, show)
-
-
-def _check_numbers(args) -> None:
-    """Each count and size flag within its range: one line naming the flag and its value."""
-    for flag, value, least in (
-        ("--n-samples-per-prompt", args.n_samples_per_prompt, 1),
-        ("--context-parallel-size", args.context_parallel_size, 1),
-        ("--tensor-model-parallel-size", args.tensor_model_parallel_size, 1),
-        ("--max-per-sample", args.max_per_sample, 1),
-        ("--max-dump-mb", args.max_dump_mb, 1),
-        ("--max-sample-tokens", args.max_sample_tokens, 1),
-        ("--workers", args.workers, 1),
-        ("--max-rows", args.max_rows, 0),  # 0: the summary lines without the table's rows
-        ("--rollout-max-response-len", args.rollout_max_response_len, 1),
-    ):
-        if value is not None and value < least:
-            raise UserError(f"{flag} {value}: must be >= {least}")
+    if not directory:
+        return _run_file(args, flags, show)
+    try:
+        return _run_directory(args, dumps, flags, show)
+    except proctree.Interrupted as e:
+        print(f"nanscope scan: interrupted by {signal.Signals(e.signum).name}; its workers stopped", file=sys.stderr)
+        return e.exit_code
 
 
 def _check_ray(args, directory: bool) -> None:
@@ -315,7 +306,6 @@ def _check_ray(args, directory: bool) -> None:
     if args.ray_timeout is not None:
         if args.ray_address is None:
             raise UserError(f"--ray-timeout {args.ray_timeout:g} goes with --ray-address (joining a cluster)")
-        ray_session.check_timeout(args.ray_timeout)
     if not args.ray:
         return
     ray_session.require("--ray")
@@ -410,6 +400,8 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
         workers=args.workers,
     )
     with contextlib.ExitStack() as stack:
+        if not args.ray:  # Ctrl-C or kill ends the scan now, its workers first (Ray's session has its own)
+            opts["check"] = stack.enter_context(proctree.StopSignals()).check
         scan_files = _scanner(args, stack)
         summaries = _with_bar(scan_files, paths, flags, opts, args.dump) if show else scan_files(paths, flags, **opts)
     report.render_directory(summaries, console, args.dump)

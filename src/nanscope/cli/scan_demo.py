@@ -8,25 +8,38 @@ cross 88.72 at the last, for `scan DIR`'s trend.
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 from pathlib import Path
 
+from nanscope import outputs
 from nanscope.dumps import many
 from nanscope.errors import UserError
 from nanscope.report import files
+
+FLAG = "--write-demo"
 
 
 def write(args) -> int:
     """`scan --write-demo PATH`: one demo dump, or with --demo-kind run a drifting run's; what it planted, printed."""
     from nanscope.dumps import demo  # heavy: torch, only --write-demo writes a dump
 
+    given = [
+        flag for flag, value in (("a dump to scan", args.dump), ("--json", args.json), ("--html", args.html)) if value
+    ]
+    if given:
+        raise UserError(
+            f"{FLAG} writes a demo and exits: not with {', '.join(given)} (scan the demo afterwards: "
+            f"nanscope scan {files.shown(args.write_demo)})"
+        )
     if args.demo_kind == "run":
         return _write_run(args)
-    target = {"--write-demo": args.write_demo}
-    files.check_outputs(target, replace=args.force, parents=True)
+    files.check_outputs({FLAG: args.write_demo}, replace=args.force, parents=True)
     named = many.name_rollout(args.write_demo)
     rollout_id = demo.DEMO_ROLLOUT if named is None else named
-    with _writing(args.write_demo) as temporary:
-        planted = demo.write_demo(temporary, kind=args.demo_kind, rollout_id=rollout_id, release=args.demo_release)
+    buffer = io.BytesIO()  # serialised in memory: the disk's refusal is then an OSError with its reason
+    planted = demo.write_demo(buffer, kind=args.demo_kind, rollout_id=rollout_id, release=args.demo_release)
+    files.write_bytes(args.write_demo, buffer.getvalue(), FLAG, parents=True)
     print(
         f"wrote {args.demo_kind} dump {args.write_demo} (rollout {rollout_id}, slime {args.demo_release} format) "
         f"with {len(planted)} planted hazards:"
@@ -38,27 +51,15 @@ def write(args) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _writing(path):
-    """A temporary file renamed onto `path` once whole (its directories made); a writer's failure is one line."""
-    with files.replacing(path, "--write-demo", parents=True) as temporary:
-        try:
-            yield temporary
-        except RuntimeError as e:  # torch.save's writer: the disk is full, the file system refuses
-            raise UserError(f"--write-demo {files.shown(path)}: cannot write: {_first_line(e)}") from None
-
-
 def _write_run(args) -> int:
     """`--write-demo DIR --demo-kind run`: the drifting run's dumps under DIR, slime's two dump directories."""
     from nanscope.dumps import demo  # heavy: torch, only --write-demo writes a dump
 
     root = Path(args.write_demo)
-    if root.exists() and not root.is_dir():
-        raise UserError(f"--write-demo {files.shown(root)}: not a directory (--demo-kind run writes a directory)")
-    paths = demo.drifting_run_paths(root)
-    for path in paths:  # every target checked before the first is written: nothing half-replaced
-        files.check_writable(path, "--write-demo", replace=args.force, parents=True)
-    demo.write_drifting_run(root, release=args.demo_release, opener=_writing)
+    _check_run_directory(root, demo.drifting_run_paths(root), args.force)
+    dumps: dict[Path, bytes] = {}
+    demo.write_drifting_run(root, release=args.demo_release, opener=lambda path: _in_memory(path, dumps))
+    _write_all(dumps)
     last = demo.DRIFT_ROLLOUTS - 1
     print(
         f"wrote a drifting run of {demo.DRIFT_ROLLOUTS} rollouts under {root} (slime {args.demo_release} format): "
@@ -70,5 +71,54 @@ def _write_run(args) -> int:
     return 0
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+def _check_run_directory(root: Path, paths: list[Path], force: bool) -> None:
+    """DIR and its two dump directories are directories of their own, never links; every target is checked before
+    the first is written: nothing half-replaced."""
+    if root.is_symlink():
+        raise UserError(
+            f"{FLAG} {files.shown(root)}: is a symbolic link (to {files.shown(os.readlink(root))}); outputs are never "
+            "written through one: name the directory itself"
+        )
+    if root.exists() and not root.is_dir():
+        raise UserError(f"{FLAG} {files.shown(root)}: not a directory (--demo-kind run writes a directory)")
+    for path in paths:
+        link = outputs.link_in(path.parent, root)
+        if link is not None:
+            raise UserError(
+                f"{FLAG} {files.shown(root)}: {files.shown(link)} is a symbolic link (to "
+                f"{files.shown(os.readlink(link))}); outputs are never written through one"
+            )
+        files.check_writable(path, FLAG, replace=force, parents=True)
+
+
+@contextlib.contextmanager
+def _in_memory(path: Path, dumps: dict):
+    """The demo's writer for one file: a buffer, kept as `path`'s bytes."""
+    buffer = io.BytesIO()
+    yield buffer
+    dumps[path] = buffer.getvalue()
+
+
+def _write_all(dumps: dict[Path, bytes]) -> None:
+    """Every file written, or, when one cannot be, the files this call made and their new directories removed."""
+    made: list[str] = []
+    new: list[Path] = []
+    try:
+        for path, data in dumps.items():
+            made += _directories(path.parent)
+            fresh = not os.path.lexists(path)
+            files.write_bytes(path, data, FLAG)
+            new += [path] if fresh else []
+    except BaseException:
+        for path in new:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        outputs.remove_directories(sorted(made, key=len, reverse=True))
+        raise
+
+
+def _directories(directory: Path) -> list[str]:
+    try:
+        return outputs.make_directories(directory)
+    except OSError as e:
+        raise UserError(f"{FLAG} {files.shown(directory)}: cannot make the directory: {e.strerror or e}") from None

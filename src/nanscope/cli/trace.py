@@ -26,13 +26,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 from nanscope import case
 from nanscope.causes import catalogue
+from nanscope.cli import numbers
 from nanscope.errors import UserError
-from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
-from nanscope.inputs import MiB, fill_template, printable, read_json
+from nanscope.facts import ranges
+from nanscope.facts.paths import BUNDLE_SUFFIX, OLD_REPORT_DIRS, REPORT_DIR, REPORT_FILE
+from nanscope.inputs import MiB, directory_files, fill_template, printable, read_json, skipped_lines
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files, trace_dir
 from nanscope.trace.bundles import bundle_text
@@ -93,7 +96,7 @@ def add_parser(sub):
         help="also write the report as JSON (key 'trace'; a bundle: 'bundle'; a report directory: 'bundles', "
         "'refused', 'verdict'; docs/json.md)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the hazard's batch (default 0)")
+    p.add_argument("--seed", type=numbers.SEED, default=0, help="seed of the hazard's batch, 0..2^32-1 (default 0)")
     p.add_argument(
         "--device",
         default="cpu",
@@ -102,8 +105,8 @@ def add_parser(sub):
     )
     p.add_argument(
         "--max-input-mb",
-        type=float,
-        default=DEFAULT_LIMIT_MB,
+        type=numbers.MEBIBYTES,
+        default=str(DEFAULT_LIMIT_MB),
         metavar="MB",
         help=f"refuse a FILE.pt or bundle larger than this (default {DEFAULT_LIMIT_MB})",
     )
@@ -113,8 +116,8 @@ def add_parser(sub):
 def run(args) -> int:
     if (args.file is None) == (args.hazard is None):
         raise UserError("give either FILE.pt or --hazard NAME (not both)")
-    if not args.max_input_mb > 0:
-        raise UserError(f"--max-input-mb {args.max_input_mb}: must be a number > 0")
+    if args.file is not None:
+        args.file = _report_dir_spelling(args.file)
     kind = _kind(args.file) if args.file is not None else "hazard"
     if kind in ("bundle", "directory"):
         given = [flag for flag, on in (("--loss", args.loss), ("--hazard", args.hazard)) if on]
@@ -166,13 +169,32 @@ def _inputs(args, kind: str) -> list[tuple[str, str | Path]]:
     return [("repro bundle" if kind == "bundle" else "micro-batch file", args.file), *named]
 
 
+def _report_dir_spelling(path: str) -> str:
+    """`path`, or where it names the default report directory and that is missing, the old default's spelling beside
+    it when that is there (`repro --plugin` wrote nanscope-reports before the one spelling), said on stderr."""
+    if os.path.lexists(path) or os.path.basename(os.path.normpath(path)) != REPORT_DIR:
+        return path
+    for old in OLD_REPORT_DIRS:
+        other = os.path.join(os.path.dirname(os.path.normpath(path)), old)
+        if os.path.isdir(other):
+            print(printable(f"nanscope trace: {path}: missing; reading {other}, its old spelling"), file=sys.stderr)
+            return other
+    return path
+
+
 def _under(path: str, directory: str) -> bool:
     return os.path.realpath(path).startswith(os.path.join(os.path.realpath(directory), ""))
 
 
 def _members(root: Path) -> list[str]:
     """The names of the files of a report directory that `nanscope trace` reads, sorted."""
-    return sorted(p.name for p in root.iterdir() if _ours(p.name) and p.is_file())
+    return [path.name for path in directory_files(root, "*")[0] if _ours(path.name)]
+
+
+def _skipped(root: Path) -> list[tuple[Path, str]]:
+    """The entries of a report directory named like the plugin's files that are no regular files (a FIFO, a device,
+    a directory): not read, and said so."""
+    return [(path, what) for path, what in directory_files(root, "*")[1] if _ours(path.name)]
 
 
 def _member(name: str) -> str:
@@ -191,7 +213,7 @@ def _kind(path: str) -> str:
 
 
 def _limit(args) -> int:
-    return int(min(args.max_input_mb * MiB, 2**62))
+    return args.max_input_mb  # in bytes (numbers.MEBIBYTES)
 
 
 def _bundle(args) -> int:
@@ -251,6 +273,8 @@ def _directory(args) -> int:
     A file that cannot be read is one `refused:` line naming it and its field; the others are still listed."""
     root = Path(args.file)
     names = _members(root)
+    for line in skipped_lines(_skipped(root)):
+        print(f"nanscope trace: {line}", file=sys.stderr)
     replays, refused = [], []
     for result, refusal in _replay_each(args, root, [n for n in names if n.endswith(BUNDLE_SUFFIX)]):
         replays += [result] if result is not None else []
@@ -280,7 +304,12 @@ def _directory(args) -> int:
     if args.json:
         doc = {"source": str(root), "bundles": replays, "refused": refused, "verdict": verdict}
         files.write_json(args.json, doc)
-    return 1 if any(r["found"] for r in replays) else (2 if refused else 0)
+    if any(r["found"] for r in replays):
+        return 1
+    if refused:  # exit 2 says why on stderr, as every exit 2 does
+        more = f"; the first: {refused[0]}" if len(refused) > 1 else f": {refused[0]}"
+        raise UserError(f"{len(refused)} of {len(names)} files refused (the refused: lines above){more}")
+    return 0
 
 
 @contextlib.contextmanager
@@ -371,9 +400,12 @@ def _order(doc: dict) -> tuple:
 
 def _json(path: Path, what: str) -> dict:
     doc = read_json(path, what, REPORT_LIMIT)
-    ints = all(type(doc.get(k)) is int for k in ("rollout_id", "step_id", "rank")) if isinstance(doc, dict) else False
+    bounds = (("rollout_id", ranges.MAX_ID), ("step_id", ranges.MAX_ID), ("rank", ranges.MAX_RANK))
+    ints = isinstance(doc, dict) and all(ranges.in_range(doc.get(k), 0, high) for k, high in bounds)
     if not ints:
-        raise UserError(f"{path}: {what}: expected a dict with integer rollout_id, step_id and rank")
+        raise UserError(
+            f"{path}: {what}: expected a dict with integer rollout_id and step_id (0 to 2^63-1) and rank (0 to 2^31-1)"
+        )
     return doc
 
 

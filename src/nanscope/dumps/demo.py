@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -258,13 +259,13 @@ def write_drifting_run(
     directory: str | Path,
     rollouts: int = DRIFT_ROLLOUTS,
     release: str = releases.V0_1_0,
-    opener: Callable[[Path], ContextManager[str | Path]] | None = None,
+    opener: Callable[[Path], ContextManager[str | Path | BinaryIO]] | None = None,
 ) -> list[Path]:
     """Write a run's dumps whose log-ratio drifts towards fp32's exp overflow, and return their paths
     (`drifting_run_paths`).
 
-    `opener(path)` is a context manager giving the path each writer writes to (`scan --write-demo`: a temporary
-    file renamed onto `path` once whole); default: `path` itself.
+    `opener(path)` is a context manager giving what each writer writes to, a path or a binary file (`scan
+    --write-demo`: a buffer, written whole once every dump is serialised); default: `path` itself.
 
     Rollout i (0 <= i < rollouts) has a rollout dump `rollout_data/{i}.pt` and, but for the last one (slime
     writes a train dump after the rollout's training, and the last rollout's training is the one that

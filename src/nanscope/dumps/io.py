@@ -45,6 +45,7 @@ from nanscope.dumps.rollout_dump import scan_sample, token_sample
 from nanscope.dumps.train_dump import is_main_sample, main_sample, train_dump
 from nanscope.dumps.unpickler import Loader, Refused, Unreadable
 from nanscope.errors import UserError
+from nanscope.facts import ranges
 from nanscope.inputs import check_file
 from nanscope.trace.loading.pickle_budget import OverBudget
 
@@ -119,7 +120,8 @@ def _converter(
 
 
 def _rank(x: Any) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
+    """The dump's stored rank, where it is one a run can have (`nanscope.facts.ranges`), else None."""
+    return x if ranges.in_range(x, 0, ranges.MAX_RANK) else None
 
 
 def _from_object(fields: Fields, obj: Any, *, reward_key: str | None, cp_size: int, tp_size: int, tokens: bool) -> Dump:

@@ -2,24 +2,30 @@
 
 Each file is scanned in a worker process (a forkserver that has imported the reader and the checks once),
 so a slow or large file does not hold the others and a file's memory is returned when it is done. A file
-that cannot be read is a summary with its one-line error, not the end of the batch.
+that cannot be read is a summary with its one-line error, not the end of the batch. Anything that ends the
+scan early (a stop signal the caller's `check` raises, Ctrl-C) ends the workers before it propagates: no
+file is scanned after it, and no process is left behind.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from multiprocessing import get_context
+from multiprocessing import active_children, get_context
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import Limits
 from nanscope.errors import UserError
+from nanscope.inputs import directory_files, skipped_lines
+
+POLL_S = 0.25  # how often a directory's scan looks for a stop
 
 if TYPE_CHECKING:
     from nanscope.dumps.headroom import DumpHeadroom
@@ -61,12 +67,14 @@ class FileSummary:
     headroom: DumpHeadroom | None = None
 
 
-def find_dumps(directory: str | Path) -> list[Path]:
-    """The *.pt files under `directory` (recursively), sorted; a directory without any is a UserError."""
-    paths = sorted(p for p in Path(directory).rglob("*.pt") if p.is_file())
+def find_dumps(directory: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The *.pt files under `directory` (recursively), sorted, and the entries named so that are no regular files
+    (`nanscope.inputs.directory_files`); a directory without any dump is a UserError."""
+    paths, skipped = directory_files(directory, "*.pt", recursive=True)
     if not paths:
-        raise UserError(f"{directory}: no *.pt dumps in this directory or below")
-    return paths
+        also = f" ({len(skipped)} named so are not regular files: {skipped_lines(skipped, 1)[0]})" if skipped else ""
+        raise UserError(f"{directory}: no *.pt dumps in this directory or below{also}")
+    return paths, skipped
 
 
 def name_rollout(path: str | Path) -> int | None:
@@ -76,7 +84,7 @@ def name_rollout(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-_DUMP_NAME = re.compile(r"(\d+)(?:_\d+)?")
+_DUMP_NAME = re.compile(r"([0-9]{1,18})(?:_[0-9]{1,10})?")  # ASCII digits, an id under 10**18 < MAX_ID
 
 
 def scan_file(path: str, flags: ScanFlags, load: dict) -> FileSummary:
@@ -128,22 +136,56 @@ def scan_files(
     limits: Limits | None = None,
     workers: int | None = None,
     done: Callable[[FileSummary], None] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> list[FileSummary]:
     """Scan `paths` on `workers` processes (default: the cores this process may use), in the paths' order.
 
     Args:
         done: called with each summary as its file finishes (in completion order).
+        check: called every POLL_S; what it raises (a stop signal noted by the caller) ends the scan, the workers
+            first.
     """
     load = dict(trust_pickle=trust_pickle, cp_size=cp_size, tp_size=tp_size, limits=limits or Limits())
     workers = min(workers or len(os.sched_getaffinity(0)), len(paths))
     ctx = get_context("forkserver")
     ctx.set_forkserver_preload(["nanscope.dumps.io", "nanscope.dumps.checks", "nanscope.dumps.headroom"])
     out: dict[str, FileSummary] = {}
-    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = [pool.submit(scan_file, str(p), flags, load) for p in paths]
-        for future in as_completed(futures):
-            summary = future.result()
-            out[summary.path] = summary
-            if done is not None:
-                done(summary)
+    before = set(active_children())
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_setup)
+    try:
+        pending = {pool.submit(scan_file, str(p), flags, load) for p in paths}
+        while pending:  # short waits: `check` sees a stop signal within POLL_S
+            finished, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            for future in finished:
+                summary = future.result()
+                out[summary.path] = summary
+                if done is not None:
+                    done(summary)
+            if check is not None:
+                check()
+    except BaseException:  # a stop `check` raised, Ctrl-C, a broken pool: the workers end before it propagates
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_workers([p for p in active_children() if p not in before])
+        if check is not None:
+            check()  # a stop signal that also ended a starting worker (Ctrl-C reaches the group) is the reason
+        raise
+    pool.shutdown(wait=True)
     return [out[str(p)] for p in paths]
+
+
+def _worker_setup() -> None:
+    """A worker leaves the stop signals to the parent: a terminal's Ctrl-C reaches the whole process group, and the
+    parent, not each worker, decides what stops (it ends the workers itself, `stop_workers`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_workers(workers: list, grace_s: float = 5.0) -> None:
+    """SIGTERM each worker process, then SIGKILL those still there after `grace_s`; each one joined (reaped)."""
+    for worker in workers:
+        worker.terminate()
+    deadline = time.monotonic() + grace_s
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            worker.kill()
+            worker.join()

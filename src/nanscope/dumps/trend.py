@@ -17,6 +17,7 @@ import math
 
 from nanscope.dumps.headroom import ROLLOUT_MAXIMA, TRAIN_MAXIMA, later
 from nanscope.dumps.many import FileSummary, name_rollout
+from nanscope.facts import ranges
 from nanscope.facts.numerics import FP32_EXP_MAX, LOG_RATIO_BOUND
 
 # What each metric of the series is, from which dump kind: the JSON's `metrics`, the chart's legend.
@@ -44,7 +45,7 @@ def _stored_rollout(summary: FileSummary) -> int | None:
     stored = summary.rollout_id
     if isinstance(stored, float) and stored.is_integer():
         stored = int(stored)
-    return stored if isinstance(stored, int) and not isinstance(stored, bool) else None
+    return stored if ranges.in_range(stored, 0, ranges.MAX_ID) else None  # 10**23 is no rollout a run reaches
 
 
 def rollout_of(summary: FileSummary) -> int | None:

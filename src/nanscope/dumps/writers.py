@@ -11,31 +11,42 @@ each release's own dump writer. The synthetic samples the tests and the demo wri
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 from nanscope.facts import releases
 
 
-def write_rollout_dump(path: str | Path, samples: list[dict], rollout_id: int = 0) -> Path:
-    """Write `samples` (Sample.to_dict()-shaped dicts) the way every release's rollout dump writer does."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(dict(rollout_id=rollout_id, samples=samples), path)
-    return path
+def write_rollout_dump(path: str | Path | BinaryIO, samples: list[dict], rollout_id: int = 0) -> Path | BinaryIO:
+    """Write `samples` (Sample.to_dict()-shaped dicts) the way every release's rollout dump writer does (to a path,
+    its directories made, or into a binary file object)."""
+    return _save(dict(rollout_id=rollout_id, samples=samples), path)
 
 
 def write_train_dump(
-    path: str | Path, rollout_data: dict, rollout_id: int = 0, rank: int = 0, release: str = releases.V0_1_0
-) -> Path:
+    path: str | Path | BinaryIO,
+    rollout_data: dict,
+    rollout_id: int = 0,
+    rank: int = 0,
+    release: str = releases.V0_1_0,
+) -> Path | BinaryIO:
     """Write a train dump the way the release's actor does: `rollout_data` (per-key lists) as it is, or for
-    main one dict per sample (`format_version` 2; one data-parallel rank, cp=1)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    main one dict per sample (`format_version` 2; one data-parallel rank, cp=1). `path` as `write_rollout_dump`."""
     if releases.BY_KEY[release].train_layout == "samples":
         payload = _samples_payload(rollout_data, rollout_id, rank)
     else:
         payload = dict(rollout_id=rollout_id, rank=rank, rollout_data=rollout_data)
+    return _save(payload, path)
+
+
+def _save(payload: dict, path: str | Path | BinaryIO) -> Path | BinaryIO:
+    """torch.save to a file object as it is, or to a path with its directories made."""
+    if hasattr(path, "write"):
+        torch.save(payload, path)
+        return path
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, path)
     return path
 

@@ -1,5 +1,5 @@
 """The dotted paths a slime launch script names nanscope's plugin by (doctor's fix texts and rules cite them), and
-the names of the files the plugin writes into its report directory.
+the names of the plugin's report directory and of the files it writes there.
 
 tests/slime_plugin check that each resolves to the object it names.
 """
@@ -9,6 +9,10 @@ from __future__ import annotations
 import re
 
 PLUGIN = "nanscope.slime_plugin"
+# The plugin's NANSCOPE_REPORT_DIR default, and `repro --plugin`'s --report-dir default: one spelling. The old
+# spelling of `repro --plugin`'s (nanscope-reports) is still read where a report directory is read.
+REPORT_DIR = "nanscope_reports"
+OLD_REPORT_DIRS = ("nanscope-reports",)
 LOSS_FUNCTION_PATH = f"{PLUGIN}.policy_loss"  # --custom-loss-function-path
 HOOK_PATH = f"{PLUGIN}.before_train_step"  # --custom-megatron-before-train-step-hook-path
 

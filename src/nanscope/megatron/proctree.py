@@ -3,13 +3,15 @@ and an agent that ends with its parent.
 
 torchrun runs in its own session (a Ctrl-C in the terminal does not reach it) and its ranks may start
 new sessions of their own, so neither the terminal nor a process-group kill ends them: the parent
-collects the tree from /proc and kills it pid by pid. A parent killed by SIGKILL does none of this: its
+collects the tree from /proc and kills it pid by pid. A tree's root that runs a user's code (slime's
+train.py) first adopts its orphans (`adopt_orphans`): a process that detaches stays in the tree. A parent killed by SIGKILL does none of this: its
 agent notices (`ParentWatch`), kills the ranks and removes the launch's temp dirs itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -77,6 +79,20 @@ class StopSignals:
         """Raise Interrupted if a stop signal arrived (`workers`: how many processes were stopped)."""
         if self.signum is not None:
             raise Interrupted(self.signum, workers)
+
+
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2), Linux >= 3.4
+
+
+def adopt_orphans() -> bool:
+    """Make this process the subreaper of its descendants (Linux prctl PR_SET_CHILD_SUBREAPER): a descendant that
+    detaches (forks and lets its parent exit, as a daemon does) is re-parented to this process, not to init, so it
+    stays in this process's tree and `kill_tree` reaches it. False where the kernel offers no such thing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def children() -> dict[int, list[int]]:

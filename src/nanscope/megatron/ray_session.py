@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import importlib.util
 import logging
-import math
 import os
 import shutil
 import signal
@@ -123,12 +122,6 @@ def session(
         )
         stack.callback(ray.shutdown)
         yield temp
-
-
-def check_timeout(timeout_s: float, flag: str = "--ray-timeout") -> None:
-    """Raise UserError (one line) unless `timeout_s` is a finite number of seconds > 0."""
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise UserError(f"{flag} {timeout_s:g}: must be a finite number of seconds > 0")
 
 
 def probe(address: str, timeout_s: float = TIMEOUT_S, flag: str = "--ray-address") -> None:

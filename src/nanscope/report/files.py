@@ -4,14 +4,15 @@ check_outputs(outputs, inputs)  before the work: every target is new or a regula
                                 named by one output only, and none of the files the run reads
 write_text(path, text, flag)    HTML, terminal transcripts
 write_json(path, doc, flag)     every command's --json
-replacing(path, flag)           for a writer that takes a path (torch.save): the temporary path to write
+write_bytes(path, data, flag)   --write-demo's dumps, serialised in memory first
+replacing(path, flag)           for a writer that takes a path: the temporary path to write
 
-Each write goes to a temporary file in the target's directory, renamed onto the target once complete: a failed
-write leaves the old file as it was and no temporary file behind. A FIFO would block the write forever and
-/dev/null would swallow it, so a target that exists must be a regular file; a symlink is followed (the file it
-names is replaced, the link stays). Inputs are compared by their file (device and inode), so a symlink or a hard
-link to one is refused as well. Every refusal is one UserError line naming the flag and the path (repr() of a
-path that holds a newline or another unprintable character).
+The writing itself is `nanscope.outputs` (the plugin's reports use it too): a temporary file in the target's
+directory, renamed onto the target once complete, so a failed write leaves the old file as it was and no temporary
+file behind. A FIFO would block the write forever and /dev/null would swallow it, so a target that exists must be a
+regular file; a symlink is refused, dangling or not (no output is written through one). Inputs are compared by
+their file (device and inode), so a hard link to one is refused as well. Every refusal is one UserError line naming
+the flag and the path (repr() of a path that holds a newline or another unprintable character).
 """
 
 from __future__ import annotations
@@ -20,19 +21,13 @@ import contextlib
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from nanscope.errors import UserError
-from nanscope.inputs import shown
-
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
+from nanscope.inputs import file_kind, shown
+from nanscope.outputs import replacing as replacing_whole
+from nanscope.outputs import system_directory
 
 
 def check_outputs(
@@ -60,15 +55,15 @@ def check_outputs(
             continue
         if not os.fspath(path):
             raise UserError(f"{flag} '': an empty path (give a file name)")
-        check_writable(path, flag, replace, parents)
         key = _file_key(path) or ("new", os.path.realpath(path))
-        if key in read:
+        if key in read:  # first: a link to an input is refused as the input it names
             what, source = read[key]
             same = "" if os.path.realpath(source) == os.path.realpath(path) else f" {shown(source)}"
             raise UserError(f"{flag} {shown(path)}: is this run's {what}{same}: writing it would destroy it")
         if key in named:
             other, first = named[key]
             raise UserError(f"{flag} {shown(path)}: names the same file as {other} {shown(first)}: give each its own")
+        check_writable(path, flag, replace, parents)
         named[key] = (flag, path)
 
 
@@ -85,32 +80,37 @@ def check_writable(path: str | os.PathLike, flag: str = "--json", replace: bool 
         raise UserError(f"{flag} {shown(path)}: directory not writable: {shown(parent)}")
 
 
+def check_directory(path: str | os.PathLike, flag: str = "--report-dir") -> None:
+    """A directory a run leaves its files in (`repro --plugin --report-dir`): an existing directory, or one the run
+    can make, writable, and none of the system's (`nanscope.outputs.system_directory`)."""
+    problem = system_directory(path)
+    if problem:
+        raise UserError(f"{flag} {shown(path)}: {problem}: give a directory of the run's own")
+    target = Path(path)
+    try:
+        if target.exists() and not target.is_dir():
+            kind = "" if target.is_file() else f" ({file_kind(os.stat(target).st_mode)})"
+            raise UserError(f"{flag} {shown(path)}: not a directory{kind}")
+    except OSError as e:  # a symlink loop, a name too long
+        raise _cannot_write(flag, path, e) from None
+    parent = next((p for p in (target.absolute(), *target.absolute().parents) if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise UserError(f"{flag} {shown(path)}: not a directory: {shown(parent)} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {shown(path)}: directory not writable: {shown(parent)}")
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike, flag: str, parents: bool = False) -> Iterator[str]:
     """A temporary file beside `path` to write; renamed onto `path` if the block ends without an error, removed
-    if it raises. An OSError (the directory, the disk, the rename) is one UserError line naming flag and path."""
-    existing = _existing(path, flag)  # again: a FIFO may have appeared since check_outputs
-    target = os.path.realpath(path) if os.path.islink(path) else os.fspath(path)
-    directory = os.path.dirname(target) or "."
+    (with the directories `parents` made) if it raises. An OSError (the directory, the disk, the rename) is one
+    UserError line naming flag and path."""
+    _existing(path, flag)  # again: a FIFO or a link may have appeared since check_outputs
     try:
-        if parents:
-            os.makedirs(directory, exist_ok=True)
-        name = os.path.basename(target)[:200]  # the temporary name fits NAME_MAX where the target's does
-        fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        os.close(fd)
+        with replacing_whole(path, parents=parents) as temporary:
+            yield temporary
     except OSError as e:
         raise _cannot_write(flag, path, e) from None
-    try:
-        yield temporary
-        os.chmod(temporary, stat.S_IMODE(existing.st_mode) if existing is not None else 0o666 & ~_umask())
-        with open(temporary, "rb") as f:
-            os.fsync(f.fileno())  # the data reaches the disk before the name does
-        os.replace(temporary, target)
-    except OSError as e:
-        raise _cannot_write(flag, path, e) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
 
 
 def write_text(path: str | os.PathLike, text: str, flag: str = "--html") -> None:
@@ -121,33 +121,45 @@ def write_text(path: str | os.PathLike, text: str, flag: str = "--html") -> None
             f.write(text)
 
 
+def write_bytes(path: str | os.PathLike, data: bytes, flag: str, parents: bool = False) -> None:
+    """`data` as the file at `path` (see `replacing`)."""
+    with replacing(path, flag, parents) as temporary, open(temporary, "wb") as f:
+        f.write(data)
+
+
 def write_json(path: str | os.PathLike, doc, flag: str = "--json") -> None:
     """`doc` as indented JSON (NaN and inf as JSON's NaN/Infinity, as json.dump writes them)."""
     write_text(path, json.dumps(doc, indent=1) + "\n", flag)
 
 
 def _existing(path: str | os.PathLike, flag: str) -> os.stat_result | None:
-    """The stat of the file `path` names (symlinks followed), None if there is none; refused unless regular."""
+    """The stat of the file at `path` (a link not followed), None if there is none; refused unless regular."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
-    except OSError as e:  # a file where a directory should be, a symlink loop, a name too long
+    except OSError as e:  # a file where a directory should be, a symlink loop above it, a name too long
         raise _cannot_write(flag, path, e) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(
+            f"{flag} {shown(path)}: is a symbolic link (to {shown(os.readlink(path))}); outputs are never written "
+            "through one: name the file itself, or remove the link"
+        )
     if stat.S_ISDIR(st.st_mode):
         raise UserError(f"{flag} {shown(path)}: is a directory, expected a file path")
     if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a plain file")
-        raise UserError(f"{flag} {shown(path)}: not a regular file ({kind}); outputs are written to regular files")
+        raise UserError(
+            f"{flag} {shown(path)}: not a regular file ({file_kind(st.st_mode)}); outputs are written to regular files"
+        )
     if not os.access(path, os.W_OK):  # a read-only file is the user's "keep this": the rename would not ask
         raise UserError(f"{flag} {shown(path)}: file not writable")
     return st
 
 
 def _directory(path: str | os.PathLike) -> Path:
-    """The directory the target's file goes in: the path's own, or its symlink's target's."""
-    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
-    return target.parent if str(target.parent) else Path(".")
+    """The directory the target's file goes in."""
+    parent = Path(path).parent
+    return parent if str(parent) else Path(".")
 
 
 def _file_key(path: str | os.PathLike) -> tuple | None:
@@ -157,13 +169,6 @@ def _file_key(path: str | os.PathLike) -> tuple | None:
     except (OSError, ValueError):  # ValueError: a NUL byte in the name
         return None
     return (st.st_dev, st.st_ino)
-
-
-def _umask() -> int:
-    """The process's umask: what a plain open() would have applied to a new file."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _cannot_write(flag: str, path: str | os.PathLike, e: OSError) -> UserError:

@@ -3,14 +3,11 @@ a report directory as the plugin writes its own files."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanscope.outputs import copy_file
 from nanscope.repro.runs import Repro
 
 WARN_LEAD = 2  # a drift's `nanscope: warning:` comes at least this many steps before the step it kills
@@ -105,23 +102,14 @@ def plugin_check(
 
 
 def _leave(path: Path, report_dir: Path) -> str | None:
-    """Copy the run's file `path` into `report_dir` as the plugin writes its files: a temporary file renamed into
-    place, so a link at the name is replaced, never followed. Why it could not be left there (one line), else None:
-    the run's result never depends on it."""
-    temporary = None
+    """Copy the run's file `path` into `report_dir` as the plugin writes its files (`nanscope.outputs`: a link at the
+    name is replaced, never followed). Why it could not be left there (one line), else None: the run's result never
+    depends on it."""
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-            shutil.copyfileobj(src, out)
-        os.replace(temporary, report_dir / path.name)
-        temporary = None
+        copy_file(path, report_dir / path.name)
     except OSError as e:
         return f"{report_dir / path.name}: {e.strerror or e}"
-    finally:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
     return None
 
 

@@ -21,21 +21,17 @@ import json
 import os
 import tempfile
 
+from nanscope.outputs import replacing, system_directory
 from nanscope.slime_plugin.coords import Coords
 from nanscope.trace.bundles.bundle import SUFFIX
 
-# Directories a report directory may not resolve to (the system's own), and the kernel's, not even inside them
-# (/dev/shm, a tmpfs, excepted).
-_SYSTEM = ("/", "/etc", "/usr", "/bin", "/sbin", "/boot", "/proc", "/sys", "/dev")
-_PSEUDO = ("/proc", "/sys", "/dev")
-
 
 def check_dir(report_dir: str) -> str | None:
-    """Why `report_dir` cannot take reports (a system directory; else created if missing and a file must be
-    writable in it), else None."""
-    problem = _system_dir(report_dir)
+    """Why `report_dir` cannot take reports (a system directory or one of credentials, `nanscope.outputs`; else
+    created if missing and a file must be writable in it), else None."""
+    problem = system_directory(report_dir)
     if problem:
-        return f"NANSCOPE_REPORT_DIR={report_dir!r}: {problem}"
+        return f"NANSCOPE_REPORT_DIR={report_dir!r}: {problem}: give a directory of the run's own"
     try:
         os.makedirs(report_dir, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=report_dir, prefix=".nanscope-probe-"):
@@ -43,22 +39,6 @@ def check_dir(report_dir: str) -> str | None:
     except OSError as e:
         return f"NANSCOPE_REPORT_DIR={report_dir!r}: cannot write reports there: {e.strerror or e}"
     return None
-
-
-def _system_dir(report_dir: str) -> str | None:
-    """Why `report_dir` is a system directory (as given or as it resolves: /lib is /usr/lib on merged-/usr
-    systems), else None."""
-    given, resolved = os.path.abspath(report_dir), os.path.realpath(report_dir)
-    if any(_system(p) for p in (given, resolved)):
-        return f"resolves to {resolved}, a system directory: give a directory of the run's own"
-    return None
-
-
-def _system(path: str) -> bool:
-    top = path.removeprefix("/usr") if path.startswith("/usr/") else path
-    lib = top.startswith("/lib") and "/" not in top[1:]  # /lib, /lib32, /lib64, /libx32 (and /usr/lib...)
-    inside = any(path.startswith(p + "/") for p in _PSEUDO) and not path.startswith("/dev/shm")
-    return path in _SYSTEM or top in ("/bin", "/sbin") or lib or inside
 
 
 def say(text: str) -> None:
@@ -133,20 +113,14 @@ class Reports:
         return path
 
     def _write(self, path: str, what: str, write) -> str | None:
-        """`write(binary file)` into a temporary file beside `path`, renamed to `path`; None and a warning when
-        anything fails (torch.save raises RuntimeError on a full disk, os.replace IsADirectoryError, ...)."""
-        tmp = None
+        """`write(binary file)` into a temporary file beside `path`, renamed to `path` (`nanscope.outputs`); None and
+        a warning when anything fails (torch.save raises RuntimeError on a full disk, os.replace IsADirectoryError)."""
         try:
             os.makedirs(self.dir, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".nanscope-", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
+            with replacing(path) as temporary, open(temporary, "wb") as f:  # a link at `path` is replaced
                 write(f)
-            os.replace(tmp, path)  # a link at `path` is replaced, not followed
             return path
         except Exception as e:  # nanscope's own failure: never the end of the run
-            with contextlib.suppress(OSError):
-                if tmp is not None:
-                    os.unlink(tmp)
             reason = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
             warn(
                 f"rank {self.coords.rank}: could not write its {what} {os.path.basename(path)} to {self.dir}: {reason}"

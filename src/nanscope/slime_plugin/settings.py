@@ -32,6 +32,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nanscope.facts.paths import REPORT_DIR
 from nanscope.loss.guard import NAN_POLICIES
 
 ON_NONFINITE = ("raise", "skip")
@@ -49,7 +50,7 @@ _NOT_THE_PLUGINS = ("NANSCOPE_SLIME_SRC",)  # the test suite's (tests/slime_rele
 class Settings:
     """The plugin's settings (the module docstring names the variable behind each field)."""
 
-    report_dir: str = "nanscope_reports"
+    report_dir: str = REPORT_DIR
     on_nonfinite: str = "raise"
     max_skips: int | None = None
     trace_step: tuple[int, int] | None = None

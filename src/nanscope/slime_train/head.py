@@ -10,8 +10,9 @@ the way `ray job submit -- python3 train.py` runs slime's: train.py is the drive
 (`nanscope.slime_train.worker.setup`). Each launch's stdout and stderr go to its files; this process writes
 HEAD.json's `result` file: per launch its exit code and seconds.
 
-The parent kills this process's tree on a timeout or a stop signal (Ray's processes and the drivers are in it);
-killed with SIGKILL, the parent leaves this process to end them (`proctree.ParentWatch`).
+The parent kills this process's tree on a timeout or a stop signal (Ray's processes and the drivers are in it, and
+what a driver detached: this process adopts its orphans, `proctree.adopt_orphans`); killed with SIGKILL, the parent
+leaves this process to end them (`proctree.ParentWatch`). At its end it kills what the drivers left running.
 """
 
 from __future__ import annotations
@@ -98,12 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body() -> int:
+        proctree.adopt_orphans()  # a process train.py detaches stays in this tree: the parent's timeout kills it
         request = HeadRequest.from_json(Path(args.request).read_text())
         started = time.time()
-        with ray_session.session(cpus=request.cpus, gpus=request.gpus, temp=request.ray_temp):
-            import ray  # optional: the nanscope[ray] extra, in this process only
+        try:
+            with ray_session.session(cpus=request.cpus, gpus=request.gpus, temp=request.ray_temp):
+                import ray  # optional: the nanscope[ray] extra, in this process only
 
-            drive(request, ray.get_runtime_context().gcs_address, time.time() - started)
+                drive(request, ray.get_runtime_context().gcs_address, time.time() - started)
+        finally:  # what the drivers left running (a detached process): gone with the run
+            proctree.wait_gone(proctree.kill_tree(os.getpid(), root=False))
         return 0
 
     proctree.agent(args.parent, lambda: scratch.sweep(args.parent_tmp), body)

@@ -25,7 +25,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -34,9 +33,11 @@ from pathlib import Path
 
 from nanscope.errors import UserError
 from nanscope.facts import releases
+from nanscope.inputs import read_bytes
 from nanscope.launch.logs import clean
 from nanscope.megatron import hidden_cuda, proctree, scratch
 from nanscope.megatron.proctree import StopSignals
+from nanscope.outputs import copy_file
 from nanscope.slime_train import flags, head, hf, prepare, worker
 
 STANDINS = Path(__file__).with_name("standins")
@@ -109,6 +110,7 @@ class Result:
     launches: list[LaunchResult]
     timed_out: bool = False
     error: str | None = None  # a step of the run that failed before train.py (prepare, the head), with its output
+    left_out: list[str] = field(default_factory=list)  # the drivers' logs that could not be left in the report dir
 
 
 def environment(request: Request, report_dir: str | None) -> dict:
@@ -166,16 +168,27 @@ def run(request: Request) -> Result:
         )  # fmt: skip
         done = json.loads(Path(head_request.result).read_text()) if Path(head_request.result).exists() else {}
         launches = [_launch_result(launch, plans[launch.name], done) for launch in head_request.launches]
-        if report_dir is not None:
-            for launch in head_request.launches:  # the drivers' logs beside the plugin's reports
-                shutil.copyfile(launch.stdout, Path(report_dir) / Path(launch.stdout).name)
-                shutil.copyfile(launch.stderr, Path(report_dir) / Path(launch.stderr).name)
+        left_out = _leave_logs(head_request.launches, Path(report_dir)) if report_dir is not None else []
         error = None if code == 0 or timed_out else f"the Ray head exited {code}:\n{_tail(output)}"
         return Result(
             release=request.release, site=prep["site"], patched=prep["patched"], prepare_s=prep["seconds"],
             ray_s=done.get("ray_s"), wall_s=time.time() - started, launches=launches, timed_out=timed_out,
-            error=error,
+            error=error, left_out=left_out,
         )  # fmt: skip
+
+
+def _leave_logs(launches, report_dir: Path) -> list[str]:
+    """The drivers' logs beside the plugin's reports, each written whole, a link at its name replaced, never
+    followed (`nanscope.outputs`); returns why a log could not be left there (a full disk), one line each."""
+    left_out = []
+    for launch in launches:
+        for log in (launch.stdout, launch.stderr):
+            if os.path.isfile(log):
+                try:
+                    copy_file(log, report_dir / Path(log).name)
+                except OSError as e:
+                    left_out.append(f"{report_dir / Path(log).name}: {e.strerror or e}")
+    return left_out
 
 
 def _own_ckpt(paths: flags.Paths, work: Path, name: str) -> flags.Paths:
@@ -304,6 +317,13 @@ def train_steps(stdout: str) -> list[dict]:
     return steps
 
 
+# The modules of a checkout the run imports itself (prepare.py, and slime's train.py through them): every release has
+# them (v0.1.0 to main); a directory without them is no slime checkout, whatever else it holds.
+REQUIRED = ("train.py", "slime/__init__.py", "slime/utils/types.py", "slime/backends/megatron_utils/arguments.py",
+            "slime/backends/megatron_utils/initialize.py", "slime/backends/megatron_utils/model_provider.py")  # fmt: skip
+TYPES_LIMIT = 1 << 20  # slime/utils/types.py is a few kB at every release
+
+
 def check_sources(slime: str | Path, megatron_lm: str | Path | None) -> Sources:
     """The checkouts `--slime-src` and `--megatron-lm-src` name, checked; UserError (one line) if not usable."""
     root = Path(slime)
@@ -312,6 +332,13 @@ def check_sources(slime: str | Path, megatron_lm: str | Path | None) -> Sources:
         first = releases.V0_1_0 if releases.V0_1_0 in held else held[0] if held else ""
         hint = f": it holds checkouts {', '.join(held)}; name one, e.g. {root / first}" if held else ""
         raise UserError(f"--slime-src {slime}: not a slime checkout (no train.py and slime/ there){hint}")
+    missing = [name for name in REQUIRED if not (root / name).is_file()]
+    if missing:
+        raise UserError(
+            f"--slime-src {slime}: not a slime checkout: no {', '.join(missing)} (every release has them; the run "
+            "imports them)"
+        )
+    sample_fields(root)  # a types.py that cannot be read is refused now, not as the run's traceback
     if megatron_lm is None:
         if importlib.util.find_spec("megatron.training") is None:  # the megatron-core wheel has no megatron.training
             raise UserError(
@@ -326,11 +353,26 @@ def check_sources(slime: str | Path, megatron_lm: str | Path | None) -> Sources:
 
 
 def sample_fields(checkout: Path) -> tuple[str, ...]:
-    """The fields of the checkout's Sample dataclass (slime/utils/types.py), in order; () when there is none."""
+    """The fields of the checkout's Sample dataclass (slime/utils/types.py), in order; () when there is none.
+
+    Raises:
+        UserError: types.py is not a regular file under TYPES_LIMIT, not UTF-8, or not Python this interpreter can
+            parse (a syntax error, a nesting deeper than its parser takes).
+    """
     path = checkout / "slime" / "utils" / "types.py"
-    if not path.is_file():
+    if not path.exists():
         return ()
-    for node in ast.parse(path.read_text()).body:
+    data = read_bytes(path, "slime's Sample (--slime-src)", TYPES_LIMIT)
+    try:
+        tree = ast.parse(data.decode("utf-8"), filename=str(path))
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{path}: slime's Sample (--slime-src): not UTF-8 (byte {e.start}): not a slime checkout"
+        ) from None
+    except (SyntaxError, RecursionError, MemoryError, ValueError) as e:
+        why = e.msg if isinstance(e, SyntaxError) else "nested too deeply" if not isinstance(e, ValueError) else str(e)
+        raise UserError(f"{path}: slime's Sample (--slime-src): not Python this interpreter parses: {why}") from None
+    for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Sample":
             return tuple(
                 x.target.id for x in node.body if isinstance(x, ast.AnnAssign) and isinstance(x.target, ast.Name)

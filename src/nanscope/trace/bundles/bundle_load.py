@@ -19,6 +19,7 @@ returns the coordinate each entry replays with, and how it was found).
 from __future__ import annotations
 
 from nanscope.errors import UserError
+from nanscope.facts import ranges
 from nanscope.facts.keys import PER_TOKEN, SAMPLE
 from nanscope.inputs import fill_template
 from nanscope.loss import layout
@@ -90,9 +91,11 @@ def _field(place: tuple, doc) -> str:
     return torch_file.where(place)
 
 
-def _int(path, value, what: str, low: int = 0) -> int:
-    if type(value) is not int or value < low:
-        raise UserError(f"{path}: {what}: expected an integer >= {low}, got {type(value).__name__} {value!r:.40}")
+def _int(path, value, what: str, low: int = 0, high: int = ranges.MAX_ID) -> int:
+    if not ranges.in_range(value, low, high):
+        raise UserError(
+            f"{path}: {what}: expected an integer from {low} to {high:,}, got {type(value).__name__} {value!r:.40}"
+        )
     return value
 
 
@@ -105,7 +108,11 @@ def _release(path, release) -> None:
 def _coords(path, coords) -> dict:
     if not isinstance(coords, dict):
         raise UserError(f"{path}: coords: expected a dict, got {type(coords).__name__}")
-    out = {key: _int(path, coords.get(key, 1 if key.endswith("size") else 0), f"coords {key}") for key in _COORDS}
+    out = {}
+    for key in _COORDS:  # a rank or coordinate up to MAX_RANK, a size up to MAX_WORLD
+        size = key.endswith("size")
+        high = ranges.MAX_WORLD if size else ranges.MAX_RANK
+        out[key] = _int(path, coords.get(key, 1 if size else 0), f"coords {key}", high=high)
     for rank, size in (("cp_rank", "cp_size"), ("dp_rank", "dp_size")):
         if out[size] < 1 or out[rank] >= out[size]:
             raise UserError(f"{path}: coords: {rank} {out[rank]} outside {size} {out[size]}")
