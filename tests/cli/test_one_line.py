@@ -3,6 +3,7 @@ bad input that used to read as an internal error. Each is exit 2 and exactly one
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -26,10 +27,11 @@ def test_bad_counts_names_and_unreadable_files_are_one_line_each(tmp_path):
     demo.write_demo(tmp_path / "dump.pt")
     (tmp_path / "old.pt").write_bytes(b"a file")
     doc, _ = hazards.microbatch_document("kl-exp-overflow", flags=case.loss_flags())
-    # total_lengths as 0-dim tensors pass the file's checks; the replay then indexes with them: torch warns
-    # (a two-line UserWarning) and raises IndexError
+    # total_lengths as 0-dim tensors (they used to reach the replay, which raised IndexError, and then the JSON
+    # writer): read as their values, the file traces as the one with ints does
     batch = {**doc["batch"], "total_lengths": [torch.tensor(n) for n in doc["batch"]["total_lengths"]]}
     torch.save({**doc, "batch": batch}, tmp_path / "tensor_lengths.pt")
+    torch.save(doc, tmp_path / "int_lengths.pt")
     cases = [
         # a bad count: argparse's line (tests/cli/test_numbers.py)
         ("a\\nb.pt: dump: no such file", ["scan", "a\nb.pt"]),
@@ -39,11 +41,6 @@ def test_bad_counts_names_and_unreadable_files_are_one_line_each(tmp_path):
         ("--json 'no\\ndir/x.json': no such directory: 'no\\ndir'", ["scan", "dump.pt", "--json", "no\ndir/x.json"]),
         ("\\x1b[31mred.pt: dump: no such file", ["scan", "\x1b[31mred.pt"]),
         ("--write-demo old.pt/12.pt: cannot write: Not a directory", ["scan", "--write-demo", "old.pt/12.pt"]),
-        (
-            "tensor_lengths.pt: the as-is loss cannot run on its tensors: IndexError: too many indices for tensor "
-            "of dimension 1",
-            ["trace", "tensor_lengths.pt"],
-        ),
     ]
     # issue 32 item 11: a kernel file system's files pass the regular-file check, yet /proc/kmsg blocks the read
     # and /proc/self/mem fails it (EIO): refused by their resolved path, whatever a symlink calls them
@@ -63,10 +60,18 @@ def test_bad_counts_names_and_unreadable_files_are_one_line_each(tmp_path):
     if os.path.isfile("/sys/kernel/profiling"):
         sysfs = kernel.replace("in /proc,", "in /sys,")
         cases.append((f"/sys/kernel/profiling: launch script: {sysfs}", ["doctor", "/sys/kernel/profiling"]))
-    results = run_isolated([argv for _, argv in cases] + [["scan", "dump.pt", "--max-rows", "0"]], tmp_path)
+    tail = [
+        ["scan", "dump.pt", "--max-rows", "0"],
+        ["trace", "tensor_lengths.pt", "--json", "tensor_lengths.json"],
+        ["trace", "int_lengths.pt", "--json", "int_lengths.json"],
+    ]
+    results = run_isolated([argv for _, argv in cases] + tail, tmp_path)
     for (want, argv), result in zip(cases, results):
         assert refused(result, argv[0]) == want, argv
-    assert (results[-1]["rc"], results[-1]["stderr"]) == (1, "")  # 0 rows: the counts only
+    assert (results[-3]["rc"], results[-3]["stderr"]) == (1, "")  # 0 rows: the counts only
+    assert results[-2]["rc"] == results[-1]["rc"] == 0, results[-2:]
+    traced = [json.loads((tmp_path / f"{name}.json").read_text()) for name in ("tensor_lengths", "int_lengths")]
+    assert traced[0]["source"] == "tensor_lengths.pt" and {**traced[0], "source": "int_lengths.pt"} == traced[1]
     assert (tmp_path / "old.pt").read_bytes() == b"a file"
 
 

@@ -260,8 +260,8 @@ def load_microbatch(path, limit: int | None = None, option: str | None = None) -
         raise UserError(f"{path}: logits: expected a float tensor [1, T, V], got {what}")
     _check_args(path, doc["args"])
     parallel = _check_parallel(path, doc.get("parallel") or {})
-    _check_batch(path, doc["batch"], parallel, logits.size(1))
-    return doc
+    lengths = _check_batch(path, doc["batch"], parallel, logits.size(1))
+    return {**doc, "batch": {**doc["batch"], **lengths}}  # lengths as ints, as slime passes them
 
 
 def _step_env(doc: dict) -> str:
@@ -417,15 +417,19 @@ def sample_count(where: str, batch: dict, per_token: tuple[str, ...], kinds: tup
     return n
 
 
-def _check_batch(path, batch, parallel: dict, packed: int) -> None:
+def _check_batch(path, batch, parallel: dict, packed: int) -> dict[str, list[int]]:
+    """Checks a micro-batch file's batch (one line naming the field and sample); returns its total_lengths and
+    response_lengths as ints (a 0-dim integer tensor is accepted as its value)."""
     if not isinstance(batch, dict):
         raise UserError(f"{path}: batch: expected a dict, got {type(batch).__name__}")
     n = sample_count(str(path), batch, tuple(k for k in PER_TOKEN if k in batch), (list, tuple))
     cp_rank, cp_size = parallel["cp_rank"], parallel["cp_size"]
-    used = 0
+    used, totals, responses = 0, [], []
     for i in range(n):
         total = _int(path, batch["total_lengths"][i], f"total_lengths of sample {i}")
         response = _int(path, batch["response_lengths"][i], f"response_lengths of sample {i}")
+        totals.append(total)
+        responses.append(response)
         if not 0 < response < total:
             raise UserError(f"{path}: response_lengths of sample {i}: {response} must be in [1, total_length {total})")
         tokens = _numel(path, batch["unconcat_tokens"][i], f"unconcat_tokens of sample {i}")
@@ -443,3 +447,4 @@ def _check_batch(path, batch, parallel: dict, packed: int) -> None:
         for key in PER_TOKEN:
             if key in batch and (got := _numel(path, batch[key][i], f"{key} of sample {i}")) != local:
                 raise UserError(f"{path}: {key} of sample {i}: {got} entries != {local} local response tokens")
+    return {"total_lengths": totals, "response_lengths": responses}
