@@ -38,6 +38,7 @@ _QUOTED = re.compile(
 )
 _PLAIN = re.compile(rf"(?<![\w./()-])(?P<key>[A-Za-z_][\w./()\[\]-]{{0,100}})(?:\s{{0,3}}[:=]\s{{0,30}}|\s{{1,3}})(?P<value>{_VALUE})", re.IGNORECASE)  # fmt: skip
 _FIELD = re.compile(rf"\s{{0,40}}(?P<key>[A-Za-z_][\w ./()\[\]-]{{0,100}}?)\s{{0,3}}[:=]?\s{{1,40}}(?P<value>{_VALUE})(?:/\s{{0,12}}\d{{1,12}}|\s{{0,3}}(?:ms|s|%))?", re.IGNORECASE)  # fmt: skip
+_FIELD_WHOLE = re.compile(_FIELD.pattern + r".?\Z", re.IGNORECASE)  # a field to its end (one stray character)
 # mmengine's `Epoch(train) [1][240/735]` and `Iter(train) [ 510/2046]` (space-padded): the iteration
 _EPOCH_ITER = re.compile(
     r"\]\[\s{0,12}(?P<step>\d{1,12})/\d{1,12}\]|Iter\((?:train|val|test)\)\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"
@@ -86,8 +87,10 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
     if text.count("|") >= 2:
         out, at = [], 0
         for part in text.split("|"):
-            match = _FIELD.match(part)
-            if match is not None and match.end() >= len(part.rstrip()) - 1:
+            match = _FIELD_WHOLE.match(
+                part.rstrip()
+            )  # the whole field: `number of nan iterations: 0`, not `number of nan`
+            if match is not None:
                 out.append((_key(match["key"]), match["value"], at + match.start("value")))
             at += len(part) + 1
         if len(out) >= 2:
@@ -292,10 +295,12 @@ class MetricLines:
         values under the full key it was cut from."""
         keys, first = {key.lower() for key, _, _ in found}, self.first
         self.provisional, shared = None, self.provisional
-        if first is None or len(keys & shared) < 2 or number - first.line > LOOKAHEAD:
+        if first is None or number - first.line > LOOKAHEAD:
             return
         cut = first.values[0][0]
         full = next((key for key, _, _ in found if key.lower().endswith(cut.lower()) and len(key) > len(cut)), None)
+        if len(keys & shared) < (1 if full is not None else 2):
+            return
         if bad:
             self.first = None
             self.fragment = (

@@ -51,11 +51,10 @@ def _lines_after(block: bytes, end: int, count: int) -> list[tuple[int, int]]:
 
 
 def _join(pieces: list[str]) -> str:
-    out = pieces[0].rstrip()
+    out = pieces[0]
     for piece in pieces[1:]:
-        piece = piece.strip()
         glued = out[-1:].isalnum() and piece[:1].isalnum()  # cut inside a word at the terminal's width
-        out += ("" if glued else " ") + piece
+        out = out.rstrip() + ("" if glued else " ") + piece.strip()
     return out
 
 
