@@ -125,7 +125,8 @@ def test_a_bars_running_mean_beside_a_finite_reduced_loss_is_no_failure(tmp_path
         for n in (12, 13)
     )
     doc = _doctor(tmp_path, capsys, log)
-    assert doc["summary"]["contradicted"] is not None
+    assert doc["summary"]["contradicted"] is not None and doc["summary"]["step"] is None  # no failure, no step
+    assert doc["metrics"]["first_nonfinite"]["step"] == 11  # where the bar's NaN starts: global_step=11.0
     assert "not a NaN failure by itself" in doc["verdict"]
     assert "the loss is non-finite" not in doc["verdict"]
 

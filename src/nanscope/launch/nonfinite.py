@@ -129,6 +129,7 @@ class Nonfinite:
     stale: tuple[int, str, str | None] | None = None  # the grad_norm logged after it: (line, value, the one before)
     scales: Scales = field(default_factory=Scales)  # the loss scaler's overflow series
     unstepped: list[Hit] = field(default_factory=list)  # evidence lines waiting for the next metric line's step
+    last_line: int = 0  # the last metric line read (the lines before the next one are read only if not read yet)
 
     def block(self, block: bytes, lines_before: int, clean) -> list[tuple[int, Hit]]:
         """Read the lines of `block` worth reading (`clean`: a raw line as a terminal shows it); the fatal hits that
@@ -162,8 +163,9 @@ class Nonfinite:
 
     def _metric_line(self, block: bytes, start: int, text: str, number: int, clean) -> None:
         """A metric line: its values (launch.metric_lines), and the step it gives an evidence line still without one."""
-        if self.metrics.first is None:  # the metric lines just before it: their steps and keys
-            self.metrics.context(_before(block, start, CONTEXT_LINES), clean)
+        if self.metrics.first is None and number - self.last_line > 1:  # the lines before it not read yet: theirs
+            self.metrics.context(_before(block, start, min(CONTEXT_LINES, number - self.last_line - 1)), clean)
+        self.last_line = number
         if self.overflow is not None and self.stale is None:
             self._stale(text, number)
         named = self.metrics.explicit_line

@@ -97,8 +97,8 @@ def summarize(traceback) -> Summary:
     if weak is not None and reading is None and out.metric is None and failure is None:  # nothing stronger said it
         out.metric, out.lines["metric"] = weak.metric, weak.line
         out.step, out.points_to = weak.step, weak.points_to
-    if reading is not None and reading.contradicted is not None:
-        out.contradicted = reading.contradicted
+    if reading is not None and reading.contradicted is not None:  # no failure: no failing step (metrics keep it)
+        out.contradicted, out.step = reading.contradicted, None if failure is None else out.step
     if out.model is None:
         out.model = _frame_model(traceback.frames)
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 MAX_PIECES = 8  # lines of one record
+_REACH = 64 * 1024  # bytes before a piece where its head must start
 _HEAD = re.compile(r"\biteration\s{1,20}\d")
 _PIECE = re.compile(r"[A-Za-z][\w ./()-]{0,80}:\s{0,20}[-+\d.na]")
 _LAST = ("nan iterations", "skipped iterations")
@@ -64,8 +65,8 @@ def record(block: bytes, start: int, end: int, clean) -> tuple[str, int]:
     text = clean(block[start:end].decode("utf-8", "replace"))
     lines = [text]
     if not _HEAD.search(text, 0, 2048):
-        if not _piece(text):
-            return text, end
+        if not _piece(text) or block.rfind(b"iteration", max(0, start - _REACH), start) < 0:
+            return text, end  # no head within reach: a literal search, not a walk back
         head = None
         for begin, stop in _lines_before(block, start, MAX_PIECES):
             before = clean(block[begin:stop].decode("utf-8", "replace"))

@@ -103,7 +103,7 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     if summary.check == "skip-counter" and summary.lines.get("metric") != summary.lines.get("check"):
         return f"A skip counter rose: {summary.metric}{step}{where}. What it points to: {summary.points_to}."
     if summary.contradicted is not None:
-        return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{step}{where}, while "
+        return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     return f"The first non-finite metric: {summary.metric}{model}{step}{where}.{points}"
