@@ -1,6 +1,7 @@
 """`nanscope doctor`'s CPU seconds and peak memory on each kind of input (issues 41 and 42): the bundled case, a
 20-line launch script of another framework, the case at 2^20 ranks, a 100 MB job log whose lines are metric lines,
-a 100 MB log of DeepSpeed/transformers lines with NaN evidence, and each real report of tests/fixtures/reports/real.
+a 100 MB log of DeepSpeed/transformers lines with NaN evidence, a 100 MB log of Megatron iteration lines wrapped over
+four lines each, and each real report of tests/fixtures/reports/real and real2.
 
 Each run is its own process, measured by the kernel (os.wait4's rusage of that child: user + system CPU, and its
 peak resident set), so the figures include Python's start and every import.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests" / "fixtures" / "reports" / "real"
+REAL2 = ROOT / "tests" / "fixtures" / "reports" / "real2"
 LAUNCH = """#!/bin/bash
 # a LLaMA-Factory-style command, 20 lines
 export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
@@ -70,6 +72,20 @@ def _metric_log(path: Path, size: int) -> None:
         out.write(b"{'loss': nan, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.9}\n")
 
 
+def _wrapped_log(path: Path, size: int) -> None:
+    """Megatron iteration lines wrapped over four lines at `|` (launch/wrapped.py joins each), a NaN at the end."""
+    record = (
+        " iteration {i:8d}/ 1000000 | elapsed time per iteration: 812.4 ms |\n learning rate: 3.0E-04 | global batch "
+        "size:   64 |\n lm loss: 2.1E+00 | loss scale: 1.0 | grad norm: {g} |\n number of skipped iterations:   0 | "
+        "number of nan iterations:   0 |\n"
+    )
+    block = "".join(record.format(i=i, g="1.02") for i in range(1000)).encode()
+    with open(path, "wb") as out:
+        for _ in range(size // len(block) + 1):
+            out.write(block)
+        out.write(record.format(i=10**6, g="nan").encode())
+
+
 def _driver_log(path: Path, size: int) -> None:
     """A Ray driver log of slime metric lines, then the bundled case's traceback."""
     step = (
@@ -95,14 +111,21 @@ def main() -> None:
         (where / "launch.sh").write_text(LAUNCH)
         _driver_log(where / "driver.log", args.log_mb << 20)
         _metric_log(where / "metrics.log", args.log_mb << 20)
+        _wrapped_log(where / "wrapped.log", args.log_mb << 20)
         runs = [
             ("the bundled case (script + traceback)", ["--case", "slime-795"]),
             ("the case at 2^20 ranks", ["--case", "slime-795", "--env", "TOTAL_NODES=131072"]),
             ("a 20-line launch script (torchrun, transformers)", [str(where / "launch.sh")]),
             (f"a {args.log_mb} MB Ray driver log, then the case's traceback", ["--traceback", str(where / "driver.log")]),
             (f"a {args.log_mb} MB log of transformers dicts and DeepSpeed overflows", ["--traceback", str(where / "metrics.log")]),
+            (f"a {args.log_mb} MB log of Megatron lines wrapped over 4 lines", ["--traceback", str(where / "wrapped.log")]),
         ]  # fmt: skip
-        runs += [(f"real report {path.stem}", ["--traceback", str(path)]) for path in sorted(REAL.glob("*.txt"))]
+        for root in (REAL, REAL2):
+            runs += [
+                (f"real report {root.name}/{path.stem}", ["--traceback", str(path)])
+                for path in sorted(root.glob("*.txt"))
+            ]
+            runs += [(f"real launch {root.name}/{path.stem}", [str(path)]) for path in sorted(root.glob("*.sh"))]
         print("| input | exit | CPU s | peak RSS MiB | wall s |\n|---|---|---|---|---|")
         for name, argv in runs:
             code, cpu, rss, wall = _run(argv)

@@ -199,7 +199,8 @@ def test_nemo_and_roll_are_named(script, framework, how, tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, str(LAUNCHERS / script))
     _not_slime(doc, framework)
     assert doc["framework"]["how"] == how
-    assert _status(doc)["kl-exp-overflow"] == "undecidable"
+    # ROLL trains with rollouts: its loss's causes are weighed; a NeMo LLM pretraining recipe has none (round 2)
+    assert _status(doc).get("kl-exp-overflow") == ("undecidable" if framework == "roll" else None)
 
 
 def test_nemo_resume_is_a_checkpoint_cause(tmp_path, capsys):

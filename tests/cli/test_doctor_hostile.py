@@ -146,6 +146,13 @@ CRAFTED = {
     "repeated overflow lines": "[deepspeed] OVERFLOW! Rank 0 Skipping step. " * 25_000,
     "repeated watchdog lines": "Watchdog caught collective operation timeout: WorkNCCL(" * 20_000,
     "Megatron's iteration fields": " iteration 1/ 2 |" * 60_000 + " loss scale: 1.0 | grad norm: nan |",
+    # issue 41's second round: bars, tables, wrapped records, a terminal's wrap inside a word
+    "progress bars on one line": "1/9 [00:01, loss=nan] " * 45_000,
+    "a table's rule": "-- | " * 200_000,
+    "a table's header and rule": "a | " * 100_000 + "\n" + "-- | " * 100_000 + "\n" + "1 | nan | " * 50_000,
+    "wrapped record pieces": "a: nan |\n" * 100_000,
+    "spaces inside a word": "OVERFLOW! Attempted loss scal" + " " * 1_000_000 + "e: 8",
+    "an anomaly tail": "x(" * 300_000 + "\n (Triggered internally at python_anomaly_mode.cpp:1.)",
 }
 
 

@@ -30,6 +30,11 @@ NAMES = (
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED)  # fmt: skip
 
+# The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
+# causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
+# has none of them.
+WITH_ROLLOUTS = (SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT)
+
 # framework -> directories (with their slashes) one of its frames' paths holds
 PATHS: dict[str, tuple[str, ...]] = {
     SLIME: ("/slime/backends/", "/slime/ray/", "/slime/utils/", "/slime/rollout/", "/slime_plugins/"),
@@ -75,12 +80,23 @@ TEXTS: dict[str, tuple[str, ...]] = {
     INTERNEVO: ("inf_nan_skip_batches", "record_current_batch_training_metrics"),
     XTUNER: ("xtuner.",),
     MMENGINE: (" - mmengine - ",),
-    COLOSSALAI: ("colossalai - ", "colossalai."),
+    COLOSSALAI: ("colossalai - ", "colossalai.", " / Train]: "),  # its trainer's bar: `[Epoch 0 / Train]: `
     COMPOSER: ("loss/train/total", "composer.trainer"),
     MEGATRON_DEEPSPEED: ("tokens per gpu per second (tgs)", "| actual seqlen:"),
     DEEPSPEED_CHAT: ("|act_loss: ", "|cri_loss: "),
     DPO_REFERENCE: ("train stats after ",),
-    DEEPSPEED: ("[deepspeed]", "deepspeed.runtime", "loss_scaler.py:", "DeepSpeed "),
+    # its logger's `[file.py:line:function]` of the loss scaler and the optimizers that print an overflow
+    DEEPSPEED: (
+        "[deepspeed]",
+        "deepspeed.runtime",
+        "loss_scaler.py:",
+        "DeepSpeed ",
+        "] [stage2.py:",
+        "] [stage3.py:",
+        "] [stage_1_and_2.py:",
+        "] [fused_optimizer.py:",
+        "] [unfused_optimizer.py:",
+    ),
 }
 # framework -> metric keys (as printed, lowered) that only its logs hold, each set all present
 KEYS: dict[str, tuple[frozenset[str], ...]] = {
@@ -90,9 +106,11 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     DPO_REFERENCE: (frozenset({"rewards_train/chosen"}),),
     VERL: (frozenset({"actor/pg_loss"}), frozenset({"critic/vf_loss"}), frozenset({"actor/grad_norm"}),
            frozenset({"train/loss", "train/global_tokens"})),
-    MEGATRON_LM: (frozenset({"consumed samples", "elapsed time per iteration (ms)"}),),
+    MEGATRON_LM: (frozenset({"consumed samples", "elapsed time per iteration (ms)"}),
+                  frozenset({"learning rate", "global batch size", "loss scale"})),
     NANOGPT: (frozenset({"iter", "loss", "time", "mfu"}),),
-    TRANSFORMERS: (frozenset({"loss", "learning_rate", "epoch"}), frozenset({"grad_norm", "learning_rate", "epoch"})),
+    TRANSFORMERS: (frozenset({"loss", "learning_rate", "epoch"}), frozenset({"grad_norm", "learning_rate", "epoch"}),
+                   frozenset({"step", "training loss"})),  # the last: its notebook callback's table
     LIGHTNING: (frozenset({"v_num"}),),
 }  # fmt: skip
 # The megatron-core package, which every one of them calls (not a framework of its own).

@@ -56,8 +56,7 @@ SIGNALS: tuple[Signal, ...] = (
         quantity="gradient",
         fatal=False,
         stack="deepspeed",
-        source=f"{DEEPSPEED} deepspeed/runtime/fp16/loss_scaler.py:180-188 (and fused_optimizer.py:266, unfused_optimizer.py"
-        ":160)",
+        source=f"{DEEPSPEED} deepspeed/runtime/fp16/loss_scaler.py:180-188; each wording's own source: WORDINGS",
         means="DeepSpeed's fp16 loss scaler found inf/NaN in the scaled gradients and skipped the step, lowering the scale "
         "(or spending its hysteresis); at the start of a run this is the scale calibrating, later a gradient that "
         "overflows fp16 step after step",
@@ -69,7 +68,7 @@ SIGNALS: tuple[Signal, ...] = (
         quantity="gradient",
         fatal=False,
         stack="-",
-        source="apex amp (scaler.py), fairseq (fp16_optimizer.py), ColossalAI's mixed precision: their own words",
+        source="each wording's own source: WORDINGS (apex, fairseq, ColossalAI, DeepSpeed's and apex's FP16_Optimizer)",
         means="a dynamic loss scaler found inf/NaN in the scaled gradients and skipped the step, lowering the scale: "
         "at the start of a run the scale calibrating, later a gradient that overflows fp16 step after step",
         causes=("activation-overflow", "backward-only-fault"),
@@ -98,13 +97,13 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     Signal(
         id="anomaly-forward",
-        value="NaN",
+        value="-",
         quantity="backward",
         fatal=False,
         stack="torch",
         source="torch/csrc/autograd/python_anomaly_mode.cpp (the warning before the error)",
-        means="autograd's anomaly mode traces the forward call of the backward function that failed: the frames below "
-        "it are the forward op's",
+        means="autograd's anomaly mode traces the forward call of a backward function that raised (its NaN check, or "
+        "any other error in the backward pass): the frames below it are the forward op's; the error line says which",
         causes=("backward-only-fault", "activation-overflow"),
     ),
     Signal(
@@ -146,7 +145,7 @@ SIGNALS: tuple[Signal, ...] = (
         quantity="gradient",
         fatal=False,
         stack="framework",
-        source="verl v0.9.0 verl/workers/engine/fsdp/transformer_impl.py:793-795; ColossalAI sharded_optim_v2.py",
+        source="each wording's own source: WORDINGS (verl, ColossalAI, the epfLLM Megatron-LLM fork)",
         means="the framework found the gradient norm non-finite and skipped the optimizer step: the gradients, not the "
         "weights, went non-finite on that step",
         causes=("backward-only-fault", "activation-overflow"),
@@ -180,3 +179,135 @@ SIGNALS: tuple[Signal, ...] = (
     ),
 )
 BY_ID = {signal.id: signal for signal in SIGNALS}
+
+
+@dataclass(frozen=True)
+class Wording:
+    """One wording of an evidence line, and whose code prints it (a wording several stacks print names none of them).
+
+    Attributes:
+        id: its one spelling.
+        signal: the Signal it is evidence of.
+        example: the line, as printed.
+        stacks: the software whose code prints it (facts.frameworks names where it is one, else the project's name).
+        source: where, "<project> <release> <file>:<line>" for each.
+        printed_by: whose words, as a reader would say it.
+        value: what it says was non-finite ("NaN or Inf": a check that counts both, whatever its words).
+    """
+
+    id: str
+    signal: str
+    example: str
+    stacks: tuple[str, ...]
+    source: str
+    printed_by: str = ""
+    value: str | None = None
+
+
+WORDINGS: tuple[Wording, ...] = (
+    Wording(
+        id="deepspeed-overflow-rank",
+        signal="deepspeed-overflow",
+        example="[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+        stacks=("deepspeed",),
+        source=f"{DEEPSPEED} deepspeed/runtime/fp16/loss_scaler.py:180-188 (logger.info, rank 0 only)",
+        printed_by="DeepSpeed's loss scaler",
+    ),
+    Wording(
+        id="deepscale-overflow",
+        signal="deepspeed-overflow",
+        example="[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4294967296, reducing to 2147483648.0",
+        stacks=("deepspeed", "colossalai"),
+        source="DeepSpeed v0.3.10 deepspeed/runtime/zero/stage2.py:1357-1361 (logger.info); ColossalAI v0.0.2 "
+        "colossalai/zero/zero_redundancy_optimizer_level_3.py:2885-2889 (print on rank 0: its copy of DeepSpeed's ZeRO)",
+        printed_by="DeepSpeed 0.3's ZeRO stage 2 and ColossalAI 0.0.x's copy of it, which print the same words",
+    ),
+    Wording(
+        id="deepspeed-overflow-plain",
+        signal="deepspeed-overflow",
+        example="[deepspeed] OVERFLOW! Skipping step. Attempted loss scale: 1024, reducing to 512",
+        stacks=("deepspeed",),
+        source="DeepSpeed v0.3.10 deepspeed/runtime/fp16/fused_optimizer.py:156, unfused_optimizer.py:142, :168, "
+        "zero/stage1.py:633",
+        printed_by="DeepSpeed's FP16 optimizers",
+    ),
+    Wording(
+        id="deepspeed-dynamic-overflow",
+        signal="deepspeed-overflow",
+        example="[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: 1024, reducing to 512",
+        stacks=("deepspeed",),
+        source="DeepSpeed edaa722 deepspeed/runtime/fp16/fused_optimizer.py:171, unfused_optimizer.py:155, :203",
+        printed_by="DeepSpeed's FP16 optimizers",
+    ),
+    Wording(
+        id="overflow-detected",
+        signal="deepspeed-overflow",
+        example="[Rank 0] Overflow detected. Skipping step. Attempted loss scale: 1, reducing to 1",
+        stacks=("deepspeed",),
+        source="DeepSpeed v0.3.10 deepspeed/runtime/fp16/fused_optimizer.py:218-221 (log_dist); edaa722 :268-271",
+        printed_by="DeepSpeed's FP16_Optimizer",
+    ),
+    Wording(
+        id="grad-overflow-iteration",
+        signal="scaler-overflow",
+        example="Grad overflow on iteration 8",
+        stacks=("deepspeed", "apex"),
+        source="DeepSpeed v0.3.10 deepspeed/runtime/fp16/fused_optimizer.py:314, edaa722 :406, :419, unfused_optimizer.py"
+        ":281, :294 (logger.info, after a `[fused_optimizer.py:N:_update_scale]` prefix); apex 25.09 "
+        "apex/contrib/optimizers/fp16_optimizer.py:151, :160 (print)",
+        printed_by="DeepSpeed's FP16_Optimizer and apex contrib's, which print the same words",
+    ),
+    Wording(
+        id="apex-amp-overflow",
+        signal="scaler-overflow",
+        example="Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0",
+        stacks=("apex",),
+        source="apex before cb65b8ed (where amp was removed) apex/amp/handle.py:138",
+        printed_by="apex amp",
+    ),
+    Wording(
+        id="fairseq-overflow",
+        signal="scaler-overflow",
+        example="NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0",
+        stacks=("fairseq",),
+        source="fairseq 3d262bb fairseq/trainer.py:1013 (with fairseq/optim/dynamic_loss_scaler.py:70)",
+        printed_by="fairseq's trainer",
+    ),
+    Wording(
+        id="colossalai-found-overflow",
+        signal="scaler-overflow",
+        example="Found overflow. Skip step",
+        stacks=("colossalai",),
+        source="ColossalAI 4f9953b colossalai/zero/low_level/low_level_optim.py:534, zero/gemini/gemini_optimizer.py:277",
+        printed_by="ColossalAI's ZeRO and Gemini optimizers",
+    ),
+    Wording(
+        id="colossalai-found-inf",
+        signal="skip-nonfinite-grad",
+        example="WARNING: found inf during ShardedOptimV2 step",
+        stacks=("colossalai",),
+        source="ColossalAI v0.1.10 colossalai/zero/sharded_optim/sharded_optim_v2.py:197 (found_inf: isinf or isnan of a "
+        "gradient, zero/sharded_model/sharded_model_v2.py:364-365)",
+        printed_by="ColossalAI's ShardedOptimizerV2",
+        value="NaN or Inf",
+    ),
+    Wording(
+        id="verl-not-finite",
+        signal="skip-nonfinite-grad",
+        example="WARN: grad_norm is not finite: nan",
+        stacks=("verl",),
+        source="verl v0.9.0 verl/workers/engine/fsdp/transformer_impl.py:793-795",
+        printed_by="verl's FSDP engine",
+    ),
+    Wording(
+        id="megatron-llm-bad-grad-norm",
+        signal="skip-nonfinite-grad",
+        example="***WARNING*** Bad grad_norm detected (grad_norm=nan)",
+        stacks=("megatron-lm",),
+        source="epfLLM/Megatron-LLM (a Megatron-LM fork) 806a833 megatron/optimizer/optimizer.py:442-444, :753-755 (a "
+        "non-finite clipped norm skips the step)",
+        printed_by="the epfLLM Megatron-LLM fork of Megatron-LM",
+    ),
+)  # fmt: skip
+
+WORDING = {wording.id: wording for wording in WORDINGS}

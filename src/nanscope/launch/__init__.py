@@ -27,7 +27,7 @@ from nanscope import inputs
 from nanscope.errors import UserError
 from nanscope.facts import frameworks, releases
 from nanscope.facts.flags import BY_NAME
-from nanscope.launch import candidates, findings, inference, notes
+from nanscope.launch import candidates, core_evidence, findings, inference, notes
 from nanscope.launch.config import Config, Value, batches, resolve
 from nanscope.launch.detect import Choice, choose
 from nanscope.launch.diagnosis import Diagnosis
@@ -249,7 +249,7 @@ def _infer_nodes(reading: _Launch, rank: int | None, reparse, config_of) -> None
         return None if "actor_num_nodes" in read.unknown else read["actor_num_nodes"]
 
     solved = inference.solve(list(reading.script.unset), nodes, world, nodes_of)
-    bound = f"{nodes} nodes x {gpn} GPUs = world {world}, {why}: a lower bound, the rank's coordinates hold under it"
+    bound = f"{_count(nodes, 'node')} x {_count(gpn, 'GPU')} = world {world}, {why}: a lower bound, the rank's coordinates hold under it"
     if solved is not None:
         name, value = solved
         reading.script = reparse({name: value})
@@ -274,9 +274,11 @@ def _foreign(
 ) -> Diagnosis:
     """A launch that is not slime's: its framework's layout and flags, and the causes by its own code (launch.peers);
     no slime rule."""
+    framework = _merged(framework, traceback)
     launch = read_foreign(script, framework)
+    core = core_evidence.evidence(framework, traceback, script=script, view=launch.view)
     hint = rank if rank is not None else _traceback_rank(traceback)
-    layout, inferred = _foreign_layout(launch, hint)
+    layout, inferred = _foreign_layout(launch, hint) if core is not None else (None, _without_layout(launch, script))
     pp = layout.pp if layout is not None else launch.sizes.get("pp")
     cp = layout.cp if layout is not None else launch.sizes.get("cp")
     diagnosis = Diagnosis(
@@ -289,10 +291,11 @@ def _foreign(
         notes=launch.notes + ([] if layout is None else layout.notes),
         env=env,
         traceback=traceback,
-        candidates=peer_candidates(framework, launch.view, traceback, pp=pp, cp=cp),
+        candidates=peer_candidates(framework, launch.view, traceback, pp=pp, cp=cp, core=core),
         framework=framework,
         inferred=inferred,
         flags=launch.view,
+        megatron_core=core,
     )
     diagnosis.findings = [_not_a_size(line) for line in launch.refused]
     if traceback is None:
@@ -308,6 +311,43 @@ def _foreign(
     return diagnosis
 
 
+def _merged(framework: Framework, traceback: Traceback | None) -> Framework:
+    """The launch script's framework, or the log's where the script names none (or names a library the log's
+    framework calls: DeepSpeed under the transformers Trainer)."""
+    frames = traceback.framework if traceback is not None else UNKNOWN
+    if frames.name == frameworks.UNKNOWN or frames.name == framework.name or frames.name == frameworks.SLIME:
+        return framework
+    if framework.name == frameworks.UNKNOWN:
+        return Framework(frames.name, frames.release, f"{frames.how}; the launch script names none")
+    names = frameworks.NAMES
+    if framework.name in (frameworks.DEEPSPEED, frameworks.TRANSFORMERS) and names.index(frames.name) < names.index(
+        framework.name
+    ):
+        return Framework(
+            frames.name, frames.release, f"{frames.how}; the launch runs {framework.name}: {framework.how}"
+        )
+    return framework
+
+
+def _without_layout(launch: Foreign, script: LaunchScript) -> list[str]:
+    """A launch nothing ties to megatron-core: no Megatron layout (no TP/PP/CP/EP to place a rank in), only the
+    process count its launcher gives, when it gives one."""
+    nodes, gpus = launch.sizes.get("nodes"), launch.sizes.get("gpus_per_node")
+    name = launch.framework.name if launch.framework.name != frameworks.UNKNOWN else "the job"
+    head = f"no megatron-core layout: nothing in the inputs points to megatron-core, so {name}'s ranks are not placed"
+    if nodes is not None and gpus is not None:
+        launch.notes.append(f"{head}; world {nodes * gpus} = {_count(nodes, 'node')} x {_count(gpus, 'GPU')}")
+    elif gpus is not None:
+        launch.notes.append(f"{head}; {_count(gpus, 'process', 'processes')} a node, the node count not given")
+    else:
+        launch.notes.append(f"{head}; the launch gives no process count (the GPUs it sees decide it)")
+    return []
+
+
+def _count(number: int, word: str, plural: str | None = None) -> str:
+    return f"{number} {word if number == 1 else plural or word + 's'}"
+
+
 def _foreign_layout(launch: Foreign, rank: int | None):
     """megatron-core's layout of a non-slime launch (None: OpenRLHF's DeepSpeed ranks, or sizes Megatron refuses),
     and what was inferred for it."""
@@ -320,7 +360,7 @@ def _foreign_layout(launch: Foreign, rank: int | None):
         return None, inferred
     gpn = sizes.get("gpus_per_node") or 8
     if sizes.get("gpus_per_node") is None:
-        inferred.append("GPUs per node not given (nor CUDA_VISIBLE_DEVICES): 8 assumed")
+        inferred.append("GPUs per node not given (nor CUDA_VISIBLE_DEVICES): 8 assumed, for the layout only")
     parallel = inference.Sizes(sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"], sizes.get("etp") or sizes["tp"])
     nodes = sizes.get("nodes")
     if nodes is None:
@@ -359,6 +399,7 @@ def _not_a_size(line: str) -> Finding:
 def _without_script(traceback: Traceback, rank: int | None, slime_version: str | None) -> Diagnosis:
     """The traceback alone: the failure, the frames' evidence and the causes the check leaves (no flags, no layout)."""
     framework = traceback.framework
+    core = core_evidence.evidence(framework, traceback)
     release = None
     if slime_version is not None:
         release = Choice(releases.get(slime_version), "option", f"--slime-version {slime_version}")
@@ -372,9 +413,10 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
         findings=[],
         fine=[],
         traceback=traceback,
-        candidates=candidates.without_flags(traceback, framework, release),
+        candidates=candidates.without_flags(traceback, framework, release, core),
         release=release,
         framework=framework,
+        megatron_core=core,
     )
     _with_traceback(diagnosis, traceback)
     failure = traceback.failure
@@ -409,7 +451,7 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
         if rank is None and not 0 <= asked < layout.world:
             raise UserError(
                 f"{traceback_origin}: the failing rank {asked} is outside this launch's world: "
-                f"0..{layout.world - 1} (= {layout.nodes} nodes x {layout.gpus_per_node} GPUs); "
+                f"0..{layout.world - 1} (= {_count(layout.nodes, 'node')} x {_count(layout.gpus_per_node, 'GPU')}); "
                 "check --env and the script"
             )
         diagnosis.failing = layout.rank(asked)

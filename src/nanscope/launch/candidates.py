@@ -125,11 +125,12 @@ def reported_candidates(context: Context, traceback, script: bool = True) -> lis
     return out
 
 
-def without_flags(traceback, framework, release) -> list[Candidate]:
+def without_flags(traceback, framework, release, core: str | None = "") -> list[Candidate]:
     """The catalogued causes a traceback alone leaves: no flag decides any, its check and verdict rule some out.
 
     Only a slime job gets slime's hazards (its loss, its rollouts) and the causes slime is immune to; any other
-    framework, or none named, gets the causes that live in the model, the kernels and the devices.
+    framework, or none named, gets the causes that live in the model, the kernels and the devices; megatron-core's
+    own causes only where `core` (launch.core_evidence) says what points to it.
     """
     slime = framework.name == "slime"
     out = []
@@ -149,7 +150,8 @@ def without_flags(traceback, framework, release) -> list[Candidate]:
     out += reported_candidates(context, traceback, script=False)
     if not slime:
         neutral(out)
-    return sorted(without_megatron(out, framework.name), key=lambda candidate: STATUSES.index(candidate.status))
+    out = without_megatron(out, framework.name, core)
+    return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 
 # the causes that live in megatron-core (its router, DDP, schedules, optimizer, TransformerEngine recipes)
@@ -158,12 +160,17 @@ MEGATRON_CAUSES = ("moe-aux-loss", "moe-zero-token-expert", "moe-router-logits",
                    "sp-new-architecture", "fp8-fp4-recipe")  # fmt: skip
 
 
-def without_megatron(found: list[Candidate], framework: str) -> list[Candidate]:
-    """The candidates of a stack that trains without megatron-core (facts.frameworks.WITHOUT_MEGATRON): those whose
-    mechanism and evidence are megatron-core's are not its causes."""
-    if framework not in frameworks.WITHOUT_MEGATRON:
+def without_megatron(found: list[Candidate], framework: str, core: str | None = "") -> list[Candidate]:
+    """The candidates of a stack that trains without megatron-core (facts.frameworks.WITHOUT_MEGATRON), or of a job
+    where nothing points to megatron-core (`core` None: launch.core_evidence): those whose mechanism and evidence
+    are megatron-core's are not offered."""
+    if framework not in frameworks.WITHOUT_MEGATRON and core is not None:
         return found
-    return [candidate for candidate in found if candidate.id not in MEGATRON_CAUSES]
+    if framework in frameworks.WITHOUT_MEGATRON:
+        return [candidate for candidate in found if candidate.id not in MEGATRON_CAUSES]
+    # nothing points to megatron-core: its causes are not offered, but one the framework's own code rules out (with
+    # its reason: OpenRLHF's DeepSpeed has no megatron-core router) is said so
+    return [c for c in found if c.id not in MEGATRON_CAUSES or c.status == RULED_OUT]
 
 
 def judged(hazard, status: str, evidence: list[str], traceback, cfg: Config | None) -> Candidate:

@@ -68,6 +68,7 @@ class Diagnosis:
     flags: FlagView | None = None
     summary: Summary | None = None  # what the traceback or log alone supports (launch.summary)
     unread_script: str | None = None  # the launch script given but not read as one, in one line (why, what it is)
+    megatron_core: str | None = "a slime launch"  # what points to megatron-core (launch.core_evidence); None: nothing
 
     @property
     def evidence(self) -> FrameEvidence | None:

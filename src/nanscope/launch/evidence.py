@@ -174,7 +174,7 @@ def framework_of(frames: list[Frame], lines: list[str], keys: set[str] | frozens
         for name, texts in frameworks.TEXTS.items():
             hit = next((text for text in texts if text in line), None)
             if hit is not None:
-                found.setdefault(name, f"the log names it: {hit.strip()}")
+                found.setdefault(name, f"the log names it: `{hit.strip().strip('([|:]= ').strip()}`")
     name = next((name for name in frameworks.NAMES if name in found), None)
     if name is None:
         return UNKNOWN

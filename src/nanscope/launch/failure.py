@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from nanscope.errors import UserError
 from nanscope.facts import wordings
 from nanscope.facts.megatron import BUCKETLESS_NAN, BY_ID, CHECKS, Check, checks_of
-from nanscope.facts.signals import Signal
+from nanscope.facts.signals import Signal, Wording
 
 _RESULT = "Unexpected result "
 _MESSAGE = " (message='"
@@ -107,6 +107,8 @@ class Failure:
     # evidence other than Megatron's check (format "signal": facts.signals), and what its line says
     signal: Signal | None = None
     step: int | None = None  # the step the line names, or its progress bar's
+    step_from: str | None = None  # where that step came from
+    printed_by: Wording | None = None  # whose words the evidence line is (facts.signals.WORDINGS)
     op: str | None = None  # the backward function, assert, collective or exception it names
     output: int | None = None  # anomaly mode: the backward function's output index
     detail: str | None = None

@@ -32,13 +32,18 @@ _MODULES = (
     ("roll.", frameworks.ROLL), ("swift", frameworks.MS_SWIFT), ("nemo", frameworks.NEMO),
     ("megatron.training", frameworks.MEGATRON_LM),
 )  # fmt: skip
-_CLIS = (("megatron ", frameworks.MS_SWIFT), ("swift ", frameworks.MS_SWIFT), ("nemo ", frameworks.NEMO))
+_CLIS = (("megatron ", frameworks.MS_SWIFT), ("swift ", frameworks.MS_SWIFT), ("nemo ", frameworks.NEMO),
+         ("llamafactory-cli ", frameworks.LLAMA_FACTORY))  # fmt: skip
 _PATHS = (
     ("/verl/", frameworks.VERL), ("/openrlhf/", frameworks.OPENRLHF), ("/nemo_rl/", frameworks.NEMO_RL),
     ("/examples/start_", frameworks.ROLL), ("/roll/", frameworks.ROLL), ("/megatron_patch/", frameworks.PAI),
     ("/pai-megatron-patch/", frameworks.PAI), ("/nemo/", frameworks.NEMO),
 )  # fmt: skip
-_TEXTS = (("Pai-Megatron-Patch", frameworks.PAI), ("megatron_patch", frameworks.PAI))
+_TEXTS = (("Pai-Megatron-Patch", frameworks.PAI), ("megatron_patch", frameworks.PAI), ("ColossalAI", frameworks.COLOSSALAI),
+          ("colossalai run", frameworks.COLOSSALAI))  # fmt: skip
+# DeepSpeed's own launcher, and a config handed to the job (`--deepspeed ds_config.json`: the transformers Trainer's
+# and Megatron-DeepSpeed's flag) or to `accelerate launch` (`--use_deepspeed`, `--deepspeed_config_file`)
+_DEEPSPEED_FLAGS = ("--deepspeed", "--deepspeed_config", "--use_deepspeed", "--deepspeed_config_file")
 _MEGATRON_LM = ("pretrain_gpt.py", "pretrain_mamba.py", "pretrain_bert.py", "pretrain_t5.py", "train_rl.py")
 # A framework's release named in the script's text (`pip install verl==0.4.1`, an image tag, a checkout).
 _RELEASE = {
@@ -77,12 +82,28 @@ def script_framework(script: LaunchScript, text: str) -> Framework:
     if found is None and (slime or named_release(text)):
         shown = f"slime's flags ({', '.join(slime[:3])})" if slime else "the slime release its text names"
         found = (frameworks.SLIME, f"the launch script runs {entry} with {shown}")
+    found = found or _deepspeed(script)
     if found is None:
         return UNKNOWN
     name, how = found
     match = _RELEASE.get(name).search(text) if name in _RELEASE else None
     release = None if match is None else ("v" + match[1] if name != frameworks.MEGATRON_LM else match[1])
     return Framework(name, release, how + (f"; the script names {match[0]}" if match else ""))
+
+
+def _deepspeed(script: LaunchScript) -> tuple[str, str] | None:
+    """DeepSpeed, by its launcher (`deepspeed train.py ...`) or a DeepSpeed config the command hands over."""
+    launcher = script.launcher[0].rsplit("/", 1)[-1] if script.launcher else ""
+    if launcher == "deepspeed":
+        return frameworks.DEEPSPEED, f"the `deepspeed` launcher runs {script.train_script}"
+    words = script.argv + script.launcher
+    for i, word in enumerate(words):
+        flag = word.split("=", 1)[0]
+        if flag in _DEEPSPEED_FLAGS:
+            value = word.split("=", 1)[1] if "=" in word else (words[i + 1] if i + 1 < len(words) else "")
+            shown = f"{flag} {value}".strip() if not value.startswith("-") else flag
+            return frameworks.DEEPSPEED, f"{shown[:80]}: the job runs DeepSpeed"
+    return None
 
 
 @dataclass

@@ -148,7 +148,9 @@ class _Scanner:
         if self.skipped > len(self.impossible):
             notes.append(f"{self.skipped - len(self.impossible)} more line(s) with such a number, not read")
         seen = self.nonfinite
-        quiet = not seen.first and seen.metrics.first is None and not seen.metrics.counters
+        quiet = (
+            not seen.first and seen.metrics.first is None and not seen.metrics.counters and seen.metrics.weak is None
+        )
         if self.first is None:
             raw = _traceback_lines(self.tail, whole=True)
             if self.signal is not None and not any('File "' in line for line in self.signal[1]):

@@ -22,8 +22,13 @@ DeepSpeed's `skipped=`) that rise are skipped steps. A wrapped key (`'counters/u
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+
+from nanscope.launch.bars import bars, segments, step_at
+from nanscope.launch.metric_points import contradiction, model_of, points_to
+from nanscope.launch.tables import Table, header
 
 WINDOW = 8192  # characters of a line parsed
 LOOKAHEAD = 8  # lines after a reading without a step where the next progress bar gives it
@@ -32,12 +37,12 @@ _QUOTED = re.compile(
     rf"(?P<key>'[^'\n]{{1,120}}'|\"[^\"\n]{{1,120}}\")\s{{0,8}}:\s{{0,8}}(?P<value>{_VALUE})", re.IGNORECASE
 )
 _PLAIN = re.compile(rf"(?<![\w./()-])(?P<key>[A-Za-z_][\w./()\[\]-]{{0,100}})(?:\s{{0,3}}[:=]\s{{0,30}}|\s{{1,3}})(?P<value>{_VALUE})", re.IGNORECASE)  # fmt: skip
-_FIELD = re.compile(rf"\s{{0,40}}(?P<key>[A-Za-z_][\w ./()\[\]-]{{0,100}}?)\s{{0,3}}[:=]?\s{{1,40}}(?P<value>{_VALUE})(?:/\s{{0,12}}\d{{1,12}})?", re.IGNORECASE)  # fmt: skip
-_BAR = re.compile(r"(?P<count>\d{1,12})/(?P<total>\d{1,12}) \[\d")
-# a progress bar that counts no training step (a dataset's map, a download)
-_NOT_STEPS = re.compile(r"^\s{0,8}(?:Map|Filter|Tokeniz|Load|Download|Generat|Process|Extract|Convert|Fetch|Sav|Cast|"
-                        r"Running)|examples/s|ex/s|B/s\]")  # fmt: skip
-_EPOCH_ITER = re.compile(r"\]\[(?P<step>\d{1,12})/\d{1,12}\]")
+_FIELD = re.compile(rf"\s{{0,40}}(?P<key>[A-Za-z_][\w ./()\[\]-]{{0,100}}?)\s{{0,3}}[:=]?\s{{1,40}}(?P<value>{_VALUE})(?:/\s{{0,12}}\d{{1,12}}|\s{{0,3}}(?:ms|s|%))?", re.IGNORECASE)  # fmt: skip
+_FIELD_WHOLE = re.compile(_FIELD.pattern + r".?\Z", re.IGNORECASE)  # a field to its end (one stray character)
+# mmengine's `Epoch(train) [1][240/735]` and `Iter(train) [ 510/2046]` (space-padded): the iteration
+_EPOCH_ITER = re.compile(
+    r"\]\[\s{0,12}(?P<step>\d{1,12})/\d{1,12}\]|Iter\((?:train|val|test)\)\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"
+)
 _WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it")
 _SETTINGS = ("max_", "min_")  # a setting printed beside the metrics (`max_grad_norm: inf`), not a value that went bad
@@ -45,18 +50,7 @@ _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
 COUNTERS = {"number of skipped iterations": False, "number of nan iterations": False, "inf_nan_skip_batches": True,
             "skipped": True, "skipped_steps": True}  # fmt: skip
-_ITERATION = ("consumed samples", "elapsed time per iteration (ms)")
-# keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
-_PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train/chosen", "logps_train/chosen")
-_RL = ("reward", "reward_std", "kl", "ppo_kl", "advantages", "returns", "completion_length", "act_loss")
-_PRIMARY = ("loss", "grad_norm", "grad norm", "lm loss", "logps", "logp", "rewards", "act_loss", "pg_loss")
-# verl logs its data metrics under `critic/` too (compute_data_metrics): the scores and rewards are the reward's,
-# the advantages and returns computed from them; `critic/kl` is the KL in the reward
-_MODELS = (("critic/score", "reward"), ("critic/rewards", "reward"), ("critic/advantages", None),
-           ("critic/returns", None), ("critic/kl", None), ("actor/", "actor"), ("critic/", "critic"), ("ref/", "reference"), ("reference/", "reference"),
-           ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"),
-           ("policy_loss", "policy"), ("actor_loss", "actor"), ("critic_loss", "critic"), ("value_loss", "critic"),
-           ("ref_", "reference"))  # fmt: skip
+_ITERATION = ("consumed samples", "elapsed time per iteration (ms)", "elapsed time per iteration")
 
 
 def _key(text: str) -> str:
@@ -93,8 +87,10 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
     if text.count("|") >= 2:
         out, at = [], 0
         for part in text.split("|"):
-            match = _FIELD.match(part)
-            if match is not None and match.end() >= len(part.rstrip()) - 1:
+            match = _FIELD_WHOLE.match(
+                part.rstrip()
+            )  # the whole field: `number of nan iterations: 0`, not `number of nan`
+            if match is not None:
                 out.append((_key(match["key"]), match["value"], at + match.start("value")))
             at += len(part) + 1
         if len(out) >= 2:
@@ -116,11 +112,16 @@ class Reading:
         step: the step it names, or that its progress bar gives (None: not said).
         step_from: where the step came from.
         after: the last step an earlier metric line named, when this one names none.
-        values: the non-finite (key, value) pairs, in the line's order: the first is `metric`.
+        values: the non-finite (key, value) pairs, in the line's order: the first is `metric` (a loss Megatron did
+            not print comes after the printed ones).
         model: actor, critic, policy, reference, reward model, or None (one model alone is not named).
         finite: the line's finite loss and gradient-norm values, key -> value.
-        points_to: what that points to, in one sentence.
+        points_to: what that points to, in one phrase.
         text: the line, cut.
+        weak: only a loss Megatron did not print (weak evidence alone: NaN, <= 0, or skipped iterations).
+        contradicted: the finite values on the line that contradict its non-finite ones (a progress bar's running
+            mean NaN beside a finite reduced loss), in words; None: nothing contradicts them.
+        fragment: the input's first line, cut at its start, that held non-finite values before this line (its text).
     """
 
     line: int
@@ -132,6 +133,9 @@ class Reading:
     finite: dict[str, float]
     points_to: str
     text: str
+    weak: bool = False
+    contradicted: str | None = None
+    fragment: str | None = None
 
     @property
     def metric(self) -> str:
@@ -140,7 +144,8 @@ class Reading:
     def to_dict(self) -> dict:
         return {"line": self.line, "step": self.step, "step_from": self.step_from, "after_step": self.after,
                 "metric": self.metric, "model": self.model, "values": [list(pair) for pair in self.values],
-                "finite": self.finite, "points_to": self.points_to, "text": self.text}  # fmt: skip
+                "finite": self.finite, "points_to": self.points_to, "text": self.text, "weak": self.weak,
+                "contradicted": self.contradicted, "cut_first_line": self.fragment}  # fmt: skip
 
 
 @dataclass
@@ -165,36 +170,62 @@ class MetricLines:
     first: Reading | None = None
     counters: list[Counter] = field(default_factory=list)
     later: int = 0  # metric lines with a non-finite value after the first
-    keys: set[str] = field(default_factory=set)  # every key seen (the stack's shape: launch.stacks)
+    keys: set[str] = field(default_factory=set)  # every key seen (the stack's shape: facts.frameworks.KEYS)
     bar: int | None = None  # the last progress bar's count
     bar_line: int = 0
     explicit: int | None = None  # the last step a metric line named
+    explicit_line: int = 0
     loss_keys: set[str] = field(default_factory=set)  # the loss fields of Megatron's iteration lines so far
     pending: int | None = None  # the line of a first reading still without a step (the next bar gives it)
     seen: dict[str, int] = field(default_factory=dict)  # counter key -> its last value
+    weak: Reading | None = None  # the first Megatron iteration line whose only sign is a loss it did not print
+    table: Table | None = None  # the column table being read (launch.tables)
+    provisional: set[str] | None = None  # the keys of a first reading on the input's first line, maybe cut
+    fragment: str | None = None  # the input's first line was cut before the first reading (said with it)
+
+    def rule(self, line: str, header_line: str) -> bool:
+        """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
+        table = header(header_line, line)
+        if table is not None:
+            self.table = table
+            self.keys.update(column.lower() for column in table.columns)
+        return table is not None
 
     def feed(self, line: str, number: int) -> None:
-        found = pairs(line)
+        for offset, piece in segments(line):
+            self._piece(line, piece, offset, number)
         self.bars(line, number)
+
+    def _piece(self, line: str, piece: str, offset: int, number: int) -> None:
+        found = self.table.row(piece) if self.table is not None else None
+        found = found or pairs(piece)
         if not found:
             return
         self.keys.update(key.lower() for key, _, _ in found[:64])
-        step, step_from = self._step(line, found)
+        step, step_from = self._step(line, piece, offset, found)
         self._counters(found, number, step)
-        # a missing loss first: Megatron prints `lm loss` before `loss scale` and `grad norm`
-        bad = self._missing_loss(found)
-        bad += [
-            (key, value)
-            for key, value, _ in found
+        missing = self._missing_loss(found)
+        bad = [
+            (key, value, at)
+            for key, value, at in found
             if _nonfinite(value) and not _is_step_key(key) and not key.lower().startswith(_SETTINGS)
         ]
+        at = offset + (bad[0][2] if bad else found[0][2])
+        if step is None:
+            step, step_from = step_at(line, at)
+        values = [(key, value) for key, value, _ in bad] + missing
+        if self.provisional is not None and step_from == "the line":
+            self._confirm(found, bool(bad), number)
         if bad and len(found) >= 2:
             if self.first is None:
-                self._first(line, number, found, bad, step=step, step_from=step_from)
+                self._first(line, number, found, values, step=step, step_from=step_from)
             else:
                 self.later += 1
+        elif missing and self.weak is None and self.first is None:
+            self.weak = self._reading(line, number, found, missing, step=step, step_from=step_from)
+            self.weak.weak = True
         if step is not None and step_from == "the line":
-            self.explicit = step
+            self.explicit, self.explicit_line = step, number
 
     def context(self, lines: list[bytes], clean) -> None:
         """Lines just before a candidate line (not read as candidates: all finite): the step they name and their
@@ -203,31 +234,31 @@ class MetricLines:
             found = pairs(clean(raw.decode("utf-8", "replace")))
             if len(found) >= 2:
                 self.keys.update(key.lower() for key, _, _ in found[:64])
-                step, step_from = self._step("", found)
+                step, step_from = self._step("", "", 0, found)
                 if step is not None and step_from == "the line":
                     self.explicit = step
 
     def bars(self, line: str, number: int) -> None:
         """The progress bar on `line` (the step of a metric line that names none; a first reading's pending step)."""
-        bars = list(_BAR.finditer(line, 0, WINDOW))
-        if bars and _NOT_STEPS.search(line, 0, 200) is None:
-            self.bar, self.bar_line = int(bars[-1]["count"]), number
+        found = bars(line)
+        if found:
+            self.bar, self.bar_line = found[-1].count, number
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
-                self.first.step, self.first.step_from = self.bar, "the progress bar after it"
+                self.first.step, self.first.step_from = self.bar, f"the progress bar after it, {found[-1].shown()}"
             self.pending = None
 
-    def _step(self, line: str, found) -> tuple[int | None, str | None]:
+    def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
+        """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
         for key, value, _ in found:
             if _is_step_key(key):
                 number = _number(value.strip("'\"").split("/")[0])
-                if number is not None:
+                if number is not None and math.isfinite(number):
                     return int(number), "the line"
-        match = _EPOCH_ITER.search(line, 0, WINDOW)
-        if match is not None:
+        match = _EPOCH_ITER.search(piece, 0, WINDOW)
+        if match is not None and match["step"] is not None:
             return int(match["step"]), "the line (the iteration within its epoch)"
-        bar = _BAR.search(line, 0, found[0][2] if found else WINDOW)
-        if bar is not None and _NOT_STEPS.search(line, 0, 200) is None:
-            return int(bar["count"]), "the progress bar on its line"
+        if match is not None:
+            return int(match["iter"]), "the line"
         return None, None
 
     def _counters(self, found, number: int, step: int | None) -> None:
@@ -245,7 +276,7 @@ class MetricLines:
 
     def _missing_loss(self, found) -> list[tuple[str, str]]:
         """Megatron's iteration line without the loss its earlier lines printed (or, with `loss scale` and no skip,
-        without any loss): a NaN loss is not printed (training_log prints an average only when it is > 0)."""
+        without any loss): training_log prints an average only when it is > 0 (NaN is not)."""
         keys = {key.lower(): value for key, value, _ in found}
         if not any(key in keys for key in _ITERATION):
             return []
@@ -258,7 +289,28 @@ class MetricLines:
             return []
         return [(key, "missing") for key in sorted(self.loss_keys)] or [("lm loss", "missing")]
 
-    def _first(self, line: str, number: int, found, bad, *, step: int | None, step_from: str | None) -> None:
+    def _confirm(self, found, bad: bool, number: int) -> None:
+        """A later line that names its step and shares keys with a first reading on the input's first line: that
+        line was cut at its start (the excerpt begins mid-line). Its reading gives way to this line's, or keeps its
+        values under the full key it was cut from."""
+        keys, first = {key.lower() for key, _, _ in found}, self.first
+        self.provisional, shared = None, self.provisional
+        if first is None or number - first.line > LOOKAHEAD:
+            return
+        cut = first.values[0][0]
+        full = next((key for key, _, _ in found if key.lower().endswith(cut.lower()) and len(key) > len(cut)), None)
+        if len(keys & shared) < (1 if full is not None else 2):
+            return
+        if bad:
+            self.first = None
+            self.fragment = (
+                f"line {first.line} is cut at its start ({first.text[:60]!r}): its non-finite values "
+                "come from a line before the excerpt"
+            )
+        elif full is not None:
+            first.values[0] = (full, first.values[0][1])
+
+    def _reading(self, line: str, number: int, found, values, *, step: int | None, step_from: str | None) -> Reading:
         after = None
         if step is None and self.explicit is not None:
             after = self.explicit
@@ -267,74 +319,24 @@ class MetricLines:
         finite = {
             key: number_
             for key, value, _ in found
-            if key.lower().rsplit("/", 1)[-1] in ("loss", "grad_norm", "grad norm", "lm loss")
-            and (number_ := _number(value)) is not None
-        }
-        model = model_of([key for key, _ in bad], {key.lower() for key, _, _ in found})
-        self.first = Reading(
-            line=number,
-            step=step,
-            step_from=step_from,
-            after=after,
-            values=bad,
-            model=model,
-            finite=finite,
-            points_to=points_to(bad, finite, model),
-            text=line.strip()[:300],
-        )
-        if step is None and after is None:
+            if (key.lower().rsplit("/", 1)[-1] in ("loss", "grad_norm", "grad norm", "lm loss", "gradient_norm")
+                or key.lower().endswith(" loss") and key.lower() != "loss scale")
+            and (number_ := _number(value)) is not None and math.isfinite(number_)
+        }  # fmt: skip
+        model = model_of([key for key, value in values if value != "missing"], {key.lower() for key, _, _ in found})
+        contradicted = contradiction(values, found)
+        said = points_to(values, finite, model)
+        if contradicted is not None:
+            said = (f"the progress bar's running mean only: its {values[0][0]} (a mean over the last training steps) "
+                    f"is {values[0][1]} while {contradicted} on the same line are finite: not a NaN failure by "
+                    "itself")  # fmt: skip
+        return Reading(line=number, step=step, step_from=step_from, after=after, values=values, model=model,
+                       finite=finite, points_to=said, text=line.strip()[:300], contradicted=contradicted,
+                       fragment=self.fragment)  # fmt: skip
+
+    def _first(self, line: str, number: int, found, values, *, step: int | None, step_from: str | None) -> None:
+        self.first = self._reading(line, number, found, values, step=step, step_from=step_from)
+        if number == 1 and self.first.step is None and self.first.after is None:
+            self.provisional = {key.lower() for key, _, _ in found}
+        if self.first.step is None and self.first.after is None:
             self.pending = number
-
-
-def model_of(bad: list[str], keys: set[str]) -> str | None:
-    """The one model whose metrics went non-finite: a key's prefix (`actor/`, `critic/`, ...) names it; in a
-    preference or RL log the unprefixed loss, gradient norm, log-probs and rewards are the policy's. None: several
-    models, or only a logged statistic (kl, logits, clip ratios) that is no model's failure."""
-    models = set()
-    rl = any(key in keys for key in _PREFERENCE + _RL)
-    for key in bad:
-        low = key.lower()
-        prefix = next((prefix for prefix, _ in _MODELS if low.startswith(prefix)), None)
-        named = dict(_MODELS)[prefix] if prefix is not None else None
-        if prefix is None and rl and any(low.split("/")[0].startswith(word) for word in _PRIMARY):
-            named = "policy"
-        if named is not None:
-            models.add(named)
-    return models.pop() if len(models) == 1 else None
-
-
-def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str | None) -> str:
-    """What the first non-finite metrics point to, from what else the line shows."""
-    keys = [key.lower() for key, _ in bad]
-    last = [key.rsplit("/", 1)[-1] for key in keys]
-    loss_ok = any(k.rsplit("/", 1)[-1] in ("loss", "lm loss") and abs(v) > 0 for k, v in finite.items())
-    grad_zero = any(k.rsplit("/", 1)[-1] in ("grad_norm", "grad norm") and v == 0.0 for k, v in finite.items())
-    if any(value == "missing" for _, value in bad):
-        return ("Megatron prints a loss only when its average is > 0, and NaN is not: the loss was NaN (or not "
-                "reported) at this iteration")  # fmt: skip
-    models = {model_of([key], set()) for key in keys}
-    if {"actor", "critic"} <= models:
-        return ("both the actor's and the critic's losses on the same logged step: the line cannot tell which went "
-                "first (a shared input: the rewards, the advantages, or the rollout)")  # fmt: skip
-    if model == "critic":
-        return ("the critic (the value model): its value loss or gradient went non-finite while the actor's metrics "
-                "on the line are finite: the returns or values it is fit to, or its own update")  # fmt: skip
-    if all(key.startswith(("logits/", "clip_ratio/")) or key in ("kl", "clip_ratio") for key in keys) and loss_ok:
-        return ("a logged statistic only (over the raw logits, or over an empty token set), while the loss on the line "
-                "is finite: not a diverged model")  # fmt: skip
-    if model == "reward" or any(
-        key in ("reward_std", "reward", "rewards") or key.startswith("rewards/") and model is None for key in keys
-    ):
-        return "the reward: a reward function's NaN, or the spread of a group of one sample (std of one value)"
-    if any(key.startswith(("logps", "rewards")) for key in keys):
-        return ("the policy's forward pass: its log-probs are non-finite (a preference reward is a log-ratio of them); "
-                "the reference's are not logged")  # fmt: skip
-    if any(k in ("grad_norm", "grad norm") for k in last) and loss_ok:
-        return ("the backward pass: the loss on the line is finite and the gradient norm is not (an fp16 loss scaler "
-                "skipping the step, else a backward op: anomaly mode names it)")  # fmt: skip
-    if any(k in ("loss", "lm loss") for k in last) and grad_zero:
-        return ("a loss with no gradient: non-finite while the gradient norm is 0 (every token masked: 0/0, or the "
-                "gradient zeroed)")  # fmt: skip
-    if any("loss" in k for k in last):
-        return "the forward pass or the loss itself: the loss is non-finite"
-    return "a logged metric is non-finite"

@@ -16,8 +16,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from nanscope.launch.metric_lines import MetricLines, pairs
+from nanscope.launch.bars import bars, step_at
+from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
+from nanscope.launch.scales import Scales
 from nanscope.launch.signals import Hit, read_line
+from nanscope.launch.tables import is_rule
+from nanscope.launch.wrapped import record
 
 MAX_RANKS = 64  # waiting ranks (NCCL's watchdog) kept
 # literals (lowered) of a line worth reading besides its NaN/Inf words: the evidence lines' that hold none
@@ -34,15 +38,25 @@ NEEDLES = (
     b"consumed samples",
     b"skipped iterations",
     b"skipped=",
+    b"python_anomaly_mode",
+    b"--|",
+    b"-- |",
 )
 # fmt: skip
 _LOWER = range(97, 123)
-_ITERATION = re.compile(r"\biteration\s{1,20}\d")
 _MEGATRON = ("Unexpected result", " in local grad norm", " in local forward loss", "rerun: unexpected result")
 _WATCHDOG_RANK = re.compile(r"rank (\d{1,9}) waited")
 
 
 CONTEXT_LINES = 4  # lines read before a candidate line, until the first non-finite metric line: their steps, keys
+MAX_CONTEXTS = 64  # evidence lines of one kind whose lines before are read so (a log may hold millions)
+
+
+def _line_before(block: bytes, start: int) -> bytes:
+    """The line of `block` before the one at `start` (empty for the block's first: not at hand)."""
+    if start <= 0:
+        return b""
+    return block[block.rfind(b"\n", 0, start - 1) + 1 : start - 1][-4096:]
 
 
 def _before(block: bytes, start: int, count: int) -> list[bytes]:
@@ -66,14 +80,6 @@ def _grad_norm(lines: list[str]) -> str | None:
             if key.lower().rsplit("/", 1)[-1] == "grad_norm":
                 found = value.strip("'\"")
     return found
-
-
-def _unwrapped(text: str, before: str) -> str:
-    """A `|`-field line that continues the one before it (a terminal or a log viewer wrapped Megatron's iteration
-    line): the two as one; else `text`."""
-    if " | " in before and _ITERATION.search(before) and not _ITERATION.search(text) and "|" in text:
-        return before.rstrip() + " " + text.strip()
-    return text
 
 
 def candidate_starts(block: bytes, extra: tuple[bytes, ...] = ()) -> list[int]:
@@ -121,43 +127,77 @@ class Nonfinite:
     waiting: list[int] = field(default_factory=list)
     overflow: tuple[int, str | None] | None = None  # the last DeepSpeed overflow: its line, the grad_norm before it
     stale: tuple[int, str, str | None] | None = None  # the grad_norm logged after it: (line, value, the one before)
+    scales: Scales = field(default_factory=Scales)  # the loss scaler's overflow series
+    unstepped: list[Hit] = field(default_factory=list)  # evidence lines waiting for the next metric line's step
+    last_line: int = 0  # the last metric line read (the lines before the next one are read only if not read yet)
 
     def block(self, block: bytes, lines_before: int, clean) -> list[tuple[int, Hit]]:
         """Read the lines of `block` worth reading (`clean`: a raw line as a terminal shows it); the fatal hits that
         are the first of their log, with the offset of their line."""
-        out, counted, lines = [], 0, lines_before
+        out, counted, lines, consumed = [], 0, lines_before, -1
         extra = (b"grad_norm",) if self.overflow is not None and self.stale is None else ()
         for start in candidate_starts(block, extra):
             lines += block.count(b"\n", counted, start)
             counted = start
+            if start <= consumed:
+                continue  # a line of a wrapped record already read
             end = block.find(b"\n", start)
-            text = clean(block[start : len(block) if end < 0 else end].decode("utf-8", "replace"))
+            end = len(block) if end < 0 else end
+            text = clean(block[start:end].decode("utf-8", "replace"))
             if any(marker in text for marker in _MEGATRON):
                 continue  # Megatron's own error and verdict lines are launch.failure's and launch.rerun's
-            previous = b""
-            if start > 0:  # the line before, for a line a terminal wrapped (the block's first: not at hand)
-                previous = block[block.rfind(b"\n", 0, start - 1) + 1 : start - 1][-300:]
-            following = b"" if end < 0 else block[end + 1 : end + 301].split(b"\n", 1)[0]
-            hit = read_line(
-                text, lines + 1, clean(previous.decode("utf-8", "replace")), clean(following.decode("utf-8", "replace"))
-            )
-            if hit is not None and hit.signal.id == "deepspeed-overflow":
-                before = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, CONTEXT_LINES)]
-                self.overflow = (hit.line, _grad_norm(before))
-                self._after_overflow(block, start, lines + 1, clean)
-            elif hit is None and self.overflow is not None and self.stale is None:
-                self._stale(text, lines + 1)
-            if hit is None:
-                if self.metrics.first is None:  # the metric lines just before it: their steps and keys
-                    self.metrics.context(_before(block, start, CONTEXT_LINES), clean)
-                self.metrics.feed(_unwrapped(text, clean(previous.decode("utf-8", "replace"))), lines + 1)
+            previous = clean(_line_before(block, start).decode("utf-8", "replace"))
+            if is_rule(text) and self.metrics.rule(text, previous):
                 continue
-            self.metrics.bars(text, lines + 1)
-            if self.metrics.first is None and hit.signal.id not in self.first:  # the metric lines before it
-                self.metrics.context(_before(block, start, CONTEXT_LINES), clean)
-            if self._keep(hit):
+            following = block[end + 1 : end + 301].split(b"\n", 1)[0]
+            hit = read_line(text, lines + 1, previous[-300:], clean(following.decode("utf-8", "replace")))
+            if hit is None:
+                joined, stop = record(block, start, end, clean)
+                consumed = stop if stop > end else consumed
+                self._metric_line(block, start, joined, lines + 1, clean)
+                continue
+            self._signal(block, start, hit, text, clean)
+            if self._keep(hit, text):
                 out.append((start, hit))
         return out
+
+    def _metric_line(self, block: bytes, start: int, text: str, number: int, clean) -> None:
+        """A metric line: its values (launch.metric_lines), and the step it gives an evidence line still without one."""
+        if self.metrics.first is None and number - self.last_line > 1:  # the lines before it not read yet: theirs
+            self.metrics.context(_before(block, start, min(CONTEXT_LINES, number - self.last_line - 1)), clean)
+        self.last_line = number
+        if self.overflow is not None and self.stale is None:
+            self._stale(text, number)
+        named = self.metrics.explicit_line
+        self.metrics.feed(text, number)
+        if self.metrics.explicit_line != named:
+            self._name_steps(number)
+
+    def _signal(self, block: bytes, start: int, hit: Hit, text: str, clean) -> None:
+        """An evidence line: a progress bar's postfix before it is a metric line too; an overflow starts the stale
+        grad_norm watch and joins the scale series."""
+        found = bars(text[: hit.at]) if hit.at else []
+        if found and found[-1].close > 0:
+            self.metrics.feed(text[: found[-1].close + 1], hit.line)
+        if hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
+            self.scales.add(hit.scale, hit.next_scale, None)
+        if hit.signal.id == "deepspeed-overflow":
+            before = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, CONTEXT_LINES)]
+            self.overflow = (hit.line, _grad_norm(before))
+            self._after_overflow(block, start, hit.line, clean)
+        self.metrics.bars(text, hit.line)
+        if self.metrics.first is None and self.counts.get(hit.signal.id, 0) < MAX_CONTEXTS:  # the lines before it
+            self.metrics.context(_before(block, start, CONTEXT_LINES), clean)
+
+    def _name_steps(self, number: int) -> None:
+        """Evidence lines without a step before a metric line that names its own: theirs (a framework prints its
+        step's metrics at the step's end, after what happened in it)."""
+        for hit in self.unstepped:
+            if hit.step is None and number - hit.line <= LOOKAHEAD:
+                hit.step, hit.step_from = self.metrics.explicit, f"the metric line after it, line {number}"
+                if hit.signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.first_step is None:
+                    self.scales.first_step = hit.step
+        self.unstepped = []
 
     def _after_overflow(self, block: bytes, start: int, number: int, clean) -> None:
         """The first grad_norm after the overflow line at `start` in the same block (one in a later block is a
@@ -179,12 +219,23 @@ class Nonfinite:
         if value is not None and number - line <= STALE_WITHIN:
             self.stale = (number, value, before)
 
-    def _keep(self, hit: Hit) -> bool:
-        """Count `hit`; True when it is the log's first fatal one."""
+    def _keep(self, hit: Hit, text: str) -> bool:
+        """Count `hit` (its step from the progress bar it follows, where its line names none); True when it is the
+        log's first fatal one."""
         signal = hit.signal
         timeout = signal.id == "nccl-timeout"  # it fires a timeout after the step that failed: no step of its own
-        if hit.step is None and not timeout and self.metrics.bar is not None and hit.line - self.metrics.bar_line <= 2:
-            hit.step = self.metrics.bar  # the progress bar on its line, or just before it
+        logged = signal.id == "logged-nonfinite"  # it logs the step just done
+        if hit.step is None and not timeout and hit.at:
+            hit.step, hit.step_from = step_at(text, hit.at, logged=logged)
+        bar, since = self.metrics.bar, hit.line - self.metrics.bar_line
+        if hit.step is None and not timeout and bar is not None and 0 < since <= 2:
+            hit.step = bar if logged else bar + 1
+            hit.step_from = (f"the progress bar {since} line(s) before it, {bar} done"
+                             + ("" if logged else ": the next step"))  # fmt: skip
+        if hit.step is None and not timeout and len(self.unstepped) < 16:
+            self.unstepped.append(hit)
+        if signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.count == 1:
+            self.scales.first_step = hit.step
         self.counts[signal.id] = self.counts.get(signal.id, 0) + 1
         self.first.setdefault(signal.id, hit)
         if signal.id == "nccl-timeout":
@@ -208,10 +259,26 @@ class Nonfinite:
         return {
             "signals": [
                 {"check": hit.signal.id, "line": hit.line, "count": self.counts[key], "rank": hit.rank,
-                 "step": hit.step, "op": hit.op, "detail": hit.detail, "text": hit.text}
+                 "step": hit.step, "step_from": hit.step_from, "op": hit.op, "detail": hit.detail, "text": hit.text,
+                 "printed_by": None if hit.wording is None else list(hit.wording.stacks),
+                 "source": None if hit.wording is None else hit.wording.source}
                 for key, hit in self.first.items()
             ],
             "waiting_ranks": sorted(self.waiting),
             "stale_grad_norm": None if self.stale is None else
             {"line": self.stale[0], "value": self.stale[1], "before_overflow": self.stale[2]},
+            "loss_scale": None if self.scales.first is None else
+            {"overflows": self.scales.count, "first": self.scales.first, "first_step": self.scales.first_step,
+             "lowest": self.scales.lowest, "says": self.scales.sentence(self.loss_step())},
         }  # fmt: skip
+
+    def loss_step(self) -> int | None:
+        """The step of the first non-finite loss on a metric line (what a calibrating scaler does not explain)."""
+        first = self.metrics.first
+        if (
+            first is None
+            or first.contradicted
+            or not any("loss" in key.lower() for key, value in first.values if value != "missing")
+        ):
+            return None
+        return first.step

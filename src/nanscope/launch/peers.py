@@ -24,13 +24,20 @@ _READ = (frameworks.VERL, frameworks.OPENRLHF)  # the frameworks whose loss code
 
 
 def peer_candidates(
-    framework: Framework, view: FlagView | None, traceback, pp: int | None = None, cp: int | None = None
+    framework: Framework,
+    view: FlagView | None,
+    traceback,
+    pp: int | None = None,
+    cp: int | None = None,
+    core: str | None = "",
 ) -> list[Candidate]:
-    """Every catalogued and reported cause for a `framework` job (`view`: its launch's flags, None without one)."""
+    """Every catalogued and reported cause for a `framework` job (`view`: its launch's flags, None without one;
+    `core`: what points to megatron-core, None: nothing, and its own causes are not offered)."""
     out = []
     for hazard in catalogue.CATALOGUE:
-        if hazard is catalogue.HEALTHY or (framework.name == frameworks.UNKNOWN and hazard.level == "batch"):
-            continue  # a job nothing names is not known to have a policy loss or rollouts
+        weighed = (*frameworks.WITH_ROLLOUTS, frameworks.MEGATRON_LM, frameworks.PAI)  # the latter: ruled out, said why
+        if hazard is catalogue.HEALTHY or (framework.name not in weighed and hazard.level == "batch"):
+            continue  # a job nothing names, or a pretraining stack's, is not known to have a policy loss or rollouts
         if hazard.name in _LOSS:
             status, evidence = _loss(framework, hazard.name, view)
         elif hazard.level == "batch":
@@ -47,7 +54,7 @@ def peer_candidates(
                       script=view is not None)  # fmt: skip
     out += reported_candidates(context, traceback, script=view is not None)
     neutral(out)
-    out = without_megatron(out, framework.name)
+    out = without_megatron(out, framework.name, core)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 

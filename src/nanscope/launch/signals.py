@@ -23,9 +23,9 @@ bounded repeats only: the time is linear in the line. A wrapped line is read wit
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from nanscope.facts.signals import BY_ID, Signal
+from nanscope.facts.signals import BY_ID, WORDING, Signal, Wording
 
 WINDOW = 2048  # characters read after an anchor (and 512 before it)
 MARKERS = (
@@ -42,6 +42,8 @@ MARKERS = (
     b"Watchdog caught collective",
     b"not finite",
     b"NaN or Inf found",
+    b"python_anomaly_mode.cpp",
+    b"Bad grad_norm detected",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _NUMBER = r"[\d.eE+-]{1,30}"
 _OVERFLOW = re.compile(
@@ -119,27 +121,54 @@ class Hit:
     output: int | None = None
     detail: str | None = None
     metric: str | None = None  # the metric the line names as non-finite (`grad_norm is not finite`)
+    wording: Wording | None = None  # which stack's words these are (facts.signals.WORDINGS), where known
+    value: str | None = None  # what the line says was non-finite, where its words say it (else the signal's)
+    step_from: str | None = None  # where the step came from
+    scale: float | None = None  # a loss scaler's attempted scale
+    next_scale: float | None = None  # ... and the scale it set (the same: hysteresis spent, or its floor)
+    at: int = 0  # where on the line its evidence starts (what sits before it: a progress bar)
 
 
 def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit | None:
     """The evidence `line` (the log's line `number`; `before`, `after`: the lines around it, for a wrapped one)
     holds."""
-    hit = _known(line, before, after)
+    hit = _known(unwrapped(line), before, after)  # a terminal's wrap re-joined with spaces, undone
     if hit is None:
         hit = _generic(line)
     if hit is None:
         return None
     signal, fields = hit
     found = Hit(signal, number, line.strip()[:300], **fields)
+    found.at = _start(line)
     tag = _RANK_TAG.search(line, 0, WINDOW) if "[rank" in line else None
     if tag is not None and signal.id == "nccl-timeout":  # the process that timed out: one left waiting
         said = f"rank {tag['rank']} waited (the watchdog's rank)"
         found.ranks += [] if said in found.ranks else [said]
     elif tag is not None and found.rank is None:
         found.rank = int(tag["rank"])
-    if found.step is None and (step := _STEP.search(line, 0, WINDOW)) is not None:
-        found.step = int(step["step"])
+    if found.step is None and (step := _STEP.search(line, found.at, found.at + WINDOW)) is not None:
+        found.step, found.step_from = int(step["step"]), "the line"
     return found
+
+
+_WRAPPED = re.compile(r"(?<=[a-z])\s{8,120}(?=[a-z:])")
+_EVIDENCE_START = re.compile(r"\[\d{4}-\d\d-\d\d[ T]|\[(?:deepspeed|deepscale)\]|\[rank\d{1,9}\]:|\.\./aten/|Traceback|WARN|"
+                             r"\[E |Error|Exception|NaN or Inf|OVERFLOW|Overflow|Grad overflow")  # fmt: skip
+
+
+def unwrapped(line: str) -> str:
+    """`line` with a terminal's wrap undone: a run of spaces inside a word (`Attempted loss scal<33 spaces>e: 8192`,
+    a wrapped line re-joined with the padding the terminal printed) removed."""
+    return _WRAPPED.sub("", line[:WINDOW]) if "        " in line else line
+
+
+def _start(line: str) -> int:
+    """Where a line's own text starts after a progress bar it is glued to (0: no bar before it)."""
+    close = line.rfind("]", 0, WINDOW)
+    if close < 0 or "/" not in line[:close]:
+        return 0
+    found = _EVIDENCE_START.search(line, 0, WINDOW)
+    return found.start() if found is not None else 0
 
 
 def _window(line: str, anchor: str) -> tuple[str, int] | None:
@@ -164,7 +193,9 @@ def _known(line: str, before: str, after: str) -> tuple[Signal, dict] | None:
         if found is not None:
             return BY_ID["skip-nonfinite-grad"], {
                 "op": found["op"],
-                "detail": f"found {found['value']} ({found['op']})",
+                "detail": f"found {found['value']} ({found['op']}): ColossalAI counts inf or NaN",
+                "wording": WORDING["colossalai-found-inf"],
+                "value": "NaN or Inf",
             }
     return None
 
@@ -181,14 +212,64 @@ def _overflow(text: str, before: str):
     else:
         detail = "step skipped"
     ranks = [] if rank is None else [f"rank {rank} logs it (DeepSpeed prints it on rank 0 only)"]
-    return BY_ID["deepspeed-overflow"], {"detail": detail, "ranks": ranks}
+    shared = None
+    if "[deepscale]" in text:
+        wording = "deepscale-overflow"
+        if _LOGGER.search(text) is not None:  # DeepSpeed's logger; ColossalAI's copy prints them bare
+            shared = "DeepSpeed 0.3's ZeRO stage 2 (its logger's prefix)"
+    elif "dynamic loss scale overflow" in text:
+        wording = "deepspeed-dynamic-overflow"
+    elif "Overflow detected" in text:
+        wording = "overflow-detected"
+    else:
+        wording = "deepspeed-overflow-rank" if rank is not None else "deepspeed-overflow-plain"
+    scale = _float(match["scale"])
+    after = _float(match["next"]) if match["next"] is not None else scale
+    said = WORDING[wording] if shared is None else replace(WORDING[wording], stacks=("deepspeed",), printed_by=shared)
+    return BY_ID["deepspeed-overflow"], {"detail": detail, "ranks": ranks, "wording": said,
+                                         "scale": scale, "next_scale": after}  # fmt: skip
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text.rstrip(".,"))
+    except ValueError:
+        return None
+
+
+_LOGGER = re.compile(r"\] \[\w{1,60}\.py:\d{1,6}:\w{1,60}\]")  # DeepSpeed's logger: `[INFO] [stage2.py:1357:step]`
+_ITERATION_OVERFLOW = re.compile(r"Grad overflow on iteration:? (?P<step>\d{1,12})")
+_DEEPSPEED_LOGGER = ("_update_scale]", "fused_optimizer.py:", "[deepspeed]")
+
+
+def _grad_overflow(text: str, before: str):
+    """`Grad overflow on iteration 8`: DeepSpeed's FP16_Optimizer (after its logger's prefix, often on the line
+    before: the message starts with a newline) or apex contrib's, which prints the same words."""
+    match = _ITERATION_OVERFLOW.search(text)
+    if match is None:
+        return None
+    wording = WORDING["grad-overflow-iteration"]
+    deepspeed = any(mark in before[-300:] or mark in text for mark in _DEEPSPEED_LOGGER)
+    if deepspeed:  # the words are shared; DeepSpeed's logger's prefix says whose they are here
+        wording = replace(wording, stacks=("deepspeed",), printed_by="DeepSpeed's FP16_Optimizer (its logger's prefix)")
+    signal = BY_ID["deepspeed-overflow" if deepspeed else "scaler-overflow"]
+    said = "DeepSpeed's FP16_Optimizer, by its logger's prefix" if deepspeed else "DeepSpeed's or apex's FP16_Optimizer"
+    return signal, {"detail": f"iteration {match['step']} skipped; {said}", "wording": wording,
+                    "step": int(match["step"]), "step_from": "the line (the optimizer's own count)"}  # fmt: skip
 
 
 def _scaler(text: str, before: str):
     if _SCALER.search(text) is None:
         return None
     scale = _SCALE_TO.search(text)
-    return BY_ID["scaler-overflow"], {"detail": "step skipped" + (f", loss scale -> {scale['scale']}" if scale else "")}
+    low = text.lower()
+    wording = ("fairseq-overflow" if "ignoring gradient" in low else "colossalai-found-overflow"
+               if "found overflow" in low else "apex-amp-overflow" if "loss scaler" in low else None)  # fmt: skip
+    return BY_ID["scaler-overflow"], {
+        "detail": "step skipped" + (f", loss scale -> {scale['scale']}" if scale else ""),
+        "wording": WORDING[wording] if wording else None,
+        "next_scale": _float(scale["scale"]) if scale else None,
+    }
 
 
 def _minimum(text: str, before: str):
@@ -247,7 +328,37 @@ def _not_finite(text: str, before: str):
     return BY_ID["skip-nonfinite-grad"], {
         "detail": f"grad_norm {match['value']}: the step skipped",
         "metric": "grad_norm",
+        "wording": WORDING["verl-not-finite"],
     }
+
+
+_BAD_NORM = re.compile(r"Bad grad_norm detected \(grad_norm=(?P<value>[\w.+-]{1,40})\)")
+
+
+def _bad_norm(text: str, before: str):
+    match = _BAD_NORM.search(text)
+    if match is None:
+        return None
+    return BY_ID["skip-nonfinite-grad"], {
+        "detail": f"grad_norm {match['value']}: the step skipped",
+        "metric": "grad_norm",
+        "wording": WORDING["megatron-llm-bad-grad-norm"],
+    }
+
+
+_CALL = re.compile(r"(?P<name>[A-Za-z_]\w{0,80})\s?\(")
+
+
+def _anomaly_tail(text: str, before: str):
+    """The end of anomaly mode's warning, its header cut: `(Triggered internally at
+    ../torch/csrc/autograd/python_anomaly_mode.cpp:110.)` after the forward frame's line, which names its op."""
+    if "Triggered internally at" not in text:
+        return None
+    code = before.strip()
+    calls = [match["name"] for match in _CALL.finditer(code[:300])]
+    op = calls[-1] if calls and not code.startswith("File ") else None
+    detail = f"its header cut; the forward frame: {code[:120]}" if code else "its header and forward frames cut"
+    return BY_ID["anomaly-forward"], {"op": op, "detail": detail}
 
 
 def _logged(text: str, before: str):
@@ -257,10 +368,11 @@ def _logged(text: str, before: str):
 # (literal anchor, reader of the window around it), in order: the first that reads the line wins
 _READERS = (
     ("OVERFLOW!", _overflow), ("loss scale overflow!", _overflow), ("Overflow detected", _overflow),
-    ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
+    ("Grad overflow on iteration", _grad_overflow), ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
     ("Error detected in", _forward),
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
+    ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
 )  # fmt: skip
 
 

@@ -35,6 +35,8 @@ class Summary:
         op: the backward function, assert, collective or exception named.
         points_to: what it points to.
         lines: where each answer came from, field -> line of the input.
+        contradicted: the finite values on the same line that contradict the non-finite one (a progress bar's
+            running mean NaN beside a finite reduced loss): not a NaN failure by itself; None: nothing contradicts it.
     """
 
     rank: int | None = None
@@ -46,11 +48,13 @@ class Summary:
     op: str | None = None
     points_to: str | None = None
     lines: dict[str, int] = field(default_factory=dict)
+    contradicted: str | None = None  # finite values that contradict the non-finite one: no NaN failure by itself
 
     def to_dict(self) -> dict:
         return {
             "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step, "model": self.model,
             "metric": self.metric, "op": self.op, "points_to": self.points_to, "lines": dict(self.lines),
+            "contradicted": self.contradicted,
         }  # fmt: skip
 
 
@@ -89,13 +93,21 @@ def summarize(traceback) -> Summary:
             f"the loss scaler skipped steps ({counter.key} {counter.value}): their gradients held inf or NaN "
             "(at the start of an fp16 run, its scale calibrating)"
         )
+    weak = seen.metrics.weak
+    if weak is not None and reading is None and out.metric is None and failure is None:  # nothing stronger said it
+        out.metric, out.lines["metric"] = weak.metric, weak.line
+        out.step, out.points_to = weak.step, weak.points_to
+    if reading is not None and reading.contradicted is not None:  # no failure: no failing step (metrics keep it)
+        out.contradicted, out.step = reading.contradicted, None if failure is None else out.step
     if out.model is None:
         out.model = _frame_model(traceback.frames)
     return out
 
 
 def _kind(values: list[tuple[str, str]]) -> str | None:
-    words = {value.strip("'\"").lower().lstrip("+-") for _, value in values}
+    words = {value.strip("'\"").lower().lstrip("+-") for _, value in values if value != "missing"}
+    if not words:
+        return None
     if words <= {"nan", "nan.0"}:
         return "NaN"
     if words <= {"inf", "infinity"}:

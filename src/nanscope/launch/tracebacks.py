@@ -44,7 +44,8 @@ class Traceback:
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
         metric line (launch.metric_lines), which names the key, the model and the step exactly."""
-        exact = self.nonfinite.metrics.first is not None
+        named = any(hit.metric for hit in self.nonfinite.first.values())  # an evidence line names the metric
+        exact = self.nonfinite.metrics.first is not None or named
         return [e for e in self.metrics.excursions.values() if not (exact and not math.isfinite(e.value))]
 
     def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
@@ -76,14 +77,16 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
     frames, ip = parse_frames(found.context) if found is not None else ([], None)
     framework = framework_of(frames, _named_lines(found), found.nonfinite.metrics.keys if found is not None else set())
     if framework is UNKNOWN and found is not None:  # an evidence line only one stack prints names it
-        hit = next((hit for hit in found.nonfinite.first.values() if hit.signal.stack in frameworks.NAMES), None)
+        hit = next((hit for hit in found.nonfinite.first.values() if _one_stack(hit) is not None), None)
         if hit is not None:
-            framework = Framework(
-                hit.signal.stack, None, f"its {hit.signal.id} line (line {hit.line}) is {hit.signal.stack}'s"
-            )
+            stack = _one_stack(hit)
+            framework = Framework(stack, None, f"its {hit.signal.id} line (line {hit.line}) is {stack}'s")
     known = any(core_frame(frame.path, 0, "") for frame in frames)
     said = found is not None and (
-        found.nonfinite.first or found.nonfinite.metrics.first or found.nonfinite.metrics.counters
+        found.nonfinite.first
+        or found.nonfinite.metrics.first
+        or found.nonfinite.metrics.counters
+        or found.nonfinite.metrics.weak
     )
     quiet = found is None or (found.failure is None and found.rerun is None and not found.metrics.seen and not said)
     if quiet and not known and framework is UNKNOWN:
@@ -109,6 +112,12 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
     )
 
 
+def _one_stack(hit) -> str | None:
+    """The one framework whose code prints the hit's words (None: a wording several print, or none named)."""
+    stacks = hit.wording.stacks if hit.wording is not None else (hit.signal.stack,)
+    return stacks[0] if len(stacks) == 1 and stacks[0] in frameworks.NAMES else None
+
+
 def _named_lines(found: Found | None) -> list[str]:
     """The lines that may name a framework: the traceback's, the evidence lines', the first non-finite metric line."""
     if found is None:
@@ -125,8 +134,8 @@ def from_signal(seen: Nonfinite) -> Failure | None:
     if hit is None:
         return None
     low = hit.text.lower()
-    value = hit.signal.value
-    if value == "NaN or Inf" and hit.signal.id.startswith(("nonfinite", "skip", "logged")):
+    value = hit.value or hit.signal.value
+    if hit.value is None and value == "NaN or Inf" and hit.signal.id.startswith(("nonfinite", "skip", "logged")):
         nan, inf = "nan" in low, "inf" in low.replace("info", "")
         value = "NaN" if nan and not inf else "Inf" if inf and not nan else value
     return Failure(
@@ -144,6 +153,8 @@ def from_signal(seen: Nonfinite) -> Failure | None:
         rank_from=None if hit.rank is None else "the log prefix [rankN]:",
         signal=hit.signal,
         step=hit.step,
+        step_from=hit.step_from,
+        printed_by=None if hit.wording is None else hit.wording,
         op=hit.op,
         output=hit.output,
         detail=hit.detail,

@@ -16,6 +16,7 @@ def to_dict(diagnosis) -> dict:
         "summary": None if diagnosis.summary is None else diagnosis.summary.to_dict(),
         "slime_release": release_dict(diagnosis),
         "framework": diagnosis.framework.to_dict(),
+        "megatron_core_evidence": diagnosis.megatron_core,
         "inputs": _inputs(diagnosis),
         "config": None
         if cfg is None
@@ -202,7 +203,7 @@ def _metrics(traceback) -> dict:
     (launch.metric_lines)."""
     lines = traceback.nonfinite.metrics
     return traceback.metrics.to_dict() | {
-        "first_nonfinite": None if lines.first is None else lines.first.to_dict(),
+        "first_nonfinite": None if (lines.first or lines.weak) is None else (lines.first or lines.weak).to_dict(),
         "later_nonfinite_lines": lines.later,
         "counters": [counter.to_dict() for counter in lines.counters],
     }

@@ -20,6 +20,7 @@ _WHO = {
     "device-assert": "a CUDA device-side assert fired",
     "nccl-timeout": "a collective timed out (NCCL's watchdog)",
     "skip-nonfinite-grad": "the framework skipped an optimizer step on a non-finite gradient norm",
+    "scaler-overflow": "a dynamic loss scaler skipped a step on inf or NaN gradients",
     "logged-nonfinite": "TensorBoard's writer was given a NaN or Inf scalar",
     "nonfinite-error": "the run ended on an error naming NaN or Inf",
     "nonfinite-message": "the log says a loss or a gradient went NaN or Inf",
@@ -28,33 +29,84 @@ _MODELS = {"actor": "the actor", "critic": "the critic, the value model", "polic
            "reference": "the reference model", "reward model": "the reward model", "reward": "the reward"}  # fmt: skip
 
 
+def balanced(text: str) -> str:
+    """`text` quoted from an input, cut before a bracket it opens and never closes (a line cut short): a sentence
+    that quotes it stays whole."""
+    depth, cut = [], len(text)
+    for i, char in enumerate(text):
+        if char in "([{":
+            depth.append(i)
+        elif char in ")]}":
+            if not depth:
+                return text[:i].rstrip(" ,;:")
+            depth.pop()
+    if depth:
+        cut = depth[0]
+    return text[:cut].rstrip(" ,;:") + ("..." if cut < len(text) else "")
+
+
+def _head(failure) -> str:
+    """Who did what, by the evidence line's words (whose they are, where facts.signals.WORDINGS knows)."""
+    signal, wording = failure.signal, failure.printed_by
+    if signal.id == "deepspeed-overflow" and wording is not None and len(wording.stacks) > 1:
+        return "An fp16 loss scaler skipped a step on inf or NaN gradients"
+    if signal.id == "skip-nonfinite-grad" and wording is not None:
+        return f"{_capital(wording.printed_by)} skipped an optimizer step on a non-finite gradient norm"
+    if signal.id == "deepspeed-overflow" and wording is not None:
+        return f"{_capital(wording.printed_by)} skipped a step on inf or NaN gradients"
+    return _capital(_WHO.get(signal.id, signal.means))
+
+
+def _capital(text: str) -> str:
+    """A sentence's start, capitalised; a project's own lower-case name (verl, apex) kept."""
+    return text if text.split(" ", 1)[0].split("'", 1)[0] in _LOWER_NAMES else text[0].upper() + text[1:]
+
+
+_LOWER_NAMES = ("verl", "apex", "fairseq", "autograd", "torch")
+
+
 def signal_sentence(failure, count: int = 1) -> str:
     """One sentence: what the evidence line says (`count`: lines of its kind in the log), where, rank and step."""
     signal = failure.signal
     said = [f"line {failure.line}" + (f", and {count - 1} more such line(s)" if count > 1 else "")]
     if failure.op:
         said.append(f"{failure.op}" + (f", output {failure.output}" if failure.output is not None else ""))
-    if failure.detail and failure.detail != failure.op:
-        said.append(failure.detail)
-    who = f"On rank {failure.rank}, " if failure.rank is not None else ""
-    step = f" at step {failure.step}" if failure.step is not None else ""
-    head = _WHO.get(signal.id, signal.means)
-    head = head[0].lower() + head[1:] if who else head
-    sentence = f"{who}{head}{step} ({'; '.join(said)})."
+    if failure.detail and failure.detail != failure.op and not failure.detail.startswith(failure.op or "\0"):
+        said.append(balanced(failure.detail))
+    if failure.printed_by is not None and len(failure.printed_by.stacks) > 1:
+        said.append(f"{failure.printed_by.printed_by}")
+    head = _head(failure)
+    if failure.rank is not None:
+        head = f"On rank {failure.rank}, {head[0].lower()}{head[1:]}"
+    step = ""
+    if failure.step is not None:
+        how = failure.step_from
+        step = f" at step {failure.step}" + (f" ({how})" if how and not how.startswith("the line") else "")
+    sentence = f"{head}{step} ({'; '.join(said)})."
     if signal.id == "nccl-timeout":
         sentence += " The ranks its lines name waited; the one that failed is not in them."
     return sentence
 
 
-def first_sentence(summary: Summary) -> str | None:
+def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     """The first non-finite metric, its model and step, and what it points to (None: no metric line says one)."""
     if summary.metric is None:
         return None
     model = f" ({_MODELS.get(summary.model, summary.model)})" if summary.model else ""
     step = f" at step {summary.step}" if summary.step is not None else " (the line names no step)"
     where = f" (line {summary.lines['metric']})" if "metric" in summary.lines else ""
-    points = f": it points to {summary.points_to}" if summary.points_to else ""
-    return f"The first non-finite metric: {summary.metric}{model}{step}{where}{points}."
+    if weak:
+        at = f"of step {summary.step} " if summary.step is not None else ""
+        return (f"The only sign in the metric lines: the iteration line {at}{where.strip()} prints no {summary.metric}. "
+                "Megatron prints an average loss only when it is > 0, so it was NaN, <= 0, or every iteration of the "
+                "interval was skipped: weak evidence alone.")  # fmt: skip
+    if summary.check == "skip-counter" and summary.lines.get("metric") != summary.lines.get("check"):
+        return f"A skip counter rose: {summary.metric}{step}{where}. What it points to: {summary.points_to}."
+    if summary.contradicted is not None:
+        return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
+                f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
+    points = f" What it points to: {summary.points_to}." if summary.points_to else ""
+    return f"The first non-finite metric: {summary.metric}{model}{step}{where}.{points}"
 
 
 def evidence_lines(traceback) -> list[str]:

@@ -209,8 +209,8 @@ def _candidates_table(diagnosis) -> list[str]:
 
 
 def _frames_table(diagnosis) -> list[str]:
-    """The traceback frame by frame ([] without a traceback)."""
-    if diagnosis.traceback is None:
+    """The traceback frame by frame ([] without a traceback or frames)."""
+    if diagnosis.traceback is None or not diagnosis.traceback.frames:
         return []
     out = ["<h2>Traceback, frame by frame</h2><table><tr><th>frame</th><th>release</th><th>what it does</th></tr>"]
     for frame in diagnosis.traceback.frames:

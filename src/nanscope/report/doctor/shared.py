@@ -107,7 +107,7 @@ def failure_lines(diagnosis) -> list[str]:
         out.append(
             f"rerun verdict: {rerun.verdict} ({rerun.rerun} rerun{', ' + rerun.values if rerun.values else ''}): {rerun.means}"
         )
-    elif diagnosis.framework.name not in frameworks.WITHOUT_MEGATRON:
+    elif diagnosis.framework.name not in frameworks.WITHOUT_MEGATRON and diagnosis.megatron_core is not None:
         out.append("rerun verdict: none in the input (slime and most jobs run the RerunStateMachine disabled)")
     return out
 

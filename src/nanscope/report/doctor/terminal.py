@@ -64,7 +64,7 @@ def _failure_section(diagnosis, console) -> None:
     _heading(
         console,
         "the error",
-        "(as Megatron printed it)" if failure is None or failure.signal is None else "(as the log printed it)",
+        "(as Megatron printed it)" if failure is not None and failure.signal is None else "(as the log printed it)",
     )
     for line in lines:
         _plain(console, f"  {line}")
@@ -234,7 +234,7 @@ def _flags_section(diagnosis, console) -> None:
 
 
 def _frames_section(diagnosis, console) -> None:
-    if diagnosis.traceback is None:
+    if diagnosis.traceback is None or not diagnosis.traceback.frames:
         return
     _heading(console, "traceback, frame by frame", "(outermost first)")
     for frame in diagnosis.traceback.frames:

@@ -3,8 +3,9 @@ mechanism, and how many catalogued causes remain."""
 
 from __future__ import annotations
 
-from nanscope.launch.candidates import ENABLED, UNDECIDABLE, remaining
-from nanscope.report.doctor.evidence_text import first_sentence, signal_sentence
+from nanscope.facts import frameworks
+from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
+from nanscope.report.doctor.evidence_text import balanced, first_sentence, signal_sentence
 from nanscope.report.text import span
 
 
@@ -18,9 +19,7 @@ def verdict(diagnosis) -> str:
         parts = _failure_sentences(diagnosis)
     if failure is not None and failure.format not in ("rerun", "signal"):
         parts += _why_it_died(failure, diagnosis.config)
-    first = first_sentence(diagnosis.summary) if diagnosis.summary is not None else None
-    if first is not None:
-        parts.append(first)
+    parts += _metric_sentences(diagnosis)
     if traceback is not None and traceback.rerun is not None:
         rerun = traceback.rerun
         parts.append(f"The rerun state machine's verdict ({rerun.rerun} rerun): {rerun.means}.")
@@ -35,8 +34,7 @@ def verdict(diagnosis) -> str:
         parts.append(_framework_sentence(diagnosis))
         name = diagnosis.framework.name
         if name == "unknown":
-            parts.append("slime's rules do not apply: nothing names the launch's framework, so no framework's own "
-                         "code weighs the causes.")  # fmt: skip
+            parts.append("slime's rules do not apply to it.")
         else:
             parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s "
                          "own code and flags.")  # fmt: skip
@@ -48,8 +46,47 @@ def verdict(diagnosis) -> str:
             )
     else:
         parts.append(_findings_sentence(diagnosis.findings))
+    parts += _core_sentence(diagnosis)
     parts.append(_candidates_sentence(diagnosis.candidates))
     return " ".join(parts)
+
+
+def _metric_sentences(diagnosis) -> list[str]:
+    """The metric lines' part: the first non-finite metric (or a contradicted one, or a loss Megatron did not
+    print, said as the weak evidence it is), a first line cut at its start, the loss scaler's series."""
+    summary, traceback = diagnosis.summary, diagnosis.traceback
+    if summary is None or traceback is None:
+        return []
+    metrics, parts = traceback.nonfinite.metrics, []
+    weak = metrics.weak
+    based_on_weak = metrics.first is None and weak is not None and summary.lines.get("metric") == weak.line
+    first = first_sentence(summary, weak=based_on_weak)
+    if first is not None:
+        parts.append(first)
+    reading = metrics.first
+    if reading is not None and reading.fragment is not None:
+        step = f" at or before step {reading.step}" if reading.step is not None else " before this line"
+        parts.append(f"{balanced(reading.fragment[0].upper() + reading.fragment[1:])}: the first non-finite value is"
+                     f"{step}.")  # fmt: skip
+    if weak is not None and not based_on_weak:
+        step = f"at step {weak.step} " if weak.step is not None else ""
+        parts.append(f"The iteration line {step}(line {weak.line}) prints no {weak.metric}: Megatron prints an average "
+                     "loss only when it is > 0, so it was NaN, <= 0 or not reported; weak evidence alone, not the "
+                     "failure.")  # fmt: skip
+    failure = traceback.failure
+    if failure is not None and failure.signal is not None and failure.signal.id.endswith("overflow"):
+        said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step())
+        if said:
+            parts.append(said)
+    return parts
+
+
+def _core_sentence(diagnosis) -> list[str]:
+    """What is unknown about megatron-core: its causes are not offered where nothing points to it."""
+    if diagnosis.megatron_core is not None or diagnosis.framework.name in frameworks.WITHOUT_MEGATRON:
+        return []
+    return [f"Nothing in the input points to megatron-core, so its own causes ({', '.join(MEGATRON_CAUSES)}) are "
+            "not offered; a launch script or frames through megatron/core would say whether they apply."]  # fmt: skip
 
 
 def _failure_sentences(diagnosis) -> list[str]:
@@ -84,9 +121,17 @@ def _failure_sentences(diagnosis) -> list[str]:
 def _framework_sentence(diagnosis) -> str:
     framework = diagnosis.framework
     if framework.name == "unknown":
-        return "Nothing in the traceback names the framework, so no framework's own causes are weighed."
+        traceback = diagnosis.traceback
+        read = [] if diagnosis.script is None else ["the launch script"]
+        if traceback is not None:
+            read.append("the traceback" if traceback.frames else "the log")
+        return (
+            f"Nothing in {' or '.join(read) or 'the input'} names the framework, so no framework's own causes are "
+            "weighed."
+        )
     release = f" {framework.release}" if framework.release else ""
-    return f"The job is {framework.name}{release}'s ({framework.how})."
+    owner = f"{framework.name}{release}" + ("'" if f"{framework.name}{release}".endswith("s") else "'s")
+    return f"The job is {owner} ({balanced(framework.how)})."
 
 
 def _rank_sentences(diagnosis) -> list[str]:

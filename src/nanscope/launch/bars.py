@@ -1,0 +1,85 @@
+"""Progress bars (tqdm's `2/87543 [00:18<223:50:10, 9.20s/it, loss=nan]`) in a log: which step a value or a line
+glued to a bar belongs to.
+
+A bar shows the steps done. What sits inside its bracket (a postfix: `loss=nan`) is that count's step's. What a
+program prints while the bar is on screen is glued after the bar's `]` on the same line, and it was printed while
+the next step ran: a DeepSpeed overflow after `6/1184 [...]` is step 7's (the Trainer updates its bar at a step's
+end, DeepSpeed's optimizer step prints inside the next one), and so is a dict printed after `9/860 [...]` by a
+loop driven by `for step in tqdm(...)`. A line that only logs the step just done (TensorBoard's refusal of a NaN
+scalar, `logged`) is that count's step. A bar's count is at least the steps done (tqdm redraws at most every
+0.1 s): the step is said with the bar it came from.
+
+    bar = last_bar(line, at)          # the last bar that starts before position `at`, or None
+    step, how = step_at(line, at)     # the step of what sits at `at` (None, None: no bar before it)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+WINDOW = 8192  # characters of a line searched for bars
+_BAR = re.compile(r"(?P<count>\d{1,12})/(?P<total>\d{1,12}) \[\d")
+# a progress bar that counts no training step (a dataset's map, a download)
+_NOT_STEPS = re.compile(r"^\s{0,8}(?:Map|Filter|Tokeniz|Load|Download|Generat|Process|Extract|Convert|Fetch|Sav|Cast|"
+                        r"Running)|examples/s|ex/s|B/s\]")  # fmt: skip
+_CLOSE = 400  # characters after a bar's count where its bracket closes
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One progress bar on a line: its count and total, where its count starts, where its bracket closes (-1:
+    not on the line)."""
+
+    count: int
+    total: int
+    start: int
+    close: int
+
+    def shown(self) -> str:
+        return f"{self.count}/{self.total}"
+
+
+def counts_steps(line: str) -> bool:
+    """The bars on `line` count training steps (not a dataset's map or a download)."""
+    return _NOT_STEPS.search(line, 0, 200) is None
+
+
+def bars(line: str) -> list[Bar]:
+    """The step-counting bars of `line`, in order."""
+    if not counts_steps(line):
+        return []
+    out = []
+    for match in _BAR.finditer(line, 0, WINDOW):
+        close = line.find("]", match.end(), match.end() + _CLOSE)
+        out.append(Bar(int(match["count"]), int(match["total"]), match.start(), close))
+    return out
+
+
+def last_bar(line: str, at: int) -> Bar | None:
+    """The last step-counting bar that starts before `at`."""
+    found = [bar for bar in bars(line) if bar.start < at]
+    return found[-1] if found else None
+
+
+def step_at(line: str, at: int, logged: bool = False) -> tuple[int | None, str | None]:
+    """The step of what sits at `at` on `line`, from the bar before it: its count inside the bar's bracket, the next
+    step after it (`logged`: a line that logs the step just done keeps the count)."""
+    bar = last_bar(line, at)
+    if bar is None:
+        return None, None
+    if bar.close < 0 or at < bar.close:
+        return bar.count, f"the progress bar on its line, {bar.shown()}"
+    if logged:
+        return bar.count, f"the progress bar it follows, {bar.shown()}: the step it logs"
+    return bar.count + 1, f"printed after the progress bar's {bar.shown()}: the next step"
+
+
+def segments(line: str) -> list[tuple[int, str]]:
+    """A line holding several bars (a terminal's carriage-return redraws pasted as one line), cut before each bar's
+    count: (offset, text) pieces, each read as its own line; one piece for a line with at most one bar."""
+    found = bars(line)
+    if len(found) < 2:
+        return [(0, line)]
+    cuts = [0] + [bar.start for bar in found] + [len(line)]
+    return [(cuts[i], line[cuts[i] : cuts[i + 1]]) for i in range(len(cuts) - 1) if cuts[i + 1] > cuts[i]]

@@ -1,0 +1,117 @@
+"""What a metric line's non-finite values point to: the model whose keys they are, and what the other values on the
+line say (the critic with the actor finite, the backward pass with the loss finite, a progress bar's running mean
+with the reduced loss finite: no failure by itself).
+
+    model = model_of(["critic/vf_loss"], keys)                  # "critic"
+    said = points_to(bad, finite, model)                        # one phrase
+    finite = contradiction(bad, found)                          # the finite values that contradict a NaN, or None
+"""
+
+from __future__ import annotations
+
+import math
+
+# keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
+_PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train/chosen", "logps_train/chosen")
+_RL = ("reward", "reward_std", "kl", "ppo_kl", "advantages", "returns", "completion_length", "act_loss")
+_PRIMARY = ("loss", "grad_norm", "grad norm", "lm loss", "logps", "logp", "rewards", "act_loss", "pg_loss")
+# verl logs its data metrics under `critic/` too (compute_data_metrics): the scores and rewards are the reward's,
+# the advantages and returns computed from them; `critic/kl` is the KL in the reward
+_MODELS = (("critic/score", "reward"), ("critic/rewards", "reward"), ("critic/advantages", None),
+           ("critic/returns", None), ("critic/kl", None), ("actor/", "actor"), ("critic/", "critic"), ("ref/", "reference"), ("reference/", "reference"),
+           ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"),
+           ("policy_loss", "policy"), ("actor_loss", "actor"), ("critic_loss", "critic"), ("value_loss", "critic"),
+           ("ref_", "reference"))  # fmt: skip
+
+
+# A progress bar's `loss` (Lightning's running mean of the last training losses) and the reduced losses and
+# gradient norms that, finite on the same line, show the training itself finite
+_RUNNING = ("loss",)
+_REDUCED = ("reduced_train_loss", "train_loss", "reduced_loss", "train/loss", "lm loss", "loss_step")
+_NORMS = ("gradient_norm", "grad_norm", "grad norm")
+
+
+def _number(value: str) -> float | None:
+    try:
+        return float(value.strip("'\""))
+    except ValueError:
+        return None
+
+
+def contradiction(bad: list[tuple[str, str]], found: list[tuple[str, str, int]]) -> str | None:
+    """The finite values on a line that contradict its non-finite ones: a progress bar's running-mean `loss` non-finite
+    while the reduced loss (and the gradient norm) the same line prints are finite; None: nothing contradicts them."""
+    if not bad or not all(key.lower() in _RUNNING for key, _ in bad):
+        return None
+    finite = [
+        (key, value)
+        for key, value, _ in found
+        if key.lower() in _REDUCED + _NORMS and (number := _number(value)) is not None and math.isfinite(number)
+    ]
+    if not any(key.lower() in _REDUCED for key, _ in finite):
+        return None
+    return ", ".join(f"{key} {value}" for key, value in finite[:3])
+
+
+def model_of(bad: list[str], keys: set[str]) -> str | None:
+    """The one model whose metrics went non-finite: a key's prefix (`actor/`, `critic/`, ...) names it; in a
+    preference or RL log the unprefixed loss, gradient norm, log-probs and rewards are the policy's. None: several
+    models, or only a logged statistic (kl, logits, clip ratios) that is no model's failure."""
+    models = set()
+    rl = any(key in keys for key in _PREFERENCE + _RL)
+    for key in bad:
+        low = key.lower()
+        prefix = next((prefix for prefix, _ in _MODELS if low.startswith(prefix)), None)
+        named = dict(_MODELS)[prefix] if prefix is not None else None
+        if prefix is None and rl and any(low.split("/")[0].startswith(word) for word in _PRIMARY):
+            named = "policy"
+        if named is not None:
+            models.add(named)
+    return models.pop() if len(models) == 1 else None
+
+
+def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str | None) -> str:
+    """What the first non-finite metrics point to, from what else the line shows."""
+    keys = [key.lower() for key, _ in bad]
+    last = [key.rsplit("/", 1)[-1] for key in keys]
+    loss_ok = any(k.rsplit("/", 1)[-1] in ("loss", "lm loss") and abs(v) > 0 for k, v in finite.items())
+    grad_zero = any(k.rsplit("/", 1)[-1] in ("grad_norm", "grad norm") and v == 0.0 for k, v in finite.items())
+    if any(value == "missing" for _, value in bad) and not any(k in ("grad_norm", "grad norm") for k in last):
+        return ("a loss that was not printed: Megatron prints an average loss only when it is > 0, so it was NaN, "
+                "<= 0, or every iteration of the interval was skipped; weak evidence alone")  # fmt: skip
+    if any(value == "missing" for _, value in bad):
+        return ("the backward pass or the loss: the gradient norm is non-finite and the line prints no loss (Megatron "
+                "prints an average loss only when it is > 0, which NaN is not)")  # fmt: skip
+    models = {model_of([key], set()) for key in keys}
+    if {"actor", "critic"} <= models:
+        return ("both the actor's and the critic's losses on the same logged step: the line cannot tell which went "
+                "first (a shared input: the rewards, the advantages, or the rollout)")  # fmt: skip
+    if model == "critic":
+        return ("the critic (the value model): its value loss or gradient went non-finite while the actor's metrics "
+                "on the line are finite: the returns or values it is fit to, or its own update")  # fmt: skip
+    if all(key.startswith(("logits/", "clip_ratio/")) or key in ("kl", "clip_ratio") for key in keys) and loss_ok:
+        return ("a logged statistic only (over the raw logits, or over an empty token set), while the loss on the line "
+                "is finite: not a diverged model")  # fmt: skip
+    if model == "reward" or any(
+        key in ("reward_std", "reward", "rewards") or key.startswith("rewards/") and model is None for key in keys
+    ):
+        return "the reward: a reward function's NaN, or the spread of a group of one sample (std of one value)"
+    if any(key.startswith(("logps", "rewards")) for key in keys):
+        return ("the policy's forward pass: its log-probs are non-finite (a preference reward is a log-ratio of them); "
+                "the reference's are not logged")  # fmt: skip
+    if any(k in ("grad_norm", "grad norm") for k in last) and loss_ok:
+        return ("the backward pass: the loss on the line is finite and the gradient norm is not (an fp16 loss scaler "
+                "skipping the step, else a backward op: anomaly mode names it)")  # fmt: skip
+    if any(k in ("loss", "lm loss") for k in last) and grad_zero:
+        return ("a loss with no gradient: non-finite while the gradient norm is 0 (every token masked: 0/0, or the "
+                "gradient zeroed)")  # fmt: skip
+    if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
+        return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
+                "every label masked (the line cannot tell which)")  # fmt: skip
+    if any("loss" in k for k in last):
+        return "the forward pass or the loss itself: the loss is non-finite"
+    return "a non-finite logged value, and nothing else on the line says where it came from"
+
+
+def _zero_loss(finite: dict[str, float]) -> bool:
+    return any(k.rsplit("/", 1)[-1] in ("loss", "lm loss") and v == 0.0 for k, v in finite.items())

@@ -1,0 +1,85 @@
+"""A dynamic loss scaler's overflow lines, as one series: where the scale started, how low it went, whether it grew
+back, whether it sat at its floor. What the series says is the difference between a benign start and a failure:
+
+    134217728 -> 67108864 -> 33554432 at steps 7, 8, 9     a scale calibrating from its initial value (2^27)
+    64 -> 32 -> ... -> 2 at steps 379 .. 383                 the gradients overflow step after step, mid-run
+    8192 -> 4096, then 8192 -> 4096 again                    periodic overflows, the scale oscillating
+    1 -> 1                                                   the scale at its floor: every overflowing step skipped
+
+    scales = Scales(); scales.add(hit) ...; scales.sentence(loss_step)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HIGH = 65536.0  # 2^16: fp16 loss scalers start here or above (DeepSpeed's initial_scale_power 16 .. 32)
+LOW = 1024.0  # a scale this low has been halved many times from any start
+EARLY = 100  # steps from a run's start where halving from a high scale is the scaler calibrating
+
+
+def _shown(scale: float) -> str:
+    power = math.log2(scale) if scale > 0 else 0.5
+    exact = f"{scale:.0f}" if scale == int(scale) else f"{scale:g}"
+    return f"{exact} (2^{power:.0f})" if power == int(power) and power >= 10 else exact
+
+
+@dataclass
+class Scales:
+    """The overflow lines' scales, in order (bounded: a few numbers, whatever the log's length)."""
+
+    count: int = 0
+    first: float | None = None  # the first attempted scale
+    first_step: int | None = None
+    lowest: float | None = None  # the lowest scale set
+    last: float | None = None  # the last scale set
+    regrew: tuple[float, float] | None = None  # (a scale set, a later attempted scale above it)
+    floor: tuple[float, float] | None = None  # an attempted scale the scaler could not lower: (attempted, set)
+    halved: bool = False  # a scale was lowered
+
+    def add(self, scale: float | None, next_scale: float | None, step: int | None) -> None:
+        """One overflow line: the scale it attempted and the one it set (None: not printed)."""
+        self.count += 1
+        if scale is not None and self.first is None:
+            self.first, self.first_step = scale, step
+        if scale is not None and self.last is not None and scale > self.last and self.regrew is None:
+            self.regrew = (self.last, scale)
+        if next_scale is not None:
+            if scale is not None and next_scale < scale:
+                self.halved = True
+            elif scale is not None and next_scale == scale and self.floor is None and self._floor(scale):
+                self.floor = (scale, next_scale)
+            self.last = next_scale
+            self.lowest = next_scale if self.lowest is None else min(self.lowest, next_scale)
+
+    @staticmethod
+    def _floor(scale: float) -> bool:
+        return scale <= 1.0  # DeepSpeed's min_loss_scale default 1 (a spent hysteresis also keeps the scale)
+
+    def sentence(self, loss_step: int | None = None) -> str | None:
+        """What the series says, in one or two sentences (None: no scale printed)."""
+        if self.first is None:
+            return None
+        if self.floor is not None:
+            return (f"The loss scale is at its floor ({_shown(self.floor[0])} -> {_shown(self.floor[1])}): it cannot "
+                    "go lower, so every step whose gradients overflow is skipped.")  # fmt: skip
+        if self.regrew is not None:
+            low, again = self.regrew
+            return (f"The loss scale grows back between overflows ({_shown(low)}, then {_shown(again)} attempted "
+                    "again): periodic overflows, the scale oscillating, not a collapse.")  # fmt: skip
+        lowest = self.lowest if self.lowest is not None else self.first
+        early = self.first_step is None or self.first_step <= EARLY
+        if self.first >= HIGH and lowest >= LOW and early and loss_step is not None:
+            return (f"The first attempted loss scale is {_shown(self.first)}, where fp16 loss scalers start, but the "
+                    f"loss itself is non-finite at step {loss_step}: a scale calibrating does not explain a NaN "
+                    "loss.")  # fmt: skip
+        if self.first >= HIGH and lowest >= LOW and early:
+            return (f"The first attempted loss scale is {_shown(self.first)}, where fp16 loss scalers start, and it "
+                    "halves on consecutive overflows: the scale calibrating at a run's start, not a NaN failure by "
+                    "itself (a scale that keeps falling is one).")  # fmt: skip
+        if lowest <= LOW and self.halved:
+            where = f" from step {self.first_step}" if self.first_step is not None else ""
+            return (f"The loss scale is down to {_shown(lowest)} ({self.count} overflow line(s){where}, halving): the "
+                    "gradients overflow step after step, not a calibration.")  # fmt: skip
+        return f"{self.count} overflow line(s), the loss scale from {_shown(self.first)} to {_shown(lowest)}."
