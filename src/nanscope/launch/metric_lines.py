@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from nanscope.launch.bars import bars, segments, step_at
+from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to
 from nanscope.launch.tables import Table, header
 
@@ -98,9 +99,32 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
     return [(_key(m["key"]), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
 
 
+def _with_loose(found: list[tuple[str, str, int]], piece: str) -> tuple[list[tuple[str, str, int]], bool]:
+    """`found`, and the named NaN/Inf values of `piece` no shape read (launch.loose: a printed tensor, wandb's
+    summary, a bar's description); True when there are such values (a line of one named value is read then)."""
+    if sum(1 for _, value, _ in found if _nonfinite(value)) and len(found) >= 2:
+        return found, False
+    loose = loose_pairs(piece)
+    if not loose:
+        return found, False
+    taken = {at for _, _, at in found}
+    return sorted(found + [pair for pair in loose if pair[2] not in taken], key=lambda item: item[2]), True
+
+
+# a key that holds a step's word but measures a time (`time/time/step`, `train_step_timing in s`, `step_time`)
+_TIMES = frozenset(("time", "times", "timing", "timer", "timers", "duration", "elapsed", "sec", "secs", "seconds",
+                    "ms", "s", "per", "speed", "throughput"))  # fmt: skip
+
+
 def _is_step_key(key: str) -> bool:
     low = key.lower()
-    return low in _STEP_KEYS or low.rsplit("/", 1)[-1] in _STEP_KEYS or low.rsplit(" ", 1)[-1] in _STEP_KEYS
+    named = low in _STEP_KEYS or low.rsplit("/", 1)[-1] in _STEP_KEYS or low.rsplit(" ", 1)[-1] in _STEP_KEYS
+    return named and not _TIMES.intersection(re.split(r"[/_ .()-]+", low))
+
+
+def _percent(piece: str, at: int, value: str) -> bool:
+    """The value at `at` is a percentage (`Steps:   0%|`): a bar's progress, never a step."""
+    return piece[at + len(value) : at + len(value) + 1] == "%"
 
 
 @dataclass
@@ -198,7 +222,7 @@ class MetricLines:
 
     def _piece(self, line: str, piece: str, offset: int, number: int) -> None:
         found = self.table.row(piece) if self.table is not None else None
-        found = found or pairs(piece)
+        found, loose = _with_loose(found or pairs(piece), piece)
         if not found:
             return
         self.keys.update(key.lower() for key, _, _ in found[:64])
@@ -216,7 +240,7 @@ class MetricLines:
         values = [(key, value) for key, value, _ in bad] + missing
         if self.provisional is not None and step_from == "the line":
             self._confirm(found, bool(bad), number)
-        if bad and len(found) >= 2:
+        if bad and (len(found) >= 2 or loose):
             if self.first is None:
                 self._first(line, number, found, values, step=step, step_from=step_from)
             else:
@@ -249,8 +273,8 @@ class MetricLines:
 
     def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
         """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
-        for key, value, _ in found:
-            if _is_step_key(key):
+        for key, value, at in found:
+            if _is_step_key(key) and not _percent(piece, at, value):
                 number = _number(value.strip("'\"").split("/")[0])
                 if number is not None and math.isfinite(number):
                     return int(number), "the line"
