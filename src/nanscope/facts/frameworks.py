@@ -18,17 +18,21 @@ LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, 
     "composer", "lightning",
 )  # fmt: skip
 MEGATRON_DEEPSPEED, NANOGPT, TRANSFORMERS, DEEPSPEED = "megatron-deepspeed", "nanogpt", "transformers", "deepspeed"
+# issue 41's third round: gpt-neox (a Megatron-LM copy trained with DeepSpeed), Lightning's lit-llama and litgpt,
+# Meta's llama-recipes, OpenMMLab's mmcv runner (before mmengine)
+GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES, MMCV = "gpt-neox", "lit-llama", "litgpt", "llama-recipes", "mmcv"
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
     SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT,
-    INTERNEVO, XTUNER, MMENGINE, COLOSSALAI, COMPOSER, LIGHTNING, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT,
-    TRANSFORMERS, DEEPSPEED, UNKNOWN,
+    INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING, LLAMA_RECIPES, GPT_NEOX,
+    MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED, UNKNOWN,
 )  # fmt: skip
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
-                    COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED)  # fmt: skip
+                    COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
+                    MMCV)  # fmt: skip
 
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
@@ -54,6 +58,11 @@ PATHS: dict[str, tuple[str, ...]] = {
     COMPOSER: ("/composer/",),
     LIGHTNING: ("/pytorch_lightning/", "/lightning/pytorch/", "/lightning/fabric/", "/lightning_fabric/"),
     TRANSFORMERS: ("/transformers/trainer", "/transformers/models/"),
+    GPT_NEOX: ("/gpt-neox/", "/gpt_neox/"),
+    LIT_LLAMA: ("/lit-llama/", "/lit_llama/"),
+    LITGPT: ("/litgpt/", "/lit-gpt/", "/lit_gpt/"),
+    LLAMA_RECIPES: ("/llama_recipes/", "/llama_cookbook/", "/llama-recipes/"),
+    MMCV: ("/mmcv/runner/",),
     DEEPSPEED: (
         "/deepspeed/runtime/",
         "/deepspeed/",
@@ -85,6 +94,12 @@ TEXTS: dict[str, tuple[str, ...]] = {
     MEGATRON_DEEPSPEED: ("tokens per gpu per second (tgs)", "| actual seqlen:"),
     DEEPSPEED_CHAT: ("|act_loss: ", "|cri_loss: "),
     DPO_REFERENCE: ("train stats after ",),
+    GPT_NEOX: ("neox_args",),
+    # train_utils.py's bar (`Training Epoch: 4/150, step 63/64 completed (loss: ...)`) and memory trace lines
+    LLAMA_RECIPES: (" completed (loss: ", "Max CUDA memory allocated was", "CPU Total Peak Memory consumed during the train"),
+    # the mmcv runner's logger is the OpenMMLab project's own (mmengine's is ` - mmengine - `)
+    MMCV: (" - mmocr - ", " - mmdet - ", " - mmseg - ", " - mmcls - ", " - mmpose - ", " - mmdet3d - ",
+           " - mmaction - ", " - mmedit - "),
     # its logger's `[file.py:line:function]` of the loss scaler and the optimizers that print an overflow
     DEEPSPEED: (
         "[deepspeed]",
@@ -107,7 +122,8 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     VERL: (frozenset({"actor/pg_loss"}), frozenset({"critic/vf_loss"}), frozenset({"actor/grad_norm"}),
            frozenset({"train/loss", "train/global_tokens"})),
     MEGATRON_LM: (frozenset({"consumed samples", "elapsed time per iteration (ms)"}),
-                  frozenset({"learning rate", "global batch size", "loss scale"})),
+                  frozenset({"learning rate", "global batch size", "loss scale"}),
+                  frozenset({"elapsed time per iteration (ms)", "lm loss", "loss scale"})),
     NANOGPT: (frozenset({"iter", "loss", "time", "mfu"}),),
     TRANSFORMERS: (frozenset({"loss", "learning_rate", "epoch"}), frozenset({"grad_norm", "learning_rate", "epoch"}),
                    frozenset({"step", "training loss"})),  # the last: its notebook callback's table

@@ -6,6 +6,7 @@ launch.signals; the words are matched there.
 
     deepspeed-overflow     DeepSpeed's fp16 loss scaler: a step with inf/NaN gradients skipped, the scale lowered
     loss-scale-minimum     ... the scale already at its minimum and still overflowing: the run ends
+    overflow-exit          an overflow monitor ended the run after N consecutive skipped steps (gpt-neox)
     anomaly-nan            PyTorch's anomaly mode: a backward function returned NaN (which one, which output)
     anomaly-forward        ... the warning before it, naming the backward function whose forward is traced
     probability-assert     torch.multinomial (sampling): the probabilities hold inf, NaN or a negative value
@@ -82,6 +83,19 @@ SIGNALS: tuple[Signal, ...] = (
         source=f"{DEEPSPEED} deepspeed/runtime/fp16/loss_scaler.py:174-176",
         means="DeepSpeed's fp16 loss scale reached its minimum and the gradients still overflowed: every step for a while "
         "had inf/NaN gradients, not a calibration; the run ends",
+        causes=("activation-overflow", "backward-only-fault", "bad-checkpoint-resume"),
+    ),
+    Signal(
+        id="overflow-exit",
+        value="NaN or Inf",
+        quantity="gradient",
+        fatal=True,
+        stack="gpt-neox",
+        source="gpt-neox v1.0 megatron/utils.py:338-358 (OverflowMonitor, n=50; v2.0 :361), megatron/training.py "
+        "(overflow_monitor.check after each step)",
+        means="the run's overflow monitor ended it: every one of the last steps it counts was skipped on inf/NaN "
+        "gradients (the loss scaler overflowing step after step): persistent non-finite gradients, not a scale "
+        "calibrating",
         causes=("activation-overflow", "backward-only-fault", "bad-checkpoint-resume"),
     ),
     Signal(
@@ -298,6 +312,14 @@ WORDINGS: tuple[Wording, ...] = (
         stacks=("verl",),
         source="verl v0.9.0 verl/workers/engine/fsdp/transformer_impl.py:793-795",
         printed_by="verl's FSDP engine",
+    ),
+    Wording(
+        id="gpt-neox-overflow-monitor",
+        signal="overflow-exit",
+        example="Exception: Skipped 50 iterations in a row due to Overflow - Exiting training.",
+        stacks=("gpt-neox",),
+        source="gpt-neox v1.0 megatron/utils.py:358 (OverflowMonitor.check: raise Exception)",
+        printed_by="gpt-neox's OverflowMonitor",
     ),
     Wording(
         id="megatron-llm-bad-grad-norm",

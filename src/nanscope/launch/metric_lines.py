@@ -122,6 +122,12 @@ def _is_step_key(key: str) -> bool:
     return named and not _TIMES.intersection(re.split(r"[/_ .()-]+", low))
 
 
+def _separated(piece: str, at: int) -> bool:
+    """The value at `at` follows a `:` or `=` (a counter's field), not a space alone (`Skipped 50 iterations`: prose)."""
+    before = piece[max(0, at - 48) : at].rstrip(" '\"")
+    return before.endswith((":", "="))
+
+
 def _percent(piece: str, at: int, value: str) -> bool:
     """The value at `at` is a percentage (`Steps:   0%|`): a bar's progress, never a step."""
     return piece[at + len(value) : at + len(value) + 1] == "%"
@@ -227,7 +233,7 @@ class MetricLines:
             return
         self.keys.update(key.lower() for key, _, _ in found[:64])
         step, step_from = self._step(line, piece, offset, found)
-        self._counters(found, number, step)
+        self._counters([pair for pair in found if _separated(piece, pair[2])], number, step)
         missing = self._missing_loss(found)
         bad = [
             (key, value, at)

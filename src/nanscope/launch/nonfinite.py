@@ -32,7 +32,9 @@ NEEDLES = (
     b"error detected in",
     b"device-side assert",
     b"assertion `",
-    b"watchdog caught collective",
+    b"watchdog caught",
+    b"nccl operations have failed",
+    b"in a row due to overflow",
     b"/it",
     b"it/s",
     b"consumed samples",
@@ -67,6 +69,11 @@ def _before(block: bytes, start: int, count: int) -> list[bytes]:
         out.append(block[begin:end][:4096])
         end = begin - 1
     return out[::-1]
+
+
+def _blank_since(block: bytes, start: int, count: int) -> bool:
+    """One of the `count` lines before the one at `start` is blank (at most 2 looked at)."""
+    return 0 < count <= 2 and any(not line.strip() for line in _before(block, start, count))
 
 
 STALE_WITHIN = 20  # lines after an overflow where the next logged grad_norm is the skipped step's
@@ -157,7 +164,7 @@ class Nonfinite:
                 self._metric_line(block, start, joined, lines + 1, clean)
                 continue
             self._signal(block, start, hit, text, clean)
-            if self._keep(hit, text):
+            if self._keep(hit, text, _blank_since(block, start, hit.line - self.metrics.bar_line - 1)):
                 out.append((start, hit))
         return out
 
@@ -219,16 +226,16 @@ class Nonfinite:
         if value is not None and number - line <= STALE_WITHIN:
             self.stale = (number, value, before)
 
-    def _keep(self, hit: Hit, text: str) -> bool:
-        """Count `hit` (its step from the progress bar it follows, where its line names none); True when it is the
-        log's first fatal one."""
+    def _keep(self, hit: Hit, text: str, parted: bool = False) -> bool:
+        """Count `hit` (its step from the progress bar it follows, where its line names none, and no blank line
+        `parted` them: a pasted excerpt's next part); True when it is the log's first fatal one."""
         signal = hit.signal
         timeout = signal.id == "nccl-timeout"  # it fires a timeout after the step that failed: no step of its own
         logged = signal.id == "logged-nonfinite"  # it logs the step just done
         if hit.step is None and not timeout and hit.at:
             hit.step, hit.step_from = step_at(text, hit.at, logged=logged)
         bar, since = self.metrics.bar, hit.line - self.metrics.bar_line
-        if hit.step is None and not timeout and bar is not None and 0 < since <= 2:
+        if hit.step is None and not timeout and bar is not None and 0 < since <= 2 and not parted:
             hit.step = bar if logged else bar + 1
             hit.step_from = (f"the progress bar {since} line(s) before it, {bar} done"
                              + ("" if logged else ": the next step"))  # fmt: skip

@@ -44,6 +44,9 @@ MARKERS = (
     b"NaN or Inf found",
     b"python_anomaly_mode.cpp",
     b"Bad grad_norm detected",
+    b"Watchdog caught",
+    b"NCCL operations have failed",
+    b"iterations in a row due to Overflow",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _NUMBER = r"[\d.eE+-]{1,30}"
 _OVERFLOW = re.compile(
@@ -133,6 +136,8 @@ def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit 
     """The evidence `line` (the log's line `number`; `before`, `after`: the lines around it, for a wrapped one)
     holds."""
     hit = _known(unwrapped(line), before, after)  # a terminal's wrap re-joined with spaces, undone
+    if hit is None:
+        hit = _cut(line)
     if hit is None:
         hit = _generic(line)
     if hit is None:
@@ -272,6 +277,21 @@ def _scaler(text: str, before: str):
     }
 
 
+_IN_A_ROW = re.compile(r"Skipped (?P<count>\d{1,9}) iterations in a row due to Overflow")
+
+
+def _overflow_exit(text: str, before: str):
+    """gpt-neox's OverflowMonitor: N consecutive overflow-skipped steps end the run."""
+    match = _IN_A_ROW.search(text)
+    if match is None:
+        return None
+    return BY_ID["overflow-exit"], {
+        "op": "Exception",
+        "detail": f"{match['count']} consecutive steps skipped on overflow: the run ended",
+        "wording": WORDING["gpt-neox-overflow-monitor"],
+    }
+
+
 def _minimum(text: str, before: str):
     return BY_ID["loss-scale-minimum"], {"detail": "loss scale at its minimum"}
 
@@ -368,12 +388,48 @@ def _logged(text: str, before: str):
 # (literal anchor, reader of the window around it), in order: the first that reads the line wins
 _READERS = (
     ("OVERFLOW!", _overflow), ("loss scale overflow!", _overflow), ("Overflow detected", _overflow),
-    ("Grad overflow on iteration", _grad_overflow), ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
+    ("Grad overflow on iteration", _grad_overflow), ("in a row due to Overflow", _overflow_exit), ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
     ("Error detected in", _forward),
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
 )  # fmt: skip
+
+
+# Known evidence lines cut at their end (an excerpt's last line, a log viewer's width): the wording (`0` for any
+# number), the length of its shortest prefix that names it, and the reader of what is left of it. A line that ends
+# inside the wording, past that prefix, is that evidence, said to be cut.
+_CUTS = (
+    ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=0, OpType=", 15, "nccl-timeout"),
+    ("Some NCCL operations have failed or timed out", 14, "nccl-timeout"),
+    ("OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 0, reducing to 0", 14, "deepspeed-overflow"),
+    ("Current loss scale already at minimum - cannot decrease scale anymore", 26, "loss-scale-minimum"),
+    ("probability tensor contains either `inf`, `nan` or element < 0", 20, "probability-assert"),
+    ("Skipped 0 iterations in a row due to Overflow", 22, "overflow-exit"),
+)  # fmt: skip
+_DIGITS = re.compile(r"\d{1,40}(?:\.\d{1,40})?")
+_WAITING = re.compile(r"\[Rank (?P<rank>\d{1,9})\]\s?\Z")
+
+
+def _cut(line: str) -> tuple[Signal, dict] | None:
+    """A known evidence line cut before its end: the signal its prefix names (`_CUTS`), said to be cut."""
+    tail = line.rstrip()[-400:]
+    for wording, shortest, signal in _CUTS:
+        at = tail.find(wording[:shortest])
+        if at < 0:
+            continue
+        rest = _DIGITS.sub("0", tail[at:])
+        if len(rest) >= len(wording) or not wording.startswith(rest):
+            continue
+        fields = {"detail": f"cut at its end: {tail[at:][:120]}"}
+        waiting = _WAITING.search(tail, 0, at)
+        if signal == "nccl-timeout" and waiting is not None:
+            fields["ranks"] = [f"rank {waiting['rank']} waited (the watchdog's rank)"]
+        rank = re.match(r"OVERFLOW! Rank (\d{1,9})", tail[at:])
+        if signal == "deepspeed-overflow" and rank is not None:
+            fields["ranks"] = [f"rank {rank[1]} logs it (DeepSpeed prints it on rank 0 only)"]
+        return BY_ID[signal], fields
+    return None
 
 
 def _generic(line: str) -> tuple[Signal, dict] | None:

@@ -70,15 +70,17 @@ def summarize(traceback) -> Summary:
         out.step = step if step is not None and step >= 0 else None
         out.lines.update(dict.fromkeys(("rank", "check"), failure.line))
         out.points_to = failure.signal.means if failure.signal is not None else None
-    elif traceback.prefix_rank is not None:
-        out.rank = traceback.prefix_rank
+    if out.rank is None and traceback.prefix_rank is not None and not _waiting(failure):
+        out.rank = traceback.prefix_rank  # the one rank whose traceback the log shows (a cut one's)
     if reading is not None:
         out.metric, out.model = reading.metric, reading.model
         if out.kind in (None, "NaN or Inf") and (failure is None or failure.format == "signal"):
             out.kind = _kind(reading.values) or out.kind
         out.lines["metric"] = reading.line
-        if out.step is None and (failure is None or failure.format == "signal"):
-            out.step = reading.step
+        if reading.step is not None and (failure is None or failure.format == "signal"):
+            soft = failure is None or not failure.signal.fatal
+            if out.step is None or (soft and reading.step < out.step):
+                out.step = reading.step  # a skip or a warning after the first non-finite value: the value's step
         out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
     elif (
         failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
@@ -102,6 +104,11 @@ def summarize(traceback) -> Summary:
     if out.model is None:
         out.model = _frame_model(traceback.frames)
     return out
+
+
+def _waiting(failure) -> bool:
+    """A watchdog's timeout: the ranks its lines name waited, none of them failed."""
+    return failure is not None and failure.signal is not None and failure.signal.id == "nccl-timeout"
 
 
 def _kind(values: list[tuple[str, str]]) -> str | None:
