@@ -129,5 +129,22 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
                    frozenset({"step", "training loss"})),  # the last: its notebook callback's table
     LIGHTNING: (frozenset({"v_num"}),),
 }  # fmt: skip
+# What a frame is, by its path, most specific first: what a traceback cut before its error line reaches.
+COMPONENTS = (
+    ("/deepspeed/runtime/zero/stage_1_and_2.py", "DeepSpeed's ZeRO stage 1 and 2 optimizer"),
+    ("/deepspeed/runtime/zero/stage3.py", "DeepSpeed's ZeRO stage 3 optimizer"),
+    ("/deepspeed/runtime/zero/stage2.py", "DeepSpeed's ZeRO stage 2 optimizer"),
+    ("/deepspeed/runtime/fp16/loss_scaler.py", "DeepSpeed's fp16 loss scaler"),
+    ("/deepspeed/runtime/fp16/fused_optimizer.py", "DeepSpeed's FP16_Optimizer"),
+    ("/deepspeed/runtime/fp16/unfused_optimizer.py", "DeepSpeed's FP16_UnfusedOptimizer"),
+    ("/deepspeed/runtime/bf16_optimizer.py", "DeepSpeed's BF16 optimizer"),
+    ("/torch/nn/utils/clip_grad.py", "torch's gradient clipping"),
+    ("/torch/autograd/", "autograd's backward pass"),
+    ("/torch/optim/", "a torch optimizer's step"),
+    ("/torch/amp/grad_scaler.py", "torch's GradScaler"),
+    ("/torch/cuda/amp/grad_scaler.py", "torch's GradScaler"),
+    ("/transformers/generation/", "transformers' generation (sampling)"),
+    ("/deepspeed/runtime/engine.py", "DeepSpeed's engine"),
+)  # fmt: skip
 # The megatron-core package, which every one of them calls (not a framework of its own).
 CORE = "/megatron/core/"

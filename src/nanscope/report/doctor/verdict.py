@@ -109,6 +109,12 @@ def _failure_sentences(diagnosis) -> list[str]:
         rank = traceback.prefix_rank
         said = f" (rank {rank}'s: its lines' [rank{rank}]: prefixes)" if rank is not None else ""
         parts.append(f"The traceback{said} ends before its error line: only its frames say what happened.")
+        if traceback.interleaved:
+            parts.append("The frames of several processes interleave in it (lines glued mid-line): each is read once.")
+        if (reached := traceback.reaches()) is not None:
+            what, frame = reached
+            parts.append(f"Its frames reach {what} ({frame.path.replace(chr(92), '/').rsplit('/', 1)[-1]}:"
+                         f"{frame.line} {frame.function}).")  # fmt: skip
     else:
         parts.append("The log has no error line: only its metric lines say what happened.")
     parts += [f"Its {excursion.text()}." for excursion in traceback.excursions()]
