@@ -133,6 +133,21 @@ def _percent(piece: str, at: int, value: str) -> bool:
     return piece[at + len(value) : at + len(value) + 1] == "%"
 
 
+_NORMS = ("grad_norm", "grad norm", "gradient_norm")
+
+
+def _loss_key(key: str) -> bool:
+    low = key.lower().rsplit("/", 1)[-1]
+    return low == "loss" or low.endswith((" loss", "_loss")) and low != "loss scale"
+
+
+def _norm_only(reading) -> bool:
+    """Only a gradient norm went non-finite on the reading's line, a loss beside it finite and not 0."""
+    keys = [key.lower().rsplit("/", 1)[-1] for key, value in reading.values]
+    loss = any(_loss_key(key) and value != 0.0 for key, value in reading.finite.items())
+    return bool(keys) and all(key in _NORMS for key in keys) and loss
+
+
 @dataclass
 class Reading:
     """The first metric line with a non-finite value.
@@ -212,6 +227,8 @@ class MetricLines:
     table: Table | None = None  # the column table being read (launch.tables)
     provisional: set[str] | None = None  # the keys of a first reading on the input's first line, maybe cut
     fragment: str | None = None  # the input's first line was cut before the first reading (said with it)
+    recovered: int | None = None  # a later line where the first reading's gradient norm is finite again
+    relapsed: bool = False  # ... or where a loss went non-finite after it
 
     def rule(self, line: str, header_line: str) -> bool:
         """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
@@ -246,6 +263,8 @@ class MetricLines:
         values = [(key, value) for key, value, _ in bad] + missing
         if self.provisional is not None and step_from == "the line":
             self._confirm(found, bool(bad), number)
+        if self.first is not None and self.first.line != number:
+            self._recovery(found, bad, number)
         if bad and (len(found) >= 2 or loose):
             if self.first is None:
                 self._first(line, number, found, values, step=step, step_from=step_from)
@@ -256,6 +275,25 @@ class MetricLines:
             self.weak.weak = True
         if step is not None and step_from == "the line":
             self.explicit, self.explicit_line = step, number
+
+    def watched(self) -> bytes | None:
+        """The key (lowered) of a first reading whose gradient norm alone went non-finite, the loss finite: later
+        lines holding it are read (finite ones too) to see whether it recovers."""
+        first = self.first
+        if first is None or self.recovered is not None or self.relapsed or not _norm_only(first):
+            return None
+        return first.values[0][0].lower().encode("utf-8", "replace")
+
+    def _recovery(self, found, bad, number: int) -> None:
+        """A line after a norm-only first reading: the norm finite again (recovered), or a loss non-finite."""
+        if not _norm_only(self.first) or self.recovered is not None or self.relapsed:
+            return
+        if any(_loss_key(key) for key, _, _ in bad):
+            self.relapsed = True
+            return
+        key = self.first.values[0][0]
+        if any(k == key and not _nonfinite(value) and _number(value) is not None for k, value, _ in found):
+            self.recovered = number
 
     def context(self, lines: list[bytes], clean) -> None:
         """Lines just before a candidate line (not read as candidates: all finite): the step they name and their

@@ -143,7 +143,10 @@ class Nonfinite:
         are the first of their log, with the offset of their line."""
         out, counted, lines, consumed = [], 0, lines_before, -1
         extra = (b"grad_norm",) if self.overflow is not None and self.stale is None else ()
-        for start in candidate_starts(block, extra):
+        watched = self.metrics.watched()  # a norm-only first reading: its later lines, finite ones too
+        extra += (watched,) if watched is not None else ()
+        starts = candidate_starts(block, extra)
+        for start in starts:
             lines += block.count(b"\n", counted, start)
             counted = start
             if start <= consumed:
@@ -166,7 +169,24 @@ class Nonfinite:
             self._signal(block, start, hit, text, clean)
             if self._keep(hit, text, _blank_since(block, start, hit.line - self.metrics.bar_line - 1)):
                 out.append((start, hit))
+        if watched is None and self.metrics.watched() is not None:  # the first reading came in this block
+            self._watch(block, set(starts), lines_before, clean)
         return out
+
+    def _watch(self, block: bytes, read: set[int], lines_before: int, clean) -> None:
+        """The lines of `block` after a norm-only first reading that hold its key and were not read: finite ones,
+        where the norm may have recovered (literal search; each line once)."""
+        needle, low, first = self.metrics.watched(), block.lower(), self.metrics.first.line
+        at, counted, lines = low.find(needle), 0, lines_before
+        while at >= 0 and self.metrics.watched() is not None:
+            start = low.rfind(b"\n", 0, at) + 1
+            end = low.find(b"\n", at)
+            end = len(block) if end < 0 else end
+            lines += block.count(b"\n", counted, start)
+            counted = start
+            if lines + 1 > first and start not in read:
+                self.metrics.feed(clean(block[start:end].decode("utf-8", "replace")), lines + 1)
+            at = low.find(needle, end)
 
     def _metric_line(self, block: bytes, start: int, text: str, number: int, clean) -> None:
         """A metric line: its values (launch.metric_lines), and the step it gives an evidence line still without one."""

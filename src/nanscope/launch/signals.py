@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from nanscope.facts.signals import BY_ID, WORDING, Signal, Wording
+from nanscope.facts.signals import BY_ID, LOGGER_FILES, WORDING, Signal, Wording
 
 WINDOW = 2048  # characters read after an anchor (and 512 before it)
 MARKERS = (
@@ -217,11 +217,10 @@ def _overflow(text: str, before: str):
     else:
         detail = "step skipped"
     ranks = [] if rank is None else [f"rank {rank} logs it (DeepSpeed prints it on rank 0 only)"]
-    shared = None
+    logger = _LOGGER.search(text)  # DeepSpeed's logger, whose file names the optimizer; ColossalAI's copy prints bare
+    named = LOGGER_FILES.get(logger["file"]) if logger is not None else None
     if "[deepscale]" in text:
         wording = "deepscale-overflow"
-        if _LOGGER.search(text) is not None:  # DeepSpeed's logger; ColossalAI's copy prints them bare
-            shared = "DeepSpeed 0.3's ZeRO stage 2 (its logger's prefix)"
     elif "dynamic loss scale overflow" in text:
         wording = "deepspeed-dynamic-overflow"
     elif "Overflow detected" in text:
@@ -230,7 +229,10 @@ def _overflow(text: str, before: str):
         wording = "deepspeed-overflow-rank" if rank is not None else "deepspeed-overflow-plain"
     scale = _float(match["scale"])
     after = _float(match["next"]) if match["next"] is not None else scale
-    said = WORDING[wording] if shared is None else replace(WORDING[wording], stacks=("deepspeed",), printed_by=shared)
+    said = WORDING[wording]
+    if named is not None:
+        said = replace(said, stacks=("deepspeed",), printed_by=f"{named[0]} (its logger's file, {logger['file']})",
+                       source=named[1])  # fmt: skip
     return BY_ID["deepspeed-overflow"], {"detail": detail, "ranks": ranks, "wording": said,
                                          "scale": scale, "next_scale": after}  # fmt: skip
 
@@ -242,7 +244,7 @@ def _float(text: str | None) -> float | None:
         return None
 
 
-_LOGGER = re.compile(r"\] \[\w{1,60}\.py:\d{1,6}:\w{1,60}\]")  # DeepSpeed's logger: `[INFO] [stage2.py:1357:step]`
+_LOGGER = re.compile(r"\] \[(?P<file>\w{1,60}\.py):\d{1,6}:\w{1,60}\]")  # DeepSpeed's: `[INFO] [stage2.py:1357:step]`
 _ITERATION_OVERFLOW = re.compile(r"Grad overflow on iteration:? (?P<step>\d{1,12})")
 _DEEPSPEED_LOGGER = ("_update_scale]", "fused_optimizer.py:", "[deepspeed]")
 

@@ -78,6 +78,8 @@ def _metric_sentences(diagnosis) -> list[str]:
         said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step())
         if said:
             parts.append(said)
+    if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
+        parts.append(f"Not a NaN failure by itself: {summary.benign}.")
     return parts
 
 
