@@ -218,6 +218,7 @@ class MetricLines:
     keys: set[str] = field(default_factory=set)  # every key seen (the stack's shape: facts.frameworks.KEYS)
     bar: int | None = None  # the last progress bar's count
     bar_line: int = 0
+    bar_done: bool = False  # the last bar was at its total: what follows it is not one of its steps
     explicit: int | None = None  # the last step a metric line named
     explicit_line: int = 0
     loss_keys: set[str] = field(default_factory=set)  # the loss fields of Megatron's iteration lines so far
@@ -311,6 +312,7 @@ class MetricLines:
         found = bars(line)
         if found:
             self.bar, self.bar_line = found[-1].count, number
+            self.bar_done = found[-1].count == found[-1].total  # a finished loop (a dataset's map, an epoch)
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
                 self.first.step, self.first.step_from = self.bar, f"the progress bar after it, {found[-1].shown()}"
             self.pending = None
@@ -382,7 +384,7 @@ class MetricLines:
         after = None
         if step is None and self.explicit is not None:
             after = self.explicit
-        elif step is None and self.bar is not None and number - self.bar_line <= LOOKAHEAD:
+        elif step is None and self.bar is not None and number - self.bar_line <= LOOKAHEAD and not self.bar_done:
             step, step_from = self.bar, "the progress bar before it"
         finite = {
             key: number_
@@ -393,7 +395,7 @@ class MetricLines:
         }  # fmt: skip
         model = model_of([key for key, value in values if value != "missing"], {key.lower() for key, _, _ in found})
         contradicted = contradiction(values, found)
-        said = points_to(values, finite, model)
+        said = points_to(values, finite, model, found)
         if contradicted is not None:
             said = (f"the progress bar's running mean only: its {values[0][0]} (a mean over the last training steps) "
                     f"is {values[0][1]} while {contradicted} on the same line are finite: not a NaN failure by "

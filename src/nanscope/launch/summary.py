@@ -17,6 +17,7 @@ _FRAME_MODELS = {
     "update_critic": "critic", "compute_values": "critic", "update_policy": "actor", "update_actor": "actor",
     "compute_ref_log_prob": "reference", "compute_rm_score": "reward model", "_generate_and_score_completions":
     "policy", "generate_sequences": "policy", "_prepare_inputs": "policy", "compute_log_prob": "policy",
+    "trainer.generate": "policy",  # an RL trainer's generate samples from the policy (TRL's PPOTrainer.generate)
 }  # fmt: skip
 _RANK_TAG = "[rank"
 

@@ -36,8 +36,8 @@ def verdict(diagnosis) -> str:
         if name == "unknown":
             parts.append("slime's rules do not apply to it.")
         else:
-            parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s "
-                         "own code and flags.")  # fmt: skip
+            parts.append(f"slime's rules do not apply: the launch is {_owner(name)}, and each cause is weighed by "
+                         f"{_owner(name)} own code and flags.")  # fmt: skip
         if diagnosis.findings:
             parts.append(
                 "The launch script gives values that are no size: "
@@ -138,8 +138,12 @@ def _framework_sentence(diagnosis) -> str:
             "weighed."
         )
     release = f" {framework.release}" if framework.release else ""
-    owner = f"{framework.name}{release}" + ("'" if f"{framework.name}{release}".endswith("s") else "'s")
-    return f"The job is {owner} ({balanced(framework.how)})."
+    return f"The job is {_owner(framework.name + release)} ({balanced(framework.how)})."
+
+
+def _owner(name: str) -> str:
+    """`name`'s, or `name`' where it ends in s (transformers')."""
+    return name + ("'" if name.endswith("s") else "'s")
 
 
 def _rank_sentences(diagnosis) -> list[str]:
