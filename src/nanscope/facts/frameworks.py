@@ -21,18 +21,19 @@ MEGATRON_DEEPSPEED, NANOGPT, TRANSFORMERS, DEEPSPEED = "megatron-deepspeed", "na
 # issue 41's third round: gpt-neox (a Megatron-LM copy trained with DeepSpeed), Lightning's lit-llama and litgpt,
 # Meta's llama-recipes, OpenMMLab's mmcv runner (before mmengine)
 GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES, MMCV = "gpt-neox", "lit-llama", "litgpt", "llama-recipes", "mmcv"
+TORCHTUNE = "torchtune"
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
     SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT,
     INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING, LLAMA_RECIPES, GPT_NEOX,
-    MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED, UNKNOWN,
+    TORCHTUNE, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED, UNKNOWN,
 )  # fmt: skip
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
-                    MMCV)  # fmt: skip
+                    MMCV, TORCHTUNE)  # fmt: skip
 
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
@@ -63,6 +64,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     LITGPT: ("/litgpt/", "/lit-gpt/", "/lit_gpt/"),
     LLAMA_RECIPES: ("/llama_recipes/", "/llama_cookbook/", "/llama-recipes/"),
     MMCV: ("/mmcv/runner/",),
+    TORCHTUNE: ("/torchtune/",),
     DEEPSPEED: (
         "/deepspeed/runtime/",
         "/deepspeed/",
@@ -128,6 +130,28 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     TRANSFORMERS: (frozenset({"loss", "learning_rate", "epoch"}), frozenset({"grad_norm", "learning_rate", "epoch"}),
                    frozenset({"step", "training loss"})),  # the last: its notebook callback's table
     LIGHTNING: (frozenset({"v_num"}),),
+}  # fmt: skip
+# What a launch trains, by its entry point (the module, CLI or script, as launch.script reads it): the kinds are "rl"
+# (rollouts, rewards, a policy loss: PPO, GRPO), "preference" (DPO, KTO, ORPO, ...: a policy and a reference, no
+# rollout), "reward-model", "sft" and "pretraining". Only "rl" has rollouts, rollout log-probs and a reward function.
+RUN_KINDS = (
+    ("-m verl.trainer.fsdp_sft_trainer", "sft"), ("-m verl.trainer.sft_trainer", "sft"),
+    ("-m verl.trainer.main_ppo", "rl"), ("-m verl.trainer.main_generation", None),
+    ("-m openrlhf.cli.train_ppo", "rl"), ("-m openrlhf.cli.train_sft", "sft"), ("-m openrlhf.cli.train_dpo", "preference"),
+    ("-m openrlhf.cli.train_kto", "preference"), ("-m openrlhf.cli.train_rm", "reward-model"),
+    ("megatron sft", "sft"), ("megatron pt", "pretraining"), ("megatron rlhf_grpo", "rl"), ("swift sft", "sft"),
+    ("swift pt", "pretraining"), ("nemo llm pretrain", "pretraining"), ("nemo llm finetune", "sft"),
+    ("pretrain_gpt.py", "pretraining"), ("pretrain_mamba.py", "pretraining"), ("pretrain_bert.py", "pretraining"),
+    ("pretrain_t5.py", "pretraining"),
+)  # fmt: skip
+# The flag that names the kind where the entry point does not: ms-swift's `--rlhf_type` (swift/llm/argument/
+# rlhf_args.py: dpo, orpo, simpo, kto, cpo, rm, ppo, grpo, gkd), LLaMA-Factory's `--stage` (pt, sft, rm, ppo, dpo,
+# kto); a value not listed (gkd) names no kind.
+KIND_FLAGS = {
+    "--rlhf-type": {"dpo": "preference", "orpo": "preference", "simpo": "preference", "kto": "preference",
+                    "cpo": "preference", "rm": "reward-model", "ppo": "rl", "grpo": "rl"},
+    "--stage": {"pt": "pretraining", "sft": "sft", "rm": "reward-model", "ppo": "rl", "dpo": "preference",
+                "kto": "preference"},
 }  # fmt: skip
 # What a frame is, by its path, most specific first: what a traceback cut before its error line reaches.
 COMPONENTS = (

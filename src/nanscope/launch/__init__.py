@@ -36,6 +36,7 @@ from nanscope.launch.findings.finding import Finding
 from nanscope.launch.foreign import Foreign, read_foreign, script_framework
 from nanscope.launch.inputkind import LOG, what_it_is
 from nanscope.launch.peers import peer_candidates
+from nanscope.launch.run_kind import run_kind
 from nanscope.launch.script import LaunchScript, NotALaunch, parse_script
 from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
 from nanscope.launch.script.interpreter import NotBash
@@ -281,6 +282,7 @@ def _foreign(
     layout, inferred = _foreign_layout(launch, hint) if core is not None else (None, _without_layout(launch, script))
     pp = layout.pp if layout is not None else launch.sizes.get("pp")
     cp = layout.cp if layout is not None else launch.sizes.get("cp")
+    kind = run_kind(script.train_script, launch.view)
     diagnosis = Diagnosis(
         script=script,
         config=None,
@@ -291,11 +293,12 @@ def _foreign(
         notes=launch.notes + ([] if layout is None else layout.notes),
         env=env,
         traceback=traceback,
-        candidates=peer_candidates(framework, launch.view, traceback, pp=pp, cp=cp, core=core),
+        candidates=peer_candidates(framework, launch.view, traceback, pp=pp, cp=cp, core=core, kind=kind),
         framework=framework,
         inferred=inferred,
         flags=launch.view,
         megatron_core=core,
+        run_kind=kind,
     )
     diagnosis.findings = [_not_a_size(line) for line in launch.refused]
     if traceback is None:

@@ -33,7 +33,7 @@ _MODULES = (
     ("megatron.training", frameworks.MEGATRON_LM),
 )  # fmt: skip
 _CLIS = (("megatron ", frameworks.MS_SWIFT), ("swift ", frameworks.MS_SWIFT), ("nemo ", frameworks.NEMO),
-         ("llamafactory-cli ", frameworks.LLAMA_FACTORY))  # fmt: skip
+         ("llamafactory-cli ", frameworks.LLAMA_FACTORY), ("xtuner ", frameworks.XTUNER), ("tune ", frameworks.TORCHTUNE))  # fmt: skip
 _PATHS = (
     ("/verl/", frameworks.VERL), ("/openrlhf/", frameworks.OPENRLHF), ("/nemo_rl/", frameworks.NEMO_RL),
     ("/examples/start_", frameworks.ROLL), ("/roll/", frameworks.ROLL), ("/megatron_patch/", frameworks.PAI),
@@ -142,6 +142,7 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
         launch.notes.append(f"--num-layers-per-virtual-pipeline-stage {stages}: virtual stages need num-layers")
     if script.cut:
         launch.notes.append(script.cut)
+    _deepspeed_config(launch, view)
     _world(launch, script)
     _visible_devices(launch, script)
     for size, value in launch.sizes.items():
@@ -171,6 +172,21 @@ def _world(launch: Foreign, script: LaunchScript) -> None:
             launch.sizes[size] = _size(launch, f"{env[size]}={text}", text)
         if launch.sizes[size] is None:
             launch.notes.append(f"{size.replace('_', ' ')}: not given (or read from an unset variable)")
+
+
+_ZERO = re.compile(r"(?:zero|stage|_z)[_-]?(?P<stage>[0-3])(?![\d])", re.IGNORECASE)
+
+
+def _deepspeed_config(launch: Foreign, view: FlagView) -> None:
+    """The DeepSpeed config a launch hands over (`--deepspeed deepspeed_zero2`), and the ZeRO stage its name says."""
+    flag = next((flag for flag in ("--deepspeed", "--deepspeed-config", "--deepspeed-config-file") if view.value(flag)),
+                None)  # fmt: skip
+    if flag is None:
+        return
+    value = view.value(flag) or ""
+    stage = _ZERO.search(value.rsplit("/", 1)[-1])
+    said = f" (ZeRO stage {stage['stage']}, by its name; the file itself is not read)" if stage else ""
+    launch.notes.append(f"DeepSpeed config: {view.show(flag)}{said}")
 
 
 def _visible_devices(launch: Foreign, script: LaunchScript) -> None:

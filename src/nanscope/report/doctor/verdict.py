@@ -38,6 +38,10 @@ def verdict(diagnosis) -> str:
         else:
             parts.append(f"slime's rules do not apply: the launch is {_owner(name)}, and each cause is weighed by "
                          f"{_owner(name)} own code and flags.")  # fmt: skip
+        if diagnosis.run_kind is not None:
+            kind = diagnosis.run_kind
+            ruled = "" if kind.rollouts else ": the RL causes (a KL's or a ratio's exp, a reward's NaN, rollout log-probs) are ruled out"
+            parts.append(f"The run is {kind.words()} ({kind.how}){ruled}.")
         if diagnosis.findings:
             parts.append(
                 "The launch script gives values that are no size: "
