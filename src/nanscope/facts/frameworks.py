@@ -98,10 +98,22 @@ TEXTS: dict[str, tuple[str, ...]] = {
     DPO_REFERENCE: ("train stats after ",),
     GPT_NEOX: ("neox_args",),
     # train_utils.py's bar (`Training Epoch: 4/150, step 63/64 completed (loss: ...)`) and memory trace lines
-    LLAMA_RECIPES: (" completed (loss: ", "Max CUDA memory allocated was", "CPU Total Peak Memory consumed during the train"),
+    LLAMA_RECIPES: (
+        " completed (loss: ",
+        "Max CUDA memory allocated was",
+        "CPU Total Peak Memory consumed during the train",
+    ),
     # the mmcv runner's logger is the OpenMMLab project's own (mmengine's is ` - mmengine - `)
-    MMCV: (" - mmocr - ", " - mmdet - ", " - mmseg - ", " - mmcls - ", " - mmpose - ", " - mmdet3d - ",
-           " - mmaction - ", " - mmedit - "),
+    MMCV: (
+        " - mmocr - ",
+        " - mmdet - ",
+        " - mmseg - ",
+        " - mmcls - ",
+        " - mmpose - ",
+        " - mmdet3d - ",
+        " - mmaction - ",
+        " - mmedit - ",
+    ),
     # its logger's `[file.py:line:function]` of the loss scaler and the optimizers that print an overflow
     DEEPSPEED: (
         "[deepspeed]",

@@ -43,6 +43,7 @@ from nanscope.launch.script.interpreter import NotBash
 from nanscope.launch.summary import summarize
 from nanscope.launch.topology import build
 from nanscope.launch.tracebacks import Traceback, read_traceback
+from nanscope.launch.words import count
 
 __all__ = ["Diagnosis", "diagnose", "unread"]
 
@@ -250,7 +251,7 @@ def _infer_nodes(reading: _Launch, rank: int | None, reparse, config_of) -> None
         return None if "actor_num_nodes" in read.unknown else read["actor_num_nodes"]
 
     solved = inference.solve(list(reading.script.unset), nodes, world, nodes_of)
-    bound = f"{_count(nodes, 'node')} x {_count(gpn, 'GPU')} = world {world}, {why}: a lower bound, the rank's coordinates hold under it"
+    bound = f"{count(nodes, 'node')} x {count(gpn, 'GPU')} = world {world}, {why}: a lower bound, the rank's coordinates hold under it"
     if solved is not None:
         name, value = solved
         reading.script = reparse({name: value})
@@ -339,16 +340,12 @@ def _without_layout(launch: Foreign, script: LaunchScript) -> list[str]:
     name = launch.framework.name if launch.framework.name != frameworks.UNKNOWN else "the job"
     head = f"no megatron-core layout: nothing in the inputs points to megatron-core, so {name}'s ranks are not placed"
     if nodes is not None and gpus is not None:
-        launch.notes.append(f"{head}; world {nodes * gpus} = {_count(nodes, 'node')} x {_count(gpus, 'GPU')}")
+        launch.notes.append(f"{head}; world {nodes * gpus} = {count(nodes, 'node')} x {count(gpus, 'GPU')}")
     elif gpus is not None:
-        launch.notes.append(f"{head}; {_count(gpus, 'process', 'processes')} a node, the node count not given")
+        launch.notes.append(f"{head}; {count(gpus, 'process', 'processes')} a node, the node count not given")
     else:
         launch.notes.append(f"{head}; the launch gives no process count (the GPUs it sees decide it)")
     return []
-
-
-def _count(number: int, word: str, plural: str | None = None) -> str:
-    return f"{number} {word if number == 1 else plural or word + 's'}"
 
 
 def _foreign_layout(launch: Foreign, rank: int | None):
@@ -454,7 +451,7 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
         if rank is None and not 0 <= asked < layout.world:
             raise UserError(
                 f"{traceback_origin}: the failing rank {asked} is outside this launch's world: "
-                f"0..{layout.world - 1} (= {_count(layout.nodes, 'node')} x {_count(layout.gpus_per_node, 'GPU')}); "
+                f"0..{layout.world - 1} (= {count(layout.nodes, 'node')} x {count(layout.gpus_per_node, 'GPU')}); "
                 "check --env and the script"
             )
         diagnosis.failing = layout.rank(asked)
@@ -464,7 +461,7 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
         if isinstance(device, int) and asked == failure.rank and device != diagnosis.failing.local_device:
             diagnosis.notes.append(
                 f"the traceback says device {failure.device} but rank {asked} maps to local device "
-                f"{diagnosis.failing.local_device} with {layout.gpus_per_node} GPUs per node"
+                f"{diagnosis.failing.local_device} with {count(layout.gpus_per_node, 'GPU')} per node"
             )
         diagnosis.explanations = notes.explain(diagnosis)
     diagnosis.notes += notes.traceback_notes(diagnosis, traceback_origin)

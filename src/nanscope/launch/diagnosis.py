@@ -70,7 +70,9 @@ class Diagnosis:
     summary: Summary | None = None  # what the traceback or log alone supports (launch.summary)
     unread_script: str | None = None  # the launch script given but not read as one, in one line (why, what it is)
     megatron_core: str | None = "a slime launch"  # what points to megatron-core (launch.core_evidence); None: nothing
-    run_kind: RunKind | None = None  # what the launch trains (RL, preference, SFT, ...); None: not said (launch.run_kind)
+    run_kind: RunKind | None = (
+        None  # what the launch trains (RL, preference, SFT, ...); None: not said (launch.run_kind)
+    )
 
     @property
     def evidence(self) -> FrameEvidence | None:

@@ -40,7 +40,11 @@ def verdict(diagnosis) -> str:
                          f"{_owner(name)} own code and flags.")  # fmt: skip
         if diagnosis.run_kind is not None:
             kind = diagnosis.run_kind
-            ruled = "" if kind.rollouts else ": the RL causes (a KL's or a ratio's exp, a reward's NaN, rollout log-probs) are ruled out"
+            ruled = (
+                ""
+                if kind.rollouts
+                else ": the RL causes (a KL's or a ratio's exp, a reward's NaN, rollout log-probs) are ruled out"
+            )
             parts.append(f"The run is {kind.words()} ({kind.how}){ruled}.")
         if diagnosis.findings:
             parts.append(
