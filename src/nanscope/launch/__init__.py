@@ -7,12 +7,13 @@ topology.py   flags -> parallel sizes, layer split, rank coordinates (ranks.py: 
 detect.py     --slime-version / the script's text / its flags -> the slime release whose defaults apply
 tracebacks.py traceback or whole job log -> failing rank, message, annotated frames (failure.py: the error
               line and its check; frames.py: the frames; logs.py: a log of any size, as a stream; signals.py and
-              metric_lines.py: other stacks' evidence lines and metric lines, read by nonfinite.py; summary.py:
-              what the text alone supports)
+              metric_lines.py: other stacks' evidence lines and metric lines, read by nonfinite.py; loose.py:
+              named NaN/Inf values in any line; summary.py: what the text alone supports)
 findings/     flags -> NaN mechanisms (rules, by family) and what is fine
 candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
 reported.py   the causes real reports had, from any framework's flags (flagview.py: one spelling for them all)
-foreign.py    a launch script's framework; a non-slime launch's flags and sizes (peers.py: its causes, by its code)
+foreign.py    a launch script's framework; a non-slime launch's flags and sizes (peers.py: its causes, by its code;
+              run_kind.py: what it trains, RL or not)
 evidence.py   what a traceback's frames show (schedule, check reached, framework, slime release); rerun.py: the
               rerun state machine's verdict; inference.py: a node count from the rank when a variable hides it
 moe.py        the MoE causes' rules (router losses, zero-token experts, router logits), with megatron-core's lines

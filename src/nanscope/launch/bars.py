@@ -47,7 +47,8 @@ def counts_steps(line: str) -> bool:
 
 def bars(line: str) -> list[Bar]:
     """The step-counting bars of `line`, in order."""
-    if not counts_steps(line):
+    head = line[:WINDOW]
+    if "/" not in head or " [" not in head or not counts_steps(line):  # no `N/M [` on it: a literal search first
         return []
     out = []
     for match in _BAR.finditer(line, 0, WINDOW):
