@@ -120,6 +120,12 @@ def _plain_ok(text: str, begin: int, low: int, name: str) -> bool:
     return before == 0 or text[before - 1] in _BOUNDARY or text[before - 1] == ":"
 
 
+def _after_separator(text: str, start: int) -> bool:
+    """A `:`, `=`, quote or bracket just before the value at `start` (spaces between)."""
+    at = _skip_spaces(text, start, max(0, start - 40))
+    return at > 0 and text[at - 1] in ":='\"(["
+
+
 def loose_pairs(line: str) -> list[tuple[str, str, int]]:
     """(name, value, where) of each NaN/Inf word of `line` that has a name, in order."""
     text = line[:WINDOW]
@@ -127,6 +133,8 @@ def loose_pairs(line: str) -> list[tuple[str, str, int]]:
     for count, match in enumerate(_TOKEN.finditer(text)):
         if count >= MAX_TOKENS:
             break
+        if not _ends_field(text, match.end()) and not _after_separator(text, match.start()):
+            continue  # `number of nan iterations`: a word goes on after it, no `:`/`=`/wrapper before it
         name = _name(text, match.start(), match.end())
         if name is not None:
             out.append((name, match.group(0), match.start()))

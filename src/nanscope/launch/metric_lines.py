@@ -44,6 +44,14 @@ _FIELD_WHOLE = re.compile(_FIELD.pattern + r".?\Z", re.IGNORECASE)  # a field to
 _EPOCH_ITER = re.compile(
     r"\]\[\s{0,12}(?P<step>\d{1,12})/\d{1,12}\]|Iter\((?:train|val|test)\)\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"
 )
+# `_quiet`'s passes: Megatron's iteration line's head (its step), a non-finite value, the skip counters, the keys
+_QUIET_HEAD = re.compile(
+    r"\s{0,40}(?:\[[^\]\n]{0,40}\]\s{0,4})?iteration\s{1,20}(?P<step>\d{1,12})\s{0,4}/\s{0,12}\d{1,12}\s{0,4}\|"
+)
+_BAD_VALUE = re.compile(r"[:=]\s{0,40}['\"]?[-+]?(?:nan|inf)", re.IGNORECASE)
+_ZERO_COUNTS = re.compile(r"number of (?:skipped|nan) iterations:\s{0,12}(\d{1,12})")
+_SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
+_SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spaces: its keys and punctuation
 _WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it")
 _SETTINGS = ("max_", "min_")  # a setting printed beside the metrics (`max_grad_norm: inf`), not a value that went bad
@@ -228,6 +236,7 @@ class MetricLines:
     table: Table | None = None  # the column table being read (launch.tables)
     provisional: set[str] | None = None  # the keys of a first reading on the input's first line, maybe cut
     fragment: str | None = None  # the input's first line was cut before the first reading (said with it)
+    quiet_shape: str | None = None  # the last finite Megatron iteration line less its digits (`_quiet`)
     recovered: int | None = None  # a later line where the first reading's gradient norm is finite again
     relapsed: bool = False  # ... or where a loss went non-finite after it
 
@@ -240,9 +249,36 @@ class MetricLines:
         return table is not None
 
     def feed(self, line: str, number: int) -> None:
-        for offset, piece in segments(line):
-            self._piece(line, piece, offset, number)
+        if not self._quiet(line, number):
+            for offset, piece in segments(line):
+                self._piece(line, piece, offset, number)
         self.bars(line, number)
+
+    def _quiet(self, line: str, number: int) -> bool:
+        """A Megatron iteration line of the shape last parsed in full (the same keys, a loss among them), no value
+        non-finite, its skip counters 0: only its step is new, read by three regex passes instead of a parse (a
+        Megatron log is such lines, each a candidate for its `number of nan iterations`). True: read so."""
+        if self.quiet_shape is None or self.first is not None or self.provisional is not None or self.table:
+            return False
+        head = _QUIET_HEAD.match(line)
+        if head is None or _BAD_VALUE.search(line, 0, WINDOW) is not None:
+            return False
+        if any(int(count) for count in _ZERO_COUNTS.findall(line, 0, WINDOW)):
+            return False
+        if line[:WINDOW].translate(_SHAPE) != self.quiet_shape:  # the same words and bars: the same keys
+            return False
+        self.explicit, self.explicit_line = int(head["step"]), number
+        return True
+
+    def _shape(self, piece: str, bad) -> None:
+        """Keep a finite Megatron iteration line's keys (with a loss, no counter but Megatron's two): the shape later
+        lines are read quietly by (`_quiet`)."""
+        keys = {key.strip().lower() for key in _SHAPE_KEYS.findall(piece, 0, WINDOW)}
+        counters = {key for key in keys if key in COUNTERS or key.rsplit("/", 1)[-1] in COUNTERS}
+        loss = any(key.endswith(" loss") and key != "loss scale" for key in keys)
+        plain = not bad and counters <= {"number of skipped iterations", "number of nan iterations"}
+        quiet = plain and loss and _QUIET_HEAD.match(piece) is not None
+        self.quiet_shape = piece[:WINDOW].translate(_SHAPE) if quiet else None
 
     def _piece(self, line: str, piece: str, offset: int, number: int) -> None:
         found = self.table.row(piece) if self.table is not None else None
@@ -276,6 +312,8 @@ class MetricLines:
             self.weak.weak = True
         if step is not None and step_from == "the line":
             self.explicit, self.explicit_line = step, number
+        if offset == 0 and piece is line:
+            self._shape(piece, bad or missing)
 
     def watched(self) -> bytes | None:
         """The key (lowered) of a first reading whose gradient norm alone went non-finite, the loss finite: later

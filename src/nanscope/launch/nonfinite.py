@@ -162,9 +162,10 @@ class Nonfinite:
             following = block[end + 1 : end + 301].split(b"\n", 1)[0]
             hit = read_line(text, lines + 1, previous[-300:], clean(following.decode("utf-8", "replace")))
             if hit is None:
-                joined, stop = record(block, start, end, clean)
+                joined, stop, first = record(block, start, end, clean)
                 consumed = stop if stop > end else consumed
-                self._metric_line(block, start, joined, lines + 1, clean)
+                head = lines + 1 - block.count(b"\n", first, start)  # the record's first line: its context before it
+                self._metric_line(block, first, joined, lines + 1, clean, head)
                 continue
             self._signal(block, start, hit, text, clean)
             if self._keep(hit, text, _blank_since(block, start, hit.line - self.metrics.bar_line - 1)):
@@ -188,10 +189,12 @@ class Nonfinite:
                 self.metrics.feed(clean(block[start:end].decode("utf-8", "replace")), lines + 1)
             at = low.find(needle, end)
 
-    def _metric_line(self, block: bytes, start: int, text: str, number: int, clean) -> None:
-        """A metric line: its values (launch.metric_lines), and the step it gives an evidence line still without one."""
-        if self.metrics.first is None and number - self.last_line > 1:  # the lines before it not read yet: theirs
-            self.metrics.context(_before(block, start, min(CONTEXT_LINES, number - self.last_line - 1)), clean)
+    def _metric_line(self, block: bytes, start: int, text: str, number: int, clean, head: int | None = None) -> None:
+        """A metric line (a record joined from lines `head` .. `number`, its first at `start`): its values
+        (launch.metric_lines), and the step it gives an evidence line still without one."""
+        head = number if head is None else head
+        if self.metrics.first is None and head - self.last_line > 1:  # the lines before it not read yet: theirs
+            self.metrics.context(_before(block, start, min(CONTEXT_LINES, head - self.last_line - 1)), clean)
         self.last_line = number
         if self.overflow is not None and self.stale is None:
             self._stale(text, number)
