@@ -165,7 +165,7 @@ class Nonfinite:
                 joined, stop, first = record(block, start, end, clean)
                 consumed = stop if stop > end else consumed
                 head = lines + 1 - block.count(b"\n", first, start)  # the record's first line: its context before it
-                self._metric_line(block, first, joined, lines + 1, clean, head)
+                self._metric_line(block, first, joined, lines + 1, clean, head=head)
                 continue
             self._signal(block, start, hit, text, clean)
             if self._keep(hit, text, _blank_since(block, start, hit.line - self.metrics.bar_line - 1)):
@@ -189,7 +189,7 @@ class Nonfinite:
                 self.metrics.feed(clean(block[start:end].decode("utf-8", "replace")), lines + 1)
             at = low.find(needle, end)
 
-    def _metric_line(self, block: bytes, start: int, text: str, number: int, clean, head: int | None = None) -> None:
+    def _metric_line(self, block: bytes, start: int, text: str, number: int, clean, *, head: int | None = None) -> None:
         """A metric line (a record joined from lines `head` .. `number`, its first at `start`): its values
         (launch.metric_lines), and the step it gives an evidence line still without one."""
         head = number if head is None else head
