@@ -191,7 +191,7 @@ def _window(line: str, anchor: str) -> tuple[str, int] | None:
 def _known(line: str, before: str, after: str) -> tuple[Signal, dict] | None:
     """The evidence of a named stack's line."""
     for anchor, reader in _READERS:
-        part = _window(line, anchor)
+        part = _window(line, anchor) if anchor in line else None  # a literal test first: most lines hold none
         if part is not None:
             read = reader(part[0], after if reader is _forward else before)
             if read is not None:

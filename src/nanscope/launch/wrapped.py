@@ -20,6 +20,7 @@ character).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 MAX_PIECES = 8  # lines of one record
 _REACH = 64 * 1024  # bytes before a piece where its head must start
@@ -32,14 +33,13 @@ def _piece(text: str) -> bool:
     return "|" in text and _PIECE.search(text, 0, 2048) is not None and _HEAD.search(text, 0, 2048) is None
 
 
-def _lines_before(block: bytes, start: int, count: int) -> list[tuple[int, int]]:
-    """(start, end) of up to `count` lines before the one at `start`, nearest first."""
-    out, end = [], start - 1
-    while end > 0 and len(out) < count:
+def _lines_before(block: bytes, start: int, count: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of up to `count` lines before the one at `start`, nearest first (as the caller walks back)."""
+    end = start - 1
+    while end > 0 and count > 0:
         begin = block.rfind(b"\n", 0, end) + 1
-        out.append((begin, end))
-        end = begin - 1
-    return out
+        yield begin, end
+        end, count = begin - 1, count - 1
 
 
 def _lines_after(block: bytes, end: int, count: int) -> list[tuple[int, int]]:
@@ -72,10 +72,12 @@ def record(block: bytes, start: int, end: int, clean) -> tuple[str, int, int]:
         head = None
         for begin, stop in _lines_before(block, start, MAX_PIECES):
             before = clean(block[begin:stop].decode("utf-8", "replace"))
-            if _HEAD.search(before, 0, 2048) and "|" in before:
+            if "|" not in before:
+                return text, end, start
+            if _HEAD.search(before, 0, 2048):
                 head, first = before, begin
                 break
-            if not _piece(before) or any(last in before for last in _LAST):
+            if any(last in before for last in _LAST) or _PIECE.search(before, 0, 2048) is None:
                 return text, end, start
             lines.insert(0, before)
         if head is None:
