@@ -1,7 +1,7 @@
 """`nanscope doctor`'s CPU seconds and peak memory on each kind of input (issues 41 and 42): the bundled case, a
 20-line launch script of another framework, the case at 2^20 ranks, a 100 MB job log whose lines are metric lines,
 a 100 MB log of DeepSpeed/transformers lines with NaN evidence, a 100 MB log of Megatron iteration lines wrapped over
-four lines each, and each real report of tests/fixtures/reports/real and real2.
+four lines each, the same lines unwrapped, and each real report of tests/fixtures/reports/real, real2 and real3.
 
 Each run is its own process, measured by the kernel (os.wait4's rusage of that child: user + system CPU, and its
 peak resident set), so the figures include Python's start and every import.
@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests" / "fixtures" / "reports" / "real"
 REAL2 = ROOT / "tests" / "fixtures" / "reports" / "real2"
+REAL3 = ROOT / "tests" / "fixtures" / "reports" / "real3"
 LAUNCH = """#!/bin/bash
 # a LLaMA-Factory-style command, 20 lines
 export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
@@ -86,6 +87,20 @@ def _wrapped_log(path: Path, size: int) -> None:
         out.write(record.format(i=10**6, g="nan").encode())
 
 
+def _megatron_log(path: Path, size: int) -> None:
+    """Megatron iteration lines, one a line, a NaN at the end."""
+    record = (
+        " iteration {i:8d}/ 1000000 | consumed samples: {c:12d} | elapsed time per iteration (ms): 812.4 | learning "
+        "rate: 3.0E-04 | global batch size:   64 | lm loss: 2.1E+00 | loss scale: 1.0 | grad norm: {g} | number of "
+        "skipped iterations:   0 | number of nan iterations:   0 |\n"
+    )
+    block = "".join(record.format(i=i, c=i * 64, g="1.02") for i in range(1000)).encode()
+    with open(path, "wb") as out:
+        for _ in range(size // len(block) + 1):
+            out.write(block)
+        out.write(record.format(i=10**6, c=0, g="nan").encode())
+
+
 def _driver_log(path: Path, size: int) -> None:
     """A Ray driver log of slime metric lines, then the bundled case's traceback."""
     step = (
@@ -112,6 +127,7 @@ def main() -> None:
         _driver_log(where / "driver.log", args.log_mb << 20)
         _metric_log(where / "metrics.log", args.log_mb << 20)
         _wrapped_log(where / "wrapped.log", args.log_mb << 20)
+        _megatron_log(where / "megatron.log", args.log_mb << 20)
         runs = [
             ("the bundled case (script + traceback)", ["--case", "slime-795"]),
             ("the case at 2^20 ranks", ["--case", "slime-795", "--env", "TOTAL_NODES=131072"]),
@@ -119,8 +135,9 @@ def main() -> None:
             (f"a {args.log_mb} MB Ray driver log, then the case's traceback", ["--traceback", str(where / "driver.log")]),
             (f"a {args.log_mb} MB log of transformers dicts and DeepSpeed overflows", ["--traceback", str(where / "metrics.log")]),
             (f"a {args.log_mb} MB log of Megatron lines wrapped over 4 lines", ["--traceback", str(where / "wrapped.log")]),
+            (f"a {args.log_mb} MB log of Megatron lines", ["--traceback", str(where / "megatron.log")]),
         ]  # fmt: skip
-        for root in (REAL, REAL2):
+        for root in (REAL, REAL2, REAL3):
             runs += [
                 (f"real report {root.name}/{path.stem}", ["--traceback", str(path)])
                 for path in sorted(root.glob("*.txt"))

@@ -165,7 +165,11 @@ def test_ms_swift_megatron_sft(tmp_path, capsys):
         "--optimizer_cpu_offload true",
         "--use_precision_aware_optimizer true",
     ]
-    assert status["kl-exp-overflow"] == "undecidable"  # ms-swift's loss code is not read
+    # `megatron sft` fine-tunes: no rollouts, rewards or rollout log-probs (issue 41, third round's class f)
+    assert status["kl-exp-overflow"] == "ruled-out"
+    assert _evidence(doc, "kl-exp-overflow") == [
+        "the entry point megatron sft: supervised fine-tuning (no rollouts or rewards)"
+    ]
 
 
 def test_pai_megatron_patch_wrapper_with_positional_arguments(tmp_path, capsys):

@@ -153,6 +153,19 @@ CRAFTED = {
     "wrapped record pieces": "a: nan |\n" * 100_000,
     "spaces inside a word": "OVERFLOW! Attempted loss scal" + " " * 1_000_000 + "e: 8",
     "an anomaly tail": "x(" * 300_000 + "\n (Triggered internally at python_anomaly_mode.cpp:1.)",
+    # issue 41's third round: named values anywhere, bars after a value, cut wordings, interleaved frames, a watch
+    "printed tensors": "loss tensor(nan, " * 60_000,
+    "tensor wrappers before a NaN": "tensor([" * 120_000 + "nan",
+    "spaces before a named NaN": "loss" + " " * 1_000_000 + "nan",
+    "words before a NaN": "a " * 500_000 + "nan",
+    "a value before many bar rules": "loss nan" + " |" * 400_000 + " 1/9 [00:01<00:02]",
+    "bar descriptions": "Loss: nan:   0%|" * 60_000 + "| 2/9 [00:01",
+    "glued statements": ")    self.f(" * 90_000,
+    "glued frames": 'x File "a.py", line 1, in f ' * 30_000,
+    "a cut watchdog line": "Watchdog caught " * 60_000,
+    "cut overflow lines": "OVERFLOW! Rank 0 Sk" * 50_000,
+    "a watched gradient norm": "{'loss': 1.0, 'grad_norm': nan, 'epoch': 1}\n" + "grad_norm grad_norm\n" * 100_000,
+    "time keys holding step": "time/step=1, " * 80_000 + "loss=nan",
 }
 
 

@@ -1,9 +1,10 @@
 """Issue 41 item 6: real public NaN reports of many stacks, each kept as its pasted text alone
 (tests/fixtures/reports/real/<id>.txt, and <id>.sh where the report pasted its launch command), with what the text
 supports (expected.json: rank, kind, check, step, model, metric, framework or an honest "unknown"; `note` says where
-this reading differs from a first annotation, and why). real2/ holds the 23 reports of issue 41's second round, which
-doctor had never read; their expectations were written from the text and a researcher's notes, not from doctor's
-output. doctor reads each, alone and beside its script, and every sentence of its verdict is checked for what a
+this reading differs from a first annotation, and why). real2/ holds the 23 reports of issue 41's second round, real3/
+the 29 of its third, which doctor had never read; their expectations were written from the text and a researcher's
+notes, not from doctor's output (real3's also say whether the text shows no NaN failure at all, `benign`, and which
+causes a run of its kind must not be offered, `not_offered`). doctor reads each, alone and beside its script, and every sentence of its verdict is checked for what a
 reader must not meet: a placeholder, an unbalanced bracket, "traceback" where the input had none."""
 
 import json
@@ -15,7 +16,7 @@ import pytest
 from nanscope.cli.main import main
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
-SETS = [FIXTURES / "real", FIXTURES / "real2"]
+SETS = [FIXTURES / "real", FIXTURES / "real2", FIXTURES / "real3"]
 CASES = [(root, report) for root in SETS for report in sorted(json.loads((root / "expected.json").read_text()))]
 IDS = [f"{root.name}/{report}" for root, report in CASES]
 FIELDS = ("rank", "kind", "check", "step", "model", "metric")
@@ -73,6 +74,10 @@ def test_a_real_report_reads_as_its_text_supports(root, report, tmp_path, capsys
         assert first["after_step"] == want["after_step"]
     for key in want.get("also", []):
         assert key in [pair[0] for pair in first["values"]]
+    if "benign" in want:  # real3: a text that shows no NaN failure is never called one (summary.benign says why)
+        assert (doc["summary"]["benign"] is not None) == want["benign"], doc["summary"]["benign"]
+    if "op" in want:
+        assert doc["summary"]["op"] == want["op"]
     said = " ".join([doc["verdict"], *doc["notes"], *(c["discriminator"] or "" for c in doc["candidates"])])
     assert not [word for word in SLIME_WORDS if word in said], said  # none of these is a slime job
     assert "Traceback (most recent call last)" not in out.split("traceback, frame by frame")[0]
@@ -93,6 +98,21 @@ def test_every_verdict_reads_true(root, report, tmp_path, capsys):
     assert [word for word in want.get("not_says", []) if word.lower() in verdict] == [], doc["verdict"]
     if not doc["megatron_core_evidence"]:
         assert [c["id"] for c in doc["candidates"] if c["id"] in MEGATRON_CAUSES and c["status"] != "ruled-out"] == []
+    offered = [c["id"] for c in doc["candidates"] if c["status"] != "ruled-out"]
+    assert [cause for cause in want.get("not_offered", []) if cause in offered] == [], doc.get("run_kind")
+
+
+# a count said with the wrong number: `1 nodes`, `1 GPUs` (issue 42's and 41's third round's class i)
+_SINGULAR = re.compile(
+    r"(?<![\d.,])1 (?:nodes|GPUs|ranks|processes|machines|devices|layers|experts|steps|lines|causes)\b"
+)
+
+
+@pytest.mark.parametrize(("root", "report"), CASES, ids=IDS)
+def test_no_count_of_one_is_said_in_the_plural(root, report, tmp_path, capsys):
+    """Every fixture's terminal output (alone and beside its script) says `1 node`, never `1 nodes`."""
+    _, out = _doctor(tmp_path, capsys, *_inputs(root, report))
+    assert _SINGULAR.findall(out) == [], out
 
 
 @pytest.mark.parametrize("report", sorted(p.stem for p in (FIXTURES / "real").glob("*.sh")))

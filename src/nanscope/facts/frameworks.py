@@ -18,17 +18,22 @@ LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, 
     "composer", "lightning",
 )  # fmt: skip
 MEGATRON_DEEPSPEED, NANOGPT, TRANSFORMERS, DEEPSPEED = "megatron-deepspeed", "nanogpt", "transformers", "deepspeed"
+# issue 41's third round: gpt-neox (a Megatron-LM copy trained with DeepSpeed), Lightning's lit-llama and litgpt,
+# Meta's llama-recipes, OpenMMLab's mmcv runner (before mmengine)
+GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES, MMCV = "gpt-neox", "lit-llama", "litgpt", "llama-recipes", "mmcv"
+TORCHTUNE = "torchtune"
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
     SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT,
-    INTERNEVO, XTUNER, MMENGINE, COLOSSALAI, COMPOSER, LIGHTNING, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT,
-    TRANSFORMERS, DEEPSPEED, UNKNOWN,
+    INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING, LLAMA_RECIPES, GPT_NEOX,
+    TORCHTUNE, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED, UNKNOWN,
 )  # fmt: skip
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
-                    COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED)  # fmt: skip
+                    COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
+                    MMCV, TORCHTUNE)  # fmt: skip
 
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
@@ -54,6 +59,12 @@ PATHS: dict[str, tuple[str, ...]] = {
     COMPOSER: ("/composer/",),
     LIGHTNING: ("/pytorch_lightning/", "/lightning/pytorch/", "/lightning/fabric/", "/lightning_fabric/"),
     TRANSFORMERS: ("/transformers/trainer", "/transformers/models/"),
+    GPT_NEOX: ("/gpt-neox/", "/gpt_neox/"),
+    LIT_LLAMA: ("/lit-llama/", "/lit_llama/"),
+    LITGPT: ("/litgpt/", "/lit-gpt/", "/lit_gpt/"),
+    LLAMA_RECIPES: ("/llama_recipes/", "/llama_cookbook/", "/llama-recipes/"),
+    MMCV: ("/mmcv/runner/",),
+    TORCHTUNE: ("/torchtune/",),
     DEEPSPEED: (
         "/deepspeed/runtime/",
         "/deepspeed/",
@@ -85,6 +96,24 @@ TEXTS: dict[str, tuple[str, ...]] = {
     MEGATRON_DEEPSPEED: ("tokens per gpu per second (tgs)", "| actual seqlen:"),
     DEEPSPEED_CHAT: ("|act_loss: ", "|cri_loss: "),
     DPO_REFERENCE: ("train stats after ",),
+    GPT_NEOX: ("neox_args",),
+    # train_utils.py's bar (`Training Epoch: 4/150, step 63/64 completed (loss: ...)`) and memory trace lines
+    LLAMA_RECIPES: (
+        " completed (loss: ",
+        "Max CUDA memory allocated was",
+        "CPU Total Peak Memory consumed during the train",
+    ),
+    # the mmcv runner's logger is the OpenMMLab project's own (mmengine's is ` - mmengine - `)
+    MMCV: (
+        " - mmocr - ",
+        " - mmdet - ",
+        " - mmseg - ",
+        " - mmcls - ",
+        " - mmpose - ",
+        " - mmdet3d - ",
+        " - mmaction - ",
+        " - mmedit - ",
+    ),
     # its logger's `[file.py:line:function]` of the loss scaler and the optimizers that print an overflow
     DEEPSPEED: (
         "[deepspeed]",
@@ -107,11 +136,51 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     VERL: (frozenset({"actor/pg_loss"}), frozenset({"critic/vf_loss"}), frozenset({"actor/grad_norm"}),
            frozenset({"train/loss", "train/global_tokens"})),
     MEGATRON_LM: (frozenset({"consumed samples", "elapsed time per iteration (ms)"}),
-                  frozenset({"learning rate", "global batch size", "loss scale"})),
+                  frozenset({"learning rate", "global batch size", "loss scale"}),
+                  frozenset({"elapsed time per iteration (ms)", "lm loss", "loss scale"})),
     NANOGPT: (frozenset({"iter", "loss", "time", "mfu"}),),
     TRANSFORMERS: (frozenset({"loss", "learning_rate", "epoch"}), frozenset({"grad_norm", "learning_rate", "epoch"}),
                    frozenset({"step", "training loss"})),  # the last: its notebook callback's table
     LIGHTNING: (frozenset({"v_num"}),),
 }  # fmt: skip
+# What a launch trains, by its entry point (the module, CLI or script, as launch.script reads it): the kinds are "rl"
+# (rollouts, rewards, a policy loss: PPO, GRPO), "preference" (DPO, KTO, ORPO, ...: a policy and a reference, no
+# rollout), "reward-model", "sft" and "pretraining". Only "rl" has rollouts, rollout log-probs and a reward function.
+RUN_KINDS = (
+    ("-m verl.trainer.fsdp_sft_trainer", "sft"), ("-m verl.trainer.sft_trainer", "sft"),
+    ("-m verl.trainer.main_ppo", "rl"), ("-m verl.trainer.main_generation", None),
+    ("-m openrlhf.cli.train_ppo", "rl"), ("-m openrlhf.cli.train_sft", "sft"), ("-m openrlhf.cli.train_dpo", "preference"),
+    ("-m openrlhf.cli.train_kto", "preference"), ("-m openrlhf.cli.train_rm", "reward-model"),
+    ("megatron sft", "sft"), ("megatron pt", "pretraining"), ("megatron rlhf_grpo", "rl"), ("swift sft", "sft"),
+    ("swift pt", "pretraining"), ("nemo llm pretrain", "pretraining"), ("nemo llm finetune", "sft"),
+    ("pretrain_gpt.py", "pretraining"), ("pretrain_mamba.py", "pretraining"), ("pretrain_bert.py", "pretraining"),
+    ("pretrain_t5.py", "pretraining"),
+)  # fmt: skip
+# The flag that names the kind where the entry point does not: ms-swift's `--rlhf_type` (swift/llm/argument/
+# rlhf_args.py: dpo, orpo, simpo, kto, cpo, rm, ppo, grpo, gkd), LLaMA-Factory's `--stage` (pt, sft, rm, ppo, dpo,
+# kto); a value not listed (gkd) names no kind.
+KIND_FLAGS = {
+    "--rlhf-type": {"dpo": "preference", "orpo": "preference", "simpo": "preference", "kto": "preference",
+                    "cpo": "preference", "rm": "reward-model", "ppo": "rl", "grpo": "rl"},
+    "--stage": {"pt": "pretraining", "sft": "sft", "rm": "reward-model", "ppo": "rl", "dpo": "preference",
+                "kto": "preference"},
+}  # fmt: skip
+# What a frame is, by its path, most specific first: what a traceback cut before its error line reaches.
+COMPONENTS = (
+    ("/deepspeed/runtime/zero/stage_1_and_2.py", "DeepSpeed's ZeRO stage 1 and 2 optimizer"),
+    ("/deepspeed/runtime/zero/stage3.py", "DeepSpeed's ZeRO stage 3 optimizer"),
+    ("/deepspeed/runtime/zero/stage2.py", "DeepSpeed's ZeRO stage 2 optimizer"),
+    ("/deepspeed/runtime/fp16/loss_scaler.py", "DeepSpeed's fp16 loss scaler"),
+    ("/deepspeed/runtime/fp16/fused_optimizer.py", "DeepSpeed's FP16_Optimizer"),
+    ("/deepspeed/runtime/fp16/unfused_optimizer.py", "DeepSpeed's FP16_UnfusedOptimizer"),
+    ("/deepspeed/runtime/bf16_optimizer.py", "DeepSpeed's BF16 optimizer"),
+    ("/torch/nn/utils/clip_grad.py", "torch's gradient clipping"),
+    ("/torch/autograd/", "autograd's backward pass"),
+    ("/torch/optim/", "a torch optimizer's step"),
+    ("/torch/amp/grad_scaler.py", "torch's GradScaler"),
+    ("/torch/cuda/amp/grad_scaler.py", "torch's GradScaler"),
+    ("/transformers/generation/", "transformers' generation (sampling)"),
+    ("/deepspeed/runtime/engine.py", "DeepSpeed's engine"),
+)  # fmt: skip
 # The megatron-core package, which every one of them calls (not a framework of its own).
 CORE = "/megatron/core/"

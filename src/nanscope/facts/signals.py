@@ -6,6 +6,7 @@ launch.signals; the words are matched there.
 
     deepspeed-overflow     DeepSpeed's fp16 loss scaler: a step with inf/NaN gradients skipped, the scale lowered
     loss-scale-minimum     ... the scale already at its minimum and still overflowing: the run ends
+    overflow-exit          an overflow monitor ended the run after N consecutive skipped steps (gpt-neox)
     anomaly-nan            PyTorch's anomaly mode: a backward function returned NaN (which one, which output)
     anomaly-forward        ... the warning before it, naming the backward function whose forward is traced
     probability-assert     torch.multinomial (sampling): the probabilities hold inf, NaN or a negative value
@@ -82,6 +83,19 @@ SIGNALS: tuple[Signal, ...] = (
         source=f"{DEEPSPEED} deepspeed/runtime/fp16/loss_scaler.py:174-176",
         means="DeepSpeed's fp16 loss scale reached its minimum and the gradients still overflowed: every step for a while "
         "had inf/NaN gradients, not a calibration; the run ends",
+        causes=("activation-overflow", "backward-only-fault", "bad-checkpoint-resume"),
+    ),
+    Signal(
+        id="overflow-exit",
+        value="NaN or Inf",
+        quantity="gradient",
+        fatal=True,
+        stack="gpt-neox",
+        source="gpt-neox v1.0 megatron/utils.py:338-358 (OverflowMonitor, n=50; v2.0 :361), megatron/training.py "
+        "(overflow_monitor.check after each step)",
+        means="the run's overflow monitor ended it: every one of the last steps it counts was skipped on inf/NaN "
+        "gradients (the loss scaler overflowing step after step): persistent non-finite gradients, not a scale "
+        "calibrating",
         causes=("activation-overflow", "backward-only-fault", "bad-checkpoint-resume"),
     ),
     Signal(
@@ -218,9 +232,10 @@ WORDINGS: tuple[Wording, ...] = (
         signal="deepspeed-overflow",
         example="[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4294967296, reducing to 2147483648.0",
         stacks=("deepspeed", "colossalai"),
-        source="DeepSpeed v0.3.10 deepspeed/runtime/zero/stage2.py:1357-1361 (logger.info); ColossalAI v0.0.2 "
+        source="DeepSpeed v0.3.0 .. v0.6.0 deepspeed/runtime/zero/stage2.py, stage3.py, stage_1_and_2.py (logger.info: "
+        "LOGGER_FILES); ColossalAI v0.0.2 "
         "colossalai/zero/zero_redundancy_optimizer_level_3.py:2885-2889 (print on rank 0: its copy of DeepSpeed's ZeRO)",
-        printed_by="DeepSpeed 0.3's ZeRO stage 2 and ColossalAI 0.0.x's copy of it, which print the same words",
+        printed_by="DeepSpeed's ZeRO (0.3 to 0.6) and ColossalAI 0.0.x's copy of it, which print the same words",
     ),
     Wording(
         id="deepspeed-overflow-plain",
@@ -300,6 +315,14 @@ WORDINGS: tuple[Wording, ...] = (
         printed_by="verl's FSDP engine",
     ),
     Wording(
+        id="gpt-neox-overflow-monitor",
+        signal="overflow-exit",
+        example="Exception: Skipped 50 iterations in a row due to Overflow - Exiting training.",
+        stacks=("gpt-neox",),
+        source="gpt-neox v1.0 megatron/utils.py:358 (OverflowMonitor.check: raise Exception)",
+        printed_by="gpt-neox's OverflowMonitor",
+    ),
+    Wording(
         id="megatron-llm-bad-grad-norm",
         signal="skip-nonfinite-grad",
         example="***WARNING*** Bad grad_norm detected (grad_norm=nan)",
@@ -311,3 +334,18 @@ WORDINGS: tuple[Wording, ...] = (
 )  # fmt: skip
 
 WORDING = {wording.id: wording for wording in WORDINGS}
+
+# DeepSpeed's logger prefix (`[INFO] [stage3.py:2323:_overflow_clean_up]`) names the file that printed an overflow
+# line, and so the optimizer: file -> (whose words, where; for `[deepscale] OVERFLOW!` the releases whose file printed
+# those words). Read from DeepSpeed's tags v0.3.0 .. v0.19.5.
+LOGGER_FILES = {
+    "stage2.py": ("DeepSpeed's ZeRO stage 2", "DeepSpeed v0.3.0 .. v0.3.11 deepspeed/runtime/zero/stage2.py:1352-1360 "
+                  "(and v0.5.8 :1632)"),
+    "stage3.py": ("DeepSpeed's ZeRO stage 3", "DeepSpeed v0.3.12 .. v0.6.0 deepspeed/runtime/zero/stage3.py "
+                  "(_overflow_clean_up; v0.4.0 :2697, v0.6.0 :2554)"),
+    "stage_1_and_2.py": ("DeepSpeed's ZeRO stage 1 and 2", "DeepSpeed v0.5.9 .. v0.6.0 "
+                         "deepspeed/runtime/zero/stage_1_and_2.py:1632-1653"),
+    "loss_scaler.py": ("DeepSpeed's loss scaler", f"{DEEPSPEED} deepspeed/runtime/fp16/loss_scaler.py:180-188"),
+    "fused_optimizer.py": ("DeepSpeed's FP16_Optimizer", "DeepSpeed deepspeed/runtime/fp16/fused_optimizer.py"),
+    "unfused_optimizer.py": ("DeepSpeed's FP16_UnfusedOptimizer", "DeepSpeed deepspeed/runtime/fp16/unfused_optimizer.py"),
+}  # fmt: skip

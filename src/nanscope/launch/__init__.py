@@ -7,12 +7,13 @@ topology.py   flags -> parallel sizes, layer split, rank coordinates (ranks.py: 
 detect.py     --slime-version / the script's text / its flags -> the slime release whose defaults apply
 tracebacks.py traceback or whole job log -> failing rank, message, annotated frames (failure.py: the error
               line and its check; frames.py: the frames; logs.py: a log of any size, as a stream; signals.py and
-              metric_lines.py: other stacks' evidence lines and metric lines, read by nonfinite.py; summary.py:
-              what the text alone supports)
+              metric_lines.py: other stacks' evidence lines and metric lines, read by nonfinite.py; loose.py:
+              named NaN/Inf values in any line; summary.py: what the text alone supports)
 findings/     flags -> NaN mechanisms (rules, by family) and what is fine
 candidates.py flags + traceback -> every catalogued cause: enabled, ruled out or undecidable, and its test
 reported.py   the causes real reports had, from any framework's flags (flagview.py: one spelling for them all)
-foreign.py    a launch script's framework; a non-slime launch's flags and sizes (peers.py: its causes, by its code)
+foreign.py    a launch script's framework; a non-slime launch's flags and sizes (peers.py: its causes, by its code;
+              run_kind.py: what it trains, RL or not)
 evidence.py   what a traceback's frames show (schedule, check reached, framework, slime release); rerun.py: the
               rerun state machine's verdict; inference.py: a node count from the rank when a variable hides it
 moe.py        the MoE causes' rules (router losses, zero-token experts, router logits), with megatron-core's lines
@@ -36,12 +37,14 @@ from nanscope.launch.findings.finding import Finding
 from nanscope.launch.foreign import Foreign, read_foreign, script_framework
 from nanscope.launch.inputkind import LOG, what_it_is
 from nanscope.launch.peers import peer_candidates
+from nanscope.launch.run_kind import run_kind
 from nanscope.launch.script import LaunchScript, NotALaunch, parse_script
 from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
 from nanscope.launch.script.interpreter import NotBash
 from nanscope.launch.summary import summarize
 from nanscope.launch.topology import build
 from nanscope.launch.tracebacks import Traceback, read_traceback
+from nanscope.launch.words import count
 
 __all__ = ["Diagnosis", "diagnose", "unread"]
 
@@ -249,7 +252,7 @@ def _infer_nodes(reading: _Launch, rank: int | None, reparse, config_of) -> None
         return None if "actor_num_nodes" in read.unknown else read["actor_num_nodes"]
 
     solved = inference.solve(list(reading.script.unset), nodes, world, nodes_of)
-    bound = f"{_count(nodes, 'node')} x {_count(gpn, 'GPU')} = world {world}, {why}: a lower bound, the rank's coordinates hold under it"
+    bound = f"{count(nodes, 'node')} x {count(gpn, 'GPU')} = world {world}, {why}: a lower bound, the rank's coordinates hold under it"
     if solved is not None:
         name, value = solved
         reading.script = reparse({name: value})
@@ -281,6 +284,7 @@ def _foreign(
     layout, inferred = _foreign_layout(launch, hint) if core is not None else (None, _without_layout(launch, script))
     pp = layout.pp if layout is not None else launch.sizes.get("pp")
     cp = layout.cp if layout is not None else launch.sizes.get("cp")
+    kind = run_kind(script.train_script, launch.view)
     diagnosis = Diagnosis(
         script=script,
         config=None,
@@ -291,11 +295,12 @@ def _foreign(
         notes=launch.notes + ([] if layout is None else layout.notes),
         env=env,
         traceback=traceback,
-        candidates=peer_candidates(framework, launch.view, traceback, pp=pp, cp=cp, core=core),
+        candidates=peer_candidates(framework, launch.view, traceback, pp=pp, cp=cp, core=core, kind=kind),
         framework=framework,
         inferred=inferred,
         flags=launch.view,
         megatron_core=core,
+        run_kind=kind,
     )
     diagnosis.findings = [_not_a_size(line) for line in launch.refused]
     if traceback is None:
@@ -336,16 +341,12 @@ def _without_layout(launch: Foreign, script: LaunchScript) -> list[str]:
     name = launch.framework.name if launch.framework.name != frameworks.UNKNOWN else "the job"
     head = f"no megatron-core layout: nothing in the inputs points to megatron-core, so {name}'s ranks are not placed"
     if nodes is not None and gpus is not None:
-        launch.notes.append(f"{head}; world {nodes * gpus} = {_count(nodes, 'node')} x {_count(gpus, 'GPU')}")
+        launch.notes.append(f"{head}; world {nodes * gpus} = {count(nodes, 'node')} x {count(gpus, 'GPU')}")
     elif gpus is not None:
-        launch.notes.append(f"{head}; {_count(gpus, 'process', 'processes')} a node, the node count not given")
+        launch.notes.append(f"{head}; {count(gpus, 'process', 'processes')} a node, the node count not given")
     else:
         launch.notes.append(f"{head}; the launch gives no process count (the GPUs it sees decide it)")
     return []
-
-
-def _count(number: int, word: str, plural: str | None = None) -> str:
-    return f"{number} {word if number == 1 else plural or word + 's'}"
 
 
 def _foreign_layout(launch: Foreign, rank: int | None):
@@ -451,7 +452,7 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
         if rank is None and not 0 <= asked < layout.world:
             raise UserError(
                 f"{traceback_origin}: the failing rank {asked} is outside this launch's world: "
-                f"0..{layout.world - 1} (= {_count(layout.nodes, 'node')} x {_count(layout.gpus_per_node, 'GPU')}); "
+                f"0..{layout.world - 1} (= {count(layout.nodes, 'node')} x {count(layout.gpus_per_node, 'GPU')}); "
                 "check --env and the script"
             )
         diagnosis.failing = layout.rank(asked)
@@ -461,7 +462,7 @@ def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str
         if isinstance(device, int) and asked == failure.rank and device != diagnosis.failing.local_device:
             diagnosis.notes.append(
                 f"the traceback says device {failure.device} but rank {asked} maps to local device "
-                f"{diagnosis.failing.local_device} with {layout.gpus_per_node} GPUs per node"
+                f"{diagnosis.failing.local_device} with {count(layout.gpus_per_node, 'GPU')} per node"
             )
         diagnosis.explanations = notes.explain(diagnosis)
     diagnosis.notes += notes.traceback_notes(diagnosis, traceback_origin)

@@ -47,7 +47,8 @@ def counts_steps(line: str) -> bool:
 
 def bars(line: str) -> list[Bar]:
     """The step-counting bars of `line`, in order."""
-    if not counts_steps(line):
+    head = line[:WINDOW]
+    if "/" not in head or " [" not in head or not counts_steps(line):  # no `N/M [` on it: a literal search first
         return []
     out = []
     for match in _BAR.finditer(line, 0, WINDOW):
@@ -62,12 +63,33 @@ def last_bar(line: str, at: int) -> Bar | None:
     return found[-1] if found else None
 
 
+# between a value and the bar after it: the bar's description (`Loss: nan:   0%|▏   | 2/1000 [`), or the bar's start
+# overwritten by a print (`loss tensor([nan], ...)        | 1/100 [`: the bar was on screen, the text went over it)
+_DESCRIPTION = re.compile(r"[^|%\n]{0,40}?\s{0,4}\d{1,3}%\|[^|\n]{0,400}\|\s{0,4}\Z")
+_OVERWRITTEN = re.compile(r"\s{2}\s{0,400}\|\s{0,4}\Z")
+
+
+def _bar_after(line: str, at: int) -> tuple[int | None, str | None]:
+    """The step of what sits at `at` from the bar that follows it on the line: a description's bar's count; a bar
+    whose start the text overwrote was on screen when it was printed: the next step."""
+    bar = next((bar for bar in bars(line) if bar.start > at), None)
+    if bar is None or bar.start - at > 1200:
+        return None, None
+    between = line[at : bar.start]
+    if _DESCRIPTION.search(between) is not None:
+        return bar.count, f"the progress bar its description belongs to, {bar.shown()}"
+    if "%|" not in between and _OVERWRITTEN.search(between) is not None:
+        return bar.count + 1, f"printed over the start of the progress bar's {bar.shown()}: the next step"
+    return None, None
+
+
 def step_at(line: str, at: int, logged: bool = False) -> tuple[int | None, str | None]:
     """The step of what sits at `at` on `line`, from the bar before it: its count inside the bar's bracket, the next
-    step after it (`logged`: a line that logs the step just done keeps the count)."""
+    step after it (`logged`: a line that logs the step just done keeps the count); without one, the bar after it
+    (`_bar_after`)."""
     bar = last_bar(line, at)
     if bar is None:
-        return None, None
+        return _bar_after(line, at)
     if bar.close < 0 or at < bar.close:
         return bar.count, f"the progress bar on its line, {bar.shown()}"
     if logged:

@@ -33,7 +33,7 @@ _PARALLEL = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "
 def evidence(framework, traceback=None, *, script=None, view=None) -> str | None:
     """What in the input points to megatron-core, in words; None: nothing does."""
     if traceback is not None:
-        said = _traceback(traceback)
+        said = _traceback(traceback, own_copy=framework.name in frameworks.WITHOUT_MEGATRON)
         if said is not None:
             return said
     if framework.name in _ALWAYS:
@@ -51,12 +51,14 @@ def evidence(framework, traceback=None, *, script=None, view=None) -> str | None
     return None
 
 
-def _traceback(traceback) -> str | None:
+def _traceback(traceback, own_copy: bool = False) -> str | None:
+    """What the traceback shows (`own_copy`: a stack that trains without megatron-core, whose `megatron/` frames are
+    its own copy of Megatron-LM: gpt-neox's)."""
     frames = traceback.megatron_frames()
     if frames:
         name, line, function = frames[-1]
         return f"frames in megatron-core ({name}:{line} {function})"
-    megatron = [frame for frame in traceback.frames if "/megatron/" in frame.path.replace("\\", "/")]
+    megatron = [] if own_copy else [f for f in traceback.frames if "/megatron/" in f.path.replace("\\", "/")]
     if megatron:
         return f"frames under megatron/ ({megatron[-1].path.rsplit('/', 1)[-1]}:{megatron[-1].line})"
     failure = traceback.failure

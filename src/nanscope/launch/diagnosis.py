@@ -10,6 +10,7 @@ from nanscope.launch.detect import Choice
 from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework
 from nanscope.launch.findings.finding import Finding
 from nanscope.launch.flagview import FlagView
+from nanscope.launch.run_kind import RunKind
 from nanscope.launch.script import LaunchScript
 from nanscope.launch.summary import Summary
 from nanscope.launch.topology import RankInfo, Topology
@@ -69,6 +70,9 @@ class Diagnosis:
     summary: Summary | None = None  # what the traceback or log alone supports (launch.summary)
     unread_script: str | None = None  # the launch script given but not read as one, in one line (why, what it is)
     megatron_core: str | None = "a slime launch"  # what points to megatron-core (launch.core_evidence); None: nothing
+    run_kind: RunKind | None = (
+        None  # what the launch trains (RL, preference, SFT, ...); None: not said (launch.run_kind)
+    )
 
     @property
     def evidence(self) -> FrameEvidence | None:

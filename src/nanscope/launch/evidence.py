@@ -229,8 +229,16 @@ def _expected(suffix: str, function: str, key: str) -> str:
     return f"{name} {function} at " + "/".join(str(first) for first, _ in lines) if lines else f"no {name} {function}"
 
 
+def _slime_known(frame: Frame) -> bool:
+    known = frame.known
+    return known is not None and known.release.startswith("slime") and "/slime/" not in frame.path.replace("\\", "/")
+
+
 def annotate(frames: list[Frame], framework: Framework) -> list[Frame]:
-    """The frames, slime's checked against the release the framework's evidence names (KNOWN_FRAMES are v0.1.0's)."""
+    """The frames, slime's checked against the release the framework's evidence names (KNOWN_FRAMES are v0.1.0's);
+    in another framework's job a frame named like slime's (`train.py <module>`) is not slime's."""
+    if framework.name not in (frameworks.SLIME, frameworks.UNKNOWN):
+        return [replace(frame, known=None) if _slime_known(frame) else frame for frame in frames]
     if framework.name != frameworks.SLIME or framework.release == releases.V0_1_0:
         return frames
     out = []

@@ -26,6 +26,7 @@ from nanscope.launch.evidence import UNKNOWN, Framework
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.script import LaunchScript
 from nanscope.launch.topology import MAX_EXPERTS, MAX_LAYERS, MAX_WORLD
+from nanscope.launch.words import count
 
 _MODULES = (
     ("verl.", frameworks.VERL), ("openrlhf.", frameworks.OPENRLHF), ("nemo_rl", frameworks.NEMO_RL),
@@ -33,7 +34,7 @@ _MODULES = (
     ("megatron.training", frameworks.MEGATRON_LM),
 )  # fmt: skip
 _CLIS = (("megatron ", frameworks.MS_SWIFT), ("swift ", frameworks.MS_SWIFT), ("nemo ", frameworks.NEMO),
-         ("llamafactory-cli ", frameworks.LLAMA_FACTORY))  # fmt: skip
+         ("llamafactory-cli ", frameworks.LLAMA_FACTORY), ("xtuner ", frameworks.XTUNER), ("tune ", frameworks.TORCHTUNE))  # fmt: skip
 _PATHS = (
     ("/verl/", frameworks.VERL), ("/openrlhf/", frameworks.OPENRLHF), ("/nemo_rl/", frameworks.NEMO_RL),
     ("/examples/start_", frameworks.ROLL), ("/roll/", frameworks.ROLL), ("/megatron_patch/", frameworks.PAI),
@@ -142,6 +143,7 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
         launch.notes.append(f"--num-layers-per-virtual-pipeline-stage {stages}: virtual stages need num-layers")
     if script.cut:
         launch.notes.append(script.cut)
+    _deepspeed_config(launch, view)
     _world(launch, script)
     _visible_devices(launch, script)
     for size, value in launch.sizes.items():
@@ -151,12 +153,15 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
 
 
 def _world(launch: Foreign, script: LaunchScript) -> None:
-    """Nodes and GPUs per node: verl's trainer.*, a launcher's --nnodes / --nproc_per_node, ms-swift's NNODES /
+    """Nodes and GPUs per node: verl's trainer.*, a launcher's --nnodes / --nproc_per_node (DeepSpeed's --num_nodes /
+    --num_gpus, accelerate's --num_machines and its --num_processes across them), ms-swift's and xtuner's NNODES /
     NPROC_PER_NODE, OpenRLHF's actor nodes and GPUs."""
     view, launcher = launch.view, FlagView.of_argv(script.launcher)
     pairs = (
-        ("nodes", (view, "--nnodes"), (launcher, "--nnodes"), (view, "--actor-num-nodes")),
-        ("gpus_per_node", (view, "--nproc-per-node"), (launcher, "--nproc-per-node"), (view, "--actor-num-gpus-per-node")),
+        ("nodes", (view, "--nnodes"), (launcher, "--nnodes"), (view, "--actor-num-nodes"), (launcher, "--num-nodes"),
+         (launcher, "--num-machines")),
+        ("gpus_per_node", (view, "--nproc-per-node"), (launcher, "--nproc-per-node"), (view, "--actor-num-gpus-per-node"),
+         (launcher, "--num-gpus")),
     )  # fmt: skip
     env = {"nodes": "NNODES", "gpus_per_node": "NPROC_PER_NODE"}
     for size, *places in pairs:
@@ -169,8 +174,42 @@ def _world(launch: Foreign, script: LaunchScript) -> None:
             text = script.command_env[env[size]]
             launch.origins[size] = f"{env[size]}={text}"
             launch.sizes[size] = _size(launch, f"{env[size]}={text}", text)
+        if size == "gpus_per_node" and launch.sizes[size] is None and launcher.has("--num-processes"):
+            _processes(launch, launcher)
         if launch.sizes[size] is None:
             launch.notes.append(f"{size.replace('_', ' ')}: not given (or read from an unset variable)")
+
+
+def _processes(launch: Foreign, launcher: FlagView) -> None:
+    """accelerate's --num_processes counts the processes on every machine together: a node's share where the machines
+    are given and divide it."""
+    total, nodes = _checked(launch, launcher, "--num-processes"), launch.sizes.get("nodes") or 1
+    if total is None:
+        return
+    if total % nodes:
+        launch.notes.append(
+            f"{launcher.show('--num-processes')}: {count(total, 'process', 'processes')} on {count(nodes, 'machine')} do not divide"
+        )
+        return
+    launch.sizes["gpus_per_node"] = total // nodes
+    launch.origins["gpus_per_node"] = (
+        f"{launcher.show('--num-processes')} over {count(nodes, 'machine')} (accelerate's count)"
+    )
+
+
+_ZERO = re.compile(r"(?:zero|stage|_z)[_-]?(?P<stage>[0-3])(?![\d])", re.IGNORECASE)
+
+
+def _deepspeed_config(launch: Foreign, view: FlagView) -> None:
+    """The DeepSpeed config a launch hands over (`--deepspeed deepspeed_zero2`), and the ZeRO stage its name says."""
+    flag = next((flag for flag in ("--deepspeed", "--deepspeed-config", "--deepspeed-config-file") if view.value(flag)),
+                None)  # fmt: skip
+    if flag is None:
+        return
+    value = view.value(flag) or ""
+    stage = _ZERO.search(value.rsplit("/", 1)[-1])
+    said = f" (ZeRO stage {stage['stage']}, by its name; the file itself is not read)" if stage else ""
+    launch.notes.append(f"DeepSpeed config: {view.show(flag)}{said}")
 
 
 def _visible_devices(launch: Foreign, script: LaunchScript) -> None:

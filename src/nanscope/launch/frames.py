@@ -267,3 +267,22 @@ def parse_frames(lines: list[str]) -> tuple[list[Frame], str | None]:
                 )
             )
     return frames, ray_ip
+
+
+_GLUED = re.compile(r'\)\s{2,40}[A-Za-z_][\w.]{0,80}\(|\)(?:self|File)\b|\S\s{1,40}File "')
+
+
+def interleaved(lines: list[str]) -> bool:
+    """The frames of several processes interleave in `lines`: a line holds two statements or a statement and a frame
+    glued mid-line (`self.step(x)    self.engine.step()`), as when ranks write one stream at once."""
+    return any(_GLUED.search(line, 0, 4096) is not None for line in lines if "(" in line)
+
+
+def unique(frames: list[Frame]) -> list[Frame]:
+    """Each frame once, where it was first read (interleaved ranks print the same frames several times)."""
+    out: list[Frame] = []
+    for frame in frames:  # the same file and line, its function's name whole or cut (`backwar`): the same frame
+        same = (f for f in out if (f.path, f.line) == (frame.path, frame.line))
+        if not any(f.function.startswith(frame.function) or frame.function.startswith(f.function) for f in same):
+            out.append(frame)
+    return out

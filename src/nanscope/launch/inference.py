@@ -15,6 +15,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nanscope.launch.words import count
+
 MAX_TRIED = 8  # unset variables tried one by one as the node count
 
 
@@ -41,7 +43,7 @@ def smallest_world(sizes: Sizes, gpus_per_node: int, rank: int | None) -> tuple[
     ]
     held = "the smallest world" if rank is None else f"the smallest world that holds rank {rank}"
     why = (
-        f"{held}: a multiple of {', of '.join(parts)} and of {gpus_per_node} GPUs per node (lcm {unit}), "
+        f"{held}: a multiple of {', of '.join(parts)} and of {count(gpus_per_node, 'GPU')} per node (lcm {unit}), "
         f"so world >= {world}"
     )
     return world, why

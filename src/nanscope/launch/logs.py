@@ -159,7 +159,8 @@ class _Scanner:
                 context, raw = self.signal
             else:
                 context = _context(raw)
-            if quiet and rerun is None and not self.metrics.seen and not any(_TRACEBACK in line for line in raw):
+            framed = any(_TRACEBACK in line or 'File "' in line for line in raw)  # a traceback, maybe cut at its head
+            if quiet and rerun is None and not self.metrics.seen and not framed:
                 if self.impossible:  # nothing else: the one line that looked like an error is the answer
                     raise UserError(self.impossible[0])
                 return None

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from nanscope.launch.bars import bars, segments, step_at
+from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to
 from nanscope.launch.tables import Table, header
 
@@ -43,9 +44,17 @@ _FIELD_WHOLE = re.compile(_FIELD.pattern + r".?\Z", re.IGNORECASE)  # a field to
 _EPOCH_ITER = re.compile(
     r"\]\[\s{0,12}(?P<step>\d{1,12})/\d{1,12}\]|Iter\((?:train|val|test)\)\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"
 )
+# `_quiet`'s passes: Megatron's iteration line's head (its step), a non-finite value, the skip counters, the keys
+_QUIET_HEAD = re.compile(
+    r"\s{0,40}(?:\[[^\]\n]{0,40}\]\s{0,4})?iteration\s{1,20}(?P<step>\d{1,12})\s{0,4}/\s{0,12}\d{1,12}\s{0,4}\|"
+)
+_BAD_VALUE = re.compile(r"[:=]\s{0,40}['\"]?[-+]?(?:nan|inf)", re.IGNORECASE)
+_ZERO_COUNTS = re.compile(r"number of (?:skipped|nan) iterations:\s{0,12}(\d{1,12})")
+_SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
+_SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spaces: its keys and punctuation
 _WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it")
-_SETTINGS = ("max_", "min_")  # a setting printed beside the metrics (`max_grad_norm: inf`), not a value that went bad
+_SETTINGS = ("max_", "min_", "best_", "best ")  # a setting or a sentinel (`max_grad_norm: inf`, `best_loss inf`)
 _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
 COUNTERS = {"number of skipped iterations": False, "number of nan iterations": False, "inf_nan_skip_batches": True,
@@ -98,9 +107,53 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
     return [(_key(m["key"]), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
 
 
+def _with_loose(found: list[tuple[str, str, int]], piece: str) -> tuple[list[tuple[str, str, int]], bool]:
+    """`found`, and the named NaN/Inf values of `piece` no shape read (launch.loose: a printed tensor, wandb's
+    summary, a bar's description); True when there are such values (a line of one named value is read then)."""
+    if sum(1 for _, value, _ in found if _nonfinite(value)) and len(found) >= 2:
+        return found, False
+    loose = loose_pairs(piece)
+    if not loose:
+        return found, False
+    taken = {at for _, _, at in found}
+    return sorted(found + [pair for pair in loose if pair[2] not in taken], key=lambda item: item[2]), True
+
+
+# a key that holds a step's word but measures a time (`time/time/step`, `train_step_timing in s`, `step_time`)
+_TIMES = frozenset(("time", "times", "timing", "timer", "timers", "duration", "elapsed", "sec", "secs", "seconds",
+                    "ms", "s", "per", "speed", "throughput"))  # fmt: skip
+
+
 def _is_step_key(key: str) -> bool:
     low = key.lower()
-    return low in _STEP_KEYS or low.rsplit("/", 1)[-1] in _STEP_KEYS or low.rsplit(" ", 1)[-1] in _STEP_KEYS
+    named = low in _STEP_KEYS or low.rsplit("/", 1)[-1] in _STEP_KEYS or low.rsplit(" ", 1)[-1] in _STEP_KEYS
+    return named and not _TIMES.intersection(re.split(r"[/_ .()-]+", low))
+
+
+def _separated(piece: str, at: int) -> bool:
+    """The value at `at` follows a `:` or `=` (a counter's field), not a space alone (`Skipped 50 iterations`: prose)."""
+    before = piece[max(0, at - 48) : at].rstrip(" '\"")
+    return before.endswith((":", "="))
+
+
+def _percent(piece: str, at: int, value: str) -> bool:
+    """The value at `at` is a percentage (`Steps:   0%|`): a bar's progress, never a step."""
+    return piece[at + len(value) : at + len(value) + 1] == "%"
+
+
+_NORMS = ("grad_norm", "grad norm", "gradient_norm")
+
+
+def _loss_key(key: str) -> bool:
+    low = key.lower().rsplit("/", 1)[-1]
+    return low == "loss" or low.endswith((" loss", "_loss")) and low != "loss scale"
+
+
+def _norm_only(reading) -> bool:
+    """Only a gradient norm went non-finite on the reading's line, a loss beside it finite and not 0."""
+    keys = [key.lower().rsplit("/", 1)[-1] for key, value in reading.values]
+    loss = any(_loss_key(key) and value != 0.0 for key, value in reading.finite.items())
+    return bool(keys) and all(key in _NORMS for key in keys) and loss
 
 
 @dataclass
@@ -173,6 +226,7 @@ class MetricLines:
     keys: set[str] = field(default_factory=set)  # every key seen (the stack's shape: facts.frameworks.KEYS)
     bar: int | None = None  # the last progress bar's count
     bar_line: int = 0
+    bar_done: bool = False  # the last bar was at its total: what follows it is not one of its steps
     explicit: int | None = None  # the last step a metric line named
     explicit_line: int = 0
     loss_keys: set[str] = field(default_factory=set)  # the loss fields of Megatron's iteration lines so far
@@ -182,6 +236,9 @@ class MetricLines:
     table: Table | None = None  # the column table being read (launch.tables)
     provisional: set[str] | None = None  # the keys of a first reading on the input's first line, maybe cut
     fragment: str | None = None  # the input's first line was cut before the first reading (said with it)
+    quiet_shape: str | None = None  # the last finite Megatron iteration line less its digits (`_quiet`)
+    recovered: int | None = None  # a later line where the first reading's gradient norm is finite again
+    relapsed: bool = False  # ... or where a loss went non-finite after it
 
     def rule(self, line: str, header_line: str) -> bool:
         """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
@@ -192,18 +249,45 @@ class MetricLines:
         return table is not None
 
     def feed(self, line: str, number: int) -> None:
-        for offset, piece in segments(line):
-            self._piece(line, piece, offset, number)
+        if not self._quiet(line, number):
+            for offset, piece in segments(line):
+                self._piece(line, piece, offset, number)
         self.bars(line, number)
+
+    def _quiet(self, line: str, number: int) -> bool:
+        """A Megatron iteration line of the shape last parsed in full (the same keys, a loss among them), no value
+        non-finite, its skip counters 0: only its step is new, read by three regex passes instead of a parse (a
+        Megatron log is such lines, each a candidate for its `number of nan iterations`). True: read so."""
+        if self.quiet_shape is None or self.first is not None or self.provisional is not None or self.table:
+            return False
+        head = _QUIET_HEAD.match(line)
+        if head is None or _BAD_VALUE.search(line, 0, WINDOW) is not None:
+            return False
+        if any(int(count) for count in _ZERO_COUNTS.findall(line, 0, WINDOW)):
+            return False
+        if line[:WINDOW].translate(_SHAPE) != self.quiet_shape:  # the same words and bars: the same keys
+            return False
+        self.explicit, self.explicit_line = int(head["step"]), number
+        return True
+
+    def _shape(self, piece: str, bad) -> None:
+        """Keep a finite Megatron iteration line's keys (with a loss, no counter but Megatron's two): the shape later
+        lines are read quietly by (`_quiet`)."""
+        keys = {key.strip().lower() for key in _SHAPE_KEYS.findall(piece, 0, WINDOW)}
+        counters = {key for key in keys if key in COUNTERS or key.rsplit("/", 1)[-1] in COUNTERS}
+        loss = any(key.endswith(" loss") and key != "loss scale" for key in keys)
+        plain = not bad and counters <= {"number of skipped iterations", "number of nan iterations"}
+        quiet = plain and loss and _QUIET_HEAD.match(piece) is not None
+        self.quiet_shape = piece[:WINDOW].translate(_SHAPE) if quiet else None
 
     def _piece(self, line: str, piece: str, offset: int, number: int) -> None:
         found = self.table.row(piece) if self.table is not None else None
-        found = found or pairs(piece)
+        found, loose = _with_loose(found or pairs(piece), piece)
         if not found:
             return
         self.keys.update(key.lower() for key, _, _ in found[:64])
         step, step_from = self._step(line, piece, offset, found)
-        self._counters(found, number, step)
+        self._counters([pair for pair in found if _separated(piece, pair[2])], number, step)
         missing = self._missing_loss(found)
         bad = [
             (key, value, at)
@@ -216,7 +300,9 @@ class MetricLines:
         values = [(key, value) for key, value, _ in bad] + missing
         if self.provisional is not None and step_from == "the line":
             self._confirm(found, bool(bad), number)
-        if bad and len(found) >= 2:
+        if self.first is not None and self.first.line != number:
+            self._recovery(found, bad, number)
+        if bad and (len(found) >= 2 or loose):
             if self.first is None:
                 self._first(line, number, found, values, step=step, step_from=step_from)
             else:
@@ -226,6 +312,27 @@ class MetricLines:
             self.weak.weak = True
         if step is not None and step_from == "the line":
             self.explicit, self.explicit_line = step, number
+        if offset == 0 and piece is line:
+            self._shape(piece, bad or missing)
+
+    def watched(self) -> bytes | None:
+        """The key (lowered) of a first reading whose gradient norm alone went non-finite, the loss finite: later
+        lines holding it are read (finite ones too) to see whether it recovers."""
+        first = self.first
+        if first is None or self.recovered is not None or self.relapsed or not _norm_only(first):
+            return None
+        return first.values[0][0].lower().encode("utf-8", "replace")
+
+    def _recovery(self, found, bad, number: int) -> None:
+        """A line after a norm-only first reading: the norm finite again (recovered), or a loss non-finite."""
+        if not _norm_only(self.first) or self.recovered is not None or self.relapsed:
+            return
+        if any(_loss_key(key) for key, _, _ in bad):
+            self.relapsed = True
+            return
+        key = self.first.values[0][0]
+        if any(k == key and not _nonfinite(value) and _number(value) is not None for k, value, _ in found):
+            self.recovered = number
 
     def context(self, lines: list[bytes], clean) -> None:
         """Lines just before a candidate line (not read as candidates: all finite): the step they name and their
@@ -243,14 +350,15 @@ class MetricLines:
         found = bars(line)
         if found:
             self.bar, self.bar_line = found[-1].count, number
+            self.bar_done = found[-1].count == found[-1].total  # a finished loop (a dataset's map, an epoch)
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
                 self.first.step, self.first.step_from = self.bar, f"the progress bar after it, {found[-1].shown()}"
             self.pending = None
 
     def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
         """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
-        for key, value, _ in found:
-            if _is_step_key(key):
+        for key, value, at in found:
+            if _is_step_key(key) and not _percent(piece, at, value):
                 number = _number(value.strip("'\"").split("/")[0])
                 if number is not None and math.isfinite(number):
                     return int(number), "the line"
@@ -314,7 +422,7 @@ class MetricLines:
         after = None
         if step is None and self.explicit is not None:
             after = self.explicit
-        elif step is None and self.bar is not None and number - self.bar_line <= LOOKAHEAD:
+        elif step is None and self.bar is not None and number - self.bar_line <= LOOKAHEAD and not self.bar_done:
             step, step_from = self.bar, "the progress bar before it"
         finite = {
             key: number_
@@ -325,7 +433,7 @@ class MetricLines:
         }  # fmt: skip
         model = model_of([key for key, value in values if value != "missing"], {key.lower() for key, _, _ in found})
         contradicted = contradiction(values, found)
-        said = points_to(values, finite, model)
+        said = points_to(values, finite, model, found)
         if contradicted is not None:
             said = (f"the progress bar's running mean only: its {values[0][0]} (a mean over the last training steps) "
                     f"is {values[0][1]} while {contradicted} on the same line are finite: not a NaN failure by "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from nanscope.facts.metric_names import BEFORE_UPDATE, REWARDS
+
 # keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
 _PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train/chosen", "logps_train/chosen")
 _RL = ("reward", "reward_std", "kl", "ppo_kl", "advantages", "returns", "completion_length", "act_loss")
@@ -53,16 +55,33 @@ def contradiction(bad: list[tuple[str, str]], found: list[tuple[str, str, int]])
     return ", ".join(f"{key} {value}" for key, value in finite[:3])
 
 
+# a reward model's outputs on a preference pair, as its trainer logs them (a DPO log names log-probs beside them)
+_PAIRWISE = ("chosen reward", "reject reward", "rejected reward", "chosen rewards", "rejected rewards")
+
+
+def _prefixed(low: str) -> tuple[str | None, str | None]:
+    """The model a key's prefix names, at its start or after leading path parts (`train/actor/grad_norm`)."""
+    parts = low.split("/")
+    for i in range(len(parts)):
+        rest = "/".join(parts[i:])
+        prefix = next((prefix for prefix, _ in _MODELS if rest.startswith(prefix)), None)
+        if prefix is not None:
+            return prefix, dict(_MODELS)[prefix]
+    return None, None
+
+
 def model_of(bad: list[str], keys: set[str]) -> str | None:
     """The one model whose metrics went non-finite: a key's prefix (`actor/`, `critic/`, ...) names it; in a
     preference or RL log the unprefixed loss, gradient norm, log-probs and rewards are the policy's. None: several
     models, or only a logged statistic (kl, logits, clip ratios) that is no model's failure."""
     models = set()
     rl = any(key in keys for key in _PREFERENCE + _RL)
+    preference = any(key in keys for key in _PREFERENCE) or any("logps" in key or "nll" in key for key in keys)
     for key in bad:
         low = key.lower()
-        prefix = next((prefix for prefix, _ in _MODELS if low.startswith(prefix)), None)
-        named = dict(_MODELS)[prefix] if prefix is not None else None
+        prefix, named = _prefixed(low)
+        if prefix is None and not preference and low.replace("_", " ") in _PAIRWISE:
+            named = "reward model"  # a pairwise reward model's scores of the chosen and rejected answers
         if prefix is None and rl and any(low.split("/")[0].startswith(word) for word in _PRIMARY):
             named = "policy"
         if named is not None:
@@ -70,8 +89,34 @@ def model_of(bad: list[str], keys: set[str]) -> str | None:
     return models.pop() if len(models) == 1 else None
 
 
-def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str | None) -> str:
-    """What the first non-finite metrics point to, from what else the line shows."""
+def _before_update(key: str) -> str | None:
+    """What a metric computed from the rollout before the update is (facts.metric_names), or None."""
+    low = key.lower()
+    return next((what for part, what in BEFORE_UPDATE if part in low), None)
+
+
+def _rewards_finite(found) -> list[str]:
+    """The reward or score values a line prints finite (`rollout/rewards=0.00195`)."""
+    return [
+        f"{key} {value}"
+        for key, value, _ in found or ()
+        if any(part in key.lower() for part in REWARDS) and not _before_update(key)
+        and (number := _number(value)) is not None and math.isfinite(number)
+    ][:2]  # fmt: skip
+
+
+def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str | None, found=None) -> str:
+    """What the first non-finite metrics point to, from what else the line shows (`found`: all its pairs)."""
+    before = _before_update(bad[0][0]) if bad and bad[0][1] != "missing" else None
+    if before is not None:
+        rewards = _rewards_finite(found)
+        if rewards:
+            return (f"{before}, computed from the rollout before the update, while the rewards are finite "
+                    f"({', '.join(rewards)}): that computation (a normalisation over a group's rewards is 0/0 where "
+                    "they are all equal and no epsilon guards the std), not the loss; the update's loss and gradient "
+                    "follow")  # fmt: skip
+        return (f"{before}, computed from the rollout before the update: the rewards or values they are computed "
+                "from, not the loss; the update's loss and gradient follow")  # fmt: skip
     keys = [key.lower() for key, _ in bad]
     last = [key.rsplit("/", 1)[-1] for key in keys]
     loss_ok = any(k.rsplit("/", 1)[-1] in ("loss", "lm loss") and abs(v) > 0 for k, v in finite.items())

@@ -32,7 +32,9 @@ NEEDLES = (
     b"error detected in",
     b"device-side assert",
     b"assertion `",
-    b"watchdog caught collective",
+    b"watchdog caught",
+    b"nccl operations have failed",
+    b"in a row due to overflow",
     b"/it",
     b"it/s",
     b"consumed samples",
@@ -67,6 +69,11 @@ def _before(block: bytes, start: int, count: int) -> list[bytes]:
         out.append(block[begin:end][:4096])
         end = begin - 1
     return out[::-1]
+
+
+def _blank_since(block: bytes, start: int, count: int) -> bool:
+    """One of the `count` lines before the one at `start` is blank (at most 2 looked at)."""
+    return 0 < count <= 2 and any(not line.strip() for line in _before(block, start, count))
 
 
 STALE_WITHIN = 20  # lines after an overflow where the next logged grad_norm is the skipped step's
@@ -136,7 +143,10 @@ class Nonfinite:
         are the first of their log, with the offset of their line."""
         out, counted, lines, consumed = [], 0, lines_before, -1
         extra = (b"grad_norm",) if self.overflow is not None and self.stale is None else ()
-        for start in candidate_starts(block, extra):
+        watched = self.metrics.watched()  # a norm-only first reading: its later lines, finite ones too
+        extra += (watched,) if watched is not None else ()
+        starts = candidate_starts(block, extra)
+        for start in starts:
             lines += block.count(b"\n", counted, start)
             counted = start
             if start <= consumed:
@@ -152,19 +162,39 @@ class Nonfinite:
             following = block[end + 1 : end + 301].split(b"\n", 1)[0]
             hit = read_line(text, lines + 1, previous[-300:], clean(following.decode("utf-8", "replace")))
             if hit is None:
-                joined, stop = record(block, start, end, clean)
+                joined, stop, first = record(block, start, end, clean)
                 consumed = stop if stop > end else consumed
-                self._metric_line(block, start, joined, lines + 1, clean)
+                head = lines + 1 - block.count(b"\n", first, start)  # the record's first line: its context before it
+                self._metric_line(block, first, joined, lines + 1, clean, head=head)
                 continue
             self._signal(block, start, hit, text, clean)
-            if self._keep(hit, text):
+            if self._keep(hit, text, _blank_since(block, start, hit.line - self.metrics.bar_line - 1)):
                 out.append((start, hit))
+        if watched is None and self.metrics.watched() is not None:  # the first reading came in this block
+            self._watch(block, set(starts), lines_before, clean)
         return out
 
-    def _metric_line(self, block: bytes, start: int, text: str, number: int, clean) -> None:
-        """A metric line: its values (launch.metric_lines), and the step it gives an evidence line still without one."""
-        if self.metrics.first is None and number - self.last_line > 1:  # the lines before it not read yet: theirs
-            self.metrics.context(_before(block, start, min(CONTEXT_LINES, number - self.last_line - 1)), clean)
+    def _watch(self, block: bytes, read: set[int], lines_before: int, clean) -> None:
+        """The lines of `block` after a norm-only first reading that hold its key and were not read: finite ones,
+        where the norm may have recovered (literal search; each line once)."""
+        needle, low, first = self.metrics.watched(), block.lower(), self.metrics.first.line
+        at, counted, lines = low.find(needle), 0, lines_before
+        while at >= 0 and self.metrics.watched() is not None:
+            start = low.rfind(b"\n", 0, at) + 1
+            end = low.find(b"\n", at)
+            end = len(block) if end < 0 else end
+            lines += block.count(b"\n", counted, start)
+            counted = start
+            if lines + 1 > first and start not in read:
+                self.metrics.feed(clean(block[start:end].decode("utf-8", "replace")), lines + 1)
+            at = low.find(needle, end)
+
+    def _metric_line(self, block: bytes, start: int, text: str, number: int, clean, *, head: int | None = None) -> None:
+        """A metric line (a record joined from lines `head` .. `number`, its first at `start`): its values
+        (launch.metric_lines), and the step it gives an evidence line still without one."""
+        head = number if head is None else head
+        if self.metrics.first is None and head - self.last_line > 1:  # the lines before it not read yet: theirs
+            self.metrics.context(_before(block, start, min(CONTEXT_LINES, head - self.last_line - 1)), clean)
         self.last_line = number
         if self.overflow is not None and self.stale is None:
             self._stale(text, number)
@@ -219,16 +249,16 @@ class Nonfinite:
         if value is not None and number - line <= STALE_WITHIN:
             self.stale = (number, value, before)
 
-    def _keep(self, hit: Hit, text: str) -> bool:
-        """Count `hit` (its step from the progress bar it follows, where its line names none); True when it is the
-        log's first fatal one."""
+    def _keep(self, hit: Hit, text: str, parted: bool = False) -> bool:
+        """Count `hit` (its step from the progress bar it follows, where its line names none, and no blank line
+        `parted` them: a pasted excerpt's next part); True when it is the log's first fatal one."""
         signal = hit.signal
         timeout = signal.id == "nccl-timeout"  # it fires a timeout after the step that failed: no step of its own
         logged = signal.id == "logged-nonfinite"  # it logs the step just done
         if hit.step is None and not timeout and hit.at:
             hit.step, hit.step_from = step_at(text, hit.at, logged=logged)
         bar, since = self.metrics.bar, hit.line - self.metrics.bar_line
-        if hit.step is None and not timeout and bar is not None and 0 < since <= 2:
+        if hit.step is None and not timeout and bar is not None and 0 < since <= 2 and not parted:
             hit.step = bar if logged else bar + 1
             hit.step_from = (f"the progress bar {since} line(s) before it, {bar} done"
                              + ("" if logged else ": the next step"))  # fmt: skip

@@ -17,6 +17,7 @@ from nanscope.launch.candidates import Candidate, core_of, judged, reported_cand
 from nanscope.launch.evidence import Framework
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.reported import Context
+from nanscope.launch.run_kind import RunKind
 from nanscope.launch.status import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE
 
 _LOSS = ("kl-exp-overflow", "logprob-drift", "ratio-exp-overflow")
@@ -30,14 +31,20 @@ def peer_candidates(
     pp: int | None = None,
     cp: int | None = None,
     core: str | None = "",
+    kind: RunKind | None = None,
 ) -> list[Candidate]:
     """Every catalogued and reported cause for a `framework` job (`view`: its launch's flags, None without one;
-    `core`: what points to megatron-core, None: nothing, and its own causes are not offered)."""
+    `core`: what points to megatron-core, None: nothing, and its own causes are not offered; `kind`: what the launch
+    trains, where it says: a run without rollouts gets none of the batch causes)."""
     out = []
     for hazard in catalogue.CATALOGUE:
         weighed = (*frameworks.WITH_ROLLOUTS, frameworks.MEGATRON_LM, frameworks.PAI)  # the latter: ruled out, said why
         if hazard is catalogue.HEALTHY or (framework.name not in weighed and hazard.level == "batch"):
             continue  # a job nothing names, or a pretraining stack's, is not known to have a policy loss or rollouts
+        if hazard.level == "batch" and kind is not None and not kind.rollouts:
+            # SFT, pretraining, DPO, a reward model: no rollouts, rollout log-probs or reward function
+            out.append(judged(hazard, RULED_OUT, [f"{kind.how}: {kind.words()}"], None, None))
+            continue
         if hazard.name in _LOSS:
             status, evidence = _loss(framework, hazard.name, view)
         elif hazard.level == "batch":

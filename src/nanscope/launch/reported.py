@@ -18,6 +18,7 @@ from nanscope.facts import frameworks, wordings
 from nanscope.facts.releases import SLIME_V0_1_0
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.status import ENABLED, RULED_OUT, UNDECIDABLE
+from nanscope.launch.words import count
 
 # Names of the new architectures whose sequence-parallel kernels real reports found NaN in (model paths, flags).
 _NEW_ARCHITECTURE = re.compile(r"qwen3[-_.]?next|qwen3[._]?[56]|gated.?delta|nemotron-h|mamba|hybrid", re.IGNORECASE)
@@ -183,7 +184,7 @@ def _verl_accumulation(context: Context) -> tuple[str, list[str]]:
     if mini is None or micro is None or not gpus:
         return UNDECIDABLE, ["ppo_mini_batch_size, ppo_micro_batch_size_per_gpu or the GPU count not given"]
     share = int(mini * n) // int(gpus)
-    arithmetic = f"ppo_mini_batch_size {mini:g} x rollout.n {n:g} / {gpus:g} GPUs = {share} per GPU"
+    arithmetic = f"ppo_mini_batch_size {mini:g} x rollout.n {n:g} / {count(gpus, 'GPU')} = {share} per GPU"
     where = "verl v0.4.1 verl/workers/actor/dp_actor.py:420"
     if share // int(micro) == 0:
         return ENABLED, [f"{arithmetic} < ppo_micro_batch_size_per_gpu {micro:g}: gradient_accumulation 0", where]

@@ -57,6 +57,14 @@ class Scales:
     def _floor(scale: float) -> bool:
         return scale <= 1.0  # DeepSpeed's min_loss_scale default 1 (a spent hysteresis also keeps the scale)
 
+    def calibrating(self, loss_step: int | None = None) -> bool:
+        """The series is a scale calibrating at a run's start (a high first scale halving, not far, early), and no
+        loss went non-finite: no NaN failure by itself."""
+        if self.first is None or self.floor is not None or self.regrew is not None or loss_step is not None:
+            return False
+        lowest = self.lowest if self.lowest is not None else self.first
+        return self.first >= HIGH and lowest >= LOW and (self.first_step is None or self.first_step <= EARLY)
+
     def sentence(self, loss_step: int | None = None) -> str | None:
         """What the series says, in one or two sentences (None: no scale printed)."""
         if self.first is None:

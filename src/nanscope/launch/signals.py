@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from nanscope.facts.signals import BY_ID, WORDING, Signal, Wording
+from nanscope.facts.signals import BY_ID, LOGGER_FILES, WORDING, Signal, Wording
 
 WINDOW = 2048  # characters read after an anchor (and 512 before it)
 MARKERS = (
@@ -44,6 +44,9 @@ MARKERS = (
     b"NaN or Inf found",
     b"python_anomaly_mode.cpp",
     b"Bad grad_norm detected",
+    b"Watchdog caught",
+    b"NCCL operations have failed",
+    b"iterations in a row due to Overflow",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _NUMBER = r"[\d.eE+-]{1,30}"
 _OVERFLOW = re.compile(
@@ -90,6 +93,9 @@ _SAYS = re.compile(
     r"|\b(?:detected|encountered|got)\s(?:an?\s)?(?:nan|inf)\b",
     re.IGNORECASE,
 )
+# every alternative of _SAYS holds one of these (a literal search first: _SAYS itself costs a Megatron log's every line)
+_SAYS_WORDS = ("is", "are", "was", "were", "became", "contain", "got", "gets", "detected", "occur", "has", "have",
+               "found", "encountered")  # fmt: skip
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
 _STEP = re.compile(r"\b(?:step|iteration|global_step)\s?[:=]?\s?(?P<step>\d{1,12})\b", re.IGNORECASE)
 
@@ -133,6 +139,8 @@ def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit 
     """The evidence `line` (the log's line `number`; `before`, `after`: the lines around it, for a wrapped one)
     holds."""
     hit = _known(unwrapped(line), before, after)  # a terminal's wrap re-joined with spaces, undone
+    if hit is None:
+        hit = _cut(line)
     if hit is None:
         hit = _generic(line)
     if hit is None:
@@ -183,7 +191,7 @@ def _window(line: str, anchor: str) -> tuple[str, int] | None:
 def _known(line: str, before: str, after: str) -> tuple[Signal, dict] | None:
     """The evidence of a named stack's line."""
     for anchor, reader in _READERS:
-        part = _window(line, anchor)
+        part = _window(line, anchor) if anchor in line else None  # a literal test first: most lines hold none
         if part is not None:
             read = reader(part[0], after if reader is _forward else before)
             if read is not None:
@@ -212,11 +220,10 @@ def _overflow(text: str, before: str):
     else:
         detail = "step skipped"
     ranks = [] if rank is None else [f"rank {rank} logs it (DeepSpeed prints it on rank 0 only)"]
-    shared = None
+    logger = _LOGGER.search(text)  # DeepSpeed's logger, whose file names the optimizer; ColossalAI's copy prints bare
+    named = LOGGER_FILES.get(logger["file"]) if logger is not None else None
     if "[deepscale]" in text:
         wording = "deepscale-overflow"
-        if _LOGGER.search(text) is not None:  # DeepSpeed's logger; ColossalAI's copy prints them bare
-            shared = "DeepSpeed 0.3's ZeRO stage 2 (its logger's prefix)"
     elif "dynamic loss scale overflow" in text:
         wording = "deepspeed-dynamic-overflow"
     elif "Overflow detected" in text:
@@ -225,7 +232,10 @@ def _overflow(text: str, before: str):
         wording = "deepspeed-overflow-rank" if rank is not None else "deepspeed-overflow-plain"
     scale = _float(match["scale"])
     after = _float(match["next"]) if match["next"] is not None else scale
-    said = WORDING[wording] if shared is None else replace(WORDING[wording], stacks=("deepspeed",), printed_by=shared)
+    said = WORDING[wording]
+    if named is not None:
+        said = replace(said, stacks=("deepspeed",), printed_by=f"{named[0]} (its logger's file, {logger['file']})",
+                       source=named[1])  # fmt: skip
     return BY_ID["deepspeed-overflow"], {"detail": detail, "ranks": ranks, "wording": said,
                                          "scale": scale, "next_scale": after}  # fmt: skip
 
@@ -237,7 +247,7 @@ def _float(text: str | None) -> float | None:
         return None
 
 
-_LOGGER = re.compile(r"\] \[\w{1,60}\.py:\d{1,6}:\w{1,60}\]")  # DeepSpeed's logger: `[INFO] [stage2.py:1357:step]`
+_LOGGER = re.compile(r"\] \[(?P<file>\w{1,60}\.py):\d{1,6}:\w{1,60}\]")  # DeepSpeed's: `[INFO] [stage2.py:1357:step]`
 _ITERATION_OVERFLOW = re.compile(r"Grad overflow on iteration:? (?P<step>\d{1,12})")
 _DEEPSPEED_LOGGER = ("_update_scale]", "fused_optimizer.py:", "[deepspeed]")
 
@@ -269,6 +279,21 @@ def _scaler(text: str, before: str):
         "detail": "step skipped" + (f", loss scale -> {scale['scale']}" if scale else ""),
         "wording": WORDING[wording] if wording else None,
         "next_scale": _float(scale["scale"]) if scale else None,
+    }
+
+
+_IN_A_ROW = re.compile(r"Skipped (?P<count>\d{1,9}) iterations in a row due to Overflow")
+
+
+def _overflow_exit(text: str, before: str):
+    """gpt-neox's OverflowMonitor: N consecutive overflow-skipped steps end the run."""
+    match = _IN_A_ROW.search(text)
+    if match is None:
+        return None
+    return BY_ID["overflow-exit"], {
+        "op": "Exception",
+        "detail": f"{match['count']} consecutive steps skipped on overflow: the run ended",
+        "wording": WORDING["gpt-neox-overflow-monitor"],
     }
 
 
@@ -368,12 +393,48 @@ def _logged(text: str, before: str):
 # (literal anchor, reader of the window around it), in order: the first that reads the line wins
 _READERS = (
     ("OVERFLOW!", _overflow), ("loss scale overflow!", _overflow), ("Overflow detected", _overflow),
-    ("Grad overflow on iteration", _grad_overflow), ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
+    ("Grad overflow on iteration", _grad_overflow), ("in a row due to Overflow", _overflow_exit), ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
     ("Error detected in", _forward),
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
 )  # fmt: skip
+
+
+# Known evidence lines cut at their end (an excerpt's last line, a log viewer's width): the wording (`0` for any
+# number), the length of its shortest prefix that names it, and the reader of what is left of it. A line that ends
+# inside the wording, past that prefix, is that evidence, said to be cut.
+_CUTS = (
+    ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=0, OpType=", 15, "nccl-timeout"),
+    ("Some NCCL operations have failed or timed out", 14, "nccl-timeout"),
+    ("OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 0, reducing to 0", 14, "deepspeed-overflow"),
+    ("Current loss scale already at minimum - cannot decrease scale anymore", 26, "loss-scale-minimum"),
+    ("probability tensor contains either `inf`, `nan` or element < 0", 20, "probability-assert"),
+    ("Skipped 0 iterations in a row due to Overflow", 22, "overflow-exit"),
+)  # fmt: skip
+_DIGITS = re.compile(r"\d{1,40}(?:\.\d{1,40})?")
+_WAITING = re.compile(r"\[Rank (?P<rank>\d{1,9})\]\s?\Z")
+
+
+def _cut(line: str) -> tuple[Signal, dict] | None:
+    """A known evidence line cut before its end: the signal its prefix names (`_CUTS`), said to be cut."""
+    tail = line.rstrip()[-400:]
+    for wording, shortest, signal in _CUTS:
+        at = tail.find(wording[:shortest])
+        if at < 0:
+            continue
+        rest = _DIGITS.sub("0", tail[at:])
+        if len(rest) >= len(wording) or not wording.startswith(rest):
+            continue
+        fields = {"detail": f"cut at its end: {tail[at:][:120]}"}
+        waiting = _WAITING.search(tail, 0, at)
+        if signal == "nccl-timeout" and waiting is not None:
+            fields["ranks"] = [f"rank {waiting['rank']} waited (the watchdog's rank)"]
+        rank = re.match(r"OVERFLOW! Rank (\d{1,9})", tail[at:])
+        if signal == "deepspeed-overflow" and rank is not None:
+            fields["ranks"] = [f"rank {rank[1]} logs it (DeepSpeed prints it on rank 0 only)"]
+        return BY_ID[signal], fields
+    return None
 
 
 def _generic(line: str) -> tuple[Signal, dict] | None:
@@ -382,7 +443,8 @@ def _generic(line: str) -> tuple[Signal, dict] | None:
     error = _ERROR.search(head) if ("Error" in head or "Exception" in head) else None
     if error is not None and _NONFINITE.search(error["msg"]) is not None:
         return BY_ID["nonfinite-error"], {"op": error["exc"], "detail": error["msg"].strip()[:200]}
-    says = _SAYS.search(head)
+    low = head.lower()
+    says = _SAYS.search(head) if any(word in low for word in _SAYS_WORDS) else None
     if says is not None:
         return BY_ID["nonfinite-message"], {"detail": says.group(0)[:200]}
     return None

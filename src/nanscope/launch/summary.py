@@ -17,6 +17,7 @@ _FRAME_MODELS = {
     "update_critic": "critic", "compute_values": "critic", "update_policy": "actor", "update_actor": "actor",
     "compute_ref_log_prob": "reference", "compute_rm_score": "reward model", "_generate_and_score_completions":
     "policy", "generate_sequences": "policy", "_prepare_inputs": "policy", "compute_log_prob": "policy",
+    "trainer.generate": "policy",  # an RL trainer's generate samples from the policy (TRL's PPOTrainer.generate)
 }  # fmt: skip
 _RANK_TAG = "[rank"
 
@@ -49,12 +50,13 @@ class Summary:
     points_to: str | None = None
     lines: dict[str, int] = field(default_factory=dict)
     contradicted: str | None = None  # finite values that contradict the non-finite one: no NaN failure by itself
+    benign: str | None = None  # why the text shows no NaN failure (a scale calibrating, every value finite, ...)
 
     def to_dict(self) -> dict:
         return {
             "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step, "model": self.model,
             "metric": self.metric, "op": self.op, "points_to": self.points_to, "lines": dict(self.lines),
-            "contradicted": self.contradicted,
+            "contradicted": self.contradicted, "benign": self.benign,
         }  # fmt: skip
 
 
@@ -70,15 +72,17 @@ def summarize(traceback) -> Summary:
         out.step = step if step is not None and step >= 0 else None
         out.lines.update(dict.fromkeys(("rank", "check"), failure.line))
         out.points_to = failure.signal.means if failure.signal is not None else None
-    elif traceback.prefix_rank is not None:
-        out.rank = traceback.prefix_rank
+    if out.rank is None and traceback.prefix_rank is not None and not _waiting(failure):
+        out.rank = traceback.prefix_rank  # the one rank whose traceback the log shows (a cut one's)
     if reading is not None:
         out.metric, out.model = reading.metric, reading.model
         if out.kind in (None, "NaN or Inf") and (failure is None or failure.format == "signal"):
             out.kind = _kind(reading.values) or out.kind
         out.lines["metric"] = reading.line
-        if out.step is None and (failure is None or failure.format == "signal"):
-            out.step = reading.step
+        if reading.step is not None and (failure is None or failure.format == "signal"):
+            soft = failure is None or not failure.signal.fatal
+            if out.step is None or (soft and reading.step < out.step):
+                out.step = reading.step  # a skip or a warning after the first non-finite value: the value's step
         out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
     elif (
         failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
@@ -101,7 +105,40 @@ def summarize(traceback) -> Summary:
         out.contradicted, out.step = reading.contradicted, None if failure is None else out.step
     if out.model is None:
         out.model = _frame_model(traceback.frames)
+    out.benign = benign(traceback, out)
     return out
+
+
+def benign(traceback, out: Summary) -> str | None:
+    """Why the text shows no NaN failure, in words (None: it shows one, or cannot tell): a loss scale calibrating at a
+    run's start, a gradient norm non-finite on isolated steps and finite after with the loss finite (a dynamic loss
+    scaler's skipped steps), a progress bar's running mean contradicted, or every value finite (a hang at most)."""
+    seen, failure = traceback.nonfinite, traceback.failure
+    metrics = seen.metrics
+    if out.contradicted is not None:
+        return f"a progress bar's running mean only, while {out.contradicted} on the same line are finite"
+    soft = failure is None or (failure.format == "signal" and not failure.signal.fatal)
+    if failure is not None and failure.signal is not None and failure.signal.id.endswith("overflow") and soft:
+        if (metrics.first is None or metrics.first.contradicted) and seen.scales.calibrating(seen.loss_step()):
+            return "the fp16 loss scale calibrating at the run's start (a high first scale halving), no loss non-finite"
+    first = metrics.first
+    if first is not None and metrics.recovered is not None and not metrics.relapsed and soft:
+        return (f"{first.metric} non-finite on isolated steps (line {first.line}) and finite again (line "
+                f"{metrics.recovered}), the loss finite throughout: the pattern of a dynamic loss scaler skipping "
+                "overflowing steps")  # fmt: skip
+    quiet = first is None and metrics.weak is None and not metrics.counters and not traceback.frames
+    watchdog = failure is not None and failure.signal is not None and failure.signal.id == "nccl-timeout"
+    printed = bool(metrics.keys) or traceback.metrics.seen  # metric lines were read
+    if quiet and watchdog:
+        return "a collective timed out (a hang or a dead rank), and no value the text prints is non-finite"
+    if quiet and failure is None and printed:
+        return "every value the text prints is finite"
+    return None
+
+
+def _waiting(failure) -> bool:
+    """A watchdog's timeout: the ranks its lines name waited, none of them failed."""
+    return failure is not None and failure.signal is not None and failure.signal.id == "nccl-timeout"
 
 
 def _kind(values: list[tuple[str, str]]) -> str | None:

@@ -18,6 +18,7 @@ from nanscope.errors import UserError
 from nanscope.facts.flags import BY_NAME
 from nanscope.launch.config import Config
 from nanscope.launch.ranks import Grid
+from nanscope.launch.words import count
 
 MAX_WORLD = 1 << 20  # ranks (1,048,576): more GPUs than any cluster has; a larger world is refused in one line
 MAX_LAYERS = 1 << 16  # decoder layers
@@ -116,7 +117,7 @@ class Topology:
         if not 0 <= rank < self.world:
             raise UserError(
                 f"rank {rank} is outside the world: 0..{self.world - 1} "
-                f"(= {self.nodes} nodes x {self.gpus_per_node} GPUs)"
+                f"(= {count(self.nodes, 'node')} x {count(self.gpus_per_node, 'GPU')})"
             )
         coord = self.coord(rank)
         stage = self.stages[coord["pp"]] if self.stages else None

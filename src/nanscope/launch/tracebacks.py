@@ -16,7 +16,7 @@ from nanscope.facts import frameworks
 from nanscope.facts.megatron import Check, core_frame
 from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
 from nanscope.launch.failure import Failure
-from nanscope.launch.frames import Frame, parse_frames
+from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
 from nanscope.launch.logs import Found, read_log, scan
 from nanscope.launch.metrics import Metrics
 from nanscope.launch.nonfinite import Nonfinite
@@ -40,6 +40,7 @@ class Traceback:
     notes: list[str] = field(default_factory=list)  # how the text was read, and what of it was not
     nonfinite: Nonfinite = field(default_factory=Nonfinite)  # other stacks' evidence lines, the metric lines
     prefix_rank: int | None = None  # the one rank the traceback's `[rankN]:` prefixes name (a cut traceback's rank)
+    interleaved: bool = False  # several processes' frames glued mid-line, without an error line: each frame once
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
@@ -47,6 +48,16 @@ class Traceback:
         named = any(hit.metric for hit in self.nonfinite.first.values())  # an evidence line names the metric
         exact = self.nonfinite.metrics.first is not None or named
         return [e for e in self.metrics.excursions.values() if not (exact and not math.isfinite(e.value))]
+
+    def reaches(self) -> tuple[str, Frame] | None:
+        """What the frames reach, by the most specific component any of them is in (facts.frameworks.COMPONENTS),
+        and that frame; None: none known."""
+        paths = [("/" + frame.path.replace("\\", "/").lstrip("/"), frame) for frame in self.frames]
+        for suffix, what in frameworks.COMPONENTS:
+            frame = next((frame for path, frame in paths if suffix in path), None)
+            if frame is not None:
+                return what, frame
+        return None
 
     def megatron_frames(self) -> tuple[tuple[str, int, str], ...]:
         """The frames inside megatron-core, outermost first: (file basename, line, function)."""
@@ -75,6 +86,8 @@ def read_traceback(path: str) -> Traceback:
 
 def _traceback(found: Found | None, origin: str) -> Traceback:
     frames, ip = parse_frames(found.context) if found is not None else ([], None)
+    mixed = found is not None and found.failure is None and interleaved(found.context)
+    frames = unique(frames) if mixed else frames
     framework = framework_of(frames, _named_lines(found), found.nonfinite.metrics.keys if found is not None else set())
     if framework is UNKNOWN and found is not None:  # an evidence line only one stack prints names it
         hit = next((hit for hit in found.nonfinite.first.values() if _one_stack(hit) is not None), None)
@@ -109,6 +122,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         notes=found.notes,
         nonfinite=found.nonfinite,
         prefix_rank=prefix_rank(found.raw),
+        interleaved=mixed,
     )
 
 

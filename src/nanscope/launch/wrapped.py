@@ -13,12 +13,14 @@ one: Megatron's own timer line (`time (ms) | forward-compute: ...`) stays apart.
 a next one that starts inside it are joined without a space (a hard wrap at the terminal's width loses no
 character).
 
-    text, end = record(block, start, end, clean)   # the joined record around the line at start:end, where it ends
+    text, end, first = record(block, start, end, clean)   # the joined record around the line at start:end,
+                                                         # where it ends, where its first line starts
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 MAX_PIECES = 8  # lines of one record
 _REACH = 64 * 1024  # bytes before a piece where its head must start
@@ -31,14 +33,13 @@ def _piece(text: str) -> bool:
     return "|" in text and _PIECE.search(text, 0, 2048) is not None and _HEAD.search(text, 0, 2048) is None
 
 
-def _lines_before(block: bytes, start: int, count: int) -> list[tuple[int, int]]:
-    """(start, end) of up to `count` lines before the one at `start`, nearest first."""
-    out, end = [], start - 1
-    while end > 0 and len(out) < count:
+def _lines_before(block: bytes, start: int, count: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of up to `count` lines before the one at `start`, nearest first (as the caller walks back)."""
+    end = start - 1
+    while end > 0 and count > 0:
         begin = block.rfind(b"\n", 0, end) + 1
-        out.append((begin, end))
-        end = begin - 1
-    return out
+        yield begin, end
+        end, count = begin - 1, count - 1
 
 
 def _lines_after(block: bytes, end: int, count: int) -> list[tuple[int, int]]:
@@ -59,30 +60,33 @@ def _join(pieces: list[str]) -> str:
     return out
 
 
-def record(block: bytes, start: int, end: int, clean) -> tuple[str, int]:
-    """The Megatron record the line at block[start:end] belongs to, joined, and the offset where it ends; the line
-    itself (and `end`) when it is no wrapped record's part. `clean`: a decoded line as a terminal shows it."""
+def record(block: bytes, start: int, end: int, clean) -> tuple[str, int, int]:
+    """The Megatron record the line at block[start:end] belongs to, joined, the offset where it ends and the offset
+    where its first line starts; the line itself (`end`, `start`) when it is no wrapped record's part. `clean`: a
+    decoded line as a terminal shows it."""
     text = clean(block[start:end].decode("utf-8", "replace"))
-    lines = [text]
+    lines, first = [text], start
     if not _HEAD.search(text, 0, 2048):
         if not _piece(text) or block.rfind(b"iteration", max(0, start - _REACH), start) < 0:
-            return text, end  # no head within reach: a literal search, not a walk back
+            return text, end, start  # no head within reach: a literal search, not a walk back
         head = None
         for begin, stop in _lines_before(block, start, MAX_PIECES):
             before = clean(block[begin:stop].decode("utf-8", "replace"))
-            if _HEAD.search(before, 0, 2048) and "|" in before:
-                head = before
+            if "|" not in before:
+                return text, end, start
+            if _HEAD.search(before, 0, 2048):
+                head, first = before, begin
                 break
-            if not _piece(before) or any(last in before for last in _LAST):
-                return text, end
+            if any(last in before for last in _LAST) or _PIECE.search(before, 0, 2048) is None:
+                return text, end, start
             lines.insert(0, before)
         if head is None:
-            return text, end
+            return text, end, start
         lines.insert(0, head)
     elif "|" not in text:
-        return text, end
+        return text, end, start
     if any(last in " ".join(lines) for last in _LAST):
-        return _join(lines), end
+        return _join(lines), end, first
     for begin, stop in _lines_after(block, end, MAX_PIECES):
         after = clean(block[begin:stop].decode("utf-8", "replace"))
         if not after.strip() or not _piece(after):
@@ -91,4 +95,4 @@ def record(block: bytes, start: int, end: int, clean) -> tuple[str, int]:
         end = stop
         if any(last in after for last in _LAST):
             break
-    return _join(lines), end
+    return _join(lines), end, first

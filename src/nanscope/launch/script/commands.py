@@ -51,11 +51,14 @@ def train_command(words: list[str]) -> tuple[str, list[str], list[str]] | None:
 
 
 # Launchers whose options come before the training script or module; training CLIs and their subcommands.
-_LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "torch.distributed.run", "torch.distributed.launch")
+_LAUNCHERS = ("torchrun", "deepspeed", "accelerate", "torch.distributed.run", "torch.distributed.launch", "colossalai")
 _CLIS = {
     "megatron": ("sft", "pt", "rlhf", "rlhf_grpo"),  # ms-swift's Megatron backend
     "swift": ("sft", "pt", "rlhf"),
     "nemo": ("llm",),
+    "xtuner": ("train",),  # `NPROC_PER_NODE=8 xtuner train CONFIG --deepspeed deepspeed_zero2`
+    "llamafactory-cli": ("train",),  # `llamafactory-cli train config.yaml`
+    "tune": ("run",),  # torchtune's `tune run --nproc_per_node 8 RECIPE --config CONFIG`
 }
 
 

@@ -17,6 +17,7 @@ def to_dict(diagnosis) -> dict:
         "slime_release": release_dict(diagnosis),
         "framework": diagnosis.framework.to_dict(),
         "megatron_core_evidence": diagnosis.megatron_core,
+        "run_kind": None if diagnosis.run_kind is None else diagnosis.run_kind.to_dict(),
         "inputs": _inputs(diagnosis),
         "config": None
         if cfg is None

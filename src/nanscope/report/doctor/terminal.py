@@ -8,6 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from nanscope.facts import frameworks
+from nanscope.launch.words import count
 from nanscope.report.doctor.shared import (
     MAX_STAGE_ROWS,
     failure_lines,
@@ -124,7 +125,7 @@ def _layout_section(diagnosis, console) -> None:
         console,
         "layout",
         f"world {layout.world}{' (inferred: a lower bound, see below)' if diagnosis.inferred else ''} = "
-        f"{layout.nodes} nodes x {layout.gpus_per_node} GPUs;  TP {layout.tp}  "
+        f"{count(layout.nodes, 'node')} x {count(layout.gpus_per_node, 'GPU')};  TP {layout.tp}  "
         f"PP {layout.pp}  CP {layout.cp}  DP {layout.dp} (= {layout.world}/({layout.tp}*{layout.pp}*{layout.cp}))"
         f"  EP {layout.ep}  ETP {layout.etp}  expert DP {layout.edp}"
         + (f"  VPP {layout.vpp}" if layout.vpp else "")

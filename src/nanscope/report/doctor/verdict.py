@@ -36,8 +36,16 @@ def verdict(diagnosis) -> str:
         if name == "unknown":
             parts.append("slime's rules do not apply to it.")
         else:
-            parts.append(f"slime's rules do not apply: the launch is {name}'s, and each cause is weighed by {name}'s "
-                         "own code and flags.")  # fmt: skip
+            parts.append(f"slime's rules do not apply: the launch is {_owner(name)}, and each cause is weighed by "
+                         f"{_owner(name)} own code and flags.")  # fmt: skip
+        if diagnosis.run_kind is not None:
+            kind = diagnosis.run_kind
+            ruled = (
+                ""
+                if kind.rollouts
+                else ": the RL causes (a KL's or a ratio's exp, a reward's NaN, rollout log-probs) are ruled out"
+            )
+            parts.append(f"The run is {kind.words()} ({kind.how}){ruled}.")
         if diagnosis.findings:
             parts.append(
                 "The launch script gives values that are no size: "
@@ -78,6 +86,8 @@ def _metric_sentences(diagnosis) -> list[str]:
         said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step())
         if said:
             parts.append(said)
+    if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
+        parts.append(f"Not a NaN failure by itself: {summary.benign}.")
     return parts
 
 
@@ -109,6 +119,12 @@ def _failure_sentences(diagnosis) -> list[str]:
         rank = traceback.prefix_rank
         said = f" (rank {rank}'s: its lines' [rank{rank}]: prefixes)" if rank is not None else ""
         parts.append(f"The traceback{said} ends before its error line: only its frames say what happened.")
+        if traceback.interleaved:
+            parts.append("The frames of several processes interleave in it (lines glued mid-line): each is read once.")
+        if (reached := traceback.reaches()) is not None:
+            what, frame = reached
+            parts.append(f"Its frames reach {what} ({frame.path.replace(chr(92), '/').rsplit('/', 1)[-1]}:"
+                         f"{frame.line} {frame.function}).")  # fmt: skip
     else:
         parts.append("The log has no error line: only its metric lines say what happened.")
     parts += [f"Its {excursion.text()}." for excursion in traceback.excursions()]
@@ -130,8 +146,12 @@ def _framework_sentence(diagnosis) -> str:
             "weighed."
         )
     release = f" {framework.release}" if framework.release else ""
-    owner = f"{framework.name}{release}" + ("'" if f"{framework.name}{release}".endswith("s") else "'s")
-    return f"The job is {owner} ({balanced(framework.how)})."
+    return f"The job is {_owner(framework.name + release)} ({balanced(framework.how)})."
+
+
+def _owner(name: str) -> str:
+    """`name`'s, or `name`' where it ends in s (transformers')."""
+    return name + ("'" if name.endswith("s") else "'s")
 
 
 def _rank_sentences(diagnosis) -> list[str]:

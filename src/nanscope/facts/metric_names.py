@@ -1,0 +1,24 @@
+"""What a logged metric's name says about when it was computed: an RL trainer computes some of its metrics from the
+rollout before the update (the rewards, then the advantages and returns from them, the critic's values, the KL in
+the reward), and the update's loss, gradient norm and ratio statistics after. A non-finite value that first shows in
+one computed before the update points to that computation, not to the loss.
+
+    verl v0.9.0 verl/trainer/ppo/metric_utils.py:429-566 (compute_data_metrics: critic/score, critic/rewards,
+        critic/advantages, critic/returns, critic/values, logged from the batch the update then reads)
+    verl v0.9.0 verl/trainer/ppo/core_algos.py:308-331 (GRPO's advantage: (score - group mean) / (group std +
+        epsilon): a normaliser without its epsilon is 0/0 on a group of identical rewards)
+    RLinf (issue RLinf#273): rollout/rewards, rollout/advantages_mean/max/min, then train/actor/* in one postfix
+
+    BEFORE_UPDATE: name part (lowered) -> what it is
+"""
+
+from __future__ import annotations
+
+BEFORE_UPDATE = (
+    ("advantage", "the advantages"),
+    ("returns", "the returns"),
+    ("values", "the critic's value estimates"),
+    ("critic/kl", "the KL penalty in the reward"),
+)
+# name parts of the reward a trainer scores the rollout with (finite: the advantage computation is what went wrong)
+REWARDS = ("reward", "score", "return")
