@@ -33,10 +33,17 @@ class Seen:
 
 
 def environ(pid: int) -> dict | None:
-    """hidden_cuda.NAMES in /proc/PID/environ (None: the process is gone or not readable)."""
+    """hidden_cuda.NAMES in /proc/PID/environ (None: the process is gone, not readable, or in the middle of exec).
+
+    An empty environ is not a process started with no variables: it is one caught inside execve, after the kernel
+    installed the new image's memory and before it copied the environment there (mm->env_end still 0), or a zombie.
+    CI saw Ray's RuntimeEnvAgent so, between its fork from the raylet and its exec; the next poll reads it whole.
+    """
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
+        return None
+    if not raw:
         return None
     pairs = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
     return {name: (pairs[name.encode()].decode() if name.encode() in pairs else UNSET) for name in hidden_cuda.NAMES}
