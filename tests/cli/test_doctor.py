@@ -629,6 +629,7 @@ def _bomb(d) -> str:
     return f'X="$(( {number} ))"\n'
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
 @given(d=st.data())
 def test_generated_bash_bombs_are_one_line_each(d):

@@ -150,6 +150,7 @@ def test_an_input_or_another_output_as_target_is_refused_and_kept(work):
     assert not (work / "same.json").exists() and not (work / "x.json").exists()
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 @pytest.mark.timeout(400)
 def test_write_demo_keeps_an_existing_file_unless_forced_and_list_modules_checks_its_flags(work):
     argvs = [
@@ -175,6 +176,7 @@ def test_write_demo_keeps_an_existing_file_unless_forced_and_list_modules_checks
     assert (work / "new" / "deeper" / "12.pt").stat().st_size > 0
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_write_demo_force_replaces_and_a_replaced_output_keeps_its_mode(tmp_path):
     (tmp_path / "old.pt").write_bytes(b"a file the user keeps")
     (tmp_path / "real.json").write_text("the old report\n")
@@ -274,6 +276,7 @@ def test_a_write_that_fails_half_way_leaves_the_old_file_whole(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json"]
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 @pytest.mark.timeout(700)
 def test_write_demo_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     """issue 42: torch's inline_container.cc message and empty directories; now the disk's reason, nothing left."""

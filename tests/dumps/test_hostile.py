@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -202,6 +203,7 @@ def _nesting(d, path: Path) -> tuple[list[str], str]:
     }[field]
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 @settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
 @given(d=st.data())
 def test_generated_hostile_dumps_are_one_line_each(d):
@@ -215,6 +217,7 @@ def test_generated_hostile_dumps_are_one_line_each(d):
         assert_refused(scan_isolated(cases), expected)
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_a_list_shared_by_every_sample_is_refused_past_the_budget(tmp_path):
     """4,000 samples naming one 10,000-entry list: 40M entries to convert from a file of ~0.2 MB."""
     cases = []
@@ -252,6 +255,7 @@ def flood_line(path: Path, op: bytes, table: list[int]) -> str:
     )
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_opcode_floods_are_refused_within_their_budget(tmp_path):
     """20 MB of one allocating opcode built 1.7-4.8 GB of objects before issue 24 (here it dies of the 2 GiB
     limit); now the restricted unpickler refuses each at its budget, 8 bytes a byte + 32 MiB (201 MB), and
@@ -268,6 +272,7 @@ def test_opcode_floods_are_refused_within_their_budget(tmp_path):
         assert res["grew"] < pickle_budget.budget(size) + size + 32 * 2**20, (name, res["grew"] / 2**20)
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_one_run_of_millions_of_ints_stays_small(tmp_path):
     """One APPENDS of 8M mixed int opcodes (20 MB): before issue 24 the run's regex kept state for every
     opcode (57 bytes a byte) and the C unpickler a Python list of every int: 1.0 GB of RSS. Now the run is

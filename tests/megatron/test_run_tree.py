@@ -4,6 +4,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from nanscope.megatron import proctree
 from nanscope.megatron.proctree import StopSignals
 
@@ -51,6 +53,7 @@ DETACH = (
 )
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_a_process_that_detaches_from_a_root_that_adopts_orphans_dies_at_the_deadline(tmp_path):
     # issue 42: a train.py that detaches a process survived --slime-src's --timeout (re-parented to init)
     pid_file = tmp_path / "detached.pid"

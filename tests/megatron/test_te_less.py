@@ -83,6 +83,7 @@ def test_where_transformer_engine_is_importable_nothing_is_applied_nor_imported(
     assert "nanscope:" not in proc.stderr
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_the_cpu_layers_router_stand_in_leaves_the_shim_nothing_to_do():
     code = (
         "import json\n"

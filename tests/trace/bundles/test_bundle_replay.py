@@ -381,6 +381,7 @@ def _hostile(tmp_path: Path, healthy: Path) -> dict:
     }
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_hostile_bundles_are_one_line_exit_2(tmp_path):
     healthy = tmp_path / "healthy.bundle.pt"
     write(healthy, "healthy")

@@ -61,6 +61,7 @@ def test_stride0_microbatches_are_refused_in_under_a_second(tmp_path):
         assert res["seconds"] < 1 and res["grew"] < 64 * MiB, res
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_opcode_floods_in_a_microbatch_are_refused_before_torch_load(tmp_path):
     """torch.load(weights_only=True) builds what the pickle says (4.8 GB of sets from 20 MB); the pickle is
     walked first and refused at its budget, having built nothing."""
@@ -80,6 +81,7 @@ def test_opcode_floods_in_a_microbatch_are_refused_before_torch_load(tmp_path):
         assert res["seconds"] < 5 and res["grew"] < size + 64 * MiB, (name, res)
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_a_compressed_record_is_refused_before_torch_inflates_it(tmp_path, healthy_file):
     """torch's reader inflates a deflated record to the size its header declares: a zip bomb."""
     packed = tmp_path / "packed.pt"
