@@ -21,6 +21,7 @@ import sys
 import warnings
 
 from nanscope import __version__
+from nanscope.cli import help
 from nanscope.errors import UserError
 from nanscope.inputs import printable
 
@@ -31,7 +32,7 @@ INPUTS = ("dump", "script", "file", "case", "hazard")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(prog="nanscope", description=__doc__.splitlines()[0])
+    parser = help.Parser(prog="nanscope", description=__doc__.splitlines()[0], formatter_class=help.Formatter)
     parser.add_argument("--version", action="version", version=f"nanscope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an internal error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -10,14 +10,13 @@ the driver wrapped in a RayTaskError, as in the case's traceback.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
 
 from nanscope import case, natural, repro
 from nanscope.causes import catalogue
-from nanscope.cli import numbers, repro_slime
+from nanscope.cli import help, numbers, repro_slime, terminal
 from nanscope.errors import UserError
 from nanscope.facts.paths import REPORT_DIR, REPORT_FILE
 from nanscope.loss import NAMES as LOSS_NAMES
@@ -77,7 +76,7 @@ def add_parser(sub):
         help="reproduce the case through real megatron-core on CPU, then the fix",
         description=__doc__,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help.Formatter,
     )
     _what(p.add_argument_group("what runs"))
     _plugin(p.add_argument_group("the slime plugin"))
@@ -398,8 +397,6 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from rich.console import Console  # heavy: rich, only a launch renders
-
     from nanscope.report import repro as report  # heavy: rich
 
     validate(args)
@@ -408,7 +405,7 @@ def _run(args) -> int:
         return _list_modules(args)
     if args.ray_address is not None:  # nothing there: one line now, not a launch that waits on it
         ray_session.probe(args.ray_address, _via(args).ray_timeout_s)
-    console = Console(width=160)
+    console = terminal.console()
     if args.slime_src is not None:
         code, doc = repro_slime.run(args, args.sources, console)
         if args.traceback_out and doc.get("as_is", {}).get("traceback"):

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from nanscope import case
-from nanscope.cli import numbers, scan_demo
+from nanscope.cli import help, numbers, scan_demo, terminal
 from nanscope.dumps import many, ray_scan
 from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
@@ -77,7 +77,7 @@ def add_parser(sub):
         help="find the sample/token of every NaN hazard in a slime dump",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help.Formatter,
     )
     parser.add_argument(
         "dump",
@@ -222,11 +222,13 @@ def _add_slime_flags(group) -> None:
         default=defaults.rollout_max_response_len,
         help=f"flag responses longer than this, >= 1 (default {defaults.rollout_max_response_len})",
     )
+    estimators = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
     group.add_argument(
         "--advantage-estimator",
         default=defaults.advantage_estimator,
-        choices=("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
-        help=f"(default {defaults.advantage_estimator})",
+        choices=estimators,
+        metavar="NAME",  # the choices are listed in the help, where they wrap
+        help=f"one of {', '.join(estimators)} (default {defaults.advantage_estimator})",
     )
     group.add_argument(
         "--disable-rewards-normalization",
@@ -356,7 +358,6 @@ def _run_file(args, flags: ScanFlags, show: bool) -> int:
 
 def _scan(dump, flags: ScanFlags, show: bool):
     """Check the streaming samples, with a bar (file read, or samples done) and tokens/s when `show`."""
-    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     from nanscope.dumps import checks
@@ -370,7 +371,7 @@ def _scan(dump, flags: ScanFlags, show: bool):
         TextColumn("{task.fields[tokens]:,} tokens, {task.fields[rate]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=terminal.console(stderr=True), transient=True) as bar:
         task = bar.add_task(_label(os.path.basename(dump.path)), total=None, tokens=0, rate="")
         t0, tokens = time.perf_counter(), 0
 
@@ -385,13 +386,12 @@ def _scan(dump, flags: ScanFlags, show: bool):
 
 
 def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
-    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
 
     from nanscope.dumps import trend
     from nanscope.report import scan as report
     from nanscope.report import trend as report_trend
 
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = terminal.console()
     opts = dict(
         trust_pickle=args.trust_pickle,
         cp_size=args.context_parallel_size,
@@ -421,7 +421,6 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
 
 def _with_bar(scan_files, paths: list, flags: ScanFlags, opts: dict, label: str) -> list:
     """`scan_files` under a progress bar on stderr: files done, response tokens, time."""
-    from rich.console import Console  # heavy: rich, only a scan needs it
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (
@@ -431,7 +430,7 @@ def _with_bar(scan_files, paths: list, flags: ScanFlags, opts: dict, label: str)
         TextColumn("{task.fields[tokens]:,} tokens"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=terminal.console(stderr=True), transient=True) as bar:
         task = bar.add_task(_label(label), total=len(paths), tokens=0)
         return scan_files(
             paths,
@@ -451,12 +450,10 @@ def _label(name: str) -> str:
 
 
 def _render(args, result) -> None:
-    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
 
     from nanscope.report import scan as report
 
-    # Piped output is not wrapped to 80 columns: it goes to logs and CI, where lines can be long.
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = terminal.console()
     report.render_terminal(result, console, max_rows=args.max_rows)
     if args.json:
         report.write_json(result, args.json)

@@ -41,13 +41,13 @@ def write(args) -> int:
     planted = demo.write_demo(buffer, kind=args.demo_kind, rollout_id=rollout_id, release=args.demo_release)
     files.write_bytes(args.write_demo, buffer.getvalue(), FLAG, parents=True)
     print(
-        f"wrote {args.demo_kind} dump {args.write_demo} (rollout {rollout_id}, slime {args.demo_release} format) "
+        f"wrote {args.demo_kind} dump {files.shown(args.write_demo)} (rollout {rollout_id}, slime {args.demo_release} format) "
         f"with {len(planted)} planted hazards:"
     )
     for hazard in planted:
         where = f"sample {hazard.sample}" + (f" token {hazard.token}" if hazard.token is not None else "")
         print(f"  {hazard.kind:<26} {where:<20} {hazard.what}")
-    print(f"now run: nanscope scan {args.write_demo}")
+    print(f"now run: nanscope scan {files.shown(args.write_demo)}")
     return 0
 
 
@@ -67,7 +67,7 @@ def _write_run(args) -> int:
         f"rollout's training is the one that fails: no train dump); a masked token's KL log-ratio grows "
         f"{demo.DRIFT_KL_STEP:g} a rollout, 0 .. {demo.DRIFT_KL_STEP * last:g}, past 88.72 at rollout {last}"
     )
-    print(f"now run: nanscope scan {root} --html trend.html")
+    print(f"now run: nanscope scan {files.shown(root)} --html trend.html")
     return 0
 
 

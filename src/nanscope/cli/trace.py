@@ -23,7 +23,6 @@ Input, one of:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from nanscope import case
 from nanscope.causes import catalogue
-from nanscope.cli import numbers
+from nanscope.cli import help, numbers
 from nanscope.errors import UserError
 from nanscope.facts import ranges
 from nanscope.facts.paths import BUNDLE_SUFFIX, OLD_REPORT_DIRS, REPORT_DIR, REPORT_FILE
@@ -61,7 +60,7 @@ def add_parser(sub):
         help="name the op, source line and token that first produced NaN/inf in a replayed loss",
         description=__doc__,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help.Formatter,
     )
     p.add_argument(
         "file", nargs="?", metavar="BUNDLE|REPORT_DIR|FILE.pt", help="a repro bundle, a report directory, a micro-batch"
