@@ -18,3 +18,22 @@ def test_user_facing_text_names_no_path_outside_the_package():
     texts = [ROOT / "README.md", *sorted((ROOT / "src" / "nanscope" / "cases").rglob("*.md"))]
     for path in texts:
         assert "../shared" not in path.read_text(), path
+
+
+def test_the_cpu_index_comes_before_the_install_commands():
+    """Issue 42 newcomer item 7: the block pulled the multi-GB CUDA torch; the advice came after it."""
+    readme = (ROOT / "README.md").read_text()
+    before = readme[: readme.index("```bash\npip install -e '.[repro]'")]
+    assert "export PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu" in before
+    assert "--extra-index-url" in before
+
+
+def test_the_test_tiers_name_no_count_that_drifts_and_say_where_slime_comes_from():
+    """Issue 42 newcomer items 3 and 8: "1476 tests, 200 s" was not what a clone sees; nothing said where to get
+    the checkouts the release tier needs."""
+    readme = (ROOT / "README.md").read_text()
+    tests = readme[readme.index("## The tests") : readme.index("## Documentation")]
+    assert re.findall(r"\d+ tests|\d+ s\b|\(\d+ tests\)", tests) == []
+    for where in ("https://github.com/THUDM/slime", "https://github.com/NVIDIA/Megatron-LM", "core_v0.15.0rc0",
+                  "NANSCOPE_SLIME_SRC", "NANSCOPE_TEST_MEGATRON_LM_SRC", "NOT TESTED"):  # fmt: skip
+        assert where in tests, where

@@ -12,6 +12,17 @@ from nanscope.dumps import demo, writers
 from tests.dumps.test_io import MkdirOnLoad
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """These tests read the table's rows at 160 columns; the width rule itself is tests/cli/test_terminal.py's."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
+def wrote(**flags) -> str:
+    """The line --json / --html end with."""
+    return f"nanscope scan: wrote {', '.join(f'{path} (--{flag})' for flag, path in flags.items())}\n"
+
+
 def run(capsys, *argv):
     rc = main(["scan", *argv])
     out, err = capsys.readouterr()
@@ -25,7 +36,7 @@ def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
         f"wrote rollout dump {dump} (rollout 12, slime v0.1.0 format) with 4 planted hazards:"
     )
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"), "--html", str(tmp_path / "s.html"))
-    assert (rc, err) == (1, "")
+    assert (rc, err) == (1, wrote(json=tmp_path / "s.json", html=tmp_path / "s.html"))
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
     # sample token abs_token masked value kind mechanism note (the table is 160 wide when piped)
     assert "9 17 41 false nan nonfinite-rollout-logprob nan-rollout-logprob" in lines
@@ -223,7 +234,7 @@ def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
     writers.write_rollout_dump(tmp_path / "rollout_data" / "13.pt", clean, rollout_id=13)
     (tmp_path / "notes.txt").write_text("not a dump")
     rc, out, err = run(capsys, str(tmp_path), "--json", str(tmp_path / "s.json"), "--workers", "2")
-    assert (rc, err) == (1, "")
+    assert (rc, err) == (1, wrote(json=tmp_path / "s.json"))
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
     assert (
         "rollout_data/12.pt rollout v0.1.0 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
@@ -332,7 +343,7 @@ def test_each_release_s_format_through_argv(tmp_path, capsys, release, kind, lin
         "4 planted hazards:" if kind == "rollout" else "3 planted hazards:"
     )
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"))
-    assert (rc, err) == (1, "")
-    assert out.splitlines()[1] == line
+    assert (rc, err) == (1, wrote(json=tmp_path / "s.json"))
+    assert " ".join(out.split("\nhazards (")[0].split("\n", 1)[1].split()) == line  # wrapped between words
     doc = json.loads((tmp_path / "s.json").read_text())
     assert (doc["format"]["release"], doc["summary"]["verdict"].split(" would")[0]) == (release, f"slime {release}")

@@ -17,8 +17,10 @@ FILE_KEYS = [
 
 
 def _main(*argv) -> tuple[int, str, str]:
+    """The command at 160 columns (its rows are read whole here; the width rule is tests/cli/test_terminal.py's)."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", "160")
         rc = main(list(argv))
     return rc, out.getvalue(), err.getvalue()
 
@@ -96,7 +98,10 @@ def test_demos_take_their_rollout_from_their_names_and_a_disagreement_is_one_lin
 
 def test_the_json_keeps_its_keys_and_adds_the_trend(scanned):
     rc, out, err, doc, _, root, _ = scanned
-    assert (rc, err) == (1, "")  # rollout 5's bound is a finding
+    assert (rc, err) == (
+        1,
+        f"nanscope scan: wrote {root}/scan.json (--json), {root}/trend.html (--html)\n",
+    )  # rollout 5's bound is a finding
     assert list(doc) == ["files", "summary", "trend"]
     assert all(list(f) == FILE_KEYS for f in doc["files"])
     assert doc["summary"]["would_nan"] == {"yes": 0, "possibly": 1, "no": 10}

@@ -106,3 +106,36 @@ def test_write_demos_path_is_cleaned_of_controls(tmp_path, monkeypatch, capsys):
     assert "\x1b" not in out and "\x9d" not in out and "\x07" not in out
     assert out.splitlines()[0].startswith("wrote rollout dump 'd\\x1b]52;c;aGk=\\x07\\x9d.pt' (rollout 12,")
     assert out.splitlines()[-1] == "now run: nanscope scan 'd\\x1b]52;c;aGk=\\x07\\x9d.pt'"
+
+
+def _shell(script: str) -> subprocess.CompletedProcess:
+    nanscope = f"{sys.executable} -m nanscope.cli.main"
+    return subprocess.run(
+        ["bash", "-c", script.replace("nanscope", nanscope)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_closed_pipe_exits_quietly_and_a_full_disk_is_one_line():
+    """`| head` ends the command with 141 (128 + SIGPIPE) and nothing on stderr; stdout on /dev/full is one line,
+    exit 2 (both were exit 1 with nothing, or an internal error)."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader gone before the first line: every write fails with EPIPE, whatever the timing
+    try:
+        argv = [sys.executable, "-m", "nanscope.cli.main", "doctor", "--case", "slime-795"]
+        done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+    done = _shell("nanscope hazards > /dev/full")
+    assert (done.returncode, done.stderr) == (
+        2,
+        "nanscope hazards: error: cannot write standard output: No space left on device\n",
+    )
+
+
+def test_json_and_html_say_where_they_wrote(tmp_path, capsys):
+    out = tmp_path / "d.json"
+    assert main(["doctor", "--case", "slime-795", "--json", str(out), "--html", str(tmp_path / "d.html")]) == 0
+    assert capsys.readouterr().err == f"nanscope doctor: wrote {out} (--json), {tmp_path / 'd.html'} (--html)\n"

@@ -46,7 +46,8 @@ examples:
   nanscope repro --fault decoder.layers.0.mlp:forward:inf --json f.json   # a fault in any module: the
                                                        # sentinel names module, direction, rank and class
   nanscope repro --fault decoder.layers.2.mlp.router:backward:nan --fault-step 2
-  nanscope repro --fault decoder.layers.1.mlp:forward:inf --fault-once   # a transient fault (the hardware cause)
+  nanscope repro --fault decoder.layers.1.mlp:forward:inf --fault-once   # a one-time fault (the hardware cause):
+                                                       # the check fails the step as for a persistent one
   nanscope repro --list-modules                        # the module names --fault takes
   nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped

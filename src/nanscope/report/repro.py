@@ -58,7 +58,8 @@ def verdict(rep: Repro) -> str:
 def render(rep: Repro, console) -> None:
     """The per-rank table, the first failing rank's frames, notes and the verdict."""
     fault = f" --fault {rep.fault}" if rep.fault else ""
-    table = Table(title=f"nanscope repro --hazard {rep.hazard} --loss {rep.loss}{fault}")
+    once = " --fault-once" if rep.fault_once else ""
+    table = Table(title=f"nanscope repro --hazard {rep.hazard} --loss {rep.loss}{fault}{once}")
     for column in ("rank", "pp", "tp", "layers held", "outcome", "error"):
         table.add_column(column, overflow="fold")
     for record in rep.ranks:

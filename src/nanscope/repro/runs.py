@@ -34,6 +34,7 @@ class Repro:
     trace: dict | None = None  # the tracer's report on the sentinel's rank (else the first failing, else the last)
     trace_rank: int | None = None
     fault: str | None = None  # the fault planted in the model (megatron.faults), `--fault` or the hazard's
+    fault_once: bool = False  # the fault fires on its module's first call only (`--fault-once`: a transient one)
     sentinel: dict | None = None  # the sentinel's finding across ranks (`sentinel_finding`)
     traceback: str | None = None  # Ray launch: the error as its driver saw it (RayTaskError around the rank's)
 
@@ -199,7 +200,18 @@ def repro_one(
     launched = launcher.launch([spec], layout, timeout_s=timeout_s, loss_flags=case.loss_flags(), via=via)
     rep = from_run(launched.runs[0], launched, layout)
     rep.notes = harness_notes(layout) + rep.notes
+    if fault is not None and fault_once:
+        rep.fault_once = True
+        rep.notes.append(TRANSIENT_NOTE)
     return rep
+
+
+# What a one-time fault's run shows, and what does not: megatron's check cannot tell it from a persistent one.
+TRANSIENT_NOTE = (
+    "--fault-once: a transient fault (it fires once): megatron's check fails the step exactly as for a persistent "
+    "fault; only a rerun of the step tells them apart (the plugin's, NANSCOPE_RERUN=on: 'not reproducible'; this "
+    "run has no plugin, so no rerun verdict)"
+)
 
 
 def max_abs_diff(paths_a: list[str | None], paths_b: list[str | None]) -> float | None:
