@@ -26,6 +26,13 @@ from nanscope.dumps import demo, ray_scan, writers
 from nanscope.errors import UserError
 from nanscope.megatron import ray_session
 
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "nanscope"
 # the only modules that import Ray (inside functions: it is optional)

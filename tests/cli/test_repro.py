@@ -18,6 +18,12 @@ from nanscope.megatron.spec import RankRecord
 from nanscope.report import repro as report
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 def test_unknown_hazard_is_one_line_user_error(capsys):
     assert main(["repro", "--hazard", "nope"]) == 2
     err = capsys.readouterr().err
@@ -155,7 +161,17 @@ def _check_matrix(code: int, doc: dict, out: str, names: list[str]) -> None:
 def test_repro_without_arguments_runs_the_case_s_matrix(tmp_path, capsys):
     path = tmp_path / "m.json"
     code = main(["repro", "--json", str(path)])
-    _check_matrix(code, json.loads(path.read_text()), capsys.readouterr().out, [h.name for h in catalogue.CASE_HAZARDS])
+    out, err = capsys.readouterr()
+    _check_matrix(code, json.loads(path.read_text()), out, [h.name for h in catalogue.CASE_HAZARDS])
+    # issue 42 item 3: one line a run on stderr as it ends (the launch's progress), then where --json wrote
+    runs = [(h.name, loss) for h in catalogue.CASE_HAZARDS for loss in ("as-is", "safe")]
+    assert (
+        err
+        == "".join(
+            f"nanscope repro: run {i} of 10 done: {hazard}, {loss}\n" for i, (hazard, loss) in enumerate(runs, 1)
+        )
+        + f"nanscope repro: wrote {path} (--json)\n"
+    )
     assert [h.name for h in catalogue.CASE_HAZARDS] == [
         "healthy", "kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"
     ]  # fmt: skip

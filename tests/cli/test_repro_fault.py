@@ -7,6 +7,12 @@ import pytest
 from nanscope.cli.main import main
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 @pytest.mark.slow  # the fast tier runs --list-modules in tests/test_docs.py and tests/cli/test_outputs.py
 def test_list_modules_prints_one_name_a_line(capsys):
     assert main(["repro", "--list-modules"]) == 0

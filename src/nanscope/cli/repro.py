@@ -16,7 +16,7 @@ import sys
 
 from nanscope import case, natural, repro
 from nanscope.causes import catalogue
-from nanscope.cli import help, numbers, repro_slime, terminal
+from nanscope.cli import help, numbers, progress, repro_slime, terminal
 from nanscope.errors import UserError
 from nanscope.facts.paths import REPORT_DIR, REPORT_FILE
 from nanscope.loss import NAMES as LOSS_NAMES
@@ -186,6 +186,12 @@ def _launch(g) -> None:
         "after the traceback says where it is)",
     )
     g.add_argument("--timeout", type=numbers.SECONDS, metavar="S", help=TIMEOUT_HELP)
+    g.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (default: one line a run, and with --natural a step, under a progress display "
+        "on a terminal)",
+    )
 
 
 def _add_natural(g) -> None:
@@ -378,13 +384,15 @@ def _natural(args, console):
     """`--natural`: the loop as-is and with the plugin, rendered; (the check, its JSON)."""
     from nanscope.report import natural as report  # heavy: rich
 
-    result = natural.run_natural(
-        seed=args.seed,
-        steps=args.steps or natural.DEFAULT_STEPS,
-        lr=args.lr or natural.DEFAULT_LR,
-        timeout_s=args.timeout,
-        via=_via(args),
-    )
+    with progress.Lines("repro", quiet=args.quiet) as lines:
+        result = natural.run_natural(
+            seed=args.seed,
+            steps=args.steps or natural.DEFAULT_STEPS,
+            lr=args.lr or natural.DEFAULT_LR,
+            timeout_s=args.timeout,
+            via=_via(args),
+            progress=lines,
+        )
     report.render(result, console)
     return result, report.to_json(result)
 
@@ -448,7 +456,10 @@ def _run(args) -> int:
         doc = report.to_json(result)
     else:
         hazards = catalogue.CATALOGUE if args.all else catalogue.CASE_HAZARDS
-        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args), hazards=hazards)
+        with progress.Lines("repro", quiet=args.quiet, total=2 * len(hazards)) as lines:
+            result = repro.run_matrix(
+                seed=args.seed, timeout_s=args.timeout, via=_via(args), hazards=hazards, progress=lines
+            )
         report.render_matrix(result, console)
         doc = report.matrix_to_json(result)
     if args.launcher == "ray":

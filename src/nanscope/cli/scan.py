@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from nanscope import case
-from nanscope.cli import help, numbers, scan_demo, terminal
+from nanscope.cli import help, numbers, progress, scan_demo, terminal
 from nanscope.dumps import many, ray_scan
 from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
@@ -116,6 +116,11 @@ def _add_output_arguments(group) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="progress bar with tokens/s on stderr (default: when stderr is a terminal)",
+    )
+    group.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (default: a directory's scan prints one line a file, under the bar on a terminal)",
     )
     group.add_argument(
         "--workers",
@@ -403,11 +408,12 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
         if not args.ray:  # Ctrl-C or kill ends the scan now, its workers first (Ray's session has its own)
             opts["check"] = stack.enter_context(proctree.StopSignals()).check
         scan_files = _scanner(args, stack)
-        summaries = _with_bar(scan_files, paths, flags, opts, args.dump) if show else scan_files(paths, flags, **opts)
+        with progress.Lines("scan", quiet=args.quiet, total=len(paths), bar=show) as lines:
+            summaries = scan_files(paths, flags, **opts, done=_file_lines(lines, len(paths)))
     report.render_directory(summaries, console, args.dump)
     series = trend.trend(summaries)
     for line in report_trend.terminal_lines(series, args.dump):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+        console.print(line, highlight=False, markup=False)
     if args.json:
         report.write_directory_json(summaries, args.json, series)
     if args.html:
@@ -419,27 +425,20 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
     return 1 if any(summary.total for summary in summaries) else 0
 
 
-def _with_bar(scan_files, paths: list, flags: ScanFlags, opts: dict, label: str) -> list:
-    """`scan_files` under a progress bar on stderr: files done, response tokens, time."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _file_lines(lines: progress.Lines, total: int):
+    """scan_files' `done`: one line a file scanned, in the order they finish."""
+    count = 0
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[tokens]:,} tokens"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=terminal.console(stderr=True), transient=True) as bar:
-        task = bar.add_task(_label(label), total=len(paths), tokens=0)
-        return scan_files(
-            paths,
-            flags,
-            **opts,
-            done=lambda summary: bar.update(
-                task, advance=1, tokens=bar.tasks[0].fields["tokens"] + summary.response_tokens
-            ),
-        )
+    def done(summary) -> None:
+        nonlocal count
+        count += 1
+        if summary.error or summary.errors:
+            what = "failed"
+        else:
+            what = f"{summary.total} findings, would produce NaN: {summary.would_nan}"
+        lines(f"file {count} of {total}: {files.shown(summary.path)}: {what}")
+
+    return done
 
 
 def _label(name: str) -> str:

@@ -323,39 +323,55 @@ def directory_summary(summaries: list) -> dict:
     }
 
 
+MECHANISMS_WIDTH = 24  # the least the directory table's last column gets; narrower, each file is two lines
+
+
+def _directory_row(summary, root: str) -> tuple[str, ...]:
+    """A file's cells: its path under `root`, kind, format, samples, tokens, findings, verdict, mechanisms (or its
+    error)."""
+    name = os.path.relpath(summary.path, root)
+    if summary.error:
+        return (name, *("-",) * 5, "error", summary.error)
+    note = ", ".join(summary.mechanisms) or "-"
+    if summary.errors:
+        note += f"; {len(summary.errors)} length errors (slime would fail): {summary.errors[0]}"
+    return (name, summary.kind, summary.format, str(summary.num_samples), f"{summary.response_tokens:,}",
+            str(summary.total), summary.would_nan, note)  # fmt: skip
+
+
 def render_directory(summaries: list, console, root: str) -> None:
     """One row per file (its path under `root`; verdict, findings, mechanisms, or its error), then the
     directory's summary line."""
     from rich import box  # heavy: rich, only the terminal renderers need it
     from rich.table import Table
 
-    table = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("file", "kind", "format", "samples", "tokens", "findings", "would NaN", "mechanisms / error"):
-        table.add_column(
-            column,
-            justify="right" if column in ("samples", "tokens", "findings") else "left",
-            no_wrap=column != "mechanisms / error",
-            overflow="fold",
-        )
-    for summary in summaries:
-        name = os.path.relpath(summary.path, root)
-        if summary.error:
-            table.add_row(*map(_cell, (name, *("-",) * 5, "error", summary.error)))
-            continue
-        note = ", ".join(summary.mechanisms) or "-"
-        if summary.errors:
-            note += f"; {len(summary.errors)} length errors (slime would fail): {summary.errors[0]}"
-        row = (
-            summary.kind,
-            summary.format,
-            str(summary.num_samples),
-            f"{summary.response_tokens:,}",
-            str(summary.total),
-            summary.would_nan,
-            note,
-        )
-        table.add_row(*map(_cell, (name, *row)))
-    console.print(table)
+    columns = ("file", "kind", "format", "samples", "tokens", "findings", "would NaN", "mechanisms / error")
+    rows = [_directory_row(summary, root) for summary in summaries]
+    fixed = sum(max([len(c)] + [len(row[i]) for row in rows]) + 3 for i, c in enumerate(columns[:-1]))
+    if console.width < fixed + MECHANISMS_WIDTH:  # narrow: each file as a line, its mechanisms or error below
+        from rich.padding import Padding
+
+        console.print("dumps", highlight=False, markup=False)
+        for name, kind, release, samples, tokens, findings, would, note in rows:
+            head = f"{name}: {kind}" if kind == "-" else (
+                f"{name}: {kind} {release}, {samples} samples, {tokens} tokens, {findings} findings, would produce "
+                f"NaN: {would}"
+            )  # fmt: skip
+            console.print(Padding(_cell(head), (0, 0, 0, 1)))
+            if note != "-":
+                console.print(Padding(_cell(note), (0, 0, 0, 5)))
+    else:
+        table = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in columns:
+            table.add_column(
+                column,
+                justify="right" if column in ("samples", "tokens", "findings") else "left",
+                no_wrap=column != "mechanisms / error",
+                overflow="fold",
+            )
+        for row in rows:
+            table.add_row(*map(_cell, row))
+        console.print(table)
     totals = directory_summary(summaries)
     verdicts = totals["would_nan"]
     console.print(
