@@ -44,12 +44,13 @@ def test_write_demo_run_writes_the_drifting_run_as_slime_lays_out_its_dumps(scan
         "rollout_data", *(f"rollout_data/{i}.pt" for i in range(6)), "train_data",
         *(f"train_data/{i}_0.pt" for i in range(5)),
     ]  # fmt: skip
-    assert wrote.splitlines() == [
+    assert " ".join(wrote.split()) == (  # wrapped at the width between words
         f"wrote a drifting run of 6 rollouts under {dumps} (slime v0.1.0 format): rollout dumps rollout_data/0.pt .. "
         "5.pt, train dumps train_data/0_0.pt .. 4_0.pt (the last rollout's training is the one that fails: no train "
-        "dump); a masked token's KL log-ratio grows 18 a rollout, 0 .. 90, past 88.72 at rollout 5",
-        f"now run: nanscope scan {dumps} --html trend.html",
-    ]
+        "dump); a masked token's KL log-ratio grows 18 a rollout, 0 .. 90, past 88.72 at rollout 5 "
+        f"now run: nanscope scan {dumps} --html trend.html"
+    )
+    assert wrote.splitlines()[-1] == f"now run: nanscope scan {dumps} --html trend.html"
     # the files the library's writer writes
     demo.write_drifting_run(tmp_path)
     assert [p.relative_to(tmp_path) for p in demo.drifting_run_paths(tmp_path)] == [

@@ -139,3 +139,15 @@ def test_json_and_html_say_where_they_wrote(tmp_path, capsys):
     out = tmp_path / "d.json"
     assert main(["doctor", "--case", "slime-795", "--json", str(out), "--html", str(tmp_path / "d.html")]) == 0
     assert capsys.readouterr().err == f"nanscope doctor: wrote {out} (--json), {tmp_path / 'd.html'} (--html)\n"
+
+
+def test_doctor_and_scan_fit_80_columns(tmp_path, monkeypatch, capsys):
+    """Issue 42 item 2: in an 80-column terminal no line of doctor's or scan's is wider (repro's: tests/cli/
+    test_repro.py's matrix; hazards': tests/cli/test_hazards.py)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    dump = tmp_path / "12.pt"
+    for argv in (["doctor", "--case", "slime-795"], ["doctor", "--case", "harness"],
+                 ["scan", "--write-demo", str(dump)], ["scan", str(dump)]):  # fmt: skip
+        assert main(argv) in (0, 1)
+        out = capsys.readouterr().out
+        assert out.count("\n") > 3 and [line for line in out.splitlines() if len(line) > 80] == [], argv

@@ -29,7 +29,13 @@ class Lines:
 
     def __enter__(self) -> Lines:
         if self.bar and not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (  # heavy: rich, only a terminal's display needs it
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             columns = [TextColumn(f"nanscope {self.command}")]
             columns += [BarColumn(), MofNCompleteColumn()] if self.total else []

@@ -363,7 +363,7 @@ def _run_file(args, flags: ScanFlags, show: bool) -> int:
 
 def _scan(dump, flags: ScanFlags, show: bool):
     """Check the streaming samples, with a bar (file read, or samples done) and tokens/s when `show`."""
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn  # heavy: rich
 
     from nanscope.dumps import checks
 
@@ -391,8 +391,7 @@ def _scan(dump, flags: ScanFlags, show: bool):
 
 
 def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
-
-    from nanscope.dumps import trend
+    from nanscope.dumps import trend  # heavy: numpy, and rich below; only a scan needs them
     from nanscope.report import scan as report
     from nanscope.report import trend as report_trend
 
@@ -449,8 +448,7 @@ def _label(name: str) -> str:
 
 
 def _render(args, result) -> None:
-
-    from nanscope.report import scan as report
+    from nanscope.report import scan as report  # heavy: rich and numpy, only a scan needs them
 
     console = terminal.console()
     report.render_terminal(result, console, max_rows=args.max_rows)

@@ -118,15 +118,8 @@ def launch(
             if code == 0 or timed_out or resume is None or resume >= len(runs) or launches > max_relaunches:
                 break
             spec = dataclasses.replace(spec, first_run=resume)
-        result = collect(
-            out,
-            runs,
-            layout,
-            returncode=returncode,
-            timed_out=timed_out,
-            wall=time.time() - t0,
-            output="\n".join(outputs),
-        )
+        result = collect(out, runs, layout, returncode=returncode, timed_out=timed_out, wall=time.time() - t0,
+                         output="\n".join(outputs))  # fmt: skip
         stop.check()
     result.stuck, result.launched_at, result.launches = stuck, t0, launches
     return result

@@ -102,7 +102,7 @@ def _hazards(result: ScanResult, console, max_rows: int) -> None:
     ]
     columns = ("sample", "token", "abs_token", "masked", "value", "kind", "mechanism", "note")
     if console.width < TABLE_WIDTH:
-        from rich.padding import Padding
+        from rich.padding import Padding  # heavy: rich, only the terminal renderers need it
 
         console.print(title, highlight=False, markup=False)
         for row in rows:  # indented as a block: a wrapped line keeps its indent
@@ -349,7 +349,7 @@ def render_directory(summaries: list, console, root: str) -> None:
     rows = [_directory_row(summary, root) for summary in summaries]
     fixed = sum(max([len(c)] + [len(row[i]) for row in rows]) + 3 for i, c in enumerate(columns[:-1]))
     if console.width < fixed + MECHANISMS_WIDTH:  # narrow: each file as a line, its mechanisms or error below
-        from rich.padding import Padding
+        from rich.padding import Padding  # heavy: rich, only the terminal renderers need it
 
         console.print("dumps", highlight=False, markup=False)
         for name, kind, release, samples, tokens, findings, would, note in rows:
