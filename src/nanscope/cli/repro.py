@@ -46,8 +46,8 @@ examples:
   nanscope repro --fault decoder.layers.0.mlp:forward:inf --json f.json   # a fault in any module: the
                                                        # sentinel names module, direction, rank and class
   nanscope repro --fault decoder.layers.2.mlp.router:backward:nan --fault-step 2
-  nanscope repro --fault decoder.layers.1.mlp:forward:inf --fault-once   # a one-time fault (the hardware cause):
-                                                       # the check fails the step as for a persistent one
+  nanscope repro --fault decoder.layers.1.mlp:forward:inf --fault-once   # a transient fault (the hardware cause):
+                                                       # the plugin's hook reruns the step, its verdict printed
   nanscope repro --list-modules                        # the module names --fault takes
   nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
@@ -150,8 +150,8 @@ def _fault(g) -> None:
     g.add_argument(
         "--fault-once",
         action="store_true",
-        help="with --fault: fire on the module's first call of that step only (a transient fault: a rerun of the "
-        "step is clean)",
+        help="with --fault: fire on the module's first call of that step only (a transient fault); the plugin's hook "
+        "runs as installed and reruns the step: its verdict (not reproducible) is printed",
     )
     g.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
 
