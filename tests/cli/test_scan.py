@@ -365,3 +365,14 @@ def test_a_directory_scan_says_each_file_it_scanned(tmp_path, capsys, monkeypatc
     assert max(map(len, out.splitlines())) <= 80 and "13.pt: train v0.1.0, 16 samples" in out
     assert main(["scan", str(tmp_path), "--workers", "1", "--quiet"]) == 1
     assert capsys.readouterr().err == ""
+
+
+def test_the_legend_of_a_question_mark_comes_only_with_a_shown_one(tmp_path, capsys):
+    """Issue 42 newcomer item 9: the legend explained a "?" no shown row had (the bounds were past --max-rows)."""
+    dump = str(tmp_path / "12.pt")
+    demo.write_demo(dump)
+    legend = "?: bound only (the dump lacks one side of the log-ratio; see the note)"
+    rc, out, _ = run(capsys, dump, "--max-rows", "1")
+    assert rc == 1 and "?" not in out.split("\nchecks")[0] and legend not in out
+    rc, out, _ = run(capsys, dump)
+    assert rc == 1 and "kl-exp-overflow?" in out and legend in out

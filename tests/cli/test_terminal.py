@@ -151,3 +151,4 @@ def test_doctor_and_scan_fit_80_columns(tmp_path, monkeypatch, capsys):
         assert main(argv) in (0, 1)
         out = capsys.readouterr().out
         assert out.count("\n") > 3 and [line for line in out.splitlines() if len(line) > 80] == [], argv
+        assert "…" not in out, argv  # rich's ellipsis: a cell cut (doctor's flags table cut them piped)
