@@ -115,7 +115,8 @@ def _add_output_arguments(group) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="progress bar with tokens/s on stderr (default: when stderr is a terminal)",
+        help="progress bar with tokens/s on stderr (default: when stderr is a terminal); --no-progress: no bar, "
+        "and a directory's scan prints no line a file either",
     )
     group.add_argument(
         "--quiet",
@@ -407,7 +408,8 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
         if not args.ray:  # Ctrl-C or kill ends the scan now, its workers first (Ray's session has its own)
             opts["check"] = stack.enter_context(proctree.StopSignals()).check
         scan_files = _scanner(args, stack)
-        with progress.Lines("scan", quiet=args.quiet, total=len(paths), bar=show) as lines:
+        quiet = args.quiet or args.progress is False  # --no-progress: neither the bar nor the lines
+        with progress.Lines("scan", quiet=quiet, total=len(paths), bar=show) as lines:
             summaries = scan_files(paths, flags, **opts, done=_file_lines(lines, len(paths)))
     report.render_directory(summaries, console, args.dump)
     series = trend.trend(summaries)

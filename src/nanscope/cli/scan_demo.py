@@ -76,7 +76,7 @@ def _write_run(args) -> int:
 
 def _printer():
     """print() at the terminal's width (`cli.terminal`): a long line wraps between words."""
-    console = terminal.console(highlight=False)
+    console = terminal.console(highlight=False, emoji=False)  # a path's ':name:' stays text
     return lambda line: console.print(line, markup=False)
 
 
