@@ -37,3 +37,15 @@ def test_the_test_tiers_name_no_count_that_drifts_and_say_where_slime_comes_from
     for where in ("https://github.com/THUDM/slime", "https://github.com/NVIDIA/Megatron-LM", "core_v0.15.0rc0",
                   "NANSCOPE_SLIME_SRC", "NANSCOPE_TEST_MEGATRON_LM_SRC", "NOT TESTED"):  # fmt: skip
         assert where in tests, where
+
+
+def test_the_exit_code_row_of_trace_is_what_trace_exits():
+    """Issue 42 newcomer item 3: the row said "1 cause in the loss", which `trace --hazard` never exits."""
+    from nanscope.cli.main import main
+
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `nanscope trace` |"))
+    assert row.endswith("| 0 upstream of the loss (and `--hazard`, which shows the op), 1 cause in the loss (a bundle "
+                        "or report directory) |")  # fmt: skip
+    assert main(["trace", "--hazard", "kl-exp-overflow"]) == 0  # the cause in the loss, shown, exit 0
+    assert main(["trace", str(ROOT / "examples" / "reports")]) == 1  # a report directory whose loss names it
