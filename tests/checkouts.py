@@ -56,3 +56,23 @@ def slime_release(tag: str) -> Path:
     if not (checkout / "slime").is_dir():
         missing(f"no slime checkout for {tag} at {checkout}")
     return checkout
+
+
+WHERE = (
+    "get slime from https://github.com/THUDM/slime (one checkout per tag under NANSCOPE_SLIME_SRC) and Megatron-LM "
+    "from https://github.com/NVIDIA/Megatron-LM at core_v0.15.0rc0 (NANSCOPE_TEST_MEGATRON_LM_SRC): docs/testing.md"
+)
+
+
+def not_tested_line(skipped) -> str | None:
+    """The summary's line for the skipped test reports whose reason is a missing checkout; None when there are
+    none."""
+    count = sum(1 for report in skipped if _for_a_checkout(report))
+    if not count:
+        return None
+    return f"NOT TESTED: {count} test{'s' if count != 1 else ''} SKIPPED for want of a checkout; {WHERE}"
+
+
+def _for_a_checkout(report) -> bool:
+    reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return "checkout" in reason or "NANSCOPE_SLIME_SRC" in reason or "MEGATRON_LM_SRC" in reason

@@ -36,6 +36,14 @@ def pytest_runtest_makereport(item, call):
             report.longrepr = f"skipped for want of a checkout, though {checkouts.SHARED_SLIME} exists: {reason}"
 
 
+def pytest_terminal_summary(terminalreporter):
+    """A run whose tests skipped for want of slime's or Megatron-LM's checkouts says how many, in capitals: exit 0
+    with "54 skipped" must not read as a pass of what those tests guarantee."""
+    line = checkouts.not_tested_line(terminalreporter.stats.get("skipped", []))
+    if line:
+        terminalreporter.write_line(line, red=True, bold=True)
+
+
 class _Stop:
     """A stop signal to the test run (SIGTERM, SIGHUP, SIGINT): the run stops, also when the signal arrived while a
     harness launch held it (its launcher hands it on once its processes are gone: proctree.StopSignals)."""

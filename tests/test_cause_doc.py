@@ -47,3 +47,16 @@ def test_section_6_names_each_hazard_whose_safe_gradient_is_not_finite(tmp_path,
     not_finite = [row["name"] for row in rows if not row["grad_finite"]]
     assert not_finite == ["zero-temperature"]
     assert "a finite gradient on all but zero-temperature" in said and "finite everywhere" not in said
+
+
+def test_the_count_of_causes_left_for_the_case_is_doctors(tmp_path, capsys):
+    """Issue 42 newcomer item 3: the page said "eleven remain" where doctor gives 15."""
+    said = re.search(
+        r"For the case, (\d+) remain \((\d+) enabled, (\d+) undecidable; (\d+) ruled out\)", CAUSE.read_text()
+    )
+    assert said is not None
+    assert main(["doctor", "--case", "slime-795", "--json", str(tmp_path / "d.json")]) == 0
+    statuses = [c["status"] for c in json.loads((tmp_path / "d.json").read_text())["candidates"]]
+    counts = [statuses.count(s) for s in ("enabled", "undecidable", "ruled-out")]
+    assert [int(n) for n in said.groups()] == [counts[0] + counts[1], *counts]
+    assert f"{counts[0] + counts[1]} catalogued causes remain" in " ".join(capsys.readouterr().out.split())

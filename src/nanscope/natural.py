@@ -21,6 +21,7 @@ the recorded series. Rendering lives in nanscope.report.natural.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nanscope import case
@@ -158,8 +159,10 @@ def run_natural(
     lr: float = DEFAULT_LR,
     timeout_s: float = TIMEOUT_S,
     via: Launcher = Launcher(),
+    progress: Callable[[str], None] | None = None,
 ) -> NaturalCheck:
-    """The natural loop's as-is run, then its plugin run, in one launch of the harness.
+    """The natural loop's as-is run, then its plugin run, in one launch of the harness; `progress(line)` after each
+    step ("as-is run: step 3 of 40") and each run.
 
     CP 1 (the plugin's loss, called by slime as a custom loss, reads CP from megatron's parallel state, where the
     harness has none: it simulates CP at the loss; the as-is run matches it).
@@ -172,12 +175,31 @@ def run_natural(
     ]
     with scratch.directory("nanscope-natural-") as out:
         launched = launcher.launch(
-            specs, layout, timeout_s=timeout_s, rank_timeout_s=300.0, out_dir=out, loss_flags=case.loss_flags(), via=via
+            specs,
+            layout,
+            timeout_s=timeout_s,
+            rank_timeout_s=300.0,
+            out_dir=out,
+            loss_flags=case.loss_flags(),
+            via=via,
+            progress=_steps_done(progress),
         )
         as_is = from_run(launched.runs[0], launched, layout, expected="nan-check")
         plugin = from_run(launched.runs[1], launched, layout, expected="completed")
     notes = harness_notes(layout) + ["plugin: harness step k is rollout k-1 (one optimizer step per rollout)"]
     return NaturalCheck(seed=seed, steps=steps, lr=lr, as_is=as_is, plugin=plugin, wall_s=launched.wall_s, notes=notes)
+
+
+def _steps_done(progress: Callable[[str], None] | None):
+    """The launch's callback for `progress`: one line a step of the as-is run (0) and the plugin run (1)."""
+    if progress is None:
+        return None
+
+    def done(run: int, step: int | None, steps: int | None) -> None:
+        name = "as-is" if run == 0 else "plugin"
+        progress(f"{name} run: step {step} of {steps}" if step is not None else f"{name} run done")
+
+    return done
 
 
 def differences(check: NaturalCheck) -> list[tuple[str, str, str]]:

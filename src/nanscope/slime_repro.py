@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,8 +169,10 @@ def run(
     report_dir: str | None = None,
     seed: int = 0,
     timeout_s: float = 1800.0,
+    progress: Callable[[str], None] | None = None,
 ) -> SlimeRepro:
-    """slime's train.py from `sources`, as-is or with the plugin (`report_dir` its reports, dumps and W&B runs)."""
+    """slime's train.py from `sources`, as-is or with the plugin (`report_dir` its reports, dumps and W&B runs);
+    `progress(line)` at each phase."""
     assert hazard in IN_DATA, hazard
     release = release_of(sources.slime)
     request = slime_run.Request(
@@ -178,7 +181,7 @@ def run(
         launches=(slime_run.SENTINEL, slime_run.PLUGIN) if plugin else (slime_run.AS_IS,),
         report_dir=report_dir if plugin else None, seed=seed, timeout_s=timeout_s,
     )  # fmt: skip
-    result = slime_run.run(request)
+    result = slime_run.run(request, progress)
     rep = SlimeRepro(result=result, sources=sources, hazard=hazard)
     rep.notes += [f"not left in the report directory: {why}" for why in result.left_out]
     if not release:

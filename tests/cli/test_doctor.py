@@ -498,7 +498,7 @@ def test_nul_bytes_malformed_runs_and_whole_logs_take_seconds(tmp_path):
         "CPU + 1.5 s per MiB read; 256 MiB + 256 bytes per byte): its error recovery is quadratic on a long malformed "
         "run (`)a)a...`, `a|a|...|`, `x=(x=(...`); not a script nanscope can read",
     )
-    assert job[:2] == (0, ""), job
+    assert job[:2] == (0, "nanscope doctor: wrote job.json (--json)\n"), job
     doc = json.loads((tmp_path / "job.json").read_text())
     assert (doc["failure"]["rank"], doc["failure"]["check"]) == (7, "forward-loss-nan")
     assert "The job was not slime's" in doc["verdict"]
@@ -701,7 +701,7 @@ def test_doctor_never_imports_megatron_core_or_torch(tmp_path):
         f"sys.exit(main(['doctor', '--case', 'slime-795', '--html', {str(tmp_path / 'd.html')!r}]))\n"
     )
     proc = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120)
-    assert (proc.returncode, proc.stderr) == (0, "")
+    assert (proc.returncode, proc.stderr) == (0, f"nanscope doctor: wrote {tmp_path / 'd.html'} (--html)\n")
     assert "TP 2 / CP 0 / DP 0 / PP 3" in " ".join(proc.stdout.split())
 
 

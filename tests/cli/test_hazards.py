@@ -65,10 +65,19 @@ def test_no_command_prints_help(capsys):
     assert main([]) == 2
 
 
-def test_hazards_piped_keeps_every_column_whole(capsys):
-    assert main(["hazards"]) == 0  # capsys: stdout is no terminal
-    out = capsys.readouterr().out
-    assert "…" not in out  # rich cuts a cell that does not fit with an ellipsis
-    assert "│ rollout-logprob-shift │ data          │ yes         │ yes         │ 0 " in out
-    immune = next(line for line in out.splitlines() if line.strip().startswith("inf-grad-clip (optimizer):"))
-    assert immune.rstrip().endswith(".")  # the whole sentence on its line
+def test_hazards_piped_fits_100_columns_and_keeps_every_name_whole(capsys, monkeypatch):
+    """Issue 42 item 2: piped, the table is 100 columns wide (80 with COLUMNS=80); no cell is cut, no hazard name
+    split; a long value wraps at word boundaries."""
+    from nanscope.causes import catalogue
+
+    for columns in (None, "80"):
+        if columns:
+            monkeypatch.setenv("COLUMNS", columns)
+        assert main(["hazards"]) == 0  # capsys: stdout is no terminal
+        lines = capsys.readouterr().out.splitlines()
+        assert max(map(len, lines)) == int(columns or 100)
+        assert not any("…" in line for line in lines)  # rich cuts a cell that does not fit with an ellipsis
+        firsts = {line.split(" ")[0] for line in lines}
+        assert {h.name for h in catalogue.CATALOGUE} <= firsts  # each name whole, at the start of its row
+    text = " ".join(" ".join(lines).split())
+    assert "inf-grad-clip (optimizer): an inf gradient that gradient clipping turns into NaN parameters" in text

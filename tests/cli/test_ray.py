@@ -26,6 +26,13 @@ from nanscope.dumps import demo, ray_scan, writers
 from nanscope.errors import UserError
 from nanscope.megatron import ray_session
 
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "nanscope"
 # the only modules that import Ray (inside functions: it is optional)
@@ -55,12 +62,15 @@ def _json(path: Path) -> dict:
 def test_scan_directory_as_ray_tasks_equals_the_local_parallel_mode(tmp_path, capsys):
     dumps = tmp_path / "dumps"
     _dumps(dumps)
-    local = main(["scan", str(dumps), "--json", str(tmp_path / "l.json"), "--html", str(tmp_path / "l.html")])
+    # --quiet: the lines a file come in the order the files finish, which neither mode fixes
+    local = main(
+        ["scan", str(dumps), "--json", str(tmp_path / "l.json"), "--html", str(tmp_path / "l.html"), "--quiet"]
+    )
     out, err = capsys.readouterr()
     short, tag = Path(tempfile.mkdtemp(prefix="n", dir="/tmp")), uuid.uuid4().hex  # Ray's sockets: a short TMPDIR
     try:
         argv = [sys.executable, "-m", "nanscope.cli.main", "scan", str(dumps), "--ray",
-                "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")]  # fmt: skip
+                "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"), "--quiet"]  # fmt: skip
         env = {**os.environ, "TMPDIR": str(short), "NANSCOPE_TEST_TAG": tag}
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=100)
         left = os.listdir(short)

@@ -18,6 +18,12 @@ from nanscope.megatron.spec import RankRecord
 from nanscope.report import repro as report
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 def test_unknown_hazard_is_one_line_user_error(capsys):
     assert main(["repro", "--hazard", "nope"]) == 2
     err = capsys.readouterr().err
@@ -146,16 +152,29 @@ def _check_matrix(code: int, doc: dict, out: str, names: list[str]) -> None:
             assert first["holds_output_layer"] is (name != "backward-only-fault"), name
             assert first["error"].startswith(f"Rank {first['rank']}, node ")
             assert first["error"].endswith(f", device cpu, iteration -1: {case.nan_check_message()}")
-    assert f"nanscope repro: case slime-795 scaled down, {len(names)} hazards x {{as-is, safe}}" in out
-    assert "as expected: slime v0.1.0's loss fails megatron-core's NaN check" in out
+    text = " ".join(out.split())  # wrapped at the console's width
+    assert f"nanscope repro: case slime-795 scaled down, {len(names)} hazards x {{as-is, safe}}" in text
+    assert "as expected: slime v0.1.0's loss fails megatron-core's NaN check" in text
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(500)
-def test_repro_without_arguments_runs_the_case_s_matrix(tmp_path, capsys):
+def test_repro_without_arguments_runs_the_case_s_matrix(tmp_path, capsys, monkeypatch):
     path = tmp_path / "m.json"
+    monkeypatch.setenv("COLUMNS", "80")  # issue 42 item 2: a newcomer's 80-column terminal
     code = main(["repro", "--json", str(path)])
-    _check_matrix(code, json.loads(path.read_text()), capsys.readouterr().out, [h.name for h in catalogue.CASE_HAZARDS])
+    out, err = capsys.readouterr()
+    assert max(map(len, out.splitlines())) == 80
+    _check_matrix(code, json.loads(path.read_text()), out, [h.name for h in catalogue.CASE_HAZARDS])
+    # issue 42 item 3: one line a run on stderr as it ends (the launch's progress), then where --json wrote
+    runs = [(h.name, loss) for h in catalogue.CASE_HAZARDS for loss in ("as-is", "safe")]
+    assert (
+        err
+        == "".join(
+            f"nanscope repro: run {i} of 10 done: {hazard}, {loss}\n" for i, (hazard, loss) in enumerate(runs, 1)
+        )
+        + f"nanscope repro: wrote {path} (--json)\n"
+    )
     assert [h.name for h in catalogue.CASE_HAZARDS] == [
         "healthy", "kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "nan-reward"
     ]  # fmt: skip

@@ -7,6 +7,12 @@ import pytest
 from nanscope.cli.main import main
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 @pytest.mark.slow  # the fast tier runs --list-modules in tests/test_docs.py and tests/cli/test_outputs.py
 def test_list_modules_prints_one_name_a_line(capsys):
     assert main(["repro", "--list-modules"]) == 0
@@ -81,3 +87,24 @@ def test_a_forward_fault_fails_the_check_and_the_sentinel_and_tracer_name_it(tmp
         "sentinel: rank 0 produced it first (step 1): module decoder.layers.0.mlp, forward, micro-batch 0; "
         "class model-forward"
     ) in out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_a_one_time_fault_shows_the_reruns_verdict_and_names_fault_once(tmp_path, capsys):
+    """Issue 42 newcomer item 6: `--fault-once` looked like a persistent fault (no rerun verdict, the header without
+    --fault-once). The plugin's hook, as installed, reruns the step: finite, so not reproducible (transient)."""
+    path = tmp_path / "once.json"
+    argv = ["repro", "--fault", "decoder.layers.1.mlp:forward:inf", "--fault-once", "--json", str(path), "--quiet"]
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith(
+        "nanscope repro --hazard healthy --loss as-is --fault decoder.layers.1.mlp:forward:inf --fault-once "
+    )
+    assert (
+        "nanscope: rerun: not reproducible (transient): the rerun of the step is finite; first producer: rank 0, node "
+    ) in text
+    assert "device cpu (decoder.layers.1.mlp): check dmesg for XID and ECC errors" in text
+    assert "nanscope-one-" not in text  # the hook's report, in the launch's temp directory, is not pointed at
+    doc = json.loads(path.read_text())
+    assert (doc["observed"], doc["expected"]) == ("nan-check", "nan-check")

@@ -8,6 +8,12 @@ from nanscope import case
 from nanscope.cli.main import main
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(400)

@@ -17,6 +17,12 @@ from nanscope.facts.numerics import FP32_EXP_MAX
 SEED, STEPS = 2, 16
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_training_drives_the_kls_exp_past_fp32_as_is_dies_and_the_plugin_trains_through(tmp_path, capsys, monkeypatch):

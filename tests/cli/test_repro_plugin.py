@@ -14,6 +14,12 @@ from nanscope.cli.main import main
 from nanscope.loss import formulas
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 def _exp_line() -> int:
     lines, start = inspect.getsourcelines(formulas.approx_kl)
     (hit,) = [start + i for i, line in enumerate(lines) if ".exp()" in line]

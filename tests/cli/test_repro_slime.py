@@ -10,6 +10,12 @@ from nanscope.cli.main import main
 from nanscope.slime_train import run as slime_run
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """repro's lines read whole at 160 columns, its width before issue 42 (the rule: tests/cli/test_terminal.py)."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
 @pytest.fixture
 def checkout(tmp_path) -> Path:
     """The files of a checkout that `--slime-src` checks for (empty: no run starts in these tests)."""

@@ -12,8 +12,20 @@ from nanscope.dumps import demo, writers
 from tests.dumps.test_io import MkdirOnLoad
 
 
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch):
+    """These tests read the table's rows at 160 columns; the width rule itself is tests/cli/test_terminal.py's."""
+    monkeypatch.setenv("COLUMNS", "160")
+
+
+def wrote(**flags) -> str:
+    """The line --json / --html end with."""
+    return f"nanscope scan: wrote {', '.join(f'{path} (--{flag})' for flag, path in flags.items())}\n"
+
+
 def run(capsys, *argv):
-    rc = main(["scan", *argv])
+    """`nanscope scan ARGV --quiet` (a directory's lines a file: test_a_directory_scan_says_each_file_it_scanned)."""
+    rc = main(["scan", *argv, "--quiet"])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -25,7 +37,7 @@ def test_newcomer_demo_finds_every_planted_hazard(tmp_path, capsys):
         f"wrote rollout dump {dump} (rollout 12, slime v0.1.0 format) with 4 planted hazards:"
     )
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"), "--html", str(tmp_path / "s.html"))
-    assert (rc, err) == (1, "")
+    assert (rc, err) == (1, wrote(json=tmp_path / "s.json", html=tmp_path / "s.html"))
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
     # sample token abs_token masked value kind mechanism note (the table is 160 wide when piped)
     assert "9 17 41 false nan nonfinite-rollout-logprob nan-rollout-logprob" in lines
@@ -223,7 +235,7 @@ def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
     writers.write_rollout_dump(tmp_path / "rollout_data" / "13.pt", clean, rollout_id=13)
     (tmp_path / "notes.txt").write_text("not a dump")
     rc, out, err = run(capsys, str(tmp_path), "--json", str(tmp_path / "s.json"), "--workers", "2")
-    assert (rc, err) == (1, "")
+    assert (rc, err) == (1, wrote(json=tmp_path / "s.json"))
     lines = [" ".join(ln.split()) for ln in out.splitlines()]
     assert (
         "rollout_data/12.pt rollout v0.1.0 16 1,024 13 yes nan-rollout-logprob, nan-reward, kl-exp-overflow, "
@@ -233,11 +245,11 @@ def test_directory_scans_every_dump_with_one_summary(tmp_path, capsys):
     assert (
         "train_data/12_0.pt train v0.1.0 16 1,024 4 yes kl-exp-overflow, nan-rollout-logprob, ratio-exp-overflow"
     ) in lines
-    assert lines[-2:] == [
-        "3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; 0 failed; 17 findings",
+    assert " ".join(out.split()).endswith(  # the two lines, wrapped at the width between words
+        "3 dumps, 40 samples, 2,112 response tokens: would produce NaN: 2 yes, 0 possibly, 1 no; 0 failed; 17 findings "
         "trend over 2 rollouts (12-13): first hazard at rollout 12 (would produce NaN: yes, via nan-rollout-logprob, "
-        "nan-reward, kl-exp-overflow, ratio-exp-overflow): the run was heading here",
-    ]
+        "nan-reward, kl-exp-overflow, ratio-exp-overflow): the run was heading here"
+    )
     doc = json.loads((tmp_path / "s.json").read_text())
     assert [f["path"] for f in doc["files"]] == [f"{tmp_path}/rollout_data/{n}.pt" for n in (12, 13)] + [
         f"{tmp_path}/train_data/12_0.pt"
@@ -253,8 +265,8 @@ def test_directory_with_a_bad_dump_reports_it_and_exits_2(tmp_path, capsys):
     assert err.startswith(
         f"nanscope scan: error: 1 of 2 dumps failed; the first: {tmp_path}/13.pt: unreadable torch.save file ("
     )
-    assert "1 failed" in out.splitlines()[-2]
-    assert out.splitlines()[-1].startswith("trend over 1 rollout (12): first hazard at rollout 12 (would produce NaN")
+    assert "; 1 failed;" in " ".join(out.split())
+    assert "\ntrend over 1 rollout (12): first hazard at rollout 12 (would produce NaN" in out
     # --html on a directory draws the run's trend (tests/cli/test_scan_trend.py)
     (tmp_path / "empty").mkdir()
     rc, _, err = run(capsys, str(tmp_path / "empty"))
@@ -270,7 +282,7 @@ def test_a_directory_says_what_it_skipped_and_a_kernel_directory_is_refused(tmp_
     (tmp_path / "15.pt").mkdir()
     os.symlink("missing.pt", tmp_path / "16.pt")
     rc, out, err = run(capsys, str(tmp_path), "--workers", "1")
-    assert rc == 1 and out.splitlines()[-2].startswith("1 dumps, 16 samples")
+    assert rc == 1 and "\n1 dumps, 16 samples" in out
     assert err == "".join(
         f"nanscope scan: skipped {tmp_path}/{name}: {what}, not a regular file\n"
         for name, what in (("13.pt", "a FIFO"), ("14.pt", "a link to a character device"), ("15.pt", "a directory"),
@@ -332,7 +344,35 @@ def test_each_release_s_format_through_argv(tmp_path, capsys, release, kind, lin
         "4 planted hazards:" if kind == "rollout" else "3 planted hazards:"
     )
     rc, out, err = run(capsys, dump, "--json", str(tmp_path / "s.json"))
-    assert (rc, err) == (1, "")
-    assert out.splitlines()[1] == line
+    assert (rc, err) == (1, wrote(json=tmp_path / "s.json"))
+    assert " ".join(out.split("\nhazards (")[0].split("\n", 1)[1].split()) == line  # wrapped between words
     doc = json.loads((tmp_path / "s.json").read_text())
     assert (doc["format"]["release"], doc["summary"]["verdict"].split(" would")[0]) == (release, f"slime {release}")
+
+
+def test_a_directory_scan_says_each_file_it_scanned(tmp_path, capsys, monkeypatch):
+    """Issue 42 item 3: `scan DIR` said nothing until it ended when piped; now one line a file on stderr (a bar
+    above them on a terminal), none with --quiet; and its output fits 80 columns."""
+    demo.write_demo(tmp_path / "12.pt")
+    demo.write_demo(tmp_path / "13.pt", kind="train")
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["scan", str(tmp_path), "--workers", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert err == (
+        f"nanscope scan: file 1 of 2: {tmp_path}/12.pt: 13 findings, would produce NaN: yes\n"
+        f"nanscope scan: file 2 of 2: {tmp_path}/13.pt: 4 findings, would produce NaN: yes\n"
+    )
+    assert max(map(len, out.splitlines())) <= 80 and "13.pt: train v0.1.0, 16 samples" in out
+    assert main(["scan", str(tmp_path), "--workers", "1", "--quiet"]) == 1
+    assert capsys.readouterr().err == ""
+
+
+def test_the_legend_of_a_question_mark_comes_only_with_a_shown_one(tmp_path, capsys):
+    """Issue 42 newcomer item 9: the legend explained a "?" no shown row had (the bounds were past --max-rows)."""
+    dump = str(tmp_path / "12.pt")
+    demo.write_demo(dump)
+    legend = "?: bound only (the dump lacks one side of the log-ratio; see the note)"
+    rc, out, _ = run(capsys, dump, "--max-rows", "1")
+    assert rc == 1 and "?" not in out.split("\nchecks")[0] and legend not in out
+    rc, out, _ = run(capsys, dump)
+    assert rc == 1 and "kl-exp-overflow?" in out and legend in out

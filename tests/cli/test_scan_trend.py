@@ -17,9 +17,11 @@ FILE_KEYS = [
 
 
 def _main(*argv) -> tuple[int, str, str]:
+    """The command at 160 columns (its rows are read whole here; the width rule is tests/cli/test_terminal.py's)."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(list(argv))
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COLUMNS", "160")
+        rc = main([*argv, "--quiet"])
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -42,12 +44,13 @@ def test_write_demo_run_writes_the_drifting_run_as_slime_lays_out_its_dumps(scan
         "rollout_data", *(f"rollout_data/{i}.pt" for i in range(6)), "train_data",
         *(f"train_data/{i}_0.pt" for i in range(5)),
     ]  # fmt: skip
-    assert wrote.splitlines() == [
+    assert " ".join(wrote.split()) == (  # wrapped at the width between words
         f"wrote a drifting run of 6 rollouts under {dumps} (slime v0.1.0 format): rollout dumps rollout_data/0.pt .. "
         "5.pt, train dumps train_data/0_0.pt .. 4_0.pt (the last rollout's training is the one that fails: no train "
-        "dump); a masked token's KL log-ratio grows 18 a rollout, 0 .. 90, past 88.72 at rollout 5",
-        f"now run: nanscope scan {dumps} --html trend.html",
-    ]
+        "dump); a masked token's KL log-ratio grows 18 a rollout, 0 .. 90, past 88.72 at rollout 5 "
+        f"now run: nanscope scan {dumps} --html trend.html"
+    )
+    assert wrote.splitlines()[-1] == f"now run: nanscope scan {dumps} --html trend.html"
     # the files the library's writer writes
     demo.write_drifting_run(tmp_path)
     assert [p.relative_to(tmp_path) for p in demo.drifting_run_paths(tmp_path)] == [
@@ -86,17 +89,20 @@ def test_demos_take_their_rollout_from_their_names_and_a_disagreement_is_one_lin
     # each placed at the id it stores: 3, 4, 12 (notes.pt, no id in its name), and 9.pt's copy of rollout 3 at 3
     assert [(e["rollout_id"], e["rollout_dumps"]) for e in series["rollouts"]] == [(3, 2), (4, 1), (12, 1)]
     assert series["id_disagrees"] == [{"path": f"{tmp_path}/d/9.pt", "rollout_id": 3, "name_rollout": 9}]
-    assert rc == 1 and out.splitlines()[-2:] == [
+    assert rc == 1 and " ".join(out.split()).endswith(  # the two lines, wrapped at the width between words
         "trend over 3 rollouts (3-12): first hazard at rollout 3 (would produce NaN: yes, via nan-rollout-logprob, "
-        "nan-reward, kl-exp-overflow, ratio-exp-overflow): the run was heading here",
+        "nan-reward, kl-exp-overflow, ratio-exp-overflow): the run was heading here "
         "rollout ids: 1 file(s) store a rollout_id their name does not give (9.pt stores 3, its name says 9): each "
-        "is placed at the id it stores",
-    ]
+        "is placed at the id it stores"
+    )
 
 
 def test_the_json_keeps_its_keys_and_adds_the_trend(scanned):
     rc, out, err, doc, _, root, _ = scanned
-    assert (rc, err) == (1, "")  # rollout 5's bound is a finding
+    assert (rc, err) == (
+        1,
+        f"nanscope scan: wrote {root}/scan.json (--json), {root}/trend.html (--html)\n",
+    )  # rollout 5's bound is a finding
     assert list(doc) == ["files", "summary", "trend"]
     assert all(list(f) == FILE_KEYS for f in doc["files"])
     assert doc["summary"]["would_nan"] == {"yes": 0, "possibly": 1, "no": 10}
@@ -138,7 +144,7 @@ def test_the_html_draws_the_trend_with_the_limit_and_the_first_hazard(scanned):
 def test_html_of_a_directory_with_a_bad_dump_still_fails_in_one_line(tmp_path, capsys):
     demo.write_demo(tmp_path / "12.pt")
     (tmp_path / "13.pt").write_bytes(b"PK\x03\x04 truncated")
-    rc = main(["scan", str(tmp_path), "--html", str(tmp_path / "x.html"), "--workers", "1"])
+    rc = main(["scan", str(tmp_path), "--html", str(tmp_path / "x.html"), "--workers", "1", "--quiet"])
     _, err = capsys.readouterr()
     assert rc == 2 and err.startswith(f"nanscope scan: error: 1 of 2 dumps failed; the first: {tmp_path}/13.pt: ")
     html = (tmp_path / "x.html").read_text()

@@ -77,7 +77,7 @@ def test_one_bad_file_is_one_refused_line_and_every_other_file_is_still_replayed
     assert lines[2].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 0 of 1, dp 0 of 1): aten.exp.default at ")
     assert lines[3].startswith("with the guard ") and lines[4].startswith("verdict (rollout 1 step 0, rank 2): ")
     assert lines[5:] == [f"refused: {tmp_path / name}: {why}" for name, why in refusals.items()]
-    assert err == ""
+    assert err == f"nanscope trace: wrote {tmp_path / 't.json'} (--json)\n"
     doc = json.loads((tmp_path / "t.json").read_text())
     assert [b["source"] for b in doc["bundles"]] == [str(tmp_path / HEALTHY)]
     assert [_pid_free(r) for r in doc["refused"]] == [line.removeprefix("refused: ") for line in lines[5:]]

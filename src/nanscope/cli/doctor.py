@@ -12,13 +12,12 @@ catalogue of rules maps the flags to NaN mechanisms.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import warnings
 from importlib.resources import as_file
 
 from nanscope import case
-from nanscope.cli import numbers
+from nanscope.cli import help, numbers, terminal
 from nanscope.errors import UserError
 from nanscope.facts import releases
 from nanscope.inputs import read_json
@@ -50,7 +49,7 @@ def add_parser(sub):
         help="explain a NaN crash from the launch script and traceback",
         description=__doc__,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help.Formatter,
     )
     parser.add_argument(
         "script", nargs="?", help="slime launch script (bash); read, never executed (optional with --traceback)"
@@ -182,8 +181,6 @@ def _outputs(args) -> dict:
 
 
 def _report(diagnosis: Diagnosis, args) -> None:
-    from rich.console import Console  # heavy: rich, only the terminal report needs it
-
     from nanscope.report.doctor.terminal import render_terminal  # heavy: rich at its top
 
     if args.json:  # files first: a closed stdout pipe (| head) must not lose them
@@ -191,4 +188,4 @@ def _report(diagnosis: Diagnosis, args) -> None:
     display = shown(diagnosis)  # no control character of a file reaches the page or the terminal
     if args.html:
         files.write_text(args.html, render_html(display))
-    render_terminal(display, Console(highlight=False))
+    render_terminal(display, terminal.console(highlight=False))

@@ -8,16 +8,12 @@ the causes slime v0.1.0 is immune to with the release's file:line that shows it.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 from nanscope import case
 from nanscope.causes import catalogue, immune
-from nanscope.cli import numbers
+from nanscope.cli import help, numbers, terminal
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files
 
-FILE_WIDTH = 1000  # columns when stdout is no terminal: wider than any row of the table
 EPILOG = """examples:
   nanscope hazards                       # as-is: which hazards give a NaN loss / NaN gradient
   nanscope hazards --loss safe           # the fix on the same batches
@@ -31,7 +27,7 @@ def add_parser(sub):
         help="the hazard catalogue through slime v0.1.0's loss",
         description=__doc__,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help.Formatter,
     )
     p.add_argument("--loss", choices=LOSS_NAMES, default="as-is", help="which loss (default: as-is)")
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
@@ -40,8 +36,6 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from rich.console import Console  # heavy: rich, which `nanscope --help` never needs
-
     from nanscope import hazards  # heavy: torch
     from nanscope.report import hazards as report  # heavy: rich
 
@@ -50,9 +44,7 @@ def run(args) -> int:
     flags = case.loss_flags()
     outcomes = [hazards.run_loss(h.name, args.loss, flags=flags, seed=args.seed) for h in listed if h.level == "batch"]
     model_level = tuple(h for h in listed if h.level == "model")
-    # a file or a pipe gets the table at its own width, never cut to a terminal's 80 columns
-    console = Console() if sys.stdout.isatty() else Console(width=FILE_WIDTH)
-    report.render(outcomes, args.loss, console, model_level, immune.IMMUNE)
+    report.render(outcomes, args.loss, terminal.console(), model_level, immune.IMMUNE)
     if args.json:
         files.write_json(args.json, report.to_json(outcomes, args.loss, model_level, immune.IMMUNE))
     return 0

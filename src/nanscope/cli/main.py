@@ -16,11 +16,14 @@ finished, one line each, and never beside an error's line (--debug shows them as
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 import warnings
 
 from nanscope import __version__
+from nanscope.cli import help
 from nanscope.errors import UserError
 from nanscope.inputs import printable
 
@@ -31,7 +34,7 @@ INPUTS = ("dump", "script", "file", "case", "hazard")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(prog="nanscope", description=__doc__.splitlines()[0])
+    parser = help.Parser(prog="nanscope", description=__doc__.splitlines()[0], formatter_class=help.Formatter)
     parser.add_argument("--version", action="version", version=f"nanscope {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an internal error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -55,10 +58,78 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         if not args.debug:  # --debug: every warning as Python prints it, as it comes
             warnings.showwarning = caught.add  # restored when the block ends
-        code = _guarded(modules[args.command], args)
+        stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
+        try:
+            code = _guarded(modules[args.command], args)
+            if code in (0, 1):
+                code = _finish(args, code)
+        finally:
+            sys.stdout = stdout
     if code in (0, 1):  # after an error its line stays the only one on stderr
         caught.print(args.command)
     return code
+
+
+# 128 + SIGPIPE, as a command killed by the signal exits: `nanscope hazards | head` ends quietly
+PIPE_CLOSED = 141
+
+
+def _finish(args, code: int) -> int:
+    """The command's code once stdout is flushed, and one line on stderr naming the files --json / --html wrote."""
+    try:
+        sys.stdout.flush()
+    except StdoutError as e:
+        return _stdout_error(args, e)
+    written = [f"{getattr(args, flag)} (--{flag})" for flag in ("json", "html") if getattr(args, flag, None)]
+    if written:
+        print(f"nanscope {args.command}: wrote {', '.join(one_line(w) for w in written)}", file=sys.stderr)
+    return code
+
+
+def _stdout_error(args, e: StdoutError) -> int:
+    """Exit quietly when stdout's reader went away (`| head` has what it wanted); else one line, exit 2."""
+    _drop_stdout()
+    if e.errno == errno.EPIPE:
+        return PIPE_CLOSED
+    print(f"nanscope {args.command}: error: cannot write standard output: {e.strerror or e}", file=sys.stderr)
+    return 2
+
+
+class StdoutError(OSError):
+    """Writing standard output failed (its reader went away, a full disk): the output's fault, not a bug."""
+
+
+class _Stdout:
+    """sys.stdout, whose write and flush raise StdoutError: told apart from a failing output file."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            raise StdoutError(e.errno, e.strerror) from e
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _drop_stdout() -> None:
+    """Standard output pointed at /dev/null: the interpreter's own flush at exit must not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # a test's capture: nothing to redirect
+        pass
+    finally:
+        os.close(devnull)
 
 
 def _guarded(module, args) -> int:
@@ -70,6 +141,11 @@ def _guarded(module, args) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader of stderr went away
+        _drop_stdout()
+        return PIPE_CLOSED
+    except StdoutError as e:
+        return _stdout_error(args, e)
     except Exception as e:  # the backstop: a bug must not read as exit 1 ("found"), nor flood stderr
         if args.debug:
             raise

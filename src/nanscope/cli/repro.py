@@ -10,14 +10,13 @@ the driver wrapped in a RayTaskError, as in the case's traceback.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
 
 from nanscope import case, natural, repro
 from nanscope.causes import catalogue
-from nanscope.cli import numbers, repro_slime
+from nanscope.cli import help, numbers, progress, repro_slime, terminal
 from nanscope.errors import UserError
 from nanscope.facts.paths import REPORT_DIR, REPORT_FILE
 from nanscope.loss import NAMES as LOSS_NAMES
@@ -47,7 +46,8 @@ examples:
   nanscope repro --fault decoder.layers.0.mlp:forward:inf --json f.json   # a fault in any module: the
                                                        # sentinel names module, direction, rank and class
   nanscope repro --fault decoder.layers.2.mlp.router:backward:nan --fault-step 2
-  nanscope repro --fault decoder.layers.1.mlp:forward:inf --fault-once   # a transient fault (the hardware cause)
+  nanscope repro --fault decoder.layers.1.mlp:forward:inf --fault-once   # a transient fault (the hardware cause):
+                                                       # the plugin's hook reruns the step, its verdict printed
   nanscope repro --list-modules                        # the module names --fault takes
   nanscope repro --launcher ray                        # the same matrix, the ranks as Ray actors (nanscope[ray])
   nanscope repro --launcher ray --hazard kl-exp-overflow --traceback-out tb.txt   # the case's Ray-wrapped
@@ -77,7 +77,7 @@ def add_parser(sub):
         help="reproduce the case through real megatron-core on CPU, then the fix",
         description=__doc__,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help.Formatter,
     )
     _what(p.add_argument_group("what runs"))
     _plugin(p.add_argument_group("the slime plugin"))
@@ -150,8 +150,8 @@ def _fault(g) -> None:
     g.add_argument(
         "--fault-once",
         action="store_true",
-        help="with --fault: fire on the module's first call of that step only (a transient fault: a rerun of the "
-        "step is clean)",
+        help="with --fault: fire on the module's first call of that step only (a transient fault); the plugin's hook "
+        "runs as installed and reruns the step: its verdict (not reproducible) is printed",
     )
     g.add_argument("--list-modules", action="store_true", help="print the model's module names, one a line, and exit")
 
@@ -186,6 +186,12 @@ def _launch(g) -> None:
         "after the traceback says where it is)",
     )
     g.add_argument("--timeout", type=numbers.SECONDS, metavar="S", help=TIMEOUT_HELP)
+    g.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (default: one line a run, and with --natural a step, under a progress display "
+        "on a terminal)",
+    )
 
 
 def _add_natural(g) -> None:
@@ -378,13 +384,15 @@ def _natural(args, console):
     """`--natural`: the loop as-is and with the plugin, rendered; (the check, its JSON)."""
     from nanscope.report import natural as report  # heavy: rich
 
-    result = natural.run_natural(
-        seed=args.seed,
-        steps=args.steps or natural.DEFAULT_STEPS,
-        lr=args.lr or natural.DEFAULT_LR,
-        timeout_s=args.timeout,
-        via=_via(args),
-    )
+    with progress.Lines("repro", quiet=args.quiet) as lines:
+        result = natural.run_natural(
+            seed=args.seed,
+            steps=args.steps or natural.DEFAULT_STEPS,
+            lr=args.lr or natural.DEFAULT_LR,
+            timeout_s=args.timeout,
+            via=_via(args),
+            progress=lines,
+        )
     report.render(result, console)
     return result, report.to_json(result)
 
@@ -398,8 +406,6 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from rich.console import Console  # heavy: rich, only a launch renders
-
     from nanscope.report import repro as report  # heavy: rich
 
     validate(args)
@@ -408,7 +414,7 @@ def _run(args) -> int:
         return _list_modules(args)
     if args.ray_address is not None:  # nothing there: one line now, not a launch that waits on it
         ray_session.probe(args.ray_address, _via(args).ray_timeout_s)
-    console = Console(width=160)
+    console = terminal.console()
     if args.slime_src is not None:
         code, doc = repro_slime.run(args, args.sources, console)
         if args.traceback_out and doc.get("as_is", {}).get("traceback"):
@@ -450,7 +456,10 @@ def _run(args) -> int:
         doc = report.to_json(result)
     else:
         hazards = catalogue.CATALOGUE if args.all else catalogue.CASE_HAZARDS
-        result = repro.run_matrix(seed=args.seed, timeout_s=args.timeout, via=_via(args), hazards=hazards)
+        with progress.Lines("repro", quiet=args.quiet, total=2 * len(hazards)) as lines:
+            result = repro.run_matrix(
+                seed=args.seed, timeout_s=args.timeout, via=_via(args), hazards=hazards, progress=lines
+            )
         report.render_matrix(result, console)
         doc = report.matrix_to_json(result)
     if args.launcher == "ray":

@@ -14,6 +14,7 @@ examples:
 from __future__ import annotations
 
 from nanscope import slime_repro
+from nanscope.cli import progress
 from nanscope.errors import UserError
 from nanscope.facts.paths import REPORT_DIR
 from nanscope.megatron import ray_session
@@ -72,13 +73,19 @@ def run(args, sources: slime_run.Sources, console) -> tuple[int, dict]:
     """The run and its rendering; (exit code, the JSON document)."""
     from nanscope.report import slime_repro as report  # heavy: rich
 
-    rep = slime_repro.run(
+    with progress.Lines("repro", quiet=args.quiet) as lines:
+        rep = _run(args, sources, lines)
+    report.render(rep, console)
+    return (0 if rep.ok else 1), report.to_json(rep)
+
+
+def _run(args, sources: slime_run.Sources, lines):
+    return slime_repro.run(
         sources,
         hazard=args.hazard or slime_repro.DEFAULT_HAZARD,
         plugin=args.plugin,
         report_dir=(args.report_dir or REPORT_DIR) if args.plugin else None,
         seed=args.seed,
         timeout_s=args.timeout if args.timeout is not None else TIMEOUT_S,
+        progress=lines,
     )
-    report.render(rep, console)
-    return (0 if rep.ok else 1), report.to_json(rep)

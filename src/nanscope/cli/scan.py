@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from nanscope import case
-from nanscope.cli import numbers, scan_demo
+from nanscope.cli import help, numbers, progress, scan_demo, terminal
 from nanscope.dumps import many, ray_scan
 from nanscope.dumps.flags import ScanFlags
 from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
@@ -77,7 +77,7 @@ def add_parser(sub):
         help="find the sample/token of every NaN hazard in a slime dump",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help.Formatter,
     )
     parser.add_argument(
         "dump",
@@ -115,7 +115,13 @@ def _add_output_arguments(group) -> None:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="progress bar with tokens/s on stderr (default: when stderr is a terminal)",
+        help="progress bar with tokens/s on stderr (default: when stderr is a terminal); --no-progress: no bar, "
+        "and a directory's scan prints no line a file either",
+    )
+    group.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (default: a directory's scan prints one line a file, under the bar on a terminal)",
     )
     group.add_argument(
         "--workers",
@@ -222,11 +228,13 @@ def _add_slime_flags(group) -> None:
         default=defaults.rollout_max_response_len,
         help=f"flag responses longer than this, >= 1 (default {defaults.rollout_max_response_len})",
     )
+    estimators = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
     group.add_argument(
         "--advantage-estimator",
         default=defaults.advantage_estimator,
-        choices=("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"),
-        help=f"(default {defaults.advantage_estimator})",
+        choices=estimators,
+        metavar="NAME",  # the choices are listed in the help, where they wrap
+        help=f"one of {', '.join(estimators)} (default {defaults.advantage_estimator})",
     )
     group.add_argument(
         "--disable-rewards-normalization",
@@ -356,8 +364,7 @@ def _run_file(args, flags: ScanFlags, show: bool) -> int:
 
 def _scan(dump, flags: ScanFlags, show: bool):
     """Check the streaming samples, with a bar (file read, or samples done) and tokens/s when `show`."""
-    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn  # heavy: rich
 
     from nanscope.dumps import checks
 
@@ -370,7 +377,7 @@ def _scan(dump, flags: ScanFlags, show: bool):
         TextColumn("{task.fields[tokens]:,} tokens, {task.fields[rate]}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=terminal.console(stderr=True), transient=True) as bar:
         task = bar.add_task(_label(os.path.basename(dump.path)), total=None, tokens=0, rate="")
         t0, tokens = time.perf_counter(), 0
 
@@ -385,13 +392,11 @@ def _scan(dump, flags: ScanFlags, show: bool):
 
 
 def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
-    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
-
-    from nanscope.dumps import trend
+    from nanscope.dumps import trend  # heavy: numpy, and rich below; only a scan needs them
     from nanscope.report import scan as report
     from nanscope.report import trend as report_trend
 
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = terminal.console()
     opts = dict(
         trust_pickle=args.trust_pickle,
         cp_size=args.context_parallel_size,
@@ -403,11 +408,13 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
         if not args.ray:  # Ctrl-C or kill ends the scan now, its workers first (Ray's session has its own)
             opts["check"] = stack.enter_context(proctree.StopSignals()).check
         scan_files = _scanner(args, stack)
-        summaries = _with_bar(scan_files, paths, flags, opts, args.dump) if show else scan_files(paths, flags, **opts)
+        quiet = args.quiet or args.progress is False  # --no-progress: neither the bar nor the lines
+        with progress.Lines("scan", quiet=quiet, total=len(paths), bar=show) as lines:
+            summaries = scan_files(paths, flags, **opts, done=_file_lines(lines, len(paths)))
     report.render_directory(summaries, console, args.dump)
     series = trend.trend(summaries)
     for line in report_trend.terminal_lines(series, args.dump):
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+        console.print(line, highlight=False, markup=False)
     if args.json:
         report.write_directory_json(summaries, args.json, series)
     if args.html:
@@ -419,28 +426,20 @@ def _run_directory(args, paths: list, flags: ScanFlags, show: bool) -> int:
     return 1 if any(summary.total for summary in summaries) else 0
 
 
-def _with_bar(scan_files, paths: list, flags: ScanFlags, opts: dict, label: str) -> list:
-    """`scan_files` under a progress bar on stderr: files done, response tokens, time."""
-    from rich.console import Console  # heavy: rich, only a scan needs it
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _file_lines(lines: progress.Lines, total: int):
+    """scan_files' `done`: one line a file scanned, in the order they finish."""
+    count = 0
 
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[tokens]:,} tokens"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(_label(label), total=len(paths), tokens=0)
-        return scan_files(
-            paths,
-            flags,
-            **opts,
-            done=lambda summary: bar.update(
-                task, advance=1, tokens=bar.tasks[0].fields["tokens"] + summary.response_tokens
-            ),
-        )
+    def done(summary) -> None:
+        nonlocal count
+        count += 1
+        if summary.error or summary.errors:
+            what = "failed"
+        else:
+            what = f"{summary.total} findings, would produce NaN: {summary.would_nan}"
+        lines(f"file {count} of {total}: {files.shown(summary.path)}: {what}")
+
+    return done
 
 
 def _label(name: str) -> str:
@@ -451,12 +450,9 @@ def _label(name: str) -> str:
 
 
 def _render(args, result) -> None:
-    from rich.console import Console  # heavy: rich and numpy, only a scan needs them
+    from nanscope.report import scan as report  # heavy: rich and numpy, only a scan needs them
 
-    from nanscope.report import scan as report
-
-    # Piped output is not wrapped to 80 columns: it goes to logs and CI, where lines can be long.
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = terminal.console()
     report.render_terminal(result, console, max_rows=args.max_rows)
     if args.json:
         report.write_json(result, args.json)

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from nanscope import outputs
+from nanscope.cli import terminal
 from nanscope.dumps import many
 from nanscope.errors import UserError
 from nanscope.report import files
@@ -40,14 +41,15 @@ def write(args) -> int:
     buffer = io.BytesIO()  # serialised in memory: the disk's refusal is then an OSError with its reason
     planted = demo.write_demo(buffer, kind=args.demo_kind, rollout_id=rollout_id, release=args.demo_release)
     files.write_bytes(args.write_demo, buffer.getvalue(), FLAG, parents=True)
-    print(
-        f"wrote {args.demo_kind} dump {args.write_demo} (rollout {rollout_id}, slime {args.demo_release} format) "
+    say = _printer()
+    say(
+        f"wrote {args.demo_kind} dump {files.shown(args.write_demo)} (rollout {rollout_id}, slime {args.demo_release} format) "
         f"with {len(planted)} planted hazards:"
     )
     for hazard in planted:
         where = f"sample {hazard.sample}" + (f" token {hazard.token}" if hazard.token is not None else "")
-        print(f"  {hazard.kind:<26} {where:<20} {hazard.what}")
-    print(f"now run: nanscope scan {args.write_demo}")
+        say(f"  {hazard.kind:<26} {where:<20} {hazard.what}")
+    say(f"now run: nanscope scan {files.shown(args.write_demo)}")
     return 0
 
 
@@ -61,14 +63,21 @@ def _write_run(args) -> int:
     demo.write_drifting_run(root, release=args.demo_release, opener=lambda path: _in_memory(path, dumps))
     _write_all(dumps)
     last = demo.DRIFT_ROLLOUTS - 1
-    print(
+    say = _printer()
+    say(
         f"wrote a drifting run of {demo.DRIFT_ROLLOUTS} rollouts under {root} (slime {args.demo_release} format): "
         f"rollout dumps rollout_data/0.pt .. {last}.pt, train dumps train_data/0_0.pt .. {last - 1}_0.pt (the last "
         f"rollout's training is the one that fails: no train dump); a masked token's KL log-ratio grows "
         f"{demo.DRIFT_KL_STEP:g} a rollout, 0 .. {demo.DRIFT_KL_STEP * last:g}, past 88.72 at rollout {last}"
     )
-    print(f"now run: nanscope scan {root} --html trend.html")
+    say(f"now run: nanscope scan {files.shown(root)} --html trend.html")
     return 0
+
+
+def _printer():
+    """print() at the terminal's width (`cli.terminal`): a long line wraps between words."""
+    console = terminal.console(highlight=False, emoji=False)  # a path's ':name:' stays text
+    return lambda line: console.print(line, markup=False)
 
 
 def _check_run_directory(root: Path, paths: list[Path], force: bool) -> None:

@@ -40,6 +40,7 @@ from nanscope import loss
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
 from nanscope.megatron import hidden_cuda, proctree, ray_session, scratch
+from nanscope.megatron import progress as progress_file
 from nanscope.megatron.bootstrap import free_port
 from nanscope.megatron.proctree import StopSignals
 from nanscope.megatron.spec import Launcher, LaunchResult, Layout, RankRecord, RunResult, RunSpec, WorkerSpec
@@ -57,6 +58,7 @@ def launch(
     bf16: bool = True,
     max_relaunches: int = 2,
     via: Launcher = Launcher(),
+    progress: progress_file.Callback | None = None,
 ) -> LaunchResult:
     """Execute `runs` in one launch of `layout.world` CPU processes (more if one dies).
 
@@ -75,6 +77,8 @@ def launch(
         bf16: bf16 parameters with fp32 main params and grads (as the case); False for all-fp32.
         max_relaunches: fresh launches allowed after a launch dies mid-way.
         via: torchrun (the default) or Ray (`ray_driver.py`: a local instance in the launch's temp dir, or a cluster).
+        progress: called as progress(run, step, steps) after each step of a run and as progress(run, None, None)
+            after each run, from a thread of this process (`megatron.progress`), while the launch runs.
 
     Returns:
         A LaunchResult; runs whose records are missing list the missing ranks.
@@ -101,6 +105,7 @@ def launch(
             bf16=bf16,
             loss_flags=dict(loss_flags),
         )
+        stack.enter_context(progress_file.watched(out, progress))  # over every relaunch: each line read once
         t0 = time.time()
         outputs, stuck, returncode, timed_out, launches = [], {}, None, False, 0
         while True:
@@ -113,15 +118,8 @@ def launch(
             if code == 0 or timed_out or resume is None or resume >= len(runs) or launches > max_relaunches:
                 break
             spec = dataclasses.replace(spec, first_run=resume)
-        result = collect(
-            out,
-            runs,
-            layout,
-            returncode=returncode,
-            timed_out=timed_out,
-            wall=time.time() - t0,
-            output="\n".join(outputs),
-        )
+        result = collect(out, runs, layout, returncode=returncode, timed_out=timed_out, wall=time.time() - t0,
+                         output="\n".join(outputs))  # fmt: skip
         stop.check()
     result.stuck, result.launched_at, result.launches = stuck, t0, launches
     return result

@@ -25,7 +25,7 @@ from pathlib import Path
 from nanscope import loss
 from nanscope.causes import catalogue
 from nanscope.facts.megatron import core_frame
-from nanscope.megatron import bootstrap
+from nanscope.megatron import bootstrap, progress
 from nanscope.megatron.context import RunContext
 from nanscope.megatron.spec import RankRecord, RunSpec, WorkerSpec
 from nanscope.megatron.watchdog import Watchdog
@@ -146,6 +146,8 @@ class Runner:
                     rec.series.append(entry)
             rec.optimizer_grad_norm.append(None if grad_norm is None else float(grad_norm))
             rec.losses.append(losses)
+            if self.rank == 0:  # the launcher's progress line for this step
+                progress.note(self.out, run=ctx.index, step=i, steps=spec.steps)
 
     def hazard_batch(self, ctx: RunContext, i: int) -> tuple[dict, int]:
         """Step i's case-shaped batch with the run's hazard (`hazards.build`), and the micro-batch length."""

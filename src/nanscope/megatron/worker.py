@@ -31,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-from nanscope.megatron import bootstrap, hidden_cuda, proctree, scratch
+from nanscope.megatron import bootstrap, hidden_cuda, proctree, progress, scratch
 from nanscope.megatron.run import Runner
 from nanscope.megatron.spec import WorkerSpec
 from nanscope.megatron.watchdog import Watchdog, barrier
@@ -175,6 +175,8 @@ def _rank(spec: WorkerSpec, out: Path, started: float, imports_s: float) -> int:
         wd.arm(f"run {i}", spec.rank_timeout_s)
         rec = runner.execute(i, spec.runs[i])
         (out / f"run{i}.rank{rank}.json").write_text(rec.to_json())
+        if rank == 0:
+            progress.note(out, run=i)
     barrier(wd, spec.rank_timeout_s, "exit")
     return 0
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from nanscope.causes import catalogue
+from nanscope.causes import catalogue, classes
 
 
 def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: tuple = ()) -> None:
@@ -16,9 +17,15 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
         model_level: level "model" hazards (not run here: they need the harness model).
         immune: causes.immune.Immune records.
     """
-    table = Table(title=f"hazards through the {loss} loss (case slime-795 flags)")
-    for col in ("hazard", "class", "loss finite", "grad finite", "non-finite grad entries", "expected (as-is)"):
-        table.add_column(col, no_wrap=(col == "hazard"))
+    table = Table(
+        title=f"hazards through the {loss} loss (case slime-795 flags)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+    )
+    names = [o.name for o in outcomes] + [h.name for h in model_level]
+    for col in ("hazard", "class", "loss finite", "grad finite", "NaN or inf grads", "expected (as-is)"):
+        _column(table, col, names)
     for o in outcomes:
         h = catalogue.get(o.name)
         row = (
@@ -32,9 +39,14 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
         table.add_row(*row)
     console.print(table)
     if model_level:
-        faults = Table(title="faults in the model (run: nanscope repro --hazard NAME)")
+        faults = Table(
+            title="faults in the model (run: nanscope repro --hazard NAME)",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            show_edge=False,
+        )
         for col in ("hazard", "class", "expected (as-is)", "safe loss"):
-            faults.add_column(col, no_wrap=(col == "hazard"))
+            _column(faults, col, names)
         for h in model_level:
             safe = "finite" if h.safe_finite else "NaN: the fix is not the loss"
             faults.add_row(h.name, h.cause_class, _expected(h), safe)
@@ -53,6 +65,17 @@ def render(outcomes: list, loss: str, console, model_level: tuple = (), immune: 
             f"[bold]{h.name}[/]: {escape(h.mechanism)} Planted: {escape(h.fault or '-')}. "
             f"The fix lives in {escape(h.fix)}."
         )
+
+
+def _column(table, name: str, hazards: list[str]) -> None:
+    """A column of `table`: the hazard's as wide as the longest name (a name is never split or cut), the others
+    wrapped at word boundaries to fit the terminal."""
+    if name == "hazard":
+        table.add_column(name, no_wrap=True, min_width=max(map(len, hazards), default=len(name)))
+    elif name == "class":
+        table.add_column(name, no_wrap=True, min_width=max(map(len, classes.CLASSES)))
+    else:  # the header and the value wrap at word boundaries
+        table.add_column(name)
 
 
 def to_json(outcomes: list, loss: str, model_level: tuple = (), immune: tuple = ()) -> dict:

@@ -9,6 +9,7 @@ from nanscope import case
 from nanscope.megatron.spec import PEER_FAILED, failed_check
 from nanscope.report.text import span
 from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
+from nanscope.slime_plugin.verdict import Verdict
 from nanscope.trace.tracer import text as trace_text
 from nanscope.trace.tracer.events import TraceReport
 
@@ -58,7 +59,8 @@ def verdict(rep: Repro) -> str:
 def render(rep: Repro, console) -> None:
     """The per-rank table, the first failing rank's frames, notes and the verdict."""
     fault = f" --fault {rep.fault}" if rep.fault else ""
-    table = Table(title=f"nanscope repro --hazard {rep.hazard} --loss {rep.loss}{fault}")
+    once = " --fault-once" if rep.fault_once else ""
+    table = Table(title=f"nanscope repro --hazard {rep.hazard} --loss {rep.loss}{fault}{once}")
     for column in ("rank", "pp", "tp", "layers held", "outcome", "error"):
         table.add_column(column, overflow="fold")
     for record in rep.ranks:
@@ -68,7 +70,7 @@ def render(rep: Repro, console) -> None:
             str(record.tp),
             _layers(record),
             _rank_outcome(record),
-            record.error or "",
+            _megatron_line(record.error) if rep.fault_once else record.error or "",
         )
         table.add_row(*cells)
     console.print(table)
@@ -95,9 +97,26 @@ def render(rep: Repro, console) -> None:
         console.print(f"sentinel: {sentinel_text(rep.sentinel)}", highlight=False)
         for line in rep.sentinel["evidence"] + expert_lines(rep.sentinel.get("expert_tokens")):
             console.print(f"  {line}", highlight=False)
+    if rep.fault_once:
+        console.print(rerun_line(rep.rerun), highlight=False, markup=False)
     for note in rep.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(verdict(rep), highlight=False)
+
+
+def _megatron_line(error: str | None) -> str:
+    """Megatron's error line of a rank's error: the hook's own lines before it (its verdict, its report in the
+    launch's temp directory) are printed once, below the table."""
+    lines = (error or "").splitlines()
+    return next((line for line in lines if line.startswith("Rank ")), lines[-1] if lines else "")
+
+
+def rerun_line(rerun: dict | None) -> str:
+    """The plugin hook's rerun verdict (a report's "rerun"), as the hook prints it on a rank."""
+    if rerun is None:
+        return "nanscope: rerun: no verdict (no rank wrote a report)"
+    fields = {**rerun, "not_ruled_out": tuple(rerun.get("not_ruled_out") or ())}
+    return Verdict(**{name: fields.get(name) for name in Verdict.__dataclass_fields__}).line()
 
 
 def expert_lines(tokens: dict | None) -> list[str]:

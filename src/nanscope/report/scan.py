@@ -46,37 +46,9 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
         + f", {result.num_samples} samples, {result.response_tokens:,} response tokens"
     )
     console.print(printable(head), highlight=False, markup=False)
-    console.print(printable(format_line(result)), highlight=False, markup=False, soft_wrap=True)  # one line, for grep
+    console.print(printable(format_line(result)), highlight=False, markup=False)
     if result.hazards:
-        wide = console.width >= 130  # the note column only fits on wide terminals (it is in JSON/HTML)
-        table = Table(
-            title=f"hazards (first {min(max_rows, len(result.hazards))} of {hazard_count(result)})",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-        )
-        columns = ("sample", "token", "abs_token", "masked", "value", "kind", "mechanism") + (("note",) if wide else ())
-        for column in columns:
-            table.add_column(
-                column,
-                justify="right" if column in ("sample", "token", "abs_token", "value") else "left",
-                no_wrap=column not in ("mechanism", "note"),
-                min_width=min(len(column), 9),
-                overflow="fold",
-            )
-        for hazard in result.hazards[:max_rows]:
-            row = (
-                str(hazard.sample),
-                _opt(hazard.token),
-                _opt(hazard.abs_token),
-                _opt(hazard.masked),
-                fmt_value(hazard.value),
-                hazard.kind,
-                (hazard.mechanism or "-") + ("" if hazard.certain else "?"),
-                hazard.detail,
-            )
-            table.add_row(*map(_cell, row[: len(columns)]))
-        console.print(table)
+        _hazards(result, console, max_rows)
     summary = Table(title="checks", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("check", "count", "mechanism", "note"):
         summary.add_column(
@@ -86,7 +58,7 @@ def render_terminal(result: ScanResult, console, max_rows: int = 30) -> None:
         count = "skipped" if check.status == "skipped" else str(check.count)
         summary.add_row(*map(_cell, (check.kind, count, ", ".join(check.mechanisms) or "-", check.note)))
     console.print(summary)
-    if any(not h.certain for h in result.hazards):
+    if any(not h.certain for h in result.hazards[:max_rows]):  # explained where a shown row has one
         console.print("?: bound only (the dump lacks one side of the log-ratio; see the note)", style="dim")
     style = {"yes": "bold red", "possibly": "bold yellow", "no": "bold green"}[result.would_nan]
     console.print(printable(result.verdict), style=style, highlight=False, markup=False)
@@ -103,6 +75,54 @@ def format_line(result: ScanResult) -> str:
     ]
     parts = [*diff, f"rollout_log_probs checked as {f.rollout_logprob_dtype}"] + ([f.note] if f.note else [])
     return f"format: slime {f.release}{same}; " + "; ".join(parts)
+
+
+TABLE_WIDTH = 130  # the hazard table's eight columns fit from here; narrower, each hazard is two lines
+
+
+def _hazards(result: ScanResult, console, max_rows: int) -> None:
+    """The first `max_rows` hazards: a table of eight columns on a wide console; on a narrow one, each hazard as a
+    line of its fields and its note below it (no column is dropped)."""
+    from rich import box  # heavy: rich, only the terminal renderers need it
+    from rich.table import Table
+
+    title = f"hazards (first {min(max_rows, len(result.hazards))} of {hazard_count(result)})"
+    rows = [
+        (
+            str(hazard.sample),
+            _opt(hazard.token),
+            _opt(hazard.abs_token),
+            _opt(hazard.masked),
+            fmt_value(hazard.value),
+            hazard.kind,
+            (hazard.mechanism or "-") + ("" if hazard.certain else "?"),
+            hazard.detail,
+        )
+        for hazard in result.hazards[:max_rows]
+    ]
+    columns = ("sample", "token", "abs_token", "masked", "value", "kind", "mechanism", "note")
+    if console.width < TABLE_WIDTH:
+        from rich.padding import Padding  # heavy: rich, only the terminal renderers need it
+
+        console.print(title, highlight=False, markup=False)
+        for row in rows:  # indented as a block: a wrapped line keeps its indent
+            fields = ", ".join(f"{name} {value}" for name, value in zip(columns[:5], row[:5]) if value)
+            console.print(Padding(_cell(f"{fields}: {row[5]}, mechanism {row[6]}"), (0, 0, 0, 2)))
+            if row[7]:
+                console.print(Padding(_cell(row[7]), (0, 0, 0, 6)))
+        return
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in columns:
+        table.add_column(
+            column,
+            justify="right" if column in ("sample", "token", "abs_token", "value") else "left",
+            no_wrap=column not in ("mechanism", "note"),
+            min_width=min(len(column), 9),
+            overflow="fold",
+        )
+    for row in rows:
+        table.add_row(*map(_cell, row))
+    console.print(table)
 
 
 def _cell(text: str):
@@ -303,39 +323,55 @@ def directory_summary(summaries: list) -> dict:
     }
 
 
+MECHANISMS_WIDTH = 24  # the least the directory table's last column gets; narrower, each file is two lines
+
+
+def _directory_row(summary, root: str) -> tuple[str, ...]:
+    """A file's cells: its path under `root`, kind, format, samples, tokens, findings, verdict, mechanisms (or its
+    error)."""
+    name = os.path.relpath(summary.path, root)
+    if summary.error:
+        return (name, *("-",) * 5, "error", summary.error)
+    note = ", ".join(summary.mechanisms) or "-"
+    if summary.errors:
+        note += f"; {len(summary.errors)} length errors (slime would fail): {summary.errors[0]}"
+    return (name, summary.kind, summary.format, str(summary.num_samples), f"{summary.response_tokens:,}",
+            str(summary.total), summary.would_nan, note)  # fmt: skip
+
+
 def render_directory(summaries: list, console, root: str) -> None:
     """One row per file (its path under `root`; verdict, findings, mechanisms, or its error), then the
     directory's summary line."""
     from rich import box  # heavy: rich, only the terminal renderers need it
     from rich.table import Table
 
-    table = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("file", "kind", "format", "samples", "tokens", "findings", "would NaN", "mechanisms / error"):
-        table.add_column(
-            column,
-            justify="right" if column in ("samples", "tokens", "findings") else "left",
-            no_wrap=column != "mechanisms / error",
-            overflow="fold",
-        )
-    for summary in summaries:
-        name = os.path.relpath(summary.path, root)
-        if summary.error:
-            table.add_row(*map(_cell, (name, *("-",) * 5, "error", summary.error)))
-            continue
-        note = ", ".join(summary.mechanisms) or "-"
-        if summary.errors:
-            note += f"; {len(summary.errors)} length errors (slime would fail): {summary.errors[0]}"
-        row = (
-            summary.kind,
-            summary.format,
-            str(summary.num_samples),
-            f"{summary.response_tokens:,}",
-            str(summary.total),
-            summary.would_nan,
-            note,
-        )
-        table.add_row(*map(_cell, (name, *row)))
-    console.print(table)
+    columns = ("file", "kind", "format", "samples", "tokens", "findings", "would NaN", "mechanisms / error")
+    rows = [_directory_row(summary, root) for summary in summaries]
+    fixed = sum(max([len(c)] + [len(row[i]) for row in rows]) + 3 for i, c in enumerate(columns[:-1]))
+    if console.width < fixed + MECHANISMS_WIDTH:  # narrow: each file as a line, its mechanisms or error below
+        from rich.padding import Padding  # heavy: rich, only the terminal renderers need it
+
+        console.print("dumps", highlight=False, markup=False)
+        for name, kind, release, samples, tokens, findings, would, note in rows:
+            head = f"{name}: {kind}" if kind == "-" else (
+                f"{name}: {kind} {release}, {samples} samples, {tokens} tokens, {findings} findings, would produce "
+                f"NaN: {would}"
+            )  # fmt: skip
+            console.print(Padding(_cell(head), (0, 0, 0, 1)))
+            if note != "-":
+                console.print(Padding(_cell(note), (0, 0, 0, 5)))
+    else:
+        table = Table(title="dumps", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in columns:
+            table.add_column(
+                column,
+                justify="right" if column in ("samples", "tokens", "findings") else "left",
+                no_wrap=column != "mechanisms / error",
+                overflow="fold",
+            )
+        for row in rows:
+            table.add_row(*map(_cell, row))
+        console.print(table)
     totals = directory_summary(summaries)
     verdicts = totals["would_nan"]
     console.print(

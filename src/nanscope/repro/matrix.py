@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nanscope import case
@@ -36,10 +37,15 @@ class Matrix:
 
 
 def run_matrix(
-    *, seed: int = 0, timeout_s: float = 600.0, via: Launcher = Launcher(), hazards=catalogue.CATALOGUE
+    *,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+    via: Launcher = Launcher(),
+    hazards=catalogue.CATALOGUE,
+    progress: Callable[[str], None] | None = None,
 ) -> Matrix:
     """`hazards` (default: every catalogue hazard) under as-is and safe, in one launch (one process group for all
-    runs)."""
+    runs); `progress(line)` after each run ("run 3 of 10 done: kl-exp-overflow, as-is")."""
     layout = Layout()
     specs = []
     for hazard in hazards:  # on the healthy batch each rank compares safe's grads with as-is's
@@ -50,7 +56,13 @@ def run_matrix(
         ]
     with scratch.directory("nanscope-matrix-") as out:  # swept by the next launch if this process is killed
         launched = launcher.launch(
-            specs, layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags(), via=via
+            specs,
+            layout,
+            timeout_s=timeout_s,
+            out_dir=out,
+            loss_flags=case.loss_flags(),
+            via=via,
+            progress=_runs_done(specs, progress),
         )
         reps = [from_run(run, launched, layout) for run in launched.runs]
         rows = []
@@ -59,3 +71,15 @@ def run_matrix(
             diff = max(diffs) if hazard.name == "healthy" and diffs and None not in diffs else None
             rows.append(MatrixRow(hazard.name, hazard.mechanism, as_is, safe, diff))
     return Matrix(rows, launched.wall_s, rows[0].as_is.layout, harness_notes(layout))
+
+
+def _runs_done(specs: list[RunSpec], progress: Callable[[str], None] | None):
+    """The launch's callback for `progress`: one line a finished run, naming its hazard and loss."""
+    if progress is None:
+        return None
+
+    def done(run: int, step: int | None, steps: int | None) -> None:
+        if step is None and 0 <= run < len(specs):
+            progress(f"run {run + 1} of {len(specs)} done: {specs[run].hazard}, {specs[run].loss}")
+
+    return done

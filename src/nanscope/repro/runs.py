@@ -3,6 +3,8 @@ expected to give, and `repro_one`, one hazard under one loss."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,7 +12,7 @@ from nanscope import case
 from nanscope.causes import catalogue
 from nanscope.errors import UserError
 from nanscope.launch.tracebacks import parse_traceback
-from nanscope.megatron import launcher
+from nanscope.megatron import launcher, scratch
 from nanscope.megatron.spec import Launcher, Layout, RunSpec, failed_check
 from nanscope.trace.sentinels.observe import causal_order
 
@@ -34,6 +36,8 @@ class Repro:
     trace: dict | None = None  # the tracer's report on the sentinel's rank (else the first failing, else the last)
     trace_rank: int | None = None
     fault: str | None = None  # the fault planted in the model (megatron.faults), `--fault` or the hazard's
+    fault_once: bool = False  # the fault fires on its module's first call only (`--fault-once`: a transient one)
+    rerun: dict | None = None  # `--fault-once`: the plugin hook's rerun verdict (a report's "rerun"), from rank 0 up
     sentinel: dict | None = None  # the sentinel's finding across ranks (`sentinel_finding`)
     traceback: str | None = None  # Ray launch: the error as its driver saw it (RayTaskError around the rank's)
 
@@ -195,11 +199,38 @@ def repro_one(
         model_fault=fault,
         model_fault_step=at if fault else None,
         model_fault_once=fault_once,
+        # a one-time fault (--fault-once, or the transient-fault hazard): the plugin's hook reruns the step, a verdict
+        hook=(fault_once if fault else catalogue.get(hazard).fault_once),
     )
-    launched = launcher.launch([spec], layout, timeout_s=timeout_s, loss_flags=case.loss_flags(), via=via)
-    rep = from_run(launched.runs[0], launched, layout)
+    with scratch.directory("nanscope-one-") as out:  # the hook's reports are read before it goes
+        launched = launcher.launch(
+            [spec], layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags(), via=via
+        )
+        rep = from_run(launched.runs[0], launched, layout)
+        if spec.hook:
+            rep.fault_once, rep.rerun = True, _rerun(launched.runs[0].ranks)
     rep.notes = harness_notes(layout) + rep.notes
+    if rep.fault_once:
+        rep.notes.append(TRANSIENT_NOTE)
     return rep
+
+
+# What a one-time fault's run shows: megatron's check cannot tell it from a persistent one; the rerun can.
+TRANSIENT_NOTE = (
+    "--fault-once: a transient fault (it fires once): megatron's check fails the step exactly as for a persistent "
+    "fault; the plugin's hook (NANSCOPE_RERUN=on, as installed) ran the step again: its verdict tells them apart"
+)
+
+
+def _rerun(records: list) -> dict | None:
+    """The rerun verdict of the first report the hook wrote (the verdict is the same on every rank), or None."""
+    for record in sorted(records, key=lambda r: r.rank):
+        for path in record.reports:
+            with contextlib.suppress(OSError, ValueError):
+                rerun = json.loads(Path(path).read_text()).get("rerun")
+                if isinstance(rerun, dict) and rerun.get("verdict"):
+                    return rerun
+    return None
 
 
 def max_abs_diff(paths_a: list[str | None], paths_b: list[str | None]) -> float | None:

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nanscope.facts.paths import REPORT_DIR
+from nanscope.inputs import printable
 from nanscope.loss.guard import NAN_POLICIES
 
 ON_NONFINITE = ("raise", "skip")
@@ -72,7 +73,7 @@ class Settings:
     def unknown_lines(self) -> list[str]:
         """One line per unknown NANSCOPE_* variable, naming the closest real one."""
         return [
-            f"{name} is not one of the plugin's variables, so it does nothing; the closest is "
+            f"{printable(name)} is not one of the plugin's variables, so it does nothing; the closest is "
             f"{difflib.get_close_matches(name, VARIABLES, n=1, cutoff=0.0)[0]} (all: {', '.join(VARIABLES)})"
             for name in self.unknown
         ]

@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,8 +142,10 @@ def environment(request: Request, report_dir: str | None) -> dict:
     return env
 
 
-def run(request: Request) -> Result:
-    """The run: prepare, the head and its launches; raises proctree.Interrupted on a stop signal."""
+def run(request: Request, progress: Callable[[str], None] | None = None) -> Result:
+    """The run: prepare, the head and its launches; raises proctree.Interrupted on a stop signal. `progress(line)`
+    as each phase starts and ends."""
+    say = progress or (lambda line: None)
     started = time.time()
     with StopSignals() as stop, scratch.directory("nanscope-slime-") as work:
         work = Path(work)
@@ -151,9 +153,12 @@ def run(request: Request) -> Result:
         paths = _paths(work, report_dir)
         hf.write(paths.hf)
         env = environment(request, report_dir)
+        say("writing the checkpoint and the rollout (slime's model, the hazard in its rollout)")
         prep = _prepare(request, work, paths, env, stop)
         if isinstance(prep, Result):
             return prep
+        names = ", ".join(launch.name for launch in request.launches)
+        say(f"checkpoint and rollout written in {prep['seconds']:.0f} s; slime's train.py under Ray: {names}")
         plans = {
             launch.name: flags.launch(request.case_flags, _own_ckpt(paths, work, launch.name), lines=launch.lines)
             for launch in request.launches
@@ -166,6 +171,7 @@ def run(request: Request) -> Result:
             # Ray's own processes: the run's env is the job's; CUDA hidden from all of them, as from the job's
             env={**os.environ, **hidden_cuda.slime_run(flags.WORLD)}, timeout_s=remaining, stop=stop,
         )  # fmt: skip
+        say(f"slime's train.py {'timed out' if timed_out else 'done'} after {time.time() - started:.0f} s")
         done = json.loads(Path(head_request.result).read_text()) if Path(head_request.result).exists() else {}
         launches = [_launch_result(launch, plans[launch.name], done) for launch in head_request.launches]
         left_out = _leave_logs(head_request.launches, Path(report_dir)) if report_dir is not None else []

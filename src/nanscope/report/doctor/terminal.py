@@ -229,7 +229,12 @@ def _flags_section(diagnosis, console) -> None:
         return
     _heading(console, "resolved flags", "(value, where it came from)")
     table = Table(show_header=False, box=None, padding=(0, 2))
-    for name, value, origin in key_flags(diagnosis):
+    rows = key_flags(diagnosis)
+    # a flag's name whole; a long value (a path, a module) folds where it has no space, never cut to an ellipsis
+    table.add_column(no_wrap=True, min_width=max((len(name) for name, _, _ in rows), default=1))
+    table.add_column(overflow="fold")
+    table.add_column(overflow="fold")
+    for name, value, origin in rows:
         table.add_row(escape(name), escape(value), f"[dim]{escape(origin)}[/dim]")
     console.print(table)
 

@@ -1,0 +1,112 @@
+"""The parsers' text: help wrapped to the terminal, and argparse's errors in one line.
+
+    parser = help.Parser(prog="nanscope", ...)          # its subparsers are Parsers too
+    sub.add_parser("scan", formatter_class=help.Formatter, description=..., epilog=...)
+
+A description or epilog is written once, at any width; `Formatter` lays it out at the help's width (argparse's:
+`COLUMNS`, else the terminal's, else 80): a paragraph of prose is refilled; an indented example line
+(`  nanscope scan x.pt   # what it shows`, and comment lines under it that continue its comment) keeps its
+command whole where it fits, else breaks it between words with a shell continuation (` \\`), and its comment goes
+on the lines below when the two do not fit on one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+from nanscope.inputs import printable
+
+_COMMENT = "  # "  # what separates an example's command from its comment, as laid out
+
+
+def _split(line: str) -> tuple[str, str, str]:
+    """(command, separator, comment) of an example line: its comment starts at the first ` # `."""
+    head, sep, tail = line.partition(" # ")
+    return head, sep, tail
+
+
+_MORE = "    "  # the indent of an example's continuation lines, past its own
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose error is one line (`nanscope scan: error: argument --workers: ...`), exit 2: the
+    usage block it would print first is `--help`'s to show."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs laid out at the help's width (the module's docstring says how)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(f"{indent}{line}".rstrip() + "\n" for line in layout(text, max(width, 20)))
+
+
+def layout(text: str, width: int) -> list[str]:
+    """`text` (prose paragraphs and indented example lines) as lines of at most `width` columns, where a word allows."""
+    lines: list[str] = []
+    prose: list[str] = []
+    example: list[str] | None = None  # [indent, command, comment] of the example being read
+
+    def flush() -> None:
+        nonlocal example
+        if prose:
+            lines.extend(textwrap.wrap(" ".join(prose), width, break_long_words=False, break_on_hyphens=False))
+            prose.clear()
+        if example is not None:
+            lines.extend(_example(*example, width))
+            example = None
+
+    for raw in text.strip("\n").splitlines():
+        stripped = raw.strip()
+        indent = raw[: len(raw) - len(raw.lstrip())]
+        if not stripped:
+            flush()
+            lines.append("")
+        elif not indent:
+            if example is not None:
+                flush()
+            prose.append(stripped)
+        elif stripped.startswith("#") and example is not None:  # the example's comment, continued
+            example[2] = f"{example[2]} {stripped.lstrip('#').strip()}".strip()
+        else:
+            flush()
+            command, _, comment = ("", "", stripped[1:]) if stripped.startswith("#") else _split(stripped)
+            example = [indent, command.strip(), comment.strip()]
+    flush()
+    return lines
+
+
+def _example(indent: str, command: str, comment: str, width: int) -> list[str]:
+    """One example: `command  # comment` on one line where it fits; else the command (broken between words with
+    ` \\` where it is too long) and its comment below it."""
+    whole = f"{indent}{command}{_COMMENT}{comment}" if comment else f"{indent}{command}"
+    if len(whole) <= width or not command:
+        return [whole] if command else [f"{indent}# {comment}"]
+    out = _command(indent, command, width)
+    more = indent + _MORE
+    out += [
+        f"{more}# {line}" for line in textwrap.wrap(comment, max(width - len(more) - 2, 10), break_long_words=False)
+    ]
+    return out
+
+
+def _command(indent: str, command: str, width: int) -> list[str]:
+    """A shell command in lines of at most `width` columns, each but the last ending in ` \\` (a word longer than a
+    line stays whole)."""
+    if len(indent) + len(command) <= width:
+        return [indent + command]
+    out: list[str] = []
+    line = indent
+    for word in command.split(" "):
+        head = line if line.strip() else line + word
+        if line.strip() and len(line) + 1 + len(word) + 2 > width:
+            out.append(line + " \\")
+            line = indent + _MORE + word
+        elif line.strip():
+            line = f"{line} {word}"
+        else:
+            line = head
+    return out + [line]

@@ -1,0 +1,154 @@
+"""Output that fits the terminal (issue 42 item 2): one width rule for every console, help wrapped to the
+terminal, argparse's errors in one line, strings from files and the environment cleaned of controls."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from nanscope.cli import help, terminal
+from nanscope.cli.main import COMMANDS, main
+from nanscope.slime_plugin.settings import Settings
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        raise OSError("no terminal here")
+
+
+def test_the_width_is_columns_else_the_terminal_else_100():
+    assert terminal.width(io.StringIO(), {}) == terminal.PIPED_WIDTH == 100
+    assert terminal.width(io.StringIO(), {"COLUMNS": "80"}) == 80
+    assert terminal.width(io.StringIO(), {"COLUMNS": "5"}) == terminal.MIN_WIDTH
+    for junk in ("", "wide", "٨٠", "-80", "1e3", "999999"):
+        assert terminal.width(io.StringIO(), {"COLUMNS": junk}) == 100, junk
+    assert terminal.width(_Tty(), {}) == 100  # a terminal whose size cannot be read
+
+
+def test_help_lays_out_prose_and_examples_at_the_width():
+    text = (
+        "examples:\n"
+        "  nanscope repro --hazard kl-exp-overflow --loss as-is # the case's exact error,\n"
+        "                                                       # from a last-stage rank\n"
+        "  nanscope hazards  # seconds\n"
+        "  nanscope repro --slime-src ~/slime --megatron-lm-src ~/Megatron-LM --plugin --report-dir reports\n"
+        "\n"
+        "exit code: 0 when every run's observed outcome is its expected one,\n"
+        "1 when not.\n"
+    )
+    assert help.layout(text, 60) == [
+        "examples:",
+        "  nanscope repro --hazard kl-exp-overflow --loss as-is",
+        "      # the case's exact error, from a last-stage rank",
+        "  nanscope hazards  # seconds",
+        "  nanscope repro --slime-src ~/slime --megatron-lm-src \\",
+        "      ~/Megatron-LM --plugin --report-dir reports",
+        "",
+        "exit code: 0 when every run's observed outcome is its",
+        "expected one, 1 when not.",
+    ]
+
+
+@pytest.mark.parametrize("command", ("",) + COMMANDS)
+def test_every_help_fits_80_columns(command):
+    env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-m", "nanscope.cli.main", *([command] if command else []), "--help"]
+    out = subprocess.run(argv, capture_output=True, text=True, env={**_env(), **env}, timeout=60).stdout
+    assert out.count("\n") > 5 and [line for line in out.splitlines() if len(line) > 80] == []
+
+
+def _env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["scan", "--max-rows", "x"], "nanscope scan: error: argument --max-rows: 'x': expected an integer from 0 to "
+         "1,000,000 (see nanscope scan --help)"),
+        (["repro", "--seed", str(2**64)], "nanscope repro: error: argument --seed: '18446744073709551616': expected "
+         "an integer from 0 to 4,294,967,295 (see nanscope repro --help)"),
+        (["hazards", "--seed", str(2**64)], "nanscope hazards: error: argument --seed: '18446744073709551616': "
+         "expected an integer from 0 to 4,294,967,295 (see nanscope hazards --help)"),
+        (["trace", "--hazard", "kl-exp-overflow", "--seed", str(2**64)], "nanscope trace: error: argument --seed: "
+         "'18446744073709551616': expected an integer from 0 to 4,294,967,295 (see nanscope trace --help)"),
+        (["scan", "--demo-kind", "x\x1b[2J"], "nanscope scan: error: argument --demo-kind: invalid choice: "
+         "'x\\x1b[2J' (choose from 'rollout', 'train', 'run') (see nanscope scan --help)"),
+        (["nope"], "nanscope: error: argument COMMAND: invalid choice: 'nope' (choose from 'repro', 'hazards', "
+         "'doctor', 'scan', 'trace') (see nanscope --help)"),
+    ],
+)  # fmt: skip
+def test_a_bad_option_value_is_one_line_exit_2(argv, line, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and capsys.readouterr().err == line + "\n"
+
+
+def test_the_plugins_unknown_variable_warning_is_cleaned_of_controls():
+    name = "NANSCOPE_\x1b]52;c;aGk=\x07X\x9b2J"
+    (line,) = Settings.from_env({name: "1"}).unknown_lines()
+    assert line.startswith("NANSCOPE_\\x1b]52;c;aGk=\\x07X\\x9b2J is not one of the plugin's variables")
+
+
+def test_write_demos_path_is_cleaned_of_controls(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    name = "d\x1b]52;c;aGk=\x07\x9d.pt"
+    assert main(["scan", "--write-demo", name]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x9d" not in out and "\x07" not in out
+    assert out.splitlines()[0].startswith("wrote rollout dump 'd\\x1b]52;c;aGk=\\x07\\x9d.pt' (rollout 12,")
+    assert out.splitlines()[-1] == "now run: nanscope scan 'd\\x1b]52;c;aGk=\\x07\\x9d.pt'"
+
+
+def _shell(script: str) -> subprocess.CompletedProcess:
+    nanscope = f"{sys.executable} -m nanscope.cli.main"
+    return subprocess.run(
+        ["bash", "-c", script.replace("nanscope", nanscope)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_closed_pipe_exits_quietly_and_a_full_disk_is_one_line():
+    """`| head` ends the command with 141 (128 + SIGPIPE) and nothing on stderr; stdout on /dev/full is one line,
+    exit 2 (both were exit 1 with nothing, or an internal error)."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader gone before the first line: every write fails with EPIPE, whatever the timing
+    try:
+        argv = [sys.executable, "-m", "nanscope.cli.main", "doctor", "--case", "slime-795"]
+        done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
+    done = _shell("nanscope hazards > /dev/full")
+    assert (done.returncode, done.stderr) == (
+        2,
+        "nanscope hazards: error: cannot write standard output: No space left on device\n",
+    )
+
+
+def test_json_and_html_say_where_they_wrote(tmp_path, capsys):
+    out = tmp_path / "d.json"
+    assert main(["doctor", "--case", "slime-795", "--json", str(out), "--html", str(tmp_path / "d.html")]) == 0
+    assert capsys.readouterr().err == f"nanscope doctor: wrote {out} (--json), {tmp_path / 'd.html'} (--html)\n"
+
+
+def test_doctor_and_scan_fit_80_columns(tmp_path, monkeypatch, capsys):
+    """Issue 42 item 2: in an 80-column terminal no line of doctor's or scan's is wider (repro's: tests/cli/
+    test_repro.py's matrix; hazards': tests/cli/test_hazards.py)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    dump = tmp_path / "12.pt"
+    for argv in (["doctor", "--case", "slime-795"], ["doctor", "--case", "harness"],
+                 ["scan", "--write-demo", str(dump)], ["scan", str(dump)]):  # fmt: skip
+        assert main(argv) in (0, 1)
+        out = capsys.readouterr().out
+        assert out.count("\n") > 3 and [line for line in out.splitlines() if len(line) > 80] == [], argv
+        assert "…" not in out, argv  # rich's ellipsis: a cell cut (doctor's flags table cut them piped)
