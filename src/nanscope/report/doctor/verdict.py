@@ -125,8 +125,10 @@ def _failure_sentences(diagnosis) -> list[str]:
             what, frame = reached
             parts.append(f"Its frames reach {what} ({frame.path.replace(chr(92), '/').rsplit('/', 1)[-1]}:"
                          f"{frame.line} {frame.function}).")  # fmt: skip
-    else:
+    elif traceback.metrics.seen or traceback.nonfinite.metrics.keys:
         parts.append("The log has no error line: only its metric lines say what happened.")
+    else:
+        parts.append("The log has no error line, no traceback and no metric line.")
     parts += [f"Its {excursion.text()}." for excursion in traceback.excursions()]
     if evidence.schedule is not None or evidence.check is not None:
         shown = [line for line in evidence.lines if not line.startswith("the innermost")]

@@ -1,0 +1,101 @@
+"""Issue 41, round 4: the classes of misreading found on a fourth set of reports doctor had never read, each on crafted
+input of its class in the stack's own format (never a report's string): a readable benign log refused (a), ...
+Each test fails on round 3's doctor."""
+
+import json
+
+import pytest
+
+from nanscope.cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+
+
+def _doctor(tmp_path, capsys, log: str, *args: str) -> tuple[dict, str]:
+    (tmp_path / "job.log").write_text(log)
+    out = tmp_path / "d.json"
+    code = main(["doctor", "--traceback", str(tmp_path / "job.log"), *args, "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
+
+
+# a. a readable benign log is read: exit 0, "no non-finite value and no error found in N lines (what was read)"
+
+# transformers' Trainer: its `log` dict, then the tqdm bar (transformers trainer.py `_maybe_log_save_evaluate`)
+_HF = (
+    "***** Running training *****\n  Num examples = 1,000\n  Num Epochs = 1\n"
+    "{'loss': 2.3412, 'grad_norm': 1.2345, 'learning_rate': 4.9e-05, 'epoch': 0.05}\n"
+    "  5%|▌         | 10/200 [00:10<03:10,  1.00s/it]\n"
+    "{'loss': 2.1003, 'grad_norm': 1.1021, 'learning_rate': 4.8e-05, 'epoch': 0.1}\n"
+    " 10%|█         | 20/200 [00:20<03:00,  1.00s/it]\n"
+    "{'train_runtime': 200.1, 'train_samples_per_second': 8.0, 'train_steps_per_second': 1.0, 'train_loss': 2.0, "
+    "'epoch': 1.0}\n"
+    "Training completed. Do not forget to share your model on huggingface.co/models =)\n"
+)
+# Megatron-LM's training_log line (megatron/training/training.py), all finite
+_MEGATRON = "".join(
+    f" [2024-05-01 10:00:{i:02d}] iteration       {i}/    1000 | consumed samples:        {64 * i} | elapsed time per "
+    f"iteration (ms): 1234.5 | learning rate: 1.000000E-05 | global batch size:    64 | lm loss: 9.8{i}E+00 | loss "
+    "scale: 1.0 | grad norm: 2.345 | number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+    for i in range(10, 13)
+)
+# a DeepSpeed engine's step report (deepspeed/runtime/engine.py), finite
+_DEEPSPEED = (
+    "[2024-05-01 10:00:00,123] [INFO] [logging.py:96:log_dist] [Rank 0] step=10, skipped=0, lr=[1e-05], "
+    "mom=[(0.9, 0.999)]\n"
+    "[2024-05-01 10:00:01,123] [INFO] [timer.py:260:stop] epoch=0/micro_step=20/global_step=20, "
+    "RunningAvgSamplesPerSec=12.3, CurrSamplesPerSec=12.1, MemAllocated=3.2GB, MaxMemAllocated=5.1GB\n"
+)
+_PLAIN = "Loading checkpoint shards: done\nSaving model checkpoint to /out/checkpoint-200\nTraining finished.\n"
+
+
+@pytest.mark.parametrize(
+    ("log", "lines", "read"),
+    [
+        (_HF, 9, "the metric lines of transformers, up to step 20"),
+        (_MEGATRON, 3, "the metric lines of megatron-lm, up to step 12"),
+        (_PLAIN, 3, "no metric line, no traceback"),
+    ],
+    ids=["transformers", "megatron", "ends-normally"],
+)
+def test_a_benign_log_is_read_not_refused(log, lines, read, tmp_path, capsys):
+    """Round 3: the plain log exited 2 "no Megatron error found"; the metric logs said "every value the text prints
+    is finite", without how much was read."""
+    doc, out = _doctor(tmp_path, capsys, log)
+    said = f"no non-finite value and no error found in {lines} lines (what was read: {read})"
+    assert doc["summary"]["benign"] == said and said in out
+    assert doc["summary"]["kind"] is None and doc["failure"]["rank"] is None
+
+
+def test_a_benign_deepspeed_log_is_not_refused(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _DEEPSPEED)
+    assert doc["summary"]["benign"].startswith("no non-finite value and no error found in 2 lines (what was read: ")
+    assert doc["summary"]["kind"] is None
+
+
+def test_a_plain_log_does_not_claim_metric_lines(tmp_path, capsys):
+    _, out = _doctor(tmp_path, capsys, _PLAIN)
+    assert "The log has no error line, no traceback and no metric line." in out
+    assert "only its metric lines say" not in out
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"   \n\n", bytes(range(256)) * 64, b"\0" * 4096, b"import torch\ndef train():\n    pass\n"],
+    ids=["empty", "blank", "binary", "nul-bytes", "python-source"],
+)
+def test_a_what_is_no_log_is_still_refused(content, tmp_path, capsys):
+    path = tmp_path / "in.txt"
+    path.write_bytes(content)
+    assert main(["doctor", "--traceback", str(path)]) == 2
+    assert "no Megatron error found" in capsys.readouterr().err
+
+
+def test_a_long_line_of_text_is_read_in_bounded_time(tmp_path, capsys):
+    """A hang check, not a speed one: 8 MB of one benign line and 200k short lines finish (bound: pytest-timeout)."""
+    doc, _ = _doctor(tmp_path, capsys, "x=" + "ab " * 3_000_000 + "\n" + "step ok\n" * 200_000)
+    assert doc["summary"]["benign"].startswith("no non-finite value and no error found in 200001 lines")
