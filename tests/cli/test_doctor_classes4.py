@@ -99,3 +99,33 @@ def test_a_long_line_of_text_is_read_in_bounded_time(tmp_path, capsys):
     """A hang check, not a speed one: 8 MB of one benign line and 200k short lines finish (bound: pytest-timeout)."""
     doc, _ = _doctor(tmp_path, capsys, "x=" + "ab " * 3_000_000 + "\n" + "step ok\n" * 200_000)
     assert doc["summary"]["benign"].startswith("no non-finite value and no error found in 200001 lines")
+
+
+# b. DeepSpeed's loss-scaler line without its `[deepspeed] OVERFLOW!` head (a logger's own prefix, a timestamp, none)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+        "2024-05-01 10:00:01,123 - INFO - Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
+        "[2024-05-01 10:00:01,123] [INFO] [loss_scaler.py:183:update_scale] Rank 0 Skipping step. Attempted loss "
+        "scale: 65536, reducing to 32768",
+    ],
+    ids=["bare", "logger", "deepspeed-logger"],
+)
+def test_b_a_headless_deepspeed_skip_line_is_overflow_evidence(line, tmp_path, capsys):
+    """Round 3: no finding (the line was not read: its anchor was `OVERFLOW!`)."""
+    doc, _ = _doctor(tmp_path, capsys, "loading data\n" + line + "\n")
+    assert (doc["failure"]["check"], doc["failure"]["line"], doc["failure"]["message"]) == (
+        "deepspeed-overflow",
+        2,
+        "loss scale 65536 -> 32768",
+    )
+    assert doc["failure"]["other_ranks"] == ["rank 0 logs it (DeepSpeed prints it on rank 0 only)"]
+
+
+def test_b_a_long_line_of_rank_words_is_read_in_bounded_time(tmp_path, capsys):
+    """A hang check (bound: pytest-timeout): the anchor repeated on one long line, never completed."""
+    doc, _ = _doctor(tmp_path, capsys, "Rank 1 Skipping step. Attempted loss scale" * 40_000 + "\n")
+    assert doc["summary"]["kind"] is not None or doc["summary"]["benign"] is not None

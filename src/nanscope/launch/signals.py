@@ -47,10 +47,11 @@ MARKERS = (
     b"Watchdog caught",
     b"NCCL operations have failed",
     b"iterations in a row due to Overflow",
+    b"Skipping step. Attempted loss scale",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _NUMBER = r"[\d.eE+-]{1,30}"
 _OVERFLOW = re.compile(
-    r"(?:OVERFLOW! Rank (?P<rank>\d{1,9}) Skipping step\.|fp16 dynamic loss scale overflow!(?: Rank (?P<rank2>\d{1,9}))?"
+    r"(?:(?:OVERFLOW! )?Rank (?P<rank>\d{1,9}) Skipping step\.|fp16 dynamic loss scale overflow!(?: Rank (?P<rank2>\d{1,9}))?"
     r" Skipping step\.|Overflow detected\. Skipping step\.)"
     rf"(?: Attempted loss scale: (?P<scale>{_NUMBER}),? (?:reducing to (?P<next>{_NUMBER})"
     r"|but hysteresis is (?P<hysteresis>\d{1,9})\.? Reducing hysteresis to (?P<left>\d{1,9})))?"
@@ -393,6 +394,7 @@ def _logged(text: str, before: str):
 # (literal anchor, reader of the window around it), in order: the first that reads the line wins
 _READERS = (
     ("OVERFLOW!", _overflow), ("loss scale overflow!", _overflow), ("Overflow detected", _overflow),
+    ("Skipping step. Attempted loss scale", _overflow),  # DeepSpeed's line without its `[deepspeed] OVERFLOW!` head
     ("Grad overflow on iteration", _grad_overflow), ("in a row due to Overflow", _overflow_exit), ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
     ("Error detected in", _forward),
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
