@@ -129,3 +129,42 @@ def test_b_a_long_line_of_rank_words_is_read_in_bounded_time(tmp_path, capsys):
     """A hang check (bound: pytest-timeout): the anchor repeated on one long line, never completed."""
     doc, _ = _doctor(tmp_path, capsys, "Rank 1 Skipping step. Attempted loss scale" * 40_000 + "\n")
     assert doc["summary"]["kind"] is not None or doc["summary"]["benign"] is not None
+
+
+# c. an unnamed printed tensor (torch/_tensor_str.py's repr) holding nan or inf
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "values"),
+    [
+        ("tensor(nan)", "NaN", "nan"),
+        ("tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)", "NaN", "nan"),
+        ("tensor([nan, nan], device='cuda:0')", "NaN", "nan, nan"),
+        ("[rank3]: tensor([[1.0000, inf],", "Inf", "1.0000, inf"),
+    ],
+    ids=["scalar", "device-grad-fn", "vector", "rank-prefixed-cut"],
+)
+def test_c_a_printed_tensor_is_a_nonfinite_value(line, kind, values, tmp_path, capsys):
+    """Round 3: "no Megatron error found" (exit 2), or every value finite."""
+    doc, out = _doctor(tmp_path, capsys, "epoch 0 done\n" + line + "\n")
+    assert (doc["failure"]["check"], doc["failure"]["line"], doc["summary"]["kind"]) == ("printed-tensor", 2, kind)
+    assert doc["failure"]["message"] == f"its values {values}"
+    assert f"a printed tensor holds nan or inf (line 2; its values {values})" in out.lower()
+    assert doc["summary"]["rank"] == (3 if line.startswith("[rank3]") else None)
+
+
+@pytest.mark.parametrize("line", ["tensor(1.2345, device='cuda:0')", "tensor([0.5, 1.5])", "loss: tensor(2.1)"])
+def test_c_a_finite_printed_tensor_is_no_evidence(line, tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, line + "\n")
+    assert doc["summary"]["kind"] is None and doc["summary"]["benign"] is not None
+
+
+def test_c_a_named_tensor_stays_the_metric_it_names(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "loss tensor(nan, device='cuda:0')\n")
+    assert (doc["summary"]["metric"], doc["summary"]["kind"]) == ("loss", "NaN")
+
+
+def test_c_a_long_tensor_line_is_read_in_bounded_time(tmp_path, capsys):
+    """A hang check (bound: pytest-timeout): tensor( repeated, never closed, on one long line."""
+    doc, _ = _doctor(tmp_path, capsys, "tensor([" * 200_000 + "\n")
+    assert doc["summary"]["kind"] is None
