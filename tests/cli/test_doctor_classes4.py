@@ -168,3 +168,37 @@ def test_c_a_long_tensor_line_is_read_in_bounded_time(tmp_path, capsys):
     """A hang check (bound: pytest-timeout): tensor( repeated, never closed, on one long line."""
     doc, _ = _doctor(tmp_path, capsys, "tensor([" * 200_000 + "\n")
     assert doc["summary"]["kind"] is None
+
+
+# g. a blank or spaces-only line inside a `\` continuation ends the command, as bash does (checked: `printf 'echo a
+# \\\n   \n   echo b\n' | bash` prints a, then b), said in one line; the flags before it are read
+
+
+def _script(tmp_path, capsys, text: str) -> dict:
+    (tmp_path / "run.sh").write_text(text)
+    out = tmp_path / "s.json"
+    assert main(["doctor", str(tmp_path / "run.sh"), "--json", str(out)]) == 0
+    capsys.readouterr()
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize(("blank", "what"), [("    ", "a line of spaces only"), ("", "a blank line")])
+def test_g_a_blank_line_in_a_continuation_cuts_the_command_and_says_so(blank, what, tmp_path, capsys):
+    """Round 3: the command was cut there without a word."""
+    text = (
+        "#!/bin/bash\npython3 -m verl.trainer.main_ppo \\\n    algorithm.adv_estimator=grpo \\\n    trainer.nnodes=1 \\\n"
+        f"{blank}\n    trainer.n_gpus_per_node=7 \\\n    trainer.total_epochs=3\n"
+    )
+    doc = _script(tmp_path, capsys, text)
+    cut = (
+        f"line 5: {what} inside the command's `\\` continuation ends the command there, as bash does: line 6 on "
+        "(`trainer.n_gpus_per_node=7` ...) is not its arguments, and what those lines set is not read"
+    )
+    assert cut in doc["notes"] and f"The launch script's train command is cut short: {cut}." in doc["verdict"]
+    assert doc["inputs"]["argv"] == ["algorithm.adv_estimator=grpo", "trainer.nnodes=1"]
+
+
+def test_g_a_continuation_followed_by_many_blank_lines_is_read_in_bounded_time(tmp_path, capsys):
+    """A hang check (bound: pytest-timeout): 100k blank-ish lines after a `\\`, no indented line after them."""
+    doc = _script(tmp_path, capsys, "python3 -m verl.trainer.main_ppo \\\n" + " \n#\n" * 100_000 + "x\n")
+    assert doc["inputs"]["argv"] == []
