@@ -202,3 +202,26 @@ def test_g_a_continuation_followed_by_many_blank_lines_is_read_in_bounded_time(t
     """A hang check (bound: pytest-timeout): 100k blank-ish lines after a `\\`, no indented line after them."""
     doc = _script(tmp_path, capsys, "python3 -m verl.trainer.main_ppo \\\n" + " \n#\n" * 100_000 + "x\n")
     assert doc["inputs"]["argv"] == []
+
+
+# h. a transformers Trainer dict is its bar's step: on_step_end updates the bar to global_step, then on_log prints the
+# dict with tqdm.write and the bar is redrawn at the same count (launch.metric_lines._trainer_dict cites the source)
+_BAR9 = "  4%|▍         | 9/200 [00:09<03:11,  1.00s/it]"
+_BAR10 = "  5%|▌         | 10/200 [00:10<03:10,  1.00s/it]"
+_BAR11 = "  6%|▌         | 11/200 [00:11<03:09,  1.00s/it]"
+_DICT = "{'loss': nan, 'grad_norm': nan, 'learning_rate': 4.9e-05, 'epoch': 0.05}"
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        f"{_BAR9}\n{_DICT}\n{_BAR10}\n{_BAR11}\n",  # a lagging bar before it, the redrawn one after
+        f"{_BAR9}\n{_DICT}\n\n{_BAR10}\n",  # a blank line between
+        f"{_DICT}\n{_BAR10}\n",  # the dict first
+    ],
+    ids=["bar-before-lags", "blank-between", "dict-first"],
+)
+def test_h_a_trainer_dict_is_its_bars_step(log, tmp_path, capsys):
+    """Round 3: step 9 (the lagging bar on the line before it), not the bar redrawn after it."""
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert (doc["summary"]["metric"], doc["summary"]["kind"], doc["summary"]["step"]) == ("loss", "NaN", 10)
