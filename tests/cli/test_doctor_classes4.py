@@ -225,3 +225,36 @@ def test_h_a_trainer_dict_is_its_bars_step(log, tmp_path, capsys):
     """Round 3: step 9 (the lagging bar on the line before it), not the bar redrawn after it."""
     doc, _ = _doctor(tmp_path, capsys, log)
     assert (doc["summary"]["metric"], doc["summary"]["kind"], doc["summary"]["step"]) == ("loss", "NaN", 10)
+
+
+# e. a launch command quoted in Markdown (a pasted report given as the script): fences, `> ` quotes, `$ ` prompts
+
+_COMMAND = (
+    "torchrun --nnodes 1 --nproc_per_node 8 pretrain_gpt.py \\\n    --tensor-model-parallel-size 2 \\\n"
+    "    --pipeline-model-parallel-size 2 \\\n    --fp16\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "how"),
+    [
+        ("My run dies with NaN. The command:\n\n```bash\n" + _COMMAND + "```\nThen it fails.\n", "its ``` fences"),
+        ("Command:\n" + "".join("> " + line + "\n" for line in _COMMAND.splitlines()), "its `> ` quotes"),
+        ("I ran\n$ " + _COMMAND + "and got NaN\n", "its `$ ` prompts"),
+        ("```\n$ " + _COMMAND + "```\n", "its ``` fences, its `$ ` prompts"),
+    ],
+    ids=["fence", "quote", "prompt", "fence-and-prompt"],
+)
+def test_e_a_markdown_quoted_command_is_the_launch(text, how, tmp_path, capsys):
+    """Round 3: exit 2, "no train command found"."""
+    doc = _script(tmp_path, capsys, text)
+    assert doc["inputs"]["argv"] == ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                     "--fp16"]  # fmt: skip
+    assert (doc["topology"]["world"], doc["topology"]["tp"], doc["topology"]["pp"]) == (8, 2, 2)
+    said = f"{tmp_path / 'run.sh'}: read as a Markdown paste: the command lines inside {how}, the rest not read"
+    assert said in doc["notes"]
+
+
+def test_e_a_plain_script_is_not_read_as_markdown(tmp_path, capsys):
+    doc = _script(tmp_path, capsys, "#!/bin/bash\n" + _COMMAND)
+    assert not any("Markdown" in note for note in doc["notes"])

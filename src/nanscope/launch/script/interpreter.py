@@ -36,6 +36,7 @@ from nanscope.launch.script.calls import Calls, Return
 from nanscope.launch.script.commands import called_script, train_command
 from nanscope.launch.script.continuation import cut_note
 from nanscope.launch.script.expansion import Expander, unescape_word
+from nanscope.launch.script.markdown import unquote
 from nanscope.launch.script.syntax import TooSlow, line, parse, snippet, without_controls
 
 
@@ -86,6 +87,7 @@ class Interpreter:
         self.depth = 0  # nested `source` files
         self.assumptions: list[str] = []
         self.source = b""  # the bytes of the file being read
+        self.pasted: str | None = None  # the script is a Markdown paste: what of it was read (script.markdown)
         self.cut: str | None = None  # the train command cut by a comment in its continuation (script.continuation)
         self.wrapped: list[str] = []  # scripts it runs that could not be read here (a site wrapper's target)
         self.calls = Calls(self.words, self.budget, self.statement)
@@ -95,6 +97,10 @@ class Interpreter:
     def run_file(self, path: str, what: str = "launch script") -> None:
         self.budget.files += 1
         text, removed = without_controls(inputs.read_text(path, what, self.limit, OPTION))
+        pasted = unquote(text) if self.depth == 0 else None  # a report's Markdown: its quoted command
+        if pasted is not None:
+            text = pasted[0]
+            self.pasted = f"{path}: {pasted[1]}"
         try:
             tree = parse(text.encode(), self.budget)
         except TooSlow as slow:
