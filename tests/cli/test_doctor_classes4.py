@@ -258,3 +258,39 @@ def test_e_a_markdown_quoted_command_is_the_launch(text, how, tmp_path, capsys):
 def test_e_a_plain_script_is_not_read_as_markdown(tmp_path, capsys):
     doc = _script(tmp_path, capsys, "#!/bin/bash\n" + _COMMAND)
     assert not any("Markdown" in note for note in doc["notes"])
+
+
+# f. a Slurm wrapper: `srun ... bash -c "torchrun ..."`, #SBATCH's layout, `python -m torch.distributed.run`
+
+
+def test_f_srun_bash_c_is_read_as_the_launch_with_sbatchs_layout(tmp_path, capsys):
+    """Round 3: exit 2, "no train command found"."""
+    text = (
+        "#!/bin/bash\n#SBATCH --job-name=gpt\n#SBATCH --nodes=4\n#SBATCH --gpus-per-node=8\n"
+        'srun --ntasks-per-node=1 bash -c "torchrun --nnodes \\$SLURM_NNODES --nproc_per_node \\$SLURM_GPUS_PER_NODE '
+        'pretrain_gpt.py --tensor-model-parallel-size 4 --fp16"\n'
+    )
+    doc = _script(tmp_path, capsys, text)
+    topology = doc["topology"]
+    assert (doc["inputs"]["train_script"], doc["inputs"]["train_command_line"]) == ("pretrain_gpt.py", 5)
+    assert (topology["world"], topology["nodes"], topology["gpus_per_node"], topology["tp"]) == (32, 4, 8, 4)
+    assert "line 5: the string its `bash -c` runs read as the launch command" in doc["notes"]
+    assert "#SBATCH --nodes 4: SLURM_NNODES=4, as Slurm sets it for the job" in doc["notes"]
+
+
+def test_f_python_m_torch_distributed_run_lays_out_from_its_flags(tmp_path, capsys):
+    text = (
+        "python -m torch.distributed.run --nnodes 2 --nproc_per_node 4 pretrain_gpt.py --tensor-model-parallel-size 2\n"
+    )
+    doc = _script(tmp_path, capsys, text)
+    assert (doc["topology"]["world"], doc["topology"]["nodes"], doc["topology"]["gpus_per_node"]) == (8, 2, 4)
+
+
+def test_f_an_env_value_wins_over_sbatch(tmp_path, capsys):
+    (tmp_path / "run.sh").write_text(
+        "#SBATCH --nodes=4\nsrun bash -lc 'torchrun --nnodes $SLURM_NNODES --nproc_per_node 8 pretrain_gpt.py'\n"
+    )
+    out = tmp_path / "s.json"
+    assert main(["doctor", str(tmp_path / "run.sh"), "--env", "SLURM_NNODES=2", "--json", str(out)]) == 0
+    capsys.readouterr()
+    assert json.loads(out.read_text())["topology"]["world"] == 16

@@ -145,6 +145,7 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
         launch.notes.append(script.cut)
     if script.pasted:
         launch.notes.append(script.pasted)
+    launch.notes += script.read_as
     _deepspeed_config(launch, view)
     _world(launch, script)
     _visible_devices(launch, script)
