@@ -66,7 +66,9 @@ def test_a_named_nonfinite_value_is_read_in_any_line(log, metric, kind, tmp_path
 def test_a_path_a_hex_value_or_a_word_is_no_metric(line, tmp_path, capsys):
     """Round 4: readable text is never refused; the word is no non-finite value (round 3: exit 2)."""
     doc, _ = _doctor(tmp_path, capsys, line + "\n")
-    assert doc["summary"]["benign"].startswith("no non-finite value and no error found in 1 line (what was read: ")
+    assert doc["summary"]["benign"] == (
+        "no non-finite value and no error found in 1 line (what was read: plain lines, no metric line)"
+    )
     assert doc["summary"]["kind"] is None
 
 

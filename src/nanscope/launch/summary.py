@@ -132,8 +132,16 @@ def benign(traceback, out: Summary) -> str | None:
     if quiet and watchdog:
         return "a collective timed out (a hang or a dead rank), and no value the text prints is non-finite"
     if quiet and failure is None and (printed or traceback.lines):
-        return nothing_found(traceback, printed)
+        return nothing_found(traceback, read_metric_lines(traceback))
     return None
+
+
+def read_metric_lines(traceback) -> bool:
+    """Metric lines were read: Megatron's iteration lines, or lines of at least two `key value` pairs (one word and
+    a number, `epoch 3 of run-7`, is no metric line)."""
+    lines = traceback.nonfinite.metrics
+    said = lines.first is not None or lines.weak is not None or bool(lines.counters)
+    return traceback.metrics.seen or said or len(lines.keys) >= 2
 
 
 def nothing_found(traceback, printed: bool) -> str:
@@ -142,7 +150,7 @@ def nothing_found(traceback, printed: bool) -> str:
     lines = traceback.lines
     count = f"{lines} line{'s' if lines != 1 else ''}" if lines else "the text"
     if not printed:
-        return f"no non-finite value and no error found in {count} (what was read: no metric line, no traceback)"
+        return f"no non-finite value and no error found in {count} (what was read: plain lines, no metric line)"
     metrics = traceback.nonfinite.metrics
     last = metrics.explicit if metrics.explicit is not None else metrics.bar  # the last step a line read named
     first = traceback.metrics.first_step  # else the first metric line's
