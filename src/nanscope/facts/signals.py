@@ -16,6 +16,7 @@ launch.signals; the words are matched there.
     logged-nonfinite       TensorBoard's writer refused a non-finite scalar
     nonfinite-error        any other error line whose message names NaN or Inf
     nonfinite-message      any other log line that says a loss or gradient is NaN or Inf
+    printed-tensor         a tensor printed by the job's own code (`tensor(nan, device='cuda:0')`) holds NaN or Inf
 """
 
 from __future__ import annotations
@@ -190,6 +191,16 @@ SIGNALS: tuple[Signal, ...] = (
         stack="-",
         source="",
         means="the log says a loss or a gradient went NaN or Inf",
+    ),
+    Signal(
+        id="printed-tensor",
+        value="NaN or Inf",
+        quantity="-",
+        fatal=False,
+        stack="-",
+        source="torch 2.x torch/_tensor_str.py (a tensor's repr: `tensor(nan, device='cuda:0', grad_fn=<...>)`)",
+        means="a tensor the job's own code printed, unnamed, holds NaN or Inf: which value it is, the code that printed "
+        "it says",
     ),
 )
 BY_ID = {signal.id: signal for signal in SIGNALS}

@@ -143,6 +143,9 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
         launch.notes.append(f"--num-layers-per-virtual-pipeline-stage {stages}: virtual stages need num-layers")
     if script.cut:
         launch.notes.append(script.cut)
+    if script.pasted:
+        launch.notes.append(script.pasted)
+    launch.notes += script.read_as
     _deepspeed_config(launch, view)
     _world(launch, script)
     _visible_devices(launch, script)

@@ -6,16 +6,12 @@ as the traceback), a Python file (a NeMo-Run recipe, a training script), or neit
 
 from __future__ import annotations
 
-import re
-
 from nanscope import inputs
 from nanscope.errors import UserError
-from nanscope.launch.logs import scan
+from nanscope.launch.logs import PYTHON, scan
 
 _SNIFF = 64 << 10  # bytes looked at
-_PYTHON = re.compile(
-    r"^(?:#!.*python|import \w|from [\w.]+ import |def \w+\(|class \w+[(:]|if __name__ ==)", re.MULTILINE
-)
+_PYTHON = PYTHON
 LOG = "a job log"
 
 
@@ -33,7 +29,7 @@ def what_it_is(path: str, limit: int) -> str | None:
         found = scan([data], path)
     except UserError:
         found = None
-    if found is not None:
+    if found is not None and not found.quiet:
         return LOG
     if _PYTHON.search(text) is not None:
         return "a Python file (a NeMo-Run recipe)" if "nemo_run" in text else "a Python file"

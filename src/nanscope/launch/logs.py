@@ -104,6 +104,17 @@ class Found:
     notes: list[str] = field(default_factory=list)  # what was not read, and why (an impossible number, an encoding)
     nonfinite: Nonfinite = field(default_factory=Nonfinite)  # the other stacks' evidence lines and metric lines
     signal: tuple[list[str], list[str]] | None = None  # (context, raw) of the first fatal evidence line
+    lines: int = 0  # the log's lines, all of them
+    quiet: bool = False  # readable text with nothing in it nanscope reads: no error, no traceback, no metric line
+
+
+# Python source (a file, not a log): its first line of code at a line's start
+PYTHON = re.compile(
+    r"^(?:#!.*python|import \w|from [\w.]+ import |def \w+\(|class \w+[(:]|if __name__ ==)", re.MULTILINE
+)
+# the bytes a text log does not hold (C0 controls but tab, newline, carriage return and ESC; DEL)
+_CONTROL = bytes([*range(0, 9), 11, 12, *range(14, 27), *range(28, 32), 127])
+_HEAD = 4096  # bytes kept to tell a log from Python source
 
 
 MAX_NOTES = 8  # lines not read as error lines, said one by one; the rest counted
@@ -127,8 +138,15 @@ class _Scanner:
         self.skipped = 0
         self.nonfinite = Nonfinite()
         self.signal: tuple[list[str], list[str]] | None = None  # the first fatal evidence line's traceback
+        self.size = 0  # bytes fed
+        self.controls = 0  # of them, control bytes no text log holds (a binary file's)
+        self.head = b""  # the first _HEAD bytes
 
     def feed(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        self.controls += len(chunk) - len(chunk.translate(None, _CONTROL))
+        if len(self.head) < _HEAD:
+            self.head = (self.head + chunk)[:_HEAD]
         buf = self.carry + chunk
         cut = buf.rfind(b"\n") + 1
         if cut == 0:
@@ -140,6 +158,7 @@ class _Scanner:
         self._block(buf[:cut], _MARKERS)
 
     def finish(self) -> Found | None:
+        lines = self.lines + (1 if self.carry else 0)
         if self.carry:
             self._block(self.carry, _LAST, last=True)
             self.carry = b""
@@ -163,12 +182,21 @@ class _Scanner:
             if quiet and rerun is None and not self.metrics.seen and not framed:
                 if self.impossible:  # nothing else: the one line that looked like an error is the answer
                     raise UserError(self.impossible[0])
-                return None
-            found = Found(None, context, sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
+                if not self._readable():
+                    return None
+                found = Found(None, [], quiet=True)
+            else:
+                found = Found(None, context, sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
         else:
             found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
-        found.notes, found.nonfinite = notes, seen
+        found.notes, found.nonfinite, found.lines = notes, seen, lines
         return found
+
+    def _readable(self) -> bool:
+        """Text a log holds: not empty or blank, no more than 1 % control bytes (a binary file), no Python source."""
+        text = self.head.decode("utf-8", "replace")
+        blank = not self.head.strip()
+        return not blank and self.controls * 100 <= self.size and PYTHON.search(text) is None
 
     def _block(self, block: bytes, markers: tuple[re.Pattern, ...], last: bool = False) -> None:
         """The lines of `block` that hold one of `markers`, in order, and the metric lines before the first error;

@@ -124,6 +124,21 @@ _TIMES = frozenset(("time", "times", "timing", "timer", "timers", "duration", "e
                     "ms", "s", "per", "speed", "throughput"))  # fmt: skip
 
 
+_BAR_BEFORE = "the progress bar before it"
+
+
+def _trainer_dict(text: str) -> bool:
+    """A transformers Trainer's logged dict (`{'loss': nan, 'grad_norm': nan, ...}`), which belongs to the step its
+    progress bar shows: Trainer._inner_training_loop adds 1 to state.global_step and runs on_step_end, where
+    ProgressCallback updates the bar to global_step, before _maybe_log_save_evaluate logs the dict, which
+    ProgressCallback.on_log prints with tqdm.write: it clears the bar, prints the dict, and redraws the bar at the
+    same count (transformers 4.57.6 trainer.py:2753-2756, trainer_callback.py:651-653, :676-693). So the bar after
+    the dict gives its step, and a bar on the line before may lag (tqdm redraws at most every mininterval). A bar
+    glued before the dict on its line is left to `bars.step_at` (its count + 1): real pasted logs (LLaMA-Factory's PPO
+    loop, tests/fixtures/reports/real/llama-factory-357.txt) show dicts glued after the bar of the step before."""
+    return "{'" in text
+
+
 def _is_step_key(key: str) -> bool:
     low = key.lower()
     named = low in _STEP_KEYS or low.rsplit("/", 1)[-1] in _STEP_KEYS or low.rsplit(" ", 1)[-1] in _STEP_KEYS
@@ -423,7 +438,7 @@ class MetricLines:
         if step is None and self.explicit is not None:
             after = self.explicit
         elif step is None and self.bar is not None and number - self.bar_line <= LOOKAHEAD and not self.bar_done:
-            step, step_from = self.bar, "the progress bar before it"
+            step, step_from = self.bar, _BAR_BEFORE
         finite = {
             key: number_
             for key, value, _ in found
@@ -447,4 +462,6 @@ class MetricLines:
         if number == 1 and self.first.step is None and self.first.after is None:
             self.provisional = {key.lower() for key, _, _ in found}
         if self.first.step is None and self.first.after is None:
+            self.pending = number
+        elif self.first.step_from == _BAR_BEFORE and _trainer_dict(line):  # the bar redrawn after it is its step's
             self.pending = number

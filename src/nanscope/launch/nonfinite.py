@@ -35,6 +35,7 @@ NEEDLES = (
     b"watchdog caught",
     b"nccl operations have failed",
     b"in a row due to overflow",
+    b"skipping step. attempted loss scale",
     b"/it",
     b"it/s",
     b"consumed samples",

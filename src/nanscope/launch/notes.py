@@ -121,7 +121,12 @@ def input_notes(script: LaunchScript, cfg: Config, model: dict | None, model_ori
     for placeholder in script.placeholders:
         if placeholder.kind == "command":
             notes.append(f"line {placeholder.line}: {placeholder.text} is a run-time value, kept as text")
-    notes += ([script.cut] if script.cut else []) + script.assumptions + script.limits
+    notes += (
+        ([script.pasted] if script.pasted else [])
+        + ([script.cut] if script.cut else [])
+        + script.assumptions
+        + script.limits
+    )
     for name in ("num_layers", "num_experts"):
         if model and cfg.origin(name) == model_origin:
             notes.append(f"{name.replace('_', '-')} {cfg[name]} from {model_origin}")

@@ -47,10 +47,11 @@ MARKERS = (
     b"Watchdog caught",
     b"NCCL operations have failed",
     b"iterations in a row due to Overflow",
+    b"Skipping step. Attempted loss scale",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _NUMBER = r"[\d.eE+-]{1,30}"
 _OVERFLOW = re.compile(
-    r"(?:OVERFLOW! Rank (?P<rank>\d{1,9}) Skipping step\.|fp16 dynamic loss scale overflow!(?: Rank (?P<rank2>\d{1,9}))?"
+    r"(?:(?:OVERFLOW! )?Rank (?P<rank>\d{1,9}) Skipping step\.|fp16 dynamic loss scale overflow!(?: Rank (?P<rank2>\d{1,9}))?"
     r" Skipping step\.|Overflow detected\. Skipping step\.)"
     rf"(?: Attempted loss scale: (?P<scale>{_NUMBER}),? (?:reducing to (?P<next>{_NUMBER})"
     r"|but hysteresis is (?P<hysteresis>\d{1,9})\.? Reducing hysteresis to (?P<left>\d{1,9})))?"
@@ -97,6 +98,10 @@ _SAYS = re.compile(
 _SAYS_WORDS = ("is", "are", "was", "were", "became", "contain", "got", "gets", "detected", "occur", "has", "have",
                "found", "encountered")  # fmt: skip
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
+# a tensor's repr (torch/_tensor_str.py): `tensor(`, nested `[`, then its values up to the first `)` or `device=`;
+# bounded repeats, no nested quantifier: linear
+_TENSOR = re.compile(r"\btensor\(\[{0,8}(?P<values>[^()=\n]{0,400})")
+_TENSOR_KEYWORD = re.compile(r",\s{0,4}[a-z_]{1,20}\Z")  # the `, device` before the first `=` the values stop at
 _STEP = re.compile(r"\b(?:step|iteration|global_step)\s?[:=]?\s?(?P<step>\d{1,12})\b", re.IGNORECASE)
 
 
@@ -393,6 +398,7 @@ def _logged(text: str, before: str):
 # (literal anchor, reader of the window around it), in order: the first that reads the line wins
 _READERS = (
     ("OVERFLOW!", _overflow), ("loss scale overflow!", _overflow), ("Overflow detected", _overflow),
+    ("Skipping step. Attempted loss scale", _overflow),  # DeepSpeed's line without its `[deepspeed] OVERFLOW!` head
     ("Grad overflow on iteration", _grad_overflow), ("in a row due to Overflow", _overflow_exit), ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
     ("Error detected in", _forward),
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
@@ -437,12 +443,31 @@ def _cut(line: str) -> tuple[Signal, dict] | None:
     return None
 
 
+def _printed_tensor(head: str) -> tuple[Signal, dict] | None:
+    """An unnamed tensor's repr holding nan or inf among its values: its kind and its values (a tensor after a name,
+    `loss: tensor(nan)`, is the metric lines' to read: launch.metric_lines)."""
+    for match in _TENSOR.finditer(head):
+        before = head[max(0, match.start() - 40) : match.start()].rstrip().rstrip(":=").rstrip()
+        if before and (before[-1].isalnum() or before[-1] in "'\"_"):
+            continue
+        words = {word["word"].lower() for word in _NONFINITE.finditer(match["values"])}
+        if words & {"nan", "inf"}:
+            value = "NaN" if words == {"nan"} else "Inf" if words == {"inf"} else "NaN or Inf"
+            shown = _TENSOR_KEYWORD.sub("", match["values"]).strip(" ,[]")[:80]
+            return BY_ID["printed-tensor"], {"detail": f"its values {shown}", "value": value}
+    return None
+
+
 def _generic(line: str) -> tuple[Signal, dict] | None:
-    """An error line whose message names NaN or Inf, or a line saying a loss or a gradient is NaN or Inf."""
+    """An error line whose message names NaN or Inf, a line saying a loss or a gradient is NaN or Inf, or a printed
+    tensor that holds NaN or Inf."""
     head = line[:WINDOW]
     error = _ERROR.search(head) if ("Error" in head or "Exception" in head) else None
     if error is not None and _NONFINITE.search(error["msg"]) is not None:
         return BY_ID["nonfinite-error"], {"op": error["exc"], "detail": error["msg"].strip()[:200]}
+    tensor = _printed_tensor(head) if "tensor(" in head else None
+    if tensor is not None:
+        return tensor
     low = head.lower()
     says = _SAYS.search(head) if any(word in low for word in _SAYS_WORDS) else None
     if says is not None:

@@ -131,9 +131,33 @@ def benign(traceback, out: Summary) -> str | None:
     printed = bool(metrics.keys) or traceback.metrics.seen  # metric lines were read
     if quiet and watchdog:
         return "a collective timed out (a hang or a dead rank), and no value the text prints is non-finite"
-    if quiet and failure is None and printed:
-        return "every value the text prints is finite"
+    if quiet and failure is None and (printed or traceback.lines):
+        return nothing_found(traceback, read_metric_lines(traceback))
     return None
+
+
+def read_metric_lines(traceback) -> bool:
+    """Metric lines were read: Megatron's iteration lines, or lines of at least two `key value` pairs (one word and
+    a number, `epoch 3 of run-7`, is no metric line)."""
+    lines = traceback.nonfinite.metrics
+    said = lines.first is not None or lines.weak is not None or bool(lines.counters)
+    return traceback.metrics.seen or said or len(lines.keys) >= 2
+
+
+def nothing_found(traceback, printed: bool) -> str:
+    """A text with no error and no non-finite value, in words: how many lines, and what of them was read (the metric
+    lines of which stack, up to which step)."""
+    lines = traceback.lines
+    count = f"{lines} line{'s' if lines != 1 else ''}" if lines else "the text"
+    if not printed:
+        return f"no non-finite value and no error found in {count} (what was read: plain lines, no metric line)"
+    metrics = traceback.nonfinite.metrics
+    last = metrics.explicit if metrics.explicit is not None else metrics.bar  # the last step a line read named
+    first = traceback.metrics.first_step  # else the first metric line's
+    name = traceback.framework.name
+    stack = "an unnamed stack" if name in (None, "unknown") else name
+    upto = f", up to step {last}" if last is not None else f", from step {first}" if first is not None else ""
+    return f"no non-finite value and no error found in {count} (what was read: the metric lines of {stack}{upto})"
 
 
 def _waiting(failure) -> bool:

@@ -41,6 +41,7 @@ class Traceback:
     nonfinite: Nonfinite = field(default_factory=Nonfinite)  # other stacks' evidence lines, the metric lines
     prefix_rank: int | None = None  # the one rank the traceback's `[rankN]:` prefixes name (a cut traceback's rank)
     interleaved: bool = False  # several processes' frames glued mid-line, without an error line: each frame once
+    lines: int = 0  # the text's lines, all of them
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
@@ -102,7 +103,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         or found.nonfinite.metrics.weak
     )
     quiet = found is None or (found.failure is None and found.rerun is None and not found.metrics.seen and not said)
-    if quiet and not known and framework is UNKNOWN:
+    if quiet and not known and framework is UNKNOWN and not (found is not None and found.quiet):
         raise UserError(
             f'{origin}: no Megatron error found (expected a line like "Rank 50, node dgx172, device 2, iteration -1: '
             "Unexpected result nan (message='...')\" in any of Megatron's forms, its message alone, or a traceback "
@@ -123,6 +124,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         nonfinite=found.nonfinite,
         prefix_rank=prefix_rank(found.raw),
         interleaved=mixed,
+        lines=found.lines,
     )
 
 

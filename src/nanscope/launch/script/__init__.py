@@ -82,6 +82,8 @@ class LaunchScript:
     assumptions: list[str] = field(default_factory=list)
     limits: list[str] = field(default_factory=list)
     command_env: dict[str, str] = field(default_factory=dict)
+    read_as: list[str] = field(default_factory=list)  # how a Slurm wrapper was read (`bash -c`, #SBATCH)
+    pasted: str | None = None  # a Markdown paste given as the script: what of it was read (script.markdown)
     cut: str | None = None  # the train command cut short by a comment in its `\` continuation, said as bash cuts it
 
 
@@ -135,6 +137,8 @@ def parse_script(
         limits=reader.budget.all_notes(),
         command_env=train.env,
         cut=reader.cut,
+        pasted=reader.pasted,
+        read_as=reader.read_as,
     )
 
 

@@ -32,6 +32,24 @@ def called_script(words: list[str]) -> list[str] | None:
     return None
 
 
+def inline_script(words: list[str]) -> str | None:
+    """`bash -c "torchrun ..."`, `srun -N 2 bash -lc '...'`: the string bash runs; None for any other command."""
+    i = 0
+    while i < len(words) - 1 and os.path.basename(words[i]) in _PREFIXES:
+        i += 1
+        while i < len(words) - 1 and words[i].startswith("-"):  # the prefix's own options (srun -N 2 ...)
+            i += 2 if "=" not in words[i] and words[i + 1] not in ("bash", "sh") else 1
+    rest = words[i:]
+    if not rest or os.path.basename(rest[0]) not in ("bash", "sh"):
+        return None
+    j = 1
+    while j < len(rest) - 1 and rest[j].startswith("-") and rest[j] != "-c" and not rest[j].endswith("c"):
+        j += 1  # bash's own options before -c (-l, -e, -x)
+    if j < len(rest) - 1 and rest[j].startswith("-") and rest[j].endswith("c"):  # -c, -lc, -ec
+        return rest[j + 1]
+    return None
+
+
 def train_command(words: list[str]) -> tuple[str, list[str], list[str]] | None:
     """Find the training command in one command's words: `python[3] [-opts] <script>.py args...` or `python3 -m
     <module> args...`, the same after a launcher (torchrun, deepspeed, accelerate launch: its options are skipped),

@@ -12,6 +12,7 @@ arguments (`calls`); heredocs and other command substitutions are not run. Words
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +34,10 @@ from nanscope.launch.script.bounds import (
     Cap,
 )
 from nanscope.launch.script.calls import Calls, Return
-from nanscope.launch.script.commands import called_script, train_command
+from nanscope.launch.script.commands import called_script, inline_script, train_command
 from nanscope.launch.script.continuation import cut_note
 from nanscope.launch.script.expansion import Expander, unescape_word
+from nanscope.launch.script.markdown import unquote
 from nanscope.launch.script.syntax import TooSlow, line, parse, snippet, without_controls
 
 
@@ -66,6 +68,16 @@ class TrainCommand:
     env: dict[str, str] = field(default_factory=dict)  # `NPROC_PER_NODE=8 NNODES=2 megatron sft ...`
 
 
+# `#SBATCH --nodes=2`, `#SBATCH -N 2`, `#SBATCH --gpus-per-node=8` (`=gpu:8`, `=h100:8`): bounded, linear
+_SBATCH = re.compile(
+    r"^#SBATCH[ \t]{1,8}(?P<name>--nodes|-N|--gpus-per-node|--ntasks-per-node)[ \t=]{1,4}(?:[a-zA-Z0-9_]{1,20}:)?"
+    r"(?P<value>\d{1,6})\b",
+    re.MULTILINE,
+)
+_SBATCH_VARS = {"--nodes": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"), "-N": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
+                "--gpus-per-node": ("SLURM_GPUS_PER_NODE",), "--ntasks-per-node": ("SLURM_NTASKS_PER_NODE",)}  # fmt: skip
+
+
 class Interpreter:
     """Walks the syntax tree in order, keeping the shell variables (in `words`).
 
@@ -86,6 +98,8 @@ class Interpreter:
         self.depth = 0  # nested `source` files
         self.assumptions: list[str] = []
         self.source = b""  # the bytes of the file being read
+        self.read_as: list[str] = []  # how a wrapper was read: `bash -c`'s string, #SBATCH's layout
+        self.pasted: str | None = None  # the script is a Markdown paste: what of it was read (script.markdown)
         self.cut: str | None = None  # the train command cut by a comment in its continuation (script.continuation)
         self.wrapped: list[str] = []  # scripts it runs that could not be read here (a site wrapper's target)
         self.calls = Calls(self.words, self.budget, self.statement)
@@ -95,6 +109,12 @@ class Interpreter:
     def run_file(self, path: str, what: str = "launch script") -> None:
         self.budget.files += 1
         text, removed = without_controls(inputs.read_text(path, what, self.limit, OPTION))
+        pasted = unquote(text) if self.depth == 0 else None  # a report's Markdown: its quoted command
+        if pasted is not None:
+            text = pasted[0]
+            self.pasted = f"{path}: {pasted[1]}"
+        if self.depth == 0 and "#SBATCH" in text:
+            self._slurm(text)
         try:
             tree = parse(text.encode(), self.budget)
         except TooSlow as slow:
@@ -115,6 +135,31 @@ class Interpreter:
             self.visit(tree.root_node)
         finally:
             self.words.file, self.source = outer, outer_source
+
+    def _inline(self, text: str, at: int) -> None:
+        """The string a `bash -c` (`srun ... bash -c "..."`) runs, read as the script's own lines at line `at`."""
+        before = self.train
+        tree = parse(text.encode(), self.budget)
+        outer_source, self.source = self.source, text.encode()
+        self.depth += 1
+        try:
+            self.visit(tree.root_node)
+        finally:
+            self.depth -= 1
+            self.source = outer_source
+        if self.train is not before and self.train is not None:
+            self.train.line = at
+            self.read_as.append(f"line {at}: the string its `bash -c` runs read as the launch command")
+
+    def _slurm(self, text: str) -> None:
+        """`#SBATCH --nodes=N`, `--gpus-per-node=G` (`--ntasks-per-node`): SLURM_NNODES, SLURM_JOB_NUM_NODES and
+        SLURM_GPUS_PER_NODE as Slurm sets them for the job, where neither --env nor the script sets them."""
+        for match in _SBATCH.finditer(text):
+            name, value = match["name"], match["value"]
+            for var in _SBATCH_VARS.get(name, ()):
+                if var not in self.words.vars:
+                    self.words.vars[var] = value
+                    self.read_as.append(f"#SBATCH {name} {value}: {var}={value}, as Slurm sets it for the job")
 
     def _source(self, node, words: list[str]) -> None:
         if len(words) < 2:
@@ -321,6 +366,10 @@ class Interpreter:
         called = called_script(words)
         if called is not None:
             self._wrapper(node, called)
+            return
+        inline = inline_script(words)
+        if inline is not None and self.depth < MAX_SOURCES:
+            self._inline(inline, line(node))
             return
         if words and words[0] == "return" and (self.calls.frames or self.depth):
             if node.parent is None or node.parent.type not in ("list", "pipeline"):  # `test || return`: unknown

@@ -24,6 +24,7 @@ _WHO = {
     "logged-nonfinite": "TensorBoard's writer was given a NaN or Inf scalar",
     "nonfinite-error": "the run ended on an error naming NaN or Inf",
     "nonfinite-message": "the log says a loss or a gradient went NaN or Inf",
+    "printed-tensor": "a printed tensor holds NaN or Inf",
 }
 _MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
            "reference": "the reference model", "reward model": "the reward model", "reward": "the reward"}  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from nanscope.facts import frameworks
 from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
+from nanscope.launch.summary import read_metric_lines
 from nanscope.report.doctor.evidence_text import balanced, first_sentence, signal_sentence
 from nanscope.report.text import span
 
@@ -125,8 +126,10 @@ def _failure_sentences(diagnosis) -> list[str]:
             what, frame = reached
             parts.append(f"Its frames reach {what} ({frame.path.replace(chr(92), '/').rsplit('/', 1)[-1]}:"
                          f"{frame.line} {frame.function}).")  # fmt: skip
-    else:
+    elif read_metric_lines(traceback):
         parts.append("The log has no error line: only its metric lines say what happened.")
+    else:
+        parts.append("The log has no error line and no metric line.")
     parts += [f"Its {excursion.text()}." for excursion in traceback.excursions()]
     if evidence.schedule is not None or evidence.check is not None:
         shown = [line for line in evidence.lines if not line.startswith("the innermost")]
