@@ -18,6 +18,8 @@
     NANSCOPE_WARN_LOG_RATIO  LOW,HIGH: warn when a log-ratio that reaches an exp exceeds LOW (default 20, where
                            the guard's clamp starts to act) or HIGH (default 60, within 30 of fp32's overflow);
                            0 < LOW < HIGH
+    NANSCOPE_INNER_LOSS_MODE  NAME: verl only (nanscope.verl_plugin): the policy loss mode verl's `nanscope` mode
+                           wraps (default vanilla); checked against verl's registry when the plugin installs
 
 An empty value counts as unset. A bad value, or settings that contradict each other, is one ValueError line
 that names the variable; numbers are ASCII digits only (`int()` would take '٣' or '３'). Any other NANSCOPE_*
@@ -42,6 +44,7 @@ _MAX_DIGITS = 18  # any count or step id a run can reach; longer is a typo, not 
 VARIABLES = (
     "NANSCOPE_REPORT_DIR", "NANSCOPE_ON_NONFINITE", "NANSCOPE_MAX_SKIPS", "NANSCOPE_TRACE_STEP", "NANSCOPE_NAN_POLICY",
     "NANSCOPE_RERUN", "NANSCOPE_SKIP_ON", "NANSCOPE_MAX_BUNDLES", "NANSCOPE_WARN_GAP", "NANSCOPE_WARN_LOG_RATIO",
+    "NANSCOPE_INNER_LOSS_MODE",
 )  # fmt: skip
 _NOT_THE_PLUGINS = ("NANSCOPE_SLIME_SRC",)  # the test suite's (tests/slime_releases), as is NANSCOPE_TEST_*
 
@@ -60,6 +63,7 @@ class Settings:
     warn_gap: float = 5.0
     warn_log_ratio: tuple[float, float] = (20.0, 60.0)
     max_bundles: int = 8
+    inner_loss_mode: str = "vanilla"
     unknown: tuple[str, ...] = field(default=(), compare=False)  # other NANSCOPE_* names in the environment
 
     def __post_init__(self):
@@ -101,6 +105,7 @@ class Settings:
             warn_gap=_numbers(env, "NANSCOPE_WARN_GAP", (cls.warn_gap,))[0],
             warn_log_ratio=_thresholds(env),
             max_bundles=int(bundles) if bundles is not None else cls.max_bundles,
+            inner_loss_mode=_name(env, "NANSCOPE_INNER_LOSS_MODE", cls.inner_loss_mode),
             unknown=tuple(sorted(k for k in env if _unknown(k))),
         )
 
@@ -120,6 +125,14 @@ def _thresholds(env: Mapping[str, str]) -> tuple[float, float]:
         value = env["NANSCOPE_WARN_LOG_RATIO"]
         raise ValueError(f"NANSCOPE_WARN_LOG_RATIO={_shown(value)}: expected LOW,HIGH with 0 < LOW < HIGH, like 20,60")
     return low, high
+
+
+def _name(env: Mapping[str, str], name: str, default: str) -> str:
+    """A registry name (letters, digits, '_', '-', '.'; at most 64): the variable's value, `default` when unset."""
+    value = env.get(name) or default
+    if not (len(value) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-.") for c in value)):
+        raise ValueError(f"{name}={_shown(value)}: expected a loss mode's name, like vanilla or clip_cov")
+    return value
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
