@@ -19,7 +19,7 @@ from nanscope.verl_plugin.record import Call, opened  # noqa: E402
 # every mode verl v0.9.0 registers that a policy loss config can run alone (bypass_mode needs rollout correction)
 MODES = ("vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo")
 AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
-EXP_MODES = ("clip_cov", "kl_cov", "geo_mean")  # exp of the log-ratio unclamped (core_algos.py:1797, 1890, 1983)
+EXP_MODES = ("clip_cov", "kl_cov")  # exp of the masked log-ratio unclamped (core_algos.py:1797, 1890)
 
 
 def _config(agg="token-mean"):
@@ -36,8 +36,8 @@ def _batch(seed=0, b=4, t=6, weights=False):
     old = log_prob + 0.3 * torch.randn(b, t, generator=g)
     adv = torch.randn(b, 1, generator=g).expand(b, t).clone()
     mask = torch.ones(b, t, dtype=torch.bool)
-    mask[0, 4:] = False  # a padded tail
-    mask[2, 1] = False  # a masked tool token
+    mask[:1, 4:] = False  # a padded tail
+    mask[2:3, 1] = False  # a masked tool token
     out = {"old_log_prob": old, "logits": logits, "advantages": adv, "response_mask": mask}
     if weights:
         out["rollout_is_weights"] = torch.rand(b, t, generator=g) + 0.5
@@ -88,7 +88,7 @@ def test_healthy_batches_are_bit_for_bit_under_every_aggregation(agg):
         assert _same(got[0], want[0]) and _same(got[2], want[2]), (mode, agg)
 
 
-def _planted(**changes):
+def _planted(changes):
     batch = _batch(seed=3)
     for (key, i, j), value in changes.items():
         batch[key] = batch[key].clone()
@@ -98,12 +98,26 @@ def _planted(**changes):
 
 @pytest.mark.parametrize("mode", EXP_MODES)
 def test_a_masked_log_ratio_past_88_72_is_nan_in_verl_and_the_unplanted_run_with_the_guard(mode):
-    planted = _planted(**{("old_log_prob", 2, 1): -100.0})  # masked token, log-ratio ~ 95
+    planted = _planted({("old_log_prob", 2, 1): -100.0})  # masked token, log-ratio ~ 95
     bare = _run(core_algos.get_policy_loss_fn(mode), planted)
     assert not torch.isfinite(bare[2]).all(), "verl's own mode is not NaN here: the hazard moved"
     got = _run(_guarded(mode), planted)
     want = _run(core_algos.get_policy_loss_fn(mode), _batch(seed=3))
     assert _same(got[0], want[0]) and _same(got[2], want[2])
+
+
+def test_geo_mean_over_a_trained_sequence_past_88_72_is_inf_in_verl_and_finite_with_the_guard():
+    # geo_mean multiplies by the mask before its exp (core_algos.py:1983): a masked token cannot overflow it, but
+    # a sequence with a negative advantage whose mean log-ratio passes 88.72 does (the clip takes the max side)
+    batch = _batch(seed=3)
+    batch["old_log_prob"] = batch["old_log_prob"].clone()
+    batch["advantages"] = batch["advantages"].clone()
+    batch["old_log_prob"][3] = -100.0
+    batch["advantages"][3] = -1.0
+    bare = _run(core_algos.get_policy_loss_fn("geo_mean"), batch)
+    assert not (torch.isfinite(bare[0]) and torch.isfinite(bare[2]).all())
+    loss, _, grad = _run(_guarded("geo_mean"), batch)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -122,13 +136,13 @@ def test_a_masked_log_ratio_past_88_72_is_nan_in_verl_and_the_unplanted_run_with
 )
 def test_every_hazard_gives_a_finite_loss_and_gradient(mode, plant):
     for agg in ("token-mean", "seq-mean-token-mean"):
-        loss, _, grad = _run(_guarded(mode), _planted(**plant), agg=agg)
+        loss, _, grad = _run(_guarded(mode), _planted(plant), agg=agg)
         assert torch.isfinite(loss) and torch.isfinite(grad).all(), (mode, plant, agg, loss)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_dropped_token_is_the_same_as_that_token_masked(mode):
-    planted = _planted(**{("old_log_prob", 1, 2): float("nan")})
+    planted = _planted({("old_log_prob", 1, 2): float("nan")})
     masked = _batch(seed=3)
     masked["response_mask"] = masked["response_mask"].clone()
     masked["response_mask"][1, 2] = False
@@ -163,7 +177,7 @@ def test_an_empty_batch_does_what_the_inner_mode_does(mode):
 
 
 def test_the_record_gets_the_headroom_and_the_metrics_stay_the_inner_modes():
-    planted = _planted(**{("old_log_prob", 2, 1): -100.0})
+    planted = _planted({("old_log_prob", 2, 1): -100.0})
     call = Call(microbatch=0)
     with opened(call):
         _, metrics, _ = _run(_guarded("vanilla"), planted)

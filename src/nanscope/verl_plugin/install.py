@@ -39,7 +39,6 @@ def install(settings: Settings | None = None) -> Installed | None:
     """Install into the running verl (see the module docstring); None if this process has it already."""
     import verl  # heavy: the training framework this module plugs into
     from verl.trainer.ppo import core_algos  # heavy: verl
-    from verl.utils.device import get_device_name, get_vendor  # heavy: verl
     from verl.workers.engine.base import BaseEngine, EngineRegistry  # heavy: verl
     from verl.workers.utils.losses import ppo_loss  # heavy: verl
 
@@ -60,6 +59,8 @@ def install(settings: Settings | None = None) -> Installed | None:
         )
     loss = GuardedLoss(inner=settings.inner_loss_mode, lookup=core_algos.get_policy_loss_fn)
     core_algos.register_policy_loss(NAME)(loss)
+    from verl.utils.device import get_device_name, get_vendor  # heavy: verl (get_vendor: 0.9.0 on, checked above)
+
     from nanscope.verl_plugin import engine  # heavy: imports verl's metric module
 
     done = engine.register(
