@@ -233,9 +233,8 @@ class Watch:
         forward = [s for s in every if s.summary is not None and s.summary.get("direction") == "forward"]
         if not forward:
             return every
-        return [
-            s if s in forward else nonfinite.Sighting(**{**s.to_dict(), "saw": False, "error": None}) for s in every
-        ]
+        cleared = {"saw": False, "error": None, "summary": None, "order": None}
+        return [s if s in forward else nonfinite.Sighting(**{**s.to_dict(), **cleared}) for s in every]
 
     def _error_line(self) -> str:
         """The line a rank that saw the value raises with last (what verl would have done instead)."""
