@@ -38,7 +38,7 @@ from nanscope.facts.paths import BUNDLE_SUFFIX, OLD_REPORT_DIRS, REPORT_DIR, REP
 from nanscope.inputs import MiB, directory_files, fill_template, printable, read_json, skipped_lines
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files, trace_dir
-from nanscope.trace.bundles import bundle_text
+from nanscope.trace.bundles import bundle_text, verl_bundle
 from nanscope.trace.tracer import text as render
 
 DEFAULT_LIMIT_MB = 4096  # case-sized logits are several GB (replay.select_samples keeps fewer samples)
@@ -219,7 +219,11 @@ def _limit(args) -> int:
 def _bundle(args) -> int:
     from nanscope.trace.bundles import bundle_load, bundle_replay  # heavy: torch
 
-    doc = bundle_load.load(args.file, _limit(args), "--max-input-mb")
+    doc = bundle_load.load(args.file, _limit(args), "--max-input-mb", other=verl_bundle.is_verl)
+    if verl_bundle.is_verl(doc):  # nanscope.verl_plugin's: through the installed verl's ppo_loss
+        save = (lambda d: files.write_json(args.json, {"source": args.file, "verl_bundle": d})) if args.json else None
+        return verl_bundle.main(args.file, verl_bundle.checked(args.file, doc), show=lambda t: print(printable(t)),
+                                save=save)  # fmt: skip
     with bundle_replay.loss_path(doc, args.slime_src) as path:
         rollout = _rollout(args, doc)
         try:

@@ -29,9 +29,11 @@ class Call:
         inputs: [B, T] tensors as the loss mode received them (old_log_prob, log_prob detached, advantages,
             response_mask, rollout_is_weights), for the repro bundle; empty without the loss mode.
         loss: 0-dim detached loss the engine's loss function returned, None until it returned.
+        batch: the micro-batch's normalisation numbers (dp_size, batch_num_tokens, global_batch_size), host numbers.
     """
 
     microbatch: int
+    batch: dict = field(default_factory=dict)
     headroom: Headroom | None = None
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     loss: torch.Tensor | None = None

@@ -13,9 +13,10 @@ The critic's go under NANSCOPE_REPORT_DIR/critic/. The report says:
     rerun                             the verdict, once the rerun ran (added in place)
     bundle                            the bundle's path (None if not written)
 
-The bundle (torch.save, tensors on the CPU): FORMAT, the report, and per micro-batch what the `nanscope` loss mode
-received ([B, T] old_log_prob, log_prob, advantages, response_mask, rollout_is_weights) and the loss it returned:
-without that loss mode it holds the losses only. At most MAX_MICROBATCHES micro-batches: the sentinel's first,
+The bundle (torch.save, tensors on the CPU; nanscope.trace.bundles.verl_bundle reads and replays it): FORMAT, the
+report, the actor config's loss fields, and per micro-batch what the `nanscope` loss mode received ([B, T]
+old_log_prob, log_prob, advantages, response_mask, rollout_is_weights), verl's normalisation numbers and the loss
+the step's loss function returned: without that loss mode it holds the losses only. At most MAX_MICROBATCHES micro-batches: the sentinel's first,
 then those whose loss was non-finite.
 """
 
@@ -29,8 +30,8 @@ import torch
 from nanscope import __version__
 from nanscope.slime_plugin.outputs import Reports, say, warn
 from nanscope.slime_plugin.settings import Settings
+from nanscope.trace.bundles.verl_bundle import FORMAT, plain_config
 
-FORMAT = "nanscope-verl-bundle/1"
 MAX_MICROBATCHES = 4
 
 
@@ -39,7 +40,7 @@ class Reporter:
 
     def __init__(self, files: Reports, coords, settings: Settings, role: str):
         self.files, self.coords, self.settings, self.role = files, coords, settings, role
-        self.loss_mode: str | None = None  # the actor config's, when the engine knows it
+        self.config = None  # the step's actor config (the loss function's `keywords["config"]`), when it has one
 
     def write(self, reading, cls, *, calls: list, where: dict, names) -> str | None:
         """The report and bundle of this rank's non-finite reading; prints where they are. None: not written."""
@@ -56,7 +57,7 @@ class Reporter:
             "class": cls.cls,
             "class_candidates": list(cls.candidates),
             "class_evidence": cls.evidence,
-            "loss_mode": self.loss_mode,
+            "loss_mode": plain_config(self.config).get("policy_loss", {}).get("loss_mode"),
             "inner_loss_mode": self.settings.inner_loss_mode,
         }
         bundle = self._bundle(doc, calls, reading)
@@ -64,7 +65,7 @@ class Reporter:
         say(
             f"nanscope: rank {self.coords.rank}: non-finite values in the {self.role}'s update {where['rollout_id']} "
             f"mini-batch {where['step_id']}: {path or 'no report written'}; to replay the loss offline: "
-            f"nanscope trace {self.files.dir}"
+            f"nanscope trace {self.files.stem(where)}.bundle.pt"
         )
         return path
 
@@ -76,6 +77,7 @@ class Reporter:
                 "verl": _verl_version(),
                 "report": doc,
                 "coords": self.coords.to_dict(),
+                "config": plain_config(self.config),
                 "microbatches": [_microbatch(c) for c in _kept(calls, reading)],
             }
         except Exception as e:  # nanscope's own failure: the report still goes out, the run goes on
@@ -96,6 +98,7 @@ def _microbatch(call) -> dict:
     return {
         "microbatch": call.microbatch,
         "inputs": {k: v.detach().cpu() for k, v in call.inputs.items()},
+        "batch": dict(call.batch),
         "loss": loss,
     }
 

@@ -72,7 +72,7 @@ class LossObserver:
     def __call__(self, *args, **kwargs):
         if "model_output" not in kwargs:
             return self.inner(*args, **kwargs)
-        call = record.Call(microbatch=len(self.calls))
+        call = record.Call(microbatch=len(self.calls), batch=_batch_info(kwargs.get("data")))
         self.calls.append(call)
         with record.opened(call):
             loss, metrics = self.inner(*args, **kwargs)
@@ -114,6 +114,7 @@ class Watch:
     def begin(self, data, loss_function) -> LossObserver:
         """The start of a train_batch: clean the mini-batch (before verl counts its tokens), observe the loss."""
         self.training, self.metrics = True, {}
+        self.reporter.config = getattr(loss_function, "keywords", {}).get("config")
         self.counts = inputs.clean(data)
         return LossObserver(loss_function, self.calls)
 
@@ -278,6 +279,23 @@ class Watch:
         self.sentinel.remove()
         if self.gate is not None:
             self.gate.remove()
+
+
+BATCH_INFO = ("dp_size", "batch_num_tokens", "global_batch_size")  # what ppo_loss normalises by (losses.py:67-70)
+
+
+def _batch_info(data) -> dict:
+    """The micro-batch's normalisation numbers as verl set them (host numbers already: verl read them with .item(),
+    fsdp/transformer_impl.py:706-710), for the bundle's replay; those it lacks are left out."""
+    out = {}
+    for key in BATCH_INFO:
+        try:
+            value = data[key]
+        except (KeyError, TypeError, AttributeError):
+            continue
+        if isinstance(value, (bool, int, float)) or value is None:
+            out[key] = value
+    return out
 
 
 def _coords(engine) -> Coords:
