@@ -45,7 +45,7 @@ def install(settings: Settings | None = None) -> Installed | None:
     current = core_algos.POLICY_LOSS_REGISTRY.get(NAME)
     if isinstance(current, GuardedLoss):
         return None
-    settings = settings or Settings.from_env()
+    settings = settings or Settings.from_env(verl=True)
     engines = _engine_classes()
     signatures.check(
         version=verl.__version__, registry=EngineRegistry, base_engine=BaseEngine, engines=engines,
