@@ -86,3 +86,9 @@ def test_an_empty_mini_batch():
     data = _data(b=0)
     counts = inputs.clean(data)
     assert counts.shape == (len(inputs.COUNTERS),) and float(counts.sum()) == 0
+
+
+def test_a_mini_batch_without_a_response_mask_is_left_alone():
+    data = TensorDict({"values": torch.tensor([[NAN, 1.0]]), "returns": torch.tensor([[1.0, 2.0]])}, batch_size=[1])
+    counts = inputs.clean(data)
+    assert float(counts.sum()) == 0 and torch.isnan(data["values"][0, 0])

@@ -46,7 +46,12 @@ class NanscopeEngine:
         config = getattr(self, "engine_config", None)
         self.nanscope_watch = None
         if not getattr(config, "forward_only", False):  # the reference model never trains
-            self.nanscope_watch = Watch(self, settings=type(self).nanscope_settings, role=type(self).nanscope_role)
+            try:
+                self.nanscope_watch = Watch(self, settings=type(self).nanscope_settings, role=type(self).nanscope_role)
+            except ValueError:  # the user's setting (a report directory no rank can write): one line, init_model ends
+                raise
+            except Exception as e:  # nanscope's own failure: a warning, and verl's engine as it is
+                warn(f"could not watch the {type(self).nanscope_role}'s engine: {type(e).__name__}: {e}")
         return out
 
     def _watch(self) -> Watch | None:

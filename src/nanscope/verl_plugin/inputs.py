@@ -33,7 +33,10 @@ MASKS = ("response_mask", "loss_mask")
 
 def clean(data) -> torch.Tensor:
     """Clean `data` (a TensorDict, changed in place) and return its counts: [len(COUNTERS)] float32 on its device,
-    exp_overflow 0 (the loss mode counts it later)."""
+    exp_overflow 0 (the loss mode counts it later). A mini-batch without response_mask (not a policy loss's) is left
+    as it is: zeros."""
+    if "response_mask" not in data.keys():
+        return torch.zeros(len(COUNTERS))
     mask = data["response_mask"]
     shape = _values(mask).shape
     device = _values(mask).device

@@ -115,7 +115,11 @@ class Watch:
         """The start of a train_batch: clean the mini-batch (before verl counts its tokens), observe the loss."""
         self.training, self.metrics = True, {}
         self.reporter.config = getattr(loss_function, "keywords", {}).get("config")
-        self.counts = inputs.clean(data)
+        try:
+            self.counts = inputs.clean(data)
+        except Exception as e:  # nanscope's own failure: the step goes on uncleaned, as without the plugin
+            warn(f"rank {self.coords.rank}: could not clean the mini-batch's inputs: {type(e).__name__}: {e}")
+            self.counts = None
         return LossObserver(loss_function, self.calls)
 
     def end(self) -> None:
