@@ -196,7 +196,8 @@ class Watch:
         values = self.sentinel.pending(grads=True)
         device = values.device
         losses = [c.loss for c in self.calls if c.loss is not None]
-        loss_bad = ~torch.isfinite(torch.stack(losses).to(device)).all() if losses else torch.zeros((), device=device)
+        none = torch.zeros((), dtype=torch.bool, device=device)  # no loss on this rank (not the last stage)
+        loss_bad = ~torch.isfinite(torch.stack(losses).to(device)).all() if losses else none
         counts = self._counts(device)
         row = self._row(counts, device)
         counters = step_vote.Counters(inputs.COUNTERS, counts, 1)
