@@ -90,3 +90,15 @@ def test_empty_inputs_pass_through():
     logp, old = torch.zeros(0, 3, requires_grad=True), torch.zeros(0, 3)
     assert padded.bounded_old(old, logp).shape == (0, 3)
     assert padded.cleaned(old)[0].shape == (0, 3)
+
+
+def test_the_guard_reads_no_value_to_the_host():
+    # on the meta device any host read (.item(), bool(), a boolean index, nonzero) raises: the guard makes none
+    logp = torch.empty(3, 5, device="meta", requires_grad=True)
+    old = torch.empty(3, 5, device="meta")
+    mask = torch.empty(3, 5, dtype=torch.bool, device="meta")
+    clean, finite = padded.cleaned(old)
+    moved = padded.bounded_old(clean, logp)
+    adv = padded.selected(padded.cleaned(torch.empty(3, 5, device="meta"))[0], padded.masked_out(mask, ~finite))
+    h = padded.headroom(clean, logp)
+    assert moved.shape == adv.shape == (3, 5) and h.max_log_ratio.device.type == "meta"
