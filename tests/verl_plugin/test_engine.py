@@ -69,10 +69,20 @@ def test_a_layer_faulty_on_every_pass_raises_everywhere_with_a_reproducible_repo
     assert "the NaN started upstream of the loss" in capsys.readouterr().out
 
 
+# a decaying schedule (cosine from the first update), so an update whose only step was skipped and did not hold the
+# learning rate would leave the next one at a smaller rate than a fresh run's first
+WARMUP = ("actor.optim.lr_scheduler_type=cosine", "actor.optim.lr_warmup_steps_ratio=0.0",
+          "actor.optim.total_training_steps=4")  # fmt: skip
+
+
 def test_a_transient_fault_is_skipped_on_every_rank_and_the_next_step_is_clean(tmp_path, model):
     env = {"NANSCOPE_ON_NONFINITE": "skip"}
-    ranks, params = _run(tmp_path, model, "skip", 29740, fault="first", steps=2, env=env)
-    _, clean = _run(tmp_path, model, "clean", 29750, steps=1, step_offset=1, env=env)
+    ranks, params = _run(tmp_path, model, "skip", 29740, fault="first", steps=2, env=env, overrides=WARMUP)
+    clean_ranks, clean = _run(tmp_path, model, "clean", 29750, steps=1, step_offset=1, env=env, overrides=WARMUP)
+    # the skipped update held the schedule (verl logs the rate after its schedule step): the next update ran at the
+    # rate a fresh run's first does, and left the schedule where that run's first leaves it
+    held, after = ranks[0]["metrics"][0]["lr"], ranks[0]["metrics"][1]["lr"]
+    assert held == [0.01] and after == clean_ranks[0]["metrics"][0]["lr"] and after[0] < 0.01
     for rank in ranks:
         assert rank["error"] is None
         first, second = rank["metrics"]

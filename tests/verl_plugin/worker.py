@@ -85,7 +85,7 @@ def tiny_model(path: str) -> None:
         json.dump({"model_max_length": 64}, f)
 
 
-def config(model: str, plugin: bool, loss_mode: str):
+def config(model: str, plugin: bool, loss_mode: str, extra: tuple[str, ...] = ()):
     import verl
     from hydra import compose, initialize_config_dir
 
@@ -97,7 +97,7 @@ def config(model: str, plugin: bool, loss_mode: str):
         "actor.fsdp_config.dtype=float32", f"actor.policy_loss.loss_mode={loss_mode}", "rollout.n=1",
         "actor.optim.lr=1e-2", "model.enable_gradient_checkpointing=False",
         "rollout.log_prob_micro_batch_size_per_gpu=1", "ref.log_prob_micro_batch_size_per_gpu=1",
-    ] + (["model.external_lib=nanscope.verl_plugin"] if plugin else [])  # fmt: skip
+    ] + (["model.external_lib=nanscope.verl_plugin"] if plugin else []) + list(extra)  # fmt: skip
     overrides = [o.replace("+", "+" + prefix) if o.startswith("+") else prefix + o for o in overrides]
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
                                version_base=None):  # fmt: skip
@@ -168,7 +168,7 @@ def run(rank: int, spec: dict) -> None:
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    cfg = config(spec["model"], spec["plugin"], spec["loss_mode"])
+    cfg = config(spec["model"], spec["plugin"], spec["loss_mode"], tuple(spec.get("overrides", ())))
     worker = ActorRolloutRefWorker(config=cfg.actor_rollout_ref, role="actor")
     worker.init_model()
     engine = worker.actor.engine
