@@ -91,3 +91,24 @@ def test_a_transient_fault_is_skipped_on_every_rank_and_the_next_step_is_clean(t
     report = json.loads((tmp_path / "reports" / "rollout0_step0_rank1.json").read_text())
     assert report["rerun"]["verdict"] == "not reproducible"
     assert _equal(params, clean)
+
+
+def test_a_masked_log_ratio_of_95_under_clip_cov_is_clamped_and_reported(tmp_path, model):
+    env = {"NANSCOPE_INNER_LOSS_MODE": "clip_cov"}
+    got, params = _run(tmp_path, model, "clamped", 29760, plants=["B"], env=env)
+    want, unplanted = _run(tmp_path, model, "unplanted", 29770, plugin=False, loss_mode="clip_cov")
+    assert _equal(params, unplanted)
+    metrics = got[0]["metrics"][0]
+    assert metrics["grad_norm"] == want[0]["metrics"][0]["grad_norm"]
+    assert 95 < metrics["nanscope/max_ppo_log_ratio"][0] < 96 and metrics["nanscope/nan_guard/exp_overflow"] == [1.0]
+
+
+def test_with_nothing_planted_two_updates_are_verls_bit_for_bit(tmp_path, model):
+    got, params = _run(tmp_path, model, "plugin2", 29780, steps=2)
+    want, alone = _run(tmp_path, model, "alone2", 29790, plugin=False, loss_mode="vanilla", steps=2)
+    assert _equal(params, alone)
+    for mine, verls in zip(got[0]["metrics"], want[0]["metrics"]):
+        ours = {k for k in mine if k.startswith("nanscope/")}
+        assert ours and {k: v for k, v in mine.items() if k not in ours and not k.startswith(("perf/", "mfu"))} == {
+            k: v for k, v in verls.items() if not k.startswith(("perf/", "mfu"))
+        }
