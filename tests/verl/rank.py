@@ -1,0 +1,107 @@
+"""One rank of a verl actor run (tests/verl/harness.py starts two): `python -m tests.verl.rank SPEC.json RANK`.
+
+It builds verl 0.9.0's own `ActorRolloutRefWorker(role="actor")` from verl's ppo_trainer.yaml (Hydra, with the
+spec's overrides), calls `init_model()`, then `update_actor()` once per step with this rank's mini-batch
+(tests/verl/data.py, planted on rank 1 as the spec says), and writes SPEC.rankR.json: the engine's class, each
+step's metrics as the worker returns them and as verl's driver reduces them (`rename_dict(..., "actor/")` +
+`reduce_metrics`, trainer/ppo/v1/trainer_base.py:1706-1708), and the exception that ended the run, if any; and
+SPEC.rankR.params.pt: the full parameters before the first step and after the last (a collective: every rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+
+def _tiny_fault(model, rank: int, fault: dict | None) -> None:
+    """A test-only forward hook: `model.layers.1.mlp` outputs NaN on rank `fault["rank"]`, on every pass or the first."""
+    if not fault or rank != fault["rank"]:
+        return
+    modules = dict(model.named_modules())
+    name = next(n for n in modules if n.endswith(fault["module"]))
+    passes = [0]
+
+    def hook(module, args, out):
+        passes[0] += 1
+        if fault["when"] == "every" or passes[0] == 1:
+            return out * float("nan")
+        return None
+
+    modules[name].register_forward_hook(hook)
+
+
+def _config(spec: dict):
+    from hydra import compose, initialize_config_dir
+
+    import verl
+
+    directory = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=directory, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(spec["overrides"]))
+
+
+def _plain(value):
+    """A metric as JSON holds it (NaN and inf survive json's own extension)."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "aggregate"):  # verl's Metric
+        return _plain(value.aggregate())
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def _driver(metrics: dict) -> dict:
+    """What verl's driver logs from one update_actor (trainer_base.py:1706-1708), on this rank's copy."""
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.py_functional import rename_dict
+
+    out = rename_dict(dict(metrics), "actor/")
+    if "actor/mfu" in out:
+        out["perf/mfu/actor"] = out.pop("actor/mfu")
+    return {k: _plain(v) for k, v in reduce_metrics(out).items()}
+
+
+def main(path: str, rank: int) -> None:
+    with open(path) as f:
+        spec = json.load(f)
+    from tests.verl import data, standins
+
+    standins.platform()
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    standins.engine_and_padding()
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    out = {"engine": None, "metrics": [], "driver": [], "error": None, "traceback": None}
+    worker = ActorRolloutRefWorker(config=_config(spec).actor_rollout_ref, role="actor")
+    module = None
+    try:
+        worker.init_model()
+        engine = worker.actor.engine
+        out["engine"] = f"{type(engine).__module__}.{type(engine).__qualname__}"
+        module = engine.module
+        before = {n: p.full_tensor().detach().clone() for n, p in module.named_parameters()}
+        _tiny_fault(module, rank, spec.get("fault"))
+        for step in range(spec["steps"]):
+            batch = data.mini_batch(rank, step + spec.get("step_offset", 0), spec["plants"].get(str(step)))
+            result = worker.update_actor(batch)
+            metrics = dict(tu.get(result, "metrics"))
+            out["metrics"].append({k: _plain(v) for k, v in metrics.items()})
+            out["driver"].append(_driver(metrics))
+    except BaseException as e:  # the run's end, as verl's trainer would see it
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()
+    with open(f"{path}.rank{rank}.json", "w") as f:
+        json.dump(out, f)
+    if module is not None and out["error"] is None:
+        after = {n: p.full_tensor().detach().clone() for n, p in module.named_parameters()}
+        torch.save({"before": before, "after": after}, f"{path}.rank{rank}.params.pt")
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
