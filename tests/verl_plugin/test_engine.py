@@ -112,3 +112,9 @@ def test_with_nothing_planted_two_updates_are_verls_bit_for_bit(tmp_path, model)
         assert ours and {k: v for k, v in mine.items() if k not in ours and not k.startswith(("perf/", "mfu"))} == {
             k: v for k, v in verls.items() if not k.startswith(("perf/", "mfu"))
         }
+
+
+def test_verl_use_external_modules_installs_the_engine_too(tmp_path, model):
+    got, _ = _run(tmp_path, model, "env", 29800, plugin=False, loss_mode="vanilla", external_modules=True)
+    assert got[0]["engine"] == got[1]["engine"] == "NanscopeFSDPEngineWithLMHead"
+    assert got[0]["error"] is None and "nanscope/nonfinite_inputs" in got[0]["metrics"][0]

@@ -162,9 +162,14 @@ def run(rank: int, spec: dict) -> None:
     fault (None, "every", "first"), env (NANSCOPE_* for the workers)."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(spec["port"]), VERL_PLATFORM="cpu", OMP_NUM_THREADS="1", **spec.get("env", {}))  # fmt: skip
-    standins()
+    if spec.get("external_modules"):  # the fallback install path: both imported inside `import verl`
+        os.environ["VERL_USE_EXTERNAL_MODULES"] = "tests.verl_plugin.standins_module,nanscope.verl_plugin"
+        import verl  # noqa: F401  (imports the two modules)
+    else:
+        standins()
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    standin_engines()
+    if not spec.get("external_modules"):
+        standin_engines()
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
