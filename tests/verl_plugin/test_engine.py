@@ -107,8 +107,17 @@ def test_with_nothing_planted_two_updates_are_verls_bit_for_bit(tmp_path, model)
     got, params = _run(tmp_path, model, "plugin2", 29780, steps=2)
     want, alone = _run(tmp_path, model, "alone2", 29790, plugin=False, loss_mode="vanilla", steps=2)
     assert _equal(params, alone)
+    for rank in (0, 1):  # one all-gather per optimizer step more than verl, nothing else
+        for mine, verls in zip(got[rank]["collectives"], want[rank]["collectives"]):
+            assert mine == {**verls, "all_gather": verls.get("all_gather", 0) + 1}, (mine, verls)
     for mine, verls in zip(got[0]["metrics"], want[0]["metrics"]):
         ours = {k for k in mine if k.startswith("nanscope/")}
         assert ours and {k: v for k, v in mine.items() if k not in ours and not k.startswith(("perf/", "mfu"))} == {
             k: v for k, v in verls.items() if not k.startswith(("perf/", "mfu"))
         }
+
+
+def test_verl_use_external_modules_installs_the_engine_too(tmp_path, model):
+    got, _ = _run(tmp_path, model, "env", 29800, plugin=False, loss_mode="vanilla", external_modules=True)
+    assert got[0]["engine"] == got[1]["engine"] == "NanscopeFSDPEngineWithLMHead"
+    assert got[0]["error"] is None and "nanscope/nonfinite_inputs" in got[0]["metrics"][0]

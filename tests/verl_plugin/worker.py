@@ -157,14 +157,36 @@ def _fault(model, when: str) -> None:
     modules[name].register_forward_hook(hook)
 
 
+COUNTED = ("all_gather", "all_reduce", "all_gather_object", "broadcast", "reduce_scatter", "all_to_all")
+
+
+def _counting(counts: dict) -> None:
+    """torch.distributed's collectives counted by name while `counts["on"]` (looked up at each call by verl and
+    nanscope alike: `torch.distributed.all_reduce(...)`, `dist.all_gather(...)`)."""
+    for name in COUNTED:
+        real = getattr(torch.distributed, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            if counts["on"]:
+                counts[_name] = counts.get(_name, 0) + 1
+            return _real(*args, **kwargs)
+
+        setattr(torch.distributed, name, counted)
+
+
 def run(rank: int, spec: dict) -> None:
     """One rank of a run (the module docstring). spec: out, model, port, plugin, loss_mode, steps, plants (per step),
     fault (None, "every", "first"), env (NANSCOPE_* for the workers)."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(spec["port"]), VERL_PLATFORM="cpu", OMP_NUM_THREADS="1", **spec.get("env", {}))  # fmt: skip
-    standins()
+    if spec.get("external_modules"):  # the fallback install path: both imported inside `import verl`
+        os.environ["VERL_USE_EXTERNAL_MODULES"] = "tests.verl_plugin.standins_module,nanscope.verl_plugin"
+        import verl  # noqa: F401  (imports the two modules)
+    else:
+        standins()
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    standin_engines()
+    if not spec.get("external_modules"):
+        standin_engines()
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
@@ -174,15 +196,21 @@ def run(rank: int, spec: dict) -> None:
     engine = worker.actor.engine
     if spec.get("fault") and rank == 1:
         _fault(engine.module, spec["fault"])
-    out = {"engine": type(engine).__name__, "metrics": [], "error": None, "seconds": [], "cpu": []}
+    out = {"engine": type(engine).__name__, "metrics": [], "error": None, "seconds": [], "cpu": [], "collectives": []}
+    counts = {"on": False}
+    _counting(counts)
     plants = spec.get("plants", [])
     try:
         for step in range(spec["steps"]):
             data = batch(rank, step + spec.get("step_offset", 0), plants[step] if step < len(plants) else "none")
             torch.distributed.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
+            counts.clear()
+            counts["on"] = True
             result = worker.update_actor(data)
+            counts["on"] = False
             out["cpu"].append(time.process_time() - start_cpu)
+            out["collectives"].append({k: v for k, v in counts.items() if k != "on"})
             torch.distributed.barrier()
             out["seconds"].append(time.perf_counter() - start)
             if result is not None:
