@@ -53,6 +53,7 @@ class Spec:
     steps: int = 1
     step_offset: int = 0  # the data of step i is data.mini_batch(rank, i + step_offset, ...)
     overrides: tuple[str, ...] = ()  # more of ppo_trainer.yaml's actor_rollout_ref.*, as in ACTOR
+    count: bool = False  # count collectives and host reads during each update_actor (tests/verl/rank.py: counting)
 
     def __post_init__(self):
         assert self.install in INSTALLS, self.install
@@ -74,7 +75,12 @@ class Rank:
     traceback: str | None
     output: str  # what the rank printed (stdout and stderr)
     before: dict[str, torch.Tensor] | None  # full parameters before the first step (None when the run raised)
-    after: dict[str, torch.Tensor] | None  # and after the last
+    steps: list[dict[str, torch.Tensor]]  # and after each step
+    counts: list[dict[str, int]]  # per step, with Spec.count: calls of each collective and host read
+
+    @property
+    def after(self) -> dict[str, torch.Tensor] | None:
+        return self.steps[-1] if self.steps else None
 
 
 def tiny_qwen3(path: Path) -> str:
@@ -117,7 +123,7 @@ def run(spec: Spec, tmp_path: Path, model: str, *, name: str = "run", timeout: f
     out.mkdir()
     path = out / "spec.json"
     payload = {"overrides": spec.hydra(model), "steps": spec.steps, "step_offset": spec.step_offset,
-               "plants": {str(k): v for k, v in spec.plants.items()},
+               "plants": {str(k): v for k, v in spec.plants.items()}, "count": spec.count,
                "fault": spec.fault and {"rank": 1, "module": FAULT_MODULE, "when": spec.fault}}  # fmt: skip
     path.write_text(json.dumps(payload))
     port = _port()
@@ -155,7 +161,8 @@ def _rank(out: Path, path: Path, rank: int, code: int) -> Rank:
     params = Path(f"{path}.rank{rank}.params.pt")
     saved = torch.load(params) if params.exists() else {}
     return Rank(engine=got["engine"], metrics=got["metrics"], driver=got["driver"], error=got["error"],
-                traceback=got["traceback"], output=output, before=saved.get("before"), after=saved.get("after"))  # fmt: skip
+                traceback=got["traceback"], output=output, before=saved.get("before"), steps=saved.get("steps", []),
+                counts=got["counts"])  # fmt: skip
 
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

@@ -5,11 +5,13 @@ spec's overrides), calls `init_model()`, then `update_actor()` once per step wit
 (tests/verl/data.py, planted on rank 1 as the spec says), and writes SPEC.rankR.json: the engine's class, each
 step's metrics as the worker returns them and as verl's driver reduces them (`rename_dict(..., "actor/")` +
 `reduce_metrics`, trainer/ppo/v1/trainer_base.py:1706-1708), and the exception that ended the run, if any; and
-SPEC.rankR.params.pt: the full parameters before the first step and after the last (a collective: every rank).
+SPEC.rankR.params.pt: the full parameters before the first step and after each (a collective: every rank).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import sys
@@ -33,6 +35,37 @@ def _tiny_fault(model, rank: int, fault: dict | None) -> None:
         return None
 
     modules[name].register_forward_hook(hook)
+
+
+# torch.distributed's collectives, and the Tensor methods that read a value to the host
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "all_to_all_single")  # fmt: skip
+HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
+
+
+@contextlib.contextmanager
+def counting(into: list):
+    """Count the calls of COLLECTIVES and HOST_READS made during one update_actor (test instrumentation: wrappers
+    around torch's own functions, removed on exit); appends {name: calls} to `into`."""
+    counts: dict[str, int] = {}
+    saved = [(torch.distributed, n, getattr(torch.distributed, n)) for n in COLLECTIVES]
+    saved += [(torch.Tensor, n, getattr(torch.Tensor, n)) for n in HOST_READS]
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for owner, name, fn in saved:
+        setattr(owner, name, counted(name, fn))
+    try:
+        yield
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+        into.append(counts)
 
 
 def _config(spec: dict):
@@ -68,15 +101,18 @@ def _driver(metrics: dict) -> dict:
 def main(path: str, rank: int) -> None:
     with open(path) as f:
         spec = json.load(f)
-    from tests.verl import data, standins
+    # verl first: where VERL_USE_EXTERNAL_MODULES lists the stand-ins, `import verl` applies them (before the plugin);
+    # importing them first would start verl from inside them, and the plugin would find them half-applied
+    importlib.import_module("verl")
+    importlib.import_module("tests.verl.cpu_standin")  # the stand-ins, where verl's import did not apply them
+    from tests.verl import data
 
-    standins.platform()
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    standins.engine_and_padding()
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    out = {"engine": None, "metrics": [], "driver": [], "error": None, "traceback": None}
+    out = {"engine": None, "metrics": [], "driver": [], "error": None, "traceback": None, "counts": []}
+    steps = []
     worker = ActorRolloutRefWorker(config=_config(spec).actor_rollout_ref, role="actor")
     module = None
     try:
@@ -88,7 +124,9 @@ def main(path: str, rank: int) -> None:
         _tiny_fault(module, rank, spec.get("fault"))
         for step in range(spec["steps"]):
             batch = data.mini_batch(rank, step + spec.get("step_offset", 0), spec["plants"].get(str(step)))
-            result = worker.update_actor(batch)
+            with counting(out["counts"]) if spec.get("count") else contextlib.nullcontext():
+                result = worker.update_actor(batch)
+            steps.append({n: p.full_tensor().detach().clone() for n, p in module.named_parameters()})
             metrics = dict(tu.get(result, "metrics"))
             out["metrics"].append({k: _plain(v) for k, v in metrics.items()})
             out["driver"].append(_driver(metrics))
@@ -98,8 +136,7 @@ def main(path: str, rank: int) -> None:
     with open(f"{path}.rank{rank}.json", "w") as f:
         json.dump(out, f)
     if module is not None and out["error"] is None:
-        after = {n: p.full_tensor().detach().clone() for n, p in module.named_parameters()}
-        torch.save({"before": before, "after": after}, f"{path}.rank{rank}.params.pt")
+        torch.save({"before": before, "steps": steps}, f"{path}.rank{rank}.params.pt")
     torch.distributed.destroy_process_group()
 
 
