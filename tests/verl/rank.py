@@ -69,9 +69,8 @@ def counting(into: list):
 
 
 def _config(spec: dict):
-    from hydra import compose, initialize_config_dir
-
     import verl
+    from hydra import compose, initialize_config_dir
 
     directory = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=directory, version_base=None):
