@@ -33,7 +33,10 @@ HEAVY = (
     "tensorboard",
     "numpy",
     "slime",
-)  # slime: a user's checkout, importable only in the processes of a run of it (nanscope.slime_train)
+    "verl",
+    "tensordict",
+)  # slime: a user's checkout, importable only in the processes of a run of it (nanscope.slime_train); verl: a
+# user's install, imported only inside its workers (nanscope.verl_plugin)
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 MAX_POSITIONAL = 5

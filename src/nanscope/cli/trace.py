@@ -35,7 +35,7 @@ from nanscope.facts.paths import BUNDLE_SUFFIX, OLD_REPORT_DIRS, REPORT_DIR
 from nanscope.inputs import fill_template, printable
 from nanscope.loss import NAMES as LOSS_NAMES
 from nanscope.report import files
-from nanscope.trace.bundles import bundle_text
+from nanscope.trace.bundles import bundle_text, verl_bundle
 from nanscope.trace.tracer import text as render
 
 DEFAULT_LIMIT_MB = 4096  # case-sized logits are several GB (replay.select_samples keeps fewer samples)
@@ -192,7 +192,11 @@ def _kind(path: str) -> str:
 def _bundle(args) -> int:
     from nanscope.trace.bundles import bundle_load, bundle_replay  # heavy: torch
 
-    doc = bundle_load.load(args.file, trace_inputs.limit(args), "--max-input-mb")
+    doc = bundle_load.load(args.file, trace_inputs.limit(args), "--max-input-mb", other=verl_bundle.is_verl)
+    if verl_bundle.is_verl(doc):  # nanscope.verl_plugin's: through the installed verl's ppo_loss
+        save = (lambda d: files.write_json(args.json, {"source": args.file, "verl_bundle": d})) if args.json else None
+        return verl_bundle.main(args.file, verl_bundle.checked(args.file, doc), show=lambda t: print(printable(t)),
+                                save=save)  # fmt: skip
     with bundle_replay.loss_path(doc, args.slime_src) as path:
         rollout = trace_inputs.rollout(args, doc)
         try:

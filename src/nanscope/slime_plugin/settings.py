@@ -18,6 +18,9 @@
     NANSCOPE_WARN_LOG_RATIO  LOW,HIGH: warn when a log-ratio that reaches an exp exceeds LOW (default 20, where
                            the guard's clamp starts to act) or HIGH (default 60, within 30 of fp32's overflow);
                            0 < LOW < HIGH
+    NANSCOPE_INNER_LOSS_MODE  NAME: verl only (nanscope.verl_plugin, `from_env(verl=True)`): the policy loss mode
+                           verl's `nanscope` mode wraps (default vanilla); checked against verl's registry at install;
+                           slime's plugin neither reads it nor counts it among its variables
 
 An empty value counts as unset. A bad value, or settings that contradict each other, is one ValueError line
 that names the variable; numbers are ASCII digits only (`int()` would take '٣' or '３'). Any other NANSCOPE_*
@@ -44,6 +47,7 @@ VARIABLES = (
     "NANSCOPE_REPORT_DIR", "NANSCOPE_ON_NONFINITE", "NANSCOPE_MAX_SKIPS", "NANSCOPE_TRACE_STEP", "NANSCOPE_NAN_POLICY",
     "NANSCOPE_RERUN", "NANSCOPE_SKIP_ON", "NANSCOPE_MAX_BUNDLES", "NANSCOPE_WARN_GAP", "NANSCOPE_WARN_LOG_RATIO",
 )  # fmt: skip
+VERL_VARIABLES = ("NANSCOPE_INNER_LOSS_MODE",)  # read only for nanscope.verl_plugin (`from_env(verl=True)`)
 _NOT_THE_PLUGINS = ("NANSCOPE_SLIME_SRC",)  # the test suite's (tests/slime_releases), as is NANSCOPE_TEST_*
 
 
@@ -61,7 +65,9 @@ class Settings:
     warn_gap: float = 5.0
     warn_log_ratio: tuple[float, float] = (20.0, 60.0)
     max_bundles: int = 8
+    inner_loss_mode: str = "vanilla"
     unknown: tuple[str, ...] = field(default=(), compare=False)  # other NANSCOPE_* names in the environment
+    variables: tuple[str, ...] = field(default=VARIABLES, compare=False, repr=False)  # the plugin's, for the warning
 
     def __post_init__(self):
         if self.skip_on == "transient" and self.rerun == "off":
@@ -74,12 +80,14 @@ class Settings:
         """One line per unknown NANSCOPE_* variable, naming the closest real one."""
         return [
             f"{printable(name)} is not one of the plugin's variables, so it does nothing; the closest is "
-            f"{difflib.get_close_matches(name, VARIABLES, n=1, cutoff=0.0)[0]} (all: {', '.join(VARIABLES)})"
+            f"{difflib.get_close_matches(name, self.variables, n=1, cutoff=0.0)[0]} (all: {', '.join(self.variables)})"
             for name in self.unknown
         ]
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+    def from_env(cls, env: Mapping[str, str] = os.environ, *, verl: bool = False) -> Settings:
+        """The settings `env` holds; `verl`: also VERL_VARIABLES (nanscope.verl_plugin), which slime leaves unread."""
+        variables = VARIABLES + (VERL_VARIABLES if verl else ())
         mode = _choice(env, "NANSCOPE_ON_NONFINITE", ON_NONFINITE)
         max_skips = env.get("NANSCOPE_MAX_SKIPS") or None
         if max_skips is not None and not (_digits(max_skips) and int(max_skips) >= 1):
@@ -102,14 +110,18 @@ class Settings:
             warn_gap=_numbers(env, "NANSCOPE_WARN_GAP", (cls.warn_gap,))[0],
             warn_log_ratio=_thresholds(env),
             max_bundles=int(bundles) if bundles is not None else cls.max_bundles,
-            unknown=tuple(sorted(k for k in env if _unknown(k))),
+            inner_loss_mode=_name(env, "NANSCOPE_INNER_LOSS_MODE", cls.inner_loss_mode)
+            if verl
+            else cls.inner_loss_mode,
+            unknown=tuple(sorted(k for k in env if _unknown(k, variables))),
+            variables=variables,
         )
 
 
-def _unknown(name: str) -> bool:
+def _unknown(name: str, variables: tuple[str, ...]) -> bool:
     return (
         name.startswith("NANSCOPE_")
-        and name not in VARIABLES + _NOT_THE_PLUGINS
+        and name not in variables + _NOT_THE_PLUGINS
         and not name.startswith("NANSCOPE_TEST_")
     )
 
@@ -121,6 +133,14 @@ def _thresholds(env: Mapping[str, str]) -> tuple[float, float]:
         value = env["NANSCOPE_WARN_LOG_RATIO"]
         raise ValueError(f"NANSCOPE_WARN_LOG_RATIO={_shown(value)}: expected LOW,HIGH with 0 < LOW < HIGH, like 20,60")
     return low, high
+
+
+def _name(env: Mapping[str, str], name: str, default: str) -> str:
+    """A registry name (letters, digits, '_', '-', '.'; at most 64): the variable's value, `default` when unset."""
+    value = env.get(name) or default
+    if not (len(value) <= 64 and all(c.isascii() and (c.isalnum() or c in "_-.") for c in value)):
+        raise ValueError(f"{name}={_shown(value)}: expected a loss mode's name, like vanilla or clip_cov")
+    return value
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:

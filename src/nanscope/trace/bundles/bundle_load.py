@@ -37,9 +37,12 @@ _TEMPLATES = ("save_debug_rollout_data", "load_debug_rollout_data")  # the dumps
 _PARTS = (("batch", dict), ("current", dict), ("loss", dict), ("rows", list), ("parallel", dict))
 
 
-def load(path, limit: int | None = None, option: str | None = None) -> dict:
-    """Read and check a bundle; returns the document with each micro-batch's `cp` ((cp_rank, cp_size, how)) set."""
+def load(path, limit: int | None = None, option: str | None = None, other=None) -> dict:
+    """Read and check a bundle; returns the document with each micro-batch's `cp` ((cp_rank, cp_size, how)) set.
+    `other(doc)`: True for another kind of bundle (a verl one), returned as read for its own checks."""
     doc = torch_file.load(path, "repro bundle", limit, option, name=_field)
+    if other is not None and other(doc):
+        return doc
     return checked(path, doc)
 
 

@@ -30,9 +30,12 @@ _queue_callback = torch.autograd.Variable._execution_engine.queue_callback  # ru
 
 
 def grad_of(param: torch.Tensor) -> torch.Tensor | None:
-    """The accumulated gradient of a parameter: megatron DDP's main_grad if present, else .grad."""
+    """The accumulated gradient of a parameter: megatron DDP's main_grad if present, else .grad; this rank's
+    shard where the gradient is a DTensor (FSDP2's `fully_shard`: a norm of the DTensor itself would be a collective
+    the screen must not make)."""
     grad = getattr(param, "main_grad", None)
-    return grad if grad is not None else param.grad
+    grad = grad if grad is not None else param.grad
+    return grad.to_local() if grad is not None and hasattr(grad, "to_local") else grad
 
 
 def check_grads(named_params) -> list[str]:

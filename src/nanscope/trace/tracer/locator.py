@@ -107,7 +107,8 @@ def _frame_source() -> str | None:
 
 
 def _float_tensors(tree) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    """The floating-point tensors holding values (not `meta` ones: a nested tensor's backward computes shapes there)."""
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point() and not t.is_meta]
 
 
 def _finite(t: torch.Tensor) -> bool:

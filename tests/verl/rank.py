@@ -1,0 +1,143 @@
+"""One rank of a verl actor run (tests/verl/harness.py starts two): `python -m tests.verl.rank SPEC.json RANK`.
+
+It builds verl 0.9.0's own `ActorRolloutRefWorker(role="actor")` from verl's ppo_trainer.yaml (Hydra, with the
+spec's overrides), calls `init_model()`, then `update_actor()` once per step with this rank's mini-batch
+(tests/verl/data.py, planted on rank 1 as the spec says), and writes SPEC.rankR.json: the engine's class, each
+step's metrics as the worker returns them and as verl's driver reduces them (`rename_dict(..., "actor/")` +
+`reduce_metrics`, trainer/ppo/v1/trainer_base.py:1706-1708), and the exception that ended the run, if any; and
+SPEC.rankR.params.pt: the full parameters before the first step and after each (a collective: every rank).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+
+def _tiny_fault(model, rank: int, fault: dict | None) -> None:
+    """A test-only forward hook: `model.layers.1.mlp` outputs NaN on rank `fault["rank"]`, on every pass or the first."""
+    if not fault or rank != fault["rank"]:
+        return
+    modules = dict(model.named_modules())
+    name = next(n for n in modules if n.endswith(fault["module"]))
+    passes = [0]
+
+    def hook(module, args, out):
+        passes[0] += 1
+        if fault["when"] == "every" or passes[0] == 1:
+            return out * float("nan")
+        return None
+
+    modules[name].register_forward_hook(hook)
+
+
+# torch.distributed's collectives, and the Tensor methods that read a value to the host
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "all_to_all_single")  # fmt: skip
+HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
+
+
+@contextlib.contextmanager
+def counting(into: list):
+    """Count the calls of COLLECTIVES and HOST_READS made during one update_actor (test instrumentation: wrappers
+    around torch's own functions, removed on exit); appends {name: calls} to `into`."""
+    counts: dict[str, int] = {}
+    saved = [(torch.distributed, n, getattr(torch.distributed, n)) for n in COLLECTIVES]
+    saved += [(torch.Tensor, n, getattr(torch.Tensor, n)) for n in HOST_READS]
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for owner, name, fn in saved:
+        setattr(owner, name, counted(name, fn))
+    try:
+        yield
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+        into.append(counts)
+
+
+def _config(spec: dict):
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    directory = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=directory, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(spec["overrides"]))
+
+
+def _plain(value):
+    """A metric as JSON holds it (NaN and inf survive json's own extension)."""
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "aggregate"):  # verl's Metric
+        return _plain(value.aggregate())
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def _driver(metrics: dict) -> dict:
+    """What verl's driver logs from one update_actor (trainer_base.py:1706-1708), on this rank's copy."""
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.py_functional import rename_dict
+
+    out = rename_dict(dict(metrics), "actor/")
+    if "actor/mfu" in out:
+        out["perf/mfu/actor"] = out.pop("actor/mfu")
+    return {k: _plain(v) for k, v in reduce_metrics(out).items()}
+
+
+def main(path: str, rank: int) -> None:
+    with open(path) as f:
+        spec = json.load(f)
+    # verl first: where VERL_USE_EXTERNAL_MODULES lists the stand-ins, `import verl` applies them (before the plugin);
+    # importing them first would start verl from inside them, and the plugin would find them half-applied
+    importlib.import_module("verl")
+    importlib.import_module("tests.verl.cpu_standin")  # the stand-ins, where verl's import did not apply them
+    from tests.verl import data
+
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    out = {"engine": None, "metrics": [], "driver": [], "error": None, "traceback": None, "counts": []}
+    steps = []
+    worker = ActorRolloutRefWorker(config=_config(spec).actor_rollout_ref, role="actor")
+    module = None
+    try:
+        worker.init_model()
+        engine = worker.actor.engine
+        out["engine"] = f"{type(engine).__module__}.{type(engine).__qualname__}"
+        module = engine.module
+        before = {n: p.full_tensor().detach().clone() for n, p in module.named_parameters()}
+        _tiny_fault(module, rank, spec.get("fault"))
+        for step in range(spec["steps"]):
+            batch = data.mini_batch(rank, step + spec.get("step_offset", 0), spec["plants"].get(str(step)))
+            with counting(out["counts"]) if spec.get("count") else contextlib.nullcontext():
+                result = worker.update_actor(batch)
+            steps.append({n: p.full_tensor().detach().clone() for n, p in module.named_parameters()})
+            metrics = dict(tu.get(result, "metrics"))
+            out["metrics"].append({k: _plain(v) for k, v in metrics.items()})
+            out["driver"].append(_driver(metrics))
+    except BaseException as e:  # the run's end, as verl's trainer would see it
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()
+    with open(f"{path}.rank{rank}.json", "w") as f:
+        json.dump(out, f)
+    if module is not None and out["error"] is None:
+        torch.save({"before": before, "steps": steps}, f"{path}.rank{rank}.params.pt")
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
