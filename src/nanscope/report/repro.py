@@ -9,7 +9,6 @@ from nanscope import case
 from nanscope.megatron.spec import PEER_FAILED, failed_check
 from nanscope.report.text import span
 from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
-from nanscope.slime_plugin.verdict import Verdict
 from nanscope.trace.tracer import text as trace_text
 from nanscope.trace.tracer.events import TraceReport
 
@@ -115,6 +114,8 @@ def rerun_line(rerun: dict | None) -> str:
     """The plugin hook's rerun verdict (a report's "rerun"), as the hook prints it on a rank."""
     if rerun is None:
         return "nanscope: rerun: no verdict (no rank wrote a report)"
+    from nanscope.slime_plugin.verdict import Verdict  # heavy: torch (the slime_plugin package imports its hook)
+
     fields = {**rerun, "not_ruled_out": tuple(rerun.get("not_ruled_out") or ())}
     return Verdict(**{name: fields.get(name) for name in Verdict.__dataclass_fields__}).line()
 
