@@ -89,6 +89,7 @@ def test_a_forward_fault_fails_the_check_and_the_sentinel_and_tracer_name_it(tmp
     ) in out
 
 
+@pytest.mark.slow  # a whole launch (about 10 s); test_repro_header.py renders its header in the fast tier
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_a_one_time_fault_shows_the_reruns_verdict_and_names_fault_once(tmp_path, capsys):
