@@ -22,6 +22,7 @@ from tests.cli.isolated import refused, run_isolated
 KNOWN = ", ".join(catalogue.BY_NAME)
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 @pytest.mark.timeout(300)
 def test_bad_counts_names_and_unreadable_files_are_one_line_each(tmp_path):
     demo.write_demo(tmp_path / "dump.pt")

@@ -32,6 +32,7 @@ def small_batch(seed: int):
     return batch, logits
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_the_loss_alone_keeps_no_micro_batch_over_1000_calls():
     # Installed without the hook, the loss used to append every micro-batch of the run to a module-level list
     # (device tensors included) and scan that list on each call. Now nothing outlives the call: after 1,000

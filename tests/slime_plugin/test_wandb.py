@@ -129,6 +129,7 @@ def offline(tmp_path, monkeypatch):
     wandb.teardown()  # stops the wandb-core service this test started
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_the_series_every_step_at_train_step(offline, capsys):
     wandb.init(settings=wandb.Settings(x_disable_stats=True, x_disable_meta=True))
     logger = logs.Logger(Settings(), metrics_logger=None, logs=True)  # v0.1.0: the plugin calls wandb.log
