@@ -202,7 +202,8 @@ def repro_one(
         # a one-time fault (--fault-once, or the transient-fault hazard): the plugin's hook reruns the step, a verdict
         hook=(fault_once if fault else catalogue.get(hazard).fault_once),
     )
-    with scratch.directory("nanscope-one-") as out:  # the hook's reports are read before it goes
+    # only a hooked run keeps a directory of its own: the hook's reports are read there before it goes
+    with scratch.directory("nanscope-one-") if spec.hook else contextlib.nullcontext(None) as out:
         launched = launcher.launch(
             [spec], layout, timeout_s=timeout_s, out_dir=out, loss_flags=case.loss_flags(), via=via
         )
