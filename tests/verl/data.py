@@ -1,7 +1,8 @@
 """A rank's mini-batch for verl's update_actor, and what a test plants in it on rank 1.
 
 4 samples a rank, 4 prompt and 6 response tokens: sample 1 has a padded tail (its last 2 tokens), sample 2 a masked
-token in the response (position 3, response_mask 0, as a tool's output is). Values drawn from a generator seeded by
+token in the response (position 3, response_mask 0, as a tool's output is); ref_log_prob is there for runs with
+use_kl_loss (drawn last, so the other fields are those of a batch without it). Values drawn from a generator seeded by
 (step, rank), so a run is reproducible and two runs with the same plants see the same data.
 
 PLANTS (on rank 1 only; the test names the step):
@@ -9,6 +10,7 @@ PLANTS (on rank 1 only; the test names the step):
     old_log_prob_masked        that token masked instead (response_mask 0): what A's plugin run must equal
     log_ratio_95_masked        sample 2's masked token gets old_log_prob -100: log-ratio ~95 > 88.72 (exp overflows)
     advantage_nan_masked       NaN in sample 2's advantages at that masked token
+    ref_log_prob_nan_masked    NaN in sample 2's ref_log_prob at that masked token (the KL term's input)
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import torch
 
 SAMPLES, PROMPT, RESPONSE, VOCAB = 4, 4, 6, 128
-PLANTS = ("old_log_prob_nan_trained", "old_log_prob_masked", "log_ratio_95_masked", "advantage_nan_masked")
+PLANTS = (
+    "old_log_prob_nan_trained", "old_log_prob_masked", "log_ratio_95_masked", "advantage_nan_masked",
+    "ref_log_prob_nan_masked",
+)  # fmt: skip
 TRAINED = (0, 2)  # (sample, response position) of old_log_prob_nan_trained
 MASKED = (2, 3)  # (sample, response position) of the masked token
 
@@ -36,6 +41,7 @@ def mini_batch(rank: int, step: int, plant: str | None):
     mask[MASKED] = 0
     old = -torch.rand(SAMPLES, RESPONSE, generator=g) * 4 - 1
     advantages = torch.randn(SAMPLES, 1, generator=g).expand(SAMPLES, RESPONSE).clone()
+    ref = -torch.rand(SAMPLES, RESPONSE, generator=g) * 4 - 1
     if rank == 1 and plant == "old_log_prob_nan_trained":
         old[TRAINED] = float("nan")
     elif rank == 1 and plant == "old_log_prob_masked":
@@ -44,10 +50,12 @@ def mini_batch(rank: int, step: int, plant: str | None):
         old[MASKED] = -100.0
     elif rank == 1 and plant == "advantage_nan_masked":
         advantages[MASKED] = float("nan")
+    elif rank == 1 and plant == "ref_log_prob_nan_masked":
+        ref[MASKED] = float("nan")
     fields = {
         "input_ids": ids, "attention_mask": attention, "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
         "prompts": ids[:, :PROMPT], "responses": ids[:, PROMPT:], "response_mask": mask, "old_log_probs": old,
-        "advantages": advantages,
+        "advantages": advantages, "ref_log_prob": ref,
     }  # fmt: skip
     td = left_right_2_no_padding(TensorDict(fields, batch_size=[SAMPLES]))
     tu.assign_non_tensor(

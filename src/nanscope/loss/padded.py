@@ -9,7 +9,8 @@ in shared/research/verl-plugin.md §1):
                   the backward pass (a NaN advantage at a masked token makes the gradient NaN)
     selected      at masked tokens the advantages become 0: a finite but huge masked entry times a ratio would
                   make inf, and verl's seq-mean-* aggregation multiplies by the mask (core_algos.py:1182,1196),
-                  inf * 0 = NaN; with 0 there the product is +-0, what selection gives
+                  inf * 0 = NaN; with 0 there the product is +-0, what selection gives. The engine's cleaning
+                  does the same to ref_log_prob, the KL term's input (nanscope.verl_plugin.inputs)
     bounded_old   the old log-prob moved so that |log_prob - old| <= LOG_RATIO_BOUND (20) at every token, masked
                   ones included, before the loss exponentiates the difference: clip_cov and kl_cov take exp of it
                   unclamped (core_algos.py:1796-1797, 1890), geo_mean too (:1972, 1983); exp(x > 88.72) is inf

@@ -9,8 +9,17 @@ could mask it, but not take it out of a count already all-reduced). Replacing th
 alone leaves NaN * 0 in the backward pass (shared/research/verl-plugin.md §1: a NaN advantage at a masked
 token makes the gradient NaN).
 
+The KL term (use_kl_loss) is computed in ppo_loss itself, outside any policy loss mode (losses.py:132-141:
+kl_penalty(log_prob, ref_log_prob) then agg_loss), so this is where it is guarded: ref_log_prob's non-finite
+entries are replaced and dropped as above (a NaN ref_log_prob at a masked token under k2 otherwise makes the
+gradient NaN: 0.5 * (log_prob - NaN)^2's derivative is NaN, times the mask's zero), and its entries at every
+masked token become 0 (`padded.selected`), so a finite but huge masked value cannot make kl_penalty inf there,
+which seq-mean-* aggregation multiplies by the mask (core_algos.py:1182,1196: inf * 0 = NaN). verl clamps the
+exponent of low_var_kl/k3 itself (core_algos.py:2238-2244), so no clamp is added.
+
     KEYS        the per-token inputs of verl's losses, cleaned where present: old_log_probs, advantages,
                 ref_log_prob (use_kl_loss), rollout_log_probs, rollout_is_weights (rollout correction)
+    SELECTED    the keys whose masked entries become 0 as well: ref_log_prob (the KL term's)
     COUNTERS    what `clean` counts, as the step's nanscope/nan_guard/* (step_vote.Counters): non-finite entries
                 per key (masked ones too), exp_overflow (tokens whose log_prob - old exceeded 88.72, counted by
                 the `nanscope` loss mode, which clamps them), dropped_tokens (trained tokens cleaning took out)
@@ -29,6 +38,7 @@ from nanscope.loss import padded
 KEYS = ("old_log_probs", "advantages", "ref_log_prob", "rollout_log_probs", "rollout_is_weights")
 COUNTERS = tuple(f"nan_guard/{k}" for k in KEYS) + ("nan_guard/exp_overflow", "nan_guard/dropped_tokens")
 MASKS = ("response_mask", "loss_mask")
+SELECTED = ("ref_log_prob",)
 
 
 def clean(data) -> torch.Tensor:
@@ -56,6 +66,10 @@ def clean(data) -> torch.Tensor:
     for name in MASKS:
         if name in data.keys() and _values(data[name]).shape == shape:
             data[name] = _rebuilt(data[name], padded.masked_out(_values(data[name]), drop))
+    kept = trained & ~drop
+    for key in SELECTED:
+        if key in data.keys() and _values(data[key]).shape == shape:
+            data[key] = _rebuilt(data[key], padded.selected(_values(data[key]), kept.to(_values(data[key]).device)))
     counts.append(torch.zeros((), device=device))  # exp_overflow: the loss mode's
     counts.append((drop & trained).sum().float())
     return torch.stack(counts)
