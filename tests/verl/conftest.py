@@ -50,3 +50,11 @@ def model(verl_env, tmp_path_factory) -> str:
     from tests.verl import harness
 
     return harness.tiny_qwen3(tmp_path_factory.mktemp("verl") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def critic_model(verl_env, tmp_path_factory) -> str:
+    """The tiny Qwen3 with a value head every critic run here trains (tests/verl/harness.py: tiny_qwen3_critic)."""
+    from tests.verl import harness
+
+    return harness.tiny_qwen3_critic(tmp_path_factory.mktemp("verl") / "qwen3-critic")

@@ -2,7 +2,8 @@
 
 4 samples a rank, 4 prompt and 6 response tokens: sample 1 has a padded tail (its last 2 tokens), sample 2 a masked
 token in the response (position 3, response_mask 0, as a tool's output is); ref_log_prob is there for runs with
-use_kl_loss (drawn last, so the other fields are those of a batch without it). Values drawn from a generator seeded by
+use_kl_loss, and values and returns for the critic (drawn last, so the other fields are those of a batch without
+them). Values drawn from a generator seeded by
 (step, rank), so a run is reproducible and two runs with the same plants see the same data.
 
 PLANTS (on rank 1 only; the test names the step):
@@ -42,6 +43,8 @@ def mini_batch(rank: int, step: int, plant: str | None):
     old = -torch.rand(SAMPLES, RESPONSE, generator=g) * 4 - 1
     advantages = torch.randn(SAMPLES, 1, generator=g).expand(SAMPLES, RESPONSE).clone()
     ref = -torch.rand(SAMPLES, RESPONSE, generator=g) * 4 - 1
+    values = torch.randn(SAMPLES, RESPONSE, generator=g)
+    returns = values + 0.3 * torch.randn(SAMPLES, RESPONSE, generator=g)
     if rank == 1 and plant == "old_log_prob_nan_trained":
         old[TRAINED] = float("nan")
     elif rank == 1 and plant == "old_log_prob_masked":
@@ -55,7 +58,7 @@ def mini_batch(rank: int, step: int, plant: str | None):
     fields = {
         "input_ids": ids, "attention_mask": attention, "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
         "prompts": ids[:, :PROMPT], "responses": ids[:, PROMPT:], "response_mask": mask, "old_log_probs": old,
-        "advantages": advantages, "ref_log_prob": ref,
+        "advantages": advantages, "ref_log_prob": ref, "values": values, "returns": returns,
     }  # fmt: skip
     td = left_right_2_no_padding(TensorDict(fields, batch_size=[SAMPLES]))
     tu.assign_non_tensor(

@@ -36,6 +36,14 @@ ACTOR = (
     "+model.override_config.attn_implementation=eager", "rollout.n=1", "rollout.log_prob_micro_batch_size_per_gpu=1",
     "ref.log_prob_micro_batch_size_per_gpu=1",
 )  # fmt: skip
+# the critic (ppo_trainer.yaml's critic: dp_critic), as the actor above: FSDP2, fp32, eager attention, no
+# remove-padding, 4 samples a rank in one mini-batch, one sample a micro-batch
+CRITIC = (
+    "strategy=fsdp2", "ppo_mini_batch_size=4", "ppo_micro_batch_size_per_gpu=1", "fsdp.model_dtype=fp32",
+    "fsdp.dtype=float32", "optim.lr=1e-2", "model.use_remove_padding=False", "model.enable_gradient_checkpointing=False",
+    "+model.override_config.attn_implementation=eager", "enable=True",
+)  # fmt: skip
+ROLES = ("actor", "critic")
 # a decaying learning rate (cosine from the first update), so a step that advances the schedule shows in `lr`
 COSINE = (
     "actor.optim.lr_scheduler_type=cosine", "actor.optim.lr_warmup_steps_ratio=0.0",
@@ -54,12 +62,20 @@ class Spec:
     step_offset: int = 0  # the data of step i is data.mini_batch(rank, i + step_offset, ...)
     overrides: tuple[str, ...] = ()  # more of ppo_trainer.yaml's actor_rollout_ref.*, as in ACTOR
     count: bool = False  # count collectives and host reads during each update_actor (tests/verl/rank.py: counting)
+    role: str = "actor"  # the actor (ActorRolloutRefWorker.update_actor) or the critic (TrainingWorker, value_model)
 
     def __post_init__(self):
         assert self.install in INSTALLS, self.install
         assert self.fault in (None, "every", "first"), self.fault
+        assert self.role in ROLES, self.role
+        # verl's trainer builds the critic's config in its driver, not in the worker (trainer_base.py:250): only
+        # VERL_USE_EXTERNAL_MODULES reaches the critic's process
+        assert self.role == "actor" or self.install != "external_lib", "the critic takes the plugin from the env"
 
     def hydra(self, model: str) -> list[str]:
+        if self.role == "critic":  # the actor's keys are left as ppo_trainer.yaml has them
+            mine = [f"model.path={model}", *CRITIC, *self.overrides]
+            return [f"+critic.{o[1:]}" if o.startswith("+") else f"critic.{o}" for o in mine]
         mine = [f"model.path={model}", f"actor.policy_loss.loss_mode={self.loss_mode}", *ACTOR, *self.overrides]
         if self.install == "external_lib":
             mine.append(f"model.external_lib={PLUGIN}")
@@ -98,6 +114,17 @@ def tiny_qwen3(path: Path) -> str:
     return str(path)
 
 
+def tiny_qwen3_critic(path: Path) -> str:
+    """`tiny_qwen3`'s model with a one-label token-classification head (verl's critic, fsdp/transformer_impl.py:
+    274-285), seed 0."""
+    from transformers import Qwen3Config, Qwen3ForTokenClassification
+
+    tiny_qwen3(path)
+    torch.manual_seed(0)
+    Qwen3ForTokenClassification(Qwen3Config.from_pretrained(path, num_labels=1)).save_pretrained(path)
+    return str(path)
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,7 +149,7 @@ def run(spec: Spec, tmp_path: Path, model: str, *, name: str = "run", timeout: f
     out = tmp_path / name
     out.mkdir()
     path = out / "spec.json"
-    payload = {"overrides": spec.hydra(model), "steps": spec.steps, "step_offset": spec.step_offset,
+    payload = {"overrides": spec.hydra(model), "steps": spec.steps, "role": spec.role, "step_offset": spec.step_offset,
                "plants": {str(k): v for k, v in spec.plants.items()}, "count": spec.count,
                "fault": spec.fault and {"rank": 1, "module": FAULT_MODULE, "when": spec.fault}}  # fmt: skip
     path.write_text(json.dumps(payload))

@@ -2,7 +2,8 @@
 
 It builds verl 0.9.0's own `ActorRolloutRefWorker(role="actor")` from verl's ppo_trainer.yaml (Hydra, with the
 spec's overrides), calls `init_model()`, then `update_actor()` once per step with this rank's mini-batch
-(tests/verl/data.py, planted on rank 1 as the spec says), and writes SPEC.rankR.json: the engine's class, each
+(tests/verl/data.py, planted on rank 1 as the spec says); for role "critic", the critic's `TrainingWorker` built as
+verl's trainer builds it (`critic_worker`), and `train_mini_batch()` per step. It writes SPEC.rankR.json: the engine's class, each
 step's metrics as the worker returns them and as verl's driver reduces them (`rename_dict(..., "actor/")` +
 `reduce_metrics`, trainer/ppo/v1/trainer_base.py:1706-1708), and the exception that ended the run, if any; and
 SPEC.rankR.params.pt: the full parameters before the first step and after each (a collective: every rank).
@@ -86,15 +87,44 @@ def _plain(value):
     return float(value.item() if hasattr(value, "item") else value)
 
 
-def _driver(metrics: dict) -> dict:
-    """What verl's driver logs from one update_actor (trainer_base.py:1706-1708), on this rank's copy."""
+def _driver(metrics: dict, role: str) -> dict:
+    """What verl's driver logs from one update_actor or update of the critic (trainer_base.py:1706-1708,
+    :1665-1667), on this rank's copy."""
     from verl.utils.metric import reduce_metrics
     from verl.utils.py_functional import rename_dict
 
-    out = rename_dict(dict(metrics), "actor/")
-    if "actor/mfu" in out:
-        out["perf/mfu/actor"] = out.pop("actor/mfu")
+    out = rename_dict(dict(metrics), f"{role}/")
+    if f"{role}/mfu" in out:
+        out[f"perf/mfu/{role}"] = out.pop(f"{role}/mfu")
     return {k: _plain(v) for k, v in reduce_metrics(out).items()}
+
+
+def critic_worker(config):
+    """verl's critic: the TrainingWorker (value_model) its trainer builds in init_workers (trainer/ppo/v1/
+    trainer_base.py:249-271, the worker class :752), reset and given the value loss (:305-308). The engine is built
+    in the worker's constructor (engine_workers.py:135)."""
+    from functools import partial
+
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import TrainingWorkerConfig
+    from verl.workers.engine_workers import TrainingWorker
+    from verl.workers.utils.losses import value_loss
+
+    critic = omega_conf_to_dataclass(config.critic)
+    critic.engine.infer_max_token_len_per_gpu = critic.ppo_infer_max_token_len_per_gpu
+    critic.engine.max_token_len_per_gpu = critic.ppo_infer_max_token_len_per_gpu
+    worker = TrainingWorker(
+        config=TrainingWorkerConfig(
+            model_type="value_model",
+            model_config=critic.model,
+            engine_config=critic.engine,
+            optimizer_config=critic.optim,
+            checkpoint_config=critic.checkpoint,
+        )  # fmt: skip
+    )
+    worker.reset()
+    worker.set_loss_fn(partial(value_loss, config=critic))
+    return worker
 
 
 def main(path: str, rank: int) -> None:
@@ -112,11 +142,16 @@ def main(path: str, rank: int) -> None:
 
     out = {"engine": None, "metrics": [], "driver": [], "error": None, "traceback": None, "counts": []}
     steps = []
-    worker = ActorRolloutRefWorker(config=_config(spec).actor_rollout_ref, role="actor")
+    role = spec.get("role", "actor")
     module = None
     try:
-        worker.init_model()
-        engine = worker.actor.engine
+        if role == "critic":
+            worker = critic_worker(_config(spec))
+            engine, update = worker.engine, worker.train_mini_batch
+        else:
+            worker = ActorRolloutRefWorker(config=_config(spec).actor_rollout_ref, role="actor")
+            worker.init_model()
+            engine, update = worker.actor.engine, worker.update_actor
         out["engine"] = f"{type(engine).__module__}.{type(engine).__qualname__}"
         module = engine.module
         before = {n: p.full_tensor().detach().clone() for n, p in module.named_parameters()}
@@ -124,11 +159,11 @@ def main(path: str, rank: int) -> None:
         for step in range(spec["steps"]):
             batch = data.mini_batch(rank, step + spec.get("step_offset", 0), spec["plants"].get(str(step)))
             with counting(out["counts"]) if spec.get("count") else contextlib.nullcontext():
-                result = worker.update_actor(batch)
+                result = update(batch)
             steps.append({n: p.full_tensor().detach().clone() for n, p in module.named_parameters()})
             metrics = dict(tu.get(result, "metrics"))
             out["metrics"].append({k: _plain(v) for k, v in metrics.items()})
-            out["driver"].append(_driver(metrics))
+            out["driver"].append(_driver(metrics, role))
     except BaseException as e:  # the run's end, as verl's trainer would see it
         out["error"] = f"{type(e).__name__}: {e}"
         out["traceback"] = traceback.format_exc()

@@ -1,15 +1,20 @@
-"""verl 0.9.0's actor update on a CPU host: the three stand-ins it needs, each naming what it replaces.
+"""verl 0.9.0's actor and critic updates on a CPU host: the stand-ins they need, each naming what it replaces.
 
-They go through verl's own registries (only `padding` rebinds a function), in the rank processes of tests/verl
-only; nothing in the package knows them (shared/research/verl-plugin.md §4, measured there).
+They go through verl's own registries (only `padding` and `value_head` rebind a function), in the rank processes of
+tests/verl only; nothing in the package knows them (shared/research/verl-plugin.md §4, measured there).
 
     platform   verl.plugin.platform.platform_manager (v0.9.0 :113-117) falls back to nvidia/cuda on a CPU host, so
                get_device_name() says "cuda" and torch.cuda.current_device() fails: a `cpu` platform registered in
                verl's PlatformRegistry, selected by VERL_PLATFORM=cpu
-    engine     verl registers FSDPEngineWithLMHead for device cuda and npu only (workers/engine/fsdp/
-               transformer_impl.py:1115): the same class registered in verl's EngineRegistry for device "cpu"
+    engine     verl registers FSDPEngineWithLMHead and the critic's FSDPEngineWithValueHead for device cuda and npu
+               only (workers/engine/fsdp/transformer_impl.py:1115, :1562): the same classes registered in verl's
+               EngineRegistry for device "cpu"
     padding    verl.utils.attention_utils._get_attention_functions (:30) imports flash_attn.bert_padding on every
                non-NPU host: pointed at verl's own pure-torch helpers, verl/utils/npu_flash_attn_utils.py (einops)
+    value_head verl.utils.model.load_valuehead_model (:637-675), which the critic's engine imports when it builds the
+               model (fsdp/transformer_impl.py:272-285), loads AutoModelForTokenClassification with
+               attn_implementation="flash_attention_2" written in (:645), which transformers refuses without
+               flash_attn; verl then falls back to trl (:649-653), absent here: the same load with "eager"
 """
 
 from __future__ import annotations
@@ -88,12 +93,26 @@ def platform() -> None:
 
 
 def engine_and_padding() -> None:
-    """FSDP registered for device `cpu`, and verl's pure-torch padding helpers for flash_attn's (after `platform`)."""
+    """FSDP registered for device `cpu` (actor and critic), verl's pure-torch padding helpers for flash_attn's, and
+    the critic's value-head loader with eager attention (after `platform`)."""
     from verl.utils import attention_utils
+    from verl.utils import model as verl_model
     from verl.utils import npu_flash_attn_utils as pure_torch
     from verl.workers.engine.base import EngineRegistry
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
     EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
+    EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithValueHead)
+    verl_model.load_valuehead_model = _value_head
     helpers = (pure_torch.index_first_axis, pure_torch.pad_input, pure_torch.rearrange, pure_torch.unpad_input)
     attention_utils._get_attention_functions = lambda: helpers
+
+
+def _value_head(local_path, torch_dtype, model_config, trust_remote_code):
+    """verl.utils.model.load_valuehead_model's first try (:641-648), with eager attention for flash_attention_2."""
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(
+        pretrained_model_name_or_path=local_path, torch_dtype=torch_dtype, config=model_config,
+        attn_implementation="eager", trust_remote_code=trust_remote_code,
+    )  # fmt: skip
