@@ -5,13 +5,15 @@ model.layers.1.mlp output NaN. The plugin comes in through VERL_USE_EXTERNAL_MOD
 critic's process before its engine is built (engine_workers.py:135, in the worker's constructor): the engine is
 nanscope's subclass of verl's FSDPEngineWithValueHead. Raise mode: every rank raises, rank 0's error naming rank 1,
 and rank 1's report, under NANSCOPE_REPORT_DIR/critic/, names the critic, the module and micro-batch 0. Skip mode
-(the first pass only): every rank skips, the parameters unchanged."""
+(the first pass only): every rank skips, the parameters unchanged. `nanscope doctor` reads the report the plugin
+wrote (tests/cli/test_doctor_plugin.py reads a copy of one, tests/fixtures/verl_plugin)."""
 
 import json
 import math
 
 import pytest
 
+from nanscope.cli.main import main
 from tests.verl import harness, plugin
 
 pytestmark = pytest.mark.timeout(600)
@@ -22,7 +24,9 @@ def _spec(tmp_path, **fields) -> harness.Spec:
     return harness.Spec(role="critic", install="env", env=env, **fields)
 
 
-def test_h_a_critic_layer_faulty_on_every_pass_raises_on_every_rank_with_the_critics_report(tmp_path, critic_model):
+def test_h_a_critic_layer_faulty_on_every_pass_raises_on_every_rank_with_the_critics_report(
+    tmp_path, critic_model, capsys
+):
     ranks = harness.run(_spec(tmp_path, fault="every"), tmp_path, critic_model)
     for rank in ranks:
         assert rank.engine == "nanscope.verl_plugin.engine.NanscopeFSDPEngineWithValueHead", rank.engine
@@ -35,6 +39,10 @@ def test_h_a_critic_layer_faulty_on_every_pass_raises_on_every_rank_with_the_cri
     assert report["first_forward"]["module"] == harness.FAULT_MODULE and report["first_forward"]["microbatch"] == 0
     assert report["rerun"]["verdict"] == "reproducible"
     assert not list((tmp_path / "reports").glob("*.json"))  # the actor's place holds nothing
+    capsys.readouterr()
+    assert main(["doctor", "--traceback", str(reports[0]), "--json", str(tmp_path / "doctor.json")]) == 0
+    summary = json.loads((tmp_path / "doctor.json").read_text())["summary"]
+    assert (summary["rank"], summary["check"], summary["op"]) == (1, "nanscope-report", harness.FAULT_MODULE)
 
 
 def test_h_in_skip_mode_every_rank_skips_the_critics_step(tmp_path, critic_model):

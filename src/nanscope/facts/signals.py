@@ -17,6 +17,9 @@ launch.signals; the words are matched there.
     nonfinite-error        any other error line whose message names NaN or Inf
     nonfinite-message      any other log line that says a loss or gradient is NaN or Inf
     printed-tensor         a tensor printed by the job's own code (`tensor(nan, device='cuda:0')`) holds NaN or Inf
+    nanscope-report        nanscope's own plugin (verl's or slime's) found a non-finite step and wrote its report
+    nanscope-cleaned       ... replaced non-finite loss inputs (the data's) and took their tokens out of the loss
+    nanscope-headroom      ... saw a log-ratio the loss exponentiates near or past fp32's exp overflow (88.72)
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ class Signal:
     Attributes:
         id: its one spelling (doctor's JSON `failure.check` when the evidence is this line).
         value: what was non-finite: "NaN", "Inf", "NaN or Inf", or "-" (a hang or a skip that names neither).
-        quantity: where: "gradient", "loss", "probabilities", "backward", "collective", "index", "metric".
+        quantity: where: "gradient", "loss", "probabilities", "backward", "collective", "index", "metric", "model"
+            (a module's output or gradient, or the loss: what nanscope's sentinel watches).
         fatal: the run ends at this line (an exception); else it goes on (a skipped step, a warning).
         stack: the software that prints it.
         source: where its words are, "<release> <file>:<line>", or "" where no one release's file is read.
@@ -202,6 +206,40 @@ SIGNALS: tuple[Signal, ...] = (
         means="a tensor the job's own code printed, unnamed, holds NaN or Inf: which value it is, the code that printed "
         "it says",
     ),
+    Signal(
+        id="nanscope-report",
+        value="NaN or Inf",
+        quantity="model",
+        fatal=False,
+        stack="nanscope",
+        source="nanscope's plugins: nanscope/verl_plugin/report.py:65-69, nanscope/slime_plugin/report.py:58-62",
+        means="nanscope's plugin found a non-finite module output, gradient or loss and wrote its report (the "
+        "first module, its micro-batch, the class of cause, then the rerun's verdict)",
+        causes=("activation-overflow", "backward-only-fault", "transient-fault"),
+    ),
+    Signal(
+        id="nanscope-cleaned",
+        value="NaN or Inf",
+        quantity="loss",
+        fatal=False,
+        stack="nanscope",
+        source="nanscope's plugins: nanscope/slime_plugin/logs.py:69-71 (the warning's text), "
+        "nanscope/verl_plugin/watch.py:274-275 and slime_plugin/logs.py:93-96 (its line)",
+        means="nanscope's plugin found non-finite loss inputs (old or rollout log-probs, advantages, reference "
+        "log-probs: the data, not the model) and replaced them, their tokens out of the loss; the step went on",
+    ),
+    Signal(
+        id="nanscope-headroom",
+        value="-",
+        quantity="loss",
+        fatal=False,
+        stack="nanscope",
+        source="nanscope's plugins: nanscope/slime_plugin/logs.py:40-60 (the warning's text), "
+        "nanscope/verl_plugin/watch.py:274-275 and slime_plugin/logs.py:93-96 (its line)",
+        means="a log-ratio the loss exponentiates came near or past fp32's exp overflow at 88.72 (nanscope's loss "
+        "clamps it at +-20): without the clamp its exp is inf and the gradient NaN; the data or the policy drifted",
+        causes=("activation-overflow",),
+    ),
 )
 BY_ID = {signal.id: signal for signal in SIGNALS}
 
@@ -341,6 +379,41 @@ WORDINGS: tuple[Wording, ...] = (
         source="epfLLM/Megatron-LLM (a Megatron-LM fork) 806a833 megatron/optimizer/optimizer.py:442-444, :753-755 (a "
         "non-finite clipped norm skips the step)",
         printed_by="the epfLLM Megatron-LLM fork of Megatron-LM",
+    ),
+    Wording(
+        id="nanscope-verl-report",
+        signal="nanscope-report",
+        example="nanscope: rank 1: non-finite values in the actor's update 0 mini-batch 0: "
+        "nanscope_reports/rollout0_step0_rank1.json; to replay the loss offline: nanscope trace ...",
+        stacks=("verl",),
+        source="nanscope/verl_plugin/report.py:65-69 (nanscope.verl_plugin, inside verl's worker)",
+        printed_by="nanscope's verl plugin",
+    ),
+    Wording(
+        id="nanscope-slime-report",
+        signal="nanscope-report",
+        example="nanscope: rank 1: non-finite values at rollout 3 step 0: nanscope_reports/rollout3_step0_rank1.json; ...",
+        stacks=("slime",),
+        source="nanscope/slime_plugin/report.py:58-62 (nanscope.slime_plugin, inside slime's train step)",
+        printed_by="nanscope's slime plugin",
+    ),
+    Wording(
+        id="nanscope-verl-warning",
+        signal="nanscope-cleaned",
+        example="nanscope: warning: actor update 0 mini-batch 0: 1 non-finite loss input entries (log-probs or "
+        "advantages)",
+        stacks=("verl",),
+        source="nanscope/verl_plugin/watch.py:274-275 (nanscope.verl_plugin, inside verl's worker)",
+        printed_by="nanscope's verl plugin",
+    ),
+    Wording(
+        id="nanscope-slime-warning",
+        signal="nanscope-cleaned",
+        example="nanscope: warning: rollout 3 step 0: nanscope/max_ppo_log_ratio = 95.21 > 60: past fp32's exp "
+        "overflow at 88.72 by 6.49 (PPO log-ratio logp - old)",
+        stacks=("slime",),
+        source="nanscope/slime_plugin/logs.py:93-96 (nanscope.slime_plugin, inside slime's train step)",
+        printed_by="nanscope's slime plugin",
     ),
 )  # fmt: skip
 

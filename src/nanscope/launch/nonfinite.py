@@ -44,6 +44,8 @@ NEEDLES = (
     b"python_anomaly_mode",
     b"--|",
     b"-- |",
+    b": non-finite values ",  # nanscope's own plugins (launch.plugin_report)
+    b"nanscope: warning: ",
 )
 # fmt: skip
 _LOWER = range(97, 123)

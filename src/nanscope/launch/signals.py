@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from nanscope.facts.signals import BY_ID, LOGGER_FILES, WORDING, Signal, Wording
+from nanscope.launch import plugin_report
 
 WINDOW = 2048  # characters read after an anchor (and 512 before it)
 MARKERS = (
@@ -362,6 +363,38 @@ def _not_finite(text: str, before: str):
     }
 
 
+def _plugin(text: str, before: str):
+    """nanscope's own plugin line (launch.plugin_report), with what its report says where the file is here."""
+    said = plugin_report.match(text)
+    if said is None:
+        return None
+    report = plugin_report.read(said.path)
+    if report is not None:
+        detail = f"{said.where()}, its report {said.path}: {report.text()}"
+    else:
+        detail = f"{said.where()}, its report {said.path} (not readable here: give it to doctor where it is)"
+    return BY_ID["nanscope-report"], {
+        "rank": said.rank,
+        "step": said.update,
+        "step_from": "the line (verl's update)" if said.plugin == "verl" else "the line (slime's rollout)",
+        "op": report.module if report is not None else None,
+        "detail": detail,
+        "wording": WORDING[f"nanscope-{said.plugin}-report"],
+    }
+
+
+def _plugin_warning(text: str, before: str):
+    """nanscope's own plugin's warning line (launch.plugin_report.warning): cleaned inputs, or a log-ratio's headroom."""
+    said = plugin_report.warning(text)
+    if said is None:
+        return None
+    fields = {"step": said.update, "detail": f"{said.where}: {said.text}",
+              "wording": WORDING[f"nanscope-{said.plugin}-warning"]}  # fmt: skip
+    if said.kind == "inputs":
+        return BY_ID["nanscope-cleaned"], fields
+    return BY_ID["nanscope-headroom"], {**fields, "metric": said.name, "value": "NaN" if said.value == "NaN" else None}
+
+
 _BAD_NORM = re.compile(r"Bad grad_norm detected \(grad_norm=(?P<value>[\w.+-]{1,40})\)")
 
 
@@ -404,6 +437,7 @@ _READERS = (
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
+    (plugin_report.ANCHOR, _plugin), (plugin_report.WARNING_ANCHOR, _plugin_warning),
 )  # fmt: skip
 
 

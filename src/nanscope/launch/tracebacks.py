@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from nanscope.errors import UserError
 from nanscope.facts import frameworks
 from nanscope.facts.megatron import Check, core_frame
+from nanscope.launch import plugin_report
 from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
@@ -82,6 +83,9 @@ def read_traceback(path: str) -> Traceback:
     Raises:
         UserError: not a regular file, unreadable, or nothing in it nanscope reads.
     """
+    if path != "-" and str(path).endswith(".json") and (report := plugin_report.read(str(path))) is not None:
+        # a nanscope plugin's report (launch.plugin_report): read as the line its plugin printed when writing it
+        return _traceback(scan([plugin_report.line(report, str(path)).encode()], str(path)), str(path))
     return _traceback(read_log(path), "standard input" if path == "-" else str(path))
 
 
