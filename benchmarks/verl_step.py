@@ -14,13 +14,13 @@ the final parameters' equality with `none`'s (healthy steps: bitwise equal, or t
 Needs the verl environment (verl 0.9.0, its runtime dependencies, einops); run from the repository root:
     PYTHONPATH=src python benchmarks/verl_step.py --steps 8
 
-The worker, its CPU stand-ins (each naming what it replaces) and the mini-batch are tests/verl_plugin/worker.py's.
+The runs are the verl tests' (tests/verl/harness.py: each rank a subprocess, the CPU stand-ins of
+tests/verl/standins.py, each naming what it replaces, the mini-batch of tests/verl/data.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,13 +28,17 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.verl_plugin.worker
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.verl.harness
 
-from tests.verl_plugin import worker  # noqa: E402
+from tests.verl import harness  # noqa: E402
+from tests.verl.harness import Spec  # noqa: E402
 
-VARIANTS = {"none": (False, "vanilla"), "plugin": (True, "vanilla"), "plugin+loss": (True, "nanscope")}
+VARIANTS = {
+    "none": (None, "vanilla"),
+    "plugin": ("external_lib", "vanilla"),
+    "plugin+loss": ("external_lib", "nanscope"),
+}
 
 
 def main() -> None:
@@ -43,23 +47,18 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    os.environ.pop("VERL_USE_EXTERNAL_MODULES", None)
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "model")
-        worker.tiny_model(model)
+        root = Path(tmp)
+        model = harness.tiny_qwen3(root / "model")
         results: dict[str, list] = {}
         for round_ in range(args.rounds):
-            for i, variant in enumerate(args.variants.split(",")):
-                plugin, loss_mode = VARIANTS[variant]
-                out = os.path.join(tmp, variant)
-                spec = {"out": out, "model": model, "port": 29600 + 10 * round_ + i, "plugin": plugin,
-                        "loss_mode": loss_mode, "steps": args.steps,
-                        "env": {"NANSCOPE_REPORT_DIR": os.path.join(tmp, "reports")}}  # fmt: skip
-                mp.spawn(worker.run, args=(spec,), nprocs=2)
-                with open(out + ".rank0.json") as f:
-                    run = json.load(f)
-                run["params"] = torch.load(out + ".params.pt")
-                results.setdefault(variant, []).append(run)
+            for variant in args.variants.split(","):
+                install, loss_mode = VARIANTS[variant]
+                env = {"NANSCOPE_REPORT_DIR": os.path.join(tmp, "reports")} if install else {}
+                spec = Spec(install=install, loss_mode=loss_mode, steps=args.steps, env=env)
+                ranks = harness.run(spec, root, model, name=f"{variant}-{round_}", timeout=600)
+                assert all(r.error is None for r in ranks), [r.error for r in ranks]
+                results.setdefault(variant, []).append(ranks[0])
         _print(results)
 
 
@@ -70,19 +69,19 @@ def _print(results: dict) -> None:
     print("|---|---|---|---|---|---|")
     ref = None
     for variant, runs in results.items():
-        medians = [statistics.median(r["seconds"][1:]) for r in runs]
+        medians = [statistics.median(r.seconds[1:]) for r in runs]
         median = statistics.median(medians)
-        cpus = [statistics.median(r["cpu"][1:]) for r in runs]
+        cpus = [statistics.median(r.cpu[1:]) for r in runs]
         cpu = statistics.median(cpus)
         ref = cpu if variant == "none" else ref
         same = "-" if base is None or variant == "none" else (
-            "bitwise equal" if all(torch.equal(runs[0]["params"][k], v) for k, v in base["params"].items())
-            else "differ"
+            "bitwise equal" if all(torch.equal(runs[0].after[k], v) for k, v in base.after.items()) else "differ"
         )  # fmt: skip
         ratio = f"{cpu / ref:.3f}x" if ref else "-"
         shown = ", ".join(f"{m * 1000:.0f}" for m in medians)
         shown_cpu = ", ".join(f"{m * 1000:.0f}" for m in cpus)
-        print(f"| {variant} | {runs[0]['engine']} | {median * 1000:.0f} ms ({shown}) | {cpu * 1000:.0f} ms ({shown_cpu}) "
+        engine = runs[0].engine.rsplit(".", 1)[-1]
+        print(f"| {variant} | {engine} | {median * 1000:.0f} ms ({shown}) | {cpu * 1000:.0f} ms ({shown_cpu}) "
               f"| {ratio} | {same} |")  # fmt: skip
     sys.stdout.flush()
 

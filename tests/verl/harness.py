@@ -93,6 +93,8 @@ class Rank:
     before: dict[str, torch.Tensor] | None  # full parameters before the first step (None when the run raised)
     steps: list[dict[str, torch.Tensor]]  # and after each step
     counts: list[dict[str, int]]  # per step, with Spec.count: calls of each collective and host read
+    seconds: list[float]  # per step, update_actor's wall time on this rank (benchmarks/verl_step.py; no test's)
+    cpu: list[float]  # ... and its CPU time
 
     @property
     def after(self) -> dict[str, torch.Tensor] | None:
@@ -189,7 +191,7 @@ def _rank(out: Path, path: Path, rank: int, code: int) -> Rank:
     saved = torch.load(params) if params.exists() else {}
     return Rank(engine=got["engine"], metrics=got["metrics"], driver=got["driver"], error=got["error"],
                 traceback=got["traceback"], output=output, before=saved.get("before"), steps=saved.get("steps", []),
-                counts=got["counts"])  # fmt: skip
+                counts=got["counts"], seconds=got["seconds"], cpu=got["cpu"])  # fmt: skip
 
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

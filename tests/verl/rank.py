@@ -16,26 +16,20 @@ import importlib
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
 
+from tests.verl import faults
+
 
 def _tiny_fault(model, rank: int, fault: dict | None) -> None:
-    """A test-only forward hook: `model.layers.1.mlp` outputs NaN on rank `fault["rank"]`, on every pass or the first."""
+    """The test-only fault (tests/verl/faults.py): `fault["module"]` outputs NaN on rank `fault["rank"]`."""
     if not fault or rank != fault["rank"]:
         return
     modules = dict(model.named_modules())
-    name = next(n for n in modules if n.endswith(fault["module"]))
-    passes = [0]
-
-    def hook(module, args, out):
-        passes[0] += 1
-        if fault["when"] == "every" or passes[0] == 1:
-            return out * float("nan")
-        return None
-
-    modules[name].register_forward_hook(hook)
+    faults.nan_output(modules[next(n for n in modules if n.endswith(fault["module"]))], fault["when"])
 
 
 # torch.distributed's collectives, and the Tensor methods that read a value to the host
@@ -140,7 +134,8 @@ def main(path: str, rank: int) -> None:
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    out = {"engine": None, "metrics": [], "driver": [], "error": None, "traceback": None, "counts": []}
+    out = {"engine": None, "metrics": [], "driver": [], "error": None, "traceback": None, "counts": [], "seconds": [],
+           "cpu": []}  # fmt: skip
     steps = []
     role = spec.get("role", "actor")
     module = None
@@ -158,8 +153,13 @@ def main(path: str, rank: int) -> None:
         _tiny_fault(module, rank, spec.get("fault"))
         for step in range(spec["steps"]):
             batch = data.mini_batch(rank, step + spec.get("step_offset", 0), spec["plants"].get(str(step)))
+            torch.distributed.barrier()
+            start, start_cpu = time.perf_counter(), time.process_time()
             with counting(out["counts"]) if spec.get("count") else contextlib.nullcontext():
                 result = update(batch)
+            # wall and CPU seconds, for benchmarks/verl_step.py (no test reads a duration)
+            out["seconds"].append(time.perf_counter() - start)
+            out["cpu"].append(time.process_time() - start_cpu)
             steps.append({n: p.full_tensor().detach().clone() for n, p in module.named_parameters()})
             metrics = dict(tu.get(result, "metrics"))
             out["metrics"].append({k: _plain(v) for k, v in metrics.items()})

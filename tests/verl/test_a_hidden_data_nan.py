@@ -20,6 +20,7 @@ def test_a_nan_old_log_prob_is_dropped_and_counted_and_the_update_is_the_masked_
         logged = mine.driver[0]
         assert plugin.finite(logged["actor/pg_loss"]) and plugin.finite(logged["actor/grad_norm"])
         assert logged["actor/nanscope/nan_guard/old_log_probs"] == 1.0
+        assert logged["actor/nanscope/nan_guard/dropped_tokens"] == 1.0  # a trained token, out before verl counts
         assert logged["actor/pg_loss"] == verls.driver[0]["actor/pg_loss"]
         assert harness.same(mine.after, verls.after) and not harness.same(mine.after, mine.before)
     assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir())  # nothing reached the model

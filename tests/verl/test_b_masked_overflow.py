@@ -25,6 +25,7 @@ def test_b_a_masked_log_ratio_of_95_under_clip_cov_is_clamped_logged_and_warned(
         logged = mine.driver[0]
         assert plugin.finite(logged["actor/grad_norm"]) and "grad_norm is not finite" not in mine.output
         assert 94 < logged["actor/nanscope/max_ppo_log_ratio"] < 96
+        assert logged["actor/nanscope/nan_guard/exp_overflow"] == 1.0  # the one masked token past 88.72
         assert harness.same(mine.after, verls.after)
 
 

@@ -5,7 +5,7 @@ megatron's Adam); a forward hook makes decoder.layers.0.mlp output NaN on every 
 ("first"). `none`: megatron alone, with DDP's NaN check off as verl leaves it; `plugin`: the watch over the chunks,
 its gate on finish_grad_sync, skip mode. Prints one JSON line: error, skipped, the parameters finite and unchanged.
 
-usage: python megatron_gate_worker.py none|plugin every|first REPORT_DIR
+usage (from the repository root): python -m tests.verl_plugin.megatron_gate_worker none|plugin every|first REPORT_DIR
 """
 
 import json
@@ -17,6 +17,7 @@ from nanscope.megatron import bootstrap
 
 bootstrap.init()
 from megatron.core.pipeline_parallel import get_forward_backward_func  # noqa: E402  (after bootstrap.init)
+from tests.verl import faults  # noqa: E402
 
 from nanscope.slime_plugin.settings import Settings  # noqa: E402
 
@@ -47,18 +48,7 @@ class Engine:
 
 mods = dict(ddp.named_modules())
 name = next(n for n in mods if n.endswith("layers.0.mlp"))
-calls = [0]
-
-
-def hook(m, a, out):
-    calls[0] += 1
-    if fault == "every" or calls[0] == 1:
-        o = out[0] if isinstance(out, tuple) else out
-        bad = o * float("nan")
-        return (bad, *out[1:]) if isinstance(out, tuple) else bad
-
-
-mods[name].register_forward_hook(hook)
+faults.nan_output(mods[name], fault)  # the verl tests' fault (tests/verl/faults.py)
 before = {n: p.detach().clone() for n, p in ddp.named_parameters()}
 tokens = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))
 

@@ -16,13 +16,14 @@ import pytest
 
 pytest.importorskip("verl")
 
-WORKER = Path(__file__).with_name("megatron_gate_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = "tests.verl_plugin.megatron_gate_worker"  # run from ROOT: it imports tests/verl's fault
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _run(tmp_path, *argv):
-    proc = subprocess.run([sys.executable, str(WORKER), *argv, str(tmp_path / "reports")], capture_output=True,
-                          text=True, timeout=500)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", WORKER, *argv, str(tmp_path / "reports")], capture_output=True,
+                          text=True, timeout=500, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
 
