@@ -43,8 +43,9 @@ SELECTED = ("ref_log_prob",)
 
 def clean(data) -> torch.Tensor:
     """Clean `data` (a TensorDict, changed in place) and return its counts: [len(COUNTERS)] float32 on its device,
-    exp_overflow 0 (the loss mode counts it later). A mini-batch without response_mask (not a policy loss's) is left
-    as it is: zeros."""
+    exp_overflow 0 (the loss mode counts it later). Every KEYS entry finite afterwards, the tokens of non-finite ones
+    out of both masks, the SELECTED keys 0 wherever the mask is 0. A mini-batch without response_mask (not a policy
+    loss's) is left as it is: zeros."""
     if "response_mask" not in data.keys():
         return torch.zeros(len(COUNTERS))
     mask = data["response_mask"]
