@@ -62,9 +62,11 @@ class Reporter:
         }
         bundle = self._bundle(doc, calls, reading)
         path = self.files.report(doc, where, bundle)
+        # the bundle replays the actor's loss (trace/bundles/verl_bundle.py); the critic's value loss is not replayed
+        offline = "to replay the loss offline" if self.role == "actor" else "to read its bundle offline"
         say(
             f"nanscope: rank {self.coords.rank}: non-finite values in the {self.role}'s update {where['rollout_id']} "
-            f"mini-batch {where['step_id']}: {path or 'no report written'}; to replay the loss offline: "
+            f"mini-batch {where['step_id']}: {path or 'no report written'}; {offline}: "
             f"nanscope trace {self.files.stem(where)}.bundle.pt"
         )
         return path
