@@ -36,6 +36,8 @@ NEEDLES = (
     b"nccl operations have failed",
     b"in a row due to overflow",
     b"skipping step. attempted loss scale",
+    b"parameter loss_scale",
+    b"out of memory",
     b"/it",
     b"it/s",
     b"consumed samples",
@@ -265,6 +267,8 @@ class Nonfinite:
                              + ("" if logged else ": the next step"))  # fmt: skip
         if hit.step is None and not timeout and len(self.unstepped) < 16:
             self.unstepped.append(hit)
+        if signal.id in ("deepspeed-overflow", "scaler-overflow"):
+            self.scales.step(hit.step, hit.line, hit.step_from)
         if signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.count == 1:
             self.scales.first_step = hit.step
         self.counts[signal.id] = self.counts.get(signal.id, 0) + 1

@@ -8,6 +8,9 @@
     ...TensorCompare.cu:110: _assert_async_cuda_kernel: ... Assertion `probability tensor contains ...` failed.
     [E ProcessGroupNCCL.cpp:828] [Rank 38] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4447361, ...
     (WorkerDict pid=9092) WARN: grad_norm is not finite: nan
+    2025-04-27 17:00:18,438 WARNING get infinite grad_norm, check your code/data if it appears frequently
+    DLL 2020-05-28 08:54:08.810592 - PARAMETER loss_scale : 262144.0      (a step skipped: apex amp's new scale)
+    torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has ...   (not a NaN: memory)
     WARNING: found inf during ShardedOptimV2 step            (wrapped over two lines by a rich console)
     NaN or Inf found in input tensor.
     ValueError: Input contains NaN.                          (any error line naming NaN or Inf)
@@ -48,6 +51,8 @@ MARKERS = (
     b"NCCL operations have failed",
     b"iterations in a row due to Overflow",
     b"Skipping step. Attempted loss scale",
+    b"PARAMETER loss_scale",
+    b"out of memory",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _NUMBER = r"[\d.eE+-]{1,30}"
 _OVERFLOW = re.compile(
@@ -91,11 +96,12 @@ _SAYS = re.compile(
     r"|(?<![A-Za-z])(?:nan|inf)[ _](?P<what2>loss|grad(?:ient)?s?(?:[ _]norm)?)\b[^.\n]{0,20}?"
     r"\b(?:detected|occurs?|found|encountered)\b"
     r"|\bfound (?:an? )?(?:nan|inf)s?\b(?! during)"
-    r"|\b(?:detected|encountered|got)\s(?:an?\s)?(?:nan|inf)\b",
+    r"|\b(?:detected|encountered|got)\s(?:an?\s)?(?:nan|inf)\b"
+    r"|\b(?:get|gets|got|getting)\s(?:an?\s)?(?:nan|inf|infinite|non-?finite)\s(?P<what3>loss|grad(?:ient)?s?(?:[ _]norm)?)\b",
     re.IGNORECASE,
 )
 # every alternative of _SAYS holds one of these (a literal search first: _SAYS itself costs a Megatron log's every line)
-_SAYS_WORDS = ("is", "are", "was", "were", "became", "contain", "got", "gets", "detected", "occur", "has", "have",
+_SAYS_WORDS = ("is", "are", "was", "were", "became", "contain", "got", "get", "detected", "occur", "has", "have",
                "found", "encountered")  # fmt: skip
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
 # a tensor's repr (torch/_tensor_str.py): `tensor(`, nested `[`, then its values up to the first `)` or `device=`;
@@ -391,6 +397,53 @@ def _anomaly_tail(text: str, before: str):
     return BY_ID["anomaly-forward"], {"op": op, "detail": detail}
 
 
+def _infinite_norm(text: str, before: str):
+    """CosyVoice's (wenet's) `get infinite grad_norm, check your code/data if it appears frequently`: its check is
+    torch.isfinite, so NaN prints the same words; the optimizer step is skipped."""
+    if "get infinite grad_norm" not in text:
+        return None
+    return BY_ID["skip-nonfinite-grad"], {
+        "detail": "grad_norm not finite (its check, torch.isfinite, fails on NaN and Inf alike): the step skipped",
+        "metric": "grad_norm",
+        "wording": WORDING["wenet-infinite-grad-norm"],
+        "value": "NaN or Inf",
+    }
+
+
+_PARAMETER_SCALE = re.compile(rf"PARAMETER loss_scale\s{{0,4}}:\s{{0,4}}(?P<scale>{_NUMBER})")
+
+
+def _dle_scale(text: str, before: str):
+    """NVIDIA DeepLearningExamples' DLLogger `PARAMETER loss_scale : 262144.0`: logged where apex amp's scaler found
+    an overflow and the step was skipped; the scale is the one it set (the one it attempted is not printed)."""
+    match = _PARAMETER_SCALE.search(text)
+    if match is None or (scale := _float(match["scale"])) is None:
+        return None
+    return BY_ID["scaler-overflow"], {"detail": f"step skipped, loss scale -> {match['scale'].rstrip('.,')}",
+                                      "wording": WORDING["dle-loss-scale-parameter"], "next_scale": scale}  # fmt: skip
+
+
+_OOM_EXC = re.compile(
+    r"(?P<exc>torch(?:\.cuda)?\.OutOfMemoryError|OutOfMemoryError|RuntimeError)\s{0,4}:\s{0,4}CUDA out of"
+)
+_OOM_GPU = re.compile(r"GPU (?P<gpu>\d{1,6}) has a total capacity of (?P<total>[\d.]{1,12} \w{1,3})")
+_OOM_SIZE = re.compile(r"Tried to allocate (?P<size>[\d.]{1,12} \w{1,3})")
+
+
+def _out_of_memory(text: str, before: str):
+    """torch's `CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has a total capacity of ...`: the run ended on
+    memory. `GPU 0` is the process's local device index, not a global rank."""
+    if "CUDA out of memory" not in text:
+        return None
+    exc, gpu, size = _OOM_EXC.search(text), _OOM_GPU.search(text), _OOM_SIZE.search(text)
+    said = ["CUDA out of memory"]
+    if size is not None:
+        said.append(f"tried to allocate {size['size']}")
+    if gpu is not None:
+        said.append(f"GPU {gpu['gpu']} of {gpu['total']} (the process's local device index, not a global rank)")
+    return BY_ID["out-of-memory"], {"op": exc["exc"] if exc is not None else None, "detail": ", ".join(said)}
+
+
 def _logged(text: str, before: str):
     return BY_ID["logged-nonfinite"], {"detail": "a logged scalar is NaN or Inf"}
 
@@ -404,6 +457,7 @@ _READERS = (
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
+    ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", _out_of_memory),
 )  # fmt: skip
 
 

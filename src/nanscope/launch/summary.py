@@ -131,6 +131,9 @@ def benign(traceback, out: Summary) -> str | None:
     printed = bool(metrics.keys) or traceback.metrics.seen  # metric lines were read
     if quiet and watchdog:
         return "a collective timed out (a hang or a dead rank), and no value the text prints is non-finite"
+    memory = failure is not None and failure.signal is not None and failure.signal.id == "out-of-memory"
+    if memory and first is None and metrics.weak is None and not metrics.counters and len(seen.first) == 1:
+        return "an out-of-memory failure (CUDA out of memory), and no value the text prints is non-finite"
     if quiet and failure is None and (printed or traceback.lines):
         return nothing_found(traceback, read_metric_lines(traceback))
     return None

@@ -25,6 +25,7 @@ _WHO = {
     "nonfinite-error": "the run ended on an error naming NaN or Inf",
     "nonfinite-message": "the log says a loss or a gradient went NaN or Inf",
     "printed-tensor": "a printed tensor holds NaN or Inf",
+    "out-of-memory": "the run ran out of GPU memory (torch's CUDA allocator)",
 }
 _MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
            "reference": "the reference model", "reward model": "the reward model", "reward": "the reward"}  # fmt: skip
@@ -53,7 +54,7 @@ def _head(failure) -> str:
         return "An fp16 loss scaler skipped a step on inf or NaN gradients"
     if signal.id == "skip-nonfinite-grad" and wording is not None:
         return f"{_capital(wording.printed_by)} skipped an optimizer step on a non-finite gradient norm"
-    if signal.id == "deepspeed-overflow" and wording is not None:
+    if signal.id in ("deepspeed-overflow", "scaler-overflow") and wording is not None and len(wording.stacks) == 1:
         return f"{_capital(wording.printed_by)} skipped a step on inf or NaN gradients"
     return _capital(_WHO.get(signal.id, signal.means))
 
@@ -74,9 +75,15 @@ def signal_sentence(failure, count: int = 1) -> str:
         said.append(f"{failure.op}" + (f", output {failure.output}" if failure.output is not None else ""))
     if failure.detail and failure.detail != failure.op and not failure.detail.startswith(failure.op or "\0"):
         said.append(balanced(failure.detail))
-    if failure.printed_by is not None and len(failure.printed_by.stacks) > 1:
-        said.append(f"{failure.printed_by.printed_by}")
+    if signal.id == "deepspeed-overflow" and failure.rank is None and failure.ranks:
+        said.append(failure.ranks[0])  # the rank that logs it: every rank skips the step
     head = _head(failure)
+    if (
+        failure.printed_by is not None
+        and len(failure.printed_by.stacks) > 1
+        and failure.printed_by.printed_by not in head
+    ):
+        said.append(f"{failure.printed_by.printed_by}")
     if failure.rank is not None:
         head = f"On rank {failure.rank}, {head[0].lower()}{head[1:]}"
     step = ""
