@@ -211,7 +211,7 @@ class Nonfinite:
         grad_norm watch and joins the scale series."""
         found = bars(text[: hit.at]) if hit.at else []
         if found and found[-1].close > 0:
-            self.metrics.feed(text[: found[-1].close + 1], hit.line)
+            self.metrics.feed(text[: found[-1].close + 1], hit.line, bars=False)  # its bar: with the whole line, below
         if hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
             self.scales.add(hit.scale, hit.next_scale, None)
         if hit.signal.id == "deepspeed-overflow":

@@ -103,6 +103,9 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     model = f" ({_MODELS.get(summary.model, summary.model)})" if summary.model else ""
     step = f" at step {summary.step}" if summary.step is not None else " (the line names no step)"
     where = f" (line {summary.lines['metric']})" if "metric" in summary.lines else ""
+    if summary.lines.get("metric") == 1 and summary.step is not None and summary.step > 1:  # the text starts there
+        step = f" at or before step {summary.step}"
+        where = " (line 1: the input's first line, so an earlier step may have been non-finite too)"
     if weak:
         at = f"of step {summary.step} " if summary.step is not None else ""
         return (f"The only sign in the metric lines: the iteration line {at}{where.strip()} prints no {summary.metric}. "

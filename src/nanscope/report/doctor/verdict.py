@@ -87,9 +87,20 @@ def _metric_sentences(diagnosis) -> list[str]:
         said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step())
         if said:
             parts.append(said)
+    if metrics.scale_drop is not None and (
+        failure is None or not failure.signal or not failure.signal.id.endswith("overflow")
+    ):
+        high, low, before, after = metrics.scale_drop
+        parts.append(f"The loss scale its metric lines print falls from {high:g} ({_at(*before)}) to {low:g} "
+                     f"({_at(*after)}): a dynamic loss scaler found inf or NaN gradients in between and skipped a "
+                     "step (at a run's start, its scale calibrating).")  # fmt: skip
     if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
         parts.append(f"Not a NaN failure by itself: {summary.benign}.")
     return parts
+
+
+def _at(line: int, step: int | None) -> str:
+    return f"line {line}, step {step}" if step is not None else f"line {line}"
 
 
 def _core_sentence(diagnosis) -> list[str]:
