@@ -96,8 +96,8 @@ _SAYS = re.compile(
     r"|(?<![A-Za-z])(?:nan|inf)[ _](?P<what2>loss|grad(?:ient)?s?(?:[ _]norm)?)\b[^.\n]{0,20}?"
     r"\b(?:detected|occurs?|found|encountered)\b"
     r"|\bfound (?:an? )?(?:nan|inf)s?\b(?! during)"
-    r"|\b(?:detected|encountered|got)\s(?:an?\s)?(?:nan|inf)\b"
-    r"|\b(?:get|gets|got|getting)\s(?:an?\s)?(?:nan|inf|infinite|non-?finite)\s(?P<what3>loss|grad(?:ient)?s?(?:[ _]norm)?)\b",
+    r"|\b(?:get|gets|got|getting)\s(?:an?\s)?(?:nan|inf|infinite|non-?finite)\s(?P<what3>loss|grad(?:ient)?s?(?:[ _]norm)?)\b"
+    r"|\b(?:detected|encountered|got)\s(?:an?\s)?(?:nan|inf)\b",
     re.IGNORECASE,
 )
 # every alternative of _SAYS holds one of these (a literal search first: _SAYS itself costs a Megatron log's every line)
