@@ -68,6 +68,31 @@ def test_a_apex_amp_lines_give_their_trend(tmp_path, capsys):
     assert "The loss scale the scaler set falls from 32768 (2^15) to 8192 (2^13) over 3 overflow line(s)" in out
 
 
+# DLLogger's training lines (DeepLearningExamples), all finite, the scale halving between two of them
+_DLL_TRAINING = "".join(
+    f"DLL 2021-03-01 10:0{i}:00.000001 - Training Epoch: 0 Training Iteration: {10 * i}  average_loss : 9.{9 - i}  "
+    f"step_loss : 9.{8 - i}  learning_rate : 0.0006  loss_scale : {scale:.1f}\n"
+    for i, scale in ((1, 131072), (2, 131072), (3, 65536))
+)
+
+
+def test_a_a_loss_scale_falling_on_finite_metric_lines_is_said(tmp_path, capsys):
+    """Round 4: lines holding no NaN/Inf word were not read for their scale."""
+    doc, out = _doctor(tmp_path, capsys, _DLL_TRAINING)
+    assert doc["metrics"]["loss_scale_fall"] == {
+        "from": 131072.0,
+        "to": 65536.0,
+        "line_before": 2,
+        "step_before": 20,
+        "line": 3,
+        "step": 30,
+    }
+    assert (
+        "The loss scale its metric lines print falls from 131072 (line 2, step 20) to 65536 (line 3, step 30): a "
+        "dynamic loss scaler found inf or NaN gradients in between and skipped a step" in out
+    )
+
+
 # b. a line that says in words that a gradient norm or a loss is infinite or NaN
 
 # CosyVoice's update_parameter_and_lr (wenet's words): the step skipped, the loss still printed

@@ -37,6 +37,7 @@ NEEDLES = (
     b"in a row due to overflow",
     b"skipping step. attempted loss scale",
     b"parameter loss_scale",
+    b"loss_scale",
     b"out of memory",
     b"/it",
     b"it/s",
