@@ -433,15 +433,16 @@ _OOM_SIZE = re.compile(r"Tried to allocate (?P<size>[\d.]{1,12} \w{1,3})")
 def _out_of_memory(text: str, before: str):
     """torch's `CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has a total capacity of ...`: the run ended on
     memory. `GPU 0` is the process's local device index, not a global rank."""
-    if "CUDA out of memory" not in text:
+    exc = _OOM_EXC.search(text) if "CUDA out of memory" in text else None
+    if exc is None:  # a line that mentions it (a retry's warning) is no error line
         return None
-    exc, gpu, size = _OOM_EXC.search(text), _OOM_GPU.search(text), _OOM_SIZE.search(text)
+    gpu, size = _OOM_GPU.search(text), _OOM_SIZE.search(text)
     said = ["CUDA out of memory"]
     if size is not None:
         said.append(f"tried to allocate {size['size']}")
     if gpu is not None:
         said.append(f"GPU {gpu['gpu']} of {gpu['total']} (the process's local device index, not a global rank)")
-    return BY_ID["out-of-memory"], {"op": exc["exc"] if exc is not None else None, "detail": ", ".join(said)}
+    return BY_ID["out-of-memory"], {"op": exc["exc"], "detail": ", ".join(said)}
 
 
 def _logged(text: str, before: str):
