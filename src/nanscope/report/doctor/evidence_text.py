@@ -67,10 +67,13 @@ def _capital(text: str) -> str:
 _LOWER_NAMES = ("verl", "apex", "fairseq", "autograd", "torch")
 
 
-def signal_sentence(failure, count: int = 1) -> str:
-    """One sentence: what the evidence line says (`count`: lines of its kind in the log), where, rank and step."""
+def signal_sentence(failure, count: int = 1, stamp: str | None = None) -> str:
+    """One sentence: what the evidence line says (`count`: lines of its kind in the log; `stamp`: the one time stamp
+    they all carry), where, rank and step."""
     signal = failure.signal
     said = [f"line {failure.line}" + (f", and {count - 1} more such line(s)" if count > 1 else "")]
+    if stamp is not None:
+        said[0] += f", all at one time stamp, {stamp}: several processes at once"
     if failure.op:
         said.append(f"{failure.op}" + (f", output {failure.output}" if failure.output is not None else ""))
     if failure.detail and failure.detail != failure.op and not failure.detail.startswith(failure.op or "\0"):

@@ -119,7 +119,10 @@ def _failure_sentences(diagnosis) -> list[str]:
     failure, evidence = traceback.failure, traceback.evidence
     parts = []
     if failure is not None and failure.signal is not None:
-        parts.append(signal_sentence(failure, traceback.nonfinite.counts.get(failure.signal.id, 1)))
+        seen = traceback.nonfinite
+        parts.append(
+            signal_sentence(failure, seen.counts.get(failure.signal.id, 1), seen.same_stamp(failure.signal.id))
+        )
     elif failure is not None and failure.format != "rerun":
         who = f"Rank {failure.rank}" if failure.rank is not None else "A rank (the text does not say which)"
         where = [f"on node {failure.node}" if failure.node else "", f"device {failure.device}" if failure.device is not None else ""]  # fmt: skip
