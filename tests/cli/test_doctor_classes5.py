@@ -64,7 +64,10 @@ def test_a_apex_amp_lines_give_their_trend(tmp_path, capsys):
     """Round 4: the steps were read, the scale's fall was not said."""
     doc, out = _doctor(tmp_path, capsys, _APEX)
     assert doc["failure"]["check"] == "scaler-overflow"
-    assert "apex amp skipped a step on inf or NaN gradients (line 1, and 2 more such line(s)" in out
+    assert (
+        "apex amp skipped a step on inf or NaN gradients (line 1, and 2 more such line(s); step skipped, loss scale -> "
+        "32768.0 (apex amp's loss scaler 0, of one per loss))." in out
+    )
     assert "The loss scale the scaler set falls from 32768 (2^15) to 8192 (2^13) over 3 overflow line(s)" in out
 
 

@@ -286,13 +286,17 @@ def _scaler(text: str, before: str):
     low = text.lower()
     wording = ("fairseq-overflow" if "ignoring gradient" in low else "colossalai-found-overflow"
                if "found overflow" in low else "apex-amp-overflow" if "loss scaler" in low else None)  # fmt: skip
+    which = _WHICH_SCALER.search(text) if "loss scaler" in low else None  # apex amp: one scaler per loss
     return BY_ID["scaler-overflow"], {
-        "detail": "step skipped" + (f", loss scale -> {scale['scale']}" if scale else ""),
+        "detail": "step skipped"
+        + (f", loss scale -> {scale['scale']}" if scale else "")
+        + (f" (apex amp's loss scaler {which[1]}, of one per loss)" if which else ""),
         "wording": WORDING[wording] if wording else None,
         "next_scale": _float(scale["scale"]) if scale else None,
     }
 
 
+_WHICH_SCALER = re.compile(r"loss scaler (\d{1,4})")
 _IN_A_ROW = re.compile(r"Skipped (?P<count>\d{1,9}) iterations in a row due to Overflow")
 
 
