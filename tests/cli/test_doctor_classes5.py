@@ -91,8 +91,8 @@ def test_a_a_loss_scale_falling_on_finite_metric_lines_is_said(tmp_path, capsys)
         "step": 30,
     }
     assert (
-        "The loss scale its metric lines print falls from 131072 (line 2, step 20) to 65536 (line 3, step 30): a "
-        "dynamic loss scaler found inf or NaN gradients in between and skipped a step" in out
+        "The loss scale its metric lines print falls from 131072 (2^17) at line 2 (step 20) to 65536 (2^16) at line 3 "
+        "(step 30): a dynamic loss scaler found inf or NaN gradients in between and skipped a step" in out
     )
 
 
@@ -206,9 +206,9 @@ def test_d_metric_logger_names_the_iteration_and_the_scale_falls(tmp_path, capsy
     assert (first["line"], first["step"], first["step_from"]) == (2, 0, "the line (the iteration within its epoch)")
     assert "The first non-finite metric: grad_norm at step 0 (line 2)." in out
     assert (
-        "The loss scale its metric lines print falls from 65536 (line 2, step 0) to 32768 (line 3, step 10): a "
-        "dynamic loss scaler found inf or NaN gradients in between and skipped a step (at a run's start, its scale "
-        "calibrating)." in out
+        "The loss scale its metric lines print falls from 65536 (2^16) at line 2 (step 0) to 32768 (2^15) at line 3 "
+        "(step 10): a dynamic loss scaler found inf or NaN gradients in between and skipped a step (at a run's start, "
+        "its scale calibrating)." in out
     )
 
 

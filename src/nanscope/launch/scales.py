@@ -19,6 +19,11 @@ LOW = 1024.0  # a scale this low has been halved many times from any start
 EARLY = 100  # steps from a run's start where halving from a high scale is the scaler calibrating
 
 
+def shown(scale: float) -> str:
+    """A scale as said: exact, with its power of two where it is one (`8388608 (2^23)`)."""
+    return _shown(scale)
+
+
 def _shown(scale: float) -> str:
     power = math.log2(scale) if scale > 0 else 0.5
     exact = f"{scale:.0f}" if scale == int(scale) else f"{scale:g}"

@@ -75,7 +75,6 @@ def summarize(traceback) -> Summary:
         overflow = failure.signal is not None and failure.signal.id.endswith("overflow")
         if out.step is None and overflow and seen.scales.stepped is not None:  # a later overflow line's step
             out.step = seen.scales.stepped[0]
-            out.lines["step"] = seen.scales.stepped[1]
     if out.rank is None and traceback.prefix_rank is not None and not _waiting(failure):
         out.rank = traceback.prefix_rank  # the one rank whose traceback the log shows (a cut one's)
     if reading is not None:

@@ -78,7 +78,8 @@ def signal_sentence(failure, count: int = 1, stamp: str | None = None) -> str:
         said.append(f"{failure.op}" + (f", output {failure.output}" if failure.output is not None else ""))
     if failure.detail and failure.detail != failure.op and not failure.detail.startswith(failure.op or "\0"):
         said.append(balanced(failure.detail))
-    if signal.id == "deepspeed-overflow" and failure.rank is None and failure.ranks:
+    deepspeed = failure.printed_by is None or failure.printed_by.stacks == ("deepspeed",)
+    if signal.id == "deepspeed-overflow" and failure.rank is None and failure.ranks and deepspeed:
         said.append(failure.ranks[0])  # the rank that logs it: every rank skips the step
     head = _head(failure)
     if (
@@ -106,9 +107,6 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     model = f" ({_MODELS.get(summary.model, summary.model)})" if summary.model else ""
     step = f" at step {summary.step}" if summary.step is not None else " (the line names no step)"
     where = f" (line {summary.lines['metric']})" if "metric" in summary.lines else ""
-    if summary.lines.get("metric") == 1 and summary.step is not None and summary.step > 1:  # the text starts there
-        step = f" at or before step {summary.step}"
-        where = " (line 1: the input's first line, so an earlier step may have been non-finite too)"
     if weak:
         at = f"of step {summary.step} " if summary.step is not None else ""
         return (f"The only sign in the metric lines: the iteration line {at}{where.strip()} prints no {summary.metric}. "
@@ -119,6 +117,9 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     if summary.contradicted is not None:
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
+    if summary.lines.get("metric") == 1 and summary.step is not None and summary.step > 1:  # the text starts there
+        step = f" at or before step {summary.step}"
+        where = " (line 1: the input's first line, so an earlier step may have been non-finite too)"
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     return f"The first non-finite metric: {summary.metric}{model}{step}{where}.{points}"
 

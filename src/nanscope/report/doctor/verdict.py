@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from nanscope.facts import frameworks
 from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
+from nanscope.launch.scales import shown
 from nanscope.launch.summary import read_metric_lines
 from nanscope.report.doctor.evidence_text import balanced, first_sentence, signal_sentence
 from nanscope.report.text import span
@@ -91,8 +92,8 @@ def _metric_sentences(diagnosis) -> list[str]:
         failure is None or not failure.signal or not failure.signal.id.endswith("overflow")
     ):
         high, low, before, after = metrics.scale_drop
-        parts.append(f"The loss scale its metric lines print falls from {high:g} ({_at(*before)}) to {low:g} "
-                     f"({_at(*after)}): a dynamic loss scaler found inf or NaN gradients in between and skipped a "
+        parts.append(f"The loss scale its metric lines print falls from {shown(high)} at {_at(*before)} to "
+                     f"{shown(low)} at {_at(*after)}: a dynamic loss scaler found inf or NaN gradients in between and skipped a "
                      "step (at a run's start, its scale calibrating).")  # fmt: skip
     if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
         parts.append(f"Not a NaN failure by itself: {summary.benign}.")
@@ -100,7 +101,7 @@ def _metric_sentences(diagnosis) -> list[str]:
 
 
 def _at(line: int, step: int | None) -> str:
-    return f"line {line}, step {step}" if step is not None else f"line {line}"
+    return f"line {line} (step {step})" if step is not None else f"line {line}"
 
 
 def _core_sentence(diagnosis) -> list[str]:
