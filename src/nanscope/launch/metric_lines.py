@@ -26,9 +26,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from nanscope.launch.bars import bars, segments, step_at
+from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to
+from nanscope.launch.scales import PrintedScale
 from nanscope.launch.tables import Table, header
 
 WINDOW = 8192  # characters of a line parsed
@@ -48,8 +49,7 @@ _EPOCH_ITER = re.compile(
 )
 # a step in brackets at a line's head (loguru's `mip.logger:log:94 - [Step 13999] total_time: ...`)
 _BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\]", re.IGNORECASE)
-# the keys of a loss scaler's scale, printed on metric lines (its fall: a skipped overflowing step)
-_SCALE_KEYS = ("loss_scale", "loss scale", "loss-scale")
+
 # `_quiet`'s passes: Megatron's iteration line's head (its step), a non-finite value, the skip counters, the keys
 _QUIET_HEAD = re.compile(
     r"\s{0,40}(?:\[[^\]\n]{0,40}\]\s{0,4})?iteration\s{1,20}(?P<step>\d{1,12})\s{0,4}/\s{0,12}\d{1,12}\s{0,4}\|"
@@ -143,11 +143,6 @@ def _trainer_dict(text: str) -> bool:
     glued before the dict on its line is left to `bars.step_at` (its count + 1): real pasted logs (LLaMA-Factory's PPO
     loop, tests/fixtures/reports/real/llama-factory-357.txt) show dicts glued after the bar of the step before."""
     return "{'" in text
-
-
-def _glued(line: str, bar) -> bool:
-    """Text other than a bar's own follows the bar's closing `]` on its line (printed while it was on screen)."""
-    return bar.close > 0 and bool(line[bar.close + 1 : bar.close + 201].strip())
 
 
 def _is_step_key(key: str) -> bool:
@@ -266,11 +261,7 @@ class MetricLines:
     recovered: int | None = None  # a later line where the first reading's gradient norm is finite again
     relapsed: bool = False  # ... or where a loss went non-finite after it
     glued: list = field(default_factory=list)  # bars after a pending dict with text glued after them (`_glued_bar`)
-    scale: float | None = None  # the last loss scale a metric line read printed
-    scale_at: tuple[int, int | None] = (0, None)  # the line and step that printed it
-    scale_drop: tuple[float, float, tuple[int, int | None], tuple[int, int | None]] | None = None  # its first fall:
-    # (from, to, (line, step) before, (line, step) after)
-    scale_drops: int = 0  # the lines read where it fell
+    scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
 
     def rule(self, line: str, header_line: str) -> bool:
         """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
@@ -322,7 +313,7 @@ class MetricLines:
         self.keys.update(key.lower() for key, _, _ in found[:64])
         step, step_from = self._step(line, piece, offset, found)
         self._counters([pair for pair in found if _separated(piece, pair[2])], number, step)
-        self._scale(found, number, step)
+        self.scale.feed(found, number, step)
         missing = self._missing_loss(found)
         bad = [
             (key, value, at)
@@ -387,7 +378,7 @@ class MetricLines:
             self.bar, self.bar_line = found[-1].count, number
             self.bar_done = found[-1].count == found[-1].total  # a finished loop (a dataset's map, an epoch)
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
-                if _glued(line, found[-1]) and _trainer_dict(self.first.text):
+                if glued(line, found[-1]) and _trainer_dict(self.first.text):
                     self._glued_bar(found[-1])
                     return
                 self.first.step, self.first.step_from = self.bar, f"the progress bar after it, {found[-1].shown()}"
@@ -401,13 +392,9 @@ class MetricLines:
         self.glued.append(bar)
         if len(self.glued) < 2:
             return
-        first, second = self.glued[0], self.glued[1]
-        interval = second.count - first.count
-        if 0 < interval <= first.count:
-            self.first.step = first.count - interval
-            self.first.step_from = (f"the progress bars after it, {first.shown()} and {second.shown()}, are the next "
-                                    f"logs' steps (each glued to what that log printed first): one interval "
-                                    f"({interval} steps) before the first")  # fmt: skip
+        step, how = interval_before(self.glued[0], self.glued[1])
+        if step is not None:
+            self.first.step, self.first.step_from = step, how
         self.pending, self.glued = None, []
 
     def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
@@ -439,18 +426,6 @@ class MetricLines:
             if rose and not any(counter.key == key for counter in self.counters):
                 known = step if (not cumulative or (before is not None and count > before)) else None
                 self.counters.append(Counter(key, count, number, known, cumulative))
-
-    def _scale(self, found, number: int, step: int | None) -> None:
-        """A loss scale on a metric line (`loss_scale: 16384.0000 (22341.8182)`: its value, not a running mean): the
-        first line read where it fell below the one before (a dynamic loss scaler skipped an overflowing step). Only
-        the lines read are compared (those with a NaN/Inf word or a marker), so a fall is said, never denied."""
-        for key, value, _ in found:
-            if key.lower() in _SCALE_KEYS and (scale := _number(value)) is not None and math.isfinite(scale):
-                if self.scale is not None and scale < self.scale:
-                    self.scale_drops += 1
-                    self.scale_drop = self.scale_drop or (self.scale, scale, self.scale_at, (number, step))
-                self.scale, self.scale_at = scale, (number, step)
-                return
 
     def _missing_loss(self, found) -> list[tuple[str, str]]:
         """Megatron's iteration line without the loss its earlier lines printed (or, with `loss scale` and no skip,

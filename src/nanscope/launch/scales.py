@@ -142,3 +142,35 @@ class Scales:
             return (f"The loss scale is down to {_shown(lowest)} ({self.count} overflow line(s){where}, halving): the "
                     "gradients overflow step after step, not a calibration.")  # fmt: skip
         return f"{self.count} overflow line(s), the loss scale from {_shown(self.first)} to {_shown(lowest)}."
+
+
+_SCALE_KEYS = ("loss_scale", "loss scale", "loss-scale")  # a loss scaler's scale, as metric lines print it
+
+
+@dataclass
+class PrintedScale:
+    """The loss scale metric lines print (`loss_scale: 16384.0000 (22341.8182)`: its value, not a running mean),
+    and the first line read where it fell below the one before: a dynamic loss scaler skipped an overflowing step in
+    between. Only the lines read are compared (a marker or a NaN/Inf word), so a fall is said, never denied."""
+
+    last: float | None = None
+    at: tuple[int, int | None] = (0, None)  # the line and step that printed it
+    drop: tuple[float, float, tuple[int, int | None], tuple[int, int | None]] | None = None  # (from, to, where
+    # each was printed: (line, step))
+
+    def feed(self, found: list[tuple[str, str, int]], number: int, step: int | None) -> None:
+        """One metric line's (key, value, where) pairs: its scale, if it prints one."""
+        for key, value, _ in found:
+            if key.lower() in _SCALE_KEYS and (scale := _finite(value)) is not None:
+                if self.last is not None and scale < self.last and self.drop is None:
+                    self.drop = (self.last, scale, self.at, (number, step))
+                self.last, self.at = scale, (number, step)
+                return
+
+
+def _finite(value: str) -> float | None:
+    try:
+        number = float(value.strip("'\""))
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None

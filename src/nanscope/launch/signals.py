@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field, replace
 
 from nanscope.facts.signals import BY_ID, LOGGER_FILES, WORDING, Signal, Wording
+from nanscope.launch.cuts import cut
+from nanscope.launch.memory import out_of_memory
 
 WINDOW = 2048  # characters read after an anchor (and 512 before it)
 MARKERS = (
@@ -151,7 +153,7 @@ def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit 
     holds."""
     hit = _known(unwrapped(line), before, after)  # a terminal's wrap re-joined with spaces, undone
     if hit is None:
-        hit = _cut(line)
+        hit = cut(line)
     if hit is None:
         hit = _generic(line)
     if hit is None:
@@ -427,28 +429,6 @@ def _dle_scale(text: str, before: str):
                                       "wording": WORDING["dle-loss-scale-parameter"], "next_scale": scale}  # fmt: skip
 
 
-_OOM_EXC = re.compile(
-    r"(?P<exc>torch(?:\.cuda)?\.OutOfMemoryError|OutOfMemoryError|RuntimeError)\s{0,4}:\s{0,4}CUDA out of"
-)
-_OOM_GPU = re.compile(r"GPU (?P<gpu>\d{1,6}) has a total capacity of (?P<total>[\d.]{1,12} \w{1,3})")
-_OOM_SIZE = re.compile(r"Tried to allocate (?P<size>[\d.]{1,12} \w{1,3})")
-
-
-def _out_of_memory(text: str, before: str):
-    """torch's `CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has a total capacity of ...`: the run ended on
-    memory. `GPU 0` is the process's local device index, not a global rank."""
-    exc = _OOM_EXC.search(text) if "CUDA out of memory" in text else None
-    if exc is None:  # a line that mentions it (a retry's warning) is no error line
-        return None
-    gpu, size = _OOM_GPU.search(text), _OOM_SIZE.search(text)
-    said = ["CUDA out of memory"]
-    if size is not None:
-        said.append(f"tried to allocate {size['size']}")
-    if gpu is not None:
-        said.append(f"GPU {gpu['gpu']} of {gpu['total']} (the process's local device index, not a global rank)")
-    return BY_ID["out-of-memory"], {"op": exc["exc"], "detail": ", ".join(said)}
-
-
 def _logged(text: str, before: str):
     return BY_ID["logged-nonfinite"], {"detail": "a logged scalar is NaN or Inf"}
 
@@ -462,44 +442,8 @@ _READERS = (
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
-    ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", _out_of_memory),
+    ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", out_of_memory),
 )  # fmt: skip
-
-
-# Known evidence lines cut at their end (an excerpt's last line, a log viewer's width): the wording (`0` for any
-# number), the length of its shortest prefix that names it, and the reader of what is left of it. A line that ends
-# inside the wording, past that prefix, is that evidence, said to be cut.
-_CUTS = (
-    ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=0, OpType=", 15, "nccl-timeout"),
-    ("Some NCCL operations have failed or timed out", 14, "nccl-timeout"),
-    ("OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 0, reducing to 0", 14, "deepspeed-overflow"),
-    ("Current loss scale already at minimum - cannot decrease scale anymore", 26, "loss-scale-minimum"),
-    ("probability tensor contains either `inf`, `nan` or element < 0", 20, "probability-assert"),
-    ("Skipped 0 iterations in a row due to Overflow", 22, "overflow-exit"),
-)  # fmt: skip
-_DIGITS = re.compile(r"\d{1,40}(?:\.\d{1,40})?")
-_WAITING = re.compile(r"\[Rank (?P<rank>\d{1,9})\]\s?\Z")
-
-
-def _cut(line: str) -> tuple[Signal, dict] | None:
-    """A known evidence line cut before its end: the signal its prefix names (`_CUTS`), said to be cut."""
-    tail = line.rstrip()[-400:]
-    for wording, shortest, signal in _CUTS:
-        at = tail.find(wording[:shortest])
-        if at < 0:
-            continue
-        rest = _DIGITS.sub("0", tail[at:])
-        if len(rest) >= len(wording) or not wording.startswith(rest):
-            continue
-        fields = {"detail": f"cut at its end: {tail[at:][:120]}"}
-        waiting = _WAITING.search(tail, 0, at)
-        if signal == "nccl-timeout" and waiting is not None:
-            fields["ranks"] = [f"rank {waiting['rank']} waited (the watchdog's rank)"]
-        rank = re.match(r"OVERFLOW! Rank (\d{1,9})", tail[at:])
-        if signal == "deepspeed-overflow" and rank is not None:
-            fields["ranks"] = [f"rank {rank[1]} logs it (DeepSpeed prints it on rank 0 only)"]
-        return BY_ID[signal], fields
-    return None
 
 
 def _printed_tensor(head: str) -> tuple[Signal, dict] | None:

@@ -207,7 +207,7 @@ def _metrics(traceback) -> dict:
         "first_nonfinite": None if (lines.first or lines.weak) is None else (lines.first or lines.weak).to_dict(),
         "later_nonfinite_lines": lines.later,
         "counters": [counter.to_dict() for counter in lines.counters],
-        "loss_scale_fall": None if lines.scale_drop is None else _fall(lines.scale_drop),
+        "loss_scale_fall": None if lines.scale.drop is None else _fall(lines.scale.drop),
     }
 
 

@@ -88,10 +88,10 @@ def _metric_sentences(diagnosis) -> list[str]:
         said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step())
         if said:
             parts.append(said)
-    if metrics.scale_drop is not None and (
+    if metrics.scale.drop is not None and (
         failure is None or not failure.signal or not failure.signal.id.endswith("overflow")
     ):
-        high, low, before, after = metrics.scale_drop
+        high, low, before, after = metrics.scale.drop
         parts.append(f"The loss scale its metric lines print falls from {shown(high)} at {_at(*before)} to "
                      f"{shown(low)} at {_at(*after)}: a dynamic loss scaler found inf or NaN gradients in between and skipped a "
                      "step (at a run's start, its scale calibrating).")  # fmt: skip
