@@ -165,6 +165,13 @@ CRAFTED = {
     "cut overflow lines": "OVERFLOW! Rank 0 Sk" * 50_000,
     "a watched gradient norm": "{'loss': 1.0, 'grad_norm': nan, 'epoch': 1}\n" + "grad_norm grad_norm\n" * 100_000,
     "time keys holding step": "time/step=1, " * 80_000 + "loss=nan",
+    # issue 41's fifth round: OOM lines, DLLogger's loss scale, words saying infinite, bracketed steps, glued bars
+    "repeated OOM lines": "OutOfMemoryError: CUDA out of memory. GPU 0 has a total capacity of " * 15_000,
+    "repeated DLLogger scales": "DLL 2020 - PARAMETER loss_scale : " * 30_000,
+    "words getting infinite": "get infinite " * 80_000 + "grad_norm",
+    "bracketed steps": "[Step [Step 1 " * 80_000 + "loss: nan | grad_norm: nan",
+    "epoch brackets": "Epoch: [0]  [ " * 80_000 + "0/9]  loss: 1 (1)  loss_scale: 2 (2)  grad_norm: inf (inf)",
+    "glued bars after a dict": "{'loss': 1.0, 'grad_norm': nan}\n" + "| 20/99 [00:01<00:02]x" * 40_000,
 }
 
 

@@ -20,6 +20,7 @@ launch.signals; the words are matched there.
     nanscope-report        nanscope's own plugin (verl's or slime's) found a non-finite step and wrote its report
     nanscope-cleaned       ... replaced non-finite loss inputs (the data's) and took their tokens out of the loss
     nanscope-headroom      ... saw a log-ratio the loss exponentiates near or past fp32's exp overflow (88.72)
+    out-of-memory          torch's CUDA allocator ran out of memory: the run ended, and on no NaN or Inf
 """
 
 from __future__ import annotations
@@ -240,6 +241,17 @@ SIGNALS: tuple[Signal, ...] = (
         "clamps it at +-20): without the clamp its exp is inf and the gradient NaN; the data or the policy drifted",
         causes=("activation-overflow",),
     ),
+    Signal(
+        id="out-of-memory",
+        value="-",
+        quantity="memory",
+        fatal=True,
+        stack="torch",
+        source="torch 2.x c10/cuda/CUDACachingAllocator.cpp (the `CUDA out of memory. Tried to allocate` message, "
+        "raised as torch.OutOfMemoryError, torch.cuda.OutOfMemoryError before torch 2.5)",
+        means="the CUDA caching allocator could not allocate a tensor: the run ended on memory, not on a non-finite "
+        "value",
+    ),
 )
 BY_ID = {signal.id: signal for signal in SIGNALS}
 
@@ -370,6 +382,26 @@ WORDINGS: tuple[Wording, ...] = (
         stacks=("gpt-neox",),
         source="gpt-neox v1.0 megatron/utils.py:358 (OverflowMonitor.check: raise Exception)",
         printed_by="gpt-neox's OverflowMonitor",
+    ),
+    Wording(
+        id="wenet-infinite-grad-norm",
+        signal="skip-nonfinite-grad",
+        example="WARNING get infinite grad_norm, check your code/data if it appears frequently",
+        stacks=("cosyvoice", "wenet"),
+        source="CosyVoice ace7c47 cosyvoice/utils/train_utils.py:305-315 (update_parameter_and_lr: `if "
+        "torch.isfinite(grad_norm)` steps the optimizer, else this warning and no step), wenet's executor's words",
+        printed_by="CosyVoice's (and wenet's) trainer",
+        value="NaN or Inf",
+    ),
+    Wording(
+        id="dle-loss-scale-parameter",
+        signal="scaler-overflow",
+        example="DLL 2020-05-28 08:53:10.435230 - PARAMETER loss_scale : 524288.0",
+        stacks=("apex",),
+        source="NVIDIA DeepLearningExamples 9df464f2 (May 2020, apex amp) PyTorch/LanguageModeling/BERT/"
+        "run_pretraining.py:457-465 (take_optimizer_step: on an overflow no optimizer.step, the scaler's new loss_scale "
+        "logged as a DLLogger PARAMETER, main process only); 729963dd :728-729 (when `skip_optimizer_step` > 0)",
+        printed_by="NVIDIA DeepLearningExamples' BERT trainer (DLLogger, apex amp's loss scaler)",
     ),
     Wording(
         id="megatron-llm-bad-grad-norm",

@@ -97,6 +97,21 @@ def step_at(line: str, at: int, logged: bool = False) -> tuple[int | None, str |
     return bar.count + 1, f"printed after the progress bar's {bar.shown()}: the next step"
 
 
+def glued(line: str, bar: Bar) -> bool:
+    """Text other than the bar's own follows its closing `]` on `line` (printed while the bar was on screen)."""
+    return bar.close > 0 and bool(line[bar.close + 1 : bar.close + 201].strip())
+
+
+def interval_before(first: Bar, second: Bar) -> tuple[int | None, str | None]:
+    """The step one logging interval before two bars that are the next two logs' steps (None: no interval)."""
+    interval = second.count - first.count
+    if not 0 < interval <= first.count:
+        return None, None
+    return first.count - interval, (f"the progress bars after it, {first.shown()} and {second.shown()}, are the next "
+                                    f"logs' steps (each glued to what that log printed first): one interval "
+                                    f"({interval} steps) before the first")  # fmt: skip
+
+
 def segments(line: str) -> list[tuple[int, str]]:
     """A line holding several bars (a terminal's carriage-return redraws pasted as one line), cut before each bar's
     count: (offset, text) pieces, each read as its own line; one piece for a line with at most one bar."""

@@ -26,9 +26,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from nanscope.launch.bars import bars, segments, step_at
+from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to
+from nanscope.launch.scales import PrintedScale
 from nanscope.launch.tables import Table, header
 
 WINDOW = 8192  # characters of a line parsed
@@ -41,9 +42,14 @@ _PLAIN = re.compile(rf"(?<![\w./()-])(?P<key>[A-Za-z_][\w./()\[\]-]{{0,100}})(?:
 _FIELD = re.compile(rf"\s{{0,40}}(?P<key>[A-Za-z_][\w ./()\[\]-]{{0,100}}?)\s{{0,3}}[:=]?\s{{1,40}}(?P<value>{_VALUE})(?:/\s{{0,12}}\d{{1,12}}|\s{{0,3}}(?:ms|s|%))?", re.IGNORECASE)  # fmt: skip
 _FIELD_WHOLE = re.compile(_FIELD.pattern + r".?\Z", re.IGNORECASE)  # a field to its end (one stray character)
 # mmengine's `Epoch(train) [1][240/735]` and `Iter(train) [ 510/2046]` (space-padded): the iteration
+# and the MetricLogger of DeiT, BEiT, VideoMAE (`Epoch: [0]  [   10/17227]  eta: ...`: the iteration in its epoch)
 _EPOCH_ITER = re.compile(
-    r"\]\[\s{0,12}(?P<step>\d{1,12})/\d{1,12}\]|Iter\((?:train|val|test)\)\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"
+    r"\]\s{0,4}\[\s{0,12}(?P<step>\d{1,12})/\d{1,12}\]"
+    r"|Iter\((?:train|val|test)\)\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"
 )
+# a step in brackets at a line's head (loguru's `mip.logger:log:94 - [Step 13999] total_time: ...`)
+_BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\]", re.IGNORECASE)
+
 # `_quiet`'s passes: Megatron's iteration line's head (its step), a non-finite value, the skip counters, the keys
 _QUIET_HEAD = re.compile(
     r"\s{0,40}(?:\[[^\]\n]{0,40}\]\s{0,4})?iteration\s{1,20}(?P<step>\d{1,12})\s{0,4}/\s{0,12}\d{1,12}\s{0,4}\|"
@@ -254,6 +260,8 @@ class MetricLines:
     quiet_shape: str | None = None  # the last finite Megatron iteration line less its digits (`_quiet`)
     recovered: int | None = None  # a later line where the first reading's gradient norm is finite again
     relapsed: bool = False  # ... or where a loss went non-finite after it
+    glued: list = field(default_factory=list)  # bars after a pending dict with text glued after them (`_glued_bar`)
+    scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
 
     def rule(self, line: str, header_line: str) -> bool:
         """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
@@ -263,11 +271,13 @@ class MetricLines:
             self.keys.update(column.lower() for column in table.columns)
         return table is not None
 
-    def feed(self, line: str, number: int) -> None:
+    def feed(self, line: str, number: int, *, bars: bool = True) -> None:
+        """One metric line (`bars`: read its progress bar too; False: the caller reads the whole line's)."""
         if not self._quiet(line, number):
             for offset, piece in segments(line):
                 self._piece(line, piece, offset, number)
-        self.bars(line, number)
+        if bars:
+            self.bars(line, number)
 
     def _quiet(self, line: str, number: int) -> bool:
         """A Megatron iteration line of the shape last parsed in full (the same keys, a loss among them), no value
@@ -303,6 +313,7 @@ class MetricLines:
         self.keys.update(key.lower() for key, _, _ in found[:64])
         step, step_from = self._step(line, piece, offset, found)
         self._counters([pair for pair in found if _separated(piece, pair[2])], number, step)
+        self.scale.feed(found, number, step)
         missing = self._missing_loss(found)
         bad = [
             (key, value, at)
@@ -367,8 +378,24 @@ class MetricLines:
             self.bar, self.bar_line = found[-1].count, number
             self.bar_done = found[-1].count == found[-1].total  # a finished loop (a dataset's map, an epoch)
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
+                if glued(line, found[-1]) and _trainer_dict(self.first.text):
+                    self._glued_bar(found[-1])
+                    return
                 self.first.step, self.first.step_from = self.bar, f"the progress bar after it, {found[-1].shown()}"
-            self.pending = None
+            self.pending, self.glued = None, []
+
+    def _glued_bar(self, bar) -> None:
+        """A bar after a pending Trainer dict with other text glued after its `]`: that text was printed while the bar
+        was on screen, by the next log (TensorBoard's warning, a callback's logger line, before the next dict), so
+        the bar is the next dict's step, not this one's (a pasted terminal shows a bar's last redraw). Two such bars
+        give the logging interval, and the pending dict's step is the first less it."""
+        self.glued.append(bar)
+        if len(self.glued) < 2:
+            return
+        step, how = interval_before(self.glued[0], self.glued[1])
+        if step is not None:
+            self.first.step, self.first.step_from = step, how
+        self.pending, self.glued = None, []
 
     def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
         """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
@@ -382,6 +409,9 @@ class MetricLines:
             return int(match["step"]), "the line (the iteration within its epoch)"
         if match is not None:
             return int(match["iter"]), "the line"
+        bracket = _BRACKET_STEP.search(piece, 0, WINDOW)
+        if bracket is not None:
+            return int(bracket["step"]), "the line"
         return None, None
 
     def _counters(self, found, number: int, step: int | None) -> None:

@@ -36,6 +36,9 @@ NEEDLES = (
     b"nccl operations have failed",
     b"in a row due to overflow",
     b"skipping step. attempted loss scale",
+    b"parameter loss_scale",
+    b"loss_scale",
+    b"out of memory",
     b"/it",
     b"it/s",
     b"consumed samples",
@@ -51,6 +54,8 @@ NEEDLES = (
 _LOWER = range(97, 123)
 _MEGATRON = ("Unexpected result", " in local grad norm", " in local forward loss", "rerun: unexpected result")
 _WATCHDOG_RANK = re.compile(r"rank (\d{1,9}) waited")
+# a logger's time stamp at a line's start, to the millisecond (`2025-04-27 17:00:18,438`, `[2024-07-17 19:44:06,829]`)
+_STAMP = re.compile(r"\[?(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d{3,6})")
 
 
 CONTEXT_LINES = 4  # lines read before a candidate line, until the first non-finite metric line: their steps, keys
@@ -139,6 +144,8 @@ class Nonfinite:
     stale: tuple[int, str, str | None] | None = None  # the grad_norm logged after it: (line, value, the one before)
     scales: Scales = field(default_factory=Scales)  # the loss scaler's overflow series
     unstepped: list[Hit] = field(default_factory=list)  # evidence lines waiting for the next metric line's step
+    stamps: dict[str, tuple[str, int]] = field(default_factory=dict)  # signal id -> (its first line's time stamp,
+    # how many of its lines carry that same stamp): several processes printing one step's line at once
     last_line: int = 0  # the last metric line read (the lines before the next one are read only if not read yet)
 
     def block(self, block: bytes, lines_before: int, clean) -> list[tuple[int, Hit]]:
@@ -211,7 +218,7 @@ class Nonfinite:
         grad_norm watch and joins the scale series."""
         found = bars(text[: hit.at]) if hit.at else []
         if found and found[-1].close > 0:
-            self.metrics.feed(text[: found[-1].close + 1], hit.line)
+            self.metrics.feed(text[: found[-1].close + 1], hit.line, bars=False)  # its bar: with the whole line, below
         if hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
             self.scales.add(hit.scale, hit.next_scale, None)
         if hit.signal.id == "deepspeed-overflow":
@@ -267,9 +274,12 @@ class Nonfinite:
                              + ("" if logged else ": the next step"))  # fmt: skip
         if hit.step is None and not timeout and len(self.unstepped) < 16:
             self.unstepped.append(hit)
+        if signal.id in ("deepspeed-overflow", "scaler-overflow"):
+            self.scales.step(hit.step, hit.line, hit.step_from)
         if signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.count == 1:
             self.scales.first_step = hit.step
         self.counts[signal.id] = self.counts.get(signal.id, 0) + 1
+        self._stamp(signal.id, text)
         self.first.setdefault(signal.id, hit)
         if signal.id == "nccl-timeout":
             self.watchdog = self.watchdog or hit
@@ -282,6 +292,20 @@ class Nonfinite:
             self.fatal = hit
             return True
         return False
+
+    def _stamp(self, signal: str, text: str) -> None:
+        """Count the lines of `signal` that carry its first line's time stamp (a logger's, to the millisecond)."""
+        stamp = _STAMP.match(text)
+        first = self.stamps.get(signal)
+        if first is None and self.counts[signal] == 1 and stamp is not None:
+            self.stamps[signal] = (stamp["stamp"], 1)
+        elif first is not None and stamp is not None and stamp["stamp"] == first[0]:
+            self.stamps[signal] = (first[0], first[1] + 1)
+
+    def same_stamp(self, signal: str) -> str | None:
+        """The time stamp every line of `signal` carries, where there are several (None: not so)."""
+        first, count = self.stamps.get(signal, (None, 0))
+        return first if count > 1 and count == self.counts.get(signal, 0) else None
 
     def softest(self) -> Hit | None:
         """The first non-fatal hit (a skipped step, a warning), when nothing fatal was met."""

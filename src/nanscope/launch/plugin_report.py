@@ -25,6 +25,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from nanscope.facts.signals import BY_ID, WORDING
+
 LINE = re.compile(
     r"nanscope: rank (?P<rank>\d{1,9}): non-finite values "
     r"(?:in the (?P<role>[a-z]{1,20})'s update (?P<update>\d{1,12}) mini-batch (?P<minibatch>\d{1,12})"
@@ -192,3 +194,37 @@ def line(report: Report, path: str) -> str:
     else:
         where = f"at rollout {report.update} step {report.step}"
     return f"nanscope: rank {report.rank}: non-finite values {where}: {path}"
+
+
+def evidence(text: str, before: str):
+    """The evidence a plugin line gives (launch.signals reads ANCHOR's lines with it): the line, and what its report
+    says where that file is here."""
+    said = match(text)
+    if said is None:
+        return None
+    report = read(said.path)
+    if report is not None:
+        detail = f"{said.where()}, its report {said.path}: {report.text()}"
+    else:
+        detail = f"{said.where()}, its report {said.path} (not readable here: give it to doctor where it is)"
+    return BY_ID["nanscope-report"], {
+        "rank": said.rank,
+        "step": said.update,
+        "step_from": "the line (verl's update)" if said.plugin == "verl" else "the line (slime's rollout)",
+        "op": report.module if report is not None else None,
+        "detail": detail,
+        "wording": WORDING[f"nanscope-{said.plugin}-report"],
+    }
+
+
+def warning_evidence(text: str, before: str):
+    """The evidence a plugin's warning line gives (launch.signals reads WARNING_ANCHOR's lines with it): cleaned
+    inputs, or a log-ratio's headroom."""
+    said = warning(text)
+    if said is None:
+        return None
+    fields = {"step": said.update, "detail": f"{said.where}: {said.text}",
+              "wording": WORDING[f"nanscope-{said.plugin}-warning"]}  # fmt: skip
+    if said.kind == "inputs":
+        return BY_ID["nanscope-cleaned"], fields
+    return BY_ID["nanscope-headroom"], {**fields, "metric": said.name, "value": "NaN" if said.value == "NaN" else None}

@@ -19,6 +19,11 @@ LOW = 1024.0  # a scale this low has been halved many times from any start
 EARLY = 100  # steps from a run's start where halving from a high scale is the scaler calibrating
 
 
+def shown(scale: float) -> str:
+    """A scale as said: exact, with its power of two where it is one (`8388608 (2^23)`)."""
+    return _shown(scale)
+
+
 def _shown(scale: float) -> str:
     power = math.log2(scale) if scale > 0 else 0.5
     exact = f"{scale:.0f}" if scale == int(scale) else f"{scale:g}"
@@ -37,25 +42,61 @@ class Scales:
     regrew: tuple[float, float] | None = None  # (a scale set, a later attempted scale above it)
     floor: tuple[float, float] | None = None  # an attempted scale the scaler could not lower: (attempted, set)
     halved: bool = False  # a scale was lowered
+    stepped: tuple[int, int, str | None] | None = None  # the first overflow line that has a step: (step, line, how)
+    last_step: int | None = None  # the last overflow line's step
+    in_a_row: bool = True  # the overflow lines' steps follow one another (each the one before + 1)
+    floored: int = 0  # overflow lines at the floor (attempted = set <= 1)
+    first_set: float | None = None  # the first scale set, where the lines print only that (apex amp, DLLogger)
 
     def add(self, scale: float | None, next_scale: float | None, step: int | None) -> None:
         """One overflow line: the scale it attempted and the one it set (None: not printed)."""
         self.count += 1
         if scale is not None and self.first is None:
             self.first, self.first_step = scale, step
+        if scale is None and next_scale is not None and self.first_set is None:
+            self.first_set = next_scale
         if scale is not None and self.last is not None and scale > self.last and self.regrew is None:
             self.regrew = (self.last, scale)
         if next_scale is not None:
             if scale is not None and next_scale < scale:
                 self.halved = True
-            elif scale is not None and next_scale == scale and self.floor is None and self._floor(scale):
-                self.floor = (scale, next_scale)
+            elif scale is not None and next_scale == scale and self._floor(scale):
+                self.floor = self.floor or (scale, next_scale)
+                self.floored += 1
             self.last = next_scale
             self.lowest = next_scale if self.lowest is None else min(self.lowest, next_scale)
+
+    def step(self, step: int | None, line: int, how: str | None) -> None:
+        """The step of the overflow line just added (None: it names none)."""
+        if step is None:
+            return
+        if self.stepped is None:
+            self.stepped = (step, line, how)
+        elif self.last_step is not None and step != self.last_step + 1:
+            self.in_a_row = False
+        self.last_step = step
+
+    def _steps(self) -> str:
+        """Where the overflow lines' steps come from, in words ("" where no line has one)."""
+        if self.stepped is None:
+            return ""
+        step, line, how = self.stepped
+        shown = f" ({how})" if how and not how.startswith("the line") else ""
+        if self.last_step is not None and self.last_step != step and self.in_a_row:
+            return f"; steps {step} to {self.last_step} in a row, the first at line {line}{shown}"
+        return f"; from step {step} (line {line}{shown})"
 
     @staticmethod
     def _floor(scale: float) -> bool:
         return scale <= 1.0  # DeepSpeed's min_loss_scale default 1 (a spent hysteresis also keeps the scale)
+
+    def _set_only(self) -> str | None:
+        """A series whose lines print only the scale set (the one attempted is not said): its trend."""
+        if self.first_set is None or self.lowest is None or self.count < 2 or self.lowest >= self.first_set:
+            return None
+        return (f"The loss scale the scaler set falls from {_shown(self.first_set)} to {_shown(self.lowest)} over "
+                f"{self.count} overflow line(s) (the scale it attempted is not printed): steps with inf or NaN "
+                "gradients keep coming, each one skipped.")  # fmt: skip
 
     def calibrating(self, loss_step: int | None = None) -> bool:
         """The series is a scale calibrating at a run's start (a high first scale halving, not far, early), and no
@@ -68,10 +109,15 @@ class Scales:
     def sentence(self, loss_step: int | None = None) -> str | None:
         """What the series says, in one or two sentences (None: no scale printed)."""
         if self.first is None:
-            return None
+            return self._set_only()
         if self.floor is not None:
-            return (f"The loss scale is at its floor ({_shown(self.floor[0])} -> {_shown(self.floor[1])}): it cannot "
+            said = (f"The loss scale is at its floor ({_shown(self.floor[0])} -> {_shown(self.floor[1])}): it cannot "
                     "go lower, so every step whose gradients overflow is skipped.")  # fmt: skip
+            if self.floored == self.count >= 2:
+                said += (f" All {self.count} overflow lines are at the floor{self._steps()}: every step they cover "
+                         "overflows and is skipped, so the run does not train (persistent inf or NaN gradients, not a "
+                         "scale calibrating).")  # fmt: skip
+            return said
         if self.regrew is not None:
             low, again = self.regrew
             return (f"The loss scale grows back between overflows ({_shown(low)}, then {_shown(again)} attempted "
@@ -86,8 +132,45 @@ class Scales:
             return (f"The first attempted loss scale is {_shown(self.first)}, where fp16 loss scalers start, and it "
                     "halves on consecutive overflows: the scale calibrating at a run's start, not a NaN failure by "
                     "itself (a scale that keeps falling is one).")  # fmt: skip
+        if lowest <= LOW and self.halved and self.first >= HIGH and self.stepped is None:
+            return (f"The loss scale is down to {_shown(lowest)} from {_shown(self.first)}, where fp16 loss scalers "
+                    f"start ({self.count} overflow line(s), halving; no line names its step): at a run's start the "
+                    "scale calibrating can halve this far; a scale that keeps falling toward its minimum is the "
+                    "gradients overflowing step after step.")  # fmt: skip
         if lowest <= LOW and self.halved:
             where = f" from step {self.first_step}" if self.first_step is not None else ""
             return (f"The loss scale is down to {_shown(lowest)} ({self.count} overflow line(s){where}, halving): the "
                     "gradients overflow step after step, not a calibration.")  # fmt: skip
         return f"{self.count} overflow line(s), the loss scale from {_shown(self.first)} to {_shown(lowest)}."
+
+
+_SCALE_KEYS = ("loss_scale", "loss scale", "loss-scale")  # a loss scaler's scale, as metric lines print it
+
+
+@dataclass
+class PrintedScale:
+    """The loss scale metric lines print (`loss_scale: 16384.0000 (22341.8182)`: its value, not a running mean),
+    and the first line read where it fell below the one before: a dynamic loss scaler skipped an overflowing step in
+    between. Only the lines read are compared (a marker or a NaN/Inf word), so a fall is said, never denied."""
+
+    last: float | None = None
+    at: tuple[int, int | None] = (0, None)  # the line and step that printed it
+    drop: tuple[float, float, tuple[int, int | None], tuple[int, int | None]] | None = None  # (from, to, where
+    # each was printed: (line, step))
+
+    def feed(self, found: list[tuple[str, str, int]], number: int, step: int | None) -> None:
+        """One metric line's (key, value, where) pairs: its scale, if it prints one."""
+        for key, value, _ in found:
+            if key.lower() in _SCALE_KEYS and (scale := _finite(value)) is not None:
+                if self.last is not None and scale < self.last and self.drop is None:
+                    self.drop = (self.last, scale, self.at, (number, step))
+                self.last, self.at = scale, (number, step)
+                return
+
+
+def _finite(value: str) -> float | None:
+    try:
+        number = float(value.strip("'\""))
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None

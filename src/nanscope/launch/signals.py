@@ -8,6 +8,9 @@
     ...TensorCompare.cu:110: _assert_async_cuda_kernel: ... Assertion `probability tensor contains ...` failed.
     [E ProcessGroupNCCL.cpp:828] [Rank 38] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4447361, ...
     (WorkerDict pid=9092) WARN: grad_norm is not finite: nan
+    2025-04-27 17:00:18,438 WARNING get infinite grad_norm, check your code/data if it appears frequently
+    DLL 2020-05-28 08:54:08.810592 - PARAMETER loss_scale : 262144.0      (a step skipped: apex amp's new scale)
+    torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has ...   (not a NaN: memory)
     WARNING: found inf during ShardedOptimV2 step            (wrapped over two lines by a rich console)
     NaN or Inf found in input tensor.
     ValueError: Input contains NaN.                          (any error line naming NaN or Inf)
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field, replace
 
 from nanscope.facts.signals import BY_ID, LOGGER_FILES, WORDING, Signal, Wording
 from nanscope.launch import plugin_report
+from nanscope.launch.cuts import cut
+from nanscope.launch.memory import out_of_memory
 
 WINDOW = 2048  # characters read after an anchor (and 512 before it)
 MARKERS = (
@@ -49,6 +54,8 @@ MARKERS = (
     b"NCCL operations have failed",
     b"iterations in a row due to Overflow",
     b"Skipping step. Attempted loss scale",
+    b"PARAMETER loss_scale",
+    b"out of memory",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _NUMBER = r"[\d.eE+-]{1,30}"
 _OVERFLOW = re.compile(
@@ -92,11 +99,12 @@ _SAYS = re.compile(
     r"|(?<![A-Za-z])(?:nan|inf)[ _](?P<what2>loss|grad(?:ient)?s?(?:[ _]norm)?)\b[^.\n]{0,20}?"
     r"\b(?:detected|occurs?|found|encountered)\b"
     r"|\bfound (?:an? )?(?:nan|inf)s?\b(?! during)"
+    r"|\b(?:get|gets|got|getting)\s(?:an?\s)?(?:nan|inf|infinite|non-?finite)\s(?P<what3>loss|grad(?:ient)?s?(?:[ _]norm)?)\b"
     r"|\b(?:detected|encountered|got)\s(?:an?\s)?(?:nan|inf)\b",
     re.IGNORECASE,
 )
 # every alternative of _SAYS holds one of these (a literal search first: _SAYS itself costs a Megatron log's every line)
-_SAYS_WORDS = ("is", "are", "was", "were", "became", "contain", "got", "gets", "detected", "occur", "has", "have",
+_SAYS_WORDS = ("is", "are", "was", "were", "became", "contain", "got", "get", "detected", "occur", "has", "have",
                "found", "encountered")  # fmt: skip
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
 # a tensor's repr (torch/_tensor_str.py): `tensor(`, nested `[`, then its values up to the first `)` or `device=`;
@@ -146,7 +154,7 @@ def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit 
     holds."""
     hit = _known(unwrapped(line), before, after)  # a terminal's wrap re-joined with spaces, undone
     if hit is None:
-        hit = _cut(line)
+        hit = cut(line)
     if hit is None:
         hit = _generic(line)
     if hit is None:
@@ -281,13 +289,17 @@ def _scaler(text: str, before: str):
     low = text.lower()
     wording = ("fairseq-overflow" if "ignoring gradient" in low else "colossalai-found-overflow"
                if "found overflow" in low else "apex-amp-overflow" if "loss scaler" in low else None)  # fmt: skip
+    which = _WHICH_SCALER.search(text) if "loss scaler" in low else None  # apex amp: one scaler per loss
     return BY_ID["scaler-overflow"], {
-        "detail": "step skipped" + (f", loss scale -> {scale['scale']}" if scale else ""),
+        "detail": "step skipped"
+        + (f", loss scale -> {scale['scale']}" if scale else "")
+        + (f" (apex amp's loss scaler {which[1]}, of one per loss)" if which else ""),
         "wording": WORDING[wording] if wording else None,
         "next_scale": _float(scale["scale"]) if scale else None,
     }
 
 
+_WHICH_SCALER = re.compile(r"loss scaler (\d{1,4})")
 _IN_A_ROW = re.compile(r"Skipped (?P<count>\d{1,9}) iterations in a row due to Overflow")
 
 
@@ -363,38 +375,6 @@ def _not_finite(text: str, before: str):
     }
 
 
-def _plugin(text: str, before: str):
-    """nanscope's own plugin line (launch.plugin_report), with what its report says where the file is here."""
-    said = plugin_report.match(text)
-    if said is None:
-        return None
-    report = plugin_report.read(said.path)
-    if report is not None:
-        detail = f"{said.where()}, its report {said.path}: {report.text()}"
-    else:
-        detail = f"{said.where()}, its report {said.path} (not readable here: give it to doctor where it is)"
-    return BY_ID["nanscope-report"], {
-        "rank": said.rank,
-        "step": said.update,
-        "step_from": "the line (verl's update)" if said.plugin == "verl" else "the line (slime's rollout)",
-        "op": report.module if report is not None else None,
-        "detail": detail,
-        "wording": WORDING[f"nanscope-{said.plugin}-report"],
-    }
-
-
-def _plugin_warning(text: str, before: str):
-    """nanscope's own plugin's warning line (launch.plugin_report.warning): cleaned inputs, or a log-ratio's headroom."""
-    said = plugin_report.warning(text)
-    if said is None:
-        return None
-    fields = {"step": said.update, "detail": f"{said.where}: {said.text}",
-              "wording": WORDING[f"nanscope-{said.plugin}-warning"]}  # fmt: skip
-    if said.kind == "inputs":
-        return BY_ID["nanscope-cleaned"], fields
-    return BY_ID["nanscope-headroom"], {**fields, "metric": said.name, "value": "NaN" if said.value == "NaN" else None}
-
-
 _BAD_NORM = re.compile(r"Bad grad_norm detected \(grad_norm=(?P<value>[\w.+-]{1,40})\)")
 
 
@@ -424,6 +404,32 @@ def _anomaly_tail(text: str, before: str):
     return BY_ID["anomaly-forward"], {"op": op, "detail": detail}
 
 
+def _infinite_norm(text: str, before: str):
+    """CosyVoice's (wenet's) `get infinite grad_norm, check your code/data if it appears frequently`: its check is
+    torch.isfinite, so NaN prints the same words; the optimizer step is skipped."""
+    if "get infinite grad_norm" not in text:
+        return None
+    return BY_ID["skip-nonfinite-grad"], {
+        "detail": "grad_norm not finite (its check, torch.isfinite, fails on NaN and Inf alike): the step skipped",
+        "metric": "grad_norm",
+        "wording": WORDING["wenet-infinite-grad-norm"],
+        "value": "NaN or Inf",
+    }
+
+
+_PARAMETER_SCALE = re.compile(rf"PARAMETER loss_scale\s{{0,4}}:\s{{0,4}}(?P<scale>{_NUMBER})")
+
+
+def _dle_scale(text: str, before: str):
+    """NVIDIA DeepLearningExamples' DLLogger `PARAMETER loss_scale : 262144.0`: logged where apex amp's scaler found
+    an overflow and the step was skipped; the scale is the one it set (the one it attempted is not printed)."""
+    match = _PARAMETER_SCALE.search(text)
+    if match is None or (scale := _float(match["scale"])) is None:
+        return None
+    return BY_ID["scaler-overflow"], {"detail": f"step skipped, loss scale -> {match['scale'].rstrip('.,')}",
+                                      "wording": WORDING["dle-loss-scale-parameter"], "next_scale": scale}  # fmt: skip
+
+
 def _logged(text: str, before: str):
     return BY_ID["logged-nonfinite"], {"detail": "a logged scalar is NaN or Inf"}
 
@@ -437,44 +443,9 @@ _READERS = (
     ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
-    (plugin_report.ANCHOR, _plugin), (plugin_report.WARNING_ANCHOR, _plugin_warning),
+    (plugin_report.ANCHOR, plugin_report.evidence), (plugin_report.WARNING_ANCHOR, plugin_report.warning_evidence),
+    ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", out_of_memory),
 )  # fmt: skip
-
-
-# Known evidence lines cut at their end (an excerpt's last line, a log viewer's width): the wording (`0` for any
-# number), the length of its shortest prefix that names it, and the reader of what is left of it. A line that ends
-# inside the wording, past that prefix, is that evidence, said to be cut.
-_CUTS = (
-    ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=0, OpType=", 15, "nccl-timeout"),
-    ("Some NCCL operations have failed or timed out", 14, "nccl-timeout"),
-    ("OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 0, reducing to 0", 14, "deepspeed-overflow"),
-    ("Current loss scale already at minimum - cannot decrease scale anymore", 26, "loss-scale-minimum"),
-    ("probability tensor contains either `inf`, `nan` or element < 0", 20, "probability-assert"),
-    ("Skipped 0 iterations in a row due to Overflow", 22, "overflow-exit"),
-)  # fmt: skip
-_DIGITS = re.compile(r"\d{1,40}(?:\.\d{1,40})?")
-_WAITING = re.compile(r"\[Rank (?P<rank>\d{1,9})\]\s?\Z")
-
-
-def _cut(line: str) -> tuple[Signal, dict] | None:
-    """A known evidence line cut before its end: the signal its prefix names (`_CUTS`), said to be cut."""
-    tail = line.rstrip()[-400:]
-    for wording, shortest, signal in _CUTS:
-        at = tail.find(wording[:shortest])
-        if at < 0:
-            continue
-        rest = _DIGITS.sub("0", tail[at:])
-        if len(rest) >= len(wording) or not wording.startswith(rest):
-            continue
-        fields = {"detail": f"cut at its end: {tail[at:][:120]}"}
-        waiting = _WAITING.search(tail, 0, at)
-        if signal == "nccl-timeout" and waiting is not None:
-            fields["ranks"] = [f"rank {waiting['rank']} waited (the watchdog's rank)"]
-        rank = re.match(r"OVERFLOW! Rank (\d{1,9})", tail[at:])
-        if signal == "deepspeed-overflow" and rank is not None:
-            fields["ranks"] = [f"rank {rank[1]} logs it (DeepSpeed prints it on rank 0 only)"]
-        return BY_ID[signal], fields
-    return None
 
 
 def _printed_tensor(head: str) -> tuple[Signal, dict] | None:

@@ -72,6 +72,9 @@ def summarize(traceback) -> Summary:
         out.step = step if step is not None and step >= 0 else None
         out.lines.update(dict.fromkeys(("rank", "check"), failure.line))
         out.points_to = failure.signal.means if failure.signal is not None else None
+        overflow = failure.signal is not None and failure.signal.id.endswith("overflow")
+        if out.step is None and overflow and seen.scales.stepped is not None:  # a later overflow line's step
+            out.step = seen.scales.stepped[0]
     if out.rank is None and traceback.prefix_rank is not None and not _waiting(failure):
         out.rank = traceback.prefix_rank  # the one rank whose traceback the log shows (a cut one's)
     if reading is not None:
@@ -131,6 +134,9 @@ def benign(traceback, out: Summary) -> str | None:
     printed = bool(metrics.keys) or traceback.metrics.seen  # metric lines were read
     if quiet and watchdog:
         return "a collective timed out (a hang or a dead rank), and no value the text prints is non-finite"
+    memory = failure is not None and failure.signal is not None and failure.signal.id == "out-of-memory"
+    if memory and first is None and metrics.weak is None and not metrics.counters and len(seen.first) == 1:
+        return "an out-of-memory failure (CUDA out of memory), and no value the text prints is non-finite"
     if quiet and failure is None and (printed or traceback.lines):
         return nothing_found(traceback, read_metric_lines(traceback))
     return None

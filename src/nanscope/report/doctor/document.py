@@ -207,7 +207,15 @@ def _metrics(traceback) -> dict:
         "first_nonfinite": None if (lines.first or lines.weak) is None else (lines.first or lines.weak).to_dict(),
         "later_nonfinite_lines": lines.later,
         "counters": [counter.to_dict() for counter in lines.counters],
+        "loss_scale_fall": None if lines.scale.drop is None else _fall(lines.scale.drop),
     }
+
+
+def _fall(drop) -> dict:
+    """A loss scale's first fall on the metric lines: from, to, and the lines and steps that printed them."""
+    high, low, (line_before, step_before), (line, step) = drop
+    return {"from": high, "to": low, "line_before": line_before, "step_before": step_before, "line": line,
+            "step": step}  # fmt: skip
 
 
 def _rerun(rerun) -> dict | None:

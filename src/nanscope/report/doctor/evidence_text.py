@@ -25,6 +25,7 @@ _WHO = {
     "nonfinite-error": "the run ended on an error naming NaN or Inf",
     "nonfinite-message": "the log says a loss or a gradient went NaN or Inf",
     "printed-tensor": "a printed tensor holds NaN or Inf",
+    "out-of-memory": "the run ran out of GPU memory (torch's CUDA allocator)",
 }
 _MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
            "reference": "the reference model", "reward model": "the reward model", "reward": "the reward"}  # fmt: skip
@@ -53,7 +54,7 @@ def _head(failure) -> str:
         return "An fp16 loss scaler skipped a step on inf or NaN gradients"
     if signal.id == "skip-nonfinite-grad" and wording is not None:
         return f"{_capital(wording.printed_by)} skipped an optimizer step on a non-finite gradient norm"
-    if signal.id == "deepspeed-overflow" and wording is not None:
+    if signal.id in ("deepspeed-overflow", "scaler-overflow") and wording is not None and len(wording.stacks) == 1:
         return f"{_capital(wording.printed_by)} skipped a step on inf or NaN gradients"
     return _capital(_WHO.get(signal.id, signal.means))
 
@@ -66,17 +67,27 @@ def _capital(text: str) -> str:
 _LOWER_NAMES = ("verl", "apex", "fairseq", "autograd", "torch")
 
 
-def signal_sentence(failure, count: int = 1) -> str:
-    """One sentence: what the evidence line says (`count`: lines of its kind in the log), where, rank and step."""
+def signal_sentence(failure, count: int = 1, stamp: str | None = None) -> str:
+    """One sentence: what the evidence line says (`count`: lines of its kind in the log; `stamp`: the one time stamp
+    they all carry), where, rank and step."""
     signal = failure.signal
     said = [f"line {failure.line}" + (f", and {count - 1} more such line(s)" if count > 1 else "")]
+    if stamp is not None:
+        said[0] += f", all at one time stamp, {stamp}: several processes at once"
     if failure.op:
         said.append(f"{failure.op}" + (f", output {failure.output}" if failure.output is not None else ""))
     if failure.detail and failure.detail != failure.op and not failure.detail.startswith(failure.op or "\0"):
         said.append(balanced(failure.detail))
-    if failure.printed_by is not None and len(failure.printed_by.stacks) > 1:
-        said.append(f"{failure.printed_by.printed_by}")
+    deepspeed = failure.printed_by is None or failure.printed_by.stacks == ("deepspeed",)
+    if signal.id == "deepspeed-overflow" and failure.rank is None and failure.ranks and deepspeed:
+        said.append(failure.ranks[0])  # the rank that logs it: every rank skips the step
     head = _head(failure)
+    if (
+        failure.printed_by is not None
+        and len(failure.printed_by.stacks) > 1
+        and failure.printed_by.printed_by not in head
+    ):
+        said.append(f"{failure.printed_by.printed_by}")
     if failure.rank is not None:
         head = f"On rank {failure.rank}, {head[0].lower()}{head[1:]}"
     step = ""
@@ -106,6 +117,9 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     if summary.contradicted is not None:
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
+    if summary.lines.get("metric") == 1 and summary.step is not None and summary.step > 1:  # the text starts there
+        step = f" at or before step {summary.step}"
+        where = " (line 1: the input's first line, so an earlier step may have been non-finite too)"
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     return f"The first non-finite metric: {summary.metric}{model}{step}{where}.{points}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from nanscope.facts import frameworks
 from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
+from nanscope.launch.scales import shown
 from nanscope.launch.summary import read_metric_lines
 from nanscope.report.doctor.evidence_text import balanced, first_sentence, signal_sentence
 from nanscope.report.text import span
@@ -87,9 +88,20 @@ def _metric_sentences(diagnosis) -> list[str]:
         said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step())
         if said:
             parts.append(said)
+    if metrics.scale.drop is not None and (
+        failure is None or not failure.signal or not failure.signal.id.endswith("overflow")
+    ):
+        high, low, before, after = metrics.scale.drop
+        parts.append(f"The loss scale its metric lines print falls from {shown(high)} at {_at(*before)} to "
+                     f"{shown(low)} at {_at(*after)}: a dynamic loss scaler found inf or NaN gradients in between and skipped a "
+                     "step (at a run's start, its scale calibrating).")  # fmt: skip
     if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
         parts.append(f"Not a NaN failure by itself: {summary.benign}.")
     return parts
+
+
+def _at(line: int, step: int | None) -> str:
+    return f"line {line} (step {step})" if step is not None else f"line {line}"
 
 
 def _core_sentence(diagnosis) -> list[str]:
@@ -108,7 +120,10 @@ def _failure_sentences(diagnosis) -> list[str]:
     failure, evidence = traceback.failure, traceback.evidence
     parts = []
     if failure is not None and failure.signal is not None:
-        parts.append(signal_sentence(failure, traceback.nonfinite.counts.get(failure.signal.id, 1)))
+        seen = traceback.nonfinite
+        parts.append(
+            signal_sentence(failure, seen.counts.get(failure.signal.id, 1), seen.same_stamp(failure.signal.id))
+        )
     elif failure is not None and failure.format != "rerun":
         who = f"Rank {failure.rank}" if failure.rank is not None else "A rank (the text does not say which)"
         where = [f"on node {failure.node}" if failure.node else "", f"device {failure.device}" if failure.device is not None else ""]  # fmt: skip
