@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,12 +56,69 @@ def test_help_lays_out_prose_and_examples_at_the_width():
     ]
 
 
+def test_help_lays_out_a_definition_beside_its_term_or_below_it():
+    """trace's `Input, one of:` list was broken like a shell command, a ` \\` at the end of each line."""
+    text = (
+        "Input, one of:\n"
+        "  FILE.pt        a micro-batch file written by replay.save_microbatch (batch, logits,\n"
+        "                 args), or a bundle.\n"
+        "  --hazard NAME  a catalogued hazard.\n"
+        "  nanscope trace x.pt  # an example\n"
+    )
+    assert help.layout(text, 50) == [
+        "Input, one of:",
+        "  FILE.pt        a micro-batch file written by",
+        "                 replay.save_microbatch (batch,",
+        "                 logits, args), or a bundle.",
+        "  --hazard NAME  a catalogued hazard.",
+        "  nanscope trace x.pt  # an example",
+    ]
+    assert help.layout(text, 30)[1:9] == [
+        "  FILE.pt",
+        "      a micro-batch file",
+        "      written by",
+        "      replay.save_microbatch",
+        "      (batch, logits, args),",
+        "      or a bundle.",
+        "  --hazard NAME",
+        "      a catalogued hazard.",
+    ]
+
+
 @pytest.mark.parametrize("command", ("",) + COMMANDS)
 def test_every_help_fits_80_columns(command):
     env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin"}
     argv = [sys.executable, "-m", "nanscope.cli.main", *([command] if command else []), "--help"]
     out = subprocess.run(argv, capture_output=True, text=True, env={**_env(), **env}, timeout=60).stdout
     assert out.count("\n") > 5 and [line for line in out.splitlines() if len(line) > 80] == []
+    continued = [line for line in out.splitlines() if line.endswith(" \\")]
+    assert [line for line in continued if "nanscope " not in line] == []  # only an example's command is continued
+
+
+def test_a_plain_line_folds_between_words_indented_and_keeps_a_long_word_whole():
+    assert terminal.fold("  source:  a.py:1 in f `k3 = x.exp() - 1`", 24) == [
+        "  source:  a.py:1 in f",
+        "      `k3 = x.exp() - 1`",
+    ]
+    assert terminal.fold("refused: /a/very/long/path/of/a/file.pt: no", 20) == [
+        "refused:",
+        "    /a/very/long/path/of/a/file.pt:",
+        "    no",
+    ]
+    assert terminal.fold("short", 20) == ["short"]
+
+
+def test_trace_fits_80_columns_and_loses_no_word(monkeypatch, capsys):
+    """Issue 42 item 2: trace printed lines of up to 286 columns whatever the terminal."""
+    reports = Path(__file__).resolve().parents[2] / "examples" / "reports"
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert main(["trace", str(reports)]) == 1
+    wide = capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["trace", str(reports)]) == 1
+    out = capsys.readouterr().out
+    assert max(len(line) for line in wide.splitlines()) > 120  # lines to fold
+    assert [line for line in out.splitlines() if len(line) > 80] == [] and out.split() == wide.split()
 
 
 def _env() -> dict:

@@ -21,6 +21,9 @@ from nanscope.cli.main import main
 from nanscope.trace.bundles import bundle_load
 from tests.trace.bundles.test_bundle_replay import write
 
+pytestmark = pytest.mark.usefixtures("wide_lines")  # trace's lines asserted whole
+
+
 HEALTHY = "rollout1_step0_rank2.bundle.pt"  # the hazard's bundle: its loss names the op (exit 1)
 
 
