@@ -57,7 +57,7 @@ def test_the_trace_output_shown_is_what_trace_prints(monkeypatch, capsys):
     from nanscope.cli.main import main
 
     readme = (ROOT / "README.md").read_text()
-    shown = readme[readme.index("```\nnanscope trace: examples/reports:") + 4 :].split("```")[0].splitlines()
+    shown = readme[readme.index("```\nloss: nanscope's model of slime") + 4 :].split("```")[0].splitlines()
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["trace", "examples/reports/"]) == 1
