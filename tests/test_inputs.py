@@ -94,11 +94,3 @@ def test_kernel_file_systems_are_refused_by_their_resolved_path(tmp_path):
             assert check_file(f.name, "dump") == 1
         finally:
             os.unlink(f.name)
-
-
-def test_a_count_agrees_with_its_noun():
-    """issue 42 item 9 ("1 nodes"): "1 bundles", "1 dumps" and "1 findings" were printed the same way."""
-    from nanscope.inputs import counted
-
-    assert [counted(n, "bundle") for n in (0, 1, 2, 2048)] == ["0 bundles", "1 bundle", "2 bundles", "2,048 bundles"]
-    assert counted(1, "other file") == "1 other file" and counted(3, "index", "indices") == "3 indices"

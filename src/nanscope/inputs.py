@@ -182,12 +182,6 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """`n` and its noun as a line says it: "1 bundle", "0 bundles", "2,048 samples" (`plural` where it is not
-    noun + "s")."""
-    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
-
-
 def shown(path: str | os.PathLike) -> str:
     """`path` as an error line shows it: as it is, or repr() of it if that is needed to keep the line one line."""
     text = os.fspath(path)

@@ -11,7 +11,8 @@ from nanscope.cli import trace_inputs
 from nanscope.errors import UserError
 from nanscope.facts import ranges
 from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
-from nanscope.inputs import MiB, counted, directory_files, printable, read_json, skipped_lines
+from nanscope.inputs import MiB, directory_files, printable, read_json, skipped_lines
+from nanscope.launch import words
 from nanscope.report import files, trace_dir
 from nanscope.trace.bundles import bundle_text
 from nanscope.trace.tracer import text as render
@@ -64,8 +65,8 @@ def run(args, say) -> int:
                 rows.append(_pt_row(path, args))
     if not rows and not refused:
         raise UserError(f"{root}: report directory: no bundle (*{BUNDLE_SUFFIX}), report or trace in it")
-    others = counted(len(rows) - len(replays), "other file")
-    say(printable(f"nanscope trace: {root}: {counted(len(replays), 'bundle')}, {others}"))
+    bundles, others = words.count(len(replays), "bundle"), words.count(len(rows) - len(replays), "other file")
+    say(printable(f"nanscope trace: {root}: {bundles}, {others}"))
     said = trace_dir.loss_lines(replays, args.slime_src) if replays else []
     for line in said + [line for _, line in sorted(rows, key=lambda row: row[0])]:
         say(printable(line))

@@ -6,7 +6,7 @@ from rich.table import Table
 
 from nanscope import case
 from nanscope.facts.numerics import FP32_EXP_MAX
-from nanscope.inputs import counted
+from nanscope.launch import words
 from nanscope.natural import NaturalCheck, differences, hook_log
 from nanscope.report import repro
 from nanscope.report.repro import outcome
@@ -26,7 +26,7 @@ def verdict(check: NaturalCheck) -> str:
     found = check.crossing
     where = f"; the {found['exp']}'s exp crossed {FP32_EXP_MAX:.2f} first, {_place(found)}" if found else ""
     warned = (
-        f"warned at step {check.warned[0]}, {counted(check.died_at - check.warned[0], 'step')} ahead"
+        f"warned at step {check.warned[0]}, {words.count(check.died_at - check.warned[0], 'step')} ahead"
         if check.warned and check.died_at
         else ("warned at step " + str(check.warned[0]) if check.warned else "NO warning")
     )

@@ -11,7 +11,8 @@ import numpy as np
 from nanscope.dumps.checks import KINDS
 from nanscope.dumps.result import HIST_HI, HIST_LO, ScanResult, hazard_count
 from nanscope.facts.numerics import FP32_EXP_MAX
-from nanscope.inputs import counted, printable
+from nanscope.inputs import printable
+from nanscope.launch import words
 from nanscope.report import files
 from nanscope.report.html import esc, page
 
@@ -339,6 +340,14 @@ def _directory_row(summary, root: str) -> tuple[str, ...]:
             str(summary.total), summary.would_nan, note)  # fmt: skip
 
 
+def files_samples_tokens(totals: dict) -> str:
+    """A directory's "3 dumps, 48 samples, 3,072 response tokens" (`directory_summary`'s totals)."""
+    return ", ".join(
+        words.count(totals[key], noun, grouped=True)
+        for key, noun in (("files", "dump"), ("num_samples", "sample"), ("response_tokens", "response token"))
+    )
+
+
 def _count(cell: str, noun: str) -> str:
     """A row's count cell with its noun: "1 sample", "1,024 tokens"."""
     return f"{cell} {noun}" + ("" if cell == "1" else "s")
@@ -380,8 +389,8 @@ def render_directory(summaries: list, console, root: str) -> None:
     totals = directory_summary(summaries)
     verdicts = totals["would_nan"]
     console.print(
-        f"{counted(totals['files'], 'dump')}, {counted(totals['num_samples'], 'sample')}, "
-        f"{counted(totals['response_tokens'], 'response token')}: would produce NaN: {verdicts['yes']} yes, {verdicts['possibly']} possibly, {verdicts['no']} no; "
+        f"{files_samples_tokens(totals)}: would produce NaN: {verdicts['yes']} yes, {verdicts['possibly']} possibly, "
+        f"{verdicts['no']} no; "
         f"{totals['failed']} failed; {totals['total']:,} findings",
         highlight=False,
         markup=False,

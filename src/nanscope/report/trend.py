@@ -13,10 +13,9 @@ import os
 from dataclasses import dataclass
 
 from nanscope.dumps.trend import METRICS, SERIES
-from nanscope.inputs import counted
 from nanscope.report import files
 from nanscope.report.html import esc, page
-from nanscope.report.scan import directory_summary, fmt_value
+from nanscope.report.scan import directory_summary, files_samples_tokens, fmt_value
 
 RED = "#b00020"
 
@@ -283,8 +282,7 @@ def render_directory_html(summaries: list, root: str, trend: dict) -> str:
     totals = directory_summary(summaries)
     verdicts = totals["would_nan"]
     line = (
-        f"{counted(totals['files'], 'dump')}, {counted(totals['num_samples'], 'sample')}, "
-        f"{counted(totals['response_tokens'], 'response token')}: "
+        f"{files_samples_tokens(totals)}: "
         f"would produce NaN: {verdicts['yes']} yes, {verdicts['possibly']} possibly, {verdicts['no']} no; "
         f"{totals['failed']} failed; {totals['total']:,} findings"
     )
