@@ -67,7 +67,6 @@ def test_a_slime_launch_refuses_the_same_values_in_one_line(tmp_path, capsys):
     ]
 
 
-
 def test_a_megatron_lm_launch_gives_its_layer_split_from_its_own_flags(tmp_path, capsys):
     """Before: `pretrain_gpt.py --num-layers 4` said "num-layers unknown: pass --model JSON or --model-args FILE";
     a split Megatron refuses is said, and the layout (and the experts per rank) kept."""
@@ -83,6 +82,7 @@ def test_a_megatron_lm_launch_gives_its_layer_split_from_its_own_flags(tmp_path,
         "model sizes not used (--num-layers 5 --num-experts 8): num-layers(5) % pp(2) = 1 != 0: Megatron splits the "
         "layers evenly over the pipeline stages (uneven: --decoder-first/last-pipeline-num-layers)"
     ]
+
 
 VERL_CUT = """export CUDA_VISIBLE_DEVICES=1,2,3,4,5,6,7
 python3 -m verl.trainer.main_ppo \\

@@ -159,6 +159,11 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     if script.pasted:
         launch.notes.append(script.pasted)
     launch.notes += script.read_as
+    launch.notes += [  # what it sets is not in the flags read (a slime launch's say so too: launch.notes.input_notes)
+        f"line {source.line}: source {source.path}: {source.reason}; the variables it sets are unknown (pass --env NAME=VALUE)"
+        for source in script.sources
+        if source.status == "missing"
+    ]
     _deepspeed_config(launch, view)
     _world(launch, script)
     _visible_devices(launch, script)
