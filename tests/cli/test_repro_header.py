@@ -36,7 +36,7 @@ def test_the_matrix_keeps_every_hazard_name_whole_at_any_width():
         lines = console.export_text().splitlines()
         assert max(map(len, lines)) <= width
         table_row = [line for line in lines if "│ moe-zero-token-expert " in line]
-        assert (lines.count("moe-zero-token-expert"), len(table_row)) == ((1, 0) if width == 80 else (0, 1))
+        assert (lines.count("hazard moe-zero-token-expert"), len(table_row)) == ((1, 0) if width == 80 else (0, 1))
         assert ("  as-is (slime v0.1.0): completed" in lines) is (width == 80)  # 88 columns keep every word whole
 
 

@@ -1,5 +1,6 @@
 """A table that keeps every word whole: rich's Table where each column fits its longest word, else each row as a
-block of lines (its first cell, then `column: value` below it, indented), as scan's narrow listing does.
+block of lines (its first column and cell, `hazard kl-exp-overflow`, then `column: value` below it, indented), as
+scan's narrow listing does.
 
     table.render("nanscope repro: ...", ("hazard", "as-is (slime v0.1.0)", ...), rows, console)
 
@@ -53,7 +54,7 @@ def render(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]], co
         return
     console.print(title, highlight=False, markup=False)
     for first, *cells in rows:
-        console.print(Text.from_markup(first), highlight=False)
+        console.print(Text(f"{columns[0]} " if columns[0] else "") + Text.from_markup(first), highlight=False)
         for column, cell in zip(columns[1:], cells, strict=True):
             if Text.from_markup(cell).plain:
                 console.print(Padding(Text(f"{column}: ") + Text.from_markup(cell), (0, 0, 0, 2), expand=False))
