@@ -164,6 +164,16 @@ def test_write_demos_path_is_cleaned_of_controls(tmp_path, monkeypatch, capsys):
     assert "\x1b" not in out and "\x9d" not in out and "\x07" not in out
     assert out.splitlines()[0].startswith("wrote rollout dump 'd\\x1b]52;c;aGk=\\x07\\x9d.pt' (rollout 12,")
     assert out.splitlines()[-1] == "now run: nanscope scan 'd\\x1b]52;c;aGk=\\x07\\x9d.pt'"
+    # its trend page: the path was in the chart's tooltips raw (ESC, BEL, C1)
+    assert main(["scan", ".", "--workers", "1", "--html", "t.html", "--quiet"]) == 1
+    page = (tmp_path / "t.html").read_text()
+    assert "d\\x1b]52;c;aGk=\\x07\\x9d.pt" in page and not any(c in page for c in "\x1b\x07\x9d")
+
+
+def test_html_text_keeps_its_newlines_and_loses_its_controls():
+    from nanscope.report.html import esc
+
+    assert esc("a<b>\n\x1b[2J\x9b'\t") == "a&lt;b&gt;\n\\x1b[2J\\x9b&#x27;\\t"
 
 
 def _shell(script: str) -> subprocess.CompletedProcess:
