@@ -12,6 +12,7 @@ import pytest
 
 from nanscope.cli import help, terminal
 from nanscope.cli.main import COMMANDS, main
+from nanscope.report import text
 from nanscope.slime_plugin.settings import Settings
 
 
@@ -96,16 +97,16 @@ def test_every_help_fits_80_columns(command):
 
 
 def test_a_plain_line_folds_between_words_indented_and_keeps_a_long_word_whole():
-    assert terminal.fold("  source:  a.py:1 in f `k3 = x.exp() - 1`", 24) == [
+    assert text.fold("  source:  a.py:1 in f `k3 = x.exp() - 1`", 24) == [
         "  source:  a.py:1 in f",
         "      `k3 = x.exp() - 1`",
     ]
-    assert terminal.fold("refused: /a/very/long/path/of/a/file.pt: no", 20) == [
+    assert text.fold("refused: /a/very/long/path/of/a/file.pt: no", 20) == [
         "refused:",
         "    /a/very/long/path/of/a/file.pt:",
         "    no",
     ]
-    assert terminal.fold("short", 20) == ["short"]
+    assert text.fold("short", 20) == ["short"]
 
 
 def test_trace_fits_80_columns_and_loses_no_word(monkeypatch, capsys):

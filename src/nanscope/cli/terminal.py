@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
-import textwrap
+
+from nanscope.report.text import folded
 
 PIPED_WIDTH = 100  # columns when the output is no terminal and COLUMNS is unset
 MIN_WIDTH = 20  # a narrower COLUMNS or terminal is taken as this: a table needs a few columns per column
@@ -40,25 +41,12 @@ def console(*, stderr: bool = False, **options):
     return Console(stderr=stderr, width=width(sys.stderr if stderr else sys.stdout), **options)
 
 
-def fold(line: str, columns: int) -> list[str]:
-    """`line` as lines of at most `columns`, broken between words, each after the first indented 4 past the line's
-    own indent (a word wider than that stays whole: a path is never cut)."""
-    if len(line) <= columns:
-        return [line]
-    indent = line[: len(line) - len(line.lstrip(" "))]
-    more = indent + "    " if len(indent) + 4 <= columns // 2 else "    "
-    wrapper = textwrap.TextWrapper(
-        columns, initial_indent=indent, subsequent_indent=more, break_long_words=False, break_on_hyphens=False
-    )
-    return wrapper.wrap(line.lstrip(" ")) or [line]
-
-
 def printer(stream=None):
     """A print for plain text lines to `stream` (default stdout): each line of what it is given folded at `width()`."""
 
     def say(text: str) -> None:
         out = sys.stdout if stream is None else stream
         columns = width(out)
-        print("\n".join(piece for line in str(text).split("\n") for piece in fold(line, columns)), file=out)
+        print(folded(str(text), columns), file=out)
 
     return say
