@@ -33,6 +33,24 @@ def test_the_width_is_columns_else_the_terminal_else_100():
     assert terminal.width(_Tty(), {}) == 100  # a terminal whose size cannot be read
 
 
+def test_a_terminals_width_is_its_own():
+    """An 80-column terminal (a pty whose window is 80 wide), COLUMNS unset: 80."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+        with os.fdopen(os.dup(slave), "w") as stream:
+            assert terminal.width(stream, {}) == 80 and terminal.width(stream, {"COLUMNS": "120"}) == 120
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
 def test_help_lays_out_prose_and_examples_at_the_width():
     text = (
         "examples:\n"
