@@ -17,11 +17,7 @@ from tests.verl_plugin import worker  # noqa: E402
 
 from nanscope.cli.main import main  # noqa: E402
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(900),
-    pytest.mark.usefixtures("wide_lines"),
-]  # the third: trace read whole
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
