@@ -44,6 +44,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(line, red=True, bold=True)
 
 
+@pytest.fixture
+def wide_lines(monkeypatch):
+    """Output wider than any line a test asserts whole (trace's are folded at the terminal's width, else 100 columns:
+    tests/cli/test_terminal.py checks the fold)."""
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
 class _Stop:
     """A stop signal to the test run (SIGTERM, SIGHUP, SIGINT): the run stops, also when the signal arrived while a
     harness launch held it (its launcher hands it on once its processes are gone: proctree.StopSignals)."""

@@ -49,3 +49,17 @@ def test_the_exit_code_row_of_trace_is_what_trace_exits():
                         "or report directory) |")  # fmt: skip
     assert main(["trace", "--hazard", "kl-exp-overflow"]) == 0  # the cause in the loss, shown, exit 0
     assert main(["trace", str(ROOT / "examples" / "reports")]) == 1  # a report directory whose loss names it
+
+
+def test_the_trace_output_shown_is_what_trace_prints(monkeypatch, capsys):
+    """The README's step 4 shows `nanscope trace examples/reports/` as it prints, piped (100 columns): each line
+    shown (but `...`) is one of its lines."""
+    from nanscope.cli.main import main
+
+    readme = (ROOT / "README.md").read_text()
+    shown = readme[readme.index("```\nloss: nanscope's model of slime") + 4 :].split("```")[0].splitlines()
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["trace", "examples/reports/"]) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert len(shown) > 5 and [line for line in shown if line != "..." and line not in printed] == []

@@ -67,6 +67,23 @@ def test_a_slime_launch_refuses_the_same_values_in_one_line(tmp_path, capsys):
     ]
 
 
+def test_a_megatron_lm_launch_gives_its_layer_split_from_its_own_flags(tmp_path, capsys):
+    """Before: `pretrain_gpt.py --num-layers 4` said "num-layers unknown: pass --model JSON or --model-args FILE";
+    a split Megatron refuses is said, and the layout (and the experts per rank) kept."""
+    launch = "torchrun --nproc_per_node 8 pretrain_gpt.py --pipeline-model-parallel-size 2 --num-layers {} "
+    launch += "--num-experts 8 --expert-model-parallel-size 4\n"
+    code, doc, out = _doctor(tmp_path, capsys, launch.format(4))
+    assert code == 0 and "num-layers unknown" not in out, out
+    assert [s["layers"] for s in doc["topology"]["stages"]] == [[0, 1], [2, 3]]
+    assert doc["topology"]["experts_per_ep_rank"] == 2
+    code, doc, out = _doctor(tmp_path, capsys, launch.format(5))
+    assert code == 0 and doc["topology"]["stages"] is None and doc["topology"]["experts_per_ep_rank"] == 2
+    assert [n for n in doc["notes"] if "layer" in n] == [
+        "model sizes not used (--num-layers 5 --num-experts 8): num-layers(5) % pp(2) = 1 != 0: Megatron splits the "
+        "layers evenly over the pipeline stages (uneven: --decoder-first/last-pipeline-num-layers)"
+    ]
+
+
 VERL_CUT = """export CUDA_VISIBLE_DEVICES=1,2,3,4,5,6,7
 python3 -m verl.trainer.main_ppo \\
     algorithm.adv_estimator=grpo \\

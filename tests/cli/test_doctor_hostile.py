@@ -123,6 +123,20 @@ def test_a_sourced_device_fifo_or_directory_is_said_to_be_one(tmp_path, capsys):
         )
 
 
+def test_a_source_another_frameworks_launch_could_not_read_is_said(tmp_path, capsys):
+    """Before: a Megatron-LM or unknown launch's unread `source` went without a word (a slime launch's is said)."""
+    script = tmp_path / "launch.sh"
+    script.write_text("source /dev/zero\nsource nothere.sh\ntorchrun pretrain_gpt.py --num-layers 4\n")
+    assert main(["doctor", str(script), "--json", str(tmp_path / "d.json")]) == 0
+    notes = json.loads((tmp_path / "d.json").read_text())["notes"]
+    assert notes[:2] == [
+        "line 1: source /dev/zero: a character device, not a file: not read; the variables it sets are unknown (pass "
+        "--env NAME=VALUE)",
+        "line 2: source nothere.sh: not found; the variables it sets are unknown (pass --env NAME=VALUE)",
+    ]
+    assert "line 2: source nothere.sh: not found" in capsys.readouterr().out
+
+
 # A line of each class that was not linear, at about 1 MB: a hang check (10 CPU seconds, where a linear reader
 # takes well under one), not a speed assertion.
 CRAFTED = {

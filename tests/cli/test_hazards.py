@@ -55,7 +55,9 @@ def test_hazards_cli_json(tmp_path, capsys):
     assert rows["kl-exp-overflow"]["safe_finite"] is True
     immune = {c["name"]: c for c in doc["immune"]}
     assert immune["singleton-group"]["evidence"][0] == "slime/utils/arguments.py:996 (slime v0.1.0)"
-    text = " ".join(capsys.readouterr().out.split())  # undo the terminal's line wrapping
+    captured = capsys.readouterr()
+    assert captured.err == f"nanscope hazards: wrote {out} (--json)\n"  # issue 42 item 2: it says where
+    text = " ".join(captured.out.split())  # undo the terminal's line wrapping
     assert "kl-exp-overflow" in text and "causes slime v0.1.0 is immune to" in text
     assert "clamps it to [tis_clip_low, tis_clip] after the exp" in text  # markup escaped, not eaten
     assert "Planted: decoder.layers.3.mlp.experts.local_experts.5:zero-tokens:nan. The fix lives in the kernel" in text

@@ -147,3 +147,7 @@ def test_a_run_that_never_crossed_says_so_and_exits_1(tmp_path, capsys, monkeypa
         "nan_guard/exp_overflow 0 tokens, NO warning"
     )
     assert "as-is: completed in 3 steps" in text
+    monkeypatch.setenv("COLUMNS", "80")  # issue 42: the ten-column series table cut its words mid-word at 80
+    assert main(["repro", "--natural", "--seed", "5", "--steps", "3"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 80 and lines.index("step 1") + 5 == lines.index("  on tool tokens: mean: 2.00")

@@ -129,3 +129,23 @@ def test_the_plugins_report_dir_is_checked_before_the_run(checkout, tmp_path, wh
     assert main(["repro", "--slime-src", str(checkout), "--plugin", "--report-dir", str(path)]) == 2
     want = message.format(path=path, tmp=tmp_path)
     assert capsys.readouterr().err == f"nanscope repro: error: {want}\n"
+
+
+def test_its_plain_lines_fold_at_the_console_width(capsys):
+    """Issue 42: in an 80-column terminal no line of repro's is wider; --slime-src's lines (the flags kept, patched,
+    an error) were printed whole, hundreds of columns."""
+    import io
+
+    from rich.console import Console
+
+    from nanscope.report import slime_repro as report
+    from nanscope.slime_repro import SlimeRepro
+    from nanscope.slime_train.run import Result, Sources
+
+    error = "prepare failed: " + " ".join(f"word{i}" for i in range(60))
+    result = Result(release="v0.1.0", site=(3, 15), patched=[f"torch.cuda.patch_{i}" for i in range(12)],
+                    prepare_s=1.0, ray_s=None, wall_s=2.0, launches=[], error=error)  # fmt: skip
+    rep = SlimeRepro(result=result, sources=Sources(slime=Path("/x/slime"), megatron_lm=None), hazard="kl-exp-overflow")
+    report.render(rep, Console(width=80, file=io.StringIO()))
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80 and " ".join(out.split()).count(error) == 1

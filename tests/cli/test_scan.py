@@ -282,7 +282,7 @@ def test_a_directory_says_what_it_skipped_and_a_kernel_directory_is_refused(tmp_
     (tmp_path / "15.pt").mkdir()
     os.symlink("missing.pt", tmp_path / "16.pt")
     rc, out, err = run(capsys, str(tmp_path), "--workers", "1")
-    assert rc == 1 and "\n1 dumps, 16 samples" in out
+    assert rc == 1 and "\n1 dump, 16 samples" in out
     assert err == "".join(
         f"nanscope scan: skipped {tmp_path}/{name}: {what}, not a regular file\n"
         for name, what in (("13.pt", "a FIFO"), ("14.pt", "a link to a character device"), ("15.pt", "a directory"),

@@ -6,11 +6,13 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from nanscope.cli import help, terminal
 from nanscope.cli.main import COMMANDS, main
+from nanscope.report import text
 from nanscope.slime_plugin.settings import Settings
 
 
@@ -29,6 +31,24 @@ def test_the_width_is_columns_else_the_terminal_else_100():
     for junk in ("", "wide", "٨٠", "-80", "1e3", "999999"):
         assert terminal.width(io.StringIO(), {"COLUMNS": junk}) == 100, junk
     assert terminal.width(_Tty(), {}) == 100  # a terminal whose size cannot be read
+
+
+def test_a_terminals_width_is_its_own():
+    """An 80-column terminal (a pty whose window is 80 wide), COLUMNS unset: 80."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+        with os.fdopen(os.dup(slave), "w") as stream:
+            assert terminal.width(stream, {}) == 80 and terminal.width(stream, {"COLUMNS": "120"}) == 120
+    finally:
+        os.close(master)
+        os.close(slave)
 
 
 def test_help_lays_out_prose_and_examples_at_the_width():
@@ -55,12 +75,69 @@ def test_help_lays_out_prose_and_examples_at_the_width():
     ]
 
 
+def test_help_lays_out_a_definition_beside_its_term_or_below_it():
+    """trace's `Input, one of:` list was broken like a shell command, a ` \\` at the end of each line."""
+    text = (
+        "Input, one of:\n"
+        "  FILE.pt        a micro-batch file written by replay.save_microbatch (batch, logits,\n"
+        "                 args), or a bundle.\n"
+        "  --hazard NAME  a catalogued hazard.\n"
+        "  nanscope trace x.pt  # an example\n"
+    )
+    assert help.layout(text, 50) == [
+        "Input, one of:",
+        "  FILE.pt        a micro-batch file written by",
+        "                 replay.save_microbatch (batch,",
+        "                 logits, args), or a bundle.",
+        "  --hazard NAME  a catalogued hazard.",
+        "  nanscope trace x.pt  # an example",
+    ]
+    assert help.layout(text, 30)[1:9] == [
+        "  FILE.pt",
+        "      a micro-batch file",
+        "      written by",
+        "      replay.save_microbatch",
+        "      (batch, logits, args),",
+        "      or a bundle.",
+        "  --hazard NAME",
+        "      a catalogued hazard.",
+    ]
+
+
 @pytest.mark.parametrize("command", ("",) + COMMANDS)
 def test_every_help_fits_80_columns(command):
     env = {"COLUMNS": "80", "PATH": "/usr/bin:/bin"}
     argv = [sys.executable, "-m", "nanscope.cli.main", *([command] if command else []), "--help"]
     out = subprocess.run(argv, capture_output=True, text=True, env={**_env(), **env}, timeout=60).stdout
     assert out.count("\n") > 5 and [line for line in out.splitlines() if len(line) > 80] == []
+    continued = [line for line in out.splitlines() if line.endswith(" \\")]
+    assert [line for line in continued if "nanscope " not in line] == []  # only an example's command is continued
+
+
+def test_a_plain_line_folds_between_words_indented_and_keeps_a_long_word_whole():
+    assert text.fold("  source:  a.py:1 in f `k3 = x.exp() - 1`", 24) == [
+        "  source:  a.py:1 in f",
+        "      `k3 = x.exp() - 1`",
+    ]
+    assert text.fold("refused: /a/very/long/path/of/a/file.pt: no", 20) == [
+        "refused:",
+        "    /a/very/long/path/of/a/file.pt:",
+        "    no",
+    ]
+    assert text.fold("short", 20) == ["short"]
+
+
+def test_trace_fits_80_columns_and_loses_no_word(monkeypatch, capsys):
+    """Issue 42 item 2: trace printed lines of up to 286 columns whatever the terminal."""
+    reports = Path(__file__).resolve().parents[2] / "examples" / "reports"
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert main(["trace", str(reports)]) == 1
+    wide = capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["trace", str(reports)]) == 1
+    out = capsys.readouterr().out
+    assert max(len(line) for line in wide.splitlines()) > 120  # lines to fold
+    assert [line for line in out.splitlines() if len(line) > 80] == [] and out.split() == wide.split()
 
 
 def _env() -> dict:
@@ -106,6 +183,16 @@ def test_write_demos_path_is_cleaned_of_controls(tmp_path, monkeypatch, capsys):
     assert "\x1b" not in out and "\x9d" not in out and "\x07" not in out
     assert out.splitlines()[0].startswith("wrote rollout dump 'd\\x1b]52;c;aGk=\\x07\\x9d.pt' (rollout 12,")
     assert out.splitlines()[-1] == "now run: nanscope scan 'd\\x1b]52;c;aGk=\\x07\\x9d.pt'"
+    # its trend page: the path was in the chart's tooltips raw (ESC, BEL, C1)
+    assert main(["scan", ".", "--workers", "1", "--html", "t.html", "--quiet"]) == 1
+    page = (tmp_path / "t.html").read_text()
+    assert "d\\x1b]52;c;aGk=\\x07\\x9d.pt" in page and not any(c in page for c in "\x1b\x07\x9d")
+
+
+def test_html_text_keeps_its_newlines_and_loses_its_controls():
+    from nanscope.report.html import esc
+
+    assert esc("a<b>\n\x1b[2J\x9b'\t") == "a&lt;b&gt;\n\\x1b[2J\\x9b&#x27;\\t"
 
 
 def _shell(script: str) -> subprocess.CompletedProcess:

@@ -3,12 +3,15 @@
 import inspect
 import json
 
+import pytest
 import torch
 
 from nanscope import case, hazards
 from nanscope.cli.main import main
 from nanscope.loss import formulas
 from nanscope.trace.tracer import replay
+
+pytestmark = pytest.mark.usefixtures("wide_lines")  # trace's lines asserted whole
 
 
 def _exp_line(fn) -> int:

@@ -21,6 +21,9 @@ from nanscope.cli.main import main
 from nanscope.trace.bundles import bundle_load
 from tests.trace.bundles.test_bundle_replay import write
 
+pytestmark = pytest.mark.usefixtures("wide_lines")  # trace's lines asserted whole
+
+
 HEALTHY = "rollout1_step0_rank2.bundle.pt"  # the hazard's bundle: its loss names the op (exit 1)
 
 
@@ -72,7 +75,7 @@ def test_one_bad_file_is_one_refused_line_and_every_other_file_is_still_replayed
     assert main(["trace", str(tmp_path), "--json", str(tmp_path / "t.json")]) == 1  # the hazard's bundle names it
     out, err = capsys.readouterr()
     lines = [_pid_free(line) for line in out.splitlines()]
-    assert lines[0] == f"nanscope trace: {tmp_path}: 1 bundles, 0 other files"
+    assert lines[0] == f"nanscope trace: {tmp_path}: 1 bundle, 0 other files"
     assert lines[1].startswith("loss: nanscope's model of slime v0.1.0 ")
     assert lines[2].startswith("rollout 1 step 0, rank 2 (pp 1, tp 0, cp 0 of 1, dp 0 of 1): aten.exp.default at ")
     assert lines[3].startswith("with the guard ") and lines[4].startswith("verdict (rollout 1 step 0, rank 2): ")
@@ -123,7 +126,7 @@ def test_the_default_report_directory_is_read_under_its_old_spelling_too(tmp_pat
     assert main(["trace", "nanscope_reports"]) == 1
     out, err = capsys.readouterr()
     assert err == "nanscope trace: nanscope_reports: missing; reading nanscope-reports, its old spelling\n"
-    assert out.splitlines()[0] == "nanscope trace: nanscope-reports: 1 bundles, 0 other files"
+    assert out.splitlines()[0] == "nanscope trace: nanscope-reports: 1 bundle, 0 other files"
 
 
 def test_a_bug_one_file_hits_is_its_refused_line_not_the_end_of_the_listing(tmp_path, capsys, monkeypatch):

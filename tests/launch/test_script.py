@@ -241,9 +241,10 @@ def test_caps_keep_the_value_as_text_and_the_rest_reads(tmp_path):
 
 @pytest.mark.parametrize(("left", "right"), [("$(", ")"), ("$((", "))"), ("${A:-", "}"), ("$(echo ", ")")])
 def test_nesting_past_the_cap_is_kept_as_text(tmp_path, left, right):
-    start = time.perf_counter()
+    start = time.process_time()
     value, _ = _x(tmp_path, f'X="{left * 5000}1{right * 5000}"\n')
-    assert value.startswith(left * 3) and value.endswith("...") and time.perf_counter() - start < 2
+    assert value.startswith(left * 3) and value.endswith("...")
+    assert time.process_time() - start < 10  # a hang check (CPU s), not a speed: the cap makes it well under 1
     assert _x(tmp_path, f'X="{left * 20}1{right * 20}"\n')[1] == []  # 20 deep reads
 
 

@@ -124,7 +124,7 @@ def test_a_1mb_adversarial_line_parses_in_linear_time(line):
         parse_traceback(text)
     except UserError:
         pass
-    assert time.process_time() - start < 1.0
+    assert time.process_time() - start < 10  # a hang check (cubic took minutes), not a speed: linear is well under 1
 
 
 def test_a_number_no_megatron_prints_is_one_user_error():

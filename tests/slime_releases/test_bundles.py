@@ -17,6 +17,8 @@ import pytest
 from nanscope.cli.main import main
 from tests.checkouts import RELEASES, SLIME_SRC, slime_release
 
+pytestmark = pytest.mark.usefixtures("wide_lines")  # trace's lines asserted whole
+
 WORKER = Path(__file__).with_name("bundle_worker.py")
 KEYS = ("op", "source", "node", "sample", "token", "masked")
 

@@ -26,7 +26,7 @@ SRC = checkouts.SLIME_SRC
 LM = checkouts.MEGATRON_LM_SRC
 RUN_TIMEOUT_S = 1800  # one run: prepare, Ray, one or two train.py launches (about 1-4 min each on 2 idle cores)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("wide_lines")]  # the second: trace's lines asserted whole
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,10 @@ import pytest
 from nanscope.cli.main import main
 from tests.verl import harness, plugin
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.usefixtures("wide_lines"),
+]  # the second: trace's lines asserted whole
 
 
 def test_c_a_layer_faulty_on_every_pass_raises_on_every_rank_with_a_reproducible_report(tmp_path, model, capsys):

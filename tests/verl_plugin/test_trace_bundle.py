@@ -15,6 +15,8 @@ import torch  # noqa: E402
 from nanscope.cli.main import main  # noqa: E402
 from nanscope.trace.bundles.verl_bundle import FORMAT  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("wide_lines")  # trace's lines asserted whole
+
 
 def _bundle(tmp_path, *, log_prob=None, old=None, mode="vanilla", loss_mode="nanscope"):
     g = torch.Generator().manual_seed(0)

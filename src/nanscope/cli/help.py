@@ -7,12 +7,14 @@ A description or epilog is written once, at any width; `Formatter` lays it out a
 `COLUMNS`, else the terminal's, else 80): a paragraph of prose is refilled; an indented example line
 (`  nanscope scan x.pt   # what it shows`, and comment lines under it that continue its comment) keeps its
 command whole where it fits, else breaks it between words with a shell continuation (` \\`), and its comment goes
-on the lines below when the two do not fit on one.
+on the lines below when the two do not fit on one. A definition (`  TERM  what it is`, its further lines indented to
+the column its text starts at) is refilled beside its term, or below it, indented, where the term is wide.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import textwrap
 
 from nanscope.inputs import printable
@@ -25,6 +27,9 @@ def _split(line: str) -> tuple[str, str, str]:
     head, sep, tail = line.partition(" # ")
     return head, sep, tail
 
+
+# `  TERM  what it is` (a word, or an option and its metavar: `--hazard NAME`), not an example's `command  # ...`
+_DEFINITION = re.compile(r"(?P<term>\S+(?: [A-Z][A-Z_.|]*)?)(?P<gap> {2,})(?!#)\S")
 
 _MORE = "    "  # the indent of an example's continuation lines, past its own
 
@@ -49,6 +54,7 @@ def layout(text: str, width: int) -> list[str]:
     lines: list[str] = []
     prose: list[str] = []
     example: list[str] | None = None  # [indent, command, comment] of the example being read
+    definition: list = []  # [indent, term, column its text starts at, [text, ...]] of the definition being read
 
     def flush() -> None:
         nonlocal example
@@ -58,13 +64,23 @@ def layout(text: str, width: int) -> list[str]:
         if example is not None:
             lines.extend(_example(*example, width))
             example = None
+        if definition:
+            lines.extend(_definition(*definition, width))
+            definition.clear()
 
     for raw in text.strip("\n").splitlines():
         stripped = raw.strip()
         indent = raw[: len(raw) - len(raw.lstrip())]
+        term = _DEFINITION.match(stripped) if indent else None
         if not stripped:
             flush()
             lines.append("")
+        elif definition and len(indent) == definition[2]:  # the definition's text, continued
+            definition[3].append(stripped)
+        elif term:
+            flush()
+            column = len(indent) + term.end("gap")
+            definition[:] = [indent, term["term"], column, [stripped[term.end("gap") :]]]
         elif not indent:
             if example is not None:
                 flush()
@@ -77,6 +93,20 @@ def layout(text: str, width: int) -> list[str]:
             example = [indent, command.strip(), comment.strip()]
     flush()
     return lines
+
+
+def _definition(indent: str, term: str, column: int, text: list[str], width: int) -> list[str]:
+    """`TERM  text` with the text refilled in the column it started at; where that leaves it under half the width,
+    the term alone and the text below it, indented past the term's indent."""
+    if column > width // 2:
+        lead, column = [indent + term], len(indent) + len(_MORE)
+    else:
+        lead = []
+    first = (indent + term).ljust(column) if not lead else " " * column
+    wrapper = textwrap.TextWrapper(
+        width, initial_indent=first, subsequent_indent=" " * column, break_long_words=False, break_on_hyphens=False
+    )
+    return lead + wrapper.wrap(" ".join(text))
 
 
 def _example(indent: str, command: str, comment: str, width: int) -> list[str]:

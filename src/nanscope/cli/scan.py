@@ -18,6 +18,7 @@ from nanscope.dumps.limits import MAX_DUMP_MB, MAX_SAMPLE_TOKENS, Limits
 from nanscope.errors import UserError
 from nanscope.facts import releases
 from nanscope.inputs import MiB, printable, skipped_lines
+from nanscope.launch import words
 from nanscope.megatron import proctree, ray_session
 from nanscope.report import files
 
@@ -436,7 +437,7 @@ def _file_lines(lines: progress.Lines, total: int):
         if summary.error or summary.errors:
             what = "failed"
         else:
-            what = f"{summary.total} findings, would produce NaN: {summary.would_nan}"
+            what = f"{words.count(summary.total, 'finding', grouped=True)}, would produce NaN: {summary.would_nan}"
         lines(f"file {count} of {total}: {files.shown(summary.path)}: {what}")
 
     return done

@@ -2,6 +2,7 @@
 
     console = terminal.console()                 # stdout
     bar_console = terminal.console(stderr=True)  # progress and notes
+    say = terminal.printer()                     # plain lines (trace's), folded at the width
 
 The width: `COLUMNS` when it is a number (as argparse's help and Python's shutil take it), else the terminal's
 when the stream is one, else `PIPED_WIDTH` (a file, a pipe, CI's log). Rich wraps every line at that width, long
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
+
+from nanscope.report.text import folded
 
 PIPED_WIDTH = 100  # columns when the output is no terminal and COLUMNS is unset
 MIN_WIDTH = 20  # a narrower COLUMNS or terminal is taken as this: a table needs a few columns per column
@@ -36,3 +39,14 @@ def console(*, stderr: bool = False, **options):
     from rich.console import Console  # heavy: rich, which `nanscope --help` never needs
 
     return Console(stderr=stderr, width=width(sys.stderr if stderr else sys.stdout), **options)
+
+
+def printer(stream=None):
+    """A print for plain text lines to `stream` (default stdout): each line of what it is given folded at `width()`."""
+
+    def say(text: str) -> None:
+        out = sys.stdout if stream is None else stream
+        columns = width(out)
+        print(folded(str(text), columns), file=out)
+
+    return say

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from nanscope import case
 from nanscope.causes import catalogue
-from nanscope.cli import help, numbers, trace_directory, trace_inputs
+from nanscope.cli import help, numbers, terminal, trace_directory, trace_inputs
 from nanscope.errors import UserError
 from nanscope.facts.paths import BUNDLE_SUFFIX, OLD_REPORT_DIRS, REPORT_DIR
 from nanscope.inputs import fill_template, printable
@@ -195,7 +195,7 @@ def _bundle(args) -> int:
     doc = bundle_load.load(args.file, trace_inputs.limit(args), "--max-input-mb", other=verl_bundle.is_verl)
     if verl_bundle.is_verl(doc):  # nanscope.verl_plugin's: through the installed verl's ppo_loss
         save = (lambda d: files.write_json(args.json, {"source": args.file, "verl_bundle": d})) if args.json else None
-        return verl_bundle.main(args.file, verl_bundle.checked(args.file, doc), show=lambda t: print(printable(t)),
+        return verl_bundle.main(args.file, verl_bundle.checked(args.file, doc), show=lambda t: _printer()(printable(t)),
                                 save=save)  # fmt: skip
     with bundle_replay.loss_path(doc, args.slime_src) as path:
         rollout = trace_inputs.rollout(args, doc)
@@ -215,9 +215,9 @@ def _bundle(args) -> int:
 
 
 def _printer():
-    """stdout, one line a call: trace's lines are one per rank and step, whole (grep, tests/cli/test_trace*.py);
-    not yet laid out at the terminal's width (`cli.terminal`), as the other commands are."""
-    return print
+    """stdout at the terminal's width (`cli.terminal`, as the other commands): a line longer than that, a rank's and
+    step's or a source line's, goes on below it, indented."""
+    return terminal.printer()
 
 
 def _microbatch(args) -> int:

@@ -12,6 +12,7 @@ from nanscope.errors import UserError
 from nanscope.facts import ranges
 from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
 from nanscope.inputs import MiB, directory_files, printable, read_json, skipped_lines
+from nanscope.launch import words
 from nanscope.report import files, trace_dir
 from nanscope.trace.bundles import bundle_text
 from nanscope.trace.tracer import text as render
@@ -64,7 +65,8 @@ def run(args, say) -> int:
                 rows.append(_pt_row(path, args))
     if not rows and not refused:
         raise UserError(f"{root}: report directory: no bundle (*{BUNDLE_SUFFIX}), report or trace in it")
-    say(printable(f"nanscope trace: {root}: {len(replays)} bundles, {len(rows) - len(replays)} other files"))
+    bundles, others = words.count(len(replays), "bundle"), words.count(len(rows) - len(replays), "other file")
+    say(printable(f"nanscope trace: {root}: {bundles}, {others}"))
     said = trace_dir.loss_lines(replays, args.slime_src) if replays else []
     for line in said + [line for _, line in sorted(rows, key=lambda row: row[0])]:
         say(printable(line))

@@ -42,7 +42,7 @@ from nanscope.launch.script import LaunchScript, NotALaunch, parse_script
 from nanscope.launch.script.bounds import INPUT_LIMIT, OPTION
 from nanscope.launch.script.interpreter import NotBash
 from nanscope.launch.summary import summarize
-from nanscope.launch.topology import build
+from nanscope.launch.topology import LAYERS_UNKNOWN, build
 from nanscope.launch.tracebacks import Traceback, read_traceback
 from nanscope.launch.words import count
 
@@ -376,11 +376,28 @@ def _foreign_layout(launch: Foreign, rank: int | None):
             argv += [flag, str(sizes[size])]
     if (sizes.get("vpp") or 1) > 1:
         argv += ["--num-virtual-stages-per-pipeline-rank", str(sizes["vpp"])]
+    for model in _model_flags(launch.model):  # with the model's sizes, else without those Megatron would refuse
+        try:
+            layout = build(resolve(argv + model))
+        except UserError as error:
+            launch.notes.append(f"model sizes not used ({' '.join(model)}): {error}")
+            continue
+        if "--num-layers" in launch.model:  # given, and said above where the split was refused
+            layout.notes = [note for note in layout.notes if note != LAYERS_UNKNOWN]
+        return layout, inferred
     try:
         return build(resolve(argv)), inferred
     except UserError as error:
         launch.notes.append(f"layout not built: {error}")
         return None, inferred
+
+
+def _model_flags(model: dict[str, int]) -> list[list[str]]:
+    """The model's sizes to lay a foreign launch out with: all of them, then the experts alone (a layer split
+    Megatron would refuse keeps the experts per rank)."""
+    every = [word for flag, value in model.items() for word in (flag, str(value))]
+    experts = ["--num-experts", str(model["--num-experts"])] if "--num-experts" in model else []
+    return [list(words) for words in dict.fromkeys(map(tuple, (every, experts))) if words]
 
 
 def _not_a_size(line: str) -> Finding:

@@ -123,6 +123,17 @@ class Foreign:
     origins: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # values given that are no size: one line each, as written
+    model: dict[str, int] = field(default_factory=dict)  # the model's sizes the layout needs ({"--num-layers": 4})
+
+
+# Sizes of the model a Megatron launch gives, which the layer split and the experts per rank need (megatron-core
+# 0.15.0rc0 transformer_config.py: num_layers, num_moe_experts; --decoder-{first,last}-pipeline-num-layers).
+_MODEL_SIZES = {
+    "--num-layers": MAX_LAYERS,
+    "--num-experts": MAX_EXPERTS,
+    "--decoder-first-pipeline-num-layers": MAX_LAYERS,
+    "--decoder-last-pipeline-num-layers": MAX_LAYERS,
+}
 
 
 def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
@@ -137,8 +148,10 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
             launch.origins[size] = view.show(flag)
     stages = _checked(launch, view, "--num-layers-per-virtual-pipeline-stage")
     launch.sizes["vpp"] = launch.sizes["vpp"] or _checked(launch, view, "--num-virtual-stages-per-pipeline-rank")
-    for flag, high in (("--num-layers", MAX_LAYERS), ("--num-experts", MAX_EXPERTS)):
-        _checked(launch, view, flag, high)
+    for flag, high in _MODEL_SIZES.items():
+        value = _checked(launch, view, flag, high)
+        if value is not None:
+            launch.model[flag] = value
     if stages is not None:
         launch.notes.append(f"--num-layers-per-virtual-pipeline-stage {stages}: virtual stages need num-layers")
     if script.cut:
@@ -146,6 +159,11 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     if script.pasted:
         launch.notes.append(script.pasted)
     launch.notes += script.read_as
+    launch.notes += [  # what it sets is not in the flags read (a slime launch's say so too: launch.notes.input_notes)
+        f"line {source.line}: source {source.path}: {source.reason}; the variables it sets are unknown (pass --env NAME=VALUE)"
+        for source in script.sources
+        if source.status == "missing"
+    ]
     _deepspeed_config(launch, view)
     _world(launch, script)
     _visible_devices(launch, script)

@@ -23,6 +23,9 @@ from nanscope.launch.words import count
 MAX_WORLD = 1 << 20  # ranks (1,048,576): more GPUs than any cluster has; a larger world is refused in one line
 MAX_LAYERS = 1 << 16  # decoder layers
 MAX_EXPERTS = 1 << 16  # routed experts
+LAYERS_UNKNOWN = (  # the note where no layer count is given
+    "num-layers unknown: pass --model JSON or --model-args FILE to derive the layer split"
+)
 MAX_LISTED = 4096  # ranks: a group (or, for ep_groups, a world) larger than this is described, not listed
 # (group key, generator, its kind there): the groups a rank belongs to
 GROUPS = (("tp", "dense", "tp"), ("cp", "dense", "cp"), ("dp", "dense", "dp"), ("pp", "dense", "pp"),
@@ -391,7 +394,7 @@ def build(cfg: Config) -> Topology:
     if cfg["pipeline_model_parallel_layout"] is not None:
         notes.append("--pipeline-model-parallel-layout is not modelled: layer split not derived")
     elif num_layers is None:
-        notes.append("num-layers unknown: pass --model JSON or --model-args FILE to derive the layer split")
+        notes.append(LAYERS_UNKNOWN)
     else:
         split = split_layers(
             num_layers,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import html
 
-esc = html.escape
+from nanscope.inputs import printable
+
+
+def esc(text: str, quote: bool = True) -> str:
+    """`text` for the page: HTML-escaped, each control character but a newline as repr() writes it (`\\x1b`,
+    `\\x9b`), so that no string from a file (a dump's path, a log's line) reaches a page raw."""
+    return html.escape("\n".join(map(printable, text.split("\n"))), quote)
+
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from rich.table import Table
+from rich.markup import escape
 
 from nanscope import case
 from nanscope.facts.numerics import FP32_EXP_MAX
+from nanscope.launch import words
 from nanscope.natural import NaturalCheck, differences, hook_log
 from nanscope.report import repro
+from nanscope.report import table as tables
 from nanscope.report.repro import outcome
 from nanscope.report.text import span
 
@@ -25,7 +27,7 @@ def verdict(check: NaturalCheck) -> str:
     found = check.crossing
     where = f"; the {found['exp']}'s exp crossed {FP32_EXP_MAX:.2f} first, {_place(found)}" if found else ""
     warned = (
-        f"warned at step {check.warned[0]}, {check.died_at - check.warned[0]} steps ahead"
+        f"warned at step {check.warned[0]}, {words.count(check.died_at - check.warned[0], 'step')} ahead"
         if check.warned and check.died_at
         else ("warned at step " + str(check.warned[0]) if check.warned else "NO warning")
     )
@@ -46,13 +48,9 @@ def _place(found: dict) -> str:
 
 def render(check: NaturalCheck, console) -> None:
     """What differs from the case, the series, the death and where it crossed, the plugin's run, the verdict."""
-    table = Table(title="what the natural loop changes from the case's run")
-    for column in ("", "the case", "here"):
-        table.add_column(column, overflow="fold")
-    for row in differences(check):
-        table.add_row(*row)
-    console.print(table)
-    console.print(_series_table(check))
+    title = "what the natural loop changes from the case's run"
+    tables.render(title, ("", "the case", "here"), [tuple(map(escape, row)) for row in differences(check)], console)
+    tables.render(*_series_table(check), console)
     for line in lines(check):
         console.print(line, highlight=False, markup=False)  # messages hold brackets
     for note in check.notes:
@@ -60,12 +58,13 @@ def render(check: NaturalCheck, console) -> None:
     console.print(verdict(check), highlight=False)
 
 
-def _series_table(check: NaturalCheck) -> Table:
-    table = Table(title=f"nanscope repro --natural --seed {check.seed} --steps {check.steps} --lr {check.lr:g}: "
-                        "each step's headroom (the plugin run's; as-is's is the same up to its death)")  # fmt: skip
-    for column in ("step", "reward", "entropy", "max KL log-ratio", "at", "on tool tokens: mean",
-                   "PPO", "TIS", "exp overflow", "plugin warned"):  # fmt: skip
-        table.add_column(column, overflow="fold")
+def _series_table(check: NaturalCheck) -> tuple[str, tuple[str, ...], list[tuple[str, ...]]]:
+    """(title, columns, rows) of each step's headroom."""
+    title = (f"nanscope repro --natural --seed {check.seed} --steps {check.steps} --lr {check.lr:g}: "
+             "each step's headroom (the plugin run's; as-is's is the same up to its death)")  # fmt: skip
+    columns = ("step", "reward", "entropy", "max KL log-ratio", "at", "on tool tokens: mean",
+               "PPO", "TIS", "exp overflow", "plugin warned")  # fmt: skip
+    rows = []
     warned = set(check.warned)
     last = (check.died_at or check.steps) + SHOWN_AFTER
     for entry in check.series[:last]:
@@ -77,13 +76,13 @@ def _series_table(check: NaturalCheck) -> Table:
             f"{entry['mean_kl_log_ratio_tool']:.2f}", f"{entry['max_ppo_log_ratio']:.2g}",
             f"{entry['max_tis_log_ratio']:.2g}", str(entry["exp_overflow"]), "yes" if entry["step"] in warned else "",
         ]  # fmt: skip
-        table.add_row(*cells)
+        rows.append(tuple(cells))
     if len(check.series) > last:
         rest = check.series[last:]
         cells = [f"{rest[0]['step']}-{rest[-1]['step']}", "", "", f"up to {max(e['max_kl_log_ratio'] for e in rest):.2f}",
                  "", "", "", "", str(sum(e["exp_overflow"] for e in rest)), ""]  # fmt: skip
-        table.add_row(*cells)
-    return table
+        rows.append(tuple(cells))
+    return title, columns, rows
 
 
 def lines(check: NaturalCheck) -> list[str]:

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from nanscope import case
 from nanscope.megatron.spec import PEER_FAILED, failed_check
+from nanscope.report import table as tables
 from nanscope.report.text import span
 from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
 from nanscope.trace.tracer import text as trace_text
@@ -239,11 +240,11 @@ def _fmt(x: float | None) -> str:
 
 
 def render_matrix(matrix: Matrix, console) -> None:
-    table = Table(
-        title=f"nanscope repro: case slime-795 scaled down, {len(matrix.rows)} hazards x {{as-is, safe}} through "
+    title = (
+        f"nanscope repro: case slime-795 scaled down, {len(matrix.rows)} hazards x {{as-is, safe}} through "
         "megatron-core"
     )
-    for column in (
+    columns = (
         "hazard",
         "as-is (slime v0.1.0)",
         "sentinel class (as-is)",
@@ -251,10 +252,9 @@ def render_matrix(matrix: Matrix, console) -> None:
         "grad norm (safe)",
         "params finite (safe)",
         "max |grad safe - as-is|",
-    ):
-        table.add_column(column, overflow="fold")
-    for row in matrix.rows:
-        cells = (
+    )
+    rows = [
+        (
             row.hazard,
             ("" if row.as_is.ok else "[red]UNEXPECTED[/] ") + outcome(row.as_is),
             _class_cell(row.as_is.sentinel),
@@ -263,8 +263,9 @@ def render_matrix(matrix: Matrix, console) -> None:
             "yes" if row.safe.params_finite else "[red]NO[/]",
             _fmt(row.grad_diff) if row.hazard == "healthy" else "",
         )
-        table.add_row(*cells)
-    console.print(table)
+        for row in matrix.rows
+    ]
+    tables.render(title, columns, rows, console)
     example = next((row.as_is for row in matrix.rows if row.as_is.observed == "nan-check"), None)
     if example is not None:
         first = next(record for record in example.ranks if record.rank == example.first_failure)
@@ -347,11 +348,8 @@ def _plugin_verdict(plugin: PluginCheck) -> str:
 
 
 def render_steps(check: StepsCheck, console) -> None:
-    table = Table(
-        title=f"nanscope repro --steps {check.steps} --inject-step {check.inject_step} --hazard {check.hazard}"
-    )
-    for column in ("run", "outcome", "steps completed", "grad norm per step", "params finite"):
-        table.add_column(column, overflow="fold")
+    title = f"nanscope repro --steps {check.steps} --inject-step {check.inject_step} --hazard {check.hazard}"
+    columns = ("run", "outcome", "steps completed", "grad norm per step", "params finite")
     runs = [("as-is", check.as_is), ("safe", check.safe)] + (
         [("as-is, defused twin", check.twin)] if check.twin else []
     )
@@ -362,16 +360,17 @@ def render_steps(check: StepsCheck, console) -> None:
             + runs[2:]
             + [(skip, check.plugin.skipped)]
         )
-    for name, rep in runs:
-        cells = (
+    rows = [
+        (
             name,
             outcome(rep),
             str(min((len(record.optimizer_grad_norm) for record in rep.ranks), default=0)),
             _norms(rep),
             "yes" if rep.params_finite else "no",
         )
-        table.add_row(*cells)
-    console.print(table)
+        for name, rep in runs
+    ]
+    tables.render(title, columns, rows, console)
     for line in plugin_lines(check.plugin) if check.plugin else []:
         console.print(line, highlight=False, markup=False)  # errors and paths hold brackets
     for note in check.notes:

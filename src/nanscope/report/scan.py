@@ -12,6 +12,7 @@ from nanscope.dumps.checks import KINDS
 from nanscope.dumps.result import HIST_HI, HIST_LO, ScanResult, hazard_count
 from nanscope.facts.numerics import FP32_EXP_MAX
 from nanscope.inputs import printable
+from nanscope.launch import words
 from nanscope.report import files
 from nanscope.report.html import esc, page
 
@@ -339,6 +340,19 @@ def _directory_row(summary, root: str) -> tuple[str, ...]:
             str(summary.total), summary.would_nan, note)  # fmt: skip
 
 
+def files_samples_tokens(totals: dict) -> str:
+    """A directory's "3 dumps, 48 samples, 3,072 response tokens" (`directory_summary`'s totals)."""
+    return ", ".join(
+        words.count(totals[key], noun, grouped=True)
+        for key, noun in (("files", "dump"), ("num_samples", "sample"), ("response_tokens", "response token"))
+    )
+
+
+def _count(cell: str, noun: str) -> str:
+    """A row's count cell with its noun: "1 sample", "1,024 tokens"."""
+    return f"{cell} {noun}" + ("" if cell == "1" else "s")
+
+
 def render_directory(summaries: list, console, root: str) -> None:
     """One row per file (its path under `root`; verdict, findings, mechanisms, or its error), then the
     directory's summary line."""
@@ -354,8 +368,8 @@ def render_directory(summaries: list, console, root: str) -> None:
         console.print("dumps", highlight=False, markup=False)
         for name, kind, release, samples, tokens, findings, would, note in rows:
             head = f"{name}: {kind}" if kind == "-" else (
-                f"{name}: {kind} {release}, {samples} samples, {tokens} tokens, {findings} findings, would produce "
-                f"NaN: {would}"
+                f"{name}: {kind} {release}, {_count(samples, 'sample')}, {_count(tokens, 'token')}, "
+                f"{_count(findings, 'finding')}, would produce NaN: {would}"
             )  # fmt: skip
             console.print(Padding(_cell(head), (0, 0, 0, 1)))
             if note != "-":
@@ -375,8 +389,8 @@ def render_directory(summaries: list, console, root: str) -> None:
     totals = directory_summary(summaries)
     verdicts = totals["would_nan"]
     console.print(
-        f"{totals['files']} dumps, {totals['num_samples']:,} samples, {totals['response_tokens']:,} response "
-        f"tokens: would produce NaN: {verdicts['yes']} yes, {verdicts['possibly']} possibly, {verdicts['no']} no; "
+        f"{files_samples_tokens(totals)}: would produce NaN: {verdicts['yes']} yes, {verdicts['possibly']} possibly, "
+        f"{verdicts['no']} no; "
         f"{totals['failed']} failed; {totals['total']:,} findings",
         highlight=False,
         markup=False,

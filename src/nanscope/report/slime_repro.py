@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 from rich.table import Table
 
+from nanscope.report.text import folded
 from nanscope.slime_repro import AsIsCheck, PluginCheck, SlimeRepro
 from nanscope.slime_train import flags
 from nanscope.slime_train import run as slime_run
@@ -16,16 +15,20 @@ from nanscope.trace.tracer import text as trace_text
 def render(rep: SlimeRepro, console) -> None:
     """What ran, what nanscope changed to run it on CPU, each launch, then the checks and the verdict.
 
-    Text goes out as plain lines (`print`): a traceback and a flag list stay whole, for copy and paste.
+    Text goes out as plain lines (`print`), each folded at the console's width (a flag list or a traceback's frame
+    goes on below, indented; no word is cut).
     """
+
+    def say(text: str) -> None:
+        print(folded(text, console.width), flush=True)  # flushed: rich's table comes between
+
     result = rep.result
     lm = rep.sources.megatron_lm or "megatron.training importable here"
-    print(f"slime {result.release or '(unknown release)'}: {rep.sources.slime}/train.py; Megatron-LM: {lm}")
-    print(f"hazard {rep.hazard}, planted in the rollout only (sample, response position {result.site})")
-    print("\n".join(setup_lines(rep)))
+    say(f"slime {result.release or '(unknown release)'}: {rep.sources.slime}/train.py; Megatron-LM: {lm}")
+    say(f"hazard {rep.hazard}, planted in the rollout only (sample, response position {result.site})")
+    say("\n".join(setup_lines(rep)))
     if result.error:
-        print(f"the run failed before train.py finished: {result.error}")
-    sys.stdout.flush()  # before rich's table
+        say(f"the run failed before train.py finished: {result.error}")
     table = Table(title="slime's train.py, on CPU (Ray, 4 logical GPUs, gloo)")
     for column in ("launch", "README plugin lines", "exit code", "seconds"):
         table.add_column(column)
@@ -37,7 +40,7 @@ def render(rep: SlimeRepro, console) -> None:
     lines = as_is_lines(rep.as_is) if rep.as_is is not None else []
     lines += plugin_lines(rep.plugin, rep.sources) if rep.plugin is not None else []
     lines += [f"note: {note}" for note in rep.notes] + [timing_line(rep), verdict(rep)]
-    print("\n".join(lines), flush=True)
+    say("\n".join(lines))
 
 
 def _lines(name: str) -> tuple[int, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 
 def span(values: list[int] | None, empty: str = "none", min_run: int = 1) -> str:
     """Integers as a range when they are consecutive, else listed.
@@ -21,3 +23,21 @@ def span(values: list[int] | None, empty: str = "none", min_run: int = 1) -> str
     if len(values) >= min_run and values == list(range(values[0], values[-1] + 1)):
         return f"{values[0]}-{values[-1]}"
     return ", ".join(map(str, values))
+
+
+def fold(line: str, columns: int) -> list[str]:
+    """`line` as lines of at most `columns`, broken between words, each after the first indented 4 past the line's
+    own indent (a word wider than that stays whole: a path is never cut)."""
+    if len(line) <= columns:
+        return [line]
+    indent = line[: len(line) - len(line.lstrip(" "))]
+    more = indent + "    " if len(indent) + 4 <= columns // 2 else "    "
+    wrapper = textwrap.TextWrapper(
+        columns, initial_indent=indent, subsequent_indent=more, break_long_words=False, break_on_hyphens=False
+    )
+    return wrapper.wrap(line.lstrip(" ")) or [line]
+
+
+def folded(text: str, columns: int) -> str:
+    """`text`, each of its lines folded at `columns` (`fold`)."""
+    return "\n".join(piece for line in text.split("\n") for piece in fold(line, columns))

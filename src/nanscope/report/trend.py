@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from nanscope.dumps.trend import METRICS, SERIES
 from nanscope.report import files
 from nanscope.report.html import esc, page
-from nanscope.report.scan import directory_summary, fmt_value
+from nanscope.report.scan import directory_summary, files_samples_tokens, fmt_value
 
 RED = "#b00020"
 
@@ -282,7 +282,7 @@ def render_directory_html(summaries: list, root: str, trend: dict) -> str:
     totals = directory_summary(summaries)
     verdicts = totals["would_nan"]
     line = (
-        f"{totals['files']} dumps, {totals['num_samples']:,} samples, {totals['response_tokens']:,} response tokens: "
+        f"{files_samples_tokens(totals)}: "
         f"would produce NaN: {verdicts['yes']} yes, {verdicts['possibly']} possibly, {verdicts['no']} no; "
         f"{totals['failed']} failed; {totals['total']:,} findings"
     )

@@ -24,6 +24,8 @@ from nanscope.cli.main import main
 from nanscope.megatron import launcher
 from nanscope.megatron.spec import Layout, RunSpec
 
+pytestmark = pytest.mark.usefixtures("wide_lines")  # trace's lines asserted whole
+
 # logprob-drift at its crossing step overflows kl-exp-overflow's exp (ref - logp > 88.72 at a masked tool token);
 # its bundles are replayed offline by the drift test of repro --plugin
 LOSS_HAZARDS = [h.name for h in catalogue.CATALOGUE if h.level == "batch" and not h.grad_finite and not h.drifts]

@@ -29,6 +29,8 @@ from nanscope.trace.bundles import bundle
 from nanscope.trace.tracer import replay
 from tests.dumps.hostile import isolated
 
+pytestmark = pytest.mark.usefixtures("wide_lines")  # trace's lines asserted whole
+
 SENTINEL = {"module": "output_layer", "microbatch": 0, "order": 0, "param": "output_layer.weight"}
 
 

@@ -48,7 +48,7 @@ def stride0_microbatch(path: Path, tokens: int) -> Path:
     return path
 
 
-def test_stride0_microbatches_are_refused_in_under_a_second(tmp_path):
+def test_stride0_microbatches_are_refused_cheaply(tmp_path):
     """Before issue 24, trace built a Python list of every declared position: 3.5 GB from a 3 KB file."""
     paths = [stride0_microbatch(tmp_path / f"s{n}.pt", n) for n in (10**8, 10**10)]
     for path, res in zip(paths, isolated([["trace", str(p)] for p in paths]), strict=True):
@@ -58,7 +58,7 @@ def test_stride0_microbatches_are_refused_in_under_a_second(tmp_path):
             "expected each element stored once"
         )
         assert (res["rc"], res["stderr"]) == (2, f"nanscope trace: error: {line}\n"), res
-        assert res["seconds"] < 1 and res["grew"] < 64 * MiB, res
+        assert res["seconds"] < 10 and res["grew"] < 64 * MiB, res  # a hang check: 3.5 GB were built before
 
 
 @pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
@@ -78,7 +78,7 @@ def test_opcode_floods_in_a_microbatch_are_refused_before_torch_load(tmp_path):
             "(8 bytes a byte + 32 MiB); refusing it"
         )
         assert (res["rc"], res["stderr"]) == (2, f"nanscope trace: error: {line}\n"), (name, res)
-        assert res["seconds"] < 5 and res["grew"] < size + 64 * MiB, (name, res)
+        assert res["seconds"] < 10 and res["grew"] < size + 64 * MiB, (name, res)  # a hang check, not a speed
 
 
 @pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
