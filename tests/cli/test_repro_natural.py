@@ -25,7 +25,9 @@ def _wide(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_training_drives_the_kls_exp_past_fp32_as_is_dies_and_the_plugin_trains_through(tmp_path, capsys, monkeypatch):
+def test_training_drives_the_kls_exp_past_fp32_as_is_dies_and_the_plugin_trains_through(
+    tmp_path, capsys, monkeypatch, wide_lines
+):  # wide_lines: at 160 columns the differences table folds its long cells; its rows are asserted whole
     for name in ("NANSCOPE_MAX_SKIPS", "NANSCOPE_WARN_LOG_RATIO", "NANSCOPE_ON_NONFINITE"):
         monkeypatch.delenv(name, raising=False)
     out = tmp_path / "n.json"
