@@ -176,6 +176,18 @@ def test_uninitialised_memory_is_not_blamed():
     assert r.forward is None and r.first_forward.op == "aten.fill_.Scalar"
 
 
+def test_a_view_of_an_unwritten_buffer_is_not_a_non_finite_output():
+    # megatron's attention: a view of a torch.empty buffer made on an earlier step (its bits NaN here), read by
+    # baddbmm with beta=0, which ignores it (dot_product_attention.py:156-161)
+    buffer = torch.full((32,), float("nan"))
+    q, k = torch.ones(2, 2, 3), torch.ones(2, 3, 2)
+    with Tracer() as t:
+        scores = torch.baddbmm(buffer[0:8].view(2, 2, 2), q, k, beta=0.0, alpha=0.5)
+        torch.log(scores - 1.5)  # log(0): -inf, the first non-finite result
+    r = t.report()
+    assert (r.first_forward.op, r.forward.op, r.forward.produced) == ("aten.log.default", "aten.log.default", "inf")
+
+
 def test_out_buffers_are_not_inputs():
     buf = torch.full((2,), float("nan"))  # stale NaN in the out= buffer: overwritten, not read
     with Tracer() as t:

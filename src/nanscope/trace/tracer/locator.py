@@ -33,7 +33,10 @@ appear in report().inputs as "parameter <name>".
 Constant non-finite arguments (masked_fill(mask, float("-inf"))) count as inputs, so intentional
 masks are not producers; `allow=("aten.masked_fill",)` or a predicate silences other ops.
 Collectives (c10d ops) are not checked: with async process groups their outputs are not ready at
-dispatch time. Nor are ops returning uninitialised memory (empty, new_empty_strided, ...).
+dispatch time. Nor are ops returning uninitialised memory (empty, new_empty_strided, ...), nor views
+(slice, view, t, ...): a view computes nothing, its values are another tensor's, and megatron's attention
+takes a view of a buffer that torch.empty made and nothing ever writes (megatron-core 0.15.0rc0
+transformer/dot_product_attention.py:156-161, baddbmm with beta=0 ignores it), garbage NaN included.
 """
 
 from __future__ import annotations
@@ -217,7 +220,7 @@ class _OpChecker(TorchDispatchMode):
         tracer = self.tracer
         tracer.ops_seen += 1
         phase = "backward" if torch._C._current_autograd_node() is not None else "forward"
-        if tracer._done(phase) or func.namespace in _SKIP_NAMESPACES or func._opname in _UNINITIALISED:
+        if tracer._done(phase) or func.namespace in _SKIP_NAMESPACES or func._opname in _UNINITIALISED or func.is_view:
             return func(*args, **kwargs)
         before = None
         if func._schema.is_mutable:  # in-place: classify the inputs before they are overwritten
