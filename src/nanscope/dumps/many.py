@@ -4,7 +4,7 @@ Each file is scanned in a worker process (a forkserver that has imported the rea
 so a slow or large file does not hold the others and a file's memory is returned when it is done. A file
 that cannot be read is a summary with its one-line error, not the end of the batch. Anything that ends the
 scan early (a stop signal the caller's `check` raises, Ctrl-C) ends the workers before it propagates: no
-file is scanned after it, and no process is left behind.
+file is scanned after it, and no process is left behind, nor the pool's manager thread (`_join_manager`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -26,6 +27,7 @@ from nanscope.errors import UserError
 from nanscope.inputs import directory_files, skipped_lines
 
 POLL_S = 0.25  # how often a directory's scan looks for a stop
+MANAGER_GRACE_S = 30.0  # a stopped pool's manager thread ends within this (a hang bound: it ends once the workers have)
 
 if TYPE_CHECKING:
     from nanscope.dumps.headroom import DumpHeadroom
@@ -164,13 +166,29 @@ def scan_files(
             if check is not None:
                 check()
     except BaseException:  # a stop `check` raised, Ctrl-C, a broken pool: the workers end before it propagates
+        manager = getattr(pool, "_executor_manager_thread", None)  # shutdown(wait=False) forgets it
         pool.shutdown(wait=False, cancel_futures=True)
         stop_workers([p for p in active_children() if p not in before])
+        _join_manager(manager, MANAGER_GRACE_S)
         if check is not None:
             check()  # a stop signal that also ended a starting worker (Ctrl-C reaches the group) is the reason
         raise
     pool.shutdown(wait=True)
     return [out[str(p)] for p in paths]
+
+
+def _join_manager(manager, timeout_s: float) -> None:
+    """Wait (at most `timeout_s`) for the stopped pool's manager thread, which closes its wake-up pipe once it sees
+    the workers gone.
+
+    An exit while it still runs races it: CPython's exit hook for process pools (3.11's
+    concurrent/futures/process.py:92-100, `_python_exit`; its `wakeup`, 82-84) writes to that pipe without the lock
+    the manager holds to close it, and on a loaded machine prints `Exception ignored ... OSError: [Errno 9] Bad file descriptor` under the
+    command's one line (CPython gh-125451: 3.12 and 3.13 took a lock for it in October 2024, 3.11 did not). Once
+    the thread has ended, the hook's write is skipped. `manager` None (another Python's pool): nothing to wait for.
+    """
+    if manager is not None and manager is not threading.current_thread():
+        manager.join(timeout_s)
 
 
 def _worker_setup() -> None:
