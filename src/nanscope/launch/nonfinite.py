@@ -31,6 +31,7 @@ NEEDLES = (
     b"already at minimum",
     b"error detected in",
     b"device-side assert",
+    b"probs detected",
     b"assertion `",
     b"watchdog caught",
     b"nccl operations have failed",
@@ -49,6 +50,7 @@ NEEDLES = (
     b"-- |",
     b": non-finite values ",  # nanscope's own plugins (launch.plugin_report)
     b"nanscope: warning: ",
+    b"learning iteration ",  # rsl-rl's block header: the step of the loss lines under it (launch.line_shapes)
 )
 # fmt: skip
 _LOWER = range(97, 123)
