@@ -2,7 +2,8 @@
 crafted input of its class in the stack's own format: steps written a stack's own way (Marian's `Up.`, `[step] N`, a
 bare `[N]`, rsl-rl's `Learning iteration` block, whose value function loss is the critic's) (a), a MetricLogger meter's
 running average gone non-finite (b), bare `step value` lines of a counter (c), a sampler's `Bad probs detected` guard
-(d). Each test fails on round 5's doctor."""
+(d), a framework named from keys any loop prints (e). Each test of a class fails on round 5's doctor; the negative ones
+(what is not read) and the linear-time checks guard the new readers."""
 
 import json
 import time
@@ -181,6 +182,34 @@ def test_d_bad_probs_are_the_sampling_probabilities(tmp_path, capsys):
 def test_d_a_guard_that_found_nothing_is_no_evidence(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, "Bad probs detected: NaN: False, Inf: False, Neg: True\nstep 3 loss 0.5\n")
     assert doc["failure"] is None or doc["failure"]["check"] != "bad-probs"
+
+
+# e. no framework named from generic keys: rl-coach's Logger.log_dict (IntelLabs/coach rl_coach/logger.py:103-115,
+# without colours: `{prefix}> k=v, k=v`) of clipped PPO's training (rl_coach/agents/clipped_ppo_agent.py:294-303) and of
+# an episode (rl_coach/agents/agent.py:473-483): `loss`, `learning_rate` and `epoch` are any loop's keys
+
+_COACH = (
+    "2019-05-21-10:12:42.123456 Training> Name=main_level/agent, Worker=0, Episode=12, Total reward=-3.5, "
+    "Exploration=0.1, Steps=2400, Training iteration=11\n"
+    "2019-05-21-10:12:43.123456 Policy training> Surrogate loss=nan, KL divergence=nan, Entropy=nan, training "
+    "epoch=0, learning_rate=0.0003\n"
+)
+
+
+def test_e_generic_keys_name_no_framework(tmp_path, capsys):
+    """Round 5: "framework transformers (its metric lines' keys (epoch, learning_rate, loss))"."""
+    doc, out = _doctor(tmp_path, capsys, _COACH)
+    assert doc["framework"] == {"name": "unknown", "release": None, "how": "nothing in the input names a framework"}
+    assert "transformers" not in out
+    assert doc["metrics"]["first_nonfinite"]["line"] == 2
+
+
+def test_e_a_trainer_dict_still_names_transformers(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "{'loss': nan, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.5}\n")
+    assert doc["framework"]["name"] == "transformers"
+    assert doc["framework"]["how"] == (
+        "its metric lines' keys (epoch, learning_rate, loss), printed as a Python dict"
+    )
 
 
 # every new pattern is linear: a line of about 100 KB built to make a backtracking one hang is read at once (a hang

@@ -26,6 +26,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from nanscope.facts.frameworks import PY_DICT
 from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.loose import loose_pairs
@@ -298,7 +299,7 @@ class MetricLines:
             found, self.counted = shapes.counted(self.counted, piece)  # yanmtt's bare `step value` lines
         if not found:
             return
-        self.keys.update(key.lower() for key, _, _ in found[:64])
+        self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(piece))
         step, step_from = self._step(line, piece, offset, found)
         self._counters([pair for pair in found if shapes.separated(piece, pair[2])], number, step)
         self.scale.feed(found, number, step)
@@ -357,7 +358,7 @@ class MetricLines:
             pair = shapes.bare_pair(text)
             self.counted = self.counted + [pair[0]] if pair is not None else []
             if len(found) >= 2:
-                self.keys.update(key.lower() for key, _, _ in found[:64])
+                self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(text))
                 step, step_from = self._step("", "", 0, found)
                 if step is not None and step_from == "the line":
                     self.explicit = step
