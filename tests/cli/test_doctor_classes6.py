@@ -207,9 +207,7 @@ def test_e_generic_keys_name_no_framework(tmp_path, capsys):
 def test_e_a_trainer_dict_still_names_transformers(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, "{'loss': nan, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.5}\n")
     assert doc["framework"]["name"] == "transformers"
-    assert doc["framework"]["how"] == (
-        "its metric lines' keys (epoch, learning_rate, loss), printed as a Python dict"
-    )
+    assert doc["framework"]["how"] == ("its metric lines' keys (epoch, learning_rate, loss), printed as a Python dict")
 
 
 # every new pattern is linear: a line of about 100 KB built to make a backtracking one hang is read at once (a hang
