@@ -2,7 +2,8 @@
 crafted input of its class in the stack's own format: steps written a stack's own way (Marian's `Up.`, `[step] N`, a
 bare `[N]`, rsl-rl's `Learning iteration` block, whose value function loss is the critic's) (a), a MetricLogger meter's
 running average gone non-finite (b), bare `step value` lines of a counter (c), a sampler's `Bad probs detected` guard
-(d), a framework named from keys any loop prints (e). Each test of a class fails on round 5's doctor; the negative ones
+(d), a framework named from keys any loop prints (e), DeepSpeed-Chat's steps beside DeepSpeed's own count and a scale
+falling on every step mid-run (f). Each test of a class fails on round 5's doctor; the negative ones
 (what is not read) and the linear-time checks guard the new readers."""
 
 import json
@@ -208,6 +209,52 @@ def test_e_a_trainer_dict_still_names_transformers(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, "{'loss': nan, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.5}\n")
     assert doc["framework"]["name"] == "transformers"
     assert doc["framework"]["how"] == ("its metric lines' keys (epoch, learning_rate, loss), printed as a Python dict")
+
+
+# f. DeepSpeed-Chat under DeepSpeed's FP16_Optimizer: the overflow lines count the optimizer's iterations (the actor's
+# and the critic's engines each step: iteration 3721 at training step 1860), the metric lines the training steps.
+# DeepSpeed's lines as deepspeedai/DeepSpeed#2069 pasted them (fused_optimizer.py:382-383 `_update_scale`, the message
+# after a newline; logging.py:69 log_dist); DeepSpeed-Chat's line as deepspeedai/DeepSpeedExamples#444 pasted it
+# (tests/fixtures/reports/real/deepspeed-chat-444.txt)
+
+
+def _chat_step(minute: int, iteration: int, step: int, scale: int, loss: str) -> str:
+    stamp = f"[2023-05-10 08:{minute:02d}:01,100] [INFO]"
+    return (
+        f"{stamp} [fused_optimizer.py:382:_update_scale] \nGrad overflow on iteration {iteration}\n"
+        f"{stamp} [fused_optimizer.py:383:_update_scale] Reducing dynamic loss scale from {scale:.1f} to "
+        f"{scale / 2:.1f}\n"
+        f"{stamp} [logging.py:69:log_dist] [Rank 0] Overflow detected. Skipping step. Attempted loss scale: "
+        f"{scale:.1f}, reducing to {scale / 2:.1f}\n"
+        f"epoch: 0|step: {step}|ppo_ep: 1|act_loss: {loss}|cri_loss: {loss}|unsuper_loss: 0.0\n"
+        "average reward score: -1.25\n"
+    )
+
+
+_CHAT = "".join(_chat_step(i, 3705 + 2 * i, 1852 + i, 2 ** (32 - i), "nan" if i == 8 else "0.0213") for i in range(9))
+
+
+def test_f_deepspeed_chat_steps_are_the_training_steps_not_the_optimizer_s_count(tmp_path, capsys):
+    """Round 5: "skipped a step on inf or NaN gradients at step 3705" beside act_loss at step 1860."""
+    doc, out = _doctor(tmp_path, capsys, _CHAT)
+    failure = doc["failure"]
+    assert (failure["check"], failure["line"], failure["step"]) == ("deepspeed-overflow", 2, 1852)
+    assert _first(doc) == (53, "act_loss", 1860, None)
+    assert (
+        "at step 1852 (the metric line after it, line 5 (the optimizer's own count is 3705: its iterations, not the "
+        "training steps))" in out
+    )
+
+
+def test_f_a_scale_falling_on_every_step_mid_run_is_no_calibration(tmp_path, capsys):
+    """Round 5: "18 overflow line(s), the loss scale from 4294967296 (2^32) to 8388608 (2^23)": no trend said."""
+    doc, out = _doctor(tmp_path, capsys, _CHAT)
+    assert doc["signals"]["loss_scale"]["says"] == (
+        "The loss scale falls from 4294967296 (2^32) to 8388608 (2^23) with an overflow on every step from step 1852 "
+        "to 1860 (18 overflow line(s)), past a run's start: the gradients overflow step after step, not a scale "
+        "calibrating (that halves for a few steps at the start)."
+    )
+    assert doc["summary"]["benign"] is None and "calibrating at a run's start" not in out
 
 
 # every new pattern is linear: a line of about 100 KB built to make a backtracking one hang is read at once (a hang

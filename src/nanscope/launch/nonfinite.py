@@ -23,6 +23,7 @@ from nanscope.launch.signals import Hit, read_line
 from nanscope.launch.tables import is_rule
 from nanscope.launch.wrapped import record
 
+OWN_COUNT = "the line (the optimizer's own count)"  # launch.signals: DeepSpeed's `Grad overflow on iteration N`
 MAX_RANKS = 64  # waiting ranks (NCCL's watchdog) kept
 # literals (lowered) of a line worth reading besides its NaN/Inf words: the evidence lines' that hold none
 # (launch.signals.MARKERS less those with a NaN/Inf word), a progress bar's, Megatron's iteration line, skip counters
@@ -155,6 +156,8 @@ class Nonfinite:
         are the first of their log, with the offset of their line."""
         out, counted, lines, consumed = [], 0, lines_before, -1
         extra = (b"grad_norm",) if self.overflow is not None and self.stale is None else ()
+        if block.find(b"overflow on iteration") >= 0:  # the optimizer's own count: the metric lines' steps give theirs
+            extra += (b"step",)
         watched = self.metrics.watched()  # a norm-only first reading: its later lines, finite ones too
         extra += (watched,) if watched is not None else ()
         starts = candidate_starts(block, extra)
@@ -235,10 +238,20 @@ class Nonfinite:
         """Evidence lines without a step before a metric line that names its own: theirs (a framework prints its
         step's metrics at the step's end, after what happened in it)."""
         for hit in self.unstepped:
-            if hit.step is None and number - hit.line <= LOOKAHEAD:
-                hit.step, hit.step_from = self.metrics.explicit, f"the metric line after it, line {number}"
-                if hit.signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.first_step is None:
+            own = hit.step_from == OWN_COUNT and hit.step != self.metrics.explicit
+            if (hit.step is None or own) and number - hit.line <= LOOKAHEAD:
+                before, how = hit.step, f"the metric line after it, line {number}"
+                how += (
+                    f" (the optimizer's own count is {before}: its iterations, not the training steps)" if own else ""
+                )
+                hit.step, hit.step_from = self.metrics.explicit, how
+                if hit.signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.first_step in (
+                    None,
+                    before,
+                ):
                     self.scales.first_step = hit.step
+                if own and hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
+                    self.scales.step(hit.step, hit.line, "the metric line after it")
         self.unstepped = []
 
     def _after_overflow(self, block: bytes, start: int, number: int, clean) -> None:
@@ -274,9 +287,10 @@ class Nonfinite:
             hit.step = bar if logged else bar + 1
             hit.step_from = (f"the progress bar {since} line(s) before it, {bar} done"
                              + ("" if logged else ": the next step"))  # fmt: skip
-        if hit.step is None and not timeout and len(self.unstepped) < 16:
+        own = hit.step_from == OWN_COUNT  # an optimizer's iteration: the metric lines' step, where they name one
+        if (hit.step is None or own) and not timeout and len(self.unstepped) < 16:
             self.unstepped.append(hit)
-        if signal.id in ("deepspeed-overflow", "scaler-overflow"):
+        if signal.id in ("deepspeed-overflow", "scaler-overflow") and not own:  # an own count: its metric line's
             self.scales.step(hit.step, hit.line, hit.step_from)
         if signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.count == 1:
             self.scales.first_step = hit.step
