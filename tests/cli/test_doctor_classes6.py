@@ -3,8 +3,10 @@ crafted input of its class in the stack's own format: steps written a stack's ow
 bare `[N]`, rsl-rl's `Learning iteration` block, whose value function loss is the critic's) (a), a MetricLogger meter's
 running average gone non-finite (b), bare `step value` lines of a counter (c), a sampler's `Bad probs detected` guard
 (d), a framework named from keys any loop prints (e), DeepSpeed-Chat's steps beside DeepSpeed's own count and a scale
-falling on every step mid-run (f). Each test of a class fails on round 5's doctor; the negative ones
-(what is not read) and the linear-time checks guard the new readers."""
+falling on every step mid-run (f), a step from a bar of one epoch and fairseq's `num_updates` (g). A CUDA
+out-of-memory error after NaN in TRL (h) already reads (exit 0) on round 5's doctor: no test here. Each test of a
+class fails on round 5's doctor; the negative ones (what is not read) and the linear-time checks guard the new
+readers."""
 
 import json
 import time
@@ -257,6 +259,49 @@ def test_f_a_scale_falling_on_every_step_mid_run_is_no_calibration(tmp_path, cap
     assert doc["summary"]["benign"] is None and "calibrating at a run's start" not in out
 
 
+# g. a step from a bar of one epoch, and fairseq's update count
+
+# ColossalChat's SFT trainer (hpcaitech/ColossalAI at caab4a30, applications/ColossalChat/coati/trainer/sft.py,
+# SFTTrainer._train): `trange(len(train_dataloader) // accumulation_steps, desc=f"Epoch {epoch + 1}/{self.max_epochs}")`,
+# its postfix `{"train/loss": ...}`: the bar counts the steps within its epoch
+_EPOCH_BAR = "".join(
+    f"Epoch 2/3:  45%|████▌     | {count}/1000 [10:0{count - 450}<12:00,  1.31s/it, train/loss={loss}]\n"
+    for count, loss in ((450, "2.13"), (451, "nan"))
+)
+# fairseq's SimpleProgressBar (facebookresearch/fairseq at 3d262bb2, fairseq/logging/progress_bar.py:284 `{}:  {:5d} /
+# {:d} {}` within the epoch, :293 `{} | {}` at its end): the update count is `num_updates`
+_FAIRSEQ = (
+    "2021-03-04 10:00:00 | INFO | train_inner | epoch 002:    100 / 1234 loss=9.9, nll_loss=9.8, ppl=891.4, "
+    "wps=12000, ups=3, wpb=4000, bsz=128, num_updates=1334, lr=0.0005, gnorm=1.234, loss_scale=8, train_wall=35, "
+    "wall=40\n"
+    "2021-03-04 10:00:30 | INFO | train | epoch 002 | loss nan | nll_loss nan | ppl nan | wps 12000 | ups 3 | wpb 4000 "
+    "| bsz 128 | num_updates 2468 | lr 0.0005 | gnorm nan | loss_scale 8 | train_wall 450 | wall 500\n"
+)
+
+
+def test_g_a_bar_of_one_epoch_gives_the_global_step(tmp_path, capsys):
+    """Round 5: step 451, the count within epoch 2."""
+    doc, out = _doctor(tmp_path, capsys, _EPOCH_BAR)
+    assert _first(doc) == (2, "train/loss", 1451, None)
+    assert doc["metrics"]["first_nonfinite"]["step_from"] == (
+        "the progress bar on its line, 451/1000 (the bar counts within epoch 2/3, its description: (2 - 1) x 1000 + "
+        "451, each epoch 1000 steps)"
+    )
+    assert "The first non-finite metric: train/loss at step 1451 (line 2)." in out
+
+
+def test_g_a_first_epoch_s_bar_is_the_step(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _EPOCH_BAR.replace("Epoch 2/3", "Epoch 1/3"))
+    assert _first(doc) == (2, "train/loss", 451, None)
+
+
+def test_g_fairseq_num_updates_is_the_step(tmp_path, capsys):
+    """Round 5: "loss (the line names no step)"."""
+    doc, out = _doctor(tmp_path, capsys, _FAIRSEQ)
+    assert _first(doc) == (2, "loss", 2468, None)
+    assert "The first non-finite metric: loss at step 2468 (line 2)." in out
+
+
 # every new pattern is linear: a line of about 100 KB built to make a backtracking one hang is read at once (a hang
 # check, 10 CPU seconds where a linear reader takes well under one, as tests/cli/test_doctor_hostile.py: not a speed)
 CRAFTED = {
@@ -268,6 +313,7 @@ CRAFTED = {
     "bare brackets": "[1] " * 25_000 + "loss nan",
     "guard flags": "Bad probs detected: " + "NaN: True, " * 9_000,
     "a counter's numbers": "1 " * 50_000 + "nan",
+    "epoch bar descriptions": "Epoch 2/3: " * 9_000 + " 45%| | 451/1000 [10:01<12:00, loss=nan]",
     "iteration headers": "Learning iteration 1/" * 5_000 + "\n  Value function loss: nan",
 }
 
