@@ -75,7 +75,10 @@ def test_a_marian_up_is_the_step(tmp_path, capsys):
     doc, out = _doctor(tmp_path, capsys, _MARIAN)
     assert _first(doc) == (2, "Cost", 300, None)
     assert doc["metrics"]["first_nonfinite"]["step_from"] == "the line (Marian's `Up.`: the update count)"
-    assert "The first non-finite metric: Cost at step 300 (line 2)." in out
+    assert (
+        "The first non-finite metric: Cost at step 300 (line 2). What it points to: the forward pass or the loss "
+        "itself: the loss is non-finite." in out
+    )
 
 
 def test_a_a_bracketed_step_field_and_names(tmp_path, capsys):
@@ -104,6 +107,21 @@ def test_a_rsl_rl_value_function_loss_is_the_critic_s_at_its_iteration(tmp_path,
         "points to: the critic (the value model): its value loss went non-finite first in the block's order (its line "
         "holds no actor metric)" in out
     )
+
+
+def _rsl_logger_block(iteration: int, value: str) -> str:
+    """rsl-rl's Logger today (rsl_rl/utils/logger.py:237, :253 at c281c32): `Mean {key} loss:` for each of PPO's
+    losses (rsl_rl/algorithms/ppo.py:332-333: `value`, `surrogate`)."""
+    header = f" Learning iteration {iteration}/1500 "
+    return (
+        f"{'#' * 80}\n\033[1m{header.center(80)}\033[0m \n\n{'Total steps:':>35} 98304 \n"
+        f"{'Mean value loss:':>35} {value}\n{'Mean surrogate loss:':>35} {value}\n"
+    )
+
+
+def test_a_rsl_rl_s_logger_names_the_critic_s_mean_value_loss(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _rsl_logger_block(5, "0.0100") + _rsl_logger_block(6, "nan"))
+    assert _first(doc) == (11, "Mean value loss", 6, "critic")
 
 
 def test_a_a_bracketed_date_is_no_step():

@@ -163,7 +163,7 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
         return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
                 "every label masked (the line cannot tell which)")  # fmt: skip
-    if any("loss" in k for k in last):
+    if any("loss" in k or k == "cost" for k in last):  # Marian prints its training loss as `Cost`
         return "the forward pass or the loss itself: the loss is non-finite"
     return "a non-finite logged value, and nothing else on the line says where it came from"
 
