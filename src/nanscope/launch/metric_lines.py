@@ -407,6 +407,11 @@ class MetricLines:
             return int(bracket["step"]), "the line"
         return shapes.named_step(piece) or (None, None)
 
+    def step_named(self, line: str) -> int | None:
+        """The step `line` names itself (None: none), without reading it as a metric line."""
+        step, how = self._step(line, line, 0, pairs(line))
+        return step if how is not None and how.startswith("the line") else None
+
     def _counters(self, found, number: int, step: int | None) -> None:
         for key, value, _ in found:
             name = key.lower()

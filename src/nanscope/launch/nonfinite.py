@@ -156,8 +156,6 @@ class Nonfinite:
         are the first of their log, with the offset of their line."""
         out, counted, lines, consumed = [], 0, lines_before, -1
         extra = (b"grad_norm",) if self.overflow is not None and self.stale is None else ()
-        if block.find(b"overflow on iteration") >= 0:  # the optimizer's own count: the metric lines' steps give theirs
-            extra += (b"step",)
         watched = self.metrics.watched()  # a norm-only first reading: its later lines, finite ones too
         extra += (watched,) if watched is not None else ()
         starts = candidate_starts(block, extra)
@@ -226,6 +224,8 @@ class Nonfinite:
             self.metrics.feed(text[: found[-1].close + 1], hit.line, bars=False)  # its bar: with the whole line, below
         if hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
             self.scales.add(hit.scale, hit.next_scale, None)
+        if hit.step_from == OWN_COUNT:
+            self._own_step(block, start, hit, clean)
         if hit.signal.id == "deepspeed-overflow":
             before = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, CONTEXT_LINES)]
             self.overflow = (hit.line, _grad_norm(before))
@@ -233,6 +233,26 @@ class Nonfinite:
         self.metrics.bars(text, hit.line)
         if self.metrics.first is None and self.counts.get(hit.signal.id, 0) < MAX_CONTEXTS:  # the lines before it
             self.metrics.context(_before(block, start, CONTEXT_LINES), clean)
+
+    def _own_step(self, block: bytes, start: int, hit: Hit, clean) -> None:
+        """An overflow line that counts the optimizer's iterations (`Grad overflow on iteration 3721`): the step of
+        the first metric line within LOOKAHEAD lines after it that names one is the training step it happened in
+        (DeepSpeed-Chat prints `step: 1860` after the step's update; its actor and critic engines each count)."""
+        end = block.find(b"\n", start)
+        for ahead in range(1, LOOKAHEAD + 1):
+            if end < 0:
+                return
+            stop = block.find(b"\n", end + 1)
+            stop = len(block) if stop < 0 else stop
+            raw = block[end + 1 : stop][:4096]
+            if b"step" in raw.lower():
+                step = self.metrics.step_named(clean(raw.decode("utf-8", "replace")))
+                if step is not None and step != hit.step:
+                    hit.step_from = (f"the metric line after it, line {hit.line + ahead} (the optimizer's own count is "
+                                     f"{hit.step}: its iterations, not the training steps)")  # fmt: skip
+                    hit.step = step
+                    return
+            end = stop if stop < len(block) else -1
 
     def _name_steps(self, number: int) -> None:
         """Evidence lines without a step before a metric line that names its own: theirs (a framework prints its
