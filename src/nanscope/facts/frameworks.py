@@ -127,6 +127,10 @@ TEXTS: dict[str, tuple[str, ...]] = {
         "] [unfused_optimizer.py:",
     ),
 }
+# A marker among the metric keys: the lines hold a Python dict (`{'loss': nan, ...}`), as transformers' Trainer prints
+# its logs. `loss`, `learning_rate`, `epoch` alone are any loop's (rl-coach prints `Surrogate loss=nan, ...,
+# training epoch=0, learning_rate=0.0003`: IntelLabs/coach rl_coach/logger.py:103-115, clipped_ppo_agent.py:294-303)
+PY_DICT = "{'...'}"
 # framework -> metric keys (as printed, lowered) that only its logs hold, each set all present
 KEYS: dict[str, tuple[frozenset[str], ...]] = {
     MS_SWIFT: (frozenset({"global_step/max_steps"}), frozenset({"memory(gib)", "train_speed(iter/s)"})),
@@ -139,7 +143,8 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
                   frozenset({"learning rate", "global batch size", "loss scale"}),
                   frozenset({"elapsed time per iteration (ms)", "lm loss", "loss scale"})),
     NANOGPT: (frozenset({"iter", "loss", "time", "mfu"}),),
-    TRANSFORMERS: (frozenset({"loss", "learning_rate", "epoch"}), frozenset({"grad_norm", "learning_rate", "epoch"}),
+    TRANSFORMERS: (frozenset({PY_DICT, "loss", "learning_rate", "epoch"}),
+                   frozenset({PY_DICT, "grad_norm", "learning_rate", "epoch"}),
                    frozenset({"step", "training loss"})),  # the last: its notebook callback's table
     LIGHTNING: (frozenset({"v_num"}),),
 }  # fmt: skip

@@ -10,6 +10,7 @@ launch.signals; the words are matched there.
     anomaly-nan            PyTorch's anomaly mode: a backward function returned NaN (which one, which output)
     anomaly-forward        ... the warning before it, naming the backward function whose forward is traced
     probability-assert     torch.multinomial (sampling): the probabilities hold inf, NaN or a negative value
+    bad-probs              ... a sampler's own guard says so (`Bad probs detected: NaN: True`): not fatal by itself
     device-assert          a CUDA device-side assert (an index out of range: what NaN logits make of an argmax)
     nccl-timeout           a collective waited past its timeout: a rank left it (one that hit a NaN, or died)
     skip-nonfinite-grad    a framework skipped the optimizer step on a non-finite gradient norm (verl, ColossalAI)
@@ -196,6 +197,17 @@ SIGNALS: tuple[Signal, ...] = (
         stack="-",
         source="",
         means="the log says a loss or a gradient went NaN or Inf",
+    ),
+    Signal(
+        id="bad-probs",
+        value="NaN or Inf",
+        quantity="probabilities",
+        fatal=False,
+        stack="-",
+        source="a rollout sampler's own guard (`Bad probs detected: NaN: True`, RLinf-like)",
+        means="a sampler's check found the sampling probabilities non-finite: the policy's logits at rollout were "
+        "NaN or Inf (its weights after a NaN update, or an activation overflow); the probabilities, not a metric",
+        causes=("activation-overflow", "nan-rollout-logprob", "bad-checkpoint-resume"),
     ),
     Signal(
         id="printed-tensor",

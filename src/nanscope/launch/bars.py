@@ -83,18 +83,41 @@ def _bar_after(line: str, at: int) -> tuple[int | None, str | None]:
     return None, None
 
 
+# a bar of one epoch, described `Epoch E/N` (ColossalChat's trainers: coati/trainer/sft.py SFTTrainer._train,
+# `trange(len(train_dataloader) // accumulation_steps, desc=f"Epoch {epoch + 1}/{self.max_epochs}")`, hpcaitech/
+# ColossalAI at caab4a30): its count is the step within the epoch, its total the epoch's steps
+_EPOCH_BAR = re.compile(
+    r"\b[Ee]poch\s{0,4}\[?(?P<epoch>\d{1,6})\s{0,4}/\s{0,4}(?P<epochs>\d{1,6})\]?\s{0,4}:?\s{0,8}\d{1,3}%\|"
+)
+
+
+def _global(line: str, bar: Bar, count: int) -> tuple[int, str]:
+    """A bar's `count` as a global step: in epoch E of a bar described `Epoch E/N`, (E - 1) epochs of its total
+    before it; and the words saying so ("" for a bar that is no epoch's, or the first epoch's)."""
+    match = _EPOCH_BAR.search(line, max(0, bar.start - 400), bar.start + 1)
+    if match is None or not 1 < int(match["epoch"]) <= int(match["epochs"]):
+        return count, ""
+    epoch = int(match["epoch"])
+    step = (epoch - 1) * bar.total + count
+    return step, (f" (the bar counts within epoch {epoch}/{match['epochs']}, its description: ({epoch} - 1) x "
+                  f"{bar.total} + {count}, each epoch {bar.total} steps)")  # fmt: skip
+
+
 def step_at(line: str, at: int, logged: bool = False) -> tuple[int | None, str | None]:
     """The step of what sits at `at` on `line`, from the bar before it: its count inside the bar's bracket, the next
     step after it (`logged`: a line that logs the step just done keeps the count); without one, the bar after it
-    (`_bar_after`)."""
+    (`_bar_after`). A bar of one epoch (`Epoch 2/3: ... 451/1000`) counts within it: the global step is said."""
     bar = last_bar(line, at)
     if bar is None:
         return _bar_after(line, at)
     if bar.close < 0 or at < bar.close:
-        return bar.count, f"the progress bar on its line, {bar.shown()}"
+        step, said = _global(line, bar, bar.count)
+        return step, f"the progress bar on its line, {bar.shown()}{said}"
     if logged:
-        return bar.count, f"the progress bar it follows, {bar.shown()}: the step it logs"
-    return bar.count + 1, f"printed after the progress bar's {bar.shown()}: the next step"
+        step, said = _global(line, bar, bar.count)
+        return step, f"the progress bar it follows, {bar.shown()}: the step it logs{said}"
+    step, said = _global(line, bar, bar.count + 1)
+    return step, f"printed after the progress bar's {bar.shown()}: the next step{said}"
 
 
 def glued(line: str, bar: Bar) -> bool:

@@ -163,7 +163,8 @@ def framework_of(frames: list[Frame], lines: list[str], keys: set[str] | frozens
     for name, sets in frameworks.KEYS.items():
         hit = next((wanted for wanted in sets if wanted <= keys), None)
         if hit is not None:
-            found.setdefault(name, f"its metric lines' keys ({', '.join(sorted(hit))})")
+            shape = ", printed as a Python dict" if frameworks.PY_DICT in hit else ""
+            found.setdefault(name, f"its metric lines' keys ({', '.join(sorted(hit - {frameworks.PY_DICT}))}){shape}")
     for frame in frames:
         path = "/" + frame.path.replace("\\", "/").lstrip("/")
         for name, dirs in frameworks.PATHS.items():

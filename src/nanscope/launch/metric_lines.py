@@ -26,6 +26,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from nanscope.facts.frameworks import PY_DICT
+from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to
@@ -60,6 +62,7 @@ _SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
 _SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spaces: its keys and punctuation
 _WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it")
+_STEP_KEYS += ("num_updates",)  # fairseq's update count (fairseq/logging/progress_bar.py:392 logs by it)
 _SETTINGS = ("max_", "min_", "best_", "best ")  # a setting or a sentinel (`max_grad_norm: inf`, `best_loss inf`)
 _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
@@ -110,7 +113,10 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
             at += len(part) + 1
         if len(out) >= 2:
             return out
-    return [(_key(m["key"]), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
+    found = shapes.spaced(text) or shapes.bracketed(text)
+    found = found or [(_key(m["key"]), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
+    extra = shapes.averages(text)  # MetricLogger's `median (global_avg)`: a non-finite mean since the start
+    return sorted(found + extra, key=lambda item: item[2]) if extra else found
 
 
 def _with_loose(found: list[tuple[str, str, int]], piece: str) -> tuple[list[tuple[str, str, int]], bool]:
@@ -133,33 +139,10 @@ _TIMES = frozenset(("time", "times", "timing", "timer", "timers", "duration", "e
 _BAR_BEFORE = "the progress bar before it"
 
 
-def _trainer_dict(text: str) -> bool:
-    """A transformers Trainer's logged dict (`{'loss': nan, 'grad_norm': nan, ...}`), which belongs to the step its
-    progress bar shows: Trainer._inner_training_loop adds 1 to state.global_step and runs on_step_end, where
-    ProgressCallback updates the bar to global_step, before _maybe_log_save_evaluate logs the dict, which
-    ProgressCallback.on_log prints with tqdm.write: it clears the bar, prints the dict, and redraws the bar at the
-    same count (transformers 4.57.6 trainer.py:2753-2756, trainer_callback.py:651-653, :676-693). So the bar after
-    the dict gives its step, and a bar on the line before may lag (tqdm redraws at most every mininterval). A bar
-    glued before the dict on its line is left to `bars.step_at` (its count + 1): real pasted logs (LLaMA-Factory's PPO
-    loop, tests/fixtures/reports/real/llama-factory-357.txt) show dicts glued after the bar of the step before."""
-    return "{'" in text
-
-
 def _is_step_key(key: str) -> bool:
     low = key.lower()
     named = low in _STEP_KEYS or low.rsplit("/", 1)[-1] in _STEP_KEYS or low.rsplit(" ", 1)[-1] in _STEP_KEYS
     return named and not _TIMES.intersection(re.split(r"[/_ .()-]+", low))
-
-
-def _separated(piece: str, at: int) -> bool:
-    """The value at `at` follows a `:` or `=` (a counter's field), not a space alone (`Skipped 50 iterations`: prose)."""
-    before = piece[max(0, at - 48) : at].rstrip(" '\"")
-    return before.endswith((":", "="))
-
-
-def _percent(piece: str, at: int, value: str) -> bool:
-    """The value at `at` is a percentage (`Steps:   0%|`): a bar's progress, never a step."""
-    return piece[at + len(value) : at + len(value) + 1] == "%"
 
 
 _NORMS = ("grad_norm", "grad norm", "gradient_norm")
@@ -262,6 +245,8 @@ class MetricLines:
     relapsed: bool = False  # ... or where a loss went non-finite after it
     glued: list = field(default_factory=list)  # bars after a pending dict with text glued after them (`_glued_bar`)
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
+    block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
+    counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
 
     def rule(self, line: str, header_line: str) -> bool:
         """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
@@ -273,6 +258,9 @@ class MetricLines:
 
     def feed(self, line: str, number: int, *, bars: bool = True) -> None:
         """One metric line (`bars`: read its progress bar too; False: the caller reads the whole line's)."""
+        if (header := shapes.block_header(line)) is not None:
+            self.block = (header, number)
+            return
         if not self._quiet(line, number):
             for offset, piece in segments(line):
                 self._piece(line, piece, offset, number)
@@ -309,10 +297,12 @@ class MetricLines:
         found = self.table.row(piece) if self.table is not None else None
         found, loose = _with_loose(found or pairs(piece), piece)
         if not found:
+            found, self.counted = shapes.counted(self.counted, piece)  # yanmtt's bare `step value` lines
+        if not found:
             return
-        self.keys.update(key.lower() for key, _, _ in found[:64])
+        self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(piece))
         step, step_from = self._step(line, piece, offset, found)
-        self._counters([pair for pair in found if _separated(piece, pair[2])], number, step)
+        self._counters([pair for pair in found if shapes.separated(piece, pair[2])], number, step)
         self.scale.feed(found, number, step)
         missing = self._missing_loss(found)
         bad = [
@@ -363,10 +353,13 @@ class MetricLines:
     def context(self, lines: list[bytes], clean) -> None:
         """Lines just before a candidate line (not read as candidates: all finite): the step they name and their
         keys (a metric line cut before its step is after the step the one before it named)."""
+        self.counted = []
         for raw in lines:
-            found = pairs(clean(raw.decode("utf-8", "replace")))
+            found = pairs(text := clean(raw.decode("utf-8", "replace")))
+            pair = shapes.bare_pair(text)
+            self.counted = self.counted + [pair[0]] if pair is not None else []
             if len(found) >= 2:
-                self.keys.update(key.lower() for key, _, _ in found[:64])
+                self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(text))
                 step, step_from = self._step("", "", 0, found)
                 if step is not None and step_from == "the line":
                     self.explicit = step
@@ -378,7 +371,7 @@ class MetricLines:
             self.bar, self.bar_line = found[-1].count, number
             self.bar_done = found[-1].count == found[-1].total  # a finished loop (a dataset's map, an epoch)
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
-                if glued(line, found[-1]) and _trainer_dict(self.first.text):
+                if glued(line, found[-1]) and shapes.trainer_dict(self.first.text):
                     self._glued_bar(found[-1])
                     return
                 self.first.step, self.first.step_from = self.bar, f"the progress bar after it, {found[-1].shown()}"
@@ -400,7 +393,7 @@ class MetricLines:
     def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
         """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
         for key, value, at in found:
-            if _is_step_key(key) and not _percent(piece, at, value):
+            if _is_step_key(key) and not shapes.percent(piece, at, value):
                 number = _number(value.strip("'\"").split("/")[0])
                 if number is not None and math.isfinite(number):
                     return int(number), "the line"
@@ -412,7 +405,12 @@ class MetricLines:
         bracket = _BRACKET_STEP.search(piece, 0, WINDOW)
         if bracket is not None:
             return int(bracket["step"]), "the line"
-        return None, None
+        return shapes.named_step(piece) or (None, None)
+
+    def step_named(self, line: str) -> int | None:
+        """The step `line` names itself (None: none), without reading it as a metric line."""
+        step, how = self._step(line, line, 0, pairs(line))
+        return step if how is not None and how.startswith("the line") else None
 
     def _counters(self, found, number: int, step: int | None) -> None:
         for key, value, _ in found:
@@ -464,7 +462,9 @@ class MetricLines:
             first.values[0] = (full, first.values[0][1])
 
     def _reading(self, line: str, number: int, found, values, *, step: int | None, step_from: str | None) -> Reading:
-        after = None
+        after, block = None, self.block
+        if step is None and block is not None and 0 < number - block[1] <= shapes.BLOCK_LINES:
+            step, step_from = block[0], f"the block it is in (line {block[1]}: `Learning iteration {block[0]}/...`)"
         if step is None and self.explicit is not None:
             after = self.explicit
         elif step is None and self.bar is not None and number - self.bar_line <= LOOKAHEAD and not self.bar_done:
@@ -493,5 +493,7 @@ class MetricLines:
             self.provisional = {key.lower() for key, _, _ in found}
         if self.first.step is None and self.first.after is None:
             self.pending = number
-        elif self.first.step_from == _BAR_BEFORE and _trainer_dict(line):  # the bar redrawn after it is its step's
+        elif self.first.step_from == _BAR_BEFORE and shapes.trainer_dict(
+            line
+        ):  # the bar redrawn after it is its step's
             self.pending = number

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from nanscope.facts.metric_names import BEFORE_UPDATE, REWARDS
+from nanscope.launch.line_shapes import AVERAGE
 
 # keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
 _PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train/chosen", "logps_train/chosen")
@@ -23,7 +24,9 @@ _MODELS = (("critic/score", "reward"), ("critic/rewards", "reward"), ("critic/ad
            ("critic/returns", None), ("critic/kl", None), ("actor/", "actor"), ("critic/", "critic"), ("ref/", "reference"), ("reference/", "reference"),
            ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"),
            ("policy_loss", "policy"), ("actor_loss", "actor"), ("critic_loss", "critic"), ("value_loss", "critic"),
-           ("ref_", "reference"))  # fmt: skip
+           ("ref_", "reference"), ("value function loss", "critic"), ("mean value loss", "critic"),
+           ("surrogate loss", "actor"), ("mean surrogate loss", "actor"))  # fmt: skip
+# rsl-rl's PPO (rsl_rl/runners/on_policy_runner.py:185-186 at ff9e971): the value function loss is the critic's
 
 
 # A progress bar's `loss` (Lightning's running mean of the last training losses) and the reduced losses and
@@ -107,6 +110,10 @@ def _rewards_finite(found) -> list[str]:
 
 def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str | None, found=None) -> str:
     """What the first non-finite metrics point to, from what else the line shows (`found`: all its pairs)."""
+    if bad and bad[0][0].endswith(AVERAGE):
+        return (f"the running average of {bad[0][0][: -len(AVERAGE)]} since the start is non-finite (the logger's "
+                "`median (global_avg)`): a value went NaN or Inf at this iteration or at an earlier one it did not "
+                "print, and the sum it averages stays so")  # fmt: skip
     before = _before_update(bad[0][0]) if bad and bad[0][1] != "missing" else None
     if before is not None:
         rewards = _rewards_finite(found)
@@ -131,6 +138,9 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     if {"actor", "critic"} <= models:
         return ("both the actor's and the critic's losses on the same logged step: the line cannot tell which went "
                 "first (a shared input: the rewards, the advantages, or the rollout)")  # fmt: skip
+    if model == "critic" and len(found or ()) <= len(bad):  # rsl-rl's block: a line of its own
+        return ("the critic (the value model): its value loss went non-finite first in the block's order (its line "
+                "holds no actor metric): the returns or values it is fit to, or its own update")  # fmt: skip
     if model == "critic":
         return ("the critic (the value model): its value loss or gradient went non-finite while the actor's metrics "
                 "on the line are finite: the returns or values it is fit to, or its own update")  # fmt: skip
@@ -153,7 +163,7 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
         return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
                 "every label masked (the line cannot tell which)")  # fmt: skip
-    if any("loss" in k for k in last):
+    if any("loss" in k or k == "cost" for k in last):  # Marian prints its training loss as `Cost`
         return "the forward pass or the loss itself: the loss is non-finite"
     return "a non-finite logged value, and nothing else on the line says where it came from"
 

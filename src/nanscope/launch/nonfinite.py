@@ -23,6 +23,7 @@ from nanscope.launch.signals import Hit, read_line
 from nanscope.launch.tables import is_rule
 from nanscope.launch.wrapped import record
 
+OWN_COUNT = "the line (the optimizer's own count)"  # launch.signals: DeepSpeed's `Grad overflow on iteration N`
 MAX_RANKS = 64  # waiting ranks (NCCL's watchdog) kept
 # literals (lowered) of a line worth reading besides its NaN/Inf words: the evidence lines' that hold none
 # (launch.signals.MARKERS less those with a NaN/Inf word), a progress bar's, Megatron's iteration line, skip counters
@@ -31,6 +32,7 @@ NEEDLES = (
     b"already at minimum",
     b"error detected in",
     b"device-side assert",
+    b"probs detected",
     b"assertion `",
     b"watchdog caught",
     b"nccl operations have failed",
@@ -49,6 +51,7 @@ NEEDLES = (
     b"-- |",
     b": non-finite values ",  # nanscope's own plugins (launch.plugin_report)
     b"nanscope: warning: ",
+    b"learning iteration ",  # rsl-rl's block header: the step of the loss lines under it (launch.line_shapes)
 )
 # fmt: skip
 _LOWER = range(97, 123)
@@ -221,6 +224,8 @@ class Nonfinite:
             self.metrics.feed(text[: found[-1].close + 1], hit.line, bars=False)  # its bar: with the whole line, below
         if hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
             self.scales.add(hit.scale, hit.next_scale, None)
+        if hit.step_from == OWN_COUNT:
+            self._own_step(block, start, hit, clean)
         if hit.signal.id == "deepspeed-overflow":
             before = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, CONTEXT_LINES)]
             self.overflow = (hit.line, _grad_norm(before))
@@ -229,14 +234,44 @@ class Nonfinite:
         if self.metrics.first is None and self.counts.get(hit.signal.id, 0) < MAX_CONTEXTS:  # the lines before it
             self.metrics.context(_before(block, start, CONTEXT_LINES), clean)
 
+    def _own_step(self, block: bytes, start: int, hit: Hit, clean) -> None:
+        """An overflow line that counts the optimizer's iterations (`Grad overflow on iteration 3721`): the step of
+        the first metric line within LOOKAHEAD lines after it that names one is the training step it happened in
+        (DeepSpeed-Chat prints `step: 1860` after the step's update; its actor and critic engines each count)."""
+        end = block.find(b"\n", start)
+        for ahead in range(1, LOOKAHEAD + 1):
+            if end < 0:
+                return
+            stop = block.find(b"\n", end + 1)
+            stop = len(block) if stop < 0 else stop
+            raw = block[end + 1 : stop][:4096]
+            if b"step" in raw.lower():
+                step = self.metrics.step_named(clean(raw.decode("utf-8", "replace")))
+                if step is not None and step != hit.step:
+                    hit.step_from = (f"the metric line after it, line {hit.line + ahead} (the optimizer's own count is "
+                                     f"{hit.step}: its iterations, not the training steps)")  # fmt: skip
+                    hit.step = step
+                    return
+            end = stop if stop < len(block) else -1
+
     def _name_steps(self, number: int) -> None:
         """Evidence lines without a step before a metric line that names its own: theirs (a framework prints its
         step's metrics at the step's end, after what happened in it)."""
         for hit in self.unstepped:
-            if hit.step is None and number - hit.line <= LOOKAHEAD:
-                hit.step, hit.step_from = self.metrics.explicit, f"the metric line after it, line {number}"
-                if hit.signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.first_step is None:
+            own = hit.step_from == OWN_COUNT and hit.step != self.metrics.explicit
+            if (hit.step is None or own) and number - hit.line <= LOOKAHEAD:
+                before, how = hit.step, f"the metric line after it, line {number}"
+                how += (
+                    f" (the optimizer's own count is {before}: its iterations, not the training steps)" if own else ""
+                )
+                hit.step, hit.step_from = self.metrics.explicit, how
+                if hit.signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.first_step in (
+                    None,
+                    before,
+                ):
                     self.scales.first_step = hit.step
+                if own and hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
+                    self.scales.step(hit.step, hit.line, "the metric line after it")
         self.unstepped = []
 
     def _after_overflow(self, block: bytes, start: int, number: int, clean) -> None:
@@ -272,9 +307,10 @@ class Nonfinite:
             hit.step = bar if logged else bar + 1
             hit.step_from = (f"the progress bar {since} line(s) before it, {bar} done"
                              + ("" if logged else ": the next step"))  # fmt: skip
-        if hit.step is None and not timeout and len(self.unstepped) < 16:
+        own = hit.step_from == OWN_COUNT  # an optimizer's iteration: the metric lines' step, where they name one
+        if (hit.step is None or own) and not timeout and len(self.unstepped) < 16:
             self.unstepped.append(hit)
-        if signal.id in ("deepspeed-overflow", "scaler-overflow"):
+        if signal.id in ("deepspeed-overflow", "scaler-overflow") and not own:  # an own count: its metric line's
             self.scales.step(hit.step, hit.line, hit.step_from)
         if signal.id in ("deepspeed-overflow", "scaler-overflow") and self.scales.count == 1:
             self.scales.first_step = hit.step

@@ -104,7 +104,10 @@ class Scales:
         if self.first is None or self.floor is not None or self.regrew is not None or loss_step is not None:
             return False
         lowest = self.lowest if self.lowest is not None else self.first
-        return self.first >= HIGH and lowest >= LOW and (self.first_step is None or self.first_step <= EARLY)
+        still = self.last_step is not None and self.last_step > EARLY  # still falling past a run's start
+        return (
+            self.first >= HIGH and lowest >= LOW and (self.first_step is None or self.first_step <= EARLY) and not still
+        )
 
     def sentence(self, loss_step: int | None = None) -> str | None:
         """What the series says, in one or two sentences (None: no scale printed)."""
@@ -123,7 +126,14 @@ class Scales:
             return (f"The loss scale grows back between overflows ({_shown(low)}, then {_shown(again)} attempted "
                     "again): periodic overflows, the scale oscillating, not a collapse.")  # fmt: skip
         lowest = self.lowest if self.lowest is not None else self.first
-        early = self.first_step is None or self.first_step <= EARLY
+        early = (self.first_step is None or self.first_step <= EARLY) and (self.last_step or 0) <= EARLY
+        if self.halved and self.stepped is not None and self.in_a_row and (self.last_step or 0) > EARLY >= 0:
+            first, last = self.stepped[0], self.last_step
+            if last > first:
+                return (f"The loss scale falls from {_shown(self.first)} to {_shown(lowest)} with an overflow on every "
+                        f"step from step {first} to {last} ({self.count} overflow line(s)), past a run's start: the "
+                        "gradients overflow step after step, not a scale calibrating (that halves for a few steps "
+                        "at the start).")  # fmt: skip
         if self.first >= HIGH and lowest >= LOW and early and loss_step is not None:
             return (f"The first attempted loss scale is {_shown(self.first)}, where fp16 loss scalers start, but the "
                     f"loss itself is non-finite at step {loss_step}: a scale calibrating does not explain a NaN "

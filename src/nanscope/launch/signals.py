@@ -43,6 +43,7 @@ MARKERS = (
     b"returned inf values",
     b"Error detected in",
     b"probability tensor contains",
+    b"probs detected",
     b"device-side assert",
     b"Assertion `",
     b"Watchdog caught collective",
@@ -343,6 +344,21 @@ def _probability(text: str, before: str):
     return BY_ID["probability-assert"], {"op": "torch.multinomial (sampling)", "detail": where}
 
 
+_BAD_PROBS = re.compile(
+    r"probs detected\W{0,8}(?P<flags>(?:(?:NaN|Inf|Neg)\w{0,12}\s{0,2}[:=]\s{0,2}(?:True|False)\W{0,4}){1,3})"
+)
+
+
+_FOUND_TRUE = re.compile(r"(?:NaN|Inf)\w{0,12}\s{0,2}[:=]\s{0,2}True")
+
+
+def _bad_probs(text: str, before: str):
+    match = _BAD_PROBS.search(text)
+    if match is None or _FOUND_TRUE.search(match["flags"]) is None:  # a negative probability is no NaN or Inf
+        return None
+    return BY_ID["bad-probs"], {"op": "sampling", "detail": match["flags"].strip(" ,;")}
+
+
 def _assertion(text: str, before: str):
     match = _ASSERTION.search(text)
     if match is not None and "probability tensor" in match["op"]:
@@ -440,7 +456,7 @@ _READERS = (
     ("Skipping step. Attempted loss scale", _overflow),  # DeepSpeed's line without its `[deepspeed] OVERFLOW!` head
     ("Grad overflow on iteration", _grad_overflow), ("in a row due to Overflow", _overflow_exit), ("verflow", _scaler), ("already at minimum", _minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
     ("Error detected in", _forward),
-    ("probability tensor contains", _probability), ("Assertion `", _assertion), ("device-side assert", _assertion),
+    ("probability tensor contains", _probability), ("probs detected", _bad_probs), ("Assertion `", _assertion), ("device-side assert", _assertion),
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
     (plugin_report.ANCHOR, plugin_report.evidence), (plugin_report.WARNING_ANCHOR, plugin_report.warning_evidence),

@@ -17,6 +17,7 @@ _WHO = {
     "anomaly-nan": "autograd's anomaly mode found a backward function returning non-finite values",
     "anomaly-forward": "autograd's anomaly mode traced the forward call of a backward function that failed",
     "probability-assert": "sampling (torch.multinomial) was given probabilities holding inf, NaN or a negative value",
+    "bad-probs": "the sampler's guard found the sampling probabilities non-finite (the policy's logits at rollout)",
     "device-assert": "a CUDA device-side assert fired",
     "nccl-timeout": "a collective timed out (NCCL's watchdog)",
     "skip-nonfinite-grad": "the framework skipped an optimizer step on a non-finite gradient norm",
