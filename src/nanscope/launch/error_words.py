@@ -97,7 +97,9 @@ def python_warning(line: str) -> tuple[Signal, dict] | None:
 
 
 # a tensor printed after its name (`name: tensor([[...` / `name = tensor([...`), values up to the first `)` or `=`
-_NAMED_TENSOR = re.compile(r"(?P<name>[A-Za-z_][\w.]{0,80})\s{0,4}[:=]\s{0,4}tensor\((?P<values>\[{1,8}[^()=\n]{0,400})")
+_NAMED_TENSOR = re.compile(
+    r"(?P<name>[A-Za-z_][\w.]{0,80})\s{0,4}[:=]\s{0,4}tensor\((?P<values>\[{1,8}[^()=\n]{0,400})"
+)
 # Megatron's pipeline p2p buffers (megatron-core 0.15.0rc0 pipeline_parallel/p2p_communication.py:21-44: irecv into
 # tensor_recv_prev from the previous rank, tensor_recv_next from the next; recv_backward, :434-450, receives the output
 # tensor's gradient from the next stage into tensor_recv_next, recv_forward the input activation into tensor_recv_prev)

@@ -134,7 +134,9 @@ class LoggerTable:
         if policy and value:
             return (f"the policy ({', '.join(policy[:3])}) and the value function ({', '.join(value[:2])}) of the same "
                     f"update ({order}): a network or an input they share (observations, returns, advantages)")  # fmt: skip
-        finite = [key for key, value, _ in self.rows if key.lower().rsplit("/", 1)[-1] in _VALUE and not nonfinite(value)]
+        finite = [
+            key for key, value, _ in self.rows if key.lower().rsplit("/", 1)[-1] in _VALUE and not nonfinite(value)
+        ]
         if policy and finite:
             return (f"the policy's update: {', '.join(policy[:3])} non-finite while the value function's "
                     f"{', '.join(finite[:2])} in the same table are finite ({order})")  # fmt: skip
@@ -151,7 +153,7 @@ def _lines_before(block: bytes, start: int, count: int) -> list[tuple[int, str]]
     out, end = [], start - 1
     while end >= 0 and len(out) < count:
         begin = block.rfind(b"\n", 0, end) + 1
-        out.append((begin, block[begin:end][:MAX_ROW + 1].decode("utf-8", "replace")))
+        out.append((begin, block[begin:end][: MAX_ROW + 1].decode("utf-8", "replace")))
         end = begin - 1
     return out
 
