@@ -11,7 +11,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import error_words, logger_tables
+from nanscope.launch import error_words, logger_tables, loop_lines
 
 
 @pytest.fixture(autouse=True)
@@ -295,3 +295,90 @@ def test_8_key_reader_is_linear_on_a_100kb_line():
     assert error_words.first_key("a" * 100_000 + "=1") is None
     assert error_words.first_key("a=" * 50_000) is None
     assert time.process_time() - started < 5
+
+
+# 2. steps: mmcv's TextLoggerHook (mmcv v1.7.2 mmcv/runner/hooks/logger/text.py:137-143: `Iter [{iter}/{max_iters}]`
+# by iteration, `Epoch [{epoch}][{iter}/{len}]` by epoch), here mmsegmentation's (rayguan97/GANav-offroad#14)
+_MMCV_ITER = "".join(
+    f"2022-07-26 11:14:{i:02d},372 - mmseg - INFO - Iter [{it}/160000]\tlr: 9.994e-03, eta: 8:49:53, time: 0.145, "
+    f"data_time: 0.001, memory: 17373, decode.loss_seg: {loss}, decode.acc_seg: 23.8205, loss: {loss}\n"
+    for i, (it, loss) in enumerate(((50, "0.8123"), (100, "nan"), (150, "nan")))
+)
+
+
+def test_2_mmcv_iter_names_the_step(tmp_path, capsys):
+    """Round 6: "the line names no step"."""
+    doc, out = _doctor(tmp_path, capsys, _MMCV_ITER)
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["line"], first["step"], first["step_from"], first["metric"]) == (
+        2,
+        100,
+        "the line",
+        "decode.loss_seg",
+    )
+    assert "The first non-finite metric: decode.loss_seg at step 100 (line 2)." in out
+
+
+# a loop's own progress line before its error: TimZaman/dotaclient (8615b90) optimizer.py:438 logs `iteration
+# {it}/{iterations}` at the start of each iteration, the PPO epochs inside it, and raises at :668 (dotaclient#42)
+_DOTA_LOOP = (
+    "2019-02-15 15:37:57,825 INFO     steps_per_s=25.76, avg_weight_age=1.0, loss=-0.1758, entropy=5.023\n"
+    "2019-02-15 15:37:57,878 INFO     iteration 27/10000\n"
+    "2019-02-15 15:40:09,232 INFO      epoch 1/4\n"
+    "2019-02-15 15:40:12,433 INFO      epoch 2/4\n" + _DOTA
+)
+
+
+def test_2_the_loops_iteration_line_before_an_error_gives_its_step(tmp_path, capsys):
+    """Round 6: no step."""
+    doc, out = _doctor(tmp_path, capsys, _DOTA_LOOP)
+    failure = doc["failure"]
+    assert (failure["line"], failure["step"]) == (8, 27)
+    assert doc["summary"]["step"] == 27
+    assert (
+        "The run ended on an error naming NaN or Inf at step 27 (the loop's progress line 6 line(s) before it, line 2: "
+        "'2019-02-15 15:37:57,878 INFO iteration 27/10000': at or after step 27)" in out
+    )
+
+
+def test_2_loop_line_reader_is_linear_on_a_100kb_line():
+    started = time.process_time()
+    assert loop_lines.progress("iteration " * 10_000 + "x") is None
+    assert loop_lines.progress("step" + " " * 100_000 + "1/") is None
+    assert time.process_time() - started < 5
+
+
+# danijar/dreamer's `print(f'[{step}]', ' / '.join(f'{k} {v:.1f}' for k, v in metrics))` (dreamer.py, Dreamer._write_summaries;
+# danijar/dreamer#58)
+_DREAMER = (
+    "[4000] expl_amount 0.0 / model_grad_norm 812.3 / value_grad_norm 40.3 / image_loss 11650.7\n"
+    "[5000] expl_amount 0.0 / model_grad_norm nan / value_grad_norm 40.3 / image_loss 11650.7\n"
+)
+
+
+def test_2_dreamer_bracketed_step_at_the_line_head(tmp_path, capsys):
+    """Round 6: "the line names no step"."""
+    doc, out = _doctor(tmp_path, capsys, _DREAMER)
+    assert (doc["summary"]["metric"], doc["summary"]["step"]) == ("model_grad_norm", 5000)
+
+
+# 7. a Trainer dict's step from the bar redrawn after it: ProgressCallback.on_step_end updates the bar to global_step
+# (transformers 4.57.6 trainer_callback.py:651-654) before the dict is logged (trainer.py:2753-2756), and on_log prints
+# it with tqdm.write (:676-693), which redraws the bar after it; here a forked worker's warning glued to the bars
+# (hiyouga/LlamaFactory#9298)
+_FORK = "huggingface/tokenizers: The current process just got forked, after parallelism has already been used."
+_TRAINER = (
+    "{'loss': 3.5249, 'grad_norm': 100.6954116821289, 'learning_rate': 0.0, 'epoch': 1.0}\n"
+    f"  0%|▋         | 1/300 [00:02<11:15,  2.26s/it]{_FORK}\n"
+    "To disable this warning, you can either:\n"
+    "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 3.333333333333333e-10, 'epoch': 2.0}\n"
+    f"  1%|█▎        | 2/300 [00:03<09:24,  1.89s/it]{_FORK}\n"
+)
+
+
+def test_7_trainer_dict_takes_the_one_bar_redrawn_after_it(tmp_path, capsys):
+    """Round 6: step 1, from the bar before the dict."""
+    doc, out = _doctor(tmp_path, capsys, _TRAINER)
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["line"], first["step"], first["metric"]) == (4, 2, "grad_norm")
+    assert first["step_from"].startswith("the progress bar redrawn after it, 2/300 (the Trainer updates its bar")
