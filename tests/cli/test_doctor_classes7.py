@@ -178,10 +178,10 @@ def test_3_cuda_assert_rank_from_the_traceback_after_it_and_step_from_its_bar(tm
     """Round 6: the failure named no rank and no step (the summary's rank came from the prefixes alone)."""
     doc, out = _doctor(tmp_path, capsys, _SWIFT)
     failure = doc["failure"]
-    assert (failure["check"], failure["line"], failure["rank"], failure["step"]) == ("probability-assert", 2, 5, 82)
+    assert (failure["check"], failure["line"], failure["rank"], failure["step"]) == ("probability-assert", 2, 5, 83)
     assert (
         "On rank 5, sampling (torch.multinomial) was given probabilities holding inf, NaN or a negative value at step "
-        "82 (the progress bar its line is glued to, 82/1218: the assert is asynchronous, at or after step 82)" in out
+        "83 (printed after the progress bar's 82/1218: the next step)" in out
     )
 
 

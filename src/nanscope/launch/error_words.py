@@ -12,7 +12,7 @@ Each regex is applied to a bounded window after a literal found first, with boun
     read = distribution(text, before)     # (signal, fields) of torch.distributions' validation error, or None
     read = python_warning(line)           # ... of a warnings.warn line whose message names NaN or Inf, or None
     read = named_tensor(line)             # ... of a multi-element tensor printed after its name, or None
-    place_assert(hit, line, following)    # a CUDA assert's rank (the traceback after it) and step (its bar)
+    place_assert(hit, line, following)    # a CUDA assert's rank (the traceback after it), its text's start
 """
 
 from __future__ import annotations
@@ -136,11 +136,11 @@ _NEXT_RANK = re.compile(r"\s{0,8}\[rank(?P<rank>\d{1,9})\]:")
 
 
 def place_assert(hit, text: str, following: str) -> None:
-    """A CUDA device-side assert's rank and step, where its line names neither: the `[rankN]:` prefix of the traceback
-    line right after it (the kernel's printf bypasses the launcher's rank prefix; the Python error it raises on that
-    rank is prefixed), and the progress bar its line is glued to. The assert is asynchronous: the bar's count was
-    drawn before the kernel that failed reported, which ran in that step or the next, so the step is the count's,
-    said as "at or after"."""
+    """A CUDA device-side assert's rank, where its line names none: the `[rankN]:` prefix of the traceback line right
+    after it (the kernel's printf bypasses the launcher's rank prefix; the Python error it raises on that rank is
+    prefixed); and where its own text starts after the progress bar it is glued to, whatever the build path before
+    `Assertion` (`/pytorch/aten/...`, not only `../aten/`): launch.bars.step_at then gives its step (the bar's count
+    done, the assert printed while the next step ran)."""
     if hit.signal.id not in _ASSERTS:
         return
     tag = _NEXT_RANK.match(following[:64]) if hit.rank is None else None
@@ -148,8 +148,6 @@ def place_assert(hit, text: str, following: str) -> None:
         hit.rank = int(tag["rank"])
         hit.ranks.append(f"rank {hit.rank}: the [rank{hit.rank}]: traceback right after it")
     at = text.find("Assertion `", 0, WINDOW * 4)
-    bar = last_bar(text, at) if hit.step is None and at > 0 else None
+    bar = last_bar(text, at) if hit.step is None and not hit.at and at > 0 else None
     if bar is not None and 0 < bar.close < at:
-        hit.step = bar.count
-        hit.step_from = (f"the progress bar its line is glued to, {bar.shown()}: the assert is asynchronous, at or "
-                         f"after step {bar.count}")  # fmt: skip
+        hit.at = bar.close + 1
