@@ -19,8 +19,8 @@ stable_baselines3/common/logger.py:203-208, :227-233) writes a row `| tag/ |  |`
 it indented by three spaces (`time/iterations`, on_policy_algorithm.py:289; `train/n_updates`, ppo/ppo.py:297). So the row
 order says nothing about which value went non-finite first: they are one iteration's.
 
-A row is a line of exactly three `|` whose key starts with a letter and whose value is a number, a NaN/Inf word or
-empty (a tag's row); lines are split by hand (no regex over them), at most MAX_ROWS a table.
+A row is a line of exactly three `|` whose key starts with a letter (its value a number, a NaN/Inf word, a string
+the logger printed, or empty: a tag's row); lines are split by hand (no regex over them), at most MAX_ROWS a table.
 
     table = read(block, start, number, clean)     # the table holding the row at `start`, or None
     table.line(), table.step, table.step_from      # a `key=value` line of its record; where its step comes from
@@ -57,7 +57,7 @@ def row(line: str) -> tuple[str, str, bool] | None:
     name, value = key.strip(), value.strip()
     if not name or not (name[0].isalpha() or name[0] == "_"):
         return None
-    if value and not _number(value) and value.lower() not in _NONFINITE:
+    if len(value) > 60:  # a value as the logger cuts it (baselines' _truncate: 23 characters)
         return None
     if not value and not name.endswith("/"):
         return None
@@ -76,6 +76,11 @@ def _number(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _value(value: str) -> bool:
+    """A number or a NaN/Inf word (a string the logger printed, `Hopper-v2`, is no metric)."""
+    return _number(value) or value.lower() in _NONFINITE
 
 
 def nonfinite(value: str) -> bool:
@@ -107,7 +112,7 @@ class LoggerTable:
     def line(self) -> str:
         """Its record as one `key=value` line (what launch.metric_lines reads), its step first."""
         head = [] if self.step is None else [f"step={self.step}"]
-        return " ".join(head + [f"{key.replace(' ', '_')}={value}" for key, value, _ in self.rows if value])
+        return " ".join(head + [f"{key.replace(' ', '_')}={value}" for key, value, _ in self.rows if _value(value)])
 
     def text(self) -> str:
         """Its non-finite rows and its step row, as printed (cut)."""
