@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from nanscope import inputs
 from nanscope.errors import UserError
+from nanscope.launch import trainer_bars
 from nanscope.launch.failure import Failure, Impossible, line_failures
 from nanscope.launch.logsource import open_log
 from nanscope.launch.metrics import Metrics
@@ -162,6 +163,7 @@ class _Scanner:
         if self.carry:
             self._block(self.carry, _LAST, last=True)
             self.carry = b""
+        trainer_bars.settle(self.nonfinite.metrics)  # a Trainer dict's step from the one bar after it
         rerun = last_word(self.verdicts)
         notes = [f"{line}: not read as one" for line in self.impossible]
         if self.skipped > len(self.impossible):

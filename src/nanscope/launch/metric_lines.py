@@ -47,10 +47,10 @@ _FIELD_WHOLE = re.compile(_FIELD.pattern + r".?\Z", re.IGNORECASE)  # a field to
 # and the MetricLogger of DeiT, BEiT, VideoMAE (`Epoch: [0]  [   10/17227]  eta: ...`: the iteration in its epoch)
 _EPOCH_ITER = re.compile(
     r"\]\s{0,4}\[\s{0,12}(?P<step>\d{1,12})/\d{1,12}\]"
-    r"|Iter\((?:train|val|test)\)\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"
+    r"|Iter(?:\((?:train|val|test)\))?\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"  # mmcv's `Iter [100/160000]`
 )
-# a step in brackets at a line's head (loguru's `mip.logger:log:94 - [Step 13999] total_time: ...`)
-_BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\]", re.IGNORECASE)
+# a step in brackets at a line's head (loguru's `mip.logger:log:94 - [Step 13999] total_time: ...`, dreamer's `[5000] `)
+_BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\]|\A\[(?P<at>\d{1,12})\] ", re.IGNORECASE)  # fmt: skip
 
 # `_quiet`'s passes: Megatron's iteration line's head (its step), a non-finite value, the skip counters, the keys
 _QUIET_HEAD = re.compile(
@@ -404,7 +404,7 @@ class MetricLines:
             return int(match["iter"]), "the line"
         bracket = _BRACKET_STEP.search(piece, 0, WINDOW)
         if bracket is not None:
-            return int(bracket["step"]), "the line"
+            return int(bracket["step"] or bracket["at"]), "the line"
         return shapes.named_step(piece) or (None, None)
 
     def step_named(self, line: str) -> int | None:

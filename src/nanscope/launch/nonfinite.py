@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from nanscope.launch import error_words, logger_tables, loop_lines
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
 from nanscope.launch.scales import Scales
@@ -41,6 +42,7 @@ NEEDLES = (
     b"parameter loss_scale",
     b"loss_scale",
     b"out of memory",
+    b"found invalid values",  # torch.distributions' validation error (launch.error_words)
     b"/it",
     b"it/s",
     b"consumed samples",
@@ -169,6 +171,11 @@ class Nonfinite:
             text = clean(block[start:end].decode("utf-8", "replace"))
             if any(marker in text for marker in _MEGATRON):
                 continue  # Megatron's own error and verdict lines are launch.failure's and launch.rerun's
+            table = logger_tables.read(block, start, lines + 1, clean) if logger_tables.row(text) else None
+            if table is not None:  # a baselines logger's table: one record
+                consumed = table.stop
+                logger_tables.feed(self.metrics, table)
+                continue
             previous = clean(_line_before(block, start).decode("utf-8", "replace"))
             if is_rule(text) and self.metrics.rule(text, previous):
                 continue
@@ -180,6 +187,9 @@ class Nonfinite:
                 head = lines + 1 - block.count(b"\n", first, start)  # the record's first line: its context before it
                 self._metric_line(block, first, joined, lines + 1, clean, head=head)
                 continue
+            error_words.place_assert(hit, text, clean(following.decode("utf-8", "replace")))
+            if hit.step is None and hit.signal.fatal and not hit.at and hit.line - self.metrics.bar_line > 2:
+                hit.step, hit.step_from = loop_lines.step_before(block, start, hit.line, clean)
             self._signal(block, start, hit, text, clean)
             if self._keep(hit, text, _blank_since(block, start, hit.line - self.metrics.bar_line - 1)):
                 out.append((start, hit))

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from nanscope.facts.signals import BY_ID, LOGGER_FILES, WORDING, Signal, Wording
-from nanscope.launch import plugin_report
+from nanscope.launch import error_words, plugin_report
 from nanscope.launch.cuts import cut
 from nanscope.launch.memory import out_of_memory
 
@@ -460,7 +460,7 @@ _READERS = (
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
     (plugin_report.ANCHOR, plugin_report.evidence), (plugin_report.WARNING_ANCHOR, plugin_report.warning_evidence),
-    ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", out_of_memory),
+    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", out_of_memory),
 )  # fmt: skip
 
 
@@ -485,8 +485,12 @@ def _generic(line: str) -> tuple[Signal, dict] | None:
     head = line[:WINDOW]
     error = _ERROR.search(head) if ("Error" in head or "Exception" in head) else None
     if error is not None and _NONFINITE.search(error["msg"]) is not None:
-        return BY_ID["nonfinite-error"], {"op": error["exc"], "detail": error["msg"].strip()[:200]}
-    tensor = _printed_tensor(head) if "tensor(" in head else None
+        return BY_ID["nonfinite-error"], {"op": error["exc"], "detail": error["msg"].strip()[:200],
+                                          "metric": error_words.first_key(error["msg"])}  # fmt: skip
+    warned = error_words.python_warning(head) if "Warning: " in head else None
+    if warned is not None:
+        return warned
+    tensor = (_printed_tensor(head) or error_words.named_tensor(head)) if "tensor(" in head else None
     if tensor is not None:
         return tensor
     low = head.lower()

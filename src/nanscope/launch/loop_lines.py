@@ -1,0 +1,50 @@
+"""A training loop's own progress line before an error: the step the error came in, where the error's line names
+none and no progress bar is beside it.
+
+    2019-02-15 15:37:57,878 INFO     iteration 27/10000          <- the loop's line, at the start of iteration 27
+    2019-02-15 15:40:09,232 INFO      epoch 1/4                  (an epoch inside the iteration: not a step)
+    Traceback (most recent call last):
+      ...
+    ValueError: loss=nan, policy_loss=nan, entropy_loss=nan, advantage_loss=nan     <- step 27
+
+TimZaman/dotaclient (8615b90) optimizer.py:438 logs `iteration {it}/{iterations}` at the start of each iteration and
+raises the ValueError at :668 inside it. A line whose message ends in `iteration N[/M]` (also `iter`, `step`) is
+such a line; the nearest one within REACH lines before the error gives its step, said as "at or after" (a loop
+that prints at a step's end makes it the step before). Each line is read in its last 80 characters: linear.
+
+    step, how = step_before(block, start, number, clean)     # (None, None): no such line
+"""
+
+from __future__ import annotations
+
+import re
+
+REACH = 40  # lines looked at before an error line
+_TAIL = 80  # characters of a line's end read
+_PROGRESS = re.compile(
+    r"(?<![\w/.-])(?P<word>iteration|iter|step)\s{0,4}[:=#]?\s{0,4}(?P<step>\d{1,12})(?:\s{0,4}/\s{0,4}\d{1,12})?\s{0,4}\Z",
+    re.IGNORECASE,
+)
+
+
+def progress(line: str) -> int | None:
+    """The step a loop's progress line announces (`iteration 27/10000`), or None."""
+    tail = line.rstrip()[-_TAIL:]
+    match = _PROGRESS.search(tail)
+    return None if match is None else int(match["step"])
+
+
+def step_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:
+    """The step of the error line at `start` (the log's line `number`) from the nearest progress line before it."""
+    end, seen = start - 1, 0
+    while end > 0 and seen < REACH:
+        begin = block.rfind(b"\n", 0, end) + 1
+        seen += 1
+        text = clean(block[max(begin, end - 4 * _TAIL) : end].decode("utf-8", "replace"))
+        step = progress(text)
+        if step is not None:
+            shown = text.strip()[-60:]
+            return step, (f"the loop's progress line {seen} line(s) before it, line {number - seen}: {shown!r}: "
+                          f"at or after step {step}")  # fmt: skip
+        end = begin - 1
+    return None, None
