@@ -7,6 +7,7 @@ nanscope/skipped_steps; NANSCOPE_MAX_SKIPS ends the run.
 
 import inspect
 import json
+import os
 
 import pytest
 
@@ -66,7 +67,14 @@ def test_plugin_report_at_the_hazard_step_replays_to_the_exp_in_the_kl(tmp_path,
         "rerun from the checkpoint before rollout 1 with NANSCOPE_TRACE_STEP=1:0 in the "
         "environment and --load-debug-rollout-data "
     )
-    assert f"the report says: {said} replay offline, as `nanscope trace nanscope_reports` does (4 bundles, " in text
+    # the rollouts' path it names was the harness's temporary directory: said, as it is gone
+    scratch = said.split("--load-debug-rollout-data ")[1].split("/rollouts.")[0]
+    assert not os.path.exists(scratch) and plugin["scratch_dir"] == scratch
+    assert (
+        f"the report says: {said} ({scratch} was the harness's temporary directory, removed when the run ended; in a "
+        "slime run the path is where the run saved its rollouts (--save-debug-rollout-data); the replay below needs "
+        "only the bundles) replay offline, as `nanscope trace nanscope_reports` does (4 bundles, "
+    ) in text
     # the headline follows the reports' producer (the loss's rank), whichever rank raised first
     raised = doc["as_is"]["first_failure"]
     assert (

@@ -388,6 +388,12 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
         f"{first['rollout_id']} step {first['step_id']} (harness step {plugin.inject_step}); {_first_value(plugin)}",
         f"the report says: {first['replay']['text']}",
     ]
+    if plugin.scratch_dir and plugin.scratch_dir in first["replay"]["text"]:
+        out.append(
+            f"  ({plugin.scratch_dir} was the harness's temporary directory, removed when the run ended; in a slime run "
+            "the path is where the run saved its rollouts (--save-debug-rollout-data); the replay below needs only the "
+            "bundles)"
+        )
     if plugin.replay is None:
         out.append("replay: no rank wrote a repro bundle")
     else:
@@ -466,6 +472,7 @@ def plugin_to_json(plugin: PluginCheck) -> dict:
         "replay": plugin.replay,
         "report_dir": plugin.report_dir,
         "report_dir_left_out": plugin.left_out,  # files that could not be left there, one line each
+        "scratch_dir": plugin.scratch_dir,  # the harness's temporary directory (removed): the reports' rollouts path
         "warned_steps": plugin.warned,  # harness steps at which the raise run's hook printed a warning
         "warnings": [line for entry in _hook_log(plugin.raised) for line in entry.get("warnings", [])],
         "skip": {

@@ -27,6 +27,7 @@ class PluginCheck:
     left_out: list[str] = field(default_factory=list)  # files that could not be left there, with why (one line each)
     steps: int = 0  # the run's optimizer steps
     drifts: bool = False  # a drifting hazard: every step from inject_step on crosses, and the warning comes first
+    scratch_dir: str | None = None  # the harness's temporary directory, removed when the run ended (its rollouts)
 
     @property
     def crossing_steps(self) -> int:

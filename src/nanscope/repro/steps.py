@@ -92,7 +92,7 @@ def run_steps(
         if plugin:
             skipped = from_run(launched.runs[-1], launched, layout, expected="completed")
             check = plugin_check(as_is, skipped, inject_step=inject_step, max_skips=max_skips, report_dir=report_dir)
-            check.steps, check.drifts = steps, catalogue.get(hazard).drifts
+            check.steps, check.drifts, check.scratch_dir = steps, catalogue.get(hazard).drifts, str(out)
     notes = harness_notes(layout) + (
         [
             "plugin: harness step k is rollout k-1 (one optimizer step per rollout); the replay is "
