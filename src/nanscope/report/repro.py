@@ -7,6 +7,7 @@ from rich.table import Table
 
 from nanscope import case
 from nanscope.megatron.spec import PEER_FAILED, failed_check
+from nanscope.report import plugin_text
 from nanscope.report import table as tables
 from nanscope.report.text import span
 from nanscope.repro import Matrix, PluginCheck, Repro, StepsCheck
@@ -385,7 +386,7 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
     first = plugin.reports[0]
     out = [
         f"plugin: ranks {span(sorted(report['rank'] for report in plugin.reports))} reported rollout "
-        f"{first['rollout_id']} step {first['step_id']} (harness step {plugin.inject_step}); {_first_value(plugin)}",
+        f"{first['rollout_id']} step {first['step_id']} (harness step {plugin.inject_step}); {plugin_text.first_value(plugin)}",
         f"the report says: {first['replay']['text']}",
     ]
     if plugin.scratch_dir and plugin.scratch_dir in first["replay"]["text"]:
@@ -410,8 +411,8 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
             guard = "finite" if replay["guard_finite"] else "STILL NON-FINITE"
             out.append(f"  with the guard (the plugin's loss): loss and gradient {guard} in every replayed micro-batch")
     if plugin.warned or plugin.drifts:
-        out.append(_warning_line(plugin))
-    log = _hook_log(plugin.skipped)
+        out.append(plugin_text.warning_line(plugin))
+    log = plugin_text.hook_log(plugin.skipped)
     logged = ", ".join(str(entry["nanscope/skipped_steps"]) for entry in log)
     out.append(
         f"skip mode: {outcome(plugin.skipped)}; grad norm per step {_norms(plugin.skipped)}; "
@@ -423,46 +424,9 @@ def plugin_lines(plugin: PluginCheck) -> list[str]:
     return out
 
 
-def _first_value(plugin: PluginCheck) -> str:
-    """Where the first non-finite value was produced (the reports' rerun.producer, the same on every rank: first in
-    causal order across ranks), and which rank raised Megatron's error first (by wall clock: any rank whose gradients
-    the value reached, a peer of the producer as often as the producer)."""
-    raised = plugin.raised.first_failure
-    who = "" if raised is None else f"; rank {raised} raised Megatron's error first"
-    producer = next((r["rerun"]["producer"] for r in plugin.reports if (r.get("rerun") or {}).get("producer")), None)
-    if producer is not None:
-        return (
-            f"the first non-finite value (the rerun's producer): rank {producer['rank']} (pp {producer['pp']}, tp "
-            f"{producer['tp']}), module {producer['module']!r}, {producer['direction']}, micro-batch "
-            f"{producer['microbatch']}, class {producer['class'] or 'undecided'}{who}"
-        )
-    # no rerun (NANSCOPE_RERUN=off): the first rank to raise, whose reading need not be the producer's
-    report = next((r for r in plugin.reports if r["rank"] == raised), plugin.reports[0])
-    hit = report["first_forward"] or report["first_backward"]
-    where = f"module {hit['module']!r}, micro-batch {hit['microbatch']}" if hit else "accumulated gradients"
-    return f"rank {report['rank']}'s first non-finite: {where}{who} (no rerun in the reports: no producer across ranks)"
-
-
-def _warning_line(plugin: PluginCheck) -> str:
-    """When the raise run's hook warned, against the step the hazard killed."""
-    if not plugin.warned:
-        return f"early warning: none before step {plugin.inject_step}, where as-is died"
-    first = next(entry for entry in _hook_log(plugin.raised) if entry.get("warnings"))["warnings"][0]
-    ahead = plugin.inject_step - plugin.warned[0]
-    return (
-        f"early warning: the raise run's hook warned at steps {span(plugin.warned)}, {ahead} step"
-        f"{'s' if ahead != 1 else ''} before as-is died at step {plugin.inject_step}; first: {first}"
-    )
-
-
 def _norms(rep: Repro) -> str:
     """The optimizer's grad norm per step, as the first rank recorded it."""
     return ", ".join(_fmt(norm) for norm in (rep.ranks[0].optimizer_grad_norm if rep.ranks else []))
-
-
-def _hook_log(rep: Repro) -> list[dict]:
-    """What the plugin's hook logged, from the first rank that logged anything."""
-    return next((record.hook_log for record in rep.ranks if record.hook_log), [])
 
 
 def plugin_to_json(plugin: PluginCheck) -> dict:
@@ -474,13 +438,13 @@ def plugin_to_json(plugin: PluginCheck) -> dict:
         "report_dir_left_out": plugin.left_out,  # files that could not be left there, one line each
         "scratch_dir": plugin.scratch_dir,  # the harness's temporary directory (removed): the reports' rollouts path
         "warned_steps": plugin.warned,  # harness steps at which the raise run's hook printed a warning
-        "warnings": [line for entry in _hook_log(plugin.raised) for line in entry.get("warnings", [])],
+        "warnings": [line for entry in plugin_text.hook_log(plugin.raised) for line in entry.get("warnings", [])],
         "skip": {
             **to_json(plugin.skipped),
             "expected": plugin.skip_expected,
             "max_skips": plugin.max_skips,
             "skipped_steps": [record.skipped_steps for record in plugin.skipped.ranks],
-            "log": _hook_log(plugin.skipped),
+            "log": plugin_text.hook_log(plugin.skipped),
         },
     }
 
