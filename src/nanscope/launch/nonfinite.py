@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from nanscope.launch import error_words, logger_tables, loop_lines
+from nanscope.launch import error_words, glued, logger_tables, loop_lines
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
 from nanscope.launch.scales import Scales
@@ -188,6 +188,7 @@ class Nonfinite:
                 self._metric_line(block, first, joined, lines + 1, clean, head=head)
                 continue
             error_words.place_assert(hit, text, clean(following.decode("utf-8", "replace")))
+            glued.place(hit, text)
             if hit.step is None and hit.signal.fatal and not hit.at and hit.line - self.metrics.bar_line > 2:
                 hit.step, hit.step_from = loop_lines.step_before(block, start, hit.line, clean)
             self._signal(block, start, hit, text, clean)

@@ -1,0 +1,108 @@
+"""Issue 41, round 8: the classes of misreading found on a ninth set of reports doctor had never read (holdout9),
+each on crafted input of its class in the stack's own format: an error line glued onto a traceback frame's code line
+(1), a NaN message glued after a progress record, ahead of the assert it led to (2), a line's own step over the bar
+it holds (3), a per-line `epoch: N` counter (4), a bracketed list of names over a printed array of values (5), the
+input's first record of a metric (6) and a loss scale collapsed below 1 (7). Each test fails on round 7's doctor."""
+
+import json
+import time
+
+import pytest
+
+from nanscope.cli.main import main
+from nanscope.launch import glued
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+
+
+def _doctor(tmp_path, capsys, log: str) -> tuple[dict, str]:
+    (tmp_path / "job.log").write_text(log)
+    out = tmp_path / "d.json"
+    code = main(["doctor", "--traceback", str(tmp_path / "job.log"), "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
+
+
+# 1. an error line glued onto a frame's code line: stdout and stderr interleaved in a paste (mozilla/TTS#668,
+# https://github.com/mozilla/TTS/issues/668: TTS/tts/layers/losses.py:398 `raise RuntimeError(f" [!] NaN loss with
+# {key}.")`, its error line printed after the first frame's `    main(args)` with the newline lost)
+_TTS = """Traceback (most recent call last):
+  File "TTS/bin/train_tacotron.py", line 721, in <module>
+    main(args)RuntimeError:  [!] NaN loss with postnet_loss.
+
+  File "TTS/bin/train_tacotron.py", line 623, in main
+    scaler_st)
+  File "/content/TTS/tts/layers/losses.py", line 398, in forward
+    raise RuntimeError(f" [!] NaN loss with {key}.")
+"""
+
+
+def test_1_error_line_glued_onto_a_frame_code_line(tmp_path, capsys):
+    """Round 7: "The traceback ends before its error line"."""
+    doc, out = _doctor(tmp_path, capsys, _TTS)
+    failure = doc["failure"]
+    assert (failure["check"], failure["line"], failure["kind"]) == ("nonfinite-error", 3, "NaN")
+    assert "The run ended on an error naming NaN or Inf (line 3; RuntimeError; [!] NaN loss with postnet_loss.)" in out
+    assert "ends before its error line" not in out
+
+
+def test_1_a_glued_error_not_naming_nan_and_code_lines_are_no_nan_error(tmp_path, capsys):
+    """A glued error whose message names no NaN is no NaN evidence; a frame's code line that calls an error's
+    constructor or holds one in a string literal is no error line."""
+    log = _TTS.replace("RuntimeError:  [!] NaN loss with postnet_loss.", "KeyError: 'postnet_loss'")
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert doc["failure"]["check"] is None
+    assert "The traceback ends before its error line" in out and "naming NaN" not in out
+    assert glued.frame_error('    raise RuntimeError(f" [!] NaN loss with {key}.")') is None
+    assert glued.frame_error('    check(x, "ValueError: nan")') is None
+    assert glued.frame_error("main(args)RuntimeError: nan") is None  # not indented: no frame's code line
+
+
+def test_1_glued_error_reader_is_linear_on_a_100kb_line():
+    started = time.process_time()
+    assert glued.frame_error("    " + ")" * 100_000) is None
+    assert glued.frame_error("    " + ")A" * 50_000 + "Error") is None
+    assert glued.frame_error("    )" + "Error" * 20_000) is None
+    assert time.process_time() - started < 10
+
+
+# 2. a NaN message glued after a progress record (babysor/MockingBird#330,
+# https://github.com/babysor/MockingBird/issues/330: the synthesizer's `{| Epoch: E/N (b/B) | Loss: ... | }` record
+# printed with end="" and its trainer's `grad_norm was NaN!` after it), then the CUDA assert of the next batch
+_MOCKINGBIRD = (
+    "{| Epoch: 12/1250 (8/8) | Loss: 2.645 | 0.68 steps/s | Step: 0k | }\n"
+    "{| Epoch: 13/1250 (3/8) | Loss: 2.610 | 0.68 steps/s | Step: 0k | }grad_norm was NaN!\n"
+    "{| Epoch: 13/1250 (4/8) | Loss: 2.596 | 0.68 steps/s | Step: 0k | }C:\\w\\b\\windows\\pytorch\\aten\\src\\ATen"
+    "\\native\\cuda\\Loss.cu:115: block: [7,0,0], thread: [0,0,0] Assertion `input_val >= zero && input_val <= one` "
+    "failed.\n"
+)
+
+
+def test_2_nan_message_glued_after_a_record_leads_before_the_assert(tmp_path, capsys):
+    """Round 7: only the later BCE assert; the message under "also"."""
+    doc, out = _doctor(tmp_path, capsys, _MOCKINGBIRD)
+    assert (doc["failure"]["check"], doc["failure"]["line"]) == ("device-assert", 3)
+    assert (
+        "Before it, line 2 says grad_norm was NaN (epoch 13, batch 3/8: the progress record it is glued after): the "
+        "first evidence of a non-finite value; the error after it may follow from it." in out
+    )
+
+
+def test_2_no_earlier_message_no_sentence(tmp_path, capsys):
+    """The assert alone, or a message after it: nothing said before it."""
+    lines = _MOCKINGBIRD.split("\n")
+    doc, out = _doctor(tmp_path, capsys, "\n".join([lines[0], lines[2], lines[1]]) + "\n")
+    assert doc["failure"]["line"] == 2
+    assert "Before it, line" not in out
+
+
+def test_2_record_reader_is_linear_on_a_100kb_line():
+    started = time.process_time()
+    assert glued._CLOSED.search("|" + " " * 100_000 + "}") is None
+    assert glued._RECORD.search("Epoch: 1 " + "(1/" * 30_000) is None
+    assert glued._RECORD.search("Epoch:" * 20_000) is None
+    assert time.process_time() - started < 10
