@@ -106,3 +106,33 @@ def test_2_record_reader_is_linear_on_a_100kb_line():
     assert glued._RECORD.search("Epoch: 1 " + "(1/" * 30_000) is None
     assert glued._RECORD.search("Epoch:" * 20_000) is None
     assert time.process_time() - started < 10
+
+
+# 3. a line that names its own step, a bar after it and TensorBoard's warning glued on (ashawkey/RAD-NeRF#56,
+# https://github.com/ashawkey/RAD-NeRF/issues/56: the trainer's tqdm bar_format `{desc}: {percentage:3.0f}% {n_fmt}/
+# {total_fmt} [{elapsed}<{remaining}, {rate_fmt}]`, ashawkey/RAD-NeRF 4cb8fc6 nerf/utils.py, train_one_epoch; the
+# reporter's description adds `local_step=N`; tensorboardX's `NaN or Inf found in input tensor.` glued after)
+_NERF = (
+    "loss=0.0136 (0.0136), lr=0.000460, local_step=1: :   0% 1/7272 [00:00<47:33,  2.55it/s]NaN or Inf found in "
+    "input tensor.\n"
+    "loss=nan (nan), lr=0.000460, local_step=2: :   0% 2/7272 [00:00<45:48,  2.64it/s]NaN or Inf found in input "
+    "tensor.\n"
+    "loss=nan (nan), lr=0.000460, local_step=3: :   0% 3/7272 [00:01<45:23,  2.67it/s]NaN or Inf found in input "
+    "tensor.\n"
+)
+
+
+def test_3_the_step_a_line_names_wins_over_the_bar_before_it(tmp_path, capsys):
+    """Round 7: "The first non-finite metric: loss at step 1 (line 2)"."""
+    doc, out = _doctor(tmp_path, capsys, _NERF)
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["line"], first["step"], first["step_from"]) == (2, 2, "the line")
+    assert doc["summary"]["step"] == 2 and doc["failure"]["step"] == 1
+    assert "The first non-finite metric: loss at step 2 (line 2)." in out
+
+
+def test_3_without_a_step_of_its_own_the_warning_keeps_its_step(tmp_path, capsys):
+    """No `local_step=` on the lines: the metric's step is the bar's, and the summary keeps the warning's."""
+    doc, out = _doctor(tmp_path, capsys, _NERF.replace(", local_step=1", "").replace(", local_step=2", ""))
+    assert doc["metrics"]["first_nonfinite"]["step_from"] != "the line"
+    assert doc["summary"]["step"] == 1

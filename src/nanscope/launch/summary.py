@@ -84,7 +84,9 @@ def summarize(traceback) -> Summary:
         out.lines["metric"] = reading.line
         if reading.step is not None and (failure is None or failure.format == "signal"):
             soft = failure is None or not failure.signal.fatal
-            if out.step is None or (soft and reading.step < out.step):
+            logged = failure is not None and failure.signal.id == "logged-nonfinite"  # it names no scalar
+            own = logged and (reading.step_from or "").startswith("the line")  # the metric's line names its step
+            if out.step is None or (soft and reading.step < out.step) or own:
                 out.step = reading.step  # a skip or a warning after the first non-finite value: the value's step
         out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
     elif (
