@@ -10,7 +10,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import glued
+from nanscope.launch import epoch_steps, glued
 
 
 @pytest.fixture(autouse=True)
@@ -136,3 +136,33 @@ def test_3_without_a_step_of_its_own_the_warning_keeps_its_step(tmp_path, capsys
     doc, out = _doctor(tmp_path, capsys, _NERF.replace(", local_step=1", "").replace(", local_step=2", ""))
     assert doc["metrics"]["first_nonfinite"]["step_from"] != "the line"
     assert doc["summary"]["step"] == 1
+
+
+# 4. a per-line epoch counter (vpetren/gradnorm_tf#17, https://github.com/vpetren/gradnorm_tf/issues/17: the loop's
+# `print('epoch:', it, 'loss:', costtr[-1])`, vpetren/gradnorm_tf 0493672 gradnorm_tf.py, one line per epoch)
+_GRADNORM = "".join(f"epoch: {n} loss: 0.21{n}\n" for n in range(3446, 3451)) + "epoch: 3451 loss: nan\n"
+
+
+def test_4_a_per_line_epoch_counter_is_the_step(tmp_path, capsys):
+    """Round 7: "loss (the line names no step)"."""
+    doc, out = _doctor(tmp_path, capsys, _GRADNORM)
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["line"], first["step"], first["metric"]) == (6, 3451, "loss")
+    assert first["step_from"] == "the line (its epoch counter, one more on each line before it)"
+    assert "The first non-finite metric: loss at step 3451 (line 6)." in out
+
+
+def test_4_an_epoch_that_does_not_rise_by_one_a_line_is_no_step(tmp_path, capsys):
+    """Several lines per epoch (or a gap): the epoch says nothing of the step."""
+    log = "".join(f"epoch: {n // 2} loss: 0.21{n}\n" for n in range(10, 16)) + "epoch: 8 loss: nan\n"
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert doc["metrics"]["first_nonfinite"]["step"] is None
+    assert "The first non-finite metric: loss (the line names no step)" in out
+
+
+def test_4_epoch_counter_reader_is_linear_on_a_100kb_line():
+    started = time.process_time()
+    assert epoch_steps.step("epoch" + " " * 100_000 + "1", [1, 2, 3]) is None
+    assert epoch_steps.step("epoch:" * 20_000, [1, 2, 3]) is None
+    assert epoch_steps.step("epoch: " + "9" * 100_000, [1, 2, 3]) is None
+    assert time.process_time() - started < 10

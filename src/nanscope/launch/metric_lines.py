@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from nanscope.facts.frameworks import PY_DICT
+from nanscope.launch import epoch_steps
 from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.loose import loose_pairs
@@ -216,8 +217,13 @@ class Counter:
     cumulative: bool
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "value": self.value, "line": self.line, "step": self.step,
-                "cumulative": self.cumulative}  # fmt: skip
+        return {
+            "key": self.key,
+            "value": self.value,
+            "line": self.line,
+            "step": self.step,
+            "cumulative": self.cumulative,
+        }
 
 
 @dataclass
@@ -247,6 +253,7 @@ class MetricLines:
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
     block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
     counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
+    epochs: list = field(default_factory=list)  # the epoch counters of the lines just before (launch.epoch_steps)
 
     def rule(self, line: str, header_line: str) -> bool:
         """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
@@ -312,7 +319,7 @@ class MetricLines:
         ]
         at = offset + (bad[0][2] if bad else found[0][2])
         if step is None:
-            step, step_from = step_at(line, at)
+            step, step_from = epoch_steps.step(piece, self.epochs) or step_at(line, at)
         values = [(key, value) for key, value, _ in bad] + missing
         if self.provisional is not None and step_from == "the line":
             self._confirm(found, bool(bad), number)
@@ -353,7 +360,7 @@ class MetricLines:
     def context(self, lines: list[bytes], clean) -> None:
         """Lines just before a candidate line (not read as candidates: all finite): the step they name and their
         keys (a metric line cut before its step is after the step the one before it named)."""
-        self.counted = []
+        self.counted, self.epochs = [], epoch_steps.counts(lines, clean)
         for raw in lines:
             found = pairs(text := clean(raw.decode("utf-8", "replace")))
             pair = shapes.bare_pair(text)
