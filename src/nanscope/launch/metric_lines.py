@@ -217,13 +217,7 @@ class Counter:
     cumulative: bool
 
     def to_dict(self) -> dict:
-        return {
-            "key": self.key,
-            "value": self.value,
-            "line": self.line,
-            "step": self.step,
-            "cumulative": self.cumulative,
-        }
+        return dict(key=self.key, value=self.value, line=self.line, step=self.step, cumulative=self.cumulative)
 
 
 @dataclass
