@@ -10,7 +10,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import epoch_steps, glued
+from nanscope.launch import epoch_steps, glued, named_arrays
 
 
 @pytest.fixture(autouse=True)
@@ -165,4 +165,45 @@ def test_4_epoch_counter_reader_is_linear_on_a_100kb_line():
     assert epoch_steps.step("epoch" + " " * 100_000 + "1", [1, 2, 3]) is None
     assert epoch_steps.step("epoch:" * 20_000, [1, 2, 3]) is None
     assert epoch_steps.step("epoch: " + "9" * 100_000, [1, 2, 3]) is None
+    assert time.process_time() - started < 10
+
+
+# 5. a bracketed list of names over numpy's printed array of their values (ksw0306/ClariNet#7,
+# https://github.com/ksw0306/ClariNet/issues/7: train_student.py `print('Global Step : {}, [{}, {}] [Total Loss, KL
+# Loss, Reg Loss, Frame Loss] : {}'.format(global_step, epoch, batch_idx + 1, np.array(running_loss)))`)
+_CLARINET = (
+    "Global Step : 67338, [54, 900] [Total Loss, KL Loss, Reg Loss, Frame Loss] : [ 4.1021  1.2003  2.301   0.6 ]\n"
+    "100 Step Time : 143.40849208831787\n"
+    "Global Step : 67438, [55, 100] [Total Loss, KL Loss, Reg Loss, Frame Loss] : [  nan   nan 2.301   nan]\n"
+)
+
+
+def test_5_names_over_a_printed_array_name_each_value(tmp_path, capsys):
+    """Round 7: the metric named "nan"."""
+    doc, out = _doctor(tmp_path, capsys, _CLARINET)
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["line"], first["step"], first["metric"]) == (3, 67438, "Total Loss")
+    assert first["values"] == [["Total Loss", "nan"], ["KL Loss", "nan"], ["Frame Loss", "nan"]]
+    assert first["finite"] == {"Reg Loss": 2.301}
+    assert "The first non-finite metric: Total Loss at step 67438 (line 3)." in out
+
+
+def test_5_names_and_values_not_as_many_are_not_paired(tmp_path, capsys):
+    """Three names over four values (or a list of numbers in brackets): no value named by position."""
+    assert named_arrays.read("[Total Loss, KL Loss, Reg Loss] : [nan nan 2.3 nan]") == []
+    assert named_arrays.read("[55, 100] : [nan nan]") == []
+    assert named_arrays.read("[Total Loss, KL Loss] : [abc nan]") == []
+    assert named_arrays.read("Step : 5 [Loss, Acc] : [nan 0.5]") == [
+        ("Step", "5", 7),
+        ("Loss", "nan", 24),
+        ("Acc", "0.5", 28),
+    ]
+
+
+def test_5_named_array_reader_is_linear_on_a_100kb_line():
+    started = time.process_time()
+    assert named_arrays.read("[a" * 50_000 + "] : [") == []
+    assert named_arrays.read("[" + "a, " * 33_000 + "] : [" + "1 " * 300) == []
+    assert named_arrays.read("[a, b] : [" + "1" * 100_000) == []
+    assert named_arrays.read("] " + "Step :" * 20_000) == []
     assert time.process_time() - started < 10
