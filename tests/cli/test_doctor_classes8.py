@@ -207,3 +207,38 @@ def test_5_named_array_reader_is_linear_on_a_100kb_line():
     assert named_arrays.read("[a, b] : [" + "1" * 100_000) == []
     assert named_arrays.read("] " + "Step :" * 20_000) == []
     assert time.process_time() - started < 10
+
+
+# 6. the input's first record of a metric (hiyouga/LlamaFactory#6286,
+# https://github.com/hiyouga/LlamaFactory/issues/6286: LlamaFactory's LogCallback line `llamafactory.train.callbacks:157
+# >> {'loss': ...}` holds no grad_norm; the Trainer's ProgressCallback.on_log writes `str(logs)` with it, then the bar)
+_LLAMAFACTORY = (
+    "[INFO|2024-12-08 01:09:59] llamafactory.train.callbacks:157 >> {'loss': 0.0000, 'learning_rate': 4.9985e-05, "
+    "'epoch': 0.03}\n"
+    "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 4.998452110450943e-05, 'epoch': 0.03}\n"
+    "  1%|█▍         | 75/6249 [08:38<11:33:05,  6.74s/it][INFO|2024-12-08 01:10:34] llamafactory.train.callbacks:157 "
+    ">> {'loss': 0.0000, 'learning_rate': 4.9982e-05, 'epoch': 0.04}\n"
+    "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 4.998223113110496e-05, 'epoch': 0.04}\n"
+    "  1%|█▌         | 80/6249 [09:17<13:46:10,  8.04s/it][INFO|2024-12-08 01:11:13] llamafactory.train.callbacks:157 "
+    ">> {'loss': 0.0000, 'learning_rate': 4.9980e-05, 'epoch': 0.04}\n"
+    "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 4.9979783305842495e-05, 'epoch': 0.04}\n"
+)
+
+
+def test_6_the_inputs_first_record_of_a_metric_is_at_or_before_its_step(tmp_path, capsys):
+    """Round 7: "grad_norm at step 70 (line 2)"."""
+    doc, out = _doctor(tmp_path, capsys, _LLAMAFACTORY)
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["line"], first["step"], first["metric"]) == (2, 70, "grad_norm")
+    assert (
+        "The first non-finite metric: grad_norm at or before step 70 (line 2: the input's first record of grad_norm, "
+        "so an earlier step may have been non-finite too)." in out
+    )
+
+
+def test_6_a_finite_record_of_the_metric_before_it_keeps_its_step(tmp_path, capsys):
+    """A record holding grad_norm finite before it: the onset is in the input, its step said as is."""
+    finite = "{'loss': 0.9, 'grad_norm': 1.5, 'learning_rate': 4.9986e-05, 'epoch': 0.02}\n"
+    doc, out = _doctor(tmp_path, capsys, finite + _LLAMAFACTORY)
+    assert doc["metrics"]["first_nonfinite"]["line"] == 3
+    assert "at or before" not in out and "The first non-finite metric: grad_norm at step 70 (line 3)." in out

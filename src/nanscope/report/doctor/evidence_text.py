@@ -134,9 +134,11 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     if summary.contradicted is not None:
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
-    if summary.lines.get("metric") == 1 and summary.step is not None and summary.step > 1:  # the text starts there
+    line = summary.lines.get("metric")
+    if (line == 1 or summary.opening) and summary.step is not None and summary.step > 1:  # the text starts there
         step = f" at or before step {summary.step}"
-        where = " (line 1: the input's first line, so an earlier step may have been non-finite too)"
+        first = "the input's first line" if line == 1 else f"the input's first record of {summary.metric}"
+        where = f" (line {line}: {first}, so an earlier step may have been non-finite too)"
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     return f"The first non-finite metric: {summary.metric}{model}{step}{where}.{points}"
 
