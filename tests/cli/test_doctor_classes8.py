@@ -242,3 +242,29 @@ def test_6_a_finite_record_of_the_metric_before_it_keeps_its_step(tmp_path, caps
     doc, out = _doctor(tmp_path, capsys, finite + _LLAMAFACTORY)
     assert doc["metrics"]["first_nonfinite"]["line"] == 3
     assert "at or before" not in out and "The first non-finite metric: grad_norm at step 70 (line 3)." in out
+
+
+# 7. apex amp's scaler halving with no floor, down below 1 (Junjue-Wang/FactSeg#6,
+# https://github.com/Junjue-Wang/FactSeg/issues/6: apex before cb65b8ed apex/amp/handle.py:138 prints `Gradient
+# overflow.  Skipping step, loss scaler {} reducing loss scale to {}`; tensorboardX's warning before it)
+_APEX = "Warning: NaN or Inf found in input tensor.\n" + "".join(
+    f"Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to {scale}\n"
+    for scale in ("2.0237e-320", "2.0237e-320", "1.012e-320", "1.012e-320", "5.06e-321")
+)
+
+
+def test_7_a_loss_scale_collapsed_below_1_leads_the_verdict(tmp_path, capsys):
+    """Round 7: TensorBoard's warning led; the scale storm only under "also"."""
+    doc, out = _doctor(tmp_path, capsys, _APEX)
+    assert (doc["failure"]["check"], doc["failure"]["line"]) == ("scaler-overflow", 2)
+    assert "apex amp skipped a step on inf or NaN gradients (line 2, and 4 more such line(s);" in out
+    assert "The loss scale the scaler set is down to 5.06e-321 (5 overflow line(s), from 2.0237e-320), below 1:" in out
+    assert "also: logged-nonfinite at line 1" in out
+
+
+def test_7_a_scale_still_above_1_does_not_lead(tmp_path, capsys):
+    """A scale halving from 2^16 (a run's start): the warning before it keeps the lead."""
+    log = _APEX.replace("2.0237e-320", "32768.0").replace("1.012e-320", "16384.0").replace("5.06e-321", "8192.0")
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert (doc["failure"]["check"], doc["failure"]["line"]) == ("logged-nonfinite", 1)
+    assert "below 1" not in out

@@ -361,6 +361,10 @@ class Nonfinite:
     def softest(self) -> Hit | None:
         """The first non-fatal hit (a skipped step, a warning), when nothing fatal was met."""
         soft = [hit for hit in self.first.values() if not hit.signal.fatal]
+        if self.scales.collapsed() and (
+            skip := self.first.get("scaler-overflow", self.first.get("deepspeed-overflow"))
+        ):
+            return skip  # a scale collapsed below 1: every step skipped, the lead whatever was logged before it
         return min(soft, key=lambda hit: hit.line) if soft else None
 
     def to_dict(self) -> dict:
