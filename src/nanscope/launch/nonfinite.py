@@ -152,7 +152,8 @@ class Nonfinite:
     stamps: dict[str, tuple[str, int]] = field(default_factory=dict)  # signal id -> (its first line's time stamp,
     # how many of its lines carry that same stamp): several processes printing one step's line at once
     last_line: int = 0  # the last metric line read (the lines before the next one are read only if not read yet)
-    opening: bool = False  # the first reading is the input's first record of its metric (every line before it read)
+    opening: bool = False  # the first reading is the input's first record of its metric: every line before it read,
+    # one of them a record of other keys
 
     def block(self, block: bytes, lines_before: int, clean) -> list[tuple[int, Hit]]:
         """Read the lines of `block` worth reading (`clean`: a raw line as a terminal shows it); the fatal hits that
@@ -227,7 +228,7 @@ class Nonfinite:
         before = set(self.metrics.keys) if self.metrics.first is None and head <= CONTEXT_LINES + 1 else None
         self.metrics.feed(text, number)
         if before is not None and (first := self.metrics.first) is not None and first.line == number:
-            self.opening = first.metric.lower() not in before
+            self.opening = bool(before) and first.metric.lower() not in before  # records before it, none of it
         if self.metrics.explicit_line != named:
             self._name_steps(number)
 
