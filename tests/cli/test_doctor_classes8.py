@@ -10,7 +10,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import epoch_steps, glued, named_arrays
+from nanscope.launch import epoch_steps, error_words, glued, named_arrays
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +48,7 @@ def test_1_error_line_glued_onto_a_frame_code_line(tmp_path, capsys):
     assert (failure["check"], failure["line"], failure["kind"]) == ("nonfinite-error", 3, "NaN")
     assert "The run ended on an error naming NaN or Inf (line 3; RuntimeError; [!] NaN loss with postnet_loss.)" in out
     assert "ends before its error line" not in out
+    assert doc["summary"]["metric"] == "postnet_loss"  # `NaN loss with {key}`: the loss it names
 
 
 def test_1_a_glued_error_not_naming_nan_and_code_lines_are_no_nan_error(tmp_path, capsys):
@@ -67,6 +68,8 @@ def test_1_glued_error_reader_is_linear_on_a_100kb_line():
     assert glued.frame_error("    " + ")" * 100_000) is None
     assert glued.frame_error("    " + ")A" * 50_000 + "Error") is None
     assert glued.frame_error("    )" + "Error" * 20_000) is None
+    assert error_words.first_key("nan loss with 1" * 7_000) is None
+    assert error_words.first_key("nan " + " loss " * 16_000) is None
     assert time.process_time() - started < 10
 
 
