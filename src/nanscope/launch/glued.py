@@ -15,7 +15,8 @@ import re
 
 WINDOW = 2048  # characters read
 # a traceback frame's code line is indented (CPython Lib/traceback.py, StackSummary.format: `    {line}`); the error
-# line glued after its closing bracket (not a quote: a string literal may hold `ValueError: `), where the other stream's newline was lost
+# line glued after its closing bracket (not a quote: a string literal may hold `ValueError: `), where the other
+# stream's newline was lost
 _FRAME_ERROR = re.compile(r"(?<=[)\]])(?P<exc>[A-Z][A-Za-z]{0,60}(?:Error|Exception)): (?P<msg>[^\n]{0,400})")
 # a progress record ending in `}` or `|` then the message: `{| Epoch: 13/1250 (3/8) | ... | }`
 # (MockingBird's synthesizer prints the record with end="" and its own messages after it)
