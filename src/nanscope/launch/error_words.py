@@ -31,10 +31,17 @@ _KEY_VALUE = re.compile(
 )
 
 
+# a message naming its loss after the NaN (mozilla/TTS TTS/tts/layers/losses.py:398 at the reporter's version, #668:
+# `raise RuntimeError(f" [!] NaN loss with {key}.")`)
+_NAN_WITH = re.compile(r"(?<![A-Za-z])(?:nan|inf)\s{1,3}loss\s{1,3}(?:with|in|of|for)\s{1,3}(?P<key>[A-Za-z_][\w./-]{0,80})",
+                       re.IGNORECASE)  # fmt: skip
+
+
 def first_key(message: str) -> str | None:
-    """The first key an error's message gives a NaN/Inf value (`loss=nan, policy_loss=nan`: `loss`); None: none."""
-    match = _KEY_VALUE.search(message, 0, WINDOW)
-    return None if match is None else match["key"]
+    """The first key an error's message gives a NaN/Inf value (`loss=nan, policy_loss=nan`: `loss`; `NaN loss with
+    decoder_loss.`: `decoder_loss`); None: none."""
+    match = _KEY_VALUE.search(message, 0, WINDOW) or _NAN_WITH.search(message, 0, WINDOW)
+    return None if match is None else match["key"].rstrip(".")
 
 
 # torch.distributions' argument validation (torch 2.13 torch/distributions/distribution.py:75-82, Distribution.__init__:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from nanscope.launch import named_arrays
+
 WINDOW = 8192
 BLOCK_LINES = 24  # lines of an rsl-rl block after its `Learning iteration` header
 AVERAGE = " (running average)"  # the suffix of a key whose running average is the value read
@@ -60,9 +62,10 @@ def named_step(piece: str) -> tuple[int, str] | None:
 
 
 def bracketed(text: str) -> list[tuple[str, str, int]]:
-    """`[Name] value` fields (`[step] 104 [Loss] nan [LR] 0.0001`), where a line has at least two."""
+    """`[Name] value` fields (`[step] 104 [Loss] nan [LR] 0.0001`), where a line has at least two; else a bracketed
+    list of names over an array of values (launch.named_arrays)."""
     found = [(m["key"], m["value"], m.start("value")) for m in _BRACKETED.finditer(text, 0, WINDOW)]
-    return found if len(found) >= 2 else []
+    return found if len(found) >= 2 else named_arrays.read(text)  # `[Total Loss, KL Loss] : [nan 2.3]`
 
 
 def block_header(line: str) -> int | None:

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from nanscope.facts.frameworks import PY_DICT
+from nanscope.launch import epoch_steps
 from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.loose import loose_pairs
@@ -62,7 +63,7 @@ _SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
 _SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spaces: its keys and punctuation
 _WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it")
-_STEP_KEYS += ("num_updates",)  # fairseq's update count (fairseq/logging/progress_bar.py:392 logs by it)
+_STEP_KEYS += ("num_updates", "local_step")  # fairseq's update count (progress_bar.py:392); a loop's counter
 _SETTINGS = ("max_", "min_", "best_", "best ")  # a setting or a sentinel (`max_grad_norm: inf`, `best_loss inf`)
 _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
@@ -216,8 +217,7 @@ class Counter:
     cumulative: bool
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "value": self.value, "line": self.line, "step": self.step,
-                "cumulative": self.cumulative}  # fmt: skip
+        return dict(key=self.key, value=self.value, line=self.line, step=self.step, cumulative=self.cumulative)
 
 
 @dataclass
@@ -247,6 +247,7 @@ class MetricLines:
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
     block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
     counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
+    epochs: list = field(default_factory=list)  # the epoch counters of the lines just before (launch.epoch_steps)
 
     def rule(self, line: str, header_line: str) -> bool:
         """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
@@ -312,7 +313,7 @@ class MetricLines:
         ]
         at = offset + (bad[0][2] if bad else found[0][2])
         if step is None:
-            step, step_from = step_at(line, at)
+            step, step_from = epoch_steps.step(piece, self.epochs) or step_at(line, at)
         values = [(key, value) for key, value, _ in bad] + missing
         if self.provisional is not None and step_from == "the line":
             self._confirm(found, bool(bad), number)
@@ -353,7 +354,7 @@ class MetricLines:
     def context(self, lines: list[bytes], clean) -> None:
         """Lines just before a candidate line (not read as candidates: all finite): the step they name and their
         keys (a metric line cut before its step is after the step the one before it named)."""
-        self.counted = []
+        self.counted, self.epochs = [], epoch_steps.counts(lines, clean)
         for raw in lines:
             found = pairs(text := clean(raw.decode("utf-8", "replace")))
             pair = shapes.bare_pair(text)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from nanscope.launch import error_words, logger_tables, loop_lines
+from nanscope.launch import error_words, glued, logger_tables, loop_lines
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
 from nanscope.launch.scales import Scales
@@ -152,6 +152,8 @@ class Nonfinite:
     stamps: dict[str, tuple[str, int]] = field(default_factory=dict)  # signal id -> (its first line's time stamp,
     # how many of its lines carry that same stamp): several processes printing one step's line at once
     last_line: int = 0  # the last metric line read (the lines before the next one are read only if not read yet)
+    opening: bool = False  # the first reading is the input's first record of its metric: every line before it read,
+    # one of them a record of other keys
 
     def block(self, block: bytes, lines_before: int, clean) -> list[tuple[int, Hit]]:
         """Read the lines of `block` worth reading (`clean`: a raw line as a terminal shows it); the fatal hits that
@@ -188,6 +190,7 @@ class Nonfinite:
                 self._metric_line(block, first, joined, lines + 1, clean, head=head)
                 continue
             error_words.place_assert(hit, text, clean(following.decode("utf-8", "replace")))
+            glued.place(hit, text)
             if hit.step is None and hit.signal.fatal and not hit.at and hit.line - self.metrics.bar_line > 2:
                 hit.step, hit.step_from = loop_lines.step_before(block, start, hit.line, clean)
             self._signal(block, start, hit, text, clean)
@@ -222,7 +225,10 @@ class Nonfinite:
         if self.overflow is not None and self.stale is None:
             self._stale(text, number)
         named = self.metrics.explicit_line
+        before = set(self.metrics.keys) if self.metrics.first is None and head <= CONTEXT_LINES + 1 else None
         self.metrics.feed(text, number)
+        if before is not None and (first := self.metrics.first) is not None and first.line == number:
+            self.opening = bool(before) and first.metric.lower() not in before  # records before it, none of it
         if self.metrics.explicit_line != named:
             self._name_steps(number)
 
@@ -356,6 +362,10 @@ class Nonfinite:
     def softest(self) -> Hit | None:
         """The first non-fatal hit (a skipped step, a warning), when nothing fatal was met."""
         soft = [hit for hit in self.first.values() if not hit.signal.fatal]
+        if self.scales.collapsed() and (
+            skip := self.first.get("scaler-overflow", self.first.get("deepspeed-overflow"))
+        ):
+            return skip  # a scale collapsed below 1: every step skipped, the lead whatever was logged before it
         return min(soft, key=lambda hit: hit.line) if soft else None
 
     def to_dict(self) -> dict:

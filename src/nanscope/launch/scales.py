@@ -90,10 +90,21 @@ class Scales:
     def _floor(scale: float) -> bool:
         return scale <= 1.0  # DeepSpeed's min_loss_scale default 1 (a spent hysteresis also keeps the scale)
 
+    def collapsed(self) -> bool:
+        """A scale set below 1 (apex amp's scaler halves with no floor: `reducing loss scale to 2.0237e-320`): halved
+        on overflow after overflow far past any start, so every step overflows and is skipped."""
+        return self.lowest is not None and self.lowest < 1.0
+
     def _set_only(self) -> str | None:
         """A series whose lines print only the scale set (the one attempted is not said): its trend."""
         if self.first_set is None or self.lowest is None or self.count < 2 or self.lowest >= self.first_set:
             return None
+        if self.collapsed():
+            start = _shown(self.first_set) if self.first_set >= 1 else repr(self.first_set)  # as printed
+            return (f"The loss scale the scaler set is down to {self.lowest!r} ({self.count} overflow line(s), "
+                    f"from {start}), below 1: halved on every overflow far past any start, so every "
+                    "step overflows and is skipped and the run does not train; the loss or its gradients are "
+                    "non-finite whatever the scale (not a scale calibrating).")  # fmt: skip
         return (f"The loss scale the scaler set falls from {_shown(self.first_set)} to {_shown(self.lowest)} over "
                 f"{self.count} overflow line(s) (the scale it attempted is not printed): steps with inf or NaN "
                 "gradients keep coming, each one skipped.")  # fmt: skip

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from nanscope.facts.signals import BY_ID, LOGGER_FILES, WORDING, Signal, Wording
-from nanscope.launch import error_words, plugin_report
+from nanscope.launch import error_words, glued, plugin_report
 from nanscope.launch.cuts import cut
 from nanscope.launch.memory import out_of_memory
 
@@ -483,7 +483,7 @@ def _generic(line: str) -> tuple[Signal, dict] | None:
     """An error line whose message names NaN or Inf, a line saying a loss or a gradient is NaN or Inf, or a printed
     tensor that holds NaN or Inf."""
     head = line[:WINDOW]
-    error = _ERROR.search(head) if ("Error" in head or "Exception" in head) else None
+    error = (_ERROR.search(head) or glued.frame_error(head)) if ("Error" in head or "Exception" in head) else None
     if error is not None and _NONFINITE.search(error["msg"]) is not None:
         return BY_ID["nonfinite-error"], {"op": error["exc"], "detail": error["msg"].strip()[:200],
                                           "metric": error_words.first_key(error["msg"])}  # fmt: skip

@@ -51,6 +51,7 @@ class Summary:
     lines: dict[str, int] = field(default_factory=dict)
     contradicted: str | None = None  # finite values that contradict the non-finite one: no NaN failure by itself
     benign: str | None = None  # why the text shows no NaN failure (a scale calibrating, every value finite, ...)
+    opening: bool = False  # the metric's line is the input's first record of it: an earlier step may have been too
 
     def to_dict(self) -> dict:
         return {
@@ -81,10 +82,12 @@ def summarize(traceback) -> Summary:
         out.metric, out.model = reading.metric, reading.model
         if out.kind in (None, "NaN or Inf") and (failure is None or failure.format == "signal"):
             out.kind = _kind(reading.values) or out.kind
-        out.lines["metric"] = reading.line
+        out.lines["metric"], out.opening = reading.line, seen.opening
         if reading.step is not None and (failure is None or failure.format == "signal"):
             soft = failure is None or not failure.signal.fatal
-            if out.step is None or (soft and reading.step < out.step):
+            logged = failure is not None and failure.signal.id == "logged-nonfinite"  # it names no scalar
+            own = logged and (reading.step_from or "").startswith("the line")  # the metric's line names its step
+            if out.step is None or (soft and reading.step < out.step) or own:
                 out.step = reading.step  # a skip or a warning after the first non-finite value: the value's step
         out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
     elif (

@@ -101,6 +101,22 @@ def signal_sentence(failure, count: int = 1, stamp: str | None = None) -> str:
     return sentence
 
 
+def earlier_sentence(failure, seen) -> str | None:
+    """A line saying a value went NaN before the fatal evidence line (`grad_norm was NaN!`, then a CUDA assert): the
+    first evidence, said ahead of the error it led to (None: no such line)."""
+    if failure.signal is None or not failure.signal.fatal or failure.line is None:
+        return None
+    said = [hit for hit in seen.first.values() if hit.signal.id == "nonfinite-message" and hit.line < failure.line]
+    if not said:
+        return None
+    hit = min(said, key=lambda hit: hit.line)
+    step = f" at step {hit.step}" if hit.step is not None else ""
+    return (
+        f"Before it, line {hit.line} says {balanced(hit.detail or hit.text)}{step}: the first evidence of a "
+        "non-finite value; the error after it may follow from it."
+    )
+
+
 def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     """The first non-finite metric, its model and step, and what it points to (None: no metric line says one)."""
     if summary.metric is None:
@@ -118,9 +134,11 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     if summary.contradicted is not None:
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
-    if summary.lines.get("metric") == 1 and summary.step is not None and summary.step > 1:  # the text starts there
+    line = summary.lines.get("metric")
+    if (line == 1 or summary.opening) and summary.step is not None and summary.step > 1:  # the text starts there
         step = f" at or before step {summary.step}"
-        where = " (line 1: the input's first line, so an earlier step may have been non-finite too)"
+        first = "the input's first line" if line == 1 else f"the input's first record of {summary.metric}"
+        where = f" (line {line}: {first}, so an earlier step may have been non-finite too)"
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     return f"The first non-finite metric: {summary.metric}{model}{step}{where}.{points}"
 

@@ -7,7 +7,7 @@ from nanscope.facts import frameworks
 from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
 from nanscope.launch.scales import shown
 from nanscope.launch.summary import read_metric_lines
-from nanscope.report.doctor.evidence_text import balanced, first_sentence, signal_sentence
+from nanscope.report.doctor.evidence_text import balanced, earlier_sentence, first_sentence, signal_sentence
 from nanscope.report.text import span
 
 
@@ -124,6 +124,7 @@ def _failure_sentences(diagnosis) -> list[str]:
         parts.append(
             signal_sentence(failure, seen.counts.get(failure.signal.id, 1), seen.same_stamp(failure.signal.id))
         )
+        parts += [said] if (said := earlier_sentence(failure, seen)) is not None else []
     elif failure is not None and failure.format != "rerun":
         who = f"Rank {failure.rank}" if failure.rank is not None else "A rank (the text does not say which)"
         where = [f"on node {failure.node}" if failure.node else "", f"device {failure.device}" if failure.device is not None else ""]  # fmt: skip
