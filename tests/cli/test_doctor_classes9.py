@@ -198,6 +198,14 @@ def test_4_spaced_names_and_the_gan_model_they_name(tmp_path, capsys):
     assert "The first non-finite metric: G loss (generator) at or before step 42 (line 1" in out
 
 
+def test_4_each_value_keeps_its_own_name_in_the_line_s_order(tmp_path, capsys):
+    """A spaced name after a plain one: the plain one keeps its key (truncated-diffusion's `loss: nan, implicit loss:
+    nan`, https://github.com/JegZheng/truncated-diffusion-probabilistic-models/issues/3)."""
+    doc, _ = _doctor(tmp_path, capsys, "Epoch: 0, step: 5, loss: nan, implicit loss: nan, data time: 0.02\n")
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["values"], first["step"]) == ([["loss", "nan"], ["implicit loss", "nan"]], 5)
+
+
 def test_4_a_counter_word_before_a_loss_is_no_name(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, "step 12, train loss: nan, val loss: 1.5\n")
     assert doc["metrics"]["first_nonfinite"]["values"][0][0] != "step loss"
@@ -234,7 +242,7 @@ def test_new_readers_are_linear_on_a_100kb_line():
                  " " * 100_000 + "loss: nan", "[" + " " * 100_000):  # fmt: skip
         loop_counters.step_of(line, [line, line])
         loop_counters._own(line)
-        for pattern in (loop_counters._SPACED_NAME, loop_counters._PROGBAR, loop_counters._ALONE):
+        for pattern in (loop_counters._KEYED, loop_counters._HEAD, loop_counters._PROGBAR, loop_counters._ALONE):
             pattern.search(line[:4096])
     for line in ('"message": "' + "\\a" * 50_000, '"message": "' + "nan is " * 15_000, '"' + "a" * 100_000 + '": '):
         said_errors.json_message(line)

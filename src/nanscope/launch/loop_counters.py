@@ -106,8 +106,9 @@ def fill(reading, text: str, before: list[str]) -> bool:
     return True
 
 
-# a metric named by words before its key: `Discriminator  Loss`, `D loss`, `G loss`, `gen loss`
-_SPACED_NAME = re.compile(r"(?<![\w./-])(?P<head>[A-Za-z][A-Za-z_]{0,30})\s{1,4}(?P<key>loss|cost|error)\s{0,4}[:=]\s{0,30}(?P<value>[-+]?[A-Za-z]{3,8})(?![\w.])", re.IGNORECASE)  # fmt: skip
+# a loss's key and its value (`Loss:  nan`, `loss: nan`), and the one word written before the key (`Discriminator  `)
+_KEYED = re.compile(r"(?<![\w./-])(?P<key>loss|cost|error)\s{0,4}[:=]\s{0,30}(?P<value>[-+]?[A-Za-z]{3,8})(?![\w.])", re.IGNORECASE)  # fmt: skip
+_HEAD = re.compile(r"(?<![\w./,:;=-])(?P<head>[A-Za-z][A-Za-z_]{0,30})\s{1,4}\Z")
 _COUNTER_WORDS = frozenset(("epoch", "iter", "iteration", "batch", "step", "total", "avg", "average", "mean", "train",
                             "val", "valid", "test", "eval", "the", "and", "of", "is"))  # fmt: skip
 _MODELS = {"d": "discriminator", "disc": "discriminator", "discriminator": "discriminator", "g": "generator",
@@ -117,11 +118,13 @@ _MODELS = {"d": "discriminator", "disc": "discriminator", "discriminator": "disc
 def rename(reading, text: str) -> None:
     """The non-finite values' keys as the line writes them, with the words before the key (`Discriminator  Loss:`
     is "Discriminator Loss", not "Loss"); the model where those words name a GAN's discriminator or generator."""
-    names = {}
-    for match in _SPACED_NAME.finditer(text, 0, WINDOW):
-        head = match["head"]
-        if head.lower() not in _COUNTER_WORDS and match["value"].lower().lstrip("+-") in ("nan", "inf", "infinity"):
-            names.setdefault(match["key"], []).append(f"{head} {match['key']}")
+    names: dict[str, list[str | None]] = {}  # key -> the name of each of its non-finite values, in order
+    for match in _KEYED.finditer(text, 0, WINDOW):
+        if match["value"].lower().lstrip("+-") not in ("nan", "inf", "infinity"):
+            continue
+        head = _HEAD.search(text, max(0, match.start() - 40), match.start())
+        spelled = head is not None and head["head"].lower() not in _COUNTER_WORDS
+        names.setdefault(match["key"], []).append(f"{head['head']} {match['key']}" if spelled else None)
     if not names:
         return
     values, used = [], {}
@@ -129,7 +132,7 @@ def rename(reading, text: str) -> None:
         spelled = names.get(key, [])
         index = used.get(key, 0)
         used[key] = index + 1
-        values.append((spelled[index], value) if index < len(spelled) else (key, value))
+        values.append((spelled[index], value) if index < len(spelled) and spelled[index] else (key, value))
     reading.values = values
     models = {_MODELS.get(key.split(" ", 1)[0].lower()) for key, value in values if " " in key and value != "missing"}
     if len(models) == 1 and None not in models:
