@@ -52,7 +52,35 @@ def test_1_speechbrain_loss_not_finite_is_an_error_naming_a_nonfinite_value(tmp_
     doc, out = _doctor(tmp_path, capsys, _SPEECHBRAIN)
     failure = doc["failure"]
     assert (failure["check"], failure["op"], failure["line"]) == ("nonfinite-error", "ValueError", 9)
+    assert doc["summary"]["metric"] == "loss"
     assert "The run ended on an error naming NaN or Inf (line 9; ValueError; Loss is not finite and patience" in out
+
+
+# torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True) (torch 2.13 torch/nn/utils/clip_grad.py:110-115):
+# RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be
+# clipped. To disable this error and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`")
+_CLIP = (
+    "Traceback (most recent call last):\n"
+    '  File "train.py", line 88, in <module>\n'
+    "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)\n"
+    "RuntimeError: The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be clipped. "
+    "To disable this error and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`\n"
+)
+
+
+def test_1_clip_grad_norm_non_finite_error_names_the_gradient_norm(tmp_path, capsys):
+    """Round 7: "The traceback ends before its error line"."""
+    doc, out = _doctor(tmp_path, capsys, _CLIP)
+    failure = doc["failure"]
+    assert (failure["check"], failure["op"], failure["line"]) == ("nonfinite-error", "RuntimeError", 4)
+    assert doc["summary"]["metric"] == "grad_norm"
+    assert "The run ended on an error naming NaN or Inf (line 4; RuntimeError; The total norm of order 2.0" in out
+
+
+def test_1_subject_of_a_not_finite_message():
+    assert said_errors.subject("Loss is not finite and patience is exhausted.") == "loss"
+    assert said_errors.subject("Parameter is not finite: tensor([nan])") is None
+    assert said_errors.subject("loss finite; weights checked, all non-finite values masked") is None
 
 
 # Keras TerminateOnNaN.on_batch_end prints f"Batch {batch}: Invalid loss, terminating training" where the batch's
@@ -247,4 +275,5 @@ def test_new_readers_are_linear_on_a_100kb_line():
     for line in ('"message": "' + "\\a" * 50_000, '"message": "' + "nan is " * 15_000, '"' + "a" * 100_000 + '": '):
         said_errors.json_message(line)
         said_errors.terminate_on_nan("Batch " + line)
+        said_errors.subject("loss " + line + " is")
     assert time.process_time() - started < 10

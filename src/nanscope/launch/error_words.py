@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from nanscope.facts.signals import BY_ID, Signal
+from nanscope.launch import said_errors
 from nanscope.launch.bars import last_bar
 
 WINDOW = 2048  # characters read after a literal anchor
@@ -34,7 +35,7 @@ _KEY_VALUE = re.compile(
 def first_key(message: str) -> str | None:
     """The first key an error's message gives a NaN/Inf value (`loss=nan, policy_loss=nan`: `loss`); None: none."""
     match = _KEY_VALUE.search(message, 0, WINDOW)
-    return None if match is None else match["key"]
+    return said_errors.subject(message) if match is None else match["key"]
 
 
 # torch.distributions' argument validation (torch 2.13 torch/distributions/distribution.py:75-82, Distribution.__init__:

@@ -38,6 +38,23 @@ _WHAT = re.compile(
 )
 
 
+# what a message says is not finite (`Loss is not finite`, `total norm ... for gradients ... is non-finite`)
+_SUBJECT = re.compile(
+    r"(?<![\w./-])(?P<key>loss|grad_norm|total norm|gradients?|weights?|logits)\b[^\n]{0,60}?"
+    r"\b(?:is|are|was|were|became)\s{1,4}(?:not finite|non-?finite)",
+    re.IGNORECASE,
+)
+
+
+def subject(message: str) -> str | None:
+    """What an error's message says is not finite (`Loss is not finite and patience is exhausted`: loss), or None."""
+    match = _SUBJECT.search(message, 0, WINDOW)
+    if match is None:
+        return None
+    key = match["key"].lower()
+    return "grad_norm" if key in ("total norm", "grad_norm") else key
+
+
 def terminate_on_nan(text: str, before: str = "") -> tuple[Signal, dict] | None:
     """Keras's TerminateOnNaN: the loss of batch N (its index within the epoch) was NaN or Inf; training stops after
     it (gracefully: no error follows)."""
