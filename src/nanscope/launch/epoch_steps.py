@@ -8,6 +8,7 @@ An epoch that does not rise by one a line (several lines per epoch, a gap) says 
 
     values = counts(lines, clean)      # the `epoch: N` of each line just before a metric line (None: it has none)
     found = step(line, values)         # (N, how) where `line`'s counter continues theirs; None otherwise
+    one_a_line(N, lines)               # False where the lines just before count epochs otherwise than one a line
 """
 
 from __future__ import annotations
@@ -38,3 +39,11 @@ def step(line: str, before: list[int | None]) -> tuple[int, str] | None:
     if any(b - a != 1 for a, b in zip(last, last[1:], strict=False)) or now != last[-1] + 1:
         return None
     return now, "the line (its epoch counter, one more on each line before it)"
+
+
+def one_a_line(now: int, lines: list[str]) -> bool:
+    """False where the epoch counters of `lines` (those just before a line counting epoch `now`, in order) repeat or
+    skip: several lines per epoch, so the epoch is not the step. True where they rise by one to `now`, or none count."""
+    counted = [value for value in (_epoch(line) for line in lines[-RUN:]) if value is not None]
+    chain = counted + [now]
+    return all(b - a == 1 for a, b in zip(chain, chain[1:], strict=False))

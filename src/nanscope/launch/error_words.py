@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from nanscope.facts.signals import BY_ID, Signal
+from nanscope.launch import said_errors
 from nanscope.launch.bars import last_bar
 
 WINDOW = 2048  # characters read after a literal anchor
@@ -39,9 +40,9 @@ _NAN_WITH = re.compile(r"(?<![A-Za-z])(?:nan|inf)\s{1,3}loss\s{1,3}(?:with|in|of
 
 def first_key(message: str) -> str | None:
     """The first key an error's message gives a NaN/Inf value (`loss=nan, policy_loss=nan`: `loss`; `NaN loss with
-    decoder_loss.`: `decoder_loss`); None: none."""
+    decoder_loss.`: `decoder_loss`; `Loss is not finite`: `Loss`); None: none."""
     match = _KEY_VALUE.search(message, 0, WINDOW) or _NAN_WITH.search(message, 0, WINDOW)
-    return None if match is None else match["key"].rstrip(".")
+    return said_errors.subject(message) if match is None else match["key"].rstrip(".")
 
 
 # torch.distributions' argument validation (torch 2.13 torch/distributions/distribution.py:75-82, Distribution.__init__:

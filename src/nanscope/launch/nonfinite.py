@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from nanscope.launch import error_words, glued, logger_tables, loop_lines
+from nanscope.launch import error_words, glued, logger_tables, loop_counters, loop_lines
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
 from nanscope.launch.scales import Scales
@@ -53,7 +53,10 @@ NEEDLES = (
     b"-- |",
     b": non-finite values ",  # nanscope's own plugins (launch.plugin_report)
     b"nanscope: warning: ",
-    b"learning iteration ",  # rsl-rl's block header: the step of the loss lines under it (launch.line_shapes)
+    b"learning iteration ",
+    b"not finite",  # an error or a message saying a value is not finite (SpeechBrain's check_gradients)
+    b"non-finite",
+    b"invalid loss",  # Keras's TerminateOnNaN (launch.keras_lines)  # rsl-rl's block header: the step of the loss lines under it (launch.line_shapes)
 )
 # fmt: skip
 _LOWER = range(97, 123)
@@ -227,8 +230,14 @@ class Nonfinite:
         named = self.metrics.explicit_line
         before = set(self.metrics.keys) if self.metrics.first is None and head <= CONTEXT_LINES + 1 else None
         self.metrics.feed(text, number)
-        if before is not None and (first := self.metrics.first) is not None and first.line == number:
+        first = self.metrics.first
+        if before is not None and first is not None and first.line == number:
             self.opening = bool(before) and first.metric.lower() not in before  # records before it, none of it
+        if first is not None and first.line == number:  # an ad hoc loop's counters, a name with spaces
+            loop_counters.rename(first, text)
+            lines = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, loop_counters.BEFORE)]
+            if loop_counters.fill(first, text, lines):
+                self.metrics.pending = None
         if self.metrics.explicit_line != named:
             self._name_steps(number)
 

@@ -1,0 +1,94 @@
+"""Lines that say in words that a value went non-finite, where no `key: nan` value is printed (launch.signals calls
+these by their literal anchors):
+
+    3/234 [......] - ETA: 33:37:24 - loss: 44.4110Batch 3: Invalid loss, terminating training     Keras TerminateOnNaN
+    {"simapp_exception": {..., "message": "NaN detected in loss function, aborting training. Job failed!", ...}}
+                                                                       a JSON log record whose message says so
+
+Each regex is applied to a bounded window after its literal anchor, with bounded repeats only: linear in the line.
+
+    read = terminate_on_nan(text, before)    # (signal, fields) of Keras's TerminateOnNaN line, or None
+    read = json_message(text, before)        # ... of a JSON record whose "message" names NaN or Inf, or None
+"""
+
+from __future__ import annotations
+
+import re
+
+from nanscope.facts.signals import BY_ID, Signal
+
+WINDOW = 2048  # characters read
+TERMINATE_ANCHOR = "Invalid loss, terminating training"
+MESSAGE_ANCHOR = '"message": "'
+# keras TerminateOnNaN.on_batch_end (keras-team/keras keras/src/callbacks/terminate_on_nan.py: print_msg(f"Batch
+# {batch}: Invalid loss, terminating training"), where the loss is NaN or Inf; keras 2 keras/callbacks.py:
+# print('Batch %d: Invalid loss, terminating training' % (batch))); glued after the progress bar it interrupts
+_TERMINATE = re.compile(r"Batch (?P<batch>\d{1,12}): Invalid loss, terminating training")
+# a JSON string value under "message" (escaped quotes allowed), up to 400 characters
+_MESSAGE = re.compile(r'"message": "(?P<msg>(?:[^"\\\n]|\\.){1,400})"')
+_NONFINITE = re.compile(r"(?<![A-Za-z])(?P<word>nan|inf|infinity|non-?finite|not finite)(?![A-Za-z])", re.IGNORECASE)
+_SAYING = re.compile(
+    r"(?<![A-Za-z])(?:detected|found|encountered|occurred|occurs|became|becomes|is|are|was|were|got)(?![A-Za-z])",
+    re.IGNORECASE,
+)
+_KIND = re.compile(r'"(?P<key>[a-z_]{0,60}(?:exception|error)[a-z_]{0,20})": ', re.IGNORECASE)  # `"simapp_exception": `
+_FAILED = ("exception", "error", "abort", "failed", "fatal", "terminat")
+_WHAT = re.compile(
+    r"\b(?P<what>loss|gradients?|grad(?:_| )norm|weights?|logits|rewards?|value function)\b", re.IGNORECASE
+)
+
+
+# what a message says is not finite (`Loss is not finite`, `total norm ... for gradients ... is non-finite`)
+_SUBJECT = re.compile(
+    r"(?<![\w./-])(?P<key>loss|grad_norm|total norm|gradients?|weights?|logits)\b[^\n]{0,60}?"
+    r"\b(?:is|are|was|were|became)\s{1,4}(?:not finite|non-?finite)",
+    re.IGNORECASE,
+)
+
+
+def subject(message: str) -> str | None:
+    """What an error's message says is not finite (`Loss is not finite and patience is exhausted`: loss), or None."""
+    match = _SUBJECT.search(message, 0, WINDOW)
+    if match is None:
+        return None
+    key = match["key"].lower()
+    return "grad_norm" if key in ("total norm", "grad_norm") else key
+
+
+def terminate_on_nan(text: str, before: str = "") -> tuple[Signal, dict] | None:
+    """Keras's TerminateOnNaN: the loss of batch N (its index within the epoch) was NaN or Inf; training stops after
+    it (gracefully: no error follows)."""
+    match = _TERMINATE.search(text, 0, WINDOW)
+    if match is None:
+        return None
+    batch = int(match["batch"])
+    return BY_ID["nonfinite-message"], {
+        "op": "TerminateOnNaN",
+        "detail": f"Keras's TerminateOnNaN: the loss of batch {batch} is NaN or Inf; training stopped",
+        "metric": "loss",
+        "value": "NaN or Inf",
+        "step": batch,
+        "step_from": f"the line (TerminateOnNaN's `Batch {batch}`: the batch within its epoch)",
+    }
+
+
+def json_message(text: str, before: str = "") -> tuple[Signal, dict] | None:
+    """A JSON record whose "message" says a NaN or an Inf was met (`NaN detected in loss function, aborting
+    training`): an error where the record or the message says it failed or aborted, else a message."""
+    match = _MESSAGE.search(text, 0, WINDOW)
+    if match is None:
+        return None
+    message = match["msg"]
+    words = {word["word"].lower() for word in _NONFINITE.finditer(message)}
+    if not words or _SAYING.search(message) is None:
+        return None
+    value = "NaN" if words == {"nan"} else "Inf" if words <= {"inf", "infinity"} else "NaN or Inf"
+    low = text[:WINDOW].lower()
+    what = _WHAT.search(message)
+    fields = {"detail": f"a JSON log record's message: {message[:200]}", "value": value}
+    if what is not None:
+        fields["metric"] = what["what"].lower()
+    if any(word in low for word in _FAILED):
+        kind = _KIND.search(text, 0, WINDOW)
+        return BY_ID["nonfinite-error"], {**fields, "op": kind["key"] if kind is not None else "message"}
+    return BY_ID["nonfinite-message"], fields
