@@ -98,11 +98,11 @@ def test_1_keras_terminate_on_nan_is_a_message_at_its_batch(tmp_path, capsys):
     assert (failure["check"], failure["op"], failure["step"], failure["line"]) == (
         "nonfinite-message",
         "TerminateOnNaN",
-        5,
+        6,  # round 10: `Batch 5` is Keras's 0-based index, the progress bar's 6/120 (test_doctor_classes10 3)
         2,
     )
     assert doc["summary"]["metric"] == "loss"
-    assert "Keras's TerminateOnNaN: the loss of batch 5 is NaN or Inf; training stopped" in out
+    assert "Keras's TerminateOnNaN: the loss of batch index 5 is NaN or Inf; training stopped" in out
 
 
 def test_1_a_nonfinite_word_without_saying_is_no_evidence(tmp_path, capsys):

@@ -33,6 +33,7 @@ from nanscope.launch.config import Config, Value, batches, resolve
 from nanscope.launch.detect import Choice, choose
 from nanscope.launch.diagnosis import Diagnosis
 from nanscope.launch.evidence import UNKNOWN, Framework
+from nanscope.launch.failure_models import with_run_kind
 from nanscope.launch.findings.finding import Finding
 from nanscope.launch.foreign import Foreign, read_foreign, script_framework
 from nanscope.launch.inputkind import LOG, what_it_is
@@ -458,6 +459,7 @@ def _with_traceback(diagnosis: Diagnosis, traceback: Traceback) -> None:
     candidates.with_metrics(diagnosis.candidates, traceback.metrics, traceback.excursions())
     candidates.with_evidence(diagnosis.candidates, traceback)
     diagnosis.summary = summarize(traceback)
+    with_run_kind(diagnosis.summary, traceback.failure, diagnosis.run_kind)
 
 
 def _place_failing(diagnosis: Diagnosis, rank: int | None, traceback_origin: str) -> None:

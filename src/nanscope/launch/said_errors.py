@@ -22,7 +22,11 @@ TERMINATE_ANCHOR = "Invalid loss, terminating training"
 MESSAGE_ANCHOR = '"message": "'
 # keras TerminateOnNaN.on_batch_end (keras-team/keras keras/src/callbacks/terminate_on_nan.py: print_msg(f"Batch
 # {batch}: Invalid loss, terminating training"), where the loss is NaN or Inf; keras 2 keras/callbacks.py:
-# print('Batch %d: Invalid loss, terminating training' % (batch))); glued after the progress bar it interrupts
+# print('Batch %d: Invalid loss, terminating training' % (batch))); glued after the progress bar it interrupts. The
+# batch is the 0-based index the fit loop passes to on_batch_end (tf.keras 1.x training_arrays.py fit_loop: `for
+# batch_index, (batch_start, batch_end) in enumerate(batches)` ... `callbacks.on_batch_end(batch_index, batch_logs)`),
+# while the Progbar counts the batches seen: `Batch 3` is the bar's 4/N (holdout10 12: `3/234 ... loss: 44.4110`,
+# finite, then `Batch 3: Invalid loss`, then `4/234 ... loss: inf`)
 _TERMINATE = re.compile(r"Batch (?P<batch>\d{1,12}): Invalid loss, terminating training")
 # a JSON string value under "message" (escaped quotes allowed), up to 400 characters
 _MESSAGE = re.compile(r'"message": "(?P<msg>(?:[^"\\\n]|\\.){1,400})"')
@@ -61,14 +65,15 @@ def terminate_on_nan(text: str, before: str = "") -> tuple[Signal, dict] | None:
     match = _TERMINATE.search(text, 0, WINDOW)
     if match is None:
         return None
-    batch = int(match["batch"])
+    batch = int(match["batch"])  # Keras's 0-based batch index: the progress bar counts that batch as batch + 1
     return BY_ID["nonfinite-message"], {
         "op": "TerminateOnNaN",
-        "detail": f"Keras's TerminateOnNaN: the loss of batch {batch} is NaN or Inf; training stopped",
+        "detail": f"Keras's TerminateOnNaN: the loss of batch index {batch} is NaN or Inf; training stopped",
         "metric": "loss",
         "value": "NaN or Inf",
-        "step": batch,
-        "step_from": f"the line (TerminateOnNaN's `Batch {batch}`: the batch within its epoch)",
+        "step": batch + 1,
+        "step_from": f"TerminateOnNaN's `Batch {batch}`: Keras's 0-based index of the batch within its epoch, "
+        f"the progress bar's {batch + 1}/...",
     }
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanscope.launch.failure_models import message_model, sampling_model
+
 # a frame's function -> the model that was running (the innermost one that names one wins)
 _FRAME_MODELS = {
     "update_critic": "critic", "compute_values": "critic", "update_policy": "actor", "update_actor": "actor",
@@ -52,6 +54,7 @@ class Summary:
     contradicted: str | None = None  # finite values that contradict the non-finite one: no NaN failure by itself
     benign: str | None = None  # why the text shows no NaN failure (a scale calibrating, every value finite, ...)
     opening: bool = False  # the metric's line is the input's first record of it: an earlier step may have been too
+    model_from: str | None = None  # why the model is the one an error or evidence line points to (no metric names it)
 
     def to_dict(self) -> dict:
         return {
@@ -111,8 +114,20 @@ def summarize(traceback) -> Summary:
         out.contradicted, out.step = reading.contradicted, None if failure is None else out.step
     if out.model is None:
         out.model = _frame_model(traceback.frames)
+    if out.model is None and failure is not None:
+        _failure_model(out, failure, traceback)
     out.benign = benign(traceback, out)
     return out
+
+
+def _failure_model(out: Summary, failure, traceback) -> None:
+    """The model the error's own words or the run's kind point to, where no metric line or frame names one: the keys
+    an error's message gives non-finite values (launch.failure_models), a sampling assert in an RL run."""
+    signal = failure.signal.id if failure.signal is not None else None
+    said = message_model(failure.detail) if signal == "nonfinite-error" else None
+    said = said or sampling_model(signal, traceback.frames, traceback.framework.name)
+    if said is not None:
+        out.model, out.model_from = said
 
 
 def benign(traceback, out: Summary) -> str | None:

@@ -28,7 +28,7 @@ _WHO = {
     "printed-tensor": "a printed tensor holds NaN or Inf",
     "out-of-memory": "the run ran out of GPU memory (torch's CUDA allocator)",
 }
-_MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
+MODEL_WORDS = _MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
            "reference": "the reference model", "reward model": "the reward model", "reward": "the reward"}  # fmt: skip
 
 

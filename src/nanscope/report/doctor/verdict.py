@@ -7,7 +7,13 @@ from nanscope.facts import frameworks
 from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
 from nanscope.launch.scales import shown
 from nanscope.launch.summary import read_metric_lines
-from nanscope.report.doctor.evidence_text import balanced, earlier_sentence, first_sentence, signal_sentence
+from nanscope.report.doctor.evidence_text import (
+    MODEL_WORDS,
+    balanced,
+    earlier_sentence,
+    first_sentence,
+    signal_sentence,
+)
 from nanscope.report.text import span
 
 
@@ -22,6 +28,7 @@ def verdict(diagnosis) -> str:
     if failure is not None and failure.format not in ("rerun", "signal"):
         parts += _why_it_died(failure, diagnosis.config)
     parts += _metric_sentences(diagnosis)
+    parts += _model_sentence(diagnosis.summary)
     if traceback is not None and traceback.rerun is not None:
         rerun = traceback.rerun
         parts.append(f"The rerun state machine's verdict ({rerun.rerun} rerun): {rerun.means}.")
@@ -59,6 +66,13 @@ def verdict(diagnosis) -> str:
     parts += _core_sentence(diagnosis)
     parts.append(_candidates_sentence(diagnosis.candidates))
     return " ".join(parts)
+
+
+def _model_sentence(summary) -> list[str]:
+    """The model an error's words or the run's kind point to, where no metric line names it (launch.failure_models)."""
+    if summary is None or summary.model_from is None or summary.metric is not None:
+        return []
+    return [f"The model: {MODEL_WORDS.get(summary.model, summary.model)} ({summary.model_from})."]
 
 
 def _metric_sentences(diagnosis) -> list[str]:

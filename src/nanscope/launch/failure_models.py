@@ -1,0 +1,74 @@
+"""The model an error or an evidence line points to when no metric line names one (issue 41, round 10):
+
+    ValueError: loss=nan, policy_loss=nan, entropy_loss=nan, advantage_loss=nan     the keys it names: the policy
+    probability tensor contains either `inf`, `nan` or element < 0  (frames through swift/cli/rlhf.py)
+                                                                                   an RL trainer samples its policy
+
+    model, why = message_model(message)          # the one model the message's non-finite keys name, or None
+    model, why = sampling_model(signal_id, frames, framework)   # the policy, for a sampling assert in an RL run
+    with_run_kind(summary, failure, kind)        # the same, where the launch script says the run is RL
+
+Each regex runs on a bounded window with bounded repeats only: linear in the line.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nanscope.launch.error_words import WINDOW
+from nanscope.launch.metric_points import model_of
+
+# an error message's `key=nan` / `key: inf` pairs (error_words reads the first; here all of them)
+_PAIRS = re.compile(
+    r"(?<![\w./-])(?P<key>[A-Za-z_][\w./-]{0,80})\s{0,3}[=:]\s{0,3}['\"]?[-+]?(?:nan|inf(?:inity)?)(?![\w.])",
+    re.IGNORECASE,
+)
+# a frame's path or function that is an RL trainer's (ms-swift's `swift rlhf` entry swift/cli/rlhf.py and
+# swift/llm/train/rlhf.py:rlhf_main; TRL's trl/trainer/{grpo,ppo,rloo,online_dpo}_trainer.py; verl's and OpenRLHF's
+# packages): the run generates from its policy while it trains
+_RL_PART = re.compile(r"(?:^|[/\\_.])(?P<word>rlhf|grpo|ppo|rloo|dapo|gspo|online_dpo|verl|openrlhf)(?:[/\\_.]|$)")
+_RL_STACKS = ("verl", "openrlhf", "slime")
+_SAMPLING = ("probability-assert",)  # torch.multinomial's assert: the sampled model's probabilities
+
+
+def message_model(message: str | None) -> tuple[str, str] | None:
+    """The one model whose keys an error's message gives non-finite values (`policy_loss=nan`: the policy), and
+    why; None: no key names a model, or keys of several models."""
+    if not message:
+        return None
+    keys = [match["key"].rstrip(".") for match in _PAIRS.finditer(message, 0, WINDOW)]
+    model = model_of(keys, {key.lower() for key in keys}) if keys else None
+    if model is None:
+        return None
+    named = next(key for key in keys if model_of([key], set()) == model)
+    return model, f"the error's message names {named} non-finite"
+
+
+def sampling_model(signal_id: str | None, frames, framework: str | None) -> tuple[str, str] | None:
+    """The policy, where sampling's assert fired in an RL run (its frames pass through an RL trainer, or the stack is
+    one that trains only RL): the probabilities sampled from are the policy's, generating its rollout; None: not a
+    sampling assert, or nothing says the run is RL (a supervised run samples only to evaluate)."""
+    if signal_id not in _SAMPLING:
+        return None
+    if framework in _RL_STACKS:
+        return "policy", f"{framework} trains by RL: what it samples from while training is its policy's rollout"
+    for frame in frames:
+        path = frame.path.replace("\\", "/").lower()
+        match = _RL_PART.search(path[-200:]) or _RL_PART.search(frame.function.lower()[:80])
+        if match is not None:
+            where = path.rsplit("/", 2)
+            shown = "/".join(where[-2:]) if len(where) > 1 else path
+            return ("policy", f"its frames pass through an RL trainer ({shown}:{frame.line} {frame.function}): what it "
+                    "samples from while training is its policy's rollout")  # fmt: skip
+    return None
+
+
+def with_run_kind(summary, failure, kind) -> None:
+    """Name the policy in `summary` (launch.summary.Summary) for a sampling assert where the launch script says the
+    run is RL (launch.run_kind: `swift rlhf --rlhf_type grpo`) and nothing else named a model."""
+    if summary is None or summary.model is not None or kind is None or not kind.rollouts or failure is None:
+        return
+    if failure.signal is not None and failure.signal.id in _SAMPLING:
+        summary.model = "policy"
+        summary.model_from = (f"the launch is an RL run ({kind.how}): what it samples from while training is its "
+                              "policy's rollout")  # fmt: skip

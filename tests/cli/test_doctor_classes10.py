@@ -1,0 +1,141 @@
+"""Issue 41, round 10: the classes of misreading left on the three consumed sets (holdout8-10) after round 9, each
+on crafted input of its class in the stack's own format: the model an error's own words name (1), the policy behind
+a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3). Each test fails on round 9's
+doctor (main d29ac49)."""
+
+import json
+import time
+
+import pytest
+
+from nanscope.cli.main import main
+from nanscope.launch import failure_models
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+
+
+def _doctor(tmp_path, capsys, log: str, script: str | None = None) -> tuple[dict, str]:
+    (tmp_path / "job.log").write_text(log)
+    out = tmp_path / "d.json"
+    args = ["doctor", "--traceback", str(tmp_path / "job.log"), "--json", str(out)]
+    if script is not None:
+        (tmp_path / "train.sh").write_text(script)
+        args.insert(1, str(tmp_path / "train.sh"))
+    code = main(args)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
+
+
+# 1. an error whose message gives each term's value names the model of the terms that are non-finite
+# (TimZaman/dotaclient#42, holdout8 07: the PPO optimizer's own guard, `raise ValueError('loss={}, policy_loss={},
+# entropy_loss={}, advantage_loss={}'...)`)
+_PPO_GUARD = """iteration 12/10000
+Traceback (most recent call last):
+  File "optimizer.py", line 646, in train
+    loss, policy_loss, entropy_loss, advantage_loss))
+ValueError: loss=nan, policy_loss=nan, entropy_loss=nan, advantage_loss=0.25
+"""
+
+
+def test_1_an_error_naming_its_terms_names_their_model(tmp_path, capsys):
+    """Round 9: the metric `loss`, the model None."""
+    doc, out = _doctor(tmp_path, capsys, _PPO_GUARD)
+    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("loss", "policy")
+    assert "The first non-finite metric: loss (the policy)" in out
+
+
+def test_1_critic_terms_name_the_critic_and_mixed_terms_no_model():
+    assert failure_models.message_model("critic_loss=nan, vf_explained_var=0.1") == (
+        "critic",
+        "the error's message names critic_loss non-finite",
+    )
+    assert failure_models.message_model("policy_loss=nan, value_loss=inf") is None  # two models: no one of them
+    assert failure_models.message_model("loss=nan, entropy=nan") is None  # no key names a model
+    assert failure_models.message_model(None) is None
+
+
+# 2. sampling's assert in an RL run: the probabilities sampled from are the policy's (modelscope/ms-swift#8378,
+# holdout8 04: `swift rlhf --rlhf_type grpo`, the assert on rank 5 after bar 82/1218)
+_ASSERT = (
+    "Train:   7%|▋         | 82/1218 [18:06:05<227:39:40, 721.46s/it]/pytorch/aten/src/ATen/native/cuda/"
+    "TensorCompare.cu:112: _assert_async_cuda_kernel: block: [0,0,0], thread: [0,0,0] Assertion `probability tensor "
+    "contains either `inf`, `nan` or element < 0` failed.\n"
+)
+_TRL_FRAMES = (
+    "[rank3]: Traceback (most recent call last):\n"
+    '[rank3]:   File "/env/lib/python3.11/site-packages/trl/trainer/grpo_trainer.py", line 1183, in '
+    "_generate_single_turn\n"
+    "[rank3]:     prompt_completion_ids = unwrapped_model.generate(\n"
+)
+_SFT_FRAMES = (
+    "[rank3]: Traceback (most recent call last):\n"
+    '[rank3]:   File "/env/lib/python3.11/site-packages/transformers/generation/utils.py", line 3297, in _sample\n'
+    "[rank3]:     next_tokens = torch.multinomial(probs, num_samples=1).squeeze(1)\n"
+)
+
+
+def test_2_sampling_assert_through_an_rl_trainer_is_the_policy(tmp_path, capsys):
+    """Round 9: model None (no frame of _FRAME_MODELS; the traceback is cut before the generate call)."""
+    doc, out = _doctor(tmp_path, capsys, _ASSERT + _TRL_FRAMES)
+    assert (doc["summary"]["rank"], doc["summary"]["model"]) == (3, "policy")
+    assert (
+        "The model: the policy (its frames pass through an RL trainer (trainer/grpo_trainer.py:1183 "
+        "_generate_single_turn): what it samples from while training is its policy's rollout)." in out
+    )
+
+
+def test_2_sampling_assert_without_rl_names_no_model(tmp_path, capsys):
+    """A supervised run samples only to evaluate: no model is claimed."""
+    doc, out = _doctor(tmp_path, capsys, _ASSERT + _SFT_FRAMES)
+    assert doc["summary"]["check"] == "probability-assert" and doc["summary"]["model"] is None
+    assert "The model:" not in out
+
+
+_GRPO_LAUNCH = """NPROC_PER_NODE=8 \\
+swift rlhf \\
+    --rlhf_type grpo \\
+    --model Qwen/Qwen2.5-7B-Instruct \\
+    --use_vllm false \\
+    --learning_rate 1e-6
+"""
+
+
+def test_2_sampling_assert_in_a_launch_that_is_rl_is_the_policy(tmp_path, capsys):
+    """The log alone (the assert, no frame) says no model; the launch script says the run is GRPO."""
+    doc, out = _doctor(tmp_path, capsys, _ASSERT, _GRPO_LAUNCH)
+    assert doc["summary"]["model"] == "policy"
+    assert "The model: the policy (the launch is an RL run (--rlhf_type grpo)" in out
+
+
+def test_2_rl_path_reader_is_linear_on_a_100kb_line():
+    class Frame:
+        path, line, function = "a" * 100_000 + "/x.py", 1, "f" * 100_000
+
+    started = time.process_time()
+    assert failure_models.sampling_model("probability-assert", [Frame()], None) is None
+    assert failure_models.message_model("k" * 100_000 + "=nan") is None
+    assert time.process_time() - started < 10
+
+
+# 3. Keras TerminateOnNaN prints the 0-based index the fit loop passes to on_batch_end, the Progbar the count of
+# batches seen: `Batch 3` is the bar's 4/N (holdout10 12, manishsoni1908/Mobilenet-ssd-keras#21: `3/234 ... loss:
+# 44.4110` finite, `Batch 3: Invalid loss`, then `4/234 ... loss: inf`)
+_KERAS = """Epoch 1/10
+  3/234 [..............................] - ETA: 33:37:24 - loss: 44.4110Batch 3: Invalid loss, terminating training
+  4/234 [..............................] - ETA: 25:09:00 - loss: inf
+"""
+
+
+def test_3_terminate_on_nan_batch_is_the_bar_s_next_count(tmp_path, capsys):
+    """Round 9: "at step 3" for the message and "at step 4" for the bar: two steps for one batch."""
+    doc, out = _doctor(tmp_path, capsys, _KERAS)
+    assert (doc["failure"]["step"], doc["summary"]["step"]) == (4, 4)
+    assert (
+        "at step 4 (TerminateOnNaN's `Batch 3`: Keras's 0-based index of the batch within its epoch, the progress "
+        "bar's 4/...)" in out
+    )
+    assert "The first non-finite metric: loss at step 4" in out
