@@ -1,6 +1,6 @@
 """Issue 41, round 10: the classes of misreading left on the three consumed sets (holdout8-10) after round 9, each
 on crafted input of its class in the stack's own format: the model an error's own words name (1), the policy behind
-a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3). Each test fails on round 9's
+a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4). Each test fails on round 9's
 doctor (main d29ac49)."""
 
 import json
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import failure_models
+from nanscope.launch import failure_models, totals
 
 
 @pytest.fixture(autouse=True)
@@ -42,10 +42,10 @@ ValueError: loss=nan, policy_loss=nan, entropy_loss=nan, advantage_loss=0.25
 
 
 def test_1_an_error_naming_its_terms_names_their_model(tmp_path, capsys):
-    """Round 9: the metric `loss`, the model None."""
+    """Round 9: the metric `loss` (the total: class 4 names its first term), the model None."""
     doc, out = _doctor(tmp_path, capsys, _PPO_GUARD)
-    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("loss", "policy")
-    assert "The first non-finite metric: loss (the policy)" in out
+    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("policy_loss", "policy")
+    assert "The first non-finite metric: policy_loss (the policy)" in out
 
 
 def test_1_critic_terms_name_the_critic_and_mixed_terms_no_model():
@@ -139,3 +139,36 @@ def test_3_terminate_on_nan_batch_is_the_bar_s_next_count(tmp_path, capsys):
         "bar's 4/...)" in out
     )
     assert "The first non-finite metric: loss at step 4" in out
+
+
+# 4. a total printed first with its terms: the first non-finite term went first, the total is their sum
+# (ksw0306/ClariNet#7, holdout9 03: train_student.py prints `[Total Loss, KL Loss, Reg Loss, Frame Loss] : {}` with
+# np.array(running_loss); maskrcnn_benchmark's MetricLogger, holdout8 10: `loss: nan (nan)  loss_classifier: nan`)
+_ARRAY = """Global Step : 67338, [54, 900] [Total Loss, KL Loss, Reg Loss, Frame Loss] : [ 3.1  0.5 2.301  0.3]
+Global Step : 67438, [55, 100] [Total Loss, KL Loss, Reg Loss, Frame Loss] : [  nan   nan 2.301   nan]
+"""
+_TOTAL_ALONE = """Epoch 1/20
+  8/500 [..............................] - ETA: 9:01 - loss: 2.1 - rpn_class_loss: 0.12 - mrcnn_mask_loss: 0.41
+  9/500 [..............................] - ETA: 9:00 - loss: nan - rpn_class_loss: 0.12 - mrcnn_mask_loss: 0.41
+"""
+
+
+def test_4_a_total_before_its_nonfinite_terms_names_the_first_term(tmp_path, capsys):
+    """Round 9: "The first non-finite metric: Total Loss" (the sum of the others)."""
+    doc, out = _doctor(tmp_path, capsys, _ARRAY)
+    assert (doc["summary"]["metric"], doc["summary"]["step"]) == ("KL Loss", 67438)
+    assert "The first non-finite metric: KL Loss at step 67438 (line 2)" in out
+
+
+def test_4_a_total_alone_nonfinite_stays_the_total(tmp_path, capsys):
+    doc, out = _doctor(tmp_path, capsys, _TOTAL_ALONE)
+    assert (doc["summary"]["metric"], doc["summary"]["step"]) == ("loss", 9)
+
+
+def test_4_totals_and_terms():
+    assert totals.first_term([("loss", "nan"), ("loss (running average)", "nan"), ("loss_classifier", "nan")]) == (
+        "loss_classifier"
+    )
+    assert totals.first_term([("total_loss", "nan"), ("grad_norm", "nan")]) is None  # no term: a norm is no loss
+    assert totals.first_term([("lm loss", "nan"), ("load_balancing_loss", "nan")]) is None  # lm loss is no total
+    assert totals.first_term([]) is None

@@ -285,9 +285,10 @@ _DOTA = (
 def test_8_error_line_names_its_first_key_as_written(tmp_path, capsys):
     """Round 6: "Its entropy left its range" (the range scan's `entropy` key read `entropy_loss`)."""
     doc, out = _doctor(tmp_path, capsys, _DOTA)
-    assert doc["failure"]["check"] == "nonfinite-error" and doc["summary"]["metric"] == "loss"
+    # round 10: the total `loss` names its first term (test_doctor_classes10 4), and policy_loss the policy
+    assert doc["failure"]["check"] == "nonfinite-error" and doc["summary"]["metric"] == "policy_loss"
     assert "entropy left its range" not in out and "Its entropy" not in out
-    assert "The first non-finite metric: loss" in out
+    assert "The first non-finite metric: policy_loss (the policy)" in out
 
 
 def test_8_key_reader_is_linear_on_a_100kb_line():

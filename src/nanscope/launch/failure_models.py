@@ -4,6 +4,7 @@
     probability tensor contains either `inf`, `nan` or element < 0  (frames through swift/cli/rlhf.py)
                                                                                    an RL trainer samples its policy
 
+    keys = message_keys(message)                 # the keys it gives NaN or Inf values, in order
     model, why = message_model(message)          # the one model the message's non-finite keys name, or None
     model, why = sampling_model(signal_id, frames, framework)   # the policy, for a sampling assert in an RL run
     with_run_kind(summary, failure, kind)        # the same, where the launch script says the run is RL
@@ -31,12 +32,15 @@ _RL_STACKS = ("verl", "openrlhf", "slime")
 _SAMPLING = ("probability-assert",)  # torch.multinomial's assert: the sampled model's probabilities
 
 
+def message_keys(message: str | None) -> list[str]:
+    """The keys an error's message gives NaN or Inf values, in order (`loss=nan, policy_loss=nan`)."""
+    return [match["key"].rstrip(".") for match in _PAIRS.finditer(message or "", 0, WINDOW)]
+
+
 def message_model(message: str | None) -> tuple[str, str] | None:
     """The one model whose keys an error's message gives non-finite values (`policy_loss=nan`: the policy), and
     why; None: no key names a model, or keys of several models."""
-    if not message:
-        return None
-    keys = [match["key"].rstrip(".") for match in _PAIRS.finditer(message, 0, WINDOW)]
+    keys = message_keys(message)
     model = model_of(keys, {key.lower() for key in keys}) if keys else None
     if model is None:
         return None

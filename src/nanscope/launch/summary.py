@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanscope.launch.failure_models import message_model, sampling_model
+from nanscope.launch.failure_models import message_keys, message_model, sampling_model
+from nanscope.launch.totals import first_term
 
 # a frame's function -> the model that was running (the innermost one that names one wins)
 _FRAME_MODELS = {
@@ -82,7 +83,7 @@ def summarize(traceback) -> Summary:
     if out.rank is None and traceback.prefix_rank is not None and not _waiting(failure):
         out.rank = traceback.prefix_rank  # the one rank whose traceback the log shows (a cut one's)
     if reading is not None:
-        out.metric, out.model = reading.metric, reading.model
+        out.metric, out.model = first_term(reading.values) or reading.metric, reading.model
         if out.kind in (None, "NaN or Inf") and (failure is None or failure.format == "signal"):
             out.kind = _kind(reading.values) or out.kind
         out.lines["metric"], out.opening = reading.line, seen.opening
@@ -97,6 +98,8 @@ def summarize(traceback) -> Summary:
         failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
     ):
         out.metric, out.lines["metric"] = hit.metric, hit.line
+        if failure.signal.id == "nonfinite-error":  # a total first among the terms it names: its first term
+            out.metric = first_term([(key, "nan") for key in message_keys(failure.detail)]) or out.metric
     elif seen.metrics.counters:
         counter = seen.metrics.counters[0]
         out.metric, out.lines["metric"] = counter.key, counter.line

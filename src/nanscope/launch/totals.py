@@ -1,0 +1,44 @@
+"""A total loss beside its own terms: where a line prints the total first and some of its terms non-finite too, the
+first non-finite term is what went non-finite first, and the total (their sum) follows from it:
+
+    [Total Loss, KL Loss, Reg Loss, Frame Loss] : [nan nan 2.301 nan]     -> KL Loss (ksw0306/ClariNet#7)
+    loss: nan (nan)  loss_classifier: nan (nan)  loss_box_reg: nan ...     -> loss_classifier (maskrcnn_benchmark)
+    ValueError: loss=nan, policy_loss=nan, entropy_loss=nan, ...           -> policy_loss (a PPO guard's message)
+
+A total alone non-finite, its terms finite (`loss: nan - rpn_class_loss: 0.12 ...`, matterport Mask_RCNN#1162), stays
+the total: no term says more. A term is a key that names a loss and is not itself a total (`lm loss` is Megatron's
+language-model loss, a term of nothing on its line), nor the same loss seen another way (`val_loss`, `nll_loss`,
+`reduced_train_loss`).
+
+    metric = first_term(values)      # values: [(key, value)], the line's non-finite values in order
+"""
+
+from __future__ import annotations
+
+from nanscope.launch.line_shapes import AVERAGE
+
+_TOTALS = frozenset(("loss", "losses", "total loss", "total", "loss total", "overall loss", "sum loss", "loss sum"))
+# words of a key that is the same loss seen another way, not a term of it: a split's (val_loss, eval_loss), a
+# reduction's (Lightning's reduced_train_loss beside its bar's running `loss`), fairseq's nll_loss beside its
+# label-smoothed loss
+_VARIANT = ("nll", "train", "val", "valid", "eval", "test", "reduced", "avg", "average", "mean", "smooth", "running",
+            "ppl", "step", "epoch")  # fmt: skip
+
+
+def is_total(key: str) -> bool:
+    """Whether `key` names a total loss (`loss`, `Total Loss`, `total_loss`, `losses`)."""
+    return key.lower().replace("_", " ").strip() in _TOTALS
+
+
+def first_term(values: list[tuple[str, str]]) -> str | None:
+    """The first non-finite term of a total that heads `values` (None: the first value is no total, or no term of
+    it is non-finite on the line)."""
+    if not values or not is_total(values[0][0]):
+        return None
+    for key, value in values[1:]:
+        if value == "missing" or key.endswith(AVERAGE) or is_total(key):
+            continue
+        words = key.lower().replace("/", " ").replace("_", " ").replace(".", " ").split()
+        if "loss" in key.lower() and not any(word in _VARIANT for word in words):
+            return key
+    return None
