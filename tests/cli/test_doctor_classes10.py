@@ -1,6 +1,6 @@
 """Issue 41, round 10: the classes of misreading left on the three consumed sets (holdout8-10) after round 9, each
 on crafted input of its class in the stack's own format: the model an error's own words name (1), the policy behind
-a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4). Each test fails on round 9's
+a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5). Each test fails on round 9's
 doctor (main d29ac49)."""
 
 import json
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import failure_models, totals
+from nanscope.launch import failure_models, metric_points, totals
 
 
 @pytest.fixture(autouse=True)
@@ -166,9 +166,28 @@ def test_4_a_total_alone_nonfinite_stays_the_total(tmp_path, capsys):
 
 
 def test_4_totals_and_terms():
-    assert totals.first_term([("loss", "nan"), ("loss (running average)", "nan"), ("loss_classifier", "nan")]) == (
-        "loss_classifier"
-    )
+    pairs = [("loss", "nan"), ("loss (running average)", "nan"), ("loss_classifier", "nan"), ("loss_mask", "nan")]
+    assert totals.first_term(pairs) == "loss_classifier"
     assert totals.first_term([("total_loss", "nan"), ("grad_norm", "nan")]) is None  # no term: a norm is no loss
     assert totals.first_term([("lm loss", "nan"), ("load_balancing_loss", "nan")]) is None  # lm loss is no total
     assert totals.first_term([]) is None
+    assert totals.first_term([("loss", "nan"), ("implicit loss", "nan")]) is None  # one other loss: maybe no term
+    assert totals.first_term([("Total Loss", "nan"), ("KL Loss", "nan")]) == "KL Loss"  # a total by name
+
+
+# 5. a GAN's losses spelled out name their model (zhysora/PSGan-Family#10, holdout10 17: pix2pix-style
+# `discrim_loss`, `gen_loss_GAN`, `gen_loss_L1`, one per line under a `progress` line)
+_PIX2PIX = """progress  epoch 50  step 602  image/sec 35.7  remaining 0m
+discrim_loss nan
+gen_loss_GAN 1.16629475e-36
+gen_loss_L1 380.16928
+"""
+
+
+def test_5_spelled_out_gan_losses_name_their_model(tmp_path, capsys):
+    """Round 9: "discrim_loss (the line names no step)", no model."""
+    doc, out = _doctor(tmp_path, capsys, _PIX2PIX)
+    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("discrim_loss", "discriminator")
+    assert "The first non-finite metric: discrim_loss (discriminator)" in out
+    assert metric_points.model_of(["gen_loss_GAN"], set()) == "generator"
+    assert metric_points.model_of(["discrim_loss", "gen_loss_GAN"], set()) is None  # both: neither alone

@@ -25,7 +25,10 @@ _MODELS = (("critic/score", "reward"), ("critic/rewards", "reward"), ("critic/ad
            ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"),
            ("policy_loss", "policy"), ("actor_loss", "actor"), ("critic_loss", "critic"), ("value_loss", "critic"),
            ("ref_", "reference"), ("value function loss", "critic"), ("mean value loss", "critic"),
-           ("surrogate loss", "actor"), ("mean surrogate loss", "actor"))  # fmt: skip
+           ("surrogate loss", "actor"), ("mean surrogate loss", "actor"), ("discrim", "discriminator"),
+           ("gen_loss", "generator"), ("generator", "generator"))  # fmt: skip
+# a GAN's losses spelled out (zhysora/PSGan-Family#10: pix2pix-style `discrim_loss`, `gen_loss_GAN`, `gen_loss_L1`);
+# a bare `D_loss`/`G_loss` is left to a line that writes it spaced (launch.loop_counters.rename)
 # rsl-rl's PPO (rsl_rl/runners/on_policy_runner.py:185-186 at ff9e971): the value function loss is the critic's
 
 

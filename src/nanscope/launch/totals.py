@@ -5,7 +5,10 @@ first non-finite term is what went non-finite first, and the total (their sum) f
     loss: nan (nan)  loss_classifier: nan (nan)  loss_box_reg: nan ...     -> loss_classifier (maskrcnn_benchmark)
     ValueError: loss=nan, policy_loss=nan, entropy_loss=nan, ...           -> policy_loss (a PPO guard's message)
 
-A total alone non-finite, its terms finite (`loss: nan - rpn_class_loss: 0.12 ...`, matterport Mask_RCNN#1162), stays
+A bare `loss` is taken for a total only beside two or more non-finite terms (`loss: nan, implicit loss: nan`, one
+other loss, may be two losses of their own: JegZheng/truncated-diffusion-probabilistic-models#3, where `loss` is
+thousands and `implicit loss` under 1); a total by name (`Total Loss`, `total_loss`, `losses`) beside one. A total
+alone non-finite, its terms finite (`loss: nan - rpn_class_loss: 0.12 ...`, matterport Mask_RCNN#1162), stays
 the total: no term says more. A term is a key that names a loss and is not itself a total (`lm loss` is Megatron's
 language-model loss, a term of nothing on its line), nor the same loss seen another way (`val_loss`, `nll_loss`,
 `reduced_train_loss`).
@@ -35,10 +38,13 @@ def first_term(values: list[tuple[str, str]]) -> str | None:
     it is non-finite on the line)."""
     if not values or not is_total(values[0][0]):
         return None
-    for key, value in values[1:]:
-        if value == "missing" or key.endswith(AVERAGE) or is_total(key):
-            continue
-        words = key.lower().replace("/", " ").replace("_", " ").replace(".", " ").split()
-        if "loss" in key.lower() and not any(word in _VARIANT for word in words):
-            return key
-    return None
+    terms = [key for key, value in values[1:] if value != "missing" and _term(key)]
+    spelled = values[0][0].lower().replace("_", " ").strip() != "loss"  # `Total Loss`, `losses`: a total by name
+    return terms[0] if terms and (spelled or len(terms) >= 2) else None
+
+
+def _term(key: str) -> bool:
+    if key.endswith(AVERAGE) or is_total(key) or "loss" not in key.lower():
+        return False
+    words = key.lower().replace("/", " ").replace("_", " ").replace(".", " ").split()
+    return not any(word in _VARIANT for word in words)
