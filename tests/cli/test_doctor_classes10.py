@@ -1,6 +1,6 @@
 """Issue 41, round 10: the classes of misreading left on the three consumed sets (holdout8-10) after round 9, each
 on crafted input of its class in the stack's own format: the model an error's own words name (1), the policy behind
-a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5). Each test fails on round 9's
+a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5), TensorFlow's failing check's scope (6). Each test fails on round 9's
 doctor (main d29ac49)."""
 
 import json
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import failure_models, metric_points, totals
+from nanscope.launch import failure_models, metric_points, tf_scopes, totals
 
 
 @pytest.fixture(autouse=True)
@@ -191,3 +191,30 @@ def test_5_spelled_out_gan_losses_name_their_model(tmp_path, capsys):
     assert "The first non-finite metric: discrim_loss (discriminator)" in out
     assert metric_points.model_of(["gen_loss_GAN"], set()) == "generator"
     assert metric_points.model_of(["discrim_loss", "gen_loss_GAN"], set()) is None  # both: neither alone
+
+
+# 6. TensorFlow's failing numerics check, by the `{{node ...}}` path printed under its InvalidArgumentError, and the
+# model its scope names (tensorforce/tensorforce#848, holdout8 18: check_numerics in the policy's optimizer)
+_TF_CHECK = (
+    "tensorflow.python.framework.errors_impl.InvalidArgumentError:  Invalid gradient: contains inf or nan. : Tensor "
+    "had NaN values\n"
+    "\t [[{{node agent/StatefulPartitionedCall/agent/cond_1/then/_297/agent/StatefulPartitionedCall/policy_optimizer/"
+    "StatefulPartitionedCall/policy_optimizer/VerifyFinite/CheckNumerics}}]] [Op:__inference_observe_4620]\n"
+)
+
+
+def test_6_tf_check_op_and_the_model_its_scope_names(tmp_path, capsys):
+    """Round 9: no op, no model."""
+    doc, out = _doctor(tmp_path, capsys, _TF_CHECK)
+    assert (doc["summary"]["op"], doc["summary"]["model"]) == ("policy_optimizer/VerifyFinite/CheckNumerics", "policy")
+    assert "The model: the policy (the failing check's op is in the scope policy_optimizer)." in out
+
+
+def test_6_a_scope_naming_no_model_names_none():
+    assert tf_scopes.check_op("[[{{node loss/VerifyFinite/CheckNumerics}}]]") == "loss/VerifyFinite/CheckNumerics"
+    assert tf_scopes.scope_model("loss/VerifyFinite/CheckNumerics") is None
+    assert tf_scopes.scope_model("model/vf/VerifyFinite/CheckNumerics") == ("critic", "vf")
+    assert tf_scopes.check_op("[[{{node dense/MatMul}}]]") is None  # no numerics check
+    started = time.process_time()
+    assert tf_scopes.check_op("{{node " + "a/" * 50_000) is None
+    assert time.process_time() - started < 10

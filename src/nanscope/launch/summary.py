@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope.launch.failure_models import message_keys, message_model, sampling_model
+from nanscope.launch.tf_scopes import scope_model
 from nanscope.launch.totals import first_term
 
 # a frame's function -> the model that was running (the innermost one that names one wins)
@@ -129,6 +130,9 @@ def _failure_model(out: Summary, failure, traceback) -> None:
     signal = failure.signal.id if failure.signal is not None else None
     said = message_model(failure.detail) if signal == "nonfinite-error" else None
     said = said or sampling_model(signal, traceback.frames, traceback.framework.name)
+    scoped = scope_model(failure.op) if said is None and signal in ("nonfinite-message", "nonfinite-error") else None
+    if scoped is not None:
+        said = scoped[0], f"the failing check's op is in the scope {scoped[1]}"
     if said is not None:
         out.model, out.model_from = said
 
