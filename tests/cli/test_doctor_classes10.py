@@ -1,6 +1,6 @@
 """Issue 41, round 10: the classes of misreading left on the three consumed sets (holdout8-10) after round 9, each
 on crafted input of its class in the stack's own format: the model an error's own words name (1), the policy behind
-a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5), TensorFlow's failing check's scope (6). Each test fails on round 9's
+a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5), TensorFlow's failing check's scope (6), DeepSpeed's pipeline engine line (7). Each test fails on round 9's
 doctor (main d29ac49)."""
 
 import json
@@ -218,3 +218,20 @@ def test_6_a_scope_naming_no_model_names_none():
     started = time.process_time()
     assert tf_scopes.check_op("{{node " + "a/" * 50_000) is None
     assert time.process_time() - started < 10
+
+
+# 7. DeepSpeed's pipeline engine's own metric line names DeepSpeed (tdrussell/diffusion-pipe#531, holdout10 02:
+# PipelineEngine.train_batch prints `steps: N loss: X iter time (s): Y samples/sec: Z` on global rank 0)
+_PIPE = """[2026-07-30 09:16:29,681] [INFO] [logging.py:123:log_dist] [Rank 0] step=17, skipped=0, lr=[1e-06], mom=[0.0]
+steps: 17 loss: 0.5994 iter time (s): 3.162 samples/sec: 0.316
+[2026-07-30 09:16:32,952] [INFO] [logging.py:123:log_dist] [Rank 0] step=18, skipped=0, lr=[1e-06], mom=[0.0]
+steps: 18 loss: nan iter time (s): 3.235 samples/sec: 0.309
+"""
+
+
+def test_7_deepspeed_pipeline_engine_line_names_deepspeed(tmp_path, capsys):
+    """Round 9: "framework unknown (nothing in the input names a framework)"."""
+    doc, out = _doctor(tmp_path, capsys, _PIPE)
+    assert doc["framework"]["name"] == "deepspeed"
+    assert (doc["summary"]["metric"], doc["summary"]["step"], doc["summary"]["rank"]) == ("loss", 18, None)
+    assert "The job is deepspeed's (its metric lines' keys (loss, samples/sec, steps))." in out

@@ -147,6 +147,10 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
                    frozenset({PY_DICT, "grad_norm", "learning_rate", "epoch"}),
                    frozenset({"step", "training loss"})),  # the last: its notebook callback's table
     LIGHTNING: (frozenset({"v_num"}),),
+    # DeepSpeed's PipelineEngine.train_batch, on global rank 0: print(f'steps: {self.global_steps} loss:
+    # {self.agg_train_loss:0.4f} iter time (s): {iter_time:0.3f} samples/sec: {tput:0.3f}') (deepspeed
+    # runtime/pipe/engine.py; tdrussell/diffusion-pipe#531, holdout10 02)
+    DEEPSPEED: (frozenset({"steps", "loss", "samples/sec"}),),
 }  # fmt: skip
 # What a launch trains, by its entry point (the module, CLI or script, as launch.script reads it): the kinds are "rl"
 # (rollouts, rewards, a policy loss: PPO, GRPO), "preference" (DPO, KTO, ORPO, ...: a policy and a reference, no
