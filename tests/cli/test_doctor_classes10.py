@@ -1,6 +1,6 @@
 """Issue 41, round 10: the classes of misreading left on the three consumed sets (holdout8-10) after round 9, each
 on crafted input of its class in the stack's own format: the model an error's own words name (1), the policy behind
-a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5), TensorFlow's failing check's scope (6), DeepSpeed's pipeline engine line (7). Each test fails on round 9's
+a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5), TensorFlow's failing check's scope (6), DeepSpeed's pipeline engine line (7), a loop's column of printed scalars (8). Each test fails on round 9's
 doctor (main d29ac49)."""
 
 import json
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import failure_models, metric_points, tf_scopes, totals
+from nanscope.launch import failure_models, metric_points, printed_columns, tf_scopes, totals
 
 
 @pytest.fixture(autouse=True)
@@ -235,3 +235,33 @@ def test_7_deepspeed_pipeline_engine_line_names_deepspeed(tmp_path, capsys):
     assert doc["framework"]["name"] == "deepspeed"
     assert (doc["summary"]["metric"], doc["summary"]["step"], doc["summary"]["rank"]) == ("loss", 18, None)
     assert "The job is deepspeed's (its metric lines' keys (loss, samples/sec, steps))." in out
+
+
+# 8. a column of scalar tensors, one printed a line: a loop's `print(loss)` each iteration (lich99/ChatGLM-finetune-
+# LoRA#32, holdout9 13: `for i in range(10): ... print(loss.detach().float())`: 3.2207, then nan)
+_COLUMN = """tensor(3.2207, device='cuda:0')
+tensor(2.9710, device='cuda:0', grad_fn=<NllLossBackward0>)
+tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)
+tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)
+"""
+
+
+def test_8_a_column_of_printed_scalars_gives_the_step(tmp_path, capsys):
+    """Round 9: a printed tensor at line 3, no step."""
+    doc, out = _doctor(tmp_path, capsys, _COLUMN)
+    assert (doc["failure"]["check"], doc["failure"]["line"], doc["summary"]["step"]) == ("printed-tensor", 3, 2)
+    assert (
+        "A printed tensor holds NaN or Inf at step 2 (the 3rd scalar printed one a line from line 1, a loop's value "
+        "each iteration, the 2 before it finite: index 2 of a loop counted from 0)" in out
+    )
+
+
+def test_8_a_printed_tensor_alone_or_after_other_lines_is_no_column(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "epoch 3 done\ntensor(nan, device='cuda:0')\n")
+    assert doc["failure"]["check"] == "printed-tensor" and doc["summary"]["step"] is None
+    doc, out = _doctor(tmp_path, capsys, "start\n" + _COLUMN)
+    assert doc["summary"]["step"] == 2 and "at or after index 2 (the column may start before line 2)" in out
+    started = time.process_time()
+    assert not printed_columns.scalar("tensor(" + "1" * 100_000 + ")")
+    assert not printed_columns.scalar("tensor(1," + "x" * 100_000 + ")")
+    assert time.process_time() - started < 10

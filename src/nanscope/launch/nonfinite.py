@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from nanscope.launch import error_words, glued, logger_tables, loop_counters, loop_lines, tf_scopes
+from nanscope.launch import error_words, glued, logger_tables, loop_counters, loop_lines, printed_columns, tf_scopes
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
 from nanscope.launch.scales import Scales
@@ -193,6 +193,11 @@ class Nonfinite:
                 self._metric_line(block, first, joined, lines + 1, clean, head=head)
                 continue
             error_words.place_assert(hit, text, clean(following.decode("utf-8", "replace")))
+            if hit.step is None and hit.signal.id == "printed-tensor":  # a loop's printed column of scalars
+                hit.step, hit.step_from = printed_columns.column_step(block, start, hit.line, clean, text) or (
+                    None,
+                    None,
+                )
             if hit.op is None and hit.signal.id in ("nonfinite-message", "nonfinite-error"):  # TF's op under it
                 hit.op = tf_scopes.check_op(text + "\n" + following.decode("utf-8", "replace"))
             glued.place(hit, text)
