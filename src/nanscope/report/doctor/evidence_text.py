@@ -28,8 +28,9 @@ _WHO = {
     "printed-tensor": "a printed tensor holds NaN or Inf",
     "out-of-memory": "the run ran out of GPU memory (torch's CUDA allocator)",
 }
-MODEL_WORDS = _MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
+_MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
            "reference": "the reference model", "reward model": "the reward model", "reward": "the reward"}  # fmt: skip
+MODEL_WORDS = _MODELS  # a model's name as a sentence says it (launch.summary's model ids)
 
 
 def balanced(text: str) -> str:
