@@ -1,6 +1,6 @@
 """Issue 41, round 10: the classes of misreading left on the three consumed sets (holdout8-10) after round 9, each
 on crafted input of its class in the stack's own format: the model an error's own words name (1), the policy behind
-a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5), TensorFlow's failing check's scope (6), DeepSpeed's pipeline engine line (7), a loop's column of printed scalars (8). Each test fails on round 9's
+a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5), TensorFlow's failing check's scope (6), DeepSpeed's pipeline engine line (7), a loop's column of printed scalars (8), a warning in an RL loop's episode (9). Each test fails on round 9's
 doctor (main d29ac49)."""
 
 import json
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from nanscope.cli.main import main
-from nanscope.launch import failure_models, metric_points, printed_columns, tf_scopes, totals
+from nanscope.launch import failure_models, loop_lines, metric_points, printed_columns, tf_scopes, totals
 
 
 @pytest.fixture(autouse=True)
@@ -264,4 +264,35 @@ def test_8_a_printed_tensor_alone_or_after_other_lines_is_no_column(tmp_path, ca
     started = time.process_time()
     assert not printed_columns.scalar("tensor(" + "1" * 100_000 + ")")
     assert not printed_columns.scalar("tensor(1," + "x" * 100_000 + ")")
+    assert time.process_time() - started < 10
+
+
+# 9. a Python warning naming NaN just after an RL loop's episode line: the episode is its step, and the warning's
+# words, not "a loss or a gradient", say what went NaN (nnaisense/MAX#1, holdout8 13: imagination.py:49's
+# warnings.warn("NaN in sampled next states!") after the act logger's `ep: 63` line)
+_EPISODE = """11:01:07 | INFO | episode | step_reward. mean: -21670574161920.00 +- 438323323600896.00
+11:01:08 | INFO | act | \tep: 63\taverage step return: 41819492609799.95
+/data/git/max/imagination.py:49: UserWarning: NaN in sampled next states!
+  warnings.warn("NaN in sampled next states!")
+"""
+
+
+def test_9_a_warning_after_an_episode_line_is_in_that_episode(tmp_path, capsys):
+    """Round 9: no step, and "The log says a loss or a gradient went NaN or Inf"."""
+    doc, out = _doctor(tmp_path, capsys, _EPISODE)
+    assert (doc["failure"]["check"], doc["failure"]["step"]) == ("nonfinite-message", 63)
+    assert (
+        "A UserWarning says a value went NaN or Inf at step 63 (the episode line 1 line(s) before it, line 2: "
+        "'ep: 63': in or after episode 63)" in out
+    )
+
+
+def test_9_episode_words_inside_other_words_are_no_episode():
+    assert loop_lines._EPISODE.search("\tep: 63\taverage step return: 4.1") is not None
+    assert loop_lines._EPISODE.search("Episode 12, reward 3.0") is not None
+    assert loop_lines._EPISODE.search("sleep 63 seconds") is None
+    assert loop_lines._EPISODE.search("ep 63x") is None
+    started = time.process_time()
+    assert loop_lines._EPISODE.search(" ep:" + " " * 100_000 + "1x") is None
+    assert loop_lines._EPISODE.search(" ep 1" * 20_000 + "x") is None
     assert time.process_time() - started < 10

@@ -13,6 +13,7 @@ such a line; the nearest one within REACH lines before the error gives its step,
 that prints at a step's end makes it the step before). Each line is read in its last 80 characters: linear.
 
     step, how = step_before(block, start, number, clean)     # (None, None): no such line
+    step, how = episode_before(block, start, number, clean)  # an RL loop's episode line just before a warning
 """
 
 from __future__ import annotations
@@ -46,5 +47,31 @@ def step_before(block: bytes, start: int, number: int, clean) -> tuple[int | Non
             shown = text.strip()[-60:]
             return step, (f"the loop's progress line {seen} line(s) before it, line {number - seen}: {shown!r}: "
                           f"at or after step {step}")  # fmt: skip
+        end = begin - 1
+    return None, None
+
+
+# an RL loop's episode counter as a field of its line (nnaisense/MAX#1, holdout8 13: the act logger's
+# `11:01:08 | INFO | act | \tep: 63\taverage step return: 4.18e13`, then imagination.py's UserWarning "NaN in sampled
+# next states!"): `ep: 63`, `episode 63`, `Episode: 63`, a field of its own (a tab, a comma, a bar or the line's end
+# after it)
+_EPISODE = re.compile(r"(?:^|[\s|,;])(?:ep|episode)\s{0,2}[:=#]?\s{0,4}(?P<step>\d{1,12})(?=[\t,;|]|\s{2}|\s{0,4}\Z)",
+                      re.IGNORECASE)  # fmt: skip
+EPISODE_REACH = 5  # lines looked at before a warning
+
+
+def episode_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:
+    """The episode of a warning at `start` (the log's line `number`) from an episode line at most EPISODE_REACH
+    lines before it."""
+    end, seen = start - 1, 0
+    while end > 0 and seen < EPISODE_REACH:
+        begin = block.rfind(b"\n", 0, end) + 1
+        seen += 1
+        text = clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace"))
+        match = _EPISODE.search(text)
+        if match is not None:
+            step = int(match["step"])
+            return step, (f"the episode line {seen} line(s) before it, line {number - seen}: "
+                          f"{match.group().strip()!r}: in or after episode {step}")  # fmt: skip
         end = begin - 1
     return None, None

@@ -193,6 +193,8 @@ class Nonfinite:
                 self._metric_line(block, first, joined, lines + 1, clean, head=head)
                 continue
             error_words.place_assert(hit, text, clean(following.decode("utf-8", "replace")))
+            if hit.step is None and (hit.op or "").endswith("Warning"):  # a Python warning in an RL loop's episode
+                hit.step, hit.step_from = loop_lines.episode_before(block, start, hit.line, clean)
             if hit.step is None and hit.signal.id == "printed-tensor":  # a loop's printed column of scalars
                 hit.step, hit.step_from = printed_columns.column_step(block, start, hit.line, clean, text) or (
                     None,

@@ -58,6 +58,8 @@ def _head(failure) -> str:
         return f"{_capital(wording.printed_by)} skipped an optimizer step on a non-finite gradient norm"
     if signal.id in ("deepspeed-overflow", "scaler-overflow") and wording is not None and len(wording.stacks) == 1:
         return f"{_capital(wording.printed_by)} skipped a step on inf or NaN gradients"
+    if signal.id == "nonfinite-message" and (failure.op or "").endswith("Warning"):  # its words say what, not loss
+        return f"A {failure.op} says a value went NaN or Inf"
     return _capital(_WHO.get(signal.id, signal.means))
 
 
