@@ -193,3 +193,20 @@ def test_the_readmes_lines_run_twice(tmp_path, monkeypatch, capsys):
                 code = e.code
             err = capsys.readouterr().err
             assert code in (0, 1), f"nanscope {shlex.join(argv)} exit {code}: {err[-500:]}"
+
+
+def test_the_width_the_index_gives_help_is_the_width_it_has_piped():
+    """docs/index.md said `--help` wraps to the same width as output, 100 columns piped; argparse's is 80 less 2."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    code = "import sys; from nanscope.cli.main import main; sys.exit(main(['scan', '--help']))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert (proc.returncode, max(len(line) for line in proc.stdout.splitlines())) == (0, 78)
+    page = " ".join((ROOT / "docs" / "index.md").read_text().split())
+    assert (
+        "`--help` wraps by argparse's rule: 2 columns less than `COLUMNS`, else than the terminal's width, else "
+        "than 80 (78 columns, piped)." in page
+    )

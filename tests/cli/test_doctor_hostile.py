@@ -186,6 +186,31 @@ CRAFTED = {
     "bracketed steps": "[Step [Step 1 " * 80_000 + "loss: nan | grad_norm: nan",
     "epoch brackets": "Epoch: [0]  [ " * 80_000 + "0/9]  loss: 1 (1)  loss_scale: 2 (2)  grad_norm: inf (inf)",
     "glued bars after a dict": "{'loss': 1.0, 'grad_norm': nan}\n" + "| 20/99 [00:01<00:02]x" * 40_000,
+    # issue 41's rounds 6 to 9 (launch/glued.py ... launch/line_shapes.py): a class of line for each new reader
+    "an error glued after a frame's code": "main(args)" * 100_000 + "RuntimeError: nan",
+    "a message glued after a record": "{| Epoch: 1/2 (3/8) |" * 50_000 + "}grad_norm was NaN!",
+    "an epoch counter of many digits": "epoch: " + "9" * 1_000_000 + " loss: nan",
+    "epoch counters one a line": "".join(f"epoch: {i} loss: 0.1\n" for i in range(40_000)) + "epoch: 40000 loss: nan",
+    "named arrays of brackets": "Global Step : 1, " + "[" * 1_000_000 + " : [nan]",
+    "a named array of many names": "Global Step : 1, [1, 1] [" + "L, " * 150_000 + "L] : [" + " nan" * 150_001 + "]",
+    "loop counters": "Epoch:[0/2](7/2) " * 60_000 + "loss:nan",
+    "counters before a spaced name": "0 epoch,  1  batch, A " * 45_000 + "Loss: nan",
+    "a counter's line before a metric's": "Epoch    :  8\n" + " " * 1_000_000 + "LOSS     :  nan",
+    "TerminateOnNaN's words": "Batch 3: Invalid loss, " * 45_000 + "terminating training",
+    "a JSON message of escapes": '{"message": "' + '\\"' * 500_000 + ' NaN"}',
+    "JSON message openings": '{"message": "' * 80_000 + 'NaN"}',
+    "a logger table's rule": "-" * 1_000_000 + "\n| a | nan |\n" + "-" * 30,
+    "a logger table's cells": "-" * 30 + "\n" + "| a " * 250_000 + "| nan |\n" + "-" * 30,
+    "an error naming many values": "ValueError: " + "a=1, " * 200_000 + "b=nan",
+    "a distribution's parentheses": "ValueError: Expected parameter " + "(" * 1_000_000,
+    "a named tensor's brackets": " t: tensor(" + "[" * 1_000_000 + "inf",
+    "loop lines of many digits": "INFO iteration " + "9" * 1_000_000 + "\nValueError: loss=nan",
+    "a Trainer bar of blocks": "{'loss': nan}\n  1%|" + "\u2588" * 1_000_000 + "| 2/300 [00:03<09:24]x",
+    "Marian's fields": "Ep. 1 : Up. 300 : " * 55_000 + "Cost nan",
+    "bracketed step fields": "[step] 1 " * 110_000 + "[Loss] nan",
+    "a bare step of many digits": "[" + "5" * 1_000_000 + "] loss nan",
+    "meter averages": "loss: 2.1 (1) " * 70_000 + "g: 1 (nan)",
+    "a step column": "76980 " * 160_000 + "nan",
 }
 
 
@@ -199,3 +224,32 @@ def test_each_reader_of_a_line_is_linear(text):
         pass
     assert time.process_time() - start < 10, "a reader is not linear on this line"
     assert found is None or len(found.context) < 100_000
+
+
+# issue 41's rounds 6 to 9 quote a piece of each of these lines: a metric's name, a table's key, an error's words;
+# ESC c, an OSC 52 clipboard write, 8-bit CSI, OSC and ST, a CSI erase, NEL (complete sequences: a name with a bare
+# ESC or an unfinished CSI in it is no name these readers take, and the log is refused; a named array takes no name
+# with a control in it)
+QUOTED_ESCAPES = "\x1bc" + "\x1b]52;c;SGVsbG8=\x07" + "\x9b31m\x9d0;x\x9c" + "\x1b[2J\x85"
+QUOTED = {
+    "a Trainer dict's key": "{'loss': 0.0, 'grad_%snorm': nan, 'epoch': 2.0}",
+    "a spaced name after counters": "0 epoch,  153  batch, Discrim%sinator  Loss:  nan",
+    "a logger table's key": "-----------------\n| approx%skl | nan |\n| n_updates | 30 |\n-----------------",
+    "an error's named value": "ValueError: loss=nan, policy%s_loss=nan",
+    "a warning's words": "/data/imagination.py:49: UserWarning: NaN in %ssampled next states!",
+    "a JSON record's message": '{"simapp_exception": {"message": "NaN %s detected in loss function, aborting training."}}',
+    "Marian's field": "[2020-05-04 10:11:00] Ep. 1 : Up. 300 : Sen. 76,800 : Co%sst nan : Time 60.00s",
+    "rsl-rl's block": " Learning iteration 121/1500\n Value %sfunction loss: inf",
+}
+
+
+@pytest.mark.parametrize("line", list(QUOTED.values()), ids=list(QUOTED))
+def test_no_control_character_of_a_quoted_piece_reaches_the_terminal_or_the_page(line, tmp_path, capsys):
+    log = tmp_path / "esc.log"
+    log.write_text(line.replace("%s", QUOTED_ESCAPES) + "\n", encoding="utf-8")
+    out, page = tmp_path / "d.json", tmp_path / "d.html"
+    assert main(["doctor", "--traceback", str(log), "--json", str(out), "--html", str(page)]) == 0
+    terminal = capsys.readouterr().out
+    assert (_controls(terminal), _controls(page.read_text(encoding="utf-8"))) == (set(), set())
+    assert "\\u001bc" in out.read_text(encoding="utf-8")  # the JSON stays faithful
+    assert _controls(out.read_text(encoding="utf-8")) == set()  # every one a \\u escape in the file

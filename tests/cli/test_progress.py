@@ -20,6 +20,17 @@ def test_plain_lines_when_piped_and_none_when_quiet(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_plain_line_folds_at_the_width(capsys, monkeypatch):
+    """`scan DIR` piped at COLUMNS=80 wrote 84- and 85-column lines (`nanscope scan: file 1 of 2: PATH: 4 findings,
+    would produce NaN: yes`)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with progress.Lines("scan", quiet=False, total=2, bar=False) as lines:
+        lines("file 2 of 2: runs/2026-12-05/sc/rollout_data/3.pt: 13 findings, would produce NaN: yes")
+    assert capsys.readouterr().err == (
+        "nanscope scan: file 2 of 2: runs/2026-12-05/sc/rollout_data/3.pt: 13 findings,\n    would produce NaN: yes\n"
+    )
+
+
 def test_the_matrix_says_each_run_and_the_natural_loop_each_step():
     said = []
     specs = [RunSpec(hazard=catalogue.HEALTHY.name, loss=loss) for loss in ("as-is", "safe")]

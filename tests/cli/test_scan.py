@@ -358,10 +358,12 @@ def test_a_directory_scan_says_each_file_it_scanned(tmp_path, capsys, monkeypatc
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["scan", str(tmp_path), "--workers", "1"]) == 1
     out, err = capsys.readouterr()
-    assert err == (
+    said = (
         f"nanscope scan: file 1 of 2: {tmp_path}/12.pt: 13 findings, would produce NaN: yes\n"
         f"nanscope scan: file 2 of 2: {tmp_path}/13.pt: 4 findings, would produce NaN: yes\n"
     )
+    assert err.split() == said.split() and err.count("\nnanscope scan: ") == 1  # folded at 80: every word, 2 lines
+    assert [line for line in err.splitlines() if len(line) > 80 and " " in line.strip()] == []
     assert max(map(len, out.splitlines())) <= 80 and "13.pt: train v0.1.0, 16 samples" in out
     assert main(["scan", str(tmp_path), "--workers", "1", "--quiet"]) == 1
     assert capsys.readouterr().err == ""

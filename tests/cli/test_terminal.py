@@ -239,3 +239,35 @@ def test_doctor_and_scan_fit_80_columns(tmp_path, monkeypatch, capsys):
         out = capsys.readouterr().out
         assert out.count("\n") > 3 and [line for line in out.splitlines() if len(line) > 80] == [], argv
         assert "…" not in out, argv  # rich's ellipsis: a cell cut (doctor's flags table cut them piped)
+
+
+def test_repro_s_ray_traceback_and_doctor_line_fit_80_columns(tmp_path, monkeypatch, capsys):
+    """`repro --launcher ray` printed its header (93 columns), the driver's traceback and the doctor line (161
+    columns here) with a bare print, wider than an 80-column terminal; folded now, no word lost."""
+    import argparse
+
+    from nanscope import case
+    from nanscope.cli import repro as cli
+    from nanscope.repro.runs import Repro
+
+    monkeypatch.setenv("COLUMNS", "80")
+    driver = (Path(__file__).resolve().parents[2] / "src/nanscope/cases/slime-795/traceback.txt").read_text()
+    rep = Repro("kl-exp-overflow", "as-is", "nan-check", "nan-check", {}, traceback=driver)
+    tb = tmp_path / "tb.txt"
+    args = cli.add_parser(argparse.ArgumentParser().add_subparsers()).parse_args(
+        ["--launcher", "ray", "--hazard", "kl-exp-overflow", "--traceback-out", str(tb)]
+    )
+    doc: dict = {}
+    cli._ray_output(args, rep, doc)
+    out = capsys.readouterr().out
+    wide = [line for line in out.splitlines() if len(line) > 80 and " " in line.strip()]
+    assert wide == []  # a wider line is one word alone (a path)
+    assert out.splitlines()[:3] == [
+        "",
+        "the Ray driver's traceback (kl-exp-overflow, as-is loss), as slime's train.py",
+        "    shows it:",
+    ]
+    line = f"diagnose it in the harness's world (its launch script: {case.harness_script()}): nanscope doctor --case "
+    header = "the Ray driver's traceback (kl-exp-overflow, as-is loss), as slime's train.py shows it:"
+    assert out.split() == f"{header}\n{driver}\n{line}harness --traceback {tb}".split()  # every word, in order
+    assert tb.read_text() == driver == doc["traceback"]

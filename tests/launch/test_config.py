@@ -186,3 +186,10 @@ def test_no_response_length_default_from_v0_2_4():
         None,
         "unbounded: no --rollout-max-response-len (slime v0.2.4: no default)",
     )
+
+
+def test_an_unset_flag_without_a_default_is_said_so_not_none():
+    """doctor --case harness said `--rm-type None: slime's built-in rule-based reward returns finite values`."""
+    cfg = resolve(["--rollout-temperature", "0.8"])
+    assert (cfg["rm_type"], cfg.flag_text("rm_type")) == (None, "(no --rm-type)")
+    assert cfg.flag_text("rollout_temperature") == "--rollout-temperature 0.8"

@@ -131,3 +131,24 @@ def test_a_number_no_megatron_prints_is_one_user_error():
     text = "Rank " + "1" * 5000 + ", node a, device 1, iteration -1: Unexpected result nan (message='x')\n"
     with pytest.raises(UserError, match=r"^tb\.txt: line 1: the rank has 5000 digits, more than Megatron ever prints"):
         parse_traceback(text, "tb.txt")
+
+
+def test_a_train_py_of_a_job_no_framework_names_is_not_slime_s_without_slime_beside_it():
+    """SpeechBrain's recipe train.py (holdout10 03-speechbrain-1462's shape) was said to differ from slime v0.1.0's
+    train.py:89, "entry point: parses slime's arguments"; slime's own train.py beside a Ray boundary still is."""
+    tb = parse_traceback(
+        "Traceback (most recent call last):\n"
+        '  File "/srv/speechbrain/recipes/LibriSpeech/LM/train.py", line 208, in <module>\n'
+        "    lm_brain.fit(\n"
+        '  File "/srv/speechbrain/speechbrain/core.py", line 1129, in fit\n'
+        "    self.check_gradients(loss)\n"
+        "ValueError: Loss is not finite and patience is exhausted. To debug, wrap `fit()` with autograd's "
+        "`detect_anomaly()`, e.g.\n"
+    )
+    assert tb.framework.name == "unknown"
+    assert [(frame.path.rsplit("/", 1)[-1], frame.known, frame.release_text) for frame in tb.frames] == [
+        ("train.py", None, "-"),
+        ("core.py", None, "-"),
+    ]
+    case = parse_traceback((CASE / "traceback.txt").read_text())
+    assert case.frames[0].release_text == "matches slime v0.1.0 train.py:89"

@@ -319,7 +319,7 @@ def test_the_launch_s_timeout_kills_the_ray_tree(short_tmp):
 
 
 @pytest.mark.timeout(300)
-def test_repro_prints_the_traceback_writes_it_and_puts_it_in_the_json(ray_launched, tmp_path, capsys):
+def test_repro_prints_the_traceback_writes_it_and_puts_it_in_the_json(ray_launched, tmp_path, capsys, wide_lines):
     from nanscope.cli import repro as cli
     from nanscope.report import repro as report
 

@@ -15,6 +15,7 @@ import threading
 
 from nanscope.cli import terminal
 from nanscope.inputs import printable
+from nanscope.report.text import folded
 
 
 class Lines:
@@ -55,8 +56,8 @@ class Lines:
             return
         text = f"nanscope {self.command}: {printable(line)}"
         with self.lock:
-            if self.display is None:
-                print(text, file=sys.stderr, flush=True)
+            if self.display is None:  # folded at the width, as every line of output
+                print(folded(text, terminal.width(sys.stderr)), file=sys.stderr, flush=True)
                 return
             self.display.console.print(text, highlight=False, markup=False)
             if advance:

@@ -329,11 +329,18 @@ def _ray_output(args, result, doc: dict) -> None:
     if shown is None:
         return
     rep, text = shown
-    print(f"\nthe Ray driver's traceback ({rep.hazard}, {rep.loss} loss), as slime's train.py shows it:")
-    print(text, end="" if text.endswith("\n") else "\n")
+    say = terminal.printer()  # folded at the terminal's width, as every line of repro's
+    say(shown_traceback(rep.hazard, rep.loss, text))
     if args.traceback_out:
         files.write_text(args.traceback_out, text, "--traceback-out")
-        print(doctor_line(args.traceback_out))
+        say(doctor_line(args.traceback_out))
+
+
+def shown_traceback(hazard: str, loss: str, text: str) -> str:
+    """The Ray driver's traceback as repro prints it: a line saying whose, then the text (its last newline the
+    print's)."""
+    head = f"\nthe Ray driver's traceback ({hazard}, {loss} loss), as slime's train.py shows it:\n"
+    return head + (text[:-1] if text.endswith("\n") else text)
 
 
 def doctor_line(traceback_out: str) -> str:

@@ -74,6 +74,8 @@ class Config:
         if spec.kind in ("true", "false"):
             on = value if spec.kind == "true" else not value
             return spec.spelling if on else f"(no {spec.spelling})"
+        if value is None:  # unset, and no default: not Python's word for it (`--rm-type None`)
+            return f"(no {spec.spelling})"
         return f"{spec.spelling} {_show(value)}"
 
 

@@ -235,10 +235,23 @@ def _slime_known(frame: Frame) -> bool:
     return known is not None and known.release.startswith("slime") and "/slime/" not in frame.path.replace("\\", "/")
 
 
+def _beside_slime(frames: list[Frame]) -> bool:
+    """Some frame besides a `train.py` named like slime's is slime's, Ray's or Megatron's (slime's driver runs
+    train.py -> ray.get -> the actor's slime and megatron frames)."""
+    return any(
+        frame.path == "<ray actor>"
+        or "/slime/" in frame.path.replace("\\", "/")
+        or (frame.known is not None and not frame.known.release.startswith("slime"))
+        for frame in frames
+    )
+
+
 def annotate(frames: list[Frame], framework: Framework) -> list[Frame]:
     """The frames, slime's checked against the release the framework's evidence names (KNOWN_FRAMES are v0.1.0's);
-    in another framework's job a frame named like slime's (`train.py <module>`) is not slime's."""
-    if framework.name not in (frameworks.SLIME, frameworks.UNKNOWN):
+    in another framework's job, or where no framework is named and nothing beside it is slime's, Ray's or
+    Megatron's, a frame named like slime's (`train.py <module>`) is not slime's."""
+    alone = framework.name == frameworks.UNKNOWN and not _beside_slime(frames)
+    if framework.name not in (frameworks.SLIME, frameworks.UNKNOWN) or alone:
         return [replace(frame, known=None) if _slime_known(frame) else frame for frame in frames]
     if framework.name != frameworks.SLIME or framework.release == releases.V0_1_0:
         return frames
