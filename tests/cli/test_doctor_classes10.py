@@ -3,31 +3,17 @@ on crafted input of its class in the stack's own format: the model an error's ow
 a sampling assert in an RL run (2), Keras TerminateOnNaN's 0-based batch index (3), a total loss printed before its own non-finite terms (4), a GAN's spelled-out losses (5), TensorFlow's failing check's scope (6), DeepSpeed's pipeline engine line (7), a loop's column of printed scalars (8), a warning in an RL loop's episode (9). Each test fails on round 9's
 doctor (main d29ac49)."""
 
-import json
 import time
 
 import pytest
 
-from nanscope.cli.main import main
 from nanscope.launch import failure_models, loop_lines, metric_points, printed_columns, tf_scopes, totals
+from tests.cli.doctoring import doctor_log as _doctor
 
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-
-
-def _doctor(tmp_path, capsys, log: str, script: str | None = None) -> tuple[dict, str]:
-    (tmp_path / "job.log").write_text(log)
-    out = tmp_path / "d.json"
-    args = ["doctor", "--traceback", str(tmp_path / "job.log"), "--json", str(out)]
-    if script is not None:
-        (tmp_path / "train.sh").write_text(script)
-        args.insert(1, str(tmp_path / "train.sh"))
-    code = main(args)
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
 
 
 # 1. an error whose message gives each term's value names the model of the terms that are non-finite

@@ -5,25 +5,14 @@ DeepSpeed's logging rank and a scale stuck at its floor on every step (c), steps
 `Epoch: [e]  [i/N]` and by the bars after a Trainer dict (d), and a CUDA out-of-memory error line (e). Each test fails
 on round 4's doctor."""
 
-import json
-
 import pytest
 
-from nanscope.cli.main import main
+from tests.cli.doctoring import doctor_log as _doctor
 
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-
-
-def _doctor(tmp_path, capsys, log: str) -> tuple[dict, str]:
-    (tmp_path / "job.log").write_text(log)
-    out = tmp_path / "d.json"
-    code = main(["doctor", "--traceback", str(tmp_path / "job.log"), "--json", str(out)])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
 
 
 # a. a loss scaler's lines that print the scale it set: each one a skipped step, the series its trend

@@ -8,27 +8,17 @@ out-of-memory error after NaN in TRL (h) already reads (exit 0) on round 5's doc
 class fails on round 5's doctor; the negative ones (what is not read) and the linear-time checks guard the new
 readers."""
 
-import json
 import time
 
 import pytest
 
-from nanscope.cli.main import main
 from nanscope.launch import line_shapes, logs
+from tests.cli.doctoring import doctor_log as _doctor
 
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-
-
-def _doctor(tmp_path, capsys, log: str) -> tuple[dict, str]:
-    (tmp_path / "job.log").write_text(log)
-    out = tmp_path / "d.json"
-    code = main(["doctor", "--traceback", str(tmp_path / "job.log"), "--json", str(out)])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
 
 
 def _first(doc: dict) -> tuple:

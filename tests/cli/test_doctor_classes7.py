@@ -5,27 +5,17 @@ before an error (2), a CUDA assert's rank from the `[rankN]:` traceback after it
 torch.distributions' validation error (5), a named printed tensor (6), a Trainer dict's step from the bar redrawn
 after it (7) and an error's keys as written (8). Each test fails on round 6's doctor."""
 
-import json
 import time
 
 import pytest
 
-from nanscope.cli.main import main
 from nanscope.launch import error_words, logger_tables, loop_lines
+from tests.cli.doctoring import doctor_log as _doctor
 
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-
-
-def _doctor(tmp_path, capsys, log: str) -> tuple[dict, str]:
-    (tmp_path / "job.log").write_text(log)
-    out = tmp_path / "d.json"
-    code = main(["doctor", "--traceback", str(tmp_path / "job.log"), "--json", str(out)])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
 
 
 # 1. the logger's table: one dump, one record

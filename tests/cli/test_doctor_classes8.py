@@ -4,27 +4,17 @@ each on crafted input of its class in the stack's own format: an error line glue
 it holds (3), a per-line `epoch: N` counter (4), a bracketed list of names over a printed array of values (5), the
 input's first record of a metric (6) and a loss scale collapsed below 1 (7). Each test fails on round 7's doctor."""
 
-import json
 import time
 
 import pytest
 
-from nanscope.cli.main import main
 from nanscope.launch import epoch_steps, error_words, glued, named_arrays
+from tests.cli.doctoring import doctor_log as _doctor
 
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-
-
-def _doctor(tmp_path, capsys, log: str) -> tuple[dict, str]:
-    (tmp_path / "job.log").write_text(log)
-    out = tmp_path / "d.json"
-    code = main(["doctor", "--traceback", str(tmp_path / "job.log"), "--json", str(out)])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
 
 
 # 1. an error line glued onto a frame's code line: stdout and stderr interleaved in a paste (mozilla/TTS#668,

@@ -3,27 +3,17 @@ each on crafted input of its class in the stack's own format: an error saying a 
 epoch line and Progbar (2), the counters an ad hoc loop prints beside its metrics (3), metric names written with
 spaces (4) and a JSON record's message naming NaN (5). Each test fails on round 7's doctor."""
 
-import json
 import time
 
 import pytest
 
-from nanscope.cli.main import main
 from nanscope.launch import loop_counters, said_errors
+from tests.cli.doctoring import doctor_log as _doctor
 
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-
-
-def _doctor(tmp_path, capsys, log: str) -> tuple[dict, str]:
-    (tmp_path / "job.log").write_text(log)
-    out = tmp_path / "d.json"
-    code = main(["doctor", "--traceback", str(tmp_path / "job.log"), "--json", str(out)])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
 
 
 # 1. a value said to be `not finite`
