@@ -53,10 +53,10 @@ NEEDLES = (
     b"-- |",
     b": non-finite values ",  # nanscope's own plugins (launch.plugin_report)
     b"nanscope: warning: ",
-    b"learning iteration ",
+    b"learning iteration ",  # rsl-rl's block header: the step of the loss lines under it (launch.line_shapes)
     b"not finite",  # an error or a message saying a value is not finite (SpeechBrain's check_gradients)
     b"non-finite",
-    b"invalid loss",  # Keras's TerminateOnNaN (launch.keras_lines)  # rsl-rl's block header: the step of the loss lines under it (launch.line_shapes)
+    b"invalid loss",  # Keras's TerminateOnNaN (launch.said_errors)
 )
 # fmt: skip
 _LOWER = range(97, 123)
@@ -195,11 +195,9 @@ class Nonfinite:
             error_words.place_assert(hit, text, clean(following.decode("utf-8", "replace")))
             if hit.step is None and (hit.op or "").endswith("Warning"):  # a Python warning in an RL loop's episode
                 hit.step, hit.step_from = loop_lines.episode_before(block, start, hit.line, clean)
-            if hit.step is None and hit.signal.id == "printed-tensor":  # a loop's printed column of scalars
-                hit.step, hit.step_from = printed_columns.column_step(block, start, hit.line, clean, text) or (
-                    None,
-                    None,
-                )
+            column = hit.step is None and hit.signal.id == "printed-tensor"  # a loop's printed column of scalars
+            if column and (found := printed_columns.column_step(block, start, hit.line, clean, text)) is not None:
+                hit.step, hit.step_from = found
             if hit.op is None and hit.signal.id in ("nonfinite-message", "nonfinite-error"):  # TF's op under it
                 hit.op = tf_scopes.check_op(text + "\n" + following.decode("utf-8", "replace"))
             glued.place(hit, text)
@@ -240,10 +238,10 @@ class Nonfinite:
         before = set(self.metrics.keys) if self.metrics.first is None and head <= CONTEXT_LINES + 1 else None
         self.metrics.feed(text, number)
         first = self.metrics.first
-        if before is not None and first is not None and first.line == number:
-            self.opening = bool(before) and first.metric.lower() not in before  # records before it, none of it
-        if first is not None and first.line == number:  # an ad hoc loop's counters, a name with spaces
-            loop_counters.rename(first, text)
+        if first is not None and first.line == number:  # this line holds the first non-finite metric
+            if before is not None:
+                self.opening = bool(before) and first.metric.lower() not in before  # records before it, none of it
+            loop_counters.rename(first, text)  # an ad hoc loop's counters, a name with spaces
             lines = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, loop_counters.BEFORE)]
             if loop_counters.fill(first, text, lines):
                 self.metrics.pending = None

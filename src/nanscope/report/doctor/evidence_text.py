@@ -28,9 +28,8 @@ _WHO = {
     "printed-tensor": "a printed tensor holds NaN or Inf",
     "out-of-memory": "the run ran out of GPU memory (torch's CUDA allocator)",
 }
-_MODELS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
+MODEL_WORDS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
            "reference": "the reference model", "reward model": "the reward model", "reward": "the reward"}  # fmt: skip
-MODEL_WORDS = _MODELS  # a model's name as a sentence says it (launch.summary's model ids)
 
 
 def balanced(text: str) -> str:
@@ -124,7 +123,7 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     """The first non-finite metric, its model and step, and what it points to (None: no metric line says one)."""
     if summary.metric is None:
         return None
-    model = f" ({_MODELS.get(summary.model, summary.model)})" if summary.model else ""
+    model = f" ({MODEL_WORDS.get(summary.model, summary.model)})" if summary.model else ""
     step = f" at step {summary.step}" if summary.step is not None else " (the line names no step)"
     where = f" (line {summary.lines['metric']})" if "metric" in summary.lines else ""
     if weak:
