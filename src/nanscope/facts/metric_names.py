@@ -14,6 +14,8 @@ one computed before the update points to that computation, not to the loss.
 
 from __future__ import annotations
 
+import re
+
 BEFORE_UPDATE = (
     ("advantage", "the advantages"),
     ("returns", "the returns"),
@@ -22,3 +24,21 @@ BEFORE_UPDATE = (
 )
 # name parts of the reward a trainer scores the rollout with (finite: the advantage computation is what went wrong)
 REWARDS = ("reward", "score", "return")
+
+# the keys that name a step (exact, or a key's last `/` or ` ` part: `train/global_step`, `Learning iteration`); fairseq's
+# update count (progress_bar.py:392), a loop's counter
+STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it",
+             "num_updates", "local_step")  # fmt: skip
+# a key that holds a step's word but measures a time (`time/time/step`, `train_step_timing in s`, `step_time`)
+_TIMES = frozenset(("time", "times", "timing", "timer", "timers", "duration", "elapsed", "sec", "secs", "seconds",
+                    "ms", "s", "per", "speed", "throughput"))  # fmt: skip
+# words that name a metric in a table's header or its caption (`| step | loss |`, `grad_norm per step:`)
+METRIC_WORDS = re.compile(r"(?<![a-z])(?:loss|grad[ _]?norm|gradient[ _]norm|kl|rewards?|score|entropy|perplexity|"
+                          r"ppl|acc(?:uracy)?|lr|learning[ _]rate|returns?|advantages?)(?![a-z])", re.IGNORECASE)  # fmt: skip
+
+
+def is_step_key(key: str) -> bool:
+    """`key` names a training step (not a time per step)."""
+    low = key.lower()
+    named = low in STEP_KEYS or low.rsplit("/", 1)[-1] in STEP_KEYS or low.rsplit(" ", 1)[-1] in STEP_KEYS
+    return named and not _TIMES.intersection(re.split(r"[/_ .()-]+", low))

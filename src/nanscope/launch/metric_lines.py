@@ -27,9 +27,11 @@ import re
 from dataclasses import dataclass, field
 
 from nanscope.facts.frameworks import PY_DICT
+from nanscope.facts.metric_names import is_step_key
 from nanscope.launch import epoch_steps
 from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
+from nanscope.launch.episodes import Episodes
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to
 from nanscope.launch.scales import PrintedScale
@@ -62,8 +64,6 @@ _ZERO_COUNTS = re.compile(r"number of (?:skipped|nan) iterations:\s{0,12}(\d{1,1
 _SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
 _SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spaces: its keys and punctuation
 _WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
-_STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it")
-_STEP_KEYS += ("num_updates", "local_step")  # fairseq's update count (progress_bar.py:392); a loop's counter
 _SETTINGS = ("max_", "min_", "best_", "best ")  # a setting or a sentinel (`max_grad_norm: inf`, `best_loss inf`)
 _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
@@ -106,9 +106,7 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
     if text.count("|") >= 2:
         out, at = [], 0
         for part in text.split("|"):
-            match = _FIELD_WHOLE.match(
-                part.rstrip()
-            )  # the whole field: `number of nan iterations: 0`, not `number of nan`
+            match = _FIELD_WHOLE.match(part.rstrip())  # the whole field: `number of nan iterations: 0`, not `... nan`
             if match is not None:
                 out.append((_key(match["key"]), match["value"], at + match.start("value")))
             at += len(part) + 1
@@ -132,18 +130,7 @@ def _with_loose(found: list[tuple[str, str, int]], piece: str) -> tuple[list[tup
     return sorted(found + [pair for pair in loose if pair[2] not in taken], key=lambda item: item[2]), True
 
 
-# a key that holds a step's word but measures a time (`time/time/step`, `train_step_timing in s`, `step_time`)
-_TIMES = frozenset(("time", "times", "timing", "timer", "timers", "duration", "elapsed", "sec", "secs", "seconds",
-                    "ms", "s", "per", "speed", "throughput"))  # fmt: skip
-
-
 _BAR_BEFORE = "the progress bar before it"
-
-
-def _is_step_key(key: str) -> bool:
-    low = key.lower()
-    named = low in _STEP_KEYS or low.rsplit("/", 1)[-1] in _STEP_KEYS or low.rsplit(" ", 1)[-1] in _STEP_KEYS
-    return named and not _TIMES.intersection(re.split(r"[/_ .()-]+", low))
 
 
 _NORMS = ("grad_norm", "grad norm", "gradient_norm")
@@ -248,10 +235,12 @@ class MetricLines:
     block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
     counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
     epochs: list = field(default_factory=list)  # the epoch counters of the lines just before (launch.epoch_steps)
+    episodes: Episodes = field(default_factory=Episodes)  # a second non-finite episode of the first reading's metric
 
-    def rule(self, line: str, header_line: str) -> bool:
-        """A table's rule row (`-- | --`) under `header_line`: its columns are read from now on."""
-        table = header(header_line, line)
+    def rule(self, line: str, header_line: str, caption: list[str]) -> bool:
+        """A table's rule row (`-- | --`) under `header_line` (`caption`: the lines before that): its columns are read
+        from now on."""
+        table = header(header_line, line, caption)
         if table is not None:
             self.table = table
             self.keys.update(column.lower() for column in table.columns)
@@ -309,7 +298,7 @@ class MetricLines:
         bad = [
             (key, value, at)
             for key, value, at in found
-            if _nonfinite(value) and not _is_step_key(key) and not key.lower().startswith(_SETTINGS)
+            if _nonfinite(value) and not is_step_key(key) and not key.lower().startswith(_SETTINGS)
         ]
         at = offset + (bad[0][2] if bad else found[0][2])
         if step is None:
@@ -319,6 +308,8 @@ class MetricLines:
             self._confirm(found, bool(bad), number)
         if self.first is not None and self.first.line != number:
             self._recovery(found, bad, number)
+            self.episodes.feed(number, step if step_from == "the line" else None,
+                               [(key, _nonfinite(value)) for key, value, _ in found])  # fmt: skip
         if bad and (len(found) >= 2 or loose):
             if self.first is None:
                 self._first(line, number, found, values, step=step, step_from=step_from)
@@ -336,7 +327,8 @@ class MetricLines:
         """The key (lowered) of a first reading whose gradient norm alone went non-finite, the loss finite: later
         lines holding it are read (finite ones too) to see whether it recovers."""
         first = self.first
-        if first is None or self.recovered is not None or self.relapsed or not _norm_only(first):
+        norm = first is not None and self.recovered is None and not self.relapsed and _norm_only(first)
+        if not norm and not self.episodes.waiting():  # nor a second episode's finite line (launch.episodes)
             return None
         return first.values[0][0].lower().encode("utf-8", "replace")
 
@@ -394,7 +386,7 @@ class MetricLines:
     def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
         """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
         for key, value, at in found:
-            if _is_step_key(key) and not shapes.percent(piece, at, value):
+            if is_step_key(key) and not shapes.percent(piece, at, value):
                 number = _number(value.strip("'\"").split("/")[0])
                 if number is not None and math.isfinite(number):
                     return int(number), "the line"
@@ -492,9 +484,8 @@ class MetricLines:
         self.first = self._reading(line, number, found, values, step=step, step_from=step_from)
         if number == 1 and self.first.step is None and self.first.after is None:
             self.provisional = {key.lower() for key, _, _ in found}
-        if self.first.step is None and self.first.after is None:
-            self.pending = number
-        elif self.first.step_from == _BAR_BEFORE and shapes.trainer_dict(
-            line
-        ):  # the bar redrawn after it is its step's
-            self.pending = number
+        unstepped = self.first.step is None and self.first.after is None
+        if unstepped or self.first.step_from == _BAR_BEFORE and shapes.trainer_dict(line):  # a dict's bar after it
+            self.pending = number  # gives its step (a bar redrawn after a dict is its step's)
+        if not _norm_only(self.first):  # a second episode of its metric is watched for (launch.episodes)
+            self.episodes.start(self.first.metric, self.first.step)

@@ -105,11 +105,11 @@ def _grad_norm(lines: list[str]) -> str | None:
     return found
 
 
-def candidate_starts(block: bytes, extra: tuple[bytes, ...] = ()) -> list[int]:
-    """The starts of the lines of `block` worth reading (and of those holding an `extra` literal), ascending. Literal
-    searches in the lowered block, each line taken once per needle: linear in the block."""
+def candidate_starts(block: bytes, extra: tuple[bytes, ...] = (), *, only_extra: bool = False) -> list[int]:
+    """The starts of the lines of `block` worth reading (and of those holding an `extra` literal; `only_extra`: of
+    those alone), ascending. Literal searches in the lowered block, each line taken once per needle: linear in it."""
     starts, low = set(), block.lower()
-    for needle in (b"nan", b"inf"):
+    for needle in () if only_extra else (b"nan", b"inf"):
         at = low.find(needle)
         while at >= 0:
             before = low[at - 1] if at else 32
@@ -121,7 +121,7 @@ def candidate_starts(block: bytes, extra: tuple[bytes, ...] = ()) -> list[int]:
                 at = -1 if end < 0 else low.find(needle, end)
             else:
                 at = low.find(needle, at + 3)
-    for needle in NEEDLES + extra:
+    for needle in extra if only_extra else NEEDLES + extra:
         at = low.find(needle)
         while at >= 0:
             starts.add(low.rfind(b"\n", 0, at) + 1)
@@ -165,8 +165,16 @@ class Nonfinite:
         extra = (b"grad_norm",) if self.overflow is not None and self.stale is None else ()
         watched = self.metrics.watched()  # a norm-only first reading: its later lines, finite ones too
         extra += (watched,) if watched is not None else ()
-        starts = candidate_starts(block, extra)
-        for start in starts:
+        starts, index = candidate_starts(block, extra), -1
+        while (index := index + 1) <= len(starts):
+            if index and watched is None and (watched := self.metrics.watched()) is not None:  # the first reading
+                # came: the lines after it that hold its key are read too, in order (finite: a recovery, an episode)
+                after = block.find(b"\n", starts[index - 1]) + 1  # the line after the one just read
+                later = candidate_starts(block[after:], (watched,), only_extra=True) if after else []
+                starts = starts[:index] + sorted(set(starts[index:]).union(after + at for at in later))
+            if index == len(starts):
+                break
+            start = starts[index]
             lines += block.count(b"\n", counted, start)
             counted = start
             if start <= consumed:
@@ -182,7 +190,8 @@ class Nonfinite:
                 logger_tables.feed(self.metrics, table)
                 continue
             previous = clean(_line_before(block, start).decode("utf-8", "replace"))
-            if is_rule(text) and self.metrics.rule(text, previous):
+            caption = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, 3)[:-1]]
+            if is_rule(text) and self.metrics.rule(text, previous, caption):
                 continue
             following = block[end + 1 : end + 301].split(b"\n", 1)[0]
             hit = read_line(text, lines + 1, previous[-300:], clean(following.decode("utf-8", "replace")))
@@ -206,24 +215,7 @@ class Nonfinite:
             self._signal(block, start, hit, text, clean)
             if self._keep(hit, text, _blank_since(block, start, hit.line - self.metrics.bar_line - 1)):
                 out.append((start, hit))
-        if watched is None and self.metrics.watched() is not None:  # the first reading came in this block
-            self._watch(block, set(starts), lines_before, clean)
         return out
-
-    def _watch(self, block: bytes, read: set[int], lines_before: int, clean) -> None:
-        """The lines of `block` after a norm-only first reading that hold its key and were not read: finite ones,
-        where the norm may have recovered (literal search; each line once)."""
-        needle, low, first = self.metrics.watched(), block.lower(), self.metrics.first.line
-        at, counted, lines = low.find(needle), 0, lines_before
-        while at >= 0 and self.metrics.watched() is not None:
-            start = low.rfind(b"\n", 0, at) + 1
-            end = low.find(b"\n", at)
-            end = len(block) if end < 0 else end
-            lines += block.count(b"\n", counted, start)
-            counted = start
-            if lines + 1 > first and start not in read:
-                self.metrics.feed(clean(block[start:end].decode("utf-8", "replace")), lines + 1)
-            at = low.find(needle, end)
 
     def _metric_line(self, block: bytes, start: int, text: str, number: int, clean, *, head: int | None = None) -> None:
         """A metric line (a record joined from lines `head` .. `number`, its first at `start`): its values

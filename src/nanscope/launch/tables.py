@@ -10,6 +10,7 @@ so does a Markdown table pasted from it. A row is read only with the table's num
 NaN/Inf word or an empty value.
 
     table = header(previous_line, rule_line)      # None: not a table's header and rule
+    table = header(previous_line, rule_line, ["Loss of each run:"])   # columns that name runs: `run/Loss` keys
     found = table.row(line)                       # [(column, value, offset)] or None
 """
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from nanscope.facts.metric_names import METRIC_WORDS, is_step_key
 
 MAX_COLUMNS = 64
 _RULE = re.compile(r"\s{0,4}\|?\s{0,4}:?-{2,40}:?\s{0,4}(?:\|\s{0,4}:?-{2,40}:?\s{0,4}){1,63}\|?\s{0,4}")
@@ -40,9 +43,11 @@ def is_rule(line: str) -> bool:
 
 @dataclass(frozen=True)
 class Table:
-    """A table's columns, from its header."""
+    """A table's columns, from its header; `metric`: the one its caption names where no column names one (the columns
+    then name runs or settings compared, each cell that metric's value: its key is `column/metric`)."""
 
     columns: tuple[str, ...]
+    metric: str | None = None
 
     def row(self, line: str) -> list[tuple[str, str, int]] | None:
         """(column, value, offset) of each cell of a row of this table that holds a value; None: not its row."""
@@ -58,12 +63,14 @@ class Table:
                 continue
             if _CELL.fullmatch(cell) is None:
                 return None
-            out.append((column, cell, max(at, 0)))
+            key = f"{column}/{self.metric}" if self.metric is not None and not is_step_key(column) else column
+            out.append((key, cell, max(at, 0)))
         return out
 
 
-def header(line: str, rule: str) -> Table | None:
-    """The table whose header is `line` and whose rule row is `rule` (None: not one)."""
+def header(line: str, rule: str, caption: list[str] = ()) -> Table | None:
+    """The table whose header is `line` and whose rule row is `rule` (None: not one); `caption`: the lines before the
+    header, read for the metric when no column names one (the last that names one, within the last two lines)."""
     if not is_rule(rule) or "|" not in line:
         return None
     columns = _cells(line)
@@ -71,4 +78,7 @@ def header(line: str, rule: str) -> Table | None:
         return None
     if any(not column or _CELL.fullmatch(column) for column in columns):
         return None
-    return Table(tuple(columns))
+    if any(METRIC_WORDS.search(column) for column in columns):
+        return Table(tuple(columns))
+    named = [found[-1] for text in caption[-2:] if (found := METRIC_WORDS.findall(text[:400]))]
+    return Table(tuple(columns), named[-1] if named else None)

@@ -174,6 +174,8 @@ def evidence_lines(traceback) -> list[str]:
         out.append(f"first non-finite metric line {reading.line}, {step}{after}: {shown}")
         if seen.metrics.later:
             out.append(f"{seen.metrics.later} later metric line(s) hold non-finite values too")
+        if seen.metrics.episodes.again is not None:
+            out.append(seen.metrics.episodes.again.sentence(reading.step))
     for counter in seen.metrics.counters:
         step = f" at step {counter.step}" if counter.step is not None else ""
         kind = "cumulative" if counter.cumulative else "over the logging interval"

@@ -88,6 +88,8 @@ def _metric_sentences(diagnosis) -> list[str]:
     if first is not None:
         parts.append(first)
     reading = metrics.first
+    if reading is not None and metrics.episodes.again is not None and first is not None:
+        parts.append(metrics.episodes.again.sentence(reading.step))
     if reading is not None and reading.fragment is not None:
         step = f" at or before step {reading.step}" if reading.step is not None else " before this line"
         parts.append(f"{balanced(reading.fragment[0].upper() + reading.fragment[1:])}: the first non-finite value is"
