@@ -42,3 +42,24 @@ def is_step_key(key: str) -> bool:
     low = key.lower()
     named = low in STEP_KEYS or low.rsplit("/", 1)[-1] in STEP_KEYS or low.rsplit(" ", 1)[-1] in STEP_KEYS
     return named and not _TIMES.intersection(re.split(r"[/_ .()-]+", low))
+
+
+# a name's first word (a GAN's spelled-out `Discriminator Loss`, a TensorFlow scope's `actor_network`) -> its model
+NAME_MODELS = {"d": "discriminator", "disc": "discriminator", "discriminator": "discriminator", "g": "generator",
+               "gen": "generator", "generator": "generator", "policy": "policy", "pi": "policy", "actor": "actor",
+               "actornetwork": "actor", "critic": "critic", "criticnetwork": "critic", "vf": "critic",
+               "value": "critic"}  # fmt: skip
+
+# a key's prefix (or its start) -> the model it names (None: the rollout's data, no model's failure)
+# verl logs its data metrics under `critic/` too (compute_data_metrics): the scores and rewards are the reward's,
+# the advantages and returns computed from them; `critic/kl` is the KL in the reward.
+# a GAN's losses spelled out (zhysora/PSGan-Family#10: pix2pix-style `discrim_loss`, `gen_loss_GAN`, `gen_loss_L1`);
+# a bare `D_loss`/`G_loss` is left to a line that writes it spaced (launch.loop_counters.rename)
+# rsl-rl's PPO (rsl_rl/runners/on_policy_runner.py:185-186 at ff9e971): the value function loss is the critic's
+KEY_MODELS = (("critic/score", "reward"), ("critic/rewards", "reward"), ("critic/advantages", None),
+              ("critic/returns", None), ("critic/kl", None), ("actor/", "actor"), ("critic/", "critic"), ("ref/", "reference"),
+              ("reference/", "reference"), ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"),
+              ("policy_loss", "policy"), ("actor_loss", "actor"), ("critic_loss", "critic"), ("value_loss", "critic"),
+              ("ref_", "reference"), ("value function loss", "critic"), ("mean value loss", "critic"),
+              ("surrogate loss", "actor"), ("mean surrogate loss", "actor"), ("discrim", "discriminator"),
+              ("gen_loss", "generator"), ("generator", "generator"))  # fmt: skip

@@ -23,7 +23,7 @@ from nanscope.facts.signals import BY_ID, Signal
 from nanscope.launch import said_errors
 from nanscope.launch.bars import last_bar
 
-WINDOW = 2048  # characters read after a literal anchor
+WINDOW = said_errors.WINDOW  # characters read after a literal anchor (one window for both)
 _NONFINITE = re.compile(r"(?<![A-Za-z])(?P<word>nan|inf(?:inity|inite)?|non-?finite)(?![A-Za-z])", re.IGNORECASE)
 # an error message's `key=nan` / `key: inf` (the key as written: `entropy_loss`, not `entropy`)
 _KEY_VALUE = re.compile(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 
+from nanscope.facts.metric_names import NAME_MODELS
 from nanscope.launch import epoch_steps
 
 WINDOW = 2048  # characters of a line read
@@ -116,8 +117,6 @@ _KEYED = re.compile(r"(?<![\w./-])(?P<key>loss|cost|error)\s{0,4}[:=]\s{0,30}(?P
 _HEAD = re.compile(r"(?<![\w./,:;=-])(?P<head>[A-Za-z][A-Za-z_]{0,30})\s{1,4}\Z")
 _COUNTER_WORDS = frozenset(("epoch", "iter", "iteration", "batch", "step", "total", "avg", "average", "mean", "train",
                             "val", "valid", "test", "eval", "the", "and", "of", "is"))  # fmt: skip
-_MODELS = {"d": "discriminator", "disc": "discriminator", "discriminator": "discriminator", "g": "generator",
-           "gen": "generator", "generator": "generator"}  # fmt: skip
 
 
 def rename(reading, text: str) -> None:
@@ -139,6 +138,8 @@ def rename(reading, text: str) -> None:
         used[key] = index + 1
         values.append((spelled[index], value) if index < len(spelled) and spelled[index] else (key, value))
     reading.values = values
-    models = {_MODELS.get(key.split(" ", 1)[0].lower()) for key, value in values if " " in key and value != "missing"}
+    models = {
+        NAME_MODELS.get(key.split(" ", 1)[0].lower()) for key, value in values if " " in key and value != "missing"
+    }
     if len(models) == 1 and None not in models:
         reading.model = models.pop()

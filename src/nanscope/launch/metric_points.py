@@ -11,25 +11,13 @@ from __future__ import annotations
 
 import math
 
-from nanscope.facts.metric_names import BEFORE_UPDATE, REWARDS
+from nanscope.facts.metric_names import BEFORE_UPDATE, KEY_MODELS, REWARDS
 from nanscope.launch.line_shapes import AVERAGE
 
 # keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
 _PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train/chosen", "logps_train/chosen")
 _RL = ("reward", "reward_std", "kl", "ppo_kl", "advantages", "returns", "completion_length", "act_loss")
 _PRIMARY = ("loss", "grad_norm", "grad norm", "lm loss", "logps", "logp", "rewards", "act_loss", "pg_loss")
-# verl logs its data metrics under `critic/` too (compute_data_metrics): the scores and rewards are the reward's,
-# the advantages and returns computed from them; `critic/kl` is the KL in the reward
-_MODELS = (("critic/score", "reward"), ("critic/rewards", "reward"), ("critic/advantages", None),
-           ("critic/returns", None), ("critic/kl", None), ("actor/", "actor"), ("critic/", "critic"), ("ref/", "reference"), ("reference/", "reference"),
-           ("reward_model/", "reward model"), ("act_", "actor"), ("cri_", "critic"), ("vf_", "critic"),
-           ("policy_loss", "policy"), ("actor_loss", "actor"), ("critic_loss", "critic"), ("value_loss", "critic"),
-           ("ref_", "reference"), ("value function loss", "critic"), ("mean value loss", "critic"),
-           ("surrogate loss", "actor"), ("mean surrogate loss", "actor"), ("discrim", "discriminator"),
-           ("gen_loss", "generator"), ("generator", "generator"))  # fmt: skip
-# a GAN's losses spelled out (zhysora/PSGan-Family#10: pix2pix-style `discrim_loss`, `gen_loss_GAN`, `gen_loss_L1`);
-# a bare `D_loss`/`G_loss` is left to a line that writes it spaced (launch.loop_counters.rename)
-# rsl-rl's PPO (rsl_rl/runners/on_policy_runner.py:185-186 at ff9e971): the value function loss is the critic's
 
 
 # A progress bar's `loss` (Lightning's running mean of the last training losses) and the reduced losses and
@@ -70,9 +58,9 @@ def _prefixed(low: str) -> tuple[str | None, str | None]:
     parts = low.split("/")
     for i in range(len(parts)):
         rest = "/".join(parts[i:])
-        prefix = next((prefix for prefix, _ in _MODELS if rest.startswith(prefix)), None)
+        prefix = next((prefix for prefix, _ in KEY_MODELS if rest.startswith(prefix)), None)
         if prefix is not None:
-            return prefix, dict(_MODELS)[prefix]
+            return prefix, dict(KEY_MODELS)[prefix]
     return None, None
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import re
 
+from nanscope.facts.metric_names import NAME_MODELS
+
 _NODE = re.compile(r"\{\{node (?P<path>[\w/.-]{1,400})")
 _WRAPPERS = re.compile(r"(?:StatefulPartitionedCall|PartitionedCall|cond(?:_\d{1,6})?|then|else|while|body|_\d{1,9})\Z")
 _CHECKS = ("CheckNumerics", "VerifyFinite")
 # a scope's first word -> the model (stable-baselines' `model/pi`, `model/vf`; TF-Agents' `ActorNetwork`)
-_SCOPES = {"policy": "policy", "pi": "policy", "actor": "actor", "actornetwork": "actor", "critic": "critic",
-           "criticnetwork": "critic", "vf": "critic", "value": "critic", "discriminator": "discriminator",
-           "generator": "generator"}  # fmt: skip
 
 
 def check_op(text: str) -> str | None:
@@ -39,7 +38,7 @@ def check_op(text: str) -> str | None:
 def scope_model(op: str | None) -> tuple[str, str] | None:
     """(the model, the scope that names it) of the innermost scope of `op` whose first word names one; None: none."""
     for part in reversed((op or "").split("/")[:-1]):
-        model = _SCOPES.get(part.split("_", 1)[0].lower())
+        model = NAME_MODELS.get(part.split("_", 1)[0].lower())
         if model is not None:
             return model, part
     return None
