@@ -22,18 +22,19 @@ MEGATRON_DEEPSPEED, NANOGPT, TRANSFORMERS, DEEPSPEED = "megatron-deepspeed", "na
 # Meta's llama-recipes, OpenMMLab's mmcv runner (before mmengine)
 GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES, MMCV = "gpt-neox", "lit-llama", "litgpt", "llama-recipes", "mmcv"
 TORCHTUNE = "torchtune"
+TORCHTITAN = "torchtitan"  # issue 41's twelfth round (pytorch/torchtitan: run_train.sh, torchtitan/train.py)
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
     SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT,
     INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING, LLAMA_RECIPES, GPT_NEOX,
-    TORCHTUNE, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED, UNKNOWN,
+    TORCHTUNE, TORCHTITAN, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED, UNKNOWN,
 )  # fmt: skip
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
-                    MMCV, TORCHTUNE)  # fmt: skip
+                    MMCV, TORCHTUNE, TORCHTITAN)  # fmt: skip
 
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
@@ -65,6 +66,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     LLAMA_RECIPES: ("/llama_recipes/", "/llama_cookbook/", "/llama-recipes/"),
     MMCV: ("/mmcv/runner/",),
     TORCHTUNE: ("/torchtune/",),
+    TORCHTITAN: ("/torchtitan/",),
     DEEPSPEED: (
         "/deepspeed/runtime/",
         "/deepspeed/",
@@ -151,6 +153,12 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     # {self.agg_train_loss:0.4f} iter time (s): {iter_time:0.3f} samples/sec: {tput:0.3f}') (deepspeed
     # runtime/pipe/engine.py; tdrussell/diffusion-pipe#531, holdout10 02)
     DEEPSPEED: (frozenset({"steps", "loss", "samples/sec"}),),
+    # slime's train step log: `step N: {'train/loss': ..., 'train/lr-pg_0': ...}` (v0.1.0 slime/backends/
+    # megatron_utils/model.py:459, :464 `train/lr-pg_{id}`); from v0.2.4 its loss logs train_rollout_logprob_abs_diff
+    SLIME: (frozenset({"train/lr-pg_0"}), frozenset({"train/pg_loss", "train/train_rollout_logprob_abs_diff"})),
+    # gpt-neox's training_log spells the loss `lm_loss` (Megatron-LM: `lm loss`): ea7aefd8 megatron/training.py:1394,
+    # megatron/logging.py:472 (elapsed time per iteration), :495 (approx flops per GPU)
+    GPT_NEOX: (frozenset({"lm_loss", "elapsed time per iteration (ms)"}),),
 }  # fmt: skip
 # What a launch trains, by its entry point (the module, CLI or script, as launch.script reads it): the kinds are "rl"
 # (rollouts, rewards, a policy loss: PPO, GRPO), "preference" (DPO, KTO, ORPO, ...: a policy and a reference, no
@@ -163,7 +171,7 @@ RUN_KINDS = (
     ("megatron sft", "sft"), ("megatron pt", "pretraining"), ("megatron rlhf_grpo", "rl"), ("swift sft", "sft"),
     ("swift pt", "pretraining"), ("nemo llm pretrain", "pretraining"), ("nemo llm finetune", "sft"),
     ("pretrain_gpt.py", "pretraining"), ("pretrain_mamba.py", "pretraining"), ("pretrain_bert.py", "pretraining"),
-    ("pretrain_t5.py", "pretraining"),
+    ("pretrain_t5.py", "pretraining"), ("grpo.py", "rl"),
 )  # fmt: skip
 # The flag that names the kind where the entry point does not: ms-swift's `--rlhf_type` (swift/llm/argument/
 # rlhf_args.py: dpo, orpo, simpo, kto, cpo, rm, ppo, grpo, gkd), LLaMA-Factory's `--stage` (pt, sft, rm, ppo, dpo,

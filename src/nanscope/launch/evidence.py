@@ -158,13 +158,9 @@ def _core_or_lm(frame: Frame) -> bool:
 
 def framework_of(frames: list[Frame], lines: list[str], keys: set[str] | frozenset[str] = frozenset()) -> Framework:
     """The framework the frames' paths, the traceback's log lines and the metric lines' keys (`keys`, lowered) name
-    (facts.frameworks), slime's release from its frames' lines; UNKNOWN when nothing names one."""
+    (facts.frameworks), each framework's evidence the strongest of these, in that order; slime's release from its
+    frames' lines; UNKNOWN when nothing names one."""
     found: dict[str, str] = {}
-    for name, sets in frameworks.KEYS.items():
-        hit = next((wanted for wanted in sets if wanted <= keys), None)
-        if hit is not None:
-            shape = ", printed as a Python dict" if frameworks.PY_DICT in hit else ""
-            found.setdefault(name, f"its metric lines' keys ({', '.join(sorted(hit - {frameworks.PY_DICT}))}){shape}")
     for frame in frames:
         path = "/" + frame.path.replace("\\", "/").lstrip("/")
         for name, dirs in frameworks.PATHS.items():
@@ -176,6 +172,11 @@ def framework_of(frames: list[Frame], lines: list[str], keys: set[str] | frozens
             hit = next((text for text in texts if text in line), None)
             if hit is not None:
                 found.setdefault(name, f"the log names it: `{hit.strip().strip('([|:]= ').strip()}`")
+    for name, sets in frameworks.KEYS.items():
+        hit = next((wanted for wanted in sets if wanted <= keys), None)
+        if hit is not None:
+            shape = ", printed as a Python dict" if frameworks.PY_DICT in hit else ""
+            found.setdefault(name, f"its metric lines' keys ({', '.join(sorted(hit - {frameworks.PY_DICT}))}){shape}")
     name = next((name for name in frameworks.NAMES if name in found), None)
     if name is None:
         return UNKNOWN

@@ -39,9 +39,18 @@ _PATHS = (
     ("/verl/", frameworks.VERL), ("/openrlhf/", frameworks.OPENRLHF), ("/nemo_rl/", frameworks.NEMO_RL),
     ("/examples/start_", frameworks.ROLL), ("/roll/", frameworks.ROLL), ("/megatron_patch/", frameworks.PAI),
     ("/pai-megatron-patch/", frameworks.PAI), ("/nemo/", frameworks.NEMO),
+    # LLaMA-Factory up to 0.6 (and ChatGLM-Efficient-Tuning, its predecessor): src/train_bash.py
+    ("/train_bash.py", frameworks.LLAMA_FACTORY),
+    # open-r1's scripts run TRL's trainers (huggingface/open-r1 013b054 src/open_r1/grpo.py: from trl import GRPOTrainer)
+    ("/open_r1/", frameworks.TRL),
+    # Megatron-Bridge's performance recipes (NVIDIA-NeMo/Megatron-Bridge scripts/performance/setup_experiment.py)
+    ("/scripts/performance/setup_experiment.py", frameworks.NEMO), ("/torchtitan/", frameworks.TORCHTITAN),
 )  # fmt: skip
 _TEXTS = (("Pai-Megatron-Patch", frameworks.PAI), ("megatron_patch", frameworks.PAI), ("ColossalAI", frameworks.COLOSSALAI),
-          ("colossalai run", frameworks.COLOSSALAI))  # fmt: skip
+          ("colossalai run", frameworks.COLOSSALAI), ("nvcr.io/nvidia/nemo:", frameworks.NEMO),
+          ("torchtitan/models/", frameworks.TORCHTITAN))  # fmt: skip
+# A flag only one framework's parser defines (LLaMA-Factory's FinetuningArguments.finetuning_type)
+_FLAGS = (("--finetuning_type", frameworks.LLAMA_FACTORY),)
 # DeepSpeed's own launcher, and a config handed to the job (`--deepspeed ds_config.json`: the transformers Trainer's
 # and Megatron-DeepSpeed's flag) or to `accelerate launch` (`--use_deepspeed`, `--deepspeed_config_file`)
 _DEEPSPEED_FLAGS = ("--deepspeed", "--deepspeed_config", "--use_deepspeed", "--deepspeed_config_file")
@@ -77,6 +86,7 @@ def script_framework(script: LaunchScript, text: str) -> Framework:
     path = "/" + entry.replace("\\", "/").lower()
     found = found or next(((name, f"the script {entry}") for part, name in _PATHS if part in path), None)
     found = found or next(((name, f"the script names {part}") for part, name in _TEXTS if part in text), None)
+    found = found or next(((name, f"its flag {flag}") for flag, name in _FLAGS if flag in script.argv), None)
     if found is None and path.rsplit("/", 1)[-1] in _MEGATRON_LM:
         found = (frameworks.MEGATRON_LM, f"Megatron-LM's {entry.rsplit('/', 1)[-1]}")
     slime = [flag for flag in SLIME_ONLY if flag in script.argv]

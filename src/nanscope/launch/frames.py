@@ -15,6 +15,10 @@ from nanscope.facts.releases import SLIME_V0_1_0
 RAY = "ray"
 
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d{1,18}), in (?P<func>\S+)\s*$')
+# a frame whose code (and error) a paste that lost its newlines glued on (launch.error_line)
+_SQUASHED = re.compile(
+    r'File "(?P<path>[^"]{1,1000})", line (?P<line>\d{1,18}), in (?P<func>\S{1,200}) (?P<code>[^\n]{1,400})'
+)
 _RAY = re.compile(r"RayTaskError\((?P<exc>\w+)\): ray::(?P<call>\S+?\(\)) \((?P<info>[^)]*)\)")
 _LM_LOOP = "Megatron-LM's own training loop (pretrain_gpt.py -> megatron.training), which slime never runs: "
 
@@ -242,10 +246,10 @@ def parse_frames(lines: list[str]) -> tuple[list[Frame], str | None]:
     """Frames outermost first; a Ray `RayTaskError` line becomes a boundary pseudo-frame."""
     frames, ray_ip = [], None
     for i, line in enumerate(lines):
-        frame = _FRAME.search(line) if 'File "' in line else None
+        frame = (_FRAME.search(line) or _SQUASHED.search(line, 0, 4096)) if 'File "' in line else None
         if frame:
-            code = ""
-            if i + 1 < len(lines) and 'File "' not in lines[i + 1]:
+            code = frame.groupdict().get("code") or ""
+            if not code and i + 1 < len(lines) and 'File "' not in lines[i + 1]:
                 code = lines[i + 1].strip()
                 code = "" if set(code) <= {"^", "~", " "} else code
             path, function = frame["path"], frame["func"]

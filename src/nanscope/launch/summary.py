@@ -157,6 +157,9 @@ def benign(traceback, out: Summary) -> str | None:
     quiet = first is None and metrics.weak is None and not metrics.counters and not traceback.frames
     watchdog = failure is not None and failure.signal is not None and failure.signal.id == "nccl-timeout"
     printed = bool(metrics.keys) or traceback.metrics.seen  # metric lines were read
+    stillness = first is None and metrics.weak is None and not metrics.counters  # no value said non-finite
+    if stillness and failure is None and traceback.error is not None:
+        return "the traceback ends in another error, and no value the text prints is non-finite"
     if quiet and watchdog:
         return "a collective timed out (a hang or a dead rank), and no value the text prints is non-finite"
     memory = failure is not None and failure.signal is not None and failure.signal.id == "out-of-memory"

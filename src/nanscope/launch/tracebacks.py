@@ -15,6 +15,7 @@ from nanscope.errors import UserError
 from nanscope.facts import frameworks
 from nanscope.facts.megatron import Check, core_frame
 from nanscope.launch import plugin_report
+from nanscope.launch.error_line import error_line
 from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
@@ -43,6 +44,7 @@ class Traceback:
     prefix_rank: int | None = None  # the one rank the traceback's `[rankN]:` prefixes name (a cut traceback's rank)
     interleaved: bool = False  # several processes' frames glued mid-line, without an error line: each frame once
     lines: int = 0  # the text's lines, all of them
+    error: str | None = None  # without a failure: the traceback's own error line, which names no NaN (error_line)
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
@@ -129,6 +131,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         prefix_rank=prefix_rank(found.raw),
         interleaved=mixed,
         lines=found.lines,
+        error=error_line(found.context) if failure is None else None,
     )
 
 

@@ -94,6 +94,8 @@ def failure_lines(diagnosis) -> list[str]:
             out.append(f"megatron-core that prints it: {first}" + ("" if first == last else f" .. {last}"))
         if failure.rank_from:
             out.append(f"rank {failure.rank} from {failure.rank_from}")
+    elif traceback.frames and traceback.error is not None:
+        out.append(f"error line (it names no NaN or Inf): {traceback.error}")
     elif traceback.frames:
         out.append("no error line: the traceback ends before it")
     else:

@@ -151,7 +151,13 @@ def _failure_sentences(diagnosis) -> list[str]:
     elif traceback.frames:
         rank = traceback.prefix_rank
         said = f" (rank {rank}'s: its lines' [rank{rank}]: prefixes)" if rank is not None else ""
-        parts.append(f"The traceback{said} ends before its error line: only its frames say what happened.")
+        if traceback.error is not None:
+            parts.append(
+                f"The traceback{said} ends in an error that names no NaN or Inf: {balanced(traceback.error).rstrip('.')}"
+                + ("" if traceback.error.endswith(("?", "!")) else ".")
+            )
+        else:
+            parts.append(f"The traceback{said} ends before its error line: only its frames say what happened.")
         if traceback.interleaved:
             parts.append("The frames of several processes interleave in it (lines glued mid-line): each is read once.")
         if (reached := traceback.reaches()) is not None:
