@@ -243,7 +243,7 @@ class MetricLines:
         table = header(header_line, line, caption)
         if table is not None:
             self.table = table
-            self.keys.update(column.lower() for column in table.columns)
+            self.keys.update(table.key(column).lower() for column in table.columns)
         return table is not None
 
     def feed(self, line: str, number: int, *, bars: bool = True) -> None:

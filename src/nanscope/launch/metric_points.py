@@ -142,6 +142,11 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
         key in ("reward_std", "reward", "rewards") or key.startswith("rewards/") and model is None for key in keys
     ):
         return "the reward: a reward function's NaN, or the spread of a group of one sample (std of one value)"
+    grad_ok = any(k.rsplit("/", 1)[-1] in ("grad_norm", "grad norm") and v > 0 for k, v in finite.items())
+    if grad_ok and any(k == "loss" or k.startswith("logps") for k in keys):  # the gradient saw finite values
+        return ("a logged aggregate, not the model: the loss is non-finite while the gradient norm on the line is "
+                "finite, so the backward pass saw finite values (a mean over an empty set: a batch with no rejected, "
+                "or no chosen, examples; a logging reduction)")  # fmt: skip
     if any(key.startswith(("logps", "rewards")) for key in keys):
         return ("the policy's forward pass: its log-probs are non-finite (a preference reward is a log-ratio of them); "
                 "the reference's are not logged")  # fmt: skip

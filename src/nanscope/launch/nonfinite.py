@@ -16,7 +16,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from nanscope.launch import error_words, glued, logger_tables, loop_counters, loop_lines, printed_columns, tf_scopes
+from nanscope.launch import (
+    error_words,
+    glued,
+    json_records,
+    logger_tables,
+    loop_counters,
+    loop_lines,
+    printed_columns,
+    tf_scopes,
+)
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
 from nanscope.launch.scales import Scales
@@ -197,7 +206,7 @@ class Nonfinite:
             following = block[end + 1 : end + 301].split(b"\n", 1)[0]
             hit = read_line(text, lines + 1, previous[-300:], clean(following.decode("utf-8", "replace")))
             if hit is None:
-                joined, stop, first = record(block, start, end, clean)
+                joined, stop, first = json_records.record(block, start, end, clean) or record(block, start, end, clean)
                 consumed = stop if stop > end else consumed
                 head = lines + 1 - block.count(b"\n", first, start)  # the record's first line: its context before it
                 self._metric_line(block, first, joined, lines + 1, clean, head=head)

@@ -44,10 +44,16 @@ def is_rule(line: str) -> bool:
 @dataclass(frozen=True)
 class Table:
     """A table's columns, from its header; `metric`: the one its caption names where no column names one (the columns
-    then name runs or settings compared, each cell that metric's value: its key is `column/metric`)."""
+    then name runs or settings compared, each cell that metric's value: its key is `column/metric`; where nothing
+    names one, the key says so)."""
 
     columns: tuple[str, ...]
     metric: str | None = None
+    unnamed: str = ""  # said after a column's name where neither the header nor a caption names a metric
+
+    def key(self, column: str) -> str:
+        """The metric key a column's cells are read under."""
+        return column if is_step_key(column) else f"{column}/{self.metric}" if self.metric else column + self.unnamed
 
     def row(self, line: str) -> list[tuple[str, str, int]] | None:
         """(column, value, offset) of each cell of a row of this table that holds a value; None: not its row."""
@@ -63,8 +69,7 @@ class Table:
                 continue
             if _CELL.fullmatch(cell) is None:
                 return None
-            key = f"{column}/{self.metric}" if self.metric is not None and not is_step_key(column) else column
-            out.append((key, cell, max(at, 0)))
+            out.append((self.key(column), cell, max(at, 0)))
         return out
 
 
@@ -81,4 +86,4 @@ def header(line: str, rule: str, caption: list[str] = ()) -> Table | None:
     if any(METRIC_WORDS.search(column) for column in columns):
         return Table(tuple(columns))
     named = [found[-1] for text in caption[-2:] if (found := METRIC_WORDS.findall(text[:400]))]
-    return Table(tuple(columns), named[-1] if named else None)
+    return Table(tuple(columns), named[-1] if named else None, "" if named else " (a column that names no metric)")

@@ -158,6 +158,9 @@ def _failure_sentences(diagnosis) -> list[str]:
             )
         else:
             parts.append(f"The traceback{said} ends before its error line: only its frames say what happened.")
+        metrics = traceback.nonfinite.metrics
+        if metrics.bar is not None and metrics.first is None:  # where the run was when it failed
+            parts.append(f"The last progress bar in the text shows step {metrics.bar} done (line {metrics.bar_line}).")
         if traceback.interleaved:
             parts.append("The frames of several processes interleave in it (lines glued mid-line): each is read once.")
         if (reached := traceback.reaches()) is not None:
