@@ -132,3 +132,11 @@ def trainer_dict(text: str) -> bool:
     glued before the dict on its line is left to `bars.step_at` (its count + 1): real pasted logs (LLaMA-Factory's PPO
     loop, tests/fixtures/reports/real/llama-factory-357.txt) show dicts glued after the bar of the step before."""
     return "{'" in text
+
+
+def logs_its_step(text: str) -> bool:
+    """A Trainer dict with its `grad_norm` (transformers 4.38 on, `_maybe_log_save_evaluate`): glued after a bar, it
+    was printed with the bar at its own step (the order above; transformers 5.10.4 trainer.py:1781-1784, the bar's
+    update at trainer_callback.py:650, the dict's write at :690), so the bar's count is its step. A dict without it
+    (LLaMA-Factory's PPO loop, which prints inside the step before its bar moves) keeps the count + 1."""
+    return trainer_dict(text) and "'grad_norm'" in text

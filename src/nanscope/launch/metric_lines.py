@@ -302,7 +302,9 @@ class MetricLines:
         ]
         at = offset + (bad[0][2] if bad else found[0][2])
         if step is None:
-            step, step_from = epoch_steps.step(piece, self.epochs) or step_at(line, at)
+            step, step_from = epoch_steps.step(piece, self.epochs) or step_at(
+                line, at, logged=shapes.logs_its_step(piece)
+            )
         values = [(key, value) for key, value, _ in bad] + missing
         if self.provisional is not None and step_from == "the line":
             self._confirm(found, bool(bad), number)
