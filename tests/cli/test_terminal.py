@@ -336,7 +336,8 @@ def test_an_error_and_a_wrote_line_fit_an_80_column_terminal_and_stay_one_line_p
     where = "a_long_directory_name/and_another_one_under_it"
     (tmp_path / where).mkdir(parents=True)
     cases = [
-        (["scan", f"{where}/rollout_data_12.pt"], 2, f"nanscope scan: error: {where}/rollout_data_12.pt: dump: no such file"),
+        (["scan", f"{where}/rollout_data_12.pt"], 2,
+         f"nanscope scan: error: {where}/rollout_data_12.pt: dump: no such file"),
         (["scan", "--demo-kind", "a-kind-of-demo"], 2, "nanscope scan: error: argument --demo-kind: invalid choice: "
          "'a-kind-of-demo' (choose from 'rollout', 'train', 'run') (see nanscope scan --help)"),
         (["doctor", "--case", "slime-795", "--json", f"{where}/d.json", "--html", f"{where}/d.html"], 0,

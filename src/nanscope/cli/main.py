@@ -8,9 +8,10 @@
 
 Exit codes: 0 clean, 1 what the command looks for was found (scan: hazards; repro: an outcome that
 differs from the expected one), 2 bad input or an internal error (one line on stderr, folded at the width where
-stderr is a terminal; `--debug` shows the traceback), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP. An error's line escapes what is not
-printable (a newline in a file name) as repr() does; warnings that torch or numpy raise come after a command that
-finished, one line each, and never beside an error's line (--debug shows them as Python does).
+stderr is a terminal; `--debug` shows the traceback), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP. An
+error's line escapes what is not printable (a newline in a file name) as repr() does; warnings that torch or numpy
+raise come after a command that finished, one line each, and never beside an error's line (--debug shows them as
+Python does).
 """
 
 from __future__ import annotations
