@@ -5,11 +5,18 @@
     for seen in watch.seen.values():
         assert seen.environ["CUDA_VISIBLE_DEVICES"] == ""
 
-A thread polls the descendants of `root` every `poll_s`; for each process it records, at first sight, the variables
-of `hidden_cuda.NAMES` in /proc/PID/environ (the environment the process was started with: for a process forked
+A thread polls the descendants of `root` every `poll_s`; for each process it records the variables of
+`hidden_cuda.NAMES` in /proc/PID/environ (the environment the process was started with: for a process forked
 without exec, the one its parent was started with) and, at every poll, its command line (Ray's workers rename
 themselves), whether it maps the CUDA driver (libcuda.so) and whether it holds /dev/nvidia-uvm open, which the driver's
 initialisation opens. A process that lives shorter than a poll may be missed: the checks count the ones they need.
+
+The environment is the one of the program the process runs: read again at each poll while the process still runs its
+parent's (its command line is its parent's: a fork, or Popen's child between its fork and its exec, whose environ is
+still its parent's), kept from its first sight after its exec. Recorded at first sight alone, a launch's torchrun
+caught before its exec read as the test process's environment, CUDA not hidden; the window is short, longer on a
+loaded machine (tests/megatron/test_harness.py failed so once at load 7; polling without a pause caught 29 of 40
+launches of a child in it).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ class Seen:
     environ: dict  # name -> value, or UNSET, for hidden_cuda.NAMES
     cmdline: str = ""
     cuda_driver: bool = False  # libcuda.so mapped, or /dev/nvidia-uvm open, at any poll
+    forked: bool = False  # at the last look still running its parent's program (not exec'd): `environ` read again
 
 
 def environ(pid: int) -> dict | None:
@@ -100,9 +108,9 @@ class ProcessWatch:
             self._stop.wait(self.poll_s)
         self.poll()
 
-    def _descendants(self) -> list[int]:
+    def _descendants(self, tree: dict[int, list[int]] | None = None) -> list[int]:
         """`root`'s descendants now, but for the subtrees of those alive when the block started."""
-        tree = proctree.children()
+        tree = proctree.children() if tree is None else tree
         todo, pids = [p for p in tree.get(self.root, []) if p not in self._before], []
         while todo:
             pid = todo.pop()
@@ -111,15 +119,22 @@ class ProcessWatch:
         return pids
 
     def poll(self) -> None:
-        pids = self._descendants() + ([self.root] if self.include_root else [])
+        tree = proctree.children()
+        parents = {child: parent for parent, children in tree.items() for child in children}
+        pids = self._descendants(tree) + ([self.root] if self.include_root else [])
         for pid in pids:
             seen = self.seen.get(pid)
-            if seen is None:
+            line = cmdline(pid)
+            if seen is None or seen.forked:  # its environment not yet read from its own program's
                 env = environ(pid)
                 if env is None:
                     continue
-                seen = self.seen[pid] = Seen(pid, env)
-            seen.cmdline = cmdline(pid) or seen.cmdline
+                forked = bool(line) and pid in parents and line == cmdline(parents[pid])
+                if seen is None:
+                    seen = self.seen[pid] = Seen(pid, env, forked=forked)
+                else:
+                    seen.environ, seen.forked = env, forked
+            seen.cmdline = line or seen.cmdline
             seen.cuda_driver = seen.cuda_driver or cuda_driver(pid)
 
     def matching(self, text: str) -> list[Seen]:

@@ -4,6 +4,7 @@
     write_bytes("rollout0_step1_rank0.json", data)      # the same, for bytes in hand
     copy_file("work/train.as-is.out", "reports/train.as-is.out")
     system_directory("/etc/cron.d")                     # why a directory is the system's own, else None
+    linked_directory("linkdir/x.json")                  # "linkdir" when it is a user's symlink, else None
 
 A write goes to a new temporary file in the target's directory (created exclusively, so never an existing file or
 a link), is made durable (fsync) and renamed onto the target's own name. A rename replaces a link at that name and
@@ -104,6 +105,25 @@ def link_in(path: str | os.PathLike, root: str | os.PathLike) -> str | None:
         if os.path.islink(here):
             return here
         here = os.path.dirname(here)
+    return None
+
+
+def linked_directory(path: str | os.PathLike) -> str | None:
+    """The first of `path`'s directories, as written (relative or absolute), that is a symlink a user made, else
+    None: a write to `path` would land where that link points. A link owned by root is the system's (merged /usr's
+    /bin -> usr/bin, a distro's /var/run -> /run) and is followed as ever (run as root, a link root made is too)."""
+    text = os.fspath(path)
+    here = ""
+    for i, part in enumerate(text.split("/")[:-1]):
+        here = "/" if i == 0 and part == "" else os.path.join(here, part)
+        if part in ("", "."):
+            continue
+        try:
+            st = os.lstat(here)
+        except (OSError, ValueError):  # missing (the write makes real directories), a NUL byte: no link to follow
+            return None
+        if stat.S_ISLNK(st.st_mode) and st.st_uid != 0:
+            return here
     return None
 
 

@@ -216,9 +216,11 @@ def test_no_output_is_written_through_a_symlink_dangling_or_not(tmp_path):
          "link", ["scan", "dump.pt", "--json", "out.json"]),
         ("scan", f"--write-demo demo.pt: is a symbolic link (to victim.txt); {LINK}: name the file itself, or remove "
          "the link", ["scan", "--write-demo", "demo.pt", "--force"]),
-        ("scan", f"--write-demo linked: is a symbolic link (to elsewhere); {LINK}: name the directory itself",
+        ("scan", f"--write-demo linked: is a symbolic link (to elsewhere); {LINK}: name the directory itself, or "
+         "remove the link",
          ["scan", "--write-demo", "linked", "--demo-kind", "run", "--force"]),
-        ("scan", f"--write-demo run: {tmp_path}/run/rollout_data is a symbolic link (to ../elsewhere); {LINK}",
+        ("scan", f"--write-demo run: {tmp_path}/run/rollout_data is a symbolic link (to ../elsewhere); {LINK}: "
+         "remove the link",
          ["scan", "--write-demo", "run", "--demo-kind", "run", "--force"]),
         ("trace", f"--json out.json: is a symbolic link (to victim.txt); {LINK}: name the file itself, or remove the "
          "link", ["trace", "--hazard", "healthy", "--json", "out.json"]),
@@ -229,6 +231,66 @@ def test_no_output_is_written_through_a_symlink_dangling_or_not(tmp_path):
     assert not (tmp_path / "missing.json").exists() and os.listdir(tmp_path / "elsewhere") == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.pt", "dump.pt", "elsewhere", "linked", "nowhere.json",
                                                           "out.json", "run", "victim.txt"]  # fmt: skip
+
+
+def _users_link(target: str, link: Path) -> None:
+    """A symlink a user made: run as root (a container's tests), handed to nobody, as a user's own would be."""
+    os.symlink(target, link)
+    if os.geteuid() == 0:
+        os.lchown(link, 65534, 65534)
+
+
+@pytest.mark.timeout(400)
+def test_no_output_is_written_through_a_symlinked_directory(tmp_path):
+    """issue 42: `--json linkdir/x.json`, linkdir -> elsewhere, wrote into elsewhere: a link at the file's own name was
+    refused, one among its directories was followed. Refused now, relative or absolute, in one line naming the link,
+    where it points and the resolved path; nothing is written there. A plain directory is written as before."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "real").mkdir()
+    demo.write_demo(tmp_path / "dump.pt")
+    _users_link("elsewhere", tmp_path / "linkdir")
+    _users_link(str(tmp_path / "linkdir"), tmp_path / "real" / "deeper")  # a link to a link, one level down
+    through = f"linkdir is a symbolic link (to elsewhere); {LINK}: pass the resolved path, {tmp_path}/elsewhere"
+    doctor = ["doctor", "--case", "slime-795"]
+    cases = [
+        (doctor + ["--json", "linkdir/d.json"], "doctor", f"--json linkdir/d.json: {through}/d.json"),
+        (doctor + ["--html", "linkdir/d.html"], "doctor", f"--html linkdir/d.html: {through}/d.html"),
+        (["scan", "dump.pt", "--json", "linkdir/s.json"], "scan", f"--json linkdir/s.json: {through}/s.json"),
+        (["scan", "dump.pt", "--html", "./linkdir/s.html"], "scan",
+         f"--html ./linkdir/s.html: ./{through}/s.html"),
+        (doctor + ["--json", f"{tmp_path}/linkdir/d.json"], "doctor",
+         f"--json {tmp_path}/linkdir/d.json: {tmp_path}/{through}/d.json"),
+        (doctor + ["--html", "real/deeper/d.html"], "doctor",
+         f"--html real/deeper/d.html: real/deeper is a symbolic link (to {tmp_path}/linkdir); {LINK}: pass the "
+         f"resolved path, {tmp_path}/elsewhere/d.html"),
+        (["scan", "--write-demo", "linkdir/new/12.pt"], "scan",
+         f"--write-demo linkdir/new/12.pt: linkdir is a symbolic link (to elsewhere); {LINK}: pass the resolved path, "
+         f"{tmp_path}/elsewhere/new/12.pt"),
+    ]  # fmt: skip
+    results = run_isolated([argv for argv, _, _ in cases], tmp_path)
+    assert [refused(r, command) for (_, command, _), r in zip(cases, results)] == [want for _, _, want in cases]
+    assert os.listdir(tmp_path / "elsewhere") == []
+    ok = run_isolated([doctor + ["--json", "real/d.json", "--html", f"{tmp_path}/real/d.html"]], tmp_path)
+    assert ok == [
+        {"rc": 0, "stderr": f"nanscope doctor: wrote real/d.json (--json), {tmp_path}/real/d.html (--html)\n"}
+    ]
+    assert sorted(os.listdir(tmp_path / "real")) == ["d.html", "d.json", "deeper"]
+
+
+def test_a_system_link_among_the_directories_is_followed(tmp_path):
+    """A link root owns is the system's (/bin -> usr/bin, a distro's /var/run -> /run): kept working."""
+    from nanscope.outputs import linked_directory
+
+    _users_link("elsewhere", tmp_path / "linkdir")
+    assert linked_directory(tmp_path / "linkdir" / "x.json") == f"{tmp_path}/linkdir"
+    assert linked_directory("linkdir/x.json") is None  # relative to this process's directory: no such link here
+    assert linked_directory(tmp_path / "x.json") is None and linked_directory("x.json") is None
+    for system in ("/bin", "/var/run"):
+        if os.path.islink(system) and os.lstat(system).st_uid == 0:
+            assert linked_directory(f"{system}/x.json") is None
+    if os.geteuid() == 0:
+        os.symlink(tmp_path, tmp_path / "roots")
+        assert linked_directory(tmp_path / "roots" / "x.json") is None
 
 
 @pytest.mark.timeout(400)

@@ -271,3 +271,105 @@ def test_repro_s_ray_traceback_and_doctor_line_fit_80_columns(tmp_path, monkeypa
     header = "the Ray driver's traceback (kl-exp-overflow, as-is loss), as slime's train.py shows it:"
     assert out.split() == f"{header}\n{driver}\n{line}harness --traceback {tb}".split()  # every word, in order
     assert tb.read_text() == driver == doc["traceback"]
+
+
+def _in_a_terminal(argv: list[str], cwd: Path) -> tuple[int, list[str]]:
+    """`nanscope ARGV`'s exit code and lines, its stdout and stderr an 80-column pseudo-terminal, COLUMNS=80 (rich's
+    colours taken out)."""
+    import fcntl
+    import os
+    import pty
+    import re
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+    argv = [sys.executable, "-m", "nanscope.cli.main", *argv]
+    try:
+        done = subprocess.Popen(argv, stdout=slave, stderr=slave, cwd=cwd, env=_env_in(80))
+    finally:
+        os.close(slave)
+    out, deadline = b"", time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:  # read while it writes: a full pty would block it
+            if select.select([master], [], [], 1)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        code = done.wait(timeout=10)
+    finally:
+        done.kill()
+        os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode()).replace("\r\n", "\n")
+    return code, text.splitlines()
+
+
+def _piped(argv: list[str], cwd: Path) -> tuple[int, list[str]]:
+    argv = [sys.executable, "-m", "nanscope.cli.main", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=_env_in(80), timeout=120)
+    return done.returncode, done.stderr.splitlines()
+
+
+def _env_in(columns: int) -> dict:
+    """The environment at COLUMNS=`columns`, this checkout's nanscope first whatever the directory a test runs in."""
+    import os
+
+    source = str(Path(terminal.__file__).resolve().parents[2])
+    return {
+        **_env(),
+        "COLUMNS": str(columns),
+        "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def test_an_error_and_a_wrote_line_fit_an_80_column_terminal_and_stay_one_line_piped(tmp_path):
+    """Issue 42, done when: no line over 80 columns in an 80-column terminal. A command's one line on stderr (its
+    error, argparse's, `wrote PATH`) was printed whole, up to ~290 columns; folded at the width now where stderr is a
+    terminal, its further lines indented, and still the one line that a pipe's reader greps."""
+    where = "a_long_directory_name/and_another_one_under_it"
+    (tmp_path / where).mkdir(parents=True)
+    cases = [
+        (["scan", f"{where}/rollout_data_12.pt"], 2,
+         f"nanscope scan: error: {where}/rollout_data_12.pt: dump: no such file"),
+        (["scan", "--demo-kind", "a-kind-of-demo"], 2, "nanscope scan: error: argument --demo-kind: invalid choice: "
+         "'a-kind-of-demo' (choose from 'rollout', 'train', 'run') (see nanscope scan --help)"),
+        (["doctor", "--case", "slime-795", "--json", f"{where}/d.json", "--html", f"{where}/d.html"], 0,
+         f"nanscope doctor: wrote {where}/d.json (--json), {where}/d.html (--html)"),
+    ]  # fmt: skip
+    for argv, code, line in cases:
+        assert len(line) > 90
+        piped = _piped(argv, tmp_path)
+        assert piped == (code, [line]), argv  # one line, whole, where stderr is a pipe
+        shown, lines = _in_a_terminal(argv, tmp_path)
+        assert shown == code and [seen for seen in lines if len(seen) > 80] == [], argv
+        start = next(i for i, seen in enumerate(lines) if seen.startswith(f"nanscope {argv[0]}: "))
+        folded = lines[start : start + len(text.fold(line, 80))]
+        assert folded == text.fold(line, 80) and len(folded) > 1, argv
+        assert all(more.startswith("    ") for more in folded[1:]), argv
+
+
+def test_scan_write_demos_lines_fit_an_80_column_terminal(tmp_path):
+    """`scan --write-demo`'s `wrote ...` lines go through a rich console at the width (they held before the fix
+    above: a guard, that they keep to it)."""
+    where = "a_long_directory_name/and_another_one_under_it"
+    for argv in (["scan", "--write-demo", f"{where}/12.pt"], ["scan", "--write-demo", where, "--demo-kind", "run"]):
+        code, lines = _in_a_terminal(argv, tmp_path)
+        assert code == 0 and lines[0].startswith("wrote ") and [seen for seen in lines if len(seen) > 80] == [], argv
+
+
+def test_a_note_is_folded_on_a_terminal_only(monkeypatch):
+    """`terminal.note`, which every one-line message on stderr goes through (an internal error's, a warning's)."""
+    monkeypatch.setenv("COLUMNS", "30")
+    line = "nanscope scan: internal error on x.pt: ValueError: a message of some length"
+    tty, pipe = _Tty(), io.StringIO()
+    terminal.note(line, tty)
+    terminal.note(line, pipe)
+    assert pipe.getvalue() == line + "\n"
+    assert tty.getvalue() == "nanscope scan: internal error\n    on x.pt: ValueError: a\n    message of some length\n"

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import textwrap
 
+from nanscope.cli import terminal
 from nanscope.inputs import printable
 
 _COMMENT = "  # "  # what separates an example's command from its comment, as laid out
@@ -39,7 +41,8 @@ class Parser(argparse.ArgumentParser):
     usage block it would print first is `--help`'s to show."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
+        line = f"{self.prog}: error: {printable(message)} (see {self.prog} --help)"
+        self.exit(2, terminal.shown_note(line, sys.stderr) + "\n")  # argparse prints it to stderr
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):

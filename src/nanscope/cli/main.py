@@ -7,10 +7,11 @@
     nanscope trace ...
 
 Exit codes: 0 clean, 1 what the command looks for was found (scan: hazards; repro: an outcome that
-differs from the expected one), 2 bad input or an internal error (one line on stderr; `--debug`
-shows the traceback), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP. An error's line escapes what is not
-printable (a newline in a file name) as repr() does; warnings that torch or numpy raise come after a command that
-finished, one line each, and never beside an error's line (--debug shows them as Python does).
+differs from the expected one), 2 bad input or an internal error (one line on stderr, folded at the width where
+stderr is a terminal; `--debug` shows the traceback), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP. An
+error's line escapes what is not printable (a newline in a file name) as repr() does; warnings that torch or numpy
+raise come after a command that finished, one line each, and never beside an error's line (--debug shows them as
+Python does).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import warnings
 
 from nanscope import __version__
-from nanscope.cli import help
+from nanscope.cli import help, terminal
 from nanscope.errors import UserError
 from nanscope.inputs import printable
 
@@ -82,7 +83,7 @@ def _finish(args, code: int) -> int:
         return _stdout_error(args, e)
     written = [f"{getattr(args, flag)} (--{flag})" for flag in ("json", "html") if getattr(args, flag, None)]
     if written:
-        print(f"nanscope {args.command}: wrote {', '.join(one_line(w) for w in written)}", file=sys.stderr)
+        terminal.note(f"nanscope {args.command}: wrote {', '.join(one_line(w) for w in written)}")
     return code
 
 
@@ -91,7 +92,7 @@ def _stdout_error(args, e: StdoutError) -> int:
     _drop_stdout()
     if e.errno == errno.EPIPE:
         return PIPE_CLOSED
-    print(f"nanscope {args.command}: error: cannot write standard output: {e.strerror or e}", file=sys.stderr)
+    terminal.note(f"nanscope {args.command}: error: cannot write standard output: {e.strerror or e}")
     return 2
 
 
@@ -137,7 +138,7 @@ def _guarded(module, args) -> int:
     try:
         return int(module.run(args) or 0)
     except UserError as e:
-        print(f"nanscope {args.command}: error: {one_line(str(e))}", file=sys.stderr)
+        terminal.note(f"nanscope {args.command}: error: {one_line(str(e))}")
         return 2
     except KeyboardInterrupt:
         return 130
@@ -149,10 +150,9 @@ def _guarded(module, args) -> int:
     except Exception as e:  # the backstop: a bug must not read as exit 1 ("found"), nor flood stderr
         if args.debug:
             raise
-        print(
+        terminal.note(
             f"nanscope {args.command}: internal error{_input(args)}: {type(e).__name__}: {_first_line(e)} "
-            "(rerun with --debug for the traceback)",
-            file=sys.stderr,
+            "(rerun with --debug for the traceback)"
         )
         return 2
 
@@ -176,7 +176,7 @@ class _Warnings:
     def print(self, command: str) -> None:
         more = [f"{self.dropped} more warnings not shown"] if self.dropped else []
         for line in self.lines + more:
-            print(f"nanscope {command}: warning: {line}", file=sys.stderr)
+            terminal.note(f"nanscope {command}: warning: {line}")
 
 
 def one_line(text: str) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 
 from nanscope import case, natural, repro
 from nanscope.causes import catalogue
@@ -408,7 +407,7 @@ def run(args) -> int:
     try:
         return _run(args)
     except Interrupted as e:
-        print(f"nanscope repro: interrupted; {e.workers} workers stopped", file=sys.stderr)
+        terminal.note(f"nanscope repro: interrupted; {e.workers} workers stopped")
         return e.exit_code
 
 

@@ -284,7 +284,7 @@ def run(args) -> int:
     _check_ray(args, directory)
     dumps, skipped = many.find_dumps(args.dump) if directory else ([args.dump], [])
     for line in skipped_lines(skipped):  # said, not silently dropped: a FIFO, a device, a directory named *.pt
-        print(f"nanscope scan: {line}", file=sys.stderr)
+        terminal.note(f"nanscope scan: {line}")
     files.check_outputs({"--json": args.json, "--html": args.html}, [("dump", path) for path in dumps])
     flags = ScanFlags(
         n_samples_per_prompt=args.n_samples_per_prompt,
@@ -305,7 +305,7 @@ def run(args) -> int:
     try:
         return _run_directory(args, dumps, flags, show)
     except proctree.Interrupted as e:
-        print(f"nanscope scan: interrupted by {signal.Signals(e.signum).name}; its workers stopped", file=sys.stderr)
+        terminal.note(f"nanscope scan: interrupted by {signal.Signals(e.signum).name}; its workers stopped")
         return e.exit_code
 
 

@@ -84,19 +84,13 @@ def _check_run_directory(root: Path, paths: list[Path], force: bool) -> None:
     """DIR and its two dump directories are directories of their own, never links; every target is checked before
     the first is written: nothing half-replaced."""
     if root.is_symlink():
-        raise UserError(
-            f"{FLAG} {files.shown(root)}: is a symbolic link (to {files.shown(os.readlink(root))}); outputs are never "
-            "written through one: name the directory itself"
-        )
+        raise files.through_link(FLAG, root, fix="name the directory itself, or remove the link")
     if root.exists() and not root.is_dir():
         raise UserError(f"{FLAG} {files.shown(root)}: not a directory (--demo-kind run writes a directory)")
     for path in paths:
         link = outputs.link_in(path.parent, root)
         if link is not None:
-            raise UserError(
-                f"{FLAG} {files.shown(root)}: {files.shown(link)} is a symbolic link (to "
-                f"{files.shown(os.readlink(link))}); outputs are never written through one"
-            )
+            raise files.through_link(FLAG, root, link, fix="remove the link")
         files.check_writable(path, FLAG, replace=force, parents=True)
 
 

@@ -3,10 +3,13 @@
     console = terminal.console()                 # stdout
     bar_console = terminal.console(stderr=True)  # progress and notes
     say = terminal.printer()                     # plain lines (trace's), folded at the width
+    terminal.note("nanscope scan: error: ...")   # a one-line message on stderr: folded on a terminal only
 
 The width: `COLUMNS` when it is a number (as argparse's help and Python's shutil take it), else the terminal's
 when the stream is one, else `PIPED_WIDTH` (a file, a pipe, CI's log). Rich wraps every line at that width, long
 values at word boundaries; no command prints a line wider, except a single word (a path) that is wider itself.
+A one-line message on stderr (an error, `wrote PATH`) is folded at that width only where stderr is a terminal: piped,
+it stays the one line that scripts and tests grep.
 """
 
 from __future__ import annotations
@@ -50,3 +53,22 @@ def printer(stream=None):
         print(folded(str(text), columns), file=out)
 
     return say
+
+
+def note(text: str, stream=None) -> None:
+    """Print the one-line message `text` to `stream` (default stderr): on a terminal folded at `width()`, its further
+    lines indented; elsewhere (a pipe, a file) whole, one line."""
+    out = sys.stderr if stream is None else stream
+    print(shown_note(text, out), file=out)
+
+
+def shown_note(text: str, stream) -> str:
+    """`text` as `note` prints it to `stream`."""
+    return folded(text, width(stream)) if _is_terminal(stream) else text
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, OSError, ValueError):  # a closed stream, a test's capture: not a terminal
+        return False

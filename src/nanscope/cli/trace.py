@@ -24,7 +24,6 @@ Input, one of:
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from nanscope import case
@@ -174,7 +173,7 @@ def _report_dir_spelling(path: str) -> str:
     for old in OLD_REPORT_DIRS:
         other = os.path.join(os.path.dirname(os.path.normpath(path)), old)
         if os.path.isdir(other):
-            print(printable(f"nanscope trace: {path}: missing; reading {other}, its old spelling"), file=sys.stderr)
+            terminal.note(printable(f"nanscope trace: {path}: missing; reading {other}, its old spelling"))
             return other
     return path
 

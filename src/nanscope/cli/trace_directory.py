@@ -4,10 +4,9 @@ and step, earliest first; then the guard's replay and the verdict. `cli/trace.py
 from __future__ import annotations
 
 import contextlib
-import sys
 from pathlib import Path
 
-from nanscope.cli import trace_inputs
+from nanscope.cli import terminal, trace_inputs
 from nanscope.errors import UserError
 from nanscope.facts import ranges
 from nanscope.facts.paths import BUNDLE_SUFFIX, REPORT_FILE
@@ -47,7 +46,7 @@ def run(args, say) -> int:
     root = Path(args.file)
     names = members(root)
     for line in skipped_lines(skipped(root)):
-        print(f"nanscope trace: {line}", file=sys.stderr)
+        terminal.note(f"nanscope trace: {line}")
     replays, refused = [], []
     for result, refusal in _replay_each(args, root, [n for n in names if n.endswith(BUNDLE_SUFFIX)]):
         replays += [result] if result is not None else []

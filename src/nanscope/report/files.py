@@ -10,9 +10,11 @@ replacing(path, flag)           for a writer that takes a path: the temporary pa
 The writing itself is `nanscope.outputs` (the plugin's reports use it too): a temporary file in the target's
 directory, renamed onto the target once complete, so a failed write leaves the old file as it was and no temporary
 file behind. A FIFO would block the write forever and /dev/null would swallow it, so a target that exists must be a
-regular file; a symlink is refused, dangling or not (no output is written through one). Inputs are compared by
-their file (device and inode), so a hard link to one is refused as well. Every refusal is one UserError line naming
-the flag and the path (repr() of a path that holds a newline or another unprintable character).
+regular file; a symlink is refused, dangling or not, and so is a path through a directory that is a user's
+symlink (`linkdir/x.json`; root's, /bin -> usr/bin, are the system's): no output is written through one. Inputs
+are compared by their file (device and inode), so a hard link to one is refused as well. Every refusal is one
+UserError line naming the flag and the path (repr() of a path that holds a newline or another unprintable
+character); a link's names where it points (`through_link`, the one wording).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from pathlib import Path
 
 from nanscope.errors import UserError
 from nanscope.inputs import file_kind, shown
+from nanscope.outputs import linked_directory, system_directory
 from nanscope.outputs import replacing as replacing_whole
-from nanscope.outputs import system_directory
+
+NEVER_THROUGH = "outputs are never written through one"
 
 
 def check_outputs(
@@ -69,6 +73,7 @@ def check_outputs(
 
 def check_writable(path: str | os.PathLike, flag: str = "--json", replace: bool = True, parents: bool = False) -> None:
     """One target: new or a regular file (replaceable unless `replace` is False), in a writable directory."""
+    _check_directories(path, flag)
     if _existing(path, flag) is not None and not replace:
         raise UserError(f"{flag} {shown(path)}: exists (pass --force to replace it)")
     if parents:
@@ -105,7 +110,8 @@ def replacing(path: str | os.PathLike, flag: str, parents: bool = False) -> Iter
     """A temporary file beside `path` to write; renamed onto `path` if the block ends without an error, removed
     (with the directories `parents` made) if it raises. An OSError (the directory, the disk, the rename) is one
     UserError line naming flag and path."""
-    _existing(path, flag)  # again: a FIFO or a link may have appeared since check_outputs
+    _check_directories(path, flag)  # again: a FIFO or a link may have appeared since check_outputs
+    _existing(path, flag)
     try:
         with replacing_whole(path, parents=parents) as temporary:
             yield temporary
@@ -141,10 +147,7 @@ def _existing(path: str | os.PathLike, flag: str) -> os.stat_result | None:
     except OSError as e:  # a file where a directory should be, a symlink loop above it, a name too long
         raise _cannot_write(flag, path, e) from None
     if stat.S_ISLNK(st.st_mode):
-        raise UserError(
-            f"{flag} {shown(path)}: is a symbolic link (to {shown(os.readlink(path))}); outputs are never written "
-            "through one: name the file itself, or remove the link"
-        )
+        raise through_link(flag, path)
     if stat.S_ISDIR(st.st_mode):
         raise UserError(f"{flag} {shown(path)}: is a directory, expected a file path")
     if not stat.S_ISREG(st.st_mode):
@@ -154,6 +157,31 @@ def _existing(path: str | os.PathLike, flag: str) -> os.stat_result | None:
     if not os.access(path, os.W_OK):  # a read-only file is the user's "keep this": the rename would not ask
         raise UserError(f"{flag} {shown(path)}: file not writable")
     return st
+
+
+def through_link(flag: str, path: str | os.PathLike, link: str | os.PathLike | None = None, fix: str = "") -> UserError:
+    """The one refusal of an output a symbolic link would redirect: `path` itself a link (`link` None), or `link`, a
+    directory on the way to it; `fix` what to do instead (default: name the file itself, or pass the resolved path)."""
+    if link is None:
+        what = f"is a symbolic link (to {shown(os.readlink(path))})"
+        fix = fix or "name the file itself, or remove the link"
+    else:
+        what = f"{shown(link)} is a symbolic link (to {shown(os.readlink(link))})"
+        fix = fix or f"pass the resolved path, {shown(_resolved(path))}"
+    return UserError(f"{flag} {shown(path)}: {what}; {NEVER_THROUGH}: {fix}")
+
+
+def _check_directories(path: str | os.PathLike, flag: str) -> None:
+    """Refuse a target whose directories, as given, go through a user's symlink (`outputs.linked_directory`)."""
+    link = linked_directory(path)
+    if link is not None:
+        raise through_link(flag, path, link)
+
+
+def _resolved(path: str | os.PathLike) -> str:
+    """`path` with its directories' links resolved (its own name kept)."""
+    head, name = os.path.split(os.fspath(path))
+    return os.path.join(os.path.realpath(head or "."), name)
 
 
 def _directory(path: str | os.PathLike) -> Path:
