@@ -109,9 +109,10 @@ def link_in(path: str | os.PathLike, root: str | os.PathLike) -> str | None:
 
 
 def linked_directory(path: str | os.PathLike) -> str | None:
-    """The first of `path`'s directories, as written (relative or absolute), that is a symlink a user made, else
-    None: a write to `path` would land where that link points. A link owned by root is the system's (merged /usr's
-    /bin -> usr/bin, a distro's /var/run -> /run) and is followed as ever (run as root, a link root made is too)."""
+    """The first of `path`'s directories, as written (relative or absolute), that is a symlink outside the system's
+    own places, else None: a write to `path` would land where that link points. A link in `/` or in a system tree
+    (merged /usr's /bin -> usr/bin, /var/run -> /run, a cluster's /scratch -> /lustre/scratch) is followed as ever;
+    a link anywhere else is refused whoever made it (as root, every link is root's: ownership tells nothing)."""
     text = os.fspath(path)
     here = ""
     for i, part in enumerate(text.split("/")[:-1]):
@@ -122,7 +123,8 @@ def linked_directory(path: str | os.PathLike) -> str | None:
             st = os.lstat(here)
         except (OSError, ValueError):  # missing (the write makes real directories), a NUL byte: no link to follow
             return None
-        if stat.S_ISLNK(st.st_mode) and st.st_uid != 0:
+        parent = os.path.dirname(os.path.abspath(here))
+        if stat.S_ISLNK(st.st_mode) and parent != "/" and not _under(parent, SYSTEM_TREES + ("/var",)):
             return here
     return None
 

@@ -10,8 +10,9 @@ replacing(path, flag)           for a writer that takes a path: the temporary pa
 The writing itself is `nanscope.outputs` (the plugin's reports use it too): a temporary file in the target's
 directory, renamed onto the target once complete, so a failed write leaves the old file as it was and no temporary
 file behind. A FIFO would block the write forever and /dev/null would swallow it, so a target that exists must be a
-regular file; a symlink is refused, dangling or not, and so is a path through a directory that is a user's
-symlink (`linkdir/x.json`; root's, /bin -> usr/bin, are the system's): no output is written through one. Inputs
+regular file; a symlink is refused, dangling or not, and so is a path through a directory that is a symlink
+(`linkdir/x.json`; those in `/` or a system tree, /bin -> usr/bin, are the system's, followed): no output is
+written through one. Inputs
 are compared by their file (device and inode), so a hard link to one is refused as well. Every refusal is one
 UserError line naming the flag and the path (repr() of a path that holds a newline or another unprintable
 character); a link's names where it points (`through_link`, the one wording).
