@@ -22,19 +22,21 @@ MEGATRON_DEEPSPEED, NANOGPT, TRANSFORMERS, DEEPSPEED = "megatron-deepspeed", "na
 # Meta's llama-recipes, OpenMMLab's mmcv runner (before mmengine)
 GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES, MMCV = "gpt-neox", "lit-llama", "litgpt", "llama-recipes", "mmcv"
 TORCHTUNE = "torchtune"
+UNSLOTH, AXOLOTL = "unsloth", "axolotl"  # issue 41's thirteenth round: trainers over transformers and TRL
 TORCHTITAN = "torchtitan"  # issue 41's twelfth round (pytorch/torchtitan: run_train.sh, torchtitan/train.py)
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
-    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT,
-    INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING, LLAMA_RECIPES, GPT_NEOX,
-    TORCHTUNE, TORCHTITAN, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED, UNKNOWN,
+    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
+    DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING,
+    LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
+    UNKNOWN,
 )  # fmt: skip
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
-                    MMCV, TORCHTUNE, TORCHTITAN)  # fmt: skip
+                    MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL)  # fmt: skip
 
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
@@ -67,6 +69,8 @@ PATHS: dict[str, tuple[str, ...]] = {
     MMCV: ("/mmcv/runner/",),
     TORCHTUNE: ("/torchtune/",),
     TORCHTITAN: ("/torchtitan/",),
+    UNSLOTH: ("/unsloth/", "/unsloth_zoo/", "/unsloth_compiled_cache/"),
+    AXOLOTL: ("/axolotl/",),
     DEEPSPEED: (
         "/deepspeed/runtime/",
         "/deepspeed/",
@@ -99,6 +103,9 @@ TEXTS: dict[str, tuple[str, ...]] = {
     DEEPSPEED_CHAT: ("|act_loss: ", "|cri_loss: "),
     DPO_REFERENCE: ("train stats after ",),
     GPT_NEOX: ("neox_args",),
+    # unsloth rewrites transformers' Trainer._inner_training_loop from its source and execs it as
+    # `_fast_inner_training_loop` (unsloth_zoo compiler.py), so its frame is `File "<string>", ..., in` that name
+    UNSLOTH: ("in _fast_inner_training_loop", "Unsloth: "),
     # train_utils.py's bar (`Training Epoch: 4/150, step 63/64 completed (loss: ...)`) and memory trace lines
     LLAMA_RECIPES: (
         " completed (loss: ",

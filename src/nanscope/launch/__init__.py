@@ -36,7 +36,7 @@ from nanscope.launch.evidence import UNKNOWN, Framework
 from nanscope.launch.failure_models import with_run_kind
 from nanscope.launch.findings.finding import Finding
 from nanscope.launch.foreign import Foreign, read_foreign, script_framework
-from nanscope.launch.inputkind import LOG, what_it_is
+from nanscope.launch.inputkind import LOG, config_framework, what_it_is
 from nanscope.launch.peers import peer_candidates
 from nanscope.launch.run_kind import run_kind
 from nanscope.launch.script import LaunchScript, NotALaunch, parse_script
@@ -140,6 +140,9 @@ def _not_a_script(path: str, error: str, traceback: Traceback | None, *, rank, s
             raise UserError(f"{error}; it is {kind}, not a bash launch script (a log goes to --traceback)")
         raise UserError(error)
     diagnosis = _without_script(traceback, rank, slime_version)
+    named = config_framework(kind) or (frameworks.NEMO if kind is not None and "NeMo-Run" in kind else None)
+    if named is not None and diagnosis.framework.name in (frameworks.UNKNOWN, frameworks.TRANSFORMERS):
+        diagnosis.framework = Framework(named, None, f"the file given as the launch script is {kind}")
     if note is None:
         what = f" ({kind})" if kind is not None and kind != LOG else ""
         note = f"launch script{what} not read: {error}; the traceback is diagnosed alone"

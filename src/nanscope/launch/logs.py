@@ -107,6 +107,7 @@ class Found:
     signal: tuple[list[str], list[str]] | None = None  # (context, raw) of the first fatal evidence line
     lines: int = 0  # the log's lines, all of them
     quiet: bool = False  # readable text with nothing in it nanscope reads: no error, no traceback, no metric line
+    later: list[str] = field(default_factory=list)  # the log's last traceback, after a fatal evidence line's own
 
 
 # Python source (a file, not a log): its first line of code at a line's start
@@ -176,6 +177,7 @@ class _Scanner:
             raw = _traceback_lines(self.tail, whole=True)
             if self.signal is not None and not any('File "' in line for line in self.signal[1]):
                 self.signal = None  # its frames, if any, come after it: the log's last traceback
+            later = raw if self.signal is not None else []
             if self.signal is not None:
                 context, raw = self.signal
             else:
@@ -189,6 +191,7 @@ class _Scanner:
                 found = Found(None, [], quiet=True)
             else:
                 found = Found(None, context, sorted(self.ranks), rerun=rerun, raw=raw, metrics=self.metrics)
+                found.later = later
         else:
             found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
         found.notes, found.nonfinite, found.lines = notes, seen, lines

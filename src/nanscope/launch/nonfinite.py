@@ -211,6 +211,8 @@ class Nonfinite:
                 head = lines + 1 - block.count(b"\n", first, start)  # the record's first line: its context before it
                 self._metric_line(block, first, joined, lines + 1, clean, head=head)
                 continue
+            if text[:1].isspace() and 'File "' in previous and ", line " in previous and not glued.frame_error(text):
+                continue  # a traceback frame's code line (`raise ValueError("loss is nan")`): the error line says it
             error_words.place_assert(hit, text, clean(following.decode("utf-8", "replace")))
             if hit.step is None and (hit.op or "").endswith("Warning"):  # a Python warning in an RL loop's episode
                 hit.step, hit.step_from = loop_lines.episode_before(block, start, hit.line, clean)

@@ -96,6 +96,8 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
     mixed = found is not None and found.failure is None and interleaved(found.context)
     frames = unique(frames) if mixed else frames
     framework = framework_of(frames, _named_lines(found), found.nonfinite.metrics.keys if found is not None else set())
+    if framework is UNKNOWN and found is not None and found.later:  # the frames of a traceback pasted after it
+        framework = framework_of(parse_frames(found.later)[0], found.later)
     if framework is UNKNOWN and found is not None:  # an evidence line only one stack prints names it
         hit = next((hit for hit in found.nonfinite.first.values() if _one_stack(hit) is not None), None)
         if hit is not None:
@@ -131,7 +133,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         prefix_rank=prefix_rank(found.raw),
         interleaved=mixed,
         lines=found.lines,
-        error=error_line(found.context) if failure is None else None,
+        error=error_line(found.context) if failure is None or (failure.signal and not failure.signal.fatal) else None,
     )
 
 

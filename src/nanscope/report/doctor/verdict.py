@@ -141,6 +141,9 @@ def _failure_sentences(diagnosis) -> list[str]:
             signal_sentence(failure, seen.counts.get(failure.signal.id, 1), seen.same_stamp(failure.signal.id))
         )
         parts += [said] if (said := earlier_sentence(failure, seen)) is not None else []
+        if traceback.error is not None and not failure.signal.fatal:  # a warning, then another error ended the run
+            error = balanced(traceback.error).rstrip(".")
+            parts.append(f"The run then ended on an error that names no NaN or Inf: {error}.")
     elif failure is not None and failure.format != "rerun":
         who = f"Rank {failure.rank}" if failure.rank is not None else "A rank (the text does not say which)"
         where = [f"on node {failure.node}" if failure.node else "", f"device {failure.device}" if failure.device is not None else ""]  # fmt: skip
