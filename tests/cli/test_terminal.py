@@ -343,6 +343,8 @@ def test_an_error_and_a_wrote_line_fit_an_80_column_terminal_and_stay_one_line_p
         (["doctor", "--case", "slime-795", "--json", f"{where}/d.json", "--html", f"{where}/d.html"], 0,
          f"nanscope doctor: wrote {where}/d.json (--json), {where}/d.html (--html)"),
     ]  # fmt: skip
+    long = "x" * 100  # a word wider than the terminal: cut there, as the terminal itself would wrap it
+    cases.append((["scan", f"{long}.pt"], 2, f"nanscope scan: error: {long}.pt: dump: no such file"))
     for argv, code, line in cases:
         assert len(line) > 90
         piped = _piped(argv, tmp_path)
@@ -350,8 +352,9 @@ def test_an_error_and_a_wrote_line_fit_an_80_column_terminal_and_stay_one_line_p
         shown, lines = _in_a_terminal(argv, tmp_path)
         assert shown == code and [seen for seen in lines if len(seen) > 80] == [], argv
         start = next(i for i, seen in enumerate(lines) if seen.startswith(f"nanscope {argv[0]}: "))
-        folded = lines[start : start + len(text.fold(line, 80))]
-        assert folded == text.fold(line, 80) and len(folded) > 1, argv
+        want = text.fold(line, 80, cut_words=True)
+        folded = lines[start : start + len(want)]
+        assert folded == want and len(folded) > 1, argv
         assert all(more.startswith("    ") for more in folded[1:]), argv
 
 

@@ -64,7 +64,7 @@ def note(text: str, stream=None) -> None:
 
 def shown_note(text: str, stream) -> str:
     """`text` as `note` prints it to `stream`."""
-    return folded(text, width(stream)) if _is_terminal(stream) else text
+    return folded(text, width(stream), cut_words=True) if _is_terminal(stream) else text
 
 
 def _is_terminal(stream) -> bool:

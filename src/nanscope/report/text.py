@@ -25,19 +25,20 @@ def span(values: list[int] | None, empty: str = "none", min_run: int = 1) -> str
     return ", ".join(map(str, values))
 
 
-def fold(line: str, columns: int) -> list[str]:
+def fold(line: str, columns: int, *, cut_words: bool = False) -> list[str]:
     """`line` as lines of at most `columns`, broken between words, each after the first indented 4 past the line's
-    own indent (a word wider than that stays whole: a path is never cut)."""
+    own indent (a word wider than that stays whole, a path never cut, unless `cut_words`: a terminal, which would
+    wrap it anyway)."""
     if len(line) <= columns:
         return [line]
     indent = line[: len(line) - len(line.lstrip(" "))]
     more = indent + "    " if len(indent) + 4 <= columns // 2 else "    "
     wrapper = textwrap.TextWrapper(
-        columns, initial_indent=indent, subsequent_indent=more, break_long_words=False, break_on_hyphens=False
+        columns, initial_indent=indent, subsequent_indent=more, break_long_words=cut_words, break_on_hyphens=False
     )
     return wrapper.wrap(line.lstrip(" ")) or [line]
 
 
-def folded(text: str, columns: int) -> str:
+def folded(text: str, columns: int, *, cut_words: bool = False) -> str:
     """`text`, each of its lines folded at `columns` (`fold`)."""
-    return "\n".join(piece for line in text.split("\n") for piece in fold(line, columns))
+    return "\n".join(piece for line in text.split("\n") for piece in fold(line, columns, cut_words=cut_words))
