@@ -241,3 +241,13 @@ def test_a_wrapper_script_run_by_srun_is_followed(tmp_path, capsys):
     assert main(["doctor", str(script), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert (doc["framework"]["name"], doc["topology"]["gpus_per_node"]) == ("megatron-lm", 8)
+
+
+def test_openrlhf_s_short_progress_bar_keys_name_the_critic(tmp_path, capsys):
+    """OpenRLHF up to v0.6 prints its PPO status in the bar's postfix with short keys (ppo_trainer.py:300-311 at
+    v0.6.0): `cri` and `vals` are the critic's, `pg` the actor's. They used to name no model and no framework."""
+    bar = ("Episode [1/20]:  10%|#         | 4/40 [01:23<12:30, 20.5s/it, act_lr=5e-7, cri=nan, glen=512, kl=0.01, "
+           "pg=0.12, ret=nan, rm=0.5, tlen=900, vals=nan]\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, bar)
+    assert doc["framework"]["name"] == "openrlhf"
+    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("cri", "critic")

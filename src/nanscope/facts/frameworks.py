@@ -163,6 +163,8 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     # slime's train step log: `step N: {'train/loss': ..., 'train/lr-pg_0': ...}` (v0.1.0 slime/backends/
     # megatron_utils/model.py:459, :464 `train/lr-pg_{id}`); from v0.2.4 its loss logs train_rollout_logprob_abs_diff
     SLIME: (frozenset({"train/lr-pg_0"}), frozenset({"train/pg_loss", "train/train_rollout_logprob_abs_diff"})),
+    # OpenRLHF's PPO progress bar up to v0.6 (openrlhf/trainer/ppo_trainer.py:300-311 at v0.6.0: pg, rm, ret, glen, tlen)
+    OPENRLHF: (frozenset({"pg", "glen", "tlen"}),),
     # gpt-neox's training_log spells the loss `lm_loss` (Megatron-LM: `lm loss`): ea7aefd8 megatron/training.py:1394,
     # megatron/logging.py:472 (elapsed time per iteration), :495 (approx flops per GPU)
     GPT_NEOX: (frozenset({"lm_loss", "elapsed time per iteration (ms)"}),),

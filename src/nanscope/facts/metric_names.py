@@ -63,3 +63,8 @@ KEY_MODELS = (("critic/score", "reward"), ("critic/rewards", "reward"), ("critic
               ("ref_", "reference"), ("value function loss", "critic"), ("mean value loss", "critic"),
               ("surrogate loss", "actor"), ("mean surrogate loss", "actor"), ("discrim", "discriminator"),
               ("gen_loss", "generator"), ("generator", "generator"))  # fmt: skip
+
+# OpenRLHF's progress-bar postfix up to v0.6 (openrlhf/trainer/ppo_trainer.py:300-311 at v0.6.0, :286-297 at v0.5.0):
+# short keys for the actor's and critic's status, exact key -> model; `glen` and `tlen` (lengths) mark the postfix
+OPENRLHF_SHORT = {"pg": "actor", "cri": "critic", "vals": "critic", "rm": "reward"}
+OPENRLHF_MARKS = frozenset({"glen", "tlen"})

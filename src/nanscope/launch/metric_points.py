@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from nanscope.facts.metric_names import BEFORE_UPDATE, KEY_MODELS, REWARDS
+from nanscope.facts.metric_names import BEFORE_UPDATE, KEY_MODELS, OPENRLHF_MARKS, OPENRLHF_SHORT, REWARDS
 from nanscope.launch.line_shapes import AVERAGE
 
 # keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
@@ -74,6 +74,9 @@ def model_of(bad: list[str], keys: set[str]) -> str | None:
     for key in bad:
         low = key.lower()
         prefix, named = _prefixed(low)
+        if prefix is None and OPENRLHF_MARKS <= keys:  # OpenRLHF's short postfix keys (`cri=nan`)
+            named = OPENRLHF_SHORT.get(low, named)
+            prefix = low if low in OPENRLHF_SHORT else None
         if prefix is None and not preference and low.replace("_", " ") in _PAIRWISE:
             named = "reward model"  # a pairwise reward model's scores of the chosen and rejected answers
         if prefix is None and rl and any(low.split("/")[0].startswith(word) for word in _PRIMARY):
