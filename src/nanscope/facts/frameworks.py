@@ -97,6 +97,7 @@ TEXTS: dict[str, tuple[str, ...]] = {
     INTERNEVO: ("inf_nan_skip_batches", "record_current_batch_training_metrics"),
     XTUNER: ("xtuner.",),
     MMENGINE: (" - mmengine - ",),
+    LIGHTNING: ("lightning/fabric/", "lightning_fabric/", "pytorch_lightning/"),  # a warning's path (Fabric's)
     COLOSSALAI: ("colossalai - ", "colossalai.", " / Train]: "),  # its trainer's bar: `[Epoch 0 / Train]: `
     COMPOSER: ("loss/train/total", "composer.trainer"),
     MEGATRON_DEEPSPEED: ("tokens per gpu per second (tgs)", "| actual seqlen:"),
@@ -106,6 +107,16 @@ TEXTS: dict[str, tuple[str, ...]] = {
     # unsloth rewrites transformers' Trainer._inner_training_loop from its source and execs it as
     # `_fast_inner_training_loop` (unsloth_zoo compiler.py), so its frame is `File "<string>", ..., in` that name
     UNSLOTH: ("in _fast_inner_training_loop", "Unsloth: "),
+    # torchtitan's logger (torchtitan/tools/logging.py init_logger: "[titan] %(asctime)s - %(name)s - ...")
+    TORCHTITAN: ("[titan] ",),
+    # transformers' explicit log format (utils/logging.py:301 at 5.10.4, `[INFO|trainer.py:2128] ... >> `), its
+    # Trainer's banner (trainer.py:1475) and metrics blocks (trainer_pt_utils.py:912)
+    TRANSFORMERS: (
+        "|trainer.py:",
+        "***** Running training *****",
+        "***** train metrics *****",
+        "***** eval metrics *****",
+    ),
     # train_utils.py's bar (`Training Epoch: 4/150, step 63/64 completed (loss: ...)`) and memory trace lines
     LLAMA_RECIPES: (
         " completed (loss: ",
@@ -154,7 +165,8 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     NANOGPT: (frozenset({"iter", "loss", "time", "mfu"}),),
     TRANSFORMERS: (frozenset({PY_DICT, "loss", "learning_rate", "epoch"}),
                    frozenset({PY_DICT, "grad_norm", "learning_rate", "epoch"}),
-                   frozenset({"step", "training loss"})),  # the last: its notebook callback's table
+                   frozenset({"step", "training loss"}),  # its notebook callback's table
+                   frozenset({PY_DICT, "eval_runtime", "eval_samples_per_second"})),  # an evaluation's dict
     LIGHTNING: (frozenset({"v_num"}),),
     # DeepSpeed's PipelineEngine.train_batch, on global rank 0: print(f'steps: {self.global_steps} loss:
     # {self.agg_train_loss:0.4f} iter time (s): {iter_time:0.3f} samples/sec: {tput:0.3f}') (deepspeed
@@ -165,6 +177,8 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     SLIME: (frozenset({"train/lr-pg_0"}), frozenset({"train/pg_loss", "train/train_rollout_logprob_abs_diff"})),
     # OpenRLHF's PPO progress bar up to v0.6 (openrlhf/trainer/ppo_trainer.py:300-311 at v0.6.0: pg, rm, ret, glen, tlen)
     OPENRLHF: (frozenset({"pg", "glen", "tlen"}),),
+    # NeMo-RL's policy loss metrics (nemo_rl/algorithms/loss_functions.py, ClippedPGLossFn: token_mult_prob_error)
+    NEMO_RL: (frozenset({"token_mult_prob_error"}),),
     # gpt-neox's training_log spells the loss `lm_loss` (Megatron-LM: `lm loss`): ea7aefd8 megatron/training.py:1394,
     # megatron/logging.py:472 (elapsed time per iteration), :495 (approx flops per GPU)
     GPT_NEOX: (frozenset({"lm_loss", "elapsed time per iteration (ms)"}),),

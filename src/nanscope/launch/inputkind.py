@@ -11,6 +11,7 @@ import re
 from nanscope import inputs
 from nanscope.errors import UserError
 from nanscope.facts import frameworks
+from nanscope.facts.flags import BY_SPELLING, MEGATRON
 from nanscope.launch.logs import PYTHON, scan
 
 _SNIFF = 64 << 10  # bytes looked at
@@ -19,6 +20,11 @@ LOG = "a job log"
 _MAPPING = re.compile(r"\s{0,40}([\w.-]{1,80}):(?:\s|$)")
 _ITEM = re.compile(r"\s{0,40}- ")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w{0,80} = \S", re.MULTILINE)
+# a Python file's import of a framework's package: the framework it runs
+_IMPORTS = (("trl", frameworks.TRL), ("verl", frameworks.VERL), ("openrlhf", frameworks.OPENRLHF),
+            ("swift", frameworks.MS_SWIFT), ("llamafactory", frameworks.LLAMA_FACTORY), ("unsloth", frameworks.UNSLOTH),
+            ("xtuner", frameworks.XTUNER))  # fmt: skip
+_IMPORT = re.compile(r"^(?:from|import)\s+(" + "|".join(name for name, _ in _IMPORTS) + r")\b", re.MULTILINE)
 # a YAML config's top-level keys that only one framework's configs hold all of
 CONFIG_KEYS = (
     (frameworks.LLAMA_FACTORY, ("stage", "finetuning_type")),  # LLaMA-Factory's examples/*.yaml (llamafactory-cli)
@@ -27,7 +33,8 @@ CONFIG_KEYS = (
 
 
 def what_it_is(path: str, limit: int) -> str | None:
-    """ "a job log", "a Python file (...)" or None (neither: a bash script without a train command, or unreadable)."""
+    """ "a job log", "a Python file (...)", a config (YAML, Python) or None (none: a bash script without a train
+    command, or unreadable)."""
     try:
         data = inputs.read_bytes(path, "launch script", limit)[:_SNIFF]
     except UserError:
@@ -36,6 +43,9 @@ def what_it_is(path: str, limit: int) -> str | None:
     head = text.lstrip()[:200]
     if head.startswith("#!") and "python" not in head.split("\n", 1)[0]:
         return None  # a shell script by its own word
+    config = _yaml(text)  # before the log test: a config's `key: value` lines read as metric lines too
+    if config is not None:
+        return config
     try:
         found = scan([data], path)
     except UserError:
@@ -43,8 +53,24 @@ def what_it_is(path: str, limit: int) -> str | None:
     if found is not None and not found.quiet:
         return LOG
     if _PYTHON.search(text) is not None:
-        return "a Python file (a NeMo-Run recipe)" if "nemo_run" in text else "a Python file"
-    return _yaml(text) or _python_config(text)
+        if "nemo_run" in text:
+            return "a Python file (a NeMo-Run recipe)"
+        found = _IMPORT.search(text)
+        return f"a Python file of {dict(_IMPORTS)[found[1]]}'s (it imports {found[1]})" if found else "a Python file"
+    return _python_config(text) or _flag_list(text)
+
+
+def _flag_list(text: str) -> str | None:
+    """ "a list of Megatron-LM's flags (...)": 9 in 10 lines a `--flag [value]`, at least 3 of them Megatron's (an
+    argument list pasted without the command that takes it)."""
+    lines = [line.strip() for line in text.splitlines()[:2000] if line.strip() and not line.lstrip().startswith("#")]
+    flags = [line.split()[0].rstrip("\\") for line in lines if line.startswith("--")]
+    if len(flags) < 3 or len(flags) < 0.9 * len(lines):
+        return None
+    megatron = [flag for flag in flags if flag in BY_SPELLING and BY_SPELLING[flag].owner == MEGATRON]
+    if len(megatron) < 3:
+        return None
+    return f"a list of Megatron-LM's flags ({', '.join(megatron[:3])}, ...) without the command that takes them"
 
 
 def _yaml(text: str) -> str | None:

@@ -108,6 +108,7 @@ class Found:
     lines: int = 0  # the log's lines, all of them
     quiet: bool = False  # readable text with nothing in it nanscope reads: no error, no traceback, no metric line
     later: list[str] = field(default_factory=list)  # the log's last traceback, after a fatal evidence line's own
+    head: list[str] = field(default_factory=list)  # the log's first lines (HEAD_LINES), cleaned
 
 
 # Python source (a file, not a log): its first line of code at a line's start
@@ -119,6 +120,7 @@ _CONTROL = bytes([*range(0, 9), 11, 12, *range(14, 27), *range(28, 32), 127])
 _HEAD = 4096  # bytes kept to tell a log from Python source
 
 
+HEAD_LINES = 40  # the log's first lines, read for the texts that name a framework (facts.frameworks.TEXTS)
 MAX_NOTES = 8  # lines not read as error lines, said one by one; the rest counted
 
 
@@ -195,6 +197,7 @@ class _Scanner:
         else:
             found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
         found.notes, found.nonfinite, found.lines = notes, seen, lines
+        found.head = [clean(line) for line in self.head.decode("utf-8", "replace").split("\n")[:HEAD_LINES]]
         return found
 
     def _readable(self) -> bool:

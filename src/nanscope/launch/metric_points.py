@@ -146,7 +146,7 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     ):
         return "the reward: a reward function's NaN, or the spread of a group of one sample (std of one value)"
     grad_ok = any(k.rsplit("/", 1)[-1] in ("grad_norm", "grad norm") and v > 0 for k, v in finite.items())
-    if grad_ok and any(k == "loss" or k.startswith("logps") for k in keys):  # the gradient saw finite values
+    if grad_ok and "loss" in keys:  # the gradient saw finite values
         return ("a logged aggregate, not the model: the loss is non-finite while the gradient norm on the line is "
                 "finite, so the backward pass saw finite values (a mean over an empty set: a batch with no rejected, "
                 "or no chosen, examples; a logging reduction)")  # fmt: skip
@@ -162,6 +162,9 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
         return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
                 "every label masked (the line cannot tell which)")  # fmt: skip
+    if all(key.startswith(("eval_", "eval/", "val_", "val/", "validation")) for key in keys):
+        return ("the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with no "
+                "labelled tokens is 0/0; weights already non-finite make training's loss non-finite too)")  # fmt: skip
     if any("loss" in k or k == "cost" for k in last):  # Marian prints its training loss as `Cost`
         return "the forward pass or the loss itself: the loss is non-finite"
     return "a non-finite logged value, and nothing else on the line says where it came from"

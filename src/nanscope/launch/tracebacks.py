@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from nanscope.errors import UserError
 from nanscope.facts import frameworks
+from nanscope.facts.frameworks import PY_DICT
 from nanscope.facts.megatron import Check, core_frame
 from nanscope.launch import plugin_report
 from nanscope.launch.error_line import error_line
@@ -20,6 +21,7 @@ from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
 from nanscope.launch.logs import Found, read_log, scan
+from nanscope.launch.metric_lines import pairs
 from nanscope.launch.metrics import Metrics
 from nanscope.launch.nonfinite import Nonfinite
 from nanscope.launch.rerun import Rerun
@@ -95,7 +97,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
     frames, ip = parse_frames(found.context) if found is not None else ([], None)
     mixed = found is not None and found.failure is None and interleaved(found.context)
     frames = unique(frames) if mixed else frames
-    framework = framework_of(frames, _named_lines(found), found.nonfinite.metrics.keys if found is not None else set())
+    framework = framework_of(frames, _named_lines(found), _keys(found))
     if framework is UNKNOWN and found is not None and found.later:  # the frames of a traceback pasted after it
         framework = framework_of(parse_frames(found.later)[0], found.later)
     if framework is UNKNOWN and found is not None:  # an evidence line only one stack prints names it
@@ -143,13 +145,24 @@ def _one_stack(hit) -> str | None:
     return stacks[0] if len(stacks) == 1 and stacks[0] in frameworks.NAMES else None
 
 
+def _keys(found: Found | None) -> set[str]:
+    """The metric keys the log's lines hold (lowered): the metric lines read, and the log's first lines (a log of
+    finite values only, one key a line, is read nowhere else)."""
+    if found is None:
+        return set()
+    head = {key.lower() for line in found.head for key, _, _ in pairs(line)}
+    return found.nonfinite.metrics.keys | head | ({PY_DICT} if any("{'" in line for line in found.head) else set())
+
+
 def _named_lines(found: Found | None) -> list[str]:
-    """The lines that may name a framework: the traceback's, the evidence lines', the first non-finite metric line."""
+    """The lines that may name a framework: the traceback's, the evidence lines', the first non-finite metric line,
+    and the log's first lines (a logger's prefix, a trainer's banner: what names the stack of a log that says
+    nothing else)."""
     if found is None:
         return []
     seen = found.nonfinite
     first = [seen.metrics.first.text] if seen.metrics.first is not None else []
-    return found.raw + [hit.text for hit in seen.first.values()] + first
+    return found.raw + [hit.text for hit in seen.first.values()] + first + found.head
 
 
 def from_signal(seen: Nonfinite) -> Failure | None:

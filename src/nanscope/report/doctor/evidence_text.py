@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from nanscope.launch.metric_lines import COUNTERS
 from nanscope.launch.summary import Summary
 
 _WHO = {
@@ -131,7 +132,8 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
         return (f"The only sign in the metric lines: the iteration line {at}{where.strip()} prints no {summary.metric}. "
                 "Megatron prints an average loss only when it is > 0, so it was NaN, <= 0, or every iteration of the "
                 "interval was skipped: weak evidence alone.")  # fmt: skip
-    if summary.check == "skip-counter" and summary.lines.get("metric") != summary.lines.get("check"):
+    counter = summary.check == "skip-counter" or summary.metric.lower().rsplit("/", 1)[-1] in COUNTERS
+    if counter and summary.lines.get("metric") != summary.lines.get("check"):
         return f"A skip counter rose: {summary.metric}{step}{where}. What it points to: {summary.points_to}."
     if summary.contradicted is not None:
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
