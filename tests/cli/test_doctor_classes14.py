@@ -89,3 +89,14 @@ def test_11_deepspeed_s_skip_counter_is_said_as_one(tmp_path, capsys):
            "[logging.py:69:log_dist] [Rank 0] step=2, skipped=2, lr=[0.0001], mom=[(0.9, 0.95)]\n")  # fmt: skip
     _, out = _doctor(tmp_path, capsys, log)
     assert "A skip counter rose: skipped at step 2" in out and "The first non-finite metric: skipped" not in out
+
+
+# 12. a wrapper nanscope cannot follow, whose text names the framework (pytorch/torchtitan#1056, holdout12 27)
+def test_12_a_wrapper_s_text_names_its_framework(tmp_path, capsys):
+    script = (
+        'CONFIG_FILE="./torchtitan/models/llama/train_configs/llama3_8b.toml" ./run_train.sh --training.steps 100\n'
+    )
+    err = _refused(tmp_path, capsys, script)
+    assert "(a wrapper: it runs ./run_train.sh (line 1)" in err and err.endswith(
+        "; its text names torchtitan (torchtitan/models/)\n"
+    )

@@ -35,7 +35,7 @@ from nanscope.launch.diagnosis import Diagnosis
 from nanscope.launch.evidence import UNKNOWN, Framework
 from nanscope.launch.failure_models import with_run_kind
 from nanscope.launch.findings.finding import Finding
-from nanscope.launch.foreign import Foreign, read_foreign, script_framework
+from nanscope.launch.foreign import Foreign, read_foreign, script_framework, text_framework
 from nanscope.launch.inputkind import LOG, config_framework, what_it_is
 from nanscope.launch.peers import peer_candidates
 from nanscope.launch.run_kind import run_kind
@@ -138,7 +138,8 @@ def _not_a_script(path: str, error: str, traceback: Traceback | None, *, rank, s
     if traceback is None:
         if kind is not None:
             raise UserError(f"{error}; it is {kind}, not a bash launch script (a log goes to --traceback)")
-        raise UserError(error)
+        named = text_framework(inputs.read_bytes(path, "launch script", limit)[: 1 << 16].decode("utf-8", "replace"))
+        raise UserError(error + (f"; its text names {named[0]} ({named[1]})" if named else ""))
     diagnosis = _without_script(traceback, rank, slime_version)
     named = config_framework(kind) or (frameworks.NEMO if kind is not None and "NeMo-Run" in kind else None)
     if named is not None and diagnosis.framework.name in (frameworks.UNKNOWN, frameworks.TRANSFORMERS):

@@ -102,6 +102,14 @@ def script_framework(script: LaunchScript, text: str) -> Framework:
     return Framework(name, release, how + (f"; the script names {match[0]}" if match else ""))
 
 
+def text_framework(text: str) -> tuple[str, str] | None:
+    """(framework, the text that names it) for a script nanscope reads no train command in (a wrapper, variables
+    only): a framework's path or words in its text (`torchtitan/models/...`, `nvcr.io/nvidia/nemo:`); None: none."""
+    low = text.lower()
+    found = next(((name, part) for part, name in _TEXTS if part in text), None)
+    return found or next(((name, part.strip("/")) for part, name in _PATHS if part in low), None)
+
+
 def _deepspeed(script: LaunchScript) -> tuple[str, str] | None:
     """DeepSpeed, by its launcher (`deepspeed train.py ...`) or a DeepSpeed config the command hands over."""
     launcher = script.launcher[0].rsplit("/", 1)[-1] if script.launcher else ""
