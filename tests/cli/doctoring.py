@@ -20,3 +20,12 @@ def doctor_log(tmp_path, capsys, log: str, script: str | None = None) -> tuple[d
     captured = capsys.readouterr()
     assert code == 0, captured.err
     return json.loads(out.read_text()), " ".join(captured.out.replace("│", " ").split())
+
+
+def refused_script(tmp_path, capsys, script: str) -> str:
+    """Write `script` as the launch script alone and run doctor: exit 2 and one line on stderr asserted; that line."""
+    (tmp_path / "train.sh").write_text(script)
+    assert main(["doctor", str(tmp_path / "train.sh")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    return err

@@ -6,21 +6,13 @@ Trainer dict glued after its own step's bar (9). Each positive test fails on rou
 
 import pytest
 
-from nanscope.cli.main import main
 from tests.cli.doctoring import doctor_log as _doctor
+from tests.cli.doctoring import refused_script as _refused
 
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-
-
-def _refused(tmp_path, capsys, script: str) -> str:
-    (tmp_path / "train.sh").write_text(script)
-    assert main(["doctor", str(tmp_path / "train.sh")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    return err
 
 
 _DICT = "{'loss': 60.5735, 'grad_norm': nan, 'learning_rate': 8e-06, 'epoch': 0.12}\n"

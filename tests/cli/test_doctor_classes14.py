@@ -6,21 +6,13 @@ skip counter (11). Each positive test fails on round 13's doctor (main 933f1b7).
 
 import pytest
 
-from nanscope.cli.main import main
 from tests.cli.doctoring import doctor_log as _doctor
+from tests.cli.doctoring import refused_script as _refused
 
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
     monkeypatch.setenv("COLUMNS", "160")
-
-
-def _refused(tmp_path, capsys, script: str) -> str:
-    (tmp_path / "train.sh").write_text(script)
-    assert main(["doctor", str(tmp_path / "train.sh")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    return err
 
 
 # 1-5. what names the stack of a log that shows nothing non-finite (pytorch/torchtitan#1232, mcgill-nlp/llm2vec#174,
