@@ -48,12 +48,19 @@ def message_model(message: str | None) -> tuple[str, str] | None:
     return model, f"the error's message names {named} non-finite"
 
 
+_REFERENCE = re.compile(r"\b(?:model_ref|ref_model|reference_model|ref_policy)\b")
+
+
 def sampling_model(signal_id: str | None, frames, framework: str | None) -> tuple[str, str] | None:
     """The policy, where sampling's assert fired in an RL run (its frames pass through an RL trainer, or the stack is
     one that trains only RL): the probabilities sampled from are the policy's, generating its rollout; None: not a
     sampling assert, or nothing says the run is RL (a supervised run samples only to evaluate)."""
     if signal_id not in _SAMPLING:
         return None
+    for frame in frames:  # a frame's code hands the reference model to the sampling (`respond(model_ref, ...)`)
+        named = _REFERENCE.search((getattr(frame, "code", "") or "")[:400])
+        if named is not None:
+            return "reference", f"a frame's code samples from {named[0]} ({frame.function}, line {frame.line})"
     if framework in _RL_STACKS:
         return "policy", f"{framework} trains by RL: what it samples from while training is its policy's rollout"
     for frame in frames:

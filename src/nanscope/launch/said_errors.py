@@ -29,6 +29,8 @@ MESSAGE_ANCHOR = '"message": "'
 # finite, then `Batch 3: Invalid loss`, then `4/234 ... loss: inf`)
 _TERMINATE = re.compile(r"Batch (?P<batch>\d{1,12}): Invalid loss, terminating training")
 # a JSON string value under "message" (escaped quotes allowed), up to 400 characters
+DIVERGED_ANCHOR = "Model diverged with loss"
+_DIVERGED = re.compile(r"Model diverged with loss = NaN")
 _MESSAGE = re.compile(r'"message": "(?P<msg>(?:[^"\\\n]|\\.){1,400})"')
 _NONFINITE = re.compile(r"(?<![A-Za-z])(?P<word>nan|inf|infinity|non-?finite|not finite)(?![A-Za-z])", re.IGNORECASE)
 _SAYING = re.compile(
@@ -74,6 +76,20 @@ def terminate_on_nan(text: str, before: str = "") -> tuple[Signal, dict] | None:
         "step": batch + 1,
         "step_from": f"TerminateOnNaN's `Batch {batch}`: Keras's 0-based index of the batch within its epoch, "
         f"the progress bar's {batch + 1}/...",
+    }
+
+
+def diverged(text: str, before: str = "") -> tuple[Signal, dict] | None:
+    """TensorFlow's NanTensorHook: `Model diverged with loss = NaN.`, logged at ERROR before it raises
+    NanLossDuringTrainingError (fail_on_nan_loss, its default: tensorflow/python/training/basic_session_run_hooks.py,
+    NanTensorHook.after_run) and ends the run."""
+    if _DIVERGED.search(text, 0, WINDOW) is None:
+        return None
+    return BY_ID["nonfinite-error"], {
+        "op": "NanTensorHook",
+        "detail": "TensorFlow's NanTensorHook: the loss is NaN; it raises NanLossDuringTrainingError and training stops",
+        "metric": "loss",
+        "value": "NaN",
     }
 
 

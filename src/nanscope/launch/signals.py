@@ -460,7 +460,7 @@ _READERS = (
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
     (plugin_report.ANCHOR, plugin_report.evidence), (plugin_report.WARNING_ANCHOR, plugin_report.warning_evidence),
-    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.MESSAGE_ANCHOR, said_errors.json_message),
+    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.DIVERGED_ANCHOR, said_errors.diverged), (said_errors.MESSAGE_ANCHOR, said_errors.json_message),
 )  # fmt: skip
 
 
