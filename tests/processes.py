@@ -11,12 +11,11 @@ without exec, the one its parent was started with) and, at every poll, its comma
 themselves), whether it maps the CUDA driver (libcuda.so) and whether it holds /dev/nvidia-uvm open, which the driver's
 initialisation opens. A process that lives shorter than a poll may be missed: the checks count the ones they need.
 
-The environment is the one of the program the process runs: read again at each poll while the process still runs its
-parent's (its command line is its parent's: a fork, or Popen's child between its fork and its exec, whose environ is
-still its parent's), kept from its first sight after its exec. Recorded at first sight alone, a launch's torchrun
-caught before its exec read as the test process's environment, CUDA not hidden; the window is short, longer on a
-loaded machine (tests/megatron/test_harness.py failed so once at load 7; polling without a pause caught 29 of 40
-launches of a child in it).
+The environment is the one of the program the process runs: read again at each poll, the last read kept (a process
+caught between its fork and its exec, or inside the exec, shows its parent's or a half-made one; the next poll reads
+its own). The CI saw both: Popen's torchrun before its exec, Ray's DashboardAgent at load 7 with its variables half
+there (tests/megatron/test_harness.py and tests/slime_releases/test_slime_train.py each failed so once; polling
+without a pause caught 29 of 40 launches of a child before its exec).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ class Seen:
     environ: dict  # name -> value, or UNSET, for hidden_cuda.NAMES
     cmdline: str = ""
     cuda_driver: bool = False  # libcuda.so mapped, or /dev/nvidia-uvm open, at any poll
-    forked: bool = False  # at the last look still running its parent's program (not exec'd): `environ` read again
+    forked: bool = False  # at the last read still running its parent's program (a fork, not exec'd)
 
 
 def environ(pid: int) -> dict | None:
@@ -125,15 +124,14 @@ class ProcessWatch:
         for pid in pids:
             seen = self.seen.get(pid)
             line = cmdline(pid)
-            if seen is None or seen.forked:  # its environment not yet read from its own program's
-                env = environ(pid)
-                if env is None:
-                    continue
-                forked = bool(line) and pid in parents and line == cmdline(parents[pid])
-                if seen is None:
-                    seen = self.seen[pid] = Seen(pid, env, forked=forked)
-                else:
-                    seen.environ, seen.forked = env, forked
+            env = environ(pid)  # read at every poll, the last read kept: a process's own program's, once it runs
+            if env is None and seen is None:
+                continue
+            forked = bool(line) and pid in parents and line == cmdline(parents[pid])
+            if seen is None:
+                seen = self.seen[pid] = Seen(pid, env, forked=forked)
+            elif env is not None:
+                seen.environ, seen.forked = env, forked
             seen.cmdline = line or seen.cmdline
             seen.cuda_driver = seen.cuda_driver or cuda_driver(pid)
 
