@@ -30,6 +30,9 @@ from nanscope.megatron import hidden_cuda, proctree
 UNSET = None  # a variable the process's environment does not hold
 
 
+RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # Ray's own service processes
+
+
 @dataclasses.dataclass
 class Seen:
     pid: int
@@ -134,6 +137,12 @@ class ProcessWatch:
                 seen.environ, seen.forked = env, forked
             seen.cmdline = line or seen.cmdline
             seen.cuda_driver = seen.cuda_driver or cuda_driver(pid)
+
+    def ours(self) -> list[Seen]:
+        """The processes whose environment the launch sets: all but Ray's own agents, which the raylet starts with an
+        environment it builds itself (read after their exec, DashboardAgent and RuntimeEnvAgent lack some of the
+        launch's variables); their CUDA driver is still checked by the callers, over `seen`."""
+        return [seen for seen in self.seen.values() if not seen.cmdline.startswith(RAY_AGENTS)]
 
     def matching(self, text: str) -> list[Seen]:
         """The processes whose command line (their last seen) holds `text`."""

@@ -104,10 +104,10 @@ def test_every_process_of_the_ray_launch_sees_no_cuda_device(ray_launched_watche
     # (nanscope.megatron.hidden_cuda), and Ray offers no GPU, so it sets no CUDA_VISIBLE_DEVICES of its own
     launched, watch = ray_launched_watched
     assert watch.matching("nanscope.megatron.ray_driver") and len(watch.matching("MegatronTrainRayActor")) >= 4
-    for seen in watch.seen.values():
+    for seen in watch.ours():
         assert seen.environ == {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
                                 "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": None}, seen  # fmt: skip
-        assert not seen.cuda_driver, seen
+    assert not any(seen.cuda_driver for seen in watch.seen.values()), watch.seen
     assert {rank: s["cuda_visible_devices"] for rank, s in launched.startup.items()} == dict.fromkeys(range(4), "")
 
 
