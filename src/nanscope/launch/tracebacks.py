@@ -46,7 +46,7 @@ class Traceback:
     prefix_rank: int | None = None  # the one rank the traceback's `[rankN]:` prefixes name (a cut traceback's rank)
     interleaved: bool = False  # several processes' frames glued mid-line, without an error line: each frame once
     lines: int = 0  # the text's lines, all of them
-    error: str | None = None  # without a failure: the traceback's own error line, which names no NaN (error_line)
+    error: str | None = None  # the traceback's own error line, naming no NaN, where no fatal NaN error was read
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
