@@ -63,7 +63,7 @@ def what_it_is(path: str, limit: int) -> str | None:
 def _flag_list(text: str) -> str | None:
     """ "a list of Megatron-LM's flags (...)": 9 in 10 lines a `--flag [value]`, at least 3 of them Megatron's (an
     argument list pasted without the command that takes it)."""
-    lines = [line.strip() for line in text.splitlines()[:2000] if line.strip() and not line.lstrip().startswith("#")]
+    lines = [line.strip() for line in _content(text)]
     flags = [line.split()[0].rstrip("\\") for line in lines if line.startswith("--")]
     if len(flags) < 3 or len(flags) < 0.9 * len(lines):
         return None
@@ -73,10 +73,15 @@ def _flag_list(text: str) -> str | None:
     return f"a list of Megatron-LM's flags ({', '.join(megatron[:3])}, ...) without the command that takes them"
 
 
+def _content(text: str) -> list[str]:
+    """The first 2000 lines of `text` that are neither blank nor a `#` comment."""
+    return [line for line in text.splitlines()[:2000] if line.strip() and not line.lstrip().startswith("#")]
+
+
 def _yaml(text: str) -> str | None:
     """ "a YAML config (top-level keys: ...)" where 9 in 10 lines that are not blank or a comment are a YAML mapping's
     `key: value` or a list's `- item`, and at least 3 are (a config given where its launch command goes)."""
-    lines = [line for line in text.splitlines()[:2000] if line.strip() and not line.lstrip().startswith("#")]
+    lines = _content(text)
     shaped = sum(1 for line in lines if _MAPPING.match(line) or _ITEM.match(line))
     if shaped < 3 or shaped < 0.9 * len(lines):  # a pasted config keeps a line of prose or two
         return None

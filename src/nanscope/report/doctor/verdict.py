@@ -68,6 +68,12 @@ def verdict(diagnosis) -> str:
     return " ".join(parts)
 
 
+def _ended(error: str) -> str:
+    """An error line as the end of a verdict's sentence: balanced, one closing mark (its own `?` or `!`, else `.`)."""
+    shown = balanced(error).rstrip(".")
+    return shown if shown.endswith(("?", "!")) else shown + "."
+
+
 def _model_sentence(summary) -> list[str]:
     """The model an error's words or the run's kind point to, where no metric line names it (launch.failure_models)."""
     if summary is None or summary.model_from is None or summary.metric is not None:
@@ -142,8 +148,7 @@ def _failure_sentences(diagnosis) -> list[str]:
         )
         parts += [said] if (said := earlier_sentence(failure, seen)) is not None else []
         if traceback.error is not None and not failure.signal.fatal:  # a warning, then another error ended the run
-            error = balanced(traceback.error).rstrip(".")
-            parts.append(f"The run then ended on an error that names no NaN or Inf: {error}.")
+            parts.append(f"The run then ended on an error that names no NaN or Inf: {_ended(traceback.error)}")
     elif failure is not None and failure.format != "rerun":
         who = f"Rank {failure.rank}" if failure.rank is not None else "A rank (the text does not say which)"
         where = [f"on node {failure.node}" if failure.node else "", f"device {failure.device}" if failure.device is not None else ""]  # fmt: skip
@@ -155,10 +160,7 @@ def _failure_sentences(diagnosis) -> list[str]:
         rank = traceback.prefix_rank
         said = f" (rank {rank}'s: its lines' [rank{rank}]: prefixes)" if rank is not None else ""
         if traceback.error is not None:
-            parts.append(
-                f"The traceback{said} ends in an error that names no NaN or Inf: {balanced(traceback.error).rstrip('.')}"
-                + ("" if traceback.error.endswith(("?", "!")) else ".")
-            )
+            parts.append(f"The traceback{said} ends in an error that names no NaN or Inf: {_ended(traceback.error)}")
         else:
             parts.append(f"The traceback{said} ends before its error line: only its frames say what happened.")
         metrics = traceback.nonfinite.metrics
