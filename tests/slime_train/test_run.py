@@ -28,6 +28,19 @@ def test_the_driver_traceback_is_the_last_one_without_rays_interleaved_lines():
     assert run.driver_traceback("no traceback here\n") is None
 
 
+def test_a_worker_line_ray_forwards_into_the_middle_of_the_driver_traceback_is_left_out():
+    """CI, 2026-12-06: Ray's log thread wrote a worker's line between two lines of the traceback Python was printing;
+    the traceback read ended there, before its error line (and the check then raised on a missing failure)."""
+    lines = RUN_TB.splitlines()
+    at = next(i for i, line in enumerate(lines) if "param_and_grad_buffer.py" in line)
+    cut = lines[:at] + [RAY_LINE, "(raylet) a line of the raylet's"] + lines[at:]
+    stderr = "\n".join(["log line", *cut, RAY_LINE, "2026-12-06 02:00:00,000\tINFO worker.py:1 -- shutting down"])
+    assert run.driver_traceback(stderr) == RUN_TB
+    nested = RUN_TB.index("ray.exceptions.RayTaskError")  # a worker line just after Ray's own exception line
+    head, tail = RUN_TB[:nested], RUN_TB[nested:].split("\n", 1)
+    assert run.driver_traceback(head + tail[0] + "\n" + RAY_LINE + "\n" + tail[1]) == RUN_TB
+
+
 def test_frames_compare_by_their_path_from_slime_or_megatron_and_ray_frames_are_left_out():
     frames = slime_repro.compared_frames(RUN_TB)
     assert frames == slime_repro.compared_frames(CASE_TB)

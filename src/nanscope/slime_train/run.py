@@ -289,21 +289,34 @@ def _tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(clean(line) for line in text.splitlines()[-lines:])
 
 
+# Ray's prefix on a line it forwards from a worker: `(MegatronTrainRayActor pid=7)`, `(pid=7, ip=10.0.0.1)`,
+# `(raylet)`. A Python traceback's own lines never start with `(`.
+_FORWARDED = re.compile(r"^\([^()]*\) ")
+# An exception's line, at column 0: `RuntimeError: Rank 3, ...`, `ray.exceptions.ActorDiedError: ...`, `KeyboardInterrupt`
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:\(\w+\))?(?::|$)")
+_NESTED = "ray.exceptions.RayTaskError"  # its message goes on with the actor's own traceback
+
+
 def driver_traceback(stderr: str) -> str | None:
     """The last traceback the driver printed: from its header to the exception's last line.
 
     Ray prints its workers' log lines into the driver's output with a `(pid=...)` or `(Actor pid=...)` prefix,
-    coloured; they start with `(` or an escape code, never with a space, so the traceback ends at the first such line
-    (or an empty one) after its header.
+    coloured, from a thread of the driver's: one can come between two lines of the traceback as Python writes it
+    (CI, 2026-12-06: the traceback read ended before its error line). Such a line is left out while the traceback
+    is unfinished, and ends it once its exception's line is in (as an empty line does).
     """
     lines = [clean(line) for line in stderr.splitlines()]
     starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK)]
     if not starts:
         return None
-    block = []
+    block: list[str] = []
     for line in lines[starts[-1] :]:
-        if not line.strip() or (block and line.startswith("(")):
+        if not line.strip():
             break
+        if block and _FORWARDED.match(line):
+            if _EXCEPTION.match(block[-1]) and not block[-1].startswith(_NESTED):
+                break
+            continue
         block.append(line)
     return "\n".join(block) + "\n"
 
