@@ -24,11 +24,13 @@ GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES, MMCV = "gpt-neox", "lit-llama", "lit
 TORCHTUNE = "torchtune"
 UNSLOTH, AXOLOTL = "unsloth", "axolotl"  # issue 41's thirteenth round: trainers over transformers and TRL
 TORCHTITAN = "torchtitan"  # issue 41's twelfth round (pytorch/torchtitan: run_train.sh, torchtitan/train.py)
+# issue 41's sixteenth round: RLinf (RLinf/RLinf: Ray workers under rlinf/workers/, FSDP or Megatron backends)
+RLINF = "rlinf"
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
-    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
+    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
     DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING,
     LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
     UNKNOWN,
@@ -41,7 +43,19 @@ WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
 # has none of them.
-WITH_ROLLOUTS = (SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, MS_SWIFT, LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT)
+WITH_ROLLOUTS = (
+    SLIME,
+    VERL,
+    OPENRLHF,
+    NEMO_RL,
+    ROLL,
+    RLINF,
+    MS_SWIFT,
+    LLAMA_FACTORY,
+    TRL,
+    DPO_REFERENCE,
+    DEEPSPEED_CHAT,
+)
 
 # framework -> directories (with their slashes) one of its frames' paths holds
 PATHS: dict[str, tuple[str, ...]] = {
@@ -50,6 +64,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     OPENRLHF: ("/openrlhf/",),
     NEMO_RL: ("/nemo_rl/",),
     ROLL: ("/roll/pipeline/", "/roll/distributed/", "/roll/models/", "/roll/utils/"),
+    RLINF: ("/rlinf/workers/", "/rlinf/scheduler/", "/rlinf/algorithms/"),
     MS_SWIFT: ("/swift/megatron/", "/swift/cli/", "/swift/llm/", "/swift/trainers/"),
     PAI: ("/megatron_patch/",),
     NEMO: ("/nemo/lightning/", "/nemo/collections/", "/megatron/bridge/", "/nemo/core/"),
@@ -90,6 +105,7 @@ TEXTS: dict[str, tuple[str, ...]] = {
     OPENRLHF: ("openrlhf.",),
     NEMO_RL: ("nemo_rl.",),
     ROLL: ("(ActorWorker(actor_train",),
+    RLINF: ("rlinf.workers.", "rlinf.scheduler."),  # a Ray actor's repr (`<rlinf.workers.rollout.hf....>`)
     MS_SWIFT: ("[INFO:swift]", "[WARNING:swift]"),
     PAI: ("megatron_patch.",),
     NEMO: ("i.pretrain/", "nemo_run", "[NeMo I ", "[NeMo W ", "reduced_train_loss"),
@@ -107,6 +123,9 @@ TEXTS: dict[str, tuple[str, ...]] = {
     # unsloth rewrites transformers' Trainer._inner_training_loop from its source and execs it as
     # `_fast_inner_training_loop` (unsloth_zoo compiler.py), so its frame is `File "<string>", ..., in` that name
     UNSLOTH: ("in _fast_inner_training_loop", "Unsloth: "),
+    # axolotl's logger (src/axolotl/logging_config.py, its `colorful` format: `[%(asctime)s] [%(levelname)s]
+    # [%(name)s.%(funcName)s:%(lineno)d] [PID:%(process)d] [RANK:%(rank)d] %(message)s`, loggers named `axolotl.*`)
+    AXOLOTL: ("] [axolotl.",),
     # torchtitan's logger (torchtitan/tools/logging.py init_logger: "[titan] %(asctime)s - %(name)s - ...")
     TORCHTITAN: ("[titan] ",),
     # transformers' explicit log format (utils/logging.py:301 at 5.10.4, `[INFO|trainer.py:2128] ... >> `), its

@@ -289,6 +289,7 @@ class Wording:
     source: str
     printed_by: str = ""
     value: str | None = None
+    model: str | None = None  # the one model whose update prints it (verl's actor names its rank, its critic none)
 
 
 WORDINGS: tuple[Wording, ...] = (
@@ -380,12 +381,23 @@ WORDINGS: tuple[Wording, ...] = (
         value="NaN or Inf",
     ),
     Wording(
+        id="verl-actor-not-finite",
+        signal="skip-nonfinite-grad",
+        example="WARN: rank 0 grad_norm is not finite: inf",
+        stacks=("verl",),
+        source="verl v0.7.1 verl/workers/actor/dp_actor.py:409-412 (the actor's optimizer step; its critic's line, "
+        "dp_critic.py:145-146, names no rank)",
+        printed_by="verl's FSDP actor",
+        model="actor",
+    ),
+    Wording(
         id="verl-not-finite",
         signal="skip-nonfinite-grad",
         example="WARN: grad_norm is not finite: nan",
         stacks=("verl",),
-        source="verl v0.9.0 verl/workers/engine/fsdp/transformer_impl.py:793-795",
-        printed_by="verl's FSDP engine",
+        source="verl v0.9.0 verl/workers/engine/fsdp/transformer_impl.py:793-795 (any model's engine); v0.7.1 "
+        "verl/workers/critic/dp_critic.py:145-146 (the critic's)",
+        printed_by="verl's FSDP engine or critic",
     ),
     Wording(
         id="gpt-neox-overflow-monitor",

@@ -28,7 +28,12 @@ _PAIRS = re.compile(
 # swift/llm/train/rlhf.py:rlhf_main; TRL's trl/trainer/{grpo,ppo,rloo,online_dpo}_trainer.py; verl's and OpenRLHF's
 # packages): the run generates from its policy while it trains
 _RL_PART = re.compile(r"(?:^|[/\\_.])(?P<word>rlhf|grpo|ppo|rloo|dapo|gspo|online_dpo|verl|openrlhf)(?:[/\\_.]|$)")
-_RL_STACKS = ("verl", "openrlhf", "slime")
+_RL_STACKS = ("verl", "openrlhf", "slime", "rlinf")
+# an RL trainer's generation in code pasted before a sampling error (shibing624/MedicalGPT#440, holdout16 03: TRL's
+# legacy `response_tensors = ppo_trainer.generate(question_tensors, ...)`, then the multinomial's RuntimeError)
+_RL_CALL = re.compile(r"\b(?P<call>\w{0,40}(?:ppo|grpo|rloo|rlhf)\w{0,40}\.(?:generate|sample)\w{0,20})\s{0,4}\(",
+                      re.IGNORECASE)  # fmt: skip
+CALL_REACH = 8  # lines of pasted code looked at before the error
 _SAMPLING = ("probability-assert",)  # torch.multinomial's assert: the sampled model's probabilities
 
 
@@ -51,7 +56,18 @@ def message_model(message: str | None) -> tuple[str, str] | None:
 _REFERENCE = re.compile(r"\b(?:model_ref|ref_model|reference_model|ref_policy)\b")
 
 
-def sampling_model(signal_id: str | None, frames, framework: str | None) -> tuple[str, str] | None:
+def rl_call(lines: list[str]) -> str | None:
+    """The RL trainer's generation call in code lines pasted before an error (`ppo_trainer.generate`), or None."""
+    for line in reversed(lines[-CALL_REACH:]):
+        match = _RL_CALL.search(line[:400])
+        if match is not None:
+            return match["call"]
+    return None
+
+
+def sampling_model(
+    signal_id: str | None, frames, framework: str | None, caller: str | None = None
+) -> tuple[str, str] | None:
     """The policy, where sampling's assert fired in an RL run (its frames pass through an RL trainer, or the stack is
     one that trains only RL): the probabilities sampled from are the policy's, generating its rollout; None: not a
     sampling assert, or nothing says the run is RL (a supervised run samples only to evaluate)."""
@@ -61,6 +77,8 @@ def sampling_model(signal_id: str | None, frames, framework: str | None) -> tupl
         named = _REFERENCE.search((getattr(frame, "code", "") or "")[:400])
         if named is not None:
             return "reference", f"a frame's code samples from {named[0]} ({frame.function}, line {frame.line})"
+    if caller is not None:
+        return "policy", f"the code pasted before it calls {caller}: an RL trainer's generation samples its policy"
     if framework in _RL_STACKS:
         return "policy", f"{framework} trains by RL: what it samples from while training is its policy's rollout"
     for frame in frames:

@@ -14,6 +14,7 @@ that prints at a step's end makes it the step before). Each line is read in its 
 
     step, how = step_before(block, start, number, clean)     # (None, None): no such line
     step, how = episode_before(block, start, number, clean)  # an RL loop's episode line just before a warning
+    step, how = tagged_before(block, start, number, clean)   # a phase line tagged `[Global Step: 20]` before a skip
 """
 
 from __future__ import annotations
@@ -73,5 +74,28 @@ def episode_before(block: bytes, start: int, number: int, clean) -> tuple[int | 
             step = int(match["step"])
             return step, (f"the episode line {seen} line(s) before it, line {number - seen}: "
                           f"{match.group().strip()!r}: in or after episode {step}")  # fmt: skip
+        end = begin - 1
+    return None, None
+
+
+# a loop's phase line tagged with its step at the line's start (EvolvingLMMs-Lab/multimodal-search-r1#19, a verl
+# fork, holdout16 01: `[Global Step: 20] Update Actor Ends ...`, then verl's actor prints `WARN: rank 0 grad_norm
+# is not finite: inf`)
+_TAGGED = re.compile(r"\[\s{0,2}(?:global[ _])?(?:step|iteration|iter)\s{0,2}[:=#]?\s{0,2}(?P<step>\d{1,12})\s{0,2}\]",
+                     re.IGNORECASE)  # fmt: skip
+
+
+def tagged_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:
+    """The step of a line at `start` (the log's line `number`) from a line tagged `[Global Step: N]` at most
+    EPISODE_REACH lines before it."""
+    end, seen = start - 1, 0
+    while end > 0 and seen < EPISODE_REACH:
+        begin = block.rfind(b"\n", 0, end) + 1
+        seen += 1
+        text = clean(block[begin : min(end, begin + _TAIL)].decode("utf-8", "replace"))
+        match = _TAGGED.match(text.lstrip())
+        if match is not None:
+            step = int(match["step"])
+            return step, f"the phase line {seen} line(s) before it, line {number - seen}: tagged {match.group()!r}"
         end = begin - 1
     return None, None

@@ -27,6 +27,7 @@ from nanscope.launch import (
     tf_scopes,
 )
 from nanscope.launch.bars import bars, step_at
+from nanscope.launch.failure_models import CALL_REACH, rl_call
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
 from nanscope.launch.scales import Scales
 from nanscope.launch.signals import Hit, read_line
@@ -140,6 +141,11 @@ def candidate_starts(block: bytes, extra: tuple[bytes, ...] = (), *, only_extra:
     return sorted(starts)
 
 
+# lines between CUDA's `device-side assert triggered` and the kernel's own assert line naming which (Ground-R1#4,
+# holdout16 04: the two lines next to each other)
+ASSERT_WITHIN = 5
+
+
 @dataclass
 class Nonfinite:
     """What a log's lines say besides Megatron's error: the signals and the metric lines.
@@ -216,6 +222,11 @@ class Nonfinite:
             error_words.place_assert(hit, text, clean(following.decode("utf-8", "replace")))
             if hit.step is None and (hit.op or "").endswith("Warning"):  # a Python warning in an RL loop's episode
                 hit.step, hit.step_from = loop_lines.episode_before(block, start, hit.line, clean)
+            if hit.signal.id == "probability-assert":  # the code pasted before it: an RL trainer's generation?
+                code = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, CALL_REACH)]
+                hit.caller = rl_call(code)
+            if hit.step is None and hit.signal.id == "skip-nonfinite-grad":  # after a phase line tagged its step
+                hit.step, hit.step_from = loop_lines.tagged_before(block, start, hit.line, clean)
             column = hit.step is None and hit.signal.id == "printed-tensor"  # a loop's printed column of scalars
             if column and (found := printed_columns.column_step(block, start, hit.line, clean, text)) is not None:
                 hit.step, hit.step_from = found
@@ -363,6 +374,10 @@ class Nonfinite:
         if signal.fatal and self.fatal is None:
             self.fatal = hit
             return True
+        if signal.id == "probability-assert" and self.fatal is not None and self.fatal.signal.id == "device-assert":
+            if hit.line - self.fatal.line <= ASSERT_WITHIN:  # the assert that fired, right by the CUDA error it raised
+                hit.rank = hit.rank if hit.rank is not None else self.fatal.rank
+                self.fatal = hit
         return False
 
     def _stamp(self, signal: str, text: str) -> None:

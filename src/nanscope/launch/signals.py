@@ -85,7 +85,7 @@ _ASSERTION = re.compile(r"Assertion `(?P<op>.{1,300}?)` failed")
 _WATCHDOG = re.compile(r"(?:\[Rank (?P<rank>\d{1,9})\] )?Watchdog caught collective operation timeout: WorkNCCL\((?P<work>[^)]{0,600})\)")  # fmt: skip
 _OP_TYPE = re.compile(r"OpType=(?P<op>\w{1,40})")
 _SEQ = re.compile(r"SeqNum=(?P<seq>\d{1,20})")
-_NOT_FINITE = re.compile(r"grad_norm is not finite: (?P<value>\S{1,40})")
+_NOT_FINITE = re.compile(r"(?:rank (?P<rank>\d{1,9}) )?grad_norm is not finite: (?P<value>\S{1,40})")
 _FOUND_INF = re.compile(
     r"found\s{1,60}(?P<value>inf|nan)\s{1,60}during\s{1,60}(?P<op>\w{1,80})\s{1,60}step", re.IGNORECASE
 )
@@ -148,6 +148,8 @@ class Hit:
     scale: float | None = None  # a loss scaler's attempted scale
     next_scale: float | None = None  # ... and the scale it set (the same: hysteresis spent, or its floor)
     at: int = 0  # where on the line its evidence starts (what sits before it: a progress bar)
+    rank_from: str | None = None  # where the rank came from: the line's words, else its `[rankN]:` prefix
+    caller: str | None = None  # the RL trainer's call in the code pasted just before it (`ppo_trainer.generate`)
 
 
 def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit | None:
@@ -168,7 +170,7 @@ def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit 
         said = f"rank {tag['rank']} waited (the watchdog's rank)"
         found.ranks += [] if said in found.ranks else [said]
     elif tag is not None and found.rank is None:
-        found.rank = int(tag["rank"])
+        found.rank, found.rank_from = int(tag["rank"]), "the log prefix [rankN]:"
     if found.step is None and (step := _STEP.search(line, found.at, found.at + WINDOW)) is not None:
         found.step, found.step_from = int(step["step"]), "the line"
     return found
@@ -340,7 +342,7 @@ def _forward(text: str, after: str):
 
 
 def _probability(text: str, before: str):
-    where = "a CUDA device-side assert (asynchronous)" if "Assertion" in text else "torch.multinomial"
+    where = "a CUDA device-side assert (asynchronous)" if "Assertion" in text else "a RuntimeError the call raised"
     return BY_ID["probability-assert"], {"op": "torch.multinomial (sampling)", "detail": where}
 
 
@@ -384,10 +386,12 @@ def _not_finite(text: str, before: str):
     match = _NOT_FINITE.search(text)
     if match is None:
         return None
+    actor = match["rank"] is not None  # only verl's actor names its rank (facts.signals: verl-actor-not-finite)
     return BY_ID["skip-nonfinite-grad"], {
         "detail": f"grad_norm {match['value']}: the step skipped",
         "metric": "grad_norm",
-        "wording": WORDING["verl-not-finite"],
+        "wording": WORDING["verl-actor-not-finite" if actor else "verl-not-finite"],
+        "rank": int(match["rank"]) if actor else None,
     }
 
 

@@ -129,10 +129,15 @@ def _failure_model(out: Summary, failure, traceback) -> None:
     an error's message gives non-finite values (launch.failure_models), a sampling assert in an RL run."""
     signal = failure.signal.id if failure.signal is not None else None
     said = message_model(failure.detail) if signal == "nonfinite-error" else None
-    said = said or sampling_model(signal, traceback.frames, traceback.framework.name)
+    sampled = traceback.nonfinite.first.get("probability-assert")
+    caller = sampled.caller if sampled is not None else None
+    said = said or sampling_model(signal, traceback.frames, traceback.framework.name, caller)
     scoped = scope_model(failure.op) if said is None and signal in ("nonfinite-message", "nonfinite-error") else None
     if scoped is not None:
         said = scoped[0], f"the failing check's op is in the scope {scoped[1]}"
+    printed = failure.printed_by
+    if said is None and printed is not None and printed.model is not None:  # only one model's code prints it
+        said = printed.model, f"only {printed.printed_by} prints the line's words ({printed.source})"
     if said is not None:
         out.model, out.model_from = said
 
