@@ -77,3 +77,26 @@ def test_5_axolotl_s_logger_names_it(tmp_path, capsys):
            "{'eval_loss': nan, 'eval_runtime': 543.3, 'eval_samples_per_second': 4.787, 'epoch': 0.0}\n")  # fmt: skip
     doc, _ = _doctor(tmp_path, capsys, log)
     assert doc["framework"]["name"] == "axolotl"
+
+
+# 6. holdout15 21, left partly by round 15: DeepSpeed-Chat's step 2 trains a reward model, read from its main.py's
+# flags (`--num_padding_at_beginning` with `--model_name_or_path`; step 3's RLHF takes the actor's and the critic's)
+@pytest.mark.parametrize(
+    ("flags", "kind", "model"),
+    [("--model_name_or_path bigscience/bloomz-560m", "reward-model", "reward model"),
+     ("--actor_model_name_or_path a --critic_model_name_or_path c", "rl", None)],
+)  # fmt: skip
+def test_6_deepspeed_chat_s_step_is_read_from_its_flags(tmp_path, capsys, flags, kind, model):
+    script = f"deepspeed main.py --data_split 6,2,2 {flags} --num_padding_at_beginning 1 --zero_stage 3\n"
+    log = "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.\n"
+    doc, out = _doctor(tmp_path, capsys, log, script)
+    assert (doc["framework"]["name"], doc["run_kind"]["kind"], doc["summary"]["model"]) == (
+        "deepspeed-chat",
+        kind,
+        model,
+    )
+    if model is not None:
+        assert (
+            "The model: the reward model (the launch trains a reward model (main.py with --num_padding_at_beginning "
+            "1 and --model_name_or_path bigscience/bloomz-560m))."
+        ) in out

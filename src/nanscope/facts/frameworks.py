@@ -224,6 +224,14 @@ KIND_FLAGS = {
     "--stage": {"pt": "pretraining", "sft": "sft", "rm": "reward-model", "ppo": "rl", "dpo": "preference",
                 "kto": "preference"},
 }  # fmt: skip
+# The flags that, all given, name the kind where neither the entry point nor a kind flag does, first match first:
+# DeepSpeed-Chat's main.py is each step's (DeepSpeedExamples applications/DeepSpeed-Chat/training/): step 3's RLHF
+# takes `--actor_model_name_or_path` and `--critic_model_name_or_path`, step 2's reward model `--model_name_or_path`,
+# both `--num_padding_at_beginning` (OPT's padding), which step 1's SFT does not define
+KIND_FLAG_SETS = (
+    (("--num-padding-at-beginning", "--actor-model-name-or-path"), "rl"),
+    (("--num-padding-at-beginning", "--model-name-or-path"), "reward-model"),
+)
 # What a frame is, by its path, most specific first: what a traceback cut before its error line reaches.
 COMPONENTS = (
     ("/deepspeed/runtime/zero/stage_1_and_2.py", "DeepSpeed's ZeRO stage 1 and 2 optimizer"),

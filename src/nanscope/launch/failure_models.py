@@ -95,7 +95,12 @@ def sampling_model(
 def with_run_kind(summary, failure, kind) -> None:
     """Name the policy in `summary` (launch.summary.Summary) for a sampling assert where the launch script says the
     run is RL (launch.run_kind: `swift rlhf --rlhf_type grpo`) and nothing else named a model."""
-    if summary is None or summary.model is not None or kind is None or not kind.rollouts or failure is None:
+    if summary is None or summary.model is not None or kind is None or failure is None:
+        return
+    if kind.kind == "reward-model":  # the one model the run trains
+        summary.model, summary.model_from = "reward model", f"the launch trains a reward model ({kind.how})"
+        return
+    if not kind.rollouts:
         return
     if failure.signal is not None and failure.signal.id in _SAMPLING:
         summary.model = "policy"

@@ -50,7 +50,8 @@ _TEXTS = (("Pai-Megatron-Patch", frameworks.PAI), ("megatron_patch", frameworks.
           ("colossalai run", frameworks.COLOSSALAI), ("nvcr.io/nvidia/nemo:", frameworks.NEMO),
           ("torchtitan/models/", frameworks.TORCHTITAN))  # fmt: skip
 # A flag only one framework's parser defines (LLaMA-Factory's FinetuningArguments.finetuning_type)
-_FLAGS = (("--finetuning_type", frameworks.LLAMA_FACTORY),)
+# a flag only one framework's parser defines (DeepSpeed-Chat's step 2 and 3 main.py: `--num_padding_at_beginning`)
+_FLAGS = (("--finetuning_type", frameworks.LLAMA_FACTORY), ("--num_padding_at_beginning", frameworks.DEEPSPEED_CHAT))
 # DeepSpeed's own launcher, and a config handed to the job (`--deepspeed ds_config.json`: the transformers Trainer's
 # and Megatron-DeepSpeed's flag) or to `accelerate launch` (`--use_deepspeed`, `--deepspeed_config_file`)
 _DEEPSPEED_FLAGS = ("--deepspeed", "--deepspeed_config", "--use_deepspeed", "--deepspeed_config_file")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanscope.facts.frameworks import KIND_FLAGS, RUN_KINDS
+from nanscope.facts.frameworks import KIND_FLAG_SETS, KIND_FLAGS, RUN_KINDS
 from nanscope.launch.flagview import FlagView
 
 _WORDS = {"rl": "an RL run (rollouts, rewards, a policy loss)", "preference": "preference training (a policy and "
@@ -46,4 +46,9 @@ def run_kind(entry: str, view: FlagView | None) -> RunKind | None:
             return RunKind(values[value], view.show(flag))
     name = entry.replace("\\", "/").rsplit("/", 1)[-1] if entry.endswith(".py") else entry
     kind = next((kind for prefix, kind in RUN_KINDS if name.startswith(prefix)), None)
-    return None if kind is None else RunKind(kind, f"the entry point {entry}")
+    if kind is not None:
+        return RunKind(kind, f"the entry point {entry}")
+    for flags, kind in KIND_FLAG_SETS if view is not None else ():
+        if all(view.has(flag) for flag in flags):
+            return RunKind(kind, f"{entry} with {' and '.join(view.show(flag) for flag in flags)}")
+    return None
