@@ -178,6 +178,7 @@ def test_no_page_keeps_a_working_note():
     assert [(page.name, m.group()) for page in PAGES for m in note.finditer(page.read_text())] == []
 
 
+@pytest.mark.slow  # the fast tier runs README's lines once (test_every_nanscope_line_parses_and_the_cheap_ones_run)
 def test_the_readmes_lines_run_twice(tmp_path, monkeypatch, capsys):
     """Issue 42 newcomer item 5: README's step 2 stopped the second time on "exists (pass --force to replace it)"."""
     for shipped in ("src", "examples"):

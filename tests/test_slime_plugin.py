@@ -65,7 +65,8 @@ def test_plugin_strict_policy_from_environment(monkeypatch):
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("layout", ["--tp", pytest.param("--cp", marks=pytest.mark.slow)])
+# both slow: the fast tier runs the plugin's loss at TP 2 x PP 2 in repro's default matrix (tests/cli/test_repro.py)
+@pytest.mark.parametrize("layout", [pytest.param(f, marks=pytest.mark.slow) for f in ("--tp", "--cp")])
 def test_plugin_under_megatron_parallel_state(tmp_path, layout):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with socket.socket() as sock:  # torchrun's --master-port 0 hangs in rendezvous: pick a free port

@@ -514,6 +514,7 @@ def _scripts(tmp_path: Path, texts: list[str]) -> list[list[str]]:
     return cases
 
 
+@pytest.mark.slow  # the fast tier keeps each bomb as text in tests/launch/test_script.py (rejects, caps, nesting)
 def test_bash_bombs_and_bad_sizes_are_one_line_each(tmp_path):
     deep = 5000
     nodes = TRAIN + '--actor-num-nodes "$X"\n'

@@ -238,6 +238,7 @@ def _users_link(target: str, link: Path) -> None:
     os.symlink(target, link)
 
 
+@pytest.mark.slow  # the fast tier refuses a link at the output's own name, above
 @pytest.mark.timeout(400)
 def test_no_output_is_written_through_a_symlinked_directory(tmp_path):
     """issue 42: `--json linkdir/x.json`, linkdir -> elsewhere, wrote into elsewhere: a link at the file's own name was

@@ -358,6 +358,7 @@ def test_an_error_and_a_wrote_line_fit_an_80_column_terminal_and_stay_one_line_p
         assert all(more.startswith("    ") for more in folded[1:]), argv
 
 
+@pytest.mark.slow  # a pty each: the fast tier fits scan --write-demo to 80 columns in test_doctor_and_scan_fit_80_columns
 def test_scan_write_demos_lines_fit_an_80_column_terminal(tmp_path):
     """`scan --write-demo`'s `wrote ...` lines go through a rich console at the width (they held before the fix
     above: a guard, that they keep to it)."""

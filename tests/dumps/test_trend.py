@@ -17,7 +17,7 @@ def drifting_series(tmp_path, release):
     return trend.trend(summaries)
 
 
-@pytest.mark.parametrize("release", ["v0.1.0", "main"])
+@pytest.mark.parametrize("release", ["v0.1.0", pytest.param("main", marks=pytest.mark.slow)])  # main: CI's slow tier
 def test_a_drifting_run_s_series_are_exact(tmp_path, release):
     series = drifting_series(tmp_path, release)
     rollouts = series["rollouts"]

@@ -73,6 +73,7 @@ def test_installs_where_cuda_is_visible(monkeypatch):
         cpu.uninstall()
 
 
+@pytest.mark.slow  # a model and two steps: the fast tier installs the CPU layer where CUDA is visible, above
 @pytest.mark.integration
 @pytest.mark.timeout(200)
 def test_harness_builds_and_steps_on_cpu_where_cuda_is_visible(tmp_path):

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 # `launched`: tests/megatron/conftest.py (one launch, also read by test_ray_launcher.py)
 
 
+@pytest.mark.slow  # conftest's launch: the fast tier runs the harness through repro's default matrix
 @pytest.mark.timeout(300)
 def test_launch_finishes_and_reports_every_rank(launched):
     assert launched.ok, launched.stderr_tail
@@ -40,6 +41,7 @@ def test_launch_finishes_and_reports_every_rank(launched):
         ]
 
 
+@pytest.mark.slow  # conftest's launch: the fast tier runs the harness through repro's default matrix
 @pytest.mark.timeout(300)
 def test_every_process_of_the_launch_sees_no_cuda_device(launched_watched):
     # The agent and the ranks it forks are started with CUDA hidden (nanscope.megatron.hidden_cuda): on a GPU node
@@ -55,6 +57,7 @@ def test_every_process_of_the_launch_sees_no_cuda_device(launched_watched):
     assert {rank: s["cuda_visible_devices"] for rank, s in launched.startup.items()} == dict.fromkeys(range(4), "")
 
 
+@pytest.mark.slow  # conftest's launch: the fast tier runs the harness through repro's default matrix
 @pytest.mark.timeout(300)
 def test_healthy_step_completes(launched):
     run = launched.runs[0]
@@ -73,6 +76,7 @@ def test_healthy_step_completes(launched):
     assert checksum(params) == run.ranks[0].param_checksum
 
 
+@pytest.mark.slow  # conftest's launch: the fast tier runs the harness through repro's default matrix
 @pytest.mark.timeout(300)
 def test_a_run_sharing_a_log_prob_pass_ends_where_the_run_that_made_it_does(launched):
     made, shared = launched.runs[0], launched.runs[2]
@@ -91,6 +95,7 @@ def test_a_run_sharing_a_log_prob_pass_ends_where_the_run_that_made_it_does(laun
     assert [r.grad_diff for r in launched.runs[1].ranks] == [None] * 4
 
 
+@pytest.mark.slow  # conftest's launch: the fast tier runs the harness through repro's default matrix
 @pytest.mark.timeout(300)
 def test_hazard_fails_megatrons_nan_check_verbatim_on_every_rank(launched):
     run = launched.runs[1]
@@ -126,6 +131,7 @@ def test_hazard_fails_megatrons_nan_check_verbatim_on_every_rank(launched):
     assert all(r.site_log_probs == run.ranks[0].site_log_probs for r in run.ranks)  # one batch everywhere
 
 
+@pytest.mark.slow  # conftest's launch: the fast tier runs the harness through repro's default matrix
 @pytest.mark.timeout(300)
 def test_runs_are_independent(launched):
     # The failed run rebuilt the model from the same seed and never stepped: its parameters are the

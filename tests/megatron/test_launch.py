@@ -182,6 +182,7 @@ def test_kill_tree_without_its_root_spares_the_caller():
     assert (out.returncode, out.stdout) == (0, f"True {-signal.SIGKILL}\n")
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 def test_a_rank_forked_after_its_agent_died_ends_at_once():
     code = (
         "import ctypes, os, sys\nfrom nanscope.megatron import worker\n"

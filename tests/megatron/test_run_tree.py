@@ -19,6 +19,7 @@ def test_a_command_that_ends_returns_its_code_and_output():
     assert (code, timed_out) == (3, False) and output.split() == ["out", "err"]
 
 
+@pytest.mark.slow  # the fast tier kills a launch's tree at its deadline (tests/megatron/test_harness.py)
 def test_a_tree_past_its_deadline_is_killed_with_its_descendants(tmp_path):
     pid_file = tmp_path / "child.pid"
     script = (

@@ -50,6 +50,7 @@ def _python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)  # fmt: skip
 
 
+@pytest.mark.slow  # CI's slow tier: the fast tier keeps its 4 minutes on 2 cores
 @pytest.mark.timeout(240)
 def test_without_te_each_gap_fails_and_its_shim_closes_it_once_with_one_line():
     proc = _python(GAPS)

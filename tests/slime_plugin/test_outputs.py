@@ -178,6 +178,7 @@ AGREE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 2 processes and gloo: the fast tier refuses a directory on one rank above
 def test_the_ranks_agree_when_one_node_cannot_write(tmp_path):
     # rank 1's node-local directory is a file: both ranks refuse at install, neither waits for the other
     (tmp_path / "taken").write_text("x")

@@ -17,17 +17,27 @@ def fault_run(*, once: bool, **kwargs) -> RunSpec:
     return RunSpec(hook=True, model_fault=FAULT, model_fault_step=1, model_fault_once=once, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    runs = [
-        fault_run(once=True, on_nonfinite="raise"),
-        fault_run(once=False, on_nonfinite="raise"),
-        fault_run(once=True, on_nonfinite="skip", steps=2, env=TRANSIENT),
-        fault_run(once=False, on_nonfinite="skip", steps=2, env=TRANSIENT),
-    ]
+def _launch(tmp_path_factory, runs: list[RunSpec]) -> list:
     out = tmp_path_factory.mktemp("rerun")
     result = launcher.launch(runs, Layout(tp=2, pp=2), timeout_s=400, out_dir=out, loss_flags=case.loss_flags())
     return result.runs
+
+
+# two launches, so that the fast tier pays only for the one its tests read (the skipping runs are the slow tier's)
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    return _launch(
+        tmp_path_factory, [fault_run(once=True, on_nonfinite="raise"), fault_run(once=False, on_nonfinite="raise")]
+    )
+
+
+@pytest.fixture(scope="module")
+def launched_skipping(tmp_path_factory):
+    runs = [
+        fault_run(once=True, on_nonfinite="skip", steps=2, env=TRANSIENT),
+        fault_run(once=False, on_nonfinite="skip", steps=2, env=TRANSIENT),
+    ]
+    return _launch(tmp_path_factory, runs)
 
 
 def reports(run) -> list[dict]:
@@ -63,10 +73,11 @@ def test_a_persistent_fault_is_reproducible(launched):
     assert all(r["rerun"]["first"] == r["rerun"]["rerun"] for r in found)
 
 
+@pytest.mark.slow  # a launch of its own: the fast tier runs the rerun's two verdicts above
 @pytest.mark.integration
 @pytest.mark.timeout(600)
-def test_skip_on_transient_skips_the_transient_step_and_stops_on_the_reproducible_one(launched):
-    transient, persistent = launched[2], launched[3]
+def test_skip_on_transient_skips_the_transient_step_and_stops_on_the_reproducible_one(launched_skipping):
+    transient, persistent = launched_skipping
     assert transient.observed == "completed"
     assert all(r.skipped_steps == 1 and r.params_finite for r in transient.ranks)
     assert persistent.observed != "completed"

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from nanscope.slime_plugin import headroom, step_vote
 
 INF = float("inf")
@@ -112,6 +114,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 4 processes: the fast tier checks the vote above, its exchange in tests/slime_plugin/test_rerun.py
 def test_across_dp2_cp2_every_rank_gets_the_planted_maximum_of_one_rank_and_the_counters_sum():
     procs = [
         subprocess.Popen([sys.executable, "-c", WORKER, str(r), "29631"], stdout=subprocess.PIPE, text=True)

@@ -397,6 +397,7 @@ def test_hostile_bundles_are_one_line_exit_2(tmp_path):
         assert res["grew"] < 64 * 2**20, (name, res)
 
 
+@pytest.mark.slow  # two fresh interpreters: the fast tier checks the core install's imports (tests/test_core_install.py)
 def test_the_core_install_replays_through_the_model_and_refuses_slime_src_in_one_line(tmp_path):
     """On a training image without megatron-core (blocked here) a bundle replays through nanscope's model;
     --slime-src needs megatron-core and says so."""
