@@ -26,19 +26,20 @@ UNSLOTH, AXOLOTL = "unsloth", "axolotl"  # issue 41's thirteenth round: trainers
 TORCHTITAN = "torchtitan"  # issue 41's twelfth round (pytorch/torchtitan: run_train.sh, torchtitan/train.py)
 # issue 41's sixteenth round: RLinf (RLinf/RLinf: Ray workers under rlinf/workers/, FSDP or Megatron backends)
 RLINF = "rlinf"
+FAIRSEQ = "fairseq"  # issue 41's sixteenth round: fairseq's `| epoch 027 | loss 6.343 | ... | num_updates 10198 |`
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
     SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
     DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING,
-    LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
+    LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, FAIRSEQ, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
     UNKNOWN,
 )  # fmt: skip
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
-                    MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL)  # fmt: skip
+                    MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL, FAIRSEQ)  # fmt: skip
 
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
@@ -86,6 +87,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     TORCHTITAN: ("/torchtitan/",),
     UNSLOTH: ("/unsloth/", "/unsloth_zoo/", "/unsloth_compiled_cache/"),
     AXOLOTL: ("/axolotl/",),
+    FAIRSEQ: ("/fairseq/", "/fairseq_cli/"),
     DEEPSPEED: (
         "/deepspeed/runtime/",
         "/deepspeed/",
@@ -126,6 +128,8 @@ TEXTS: dict[str, tuple[str, ...]] = {
     # axolotl's logger (src/axolotl/logging_config.py, its `colorful` format: `[%(asctime)s] [%(levelname)s]
     # [%(name)s.%(funcName)s:%(lineno)d] [PID:%(process)d] [RANK:%(rank)d] %(message)s`, loggers named `axolotl.*`)
     AXOLOTL: ("] [axolotl.",),
+    # fairseq's loggers from 0.10 (`2021-03-01 10:00:00 | INFO | fairseq.trainer | ...`, fairseq_cli/train.py)
+    FAIRSEQ: ("| fairseq.trainer |", "| fairseq_cli.train |", "| fairseq.tasks."),
     # torchtitan's logger (torchtitan/tools/logging.py init_logger: "[titan] %(asctime)s - %(name)s - ...")
     TORCHTITAN: ("[titan] ",),
     # transformers' explicit log format (utils/logging.py:301 at 5.10.4, `[INFO|trainer.py:2128] ... >> `), its
@@ -201,6 +205,9 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     # gpt-neox's training_log spells the loss `lm_loss` (Megatron-LM: `lm loss`): ea7aefd8 megatron/training.py:1394,
     # megatron/logging.py:472 (elapsed time per iteration), :495 (approx flops per GPU)
     GPT_NEOX: (frozenset({"lm_loss", "elapsed time per iteration (ms)"}),),
+    # fairseq's progress and epoch lines (fairseq/logging/progress_bar.py, trainer.py's stats: wps, ups, wpb, bsz,
+    # num_updates, lr, gnorm, clip, oom, loss_scale, wall, train_wall), `| key value |` or `key=value, `
+    FAIRSEQ: (frozenset({"num_updates", "wpb", "bsz"}),),
 }  # fmt: skip
 # What a launch trains, by its entry point (the module, CLI or script, as launch.script reads it): the kinds are "rl"
 # (rollouts, rewards, a policy loss: PPO, GRPO), "preference" (DPO, KTO, ORPO, ...: a policy and a reference, no

@@ -91,9 +91,21 @@ _EPOCH_BAR = re.compile(
 )
 
 
+# Lightning's bar: `Epoch 1:   1%| | 23/4360 [..., loss=nan, v_num=0]`, its epoch counted from 0 (trainer.current_epoch)
+# and `v_num` (the logger's version) in its postfix (ssbuild/chatglm_finetuning#104, holdout17 25)
+_LIGHTNING_BAR = re.compile(r"\bEpoch (?P<epoch>\d{1,6}):\s{0,8}\d{1,3}%\|")
+
+
 def _global(line: str, bar: Bar, count: int) -> tuple[int, str]:
     """A bar's `count` as a global step: in epoch E of a bar described `Epoch E/N`, (E - 1) epochs of its total
-    before it; and the words saying so ("" for a bar that is no epoch's, or the first epoch's)."""
+    before it (in Lightning's `Epoch E:`, counted from 0, E epochs); and the words saying so ("" for a bar that is no
+    epoch's, or the first epoch's)."""
+    lightning = _LIGHTNING_BAR.search(line, max(0, bar.start - 400), bar.start + 1)
+    if lightning is not None and "v_num=" in line[bar.start : bar.start + 600] and int(lightning["epoch"]) > 0:
+        epoch = int(lightning["epoch"])
+        step = epoch * bar.total + count
+        return step, (f" (Lightning's bar counts within epoch {epoch}, its description, counted from 0: {epoch} x "
+                      f"{bar.total} + {count}, each epoch {bar.total} steps)")  # fmt: skip
     match = _EPOCH_BAR.search(line, max(0, bar.start - 400), bar.start + 1)
     if match is None or not 1 < int(match["epoch"]) <= int(match["epochs"]):
         return count, ""

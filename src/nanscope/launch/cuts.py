@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from nanscope.facts.signals import BY_ID, Signal
+from nanscope.launch.scaler_ranks import logging_rank
 
 # each wording (`0` for any number), the length of its shortest prefix that names it, and the signal it is
 _CUTS = (
@@ -40,6 +41,6 @@ def cut(line: str) -> tuple[Signal, dict] | None:
             fields["ranks"] = [f"rank {waiting['rank']} waited (the watchdog's rank)"]
         rank = re.match(r"OVERFLOW! Rank (\d{1,9})", tail[at:])
         if signal == "deepspeed-overflow" and rank is not None:
-            fields["ranks"] = [f"rank {rank[1]} logs it (DeepSpeed prints it on rank 0 only)"]
+            fields["ranks"] = [logging_rank(rank[1])]
         return BY_ID[signal], fields
     return None

@@ -56,11 +56,17 @@ _DISTRIBUTION = re.compile(
 _CONSTRAINT = re.compile(r"to satisfy the constraint (?P<constraint>[^\n]{1,200}?), but found invalid values")
 
 
+WRAPPED = 300  # characters of the line before read where the message wrapped onto the anchor's line
+
+
 def distribution(text: str, before: str = "") -> tuple[Signal, dict] | None:
     """torch.distributions' ValueError: a distribution's parameter (a policy's logits or probabilities) failed its
     constraint. A `Real()` constraint fails on NaN alone (torch 2.13 torch/distributions/constraints.py:419-425,
     _Real.check: `value == value`): the parameter holds NaN."""
     match = _DISTRIBUTION.search(text, 0, WINDOW)
+    if match is None and before:  # the message wrapped after `distribution Categorical(logits: ` (voidful/TextRL#21)
+        text = before[-WRAPPED:] + " " + text[:WINDOW]
+        match = _DISTRIBUTION.search(text)
     if match is None:
         return None
     constraint = _CONSTRAINT.search(text, match.end(), match.end() + WINDOW)

@@ -387,11 +387,18 @@ class MetricLines:
 
     def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
         """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
+        steps = []  # (key, step) of each step key, in order
         for key, value, at in found:
             if is_step_key(key) and not shapes.percent(piece, at, value):
                 number = _number(value.strip("'\"").split("/")[0])
                 if number is not None and math.isfinite(number):
-                    return int(number), "the line"
+                    steps.append((key, int(number)))
+        glob = next((pair for pair in steps if pair[0].lower() == "global_step"), None)
+        if glob is not None and len(steps) > 1:  # `step: 4, global_step:1` (liucongg/ChatGLM-Finetuning#132): the
+            other = next(pair for pair in steps if pair is not glob)  # optimizer's count, beside another count
+            return glob[1], f"the line's global_step (its {other[0]} {other[1]} counts something else)"
+        if steps:
+            return steps[0][1], "the line"
         match = _EPOCH_ITER.search(piece, 0, WINDOW)
         if match is not None and match["step"] is not None:
             return int(match["step"]), "the line (the iteration within its epoch)"

@@ -67,6 +67,7 @@ NEEDLES = (
     b"not finite",  # an error or a message saying a value is not finite (SpeechBrain's check_gradients)
     b"non-finite",
     b"invalid loss",  # Keras's TerminateOnNaN (launch.said_errors)
+    b"not json compliant",  # Python's json refusing a NaN or Inf (launch.said_errors.json_float)
     b"train/lr-pg_",  # slime's step log (facts.frameworks.KEYS): its keys name the framework when all is finite
 )
 # fmt: skip

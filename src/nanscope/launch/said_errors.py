@@ -30,6 +30,10 @@ MESSAGE_ANCHOR = '"message": "'
 _TERMINATE = re.compile(r"Batch (?P<batch>\d{1,12}): Invalid loss, terminating training")
 # a JSON string value under "message" (escaped quotes allowed), up to 400 characters
 DIVERGED_ANCHOR = "Model diverged with loss"
+JSON_FLOAT_ANCHOR = "float values are not JSON compliant"
+# Python's json with allow_nan=False (FastAPI's and Starlette's responses): CPython 3.11 Lib/json/encoder.py:240-242
+# adds the value's repr, its C encoder (the default) none
+_JSON_FLOAT = re.compile(r"Out of range float values are not JSON compliant(?::\s{0,2}(?P<value>-?(?:nan|inf)))?")
 _DIVERGED = re.compile(r"Model diverged with loss = NaN")
 _MESSAGE = re.compile(r'"message": "(?P<msg>(?:[^"\\\n]|\\.){1,400})"')
 _NONFINITE = re.compile(r"(?<![A-Za-z])(?P<word>nan|inf|infinity|non-?finite|not finite)(?![A-Za-z])", re.IGNORECASE)
@@ -90,6 +94,22 @@ def diverged(text: str, before: str = "") -> tuple[Signal, dict] | None:
         "detail": "TensorFlow's NanTensorHook: the loss is NaN; it raises NanLossDuringTrainingError and training stops",
         "metric": "loss",
         "value": "NaN",
+    }
+
+
+def json_float(text: str, before: str = "") -> tuple[Signal, dict] | None:
+    """A JSON encoder refusing a NaN or an Inf (`ValueError: Out of range float values are not JSON compliant`): a
+    value the process serialised (a server's response, a metric, a record) was non-finite (THUDM/slime#1790, holdout17
+    13: SGLang's rollout server answered 503)."""
+    match = _JSON_FLOAT.search(text, 0, WINDOW)
+    if match is None:
+        return None
+    value = {"nan": "NaN", "inf": "Inf", "-inf": "Inf"}.get(match["value"] or "", "NaN or Inf")
+    return BY_ID["nonfinite-error"], {
+        "op": "json (allow_nan=False)",
+        "detail": "a JSON encoder refused a NaN or Inf float: a value the process serialised (a server's response, a "
+        "metric, a record) was non-finite",
+        "value": value,
     }
 
 

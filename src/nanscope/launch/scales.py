@@ -166,6 +166,9 @@ class Scales:
 
 
 _SCALE_KEYS = ("loss_scale", "loss scale", "loss-scale")  # a loss scaler's scale, as metric lines print it
+# a printed scale below 2^-10 has been halved on overflow after overflow far below any start (fp16 scalers start at
+# 2^16 or above): fairseq's epoch line prints `loss_scale 0.000` (facebookresearch/fairseq#1529, holdout17 18)
+COLLAPSED = 2.0**-10
 
 
 @dataclass
@@ -178,6 +181,7 @@ class PrintedScale:
     at: tuple[int, int | None] = (0, None)  # the line and step that printed it
     drop: tuple[float, float, tuple[int, int | None], tuple[int, int | None]] | None = None  # (from, to, where
     # each was printed: (line, step))
+    collapsed: tuple[float, tuple[int, int | None]] | None = None  # the first scale printed below COLLAPSED, where
 
     def feed(self, found: list[tuple[str, str, int]], number: int, step: int | None) -> None:
         """One metric line's (key, value, where) pairs: its scale, if it prints one."""
@@ -185,6 +189,9 @@ class PrintedScale:
             if key.lower() in _SCALE_KEYS and (scale := _finite(value)) is not None:
                 if self.last is not None and scale < self.last and self.drop is None:
                     self.drop = (self.last, scale, self.at, (number, step))
+                printed = scale > 0 or "." in value  # `0.000`, not a config's `"loss_scale": 0` (0: dynamic)
+                if scale < COLLAPSED and printed and self.collapsed is None:
+                    self.collapsed = (scale, (number, step))
                 self.last, self.at = scale, (number, step)
                 return
 

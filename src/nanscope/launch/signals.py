@@ -32,6 +32,7 @@ from nanscope.facts.signals import BY_ID, LOGGER_FILES, WORDING, Signal, Wording
 from nanscope.launch import error_words, glued, plugin_report, said_errors
 from nanscope.launch.cuts import cut
 from nanscope.launch.memory import out_of_memory
+from nanscope.launch.scaler_ranks import logging_rank
 
 WINDOW = 2048  # characters read after an anchor (and 512 before it)
 MARKERS = (
@@ -236,7 +237,7 @@ def _overflow(text: str, before: str):
         detail = f"loss scale {match['scale']} kept, hysteresis {match['hysteresis']} -> {match['left']}"
     else:
         detail = "step skipped"
-    ranks = [] if rank is None else [f"rank {rank} logs it (DeepSpeed prints it on rank 0 only)"]
+    ranks = [] if rank is None else [logging_rank(rank)]
     logger = _LOGGER.search(text)  # DeepSpeed's logger, whose file names the optimizer; ColossalAI's copy prints bare
     named = LOGGER_FILES.get(logger["file"]) if logger is not None else None
     if "[deepscale]" in text:
@@ -464,7 +465,7 @@ _READERS = (
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
     (plugin_report.ANCHOR, plugin_report.evidence), (plugin_report.WARNING_ANCHOR, plugin_report.warning_evidence),
-    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.DIVERGED_ANCHOR, said_errors.diverged), (said_errors.MESSAGE_ANCHOR, said_errors.json_message),
+    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", _dle_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.DIVERGED_ANCHOR, said_errors.diverged), (said_errors.MESSAGE_ANCHOR, said_errors.json_message), (said_errors.JSON_FLOAT_ANCHOR, said_errors.json_float),
 )  # fmt: skip
 
 

@@ -170,7 +170,8 @@ def benign(traceback, out: Summary) -> str | None:
     memory = failure is not None and failure.signal is not None and failure.signal.id == "out-of-memory"
     if memory and first is None and metrics.weak is None and not metrics.counters and len(seen.first) == 1:
         return "an out-of-memory failure (CUDA out of memory), and no value the text prints is non-finite"
-    if quiet and failure is None and (printed or traceback.lines):
+    collapsed = metrics.scale.collapsed is not None  # the printed loss scale says the scaler skipped step on step
+    if quiet and failure is None and (printed or traceback.lines) and not collapsed:
         return nothing_found(traceback, read_metric_lines(traceback))
     return None
 

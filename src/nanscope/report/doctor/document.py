@@ -209,7 +209,14 @@ def _metrics(traceback) -> dict:
         "nonfinite_again": None if lines.episodes.again is None else lines.episodes.again.to_dict(),
         "counters": [counter.to_dict() for counter in lines.counters],
         "loss_scale_fall": None if lines.scale.drop is None else _fall(lines.scale.drop),
+        "loss_scale_collapsed": None if lines.scale.collapsed is None else _collapsed(lines.scale.collapsed),
     }
+
+
+def _collapsed(collapsed) -> dict:
+    """The first loss scale the metric lines print below 2^-10, and the line and step that printed it."""
+    scale, (line, step) = collapsed
+    return {"scale": scale, "line": line, "step": step}
 
 
 def _fall(drop) -> dict:

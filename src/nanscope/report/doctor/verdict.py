@@ -117,6 +117,11 @@ def _metric_sentences(diagnosis) -> list[str]:
         parts.append(f"The loss scale its metric lines print falls from {shown(high)} at {_at(*before)} to "
                      f"{shown(low)} at {_at(*after)}: a dynamic loss scaler found inf or NaN gradients in between and skipped a "
                      "step (at a run's start, its scale calibrating).")  # fmt: skip
+    if metrics.scale.collapsed is not None and metrics.scale.drop is None:
+        scale, where = metrics.scale.collapsed
+        parts.append(f"The loss scale its metric lines print is {shown(scale)} at {_at(*where)}: below 2^-10, a dynamic "
+                     "loss scaler halved it on overflow after overflow, far below any start: the gradients overflow "
+                     "step after step, not a calibration.")  # fmt: skip
     if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
         parts.append(f"Not a NaN failure by itself: {summary.benign}.")
     return parts
