@@ -18,9 +18,14 @@ def test_1_verl_s_actor_line_gives_the_rank_the_actor_and_the_tagged_step(tmp_pa
            " WARN: rank 3 grad_norm is not finite: inf\n")  # fmt: skip
     doc, out = _doctor(tmp_path, capsys, log)
     assert (doc["summary"]["rank"], doc["summary"]["model"], doc["summary"]["step"]) == (3, "actor", 7)
-    assert doc["failure"]["rank_from"] == "the line's words (line 3)"
+    assert doc["failure"]["rank_from"] == "the line's words (verl's actor prints its rank)"
     assert "On rank 3, verl's FSDP actor skipped an optimizer step on a non-finite gradient norm at step 7" in out
     assert "The first non-finite metric: grad_norm (the actor) at step 7 (line 3)." in out
+
+
+def test_1_only_a_global_step_tag_gives_a_step(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "[Step 9] eval done\nWARN: rank 0 grad_norm is not finite: inf\n")
+    assert doc["summary"]["step"] is None  # `[Step 9]` may be any loop's (an evaluation's)
 
 
 def test_1_verl_s_line_without_a_rank_names_no_model(tmp_path, capsys):
@@ -40,6 +45,22 @@ def test_2_the_kernel_s_probability_assert_leads_the_cuda_error_it_raised(tmp_pa
     assert "also: device-assert at line 1: CUDA error: device-side assert triggered" in out
 
 
+def test_2_the_cuda_error_s_rank_stays_with_the_assert_that_leads(tmp_path, capsys):
+    log = ("[rank2]: RuntimeError: CUDA error: device-side assert triggered\n"
+           "Assertion `probability tensor contains either inf, nan or element < 0` failed.\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert (doc["failure"]["check"], doc["failure"]["rank"]) == ("probability-assert", 2)
+    assert doc["failure"]["rank_from"] == "the log prefix [rankN]:"
+
+
+def test_2_an_assert_s_rank_from_the_traceback_after_it_is_said_so(tmp_path, capsys):
+    log = ("Assertion `probability tensor contains either inf, nan or element < 0` failed.\n"
+           "[rank3]: Traceback (most recent call last):\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert (doc["failure"]["rank"], doc["failure"]["rank_from"]) == (
+        3, "the log prefix [rankN]: of the traceback line after it")  # fmt: skip
+
+
 # 3. the code pasted before the multinomial's RuntimeError calls TRL's legacy PPO generation (shibing624/MedicalGPT#440)
 def test_3_an_rl_trainer_s_generation_pasted_before_the_error_names_the_policy(tmp_path, capsys):
     log = ("    response_tensors = ppo_trainer.generate(\n        question_tensors,\n        **generation_kwargs,\n"
@@ -52,8 +73,11 @@ def test_3_an_rl_trainer_s_generation_pasted_before_the_error_names_the_policy(t
     ) in out
 
 
-def test_3_a_generation_call_of_no_rl_trainer_names_no_model(tmp_path, capsys):
-    log = "    out = model.generate(ids)\nRuntimeError: probability tensor contains either inf, nan or element < 0\n"
+@pytest.mark.parametrize(
+    "call", ["model.generate(ids)", "self.support_model.generate(ids)", "grpo_data.sample_rows(3)"]
+)
+def test_3_a_generation_call_of_no_rl_trainer_names_no_model(tmp_path, capsys, call):
+    log = f"    out = {call}\nRuntimeError: probability tensor contains either inf, nan or element < 0\n"
     doc, _ = _doctor(tmp_path, capsys, log)
     assert doc["summary"]["model"] is None
 

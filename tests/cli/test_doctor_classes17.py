@@ -17,9 +17,23 @@ def test_1_an_overflow_line_naming_another_rank_is_that_rank_s_own(tmp_path, cap
     log = "".join(f"{stamp}Rank {r} Skipping step. Attempted loss scale: 536870912.0, reducing to 268435456.0\n"
                   for r in (6, 4))  # fmt: skip
     doc, out = _doctor(tmp_path, capsys, log)
-    assert doc["failure"]["other_ranks"] == ["rank 6 logs it (its own overflow: a line naming a rank other than 0 is printed "
-                                       "by that rank)"]  # fmt: skip
+    assert doc["failure"]["other_ranks"] == ["rank 6 logs it (its own overflow: this line is printed by each rank that "
+                                       "overflowed)"]  # fmt: skip
     assert "DeepSpeed prints it on rank 0 only" not in out
+
+
+def test_1_stage_2_s_line_on_rank_0_is_rank_0_s_own_too(tmp_path, capsys):
+    log = ("[INFO] [stage2.py:1387:step] [deepspeed] fp16 dynamic loss scale overflow! Rank 0 Skipping step. Attempted "
+           "loss scale: 65536.0, reducing to 32768.0\n")  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert doc["failure"]["other_ranks"] == ["rank 0 logs it (its own overflow: this line is printed by each rank that "
+                                       "overflowed)"]  # fmt: skip
+
+
+def test_1_loss_scaler_s_line_is_rank_0_s_for_all(tmp_path, capsys):
+    log = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768\n"
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert doc["failure"]["other_ranks"] == ["rank 0 logs it (DeepSpeed prints it on rank 0 only)"]
 
 
 # 2. Python's json refusing a NaN or Inf (THUDM/slime#1790: SGLang's rollout server answered 503)
@@ -54,10 +68,23 @@ def test_4_a_printed_loss_scale_below_2_to_the_minus_10_is_a_collapse(tmp_path, 
     assert "Not a NaN failure" not in out
 
 
-def test_4_a_config_s_dynamic_loss_scale_0_is_no_collapse(tmp_path, capsys):
-    log = 'Grad overflow on iteration: 445299\n{\n    "fp16": {\n        "loss_scale": 0,\n        "hysteresis": 2\n'
+@pytest.mark.parametrize("value", ["0", "0.0"])
+def test_4_a_config_s_dynamic_loss_scale_0_is_no_collapse(tmp_path, capsys, value):
+    log = f'Grad overflow on iteration: 445299\n{{\n    "fp16": {{\n        "loss_scale": {value},\n        "hysteresis": 2\n'
     doc, _ = _doctor(tmp_path, capsys, log)
     assert doc["metrics"]["loss_scale_collapsed"] is None
+
+
+def test_4_a_collapse_after_a_fall_is_said_with_the_fall(tmp_path, capsys):
+    log = "".join(f"| epoch 00{i} | loss 6.0 | wpb 3000 | bsz 100 | num_updates {i}00 | loss_scale {scale} | wall 20\n"
+                  for i, scale in ((1, "16.000"), (2, "8.000"), (3, "0.500"), (4, "0.000")))  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert doc["metrics"]["loss_scale_collapsed"] == {"scale": 0.0, "line": 4, "step": 400}
+    assert (
+        "The loss scale its metric lines print is 0 at line 4 (step 400) (it fell from 16 at line 1 (step 100)): "
+        "below 2^-10"
+    ) in out
+    assert "calibrating" not in out
 
 
 # 5. torch.distributions' validation error wrapped before `but found invalid values` (voidful/TextRL#21)
@@ -75,7 +102,10 @@ def test_6_lightning_s_epoch_bar_gives_the_global_step(tmp_path, capsys):
     log = "Epoch 1:   1%|          | 23/4360 [00:32<1:43:33,  1.43s/it, loss=nan, v_num=0]\n"
     doc, out = _doctor(tmp_path, capsys, log)
     assert doc["summary"]["step"] == 4383
-    assert "Lightning's bar counts within epoch 1, its description, counted from 0: 1 x 4360 + 23" in out
+    assert (
+        "Lightning's bar counts the batches of epoch 1, its description, counted from 0: 1 x 4360 + 23, where each "
+        "epoch's bar is as long"
+    ) in out
 
 
 # 7. `step` beside `global_step` (liucongg/ChatGLM-Finetuning#132): the optimizer's count is the step

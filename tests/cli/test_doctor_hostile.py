@@ -211,6 +211,28 @@ CRAFTED = {
     "a bare step of many digits": "[" + "5" * 1_000_000 + "] loss nan",
     "meter averages": "loss: 2.1 (1) " * 70_000 + "g: 1 (nan)",
     "a step column": "76980 " * 160_000 + "nan",
+    # issue 41's rounds 16 and 17
+    "sampling asserts under pasted code": (
+        "    x = ppo_trainer.generate(q,\n" * 7 + "RuntimeError: probability tensor "
+        "contains either inf, nan or element < 0\n"
+    )
+    * 8_000,
+    "verl skips under tagged lines": (
+        "[Global Step: 20] Update Actor Ends ...\n" * 4 + " WARN: rank 0 grad_norm is not finite: inf\n"
+    )
+    * 10_000,
+    "a Lightning bar's epochs": "Epoch 1: " * 100_000 + " 1%| | 23/4360 [00:32<1:43:33, loss=nan, v_num=0]",
+    "JSON float refusals": "Out of range float values are not JSON compliant: " * 40_000 + "nan",
+    "a wrapped distribution's head": (
+        "ValueError: Expected parameter logits (Tensor of shape (2, 2)) of distribution "
+        "Categorical(logits: "
+        * 3
+        + "\ntorch.Size([2])) to satisfy the constraint "
+        + "Real(), " * 100_000
+        + "but found invalid values:\n"
+    )
+    * 10,
+    "printed loss scales": "| epoch 1 | num_updates 5 | loss_scale 0.000 " * 60_000 + "\n",
 }
 
 

@@ -206,7 +206,8 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     # megatron/logging.py:472 (elapsed time per iteration), :495 (approx flops per GPU)
     GPT_NEOX: (frozenset({"lm_loss", "elapsed time per iteration (ms)"}),),
     # fairseq's progress and epoch lines (fairseq/logging/progress_bar.py, trainer.py's stats: wps, ups, wpb, bsz,
-    # num_updates, lr, gnorm, clip, oom, loss_scale, wall, train_wall), `| key value |` or `key=value, `
+    # num_updates, lr, gnorm, clip, oom, loss_scale, wall, train_wall), `| key value |` or `key=value, `; its forks
+    # print them too (metaseq, which trained OPT): their logs are named fairseq's
     FAIRSEQ: (frozenset({"num_updates", "wpb", "bsz"}),),
 }  # fmt: skip
 # What a launch trains, by its entry point (the module, CLI or script, as launch.script reads it): the kinds are "rl"
@@ -231,6 +232,9 @@ KIND_FLAGS = {
     "--stage": {"pt": "pretraining", "sft": "sft", "rm": "reward-model", "ppo": "rl", "dpo": "preference",
                 "kto": "preference"},
 }  # fmt: skip
+# A flag only one framework's parser defines, as a launch writes it: LLaMA-Factory's FinetuningArguments.finetuning_type,
+# DeepSpeed-Chat's step 2 and 3 main.py `--num_padding_at_beginning` (OPT's padding; step 1's SFT has none)
+OWN_FLAGS = (("--finetuning_type", LLAMA_FACTORY), ("--num_padding_at_beginning", DEEPSPEED_CHAT))
 # The flags that, all given, name the kind where neither the entry point nor a kind flag does, first match first:
 # DeepSpeed-Chat's main.py is each step's (DeepSpeedExamples applications/DeepSpeed-Chat/training/): step 3's RLHF
 # takes `--actor_model_name_or_path` and `--critic_model_name_or_path`, step 2's reward model `--model_name_or_path`,

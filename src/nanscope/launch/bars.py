@@ -104,8 +104,9 @@ def _global(line: str, bar: Bar, count: int) -> tuple[int, str]:
     if lightning is not None and "v_num=" in line[bar.start : bar.start + 600] and int(lightning["epoch"]) > 0:
         epoch = int(lightning["epoch"])
         step = epoch * bar.total + count
-        return step, (f" (Lightning's bar counts within epoch {epoch}, its description, counted from 0: {epoch} x "
-                      f"{bar.total} + {count}, each epoch {bar.total} steps)")  # fmt: skip
+        return step, (f" (Lightning's bar counts the batches of epoch {epoch}, its description, counted from 0: "
+                      f"{epoch} x {bar.total} + {count}, where each epoch's bar is as long: batches, not optimizer "
+                      "steps, and Lightning 1.x's total holds the validation batches too)")  # fmt: skip
     match = _EPOCH_BAR.search(line, max(0, bar.start - 400), bar.start + 1)
     if match is None or not 1 < int(match["epoch"]) <= int(match["epochs"]):
         return count, ""

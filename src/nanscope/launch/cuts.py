@@ -41,6 +41,6 @@ def cut(line: str) -> tuple[Signal, dict] | None:
             fields["ranks"] = [f"rank {waiting['rank']} waited (the watchdog's rank)"]
         rank = re.match(r"OVERFLOW! Rank (\d{1,9})", tail[at:])
         if signal == "deepspeed-overflow" and rank is not None:
-            fields["ranks"] = [logging_rank(rank[1])]
+            fields["ranks"] = [logging_rank(rank[1], every_rank=False)]  # loss_scaler.py's `OVERFLOW! Rank N`
         return BY_ID[signal], fields
     return None

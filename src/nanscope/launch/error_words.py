@@ -159,7 +159,7 @@ def place_assert(hit, text: str, following: str) -> None:
         return
     tag = _NEXT_RANK.match(following[:64]) if hit.rank is None else None
     if tag is not None:
-        hit.rank = int(tag["rank"])
+        hit.rank, hit.rank_from = int(tag["rank"]), "the log prefix [rankN]: of the traceback line after it"
         hit.ranks.append(f"rank {hit.rank}: the [rank{hit.rank}]: traceback right after it")
     at = text.find("Assertion `", 0, WINDOW * 4)
     bar = last_bar(text, at) if hit.step is None and not hit.at and at > 0 else None

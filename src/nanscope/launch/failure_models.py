@@ -31,8 +31,10 @@ _RL_PART = re.compile(r"(?:^|[/\\_.])(?P<word>rlhf|grpo|ppo|rloo|dapo|gspo|onlin
 _RL_STACKS = ("verl", "openrlhf", "slime", "rlinf")
 # an RL trainer's generation in code pasted before a sampling error (shibing624/MedicalGPT#440, holdout16 03: TRL's
 # legacy `response_tensors = ppo_trainer.generate(question_tensors, ...)`, then the multinomial's RuntimeError)
-_RL_CALL = re.compile(r"\b(?P<call>\w{0,40}(?:ppo|grpo|rloo|rlhf)\w{0,40}\.(?:generate|sample)\w{0,20})\s{0,4}\(",
-                      re.IGNORECASE)  # fmt: skip
+_RL_CALL = re.compile(
+    r"\b(?P<call>(?:[A-Za-z0-9]{1,40}_)?(?:ppo|grpo|rloo|rlhf)(?:_\w{1,40})?\.(?:generate|sample))\s{0,4}\(",
+    re.IGNORECASE,
+)  # a name whose part is the RL word (`ppo_trainer`, `grpo`), never a word that holds it (`support_model`)
 CALL_REACH = 8  # lines of pasted code looked at before the error
 _SAMPLING = ("probability-assert",)  # torch.multinomial's assert: the sampled model's probabilities
 

@@ -49,9 +49,6 @@ _PATHS = (
 _TEXTS = (("Pai-Megatron-Patch", frameworks.PAI), ("megatron_patch", frameworks.PAI), ("ColossalAI", frameworks.COLOSSALAI),
           ("colossalai run", frameworks.COLOSSALAI), ("nvcr.io/nvidia/nemo:", frameworks.NEMO),
           ("torchtitan/models/", frameworks.TORCHTITAN))  # fmt: skip
-# A flag only one framework's parser defines (LLaMA-Factory's FinetuningArguments.finetuning_type)
-# a flag only one framework's parser defines (DeepSpeed-Chat's step 2 and 3 main.py: `--num_padding_at_beginning`)
-_FLAGS = (("--finetuning_type", frameworks.LLAMA_FACTORY), ("--num_padding_at_beginning", frameworks.DEEPSPEED_CHAT))
 # DeepSpeed's own launcher, and a config handed to the job (`--deepspeed ds_config.json`: the transformers Trainer's
 # and Megatron-DeepSpeed's flag) or to `accelerate launch` (`--use_deepspeed`, `--deepspeed_config_file`)
 _DEEPSPEED_FLAGS = ("--deepspeed", "--deepspeed_config", "--use_deepspeed", "--deepspeed_config_file")
@@ -87,7 +84,8 @@ def script_framework(script: LaunchScript, text: str) -> Framework:
     path = "/" + entry.replace("\\", "/").lower()
     found = found or next(((name, f"the script {entry}") for part, name in _PATHS if part in path), None)
     found = found or next(((name, f"the script names {part}") for part, name in _TEXTS if part in text), None)
-    found = found or next(((name, f"its flag {flag}") for flag, name in _FLAGS if flag in script.argv), None)
+    given = {arg.split("=", 1)[0] for arg in script.argv if arg.startswith("--")}  # `--flag value`, `--flag=value`
+    found = found or next(((name, f"its flag {flag}") for flag, name in frameworks.OWN_FLAGS if flag in given), None)
     if found is None and path.rsplit("/", 1)[-1] in _MEGATRON_LM:
         found = (frameworks.MEGATRON_LM, f"Megatron-LM's {entry.rsplit('/', 1)[-1]}")
     slime = [flag for flag in SLIME_ONLY if flag in script.argv]

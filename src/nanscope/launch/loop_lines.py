@@ -81,8 +81,9 @@ def episode_before(block: bytes, start: int, number: int, clean) -> tuple[int | 
 # a loop's phase line tagged with its step at the line's start (EvolvingLMMs-Lab/multimodal-search-r1#19, a verl
 # fork, holdout16 01: `[Global Step: 20] Update Actor Ends ...`, then verl's actor prints `WARN: rank 0 grad_norm
 # is not finite: inf`)
-_TAGGED = re.compile(r"\[\s{0,2}(?:global[ _])?(?:step|iteration|iter)\s{0,2}[:=#]?\s{0,2}(?P<step>\d{1,12})\s{0,2}\]",
-                     re.IGNORECASE)  # fmt: skip
+_TAGGED = re.compile(
+    r"\[\s{0,2}global[ _](?:step|iteration|iter)\s{0,2}[:=#]?\s{0,2}(?P<step>\d{1,12})\s{0,2}\]", re.IGNORECASE
+)  # fmt: skip  (`Global`: a plain `[Step 9] eval` may be any loop's)
 
 
 def tagged_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:

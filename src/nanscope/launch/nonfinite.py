@@ -377,7 +377,8 @@ class Nonfinite:
             return True
         if signal.id == "probability-assert" and self.fatal is not None and self.fatal.signal.id == "device-assert":
             if hit.line - self.fatal.line <= ASSERT_WITHIN:  # the assert that fired, right by the CUDA error it raised
-                hit.rank = hit.rank if hit.rank is not None else self.fatal.rank
+                if hit.rank is None:
+                    hit.rank, hit.rank_from = self.fatal.rank, self.fatal.rank_from
                 self.fatal = hit
         return False
 

@@ -167,7 +167,7 @@ class Scales:
 
 _SCALE_KEYS = ("loss_scale", "loss scale", "loss-scale")  # a loss scaler's scale, as metric lines print it
 # a printed scale below 2^-10 has been halved on overflow after overflow far below any start (fp16 scalers start at
-# 2^16 or above): fairseq's epoch line prints `loss_scale 0.000` (facebookresearch/fairseq#1529, holdout17 18)
+# 2^7, fairseq's fp16_init_scale, or above): fairseq's epoch line prints `loss_scale 0.000` (facebookresearch/fairseq#1529, holdout17 18)
 COLLAPSED = 2.0**-10
 
 
@@ -189,8 +189,10 @@ class PrintedScale:
             if key.lower() in _SCALE_KEYS and (scale := _finite(value)) is not None:
                 if self.last is not None and scale < self.last and self.drop is None:
                     self.drop = (self.last, scale, self.at, (number, step))
-                printed = scale > 0 or "." in value  # `0.000`, not a config's `"loss_scale": 0` (0: dynamic)
-                if scale < COLLAPSED and printed and self.collapsed is None:
+                # a training line's (it names its step) or a scale after another: not a config's `"loss_scale": 0`
+                # or `0.0` (DeepSpeed's dynamic scaling)
+                training = step is not None or self.last is not None
+                if scale < COLLAPSED and training and self.collapsed is None:
                     self.collapsed = (scale, (number, step))
                 self.last, self.at = scale, (number, step)
                 return

@@ -237,7 +237,6 @@ def _overflow(text: str, before: str):
         detail = f"loss scale {match['scale']} kept, hysteresis {match['hysteresis']} -> {match['left']}"
     else:
         detail = "step skipped"
-    ranks = [] if rank is None else [logging_rank(rank)]
     logger = _LOGGER.search(text)  # DeepSpeed's logger, whose file names the optimizer; ColossalAI's copy prints bare
     named = LOGGER_FILES.get(logger["file"]) if logger is not None else None
     if "[deepscale]" in text:
@@ -248,6 +247,7 @@ def _overflow(text: str, before: str):
         wording = "overflow-detected"
     else:
         wording = "deepspeed-overflow-rank" if rank is not None else "deepspeed-overflow-plain"
+    ranks = [] if rank is None else [logging_rank(rank, every_rank=wording == "deepspeed-dynamic-overflow")]
     scale = _float(match["scale"])
     after = _float(match["next"]) if match["next"] is not None else scale
     said = WORDING[wording]
@@ -393,6 +393,7 @@ def _not_finite(text: str, before: str):
         "metric": "grad_norm",
         "wording": WORDING["verl-actor-not-finite" if actor else "verl-not-finite"],
         "rank": int(match["rank"]) if actor else None,
+        "rank_from": "the line's words (verl's actor prints its rank)" if actor else None,
     }
 
 

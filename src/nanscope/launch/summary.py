@@ -129,7 +129,9 @@ def _failure_model(out: Summary, failure, traceback) -> None:
     an error's message gives non-finite values (launch.failure_models), a sampling assert in an RL run."""
     signal = failure.signal.id if failure.signal is not None else None
     said = message_model(failure.detail) if signal == "nonfinite-error" else None
-    sampled = traceback.nonfinite.first.get("probability-assert")
+    fatal = traceback.nonfinite.fatal  # the assert that became the failure, else the first one
+    sampled = fatal if fatal is not None and fatal.signal.id == "probability-assert" else None
+    sampled = sampled or traceback.nonfinite.first.get("probability-assert")
     caller = sampled.caller if sampled is not None else None
     said = said or sampling_model(signal, traceback.frames, traceback.framework.name, caller)
     scoped = scope_model(failure.op) if said is None and signal in ("nonfinite-message", "nonfinite-error") else None

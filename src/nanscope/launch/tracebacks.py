@@ -188,7 +188,7 @@ def from_signal(seen: Nonfinite) -> Failure | None:
         text=hit.text,
         line=hit.line,
         format="signal",
-        rank_from=None if hit.rank is None else hit.rank_from or f"the line's words (line {hit.line})",
+        rank_from=None if hit.rank is None else hit.rank_from or "the log prefix [rankN]:",
         signal=hit.signal,
         step=hit.step,
         step_from=hit.step_from,

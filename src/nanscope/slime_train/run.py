@@ -291,9 +291,9 @@ def _tail(text: str, lines: int = TAIL_LINES) -> str:
 
 # Ray's prefix on a line it forwards from a worker: `(MegatronTrainRayActor pid=7)`, `(pid=7, ip=10.0.0.1)`,
 # `(raylet)`. A Python traceback's own lines never start with `(`.
-_FORWARDED = re.compile(r"^\([^()]*\) ")
+_FORWARDED = re.compile(r"^\([^()]{0,200}\) ")
 # An exception's line, at column 0: `RuntimeError: Rank 3, ...`, `ray.exceptions.ActorDiedError: ...`, `KeyboardInterrupt`
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:\(\w+\))?(?::|$)")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]{0,200}(?:\(\w{1,80}\))?(?::|$)")
 _NESTED = "ray.exceptions.RayTaskError"  # its message goes on with the actor's own traceback
 
 

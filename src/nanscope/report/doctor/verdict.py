@@ -110,18 +110,23 @@ def _metric_sentences(diagnosis) -> list[str]:
         said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step())
         if said:
             parts.append(said)
-    if metrics.scale.drop is not None and (
-        failure is None or not failure.signal or not failure.signal.id.endswith("overflow")
+    collapsed = metrics.scale.collapsed
+    if (
+        metrics.scale.drop is not None
+        and collapsed is None
+        and (failure is None or not failure.signal or not failure.signal.id.endswith("overflow"))
     ):
         high, low, before, after = metrics.scale.drop
         parts.append(f"The loss scale its metric lines print falls from {shown(high)} at {_at(*before)} to "
                      f"{shown(low)} at {_at(*after)}: a dynamic loss scaler found inf or NaN gradients in between and skipped a "
                      "step (at a run's start, its scale calibrating).")  # fmt: skip
-    if metrics.scale.collapsed is not None and metrics.scale.drop is None:
-        scale, where = metrics.scale.collapsed
-        parts.append(f"The loss scale its metric lines print is {shown(scale)} at {_at(*where)}: below 2^-10, a dynamic "
-                     "loss scaler halved it on overflow after overflow, far below any start: the gradients overflow "
-                     "step after step, not a calibration.")  # fmt: skip
+    if collapsed is not None:
+        scale, where = collapsed
+        drop = metrics.scale.drop
+        fell = f" (it fell from {shown(drop[0])} at {_at(*drop[2])})" if drop is not None else ""
+        parts.append(f"The loss scale its metric lines print is {shown(scale)} at {_at(*where)}{fell}: below 2^-10, a "
+                     "dynamic loss scaler halved it on overflow after overflow, far below any start: the gradients "
+                     "overflow step after step, not a calibration.")  # fmt: skip
     if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
         parts.append(f"Not a NaN failure by itself: {summary.benign}.")
     return parts
