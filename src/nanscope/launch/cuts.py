@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from nanscope.facts.signals import BY_ID, Signal
-from nanscope.launch.scaler_ranks import logging_rank
+from nanscope.launch.scaler_lines import logging_rank
 
 # each wording (`0` for any number), the length of its shortest prefix that names it, and the signal it is
 _CUTS = (
