@@ -72,6 +72,20 @@ COUNTERS = {"number of skipped iterations": False, "number of nan iterations": F
 _ITERATION = ("consumed samples", "elapsed time per iteration (ms)", "elapsed time per iteration")
 
 
+# a verb between a name and its value (`log_prob is nan`: yifan123/flow_grpo#177, holdout18 01): the name is the key
+_COPULAS = frozenset(("is", "was", "are", "were", "became", "becomes", "got"))
+_SUBJECT = re.compile(r"(?<![\w./-])(?P<key>[A-Za-z_][\w./-]{0,100})\s{1,3}\Z")
+
+
+def _subject(text: str, match) -> str:
+    """A plain match's key, or the name before it where the key is a verb (`log_prob is nan`: log_prob)."""
+    key = _key(match["key"])
+    if key.lower() not in _COPULAS:
+        return key
+    before = _SUBJECT.search(text, max(0, match.start("key") - 104), match.start("key"))
+    return before["key"] if before is not None else key
+
+
 def _key(text: str) -> str:
     """A key as printed, without its quotes and a terminal's wrap inside it."""
     text = text.strip().strip("'\"")
@@ -113,7 +127,7 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
         if len(out) >= 2:
             return out
     found = shapes.spaced(text) or shapes.bracketed(text)
-    found = found or [(_key(m["key"]), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
+    found = found or [(_subject(text, m), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
     extra = shapes.averages(text)  # MetricLogger's `median (global_avg)`: a non-finite mean since the start
     return sorted(found + extra, key=lambda item: item[2]) if extra else found
 
