@@ -336,9 +336,9 @@ def test_a_stop_signal_kills_every_worker_and_removes_the_temp_dirs(tmp_path, si
     env = {**os.environ, "NANSCOPE_TEST_TAG": tag, "TMPDIR": str(tmp)}
     argv = [sys.executable, "-m", "nanscope.cli.main", "repro", "--hazard", "kl-exp-overflow", "--steps", "12",
             "--inject-step", "11"]  # fmt: skip
-    # As from a terminal: SIGINT at its default even when pytest runs in a background job.
+    # As from a terminal: the signal at its default even when pytest runs in a background job or under nohup.
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # fmt: skip
     try:
         deadline = time.monotonic() + 180
         while sum("nanscope.megatron.worker" in c and "torch.distributed.run" not in c for _, c in _ours(tag)) < 4:

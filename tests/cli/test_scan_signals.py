@@ -71,6 +71,9 @@ def test_a_stop_signal_ends_scan_dir_its_workers_and_its_temp_dir(many_dumps, tm
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group: the terminal's Ctrl-C is a signal to that group
+        # as from a terminal: the signal at its default even under nohup or in a background job (nanscope keeps a
+        # signal its user chose to ignore: megatron/proctree.py)
+        preexec_fn=lambda: signal.signal(signum, signal.SIG_DFL),
     )
     started: list[int] = []
     try:

@@ -265,8 +265,9 @@ def _kill_ours(tag: str) -> None:
 def test_a_stop_signal_leaves_no_ray_process_and_no_session_dir(short_tmp, sig, code):
     tag, tmp = uuid.uuid4().hex, short_tmp / str(sig.value)
     (tmp / "home").mkdir(parents=True)
-    # As from a terminal: SIGINT at its default even when pytest runs in a background job.
-    proc = _repro(tag, tmp, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # As from a terminal: the signal at its default even when pytest runs in a background job (SIGINT ignored) or
+    # under nohup (SIGHUP ignored: nanscope keeps a signal its user chose to ignore, megatron/proctree.py)
+    proc = _repro(tag, tmp, preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     try:
         _actors_up(tag, proc)
         proc.send_signal(sig)
