@@ -32,20 +32,13 @@ from nanscope.launch import epoch_steps
 from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
+from nanscope.launch.line_pairs import WINDOW, pairs
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to
 from nanscope.launch.scales import PrintedScale
 from nanscope.launch.tables import Table, header
 
-WINDOW = 8192  # characters of a line parsed
 LOOKAHEAD = 8  # lines after a reading without a step where the next progress bar gives it
-_VALUE = r"'[^'\n]{0,40}'|\"[^\"\n]{0,40}\"|[-+]?(?:nan(?:\.0)?|inf(?:inity)?|\d[\d.]{0,40}(?:[eE][-+]?\d{1,4})?)(?![A-Za-z_])"
-_QUOTED = re.compile(
-    rf"(?P<key>'[^'\n]{{1,120}}'|\"[^\"\n]{{1,120}}\")\s{{0,8}}:\s{{0,8}}(?P<value>{_VALUE})", re.IGNORECASE
-)
-_PLAIN = re.compile(rf"(?<![\w./()-])(?P<key>[A-Za-z_][\w./()\[\]-]{{0,100}})(?:\s{{0,3}}[:=]\s{{0,30}}|\s{{1,3}})(?P<value>{_VALUE})", re.IGNORECASE)  # fmt: skip
-_FIELD = re.compile(rf"\s{{0,40}}(?P<key>[A-Za-z_][\w ./()\[\]-]{{0,100}}?)\s{{0,3}}[:=]?\s{{1,40}}(?P<value>{_VALUE})(?:/\s{{0,12}}\d{{1,12}}|\s{{0,3}}(?:ms|s|%))?", re.IGNORECASE)  # fmt: skip
-_FIELD_WHOLE = re.compile(_FIELD.pattern + r".?\Z", re.IGNORECASE)  # a field to its end (one stray character)
 # mmengine's `Epoch(train) [1][240/735]` and `Iter(train) [ 510/2046]` (space-padded): the iteration
 # and the MetricLogger of DeiT, BEiT, VideoMAE (`Epoch: [0]  [   10/17227]  eta: ...`: the iteration in its epoch)
 _EPOCH_ITER = re.compile(
@@ -63,33 +56,12 @@ _BAD_VALUE = re.compile(r"[:=]\s{0,40}['\"]?[-+]?(?:nan|inf)", re.IGNORECASE)
 _ZERO_COUNTS = re.compile(r"number of (?:skipped|nan) iterations:\s{0,12}(\d{1,12})")
 _SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
 _SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spaces: its keys and punctuation
-_WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
 _SETTINGS = ("max_", "min_", "best_", "best ")  # a setting or a sentinel (`max_grad_norm: inf`, `best_loss inf`)
 _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
 COUNTERS = {"number of skipped iterations": False, "number of nan iterations": False, "inf_nan_skip_batches": True,
             "skipped": True, "skipped_steps": True}  # fmt: skip
 _ITERATION = ("consumed samples", "elapsed time per iteration (ms)", "elapsed time per iteration")
-
-
-# a verb between a name and its value (`log_prob is nan`: yifan123/flow_grpo#177, holdout18 01): the name is the key
-_COPULAS = frozenset(("is", "was", "are", "were", "became", "becomes", "got"))
-_SUBJECT = re.compile(r"(?<![\w./-])(?P<key>[A-Za-z_][\w./-]{0,100})\s{1,3}\Z")
-
-
-def _subject(text: str, match) -> str:
-    """A plain match's key, or the name before it where the key is a verb (`log_prob is nan`: log_prob)."""
-    key = _key(match["key"])
-    if key.lower() not in _COPULAS:
-        return key
-    before = _SUBJECT.search(text, max(0, match.start("key") - 104), match.start("key"))
-    return before["key"] if before is not None else key
-
-
-def _key(text: str) -> str:
-    """A key as printed, without its quotes and a terminal's wrap inside it."""
-    text = text.strip().strip("'\"")
-    return _WRAP.sub("", text) if "  " in text else text
 
 
 def _number(value: str) -> float | None:
@@ -102,34 +74,6 @@ def _number(value: str) -> float | None:
 
 def _nonfinite(value: str) -> bool:
     return value.strip("'\"").lower() in _NONFINITE
-
-
-def pairs(line: str) -> list[tuple[str, str, int]]:
-    """(key, value, where) of a metric line, in order, by its shape: quoted keys (with the plain `key=value` pairs
-    around a dict), `|` fields (where at least two parse), else `key: value` / `key=value` / `key value`."""
-    text = line[:WINDOW]
-    if "{'" in text or '{"' in text or "': " in text or '": ' in text:
-        quoted = [(_key(m["key"]), m["value"], m.start("value"), m.start()) for m in _QUOTED.finditer(text)]
-        spans = [(start, at) for _, _, at, start in quoted]
-        plain = [
-            (_key(m["key"]), m["value"], m.start("value"))
-            for m in _PLAIN.finditer(text)
-            if not any(start <= m.start() <= at for start, at in spans) and "'" not in m["key"]
-        ]
-        return sorted([(key, value, at) for key, value, at, _ in quoted] + plain, key=lambda item: item[2])
-    if text.count("|") >= 2:
-        out, at = [], 0
-        for part in text.split("|"):
-            match = _FIELD_WHOLE.match(part.rstrip())  # the whole field: `number of nan iterations: 0`, not `... nan`
-            if match is not None:
-                out.append((_key(match["key"]), match["value"], at + match.start("value")))
-            at += len(part) + 1
-        if len(out) >= 2:
-            return out
-    found = shapes.spaced(text) or shapes.bracketed(text)
-    found = found or [(_subject(text, m), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
-    extra = shapes.averages(text)  # MetricLogger's `median (global_avg)`: a non-finite mean since the start
-    return sorted(found + extra, key=lambda item: item[2]) if extra else found
 
 
 def _with_loose(found: list[tuple[str, str, int]], piece: str) -> tuple[list[tuple[str, str, int]], bool]:

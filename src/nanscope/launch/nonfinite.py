@@ -28,7 +28,8 @@ from nanscope.launch import (
 )
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.failure_models import CALL_REACH, rl_call
-from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines, pairs
+from nanscope.launch.line_pairs import pairs
+from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines
 from nanscope.launch.scales import Scales
 from nanscope.launch.signals import Hit, read_line
 from nanscope.launch.tables import is_rule

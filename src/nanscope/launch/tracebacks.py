@@ -20,8 +20,8 @@ from nanscope.launch.error_line import error_line
 from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
+from nanscope.launch.line_pairs import pairs
 from nanscope.launch.logs import Found, read_log, scan
-from nanscope.launch.metric_lines import pairs
 from nanscope.launch.metrics import Metrics
 from nanscope.launch.nonfinite import Nonfinite
 from nanscope.launch.rerun import Rerun

@@ -1,0 +1,71 @@
+"""A metric line's (key, value, where) pairs, by its shape: a Python dict's quoted keys, `|`-separated fields,
+`key: value` / `key=value` / `key value` (launch.line_shapes' spaced, bracketed and MetricLogger shapes first).
+
+    pairs("step 3 | loss nan | grad_norm 1.2")   # [('step', '3', 5), ('loss', 'nan', 14), ('grad_norm', '1.2', 30)]
+
+Each regex is bounded and runs on the line's first WINDOW characters: linear in the line.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nanscope.launch import line_shapes as shapes
+
+WINDOW = 8192  # characters of a line parsed
+_VALUE = r"'[^'\n]{0,40}'|\"[^\"\n]{0,40}\"|[-+]?(?:nan(?:\.0)?|inf(?:inity)?|\d[\d.]{0,40}(?:[eE][-+]?\d{1,4})?)(?![A-Za-z_])"
+_QUOTED = re.compile(
+    rf"(?P<key>'[^'\n]{{1,120}}'|\"[^\"\n]{{1,120}}\")\s{{0,8}}:\s{{0,8}}(?P<value>{_VALUE})", re.IGNORECASE
+)
+_PLAIN = re.compile(rf"(?<![\w./()-])(?P<key>[A-Za-z_][\w./()\[\]-]{{0,100}})(?:\s{{0,3}}[:=]\s{{0,30}}|\s{{1,3}})(?P<value>{_VALUE})", re.IGNORECASE)  # fmt: skip
+_FIELD = re.compile(rf"\s{{0,40}}(?P<key>[A-Za-z_][\w ./()\[\]-]{{0,100}}?)\s{{0,3}}[:=]?\s{{1,40}}(?P<value>{_VALUE})(?:/\s{{0,12}}\d{{1,12}}|\s{{0,3}}(?:ms|s|%))?", re.IGNORECASE)  # fmt: skip
+_FIELD_WHOLE = re.compile(_FIELD.pattern + r".?\Z", re.IGNORECASE)  # a field to its end (one stray character)
+_WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, and the stray character after it
+
+
+# a verb between a name and its value (`log_prob is nan`: yifan123/flow_grpo#177, holdout18 01): the name is the key
+_COPULAS = frozenset(("is", "was", "are", "were", "became", "becomes", "got"))
+_SUBJECT = re.compile(r"(?<![\w./-])(?P<key>[A-Za-z_][\w./-]{0,100})\s{1,3}\Z")
+
+
+def _subject(text: str, match) -> str:
+    """A plain match's key, or the name before it where the key is a verb (`log_prob is nan`: log_prob)."""
+    key = _key(match["key"])
+    if key.lower() not in _COPULAS:
+        return key
+    before = _SUBJECT.search(text, max(0, match.start("key") - 104), match.start("key"))
+    return before["key"] if before is not None else key
+
+
+def _key(text: str) -> str:
+    """A key as printed, without its quotes and a terminal's wrap inside it."""
+    text = text.strip().strip("'\"")
+    return _WRAP.sub("", text) if "  " in text else text
+
+
+def pairs(line: str) -> list[tuple[str, str, int]]:
+    """(key, value, where) of a metric line, in order, by its shape: quoted keys (with the plain `key=value` pairs
+    around a dict), `|` fields (where at least two parse), else `key: value` / `key=value` / `key value`."""
+    text = line[:WINDOW]
+    if "{'" in text or '{"' in text or "': " in text or '": ' in text:
+        quoted = [(_key(m["key"]), m["value"], m.start("value"), m.start()) for m in _QUOTED.finditer(text)]
+        spans = [(start, at) for _, _, at, start in quoted]
+        plain = [
+            (_key(m["key"]), m["value"], m.start("value"))
+            for m in _PLAIN.finditer(text)
+            if not any(start <= m.start() <= at for start, at in spans) and "'" not in m["key"]
+        ]
+        return sorted([(key, value, at) for key, value, at, _ in quoted] + plain, key=lambda item: item[2])
+    if text.count("|") >= 2:
+        out, at = [], 0
+        for part in text.split("|"):
+            match = _FIELD_WHOLE.match(part.rstrip())  # the whole field: `number of nan iterations: 0`, not `... nan`
+            if match is not None:
+                out.append((_key(match["key"]), match["value"], at + match.start("value")))
+            at += len(part) + 1
+        if len(out) >= 2:
+            return out
+    found = shapes.spaced(text) or shapes.bracketed(text)
+    found = found or [(_subject(text, m), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
+    extra = shapes.averages(text)  # MetricLogger's `median (global_avg)`: a non-finite mean since the start
+    return sorted(found + extra, key=lambda item: item[2]) if extra else found
