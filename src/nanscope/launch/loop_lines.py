@@ -36,19 +36,26 @@ def progress(line: str) -> int | None:
     return None if match is None else int(match["step"])
 
 
-def step_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:
-    """The step of the error line at `start` (the log's line `number`) from the nearest progress line before it."""
+def _lines_before(block: bytes, start: int, reach: int):
+    """(how many lines back, where it begins, where it ends) of each of the `reach` lines of `block` before the line
+    at `start`, nearest first."""
     end, seen = start - 1, 0
-    while end > 0 and seen < REACH:
+    while end > 0 and seen < reach:
         begin = block.rfind(b"\n", 0, end) + 1
         seen += 1
+        yield seen, begin, end
+        end = begin - 1
+
+
+def step_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:
+    """The step of the error line at `start` (the log's line `number`) from the nearest progress line before it."""
+    for seen, begin, end in _lines_before(block, start, REACH):
         text = clean(block[max(begin, end - 4 * _TAIL) : end].decode("utf-8", "replace"))
         step = progress(text)
         if step is not None:
             shown = text.strip()[-60:]
             return step, (f"the loop's progress line {seen} line(s) before it, line {number - seen}: {shown!r}: "
                           f"at or after step {step}")  # fmt: skip
-        end = begin - 1
     return None, None
 
 
@@ -64,39 +71,31 @@ EPISODE_REACH = 5  # lines looked at before a warning
 def episode_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:
     """The episode of a warning at `start` (the log's line `number`) from an episode line at most EPISODE_REACH
     lines before it."""
-    end, seen = start - 1, 0
-    while end > 0 and seen < EPISODE_REACH:
-        begin = block.rfind(b"\n", 0, end) + 1
-        seen += 1
+    for seen, begin, end in _lines_before(block, start, EPISODE_REACH):
         text = clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace"))
         match = _EPISODE.search(text)
         if match is not None:
             step = int(match["step"])
             return step, (f"the episode line {seen} line(s) before it, line {number - seen}: "
                           f"{match.group().strip()!r}: in or after episode {step}")  # fmt: skip
-        end = begin - 1
     return None, None
 
 
 # a loop's phase line tagged with its step at the line's start (EvolvingLMMs-Lab/multimodal-search-r1#19, a verl
 # fork, holdout16 01: `[Global Step: 20] Update Actor Ends ...`, then verl's actor prints `WARN: rank 0 grad_norm
-# is not finite: inf`)
+# is not finite: inf`); `Global` required: a plain `[Step 9] eval` may be any loop's
 _TAGGED = re.compile(
     r"\[\s{0,2}global[ _](?:step|iteration|iter)\s{0,2}[:=#]?\s{0,2}(?P<step>\d{1,12})\s{0,2}\]", re.IGNORECASE
-)  # fmt: skip  (`Global`: a plain `[Step 9] eval` may be any loop's)
+)
 
 
 def tagged_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:
     """The step of a line at `start` (the log's line `number`) from a line tagged `[Global Step: N]` at most
     EPISODE_REACH lines before it."""
-    end, seen = start - 1, 0
-    while end > 0 and seen < EPISODE_REACH:
-        begin = block.rfind(b"\n", 0, end) + 1
-        seen += 1
+    for seen, begin, end in _lines_before(block, start, EPISODE_REACH):
         text = clean(block[begin : min(end, begin + _TAIL)].decode("utf-8", "replace"))
         match = _TAGGED.match(text.lstrip())
         if match is not None:
             step = int(match["step"])
             return step, f"the phase line {seen} line(s) before it, line {number - seen}: tagged {match.group()!r}"
-        end = begin - 1
     return None, None
