@@ -145,6 +145,25 @@ def named_tensor(line: str) -> tuple[Signal, dict] | None:
     return BY_ID["printed-tensor"], {"detail": detail, "value": value, "metric": name}
 
 
+# a debugger's or a REPL's prompt that printed the tensor on the next line (`(Pdb++) rewards_j`: huggingface/trl#435,
+# holdout18 02; `ipdb> p loss`, `>>> logits`, IPython's `In [3]: x`): the name it evaluated
+_PROMPT = re.compile(
+    r"^\s{0,8}(?:\((?:Pdb|Pdb\+\+|ipdb)\)|ipdb>|>>>|In \[\d{1,6}\]:)\s{1,4}(?:(?:p|pp|print)(?:\s{1,4}|\())?"
+    r"(?P<name>[A-Za-z_][\w.]{0,80}(?:\[[^\]\n]{0,40}\])?)\)?\s{0,8}\Z"
+)
+
+
+# pdb's own commands (`(Pdb) c` runs on: the tensor after it is the program's output)
+_DEBUGGER_COMMANDS = frozenset("a args b break bt c cl cont continue d down h help j l ll n next q quit r return run "
+                               "s step u up unt until w where whatis display".split())  # fmt: skip
+
+
+def prompt_name(before: str) -> str | None:
+    """The expression a debugger or REPL prompt on the line `before` a printed tensor evaluated, if it is one."""
+    match = _PROMPT.match(before[-200:]) if ("db" in before or ">>>" in before or "In [" in before) else None
+    return match["name"] if match is not None and match["name"] not in _DEBUGGER_COMMANDS else None
+
+
 _ASSERTS = ("probability-assert", "device-assert")  # a CUDA device-side assert: printed by the kernel, unprefixed
 _NEXT_RANK = re.compile(r"\s{0,8}\[rank(?P<rank>\d{1,9})\]:")
 

@@ -26,13 +26,19 @@ _WRAP = re.compile(r"\s{2,40}[-\d]?")  # a terminal's wrap inside a quoted key, 
 # a verb between a name and its value (`log_prob is nan`: yifan123/flow_grpo#177, holdout18 01): the name is the key
 _COPULAS = frozenset(("is", "was", "are", "were", "became", "becomes", "got"))
 _SUBJECT = re.compile(r"(?<![\w./-])(?P<key>[A-Za-z_][\w./-]{0,100})\s{1,3}\Z")
+# a split's word before its metric (`train loss nan, val loss nan`: karpathy/nanoGPT train.py's eval line, holdout17
+# 21): the key is the split and the metric, not the metric alone
+_SPLIT = re.compile(
+    r"(?:^|(?<=[\s,;:|(]))(?P<split>train|training|val|valid|validation|eval|test|dev)\s\Z", re.IGNORECASE
+)
 
 
 def _subject(text: str, match) -> str:
     """A plain match's key, or the name before it where the key is a verb (`log_prob is nan`: log_prob)."""
     key = _key(match["key"])
     if key.lower() not in _COPULAS:
-        return key
+        split = _SPLIT.search(text, max(0, match.start("key") - 12), match.start("key"))
+        return f"{split['split']} {key}" if split is not None else key
     before = _SUBJECT.search(text, max(0, match.start("key") - 104), match.start("key"))
     return before["key"] if before is not None else key
 

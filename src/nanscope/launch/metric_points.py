@@ -162,7 +162,10 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
         return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
                 "every label masked (the line cannot tell which)")  # fmt: skip
-    if all(key.startswith(("eval_", "eval/", "val_", "val/", "validation")) for key in keys):
+    if all(
+        key.startswith(("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", "valid ", "test "))
+        for key in keys
+    ):
         return ("the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with no "
                 "labelled tokens is 0/0; weights already non-finite make training's loss non-finite too)")  # fmt: skip
     if any("loss" in k or k == "cost" for k in last):  # Marian prints its training loss as `Cost`

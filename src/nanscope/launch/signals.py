@@ -146,6 +146,12 @@ def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit 
     if hit is None:
         return None
     signal, fields = hit
+    if signal.id == "printed-tensor" and "metric" not in fields and (name := error_words.prompt_name(before)):
+        fields = {
+            **fields,
+            "metric": name,
+            "detail": f"{name} (printed at the prompt on the line before): {fields['detail']}",
+        }
     found = Hit(signal, number, line.strip()[:300], **fields)
     found.at = _start(line)
     tag = _RANK_TAG.search(line, 0, WINDOW) if "[rank" in line else None
