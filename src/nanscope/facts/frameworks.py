@@ -232,16 +232,19 @@ KIND_FLAGS = {
     "--stage": {"pt": "pretraining", "sft": "sft", "rm": "reward-model", "ppo": "rl", "dpo": "preference",
                 "kto": "preference"},
 }  # fmt: skip
-# A flag only one framework's parser defines, as a launch writes it: LLaMA-Factory's FinetuningArguments.finetuning_type,
-# DeepSpeed-Chat's step 2 and 3 main.py `--num_padding_at_beginning` (OPT's padding; step 1's SFT has none)
-OWN_FLAGS = (("--finetuning_type", LLAMA_FACTORY), ("--num_padding_at_beginning", DEEPSPEED_CHAT))
+# DeepSpeed-Chat's step 2 and 3 main.py `--num_padding_at_beginning` (OPT's padding; step 1's SFT has none), as
+# launch.flagview spells every flag (`_` as `-`)
+PADDING_FLAG = "--num-padding-at-beginning"
+# A flag only one framework's parser defines (`_` as `-`): LLaMA-Factory's FinetuningArguments.finetuning_type,
+# DeepSpeed-Chat's padding flag
+OWN_FLAGS = (("--finetuning-type", LLAMA_FACTORY), (PADDING_FLAG, DEEPSPEED_CHAT))
 # The flags that, all given, name the kind where neither the entry point nor a kind flag does, first match first:
 # DeepSpeed-Chat's main.py is each step's (DeepSpeedExamples applications/DeepSpeed-Chat/training/): step 3's RLHF
 # takes `--actor_model_name_or_path` and `--critic_model_name_or_path`, step 2's reward model `--model_name_or_path`,
 # both `--num_padding_at_beginning` (OPT's padding), which step 1's SFT does not define
 KIND_FLAG_SETS = (
-    (("--num-padding-at-beginning", "--actor-model-name-or-path"), "rl"),
-    (("--num-padding-at-beginning", "--model-name-or-path"), "reward-model"),
+    ((PADDING_FLAG, "--actor-model-name-or-path"), "rl"),
+    ((PADDING_FLAG, "--model-name-or-path"), "reward-model"),
 )
 # What a frame is, by its path, most specific first: what a traceback cut before its error line reaches.
 COMPONENTS = (

@@ -84,8 +84,11 @@ def script_framework(script: LaunchScript, text: str) -> Framework:
     path = "/" + entry.replace("\\", "/").lower()
     found = found or next(((name, f"the script {entry}") for part, name in _PATHS if part in path), None)
     found = found or next(((name, f"the script names {part}") for part, name in _TEXTS if part in text), None)
-    given = {arg.split("=", 1)[0] for arg in script.argv if arg.startswith("--")}  # `--flag value`, `--flag=value`
-    found = found or next(((name, f"its flag {flag}") for flag, name in frameworks.OWN_FLAGS if flag in given), None)
+    # `--flag value`, `--flag=value`, as written -> `_` as `-` (facts.frameworks.OWN_FLAGS' spelling)
+    given = {(flag := arg.split("=", 1)[0]).replace("_", "-"): flag for arg in script.argv if arg.startswith("--")}
+    found = found or next(
+        ((name, f"its flag {given[flag]}") for flag, name in frameworks.OWN_FLAGS if flag in given), None
+    )
     if found is None and path.rsplit("/", 1)[-1] in _MEGATRON_LM:
         found = (frameworks.MEGATRON_LM, f"Megatron-LM's {entry.rsplit('/', 1)[-1]}")
     slime = [flag for flag in SLIME_ONLY if flag in script.argv]
