@@ -45,3 +45,103 @@ def test_2_a_debugger_command_names_nothing(tmp_path, capsys):
     doc, out = _doctor(tmp_path, capsys, "(Pdb) c\ntensor([[nan]], device='cuda:0')\n")
     assert "printed at the prompt" not in out
     assert doc["summary"]["metric"] in (None, "-")
+
+
+# 3. the check's message after `iteration I: `, its `Unexpected result nan (message=` left out (a NeMo-RL post-mortem's
+# paste, holdout19 11): the iteration it names
+def test_3_the_iteration_before_a_bare_message_is_read(tmp_path, capsys):
+    doc, out = _doctor(tmp_path, capsys, "RuntimeError: iteration 103: found NaN in local grad norm for bucket #0\n")
+    assert doc["failure"]["iteration"] == 103
+    assert doc["summary"]["step"] == 103
+    assert "The error line names iteration 103." in out
+
+
+# 4. Megatron's iteration line before its own error (MaskLLM's log, holdout19 09): the iteration done before it
+_ASSERTED = (
+    " iteration     1093/    2000 | consumed samples:       279808 | elapsed time per iteration (ms): 217580.9 | "
+    "learning rate: 1.288E-04 | global batch size:   256 | lm loss: 2.607045E+00 | loss scale: 1.0 |\n"
+    "Traceback (most recent call last):\n"
+    "AssertionError: Rank 5: found NaN in local grad norm in backward pass before data-parallel communication "
+    "collective. Device: 5, node: hd02-gpu1-0056\n"
+)
+
+
+def test_4_megatrons_iteration_line_before_its_error_gives_the_iteration_after(tmp_path, capsys):
+    doc, out = _doctor(tmp_path, capsys, _ASSERTED)
+    assert doc["summary"]["step"] is None
+    assert doc["summary"]["after_step"] == 1093
+    assert ("It came after iteration 1093: Megatron's iteration line 2 line(s) before it (line 1) logged that "
+            "iteration done.") in out  # fmt: skip
+
+
+def test_4_no_iteration_line_no_after_step(tmp_path, capsys):
+    doc, out = _doctor(tmp_path, capsys, _ASSERTED.split("\n", 1)[1])
+    assert doc["summary"]["after_step"] is None
+    assert "It came after iteration" not in out
+
+
+# 5. a message whose last word is wrapped or misread (`... communication collectie` + `ve. Device: 5`: holdout19 10,
+# a log read off a screenshot): the message before that word, and its rank
+def test_5_a_message_whose_last_word_is_broken_is_read_cut(tmp_path, capsys):
+    text = ("AssertionError: Rank 13: found NaN in local grad norm in backward pass before data-parallel "
+            "communication collectie\nve. Device: 5, node: node-15-11\n")  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, text)
+    assert doc["failure"]["rank"] == 13
+    assert doc["summary"]["check"] == "grad-norm-nan"
+    assert "Rank 13 found NaN in its local gradient norm before the data-parallel reduce" in out
+
+
+# 6. a word of a sentence before `nan` is no metric's name (`number of nan iterations:` cut after `nan`)
+@pytest.mark.parametrize("line", ["ad norm: 36.838 ] number of nan iterations:", "grad norm: 2.1 ] number of nan iterations:"])  # fmt: skip
+def test_6_a_function_word_is_no_metric(tmp_path, capsys, line):
+    doc, _ = _doctor(tmp_path, capsys, line + "\n")
+    assert doc["summary"]["metric"] is None
+
+
+# 7. Megatron-LM's pretrain script with DeepSpeed's flags is Megatron-DeepSpeed's (holdout19 06)
+def test_7_a_pretrain_script_with_deepspeed_flags_is_megatron_deepspeed(tmp_path, capsys):
+    script = ("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 2 "
+              "--fp16 --deepspeed_config=./ds.json --deepspeed\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, "step 3: loss nan\n", script=script)
+    assert (doc["framework"]["name"], doc["framework"]["how"]) == ("megatron-deepspeed",
+                                                                   "pretrain_gpt.py with --deepspeed_config")  # fmt: skip
+
+
+# 8. a name keeps its capitals after `On rank N, ` (holdout19 12: `On rank 0, deepSpeed's fp16 loss scale ...`)
+def test_8_a_name_keeps_its_capitals_mid_sentence(tmp_path, capsys):
+    text = "[rank0]: Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.\n"
+    _, out = _doctor(tmp_path, capsys, text)
+    assert "On rank 0, DeepSpeed's fp16 loss scale reached its minimum" in out
+
+
+# 9. a Trainer dict's own epoch where it names no step (holdout19 04, 05)
+def test_9_a_trainer_dicts_epoch_is_said(tmp_path, capsys):
+    text = "{'eval_loss': nan, 'eval_runtime': 147.7, 'eval_samples_per_second': 13.5, 'epoch': 0.52}\n"
+    doc, out = _doctor(tmp_path, capsys, text)
+    assert doc["summary"]["epoch"] == "0.52"
+    assert doc["metrics"]["first_nonfinite"]["epoch"] == "0.52"
+    assert "eval_loss (the line names no step; its epoch 0.52)" in out
+
+
+# 10. a Trainer-logged loss of 0.0 right after a non-zero one: a window whose every step's loss was NaN or Inf, left
+# out by logging_nan_inf_filter (alpaca-lora's log, holdout19 04)
+_ZEROED = ("{'loss': 260.8695, 'learning_rate': 0.0, 'epoch': 0.36}\n"
+           "{'loss': 61674848.0, 'learning_rate': 3e-06, 'epoch': 0.39}\n"
+           "{'loss': 0.0, 'learning_rate': 3e-06, 'epoch': 0.41}\n")  # fmt: skip
+
+
+def test_10_a_trainer_loss_of_zero_after_a_loss_is_said(tmp_path, capsys):
+    doc, out = _doctor(tmp_path, capsys, _ZEROED)
+    assert doc["metrics"]["trainer_loss_zeroed"] == {"line": 3, "step": None, "epoch": "0.41", "before": 61674848.0}
+    assert "Its Trainer-logged loss fell from 6.16748e+07 to 0.0 at line 3 (epoch 0.41)" in out
+
+
+def test_10_a_first_loss_of_zero_is_no_fall(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "{'loss': 0.0, 'learning_rate': 3e-06, 'epoch': 0.41}\n" + _ZEROED)
+    assert doc["metrics"]["trainer_loss_zeroed"]["line"] == 4
+
+
+def test_10_a_non_finite_gradient_beside_a_trainer_loss_of_zero(tmp_path, capsys):
+    text = "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 4.46e-07, 'epoch': 0.0}\n"
+    _, out = _doctor(tmp_path, capsys, text)
+    assert "a non-finite gradient norm beside a logged loss of 0.0: transformers' Trainer logs 0.0" in out

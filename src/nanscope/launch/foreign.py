@@ -90,7 +90,12 @@ def script_framework(script: LaunchScript, text: str) -> Framework:
         ((name, f"its flag {given[flag]}") for flag, name in frameworks.OWN_FLAGS if flag in given), None
     )
     if found is None and path.rsplit("/", 1)[-1] in _MEGATRON_LM:
-        found = (frameworks.MEGATRON_LM, f"Megatron-LM's {entry.rsplit('/', 1)[-1]}")
+        # `--deepspeed`: Megatron-LM's parser defines no such flag (core_v0.15.0rc0 megatron/training/arguments.py);
+        # Megatron-DeepSpeed's adds DeepSpeed's (deepspeedai/Megatron-DeepSpeed 207b2d5 megatron/arguments.py:55,
+        # `deepspeed.add_config_arguments(parser)`) (holdout19 06: pretrain_gpt.py ... --deepspeed_config=...)
+        ds = next((flag for flag in given.values() if flag in _DEEPSPEED_FLAGS), None)
+        found = (frameworks.MEGATRON_DEEPSPEED, f"{entry.rsplit('/', 1)[-1]} with {ds}") if ds else None
+        found = found or (frameworks.MEGATRON_LM, f"Megatron-LM's {entry.rsplit('/', 1)[-1]}")
     slime = [flag for flag in SLIME_ONLY if flag in script.argv]
     if found is None and (slime or named_release(text)):
         shown = f"slime's flags ({', '.join(slime[:3])})" if slime else "the slime release its text names"

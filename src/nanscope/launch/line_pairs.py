@@ -33,6 +33,13 @@ _SPLIT = re.compile(
 )
 
 
+# words that are no metric's name (`number of nan iterations:` cut or wrapped after `nan`: holdout19 10, an OCR'd
+# Megatron log; `found nan in`, `contains nan or`): the value after one is a word of the sentence
+_FUNCTION_WORDS = frozenset(("of", "the", "a", "an", "no", "any", "for", "in", "on", "at", "with", "to", "from", "by",
+                             "and", "or", "not", "found", "contains", "contain", "has", "have", "had", "detected",
+                             "encountered", "produced", "returned", "either"))  # fmt: skip
+
+
 def _subject(text: str, match) -> str:
     """A plain match's key, or the name before it where the key is a verb (`log_prob is nan`: log_prob)."""
     key = _key(match["key"])
@@ -59,7 +66,9 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
         plain = [
             (_key(m["key"]), m["value"], m.start("value"))
             for m in _PLAIN.finditer(text)
-            if not any(start <= m.start() <= at for start, at in spans) and "'" not in m["key"]
+            if not any(start <= m.start() <= at for start, at in spans)
+            and "'" not in m["key"]
+            and m["key"].lower() not in _FUNCTION_WORDS
         ]
         return sorted([(key, value, at) for key, value, at, _ in quoted] + plain, key=lambda item: item[2])
     if text.count("|") >= 2:
@@ -72,6 +81,7 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
         if len(out) >= 2:
             return out
     found = shapes.spaced(text) or shapes.bracketed(text)
-    found = found or [(_subject(text, m), m["value"], m.start("value")) for m in _PLAIN.finditer(text)]
+    plain = (m for m in _PLAIN.finditer(text) if m["key"].lower() not in _FUNCTION_WORDS)
+    found = found or [(_subject(text, m), m["value"], m.start("value")) for m in plain]
     extra = shapes.averages(text)  # MetricLogger's `median (global_avg)`: a non-finite mean since the start
     return sorted(found + extra, key=lambda item: item[2]) if extra else found

@@ -15,6 +15,7 @@ that prints at a step's end makes it the step before). Each line is read in its 
     step, how = step_before(block, start, number, clean)     # (None, None): no such line
     step, how = episode_before(block, start, number, clean)  # an RL loop's episode line just before a warning
     step, how = tagged_before(block, start, number, clean)   # a phase line tagged `[Global Step: 20]` before a skip
+    step, how = iteration_before(block, start, number, clean)  # Megatron's iteration line before its own error
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ _TAIL = 80  # characters of a line's end read
 _PROGRESS = re.compile(
     r"(?<![\w/.-])(?P<word>iteration|iter|step)\s{0,4}[:=#]?\s{0,4}(?P<step>\d{1,12})(?:\s{0,4}/\s{0,4}\d{1,12})?\s{0,4}\Z",
     re.IGNORECASE,
+)
+
+
+# Megatron's iteration line's head (`[2024-09-18 11:14:25] iteration      428/    5000 |`): its step, logged once the
+# iteration is done (megatron-core 0.15.0rc0 megatron/training/training.py:2403-2438: train_step, then `iteration += 1`;
+# :2473 training_log prints it, :1816)
+MEGATRON_HEAD = re.compile(
+    r"\s{0,40}(?:\[[^\]\n]{0,40}\]\s{0,4})?iteration\s{1,20}(?P<step>\d{1,12})\s{0,4}/\s{0,12}\d{1,12}\s{0,4}\|"
 )
 
 
@@ -98,4 +107,15 @@ def tagged_before(block: bytes, start: int, number: int, clean) -> tuple[int | N
         if match is not None:
             step = int(match["step"])
             return step, f"the phase line {seen} line(s) before it, line {number - seen}: tagged {match.group()!r}"
+    return None, None
+
+
+def iteration_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None]:
+    """The iteration of the nearest Megatron iteration line within REACH lines before the error line at `start` (the
+    log's line `number`): the error came after that iteration was done, in a later one."""
+    for seen, begin, end in _lines_before(block, start, REACH):
+        match = MEGATRON_HEAD.match(clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace")))
+        if match is not None:
+            return int(match["step"]), (f"Megatron's iteration line {seen} line(s) before it (line {number - seen}) "
+                                        "logged that iteration done")  # fmt: skip
     return None, None

@@ -33,6 +33,7 @@ from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
 from nanscope.launch.line_pairs import WINDOW, pairs
+from nanscope.launch.loop_lines import MEGATRON_HEAD
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to
 from nanscope.launch.scales import PrintedScale
@@ -48,10 +49,8 @@ _EPOCH_ITER = re.compile(
 # a step in brackets at a line's head (loguru's `mip.logger:log:94 - [Step 13999] total_time: ...`, dreamer's `[5000] `)
 _BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\]|\A\[(?P<at>\d{1,12})\] ", re.IGNORECASE)  # fmt: skip
 
-# `_quiet`'s passes: Megatron's iteration line's head (its step), a non-finite value, the skip counters, the keys
-_QUIET_HEAD = re.compile(
-    r"\s{0,40}(?:\[[^\]\n]{0,40}\]\s{0,4})?iteration\s{1,20}(?P<step>\d{1,12})\s{0,4}/\s{0,12}\d{1,12}\s{0,4}\|"
-)
+# `_quiet`'s passes: Megatron's iteration line's head (its step: loop_lines.MEGATRON_HEAD), a non-finite value, the
+# skip counters, the keys
 _BAD_VALUE = re.compile(r"[:=]\s{0,40}['\"]?[-+]?(?:nan|inf)", re.IGNORECASE)
 _ZERO_COUNTS = re.compile(r"number of (?:skipped|nan) iterations:\s{0,12}(\d{1,12})")
 _SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
@@ -139,6 +138,7 @@ class Reading:
     weak: bool = False
     contradicted: str | None = None
     fragment: str | None = None
+    epoch: str | None = None  # the line's `epoch` value where it names no step (transformers' Trainer: 0.52)
 
     @property
     def metric(self) -> str:
@@ -148,7 +148,7 @@ class Reading:
         return {"line": self.line, "step": self.step, "step_from": self.step_from, "after_step": self.after,
                 "metric": self.metric, "model": self.model, "values": [list(pair) for pair in self.values],
                 "finite": self.finite, "points_to": self.points_to, "text": self.text, "weak": self.weak,
-                "contradicted": self.contradicted, "cut_first_line": self.fragment}  # fmt: skip
+                "contradicted": self.contradicted, "cut_first_line": self.fragment, "epoch": self.epoch}  # fmt: skip
 
 
 @dataclass
@@ -221,7 +221,7 @@ class MetricLines:
         Megatron log is such lines, each a candidate for its `number of nan iterations`). True: read so."""
         if self.quiet_shape is None or self.first is not None or self.provisional is not None or self.table:
             return False
-        head = _QUIET_HEAD.match(line)
+        head = MEGATRON_HEAD.match(line)
         if head is None or _BAD_VALUE.search(line, 0, WINDOW) is not None:
             return False
         if any(int(count) for count in _ZERO_COUNTS.findall(line, 0, WINDOW)):
@@ -238,7 +238,7 @@ class MetricLines:
         counters = {key for key in keys if key in COUNTERS or key.rsplit("/", 1)[-1] in COUNTERS}
         loss = any(key.endswith(" loss") and key != "loss scale" for key in keys)
         plain = not bad and counters <= {"number of skipped iterations", "number of nan iterations"}
-        quiet = plain and loss and _QUIET_HEAD.match(piece) is not None
+        quiet = plain and loss and MEGATRON_HEAD.match(piece) is not None
         self.quiet_shape = piece[:WINDOW].translate(_SHAPE) if quiet else None
 
     def _piece(self, line: str, piece: str, offset: int, number: int) -> None:
@@ -438,14 +438,16 @@ class MetricLines:
         }  # fmt: skip
         model = model_of([key for key, value in values if value != "missing"], {key.lower() for key, _, _ in found})
         contradicted = contradiction(values, found)
-        said = points_to(values, finite, model, found)
+        said = points_to(values, finite, model, found, trainer=shapes.trainer_dict(line))
         if contradicted is not None:
             said = (f"the progress bar's running mean only: its {values[0][0]} (a mean over the last training steps) "
                     f"is {values[0][1]} while {contradicted} on the same line are finite: not a NaN failure by "
                     "itself")  # fmt: skip
+        # where no step is named, the line's own epoch (transformers' Trainer logs a fraction of one: `'epoch': 0.52`)
+        epoch = None if step is not None else next((v for k, v, _ in found if k.lower() == "epoch" and _number(v) is not None), None)  # fmt: skip
         return Reading(line=number, step=step, step_from=step_from, after=after, values=values, model=model,
                        finite=finite, points_to=said, text=line.strip()[:300], contradicted=contradicted,
-                       fragment=self.fragment)  # fmt: skip
+                       fragment=self.fragment, epoch=epoch)  # fmt: skip
 
     def _first(self, line: str, number: int, found, values, *, step: int | None, step_from: str | None) -> None:
         self.first = self._reading(line, number, found, values, step=step, step_from=step_from)

@@ -102,8 +102,11 @@ def _rewards_finite(found) -> list[str]:
     ][:2]  # fmt: skip
 
 
-def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str | None, found=None) -> str:
-    """What the first non-finite metrics point to, from what else the line shows (`found`: all its pairs)."""
+def points_to(
+    bad: list[tuple[str, str]], finite: dict[str, float], model: str | None, found=None, *, trainer: bool = False
+) -> str:
+    """What the first non-finite metrics point to, from what else the line shows (`found`: all its pairs; `trainer`:
+    the line is a transformers Trainer dict)."""
     if bad and bad[0][0].endswith(AVERAGE):
         return (f"the running average of {bad[0][0][: -len(AVERAGE)]} since the start is non-finite (the logger's "
                 "`median (global_avg)`): a value went NaN or Inf at this iteration or at an earlier one it did not "
@@ -159,6 +162,10 @@ def points_to(bad: list[tuple[str, str]], finite: dict[str, float], model: str |
     if any(k in ("loss", "lm loss") for k in last) and grad_zero:
         return ("a loss with no gradient: non-finite while the gradient norm is 0 (every token masked: 0/0, or the "
                 "gradient zeroed)")  # fmt: skip
+    if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite) and trainer:
+        return ("a non-finite gradient norm beside a logged loss of 0.0: transformers' Trainer logs 0.0 for a window "
+                "whose every step's loss was NaN or Inf (its logging_nan_inf_filter, on by default, leaves them out), "
+                "so the forward pass or the loss was non-finite too, unless every label was masked")  # fmt: skip
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
         return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
                 "every label masked (the line cannot tell which)")  # fmt: skip

@@ -100,6 +100,31 @@ class Excursion:
         return f"{self.metric} left its range at {step}: {self.value:.6g} ({self.why})"
 
 
+# A transformers Trainer's logged dict's loss (`{'loss': 0.0, ...}`, LLaMA-Factory's, ms-swift's, TRL's the same):
+# the Trainer leaves a step's NaN or Inf loss out of the window's sum (logging_nan_inf_filter, on by default) and
+# logs sum / steps rounded to 4 places, so a window whose every step was non-finite logs 0.0 (transformers 4.48.1
+# trainer.py:2533-2539, :3053-3058; training_args.py:966)
+_TRAINER_LOSS = re.compile(rb"'loss': (?P<value>[-+]?\d[\d.]{0,40}(?:[eE][-+]?\d{1,4})?)(?![\w.])")
+_EPOCH = re.compile(r"'epoch': (?P<epoch>[\d.]{1,20})")
+
+
+@dataclass
+class ZeroedLoss(Excursion):
+    """A Trainer dict's loss of 0.0 right after a non-zero one (`value`: the one before)."""
+
+    epoch: str | None = None
+
+    def text(self) -> str:
+        at = f"step {self.step}" if self.step is not None else f"line {self.line}" + (
+            f" (epoch {self.epoch})" if self.epoch else "")  # fmt: skip
+        return (f"Trainer-logged loss fell from {self.value:.6g} to 0.0 at {at}: transformers' Trainer logs 0.0 for "
+                "a logging window whose every step's loss was NaN or Inf (its logging_nan_inf_filter, on by default, "
+                "leaves them out), unless the loss fell below 5e-5")  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return {"line": self.line, "step": self.step, "epoch": self.epoch, "before": self.value}
+
+
 @dataclass
 class Metrics:
     """The metric lines of a log, block by block (`scan`); the first excursion of each metric is kept."""
@@ -108,6 +133,8 @@ class Metrics:
     first_step: int | None = None
     excursions: dict[str, Excursion] = field(default_factory=dict)
     load_line: int | None = None  # the last checkpoint load before the first excursion
+    zeroed: ZeroedLoss | None = None  # the first Trainer-logged loss of 0.0 after a non-zero one
+    trainer_loss: float | None = None  # the last Trainer-logged loss read (until `zeroed` is found)
 
     def scan(self, block: bytes, lines_before: int) -> None:
         """The metric values in `block` (whole lines); `lines_before`: the log's lines before it."""
@@ -124,6 +151,24 @@ class Metrics:
         for metric in _KEYS:
             if metric not in self.excursions:
                 self._past(metric, block, lines_before)
+        if self.zeroed is None and b"'loss': " in block:
+            self._zeroed(block, lines_before)
+
+    def _zeroed(self, block: bytes, lines_before: int) -> None:
+        """The first Trainer-logged loss of 0.0 in `block` after a finite non-zero one (this block's or before)."""
+        for hit in _TRAINER_LOSS.finditer(block):
+            value = float(hit["value"]) if hit["value"].strip(b"+-.") else None
+            if value == 0.0 and self.trainer_loss:
+                line = lines_before + block.count(b"\n", 0, hit.start()) + 1
+                end = block.find(b"\n", hit.start())
+                epoch = _EPOCH.search(
+                    block[hit.start() : len(block) if end < 0 else end][:4096].decode("utf-8", "replace")
+                )
+                self.zeroed = ZeroedLoss(metric="loss", step=_step(block, hit.start()), value=self.trainer_loss,
+                                         line=line, why="", epoch=epoch["epoch"] if epoch else None)  # fmt: skip
+                return
+            if value is not None and math.isfinite(value):
+                self.trainer_loss = value
 
     def _past(self, metric: str, block: bytes, lines_before: int) -> None:
         """The first value of `metric` in `block` past its range: its excursion (a key absent costs one literal scan)."""
@@ -151,6 +196,7 @@ class Metrics:
             "checkpoint_load_line": self.load_line,
             "first_step": self.first_step,
             "excursions": [excursion.to_dict() for excursion in self.excursions.values()],
+            "trainer_loss_zeroed": None if self.zeroed is None else self.zeroed.to_dict(),
         }
 
 

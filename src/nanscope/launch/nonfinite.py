@@ -172,6 +172,8 @@ class Nonfinite:
     unstepped: list[Hit] = field(default_factory=list)  # evidence lines waiting for the next metric line's step
     stamps: dict[str, tuple[str, int]] = field(default_factory=dict)  # signal id -> (its first line's time stamp,
     # how many of its lines carry that same stamp): several processes printing one step's line at once
+    megatron_after: tuple[int | None, str | None] | None = None  # Megatron's iteration line before its first error
+    # line: (the iteration done, how), (None, None) without one; None: no such error line
     last_line: int = 0  # the last metric line read (the lines before the next one are read only if not read yet)
     opening: bool = False  # the first reading is the input's first record of its metric: every line before it read,
     # one of them a record of other keys
@@ -200,8 +202,11 @@ class Nonfinite:
             end = block.find(b"\n", start)
             end = len(block) if end < 0 else end
             text = clean(block[start:end].decode("utf-8", "replace"))
-            if any(marker in text for marker in _MEGATRON):
-                continue  # Megatron's own error and verdict lines are launch.failure's and launch.rerun's
+            if any(marker in text for marker in _MEGATRON):  # Megatron's own error and verdict lines are
+                # launch.failure's and launch.rerun's; the iteration line before the first: the step it came after
+                if self.megatron_after is None:
+                    self.megatron_after = loop_lines.iteration_before(block, start, lines + 1, clean)
+                continue
             table = logger_tables.read(block, start, lines + 1, clean) if logger_tables.row(text) else None
             if table is not None:  # a baselines logger's table: one record
                 consumed = table.stop

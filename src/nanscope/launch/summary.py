@@ -35,6 +35,8 @@ class Summary:
         kind: NaN, Inf, "NaN or Inf", large, or None.
         check: Megatron's check id, or another stack's evidence id (facts.signals), or "skip-counter".
         step: the step it names (an error line's iteration when >= 0, an evidence line's, the metric line's).
+        after_step: where no step is named, Megatron's iteration line before its error: the iteration done before it
+            (the error came in a later one); `lines["after_step"]`, how it was read: `after_from`.
         model: actor, critic, policy, reference, reward model.
         metric: the first metric that went non-finite (or the counter that rose).
         op: the backward function, assert, collective or exception named.
@@ -48,6 +50,9 @@ class Summary:
     kind: str | None = None
     check: str | None = None
     step: int | None = None
+    after_step: int | None = None
+    after_from: str | None = None
+    epoch: str | None = None  # the metric line's epoch, where it names no step
     model: str | None = None
     metric: str | None = None
     op: str | None = None
@@ -60,7 +65,9 @@ class Summary:
 
     def to_dict(self) -> dict:
         return {
-            "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step, "model": self.model,
+            "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step, "after_step": self.after_step,
+            "epoch": self.epoch,
+            "model": self.model,
             "metric": self.metric, "op": self.op, "points_to": self.points_to, "lines": dict(self.lines),
             "contradicted": self.contradicted, "benign": self.benign,
         }  # fmt: skip
@@ -95,6 +102,7 @@ def summarize(traceback) -> Summary:
             if out.step is None or (soft and reading.step < out.step) or own:
                 out.step = reading.step  # a skip or a warning after the first non-finite value: the value's step
         out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
+        out.epoch = reading.epoch if out.step is None else None
     elif (
         failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
     ):
@@ -116,6 +124,9 @@ def summarize(traceback) -> Summary:
         out.step, out.points_to = weak.step, weak.points_to
     if reading is not None and reading.contradicted is not None:  # no failure: no failing step (metrics keep it)
         out.contradicted, out.step = reading.contradicted, None if failure is None else out.step
+    after = seen.megatron_after
+    if out.step is None and failure is not None and failure.format != "signal" and after and after[0] is not None:
+        out.after_step, out.after_from = after
     if out.model is None:
         out.model = _frame_model(traceback.frames)
     if out.model is None and failure is not None:

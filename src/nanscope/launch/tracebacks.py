@@ -53,7 +53,8 @@ class Traceback:
         metric line (launch.metric_lines), which names the key, the model and the step exactly."""
         named = any(hit.metric for hit in self.nonfinite.first.values())  # an evidence line names the metric
         exact = self.nonfinite.metrics.first is not None or named
-        return [e for e in self.metrics.excursions.values() if not (exact and not math.isfinite(e.value))]
+        zeroed = [self.metrics.zeroed] if self.metrics.zeroed is not None else []  # a Trainer's 0.0 after a loss
+        return [e for e in self.metrics.excursions.values() if not (exact and not math.isfinite(e.value))] + zeroed
 
     def reaches(self) -> tuple[str, Frame] | None:
         """What the frames reach, by the most specific component any of them is in (facts.frameworks.COMPONENTS),

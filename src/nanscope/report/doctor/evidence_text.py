@@ -69,6 +69,14 @@ def _capital(text: str) -> str:
 
 
 _LOWER_NAMES = ("verl", "apex", "fairseq", "autograd", "torch")
+_NAMES = ("Megatron", "Python", "Lightning", "Ray", "JAX", "Keras")  # a name with one capital: kept mid-sentence
+
+
+def _mid(text: str) -> str:
+    """A sentence's start, put after a clause (`On rank 0, ...`): lower-cased, a name (DeepSpeed, CUDA, Megatron)
+    kept."""
+    word = text.split(" ", 1)[0].split("'", 1)[0]
+    return text if any(c.isupper() for c in word[1:]) or word in _NAMES else text[0].lower() + text[1:]
 
 
 def signal_sentence(failure, count: int = 1, stamp: str | None = None) -> str:
@@ -93,7 +101,7 @@ def signal_sentence(failure, count: int = 1, stamp: str | None = None) -> str:
     ):
         said.append(f"{failure.printed_by.printed_by}")
     if failure.rank is not None:
-        head = f"On rank {failure.rank}, {head[0].lower()}{head[1:]}"
+        head = f"On rank {failure.rank}, {_mid(head)}"
     step = ""
     if failure.step is not None:
         how = failure.step_from
@@ -125,7 +133,8 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     if summary.metric is None:
         return None
     model = f" ({MODEL_WORDS.get(summary.model, summary.model)})" if summary.model else ""
-    step = f" at step {summary.step}" if summary.step is not None else " (the line names no step)"
+    epoch = f"; its epoch {summary.epoch}" if summary.epoch is not None else ""
+    step = f" at step {summary.step}" if summary.step is not None else f" (the line names no step{epoch})"
     where = f" (line {summary.lines['metric']})" if "metric" in summary.lines else ""
     if weak:
         at = f"of step {summary.step} " if summary.step is not None else ""
@@ -171,7 +180,8 @@ def evidence_lines(traceback) -> list[str]:
     reading = seen.metrics.first
     if reading is not None:
         shown = ", ".join(f"{key} {value}" for key, value in reading.values[:8])
-        step = f"step {reading.step} ({reading.step_from})" if reading.step is not None else "no step named"
+        epoch = f" (its epoch {reading.epoch})" if reading.epoch is not None else ""
+        step = f"step {reading.step} ({reading.step_from})" if reading.step is not None else f"no step named{epoch}"
         after = f", after step {reading.after}" if reading.after is not None else ""
         out.append(f"first non-finite metric line {reading.line}, {step}{after}: {shown}")
         if seen.metrics.later:

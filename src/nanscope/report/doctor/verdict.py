@@ -26,6 +26,7 @@ def verdict(diagnosis) -> str:
     else:
         parts = _failure_sentences(diagnosis)
     if failure is not None and failure.format not in ("rerun", "signal"):
+        parts += _iteration_sentence(failure, diagnosis.summary)
         parts += _why_it_died(failure, diagnosis.config)
     parts += _metric_sentences(diagnosis)
     parts += _model_sentence(diagnosis.summary)
@@ -252,6 +253,15 @@ def _rank_sentences(diagnosis) -> list[str]:
                 f"{value} can have started in any layer."
             )
     return parts
+
+
+def _iteration_sentence(failure, summary) -> list[str]:
+    """The iteration Megatron's error line names (>= 0), else the one its iteration line before it logged done."""
+    if failure.iteration is not None and failure.iteration >= 0:
+        return [f"The error line names iteration {failure.iteration}."]
+    if summary.after_step is not None:
+        return [f"It came after iteration {summary.after_step}: {summary.after_from}."]
+    return []
 
 
 def _what_it_found(failure) -> str:
