@@ -145,3 +145,14 @@ def test_10_a_non_finite_gradient_beside_a_trainer_loss_of_zero(tmp_path, capsys
     text = "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 4.46e-07, 'epoch': 0.0}\n"
     _, out = _doctor(tmp_path, capsys, text)
     assert "a non-finite gradient norm beside a logged loss of 0.0: transformers' Trainer logs 0.0" in out
+
+
+# 11. a skip counter before the overflow line is not said at the overflow's step (holdout19 06: `skipped=1` at step 1,
+# line 1; the overflow at step 2499)
+def test_11_a_counter_before_the_overflow_is_not_given_its_step(tmp_path, capsys):
+    log = ("[INFO] [logging.py:96:log_dist] [Rank 0] step=1, skipped=1, lr=[0.0, 0.0], mom=[(0.9, 0.95)]\n"
+           "[INFO] [logging.py:96:log_dist] [Rank 0] Overflow detected. Skipping step. Attempted loss scale: 1, "
+           "reducing to 1\n"
+           "[INFO] [logging.py:96:log_dist] [Rank 0] step=2499, skipped=1585, lr=[0.0001371], mom=[(0.9, 0.95)]\n")  # fmt: skip
+    _, out = _doctor(tmp_path, capsys, log)
+    assert "A skip counter rose: skipped (line 1)." in out

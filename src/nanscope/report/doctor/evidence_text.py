@@ -143,7 +143,10 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
                 "interval was skipped: weak evidence alone.")  # fmt: skip
     counter = summary.check == "skip-counter" or summary.metric.lower().rsplit("/", 1)[-1] in COUNTERS
     if counter and summary.lines.get("metric") != summary.lines.get("check"):
-        return f"A skip counter rose: {summary.metric}{step}{where}. What it points to: {summary.points_to}."
+        # the summary's step is the evidence line's: the counter's only where it follows that line (holdout19 06: a
+        # counter at line 17, step 1, and the overflow at step 2499, line 30)
+        after = summary.lines.get("metric", 0) > summary.lines.get("check", 0)
+        return f"A skip counter rose: {summary.metric}{step if after else ''}{where}. What it points to: {summary.points_to}."
     if summary.contradicted is not None:
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
