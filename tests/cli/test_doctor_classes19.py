@@ -156,3 +156,50 @@ def test_11_a_counter_before_the_overflow_is_not_given_its_step(tmp_path, capsys
            "[INFO] [logging.py:96:log_dist] [Rank 0] step=2499, skipped=1585, lr=[0.0001371], mom=[(0.9, 0.95)]\n")  # fmt: skip
     _, out = _doctor(tmp_path, capsys, log)
     assert "A skip counter rose: skipped (line 1)." in out
+
+
+# 12. Megatron's raise form wrapped over lines by hand (holdout19 13, 20): its rank, iteration and message
+@pytest.mark.parametrize(
+    "text",
+    [
+        "RuntimeError: Rank 189, node lshb-3, device 5,\n  iteration 2: Unexpected result nan\n"
+        "  (message='found NaN in local forward loss calculation')\n",
+        "RuntimeError: Rank 189, node lshb-3, device 5, iteration 2:\nUnexpected result nan\n"
+        "message='found NaN in local forward loss calculation'\n",
+    ],
+)
+def test_12_a_raise_form_wrapped_over_lines_is_read_whole(tmp_path, capsys, text):
+    doc, out = _doctor(tmp_path, capsys, text)
+    assert (doc["failure"]["rank"], doc["failure"]["node"], doc["failure"]["iteration"]) == (189, "lshb-3", 2)
+    assert doc["summary"]["check"] == "forward-loss-nan"
+    assert "Rank 189 found NaN in its local forward loss" in out
+
+
+# 13. a record printed a key per line (a W&B run summary, holdout19 21): its `_step` gives the step
+def test_13_a_key_per_line_records_step_key_gives_the_step(tmp_path, capsys):
+    text = "_step: 218\ncritic/score/mean: 0.05\nactor/kl_loss: NaN\nactor/pg_loss: NaN\n"
+    doc, out = _doctor(tmp_path, capsys, text)
+    assert doc["summary"]["step"] == 218
+    assert "step 218 (the record it is in (line 1: `_step: 218`))" in out
+
+
+def test_13_a_blank_line_ends_the_record(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "_step: 218\n\ncritic/score/mean: 0.05\nactor/kl_loss: NaN\n")
+    assert doc["summary"]["step"] is None
+
+
+# 14. AMD's Primus is named by its CLI's `[Primus] Error:` line (holdout19 16, 17)
+def test_14_primus_is_named_by_its_error_line(tmp_path, capsys):
+    text = ("[20260407 12:15:08][rank-55/256][DEBUG] [__main__.py:189] : [Primus] Error: RuntimeError: Training "
+            "execution failed: Rank 55, node g21u01, device 7, iteration 1: Unexpected result nan (message='found "
+            "NaN in local grad norm for bucket #0 in backward pass before data-parallel communication collective')\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, text)
+    assert doc["framework"]["name"] == "primus"
+    assert doc["failure"]["rank"] == 55
+
+
+# 15. rsl-rl's `Mean value_function loss:` (v2.3.0 on) is the critic's (holdout19 18)
+def test_15_rsl_rl_value_function_loss_is_the_critics(tmp_path, capsys):
+    text = "Learning iteration 208/8000\nMean value_function loss: inf\nMean surrogate loss: 0.0000\n"
+    doc, _ = _doctor(tmp_path, capsys, text)
+    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("value_function loss", "critic")

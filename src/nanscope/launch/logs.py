@@ -218,7 +218,7 @@ class _Scanner:
             end = len(block) if end < 0 else end
             lines += block.count(b"\n", counted, start)
             counted = start
-            self._line(block, start, end, lines + 1, last and end == len(block))
+            end = self._line(block, start, end, lines + 1, last and end == len(block))
             if metrics and self.first is not None:  # the metric lines before the failure only
                 self.metrics.scan(block[:start], self.lines)
                 metrics = False
@@ -233,22 +233,25 @@ class _Scanner:
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
 
-    def _line(self, block: bytes, start: int, end: int, number: int, last: bool) -> None:
-        text = clean(block[start:end].decode("utf-8", "replace"))
+    def _line(self, block: bytes, start: int, end: int, number: int, last: bool) -> int:
+        """Read the line at `start` (the log's line `number`); where it ends, with a wrapped error's rest."""
+        start, end = _unwrapped(block, start, end)
+        first, *rest = block[start:end].decode("utf-8", "replace").split("\n")  # rest: a wrapped error's lines
+        text = clean(" ".join([first.rstrip()] + [part.strip() for part in rest]) if rest else first)
         verdict = line_verdict(text, number)
         if verdict is not None:
             if len(self.verdicts) < MAX_VERDICTS:
                 self.verdicts.append(verdict)
-            return
+            return end
         try:
             found = list(line_failures(text, number, self.origin, last=last))
         except Impossible as error:  # one junk line does not sink the errors around it
             self.skipped += 1
             if len(self.impossible) < MAX_NOTES:
                 self.impossible.append(str(error))
-            return
+            return end
         if not found:
-            return
+            return end
         if self.first is not None and _fuller(found[0], self.first):  # a summary line, then the error itself
             self.first = None
         if self.first is None:
@@ -259,6 +262,34 @@ class _Scanner:
         for failure in found:
             if failure.rank is not None and failure.rank != self.first.rank and len(self.ranks) < MAX_RANKS:
                 self.ranks.add(failure.rank)
+        return end
+
+
+# the raise form's head, cut after its device or its iteration; its message's line
+_WRAP_HEAD = re.compile(
+    rb"Rank \d{1,18}, node [^\s,]{1,200}, device (?:\d{1,18}|cpu),(?: iteration -?\d{1,18}:)?\s{0,8}\Z"
+)
+_WRAP_REST = re.compile(rb"\s{0,40}\(?message='")
+
+
+def _unwrapped(block: bytes, start: int, end: int) -> tuple[int, int]:
+    """The span of Megatron's raise form that `block[start:end]` is a line of, where it is wrapped over three lines
+    (`Rank R, node N, device D,` / `iteration I: Unexpected result X` / `(message='M')`: holdout19 13, a paste
+    wrapped by hand; `..., iteration I:` / `Unexpected result X` / `message='M'`: holdout19 20): the line before it
+    and the one after joined in; else the line."""
+    line = block[start:end]
+    if b"Unexpected result" not in line:
+        return start, end
+    if start > 0 and line.lstrip().startswith((b"iteration ", b"Unexpected result")):
+        before = block.rfind(b"\n", 0, start - 1) + 1
+        if _WRAP_HEAD.search(block, before, start - 1) is not None:
+            start = before
+    if b"(message=" not in line and end < len(block):
+        stop = block.find(b"\n", end + 1)
+        stop = len(block) if stop < 0 else stop
+        if _WRAP_REST.match(block, end + 1, stop) is not None:
+            end = stop
+    return start, end
 
 
 def _fuller(new: Failure, first: Failure) -> bool:

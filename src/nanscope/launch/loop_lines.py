@@ -16,11 +16,14 @@ that prints at a step's end makes it the step before). Each line is read in its 
     step, how = episode_before(block, start, number, clean)  # an RL loop's episode line just before a warning
     step, how = tagged_before(block, start, number, clean)   # a phase line tagged `[Global Step: 20]` before a skip
     step, how = iteration_before(block, start, number, clean)  # Megatron's iteration line before its own error
+    step, how, epoch = record_before(block, start, number, clean)  # a `key: value` a line record's step key
 """
 
 from __future__ import annotations
 
 import re
+
+from nanscope.facts.metric_names import is_step_key
 
 REACH = 40  # lines looked at before an error line
 _TAIL = 80  # characters of a line's end read
@@ -119,3 +122,27 @@ def iteration_before(block: bytes, start: int, number: int, clean) -> tuple[int 
             return int(match["step"]), (f"Megatron's iteration line {seen} line(s) before it (line {number - seen}) "
                                         "logged that iteration done")  # fmt: skip
     return None, None
+
+
+# one `key: value` (or `key = value`) a line: a record printed a key per line (a W&B run summary's `_step: 218`,
+# transformers' `***** eval metrics *****` block's `  epoch = 0.0`)
+_RECORD_LINE = re.compile(
+    r"\s{0,8}(?P<key>[A-Za-z_][\w./ -]{0,80}?)\s{0,30}[:=]\s{0,30}(?P<value>[^\s:=]{1,60})\s{0,8}\Z"
+)
+RECORD_REACH = 64  # lines of a record looked at before its non-finite line
+
+
+def record_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None, str | None]:
+    """The step (or the epoch) a record printed a key per line names on a line before its non-finite line at `start`
+    (the log's line `number`): the lines back to a blank one or one of another shape. (step, how, epoch)."""
+    epoch = None
+    for seen, begin, end in _lines_before(block, start, RECORD_REACH):
+        match = _RECORD_LINE.match(clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace")))
+        if match is None:
+            break
+        key, value = match["key"].strip(), match["value"]
+        if is_step_key(key) and value.isdigit():
+            return int(value), f"the record it is in (line {number - seen}: `{key}: {value}`)", None
+        if key.lower() == "epoch" and epoch is None:
+            epoch = value
+    return None, None, epoch

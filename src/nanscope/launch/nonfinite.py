@@ -264,6 +264,10 @@ class Nonfinite:
             if before is not None:
                 self.opening = bool(before) and first.metric.lower() not in before  # records before it, none of it
             loop_counters.rename(first, text)  # an ad hoc loop's counters, a name with spaces
+            if first.step is None and first.after is None:  # a record printed a key per line: its step key before
+                step, how, epoch = loop_lines.record_before(block, start, number, clean)
+                first.step, first.step_from = step, how
+                first.epoch = first.epoch or epoch
             lines = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, loop_counters.BEFORE)]
             if loop_counters.fill(first, text, lines):
                 self.metrics.pending = None
