@@ -203,3 +203,42 @@ def test_15_rsl_rl_value_function_loss_is_the_critics(tmp_path, capsys):
     text = "Learning iteration 208/8000\nMean value_function loss: inf\nMean surrogate loss: 0.0000\n"
     doc, _ = _doctor(tmp_path, capsys, text)
     assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("value_function loss", "critic")
+
+
+# holdout20 (a fourth blind collector: run output committed to repositories), read on main 3f840a9
+
+
+# 16. NeMo-Aligner's SFT bar (`train_grad_norm=nan, ..., train_loss=1.57`): NeMo's, a gradient norm beside a finite loss
+def test_16_nemo_aligner_s_bar_is_named_and_its_train_terms_read(tmp_path, capsys):
+    text = ("Training steps:   0%|          | 0/1876 [01:54<?, ?it/s, train_grad_norm=nan, train_lr=0, "
+            "train_loss=1.57, train_consumed_samples=8, train_step_time=114, train_epoch=1]\n")  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, text)
+    assert doc["framework"]["name"] == "nemo"
+    assert doc["summary"]["points_to"].startswith("the backward pass: the loss on the line is finite")
+
+
+# 17. a GRPO kl alone non-finite beside a loss of 0 and a finite gradient norm (Unsloth's GRPO log, holdout20 07, 08)
+def test_17_a_kl_beside_a_finite_gradient_is_a_statistic(tmp_path, capsys):
+    text = ("{'loss': 0.0, 'grad_norm': 0.1259, 'learning_rate': 6e-06, 'reward': 1.02, 'reward_std': 0.78, "
+            "'completion_length': 230.1, 'kl': nan, 'epoch': 0.0}\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, text)
+    assert doc["summary"]["points_to"] == (
+        "a logged statistic only (over the raw logits, or over an empty token set), while the gradient norm on the "
+        "line is finite: not a diverged model"
+    )
+
+
+# 18. a check's own flag set true (`GRAD_NaN ... nan=True inf=False`: a hook's line, holdout20 10)
+def test_18_a_checks_nan_flag_set_true_is_evidence(tmp_path, capsys):
+    text = "GRAD_NaN fwd=1 llm_input shape=[2, 2314, 4096] nan=True inf=False\n"
+    doc, out = _doctor(tmp_path, capsys, text)
+    assert doc["summary"]["check"] == "nonfinite-message"
+    assert doc["summary"]["metric"] != "True"
+    assert "The log says a loss or a gradient went NaN or Inf (line 1" in out
+
+
+@pytest.mark.parametrize("text", ["nan=False inf=False\n", "check: has_nan=False\n"])
+def test_18_a_flag_set_false_is_no_evidence(tmp_path, capsys, text):
+    doc, _ = _doctor(tmp_path, capsys, text)
+    assert doc["summary"]["check"] is None
+    assert doc["summary"]["metric"] is None

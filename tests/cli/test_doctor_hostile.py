@@ -240,6 +240,7 @@ CRAFTED = {
     "a message with a broken last word": "Rank 1: found NaN in local grad norm in backward pass " + "x " * 200_000,
     "function words before nan": "number of nan " * 100_000 + "\n",
     "wrapped raise forms": "Rank 1, node n, device 1,\n iteration 1: Unexpected result nan\n(message='x\n" * 20_000,
+    "check flags set true": "GRAD_NaN " + "has_nan= " * 50_000 + "nan=True inf=False " * 20_000 + "\n",
     "a key-per-line record": "_step: 1\nkey: 0.5\n" * 20_000 + "loss: nan\n" + "kl: nan\n" * 20_000,
 }
 

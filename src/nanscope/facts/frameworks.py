@@ -205,6 +205,9 @@ KEYS: dict[str, tuple[frozenset[str], ...]] = {
     SLIME: (frozenset({"train/lr-pg_0"}), frozenset({"train/pg_loss", "train/train_rollout_logprob_abs_diff"})),
     # OpenRLHF's PPO progress bar up to v0.6 (openrlhf/trainer/ppo_trainer.py:300-311 at v0.6.0: pg, rm, ret, glen, tlen)
     OPENRLHF: (frozenset({"pg", "glen", "tlen"}),),
+    # NeMo-Aligner's SFT bar (`Training steps: ... train_grad_norm=nan, train_lr=0, train_loss=1.57,
+    # train_consumed_samples=8`: NeMo-Aligner af2b3bd nemo_aligner/algorithms/supervised.py:226, :244, :265), on NeMo
+    NEMO: (frozenset({"train_grad_norm", "train_consumed_samples"}), frozenset({"train_loss", "train_consumed_samples"})),
     # NeMo-RL's policy loss metrics (nemo_rl/algorithms/loss_functions.py, ClippedPGLossFn: token_mult_prob_error)
     NEMO_RL: (frozenset({"token_mult_prob_error"}),),
     # gpt-neox's training_log spells the loss `lm_loss` (Megatron-LM: `lm loss`): ea7aefd8 megatron/training.py:1394,

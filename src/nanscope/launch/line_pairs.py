@@ -13,7 +13,9 @@ import re
 from nanscope.launch import line_shapes as shapes
 
 WINDOW = 8192  # characters of a line parsed
-_VALUE = r"'[^'\n]{0,40}'|\"[^\"\n]{0,40}\"|[-+]?(?:nan(?:\.0)?|inf(?:inity)?|\d[\d.]{0,40}(?:[eE][-+]?\d{1,4})?)(?![A-Za-z_])"
+# a value; `nan`/`inf` right before `=` or `:` is a key (`nan=True inf=False`: a check's flags, holdout20 10;
+# Marian's `Cost nan : Time` spaces its separator)
+_VALUE = r"'[^'\n]{0,40}'|\"[^\"\n]{0,40}\"|[-+]?(?:(?:nan(?:\.0)?|inf(?:inity)?)(?![:=])|\d[\d.]{0,40}(?:[eE][-+]?\d{1,4})?)(?![A-Za-z_])"
 _QUOTED = re.compile(
     rf"(?P<key>'[^'\n]{{1,120}}'|\"[^\"\n]{{1,120}}\")\s{{0,8}}:\s{{0,8}}(?P<value>{_VALUE})", re.IGNORECASE
 )

@@ -35,7 +35,7 @@ from nanscope.launch.episodes import Episodes
 from nanscope.launch.line_pairs import WINDOW, pairs
 from nanscope.launch.loop_lines import MEGATRON_HEAD
 from nanscope.launch.loose import loose_pairs
-from nanscope.launch.metric_points import contradiction, model_of, points_to
+from nanscope.launch.metric_points import contradiction, model_of, points_to, term
 from nanscope.launch.scales import PrintedScale
 from nanscope.launch.tables import Table, header
 
@@ -94,13 +94,13 @@ _NORMS = ("grad_norm", "grad norm", "gradient_norm")
 
 
 def _loss_key(key: str) -> bool:
-    low = key.lower().rsplit("/", 1)[-1]
+    low = term(key)
     return low == "loss" or low.endswith((" loss", "_loss")) and low != "loss scale"
 
 
 def _norm_only(reading) -> bool:
     """Only a gradient norm went non-finite on the reading's line, a loss beside it finite and not 0."""
-    keys = [key.lower().rsplit("/", 1)[-1] for key, value in reading.values]
+    keys = [term(key) for key, value in reading.values]
     loss = any(_loss_key(key) and value != 0.0 for key, value in reading.finite.items())
     return bool(keys) and all(key in _NORMS for key in keys) and loss
 
@@ -432,7 +432,7 @@ class MetricLines:
         finite = {
             key: number_
             for key, value, _ in found
-            if (key.lower().rsplit("/", 1)[-1] in ("loss", "grad_norm", "grad norm", "lm loss", "gradient_norm")
+            if (term(key) in ("loss", "grad_norm", "grad norm", "lm loss", "gradient_norm")
                 or key.lower().endswith(" loss") and key.lower() != "loss scale")
             and (number_ := _number(value)) is not None and math.isfinite(number_)
         }  # fmt: skip

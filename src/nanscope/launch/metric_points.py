@@ -102,6 +102,12 @@ def _rewards_finite(found) -> list[str]:
     ][:2]  # fmt: skip
 
 
+def term(key: str) -> str:
+    """A metric key's own term, lowered: its last `/` part, less the `train_` NeMo-Aligner's SFT bar puts before each
+    (`train_grad_norm`, `train_loss`: NeMo-Aligner af2b3bd nemo_aligner/algorithms/supervised.py:244, :265)."""
+    return key.lower().rsplit("/", 1)[-1].removeprefix("train_")
+
+
 def points_to(
     bad: list[tuple[str, str]], finite: dict[str, float], model: str | None, found=None, *, trainer: bool = False
 ) -> str:
@@ -122,9 +128,9 @@ def points_to(
         return (f"{before}, computed from the rollout before the update: the rewards or values they are computed "
                 "from, not the loss; the update's loss and gradient follow")  # fmt: skip
     keys = [key.lower() for key, _ in bad]
-    last = [key.rsplit("/", 1)[-1] for key in keys]
-    loss_ok = any(k.rsplit("/", 1)[-1] in ("loss", "lm loss") and abs(v) > 0 for k, v in finite.items())
-    grad_zero = any(k.rsplit("/", 1)[-1] in ("grad_norm", "grad norm") and v == 0.0 for k, v in finite.items())
+    last = [term(key) for key in keys]
+    loss_ok = any(term(k) in ("loss", "lm loss") and abs(v) > 0 for k, v in finite.items())
+    grad_zero = any(term(k) in ("grad_norm", "grad norm") and v == 0.0 for k, v in finite.items())
     if any(value == "missing" for _, value in bad) and not any(k in ("grad_norm", "grad norm") for k in last):
         return ("a loss that was not printed: Megatron prints an average loss only when it is > 0, so it was NaN, "
                 "<= 0, or every iteration of the interval was skipped; weak evidence alone")  # fmt: skip
@@ -141,14 +147,18 @@ def points_to(
     if model == "critic":
         return ("the critic (the value model): its value loss or gradient went non-finite while the actor's metrics "
                 "on the line are finite: the returns or values it is fit to, or its own update")  # fmt: skip
-    if all(key.startswith(("logits/", "clip_ratio/")) or key in ("kl", "clip_ratio") for key in keys) and loss_ok:
-        return ("a logged statistic only (over the raw logits, or over an empty token set), while the loss on the line "
-                "is finite: not a diverged model")  # fmt: skip
+    grad_ok = any(term(k) in ("grad_norm", "grad norm") and v > 0 for k, v in finite.items())
+    # a statistic beside a finite loss, or a finite gradient (a GRPO loss is 0 on its first steps: holdout20 07, 08)
+    if all(key.startswith(("logits/", "clip_ratio/")) or key in ("kl", "clip_ratio") for key in keys) and (
+        loss_ok or grad_ok
+    ):
+        finite_said = "the loss" if loss_ok else "the gradient norm"
+        return ("a logged statistic only (over the raw logits, or over an empty token set), while "
+                f"{finite_said} on the line is finite: not a diverged model")  # fmt: skip
     if model == "reward" or any(
         key in ("reward_std", "reward", "rewards") or key.startswith("rewards/") and model is None for key in keys
     ):
         return "the reward: a reward function's NaN, or the spread of a group of one sample (std of one value)"
-    grad_ok = any(k.rsplit("/", 1)[-1] in ("grad_norm", "grad norm") and v > 0 for k, v in finite.items())
     if grad_ok and "loss" in keys:  # the gradient saw finite values
         return ("a logged aggregate, not the model: the loss is non-finite while the gradient norm on the line is "
                 "finite, so the backward pass saw finite values (a mean over an empty set: a batch with no rejected, "
@@ -181,4 +191,4 @@ def points_to(
 
 
 def _zero_loss(finite: dict[str, float]) -> bool:
-    return any(k.rsplit("/", 1)[-1] in ("loss", "lm loss") and v == 0.0 for k, v in finite.items())
+    return any(term(k) in ("loss", "lm loss") and v == 0.0 for k, v in finite.items())

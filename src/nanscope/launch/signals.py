@@ -90,6 +90,10 @@ _SAYS = re.compile(
 # every alternative of _SAYS holds one of these (a literal search first: _SAYS itself costs a Megatron log's every line)
 _SAYS_WORDS = ("is", "are", "was", "were", "became", "contain", "got", "get", "detected", "occur", "has", "have",
                "found", "encountered")  # fmt: skip
+# a check's own flag set true (`GRAD_NaN fwd=1 llm_input shape=[2, 2314, 4096] nan=True inf=False`: a hook's line,
+# KawaiiLLM docs/debug_nan_training.md, holdout20 10): the value it checked held a NaN or an Inf
+_FLAGGED = re.compile(r"(?<![\w.])(?:has_|is_|any_|contains_)?(?P<word>nan|inf)(?:_found|_detected)?\s{0,2}[:=]\s{0,2}True\b",
+                      re.IGNORECASE)  # fmt: skip
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
 # a tensor's repr (torch/_tensor_str.py): `tensor(`, nested `[`, then its values up to the first `)` or `device=`;
 # bounded repeats, no nested quantifier: linear
@@ -381,4 +385,7 @@ def _generic(line: str) -> tuple[Signal, dict] | None:
     says = _SAYS.search(head) if any(word in low for word in _SAYS_WORDS) else None
     if says is not None:
         return BY_ID["nonfinite-message"], {"detail": says.group(0)[:200]}
+    flagged = _FLAGGED.search(head) if "True" in head else None
+    if flagged is not None:
+        return BY_ID["nonfinite-message"], {"detail": head.strip()[:200]}
     return None
