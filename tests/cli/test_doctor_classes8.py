@@ -150,7 +150,7 @@ def test_4_an_epoch_that_does_not_rise_by_one_a_line_is_no_step(tmp_path, capsys
     log = "".join(f"epoch: {n // 2} loss: 0.21{n}\n" for n in range(10, 16)) + "epoch: 8 loss: nan\n"
     doc, out = _doctor(tmp_path, capsys, log)
     assert doc["metrics"]["first_nonfinite"]["step"] is None
-    assert "The first non-finite metric: loss (the line names no step; its epoch 8)" in out
+    assert "The first non-finite metric: loss (the line names no step; epoch 8)" in out
 
 
 def test_4_epoch_counter_reader_is_linear_on_a_100kb_line():

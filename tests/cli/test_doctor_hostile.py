@@ -235,6 +235,7 @@ CRAFTED = {
     "printed loss scales": "| epoch 1 | num_updates 5 | loss_scale 0.000 " * 60_000 + "\n",
     "debugger prompts": ("(Pdb++) " + "rewards_j" * 20_000 + "\ntensor([[nan]], device='cuda:0')\n") * 10,
     "Trainer losses falling to 0.0": "{'loss': 1.5, 'loss': 0.0, 'epoch': " * 60_000 + "\n",
+    "Trainer losses on one line": "{'loss': 1.5, 'epoch': 0.1} " * 100_000 + "\n",
     "iteration prefixes before a message": "iteration 1: " * 50_000 + "found NaN in local grad norm for bucket #0",
     "split words before a metric": "train " * 200_000 + "loss nan\n",
     "a message with a broken last word": "Rank 1: found NaN in local grad norm in backward pass " + "x " * 200_000,

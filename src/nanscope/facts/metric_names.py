@@ -37,6 +37,12 @@ METRIC_WORDS = re.compile(r"(?<![a-z])(?:loss|grad[ _]?norm|gradient[ _]norm|kl|
                           r"ppl|acc(?:uracy)?|lr|learning[ _]rate|returns?|advantages?)(?![a-z])", re.IGNORECASE)  # fmt: skip
 
 
+# what a Trainer-logged loss of 0.0 can be: transformers' Trainer leaves a step's NaN or Inf loss out of its logging
+# window's sum (logging_nan_inf_filter, on by default: 4.48.1 trainer.py:2533-2539) and logs sum / steps (:3053-3058)
+TRAINER_ZERO = ("transformers' Trainer logs 0.0 for a logging window whose every step's loss was NaN or Inf (its "
+                "logging_nan_inf_filter, on by default, leaves them out)")  # fmt: skip
+
+
 def is_step_key(key: str) -> bool:
     """`key` names a training step (not a time per step)."""
     low = key.lower()

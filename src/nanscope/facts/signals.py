@@ -216,8 +216,8 @@ SIGNALS: tuple[Signal, ...] = (
         fatal=False,
         stack="-",
         source="torch 2.x torch/_tensor_str.py (a tensor's repr: `tensor(nan, device='cuda:0', grad_fn=<...>)`)",
-        means="a tensor the job's own code printed holds NaN or Inf: which value it is, its name says where the line "
-        "or a prompt before it gives one, else the code that printed it",
+        means="a tensor the job's own code printed holds NaN or Inf: which value it is, its name says (on its line, or "
+        "at the prompt before it), else the code that printed it",
     ),
     Signal(
         id="nanscope-report",

@@ -308,8 +308,9 @@ def _message_at(line: str, at: int) -> tuple[str, int, bool] | None:
         return rest, at + len(rest), True
     # the line's last word wrapped or misread (`... communication collectie` + `ve. Device: 5`: holdout19 10, a log
     # read off a screenshot): the message cut before that word
-    head = rest.rsplit(" ", 1)[0] if " " in rest else ""
-    if len(head) >= len("found NaN in local grad norm") and checks_of(head, truncated=True):
+    head, _, word = rest.rpartition(" ")
+    begun = len(word) >= 3 and checks_of(f"{head} {word[:3]}", truncated=True)  # `collectie` begins `collective`
+    if len(head) >= len("found NaN in local grad norm") and begun and checks_of(head, truncated=True):
         return head, at + len(head), True
     return None
 

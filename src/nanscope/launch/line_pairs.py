@@ -42,6 +42,12 @@ _FUNCTION_WORDS = frozenset(("of", "the", "a", "an", "no", "any", "for", "in", "
                              "encountered", "produced", "returned", "either"))  # fmt: skip
 
 
+def _function_word(text: str, match) -> bool:
+    """A plain match whose key is a word of a sentence, written `key value` with no `:` or `=` between."""
+    between = text[match.end("key") : match.start("value")]
+    return match["key"].lower() in _FUNCTION_WORDS and ":" not in between and "=" not in between
+
+
 def _subject(text: str, match) -> str:
     """A plain match's key, or the name before it where the key is a verb (`log_prob is nan`: log_prob)."""
     key = _key(match["key"])
@@ -70,7 +76,7 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
             for m in _PLAIN.finditer(text)
             if not any(start <= m.start() <= at for start, at in spans)
             and "'" not in m["key"]
-            and m["key"].lower() not in _FUNCTION_WORDS
+            and not _function_word(text, m)
         ]
         return sorted([(key, value, at) for key, value, at, _ in quoted] + plain, key=lambda item: item[2])
     if text.count("|") >= 2:
@@ -83,7 +89,7 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
         if len(out) >= 2:
             return out
     found = shapes.spaced(text) or shapes.bracketed(text)
-    plain = (m for m in _PLAIN.finditer(text) if m["key"].lower() not in _FUNCTION_WORDS)
+    plain = (m for m in _PLAIN.finditer(text) if not _function_word(text, m))
     found = found or [(_subject(text, m), m["value"], m.start("value")) for m in plain]
     extra = shapes.averages(text)  # MetricLogger's `median (global_avg)`: a non-finite mean since the start
     return sorted(found + extra, key=lambda item: item[2]) if extra else found

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from nanscope.facts.metric_names import is_step_key
+from nanscope.facts.metric_names import STEP_KEYS
 
 REACH = 40  # lines looked at before an error line
 _TAIL = 80  # characters of a line's end read
@@ -34,7 +34,7 @@ _PROGRESS = re.compile(
 
 
 # Megatron's iteration line's head (`[2024-09-18 11:14:25] iteration      428/    5000 |`): its step, logged once the
-# iteration is done (megatron-core 0.15.0rc0 megatron/training/training.py:2403-2438: train_step, then `iteration += 1`;
+# iteration is done (Megatron-LM core_v0.15.0rc0 megatron/training/training.py:2403-2438: train_step, then `iteration += 1`;
 # :2473 training_log prints it, :1816)
 MEGATRON_HEAD = re.compile(
     r"\s{0,40}(?:\[[^\]\n]{0,40}\]\s{0,4})?iteration\s{1,20}(?P<step>\d{1,12})\s{0,4}/\s{0,12}\d{1,12}\s{0,4}\|"
@@ -117,6 +117,8 @@ def iteration_before(block: bytes, start: int, number: int, clean) -> tuple[int 
     """The iteration of the nearest Megatron iteration line within REACH lines before the error line at `start` (the
     log's line `number`): the error came after that iteration was done, in a later one."""
     for seen, begin, end in _lines_before(block, start, REACH):
+        if b"checkpoint" in block[begin:end].lower():  # a load in between: the iteration before it is another run's
+            return None, None
         match = MEGATRON_HEAD.match(clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace")))
         if match is not None:
             return int(match["step"]), (f"Megatron's iteration line {seen} line(s) before it (line {number - seen}) "
@@ -136,12 +138,16 @@ def record_before(block: bytes, start: int, number: int, clean) -> tuple[int | N
     """The step (or the epoch) a record printed a key per line names on a line before its non-finite line at `start`
     (the log's line `number`): the lines back to a blank one or one of another shape. (step, how, epoch)."""
     epoch = None
+    stop = block.find(b"\n", start)
+    line = block[start : len(block) if stop < 0 else stop][: 4 * _TAIL]
+    if _RECORD_LINE.match(clean(line.decode("utf-8", "replace"))) is None:
+        return None, None, None  # the non-finite line is no `key: value` line of such a record
     for seen, begin, end in _lines_before(block, start, RECORD_REACH):
         match = _RECORD_LINE.match(clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace")))
         if match is None:
             break
         key, value = match["key"].strip(), match["value"]
-        if is_step_key(key) and value.isdigit():
+        if key.lower() in STEP_KEYS and value.isdigit():  # exact: not a banner's `Total optimization steps = 750`
             return int(value), f"the record it is in (line {number - seen}: `{key}: {value}`)", None
         if key.lower() == "epoch" and epoch is None:
             epoch = value

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from nanscope.facts.metric_names import BEFORE_UPDATE, KEY_MODELS, OPENRLHF_MARKS, OPENRLHF_SHORT, REWARDS
+from nanscope.facts.metric_names import BEFORE_UPDATE, KEY_MODELS, OPENRLHF_MARKS, OPENRLHF_SHORT, REWARDS, TRAINER_ZERO
 from nanscope.launch.line_shapes import AVERAGE
 
 # keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
@@ -103,9 +103,10 @@ def _rewards_finite(found) -> list[str]:
 
 
 def term(key: str) -> str:
-    """A metric key's own term, lowered: its last `/` part, less the `train_` NeMo-Aligner's SFT bar puts before each
-    (`train_grad_norm`, `train_loss`: NeMo-Aligner af2b3bd nemo_aligner/algorithms/supervised.py:244, :265)."""
-    return key.lower().rsplit("/", 1)[-1].removeprefix("train_")
+    """A metric key's own term, lowered: its last `/` part, less a training split's word before it (`train_` as
+    NeMo-Aligner's SFT bar puts it before each, `train_grad_norm`: NeMo-Aligner af2b3bd nemo_aligner/algorithms/
+    supervised.py:244, :265; nanoGPT's `train loss`), in any stack's log."""
+    return key.lower().rsplit("/", 1)[-1].removeprefix("train_").removeprefix("train ").removeprefix("training ")
 
 
 def points_to(
@@ -149,7 +150,7 @@ def points_to(
                 "on the line are finite: the returns or values it is fit to, or its own update")  # fmt: skip
     grad_ok = any(term(k) in ("grad_norm", "grad norm") and v > 0 for k, v in finite.items())
     # a statistic beside a finite loss, or a finite gradient (a GRPO loss is 0 on its first steps: holdout20 07, 08)
-    if all(key.startswith(("logits/", "clip_ratio/")) or key in ("kl", "clip_ratio") for key in keys) and (
+    if all(key.startswith(("logits/", "clip_ratio/")) or term(key) in ("kl", "clip_ratio") for key in keys) and (
         loss_ok or grad_ok
     ):
         finite_said = "the loss" if loss_ok else "the gradient norm"
@@ -173,9 +174,8 @@ def points_to(
         return ("a loss with no gradient: non-finite while the gradient norm is 0 (every token masked: 0/0, or the "
                 "gradient zeroed)")  # fmt: skip
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite) and trainer:
-        return ("a non-finite gradient norm beside a logged loss of 0.0: transformers' Trainer logs 0.0 for a window "
-                "whose every step's loss was NaN or Inf (its logging_nan_inf_filter, on by default, leaves them out), "
-                "so the forward pass or the loss was non-finite too, unless every label was masked")  # fmt: skip
+        return (f"a non-finite gradient norm beside a logged loss of 0.0: {TRAINER_ZERO}, so the forward pass or the "
+                "loss was non-finite too, unless every label was masked")  # fmt: skip
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
         return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
                 "every label masked (the line cannot tell which)")  # fmt: skip

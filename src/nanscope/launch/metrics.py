@@ -20,6 +20,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from nanscope.facts.metric_names import TRAINER_ZERO
+
 
 @dataclass(frozen=True)
 class Range:
@@ -117,9 +119,7 @@ class ZeroedLoss(Excursion):
     def text(self) -> str:
         at = f"step {self.step}" if self.step is not None else f"line {self.line}" + (
             f" (epoch {self.epoch})" if self.epoch else "")  # fmt: skip
-        return (f"Trainer-logged loss fell from {self.value:.6g} to 0.0 at {at}: transformers' Trainer logs 0.0 for "
-                "a logging window whose every step's loss was NaN or Inf (its logging_nan_inf_filter, on by default, "
-                "leaves them out), unless the loss fell below 5e-5")  # fmt: skip
+        return f"Trainer-logged loss fell from {self.value:.6g} to 0.0 at {at}: {TRAINER_ZERO}, unless the loss fell below 5e-5"
 
     def to_dict(self) -> dict:
         return {"line": self.line, "step": self.step, "epoch": self.epoch, "before": self.value}
@@ -155,15 +155,18 @@ class Metrics:
             self._zeroed(block, lines_before)
 
     def _zeroed(self, block: bytes, lines_before: int) -> None:
-        """The first Trainer-logged loss of 0.0 in `block` after a finite non-zero one (this block's or before)."""
+        """The first Trainer-logged loss of 0.0 in `block` after one of at least 1e-3 (this block's or before), on a
+        Trainer-shaped dict (an `epoch`, no `step` of its own) whose gradient norm, if it logs one, is not finite."""
         for hit in _TRAINER_LOSS.finditer(block):
             value = float(hit["value"]) if hit["value"].strip(b"+-.") else None
-            if value == 0.0 and self.trainer_loss:
+            # the dict's line around it, at most 4 KiB each side (a bounded search: linear on a line of many dicts)
+            low, high = max(0, hit.start() - 4096), min(len(block), hit.start() + 4096)
+            end = block.find(b"\n", hit.start(), high)
+            begin = block.rfind(b"\n", low, hit.start()) + 1 or low
+            text = block[begin : high if end < 0 else end].decode("utf-8", "replace")
+            if value == 0.0 and self.trainer_loss is not None and self.trainer_loss >= 1e-3 and _trainer_zero(text):
                 line = lines_before + block.count(b"\n", 0, hit.start()) + 1
-                end = block.find(b"\n", hit.start())
-                epoch = _EPOCH.search(
-                    block[hit.start() : len(block) if end < 0 else end][:4096].decode("utf-8", "replace")
-                )
+                epoch = _EPOCH.search(text)
                 self.zeroed = ZeroedLoss(metric="loss", step=_step(block, hit.start()), value=self.trainer_loss,
                                          line=line, why="", epoch=epoch["epoch"] if epoch else None)  # fmt: skip
                 return
@@ -198,6 +201,17 @@ class Metrics:
             "excursions": [excursion.to_dict() for excursion in self.excursions.values()],
             "trainer_loss_zeroed": None if self.zeroed is None else self.zeroed.to_dict(),
         }
+
+
+_GRAD_NORM = re.compile(r"'grad_norm': (?P<value>[^,}]{1,40})")
+
+
+def _trainer_zero(text: str) -> bool:
+    """A dict line (from its `'loss'`) the Trainer logs, whose loss of 0.0 can be a window of filtered NaN losses: an
+    `epoch`, no `step` key (a loop's own dict), and no finite gradient norm (a finite one saw finite values)."""
+    norm = _GRAD_NORM.search(text)
+    finite = norm is not None and norm["value"].strip().lower() not in ("nan", "inf", "-inf")
+    return "'epoch': " in text and "'step': " not in text and not finite
 
 
 def _step(block: bytes, at: int) -> int | None:

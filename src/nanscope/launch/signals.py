@@ -92,8 +92,10 @@ _SAYS_WORDS = ("is", "are", "was", "were", "became", "contain", "got", "get", "d
                "found", "encountered")  # fmt: skip
 # a check's own flag set true (`GRAD_NaN fwd=1 llm_input shape=[2, 2314, 4096] nan=True inf=False`: a hook's line,
 # KawaiiLLM docs/debug_nan_training.md, holdout20 10): the value it checked held a NaN or an Inf
-_FLAGGED = re.compile(r"(?<![\w.])(?:has_|is_|any_|contains_)?(?P<word>nan|inf)(?:_found|_detected)?\s{0,2}[:=]\s{0,2}True\b",
-                      re.IGNORECASE)  # fmt: skip
+# (`key=True` only: an indented `nan: True` is a config's echo)
+_FLAGGED = re.compile(
+    r"(?<![\w.])(?:has_|is_|any_|contains_)?(?P<word>nan|inf)(?:_found|_detected)?=True\b", re.IGNORECASE
+)
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
 # a tensor's repr (torch/_tensor_str.py): `tensor(`, nested `[`, then its values up to the first `)` or `device=`;
 # bounded repeats, no nested quantifier: linear
@@ -154,7 +156,7 @@ def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit 
         fields = {
             **fields,
             "metric": name,
-            "detail": f"{name} (printed at the prompt on the line before): {fields['detail']}",
+            "detail": f"{name}, printed at the prompt on the line before: {fields['detail']}",
         }
     found = Hit(signal, number, line.strip()[:300], **fields)
     found.at = _start(line)
@@ -385,7 +387,7 @@ def _generic(line: str) -> tuple[Signal, dict] | None:
     says = _SAYS.search(head) if any(word in low for word in _SAYS_WORDS) else None
     if says is not None:
         return BY_ID["nonfinite-message"], {"detail": says.group(0)[:200]}
-    flagged = _FLAGGED.search(head) if "True" in head else None
+    flagged = _FLAGGED.search(head) if "=true" in low else None
     if flagged is not None:
-        return BY_ID["nonfinite-message"], {"detail": head.strip()[:200]}
+        return BY_ID["nonfinite-message"], {"detail": head.strip()[:200], "op": flagged.group(0)}
     return None

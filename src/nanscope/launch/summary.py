@@ -36,7 +36,7 @@ class Summary:
         check: Megatron's check id, or another stack's evidence id (facts.signals), or "skip-counter".
         step: the step it names (an error line's iteration when >= 0, an evidence line's, the metric line's).
         after_step: where no step is named, Megatron's iteration line before its error: the iteration done before it
-            (the error came in a later one); `lines["after_step"]`, how it was read: `after_from`.
+            (the error came in a later one); `after_from`: how it was read.
         model: actor, critic, policy, reference, reward model.
         metric: the first metric that went non-finite (or the counter that rose).
         op: the backward function, assert, collective or exception named.
@@ -66,6 +66,7 @@ class Summary:
     def to_dict(self) -> dict:
         return {
             "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step, "after_step": self.after_step,
+            "after_from": self.after_from,
             "epoch": self.epoch,
             "model": self.model,
             "metric": self.metric, "op": self.op, "points_to": self.points_to, "lines": dict(self.lines),
@@ -102,7 +103,7 @@ def summarize(traceback) -> Summary:
             if out.step is None or (soft and reading.step < out.step) or own:
                 out.step = reading.step  # a skip or a warning after the first non-finite value: the value's step
         out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
-        out.epoch = reading.epoch if out.step is None else None
+        out.epoch = reading.epoch if out.step is None and _past_zero(reading.epoch) else None
     elif (
         failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
     ):
@@ -253,3 +254,11 @@ def prefix_rank(lines: list[str]) -> int | None:
                 ranks.add(int(digits))
             at = line.find(_RANK_TAG, at + 1)
     return ranks.pop() if len(ranks) == 1 else None
+
+
+def _past_zero(epoch: str | None) -> bool:
+    """An epoch said as a number above 0 (a Trainer's `0.0` in its first hundredth of an epoch says nothing)."""
+    try:
+        return epoch is not None and float(epoch) > 0
+    except ValueError:
+        return False

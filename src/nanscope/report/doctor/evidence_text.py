@@ -60,6 +60,8 @@ def _head(failure) -> str:
         return f"{_capital(wording.printed_by)} skipped a step on inf or NaN gradients"
     if signal.id == "nonfinite-message" and (failure.op or "").endswith("Warning"):  # its words say what, not loss
         return f"A {failure.op} says a value went NaN or Inf"
+    if signal.id == "nonfinite-message" and (failure.op or "").lower().endswith("=true"):  # a check's own flag
+        return "A check's flag says a value it checked held NaN or Inf"
     return _capital(_WHO.get(signal.id, signal.means))
 
 
@@ -133,7 +135,7 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     if summary.metric is None:
         return None
     model = f" ({MODEL_WORDS.get(summary.model, summary.model)})" if summary.model else ""
-    epoch = f"; its epoch {summary.epoch}" if summary.epoch is not None else ""
+    epoch = f"; epoch {summary.epoch}" if summary.epoch is not None else ""
     step = f" at step {summary.step}" if summary.step is not None else f" (the line names no step{epoch})"
     where = f" (line {summary.lines['metric']})" if "metric" in summary.lines else ""
     if weak:
@@ -183,7 +185,7 @@ def evidence_lines(traceback) -> list[str]:
     reading = seen.metrics.first
     if reading is not None:
         shown = ", ".join(f"{key} {value}" for key, value in reading.values[:8])
-        epoch = f" (its epoch {reading.epoch})" if reading.epoch is not None else ""
+        epoch = f" (epoch {reading.epoch})" if reading.epoch not in (None, "0", "0.0") else ""
         step = f"step {reading.step} ({reading.step_from})" if reading.step is not None else f"no step named{epoch}"
         after = f", after step {reading.after}" if reading.after is not None else ""
         out.append(f"first non-finite metric line {reading.line}, {step}{after}: {shown}")

@@ -94,6 +94,8 @@ def _metric_sentences(diagnosis) -> list[str]:
     first = first_sentence(summary, weak=based_on_weak)
     if first is not None:
         parts.append(first)
+    if traceback.metrics.zeroed is not None:
+        parts.append(f"Its {traceback.metrics.zeroed.text()}.")
     reading = metrics.first
     if reading is not None and metrics.episodes.again is not None and first is not None:
         parts.append(metrics.episodes.again.sentence(reading.step))
@@ -187,7 +189,8 @@ def _failure_sentences(diagnosis) -> list[str]:
         parts.append("The log has no error line: only its metric lines say what happened.")
     else:
         parts.append("The log has no error line and no metric line.")
-    parts += [f"Its {excursion.text()}." for excursion in traceback.excursions()]
+    zeroed = traceback.metrics.zeroed  # said after the first non-finite metric (_metric_sentences)
+    parts += [f"Its {excursion.text()}." for excursion in traceback.excursions() if excursion is not zeroed]
     if evidence.schedule is not None or evidence.check is not None:
         shown = [line for line in evidence.lines if not line.startswith("the innermost")]
         parts.append("The frames show " + "; ".join(shown) + ".")
@@ -260,7 +263,7 @@ def _iteration_sentence(failure, summary) -> list[str]:
     if failure.iteration is not None and failure.iteration >= 0:
         return [f"The error line names iteration {failure.iteration}."]
     if summary.after_step is not None:
-        return [f"It came after iteration {summary.after_step}: {summary.after_from}."]
+        return [f"The error came after iteration {summary.after_step}: {summary.after_from}."]
     return []
 
 
