@@ -146,9 +146,7 @@ class _Line:
 
     def __init__(self, line: str, number: int, origin: str):
         self.line, self.number, self.origin = line, number, origin
-        found = list(_MESSAGES_AT.finditer(line)) if "message=" in line else []
-        self.messages = [m.start() for m in found]
-        self.bodies = {m.start(): m.end() for m in found}  # where each message's text starts
+        self.messages = [m.start() for m in _MESSAGES_AT.finditer(line)] if "message=" in line else []
         self.ends = [m.start() for m in re.finditer(re.escape(_END), line)] if "')" in line else []
         self.taken: list[tuple[int, int]] = []  # sorted, never overlapping: a lookup is one bisect
 
@@ -189,7 +187,7 @@ class _Line:
         if stop is None or (form != "raise" and _next(self.messages, stop) is None):
             failure = self._make(fields, result=result or None, form=form, span=(start, len(line)), cut=True)
             return failure, len(line)
-        body = self.bodies[_next(self.messages, stop)]
+        body = line.index("message='", _next(self.messages, stop)) + len("message='")  # the message's text
         end = _next(self.ends, body)
         message = line[body:] if end is None else line[body:end]
         span_end = len(line) if end is None else end + len(_END)

@@ -144,6 +144,15 @@ class Reading:
     def metric(self) -> str:
         return self.values[0][0]
 
+    @property
+    def said_epoch(self) -> str | None:
+        """`epoch` where it says something: a number above 0 (a Trainer's `0.0` in its first hundredth of an epoch
+        says nothing)."""
+        try:
+            return self.epoch if self.epoch is not None and float(self.epoch) > 0 else None
+        except ValueError:
+            return None
+
     def to_dict(self) -> dict:
         return {"line": self.line, "step": self.step, "step_from": self.step_from, "after_step": self.after,
                 "metric": self.metric, "model": self.model, "values": [list(pair) for pair in self.values],

@@ -103,7 +103,7 @@ def summarize(traceback) -> Summary:
             if out.step is None or (soft and reading.step < out.step) or own:
                 out.step = reading.step  # a skip or a warning after the first non-finite value: the value's step
         out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
-        out.epoch = reading.epoch if out.step is None and _past_zero(reading.epoch) else None
+        out.epoch = reading.said_epoch if out.step is None else None
     elif (
         failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
     ):
@@ -254,11 +254,3 @@ def prefix_rank(lines: list[str]) -> int | None:
                 ranks.add(int(digits))
             at = line.find(_RANK_TAG, at + 1)
     return ranks.pop() if len(ranks) == 1 else None
-
-
-def _past_zero(epoch: str | None) -> bool:
-    """An epoch said as a number above 0 (a Trainer's `0.0` in its first hundredth of an epoch says nothing)."""
-    try:
-        return epoch is not None and float(epoch) > 0
-    except ValueError:
-        return False

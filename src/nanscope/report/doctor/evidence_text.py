@@ -185,7 +185,7 @@ def evidence_lines(traceback) -> list[str]:
     reading = seen.metrics.first
     if reading is not None:
         shown = ", ".join(f"{key} {value}" for key, value in reading.values[:8])
-        epoch = f" (epoch {reading.epoch})" if reading.epoch not in (None, "0", "0.0") else ""
+        epoch = f" (epoch {reading.said_epoch})" if reading.said_epoch is not None else ""
         step = f"step {reading.step} ({reading.step_from})" if reading.step is not None else f"no step named{epoch}"
         after = f", after step {reading.after}" if reading.after is not None else ""
         out.append(f"first non-finite metric line {reading.line}, {step}{after}: {shown}")
