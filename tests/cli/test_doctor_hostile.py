@@ -243,6 +243,13 @@ CRAFTED = {
     "wrapped raise forms": "Rank 1, node n, device 1,\n iteration 1: Unexpected result nan\n(message='x\n" * 20_000,
     "check flags set true": "GRAD_NaN " + "has_nan= " * 50_000 + "nan=True inf=False " * 20_000 + "\n",
     "a key-per-line record": "_step: 1\nkey: 0.5\n" * 20_000 + "loss: nan\n" + "kl: nan\n" * 20_000,
+    "metric checks glued after a bar": " 1/9 [00:01<00:01, 1.0s/it]"
+    + "Warning: Metric a is " * 50_000
+    + "NaN/Inf: nan",
+    "settings ending in a step's word": "Gradient accumulation " * 100_000 + "steps = 8 | loss: nan\n",
+    "dicts between two bars": (" 0/20 [00:00<?, ?it/s]\n" + "{'loss': 0.0, 'grad_norm': nan}\n" * 5) * 2_000,
+    "one overflow from many processes": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2.0, "
+    "reducing to 1.0\n" * 5_000,
 }
 
 

@@ -183,7 +183,9 @@ PY_DICT = "{'...'}"
 KEYS: dict[str, tuple[frozenset[str], ...]] = {
     MS_SWIFT: (frozenset({"global_step/max_steps"}), frozenset({"memory(gib)", "train_speed(iter/s)"})),
     TRL: (frozenset({"rewards/chosen", "logps/chosen"}), frozenset({"reward_std", "kl", "completion_length"}),
-          frozenset({"reward_std", "kl", "completions/mean_length"}), frozenset({"logits/chosen", "rewards/margins"})),
+          frozenset({"reward_std", "kl", "completions/mean_length"}), frozenset({"logits/chosen", "rewards/margins"}),
+          # GRPO's share of groups with one reward (v0.21.0 trl/trainer/grpo_trainer.py:1732), logged with beta 0 (no kl)
+          frozenset({"reward_std", "frac_reward_zero_std"})),
     DPO_REFERENCE: (frozenset({"rewards_train/chosen"}),),
     VERL: (frozenset({"actor/pg_loss"}), frozenset({"critic/vf_loss"}), frozenset({"actor/grad_norm"}),
            frozenset({"train/loss", "train/global_tokens"})),
@@ -273,3 +275,13 @@ COMPONENTS = (
 )  # fmt: skip
 # The megatron-core package, which every one of them calls (not a framework of its own).
 CORE = "/megatron/core/"
+
+# framework -> (a launch script's file name that only its examples use, where) : a site wrapper that runs it
+# (`sh run_mcore_llama3_1.sh dsw 8B 1 4 ...`, alibaba/Pai-Megatron-Patch#437, holdout21 01) names the framework
+WRAPPED_SCRIPTS: dict[str, tuple[str, str]] = {
+    PAI: (
+        r"run_mcore_[a-z0-9_.]+\.sh",
+        "Pai-Megatron-Patch's examples/<model>/run_mcore_<model>.sh launch scripts "
+        "(examples/llama3_1/run_mcore_llama3_1.sh at 33191bd)",
+    ),
+}

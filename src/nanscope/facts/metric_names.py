@@ -32,6 +32,10 @@ STEP_KEYS = ("step", "global_step", "iteration", "iter", "steps", "updates", "gl
 # a key that holds a step's word but measures a time (`time/time/step`, `train_step_timing in s`, `step_time`)
 _TIMES = frozenset(("time", "times", "timing", "timer", "timers", "duration", "elapsed", "sec", "secs", "seconds",
                     "ms", "s", "per", "speed", "throughput"))  # fmt: skip
+# a key that ends in a step's word but names a setting (Unsloth's banner: `Gradient accumulation steps = 4`,
+# `Total steps = 200`; a Trainer's `Num warmup steps`)
+STEP_SETTINGS = frozenset(("accumulation", "accum", "warmup", "total", "max", "num", "eval", "save", "logging",
+                           "checkpoint", "decay"))  # fmt: skip
 # words that name a metric in a table's header or its caption (`| step | loss |`, `grad_norm per step:`)
 METRIC_WORDS = re.compile(r"(?<![a-z])(?:loss|grad[ _]?norm|gradient[ _]norm|kl|rewards?|score|entropy|perplexity|"
                           r"ppl|acc(?:uracy)?|lr|learning[ _]rate|returns?|advantages?)(?![a-z])", re.IGNORECASE)  # fmt: skip
@@ -46,8 +50,11 @@ TRAINER_ZERO = ("transformers' Trainer logs 0.0 for a logging window whose every
 def is_step_key(key: str) -> bool:
     """`key` names a training step (not a time per step)."""
     low = key.lower()
-    named = low in STEP_KEYS or low.rsplit("/", 1)[-1] in STEP_KEYS or low.rsplit(" ", 1)[-1] in STEP_KEYS
-    return named and not _TIMES.intersection(re.split(r"[/_ .()-]+", low))
+    if low in STEP_KEYS:
+        return True
+    named = low.rsplit("/", 1)[-1] in STEP_KEYS or low.rsplit(" ", 1)[-1] in STEP_KEYS
+    words = re.split(r"[/_ .()-]+", low)
+    return named and not _TIMES.intersection(words) and not STEP_SETTINGS.intersection(words)
 
 
 # a name's first word (a GAN's spelled-out `Discriminator Loss`, a TensorFlow scope's `actor_network`) -> its model

@@ -32,7 +32,7 @@ from nanscope.launch import candidates, core_evidence, findings, inference, note
 from nanscope.launch.config import Config, Value, batches, resolve
 from nanscope.launch.detect import Choice, choose
 from nanscope.launch.diagnosis import Diagnosis
-from nanscope.launch.evidence import UNKNOWN, Framework
+from nanscope.launch.evidence import UNKNOWN, Framework, with_core, wrapped_framework
 from nanscope.launch.failure_models import with_run_kind
 from nanscope.launch.findings.finding import Finding
 from nanscope.launch.foreign import Foreign, read_foreign, script_framework, text_framework
@@ -100,7 +100,9 @@ def diagnose(
     try:
         script = parse_script(script_path, env, model_args, limit)
     except (NotALaunch, NotBash) as error:
-        return _not_a_script(script_path, str(error), traceback, rank=rank, slime_version=slime_version, limit=limit)
+        wrapped = getattr(error, "wrapped", ())
+        return _not_a_script(script_path, str(error), traceback, rank=rank, slime_version=slime_version, limit=limit,
+                             wrapped=wrapped)  # fmt: skip
     text = inputs.read_text(script_path, "launch script", limit, OPTION)
     framework = script_framework(script, text)
     if framework.name != frameworks.SLIME and slime_version is None and case_release is None:
@@ -127,7 +129,8 @@ def diagnose(
     return diagnosis
 
 
-def _not_a_script(path: str, error: str, traceback: Traceback | None, *, rank, slime_version, limit) -> Diagnosis:
+def _not_a_script(path: str, error: str, traceback: Traceback | None, *, rank, slime_version, limit,
+                  wrapped: tuple[str, ...] = ()) -> Diagnosis:  # fmt: skip
     """A launch script nanscope cannot read: a job log is read as the traceback (when none is given); with a
     traceback the diagnosis is the traceback's, the script named in one line; else the one-line error, with what
     the file is."""
@@ -144,6 +147,9 @@ def _not_a_script(path: str, error: str, traceback: Traceback | None, *, rank, s
     named = config_framework(kind) or (frameworks.NEMO if kind is not None and "NeMo-Run" in kind else None)
     if named is not None and diagnosis.framework.name in (frameworks.UNKNOWN, frameworks.TRANSFORMERS):
         diagnosis.framework = Framework(named, None, f"the file given as the launch script is {kind}")
+    wrapper = wrapped_framework(wrapped)
+    if wrapper is not None and diagnosis.framework.name == frameworks.UNKNOWN:
+        diagnosis.framework = wrapper
     if note is None:
         what = f" ({kind})" if kind is not None and kind != LOG else ""
         note = f"launch script{what} not read: {error}; the traceback is diagnosed alone"
@@ -423,6 +429,7 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
     """The traceback alone: the failure, the frames' evidence and the causes the check leaves (no flags, no layout)."""
     framework = traceback.framework
     core = core_evidence.evidence(framework, traceback)
+    framework = with_core(framework, core)  # megatron-core's error, whoever's job it was
     release = None
     if slime_version is not None:
         release = Choice(releases.get(slime_version), "option", f"--slime-version {slime_version}")

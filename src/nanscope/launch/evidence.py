@@ -13,6 +13,7 @@ phase of the step, and the framework that ran it (with its release, for slime, w
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from nanscope.facts import frameworks, releases, slime_frames, wordings
@@ -268,3 +269,21 @@ def annotate(frames: list[Frame], framework: Framework) -> list[Frame]:
             frame = replace(frame, known=replace(known, release=f"slime {framework.release}", line=line))
         out.append(frame)
     return out
+
+
+def wrapped_framework(wrapped: tuple[str, ...]) -> Framework | None:
+    """The framework a wrapper's target names by its file name (facts.frameworks.WRAPPED_SCRIPTS; `wrapped`: each
+    target as `name (line N)`); None: none does."""
+    for target in wrapped:
+        name = target.split(" (line ", 1)[0].rsplit("/", 1)[-1]
+        for framework, (pattern, where) in frameworks.WRAPPED_SCRIPTS.items():
+            if re.fullmatch(pattern, name):
+                return Framework(framework, None, f"the launch script runs {name}, the name of {where}")
+    return None
+
+
+def with_core(framework: Framework, core: str | None) -> Framework:
+    """An unknown framework whose job megatron-core runs (`core`: the evidence, launch.core_evidence): said so."""
+    if framework.name != frameworks.UNKNOWN or core is None:
+        return framework
+    return Framework(frameworks.UNKNOWN, None, f"nothing names the job's framework; megatron-core runs it: {core}")

@@ -183,7 +183,7 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
         launch.notes.append(script.cut)
     if script.pasted:
         launch.notes.append(script.pasted)
-    launch.notes += script.read_as
+    launch.notes += script.read_as + script.limits  # how the text was read, and what of it was not
     launch.notes += [  # what it sets is not in the flags read (a slime launch's say so too: launch.notes.input_notes)
         f"line {source.line}: source {source.path}: {source.reason}; the variables it sets are unknown (pass --env NAME=VALUE)"
         for source in script.sources
@@ -222,8 +222,27 @@ def _world(launch: Foreign, script: LaunchScript) -> None:
             launch.sizes[size] = _size(launch, f"{env[size]}={text}", text)
         if size == "gpus_per_node" and launch.sizes[size] is None and launcher.has("--num-processes"):
             _processes(launch, launcher)
+        if size == "gpus_per_node" and launch.sizes[size] is None and view.has("--gpus-per-node"):
+            launch.sizes[size], launch.origins[size] = (
+                _checked(launch, view, "--gpus-per-node"),
+                view.show("--gpus-per-node"),
+            )
         if launch.sizes[size] is None:
             launch.notes.append(f"{size.replace('_', ' ')}: not given (or read from an unset variable)")
+    _bridge_nodes(launch)
+
+
+def _bridge_nodes(launch: Foreign) -> None:
+    """Megatron-Bridge's performance scripts take every GPU as --num_gpus and a node's as --gpus_per_node, and ask
+    for ceil(num_gpus / gpus_per_node) nodes (NVIDIA-NeMo/Megatron-Bridge 067f987 scripts/performance/
+    argument_parser.py:224, :465; setup_experiment.py:662). DeepSpeed's launcher's --num_gpus, a node's, is read above."""
+    view, per_node = launch.view, launch.sizes.get("gpus_per_node")
+    if launch.framework.name != frameworks.NEMO or launch.sizes.get("nodes") is not None or not per_node:
+        return
+    if not view.has("--num-gpus") or (total := _checked(launch, view, "--num-gpus")) is None:
+        return
+    launch.sizes["nodes"], launch.origins["nodes"] = -(total // -per_node), f"{view.show('--num-gpus')} / {per_node}"
+    launch.notes = [note for note in launch.notes if not note.startswith("nodes: not given")]
 
 
 def _processes(launch: Foreign, launcher: FlagView) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from nanscope.facts.metric_names import STEP_SETTINGS
 from nanscope.launch import named_arrays
 
 WINDOW = 8192
@@ -103,6 +104,14 @@ def percent(piece: str, at: int, value: str) -> bool:
     return piece[at + len(value) : at + len(value) + 1] == "%"
 
 
+def setting(piece: str, at: int, key: str) -> bool:
+    """The step key ending at `at` is the last word of a setting's name (Unsloth's banner: `Gradient accumulation
+    steps = 4` reads as the key `steps`): the word before it, with no separator between, names a setting."""
+    start = piece.rfind(key, 0, at)
+    words = piece[max(0, start - 40) : max(0, start)].rstrip(" _").rsplit(None, 1)
+    return start > 0 and piece[start - 1] in " _" and bool(words) and words[-1].lower() in STEP_SETTINGS
+
+
 def counted(steps: list[int], piece: str) -> tuple[list[tuple[str, str, int]], list[int]]:
     """A bare `step value` line continuing the counter of the lines just before it (yanmtt's `print(ctr, lv)`),
     read as (`step`, ...), (`value`, ...), and the counter's steps; [] where the lines before do not make it a counter
@@ -139,4 +148,9 @@ def logs_its_step(text: str) -> bool:
     was printed with the bar at its own step (the order above; transformers 5.10.4 trainer.py:1781-1784, the bar's
     update at trainer_callback.py:650, the dict's write at :690), so the bar's count is its step. A dict without it
     (LLaMA-Factory's PPO loop, which prints inside the step before its bar moves) keeps the count + 1."""
-    return trainer_dict(text) and "'grad_norm'" in text
+    return trainer_dict(text) and "'grad_norm'" in text or _METRIC_CHECK.search(text, 0, 2000) is not None
+
+
+# a logging callback's check on a metric it is about to log (`Warning: Metric attention/early/mdi is NaN/Inf: nan`,
+# JuncyLu/trl_DAPO's, holdout21 10): printed while the step's logs are written, after the bar moved to the step
+_METRIC_CHECK = re.compile(r"\bmetric\s+\S{1,120}\s+is\s+(?:nan|inf)", re.IGNORECASE)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from nanscope.facts.frameworks import PY_DICT
 from nanscope.facts.metric_names import is_step_key
-from nanscope.launch import epoch_steps
+from nanscope.launch import dict_bars, epoch_steps
 from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
@@ -91,6 +91,8 @@ _BAR_BEFORE = "the progress bar before it"
 
 
 _NORMS = ("grad_norm", "grad norm", "gradient_norm")
+# a key that is only the words of a non-finite value (`is NaN/Inf: nan`): the check's wording, no metric
+_NAN_WORDS = re.compile(r"(?:nan|inf)(?:[/_ ]?(?:or[/_ ]?)?(?:nan|inf))*", re.IGNORECASE)
 
 
 def _loss_key(key: str) -> bool:
@@ -198,6 +200,10 @@ class MetricLines:
     recovered: int | None = None  # a later line where the first reading's gradient norm is finite again
     relapsed: bool = False  # ... or where a loss went non-finite after it
     glued: list = field(default_factory=list)  # bars after a pending dict with text glued after them (`_glued_bar`)
+    dicts: int = 0  # Trainer dicts from a pending first reading's on (launch.dict_bars)
+    since_bar: int = 0  # Trainer dicts since the last progress bar
+    bar_total: int | None = None  # the last progress bar's total
+    fresh: int | None = None  # the total of the bar just before a first reading that is the first dict after it
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
     block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
     counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
@@ -258,6 +264,8 @@ class MetricLines:
         if not found:
             return
         self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(piece))
+        counted = shapes.trainer_dict(piece) and offset == 0
+        self.dicts, self.since_bar = self.dicts + (self.pending is not None and counted), self.since_bar + counted
         step, step_from = self._step(line, piece, offset, found)
         self._counters([pair for pair in found if shapes.separated(piece, pair[2])], number, step)
         self.scale.feed(found, number, step)
@@ -265,7 +273,10 @@ class MetricLines:
         bad = [
             (key, value, at)
             for key, value, at in found
-            if _nonfinite(value) and not is_step_key(key) and not key.lower().startswith(_SETTINGS)
+            if _nonfinite(value)
+            and not is_step_key(key)
+            and not key.lower().startswith(_SETTINGS)
+            and not _NAN_WORDS.fullmatch(key)
         ]
         at = offset + (bad[0][2] if bad else found[0][2])
         if step is None:
@@ -318,11 +329,15 @@ class MetricLines:
         self.counted, self.epochs = [], epoch_steps.counts(lines, clean)
         for raw in lines:
             found = pairs(text := clean(raw.decode("utf-8", "replace")))
+            shown = bars(text)
+            if shown:  # a bar among them: the dicts after it are counted from it (launch.dict_bars)
+                self.bar_total, self.since_bar = shown[-1].total, 0
+            self.since_bar += shapes.trainer_dict(text)
             pair = shapes.bare_pair(text)
             self.counted = self.counted + [pair[0]] if pair is not None else []
             if len(found) >= 2:
                 self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(text))
-                step, step_from = self._step("", "", 0, found)
+                step, step_from = self._step(text, text, 0, found)
                 if step is not None and step_from == "the line":
                     self.explicit = step
 
@@ -331,13 +346,26 @@ class MetricLines:
         found = bars(line)
         if found:
             self.bar, self.bar_line = found[-1].count, number
+            self.bar_total, self.since_bar = found[-1].total, 0
             self.bar_done = found[-1].count == found[-1].total  # a finished loop (a dataset's map, an epoch)
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
-                if glued(line, found[-1]) and shapes.trainer_dict(self.first.text):
-                    self._glued_bar(found[-1])
+                bar, first, same = found[-1], self.first, self._same_loop(found[-1])
+                one = dict_bars.one_a_step(first.step, bar.count, self.dicts, same_loop=same)
+                if one is not None:
+                    first.step_from = f"the first of {self.dicts} dicts between the progress bars at {first.step} and {bar.shown()}: one a step"
+                    first.step, self.pending, self.glued = one, None, []
                     return
-                self.first.step, self.first.step_from = self.bar, f"the progress bar after it, {found[-1].shown()}"
+                if glued(line, bar) and shapes.trainer_dict(first.text):
+                    self._glued_bar(bar)
+                    return
+                if not dict_bars.ran_past(first.step, bar.count, same_loop=same):
+                    first.step, first.step_from = self.bar, f"the progress bar after it, {bar.shown()}"
             self.pending, self.glued = None, []
+
+    def _same_loop(self, bar) -> bool:
+        """The first reading took its step from the bar before it, of `bar`'s loop, and is the first dict after it."""
+        first = self.first
+        return self.fresh == bar.total and first.step_from is not None and first.step_from.startswith(_BAR_BEFORE)
 
     def _glued_bar(self, bar) -> None:
         """A bar after a pending Trainer dict with other text glued after its `]`: that text was printed while the bar
@@ -356,7 +384,7 @@ class MetricLines:
         """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
         steps = []  # (key, step) of each step key, in order
         for key, value, at in found:
-            if is_step_key(key) and not shapes.percent(piece, at, value):
+            if is_step_key(key) and not shapes.percent(piece, at, value) and not shapes.setting(piece, at, key):
                 number = _number(value.strip("'\"").split("/")[0])
                 if number is not None and math.isfinite(number):
                     steps.append((key, int(number)))
@@ -464,6 +492,7 @@ class MetricLines:
             self.provisional = {key.lower() for key, _, _ in found}
         unstepped = self.first.step is None and self.first.after is None
         if unstepped or self.first.step_from == _BAR_BEFORE and shapes.trainer_dict(line):  # a dict's bar after it
-            self.pending = number  # gives its step (a bar redrawn after a dict is its step's)
+            self.pending, self.dicts = number, 1  # gives its step (a bar redrawn after a dict is its step's)
+            self.fresh = self.bar_total if self.since_bar == 1 else None
         if not _norm_only(self.first):  # a second episode of its metric is watched for (launch.episodes)
             self.episodes.start(self.first.metric, self.first.step)

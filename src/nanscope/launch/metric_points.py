@@ -173,12 +173,8 @@ def points_to(
     if any(k in ("loss", "lm loss") for k in last) and grad_zero:
         return ("a loss with no gradient: non-finite while the gradient norm is 0 (every token masked: 0/0, or the "
                 "gradient zeroed)")  # fmt: skip
-    if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite) and trainer:
-        return (f"a non-finite gradient norm beside a logged loss of 0.0: {TRAINER_ZERO}, so the forward pass or the "
-                "loss was non-finite too, unless every label was masked")  # fmt: skip
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
-        return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
-                "every label masked (the line cannot tell which)")  # fmt: skip
+        return _norm_beside_zero(finite, found, trainer=trainer)
     if all(
         key.startswith(("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", "valid ", "test "))
         for key in keys
@@ -188,6 +184,29 @@ def points_to(
     if any("loss" in k or k == "cost" for k in last):  # Marian prints its training loss as `Cost`
         return "the forward pass or the loss itself: the loss is non-finite"
     return "a non-finite logged value, and nothing else on the line says where it came from"
+
+
+def _norm_beside_zero(finite: dict[str, float], found, *, trainer: bool) -> str:
+    """What a non-finite gradient norm beside a logged loss of 0 points to: a computed loss (-0.0, or an RL loss of
+    0.0 beside finite rewards) leaves the backward; a Trainer's 0.0 is its filter of a window of non-finite losses."""
+    if _negative_zero(finite) or trainer and _rewards_finite(found):
+        why = ("a logged loss of -0.0: a computed loss, rounded from a tiny negative value (no non-finite loss "
+               "reads as -0.0, and transformers' filter of them logs +0.0)" if _negative_zero(finite)
+               else "a logged loss of 0.0 beside finite rewards: an RL loss, 0 by construction on GRPO's first steps "
+               "(the probability ratio 1, the group-normalised advantages summing to 0)")  # fmt: skip
+        return (f"the backward pass: a non-finite gradient norm beside {why}: the forward pass finite, the gradient "
+                "not (an fp16 loss scaler skipping the step, else a backward op: anomaly mode names it)")  # fmt: skip
+    if trainer:
+        return (f"a non-finite gradient norm beside a logged loss of 0.0: {TRAINER_ZERO}, so the forward pass or the "
+                "loss was non-finite too, unless every label was masked")  # fmt: skip
+    return ("a non-finite gradient norm beside a loss of 0: the model's outputs already non-finite and masked, or "
+            "every label masked (the line cannot tell which)")  # fmt: skip
+
+
+def _negative_zero(finite: dict[str, float]) -> bool:
+    """The loss printed as -0.0: a computed value (a mean of tiny negative losses rounded), no NaN filter's 0.0
+    (transformers' logging_nan_inf_filter adds 0.0 / n to a window's sum of 0.0: +0.0)."""
+    return any(term(k) in ("loss", "lm loss") and v == 0.0 and math.copysign(1.0, v) < 0 for k, v in finite.items())
 
 
 def _zero_loss(finite: dict[str, float]) -> bool:

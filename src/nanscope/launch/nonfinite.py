@@ -281,7 +281,7 @@ class Nonfinite:
         if found and found[-1].close > 0:
             self.metrics.feed(text[: found[-1].close + 1], hit.line, bars=False)  # its bar: with the whole line, below
         if hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
-            self.scales.add(hit.scale, hit.next_scale, None)
+            self.scales.add(hit.scale, hit.next_scale, None, hit.line)
         if hit.step_from == OWN_COUNT:
             self._own_step(block, start, hit, clean)
         if hit.signal.id == "deepspeed-overflow":
@@ -429,7 +429,7 @@ class Nonfinite:
             {"line": self.stale[0], "value": self.stale[1], "before_overflow": self.stale[2]},
             "loss_scale": None if self.scales.first is None else
             {"overflows": self.scales.count, "first": self.scales.first, "first_step": self.scales.first_step,
-             "lowest": self.scales.lowest, "says": self.scales.sentence(self.loss_step())},
+             "lowest": self.scales.lowest, "copies": self.scales.copies, "says": self.scales.sentence(self.loss_step())},
         }  # fmt: skip
 
     def loss_step(self) -> int | None:

@@ -47,9 +47,20 @@ class Scales:
     in_a_row: bool = True  # the overflow lines' steps follow one another (each the one before + 1)
     floored: int = 0  # overflow lines at the floor (attempted = set <= 1)
     first_set: float | None = None  # the first scale set, where the lines print only that (apex amp, DLLogger)
+    copies: int = 0  # lines repeating the halving on the line just before: another process's print of one overflow
+    previous: tuple[int, float | None, float | None] | None = None  # the last line added: (line, attempted, set)
 
-    def add(self, scale: float | None, next_scale: float | None, step: int | None) -> None:
-        """One overflow line: the scale it attempted and the one it set (None: not printed)."""
+    def add(self, scale: float | None, next_scale: float | None, step: int | None, line: int | None = None) -> None:
+        """One overflow line (at `line`): the scale it attempted and the one it set (None: not printed). The same
+        halving on the very next line is one overflow printed by another process (each DP rank's optimizer prints
+        it: holdout21 04's three ZeRO-1 lines of one millisecond), not the scale grown back and halved again (that
+        takes the scaler's window of clean steps, hundreds of lines)."""
+        copy = (line is not None and self.previous is not None and self.previous == (line - 1, scale, next_scale)
+                and scale is not None and next_scale is not None and next_scale < scale)  # fmt: skip
+        self.previous = None if line is None else (line, scale, next_scale)
+        if copy:
+            self.copies += 1
+            return
         self.count += 1
         if scale is not None and self.first is None:
             self.first, self.first_step = scale, step
@@ -122,6 +133,15 @@ class Scales:
 
     def sentence(self, loss_step: int | None = None) -> str | None:
         """What the series says, in one or two sentences (None: no scale printed)."""
+        said = self._sentence(loss_step)
+        if said is None or not self.copies:
+            return said
+        return (
+            f"{said} ({self.copies} more line(s) repeat an overflow on the line just before it: the same "
+            "overflow printed by another process, each data-parallel rank's optimizer agreeing to skip.)"
+        )
+
+    def _sentence(self, loss_step: int | None) -> str | None:
         if self.first is None:
             return self._set_only()
         if self.floor is not None:
@@ -150,8 +170,10 @@ class Scales:
                     f"loss itself is non-finite at step {loss_step}: a scale calibrating does not explain a NaN "
                     "loss.")  # fmt: skip
         if self.first >= HIGH and lowest >= LOW and early:
+            halves = ("is kept (the overflow spent the scaler's hysteresis)" if not self.halved
+                      else "halves on consecutive overflows" if self.count > 1 else "halves once")  # fmt: skip
             return (f"The first attempted loss scale is {_shown(self.first)}, where fp16 loss scalers start, and it "
-                    "halves on consecutive overflows: the scale calibrating at a run's start, not a NaN failure by "
+                    f"{halves}: the scale calibrating at a run's start, not a NaN failure by "
                     "itself (a scale that keeps falling is one).")  # fmt: skip
         if lowest <= LOW and self.halved and self.first >= HIGH and self.stepped is None:
             return (f"The loss scale is down to {_shown(lowest)} from {_shown(self.first)}, where fp16 loss scalers "

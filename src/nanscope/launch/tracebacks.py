@@ -245,9 +245,14 @@ def explain_iteration(iteration: int, framework: str = "slime") -> str:
             "training loop advances it (should_run_forward_backward); slime v0.1.0 drives "
             "train_one_step itself and never does, so it is always -1: not a rollout or step index."
         )
+    if framework == "slime":
+        return (
+            f"iteration {iteration}: the RerunStateMachine's counter (advanced by Megatron's training loop, "
+            "not by slime v0.1.0)."
+        )
     return (
-        f"iteration {iteration}: the RerunStateMachine's counter (advanced by Megatron's training loop, "
-        "not by slime v0.1.0)."
+        f"iteration {iteration}: the RerunStateMachine's counter, advanced by Megatron-LM's own training loop "
+        "(should_run_forward_backward): the job runs that loop, and the count is its training iteration."
     )
 
 

@@ -42,7 +42,11 @@ from nanscope.launch.script.interpreter import Interpreter, Source
 
 class NotALaunch(UserError):
     """The file was read, but nothing in it is a launch nanscope reads: no train command, or a text tree-sitter-bash
-    gives up on (a log, a Python file, a wrapper whose target is elsewhere)."""
+    gives up on (a log, a Python file, a wrapper whose target is elsewhere). `wrapped`: the scripts a wrapper runs."""
+
+    def __init__(self, message: str, wrapped: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.wrapped = wrapped
 
 
 @dataclass
@@ -115,7 +119,8 @@ def parse_script(
                      "that script as the launch script)")  # fmt: skip
         raise NotALaunch(
             f"{path}: no train command found: expected `python3 <train script>.py ...` (or `python3 -m <module>`, "
-            f"`torchrun ... <script>.py`, `megatron sft ...`), directly or after `ray job submit ... --`{hint}"
+            f"`torchrun ... <script>.py`, `megatron sft ...`), directly or after `ray job submit ... --`{hint}",
+            tuple(reader.wrapped),
         )
     if model_args is not None and reader.model_args is not None:
         reader.assumptions.append(f"--model-args {model_args}: not used (no `source` in the script was missing)")

@@ -1,10 +1,9 @@
 """Walking a launch script's syntax tree in order, as bash would run it, without running anything.
 
-Read: scalar and array assignments (`X=( ... )` with comments and line continuations, `+=`),
-`export`/`declare`, `source FILE` / `. FILE` (followed, or a `--model-args` file read in its place),
-`if`/`elif`/`else` on `[ ... ]` tests of known values (an undecidable test is assumed true, said in
-`assumptions`), associative and indexed arrays (`declare -A M=([tp]=2)`, `M[k]=v`: `arrays`), and every
-command's words, to find the train command. A function's body is read where the script calls it, with its
+Read: scalar and array assignments (`X=( ... )` with comments and line continuations, `+=`), `export`/`declare`,
+`source FILE` / `. FILE` (followed, or a `--model-args` file read in its place), `if`/`elif`/`else` on `[ ... ]` tests
+of known values (an undecidable test is assumed true, said in `assumptions`), associative and indexed arrays
+(`declare -A M=([tp]=2)`, `M[k]=v`: `arrays`), and every command's words, to find the train command. A function's body is read where the script calls it, with its
 arguments (`calls`); heredocs and other command substitutions are not run. Words are expanded by `expansion.Expander`.
 """
 
@@ -36,7 +35,7 @@ from nanscope.launch.script.calls import Calls, Return
 from nanscope.launch.script.commands import called_script, inline_script, train_command
 from nanscope.launch.script.continuation import cut_note
 from nanscope.launch.script.expansion import Expander, unescape_word
-from nanscope.launch.script.markdown import unquote
+from nanscope.launch.script.markdown import as_pasted
 from nanscope.launch.script.syntax import TooSlow, line, parse, snippet, without_controls
 
 
@@ -108,10 +107,11 @@ class Interpreter:
     def run_file(self, path: str, what: str = "launch script") -> None:
         self.budget.files += 1
         text, removed = without_controls(inputs.read_text(path, what, self.limit, OPTION))
-        pasted = unquote(text) if self.depth == 0 else None  # a report's Markdown: its quoted command
-        if pasted is not None:
-            text = pasted[0]
-            self.pasted = f"{path}: {pasted[1]}"
+        if self.depth == 0:  # a report's paste: its quoted command, its values left out as `<name>`
+            text, pasted, notes = as_pasted(text)
+            self.pasted = f"{path}: {pasted}" if pasted is not None else None
+            for at, note in notes:
+                self.budget.note(at, note)
         if self.depth == 0 and "#SBATCH" in text:
             self._slurm(text)
         try:

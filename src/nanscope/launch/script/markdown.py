@@ -6,11 +6,20 @@
     ```
     > python train.py --fp16        (a quote `> `, nested `> > ` too: dropped)
 
+A command copied from an interactive shell carries bash's continuation prompt (PS2, `> `) on each line after a `\\`:
+
+    python train.py \\
+    >   --lr 1e-5                   (a `> ` after a line ending in `\\`: the prompt dropped, the line kept)
+
+A value the poster left out as `<data_path>` is a placeholder, not bash's redirections (`redacted`).
+
 `unquote` keeps one output line per input line (blank where a line is not the command's), so every line number
 nanscope says is the pasted text's. A text with no fence, no quoted line and no prompt is left alone (a script).
 """
 
 from __future__ import annotations
+
+import re
 
 _FENCES = ("```", "~~~")
 
@@ -19,6 +28,11 @@ def unquote(text: str) -> tuple[str, str] | None:
     """(the text with only its quoted command lines, unquoted; what was read, in words); None: no Markdown in it."""
     lines = text.split("\n")
     fenced = any(line.lstrip().startswith(_FENCES) for line in lines)
+    continued_prompt = _continuation_prompts(lines)
+    if continued_prompt:  # bash's PS2 prompts, not Markdown quotes: every `>` line continues a `\` line
+        return "\n".join(_unquoted(line) if line.startswith(">") else line for line in lines), (
+            "read as a command copied from a shell: the `> ` continuation prompts dropped"
+        )
     quoted = any(line.startswith(">") for line in lines)
     prompted = any(_prompt(line) is not None for line in lines)
     if not (fenced or quoted or prompted):
@@ -56,3 +70,35 @@ def _prompt(line: str) -> str | None:
     """The command after a shell prompt at the line's start (`$ `, `# ` is a comment, not read); None: none."""
     stripped = line.lstrip()
     return stripped[2:] if stripped.startswith("$ ") else None
+
+
+def _continuation_prompts(lines: list[str]) -> bool:
+    """Every line that starts with `>` follows a line ending in `\\` (bash's PS2 prompt on a continued command, not a
+    Markdown quote), and there is one."""
+    prompted = [i for i, line in enumerate(lines) if line.startswith(">")]
+    return bool(prompted) and all(i > 0 and lines[i - 1].rstrip().endswith("\\") for i in prompted)
+
+
+# `<data_path>`: a word in angle brackets after a space or `=`, followed by a space or the line's end (`<in >out`,
+# `2>&1`, `<<EOF` do not match: a redirection's `<` is followed by its file, and `>` never closes that file's name)
+_PLACEHOLDER = re.compile(r"(?<=[ \t=])<([A-Za-z][A-Za-z0-9_./:-]{0,60})>(?=[ \t]|$)", re.MULTILINE)
+
+
+def as_pasted(text: str) -> tuple[str, str | None, list[tuple[int, str]]]:
+    """A script as a report pasted it: the text to read, what of it was read (`unquote`; None: all of it), and the
+    notes on its placeholders, (line, words) each."""
+    pasted = unquote(text)
+    text, placeholders = redacted(pasted[0] if pasted is not None else text)
+    read = None if pasted is None else pasted[1]
+    if not placeholders:
+        return text, read, []
+    words = ", ".join(f"`{word}`" for _, word in placeholders[:4]) + (", ..." if len(placeholders) > 4 else "")
+    return text, read, [(placeholders[0][0], f"{words} read as value(s) the poster left out (bash would read their "
+                                              "`<` and `>` as redirections)")]  # fmt: skip
+
+
+def redacted(text: str) -> tuple[str, list[tuple[int, str]]]:
+    """`text` with each `<placeholder>` single-quoted (read as a word), and (line, placeholder) for each: bash would
+    read `--dataset <data_path> \\` as redirections, the `>` taking the next line's first word as its file."""
+    found = [(text.count("\n", 0, m.start()) + 1, m[0]) for m in _PLACEHOLDER.finditer(text)]
+    return (_PLACEHOLDER.sub(lambda m: f"'{m[0]}'", text) if found else text), found

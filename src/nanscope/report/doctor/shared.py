@@ -110,7 +110,9 @@ def failure_lines(diagnosis) -> list[str]:
             f"rerun verdict: {rerun.verdict} ({rerun.rerun} rerun{', ' + rerun.values if rerun.values else ''}): {rerun.means}"
         )
     elif diagnosis.framework.name not in frameworks.WITHOUT_MEGATRON and diagnosis.megatron_core is not None:
-        out.append("rerun verdict: none in the input (slime and most jobs run the RerunStateMachine disabled)")
+        why = ("slime runs the RerunStateMachine disabled: no rerun, no verdict" if diagnosis.framework.name == "slime"
+               else "a RerunStateMachine run disabled reruns nothing and gives no verdict")  # fmt: skip
+        out.append(f"rerun verdict: none in the input ({why})")
     return out
 
 

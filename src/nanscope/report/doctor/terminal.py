@@ -101,11 +101,14 @@ def _rank_section(diagnosis, console) -> None:
         ),
         (
             "where",
-            f"node index {rank.node_index} (= {rank.rank} // {layout.gpus_per_node}, nodes in slime's placement "
-            f"order: sorted by IP), local device {rank.local_device}",
+            f"node index {rank.node_index} (= {rank.rank} // {layout.gpus_per_node}, {_node_order(diagnosis)}), "
+            f"local device {rank.local_device}",
         ),
         ("decoder layers", f"{layers} (0-based)"),
-        ("output layer", "yes: final norm + output layer (and slime's loss)" if rank.holds_output_layer else "no"),
+        (
+            "output layer",
+            f"yes: final norm + output layer (and {_loss_owner(diagnosis)})" if rank.holds_output_layer else "no",
+        ),
     ]
     if rank.experts:
         rows.append(("experts", f"{span(rank.experts)} ({layout.experts_per_rank} per EP rank)"))
@@ -115,6 +118,18 @@ def _rank_section(diagnosis, console) -> None:
     console.print(table)
     for line in diagnosis.explanations:
         _plain(console, f"  - {line}")
+
+
+def _node_order(diagnosis) -> str:
+    """How nodes are numbered: slime places its Ray actors on nodes sorted by IP; elsewhere ranks fill nodes in the
+    launcher's node order (torchrun's --node-rank)."""
+    if diagnosis.framework.name == "slime":
+        return "nodes in slime's placement order: sorted by IP"
+    return "nodes in the launcher's order, each filled before the next"
+
+
+def _loss_owner(diagnosis) -> str:
+    return "slime's loss" if diagnosis.framework.name == "slime" else "the loss"
 
 
 def _layout_section(diagnosis, console) -> None:

@@ -204,9 +204,11 @@ def _framework_sentence(diagnosis) -> str:
         read = [] if diagnosis.script is None else ["the launch script"]
         if traceback is not None:
             read.append("the traceback" if traceback.frames else "the log")
+        core = framework.how.split("; megatron-core runs it: ", 1)[1:]
+        core = f"; megatron-core runs the job ({core[0]})" if core else ""
         return (
-            f"Nothing in {' or '.join(read) or 'the input'} names the framework, so no framework's own causes are "
-            "weighed."
+            f"Nothing in {' or '.join(read) or 'the input'} names the framework{core}, so no framework's own causes "
+            "are weighed."
         )
     release = f" {framework.release}" if framework.release else ""
     return f"The job is {_owner(framework.name + release)} ({balanced(framework.how)})."

@@ -1,0 +1,25 @@
+"""A Trainer dict whose step was read from the progress bar just before it, and the next bar after it: which step
+the dict logged. A bar redrawn after a dict repeats the dict's step (tqdm clears its bar to print a line, then draws
+it again), so the bar after is the dict's step by default (launch.metric_lines); two shapes say otherwise:
+
+    3/200   {dict}   6/200                the bar before's 3: a notebook keeps a bar's last state before each
+                                          printed line, so the 6 is steps run since, no redraw (holdout20 07)
+    0/20   {dict} x 5   5/20              one dict a step: the first is step 1 (holdout21 09)
+
+Both only where the two bars are one loop's (the same total: an evaluation's bar before is not the training's,
+holdout20 03) and the dict is the first since the bar before (dicts between: that bar is stale, holdout20 06).
+"""
+
+from __future__ import annotations
+
+
+def ran_past(step: int, count: int, *, same_loop: bool) -> bool:
+    """The bar after (at `count`) is 2 or more past the dict's bar before (at `step`): steps ran since, no redraw
+    (a redraw repeats the count, or is one ahead where the bar before was stale)."""
+    return same_loop and count - step >= 2
+
+
+def one_a_step(step: int, count: int, dicts: int, *, same_loop: bool) -> int | None:
+    """The first dict's step where `dicts` dicts lie between the bars at `step` and `count`, one a step; None: not
+    so many."""
+    return step + 1 if same_loop and dicts >= 2 and count - step == dicts else None
