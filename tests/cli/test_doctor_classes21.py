@@ -1,5 +1,6 @@
-"""Issue 41, round 21: the classes of holdout21 (reports doctor had never read) and what holdout20 still read only
-partly, on crafted input of each class. Each positive test fails on round 20's doctor (main ee8e551)."""
+"""Issue 41, rounds 21 and 22: the classes of holdout21 and holdout22 (reports doctor had never read), what holdout20
+still read only partly, and the false readings a review of round 21 found, on crafted input of each class. Each
+positive test fails on round 20's doctor (main ee8e551); those of round 22 and the review on round 21's (acaa06a)."""
 
 import pytest
 
@@ -28,8 +29,8 @@ def test_1_a_non_slime_rank_is_placed_without_slime_words(tmp_path, capsys):
     assert doc["framework"]["name"] == "ms-swift"
     assert "nodes in the launcher's order, each filled before the next" in out
     assert "yes: final norm + output layer (and the loss)" in out
-    assert ("iteration 1: the RerunStateMachine's counter, advanced by Megatron-LM's own training loop "
-            "(should_run_forward_backward)") in out  # fmt: skip
+    assert ("iteration 1: the RerunStateMachine's counter, advanced each iteration by the training loop this job "
+            "runs (Megatron-LM's, or Megatron-Bridge's: should_run_forward_backward)") in out  # fmt: skip
     said = out.replace("slime's rules do not apply", "")
     for word in ("slime's placement", "slime's loss", "slime v0.1.0", "slime and most jobs"):
         assert word not in said
@@ -185,15 +186,114 @@ def test_12_megatron_bridges_num_gpus_is_the_world(tmp_path, capsys):
 
 
 # 13. a NaN gradient norm beside a loss logged as -0.0 (holdout21 09: TRL GRPO under Unsloth, rewards and kl finite):
-# a computed loss, no NaN window the Trainer filtered to 0.0; and beside a GRPO loss of 0.0 with finite rewards
-@pytest.mark.parametrize("loss, why", [("-0.0", "a logged loss of -0.0: a computed loss"),
-                                       ("0.0", "a logged loss of 0.0 beside finite rewards: an RL loss")])  # fmt: skip
-def test_13_a_computed_zero_loss_points_to_the_backward(tmp_path, capsys, loss, why):
-    line = _DICT.replace("'loss': -0.0", f"'loss': {loss}")
-    _, out = _doctor(tmp_path, capsys, line)
-    assert f"What it points to: the backward pass: a non-finite gradient norm beside {why}" in out
+# a computed sum, so a step of the window had a finite loss; a GRPO loss of 0.0 beside finite rewards may be either
+def test_13_a_loss_logged_as_negative_zero_was_computed(tmp_path, capsys):
+    _, out = _doctor(tmp_path, capsys, _DICT)
+    assert ("a non-finite gradient norm beside a logged loss of -0.0: a computed sum, rounded from a tiny negative "
+            "value") in out  # fmt: skip
+    assert "so at least one step of the logging window had a finite loss" in out
+
+
+def test_13_a_grpo_zero_loss_beside_finite_rewards_is_either(tmp_path, capsys):
+    _, out = _doctor(tmp_path, capsys, _DICT.replace("'loss': -0.0", "'loss': 0.0"))
+    assert "or an RL loss 0 by construction (GRPO's on its first steps" in out
+    assert "the line cannot tell which" in out
 
 
 def test_13_a_trainer_zero_loss_without_rewards_is_still_a_filtered_window(tmp_path, capsys):
     _, out = _doctor(tmp_path, capsys, "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.5}\n")
     assert "transformers' Trainer logs 0.0 for a logging window whose every step's loss was NaN" in out
+    assert "the line cannot tell which" not in out
+
+
+# review of round 21: verl places nodes sorted by IP and drives Megatron's schedule itself (no iteration of its own)
+def test_1_verl_with_megatron_is_placed_by_ip_and_its_iteration_is_not_verls(tmp_path, capsys):
+    script = ("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.strategy=megatron trainer.nnodes=2 "
+              "trainer.n_gpus_per_node=8\n")  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, _RAISED, script)
+    assert doc["framework"]["name"] == "verl"
+    assert "nodes in verl's placement order: sorted by IP" in out
+    assert "verl and ROLL drive the schedule themselves and leave it at -1" in out
+
+
+# review of round 21: a `<tag>` inside quotes is the poster's text, not a placeholder (a GRPO system prompt)
+def test_2_an_angle_bracket_word_inside_quotes_is_left_alone(tmp_path, capsys):
+    script = _SWIFT.replace("--train_type lora", "--system 'Think inside <think> </think> tags.'")
+    doc, out = _doctor(tmp_path, capsys, _RAISED, script)
+    assert (doc["topology"]["pp"], doc["topology"]["ep"]) == (2, 8)
+    assert "`<think>`" not in out
+
+
+# review of round 21: a continuation prompt in a fenced paste; a script's `\` then `> log 2>&1` its redirection
+def test_3_continuation_prompts_inside_a_fence_are_dropped(tmp_path, capsys):
+    script = "Run:\n```bash\n$ python train_grpo.py \\\n>   --learning_rate 5e-6 \\\n>   --bf16\n```\n"
+    _, out = _doctor(tmp_path, capsys, _DICT, script)
+    assert "train.sh (train_grpo.py, line 3)" in out
+    assert "bash's `> ` continuation prompts" in out
+
+
+def test_3_a_redirection_after_a_continued_line_is_no_prompt(tmp_path, capsys):
+    script = "python train.py \\\n  --fp16 \\\n> logs/train.log 2>&1 &\n"
+    doc, out = _doctor(tmp_path, capsys, _DICT, script)
+    assert "train.sh (train.py, line 1)" in out
+    assert "continuation prompts" not in out and "Markdown" not in out
+
+
+# review of round 21: DeepSpeed's rank-0 overflow line grep'd, an hour apart: two overflows, the scale grown back
+def test_4_one_ranks_overflows_at_other_times_are_not_copies(tmp_path, capsys):
+    line = ("[2024-05-01 10:{m}:11] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping "
+            "step. Attempted loss scale: 65536, reducing to 32768\n")  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, line.format(m="02") + line.format(m="41"))
+    assert doc["signals"]["loss_scale"]["copies"] == 0
+    assert "The loss scale grows back between overflows" in out
+
+
+# review of round 21: a terminal's bar before a dict lags (tqdm's mininterval), its redraw after is the dict's step;
+# an evaluation's dict is no logging step; one dict every 2 steps between two bars
+def test_11_a_terminal_bar_after_a_dict_is_its_step(tmp_path, capsys):
+    text = (" 63%|######3   | 38/60 [00:02<00:01, 19.0it/s]\n\n" + _DICT
+            + " 67%|######6   | 40/60 [00:02<00:01, 19.0it/s]\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, text)
+    assert doc["summary"]["step"] == 40
+
+
+def test_10_an_evaluation_dict_is_no_logging_step(tmp_path, capsys):
+    bar = "  {p}%|#   | {n}/20 [00:10<00:30, 2.0s/it]\n"
+    evaluation = "{'eval_loss': nan, 'eval_runtime': 1.0, 'epoch': 0.1}\n"
+    doc, _ = _doctor(tmp_path, capsys, bar.format(p=0, n=0) + _DICT + evaluation + bar.format(p=10, n=2))
+    assert doc["summary"]["step"] == 2
+
+
+def test_10_one_dict_every_two_steps(tmp_path, capsys):
+    bar = "  {p}%|#   | {n}/20 [00:10<00:30, 2.0s/it]\n"
+    doc, out = _doctor(tmp_path, capsys, bar.format(p=0, n=0) + _DICT * 5 + bar.format(p=50, n=10))
+    assert doc["summary"]["step"] == 2
+    assert "the first of 5 dicts between the progress bars at 0 and 10/20: one every 2 steps" in out
+
+
+# review of round 21 (holdout22 04): a terminal's bar redrawn after a dict, then another dict: a later log
+def test_11_a_dict_after_the_bar_redrawn_after_another_is_later(tmp_path, capsys):
+    text = ("{'loss': 3.5249, 'grad_norm': 100.7, 'learning_rate': 0.0, 'epoch': 1.0}\n"
+            "  0%|#   | 1/300 [00:02<11:15,  2.26s/it]huggingface/tokenizers: The current process just got forked\n"
+            "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 3.3e-10, 'epoch': 2.0}\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, text)
+    assert (doc["summary"]["step"], doc["summary"]["after_step"]) == (None, 1)
+
+
+# holdout22 01: a Trainer dict a paste broke over lines at a fixed width, mid-word: one record (its reward_std nan on
+# the second line is the same step's: a group of one sample's std)
+def test_14_a_dict_broken_over_lines_is_one_record(tmp_path, capsys):
+    text = ("{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 0.0, 'rewards/strict_format_re\n"
+            "ward_func': 0.0, 'reward': 0.216, 'reward_std': nan, 'k\nl': 0.0, 'epoch': 2.12}\n")  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, text)
+    assert doc["metrics"]["first_nonfinite"]["values"] == [["grad_norm", "nan"], ["reward_std", "nan"]]
+    assert "What it points to: the reward: a reward function's NaN, or the spread of a group of one sample" in out
+    assert doc["metrics"]["later_nonfinite_lines"] == 0
+
+
+# holdout22 03: NeMo AutoModel's recipe (FSDP2, no megatron-core): its own framework, not NeMo's Megatron
+def test_15_nemo_automodels_recipe_names_it(tmp_path, capsys):
+    script = "torchrun --nproc-per-node=8 nemo_automodel/recipes/vlm/finetune.py -c gemma4_4b.yaml\n"
+    doc, out = _doctor(tmp_path, capsys, "step 11 | loss 2.3224 | grad_norm     nan\n", script)
+    assert doc["framework"]["name"] == "nemo-automodel"
+    assert doc["megatron_core_evidence"] is None

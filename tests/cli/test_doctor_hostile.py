@@ -248,6 +248,8 @@ CRAFTED = {
     + "NaN/Inf: nan",
     "settings ending in a step's word": "Gradient accumulation " * 100_000 + "steps = 8 | loss: nan\n",
     "dicts between two bars": (" 0/20 [00:00<?, ?it/s]\n" + "{'loss': 0.0, 'grad_norm': nan}\n" * 5) * 2_000,
+    "dicts opened and never closed": "{'loss': nan, 'grad_norm': 1.0, 'rewards/a\n" * 5_000,
+    "pieces of a dict far below its head": "{'x': 1,\n" + "'loss': nan, 'kl': 0.1,\n" * 5_000 + "}\n",
     "one overflow from many processes": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2.0, "
     "reducing to 1.0\n" * 5_000,
 }

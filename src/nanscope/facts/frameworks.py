@@ -29,12 +29,15 @@ RLINF = "rlinf"
 # issue 41's nineteenth round: AMD's Primus, a launcher over Megatron-LM, TorchTitan or JAX (AMD-AGI/Primus fd1eeab
 # primus/cli/main.py:145), whose CLI prints a failed run's error as `[Primus] Error: ...` (:220)
 PRIMUS = "primus"
+# issue 41's twenty-second round: NeMo AutoModel, NeMo's PyTorch DTensor-native trainer of Hugging Face models (FSDP2,
+# its own recipes: NVIDIA-NeMo/Automodel nemo_automodel/recipes/{llm,vlm}/...), no megatron-core DDP
+NEMO_AUTOMODEL = "nemo-automodel"
 FAIRSEQ = "fairseq"  # issue 41's sixteenth round: fairseq's `| epoch 027 | loss 6.343 | ... | num_updates 10198 |`
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
-    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, PRIMUS, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
+    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, PRIMUS, NEMO_AUTOMODEL, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
     DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING,
     LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, FAIRSEQ, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
     UNKNOWN,
@@ -42,7 +45,7 @@ NAMES = (
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
-                    MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL, FAIRSEQ)  # fmt: skip
+                    MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL, FAIRSEQ, NEMO_AUTOMODEL)  # fmt: skip
 
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
@@ -72,6 +75,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     PRIMUS: ("/primus/core/", "/primus/backends/", "/primus/cli/"),
     MS_SWIFT: ("/swift/megatron/", "/swift/cli/", "/swift/llm/", "/swift/trainers/"),
     PAI: ("/megatron_patch/",),
+    NEMO_AUTOMODEL: ("/nemo_automodel/",),
     NEMO: ("/nemo/lightning/", "/nemo/collections/", "/megatron/bridge/", "/nemo/core/"),
     LLAMA_FACTORY: ("/llamafactory/", "/llmtuner/"),
     TRL: ("/trl/trainer/", "/trl/models/"),

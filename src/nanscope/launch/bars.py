@@ -40,6 +40,13 @@ class Bar:
         return f"{self.count}/{self.total}"
 
 
+def bodiless(line: str, bar: Bar) -> bool:
+    """The bar has a percentage but no `|` body before its count (`  2% 3/200 [...]`): a notebook's text rendering of
+    its widget, which keeps only the bar's last state before each printed line (no redraw after a printed line)."""
+    before = line[max(0, bar.start - 12) : bar.start]
+    return "%" in before and "|" not in before
+
+
 def counts_steps(line: str) -> bool:
     """The bars on `line` count training steps (not a dataset's map or a download)."""
     return _NOT_STEPS.search(line, 0, 200) is None

@@ -30,7 +30,8 @@ from nanscope.launch.words import count
 
 _MODULES = (
     ("verl.", frameworks.VERL), ("openrlhf.", frameworks.OPENRLHF), ("nemo_rl", frameworks.NEMO_RL),
-    ("roll.", frameworks.ROLL), ("swift", frameworks.MS_SWIFT), ("nemo", frameworks.NEMO),
+    ("roll.", frameworks.ROLL), ("swift", frameworks.MS_SWIFT), ("nemo_automodel", frameworks.NEMO_AUTOMODEL),
+    ("nemo", frameworks.NEMO),
     ("megatron.training", frameworks.MEGATRON_LM),
 )  # fmt: skip
 _CLIS = (("megatron ", frameworks.MS_SWIFT), ("swift ", frameworks.MS_SWIFT), ("nemo ", frameworks.NEMO),
@@ -38,7 +39,7 @@ _CLIS = (("megatron ", frameworks.MS_SWIFT), ("swift ", frameworks.MS_SWIFT), ("
 _PATHS = (
     ("/verl/", frameworks.VERL), ("/openrlhf/", frameworks.OPENRLHF), ("/nemo_rl/", frameworks.NEMO_RL),
     ("/examples/start_", frameworks.ROLL), ("/roll/", frameworks.ROLL), ("/megatron_patch/", frameworks.PAI),
-    ("/pai-megatron-patch/", frameworks.PAI), ("/nemo/", frameworks.NEMO),
+    ("/pai-megatron-patch/", frameworks.PAI), ("/nemo_automodel/", frameworks.NEMO_AUTOMODEL), ("/nemo/", frameworks.NEMO),
     # LLaMA-Factory up to 0.6 (and ChatGLM-Efficient-Tuning, its predecessor): src/train_bash.py
     ("/train_bash.py", frameworks.LLAMA_FACTORY),
     # open-r1's scripts run TRL's trainers (huggingface/open-r1 013b054 src/open_r1/grpo.py: from trl import GRPOTrainer)

@@ -143,6 +143,13 @@ def trainer_dict(text: str) -> bool:
     return "{'" in text
 
 
+def evaluation_dict(text: str) -> bool:
+    """A Trainer dict of an evaluation or of the run's end (`{'eval_loss': ...}`, `{'train_runtime': ...}`): no
+    logging step of its own."""
+    head = text[:200]
+    return "{'eval_" in head or "'train_runtime'" in head
+
+
 def logs_its_step(text: str) -> bool:
     """A Trainer dict with its `grad_norm` (transformers 4.38 on, `_maybe_log_save_evaluate`): glued after a bar, it
     was printed with the bar at its own step (the order above; transformers 5.10.4 trainer.py:1781-1784, the bar's

@@ -30,12 +30,13 @@ from nanscope.facts.frameworks import PY_DICT
 from nanscope.facts.metric_names import is_step_key
 from nanscope.launch import dict_bars, epoch_steps
 from nanscope.launch import line_shapes as shapes
-from nanscope.launch.bars import bars, glued, interval_before, segments, step_at
+from nanscope.launch.bars import bars, bodiless, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
 from nanscope.launch.line_pairs import WINDOW, pairs
 from nanscope.launch.loop_lines import MEGATRON_HEAD
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import contradiction, model_of, points_to, term
+from nanscope.launch.readings import Counter, Reading
 from nanscope.launch.scales import PrintedScale
 from nanscope.launch.tables import Table, header
 
@@ -108,75 +109,6 @@ def _norm_only(reading) -> bool:
 
 
 @dataclass
-class Reading:
-    """The first metric line with a non-finite value.
-
-    Attributes:
-        line: its line in the log.
-        step: the step it names, or that its progress bar gives (None: not said).
-        step_from: where the step came from.
-        after: the last step an earlier metric line named, when this one names none.
-        values: the non-finite (key, value) pairs, in the line's order: the first is `metric` (a loss Megatron did
-            not print comes after the printed ones).
-        model: actor, critic, policy, reference, reward model, or None (one model alone is not named).
-        finite: the line's finite loss and gradient-norm values, key -> value.
-        points_to: what that points to, in one phrase.
-        text: the line, cut.
-        weak: only a loss Megatron did not print (weak evidence alone: NaN, <= 0, or skipped iterations).
-        contradicted: the finite values on the line that contradict its non-finite ones (a progress bar's running
-            mean NaN beside a finite reduced loss), in words; None: nothing contradicts them.
-        fragment: the input's first line, cut at its start, that held non-finite values before this line (its text).
-    """
-
-    line: int
-    step: int | None
-    step_from: str | None
-    after: int | None
-    values: list[tuple[str, str]]
-    model: str | None
-    finite: dict[str, float]
-    points_to: str
-    text: str
-    weak: bool = False
-    contradicted: str | None = None
-    fragment: str | None = None
-    epoch: str | None = None  # the line's `epoch` value where it names no step (transformers' Trainer: 0.52)
-
-    @property
-    def metric(self) -> str:
-        return self.values[0][0]
-
-    @property
-    def said_epoch(self) -> str | None:
-        """`epoch` where it says something: a number above 0 (a Trainer's `0.0` in its first hundredth of an epoch
-        says nothing)."""
-        try:
-            return self.epoch if self.epoch is not None and float(self.epoch) > 0 else None
-        except ValueError:
-            return None
-
-    def to_dict(self) -> dict:
-        return {"line": self.line, "step": self.step, "step_from": self.step_from, "after_step": self.after,
-                "metric": self.metric, "model": self.model, "values": [list(pair) for pair in self.values],
-                "finite": self.finite, "points_to": self.points_to, "text": self.text, "weak": self.weak,
-                "contradicted": self.contradicted, "cut_first_line": self.fragment, "epoch": self.epoch}  # fmt: skip
-
-
-@dataclass
-class Counter:
-    """A skip counter that rose: steps with inf/NaN gradients skipped."""
-
-    key: str
-    value: int
-    line: int
-    step: int | None
-    cumulative: bool
-
-    def to_dict(self) -> dict:
-        return dict(key=self.key, value=self.value, line=self.line, step=self.step, cumulative=self.cumulative)
-
-
-@dataclass
 class MetricLines:
     """The metric lines of a log, fed in order (`feed`); keeps the first non-finite reading and counters."""
 
@@ -202,6 +134,8 @@ class MetricLines:
     glued: list = field(default_factory=list)  # bars after a pending dict with text glued after them (`_glued_bar`)
     dicts: int = 0  # Trainer dicts from a pending first reading's on (launch.dict_bars)
     since_bar: int = 0  # Trainer dicts since the last progress bar
+    redrawn: int | None = None  # the last bar's count where it is a terminal's redraw right after a Trainer dict
+    zero_before: int | None = None  # a Trainer dict's line whose bar before is at 0 (its step: the bar after's)
     bar_total: int | None = None  # the last progress bar's total
     fresh: int | None = None  # the total of the bar just before a first reading that is the first dict after it
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
@@ -264,7 +198,7 @@ class MetricLines:
         if not found:
             return
         self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(piece))
-        counted = shapes.trainer_dict(piece) and offset == 0
+        counted = shapes.trainer_dict(piece) and offset == 0 and not shapes.evaluation_dict(piece)
         self.dicts, self.since_bar = self.dicts + (self.pending is not None and counted), self.since_bar + counted
         step, step_from = self._step(line, piece, offset, found)
         self._counters([pair for pair in found if shapes.separated(piece, pair[2])], number, step)
@@ -331,8 +265,8 @@ class MetricLines:
             found = pairs(text := clean(raw.decode("utf-8", "replace")))
             shown = bars(text)
             if shown:  # a bar among them: the dicts after it are counted from it (launch.dict_bars)
-                self.bar_total, self.since_bar = shown[-1].total, 0
-            self.since_bar += shapes.trainer_dict(text)
+                self._bar_seen(text, shown)
+            self.since_bar += shapes.trainer_dict(text) and not shapes.evaluation_dict(text)
             pair = shapes.bare_pair(text)
             self.counted = self.counted + [pair[0]] if pair is not None else []
             if len(found) >= 2:
@@ -346,26 +280,41 @@ class MetricLines:
         found = bars(line)
         if found:
             self.bar, self.bar_line = found[-1].count, number
-            self.bar_total, self.since_bar = found[-1].total, 0
+            self._bar_seen(line, found)
             self.bar_done = found[-1].count == found[-1].total  # a finished loop (a dataset's map, an epoch)
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
                 bar, first, same = found[-1], self.first, self._same_loop(found[-1])
-                one = dict_bars.one_a_step(first.step, bar.count, self.dicts, same_loop=same)
+                base = 0 if first.step is None else first.step
+                one = dict_bars.one_a_step(base, bar.count, self.dicts, same_loop=same)
                 if one is not None:
-                    first.step_from = f"the first of {self.dicts} dicts between the progress bars at {first.step} and {bar.shown()}: one a step"
-                    first.step, self.pending, self.glued = one, None, []
+                    every = "a step" if one[1] == 1 else f"every {one[1]} steps"
+                    first.step_from = f"the first of {self.dicts} dicts between the progress bars at {base} and {bar.shown()}: one {every}"
+                    first.step, self.pending, self.glued = one[0], None, []
                     return
                 if glued(line, bar) and shapes.trainer_dict(first.text):
                     self._glued_bar(bar)
                     return
-                if not dict_bars.ran_past(first.step, bar.count, same_loop=same):
-                    first.step, first.step_from = self.bar, f"the progress bar after it, {bar.shown()}"
+                if not dict_bars.ran_past(base, bar.count, same_loop=same and bodiless(line, bar)):
+                    first.step, first.step_from, first.after = (
+                        self.bar,
+                        f"the progress bar after it, {bar.shown()}",
+                        None,
+                    )
             self.pending, self.glued = None, []
+
+    def _bar_seen(self, line: str, found) -> None:
+        """A bar line: the dicts are counted from it; a terminal's lone bar right after a Trainer dict is tqdm's redraw
+        at that dict's step (`tqdm.write` clears the bar, prints, draws it again: tqdm 4.67 std.py:750-756)."""
+        last = found[-1]
+        lone = len(found) == 1 and self.since_bar > 0 and not bodiless(line, last)
+        self.redrawn, self.bar_total, self.since_bar = last.count if lone else None, last.total, 0
 
     def _same_loop(self, bar) -> bool:
         """The first reading took its step from the bar before it, of `bar`'s loop, and is the first dict after it."""
         first = self.first
-        return self.fresh == bar.total and first.step_from is not None and first.step_from.startswith(_BAR_BEFORE)
+        zero = first.step is None and self.zero_before == first.line
+        before = zero or first.step_from is not None and first.step_from.startswith(_BAR_BEFORE)
+        return self.fresh == bar.total and before
 
     def _glued_bar(self, bar) -> None:
         """A bar after a pending Trainer dict with other text glued after its `]`: that text was printed while the bar
@@ -465,7 +414,13 @@ class MetricLines:
         if step is None and self.explicit is not None:
             after = self.explicit
         elif step is None and self.bar is not None and number - self.bar_line <= LOOKAHEAD and not self.bar_done:
-            step, step_from = self.bar, _BAR_BEFORE
+            trainer = shapes.trainer_dict(line)
+            if trainer and self.redrawn == self.bar:  # the bar redrawn after the dict before: this one is later
+                after = self.bar  # (holdout22 04: dict, `1/300` redrawn with a warning glued, dict: after step 1)
+            elif trainer and self.bar == 0:  # a Trainer logs after a step, never at step 0: the bar after says
+                self.zero_before = number
+            else:
+                step, step_from = self.bar, _BAR_BEFORE
         finite = {
             key: number_
             for key, value, _ in found
@@ -490,7 +445,7 @@ class MetricLines:
         self.first = self._reading(line, number, found, values, step=step, step_from=step_from)
         if number == 1 and self.first.step is None and self.first.after is None:
             self.provisional = {key.lower() for key, _, _ in found}
-        unstepped = self.first.step is None and self.first.after is None
+        unstepped = self.first.step is None and (self.first.after is None or self.first.after == self.redrawn)
         if unstepped or self.first.step_from == _BAR_BEFORE and shapes.trainer_dict(line):  # a dict's bar after it
             self.pending, self.dicts = number, 1  # gives its step (a bar redrawn after a dict is its step's)
             self.fresh = self.bar_total if self.since_bar == 1 else None

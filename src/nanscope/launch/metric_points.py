@@ -187,15 +187,18 @@ def points_to(
 
 
 def _norm_beside_zero(finite: dict[str, float], found, *, trainer: bool) -> str:
-    """What a non-finite gradient norm beside a logged loss of 0 points to: a computed loss (-0.0, or an RL loss of
-    0.0 beside finite rewards) leaves the backward; a Trainer's 0.0 is its filter of a window of non-finite losses."""
-    if _negative_zero(finite) or trainer and _rewards_finite(found):
-        why = ("a logged loss of -0.0: a computed loss, rounded from a tiny negative value (no non-finite loss "
-               "reads as -0.0, and transformers' filter of them logs +0.0)" if _negative_zero(finite)
-               else "a logged loss of 0.0 beside finite rewards: an RL loss, 0 by construction on GRPO's first steps "
-               "(the probability ratio 1, the group-normalised advantages summing to 0)")  # fmt: skip
-        return (f"the backward pass: a non-finite gradient norm beside {why}: the forward pass finite, the gradient "
-                "not (an fp16 loss scaler skipping the step, else a backward op: anomaly mode names it)")  # fmt: skip
+    """What a non-finite gradient norm beside a logged loss of 0 points to: -0.0 is a computed loss (a step of the
+    window finite); a Trainer's 0.0 may be its filter of a window of non-finite losses, or an RL loss of 0."""
+    if _negative_zero(finite):
+        return ("a non-finite gradient norm beside a logged loss of -0.0: a computed sum, rounded from a tiny negative "
+                "value (transformers' filter logs +0.0 for a window whose every loss was non-finite), so at least one "
+                "step of the logging window had a finite loss while the gradient norm (of its last step) is not: the "
+                "backward pass, or a forward that went non-finite on that last step")  # fmt: skip
+    if trainer and _rewards_finite(found):
+        return (f"a non-finite gradient norm beside a logged loss of 0.0: {TRAINER_ZERO}, or an RL loss 0 by "
+                "construction (GRPO's on its first steps: the probability ratio 1, the group-normalised advantages "
+                "summing to 0): the line cannot tell which; its rewards are scored from the generations, not from the "
+                "training forward")  # fmt: skip
     if trainer:
         return (f"a non-finite gradient norm beside a logged loss of 0.0: {TRAINER_ZERO}, so the forward pass or the "
                 "loss was non-finite too, unless every label was masked")  # fmt: skip

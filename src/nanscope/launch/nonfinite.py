@@ -33,7 +33,7 @@ from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines
 from nanscope.launch.scales import Scales
 from nanscope.launch.signals import Hit, read_line
 from nanscope.launch.tables import is_rule
-from nanscope.launch.wrapped import record
+from nanscope.launch.wrapped import dict_record, record
 
 OWN_COUNT = "the line (the optimizer's own count)"  # launch.signals: DeepSpeed's `Grad overflow on iteration N`
 MAX_RANKS = 64  # waiting ranks (NCCL's watchdog) kept
@@ -219,7 +219,11 @@ class Nonfinite:
             following = block[end + 1 : end + 301].split(b"\n", 1)[0]
             hit = read_line(text, lines + 1, previous[-300:], clean(following.decode("utf-8", "replace")))
             if hit is None:
-                joined, stop, first = json_records.record(block, start, end, clean) or record(block, start, end, clean)
+                joined, stop, first = (
+                    json_records.record(block, start, end, clean)
+                    or dict_record(block, start, end, clean)
+                    or record(block, start, end, clean)
+                )
                 consumed = stop if stop > end else consumed
                 head = lines + 1 - block.count(b"\n", first, start)  # the record's first line: its context before it
                 self._metric_line(block, first, joined, lines + 1, clean, head=head)
@@ -281,7 +285,7 @@ class Nonfinite:
         if found and found[-1].close > 0:
             self.metrics.feed(text[: found[-1].close + 1], hit.line, bars=False)  # its bar: with the whole line, below
         if hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
-            self.scales.add(hit.scale, hit.next_scale, None, hit.line)
+            self.scales.add(hit.scale, hit.next_scale, None, hit.line, hit.text)
         if hit.step_from == OWN_COUNT:
             self._own_step(block, start, hit, clean)
         if hit.signal.id == "deepspeed-overflow":

@@ -12,6 +12,7 @@ back, whether it sat at its floor. What the series says is the difference betwee
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 HIGH = 65536.0  # 2^16: fp16 loss scalers start here or above (DeepSpeed's initial_scale_power 16 .. 32)
@@ -28,6 +29,23 @@ def _shown(scale: float) -> str:
     power = math.log2(scale) if scale > 0 else 0.5
     exact = f"{scale:.0f}" if scale == int(scale) else f"{scale:g}"
     return f"{exact} (2^{power:.0f})" if power == int(power) and power >= 10 else exact
+
+
+_STAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")  # a log prefix's time, to the second
+_RANK = re.compile(r"\bRank (\d{1,7})\b")
+
+
+def _copy(previous: tuple, here: tuple) -> bool:
+    """`here` (line, attempted, set, time, rank) repeats the halving of the line just before it in the same second,
+    or, with no time printed, from another rank: another process's print of one overflow."""
+    line, scale, next_scale, stamp, rank = here
+    if previous[:3] != (line - 1, scale, next_scale) or scale is None or next_scale is None or next_scale >= scale:
+        return False
+    if rank is not None and rank == previous[4]:  # one rank twice: two overflows (DeepSpeed's rank-0-only line)
+        return False
+    if stamp is not None or previous[3] is not None:
+        return stamp == previous[3]
+    return rank is not None and previous[4] is not None
 
 
 @dataclass
@@ -48,16 +66,19 @@ class Scales:
     floored: int = 0  # overflow lines at the floor (attempted = set <= 1)
     first_set: float | None = None  # the first scale set, where the lines print only that (apex amp, DLLogger)
     copies: int = 0  # lines repeating the halving on the line just before: another process's print of one overflow
-    previous: tuple[int, float | None, float | None] | None = None  # the last line added: (line, attempted, set)
+    previous: tuple | None = None  # the last line added: (line, attempted, set, its time to the second, its rank)
 
-    def add(self, scale: float | None, next_scale: float | None, step: int | None, line: int | None = None) -> None:
-        """One overflow line (at `line`): the scale it attempted and the one it set (None: not printed). The same
-        halving on the very next line is one overflow printed by another process (each DP rank's optimizer prints
-        it: holdout21 04's three ZeRO-1 lines of one millisecond), not the scale grown back and halved again (that
-        takes the scaler's window of clean steps, hundreds of lines)."""
-        copy = (line is not None and self.previous is not None and self.previous == (line - 1, scale, next_scale)
-                and scale is not None and next_scale is not None and next_scale < scale)  # fmt: skip
-        self.previous = None if line is None else (line, scale, next_scale)
+    def add(self, scale: float | None, next_scale: float | None, step: int | None, line: int | None = None,
+            text: str = "") -> None:  # fmt: skip
+        """One overflow line (at `line`, `text`): the scale it attempted and the one it set (None: not printed). The
+        same halving on the very next line, in the same second or from another rank, is one overflow printed by
+        another process (each DP rank's ZeRO optimizer prints it: holdout21 04's three ZeRO-1 lines of one second,
+        holdout17 10's `Rank 6`, `Rank 4`, ...), not the scale grown back and halved again; the same rank again, or
+        another time, is another overflow (DeepSpeed's loss scaler prints only on rank 0: a grep of its lines)."""
+        stamp, rank = _STAMP.search(text), _RANK.search(text)
+        here = (line, scale, next_scale, stamp and stamp[0], rank and rank[1])
+        copy = line is not None and self.previous is not None and _copy(self.previous, here)
+        self.previous = None if line is None else here
         if copy:
             self.copies += 1
             return

@@ -36,7 +36,8 @@ class Summary:
         check: Megatron's check id, or another stack's evidence id (facts.signals), or "skip-counter".
         step: the step it names (an error line's iteration when >= 0, an evidence line's, the metric line's).
         after_step: where no step is named, Megatron's iteration line before its error: the iteration done before it
-            (the error came in a later one); `after_from`: how it was read.
+            (the error came in a later one); else the step the first non-finite metric line came after (a step an
+            earlier line named, a bar redrawn after an earlier dict); `after_from`: how it was read.
         model: actor, critic, policy, reference, reward model.
         metric: the first metric that went non-finite (or the counter that rose).
         op: the backward function, assert, collective or exception named.
@@ -128,6 +129,8 @@ def summarize(traceback) -> Summary:
     after = seen.megatron_after
     if out.step is None and failure is not None and failure.format != "signal" and after and after[0] is not None:
         out.after_step, out.after_from = after
+    elif out.step is None and reading is not None and reading.after is not None and out.metric == reading.metric:
+        out.after_step, out.after_from = reading.after, f"the metric line {reading.line} follows it"
     if out.model is None:
         out.model = _frame_model(traceback.frames)
     if out.model is None and failure is not None:

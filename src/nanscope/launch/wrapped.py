@@ -15,6 +15,10 @@ character).
 
     text, end, first = record(block, start, end, clean)   # the joined record around the line at start:end,
                                                          # where it ends, where its first line starts
+
+A Python dict a paste broke over lines (transformers' Trainer's log line, cut at a fixed width, mid-word:
+`'rewards/strict_format_re` / `ward_func': 0.0`, holdout22 01) is joined the same way by `dict_record`, from the
+line that opens it (`{'`) to the one that closes it (`}`).
 """
 
 from __future__ import annotations
@@ -96,3 +100,40 @@ def record(block: bytes, start: int, end: int, clean) -> tuple[str, int, int]:
         if any(last in after for last in _LAST):
             break
     return _join(lines), end, first
+
+
+def _opens(text: str) -> bool:
+    """The line opens a dict it does not close (`{'loss': 0.0, ... 'rewards/strict_format_re`)."""
+    at = text.rfind("{'", 0, 4096)
+    return at >= 0 and "}" not in text[at:]
+
+
+def dict_record(block: bytes, start: int, end: int, clean) -> tuple[str, int, int] | None:
+    """The Python dict the line at block[start:end] is a piece of, joined, where it ends and where its first line
+    starts; None: the line is a whole dict or no dict's piece."""
+    text = clean(block[start:end].decode("utf-8", "replace"))
+    lines, first = [text], start
+    if not _opens(text):
+        if "{" in text or "': " not in text or block.rfind(b"{'", max(0, start - _REACH), start) < 0:
+            return None
+        for begin, stop in _lines_before(block, start, MAX_PIECES):
+            before = clean(block[begin:stop].decode("utf-8", "replace"))
+            if "}" in before or not before.strip():
+                return None
+            lines.insert(0, before)
+            if _opens(before):
+                first = begin
+                break
+        else:
+            return None
+    if "}" in text and not _opens(text):
+        return _join(lines), end, first
+    for begin, stop in _lines_after(block, end, MAX_PIECES):
+        after = clean(block[begin:stop].decode("utf-8", "replace"))
+        if not after.strip() or "{" in after:
+            break
+        lines.append(after)
+        end = stop
+        if "}" in after:
+            return _join(lines), end, first
+    return None

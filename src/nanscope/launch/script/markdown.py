@@ -28,15 +28,19 @@ def unquote(text: str) -> tuple[str, str] | None:
     """(the text with only its quoted command lines, unquoted; what was read, in words); None: no Markdown in it."""
     lines = text.split("\n")
     fenced = any(line.lstrip().startswith(_FENCES) for line in lines)
-    continued_prompt = _continuation_prompts(lines)
-    if continued_prompt:  # bash's PS2 prompts, not Markdown quotes: every `>` line continues a `\` line
-        return "\n".join(_unquoted(line) if line.startswith(">") else line for line in lines), (
-            "read as a command copied from a shell: the `> ` continuation prompts dropped"
-        )
-    quoted = any(line.startswith(">") for line in lines)
+    ps2 = _continuation_prompts(lines)
+    if ps2:  # bash's PS2 prompts, not Markdown quotes: dropped, the rest read as any paste
+        lines = [_unquoted(line) if line.startswith(">") else line for line in lines]
+    quoted = not lines[0].startswith("#!") and any(  # a `\\` then `> log` is a script's redirection, no quote
+        line.startswith(">") and not (i and lines[i - 1].rstrip().endswith("\\")) for i, line in enumerate(lines)
+    )
     prompted = any(_prompt(line) is not None for line in lines)
     if not (fenced or quoted or prompted):
-        return None
+        return (
+            ("\n".join(lines), "read as a command copied from a shell: the `> ` continuation prompts dropped")
+            if ps2
+            else None
+        )
     out, inside, continued = [], False, False
     for line in lines:
         body = _unquoted(line) if quoted else line
@@ -54,7 +58,8 @@ def unquote(text: str) -> tuple[str, str] | None:
         continued = kept is not None and kept.rstrip().endswith("\\")
         out.append("" if kept is None else kept)
     what = ", ".join(word for word, used in (("its ``` fences", fenced), ("its `> ` quotes", quoted),
-                                             ("its `$ ` prompts", prompted)) if used)  # fmt: skip
+                                             ("its `$ ` prompts", prompted), ("bash's `> ` continuation prompts", ps2))
+                     if used)  # fmt: skip
     return "\n".join(out), f"read as a Markdown paste: the command lines inside {what}, the rest not read"
 
 
@@ -73,10 +78,18 @@ def _prompt(line: str) -> str | None:
 
 
 def _continuation_prompts(lines: list[str]) -> bool:
-    """Every line that starts with `>` follows a line ending in `\\` (bash's PS2 prompt on a continued command, not a
-    Markdown quote), and there is one."""
+    """Every line that starts with `>` follows a line ending in `\\`, and every line after one starts with `>` (bash's
+    PS2 prompt on a continued command, not a Markdown quote, nor a script's `\\` then `> log 2>&1`), and there is
+    one."""
+    if lines and lines[0].startswith("#!"):  # a script file: its `>` lines are redirections
+        return False
     prompted = [i for i, line in enumerate(lines) if line.startswith(">")]
-    return bool(prompted) and all(i > 0 and lines[i - 1].rstrip().endswith("\\") for i in prompted)
+    continued = [i + 1 for i, line in enumerate(lines[:-1]) if line.rstrip().endswith("\\")]
+    return (
+        bool(prompted)
+        and all(i > 0 and lines[i - 1].rstrip().endswith("\\") for i in prompted)
+        and all(lines[i].startswith(">") for i in continued)  # every continued line prompted: none a redirection
+    )
 
 
 # `<data_path>`: a word in angle brackets after a space or `=`, followed by a space or the line's end (`<in >out`,
@@ -98,7 +111,37 @@ def as_pasted(text: str) -> tuple[str, str | None, list[tuple[int, str]]]:
 
 
 def redacted(text: str) -> tuple[str, list[tuple[int, str]]]:
-    """`text` with each `<placeholder>` single-quoted (read as a word), and (line, placeholder) for each: bash would
-    read `--dataset <data_path> \\` as redirections, the `>` taking the next line's first word as its file."""
-    found = [(text.count("\n", 0, m.start()) + 1, m[0]) for m in _PLACEHOLDER.finditer(text)]
-    return (_PLACEHOLDER.sub(lambda m: f"'{m[0]}'", text) if found else text), found
+    """`text` with each `<placeholder>` outside quotes and comments single-quoted (read as a word), and (line,
+    placeholder) for each: bash would read `--dataset <data_path> \\` as redirections, the `>` taking the next line's
+    first word as its file. Inside quotes (`--system '... <think> ...'`) bash keeps it literal: left alone."""
+    matches = [m for m in _PLACEHOLDER.finditer(text)] if "<" in text else []
+    if not matches:
+        return text, []
+    outside = _unquoted_starts(text, {m.start() for m in matches})
+    kept = [m for m in matches if m.start() in outside]
+    out, at = [], 0
+    for m in kept:
+        out += [text[at : m.start()], f"'{m[0]}'"]
+        at = m.end()
+    return "".join(out) + text[at:], [(text.count("\n", 0, m.start()) + 1, m[0]) for m in kept]
+
+
+def _unquoted_starts(text: str, starts: set[int]) -> set[int]:
+    """Those of `starts` outside quotes and `#` comments, by one pass of bash's quoting (a backslash escapes the next
+    character outside single quotes)."""
+    out, quote, i, n = set(), None, 0, len(text)
+    while i < n:
+        c = text[i]
+        if quote is None and i in starts:
+            out.add(i)
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote is None and c == "#" and (i == 0 or text[i - 1] in " \t\n;"):
+            i = text.find("\n", i)  # a comment runs to the line's end
+            i = n if i < 0 else i
+            continue
+        if c in "'\"" and quote in (None, c):
+            quote = None if quote == c else c
+        i += 1
+    return out

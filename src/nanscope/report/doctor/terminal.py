@@ -123,13 +123,19 @@ def _rank_section(diagnosis, console) -> None:
 def _node_order(diagnosis) -> str:
     """How nodes are numbered: slime places its Ray actors on nodes sorted by IP; elsewhere ranks fill nodes in the
     launcher's node order (torchrun's --node-rank)."""
-    if diagnosis.framework.name == "slime":
-        return "nodes in slime's placement order: sorted by IP"
-    return "nodes in the launcher's order, each filled before the next"
+    name = diagnosis.framework.name
+    if name in (
+        frameworks.SLIME,
+        frameworks.VERL,
+    ):  # verl: single_controller/ray/base.py sort_placement_group_by_node_ip (v0.9.0 :70)
+        return f"nodes in {name}'s placement order: sorted by IP"
+    if name in (frameworks.MEGATRON_LM, frameworks.PAI, frameworks.MS_SWIFT, frameworks.NEMO, frameworks.PRIMUS):
+        return "nodes in the launcher's order, each filled before the next"
+    return "nodes in the job's placement order, each filled before the next"
 
 
 def _loss_owner(diagnosis) -> str:
-    return "slime's loss" if diagnosis.framework.name == "slime" else "the loss"
+    return "slime's loss" if diagnosis.framework.name == frameworks.SLIME else "the loss"
 
 
 def _layout_section(diagnosis, console) -> None:

@@ -1,0 +1,75 @@
+"""What the metric lines said (launch.metric_lines): the first line with a non-finite value (`Reading`), and a
+counter of skipped or NaN steps that rose (`Counter`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Reading:
+    """The first metric line with a non-finite value.
+
+    Attributes:
+        line: its line in the log.
+        step: the step it names, or that its progress bar gives (None: not said).
+        step_from: where the step came from.
+        after: the last step an earlier metric line named, when this one names none.
+        values: the non-finite (key, value) pairs, in the line's order: the first is `metric` (a loss Megatron did
+            not print comes after the printed ones).
+        model: actor, critic, policy, reference, reward model, or None (one model alone is not named).
+        finite: the line's finite loss and gradient-norm values, key -> value.
+        points_to: what that points to, in one phrase.
+        text: the line, cut.
+        weak: only a loss Megatron did not print (weak evidence alone: NaN, <= 0, or skipped iterations).
+        contradicted: the finite values on the line that contradict its non-finite ones (a progress bar's running
+            mean NaN beside a finite reduced loss), in words; None: nothing contradicts them.
+        fragment: the input's first line, cut at its start, that held non-finite values before this line (its text).
+    """
+
+    line: int
+    step: int | None
+    step_from: str | None
+    after: int | None
+    values: list[tuple[str, str]]
+    model: str | None
+    finite: dict[str, float]
+    points_to: str
+    text: str
+    weak: bool = False
+    contradicted: str | None = None
+    fragment: str | None = None
+    epoch: str | None = None  # the line's `epoch` value where it names no step (transformers' Trainer: 0.52)
+
+    @property
+    def metric(self) -> str:
+        return self.values[0][0]
+
+    @property
+    def said_epoch(self) -> str | None:
+        """`epoch` where it says something: a number above 0 (a Trainer's `0.0` in its first hundredth of an epoch
+        says nothing)."""
+        try:
+            return self.epoch if self.epoch is not None and float(self.epoch) > 0 else None
+        except ValueError:
+            return None
+
+    def to_dict(self) -> dict:
+        return {"line": self.line, "step": self.step, "step_from": self.step_from, "after_step": self.after,
+                "metric": self.metric, "model": self.model, "values": [list(pair) for pair in self.values],
+                "finite": self.finite, "points_to": self.points_to, "text": self.text, "weak": self.weak,
+                "contradicted": self.contradicted, "cut_first_line": self.fragment, "epoch": self.epoch}  # fmt: skip
+
+
+@dataclass
+class Counter:
+    """A skip counter that rose: steps with inf/NaN gradients skipped."""
+
+    key: str
+    value: int
+    line: int
+    step: int | None
+    cumulative: bool
+
+    def to_dict(self) -> dict:
+        return dict(key=self.key, value=self.value, line=self.line, step=self.step, cumulative=self.cumulative)
