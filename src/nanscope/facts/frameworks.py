@@ -47,6 +47,12 @@ WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
                     MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL, FAIRSEQ, NEMO_AUTOMODEL)  # fmt: skip
 
+# The jobs that run Megatron-LM's training loop (Pai-Megatron-Patch's and ms-swift's Megatron backend call its
+# pretrain; Primus launches it) or Megatron-Bridge's (NeMo 2): started by torchrun or Slurm, ranks filling the nodes in
+# order, and the RerunStateMachine's iteration theirs (core_v0.15.0rc0 megatron/training/training.py train_step;
+# NVIDIA-NeMo/Megatron-Bridge 067f987 src/megatron/bridge/training/train.py:876 should_run_forward_backward)
+MEGATRON_LOOP = (MEGATRON_LM, PAI, MS_SWIFT, NEMO, PRIMUS)
+
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
 # has none of them.

@@ -202,13 +202,13 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
 def _world(launch: Foreign, script: LaunchScript) -> None:
     """Nodes and GPUs per node: verl's trainer.*, a launcher's --nnodes / --nproc_per_node (DeepSpeed's --num_nodes /
     --num_gpus, accelerate's --num_machines and its --num_processes across them), ms-swift's and xtuner's NNODES /
-    NPROC_PER_NODE, OpenRLHF's actor nodes and GPUs."""
+    NPROC_PER_NODE, OpenRLHF's actor nodes and GPUs, Megatron-Bridge's --gpus_per_node (its nodes: `_bridge_nodes`)."""
     view, launcher = launch.view, FlagView.of_argv(script.launcher)
     pairs = (
         ("nodes", (view, "--nnodes"), (launcher, "--nnodes"), (view, "--actor-num-nodes"), (launcher, "--num-nodes"),
          (launcher, "--num-machines")),
         ("gpus_per_node", (view, "--nproc-per-node"), (launcher, "--nproc-per-node"), (view, "--actor-num-gpus-per-node"),
-         (launcher, "--num-gpus")),
+         (launcher, "--num-gpus"), (view, "--gpus-per-node")),
     )  # fmt: skip
     env = {"nodes": "NNODES", "gpus_per_node": "NPROC_PER_NODE"}
     for size, *places in pairs:
@@ -223,11 +223,6 @@ def _world(launch: Foreign, script: LaunchScript) -> None:
             launch.sizes[size] = _size(launch, f"{env[size]}={text}", text)
         if size == "gpus_per_node" and launch.sizes[size] is None and launcher.has("--num-processes"):
             _processes(launch, launcher)
-        if size == "gpus_per_node" and launch.sizes[size] is None and view.has("--gpus-per-node"):
-            launch.sizes[size], launch.origins[size] = (
-                _checked(launch, view, "--gpus-per-node"),
-                view.show("--gpus-per-node"),
-            )
         if launch.sizes[size] is None:
             launch.notes.append(f"{size.replace('_', ' ')}: not given (or read from an unset variable)")
     _bridge_nodes(launch)

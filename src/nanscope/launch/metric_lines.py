@@ -132,7 +132,6 @@ class MetricLines:
     recovered: int | None = None  # a later line where the first reading's gradient norm is finite again
     relapsed: bool = False  # ... or where a loss went non-finite after it
     glued: list = field(default_factory=list)  # bars after a pending dict with text glued after them (`_glued_bar`)
-    dicts: int = 0  # Trainer dicts from a pending first reading's on (launch.dict_bars)
     since_bar: int = 0  # Trainer dicts since the last progress bar
     redrawn: int | None = None  # the last bar's count where it is a terminal's redraw right after a Trainer dict
     zero_before: int | None = None  # a Trainer dict's line whose bar before is at 0 (its step: the bar after's)
@@ -199,7 +198,7 @@ class MetricLines:
             return
         self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(piece))
         counted = shapes.trainer_dict(piece) and offset == 0 and not shapes.evaluation_dict(piece)
-        self.dicts, self.since_bar = self.dicts + (self.pending is not None and counted), self.since_bar + counted
+        self.since_bar += counted
         step, step_from = self._step(line, piece, offset, found)
         self._counters([pair for pair in found if shapes.separated(piece, pair[2])], number, step)
         self.scale.feed(found, number, step)
@@ -279,16 +278,17 @@ class MetricLines:
         """The progress bar on `line` (the step of a metric line that names none; a first reading's pending step)."""
         found = bars(line)
         if found:
+            between = self.since_bar  # the Trainer dicts since the bar before (launch.dict_bars)
             self.bar, self.bar_line = found[-1].count, number
             self._bar_seen(line, found)
             self.bar_done = found[-1].count == found[-1].total  # a finished loop (a dataset's map, an epoch)
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
                 bar, first, same = found[-1], self.first, self._same_loop(found[-1])
                 base = 0 if first.step is None else first.step
-                one = dict_bars.one_a_step(base, bar.count, self.dicts, same_loop=same)
+                one = dict_bars.one_a_step(base, bar.count, between, same_loop=same)
                 if one is not None:
                     every = "a step" if one[1] == 1 else f"every {one[1]} steps"
-                    first.step_from = f"the first of {self.dicts} dicts between the progress bars at {base} and {bar.shown()}: one {every}"
+                    first.step_from = f"the first of {between} dicts between the progress bars at {base} and {bar.shown()}: one {every}"
                     first.step, self.pending, self.glued = one[0], None, []
                     return
                 if glued(line, bar) and shapes.trainer_dict(first.text):
@@ -447,7 +447,7 @@ class MetricLines:
             self.provisional = {key.lower() for key, _, _ in found}
         unstepped = self.first.step is None and (self.first.after is None or self.first.after == self.redrawn)
         if unstepped or self.first.step_from == _BAR_BEFORE and shapes.trainer_dict(line):  # a dict's bar after it
-            self.pending, self.dicts = number, 1  # gives its step (a bar redrawn after a dict is its step's)
+            self.pending = number  # gives its step (a bar redrawn after a dict is its step's)
             self.fresh = self.bar_total if self.since_bar == 1 else None
         if not _norm_only(self.first):  # a second episode of its metric is watched for (launch.episodes)
             self.episodes.start(self.first.metric, self.first.step)

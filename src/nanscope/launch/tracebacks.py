@@ -250,7 +250,7 @@ def explain_iteration(iteration: int, framework: str = "slime") -> str:
             f"iteration {iteration}: the RerunStateMachine's counter (advanced by Megatron's training loop, "
             "not by slime v0.1.0)."
         )
-    if framework in _OWN_LOOP:
+    if framework in frameworks.MEGATRON_LOOP:
         return (
             f"iteration {iteration}: the RerunStateMachine's counter, advanced each iteration by the training loop "
             "this job runs (Megatron-LM's, or Megatron-Bridge's: should_run_forward_backward): its training iteration."
@@ -260,12 +260,6 @@ def explain_iteration(iteration: int, framework: str = "slime") -> str:
         "should_run_forward_backward (Megatron-LM's and Megatron-Bridge's training loops; verl and ROLL drive the "
         "schedule themselves and leave it at -1): a count of that loop's iterations."
     )
-
-
-# the jobs whose training loop advances the RerunStateMachine's iteration (core_v0.15.0rc0 megatron/training/
-# training.py train_step; NVIDIA-NeMo/Megatron-Bridge 067f987 src/megatron/bridge/training/train.py:876): Megatron-LM's
-# own, Pai-Megatron-Patch's and ms-swift's Megatron backend (both call Megatron-LM's pretrain), NeMo 2's Megatron-Bridge
-_OWN_LOOP = (frameworks.MEGATRON_LM, frameworks.PAI, frameworks.MS_SWIFT, frameworks.NEMO, frameworks.PRIMUS)
 
 
 def explain_bucket(bucket: int | None, pp_rank: int | None, overlap_grad_reduce: bool = False) -> str:

@@ -3,8 +3,8 @@
 Read: scalar and array assignments (`X=( ... )` with comments and line continuations, `+=`), `export`/`declare`,
 `source FILE` / `. FILE` (followed, or a `--model-args` file read in its place), `if`/`elif`/`else` on `[ ... ]` tests
 of known values (an undecidable test is assumed true, said in `assumptions`), associative and indexed arrays
-(`declare -A M=([tp]=2)`, `M[k]=v`: `arrays`), and every command's words, to find the train command. A function's body is read where the script calls it, with its
-arguments (`calls`); heredocs and other command substitutions are not run. Words are expanded by `expansion.Expander`.
+(`declare -A M=([tp]=2)`, `M[k]=v`: `arrays`), and every command's words, to find the train command. A function is
+read where called, with its arguments (`calls`); heredocs and command substitutions are not run (words: `expansion`).
 """
 
 from __future__ import annotations

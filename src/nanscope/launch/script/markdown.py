@@ -31,8 +31,8 @@ def unquote(text: str) -> tuple[str, str] | None:
     ps2 = _continuation_prompts(lines)
     if ps2:  # bash's PS2 prompts, not Markdown quotes: dropped, the rest read as any paste
         lines = [_unquoted(line) if line.startswith(">") else line for line in lines]
-    quoted = not lines[0].startswith("#!") and any(  # a `\\` then `> log` is a script's redirection, no quote
-        line.startswith(">") and not (i and lines[i - 1].rstrip().endswith("\\")) for i, line in enumerate(lines)
+    quoted = not _script_file(lines) and any(  # a `\\` then `> log` is a script's redirection, no quote
+        line.startswith(">") and not _continues(lines, i) for i, line in enumerate(lines)
     )
     prompted = any(_prompt(line) is not None for line in lines)
     if not (fenced or quoted or prompted):
@@ -81,15 +81,24 @@ def _continuation_prompts(lines: list[str]) -> bool:
     """Every line that starts with `>` follows a line ending in `\\`, and every line after one starts with `>` (bash's
     PS2 prompt on a continued command, not a Markdown quote, nor a script's `\\` then `> log 2>&1`), and there is
     one."""
-    if lines and lines[0].startswith("#!"):  # a script file: its `>` lines are redirections
+    if _script_file(lines):  # its `>` lines are redirections
         return False
     prompted = [i for i, line in enumerate(lines) if line.startswith(">")]
-    continued = [i + 1 for i, line in enumerate(lines[:-1]) if line.rstrip().endswith("\\")]
+    continued = [i for i in range(1, len(lines)) if _continues(lines, i)]
     return (
         bool(prompted)
-        and all(i > 0 and lines[i - 1].rstrip().endswith("\\") for i in prompted)
+        and all(_continues(lines, i) for i in prompted)
         and all(lines[i].startswith(">") for i in continued)  # every continued line prompted: none a redirection
     )
+
+
+def _continues(lines: list[str], i: int) -> bool:
+    """Line `i` continues the command of the line before it (that line ends in `\\`)."""
+    return i > 0 and lines[i - 1].rstrip().endswith("\\")
+
+
+def _script_file(lines: list[str]) -> bool:
+    return bool(lines) and lines[0].startswith("#!")
 
 
 # `<data_path>`: a word in angle brackets after a space or `=`, followed by a space or the line's end (`<in >out`,

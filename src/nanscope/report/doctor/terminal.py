@@ -129,7 +129,7 @@ def _node_order(diagnosis) -> str:
         frameworks.VERL,
     ):  # verl: single_controller/ray/base.py sort_placement_group_by_node_ip (v0.9.0 :70)
         return f"nodes in {name}'s placement order: sorted by IP"
-    if name in (frameworks.MEGATRON_LM, frameworks.PAI, frameworks.MS_SWIFT, frameworks.NEMO, frameworks.PRIMUS):
+    if name in frameworks.MEGATRON_LOOP:
         return "nodes in the launcher's order, each filled before the next"
     return "nodes in the job's placement order, each filled before the next"
 
