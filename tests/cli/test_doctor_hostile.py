@@ -252,6 +252,9 @@ CRAFTED = {
     "pieces of a dict far below its head": "{'x': 1,\n" + "'loss': nan, 'kl': 0.1,\n" * 5_000 + "}\n",
     "one overflow from many processes": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2.0, "
     "reducing to 1.0\n" * 5_000,
+    "a record under a banner of dashes": "-" * 200_000 + " Iteration #5 " + "-" * 200_000 + "\nKL: nan\n" * 2_000,
+    "arrays of NumPy's repr": "Losses: [" + "array([1.0, 2.0], dtype=float32), " * 50_000 + "array([nan])]\n",
+    "lines of many ranks at one step": "Batch 7/100 loss nan grad_norm nan rank 2\n" * 5_000,
 }
 
 

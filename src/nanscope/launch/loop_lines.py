@@ -132,6 +132,25 @@ _RECORD_LINE = re.compile(
     r"\s{0,8}(?P<key>[A-Za-z_][\w./ -]{0,80}?)\s{0,30}[:=]\s{0,30}(?P<value>[^\s:=]{1,60})\s{0,8}\Z"
 )
 RECORD_REACH = 64  # lines of a record looked at before its non-finite line
+# a record's banner naming its counter, the line above its `key: value` lines (pat-coady/trpo's
+# `***** Episode 31455, Mean R = 28911.0 *****`: pat-coady/trpo#21, holdout23 13; PPO-for-Beginners' `----- Iteration
+# #50 -----`: ericyangyu/PPO-for-Beginners#1, holdout23 15)
+_HEADER = re.compile(
+    r"\s{0,8}[*=#~-]{3,}\s{0,4}(?P<unit>episode|iteration|iter|step|update|epoch)\s{0,2}[#:]?\s{0,2}(?P<count>\d{1,12})"
+    r"\b[^\n]{0,200}?[*=#~-]{3,}\s{0,8}\Z",
+    re.IGNORECASE,
+)
+
+
+def _header(text: str, number: int, epoch: str | None) -> tuple[int | None, str | None, str | None]:
+    """The counter a record's banner line (the log's line `number`) names: (step, how, epoch)."""
+    match = _HEADER.match(text)
+    if match is None:
+        return None, None, epoch
+    unit, count = match["unit"].lower(), match["count"]
+    if unit == "epoch":
+        return None, None, epoch or count
+    return int(count), f"the record's banner, line {number}: `{text.strip()[:80]}`, its {unit} count", epoch
 
 
 def record_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None, str | None]:
@@ -143,9 +162,10 @@ def record_before(block: bytes, start: int, number: int, clean) -> tuple[int | N
     if _RECORD_LINE.match(clean(line.decode("utf-8", "replace"))) is None:
         return None, None, None  # the non-finite line is no `key: value` line of such a record
     for seen, begin, end in _lines_before(block, start, RECORD_REACH):
-        match = _RECORD_LINE.match(clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace")))
+        text = clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace"))
+        match = _RECORD_LINE.match(text)
         if match is None:
-            break
+            return _header(text, number - seen, epoch)
         key, value = match["key"].strip(), match["value"]
         if key.lower() in STEP_KEYS and value.isdigit():  # exact: not a banner's `Total optimization steps = 750`
             return int(value), f"the record it is in (line {number - seen}: `{key}: {value}`)", None

@@ -35,7 +35,15 @@ from nanscope.launch.episodes import Episodes
 from nanscope.launch.line_pairs import WINDOW, pairs
 from nanscope.launch.loop_lines import MEGATRON_HEAD
 from nanscope.launch.loose import loose_pairs
-from nanscope.launch.metric_points import contradiction, model_of, points_to, term
+from nanscope.launch.metric_points import (
+    EVALUATION_ONLY,
+    contradiction,
+    evaluation_only,
+    model_of,
+    points_to,
+    term,
+    training_too,
+)
 from nanscope.launch.readings import Counter, Reading
 from nanscope.launch.scales import PrintedScale
 from nanscope.launch.tables import Table, header
@@ -96,6 +104,10 @@ _NORMS = ("grad_norm", "grad norm", "gradient_norm")
 _NAN_WORDS = re.compile(r"(?:nan|inf)(?:[/_ ]?(?:or[/_ ]?)?(?:nan|inf))*", re.IGNORECASE)
 
 
+_RANK_KEYS = ("rank", "global_rank")  # a line's own process (not `local_rank`: one per node)
+_MAX_RANKS = 16
+
+
 def _loss_key(key: str) -> bool:
     low = term(key)
     return low == "loss" or low.endswith((" loss", "_loss")) and low != "loss scale"
@@ -133,6 +145,7 @@ class MetricLines:
     relapsed: bool = False  # ... or where a loss went non-finite after it
     glued: list = field(default_factory=list)  # bars after a pending dict with text glued after them (`_glued_bar`)
     since_bar: int = 0  # Trainer dicts since the last progress bar
+    ranked: list | None = None  # the first reading's (key, value) pairs but its rank: another process's line of it
     redrawn: int | None = None  # the last bar's count where it is a terminal's redraw right after a Trainer dict
     zero_before: int | None = None  # a Trainer dict's line whose bar before is at 0 (its step: the bar after's)
     bar_total: int | None = None  # the last progress bar's total
@@ -228,6 +241,8 @@ class MetricLines:
                 self._first(line, number, found, values, step=step, step_from=step_from)
             else:
                 self.later += 1
+                self._training_too(bad, step, number)
+            self._rank(found, step, number)
         elif missing and self.weak is None and self.first is None:
             self.weak = self._reading(line, number, found, missing, step=step, step_from=step_from)
             self.weak.weak = True
@@ -235,6 +250,29 @@ class MetricLines:
             self.explicit, self.explicit_line = step, number
         if offset == 0 and piece is line:
             self._shape(piece, bad or missing)
+
+    def _rank(self, found, step: int | None, number: int) -> None:
+        """The rank a line of the first reading's step names (`... grad_norm nan rank 2`: CosyVoice's trainer logs
+        each process's own line, QwenAudio/CosyVoice#652, holdout23 01), kept in the order logged."""
+        first = self.first
+        rank = next((int(v) for k, v, _ in found if k.lower() in _RANK_KEYS and v.isdigit() and len(v) <= 7), None)
+        if rank is None or rank in first.ranks or len(first.ranks) >= _MAX_RANKS:
+            return
+        record = [(k, v) for k, v, _ in found if k.lower() not in _RANK_KEYS]  # the same record, another process
+        if number == first.line:
+            self.ranked = record
+        elif record != self.ranked and (step is None or step != first.step):
+            return
+        first.ranks.append(rank)
+
+    def _training_too(self, bad, step: int | None, number: int) -> None:
+        """A later line of the first reading's step holding a non-finite training loss: the evaluation's loss was not
+        alone."""
+        first = self.first
+        if first.step is None or step != first.step or first.points_to != EVALUATION_ONLY:
+            return
+        if any(_loss_key(key) and not evaluation_only([key.lower()]) for key, _, _ in bad):
+            first.points_to = training_too(step, number)
 
     def watched(self) -> bytes | None:
         """The key (lowered) of a first reading whose gradient norm alone went non-finite, the loss finite: later

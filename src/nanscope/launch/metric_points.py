@@ -175,15 +175,29 @@ def points_to(
                 "gradient zeroed)")  # fmt: skip
     if any(k in ("grad_norm", "grad norm") for k in last) and _zero_loss(finite):
         return _norm_beside_zero(finite, found, trainer=trainer)
-    if all(
-        key.startswith(("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", "valid ", "test "))
-        for key in keys
-    ):
-        return ("the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with no "
-                "labelled tokens is 0/0; weights already non-finite make training's loss non-finite too)")  # fmt: skip
+    if evaluation_only(keys):
+        return EVALUATION_ONLY
     if any("loss" in k or k == "cost" for k in last):  # Marian prints its training loss as `Cost`
         return "the forward pass or the loss itself: the loss is non-finite"
     return "a non-finite logged value, and nothing else on the line says where it came from"
+
+
+_EVALUATION = ("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", "valid ", "test ")  # lowered keys
+EVALUATION_ONLY = ("the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with "
+                   "no labelled tokens is 0/0; weights already non-finite make training's loss non-finite too)")  # fmt: skip
+
+
+def evaluation_only(keys: list[str]) -> bool:
+    """Every one of `keys` (lowered) is an evaluation's (`eval_loss`, `Val loss`, `test acc`)."""
+    return all(key.startswith(_EVALUATION) for key in keys)
+
+
+def training_too(step: int, line: int) -> str:
+    """What a held-out loss non-finite points to where the training loss of the same step is non-finite too (mlx_lm
+    prints `Iter 10: Val loss nan, ...` before `Iter 10: Train loss nan, ...`: ml-explore/mlx-examples#1233,
+    holdout23 10)."""
+    return (f"the weights, not the evaluation alone: the training loss of step {step} is non-finite too (line "
+            f"{line}): weights already non-finite make both losses so")  # fmt: skip
 
 
 def _norm_beside_zero(finite: dict[str, float], found, *, trainer: bool) -> str:

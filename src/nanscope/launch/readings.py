@@ -3,7 +3,7 @@ counter of skipped or NaN steps that rose (`Counter`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -40,6 +40,8 @@ class Reading:
     contradicted: str | None = None
     fragment: str | None = None
     epoch: str | None = None  # the line's `epoch` value where it names no step (transformers' Trainer: 0.52)
+    ranks: list[int] = field(default_factory=list)  # the ranks its line, and the later lines of its step, name
+    # (`... grad_norm nan rank 2`: each process logs its own line)
 
     @property
     def metric(self) -> str:
@@ -58,7 +60,7 @@ class Reading:
         return {"line": self.line, "step": self.step, "step_from": self.step_from, "after_step": self.after,
                 "metric": self.metric, "model": self.model, "values": [list(pair) for pair in self.values],
                 "finite": self.finite, "points_to": self.points_to, "text": self.text, "weak": self.weak,
-                "contradicted": self.contradicted, "cut_first_line": self.fragment, "epoch": self.epoch}  # fmt: skip
+                "contradicted": self.contradicted, "cut_first_line": self.fragment, "epoch": self.epoch, "ranks": self.ranks}  # fmt: skip
 
 
 @dataclass

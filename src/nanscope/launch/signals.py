@@ -99,7 +99,9 @@ _FLAGGED = re.compile(
 _RANK_TAG = re.compile(r"\[rank(?P<rank>\d{1,9})\]:")
 # a tensor's repr (torch/_tensor_str.py): `tensor(`, nested `[`, then its values up to the first `)` or `device=`;
 # bounded repeats, no nested quantifier: linear
-_TENSOR = re.compile(r"\btensor\(\[{0,8}(?P<values>[^()=\n]{0,400})")
+# a tensor's repr, or NumPy's (`array([nan, nan, nan], dtype=float32)`: henrycharlesworth/big2_PPOalgorithm#8,
+# holdout23 14, a list of per-update loss arrays)
+_TENSOR = re.compile(r"\b(?P<kind>tensor|array)\(\[{0,8}(?P<values>[^()=\n]{0,400})")
 _TENSOR_KEYWORD = re.compile(r",\s{0,4}[a-z_]{1,20}\Z")  # the `, device` before the first `=` the values stop at
 _STEP = re.compile(r"\b(?:step|iteration|global_step)\s?[:=]?\s?(?P<step>\d{1,12})\b", re.IGNORECASE)
 
@@ -365,7 +367,8 @@ def _printed_tensor(head: str) -> tuple[Signal, dict] | None:
         if words & {"nan", "inf"}:
             value = "NaN" if words == {"nan"} else "Inf" if words == {"inf"} else "NaN or Inf"
             shown = _TENSOR_KEYWORD.sub("", match["values"]).strip(" ,[]")[:80]
-            return BY_ID["printed-tensor"], {"detail": f"its values {shown}", "value": value}
+            array = " (a NumPy array)" if match["kind"] == "array" else ""
+            return BY_ID["printed-tensor"], {"detail": f"its values {shown}{array}", "value": value}
     return None
 
 
@@ -380,7 +383,8 @@ def _generic(line: str) -> tuple[Signal, dict] | None:
     warned = error_words.python_warning(head) if "Warning: " in head else None
     if warned is not None:
         return warned
-    tensor = (_printed_tensor(head) or error_words.named_tensor(head)) if "tensor(" in head else None
+    printed = "tensor(" in head or "array([" in head  # a tensor's repr, or NumPy's
+    tensor = (_printed_tensor(head) or error_words.named_tensor(head)) if printed else None
     if tensor is not None:
         return tensor
     low = head.lower()

@@ -189,6 +189,11 @@ def evidence_lines(traceback) -> list[str]:
         step = f"step {reading.step} ({reading.step_from})" if reading.step is not None else f"no step named{epoch}"
         after = f", after step {reading.after}" if reading.after is not None else ""
         out.append(f"first non-finite metric line {reading.line}, {step}{after}: {shown}")
+        if len(reading.ranks) > 1:
+            out.append(f"logged by rank {reading.ranks[0]}, and at the same step by rank(s) "
+                       f"{', '.join(map(str, reading.ranks[1:]))} (each line names its rank)")  # fmt: skip
+        elif reading.ranks:
+            out.append(f"logged by rank {reading.ranks[0]} (its line names it)")
         if seen.metrics.later:
             out.append(f"{seen.metrics.later} later metric line(s) hold non-finite values too")
         if seen.metrics.episodes.again is not None:

@@ -1,0 +1,97 @@
+"""Issue 41, round 23: the classes of holdout23 (reports doctor had never read) that live in the metric lines and
+printed values, on crafted input of each class. Each positive test fails on main e40e49b (the loss scaler's classes:
+test_doctor_classes23_scales.py; the tracebacks': test_doctor_classes23_frames.py)."""
+
+import pytest
+
+from tests.cli.doctoring import doctor_log as _doctor
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+
+
+# 1. NumPy's repr of an array holding NaN, in a list a loop printed (`Losses: [array([...], dtype=float32), ...]`,
+# holdout23 14): a printed value, not "no non-finite value"
+def test_1_a_numpy_array_holding_nan_is_a_printed_value(tmp_path, capsys):
+    log = (
+        "Losses: [array([-0.0111, 0.0113, 1.6872], dtype=float32), array([-0.0131, 0.0083, 1.4614], dtype=float32), "
+        "array([nan, nan, nan], dtype=float32), array([nan, nan, nan], dtype=float32)]\n"
+    )
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert doc["summary"]["kind"] == "NaN"
+    assert "its values nan, nan, nan (a NumPy array)" in out
+    assert "no non-finite value" not in out
+
+
+def test_1_a_finite_array_is_no_evidence(tmp_path, capsys):
+    doc, out = _doctor(tmp_path, capsys, "weights: [array([0.5, 1.25], dtype=float32)] at epoch 3 of inference\n")
+    assert "NumPy array" not in out
+
+
+# 2. a record printed a key per line under a banner naming its counter (pat-coady/trpo's `***** Episode 31455,
+# Mean R = ... *****`, PPO-for-Beginners' `---- Iteration #50 ----`: holdout23 13, 15): the banner's count is its step
+@pytest.mark.parametrize(
+    ("banner", "step", "unit"),
+    [
+        ("***** Episode 120, Mean R = -311.4 *****", 120, "episode"),
+        ("-------------------- Iteration #50 --------------------", 50, "iteration"),
+        ("===== step 3000 =====", 3000, "step"),
+    ],
+)
+def test_2_a_record_banner_names_its_step(tmp_path, capsys, banner, step, unit):
+    log = f"{banner}\nBeta: 1.5\nExplainedVarNew: 0.91\nKL: nan\nPolicyEntropy: nan\nValFuncLoss: 114\n"
+    doc, out = _doctor(tmp_path, capsys, log)
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["metric"], first["step"]) == ("KL", step)
+    assert first["step_from"] == f"the record's banner, line 1: `{banner}`, its {unit} count"
+
+
+def test_2_an_epoch_banner_is_no_step(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "======== Epoch 3 / 10 ========\nloss: nan\naccuracy: 0.1\n")
+    assert doc["metrics"]["first_nonfinite"]["step"] is None
+
+
+# 3. an evaluation line first, then the training line of the same step, both non-finite (mlx_lm's GRPO prints `Iter
+# 10: Val loss nan, ...` before `Iter 10: Train loss nan, ...`: holdout23 10): the weights, not the evaluation alone
+def test_3_a_training_loss_of_the_same_step_is_not_the_evaluation_only(tmp_path, capsys):
+    log = (
+        "Iter 10: Val loss nan, Val total_rewards_mean 0.000, Val kl nan, Val took 2.1s\n"
+        "Iter 10: Train loss nan, Total rewards mean 1.406, KL nan, Learning Rate 1.000e-05, It/sec 0.2\n"
+    )
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert doc["metrics"]["first_nonfinite"]["metric"] == "Val loss"
+    assert doc["summary"]["points_to"] == (
+        "the weights, not the evaluation alone: the training loss of step 10 is non-finite too (line 2): weights "
+        "already non-finite make both losses so"
+    )
+
+
+def test_3_an_evaluation_alone_is_still_said(tmp_path, capsys):
+    log = (
+        "Iter 10: Val loss nan, Val kl nan, Val took 2.1s\n"
+        "Iter 10: Train loss 0.512, Total rewards mean 1.406, KL 0.001, It/sec 0.2\n"
+    )
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert doc["summary"]["points_to"].startswith("the evaluation only: a loss on held-out data")
+
+
+# 4. each process logs its own metric line, its rank at the end (CosyVoice's trainer: `... grad_norm nan rank 2`,
+# holdout23 01): the ranks that logged the first non-finite step, in the order logged
+def test_4_the_ranks_each_line_names_are_said(tmp_path, capsys):
+    line = "2025-02-20 00:46:13,777 DEBUG TRAIN Batch 7/100 loss nan lr 0.00055784 grad_norm nan rank {}\n"
+    doc, out = _doctor(tmp_path, capsys, "".join(line.format(rank) for rank in (2, 3, 0, 1)))
+    assert doc["metrics"]["first_nonfinite"]["ranks"] == [2, 3, 0, 1]
+    assert "logged by rank 2, and at the same step by rank(s) 3, 0, 1 (each line names its rank)" in out
+    assert doc["summary"]["rank"] is None  # every rank logged it: none is the failing one
+
+
+def test_4_another_step_s_rank_is_not_added(tmp_path, capsys):
+    log = (
+        "DEBUG TRAIN Batch 7/100 loss nan lr 0.00055784 grad_norm nan rank 2\n"
+        "DEBUG TRAIN Batch 8/100 loss nan lr 0.00055784 grad_norm nan rank 3\n"
+    )
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert doc["metrics"]["first_nonfinite"]["ranks"] == [2]
+    assert "logged by rank 2 (its line names it)" in out
