@@ -250,6 +250,16 @@ CRAFTED = {
     "dicts between two bars": (" 0/20 [00:00<?, ?it/s]\n" + "{'loss': 0.0, 'grad_norm': nan}\n" * 5) * 2_000,
     "dicts opened and never closed": "{'loss': nan, 'grad_norm': 1.0, 'rewards/a\n" * 5_000,
     "pieces of a dict far below its head": "{'x': 1,\n" + "'loss': nan, 'kl': 0.1,\n" * 5_000 + "}\n",
+    # issue 41's round 23: known code lines glued, a frame's lost head, anomaly mode's forward call, CheckNumerics'
+    # words, names of several words
+    "known code lines glued": "self.loss_scaler.update_scale(has_overflow)" * 40_000 + "\n" + "  x(" * 300_000,
+    "known code lines spaced": "  self._take_model_step(lr_kwargs) " * 50_000 + "\n",
+    "a frame's lost head": "**" + "a/" * 500_000 + 'b.py", line 1, in f**\n' + '", line 1, in ' * 100_000,
+    "anomaly forward calls": "Error detected in A. Traceback of forward call that caused the error:\n"
+    + 'x.py", line 1, in f\n    ...\n' * 40_000
+    + "RuntimeError: Function 'A' returned nan values in its 0th output.\n",
+    "CheckNumerics words": "InvalidArgumentError: nan" + " : Tensor had " * 80_000 + "NaN values\n",
+    "names of several words": "Ab Cd: nan " * 100_000 + "\n" + "a " * 300_000 + "b: nan c: nan\n",
     "one overflow from many processes": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2.0, "
     "reducing to 1.0\n" * 5_000,
     "a record under a banner of dashes": "-" * 200_000 + " Iteration #5 " + "-" * 200_000 + "\nKL: nan\n" * 2_000,

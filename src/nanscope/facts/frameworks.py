@@ -70,7 +70,11 @@ WITH_ROLLOUTS = (
     DEEPSPEED_CHAT,
 )
 
-# framework -> directories (with their slashes) one of its frames' paths holds
+# LLaMA-Factory's entry script from v0.0.9 (LLaMA-Efficient-Tuning, its name then) to v0.7.0, replaced by
+# `llamafactory-cli` in v0.7.1 (hiyouga/LLaMA-Factory 6261fb3 added src/train_bash.py, ce8200a removed it): a launch
+# script that runs it, or a frame in it, is LLaMA-Factory's (its copies, Llama-Chinese's, are its code)
+LLAMA_FACTORY_ENTRY = "/train_bash.py"
+# framework -> directories (with their slashes) one of its frames' paths holds, or a file only it has
 PATHS: dict[str, tuple[str, ...]] = {
     SLIME: ("/slime/backends/", "/slime/ray/", "/slime/utils/", "/slime/rollout/", "/slime_plugins/"),
     VERL: ("/verl/workers/", "/verl/trainer/", "/verl/single_controller/", "/verl/utils/", "/verl/models/"),
@@ -83,7 +87,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     PAI: ("/megatron_patch/",),
     NEMO_AUTOMODEL: ("/nemo_automodel/",),
     NEMO: ("/nemo/lightning/", "/nemo/collections/", "/megatron/bridge/", "/nemo/core/"),
-    LLAMA_FACTORY: ("/llamafactory/", "/llmtuner/"),
+    LLAMA_FACTORY: ("/llamafactory/", "/llmtuner/", LLAMA_FACTORY_ENTRY),
     TRL: ("/trl/trainer/", "/trl/models/"),
     INTERNEVO: ("/internlm/",),
     XTUNER: ("/xtuner/",),
@@ -114,6 +118,8 @@ PATHS: dict[str, tuple[str, ...]] = {
         "/megatron/training.py",
     ),
 }
+# a file of PATHS -> what it is, for the evidence a frame in it gives
+FILES = {LLAMA_FACTORY_ENTRY: "LLaMA-Factory's entry script up to v0.7.0, LLaMA-Efficient-Tuning's then"}
 # framework -> texts in a log line that name it (a Ray actor, a logger's prefix)
 TEXTS: dict[str, tuple[str, ...]] = {
     SLIME: ("MegatronTrainRayActor", "slime.backends.megatron_utils"),

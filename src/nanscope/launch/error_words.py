@@ -45,6 +45,26 @@ def first_key(message: str) -> str | None:
     return said_errors.subject(message) if match is None else match["key"].rstrip(".")
 
 
+# TensorFlow's CheckNumerics op (tf.debugging.check_numerics; assert_all_finite's `VerifyFinite` scope) raises
+# InvalidArgumentError(message, " : Tensor had ", status, " values"), its status "Inf and NaN", "NaN" or "Inf" by
+# what it found (tensorflow 07ca580 tensorflow/core/kernels/check_numerics_op.cc:83-97, the GPU kernel's the same
+# words); the message before it is the caller's (tensorforce's `Invalid gradient: contains inf or nan.`), naming both
+_TENSOR_HAD = re.compile(r" : Tensor had (?P<status>Inf and NaN|NaN|Inf) values")
+
+
+def tensor_had(line: str) -> dict | None:
+    """The value CheckNumerics' own words say it found (`... : Tensor had NaN values`: NaN), and a detail saying so;
+    None: no such words."""
+    match = _TENSOR_HAD.search(line, 0, WINDOW) if " : Tensor had " in line[:WINDOW] else None
+    if match is None:
+        return None
+    status = match["status"]
+    value = "NaN or Inf" if status == "Inf and NaN" else status
+    said = "both" if status == "Inf and NaN" else status
+    return {"value": value, "detail": f"Tensor had {status} values: TensorFlow's CheckNumerics found {said} (the "
+                                      "words before it are its caller's message)"}  # fmt: skip
+
+
 # torch.distributions' argument validation (torch 2.13 torch/distributions/distribution.py:75-82, Distribution.__init__:
 # `valid = constraint.check(value)`, then ValueError(f"Expected parameter {param} ({type(value).__name__} of shape
 # {tuple(value.shape)}) of distribution {repr(self)} to satisfy the constraint {repr(constraint)}, but found invalid

@@ -157,17 +157,20 @@ def _core_or_lm(frame: Frame) -> bool:
     return frameworks.CORE in path or path.endswith(("pretrain_gpt.py", "pretrain_mamba.py", "clip_grads.py"))
 
 
-def framework_of(frames: list[Frame], lines: list[str], keys: set[str] | frozenset[str] = frozenset()) -> Framework:
-    """The framework the frames' paths, the traceback's log lines and the metric lines' keys (`keys`, lowered) name
-    (facts.frameworks), each framework's evidence the strongest of these, in that order; slime's release from its
-    frames' lines; UNKNOWN when nothing names one."""
+def framework_of(
+    frames: list[Frame], lines: list[str], keys: set[str] | frozenset[str] = frozenset(), code: list = ()
+) -> Framework:
+    """The framework the frames' paths, the traceback's log lines, the metric lines' keys (`keys`, lowered) and the
+    known code lines (`code`: launch.code_lines hits; a shared text names none) name (facts.frameworks), each
+    framework's evidence the strongest of these, in that order; slime's release from its frames' lines; UNKNOWN when
+    nothing names one."""
     found: dict[str, str] = {}
     for frame in frames:
         path = "/" + frame.path.replace("\\", "/").lstrip("/")
         for name, dirs in frameworks.PATHS.items():
             hit = next((directory for directory in dirs if directory in path), None)
             if hit is not None:
-                found.setdefault(name, f"frames under {hit.strip('/')}/ ({_short(frame)})")
+                found.setdefault(name, _path_how(hit, frame))
     for line in lines:
         for name, texts in frameworks.TEXTS.items():
             hit = next((text for text in texts if text in line), None)
@@ -178,6 +181,11 @@ def framework_of(frames: list[Frame], lines: list[str], keys: set[str] | frozens
         if hit is not None:
             shape = ", printed as a Python dict" if frameworks.PY_DICT in hit else ""
             found.setdefault(name, f"its metric lines' keys ({', '.join(sorted(hit - {frameworks.PY_DICT}))}){shape}")
+    for hit in code:
+        if not hit.code.shared:
+            found.setdefault(
+                hit.code.stack, f"its code line `{hit.code.text}` is {hit.code.library}'s ({hit.code.where})"
+            )
     name = next((name for name in frameworks.NAMES if name in found), None)
     if name is None:
         return UNKNOWN
@@ -189,6 +197,15 @@ def framework_of(frames: list[Frame], lines: list[str], keys: set[str] | frozens
         return Framework(name, None, how)
     release, why = slime_release(frames)
     return Framework(name, release, f"{how}; {why}")
+
+
+def _path_how(hit: str, frame: Frame) -> str:
+    """How a frame's path names its framework: a directory of its package, or a file only it has (with what the file
+    is, where facts.frameworks.FILES says)."""
+    if not hit.endswith(".py"):
+        return f"frames under {hit.strip('/')}/ ({_short(frame)})"
+    what = frameworks.FILES.get(hit)
+    return f"a frame in {hit.strip('/')} ({_short(frame)})" + (f": {what}" if what else "")
 
 
 def _short(frame: Frame) -> str:

@@ -40,8 +40,8 @@ _PATHS = (
     ("/verl/", frameworks.VERL), ("/openrlhf/", frameworks.OPENRLHF), ("/nemo_rl/", frameworks.NEMO_RL),
     ("/examples/start_", frameworks.ROLL), ("/roll/", frameworks.ROLL), ("/megatron_patch/", frameworks.PAI),
     ("/pai-megatron-patch/", frameworks.PAI), ("/nemo_automodel/", frameworks.NEMO_AUTOMODEL), ("/nemo/", frameworks.NEMO),
-    # LLaMA-Factory up to 0.6 (and ChatGLM-Efficient-Tuning, its predecessor): src/train_bash.py
-    ("/train_bash.py", frameworks.LLAMA_FACTORY),
+    # LLaMA-Factory up to 0.7.0 (and ChatGLM-Efficient-Tuning, its predecessor): src/train_bash.py
+    (frameworks.LLAMA_FACTORY_ENTRY, frameworks.LLAMA_FACTORY),
     # open-r1's scripts run TRL's trainers (huggingface/open-r1 013b054 src/open_r1/grpo.py: from trl import GRPOTrainer)
     ("/open_r1/", frameworks.TRL),
     # Megatron-Bridge's performance recipes (NVIDIA-NeMo/Megatron-Bridge scripts/performance/setup_experiment.py)

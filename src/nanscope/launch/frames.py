@@ -19,6 +19,11 @@ _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d{1,18}), in (?P<fu
 _SQUASHED = re.compile(
     r'File "(?P<path>[^"]{1,1000})", line (?P<line>\d{1,18}), in (?P<func>\S{1,200}) (?P<code>[^\n]{1,400})'
 )
+# a frame whose `File "` a paste lost (markdown's bold `**` over it: microsoft/LoRA#186, holdout23 02): the rest of
+# CPython's `  File "{filename}", line {lineno}, in {name}` (Lib/traceback.py, StackSummary.format_frame_summary)
+_HEADLESS = re.compile(
+    r'\s{0,8}[*_`]{0,3}(?P<path>[^\s"*`]{1,1000}\.pyx?)", line (?P<line>\d{1,18}), in (?P<func>[^\s*`]{1,200})[*_`]{0,3}\s*$'
+)
 _RAY = re.compile(r"RayTaskError\((?P<exc>\w+)\): ray::(?P<call>\S+?\(\)) \((?P<info>[^)]*)\)")
 _LM_LOOP = "Megatron-LM's own training loop (pretrain_gpt.py -> megatron.training), which slime never runs: "
 
@@ -247,10 +252,12 @@ def parse_frames(lines: list[str]) -> tuple[list[Frame], str | None]:
     frames, ray_ip = [], None
     for i, line in enumerate(lines):
         frame = (_FRAME.search(line) or _SQUASHED.search(line, 0, 4096)) if 'File "' in line else None
+        if frame is None and '", line ' in line and 'File "' not in line and not (i and _open_head(lines[i - 1])):
+            frame = _HEADLESS.match(line[:4096])  # (a head wrapped onto the line before is no lost head)
         if frame:
             code = frame.groupdict().get("code") or ""
-            if not code and i + 1 < len(lines) and 'File "' not in lines[i + 1]:
-                code = lines[i + 1].strip()
+            if not code and i + 1 < len(lines) and 'File "' not in lines[i + 1] and '", line ' not in lines[i + 1]:
+                code = lines[i + 1].strip().rstrip("*").rstrip()  # a code line never ends in `*`: markdown's bold
                 code = "" if set(code) <= {"^", "~", " "} else code
             path, function = frame["path"], frame["func"]
             frames.append(Frame(path, int(frame["line"]), function, code, _known(path, function)))
@@ -271,6 +278,12 @@ def parse_frames(lines: list[str]) -> tuple[list[Frame], str | None]:
                 )
             )
     return frames, ray_ip
+
+
+def _open_head(line: str) -> bool:
+    """`line` ends inside a frame's `File "...`: a terminal wrapped the path onto the next line."""
+    at = line.rfind('File "')
+    return at >= 0 and '"' not in line[at + 6 :]
 
 
 _GLUED = re.compile(r'\)\s{2,40}[A-Za-z_][\w.]{0,80}\(|\)(?:self|File)\b|\S\s{1,40}File "')

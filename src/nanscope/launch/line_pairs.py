@@ -89,7 +89,9 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
         if len(out) >= 2:
             return out
     found = shapes.spaced(text) or shapes.bracketed(text)
-    plain = (m for m in _PLAIN.finditer(text) if not _function_word(text, m))
-    found = found or [(_subject(text, m), m["value"], m.start("value")) for m in plain]
+    if not found:
+        plain = [m for m in _PLAIN.finditer(text) if not _function_word(text, m)]
+        named = shapes.worded(text, plain)  # `KL divergence: nan`: a name of several words
+        found = [(named.get(i) or _subject(text, m), m["value"], m.start("value")) for i, m in enumerate(plain)]
     extra = shapes.averages(text)  # MetricLogger's `median (global_avg)`: a non-finite mean since the start
     return sorted(found + extra, key=lambda item: item[2]) if extra else found

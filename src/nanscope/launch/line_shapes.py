@@ -41,6 +41,39 @@ _BARE_STEP = re.compile(r"\s{0,8}\[(?P<step>\d{1,12})\]\s{1,8}[A-Za-z_]")
 _HEADER = re.compile(r"Learning iteration\s{1,4}(?P<step>\d{1,12})\s{0,4}/\s{0,4}\d{1,12}")
 # a name of several words, right-aligned on a line of its own (rsl-rl: `      Value function loss: inf`)
 _SPACED = re.compile(rf"\s{{2,80}}(?P<key>[A-Za-z][A-Za-z0-9_./()-]{{0,40}}(?: [A-Za-z0-9_./()-]{{1,40}}){{1,6}}):\s{{1,8}}(?P<value>{_NUMBER})\s{{0,8}}\Z", re.IGNORECASE)  # fmt: skip
+# a name of several words before its `: value` on a line of such pairs: rl_coach's Logger.log_dict prints `{prefix} - `
+# then `{key}: {value} ` for each (`Policy training - Surrogate loss: nan KL divergence: nan Entropy: nan training
+# epoch: 2`), uncoloured `{prefix}> {key}={value}, ...` (IntelLabs/coach v1.0.0 rl_coach/logger.py:89-100, its keys
+# clipped_ppo_agent.py:280-289): the words between one value and the next key are that key's
+_WORDS_AFTER = re.compile(r"\s{0,4}[,;]?\s{1,4}(?P<words>(?:[A-Za-z][A-Za-z0-9]{1,30} ){1,3})")
+_WORDS_FIRST = re.compile(r"(?:\A|[-:>|\]]\s{1,4})(?P<words>(?:[A-Za-z][A-Za-z0-9]{1,30} ){1,3})\Z")
+# words that are no part of a metric's name: a sentence's, a logger's level, a unit after the value before
+_NOT_NAMES = frozenset(("of", "the", "a", "an", "no", "any", "for", "in", "on", "at", "with", "to", "from", "by", "and",
+                        "or", "not", "is", "was", "are", "were", "found", "contains", "has", "have", "had", "info",
+                        "warning", "warn", "error", "debug", "critical", "ms", "sec", "secs", "min", "mins", "it",
+                        "gb", "mb", "gib", "mib", "tokens", "samples", "iters"))  # fmt: skip
+
+
+def worded(text: str, matches: list) -> dict[int, str]:
+    """The keys of `key: value` / `key=value` matches (launch.line_pairs' plain ones, in order) that are names of
+    several words (`KL divergence: nan`), by index; {} unless at least two of them are separated by `:` or `=`."""
+    separated = [i for i, m in enumerate(matches) if ":" in text[m.end("key") : m.start("value")]
+                 or "=" in text[m.end("key") : m.start("value")]]  # fmt: skip
+    if len(separated) < 2:
+        return {}
+    out = {}
+    for i in separated:
+        start = matches[i].start("key")
+        if i == 0:
+            found = _WORDS_FIRST.search(text, max(0, start - 100), start)
+        else:
+            found = _WORDS_AFTER.fullmatch(text, matches[i - 1].end("value"), start)
+        words = found["words"].split() if found is not None else []
+        if words and not _NOT_NAMES.intersection(word.lower() for word in words):
+            out[i] = " ".join(words + [matches[i]["key"]])
+    return out
+
+
 # MetricLogger's meter, `{median:.4f} ({global_avg:.4f})` (facebookresearch/deit utils.py:33, SmoothedValue; timm,
 # BEiT and VideoMAE print the same): the parenthesised value is the mean since the start
 _AVERAGED = re.compile(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from nanscope import inputs
 from nanscope.errors import UserError
-from nanscope.launch import trainer_bars
+from nanscope.launch import anomaly, code_lines, trainer_bars
 from nanscope.launch.failure import Failure, Impossible, line_failures
 from nanscope.launch.logsource import open_log
 from nanscope.launch.metrics import Metrics
@@ -109,6 +109,7 @@ class Found:
     quiet: bool = False  # readable text with nothing in it nanscope reads: no error, no traceback, no metric line
     later: list[str] = field(default_factory=list)  # the log's last traceback, after a fatal evidence line's own
     head: list[str] = field(default_factory=list)  # the log's first lines (HEAD_LINES), cleaned
+    forward: list[str] = field(default_factory=list)  # anomaly mode's warning after its header (launch.anomaly)
 
 
 # Python source (a file, not a log): its first line of code at a line's start
@@ -145,6 +146,7 @@ class _Scanner:
         self.size = 0  # bytes fed
         self.controls = 0  # of them, control bytes no text log holds (a binary file's)
         self.head = b""  # the first _HEAD bytes
+        self.forward: list[str] | None = None  # anomaly mode's forward call before the first fatal evidence line
 
     def feed(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -184,7 +186,8 @@ class _Scanner:
                 context, raw = self.signal
             else:
                 context = _context(raw)
-            framed = any(_TRACEBACK in line or 'File "' in line for line in raw)  # a traceback, maybe cut at its head
+            # a traceback, maybe cut at its head, or what is left of one without its `File "` lines: known code lines
+            framed = any(_TRACEBACK in line or 'File "' in line for line in raw) or bool(code_lines.read(raw))
             if quiet and rerun is None and not self.metrics.seen and not framed:
                 if self.impossible:  # nothing else: the one line that looked like an error is the answer
                     raise UserError(self.impossible[0])
@@ -197,6 +200,8 @@ class _Scanner:
         else:
             found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
         found.notes, found.nonfinite, found.lines = notes, seen, lines
+        if "anomaly-forward" in seen.first:  # the forward call anomaly mode printed (launch.anomaly)
+            found.forward = self.forward if self.forward is not None else _forward(self.tail)
         found.head = [clean(line) for line in self.head.decode("utf-8", "replace").split("\n")[:HEAD_LINES]]
         return found
 
@@ -230,6 +235,7 @@ class _Scanner:
                 tag = None if hit.rank is None else str(hit.rank)
                 raw = _traceback_lines(self.tail + block[:start], rank=tag) + [hit.text]
                 self.signal = (_context(raw), raw)
+                self.forward = _forward(self.tail + block[:start])
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
 
@@ -315,6 +321,11 @@ def _traceback_lines(before: bytes, whole: bool = False, rank: str | None = None
         if _TRACEBACK in lines[i]:
             return [lines[i]] + [line for line in lines[i + 1 :] if line.strip()]
     return lines
+
+
+def _forward(before: bytes) -> list[str]:
+    """The lines of anomaly mode's last warning in `before` after its header, log prefixes removed."""
+    return [strip_prefix(line) for line in anomaly.forward_lines(before, clean)]
 
 
 def _context(raw: list[str]) -> list[str]:

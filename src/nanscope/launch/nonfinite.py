@@ -242,7 +242,8 @@ class Nonfinite:
             if column and (found := printed_columns.column_step(block, start, hit.line, clean, text)) is not None:
                 hit.step, hit.step_from = found
             if hit.op is None and hit.signal.id in ("nonfinite-message", "nonfinite-error"):  # TF's op under it
-                hit.op = tf_scopes.check_op(text + "\n" + following.decode("utf-8", "replace"))
+                under = block[end + 1 : end + 1 + tf_scopes.WINDOW].split(b"\n", 1)[0]
+                hit.op = tf_scopes.check_op(text + "\n" + under.decode("utf-8", "replace"))
             glued.place(hit, text)
             if hit.step is None and hit.signal.fatal and not hit.at and hit.line - self.metrics.bar_line > 2:
                 hit.step, hit.step_from = loop_lines.step_before(block, start, hit.line, clean)

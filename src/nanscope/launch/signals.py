@@ -154,6 +154,8 @@ def read_line(line: str, number: int, before: str = "", after: str = "") -> Hit 
     if hit is None:
         return None
     signal, fields = hit
+    if signal.id in ("nonfinite-message", "nonfinite-error") and (had := error_words.tensor_had(line)) is not None:
+        fields = {**fields, **had}  # TensorFlow's CheckNumerics says which it found, whatever its caller's words
     if signal.id == "printed-tensor" and "metric" not in fields and (name := error_words.prompt_name(before)):
         fields = {
             **fields,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanscope.launch.code_lines import points_to
 from nanscope.launch.failure_models import message_keys, message_model, sampling_model
 from nanscope.launch.tf_scopes import scope_model
 from nanscope.launch.totals import first_term
@@ -131,6 +132,8 @@ def summarize(traceback) -> Summary:
         out.after_step, out.after_from = after
     elif out.step is None and reading is not None and reading.after is not None and out.metric == reading.metric:
         out.after_step, out.after_from = reading.after, f"the metric line {reading.line} follows it"
+    if failure is None and out.points_to is None:  # a traceback cut before its error line: its last code line's call
+        out.points_to = points_to(traceback.code)
     if out.model is None:
         out.model = _frame_model(traceback.frames)
     if out.model is None and failure is not None:
@@ -176,7 +179,7 @@ def benign(traceback, out: Summary) -> str | None:
         return (f"{first.metric} non-finite on isolated steps (line {first.line}) and finite again (line "
                 f"{metrics.recovered}), the loss finite throughout: the pattern of a dynamic loss scaler skipping "
                 "overflowing steps")  # fmt: skip
-    quiet = first is None and metrics.weak is None and not metrics.counters and not traceback.frames
+    quiet = first is None and metrics.weak is None and not metrics.counters and not (traceback.frames or traceback.code)
     watchdog = failure is not None and failure.signal is not None and failure.signal.id == "nccl-timeout"
     printed = bool(metrics.keys) or traceback.metrics.seen  # metric lines were read
     stillness = first is None and metrics.weak is None and not metrics.counters  # no value said non-finite

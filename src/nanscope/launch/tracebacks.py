@@ -15,7 +15,8 @@ from nanscope.errors import UserError
 from nanscope.facts import frameworks
 from nanscope.facts.frameworks import PY_DICT
 from nanscope.facts.megatron import Check, core_frame
-from nanscope.launch import plugin_report
+from nanscope.launch import anomaly, code_lines, plugin_report
+from nanscope.launch.code_lines import CodeHit
 from nanscope.launch.error_line import error_line
 from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
 from nanscope.launch.failure import Failure
@@ -47,6 +48,10 @@ class Traceback:
     interleaved: bool = False  # several processes' frames glued mid-line, without an error line: each frame once
     lines: int = 0  # the text's lines, all of them
     error: str | None = None  # the traceback's own error line, naming no NaN, where no fatal NaN error was read
+    # its known code lines (launch.code_lines) in the order met, where they outnumber its frames (`File "` lines lost)
+    code: list[CodeHit] = field(default_factory=list)
+    forward: list[Frame] = field(default_factory=list)  # the forward call anomaly mode printed (launch.anomaly)
+    forward_cut: bool = False  # ... and the paste left lines out after its last frame
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
@@ -98,7 +103,8 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
     frames, ip = parse_frames(found.context) if found is not None else ([], None)
     mixed = found is not None and found.failure is None and interleaved(found.context)
     frames = unique(frames) if mixed else frames
-    framework = framework_of(frames, _named_lines(found), _keys(found))
+    code = code_lines.read(found.context) if found is not None else []
+    framework = framework_of(frames, _named_lines(found), _keys(found), code)
     if framework is UNKNOWN and found is not None and found.later:  # the frames of a traceback pasted after it
         framework = framework_of(parse_frames(found.later)[0], found.later)
     if framework is UNKNOWN and found is not None:  # an evidence line only one stack prints names it
@@ -106,7 +112,8 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         if hit is not None:
             stack = _one_stack(hit)
             framework = Framework(stack, None, f"its {hit.signal.id} line (line {hit.line}) is {stack}'s")
-    known = any(core_frame(frame.path, 0, "") for frame in frames)
+    known = any(core_frame(frame.path, 0, "") for frame in frames) or bool(code)  # a known code line: a known frame
+    code = code_lines.owned(code, code_lines.named_stacks(code, frames, framework.name))
     said = found is not None and (
         found.nonfinite.first
         or found.nonfinite.metrics.first
@@ -122,13 +129,17 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         )
     failure = found.failure or _from_verdict(found.rerun) or from_signal(found.nonfinite)
     _merge(failure, found.rerun)
+    forward = parse_frames(found.forward)[0]
+    evidence = read_frames(frames)
+    code = code if len(code) > len(frames) else []  # fewer frames than known code lines: `File "` lines were lost
+    evidence.lines += code_lines.evidence_lines(code) if failure is None else []  # what is left of a cut traceback
     return Traceback(
         failure,
         annotate(frames, framework),
         ray_ip=ip,
         other_ranks=found.others,
         rerun=found.rerun,
-        evidence=read_frames(frames),
+        evidence=evidence,
         framework=framework,
         metrics=found.metrics,
         notes=found.notes,
@@ -137,6 +148,9 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         interleaved=mixed,
         lines=found.lines,
         error=error_line(found.context) if failure is None or (failure.signal and not failure.signal.fatal) else None,
+        code=code,
+        forward=forward,
+        forward_cut=anomaly.last_frame(forward, found.forward)[1],
     )
 
 

@@ -3,6 +3,7 @@ the resolved flags with their origins. Its keys are in the order written here.""
 
 from __future__ import annotations
 
+from nanscope.launch import code_lines
 from nanscope.launch.topology import MAX_LISTED
 from nanscope.report.doctor.shared import ranks_text
 from nanscope.report.doctor.verdict import verdict
@@ -29,6 +30,8 @@ def to_dict(diagnosis) -> dict:
         "metrics": None if traceback is None else _metrics(traceback),
         "signals": None if traceback is None else traceback.nonfinite.to_dict(),
         "frames": [] if traceback is None else [_frame(frame) for frame in traceback.frames],
+        "code_lines": [] if traceback is None else code_lines.to_dicts(traceback.code),
+        "anomaly_forward": None if traceback is None else _forward(traceback),
         "explanations": diagnosis.explanations,
         "findings": [_finding(finding) for finding in diagnosis.findings],
         "fine": diagnosis.fine,
@@ -235,6 +238,15 @@ def _releases(releases: tuple[str, ...]) -> dict | None:
     if not releases:
         return None
     return {"first": releases[0], "last": releases[-1], "releases": list(releases)}
+
+
+def _forward(traceback) -> dict | None:
+    """The last frame of the forward call anomaly mode printed (launch.anomaly), as pasted; None: none."""
+    if not traceback.forward:
+        return None
+    frame = traceback.forward[-1]
+    return {"path": frame.path, "line": frame.line, "function": frame.function, "code": frame.code or None,
+            "frames": len(traceback.forward), "lines_left_out_after": traceback.forward_cut}  # fmt: skip
 
 
 def _frame(frame) -> dict:

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from nanscope.launch.anomaly import SOURCE
+from nanscope.launch.code_lines import pointed, whose
 from nanscope.launch.metric_lines import COUNTERS
 from nanscope.launch.summary import Summary
 
@@ -159,6 +161,43 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
         where = f" (line {line}: {first}, so an earlier step may have been non-finite too)"
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     return f"The first non-finite metric: {summary.metric}{model}{step}{where}.{points}"
+
+
+def forward_sentence(traceback) -> str | None:
+    """The forward call autograd's anomaly mode printed before its error (launch.anomaly): its last frame, the file,
+    line, function and code line as pasted; None: no such frames."""
+    if not traceback.forward:
+        return None
+    frame, hit = traceback.forward[-1], traceback.nonfinite.first.get("anomaly-forward")
+    op = hit.op if hit is not None and hit.op else "the failing backward function"
+    at = f" (line {hit.line})" if hit is not None else ""
+    where = f"{frame.path}:{frame.line} {frame.function}" + (f", `{frame.code}`" if frame.code else "")
+    if traceback.forward_cut:
+        said = (f"its last frame shown is {where}: the forward op runs within that call (the paste leaves lines out "
+                "after it, so the op's own call may be a frame further in)")  # fmt: skip
+    else:
+        said = f"its last frame, {where}, is where the forward op was called"
+    return f"Anomaly mode traced the forward call of {op}{at}: {said}; it prints that stack outermost first ({SOURCE})."
+
+
+def code_sentences(traceback) -> list[str]:
+    """What the known code lines of a traceback without its error line say (launch.code_lines): whose frames they
+    are, and what the last one's call points to, where its call raises one error alone."""
+    hits = traceback.code
+    if not hits:
+        return []
+    groups: dict[str, list[str]] = {}
+    for hit in hits:
+        groups.setdefault(hit.code.library if hit.owned else whose(hit), []).append(f"`{balanced(hit.code.text)}`")
+    named = [f"{who} ({', '.join(texts)})" for who, texts in groups.items()]
+    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    parts = [f"Its code lines are frames of {listed} (the releases they were read at: under what the frames show)."]
+    found = pointed(hits)
+    if found is not None:
+        hit, signal = found
+        parts.append(f"Its last known code line, `{hit.code.text}`, is {hit.code.library}'s: {hit.code.does}; "
+                     f"{hit.code.raises} ({signal.source}): what the frames point to, their error line cut.")  # fmt: skip
+    return parts
 
 
 def evidence_lines(traceback) -> list[str]:

@@ -96,7 +96,7 @@ def failure_lines(diagnosis) -> list[str]:
             out.append(f"rank {failure.rank} from {failure.rank_from}")
     elif traceback.frames and traceback.error is not None:
         out.append(f"error line (it names no NaN or Inf): {traceback.error}")
-    elif traceback.frames:
+    elif traceback.frames or traceback.code:  # frames, or what is left of them: known code lines
         out.append("no error line: the traceback ends before it")
     else:
         out.append("no error line")

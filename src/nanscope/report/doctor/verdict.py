@@ -10,8 +10,10 @@ from nanscope.launch.summary import read_metric_lines
 from nanscope.report.doctor.evidence_text import (
     MODEL_WORDS,
     balanced,
+    code_sentences,
     earlier_sentence,
     first_sentence,
+    forward_sentence,
     signal_sentence,
 )
 from nanscope.report.text import span
@@ -160,6 +162,7 @@ def _failure_sentences(diagnosis) -> list[str]:
             signal_sentence(failure, seen.counts.get(failure.signal.id, 1), seen.same_stamp(failure.signal.id))
         )
         parts += [said] if (said := earlier_sentence(failure, seen)) is not None else []
+        parts += [said] if (said := forward_sentence(traceback)) is not None else []
         if traceback.error is not None and not failure.signal.fatal:  # a warning, then another error ended the run
             parts.append(f"The run then ended on an error that names no NaN or Inf: {_ended(traceback.error)}")
     elif failure is not None and failure.format != "rerun":
@@ -169,7 +172,7 @@ def _failure_sentences(diagnosis) -> list[str]:
         parts.append(f"{who} {_what_it_found(failure)}" + (f", {where_text}." if where_text else "."))
     elif failure is not None:
         parts.append(f"Rank {failure.rank} (node {failure.node}, device {failure.device}) had a result rejected.")
-    elif traceback.frames:
+    elif traceback.frames or traceback.code:
         rank = traceback.prefix_rank
         said = f" (rank {rank}'s: its lines' [rank{rank}]: prefixes)" if rank is not None else ""
         if traceback.error is not None:
@@ -185,6 +188,7 @@ def _failure_sentences(diagnosis) -> list[str]:
             what, frame = reached
             parts.append(f"Its frames reach {what} ({frame.path.replace(chr(92), '/').rsplit('/', 1)[-1]}:"
                          f"{frame.line} {frame.function}).")  # fmt: skip
+        parts += code_sentences(traceback)  # what is left of frames whose `File "` lines were lost
     elif read_metric_lines(traceback):
         parts.append("The log has no error line: only its metric lines say what happened.")
     else:

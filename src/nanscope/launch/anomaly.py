@@ -1,0 +1,67 @@
+"""The forward call autograd's anomaly mode prints before a backward function's error: its frames, and the last one.
+
+    .../torch/autograd/graph.py:744: UserWarning: Error detected in MmBackward0. Traceback of forward call that caused the error:
+      File "train.py", line 50, in <module>
+        loss = model(x)
+      ...
+      File ".../peft/tuners/lora/layer.py", line 569, in forward
+        result = result + lora_B(lora_A(dropout(x))) * scaling
+     (Triggered internally at ../torch/csrc/autograd/python_anomaly_mode.cpp:111.)
+      return Variable._execution_engine.run_backward(  # Calls into the C++ engine to run the backward pass
+    Traceback (most recent call last):
+    ...
+    RuntimeError: Function 'MmBackward0' returned nan values in its 1th output.
+
+At the forward op, anomaly mode stores the Python stack (PyAnomalyMetadata::store_stack: torch.fx.traceback's
+format_stack, traceback.format_list(traceback.extract_stack()[:-1]): outermost first); when the node's backward
+fails it warns `Error detected in <node>. Traceback of forward call that caused the error:` and that stack
+(_format_stack; pytorch/pytorch 042876c torch/csrc/autograd/python_anomaly_mode.cpp:16-25, :113-116). So the last
+frame is the forward op's own call. Reading is bounded: the header is found by a literal search from the end, and
+at most WINDOW bytes after it are decoded.
+
+    lines = forward_lines(before, clean)      # the warning's lines after its header, up to the error's traceback
+    frame, cut = last_frame(frames, lines)    # its last frame; whether the paste left lines out after it
+"""
+
+from __future__ import annotations
+
+import re
+
+HEADER = b"Traceback of forward call"
+SOURCE = "pytorch/pytorch 042876c torch/csrc/autograd/python_anomaly_mode.cpp:16-25, :113-116; torch/fx/traceback.py"
+WINDOW = 65536  # bytes read after the header
+_END = ("Traceback (most recent call last):",)  # the error's own traceback: the forward call's frames end before it
+_TRIGGERED = "(Triggered internally at"  # c10's suffix to the warning: the forward stack's end
+# a line that says lines were left out (`...stacktrace...`, `...`, `…`)
+_ELIDED = re.compile(r"\s{0,8}(?:\.{3}|\u2026)")
+
+
+def forward_lines(before: bytes, clean) -> list[str]:
+    """The lines of the last anomaly-mode warning in `before` after its header (`clean`: a raw line as a terminal
+    shows it), up to the error's own traceback; [] without such a warning."""
+    at = before.rfind(HEADER)
+    if at < 0:
+        return []
+    start = before.find(b"\n", at)
+    if start < 0:
+        return []
+    lines = []
+    for raw in before[start + 1 : start + 1 + WINDOW].decode("utf-8", "replace").split("\n"):
+        line = clean(raw)
+        if line.strip().startswith(_END):
+            break
+        lines.append(line)
+        if _TRIGGERED in line:
+            break
+    return lines
+
+
+def last_frame(frames, lines: list[str]):
+    """(the forward call's last frame, whether the paste left lines out after it: a `...` line after that frame's);
+    (None, False) without frames."""
+    if not frames:
+        return None, False
+    frame = frames[-1]
+    mark = f", line {frame.line}, in {frame.function}"
+    at = max((i for i, line in enumerate(lines) if mark in line), default=len(lines))
+    return frame, any(_ELIDED.match(line) is not None for line in lines[at + 1 :])
