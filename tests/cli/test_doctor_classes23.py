@@ -95,3 +95,16 @@ def test_4_another_step_s_rank_is_not_added(tmp_path, capsys):
     doc, out = _doctor(tmp_path, capsys, log)
     assert doc["metrics"]["first_nonfinite"]["ranks"] == [2]
     assert "logged by rank 2 (its line names it)" in out
+
+
+# 5. a name of several words alone on its line, unindented (PPO-for-Beginners' `Average Episodic Return: nan` under
+# its banner, holdout23 15): the whole name, not its last word
+def test_5_a_name_of_words_alone_on_its_line_is_the_key(tmp_path, capsys):
+    log = "---- Iteration #50 ----\nAverage Episodic Length: 1.0\nAverage Episodic Return: nan\nAverage Loss: nan\n"
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert doc["metrics"]["first_nonfinite"]["metric"] == "Average Episodic Return"
+
+
+def test_5_a_sentence_s_words_are_no_name(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "step 3\nthe loss is: nan\n")
+    assert doc["metrics"]["first_nonfinite"] is None or doc["metrics"]["first_nonfinite"]["metric"] != "the loss is"

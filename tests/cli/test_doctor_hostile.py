@@ -264,6 +264,7 @@ CRAFTED = {
     "reducing to 1.0\n" * 5_000,
     "a record under a banner of dashes": "-" * 200_000 + " Iteration #5 " + "-" * 200_000 + "\nKL: nan\n" * 2_000,
     "arrays of NumPy's repr": "Losses: [" + "array([1.0, 2.0], dtype=float32), " * 50_000 + "array([nan])]\n",
+    "a name of many words alone on its line": ("Average Episodic " * 100_000 + "Return: nan\n") * 3,
     "lines of many ranks at one step": "Batch 7/100 loss nan grad_norm nan rank 2\n" * 5_000,
 }
 

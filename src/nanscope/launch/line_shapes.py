@@ -41,6 +41,10 @@ _BARE_STEP = re.compile(r"\s{0,8}\[(?P<step>\d{1,12})\]\s{1,8}[A-Za-z_]")
 _HEADER = re.compile(r"Learning iteration\s{1,4}(?P<step>\d{1,12})\s{0,4}/\s{0,4}\d{1,12}")
 # a name of several words, right-aligned on a line of its own (rsl-rl: `      Value function loss: inf`)
 _SPACED = re.compile(rf"\s{{2,80}}(?P<key>[A-Za-z][A-Za-z0-9_./()-]{{0,40}}(?: [A-Za-z0-9_./()-]{{1,40}}){{1,6}}):\s{{1,8}}(?P<value>{_NUMBER})\s{{0,8}}\Z", re.IGNORECASE)  # fmt: skip
+# ... unindented, alone on its line: a record printed a key per line (ericyangyu/PPO-for-Beginners
+# graph_code/ppo_for_beginners/ppo.py at 06fecf6, _log_summary: `Average Episodic Return: {avg_ep_rews}` under
+# `---- Iteration #N ----`, holdout23 15)
+_ALONE = re.compile(rf"(?P<key>[A-Za-z][A-Za-z0-9_./()-]{{0,40}}(?: [A-Za-z][A-Za-z0-9_./()-]{{0,40}}){{1,5}}):\s{{1,8}}(?P<value>{_NUMBER})\s{{0,8}}\Z", re.IGNORECASE)  # fmt: skip
 # a name of several words before its `: value` on a line of such pairs: rl_coach's Logger.log_dict prints `{prefix} - `
 # then `{key}: {value} ` for each (`Policy training - Surrogate loss: nan KL divergence: nan Entropy: nan training
 # epoch: 2`), uncoloured `{prefix}> {key}={value}, ...` (IntelLabs/coach v1.0.0 rl_coach/logger.py:89-100, its keys
@@ -109,9 +113,12 @@ def block_header(line: str) -> int | None:
 
 
 def spaced(line: str) -> list[tuple[str, str, int]]:
-    """A line of one indented `Name of words: value` (rsl-rl's block), as one pair; [] otherwise."""
-    match = _SPACED.match(line[:WINDOW])
-    return [(match["key"], match["value"], match.start("value"))] if match is not None else []
+    """A line of one indented `Name of words: value` (rsl-rl's block), or of one unindented such pair whose words
+    are a name's (PPO-for-Beginners' `Average Episodic Return: nan` under its banner), as one pair; [] otherwise."""
+    match = _SPACED.match(line[:WINDOW]) or _ALONE.match(line[:WINDOW])
+    if match is None or match.re is _ALONE and _NOT_NAMES.intersection(match["key"].lower().split()):
+        return []
+    return [(match["key"], match["value"], match.start("value"))]
 
 
 def averages(piece: str) -> list[tuple[str, str, int]]:
