@@ -252,6 +252,19 @@ CRAFTED = {
     "pieces of a dict far below its head": "{'x': 1,\n" + "'loss': nan, 'kl': 0.1,\n" * 5_000 + "}\n",
     "one overflow from many processes": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2.0, "
     "reducing to 1.0\n" * 5_000,
+    # issue 41's round 23: a scaler's printed initial scale, Megatron's loss scale column, DeepSpeed's engine's logger
+    # beside Megatron's lines, overflow lines far before a grad norm
+    "config prints before an init_scale": "dynamic_loss_scale_args ...... {" * 30_000 + "'init_scale': 256}",
+    "initial_scale_power keys": '"initial_scale_power": ' * 40_000 + "8",
+    "Megatron lines whose loss scale falls": "".join(
+        f" iteration {i:8d}/  100000 | consumed samples: {i:12d} | lm loss: 2.000000E+00 | loss scale: "
+        f"{2.0 ** (i % 3):.1f} | grad norm: 1.000 | number of skipped iterations:   0 | number of nan iterations: 0 |\n"
+        for i in range(1, 6_000)
+    ),
+    "logger brackets beside Megatron's lines": " iteration 1/ 2 | consumed samples: 1 | lm loss: 1.0 | loss scale: 1.0 "
+    "|\n" + "] [a.py:1:" * 100_000 + "\n",
+    "overflow lines far before a grad norm": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2, "
+    "reducing to 1\n" * 12_000 + "{'grad_norm': 1.0, 'loss': 1.0}\n",
 }
 
 
