@@ -138,13 +138,15 @@ def test_c_deepspeed_overflow_names_its_logging_rank(tmp_path, capsys):
 
 
 def test_c_every_line_at_the_floor_is_no_training(tmp_path, capsys):
-    """Round 4: "the scale is at its floor", not that every step is skipped, nor which steps."""
+    """Round 4: "the scale is at its floor", not that every step is skipped, nor which steps. Round 23: the first
+    line's step is the bar right after it (tests/cli/test_doctor_classes23_scales.py, 4)."""
     doc, out = _doctor(tmp_path, capsys, _AT_FLOOR)
     assert doc["failure"]["check"] == "deepspeed-overflow" and doc["summary"]["benign"] is None
     assert (
-        "All 4 overflow lines are at the floor; steps 41 to 43 in a row, the first at line 2 (printed after the "
-        "progress bar's 40/9000: the next step): every step they cover overflows and is skipped, so the run does not "
-        "train (persistent inf or NaN gradients, not a scale calibrating)." in out
+        "All 4 overflow lines are at the floor; steps 40 to 43 in a row, the first at line 1 (the progress bar right "
+        "after it, 40/9000: DeepSpeed prints it inside that step, before the loop moves its bar to it): every step "
+        "they cover overflows and is skipped, so the run does not train (persistent inf or NaN gradients, not a scale "
+        "calibrating)." in out
     )
 
 

@@ -266,6 +266,19 @@ CRAFTED = {
     "arrays of NumPy's repr": "Losses: [" + "array([1.0, 2.0], dtype=float32), " * 50_000 + "array([nan])]\n",
     "a name of many words alone on its line": ("Average Episodic " * 100_000 + "Return: nan\n") * 3,
     "lines of many ranks at one step": "Batch 7/100 loss nan grad_norm nan rank 2\n" * 5_000,
+    # issue 41's round 23: a scaler's printed initial scale, Megatron's loss scale column, DeepSpeed's engine's logger
+    # beside Megatron's lines, overflow lines far before a grad norm
+    "config prints before an init_scale": "dynamic_loss_scale_args ...... {" * 30_000 + "'init_scale': 256}",
+    "initial_scale_power keys": '"initial_scale_power": ' * 40_000 + "8",
+    "Megatron lines whose loss scale falls": "".join(
+        f" iteration {i:8d}/  100000 | consumed samples: {i:12d} | lm loss: 2.000000E+00 | loss scale: "
+        f"{2.0 ** (i % 3):.1f} | grad norm: 1.000 | number of skipped iterations:   0 | number of nan iterations: 0 |\n"
+        for i in range(1, 6_000)
+    ),
+    "logger brackets beside Megatron's lines": " iteration 1/ 2 | consumed samples: 1 | lm loss: 1.0 | loss scale: 1.0 "
+    "|\n" + "] [a.py:1:" * 100_000 + "\n",
+    "overflow lines far before a grad norm": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2, "
+    "reducing to 1\n" * 12_000 + "{'grad_norm': 1.0, 'loss': 1.0}\n",
 }
 
 

@@ -53,6 +53,15 @@ WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO
 # NVIDIA-NeMo/Megatron-Bridge 067f987 src/megatron/bridge/training/train.py:876 should_run_forward_backward)
 MEGATRON_LOOP = (MEGATRON_LM, PAI, MS_SWIFT, NEMO, PRIMUS)
 
+# Megatron-LM's training loop never runs DeepSpeed (core_v0.15.0rc0 megatron/training/ imports no `deepspeed`: its
+# optimizer and loss scaler are megatron-core's); Megatron-DeepSpeed runs a copy of that loop on DeepSpeed's engine
+# (deepspeedai/Megatron-DeepSpeed 4efb479 megatron/training.py:55 `import deepspeed`, :504 deepspeed.initialize). So
+# Megatron-LM's evidence beside the engine's (the lines DeepSpeed's logger prints from these files, `[INFO]
+# [stage_1_and_2.py:1644:step] ...`, or frames under this directory) is Megatron-DeepSpeed's (holdout23 05).
+DEEPSPEED_ENGINE_FILES = ("stage2.py", "stage3.py", "stage_1_and_2.py", "engine.py", "loss_scaler.py",
+                          "fused_optimizer.py", "unfused_optimizer.py", "bf16_optimizer.py")  # fmt: skip
+DEEPSPEED_ENGINE_PATH = "/deepspeed/runtime/"
+
 # The stacks whose jobs have rollouts, rewards and a policy loss (RL, preference training): the catalogue's batch
 # causes (a KL's exp, a reward's NaN, a sampling temperature) are theirs to weigh; a pretraining or fine-tuning stack
 # has none of them.

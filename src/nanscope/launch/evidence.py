@@ -189,6 +189,10 @@ def framework_of(
     name = next((name for name in frameworks.NAMES if name in found), None)
     if name is None:
         return UNKNOWN
+    if name == frameworks.MEGATRON_LM and (engine := _deepspeed_engine(frames, lines)) is not None:
+        how = f"{found[name]}, Megatron-LM's, beside DeepSpeed's engine ({engine}), which Megatron-LM's own training "
+        how += "loop never runs"
+        return Framework(frameworks.MEGATRON_DEEPSPEED, None, how)
     how = found[name]
     others = [other for other in frameworks.NAMES if other in found and other != name]
     if others:
@@ -206,6 +210,22 @@ def _path_how(hit: str, frame: Frame) -> str:
         return f"frames under {hit.strip('/')}/ ({_short(frame)})"
     what = frameworks.FILES.get(hit)
     return f"a frame in {hit.strip('/')} ({_short(frame)})" + (f": {what}" if what else "")
+
+
+_DEEPSPEED_LOGGER = re.compile(r"\] \[(?P<file>\w{1,60}\.py):\d{1,6}:\w{1,60}\]")  # `[INFO] [engine.py:1234:step]`
+
+
+def _deepspeed_engine(frames: list[Frame], lines: list[str]) -> str | None:
+    """What shows DeepSpeed's engine at work (facts.frameworks.DEEPSPEED_ENGINE_FILES): its frames, its logger's
+    lines; None: nothing."""
+    for frame in frames:
+        if frameworks.DEEPSPEED_ENGINE_PATH in "/" + frame.path.replace("\\", "/").lstrip("/"):
+            return f"frames under deepspeed/runtime/ ({_short(frame)})"
+    for line in lines:
+        logger = _DEEPSPEED_LOGGER.search(line) if "] [" in line else None
+        if logger is not None and logger["file"] in frameworks.DEEPSPEED_ENGINE_FILES:
+            return f"its logger's lines, `{logger[0][2:]}`"
+    return None
 
 
 def _short(frame: Frame) -> str:

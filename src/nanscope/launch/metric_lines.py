@@ -61,7 +61,9 @@ _BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\
 # `_quiet`'s passes: Megatron's iteration line's head (its step: loop_lines.MEGATRON_HEAD), a non-finite value, the
 # skip counters, the keys
 _BAD_VALUE = re.compile(r"[:=]\s{0,40}['\"]?[-+]?(?:nan|inf)", re.IGNORECASE)
-_ZERO_COUNTS = re.compile(r"number of (?:skipped|nan) iterations:\s{0,12}(\d{1,12})")
+_ZERO_COUNTS = re.compile(r"number of (skipped|nan) iterations:\s{0,12}(\d{1,12})")
+# training_log's `loss scale: {:.1f} |` (core_v0.15.0rc0 megatron/training/training.py:1860)
+_LOSS_SCALE = re.compile(r"\| loss scale:\s{0,12}(?P<scale>[\d.eE+-]{1,30}) \|")
 _SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
 _SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spaces: its keys and punctuation
 _SETTINGS = ("max_", "min_", "best_", "best ")  # a setting or a sentinel (`max_grad_norm: inf`, `best_loss inf`)
@@ -185,11 +187,16 @@ class MetricLines:
         head = MEGATRON_HEAD.match(line)
         if head is None or _BAD_VALUE.search(line, 0, WINDOW) is not None:
             return False
-        if any(int(count) for count in _ZERO_COUNTS.findall(line, 0, WINDOW)):
+        counts = _ZERO_COUNTS.findall(line, 0, WINDOW)
+        if any(int(count) for _, count in counts):
             return False
         if line[:WINDOW].translate(_SHAPE) != self.quiet_shape:  # the same words and bars: the same keys
             return False
         self.explicit, self.explicit_line = int(head["step"]), number
+        scale = _LOSS_SCALE.search(line, 0, WINDOW)  # its value changes, not its shape: a fall is a skipped step
+        if scale is not None and (value := _number(scale["scale"])) is not None and math.isfinite(value):
+            skipped = 0.0 if any(kind == "skipped" for kind, _ in counts) else None
+            self.scale.value(value, number, self.explicit, skipped)
         return True
 
     def _shape(self, piece: str, bad) -> None:
@@ -214,7 +221,8 @@ class MetricLines:
         self.since_bar += counted
         step, step_from = self._step(line, piece, offset, found)
         self._counters([pair for pair in found if shapes.separated(piece, pair[2])], number, step)
-        self.scale.feed(found, number, step)
+        head = MEGATRON_HEAD.match(piece) if step is None else None  # its iteration, behind a time stamp
+        self.scale.feed(found, number, step if head is None else int(head["step"]))
         missing = self._missing_loss(found)
         bad = [
             (key, value, at)

@@ -24,14 +24,16 @@ from nanscope.launch import (
     loop_counters,
     loop_lines,
     printed_columns,
+    scaler_config,
+    stale_norms,
     tf_scopes,
 )
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.failure_models import CALL_REACH, rl_call
-from nanscope.launch.line_pairs import pairs
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines
 from nanscope.launch.scales import Scales
 from nanscope.launch.signals import Hit, read_line
+from nanscope.launch.stale_norms import StaleNorms
 from nanscope.launch.tables import is_rule
 from nanscope.launch.wrapped import dict_record, record
 
@@ -70,7 +72,7 @@ NEEDLES = (
     b"invalid loss",  # Keras's TerminateOnNaN (launch.said_errors)
     b"not json compliant",  # Python's json refusing a NaN or Inf (launch.said_errors.json_float)
     b"train/lr-pg_",  # slime's step log (facts.frameworks.KEYS): its keys name the framework when all is finite
-)
+) + scaler_config.ANCHORS  # a loss scaler's initial scale in the run's config print (`loss_scale` finds the others)
 # fmt: skip
 _LOWER = range(97, 123)
 _MEGATRON = ("Unexpected result", " in local grad norm", " in local forward loss", "rerun: unexpected result")
@@ -79,6 +81,7 @@ _WATCHDOG_RANK = re.compile(r"rank (\d{1,9}) waited")
 _STAMP = re.compile(r"\[?(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d{3,6})")
 
 
+_OVERFLOWS = ("deepspeed-overflow", "scaler-overflow")
 CONTEXT_LINES = 4  # lines read before a candidate line, until the first non-finite metric line: their steps, keys
 MAX_CONTEXTS = 64  # evidence lines of one kind whose lines before are read so (a log may hold millions)
 
@@ -103,19 +106,6 @@ def _before(block: bytes, start: int, count: int) -> list[bytes]:
 def _blank_since(block: bytes, start: int, count: int) -> bool:
     """One of the `count` lines before the one at `start` is blank (at most 2 looked at)."""
     return 0 < count <= 2 and any(not line.strip() for line in _before(block, start, count))
-
-
-STALE_WITHIN = 20  # lines after an overflow where the next logged grad_norm is the skipped step's
-
-
-def _grad_norm(lines: list[str]) -> str | None:
-    """The last grad_norm value `lines` print (as printed)."""
-    found = None
-    for line in lines:
-        for key, value, _ in pairs(line):
-            if key.lower().rsplit("/", 1)[-1] == "grad_norm":
-                found = value.strip("'\"")
-    return found
 
 
 def candidate_starts(block: bytes, extra: tuple[bytes, ...] = (), *, only_extra: bool = False) -> list[int]:
@@ -166,8 +156,7 @@ class Nonfinite:
     fatal: Hit | None = None
     watchdog: Hit | None = None
     waiting: list[int] = field(default_factory=list)
-    overflow: tuple[int, str | None] | None = None  # the last DeepSpeed overflow: its line, the grad_norm before it
-    stale: tuple[int, str, str | None] | None = None  # the grad_norm logged after it: (line, value, the one before)
+    norms: StaleNorms = field(default_factory=StaleNorms)  # the gradient norms logged after DeepSpeed overflows
     scales: Scales = field(default_factory=Scales)  # the loss scaler's overflow series
     unstepped: list[Hit] = field(default_factory=list)  # evidence lines waiting for the next metric line's step
     stamps: dict[str, tuple[str, int]] = field(default_factory=dict)  # signal id -> (its first line's time stamp,
@@ -182,7 +171,7 @@ class Nonfinite:
         """Read the lines of `block` worth reading (`clean`: a raw line as a terminal shows it); the fatal hits that
         are the first of their log, with the offset of their line."""
         out, counted, lines, consumed = [], 0, lines_before, -1
-        extra = (b"grad_norm",) if self.overflow is not None and self.stale is None else ()
+        extra = stale_norms.NEEDLES if self.norms.pending is not None else ()
         watched = self.metrics.watched()  # a norm-only first reading: its later lines, finite ones too
         extra += (watched,) if watched is not None else ()
         starts, index = candidate_starts(block, extra), -1
@@ -202,6 +191,9 @@ class Nonfinite:
             end = block.find(b"\n", start)
             end = len(block) if end < 0 else end
             text = clean(block[start:end].decode("utf-8", "replace"))
+            if (initial := scaler_config.initial(text)) is not None:  # a config print: the scaler's start, no metric
+                self.scales.configured(initial, lines + 1)
+                continue
             if any(marker in text for marker in _MEGATRON):  # Megatron's own error and verdict lines are
                 # launch.failure's and launch.rerun's; the iteration line before the first: the step it came after
                 if self.megatron_after is None:
@@ -259,11 +251,11 @@ class Nonfinite:
         if self.metrics.first is None and head - self.last_line > 1:  # the lines before it not read yet: theirs
             self.metrics.context(_before(block, start, min(CONTEXT_LINES, head - self.last_line - 1)), clean)
         self.last_line = number
-        if self.overflow is not None and self.stale is None:
-            self._stale(text, number)
+        self.norms.logged(text, number)
         named = self.metrics.explicit_line
         before = set(self.metrics.keys) if self.metrics.first is None and head <= CONTEXT_LINES + 1 else None
         self.metrics.feed(text, number)
+        self._bar_after(text, number)
         first = self.metrics.first
         if first is not None and first.line == number:  # this line holds the first non-finite metric
             if before is not None:
@@ -290,12 +282,37 @@ class Nonfinite:
         if hit.step_from == OWN_COUNT:
             self._own_step(block, start, hit, clean)
         if hit.signal.id == "deepspeed-overflow":
-            before = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, CONTEXT_LINES)]
-            self.overflow = (hit.line, _grad_norm(before))
-            self._after_overflow(block, start, hit.line, clean)
+            self.norms.overflow(
+                hit.line, [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, CONTEXT_LINES)]
+            )
+            self.norms.ahead(block, start, hit.line, clean)
         self.metrics.bars(text, hit.line)
+        self._bar_after(text, hit.line)
         if self.metrics.first is None and self.counts.get(hit.signal.id, 0) < MAX_CONTEXTS:  # the lines before it
             self.metrics.context(_before(block, start, CONTEXT_LINES), clean)
+
+    def _bar_after(self, text: str, number: int) -> None:
+        """An overflow line with no step right before this line, which holds one progress bar: that bar's count is its
+        step. The scaler prints it inside the step's optimizer step, and the loop moves its bar to that step after it:
+        transformers' Trainer runs DeepSpeed's engine.step in training_step's backward (4.31.0 trainer.py:1809, :2665;
+        accelerate v0.21.0 utils/deepspeed.py:165-176), then adds 1 to global_step and runs on_step_end (trainer.py:
+        1897-1899), where ProgressCallback updates the bar to it (trainer_callback.py:479-481); a `for ... in tqdm(...)`
+        loop moves its bar when the next step begins. Several bars on the line (a terminal's redraws written at once)
+        or a bar at 0 say no step: their order against the logger's lines is not the order of printing."""
+        if not self.unstepped or self.metrics.bar_line != number:
+            return
+        hits = [hit for hit in self.unstepped if hit.line == number - 1 and hit.signal.id in _OVERFLOWS]
+        found = bars(text)
+        if len(hits) != 1 or hits[0].step is not None or len(found) != 1 or found[0].count == 0:
+            return
+        hit, bar = hits[0], found[0]
+        who = "DeepSpeed" if hit.signal.id == "deepspeed-overflow" else "the loss scaler"
+        hit.step = bar.count
+        hit.step_from = (f"the progress bar right after it, {bar.shown()}: {who} prints it inside that step, before "
+                         "the loop moves its bar to it")  # fmt: skip
+        self.scales.step(hit.step, hit.line, hit.step_from)
+        if self.scales.first_step is None:
+            self.scales.first_step = hit.step
 
     def _own_step(self, block: bytes, start: int, hit: Hit, clean) -> None:
         """An overflow line that counts the optimizer's iterations (`Grad overflow on iteration 3721`): the step of
@@ -336,26 +353,6 @@ class Nonfinite:
                 if own and hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
                     self.scales.step(hit.step, hit.line, "the metric line after it")
         self.unstepped = []
-
-    def _after_overflow(self, block: bytes, start: int, number: int, clean) -> None:
-        """The first grad_norm after the overflow line at `start` in the same block (one in a later block is a
-        candidate line there)."""
-        end = block.find(b"\n", start)
-        at = -1 if end < 0 else block.find(b"grad_norm", end)
-        if at >= 0 and self.stale is None:
-            begin = block.rfind(b"\n", 0, at) + 1
-            stop = block.find(b"\n", at)
-            line = clean(block[begin : len(block) if stop < 0 else stop].decode("utf-8", "replace"))
-            self._stale(line, number + block.count(b"\n", start, begin))
-
-    def _stale(self, text: str, number: int) -> None:
-        """The grad_norm of the first metric line after a DeepSpeed overflow: the skipped step's is the previous one's
-        (DeepSpeed ZeRO returns from step() on an overflow before it computes the norm: stage_1_and_2.py:1839-1853
-        at 0.16.4, so get_global_grad_norm() still holds the last step's)."""
-        value = _grad_norm([text])
-        line, before = self.overflow
-        if value is not None and number - line <= STALE_WITHIN:
-            self.stale = (number, value, before)
 
     def _keep(self, hit: Hit, text: str, parted: bool = False) -> bool:
         """Count `hit` (its step from the progress bar it follows, where its line names none, and no blank line
@@ -430,8 +427,9 @@ class Nonfinite:
                 for key, hit in self.first.items()
             ],
             "waiting_ranks": sorted(self.waiting),
-            "stale_grad_norm": None if self.stale is None else
-            {"line": self.stale[0], "value": self.stale[1], "before_overflow": self.stale[2]},
+            "stale_grad_norm": None if self.norms.first is None else
+            {"line": self.norms.first[0], "value": self.norms.first[1], "before_overflow": self.norms.first[2]},
+            "stale_grad_norms": self.norms.to_dict(),
             "loss_scale": None if self.scales.first is None else
             {"overflows": self.scales.count, "first": self.scales.first, "first_step": self.scales.first_step,
              "lowest": self.scales.lowest, "copies": self.scales.copies, "says": self.scales.sentence(self.loss_step())},

@@ -67,6 +67,8 @@ class Scales:
     first_set: float | None = None  # the first scale set, where the lines print only that (apex amp, DLLogger)
     copies: int = 0  # lines repeating the halving on the line just before: another process's print of one overflow
     previous: tuple | None = None  # the last line added: (line, attempted, set, its time to the second, its rank)
+    initial: tuple[float, int, str] | None = None  # the initial scale the run's config prints: (scale, line, as said)
+    held: int = 0  # overflow lines that kept a scale above its floor (the scaler's hysteresis spent)
 
     def add(self, scale: float | None, next_scale: float | None, step: int | None, line: int | None = None,
             text: str = "") -> None:  # fmt: skip
@@ -95,8 +97,16 @@ class Scales:
             elif scale is not None and next_scale == scale and self._floor(scale):
                 self.floor = self.floor or (scale, next_scale)
                 self.floored += 1
+            elif scale is not None and next_scale == scale:
+                self.held += 1
             self.last = next_scale
             self.lowest = next_scale if self.lowest is None else min(self.lowest, next_scale)
+
+    def configured(self, found: tuple[float, str], line: int) -> None:
+        """The initial scale a config line prints (launch.scaler_config), kept before the first overflow line: the scale
+        the scaler starts at (the first line that prints it: DeepSpeed's own print before the user's json)."""
+        if self.count == 0 and (self.initial is None or self.initial[0] != found[0]):
+            self.initial = (found[0], line, found[1])
 
     def step(self, step: int | None, line: int, how: str | None) -> None:
         """The step of the overflow line just added (None: it names none)."""
@@ -141,16 +151,38 @@ class Scales:
                 f"{self.count} overflow line(s) (the scale it attempted is not printed): steps with inf or NaN "
                 "gradients keep coming, each one skipped.")  # fmt: skip
 
-    def calibrating(self, loss_step: int | None = None) -> bool:
-        """The series is a scale calibrating at a run's start (a high first scale halving, not far, early), and no
-        loss went non-finite: no NaN failure by itself."""
+    def _start(self) -> tuple[str, str, float] | None:
+        """Where the first attempted scale is a scaler's start: (in words, its series in words, the lowest scale a
+        calibration halves to from it); None: not a start. The initial scale the run's config prints is one whatever
+        its size (DeepSpeed's initial_scale_power 8 starts at 256: holdout23 06); a scale of 2^16 or more is where fp16
+        scalers start. A calibration halves a few times: at most to LOW from HIGH, 2^6 below its start."""
+        if self.initial is not None and self.first == self.initial[0]:
+            scale, line, said = self.initial
+            words = f"the initial scale the run's config prints (line {line}: {said})"
+            return words, "its initial scale, as the run's config prints it, halving", min(LOW, scale * LOW / HIGH)
+        if self.first is not None and self.first >= HIGH:
+            return "where fp16 loss scalers start", "a high first scale halving", LOW
+        return None
+
+    def calibrating(self, loss_step: int | None = None) -> str | None:
+        """The series is a scale calibrating at a run's start (its first scale a start, halving not far, early), and
+        no loss went non-finite: no NaN failure by itself. Its series in words (None: not so)."""
         if self.first is None or self.floor is not None or self.regrew is not None or loss_step is not None:
-            return False
+            return None
         lowest = self.lowest if self.lowest is not None else self.first
         still = self.last_step is not None and self.last_step > EARLY  # still falling past a run's start
-        return (
-            self.first >= HIGH and lowest >= LOW and (self.first_step is None or self.first_step <= EARLY) and not still
-        )
+        start = self._start()
+        if start is None or lowest < start[2] or still or (self.first_step is not None and self.first_step > EARLY):
+            return None
+        return start[1]
+
+    def _halves(self) -> str:
+        """What the scale does over the series, in words."""
+        if not self.halved:
+            return "is kept (the overflow spent the scaler's hysteresis)"
+        if self.held:
+            return f"is kept on {self.held} overflow(s) (spending the scaler's hysteresis), then halves"
+        return "halves on consecutive overflows" if self.count > 1 else "halves once"
 
     def sentence(self, loss_step: int | None = None) -> str | None:
         """What the series says, in one or two sentences (None: no scale printed)."""
@@ -186,15 +218,15 @@ class Scales:
                         f"step from step {first} to {last} ({self.count} overflow line(s)), past a run's start: the "
                         "gradients overflow step after step, not a scale calibrating (that halves for a few steps "
                         "at the start).")  # fmt: skip
-        if self.first >= HIGH and lowest >= LOW and early and loss_step is not None:
-            return (f"The first attempted loss scale is {_shown(self.first)}, where fp16 loss scalers start, but the "
+        start = self._start()
+        reach = start is not None and lowest >= start[2] and early
+        if reach and loss_step is not None:
+            return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, but the "
                     f"loss itself is non-finite at step {loss_step}: a scale calibrating does not explain a NaN "
                     "loss.")  # fmt: skip
-        if self.first >= HIGH and lowest >= LOW and early:
-            halves = ("is kept (the overflow spent the scaler's hysteresis)" if not self.halved
-                      else "halves on consecutive overflows" if self.count > 1 else "halves once")  # fmt: skip
-            return (f"The first attempted loss scale is {_shown(self.first)}, where fp16 loss scalers start, and it "
-                    f"{halves}: the scale calibrating at a run's start, not a NaN failure by "
+        if reach:
+            return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, and it "
+                    f"{self._halves()}: the scale calibrating at a run's start, not a NaN failure by "
                     "itself (a scale that keeps falling is one).")  # fmt: skip
         if lowest <= LOW and self.halved and self.first >= HIGH and self.stepped is None:
             return (f"The loss scale is down to {_shown(lowest)} from {_shown(self.first)}, where fp16 loss scalers "
@@ -214,31 +246,108 @@ _SCALE_KEYS = ("loss_scale", "loss scale", "loss-scale")  # a loss scaler's scal
 COLLAPSED = 2.0**-10
 
 
+Where = tuple[int, int | None]  # a line and the step it names
+# Megatron-LM's iteration line's skip counter (training_log, core_v0.15.0rc0 megatron/training/training.py:1867)
+SKIP_COUNTER = "number of skipped iterations"
+
+
 @dataclass
 class PrintedScale:
-    """The loss scale metric lines print (`loss_scale: 16384.0000 (22341.8182)`: its value, not a running mean),
-    and the first line read where it fell below the one before: a dynamic loss scaler skipped an overflowing step in
-    between. Only the lines read are compared (a marker or a NaN/Inf word), so a fall is said, never denied."""
+    """The loss scale metric lines print (`loss_scale: 16384.0000 (22341.8182)`, Megatron's `loss scale: 8192.0`: its
+    value, not a running mean), and where it fell below the one before: a dynamic loss scaler halves its scale on a
+    step whose gradients overflow and skips that step (megatron-core 0.15.0rc0 optimizer/grad_scaler.py:115-120 and
+    optimizer/optimizer.py:553-555; DeepSpeed 0.16.4 fp16/loss_scaler.py:180-188), so each halving between two lines
+    is at least one skipped step. Only the lines read are compared (a marker or a NaN/Inf word: Megatron's iteration
+    lines are all read), so a fall is said, never denied. Bounded: a few numbers whatever the log's length."""
 
     last: float | None = None
-    at: tuple[int, int | None] = (0, None)  # the line and step that printed it
-    drop: tuple[float, float, tuple[int, int | None], tuple[int, int | None]] | None = None  # (from, to, where
-    # each was printed: (line, step))
-    collapsed: tuple[float, tuple[int, int | None]] | None = None  # the first scale printed below COLLAPSED, where
+    at: Where = (0, None)  # the line and step that printed it
+    drop: tuple[float, float, Where, Where] | None = None  # the first fall: (from, to, where each was printed)
+    collapsed: tuple[float, Where] | None = None  # the first scale printed below COLLAPSED, where
+    falls: int = 0  # lines printing a scale below the one before
+    skipped: int = 0  # the steps those falls skipped at least (a fall by 2^k: k halvings, each one; else one)
+    inexact: bool = False  # a fall by no power of two (a mean printed, another scaler's factor): no halvings said
+    fell: tuple[float, Where] | None = None  # the last fall's scale, where
+    lowest: float | None = None  # the lowest scale a fall printed
+    uncounted: Where | None = None  # the first line where the scale fell whose skip counter says 0
+    stride: int | None = None  # the steps between the last two lines (the logging interval, where none is cut out)
 
     def feed(self, found: list[tuple[str, str, int]], number: int, step: int | None) -> None:
         """One metric line's (key, value, where) pairs: its scale, if it prints one."""
         for key, value, _ in found:
             if key.lower() in _SCALE_KEYS and (scale := _finite(value)) is not None:
-                if self.last is not None and scale < self.last and self.drop is None:
-                    self.drop = (self.last, scale, self.at, (number, step))
-                # a training line's (it names its step) or a scale after another: not a config's `"loss_scale": 0`
-                # or `0.0` (DeepSpeed's dynamic scaling)
-                training = step is not None or self.last is not None
-                if scale < COLLAPSED and training and self.collapsed is None:
-                    self.collapsed = (scale, (number, step))
-                self.last, self.at = scale, (number, step)
+                counter = next((_finite(v) for k, v, _ in found if k.lower() == SKIP_COUNTER), None)
+                self.value(scale, number, step, counter)
                 return
+
+    def value(self, scale: float, number: int, step: int | None, skipped: float | None = None) -> None:
+        """The scale a metric line at `number` prints (`skipped`: the skip counter it prints beside it, None: none). Its
+        counter covers the steps since the line before only where no line was cut out between them (its steps one
+        apart, or as far apart as the two lines before: one logging interval)."""
+        interval = None if step is None or self.at[1] is None else step - self.at[1]
+        covered = interval is not None and interval > 0 and interval in (1, self.stride)
+        if self.last is not None and scale < self.last:
+            self.drop = self.drop or (self.last, scale, self.at, (number, step))
+            self.falls += 1
+            power = math.log2(self.last / scale) if scale > 0 else 0.0
+            exact = power >= 1 and abs(power - round(power)) < 1e-6
+            self.skipped += round(power) if exact else 1
+            self.inexact = self.inexact or not exact
+            self.fell = (scale, (number, step))
+            self.lowest = scale if self.lowest is None else min(self.lowest, scale)
+            if skipped == 0 and covered and self.uncounted is None:
+                self.uncounted = (number, step)
+        self.stride = interval
+        # a training line's (it names its step) or a scale after another: not a config's `"loss_scale": 0`
+        # or `0.0` (DeepSpeed's dynamic scaling)
+        training = step is not None or self.last is not None
+        if scale < COLLAPSED and training and self.collapsed is None:
+            self.collapsed = (scale, (number, step))
+        self.last, self.at = scale, (number, step)
+
+    def sentence(self) -> str | None:
+        """The falls in words: from where to where, the halvings (the skipped steps) they take at least, whether past a
+        run's start (None: the scale never fell)."""
+        if self.drop is None:
+            return None
+        high, low, before, after = self.drop
+        said = (f"The loss scale its metric lines print falls from {_shown(high)} at {where_words(*before)} to "
+                f"{_shown(low)} at {where_words(*after)}")  # fmt: skip
+        if self.falls > 1 and self.fell is not None:
+            more = "then" if self.falls == 2 else f"and {self.falls - 1} more times, the last"
+            said += f", {more} to {_shown(self.fell[0])} at {where_words(*self.fell[1])}"
+        if self.skipped == 1:
+            said += ": a dynamic loss scaler found inf or NaN gradients in between and skipped a step"
+        elif self.inexact:
+            said += (f": a dynamic loss scaler found inf or NaN gradients and skipped at least {self.skipped} steps in "
+                     "between")  # fmt: skip
+        else:
+            said += (f": at least {self.skipped} halvings, each a step whose gradients held inf or NaN and that a "
+                     "dynamic loss scaler skipped")  # fmt: skip
+        if before[1] is not None and before[1] > EARLY:
+            return (f"{said}, past a run's start (its first {EARLY} steps, where a scale calibrates): gradients "
+                    "overflowing mid-run, not a scale calibrating.")  # fmt: skip
+        if self.lowest is not None and self.lowest < LOW:  # below where a calibration from 2^16 or more halves to
+            return f"{said}."
+        return f"{said} (at a run's start, its scale calibrating)."
+
+    def past_start(self) -> bool:
+        """The scale fell past a run's start (the step before its first fall is past EARLY)."""
+        return self.drop is not None and self.drop[2][1] is not None and self.drop[2][1] > EARLY
+
+    def uncounted_sentence(self) -> str | None:
+        """The lines' own skip counter at 0 where the scale fell (None: not printed so)."""
+        if self.uncounted is None:
+            return None
+        return (f"The same lines print `{SKIP_COUNTER}: 0` at {where_words(*self.uncounted)}, where the scale fell: "
+                "the steps skipped there are not in that counter (Megatron-LM's counts each step its own optimizer "
+                "skips over the interval a line covers: core_v0.15.0rc0 megatron/training/training.py:1553-1558, "
+                ":1867).")  # fmt: skip
+
+
+def where_words(line: int, step: int | None) -> str:
+    """Where a metric line was printed, as said: `line 5 (step 29040)`."""
+    return f"line {line} (step {step})" if step is not None else f"line {line}"
 
 
 def _finite(value: str) -> float | None:

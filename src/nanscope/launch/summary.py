@@ -121,6 +121,8 @@ def summarize(traceback) -> Summary:
             f"the loss scaler skipped steps ({counter.key} {counter.value}): their gradients held inf or NaN "
             "(at the start of an fp16 run, its scale calibrating)"
         )
+    elif failure is None and seen.metrics.scale.drop is not None and seen.metrics.scale.collapsed is None:
+        _fell(out, seen.metrics.scale)
     weak = seen.metrics.weak
     if weak is not None and reading is None and out.metric is None and failure is None:  # nothing stronger said it
         out.metric, out.lines["metric"] = weak.metric, weak.line
@@ -140,6 +142,20 @@ def summarize(traceback) -> Summary:
         _failure_model(out, failure, traceback)
     out.benign = benign(traceback, out)
     return out
+
+
+def _fell(out: Summary, scale) -> None:
+    """The loss scale metric lines print fell, and nothing else says a value went non-finite: the steps its halvings
+    skipped on inf or NaN gradients (launch.scales.PrintedScale), after the step of the line before the fall."""
+    _, _, before, after = scale.drop
+    out.check, out.metric, out.lines["metric"] = "loss-scale-fall", "loss scale", after[0]
+    if before[1] is not None:
+        out.after_step, out.after_from = (
+            before[1],
+            f"the loss scale its line {before[0]} prints fell by line {after[0]}",
+        )
+    out.points_to = (f"a dynamic loss scaler skipped at least {scale.skipped} step(s) whose gradients held inf or NaN, "
+                     "lowering its scale on each")  # fmt: skip
 
 
 def _failure_model(out: Summary, failure, traceback) -> None:
@@ -172,8 +188,9 @@ def benign(traceback, out: Summary) -> str | None:
         return f"a progress bar's running mean only, while {out.contradicted} on the same line are finite"
     soft = failure is None or (failure.format == "signal" and not failure.signal.fatal)
     if failure is not None and failure.signal is not None and failure.signal.id.endswith("overflow") and soft:
-        if (metrics.first is None or metrics.first.contradicted) and seen.scales.calibrating(seen.loss_step()):
-            return "the fp16 loss scale calibrating at the run's start (a high first scale halving), no loss non-finite"
+        calibrating = seen.scales.calibrating(seen.loss_step())
+        if (metrics.first is None or metrics.first.contradicted) and calibrating:
+            return f"the fp16 loss scale calibrating at the run's start ({calibrating}), no loss non-finite"
     first = metrics.first
     if first is not None and metrics.recovered is not None and not metrics.relapsed and soft:
         return (f"{first.metric} non-finite on isolated steps (line {first.line}) and finite again (line "
@@ -190,7 +207,8 @@ def benign(traceback, out: Summary) -> str | None:
     memory = failure is not None and failure.signal is not None and failure.signal.id == "out-of-memory"
     if memory and first is None and metrics.weak is None and not metrics.counters and len(seen.first) == 1:
         return "an out-of-memory failure (CUDA out of memory), and no value the text prints is non-finite"
-    collapsed = metrics.scale.collapsed is not None  # the printed loss scale says the scaler skipped step on step
+    # the printed loss scale says the scaler skipped step on step, or skipped steps past a run's start
+    collapsed = metrics.scale.collapsed is not None or metrics.scale.past_start()
     if quiet and failure is None and (printed or traceback.lines) and not collapsed:
         return nothing_found(traceback, read_metric_lines(traceback))
     return None

@@ -212,6 +212,7 @@ def _metrics(traceback) -> dict:
         "nonfinite_again": None if lines.episodes.again is None else lines.episodes.again.to_dict(),
         "counters": [counter.to_dict() for counter in lines.counters],
         "loss_scale_fall": None if lines.scale.drop is None else _fall(lines.scale.drop),
+        "loss_scale_falls": None if lines.scale.drop is None else _falls(lines.scale),
         "loss_scale_collapsed": None if lines.scale.collapsed is None else _collapsed(lines.scale.collapsed),
     }
 
@@ -227,6 +228,17 @@ def _fall(drop) -> dict:
     high, low, (line_before, step_before), (line, step) = drop
     return {"from": high, "to": low, "line_before": line_before, "step_before": step_before, "line": line,
             "step": step}  # fmt: skip
+
+
+def _falls(scale) -> dict:
+    """All the falls of the loss scale the metric lines print: how many, the steps they skipped at least (and as
+    halvings, where each fell by a power of two), the last fall's scale, line and step, whether the first is past a
+    run's start, the first line where it fell whose skip counter says 0."""
+    last, (line, step) = scale.fell
+    uncounted = None if scale.uncounted is None else {"line": scale.uncounted[0], "step": scale.uncounted[1]}
+    return {"falls": scale.falls, "skipped_at_least": scale.skipped,
+            "halvings": None if scale.inexact else scale.skipped, "last": last, "last_line": line, "last_step": step,
+            "past_start": scale.past_start(), "uncounted": uncounted}  # fmt: skip
 
 
 def _rerun(rerun) -> dict | None:

@@ -134,7 +134,7 @@ def earlier_sentence(failure, seen) -> str | None:
 
 def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     """The first non-finite metric, its model and step, and what it points to (None: no metric line says one)."""
-    if summary.metric is None:
+    if summary.metric is None or summary.check == "loss-scale-fall":  # said by the printed scale's own sentence
         return None
     model = f" ({MODEL_WORDS.get(summary.model, summary.model)})" if summary.model else ""
     epoch = f"; epoch {summary.epoch}" if summary.epoch is not None else ""
@@ -212,13 +212,8 @@ def evidence_lines(traceback) -> list[str]:
         if failure is None or hit.line != failure.line:
             count = seen.counts[key]
             out.append(f"also: {key} at line {hit.line}" + (f" ({count} lines)" if count > 1 else "") + f": {hit.text}")
-    if seen.stale is not None:
-        line, value, before = seen.stale
-        same = f", the same as before the overflow ({before})" if before == value else ""
-        out.append(
-            f"grad_norm {value} at line {line} is the skipped step's, so the previous step's{same}: DeepSpeed ZeRO "
-            "returns from the step on an overflow before computing the norm (stage_1_and_2.py:1839-1853, 0.16.4)"
-        )
+    if (stale := seen.norms.sentence()) is not None:
+        out.append(stale)
     if seen.waiting:
         out.append(f"ranks left waiting in a collective: {', '.join(map(str, seen.waiting))} (not the failing rank)")
     reading = seen.metrics.first

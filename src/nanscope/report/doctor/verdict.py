@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from nanscope.facts import frameworks
 from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
-from nanscope.launch.scales import shown
+from nanscope.launch.scales import shown, where_words
 from nanscope.launch.summary import read_metric_lines
 from nanscope.report.doctor.evidence_text import (
     MODEL_WORDS,
@@ -116,29 +116,20 @@ def _metric_sentences(diagnosis) -> list[str]:
         if said:
             parts.append(said)
     collapsed = metrics.scale.collapsed
-    if (
-        metrics.scale.drop is not None
-        and collapsed is None
-        and (failure is None or not failure.signal or not failure.signal.id.endswith("overflow"))
-    ):
-        high, low, before, after = metrics.scale.drop
-        parts.append(f"The loss scale its metric lines print falls from {shown(high)} at {_at(*before)} to "
-                     f"{shown(low)} at {_at(*after)}: a dynamic loss scaler found inf or NaN gradients in between and skipped a "
-                     "step (at a run's start, its scale calibrating).")  # fmt: skip
+    if collapsed is None and (failure is None or not failure.signal or not failure.signal.id.endswith("overflow")):
+        parts += [said] if (said := metrics.scale.sentence()) is not None else []  # the overflow lines' series said it
+    if collapsed is None and (said := metrics.scale.uncounted_sentence()) is not None:
+        parts.append(said)
     if collapsed is not None:
         scale, where = collapsed
         drop = metrics.scale.drop
-        fell = f" (it fell from {shown(drop[0])} at {_at(*drop[2])})" if drop is not None else ""
-        parts.append(f"The loss scale its metric lines print is {shown(scale)} at {_at(*where)}{fell}: below 2^-10, a "
-                     "dynamic loss scaler halved it on overflow after overflow, far below any start: the gradients "
-                     "overflow step after step, not a calibration.")  # fmt: skip
+        fell = f" (it fell from {shown(drop[0])} at {where_words(*drop[2])})" if drop is not None else ""
+        parts.append(f"The loss scale its metric lines print is {shown(scale)} at {where_words(*where)}{fell}: below "
+                     "2^-10, a dynamic loss scaler halved it on overflow after overflow, far below any start: the "
+                     "gradients overflow step after step, not a calibration.")  # fmt: skip
     if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
         parts.append(f"Not a NaN failure by itself: {summary.benign}.")
     return parts
-
-
-def _at(line: int, step: int | None) -> str:
-    return f"line {line} (step {step})" if step is not None else f"line {line}"
 
 
 def _core_sentence(diagnosis) -> list[str]:
