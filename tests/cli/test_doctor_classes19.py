@@ -202,7 +202,7 @@ def test_14_primus_is_named_by_its_error_line(tmp_path, capsys):
 def test_15_rsl_rl_value_function_loss_is_the_critics(tmp_path, capsys):
     text = "Learning iteration 208/8000\nMean value_function loss: inf\nMean surrogate loss: 0.0000\n"
     doc, _ = _doctor(tmp_path, capsys, text)
-    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("value_function loss", "critic")
+    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("Mean value_function loss", "critic")
 
 
 # holdout20 (a fourth blind collector: run output committed to repositories), read on main 3f840a9

@@ -108,3 +108,25 @@ def test_5_a_name_of_words_alone_on_its_line_is_the_key(tmp_path, capsys):
 def test_5_a_sentence_s_words_are_no_name(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, "step 3\nthe loss is: nan\n")
     assert doc["metrics"]["first_nonfinite"] is None or doc["metrics"]["first_nonfinite"]["metric"] != "the loss is"
+
+
+# 6. Megatron's iteration lines whose loss scale falls while their own skip counter stays 0 (BigScience's
+# Megatron-DeepSpeed, holdout23 07): Megatron-LM counts each step its scaler skips, so the scaler is DeepSpeed's engine
+def _iteration(step: int, scale: float, skipped: int) -> str:
+    return (f" iteration {step:8d}/  311541 | consumed samples: {step * 8:12d} | elapsed time per iteration (ms): "
+            f"22306.6 | learning rate: 9.850E-05 | global batch size:  1024 | lm loss: 2.775923E+00 | loss scale: "
+            f"{scale:.1f} | grad norm: 0.000 | num zeros: 0.0 | number of skipped iterations: {skipped:3d} | number "
+            "of nan iterations:   0 |\n")  # fmt: skip
+
+
+def test_6_a_scale_falling_beside_a_zero_skip_counter_is_megatron_deepspeed(tmp_path, capsys):
+    lines = _iteration(29020, 65536.0, 0) + _iteration(29030, 65536.0, 0) + _iteration(29040, 8192.0, 0)
+    doc, out = _doctor(tmp_path, capsys, lines)
+    assert doc["framework"]["name"] == "megatron-deepspeed"
+    assert "the scaler is not Megatron-LM's (DeepSpeed's engine, as Megatron-DeepSpeed runs it)" in out
+
+
+def test_6_a_scale_falling_with_its_skips_counted_is_megatron_lm(tmp_path, capsys):
+    lines = _iteration(29020, 65536.0, 0) + _iteration(29030, 65536.0, 0) + _iteration(29040, 8192.0, 3)
+    doc, _ = _doctor(tmp_path, capsys, lines)
+    assert doc["framework"]["name"] == "megatron-lm"

@@ -62,6 +62,8 @@ NAME_MODELS = {"d": "discriminator", "disc": "discriminator", "discriminator": "
                "gen": "generator", "generator": "generator", "policy": "policy", "pi": "policy", "actor": "actor",
                "actornetwork": "actor", "critic": "critic", "criticnetwork": "critic", "vf": "critic",
                "value": "critic", "value_function": "critic"}  # fmt: skip
+# a statistic's word before a name, no model's (`Mean value_function loss`, `Average Episodic Return`)
+STATISTIC_WORDS = ("mean", "average", "avg")
 # rsl-rl from v2.3.0 prints its loss dict's keys as `Mean {key} loss:` (v2.3.0 algorithms/ppo.py:418
 # `"value_function"`, runners/on_policy_runner.py:363): `Mean value_function loss: inf` (holdout19 18) is the critic's
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from nanscope.facts.metric_names import NAME_MODELS
+from nanscope.facts.metric_names import NAME_MODELS, STATISTIC_WORDS
 from nanscope.launch import epoch_steps
 
 WINDOW = 2048  # characters of a line read
@@ -138,8 +138,12 @@ def rename(reading, text: str) -> None:
         used[key] = index + 1
         values.append((spelled[index], value) if index < len(spelled) and spelled[index] else (key, value))
     reading.values = values
-    models = {
-        NAME_MODELS.get(key.split(" ", 1)[0].lower()) for key, value in values if " " in key and value != "missing"
-    }
+    models = {NAME_MODELS.get(_first_word(key)) for key, value in values if " " in key and value != "missing"}
     if len(models) == 1 and None not in models:
         reading.model = models.pop()
+
+
+def _first_word(name: str) -> str:
+    """A name's first word, lowered, past a statistic's (`Mean value_function loss`: value_function)."""
+    words = name.lower().split()
+    return words[1] if len(words) > 1 and words[0] in STATISTIC_WORDS else words[0]

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import math
 
-from nanscope.facts.metric_names import BEFORE_UPDATE, KEY_MODELS, OPENRLHF_MARKS, OPENRLHF_SHORT, REWARDS, TRAINER_ZERO
+from nanscope.facts.metric_names import (
+    BEFORE_UPDATE,
+    KEY_MODELS,
+    OPENRLHF_MARKS,
+    OPENRLHF_SHORT,
+    REWARDS,
+    STATISTIC_WORDS,
+    TRAINER_ZERO,
+)
 from nanscope.launch.line_shapes import AVERAGE
 
 # keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
@@ -54,7 +62,14 @@ _PAIRWISE = ("chosen reward", "reject reward", "rejected reward", "chosen reward
 
 
 def _prefixed(low: str) -> tuple[str | None, str | None]:
-    """The model a key's prefix names, at its start or after leading path parts (`train/actor/grad_norm`)."""
+    """The model a key's prefix names, at its start or after leading path parts (`train/actor/grad_norm`), or after
+    a statistic's word (rsl-rl's `Mean value_function loss`: `Mean` is no model's)."""
+    found = _prefix_of(low)
+    first, _, rest = low.partition(" ")
+    return _prefix_of(rest) if found[0] is None and first in STATISTIC_WORDS and rest else found
+
+
+def _prefix_of(low: str) -> tuple[str | None, str | None]:
     parts = low.split("/")
     for i in range(len(parts)):
         rest = "/".join(parts[i:])

@@ -99,12 +99,24 @@ def read_traceback(path: str) -> Traceback:
     return _traceback(read_log(path), "standard input" if path == "-" else str(path))
 
 
+def _scaled_elsewhere(framework: Framework) -> Framework:
+    """Megatron-LM's iteration lines whose loss scale falls while their own skip counter stays 0: Megatron-LM counts
+    each step its scaler skips (core_v0.15.0rc0 megatron/training/training.py:1553-1558, :1867), so the scaler is
+    another's: DeepSpeed's engine under Megatron-DeepSpeed (bigscience-workshop/bigscience tr1-13B's chronicles,
+    holdout23 07)."""
+    how = (f"{framework.how}, Megatron-LM's, whose loss scale falls while their own skip counter stays 0: the scaler "
+           "is not Megatron-LM's (DeepSpeed's engine, as Megatron-DeepSpeed runs it)")  # fmt: skip
+    return Framework(frameworks.MEGATRON_DEEPSPEED, None, how)
+
+
 def _traceback(found: Found | None, origin: str) -> Traceback:
     frames, ip = parse_frames(found.context) if found is not None else ([], None)
     mixed = found is not None and found.failure is None and interleaved(found.context)
     frames = unique(frames) if mixed else frames
     code = code_lines.read(found.context) if found is not None else []
     framework = framework_of(frames, _named_lines(found), _keys(found), code)
+    if framework.name == frameworks.MEGATRON_LM and found is not None and found.nonfinite.metrics.scale.uncounted:
+        framework = _scaled_elsewhere(framework)
     if framework is UNKNOWN and found is not None and found.later:  # the frames of a traceback pasted after it
         framework = framework_of(parse_frames(found.later)[0], found.later)
     if framework is UNKNOWN and found is not None:  # an evidence line only one stack prints names it
