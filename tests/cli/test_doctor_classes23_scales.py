@@ -149,7 +149,8 @@ def test_2_megatron_lines_beside_deepspeeds_engine_are_megatron_deepspeed(tmp_pa
 
 
 def test_2_megatron_lines_beside_a_word_naming_deepspeed_stay_megatron_lms(tmp_path, capsys):
-    doc, _ = _doctor(tmp_path, capsys, "DeepSpeed is not installed: continuing without it\n" + _megatron(_FALLING))
+    counted = [(step, loss, scale, norm, 2 if scale < 65536 else 0) for step, loss, scale, norm, _ in _FALLING]
+    doc, _ = _doctor(tmp_path, capsys, "DeepSpeed is not installed: continuing without it\n" + _megatron(counted))
     assert doc["framework"]["name"] == "megatron-lm"
 
 

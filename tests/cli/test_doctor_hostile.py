@@ -265,6 +265,8 @@ CRAFTED = {
     "a record under a banner of dashes": "-" * 200_000 + " Iteration #5 " + "-" * 200_000 + "\nKL: nan\n" * 2_000,
     "arrays of NumPy's repr": "Losses: [" + "array([1.0, 2.0], dtype=float32), " * 50_000 + "array([nan])]\n",
     "a name of many words alone on its line": ("Average Episodic " * 100_000 + "Return: nan\n") * 3,
+    "a dict printed a key a line, never closed": "{\n" + "    'a': 1,\n" * 20_000 + "    'grad_norm': nan,\n" * 500,
+    "iters beside steps": "iter 16 step 1: loss nan, " * 20_000 + "\n",
     "lines of many ranks at one step": "Batch 7/100 loss nan grad_norm nan rank 2\n" * 5_000,
     # issue 41's round 23: a scaler's printed initial scale, Megatron's loss scale column, DeepSpeed's engine's logger
     # beside Megatron's lines, overflow lines far before a grad norm

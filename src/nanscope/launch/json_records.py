@@ -1,5 +1,5 @@
 """A metric record printed as indented JSON, one key a line (transformers' trainer_state.json `log_history`, a
-`json.dumps(..., indent=2)` of a step's metrics), joined back into one line:
+`json.dumps(..., indent=2)` of a step's metrics, or a Python dict so printed), joined back into one line:
 
     {
       "epoch": 0.0,
@@ -19,7 +19,9 @@ from __future__ import annotations
 import re
 
 MAX_MEMBERS = 64  # lines of one object, each way from the candidate line
-_MEMBER = re.compile(r'\s{0,40}"[^"\n]{1,120}"\s{0,4}:\s{0,4}[^\s{\[][^\n]{0,200}')
+# a member's key in JSON's double quotes, or in a Python dict's single ones (a Trainer dict pretty-printed a key a line,
+# `pprint`/`json`-style: huggingface/transformers#31997, holdout24 03)
+_MEMBER = re.compile(r"""\s{0,40}(?:"[^"\n]{1,120}"|'[^'\n]{1,120}')\s{0,4}:\s{0,4}[^\s{\[][^\n]{0,200}""")
 _OPEN = re.compile(r"\s{0,40}\{\s{0,4}")
 _CLOSE = re.compile(r"\s{0,40}\},?\s{0,4}")
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from nanscope.facts.frameworks import PY_DICT
 from nanscope.facts.metric_names import is_step_key
-from nanscope.launch import dict_bars, epoch_steps
+from nanscope.launch import dict_bars, epoch_steps, line_steps
 from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, bodiless, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
@@ -49,15 +49,6 @@ from nanscope.launch.scales import PrintedScale
 from nanscope.launch.tables import Table, header
 
 LOOKAHEAD = 8  # lines after a reading without a step where the next progress bar gives it
-# mmengine's `Epoch(train) [1][240/735]` and `Iter(train) [ 510/2046]` (space-padded): the iteration
-# and the MetricLogger of DeiT, BEiT, VideoMAE (`Epoch: [0]  [   10/17227]  eta: ...`: the iteration in its epoch)
-_EPOCH_ITER = re.compile(
-    r"\]\s{0,4}\[\s{0,12}(?P<step>\d{1,12})/\d{1,12}\]"
-    r"|Iter(?:\((?:train|val|test)\))?\s{0,4}\[\s{0,12}(?P<iter>\d{1,12})/\d{1,12}\]"  # mmcv's `Iter [100/160000]`
-)
-# a step in brackets at a line's head (loguru's `mip.logger:log:94 - [Step 13999] total_time: ...`, dreamer's `[5000] `)
-_BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\]|\A\[(?P<at>\d{1,12})\] ", re.IGNORECASE)  # fmt: skip
-
 # `_quiet`'s passes: Megatron's iteration line's head (its step: loop_lines.MEGATRON_HEAD), a non-finite value, the
 # skip counters, the keys
 _BAD_VALUE = re.compile(r"[:=]\s{0,40}['\"]?[-+]?(?:nan|inf)", re.IGNORECASE)
@@ -238,11 +229,11 @@ class MetricLines:
                 line, at, logged=shapes.logs_its_step(piece)
             )
         values = [(key, value) for key, value, _ in bad] + missing
-        if self.provisional is not None and step_from == "the line":
+        if self.provisional is not None and line_steps.own(step_from):
             self._confirm(found, bool(bad), number)
         if self.first is not None and self.first.line != number:
             self._recovery(found, bad, number)
-            self.episodes.feed(number, step if step_from == "the line" else None,
+            self.episodes.feed(number, step if line_steps.own(step_from) else None,
                                [(key, _nonfinite(value)) for key, value, _ in found])  # fmt: skip
         if bad and (len(found) >= 2 or loose):
             if self.first is None:
@@ -254,7 +245,7 @@ class MetricLines:
         elif missing and self.weak is None and self.first is None:
             self.weak = self._reading(line, number, found, missing, step=step, step_from=step_from)
             self.weak.weak = True
-        if step is not None and step_from == "the line":
+        if step is not None and line_steps.own(step_from):
             self.explicit, self.explicit_line = step, number
         if offset == 0 and piece is line:
             self._shape(piece, bad or missing)
@@ -317,7 +308,7 @@ class MetricLines:
             if len(found) >= 2:
                 self.keys.update([key.lower() for key, _, _ in found[:64]] + [PY_DICT] * shapes.trainer_dict(text))
                 step, step_from = self._step(text, text, 0, found)
-                if step is not None and step_from == "the line":
+                if step is not None and line_steps.own(step_from):
                     self.explicit = step
 
     def bars(self, line: str, number: int) -> None:
@@ -376,28 +367,8 @@ class MetricLines:
         self.pending, self.glued = None, []
 
     def _step(self, line: str, piece: str, offset: int, found) -> tuple[int | None, str | None]:
-        """The step a metric line names: a step key, mmengine's iteration; None: its bar or a later one says."""
-        steps = []  # (key, step) of each step key, in order
-        for key, value, at in found:
-            if is_step_key(key) and not shapes.percent(piece, at, value) and not shapes.setting(piece, at, key):
-                number = _number(value.strip("'\"").split("/")[0])
-                if number is not None and math.isfinite(number):
-                    steps.append((key, int(number)))
-        glob = next((pair for pair in steps if pair[0].lower() == "global_step"), None)
-        if glob is not None and len(steps) > 1:  # `step: 4, global_step:1` (liucongg/ChatGLM-Finetuning#132): the
-            other = next(pair for pair in steps if pair is not glob)  # optimizer's count, beside another count
-            return glob[1], f"the line's global_step (its {other[0]} {other[1]} counts something else)"
-        if steps:
-            return steps[0][1], "the line"
-        match = _EPOCH_ITER.search(piece, 0, WINDOW)
-        if match is not None and match["step"] is not None:
-            return int(match["step"]), "the line (the iteration within its epoch)"
-        if match is not None:
-            return int(match["iter"]), "the line"
-        bracket = _BRACKET_STEP.search(piece, 0, WINDOW)
-        if bracket is not None:
-            return int(bracket["step"] or bracket["at"]), "the line"
-        return shapes.named_step(piece) or (None, None)
+        """The step a metric line names (launch.line_steps); None: its bar or a later one says."""
+        return line_steps.named(piece, found)
 
     def step_named(self, line: str) -> int | None:
         """The step `line` names itself (None: none), without reading it as a metric line."""
