@@ -21,6 +21,7 @@ at most WINDOW bytes after it are decoded.
 
     lines = forward_lines(before, clean)      # the warning's lines after its header, up to the error's traceback
     frame, cut = last_frame(frames, lines)    # its last frame; whether the paste left lines out after it
+    short = short_of_op(frames, lines)        # (why the frames end before the op's call, the last frame outside torch)
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ _END = ("Traceback (most recent call last):",)  # the error's own traceback: the
 _TRIGGERED = "(Triggered internally at"  # c10's suffix to the warning: the forward stack's end
 # a line that says lines were left out (`...stacktrace...`, `...`, `…`)
 _ELIDED = re.compile(r"\s{0,8}(?:\.{3}|\u2026)")
+# torch's module dispatch: `module(x)` is Module.__call__ = _wrapped_call_impl, which calls _call_impl, which calls the
+# module's forward (torch 2.13.0 torch/nn/modules/module.py:1774-1778, :1782-1789, :1917): a frame of it calls a
+# module, never an op, so the op's own call is a frame further in
+DISPATCH = ("_wrapped_call_impl", "_call_impl")
+DISPATCH_SOURCE = "torch 2.13.0 torch/nn/modules/module.py:1774-1789, :1917"
+_TORCH = re.compile(r"(?:^|[/\\](?:site|dist)-packages[/\\])torch[/\\]")
 
 
 def forward_lines(before: bytes, clean) -> list[str]:
@@ -65,3 +72,24 @@ def last_frame(frames, lines: list[str]):
     mark = f", line {frame.line}, in {frame.function}"
     at = max((i for i, line in enumerate(lines) if mark in line), default=len(lines))
     return frame, any(_ELIDED.match(line) is not None for line in lines[at + 1 :])
+
+
+def _torchs(frame) -> bool:
+    return _TORCH.search(frame.path[-300:].replace("\\", "/")) is not None
+
+
+def short_of_op(frames, lines: list[str]):
+    """(why the forward call's frames end before the op's own call, the last frame outside torch: the call it came
+    through, or None): `cut` where a partial `File "` line follows the last whole frame, `dispatch` where that frame is
+    torch's module dispatch, `cut dispatch` both; None where the last frame may be the op's call, or no frames."""
+    if not frames:
+        return None
+    frame = frames[-1]
+    mark = f", line {frame.line}, in {frame.function}"
+    at = max((i for i, line in enumerate(lines) if mark in line), default=len(lines))
+    why = ["cut"] if any('File "' in line for line in lines[at + 1 :]) else []
+    if frame.function in DISPATCH and frame.path.replace("\\", "/").endswith("torch/nn/modules/module.py"):
+        why.append("dispatch")
+    if not why:
+        return None
+    return " ".join(why), next((each for each in reversed(frames) if not _torchs(each)), None)

@@ -7,6 +7,7 @@
     keys = message_keys(message)                 # the keys it gives NaN or Inf values, in order
     model, why = message_model(message)          # the one model the message's non-finite keys name, or None
     model, why = sampling_model(signal_id, frames, framework)   # the policy, for a sampling assert in an RL run
+    model, why = step_model(frames)              # a frame of one model's step (`train_generator_step`), or None
     with_run_kind(summary, failure, kind)        # the same, where the launch script says the run is RL
 
 Each regex runs on a bounded window with bounded repeats only: linear in the line.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+from nanscope.facts.metric_names import NAME_MODELS
 from nanscope.launch.error_words import WINDOW
 from nanscope.launch.metric_points import model_of
 
@@ -35,6 +37,10 @@ _RL_CALL = re.compile(
     r"\b(?P<call>(?:[A-Za-z0-9]{1,40}_)?(?:ppo|grpo|rloo|rlhf)(?:_\w{1,40})?\.(?:generate|sample))\s{0,4}\(",
     re.IGNORECASE,
 )  # a name whose part is the RL word (`ppo_trainer`, `grpo`), never a word that holds it (`support_model`)
+# a function named for one model's step: `train_<model>_step`, `<model>_step`, `train_<model>` (gigagan-pytorch's
+# GigaGAN.train_generator_step / train_discriminator_step, lucidrains/gigagan-pytorch 0.2.x gigagan_pytorch.py); the
+# word must be one NAME_MODELS knows; `train_step`, `forward` name none
+_STEP = re.compile(r"(?:train_(?P<a>[a-z]{1,20})(?:_step)?|(?P<b>[a-z]{1,20})_step)")
 CALL_REACH = 8  # lines of pasted code looked at before the error
 _SAMPLING = ("probability-assert",)  # torch.multinomial's assert: the sampled model's probabilities
 
@@ -91,6 +97,20 @@ def sampling_model(
             shown = "/".join(where[-2:]) if len(where) > 1 else path
             return ("policy", f"its frames pass through an RL trainer ({shown}:{frame.line} {frame.function}): what it "
                     "samples from while training is its policy's rollout")  # fmt: skip
+    return None
+
+
+def step_model(frames) -> tuple[str, str] | None:
+    """The model whose step the innermost frame named for one runs (`train_generator_step`: the generator), and
+    why; None: no frame's function is named for one model's step."""
+    for frame in reversed(frames):
+        match = _STEP.fullmatch(frame.function.lower()[:60])
+        model = NAME_MODELS.get(match["a"] or match["b"]) if match is not None else None
+        if model is not None:
+            return (
+                model,
+                f"its traceback passes through {frame.function} ({frame.path}:{frame.line}), the {model}'s step",
+            )
     return None
 
 

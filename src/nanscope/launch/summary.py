@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope.launch.code_lines import points_to
-from nanscope.launch.failure_models import message_keys, message_model, sampling_model
+from nanscope.launch.failure_models import message_keys, message_model, sampling_model, step_model
 from nanscope.launch.tf_scopes import scope_model
 from nanscope.launch.totals import first_term
 
@@ -138,6 +138,8 @@ def summarize(traceback) -> Summary:
         out.points_to = points_to(traceback.code)
     if out.model is None:
         out.model = _frame_model(traceback.frames)
+    if out.model is None and failure is not None and (stepped := step_model(traceback.frames or traceback.forward)):
+        out.model, out.model_from = stepped
     if out.model is None and failure is not None:
         _failure_model(out, failure, traceback)
     out.benign = benign(traceback, out)

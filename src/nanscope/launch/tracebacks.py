@@ -52,6 +52,7 @@ class Traceback:
     code: list[CodeHit] = field(default_factory=list)
     forward: list[Frame] = field(default_factory=list)  # the forward call anomaly mode printed (launch.anomaly)
     forward_cut: bool = False  # ... and the paste left lines out after its last frame
+    forward_short: tuple | None = None  # ... why it ends before the op's call, and the last frame outside torch
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
@@ -163,6 +164,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         code=code,
         forward=forward,
         forward_cut=anomaly.last_frame(forward, found.forward)[1],
+        forward_short=anomaly.short_of_op(forward, found.forward),
     )
 
 

@@ -258,7 +258,19 @@ def _forward(traceback) -> dict | None:
         return None
     frame = traceback.forward[-1]
     return {"path": frame.path, "line": frame.line, "function": frame.function, "code": frame.code or None,
-            "frames": len(traceback.forward), "lines_left_out_after": traceback.forward_cut}  # fmt: skip
+            "frames": len(traceback.forward), "lines_left_out_after": traceback.forward_cut,
+            "short_of_op": _short(traceback.forward_short)}  # fmt: skip
+
+
+def _short(short) -> dict | None:
+    """Why the forward call's frames end before the op's own call, and the last frame outside torch; None: they may
+    not (launch.anomaly.short_of_op)."""
+    if short is None:
+        return None
+    why, through = short
+    came = None if through is None else {"path": through.path, "line": through.line, "function": through.function,
+                                         "code": through.code or None}  # fmt: skip
+    return {"why": why.split(), "came_through": came}
 
 
 def _frame(frame) -> dict:

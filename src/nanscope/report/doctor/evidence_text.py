@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from nanscope.launch.anomaly import SOURCE
+from nanscope.launch.anomaly import DISPATCH_SOURCE, SOURCE
 from nanscope.launch.code_lines import pointed, whose
 from nanscope.launch.metric_lines import COUNTERS
 from nanscope.launch.summary import Summary
@@ -171,13 +171,32 @@ def forward_sentence(traceback) -> str | None:
     frame, hit = traceback.forward[-1], traceback.nonfinite.first.get("anomaly-forward")
     op = hit.op if hit is not None and hit.op else "the failing backward function"
     at = f" (line {hit.line})" if hit is not None else ""
-    where = f"{frame.path}:{frame.line} {frame.function}" + (f", `{frame.code}`" if frame.code else "")
-    if traceback.forward_cut:
+    where = _where(frame)
+    if traceback.forward_short is not None:
+        said = _short_of_op(where, *traceback.forward_short)
+    elif traceback.forward_cut:
         said = (f"its last frame shown is {where}: the forward op runs within that call (the paste leaves lines out "
                 "after it, so the op's own call may be a frame further in)")  # fmt: skip
     else:
         said = f"its last frame, {where}, is where the forward op was called"
     return f"Anomaly mode traced the forward call of {op}{at}: {said}; it prints that stack outermost first ({SOURCE})."
+
+
+def _where(frame) -> str:
+    return f"{frame.path}:{frame.line} {frame.function}" + (f", `{frame.code}`" if frame.code else "")
+
+
+def _short_of_op(where: str, why: str, through) -> str:
+    """The forward call's frames end before the op's own call (launch.anomaly.short_of_op): why, and the last frame
+    outside torch, the call the op was reached through."""
+    said = f"the paste ends before the op's own call: its last whole frame is {where}"
+    if "dispatch" in why:
+        said += f", torch's module dispatch, which calls a module's forward, never an op ({DISPATCH_SOURCE})"
+    if "cut" in why:
+        said += ", and the frames after it are cut mid-frame"
+    if through is not None:
+        said += f"; the last frame outside torch, {_where(through)}, is the call it came through"
+    return said
 
 
 def code_sentences(traceback) -> list[str]:
