@@ -281,6 +281,13 @@ CRAFTED = {
     "|\n" + "] [a.py:1:" * 100_000 + "\n",
     "overflow lines far before a grad norm": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2, "
     "reducing to 1\n" * 12_000 + "{'grad_norm': 1.0, 'loss': 1.0}\n",
+    "elastic agent words": "failed (exitcode: 1) local_rank: " * 40_000 + "1 (pid: 2",
+    "Root Cause headers and rank keys": "Root Cause (first observed failure):" + " rank      : 9 (local_rank:" * 40_000,
+    "overflow probes far apart": "".join(
+        f" 1%| {i * 200}/99999 [00:01<00:01, 1.0s/it][deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss "
+        "scale: 131072, reducing to 65536\n"
+        for i in range(1, 6_000)
+    ),
 }
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from nanscope import inputs
 from nanscope.errors import UserError
 from nanscope.launch import anomaly, code_lines, trainer_bars
+from nanscope.launch.elastic import Elastic
 from nanscope.launch.failure import Failure, Impossible, line_failures
 from nanscope.launch.logsource import open_log
 from nanscope.launch.metrics import Metrics
@@ -110,6 +111,7 @@ class Found:
     later: list[str] = field(default_factory=list)  # the log's last traceback, after a fatal evidence line's own
     head: list[str] = field(default_factory=list)  # the log's first lines (HEAD_LINES), cleaned
     forward: list[str] = field(default_factory=list)  # anomaly mode's warning after its header (launch.anomaly)
+    elastic: Elastic = field(default_factory=Elastic)  # torch elastic's first observed failure (launch.elastic)
 
 
 # Python source (a file, not a log): its first line of code at a line's start
@@ -147,6 +149,7 @@ class _Scanner:
         self.controls = 0  # of them, control bytes no text log holds (a binary file's)
         self.head = b""  # the first _HEAD bytes
         self.forward: list[str] | None = None  # anomaly mode's forward call before the first fatal evidence line
+        self.elastic = Elastic()  # torch elastic's first observed failure, wherever in the log
 
     def feed(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -200,6 +203,7 @@ class _Scanner:
         else:
             found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
         found.notes, found.nonfinite, found.lines = notes, seen, lines
+        found.elastic = self.elastic
         if "anomaly-forward" in seen.first:  # the forward call anomaly mode printed (launch.anomaly)
             found.forward = self.forward if self.forward is not None else _forward(self.tail)
         found.head = [clean(line) for line in self.head.decode("utf-8", "replace").split("\n")[:HEAD_LINES]]
@@ -236,6 +240,7 @@ class _Scanner:
                 raw = _traceback_lines(self.tail + block[:start], rank=tag) + [hit.text]
                 self.signal = (_context(raw), raw)
                 self.forward = _forward(self.tail + block[:start])
+        self.elastic.block(block, self.lines)
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
 

@@ -69,6 +69,8 @@ class Scales:
     previous: tuple | None = None  # the last line added: (line, attempted, set, its time to the second, its rank)
     initial: tuple[float, int, str] | None = None  # the initial scale the run's config prints: (scale, line, as said)
     held: int = 0  # overflow lines that kept a scale above its floor (the scaler's hysteresis spent)
+    steps: int = 0  # the overflows whose lines name a step (a step the line before named again: the same overflow)
+    gap: int | None = None  # the fewest steps between two overflows' steps
 
     def add(self, scale: float | None, next_scale: float | None, step: int | None, line: int | None = None,
             text: str = "") -> None:  # fmt: skip
@@ -112,6 +114,11 @@ class Scales:
         """The step of the overflow line just added (None: it names none)."""
         if step is None:
             return
+        if step != self.last_step:
+            self.steps += 1
+        if self.last_step is not None and step != self.last_step:
+            gap = abs(step - self.last_step)
+            self.gap = gap if self.gap is None else min(self.gap, gap)
         if self.stepped is None:
             self.stepped = (step, line, how)
         elif self.last_step is not None and step != self.last_step + 1:
@@ -176,6 +183,25 @@ class Scales:
             return None
         return start[1]
 
+    def probing(self, loss_step: int | None = None, finite: bool = True) -> str | None:
+        """The series is a dynamic loss scaler probing a higher scale mid-run: every overflow line names its step, the
+        first past a run's start, each more than EARLY steps after the one before, the scale halved and never set
+        below HIGH, and no loss non-finite. A dynamic scaler doubles its scale after `scale_window` steps without an
+        overflow and halves it on the next overflow (DeepSpeed 0.16.4 deepspeed/runtime/fp16/loss_scaler.py:199-202,
+        :178-184; scale_window default 1000: :114, :121, runtime/constants.py:169), so a lone overflow at a high scale
+        far into a run is that probe: no NaN failure by itself (`finite`: no metric line's value non-finite, whatever step
+        it names). Its series in words (None: not so)."""
+        if self.first is None or self.floor is not None or loss_step is not None or not self.halved or not finite:
+            return None
+        if self.stepped is None or self.stepped[0] <= EARLY or self.steps != self.count:
+            return None
+        if (self.lowest or 0.0) < HIGH or (self.gap is not None and self.gap <= EARLY):
+            return None
+        if self.count == 1:
+            return f"one overflow at step {self.stepped[0]}, the scale halved from {_shown(self.first)} to {_shown(self.lowest)}"
+        return (f"{self.count} overflows from step {self.stepped[0]}, at least {self.gap} steps apart, the scale never "
+                f"below {_shown(self.lowest)}")  # fmt: skip
+
     def _halves(self) -> str:
         """What the scale does over the series, in words."""
         if not self.halved:
@@ -184,9 +210,10 @@ class Scales:
             return f"is kept on {self.held} overflow(s) (spending the scaler's hysteresis), then halves"
         return "halves on consecutive overflows" if self.count > 1 else "halves once"
 
-    def sentence(self, loss_step: int | None = None) -> str | None:
-        """What the series says, in one or two sentences (None: no scale printed)."""
-        said = self._sentence(loss_step)
+    def sentence(self, loss_step: int | None = None, finite: bool = True) -> str | None:
+        """What the series says, in one or two sentences (None: no scale printed); `finite`: no metric line's value
+        non-finite."""
+        said = self._sentence(loss_step, finite)
         if said is None or not self.copies:
             return said
         return (
@@ -194,7 +221,7 @@ class Scales:
             "overflow printed by another process, each data-parallel rank's optimizer agreeing to skip.)"
         )
 
-    def _sentence(self, loss_step: int | None) -> str | None:
+    def _sentence(self, loss_step: int | None, finite: bool = True) -> str | None:
         if self.first is None:
             return self._set_only()
         if self.floor is not None:
@@ -205,6 +232,13 @@ class Scales:
                          "overflows and is skipped, so the run does not train (persistent inf or NaN gradients, not a "
                          "scale calibrating).")  # fmt: skip
             return said
+        if (probe := self.probing(loss_step, finite)) is not None:
+            lines = f" ({self.count} overflow lines)" if self.count > 1 else ""
+            return (f"{probe[0].upper()}{probe[1:]}{lines}, past a run's start (its first {EARLY} steps), no loss "
+                    "the text prints non-finite: a dynamic loss scaler doubles its scale after a window of steps without "
+                    "an overflow (DeepSpeed's loss_scale_window, default 1000) and halves it on the next overflow, so "
+                    "this is the scaler probing a higher scale, benign, not a NaN failure by itself (a scale that "
+                    "keeps falling is one).")  # fmt: skip
         if self.regrew is not None:
             low, again = self.regrew
             return (f"The loss scale grows back between overflows ({_shown(low)}, then {_shown(again)} attempted "

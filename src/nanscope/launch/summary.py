@@ -63,6 +63,7 @@ class Summary:
     contradicted: str | None = None  # finite values that contradict the non-finite one: no NaN failure by itself
     benign: str | None = None  # why the text shows no NaN failure (a scale calibrating, every value finite, ...)
     opening: bool = False  # the metric's line is the input's first record of it: an earlier step may have been too
+    rank_from: str | None = None  # where the rank comes from, where no error line names it (torch elastic's agent)
     model_from: str | None = None  # why the model is the one an error or evidence line points to (no metric names it)
 
     def to_dict(self) -> dict:
@@ -72,7 +73,7 @@ class Summary:
             "epoch": self.epoch,
             "model": self.model,
             "metric": self.metric, "op": self.op, "points_to": self.points_to, "lines": dict(self.lines),
-            "contradicted": self.contradicted, "benign": self.benign,
+            "contradicted": self.contradicted, "benign": self.benign, "rank_from": self.rank_from,
         }  # fmt: skip
 
 
@@ -93,6 +94,10 @@ def summarize(traceback) -> Summary:
             out.step = seen.scales.stepped[0]
     if out.rank is None and traceback.prefix_rank is not None and not _waiting(failure):
         out.rank = traceback.prefix_rank  # the one rank whose traceback the log shows (a cut one's)
+    agent = traceback.elastic.rank()  # torch elastic's first observed failure: where no error line names a rank
+    if out.rank is None and agent is not None and not traceback.other_ranks and not _waiting(failure):
+        out.rank, out.lines["rank"] = agent[0], agent[2]
+        out.rank_from = f"torch elastic's agent: {agent[1]}, the process it observed fail first"
     if reading is not None:
         out.metric, out.model = first_term(reading.values) or reading.metric, reading.model
         if out.kind in (None, "NaN or Inf") and (failure is None or failure.format == "signal"):
@@ -193,6 +198,9 @@ def benign(traceback, out: Summary) -> str | None:
         calibrating = seen.scales.calibrating(seen.loss_step())
         if (metrics.first is None or metrics.first.contradicted) and calibrating:
             return f"the fp16 loss scale calibrating at the run's start ({calibrating}), no loss non-finite"
+        probing = seen.scales.probing(seen.loss_step())
+        if (metrics.first is None or metrics.first.contradicted) and probing:
+            return f"the fp16 loss scale probing a higher scale mid-run ({probing}), no loss non-finite"
     first = metrics.first
     if first is not None and metrics.recovered is not None and not metrics.relapsed and soft:
         return (f"{first.metric} non-finite on isolated steps (line {first.line}) and finite again (line "

@@ -17,6 +17,7 @@ from nanscope.facts.frameworks import PY_DICT
 from nanscope.facts.megatron import Check, core_frame
 from nanscope.launch import anomaly, code_lines, plugin_report
 from nanscope.launch.code_lines import CodeHit
+from nanscope.launch.elastic import Elastic
 from nanscope.launch.error_line import error_line
 from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
 from nanscope.launch.failure import Failure
@@ -53,6 +54,7 @@ class Traceback:
     forward: list[Frame] = field(default_factory=list)  # the forward call anomaly mode printed (launch.anomaly)
     forward_cut: bool = False  # ... and the paste left lines out after its last frame
     forward_short: tuple | None = None  # ... why it ends before the op's call, and the last frame outside torch
+    elastic: Elastic = field(default_factory=Elastic)  # torch elastic's first observed failure (launch.elastic)
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
@@ -165,6 +167,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         forward=forward,
         forward_cut=anomaly.last_frame(forward, found.forward)[1],
         forward_short=anomaly.short_of_op(forward, found.forward),
+        elastic=found.elastic,
     )
 
 

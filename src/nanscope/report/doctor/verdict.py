@@ -112,7 +112,9 @@ def _metric_sentences(diagnosis) -> list[str]:
                      "failure.")  # fmt: skip
     failure = traceback.failure
     if failure is not None and failure.signal is not None and failure.signal.id.endswith("overflow"):
-        said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step())
+        first = traceback.nonfinite.metrics.first  # a non-finite value, whatever step it names: no probe
+        finite = first is None or first.contradicted is not None
+        said = traceback.nonfinite.scales.sentence(traceback.nonfinite.loss_step(), finite)
         if said:
             parts.append(said)
     collapsed = metrics.scale.collapsed
@@ -127,7 +129,11 @@ def _metric_sentences(diagnosis) -> list[str]:
         parts.append(f"The loss scale its metric lines print is {shown(scale)} at {where_words(*where)}{fell}: below "
                      "2^-10, a dynamic loss scaler halved it on overflow after overflow, far below any start: the "
                      "gradients overflow step after step, not a calibration.")  # fmt: skip
-    if summary.benign is not None and summary.contradicted is None and "calibrating" not in summary.benign:
+    if (
+        summary.benign is not None
+        and summary.contradicted is None
+        and not summary.benign.startswith("the fp16 loss scale")
+    ):
         parts.append(f"Not a NaN failure by itself: {summary.benign}.")
     return parts
 
@@ -184,6 +190,8 @@ def _failure_sentences(diagnosis) -> list[str]:
         parts.append("The log has no error line: only its metric lines say what happened.")
     else:
         parts.append("The log has no error line and no metric line.")
+    other = failure.rank if failure is not None and failure.rank is not None else traceback.prefix_rank
+    parts += [said] if (said := traceback.elastic.sentence(other)) is not None else []
     zeroed = traceback.metrics.zeroed  # said after the first non-finite metric (_metric_sentences)
     parts += [f"Its {excursion.text()}." for excursion in traceback.excursions() if excursion is not zeroed]
     if evidence.schedule is not None or evidence.check is not None:
