@@ -267,6 +267,9 @@ CRAFTED = {
     "a name of many words alone on its line": ("Average Episodic " * 100_000 + "Return: nan\n") * 3,
     "a dict printed a key a line, never closed": "{\n" + "    'a': 1,\n" * 20_000 + "    'grad_norm': nan,\n" * 500,
     "iters beside steps": "iter 16 step 1: loss nan, " * 20_000 + "\n",
+    "a row of bare values": ("2024-05-27 12:23:01,982 " + "---- " * 100_000 + "nan nan\n") * 2,
+    "dotted exception paths": "a." * 200_000 + "ValueError: loss is nan\n",
+    "grad scale warnings": "Grad scale is small: " * 100_000 + "1e-20\n" + "Grad scale is small: 0.0\n" * 5_000,
     "lines of many ranks at one step": "Batch 7/100 loss nan grad_norm nan rank 2\n" * 5_000,
     # issue 41's round 23: a scaler's printed initial scale, Megatron's loss scale column, DeepSpeed's engine's logger
     # beside Megatron's lines, overflow lines far before a grad norm

@@ -55,8 +55,8 @@ def forward_lines(before: bytes, clean) -> list[str]:
     lines = []
     for raw in before[start + 1 : start + 1 + WINDOW].decode("utf-8", "replace").split("\n"):
         line = clean(raw)
-        if line.strip().startswith(_END):
-            break
+        if line.strip().startswith(_END) or lines and not line.strip():  # the error's traceback, or a blank line:
+            break  # the paste's next part (HaiyuWu/Vec2Face#9, holdout25 02: another poster's backward call after it)
         lines.append(line)
         if _TRIGGERED in line:
             break

@@ -115,8 +115,10 @@ def fill(reading, text: str, before: list[str]) -> bool:
 # a loss's key and its value (`Loss:  nan`, `loss: nan`), and the one word written before the key (`Discriminator  `)
 _KEYED = re.compile(r"(?<![\w./-])(?P<key>loss|cost|error)\s{0,4}[:=]\s{0,30}(?P<value>[-+]?[A-Za-z]{3,8})(?![\w.])", re.IGNORECASE)  # fmt: skip
 _HEAD = re.compile(r"(?<![\w./,:;=-])(?P<head>[A-Za-z][A-Za-z_]{0,30})\s{1,4}\Z")
+# ... no name's word: a counter's, a sentence's, or the value of the pair before it (`grad_norm: nan  loss: nan`, MMEngine's
+# fields two spaces apart: AILab-CVC/YOLO-World#614, holdout25 20)
 _COUNTER_WORDS = frozenset(("epoch", "iter", "iteration", "batch", "step", "total", "avg", "average", "mean", "train",
-                            "val", "valid", "test", "eval", "the", "and", "of", "is"))  # fmt: skip
+                            "val", "valid", "test", "eval", "the", "and", "of", "is", "nan", "inf", "infinity"))  # fmt: skip
 
 
 def rename(reading, text: str) -> None:

@@ -53,6 +53,8 @@ NEEDLES = (
     b"in a row due to overflow",
     b"skipping step. attempted loss scale",
     b"parameter loss_scale",
+    b"grad scale is small",  # icefall's GradScaler warnings (launch.scaler_lines.grad_scale)
+    b"grad_scale is too small",
     b"loss_scale",
     b"out of memory",
     b"found invalid values",  # torch.distributions' validation error (launch.error_words)
@@ -233,9 +235,9 @@ class Nonfinite:
             column = hit.step is None and hit.signal.id == "printed-tensor"  # a loop's printed column of scalars
             if column and (found := printed_columns.column_step(block, start, hit.line, clean, text)) is not None:
                 hit.step, hit.step_from = found
-            if hit.op is None and hit.signal.id in ("nonfinite-message", "nonfinite-error"):  # TF's op under it
-                under = block[end + 1 : end + 1 + tf_scopes.WINDOW].split(b"\n", 1)[0]
-                hit.op = tf_scopes.check_op(text + "\n" + under.decode("utf-8", "replace"))
+            if hit.signal.id in ("nonfinite-message", "nonfinite-error"):  # TF's check op on it or under it, before
+                under = block[end + 1 : end + 1 + tf_scopes.WINDOW].split(b"\n", 1)[0]  # its exception's name
+                hit.op = tf_scopes.check_op(text + "\n" + under.decode("utf-8", "replace")) or hit.op
             glued.place(hit, text)
             if hit.step is None and hit.signal.fatal and not hit.at and hit.line - self.metrics.bar_line > 2:
                 hit.step, hit.step_from = loop_lines.step_before(block, start, hit.line, clean)

