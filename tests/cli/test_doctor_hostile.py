@@ -295,7 +295,10 @@ CRAFTED = {
 
 
 # seconds each on 2 cores, the rest a tenth: CI's slow tier (the fast tier keeps its 4 minutes)
-SLOW_CRAFTED = ("wrapped record pieces", "a watched gradient norm")
+SLOW_CRAFTED = ("wrapped record pieces", "a watched gradient norm", "a key-per-line record", "sampling asserts under pasted "
+                "code", "anomaly forward calls", "dicts between two bars", "pieces of a dict far below its head",
+                "overflow probes far apart", "wrapped raise forms", "lines of many ranks at one step",
+                "overflow lines far before a grad norm", "Trainer losses on one line")  # fmt: skip
 
 
 @pytest.mark.parametrize(
