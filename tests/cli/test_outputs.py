@@ -80,6 +80,7 @@ def _refusals(work: Path, cases: list[tuple[str, list[str]]]) -> None:
     _check_nothing_lost(work, before)
 
 
+@pytest.mark.slow  # slow tier: a CLI run per kind of target (seconds); the fast tier refuses a symlinked target below
 @pytest.mark.timeout(400)
 def test_a_target_that_is_no_regular_file_is_refused_in_one_line(work):
     fifo = f"not a regular file (a FIFO); {REGULAR}"
@@ -103,6 +104,7 @@ def test_a_target_that_is_no_regular_file_is_refused_in_one_line(work):
     )
 
 
+@pytest.mark.slow  # slow tier: a CLI run per pair (seconds); the fast tier refuses a symlinked target below
 @pytest.mark.timeout(400)
 def test_an_input_or_another_output_as_target_is_refused_and_kept(work):
     cases = [
@@ -292,6 +294,7 @@ def test_a_system_link_among_the_directories_is_followed(tmp_path):
     assert linked_directory(tmp_path / "roots" / "x.json") == f"{tmp_path}/roots"
 
 
+@pytest.mark.slow  # slow tier: several CLI runs (seconds); tests/cli/test_scan_trend.py writes the demo in the fast tier
 @pytest.mark.timeout(400)
 def test_write_demo_goes_alone_and_never_replaces_what_the_scan_reads(tmp_path):
     """issue 42: `scan z.pt --write-demo z.pt --force` replaced the dump it read; --json and --html were ignored."""

@@ -56,6 +56,7 @@ def test_bad_fault_arguments_are_one_line_before_any_launch(argv, message, capsy
     assert capsys.readouterr().err == f"nanscope repro: error: {message}\n"
 
 
+@pytest.mark.slow  # a whole launch (about 9 s); the fast tier checks --fault's arguments and repro's --trace launch
 @pytest.mark.integration
 @pytest.mark.timeout(400)
 def test_a_forward_fault_fails_the_check_and_the_sentinel_and_tracer_name_it(tmp_path, capsys):
