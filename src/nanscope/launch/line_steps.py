@@ -39,9 +39,9 @@ def named(piece: str, found: list[tuple[str, str, int]]) -> tuple[int | None, st
     steps = []  # (key, step) of each step key, in order
     for key, value, at in found:
         if is_step_key(key) and not shapes.percent(piece, at, value) and not shapes.setting(piece, at, key):
-            number = _number(value.strip("'\"").split("/")[0])
-            if number is not None and math.isfinite(number):
-                steps.append((key, int(number)))
+            count = number(value.split("/")[0])
+            if count is not None and math.isfinite(count):
+                steps.append((key, int(count)))
     glob = next((pair for pair in steps if pair[0].lower() == "global_step"), None)
     if glob is not None and len(steps) > 1:  # `step: 4, global_step:1` (liucongg/ChatGLM-Finetuning#132): the
         other = next(pair for pair in steps if pair is not glob)  # optimizer's count, beside another count
@@ -70,8 +70,9 @@ def _optimizer_count(steps: list[tuple[str, int]]) -> str:
     return LINE
 
 
-def _number(value: str) -> float | None:
+def number(value: str) -> float | None:
+    """A printed value as a float, its quotes stripped (None: no number)."""
     try:
-        return float(value)
+        return float(value.strip("'\""))
     except ValueError:
         return None

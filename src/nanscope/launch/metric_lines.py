@@ -33,6 +33,7 @@ from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, bodiless, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
 from nanscope.launch.line_pairs import WINDOW, pairs
+from nanscope.launch.line_steps import number as _number  # a printed value as a float
 from nanscope.launch.loop_lines import MEGATRON_HEAD
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import (
@@ -45,7 +46,7 @@ from nanscope.launch.metric_points import (
     training_too,
 )
 from nanscope.launch.readings import Counter, Reading
-from nanscope.launch.scales import PrintedScale
+from nanscope.launch.scales import SKIP_COUNTER, PrintedScale
 from nanscope.launch.tables import Table, header
 
 LOOKAHEAD = 8  # lines after a reading without a step where the next progress bar gives it
@@ -60,17 +61,9 @@ _SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spac
 _SETTINGS = ("max_", "min_", "best_", "best ")  # a setting or a sentinel (`max_grad_norm: inf`, `best_loss inf`)
 _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
-COUNTERS = {"number of skipped iterations": False, "number of nan iterations": False, "inf_nan_skip_batches": True,
+COUNTERS = {SKIP_COUNTER: False, "number of nan iterations": False, "inf_nan_skip_batches": True,
             "skipped": True, "skipped_steps": True}  # fmt: skip
 _ITERATION = ("consumed samples", "elapsed time per iteration (ms)", "elapsed time per iteration")
-
-
-def _number(value: str) -> float | None:
-    value = value.strip("'\"")
-    try:
-        return float(value)
-    except ValueError:
-        return None
 
 
 def _nonfinite(value: str) -> bool:
@@ -196,7 +189,7 @@ class MetricLines:
         keys = {key.strip().lower() for key in _SHAPE_KEYS.findall(piece, 0, WINDOW)}
         counters = {key for key in keys if key in COUNTERS or key.rsplit("/", 1)[-1] in COUNTERS}
         loss = any(key.endswith(" loss") and key != "loss scale" for key in keys)
-        plain = not bad and counters <= {"number of skipped iterations", "number of nan iterations"}
+        plain = not bad and counters <= {SKIP_COUNTER, "number of nan iterations"}
         quiet = plain and loss and MEGATRON_HEAD.match(piece) is not None
         self.quiet_shape = piece[:WINDOW].translate(_SHAPE) if quiet else None
 
@@ -398,7 +391,7 @@ class MetricLines:
         if losses:
             self.loss_keys |= losses
             return []
-        skipped = _number(keys.get("number of skipped iterations", "0")) or 0
+        skipped = _number(keys.get(SKIP_COUNTER, "0")) or 0
         if skipped > 0 or "loss scale" not in keys:
             return []
         return [(key, "missing") for key in sorted(self.loss_keys)] or [("lm loss", "missing")]
