@@ -13,9 +13,7 @@ from nanscope.cli.main import main
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
 
 
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _doctor(tmp_path, capsys, script_text: str | None, *extra: str) -> tuple[int, dict, str]:

@@ -16,9 +16,7 @@ MEGATRON_CAUSES = ("moe-aux-loss", "moe-zero-token-expert", "moe-router-logits",
                    "sp-new-architecture", "fp8-fp4-recipe")  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _doctor(tmp_path, capsys, log: str | None = None, script: str | None = None) -> dict:

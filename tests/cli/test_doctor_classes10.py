@@ -10,10 +10,7 @@ import pytest
 from nanscope.launch import failure_models, loop_lines, metric_points, printed_columns, tf_scopes, totals
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. an error whose message gives each term's value names the model of the terms that are non-finite

@@ -9,10 +9,7 @@ from nanscope.launch.episodes import Episodes
 from nanscope.launch.tables import header
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _iteration(step: int, loss: str, norm: str, nan: int) -> str:

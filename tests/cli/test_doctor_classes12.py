@@ -12,10 +12,7 @@ import pytest
 from nanscope.cli.main import main
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _script(tmp_path, capsys, script: str) -> tuple[dict, str]:

@@ -9,10 +9,7 @@ import pytest
 from tests.cli.doctoring import doctor_log as _doctor
 from tests.cli.doctoring import refused_script as _refused
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 _DICT = "{'loss': 60.5735, 'grad_norm': nan, 'learning_rate': 8e-06, 'epoch': 0.12}\n"

@@ -9,10 +9,7 @@ import pytest
 from tests.cli.doctoring import doctor_log as _doctor
 from tests.cli.doctoring import refused_script as _refused
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1-5. what names the stack of a log that shows nothing non-finite (pytorch/torchtitan#1232, mcgill-nlp/llm2vec#174,

@@ -5,10 +5,7 @@ import pytest
 
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. verl's actor names its rank when it skips a step (v0.7.1 dp_actor.py:411; its critic's line names none), after a

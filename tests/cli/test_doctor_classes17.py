@@ -5,10 +5,7 @@ import pytest
 
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. ZeRO stage 2's overflow line printed by each rank that overflowed (THUDM/GLM#32): not rank 0's for all

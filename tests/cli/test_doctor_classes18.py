@@ -5,10 +5,7 @@ import pytest
 
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. a verb between a name and its NaN (yifan123/flow_grpo#177: `print("log_prob is nan")`): the name is the metric

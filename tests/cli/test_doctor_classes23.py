@@ -6,10 +6,7 @@ import pytest
 
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. NumPy's repr of an array holding NaN, in a list a loop printed (`Losses: [array([...], dtype=float32), ...]`,

@@ -10,10 +10,7 @@ from nanscope.launch.frames import parse_frames
 from nanscope.launch.line_pairs import pairs
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. a traceback several processes printed at once, their lines glued and most `File "` lines lost (holdout23 09,

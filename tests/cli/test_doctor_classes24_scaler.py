@@ -10,10 +10,7 @@ import pytest
 
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _bar(step: int, total: int = 20000) -> str:

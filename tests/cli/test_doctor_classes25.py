@@ -5,10 +5,7 @@ import pytest
 
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. MMEngine's fields two spaces apart (`grad_norm: nan  loss: nan`, AILab-CVC/YOLO-World#614, holdout25 20): the

@@ -16,9 +16,7 @@ RL_CAUSES = ("kl-exp-overflow", "ratio-exp-overflow", "nan-rollout-logprob", "na
              "rollout-logprob-shift", "logprob-drift")  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _doctor(tmp_path, capsys, log: str | None = None, script: str | None = None) -> tuple[dict, str]:

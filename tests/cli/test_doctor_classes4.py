@@ -8,10 +8,7 @@ import pytest
 
 from nanscope.cli.main import main
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _doctor(tmp_path, capsys, log: str, *args: str) -> tuple[dict, str]:

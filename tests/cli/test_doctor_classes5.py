@@ -9,10 +9,7 @@ import pytest
 
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # a. a loss scaler's lines that print the scale it set: each one a skipped step, the series its trend

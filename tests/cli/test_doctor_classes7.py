@@ -12,10 +12,7 @@ import pytest
 from nanscope.launch import error_words, logger_tables, loop_lines
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. the logger's table: one dump, one record

@@ -11,10 +11,7 @@ import pytest
 from nanscope.launch import epoch_steps, error_words, glued, named_arrays
 from tests.cli.doctoring import doctor_log as _doctor
 
-
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 # 1. an error line glued onto a frame's code line: stdout and stderr interleaved in a paste (mozilla/TTS#668,

@@ -15,9 +15,7 @@ REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
 SLIME_FINDINGS = ("rollout-gpus-unset", "kl-loss-exp-then-clamp", "ratio-exp-then-clip")
 
 
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _doctor(tmp_path: Path, capsys, *argv: str) -> tuple[dict, str]:

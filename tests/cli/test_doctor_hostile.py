@@ -27,9 +27,7 @@ def _controls(text: str) -> set[str]:
     return {c for c in text if (ord(c) < 32 and c != "\n") or 0x7F <= ord(c) <= 0x9F}
 
 
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def test_no_control_character_of_a_log_reaches_the_terminal_or_the_page(tmp_path, capsys):
@@ -291,6 +289,11 @@ CRAFTED = {
         "scale: 131072, reducing to 65536\n"
         for i in range(1, 6_000)
     ),
+    # issue 41's round 26: a group's name before its pairs, TRL's None log-prob under its sampling line
+    "group heads and open brackets": "Reward: " * 30_000 + "mean=nan, " * 30_000 + "a[b=nan, " * 30_000,
+    "captions over indented lines": "at step 6 " * 20_000 + "step 6:\n" + "  a: 1\n" * 20_000 + "  b: mean=nan\n",
+    "None errors under sampling lines": "sampling_per_token_logps = [torch.tensor(" * 20_000 + "\nRuntimeError: Could "
+    "not infer dtype of NoneType\n" + "Could not infer dtype of NoneType" * 20_000,
 }
 
 

@@ -21,9 +21,7 @@ BUCKET_NAN = "found NaN in local grad norm for bucket #0 in backward pass before
 FAILURE_KEYS = ("rank", "node", "device", "iteration", "result", "kind", "message", "bucket", "truncated")
 
 
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _doctor(tmp_path: Path, traceback: str | bytes, capsys) -> dict:

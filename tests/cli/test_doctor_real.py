@@ -30,9 +30,7 @@ MEGATRON_CAUSES = ("moe-aux-loss", "moe-zero-token-expert", "moe-router-logits",
 _FRAMES = re.compile(r'Traceback \(most recent call last\)|File "[^"]+", line \d')
 
 
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _expected(root: Path, report: str) -> dict:

@@ -20,9 +20,7 @@ CASE = Path(__file__).resolve().parents[2] / "src" / "nanscope" / "cases" / "sli
 STATED = ("rank", "node", "device", "iteration", "kind", "check", "bucket", "format", "truncated")
 
 
-@pytest.fixture(autouse=True)
-def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "160")
+pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
 def _doctor(path: Path, tmp_path: Path, capsys, *extra: str) -> tuple[dict, str]:

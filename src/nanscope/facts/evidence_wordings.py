@@ -199,6 +199,18 @@ WORDINGS: tuple[Wording, ...] = (
         printed_by="nanscope's verl plugin",
     ),
     Wording(
+        id="trl-none-logprob",
+        signal="none-logprob",
+        example="    sampling_per_token_logps = [torch.tensor(logps) for logps in sampling_per_token_logps_list]\n"
+        "RuntimeError: Could not infer dtype of NoneType",
+        stacks=("trl",),
+        source="trl v1.1.0 trl/trainer/grpo_trainer.py:1991 (v1.0.0 :1779; v0.29.0 :1655 with device=device), the "
+        "None from trl/generation/vllm_generation.py:88",
+        printed_by="TRL's GRPO trainer",
+        value="NaN",
+        model="policy",  # the log-probs of the policy's completions, as vLLM sampled them
+    ),
+    Wording(
         id="nanscope-slime-report",
         signal="nanscope-report",
         example="nanscope: rank 1: non-finite values at rollout 3 step 0: nanscope_reports/rollout3_step0_rank1.json; ...",

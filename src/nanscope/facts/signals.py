@@ -11,6 +11,7 @@ launch.signals; the words are matched there.
     anomaly-forward        ... the warning before it, naming the backward function whose forward is traced
     probability-assert     torch.multinomial (sampling): the probabilities hold inf, NaN or a negative value
     bad-probs              ... a sampler's own guard says so (`Bad probs detected: NaN: True`): not fatal by itself
+    none-logprob           a rollout engine's NaN log-prob written as None, which the trainer's torch.tensor refuses (TRL)
     device-assert          a CUDA device-side assert (an index out of range: what NaN logits make of an argmax)
     nccl-timeout           a collective waited past its timeout: a rank left it (one that hit a NaN, or died)
     skip-nonfinite-grad    a framework skipped the optimizer step on a non-finite gradient norm (verl, ColossalAI)
@@ -138,6 +139,20 @@ SIGNALS: tuple[Signal, ...] = (
         source="aten/src/ATen/native/cuda/TensorCompare.cu (_assert_async), Distributions.cpp (multinomial)",
         means="torch.multinomial was given probabilities holding inf, NaN or a negative value: the sampling model's "
         "logits were non-finite (its weights after a NaN update, or an activation overflow)",
+        causes=("activation-overflow", "nan-rollout-logprob", "bad-checkpoint-resume"),
+    ),
+    Signal(
+        id="none-logprob",
+        value="NaN",
+        quantity="probabilities",
+        fatal=True,
+        stack="trl",
+        source="trl v0.29.0 trl/generation/vllm_generation.py:91 (v1.1.0 :88; the server's, trl/scripts/vllm_serve.py:886) "
+        "writes vLLM's NaN log-prob as None; v1.1.0 trl/trainer/grpo_trainer.py:1991 (_generate_and_score_completions: "
+        "torch.tensor on each completion's list raises on it)",
+        means="vLLM returned a NaN log-prob for a token it sampled, which TRL writes as None, and the GRPO trainer's "
+        "torch.tensor on the completion's log-probs raised: the rollout engine's logits for that token were NaN (the "
+        "policy's weights as synced to it, or an activation overflow in the engine)",
         causes=("activation-overflow", "nan-rollout-logprob", "bad-checkpoint-resume"),
     ),
     Signal(

@@ -92,6 +92,7 @@ def pairs(line: str) -> list[tuple[str, str, int]]:
     if not found:
         plain = [m for m in _PLAIN.finditer(text) if not _function_word(text, m)]
         named = shapes.worded(text, plain)  # `KL divergence: nan`: a name of several words
+        named.update(shapes.grouped(text, plain))  # `Reward: mean=nan`, `train_loss[loss=nan`: a group's keys
         found = [(named.get(i) or _subject(text, m), m["value"], m.start("value")) for i, m in enumerate(plain)]
     extra = shapes.averages(text)  # MetricLogger's `median (global_avg)`: a non-finite mean since the start
     return sorted(found + extra, key=lambda item: item[2]) if extra else found

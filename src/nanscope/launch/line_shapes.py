@@ -78,6 +78,41 @@ def worded(text: str, matches: list) -> dict[int, str]:
     return out
 
 
+# a group's name before its `key=value` pairs: `Reward: mean=nan, min=nan` (an eval line, holdout25 15), icefall's
+# `train_loss[loss=nan, ArTop10Accuracy=0, ...], tot_loss[loss=nan, ...]` (its MetricsTracker's str in brackets:
+# holdout25 24); the pairs' keys are the group's
+_GROUP_HEAD = re.compile(r"(?:\A|(?<=[\s,;|]))(?P<head>[A-Za-z][\w./-]{0,60}):\s{1,4}\Z")
+_IN_GROUP = re.compile(r"\s{0,4},?\s{1,4}")  # what lies between two pairs of one group
+# a head that names a process or a logger's level, not a group (`rank0: loss=nan`, `INFO: loss=nan`)
+_NOT_HEAD = re.compile(r"(?:rank|worker|gpu|process|proc|node|device|pid|host)[-_]?\d{0,9}|info|warning|warn|error|"
+                       r"debug|critical|log|logger|message|msg|output|out|stdout|stderr", re.IGNORECASE)  # fmt: skip
+
+
+def grouped(text: str, matches: list) -> dict[int, str]:
+    """The keys of `key=value` matches (launch.line_pairs' plain ones, in order) inside a named group, by index:
+    `Reward: mean=nan` as `Reward mean`, `train_loss[loss=nan, acc=0]` as `train_loss loss`, `train_loss acc`."""
+    out, head, close, end = {}, None, -1, -1
+    for i, m in enumerate(matches):
+        if "=" not in text[m.end("key") : m.start("value")]:
+            head = None
+            continue
+        key = m["key"]
+        if "[" in key and "]" not in key:  # `train_loss[loss`: a bracketed group opens in the key
+            head, key = key.split("[", 1)
+            close = text.find("]", m.end("value"), m.end("value") + 2000)
+        elif head is not None and (
+            0 <= close < m.start() or close < 0 and not _IN_GROUP.fullmatch(text, end, m.start())
+        ):
+            head = None  # past the group's `]`, or something else between its pairs
+        found = _GROUP_HEAD.search(text, max(0, m.start() - 70), m.start()) if head is None else None
+        if found is not None and not _NOT_HEAD.fullmatch(found["head"]):
+            head, close = found["head"], -1
+        if head is not None:
+            out[i] = f"{head} {key}"
+        end = m.end("value")
+    return out
+
+
 # MetricLogger's meter, `{median:.4f} ({global_avg:.4f})` (facebookresearch/deit utils.py:33, SmoothedValue; timm,
 # BEiT and VideoMAE print the same): the parenthesised value is the mean since the start
 _AVERAGED = re.compile(

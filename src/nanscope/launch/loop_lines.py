@@ -16,7 +16,8 @@ that prints at a step's end makes it the step before). Each line is read in its 
     step, how = episode_before(block, start, number, clean)  # an RL loop's episode line just before a warning
     step, how = tagged_before(block, start, number, clean)   # a phase line tagged `[Global Step: 20]` before a skip
     step, how = iteration_before(block, start, number, clean)  # Megatron's iteration line before its own error
-    step, how, epoch = record_before(block, start, number, clean)  # a `key: value` a line record's step key
+    step, how, epoch = record_before(block, start, number, clean)  # a `key: value` a line record's step key, or
+                                                                     # the caption over indented lines (`at step 6:`)
 """
 
 from __future__ import annotations
@@ -153,14 +154,40 @@ def _header(text: str, number: int, epoch: str | None) -> tuple[int | None, str 
     return int(count), f"the record's banner, line {number}: `{text.strip()[:80]}`, its {unit} count", epoch
 
 
+# a caption over a record's indented lines, naming its step (`Eval metrics at step 6:` over `  Reward: mean=nan, ...`,
+# holdout25 15)
+_CAPTION = re.compile(
+    r"[^\n]{0,80}?\b(?P<unit>step|iteration|iter|update|episode)\s{0,2}#?\s{0,2}(?P<count>\d{1,12})\s{0,2}:\s{0,8}\Z",
+    re.IGNORECASE,
+)
+
+
+def _caption(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None, str | None]:
+    """The step a caption names over the indented lines the line at `start` is one of: the first unindented line
+    back (within RECORD_REACH), where it ends in `step N:`."""
+    for seen, begin, end in _lines_before(block, start, RECORD_REACH):
+        head = block[begin : min(end, begin + 4 * _TAIL)]
+        if head.startswith((b"  ", b"\t")):
+            continue
+        text = clean(head.decode("utf-8", "replace"))
+        match = _CAPTION.match(text)
+        if match is None:
+            return None, None, None
+        how = f"the caption over it, line {number - seen}: `{text.strip()[:80]}`, its {match['unit'].lower()} count"
+        return int(match["count"]), how, None
+    return None, None, None
+
+
 def record_before(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None, str | None]:
     """The step (or the epoch) a record printed a key per line names on a line before its non-finite line at `start`
-    (the log's line `number`): the lines back to a blank one or one of another shape. (step, how, epoch)."""
+    (the log's line `number`): the lines back to a blank one or one of another shape; for an indented line of another
+    shape, a caption over it. (step, how, epoch)."""
     epoch = None
     stop = block.find(b"\n", start)
     line = block[start : len(block) if stop < 0 else stop][: 4 * _TAIL]
     if _RECORD_LINE.match(clean(line.decode("utf-8", "replace"))) is None:
-        return None, None, None  # the non-finite line is no `key: value` line of such a record
+        indented = line.startswith((b"  ", b"\t"))  # a record's line under its caption
+        return _caption(block, start, number, clean) if indented else (None, None, None)
     for seen, begin, end in _lines_before(block, start, RECORD_REACH):
         text = clean(block[begin : min(end, begin + 4 * _TAIL)].decode("utf-8", "replace"))
         match = _RECORD_LINE.match(text)

@@ -135,7 +135,8 @@ class MetricLines:
     redrawn: int | None = None  # the last bar's count where it is a terminal's redraw right after a Trainer dict
     zero_before: int | None = None  # a Trainer dict's line whose bar before is at 0 (its step: the bar after's)
     bar_total: int | None = None  # the last progress bar's total
-    fresh: int | None = None  # the total of the bar just before a first reading that is the first dict after it
+    fresh: int | None = None  # the total of the bar just before a first reading
+    nth: int = 0  # the first reading's place among the Trainer dicts since that bar (1: the first dict after it)
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
     block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
     counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
@@ -315,16 +316,19 @@ class MetricLines:
             if self.pending is not None and self.first is not None and number - self.pending <= LOOKAHEAD:
                 bar, first, same = found[-1], self.first, self._same_loop(found[-1])
                 base = 0 if first.step is None else first.step
-                one = dict_bars.one_a_step(base, bar.count, between, same_loop=same)
+                one = dict_bars.one_a_step(base, bar.count, between, self.nth, same_loop=same)
                 if one is not None:
                     every = "a step" if one[1] == 1 else f"every {one[1]} steps"
-                    first.step_from = f"the first of {between} dicts between the progress bars at {base} and {bar.shown()}: one {every}"
+                    place = "the first" if self.nth == 1 else f"dict {self.nth}"
+                    first.step_from = (
+                        f"{place} of {between} dicts between the progress bars at {base} and {bar.shown()}: one {every}"
+                    )
                     first.step, self.pending, self.glued = one[0], None, []
                     return
                 if glued(line, bar) and shapes.trainer_dict(first.text):
                     self._glued_bar(bar)
                     return
-                if not dict_bars.ran_past(base, bar.count, same_loop=same and bodiless(line, bar)):
+                if not dict_bars.ran_past(base, bar.count, same_loop=same and self.nth == 1 and bodiless(line, bar)):
                     first.step, first.step_from, first.after = (
                         self.bar,
                         f"the progress bar after it, {bar.shown()}",
@@ -340,7 +344,7 @@ class MetricLines:
         self.redrawn, self.bar_total, self.since_bar = last.count if lone else None, last.total, 0
 
     def _same_loop(self, bar) -> bool:
-        """The first reading took its step from the bar before it, of `bar`'s loop, and is the first dict after it."""
+        """The first reading took its step from the bar before it, of `bar`'s loop (the same total)."""
         first = self.first
         zero = first.step is None and self.zero_before == first.line
         before = zero or first.step_from is not None and first.step_from.startswith(_BAR_BEFORE)
@@ -458,6 +462,6 @@ class MetricLines:
         unstepped = self.first.step is None and (self.first.after is None or self.first.after == self.redrawn)
         if unstepped or self.first.step_from == _BAR_BEFORE and shapes.trainer_dict(line):  # a dict's bar after it
             self.pending = number  # gives its step (a bar redrawn after a dict is its step's)
-            self.fresh = self.bar_total if self.since_bar == 1 else None
+            self.fresh, self.nth = self.bar_total, self.since_bar
         if not _norm_only(self.first):  # a second episode of its metric is watched for (launch.episodes)
             self.episodes.start(self.first.metric, self.first.step)

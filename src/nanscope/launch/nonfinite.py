@@ -73,6 +73,7 @@ NEEDLES = (
     b"non-finite",
     b"invalid loss",  # Keras's TerminateOnNaN (launch.said_errors)
     b"not json compliant",  # Python's json refusing a NaN or Inf (launch.said_errors.json_float)
+    b"could not infer dtype of nonetype",  # TRL's NaN sampling log-prob as None (launch.said_errors.none_logprob)
     b"train/lr-pg_",  # slime's step log (facts.frameworks.KEYS): its keys name the framework when all is finite
 ) + scaler_config.ANCHORS  # a loss scaler's initial scale in the run's config print (`loss_scale` finds the others)
 # fmt: skip

@@ -4,18 +4,21 @@ these by their literal anchors):
     3/234 [......] - ETA: 33:37:24 - loss: 44.4110Batch 3: Invalid loss, terminating training     Keras TerminateOnNaN
     {"simapp_exception": {..., "message": "NaN detected in loss function, aborting training. Job failed!", ...}}
                                                                        a JSON log record whose message says so
+        sampling_per_token_logps = [torch.tensor(logps) for logps in sampling_per_token_logps_list]
+    RuntimeError: Could not infer dtype of NoneType              TRL's None for vLLM's NaN log-prob (the line before)
 
 Each regex is applied to a bounded window after its literal anchor, with bounded repeats only: linear in the line.
 
     read = terminate_on_nan(text, before)    # (signal, fields) of Keras's TerminateOnNaN line, or None
     read = json_message(text, before)        # ... of a JSON record whose "message" names NaN or Inf, or None
+    read = none_logprob(text, before)        # ... of torch.tensor's None error under TRL's sampling log-probs' line
 """
 
 from __future__ import annotations
 
 import re
 
-from nanscope.facts.signals import BY_ID, Signal
+from nanscope.facts.signals import BY_ID, WORDING, Signal
 
 WINDOW = 2048  # characters read
 TERMINATE_ANCHOR = "Invalid loss, terminating training"
@@ -30,6 +33,11 @@ MESSAGE_ANCHOR = '"message": "'
 _TERMINATE = re.compile(r"Batch (?P<batch>\d{1,12}): Invalid loss, terminating training")
 # a JSON string value under "message" (escaped quotes allowed), up to 400 characters
 DIVERGED_ANCHOR = "Model diverged with loss"
+# torch.tensor on a list holding None (`Could not infer dtype of NoneType`) under TRL's GRPO trainer's line building
+# the sampling log-probs' tensors: TRL writes vLLM's NaN log-prob as None (facts.signals: none-logprob; huggingface/
+# trl#6166, holdout26 02)
+NONE_ANCHOR = "Could not infer dtype of NoneType"
+_SAMPLING_LOGPS = re.compile(r"\bsampling_per_token_logps\s{0,4}=\s{0,4}\[\s{0,4}torch\.tensor\(")
 JSON_FLOAT_ANCHOR = "float values are not JSON compliant"
 # Python's json with allow_nan=False (FastAPI's and Starlette's responses): CPython 3.11 Lib/json/encoder.py:240-242
 # adds the value's repr, its C encoder (the default) none
@@ -54,6 +62,20 @@ _SUBJECT = re.compile(
     r"\b(?:is|are|was|were|became)\s{1,4}(?:not finite|non-?finite)",
     re.IGNORECASE,
 )
+
+
+def none_logprob(text: str, before: str) -> tuple[Signal, dict] | None:
+    """torch.tensor's `Could not infer dtype of NoneType` right under TRL's code line that builds the sampling
+    log-probs' tensors: a NaN log-prob from vLLM, written as None (facts.signals: none-logprob); None elsewhere (a
+    None in any other list names no NaN)."""
+    if _SAMPLING_LOGPS.search(before[-300:]) is None:
+        return None
+    return BY_ID["none-logprob"], {
+        "op": "torch.tensor(logps)",
+        "metric": "sampling_per_token_logps",
+        "wording": WORDING["trl-none-logprob"],
+        "value": "NaN",
+    }
 
 
 def subject(message: str) -> str | None:

@@ -59,6 +59,7 @@ MARKERS = (
     b"rad scale is small",
     b"grad_scale is too small",
     b"out of memory",
+    b"Could not infer dtype of NoneType",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _ANOMALY = re.compile(
     r"Function '(?P<op>[\w.<>]{1,200})' returned (?P<value>nan|inf) values in its (?P<output>\d{1,4})\w{0,2} output"
@@ -358,7 +359,7 @@ _READERS = (
     ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
     (plugin_report.ANCHOR, plugin_report.evidence), (plugin_report.WARNING_ANCHOR, plugin_report.warning_evidence),
-    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", scaler_lines.dle_scale), ("rad scale is small", scaler_lines.grad_scale), ("grad_scale is too small", scaler_lines.grad_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.DIVERGED_ANCHOR, said_errors.diverged), (said_errors.MESSAGE_ANCHOR, said_errors.json_message), (said_errors.JSON_FLOAT_ANCHOR, said_errors.json_float),
+    ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", scaler_lines.dle_scale), ("rad scale is small", scaler_lines.grad_scale), ("grad_scale is too small", scaler_lines.grad_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.DIVERGED_ANCHOR, said_errors.diverged), (said_errors.MESSAGE_ANCHOR, said_errors.json_message), (said_errors.JSON_FLOAT_ANCHOR, said_errors.json_float), (said_errors.NONE_ANCHOR, said_errors.none_logprob),
 )  # fmt: skip
 
 
