@@ -63,12 +63,13 @@ def test_9_nan_log_probs_beside_a_zero_loss_point_to_the_policy(tmp_path, capsys
     assert doc["summary"]["points_to"].startswith("the policy's forward pass: its log-probs are non-finite")
 
 
-# 10. an evaluation's loss alone (mcgill-nlp/llm2vec#174)
+# 10. an evaluation's loss alone (mcgill-nlp/llm2vec#174): no training loss after it says whether the weights were
+# finite (round 27: tests/cli/test_doctor_classes27.py)
 def test_10_an_evaluation_loss_alone(tmp_path, capsys):
     doc, _ = _doctor(
         tmp_path, capsys, "{'eval_loss': nan, 'eval_accuracy': 0.0, 'eval_runtime': 12.3, 'epoch': 0.08}\n"
     )
-    assert doc["summary"]["points_to"].startswith("the evaluation only: a loss on held-out data, no backward pass")
+    assert doc["summary"]["points_to"].startswith("the evaluation, or weights the update before it made non-finite")
 
 
 # 11. DeepSpeed's `skipped=` counter is a skip counter, not a non-finite metric (deepspeedai/DeepSpeed#1773)

@@ -37,8 +37,11 @@ from nanscope.launch.line_steps import number as _number  # a printed value as a
 from nanscope.launch.loop_lines import MEGATRON_HEAD
 from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import (
+    ESTIMATED,
     EVALUATION_ONLY,
     contradiction,
+    estimated,
+    evaluation_cleared,
     evaluation_only,
     model_of,
     points_to,
@@ -227,6 +230,7 @@ class MetricLines:
             self._confirm(found, bool(bad), number)
         if self.first is not None and self.first.line != number:
             self._recovery(found, bad, number)
+            self._cleared(found, step, number)
             self.episodes.feed(number, step if line_steps.own(step_from) else None,
                                [(key, _nonfinite(value)) for key, value, _ in found])  # fmt: skip
         if bad and (len(found) >= 2 or loose):
@@ -259,18 +263,45 @@ class MetricLines:
         first.ranks.append(rank)
 
     def _training_too(self, bad, step: int | None, number: int) -> None:
-        """A later line of the first reading's step holding a non-finite training loss: the evaluation's loss was not
-        alone."""
+        """A later line (a step not before the first reading's) holding a non-finite training loss: the evaluation's
+        loss was not alone."""
         first = self.first
-        if first.step is None or step != first.step or first.points_to != EVALUATION_ONLY:
+        if first.points_to != EVALUATION_ONLY or step is not None and first.step is not None and step < first.step:
             return
         if any(_loss_key(key) and not evaluation_only([key.lower()]) for key, _, _ in bad):
-            first.points_to = training_too(step, number)
+            same = step is not None and step == first.step
+            first.points_to = training_too(step, number, same=same)
+
+    def _cleared(self, found, step: int | None, number: int) -> None:
+        """A line after an evaluation-only first reading, of its step or a later one (both named), holding a finite
+        training loss other than 0: the weights the evaluation ran on were finite (mlx_lm evaluates at `Iter 10`
+        before that iteration's training step, then prints `Iter 10: Train loss`: holdout23 10). A summary naming no
+        step (llama-recipes' `Epoch 1: ... train_epoch_loss=1.09` after an eval line naming none, holdout24 06) or
+        the Trainer's end-of-run `train_loss` averages losses computed before their updates; a Trainer's 0.0 may be
+        its filter of NaN losses (holdout13 12): none of them clears the weights."""
+        first = self.first
+        if first.points_to != EVALUATION_ONLY or step is None or first.step is None or step < first.step:
+            return
+        if any(key == "train_runtime" for key, _, _ in found):
+            return
+        training = [
+            key
+            for key, value, _ in found
+            if _loss_key(key)
+            and not evaluation_only([key.lower()])
+            and (n := _number(value)) is not None
+            and math.isfinite(n)
+            and n != 0.0
+        ]
+        if training:
+            first.points_to = evaluation_cleared(step, number)
 
     def watched(self) -> bytes | None:
         """The key (lowered) of a first reading whose gradient norm alone went non-finite, the loss finite: later
         lines holding it are read (finite ones too) to see whether it recovers."""
         first = self.first
+        if first is not None and first.points_to == EVALUATION_ONLY:
+            return b"loss"  # a training loss after it, finite: the weights were (`_cleared`)
         norm = first is not None and self.recovered is None and not self.relapsed and _norm_only(first)
         if not norm and not self.episodes.waiting():  # nor a second episode's finite line (launch.episodes)
             return None
@@ -445,6 +476,7 @@ class MetricLines:
         model = model_of([key for key, value in values if value != "missing"], {key.lower() for key, _, _ in found})
         contradicted = contradiction(values, found)
         said = points_to(values, finite, model, found, trainer=shapes.trainer_dict(line))
+        said = ESTIMATED if said == EVALUATION_ONLY and estimated(line) else said  # nanoGPT's line: the same weights
         if contradicted is not None:
             said = (f"the progress bar's running mean only: its {values[0][0]} (a mean over the last training steps) "
                     f"is {values[0][1]} while {contradicted} on the same line are finite: not a NaN failure by "

@@ -10,6 +10,7 @@ with the reduced loss finite: no failure by itself).
 from __future__ import annotations
 
 import math
+import re
 
 from nanscope.facts.metric_names import (
     BEFORE_UPDATE,
@@ -198,8 +199,34 @@ def points_to(
 
 
 _EVALUATION = ("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", "valid ", "test ")  # lowered keys
-EVALUATION_ONLY = ("the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with "
-                   "no labelled tokens is 0/0; weights already non-finite make training's loss non-finite too)")  # fmt: skip
+# a held-out loss is computed after its step's update, a training loss before its own (transformers' Trainer logs the
+# step's loss, then evaluates: 4.57.6 trainer.py _maybe_log_save_evaluate), so only a training loss logged after the
+# evaluation clears the weights it ran on (holdout27 02: one step, `train_loss` finite, then `eval_loss` nan)
+EVALUATION_ONLY = ("the evaluation, or weights the update before it made non-finite: a loss on held-out data, no backward "
+                   "pass behind it (an evaluation batch with no labelled tokens is 0/0); no training loss logged after "
+                   "it says whether the weights it ran on were finite")  # fmt: skip
+
+
+# nanoGPT's evaluation line: estimate_loss() runs the model, unchanged, over batches of both splits, then train.py
+# prints `step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}` (karpathy/nanoGPT, and its
+# many copies): its train loss is of the same weights as its val loss (holdout17 21)
+_ESTIMATED = re.compile(r"\bstep \d{1,12}: train loss (?P<train>[-+\w.]{1,40}), val loss ")
+ESTIMATED = ("the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with no "
+             "labelled tokens is 0/0); the line's train loss, estimated with the same weights (nanoGPT's estimate_loss "
+             "runs both splits), is finite, so the weights were")  # fmt: skip
+
+
+def estimated(line: str) -> bool:
+    """`line` is nanoGPT's evaluation line, its train loss finite."""
+    match = _ESTIMATED.search(line, 0, 2000)
+    return match is not None and match["train"].lower() not in ("nan", "inf", "-inf", "+inf")
+
+
+def evaluation_cleared(step: int | None, line: int) -> str:
+    """What a held-out loss non-finite points to where a training loss logged after it is finite."""
+    at = f"line {line}" + (f", step {step}" if step is not None else "")
+    return (f"the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with no "
+            f"labelled tokens is 0/0); the training loss logged after it ({at}) is finite, so the weights were")  # fmt: skip
 
 
 def evaluation_only(keys: list[str]) -> bool:
@@ -207,12 +234,17 @@ def evaluation_only(keys: list[str]) -> bool:
     return all(key.startswith(_EVALUATION) for key in keys)
 
 
-def training_too(step: int, line: int) -> str:
-    """What a held-out loss non-finite points to where the training loss of the same step is non-finite too (mlx_lm
-    prints `Iter 10: Val loss nan, ...` before `Iter 10: Train loss nan, ...`: ml-explore/mlx-examples#1233,
-    holdout23 10)."""
-    return (f"the weights, not the evaluation alone: the training loss of step {step} is non-finite too (line "
-            f"{line}): weights already non-finite make both losses so")  # fmt: skip
+def training_too(step: int | None, line: int, *, same: bool) -> str:
+    """What a held-out loss non-finite points to where a training loss logged after it is non-finite too: of the same
+    step (`same`: mlx_lm prints `Iter 10: Val loss nan, ...` before `Iter 10: Train loss nan, ...`:
+    ml-explore/mlx-examples#1233, holdout23 10), or the next logged (`Epoch 3/50 | Train Loss: nan` after `Epoch
+    2/50 | ... | Val Loss: nan`: holdout22 04)."""
+    if same:
+        return (f"the weights, not the evaluation alone: the training loss of step {step} is non-finite too (line "
+                f"{line}): weights already non-finite make both losses so")  # fmt: skip
+    at = f"line {line}" + (f", step {step}" if step is not None else "")
+    return (f"the weights, not the evaluation alone: the training loss logged after it is non-finite too ({at}): "
+            "weights already non-finite make both losses so")  # fmt: skip
 
 
 def _norm_beside_zero(finite: dict[str, float], found, *, trainer: bool) -> str:
