@@ -22,10 +22,7 @@ def test_1_trl_s_none_sampling_logprob_is_a_nan_of_the_rollout(tmp_path, capsys)
     assert (summary["check"], summary["kind"], summary["model"]) == ("none-logprob", "NaN", "policy")
     assert summary["metric"] == "sampling_per_token_logps"
     assert doc["framework"]["name"] == "trl"
-    assert (
-        "TRL's GRPO trainer met a None among a completion's sampling log-probs, its writing of vLLM's NaN log-prob"
-        in out
-    )
+    assert "TRL's trainer met a None among a completion's sampling log-probs, its writing of vLLM's NaN log-prob" in out
     assert "no value the text prints is non-finite" not in out
 
 
@@ -84,3 +81,26 @@ def test_3_icefall_s_bracketed_tracker_names_its_keys(tmp_path, capsys):
 def test_3_a_logger_s_level_is_no_group(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, "step 3 INFO: loss=nan, acc=0.1\n")
     assert doc["metrics"]["first_nonfinite"]["metric"] == "loss"
+
+
+# the review's cases: a colon's head names statistics only; other pairs after it keep their keys (and their step)
+@pytest.mark.parametrize(
+    ("line", "metric", "step"),
+    [("Results: val_loss=nan val_acc=0.1 step=5", "val_loss", 5), ("Eval: step=5 loss=nan", "loss", 5)],
+)
+def test_3_a_caption_before_other_pairs_keeps_their_keys(tmp_path, capsys, line, metric, step):
+    doc, _ = _doctor(tmp_path, capsys, line + "\n")
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["metric"], first["step"]) == (metric, step)
+
+
+# Python 3.11's caret line under the code line, and `[rankN]:` prefixes
+def test_1_trl_s_none_under_a_caret_line_with_rank_prefixes(tmp_path, capsys):
+    log = (
+        '[rank0]:   File ".../trl/trainer/grpo_trainer.py", line 1991, in _generate_and_score_completions\n'
+        "[rank0]:     sampling_per_token_logps = [torch.tensor(logps) for logps in sampling_per_token_logps_list]\n"
+        "[rank0]:                                 ^^^^^^^^^^^^^^^^^^^\n"
+        "[rank0]: RuntimeError: Could not infer dtype of NoneType\n"
+    )
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert (doc["summary"]["check"], doc["summary"]["rank"]) == ("none-logprob", 0)

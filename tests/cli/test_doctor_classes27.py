@@ -45,7 +45,9 @@ def test_a_nonfinite_training_loss_after_it_points_to_the_weights(tmp_path, caps
         "Epoch 3/50 | Train Loss: nan | Val Loss: nan | Val Acc: 1.0000\n"
     )
     _, out = _doctor(tmp_path, capsys, log)
-    assert "the weights, not the evaluation alone: the training loss logged after it is non-finite too (line 3" in out
+    assert (
+        "the weights, not the evaluation alone: the next training loss logged after it is non-finite too (line 3" in out
+    )
 
 
 # one line's training loss beside the NaN evaluation: nanoGPT's `step N: train loss X, val loss Y` estimates both on
@@ -56,3 +58,31 @@ def test_nanogpt_s_train_loss_beside_it_clears_an_epoch_s_average_does_not(tmp_p
     assert "the line's train loss, estimated with the same weights (nanoGPT's estimate_loss runs both splits)" in out
     _, out = _doctor(tmp_path, capsys, "Epoch 2/50 | Train Loss: 0.7663 | Val Loss: nan | Val Acc: 1.0000\n")
     assert "the evaluation, or weights the update before it made non-finite" in out
+
+
+# the review's cases: the next training loss decides once; a restarted run's lines, a same-step loss of another loop,
+# a NaN far later decide nothing
+@pytest.mark.parametrize(
+    "log",
+    [
+        "step 100 | val_loss nan | val_acc 0.1\nstep 50 | loss 2.0 | lr 1\nstep 120 | loss 2.0 | lr 1\n",
+        "val_loss=nan val_acc=0.1\nloss=2.0 lr=1\nloss=2.1 lr=1\nloss=nan lr=1\n",
+        "Step 100: val_loss=nan val_acc=0.1\nStep 100: loss=2.0 lr=1\n",
+    ],
+    ids=["restarted", "nan-far-later", "same-step"],
+)
+def test_only_the_next_training_loss_of_a_later_step_decides(tmp_path, capsys, log):
+    _, out = _doctor(tmp_path, capsys, log)
+    assert "the evaluation, or weights the update before it made non-finite" in out
+
+
+def test_mlx_s_train_report_of_the_evaluated_iteration_clears(tmp_path, capsys):
+    log = "Iter 10: Val loss nan, Val took 2.1s\nIter 10: Train loss 0.512, Learning Rate 1.000e-05, It/sec 0.2\n"
+    _, out = _doctor(tmp_path, capsys, log)
+    assert "the training loss logged after it (line 2, step 10) is finite, so the weights were" in out
+
+
+# a caption over a record of `key: value` lines gives their step too
+def test_a_caption_over_key_value_lines_gives_their_step(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "Eval metrics at step 6:\n  eval_loss: nan\n  eval_acc: 0.1\n")
+    assert doc["metrics"]["first_nonfinite"]["step"] == 6

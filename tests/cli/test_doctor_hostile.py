@@ -291,6 +291,8 @@ CRAFTED = {
     ),
     # issue 41's round 26: a group's name before its pairs, TRL's None log-prob under its sampling line
     "group heads and open brackets": "Reward: " * 30_000 + "mean=nan, " * 30_000 + "a[b=nan, " * 30_000,
+    "caret lines before None errors": ("[rank0]:" + " " * 300 + "^~" * 1_000 + "\nCould not infer dtype of NoneType\n")
+    * 400,
     "captions over indented lines": "at step 6 " * 20_000 + "step 6:\n" + "  a: 1\n" * 20_000 + "  b: mean=nan\n",
     "None errors under sampling lines": "sampling_per_token_logps = [torch.tensor(" * 20_000 + "\nRuntimeError: Could "
     "not infer dtype of NoneType\n" + "Could not infer dtype of NoneType" * 20_000,

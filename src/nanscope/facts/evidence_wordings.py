@@ -206,7 +206,7 @@ WORDINGS: tuple[Wording, ...] = (
         stacks=("trl",),
         source="trl v1.1.0 trl/trainer/grpo_trainer.py:1991 (v1.0.0 :1779; v0.29.0 :1655 with device=device), the "
         "None from trl/generation/vllm_generation.py:88",
-        printed_by="TRL's GRPO trainer",
+        printed_by="TRL's GRPO trainer (and its experimental GFPO, DPPO and replay-buffer variants)",
         value="NaN",
         model="policy",  # the log-probs of the policy's completions, as vLLM sampled them
     ),

@@ -147,13 +147,15 @@ SIGNALS: tuple[Signal, ...] = (
         quantity="probabilities",
         fatal=True,
         stack="trl",
-        source="trl v0.29.0 trl/generation/vllm_generation.py:91 (v1.1.0 :88; the server's, trl/scripts/vllm_serve.py:886) "
-        "writes vLLM's NaN log-prob as None; v1.1.0 trl/trainer/grpo_trainer.py:1991 (_generate_and_score_completions: "
-        "torch.tensor on each completion's list raises on it)",
-        means="vLLM returned a NaN log-prob for a token it sampled, which TRL writes as None, and the GRPO trainer's "
-        "torch.tensor on the completion's log-probs raised: the rollout engine's logits for that token were NaN (the "
-        "policy's weights as synced to it, or an activation overflow in the engine)",
-        causes=("activation-overflow", "nan-rollout-logprob", "bad-checkpoint-resume"),
+        source="trl v0.29.0 trl/generation/vllm_generation.py:91 (v1.1.0 :88, extract_logprobs: colocated, and the "
+        "server's /generate/ through it, trl/scripts/vllm_serve.py:649) writes vLLM's NaN log-prob as None; v1.1.0 "
+        "trl/trainer/grpo_trainer.py:1991 (_generate_and_score_completions: torch.tensor on each completion's list "
+        "raises on it)",
+        means="vLLM returned a NaN log-prob for a token it sampled, which TRL writes as None (else a custom rollout_func "
+        "returned a None log-prob), and the trainer's torch.tensor on the completion's log-probs raised: the rollout "
+        "engine's logits for that token were NaN or +Inf (the policy's weights as synced to it, a corrupted sync "
+        "among them, or an activation overflow in the engine)",
+        causes=("activation-overflow", "nan-rollout-logprob", "transient-fault", "bad-checkpoint-resume"),
     ),
     Signal(
         id="device-assert",

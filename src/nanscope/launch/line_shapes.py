@@ -78,19 +78,21 @@ def worded(text: str, matches: list) -> dict[int, str]:
     return out
 
 
-# a group's name before its `key=value` pairs: `Reward: mean=nan, min=nan` (an eval line, holdout25 15), icefall's
-# `train_loss[loss=nan, ArTop10Accuracy=0, ...], tot_loss[loss=nan, ...]` (its MetricsTracker's str in brackets:
-# holdout25 24); the pairs' keys are the group's
+# a group's name before its `key=value` pairs: a statistic's pairs under a colon (`Reward: mean=nan, min=nan`, an eval
+# line, holdout25 15), any pairs in brackets (icefall's `train_loss[loss=nan, ArTop10Accuracy=0, ...], tot_loss[...]`:
+# its MetricsTracker's str, holdout25 24); the pairs' keys are the group's. Other pairs after a colon keep their keys
+# (`Eval: step=5 loss=nan`, `Results: val_loss=nan`: the head is a caption, the keys whole)
 _GROUP_HEAD = re.compile(r"(?:\A|(?<=[\s,;|]))(?P<head>[A-Za-z][\w./-]{0,60}):\s{1,4}\Z")
-_IN_GROUP = re.compile(r"\s{0,4},?\s{1,4}")  # what lies between two pairs of one group
-# a head that names a process or a logger's level, not a group (`rank0: loss=nan`, `INFO: loss=nan`)
-_NOT_HEAD = re.compile(r"(?:rank|worker|gpu|process|proc|node|device|pid|host)[-_]?\d{0,9}|info|warning|warn|error|"
-                       r"debug|critical|log|logger|message|msg|output|out|stdout|stderr", re.IGNORECASE)  # fmt: skip
+_IN_GROUP = re.compile(r"\s{0,4},\s{0,4}|\s{1,4}")  # what lies between two pairs of one group
+_STATISTICS = frozenset(("mean", "min", "max", "std", "median", "avg", "average", "sum", "var", "count", "last"))
+# a head that names a logger's level or a process, no group (`INFO: mean=nan`, `rank0: mean=nan`)
+_NOT_HEAD = re.compile(r"info|warning|warn|error|debug|critical|(?:local_)?rank\d{0,9}|worker\d{0,9}", re.IGNORECASE)
 
 
 def grouped(text: str, matches: list) -> dict[int, str]:
     """The keys of `key=value` matches (launch.line_pairs' plain ones, in order) inside a named group, by index:
-    `Reward: mean=nan` as `Reward mean`, `train_loss[loss=nan, acc=0]` as `train_loss loss`, `train_loss acc`."""
+    `Reward: mean=nan, std=nan` as `Reward mean`, `Reward std`; `train_loss[loss=nan, acc=0]` as `train_loss loss`,
+    `train_loss acc`."""
     out, head, close, end = {}, None, -1, -1
     for i, m in enumerate(matches):
         if "=" not in text[m.end("key") : m.start("value")]:
@@ -104,8 +106,10 @@ def grouped(text: str, matches: list) -> dict[int, str]:
             0 <= close < m.start() or close < 0 and not _IN_GROUP.fullmatch(text, end, m.start())
         ):
             head = None  # past the group's `]`, or something else between its pairs
+        elif head is not None and close < 0 and key.lower() not in _STATISTICS:
+            head = None  # a colon's group holds statistics only
         found = _GROUP_HEAD.search(text, max(0, m.start() - 70), m.start()) if head is None else None
-        if found is not None and not _NOT_HEAD.fullmatch(found["head"]):
+        if found is not None and key.lower() in _STATISTICS and not _NOT_HEAD.fullmatch(found["head"]):
             head, close = found["head"], -1
         if head is not None:
             out[i] = f"{head} {key}"

@@ -143,17 +143,6 @@ _HEADER = re.compile(
 )
 
 
-def _header(text: str, number: int, epoch: str | None) -> tuple[int | None, str | None, str | None]:
-    """The counter a record's banner line (the log's line `number`) names: (step, how, epoch)."""
-    match = _HEADER.match(text)
-    if match is None:
-        return None, None, epoch
-    unit, count = match["unit"].lower(), match["count"]
-    if unit == "epoch":
-        return None, None, epoch or count
-    return int(count), f"the record's banner, line {number}: `{text.strip()[:80]}`, its {unit} count", epoch
-
-
 # a caption over a record's indented lines, naming its step (`Eval metrics at step 6:` over `  Reward: mean=nan, ...`,
 # holdout25 15)
 _CAPTION = re.compile(
@@ -162,19 +151,29 @@ _CAPTION = re.compile(
 )
 
 
+def _header(text: str, number: int, epoch: str | None) -> tuple[int | None, str | None, str | None]:
+    """The counter a record's banner line (the log's line `number`), or its caption (`Eval metrics at step 6:`),
+    names: (step, how, epoch)."""
+    match = _HEADER.match(text)
+    if match is None:
+        caption = _CAPTION.match(text)
+        if caption is None:
+            return None, None, epoch
+        how = f"the caption over it, line {number}: `{text.strip()[:80]}`, its {caption['unit'].lower()} count"
+        return int(caption["count"]), how, epoch
+    unit, count = match["unit"].lower(), match["count"]
+    if unit == "epoch":
+        return None, None, epoch or count
+    return int(count), f"the record's banner, line {number}: `{text.strip()[:80]}`, its {unit} count", epoch
+
+
 def _caption(block: bytes, start: int, number: int, clean) -> tuple[int | None, str | None, str | None]:
-    """The step a caption names over the indented lines the line at `start` is one of: the first unindented line
-    back (within RECORD_REACH), where it ends in `step N:`."""
+    """The step a caption (or a banner) names over the indented lines the line at `start` is one of: the first
+    unindented line back, within RECORD_REACH."""
     for seen, begin, end in _lines_before(block, start, RECORD_REACH):
         head = block[begin : min(end, begin + 4 * _TAIL)]
-        if head.startswith((b"  ", b"\t")):
-            continue
-        text = clean(head.decode("utf-8", "replace"))
-        match = _CAPTION.match(text)
-        if match is None:
-            return None, None, None
-        how = f"the caption over it, line {number - seen}: `{text.strip()[:80]}`, its {match['unit'].lower()} count"
-        return int(match["count"]), how, None
+        if not head.startswith((b"  ", b"\t")):
+            return _header(clean(head.decode("utf-8", "replace")), number - seen, None)
     return None, None, None
 
 

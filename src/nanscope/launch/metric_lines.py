@@ -45,6 +45,7 @@ from nanscope.launch.metric_points import (
     evaluation_only,
     model_of,
     points_to,
+    same_iteration,
     term,
     training_too,
 )
@@ -140,6 +141,7 @@ class MetricLines:
     bar_total: int | None = None  # the last progress bar's total
     fresh: int | None = None  # the total of the bar just before a first reading
     nth: int = 0  # the first reading's place among the Trainer dicts since that bar (1: the first dict after it)
+    evaluation_decided: bool = False  # an evaluation-only first reading was judged by the training loss after it
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
     block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
     counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
@@ -230,7 +232,7 @@ class MetricLines:
             self._confirm(found, bool(bad), number)
         if self.first is not None and self.first.line != number:
             self._recovery(found, bad, number)
-            self._cleared(found, step, number)
+            self._after_evaluation(piece, found, step, number)
             self.episodes.feed(number, step if line_steps.own(step_from) else None,
                                [(key, _nonfinite(value)) for key, value, _ in found])  # fmt: skip
         if bad and (len(found) >= 2 or loose):
@@ -238,7 +240,6 @@ class MetricLines:
                 self._first(line, number, found, values, step=step, step_from=step_from)
             else:
                 self.later += 1
-                self._training_too(bad, step, number)
             self._rank(found, step, number)
         elif missing and self.weak is None and self.first is None:
             self.weak = self._reading(line, number, found, missing, step=step, step_from=step_from)
@@ -262,38 +263,30 @@ class MetricLines:
             return
         first.ranks.append(rank)
 
-    def _training_too(self, bad, step: int | None, number: int) -> None:
-        """A later line (a step not before the first reading's) holding a non-finite training loss: the evaluation's
-        loss was not alone."""
+    def _after_evaluation(self, piece: str, found, step: int | None, number: int) -> None:
+        """The first line after an evaluation-only first reading that holds a training loss decides what that reading
+        points to, once: non-finite, the weights; finite and not 0, of a later step (both named: a training loss is
+        computed before its step's update, the evaluation after it) or of mlx_lm's same iteration, the evaluation
+        only; else it stays undecided. A step before the reading's (a restarted run's line), a Trainer's end-of-run
+        dict (`train_runtime`: an average of losses computed before their updates) decide nothing."""
         first = self.first
-        if first.points_to != EVALUATION_ONLY or step is not None and first.step is not None and step < first.step:
+        if first.points_to != EVALUATION_ONLY or self.evaluation_decided:
             return
-        if any(_loss_key(key) and not evaluation_only([key.lower()]) for key, _, _ in bad):
-            same = step is not None and step == first.step
-            first.points_to = training_too(step, number, same=same)
-
-    def _cleared(self, found, step: int | None, number: int) -> None:
-        """A line after an evaluation-only first reading, of its step or a later one (both named), holding a finite
-        training loss other than 0: the weights the evaluation ran on were finite (mlx_lm evaluates at `Iter 10`
-        before that iteration's training step, then prints `Iter 10: Train loss`: holdout23 10). A summary naming no
-        step (llama-recipes' `Epoch 1: ... train_epoch_loss=1.09` after an eval line naming none, holdout24 06) or
-        the Trainer's end-of-run `train_loss` averages losses computed before their updates; a Trainer's 0.0 may be
-        its filter of NaN losses (holdout13 12): none of them clears the weights."""
-        first = self.first
-        if first.points_to != EVALUATION_ONLY or step is None or first.step is None or step < first.step:
+        if step is not None and first.step is not None and step < first.step:
+            self.evaluation_decided = True  # the lines of a restarted run say nothing of the weights it ran on
             return
-        if any(key == "train_runtime" for key, _, _ in found):
+        losses = [value for key, value, _ in found if _loss_key(key) and not evaluation_only([key.lower()])]
+        if not losses or any(key == "train_runtime" for key, _, _ in found):
             return
-        training = [
-            key
-            for key, value, _ in found
-            if _loss_key(key)
-            and not evaluation_only([key.lower()])
-            and (n := _number(value)) is not None
-            and math.isfinite(n)
-            and n != 0.0
-        ]
-        if training:
+        self.evaluation_decided = True
+        if any(_nonfinite(value) for value in losses):
+            first.points_to = training_too(step, number, same=step is not None and step == first.step)
+            return
+        numbers = [_number(value) for value in losses]
+        nonzero = all(n is not None and math.isfinite(n) and n != 0.0 for n in numbers)  # a Trainer's 0.0: NaN filtered
+        named = step is not None and first.step is not None
+        later = named and (step > first.step or step == first.step and same_iteration(first.text, piece))
+        if nonzero and later:
             first.points_to = evaluation_cleared(step, number)
 
     def watched(self) -> bytes | None:
@@ -301,7 +294,7 @@ class MetricLines:
         lines holding it are read (finite ones too) to see whether it recovers."""
         first = self.first
         if first is not None and first.points_to == EVALUATION_ONLY:
-            return b"loss"  # a training loss after it, finite: the weights were (`_cleared`)
+            return b"loss"  # the training loss logged after it (`_after_evaluation`)
         norm = first is not None and self.recovered is None and not self.relapsed and _norm_only(first)
         if not norm and not self.episodes.waiting():  # nor a second episode's finite line (launch.episodes)
             return None

@@ -203,8 +203,8 @@ _EVALUATION = ("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", 
 # step's loss, then evaluates: 4.57.6 trainer.py _maybe_log_save_evaluate), so only a training loss logged after the
 # evaluation clears the weights it ran on (holdout27 02: one step, `train_loss` finite, then `eval_loss` nan)
 EVALUATION_ONLY = ("the evaluation, or weights the update before it made non-finite: a loss on held-out data, no backward "
-                   "pass behind it (an evaluation batch with no labelled tokens is 0/0); no training loss logged after "
-                   "it says whether the weights it ran on were finite")  # fmt: skip
+                   "pass behind it (an evaluation batch with no labelled tokens is 0/0); a finite training loss of a "
+                   "later step, logged after it, would clear the weights")  # fmt: skip
 
 
 # nanoGPT's evaluation line: estimate_loss() runs the model, unchanged, over batches of both splits, then train.py
@@ -222,6 +222,20 @@ def estimated(line: str) -> bool:
     return match is not None and match["train"].lower() not in ("nan", "inf", "-inf", "+inf")
 
 
+# mlx_lm evaluates at iteration `it` before that iteration's step and prints `Iter {it}: Val loss ...`, then reports
+# `Iter {it}: Train loss ...`, the mean of the losses since its last report, the last of them on the evaluated weights
+# (mlx-lm v0.31.3 mlx_lm/tuner/trainer.py:287-304, :319, :344; ml-explore/mlx-examples#1233, holdout23 10)
+_MLX_VAL = re.compile(r"\bIter (?P<it>\d{1,12}): Val loss ")
+_MLX_TRAIN = re.compile(r"\bIter (?P<it>\d{1,12}): Train loss ")
+
+
+def same_iteration(evaluation: str, training: str) -> bool:
+    """`training` is mlx_lm's train report of the iteration whose evaluation line is `evaluation`: its loss ran on
+    the evaluated weights."""
+    val, train = _MLX_VAL.search(evaluation, 0, 2000), _MLX_TRAIN.search(training, 0, 2000)
+    return val is not None and train is not None and val["it"] == train["it"]
+
+
 def evaluation_cleared(step: int | None, line: int) -> str:
     """What a held-out loss non-finite points to where a training loss logged after it is finite."""
     at = f"line {line}" + (f", step {step}" if step is not None else "")
@@ -237,13 +251,13 @@ def evaluation_only(keys: list[str]) -> bool:
 def training_too(step: int | None, line: int, *, same: bool) -> str:
     """What a held-out loss non-finite points to where a training loss logged after it is non-finite too: of the same
     step (`same`: mlx_lm prints `Iter 10: Val loss nan, ...` before `Iter 10: Train loss nan, ...`:
-    ml-explore/mlx-examples#1233, holdout23 10), or the next logged (`Epoch 3/50 | Train Loss: nan` after `Epoch
-    2/50 | ... | Val Loss: nan`: holdout22 04)."""
+    ml-explore/mlx-examples#1233, holdout23 10), or the next training loss logged (`Epoch 3/50 | Train Loss: nan`
+    after `Epoch 2/50 | ... | Val Loss: nan`: holdout22 04)."""
     if same:
         return (f"the weights, not the evaluation alone: the training loss of step {step} is non-finite too (line "
                 f"{line}): weights already non-finite make both losses so")  # fmt: skip
     at = f"line {line}" + (f", step {step}" if step is not None else "")
-    return (f"the weights, not the evaluation alone: the training loss logged after it is non-finite too ({at}): "
+    return (f"the weights, not the evaluation alone: the next training loss logged after it is non-finite too ({at}): "
             "weights already non-finite make both losses so")  # fmt: skip
 
 

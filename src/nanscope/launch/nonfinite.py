@@ -90,10 +90,18 @@ MAX_CONTEXTS = 64  # evidence lines of one kind whose lines before are read so (
 
 
 def _line_before(block: bytes, start: int) -> bytes:
-    """The line of `block` before the one at `start` (empty for the block's first: not at hand)."""
+    """The line of `block` before the one at `start` (empty for the block's first: not at hand); past a traceback's
+    caret line (Python 3.11 on prints `^^^^` under the failing expression), the code line it marks."""
     if start <= 0:
         return b""
-    return block[block.rfind(b"\n", 0, start - 1) + 1 : start - 1][-4096:]
+    begin = block.rfind(b"\n", 0, start - 1) + 1
+    line = block[begin : start - 1][-4096:]
+    if begin > 0 and _CARETS.fullmatch(line) is not None:
+        return block[block.rfind(b"\n", 0, begin - 1) + 1 : begin - 1][-4096:]
+    return line
+
+
+_CARETS = re.compile(rb"(?:\[rank\d{1,9}\]:)?[ \t]{0,400}[\^~]{1,400}[ \t\r]{0,40}")  # `[rank0]:      ^^^^^^^^`
 
 
 def _before(block: bytes, start: int, count: int) -> list[bytes]:

@@ -21,8 +21,8 @@ _WHO = {
     "anomaly-forward": "autograd's anomaly mode traced the forward call of a backward function that failed",
     "probability-assert": "sampling (torch.multinomial) was given probabilities holding inf, NaN or a negative value",
     "bad-probs": "the sampler's guard found the sampling probabilities non-finite (the policy's logits at rollout)",
-    "none-logprob": "TRL's GRPO trainer met a None among a completion's sampling log-probs, its writing of vLLM's "
-    "NaN log-prob",
+    "none-logprob": "TRL's trainer met a None among a completion's sampling log-probs, its writing of vLLM's NaN "
+    "log-prob",
     "device-assert": "a CUDA device-side assert fired",
     "nccl-timeout": "a collective timed out (NCCL's watchdog)",
     "skip-nonfinite-grad": "the framework skipped an optimizer step on a non-finite gradient norm",
