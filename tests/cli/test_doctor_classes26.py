@@ -1,5 +1,6 @@
 """Issue 41, round 26: the false readings of holdout26 (3 reports of the issue's stacks doctor had never read, graded
-on d1a80c3) and two of holdout25's left over, on crafted input of each class; each positive test fails on d1a80c3."""
+on d1a80c3) and four classes holdout25 left over, on crafted input of each class; each positive test fails on d1a80c3
+(4: on b4ff9e6, where they were added)."""
 
 import pytest
 
@@ -104,3 +105,27 @@ def test_1_trl_s_none_under_a_caret_line_with_rank_prefixes(tmp_path, capsys):
     )
     doc, _ = _doctor(tmp_path, capsys, log)
     assert (doc["summary"]["check"], doc["summary"]["rank"]) == ("none-logprob", 0)
+
+
+# 4. holdout25's other left-over stack wordings: ESPnet2's skip on a non-finite grad norm (espnet/espnet#3170,
+# holdout25 22) and guided-diffusion's fp16 trainer lowering its log2 loss scale (openai/guided-diffusion#50, holdout25
+# 04): a skipped step, by whose words
+def test_4_espnet_s_skip_is_a_skipped_step(tmp_path, capsys):
+    log = (
+        "[user] 2021-04-23 19:22:52,420 (trainer:581) WARNING: The grad norm is nan. Skipping updating the model.\n"
+        "[user] 2021-04-23 19:22:56,245 (trainer:636) INFO: 2epoch:train:12009-12640batch: loss=65.129, acc=0.065\n"
+    )
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert (doc["summary"]["check"], doc["summary"]["metric"]) == ("skip-nonfinite-grad", "grad_norm")
+    assert (
+        "ESPnet2's trainer (FunASR's prints the same words) skipped an optimizer step on a non-finite gradient" in out
+    )
+
+
+def test_4_guided_diffusion_s_lowered_log2_scale_is_a_skipped_step(tmp_path, capsys):
+    log = "".join(f"Found NaN, decreased lg_loss_scale to {lg}\n" for lg in (18.821, 17.821, 16.821))
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert doc["summary"]["check"] == "scaler-overflow"
+    assert (
+        "log2 loss scale -> 18.821; guided-diffusion's fp16 trainer (improved-diffusion's prints the same words)" in out
+    )

@@ -293,6 +293,9 @@ CRAFTED = {
     "group heads and open brackets": "Reward: " * 30_000 + "mean=nan, " * 30_000 + "a[b=nan, " * 30_000,
     "caret lines before None errors": ("[rank0]:" + " " * 300 + "^~" * 1_000 + "\nCould not infer dtype of NoneType\n")
     * 400,
+    "skip and log2-scale words": "The grad norm is nan. " * 20_000
+    + "Skipping updating the model" * 5_000
+    + "Found NaN, decreased lg_loss_scale to 1" * 20_000,
     "captions over indented lines": "at step 6 " * 20_000 + "step 6:\n" + "  a: 1\n" * 20_000 + "  b: mean=nan\n",
     "None errors under sampling lines": "sampling_per_token_logps = [torch.tensor(" * 20_000 + "\nRuntimeError: Could "
     "not infer dtype of NoneType\n" + "Could not infer dtype of NoneType" * 20_000,

@@ -143,6 +143,24 @@ WORDINGS: tuple[Wording, ...] = (
         printed_by="verl's FSDP engine or critic",
     ),
     Wording(
+        id="guided-diffusion-found-nan",
+        signal="scaler-overflow",
+        example="Found NaN, decreased lg_loss_scale to -16199.354",
+        stacks=("guided-diffusion", "improved-diffusion"),
+        source="guided-diffusion 22e0df8 guided_diffusion/fp16_util.py:192-195 (from 20.0, :12); improved-diffusion "
+        "1bc7bbb improved_diffusion/train_util.py:231",
+        printed_by="guided-diffusion's fp16 trainer (improved-diffusion's prints the same words)",
+    ),
+    Wording(
+        id="espnet-skipping-update",
+        signal="skip-nonfinite-grad",
+        example="(trainer:581) WARNING: The grad norm is nan. Skipping updating the model.",
+        stacks=("espnet", "funasr"),
+        source="espnet 202412 espnet2/train/trainer.py:710-713; FunASR 1.1.0 funasr/train_utils/trainer.py:438, "
+        "trainer_ds.py:706",
+        printed_by="ESPnet2's trainer (FunASR's prints the same words)",
+    ),
+    Wording(
         id="gpt-neox-overflow-monitor",
         signal="overflow-exit",
         example="Exception: Skipped 50 iterations in a row due to Overflow - Exiting training.",

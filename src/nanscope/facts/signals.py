@@ -14,7 +14,7 @@ launch.signals; the words are matched there.
     none-logprob           a rollout engine's NaN log-prob written as None, which the trainer's torch.tensor refuses (TRL)
     device-assert          a CUDA device-side assert (an index out of range: what NaN logits make of an argmax)
     nccl-timeout           a collective waited past its timeout: a rank left it (one that hit a NaN, or died)
-    skip-nonfinite-grad    a framework skipped the optimizer step on a non-finite gradient norm (verl, ColossalAI)
+    skip-nonfinite-grad    a framework skipped the optimizer step on a non-finite gradient norm (verl, ColossalAI, ESPnet)
     logged-nonfinite       TensorBoard's writer refused a non-finite scalar
     nonfinite-error        any other error line whose message names NaN or Inf
     nonfinite-message      any other log line that says a loss or gradient is NaN or Inf
@@ -185,7 +185,7 @@ SIGNALS: tuple[Signal, ...] = (
         quantity="gradient",
         fatal=False,
         stack="framework",
-        source="each wording's own source: WORDINGS (verl, ColossalAI, the epfLLM Megatron-LLM fork)",
+        source="each wording's own source: WORDINGS (verl, ColossalAI, the epfLLM Megatron-LLM fork, ESPnet2)",
         means="the framework found the gradient norm non-finite and skipped the optimizer step: the gradients, not the "
         "weights, went non-finite on that step",
         causes=("backward-only-fault", "activation-overflow"),

@@ -160,6 +160,26 @@ def grad_scale(text: str, before: str):
                                       "wording": WORDING["icefall-grad-scale-small"], "next_scale": scale}  # fmt: skip
 
 
+# guided-diffusion's fp16 trainer keeps the log2 of its loss scale, from 20.0, lowered by 1 on each step whose grad
+# norm is inf or NaN, `Found NaN, decreased lg_loss_scale to {lg}` (guided-diffusion 22e0df8 guided_diffusion/
+# fp16_util.py:12, :192-195, check_overflow :236-237; improved-diffusion 1bc7bbb improved_diffusion/train_util.py:26,
+# :231): openai/guided-diffusion#50, holdout25 04
+LG_ANCHOR = "decreased lg_loss_scale to"
+_LG_SCALE = re.compile(
+    r"Found NaN, decreased lg_loss_scale to (?P<lg>[-+]?\d{1,12}(?:\.\d{1,12})?(?:[eE][-+]?\d{1,3})?)"
+)
+
+
+def lg_scale(text: str, before: str):
+    """guided-diffusion's `Found NaN, decreased lg_loss_scale to -16199.354`: a skipped step, the scale it set
+    2^lg."""
+    match = _LG_SCALE.search(text)
+    if match is None or (lg := float(match["lg"])) > 1000:  # 2^lg past a float: no scale a scaler sets
+        return None
+    return BY_ID["scaler-overflow"], {"detail": f"log2 loss scale -> {match['lg']}",
+                                      "wording": WORDING["guided-diffusion-found-nan"], "next_scale": 2.0**lg}  # fmt: skip
+
+
 def logging_rank(rank: str, *, every_rank: bool) -> str:
     """What the line's `Rank N` says about who logged it (`every_rank`: a wording every rank prints)."""
     if int(rank) == 0 and not every_rank:

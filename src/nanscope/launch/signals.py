@@ -60,6 +60,8 @@ MARKERS = (
     b"grad_scale is too small",
     b"out of memory",
     b"Could not infer dtype of NoneType",
+    b"Skipping updating the model",
+    b"decreased lg_loss_scale to",
 )  # fmt: skip (the log reader searches launch.nonfinite.NEEDLES, these less those with a NaN/Inf word)
 _ANOMALY = re.compile(
     r"Function '(?P<op>[\w.<>]{1,200})' returned (?P<value>nan|inf) values in its (?P<output>\d{1,4})\w{0,2} output"
@@ -345,6 +347,24 @@ def _infinite_norm(text: str, before: str):
     }
 
 
+# ESPnet2's trainer: `logging.warning(f"The grad norm is {grad_norm}. Skipping updating the model.")` where
+# torch.isfinite(grad_norm) fails (espnet 202412 espnet2/train/trainer.py:710-713; FunASR 1.1.0
+# funasr/train_utils/trainer.py:438, trainer_ds.py:706 print the same words): espnet/espnet#3170, holdout25 22
+_SKIPPING_UPDATE = re.compile(r"The grad norm is (?P<value>[-+]?(?:nan|inf)). Skipping updating the model")
+
+
+def _skipping_update(text: str, before: str):
+    match = _SKIPPING_UPDATE.search(text)
+    if match is None:
+        return None
+    return BY_ID["skip-nonfinite-grad"], {
+        "detail": f"grad_norm {match['value']}: the step skipped",
+        "metric": "grad_norm",
+        "wording": WORDING["espnet-skipping-update"],
+        "value": "Inf" if "inf" in match["value"] else "NaN",
+    }
+
+
 def _logged(text: str, before: str):
     return BY_ID["logged-nonfinite"], {"detail": "a logged scalar is NaN or Inf"}
 
@@ -356,7 +376,7 @@ _READERS = (
     ("Grad overflow on iteration", scaler_lines.grad_overflow), ("in a row due to Overflow", scaler_lines.overflow_exit), ("verflow", scaler_lines.scaler), ("already at minimum", scaler_lines.minimum), ("returned nan values", _anomaly), ("returned inf values", _anomaly),
     ("Error detected in", _forward),
     ("probability tensor contains", _probability), ("probs detected", _bad_probs), ("Assertion `", _assertion), ("device-side assert", _assertion),
-    ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged),
+    ("Watchdog caught collective", _watchdog), ("NCCL operations have failed or timed out", _nccl), ("not finite", _not_finite), ("NaN or Inf found", _logged), ("Skipping updating the model", _skipping_update), (scaler_lines.LG_ANCHOR, scaler_lines.lg_scale),
     ("Bad grad_norm detected", _bad_norm), ("python_anomaly_mode.cpp", _anomaly_tail),
     (plugin_report.ANCHOR, plugin_report.evidence), (plugin_report.WARNING_ANCHOR, plugin_report.warning_evidence),
     ("but found invalid values", error_words.distribution), ("infinite grad_norm", _infinite_norm), ("PARAMETER loss_scale", scaler_lines.dle_scale), ("rad scale is small", scaler_lines.grad_scale), ("grad_scale is too small", scaler_lines.grad_scale), ("CUDA out of memory", out_of_memory), (said_errors.TERMINATE_ANCHOR, said_errors.terminate_on_nan), (said_errors.DIVERGED_ANCHOR, said_errors.diverged), (said_errors.MESSAGE_ANCHOR, said_errors.json_message), (said_errors.JSON_FLOAT_ANCHOR, said_errors.json_float), (said_errors.NONE_ANCHOR, said_errors.none_logprob),
