@@ -110,9 +110,10 @@ def test_1_trl_s_none_under_a_caret_line_with_rank_prefixes(tmp_path, capsys):
 # 4. holdout25's other left-over stack wordings: ESPnet2's skip on a non-finite grad norm (espnet/espnet#3170,
 # holdout25 22) and guided-diffusion's fp16 trainer lowering its log2 loss scale (openai/guided-diffusion#50, holdout25
 # 04): a skipped step, by whose words
-def test_4_espnet_s_skip_is_a_skipped_step(tmp_path, capsys):
+@pytest.mark.parametrize("norm", ["nan", "tensor(nan, device='cuda:0')"], ids=["torch-1.4-float", "tensor"])
+def test_4_espnet_s_skip_is_a_skipped_step(tmp_path, capsys, norm):
     log = (
-        "[user] 2021-04-23 19:22:52,420 (trainer:581) WARNING: The grad norm is nan. Skipping updating the model.\n"
+        f"[user] 2021-04-23 19:22:52,420 (trainer:581) WARNING: The grad norm is {norm}. Skipping updating the model.\n"
         "[user] 2021-04-23 19:22:56,245 (trainer:636) INFO: 2epoch:train:12009-12640batch: loss=65.129, acc=0.065\n"
     )
     doc, out = _doctor(tmp_path, capsys, log)

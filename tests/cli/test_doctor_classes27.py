@@ -86,3 +86,11 @@ def test_mlx_s_train_report_of_the_evaluated_iteration_clears(tmp_path, capsys):
 def test_a_caption_over_key_value_lines_gives_their_step(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, "Eval metrics at step 6:\n  eval_loss: nan\n  eval_acc: 0.1\n")
     assert doc["metrics"]["first_nonfinite"]["step"] == 6
+
+
+# the watch for the training loss after an evaluation-only reading keeps the episodes' watch of its own key (an
+# evaluation metric with no `loss` in its name, finite again, then not)
+def test_an_evaluation_metric_s_second_episode_is_still_said(tmp_path, capsys):
+    log = "step 1 | eval_acc nan | eval_f1 0.1\nstep 2 | eval_acc 0.5 | eval_f1 0.2\nstep 3 | eval_acc nan | eval_f1 0.1\n"
+    _, out = _doctor(tmp_path, capsys, log)
+    assert "non-finite again at step 3 (line 3)" in out

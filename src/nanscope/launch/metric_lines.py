@@ -289,16 +289,20 @@ class MetricLines:
         if nonzero and later:
             first.points_to = evaluation_cleared(step, number)
 
-    def watched(self) -> bytes | None:
-        """The key (lowered) of a first reading whose gradient norm alone went non-finite, the loss finite: later
-        lines holding it are read (finite ones too) to see whether it recovers."""
+    def watched(self) -> tuple[bytes, ...]:
+        """The literals (lowered) of the later lines to read, finite ones too: the key of a first reading whose
+        gradient norm alone went non-finite, the loss finite (does it recover?), or whose second episode is watched
+        for (launch.episodes); `loss` while an evaluation-only first reading waits for the training loss logged after
+        it (`_after_evaluation`)."""
         first = self.first
-        if first is not None and first.points_to == EVALUATION_ONLY:
-            return b"loss"  # the training loss logged after it (`_after_evaluation`)
-        norm = first is not None and self.recovered is None and not self.relapsed and _norm_only(first)
-        if not norm and not self.episodes.waiting():  # nor a second episode's finite line (launch.episodes)
-            return None
-        return first.values[0][0].lower().encode("utf-8", "replace")
+        if first is None:
+            return ()
+        waiting = first.points_to == EVALUATION_ONLY and not self.evaluation_decided
+        out = (b"loss",) if waiting else ()
+        norm = self.recovered is None and not self.relapsed and _norm_only(first)
+        if norm or self.episodes.waiting():
+            out += (first.values[0][0].lower().encode("utf-8", "replace"),)
+        return out
 
     def _recovery(self, found, bad, number: int) -> None:
         """A line after a norm-only first reading: the norm finite again (recovered), or a loss non-finite."""

@@ -22,6 +22,7 @@ from nanscope.facts.metric_names import (
     TRAINER_ZERO,
 )
 from nanscope.launch.line_shapes import AVERAGE
+from nanscope.launch.line_steps import number  # a printed value as a float
 
 # keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
 _PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train/chosen", "logps_train/chosen")
@@ -202,24 +203,23 @@ _EVALUATION = ("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", 
 # a held-out loss is computed after its step's update, a training loss before its own (transformers' Trainer logs the
 # step's loss, then evaluates: 4.57.6 trainer.py _maybe_log_save_evaluate), so only a training loss logged after the
 # evaluation clears the weights it ran on (holdout27 02: one step, `train_loss` finite, then `eval_loss` nan)
-EVALUATION_ONLY = ("the evaluation, or weights the update before it made non-finite: a loss on held-out data, no backward "
-                   "pass behind it (an evaluation batch with no labelled tokens is 0/0); a finite training loss of a "
-                   "later step, logged after it, would clear the weights")  # fmt: skip
+_HELD_OUT = "a loss on held-out data, no backward pass behind it (an evaluation batch with no labelled tokens is 0/0)"
+EVALUATION_ONLY = (f"the evaluation, or weights the update before it made non-finite: {_HELD_OUT}; a finite training "
+                   "loss of a later step, logged after it, would clear the weights")  # fmt: skip
 
 
 # nanoGPT's evaluation line: estimate_loss() runs the model, unchanged, over batches of both splits, then train.py
 # prints `step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}` (karpathy/nanoGPT, and its
 # many copies): its train loss is of the same weights as its val loss (holdout17 21)
 _ESTIMATED = re.compile(r"\bstep \d{1,12}: train loss (?P<train>[-+\w.]{1,40}), val loss ")
-ESTIMATED = ("the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with no "
-             "labelled tokens is 0/0); the line's train loss, estimated with the same weights (nanoGPT's estimate_loss "
-             "runs both splits), is finite, so the weights were")  # fmt: skip
+ESTIMATED = (f"the evaluation only: {_HELD_OUT}; the line's train loss, estimated with the same weights (nanoGPT's "
+             "estimate_loss runs both splits), is finite, so the weights were")  # fmt: skip
 
 
 def estimated(line: str) -> bool:
     """`line` is nanoGPT's evaluation line, its train loss finite."""
     match = _ESTIMATED.search(line, 0, 2000)
-    return match is not None and match["train"].lower() not in ("nan", "inf", "-inf", "+inf")
+    return match is not None and (train := number(match["train"])) is not None and math.isfinite(train)
 
 
 # mlx_lm evaluates at iteration `it` before that iteration's step and prints `Iter {it}: Val loss ...`, then reports
@@ -238,9 +238,13 @@ def same_iteration(evaluation: str, training: str) -> bool:
 
 def evaluation_cleared(step: int | None, line: int) -> str:
     """What a held-out loss non-finite points to where a training loss logged after it is finite."""
-    at = f"line {line}" + (f", step {step}" if step is not None else "")
-    return (f"the evaluation only: a loss on held-out data, no backward pass behind it (an evaluation batch with no "
-            f"labelled tokens is 0/0); the training loss logged after it ({at}) is finite, so the weights were")  # fmt: skip
+    return (f"the evaluation only: {_HELD_OUT}; the training loss logged after it ({_where(step, line)}) is finite, so "
+            "the weights were")  # fmt: skip
+
+
+def _where(step: int | None, line: int) -> str:
+    """`line N`, and its step where it names one."""
+    return f"line {line}" + (f", step {step}" if step is not None else "")
 
 
 def evaluation_only(keys: list[str]) -> bool:
@@ -256,9 +260,8 @@ def training_too(step: int | None, line: int, *, same: bool) -> str:
     if same:
         return (f"the weights, not the evaluation alone: the training loss of step {step} is non-finite too (line "
                 f"{line}): weights already non-finite make both losses so")  # fmt: skip
-    at = f"line {line}" + (f", step {step}" if step is not None else "")
-    return (f"the weights, not the evaluation alone: the next training loss logged after it is non-finite too ({at}): "
-            "weights already non-finite make both losses so")  # fmt: skip
+    return (f"the weights, not the evaluation alone: the next training loss logged after it is non-finite too "
+            f"({_where(step, line)}): weights already non-finite make both losses so")  # fmt: skip
 
 
 def _norm_beside_zero(finite: dict[str, float], found, *, trainer: bool) -> str:

@@ -42,45 +42,42 @@ MAX_RANKS = 64  # waiting ranks (NCCL's watchdog) kept
 # literals (lowered) of a line worth reading besides its NaN/Inf words: the evidence lines' that hold none
 # (launch.signals.MARKERS less those with a NaN/Inf word), a progress bar's, Megatron's iteration line, skip counters
 NEEDLES = (
-    (
-        b"overflow",
-        b"already at minimum",
-        b"error detected in",
-        b"device-side assert",
-        b"probs detected",
-        b"assertion `",
-        b"watchdog caught",
-        b"nccl operations have failed",
-        b"in a row due to overflow",
-        b"skipping step. attempted loss scale",
-        b"parameter loss_scale",
-        b"grad scale is small",  # icefall's GradScaler warnings (launch.scaler_lines.grad_scale)
-        b"grad_scale is too small",
-        b"loss_scale",
-        b"out of memory",
-        b"found invalid values",  # torch.distributions' validation error (launch.error_words)
-        b"/it",
-        b"it/s",
-        b"consumed samples",
-        b"skipped iterations",
-        b"skipped=",
-        b"python_anomaly_mode",
-        b"--|",
-        b"-- |",
-        b": non-finite values ",  # nanscope's own plugins (launch.plugin_report)
-        b"nanscope: warning: ",
-        b"learning iteration ",  # rsl-rl's block header: the step of the loss lines under it (launch.line_shapes)
-        b"not finite",  # an error or a message saying a value is not finite (SpeechBrain's check_gradients)
-        b"non-finite",
-        b"invalid loss",  # Keras's TerminateOnNaN (launch.said_errors)
-        b"not json compliant",  # Python's json refusing a NaN or Inf (launch.said_errors.json_float)
-        b"could not infer dtype of nonetype",
-        b"skipping updating the model",
-        b"decreased lg_loss_scale to",  # guided-diffusion's fp16 trainer (launch.scaler_lines.lg_scale)  # ESPnet2's skip on a non-finite grad norm (launch.signals._skipping_update)  # TRL's NaN sampling log-prob as None (launch.said_errors.none_logprob)
-        b"train/lr-pg_",  # slime's step log (facts.frameworks.KEYS): its keys name the framework when all is finite
-    )
-    + scaler_config.ANCHORS
-)  # a loss scaler's initial scale in the run's config print (`loss_scale` finds the others)
+    b"overflow",
+    b"already at minimum",
+    b"error detected in",
+    b"device-side assert",
+    b"probs detected",
+    b"assertion `",
+    b"watchdog caught",
+    b"nccl operations have failed",
+    b"in a row due to overflow",
+    b"skipping step. attempted loss scale",
+    b"parameter loss_scale",
+    b"grad scale is small",  # icefall's GradScaler warnings (launch.scaler_lines.grad_scale)
+    b"grad_scale is too small",
+    b"loss_scale",
+    b"out of memory",
+    b"found invalid values",  # torch.distributions' validation error (launch.error_words)
+    b"/it",
+    b"it/s",
+    b"consumed samples",
+    b"skipped iterations",
+    b"skipped=",
+    b"python_anomaly_mode",
+    b"--|",
+    b"-- |",
+    b": non-finite values ",  # nanscope's own plugins (launch.plugin_report)
+    b"nanscope: warning: ",
+    b"learning iteration ",  # rsl-rl's block header: the step of the loss lines under it (launch.line_shapes)
+    b"not finite",  # an error or a message saying a value is not finite (SpeechBrain's check_gradients)
+    b"non-finite",
+    b"invalid loss",  # Keras's TerminateOnNaN (launch.said_errors)
+    b"not json compliant",  # Python's json refusing a NaN or Inf (launch.said_errors.json_float)
+    b"could not infer dtype of nonetype",  # TRL's NaN sampling log-prob as None (launch.said_errors.none_logprob)
+    b"skipping updating the model",  # ESPnet2's skip on a non-finite grad norm (launch.signals._skipping_update)
+    b"decreased lg_loss_scale to",  # guided-diffusion's fp16 trainer (launch.scaler_lines.lg_scale)
+    b"train/lr-pg_",  # slime's step log (facts.frameworks.KEYS): its keys name the framework when all is finite
+) + scaler_config.ANCHORS  # a loss scaler's initial scale in the run's config print (`loss_scale` finds the others)
 # fmt: skip
 _LOWER = range(97, 123)
 _MEGATRON = ("Unexpected result", " in local grad norm", " in local forward loss", "rerun: unexpected result")
@@ -188,14 +185,14 @@ class Nonfinite:
         are the first of their log, with the offset of their line."""
         out, counted, lines, consumed = [], 0, lines_before, -1
         extra = stale_norms.NEEDLES if self.norms.pending is not None else ()
-        watched = self.metrics.watched()  # a norm-only first reading: its later lines, finite ones too
-        extra += (watched,) if watched is not None else ()
+        watched = self.metrics.watched()  # a first reading's later lines, finite ones too
+        extra += watched
         starts, index = candidate_starts(block, extra), -1
         while (index := index + 1) <= len(starts):
-            if index and watched is None and (watched := self.metrics.watched()) is not None:  # the first reading
-                # came: the lines after it that hold its key are read too, in order (finite: a recovery, an episode)
+            if index and not watched and (watched := self.metrics.watched()):  # the first reading came: the lines
+                # after it that hold its key are read too, in order (finite: a recovery, an episode, a training loss)
                 after = block.find(b"\n", starts[index - 1]) + 1  # the line after the one just read
-                later = candidate_starts(block[after:], (watched,), only_extra=True) if after else []
+                later = candidate_starts(block[after:], watched, only_extra=True) if after else []
                 starts = starts[:index] + sorted(set(starts[index:]).union(after + at for at in later))
             if index == len(starts):
                 break

@@ -349,8 +349,11 @@ def _infinite_norm(text: str, before: str):
 
 # ESPnet2's trainer: `logging.warning(f"The grad norm is {grad_norm}. Skipping updating the model.")` where
 # torch.isfinite(grad_norm) fails (espnet 202412 espnet2/train/trainer.py:710-713; FunASR 1.1.0
-# funasr/train_utils/trainer.py:438, trainer_ds.py:706 print the same words): espnet/espnet#3170, holdout25 22
-_SKIPPING_UPDATE = re.compile(r"The grad norm is (?P<value>[-+]?(?:nan|inf)). Skipping updating the model")
+# funasr/train_utils/trainer.py:438, trainer_ds.py:706 print the same words): espnet/espnet#3170, holdout25 22. The
+# norm is a float under torch 1.4 (`is nan.`), a tensor since (`is tensor(nan, device='cuda:0').`)
+_SKIPPING_UPDATE = re.compile(
+    r"The grad norm is (?:tensor\()?(?P<value>[-+]?(?:nan|inf))[^.\n]{0,80}?\. Skipping updating the model"
+)
 
 
 def _skipping_update(text: str, before: str):
