@@ -17,6 +17,7 @@ REPORTS = sorted(md.with_suffix("") for md in HOLDOUTS.glob("h*/[0-9][0-9].md"))
 _SLIME_MENTIONS = ("slime's rules do not apply", "THUDM/slime#", "not from slime v0.1.0")
 
 
+@pytest.mark.slow  # the sweep over every holdout set; each set's classes are tested in the fast tier
 @pytest.mark.timeout(300)  # 245 reports, in process: a few seconds
 def test_every_holdout_report_is_read_or_refused_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")

@@ -79,6 +79,7 @@ def test_scan_of_the_directory_prints_the_trend_s_first_hazard(scanned):
     )
 
 
+@pytest.mark.slow  # a worker pool's scan of a disagreeing directory; the fast tier keeps the trend's own tests
 def test_demos_take_their_rollout_from_their_names_and_a_disagreement_is_one_line(tmp_path):
     for name, rollout in (("3.pt", 3), ("4.pt", 4), ("notes.pt", 12)):  # 12: the demo's own, where the name has none
         rc, out, _ = _main("scan", "--write-demo", str(tmp_path / "d" / name))
