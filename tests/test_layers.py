@@ -46,6 +46,7 @@ LONG_MODULES = {
 }
 
 
+@cache
 def _modules() -> dict[str, Path]:
     out = {}
     for path in sorted(SRC.rglob("*.py")):

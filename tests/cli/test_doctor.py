@@ -421,6 +421,7 @@ def _refused(result: tuple[int, str, float]) -> str:
     return lines[0][len("nanscope doctor: error: ") :]
 
 
+@pytest.mark.slow  # 13 processes; the fast tier refuses hostile input in process (test_doctor_hostile.py)
 def test_hostile_files_are_one_line_each(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     os.symlink("/dev/zero", tmp_path / "zero")

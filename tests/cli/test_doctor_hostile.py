@@ -302,16 +302,10 @@ CRAFTED = {
 }
 
 
-# seconds each on 2 cores, the rest a tenth: CI's slow tier (the fast tier keeps its 4 minutes)
-SLOW_CRAFTED = ("wrapped record pieces", "a watched gradient norm", "a key-per-line record", "sampling asserts under pasted "
-                "code", "anomaly forward calls", "dicts between two bars", "pieces of a dict far below its head",
-                "overflow probes far apart", "wrapped raise forms", "lines of many ranks at one step",
-                "overflow lines far before a grad norm", "Trainer losses on one line")  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "text", [pytest.param(t, id=k, marks=[pytest.mark.slow] if k in SLOW_CRAFTED else []) for k, t in CRAFTED.items()]
-)
+# hang checks, not speeds (seconds for the largest on 2 cores): CI's slow tier; the fast tier keeps one linear-time
+# check of the error line's reader (tests/launch/test_tracebacks.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("text", list(CRAFTED.values()), ids=list(CRAFTED))
 def test_each_reader_of_a_line_is_linear(text):
     start = time.process_time()
     found = logs.scan([text.encode() + b"\n"], "crafted")
