@@ -69,7 +69,10 @@ _ZERO1 = ("[2021-03-18 04:21:58,423] [INFO] [stage1.py:633:step] [deepspeed] fp1
 def test_4_the_same_overflow_from_several_processes_is_one(tmp_path, capsys):
     doc, out = _doctor(tmp_path, capsys, _ZERO1 * 3)
     assert "grows back" not in out
-    assert "The first attempted loss scale is 131072 (2^17), where fp16 loss scalers start, and it halves once" in out
+    assert (
+        "The first attempted loss scale is 131072 (2^17), as high as fp16 loss scalers start (2^16 or more), and it halves once"
+        in out
+    )
     assert "(2 more line(s) repeat an overflow on the line just before it: the same overflow printed by another " in out
     assert doc["signals"]["loss_scale"]["copies"] == 2
 
@@ -99,7 +102,10 @@ def test_5_megatrons_error_alone_says_megatron_core_runs_the_job(tmp_path, capsy
     assert doc["framework"] == {"name": "unknown", "release": None,
                                 "how": "nothing names the job's framework; megatron-core runs it: Megatron's error "
                                        "line (line 1)"}  # fmt: skip
-    assert "Nothing in the log names the framework; megatron-core runs the job (Megatron's error line (line 1))" in out
+    assert (
+        "Nothing in the log names a framework nanscope catalogues; megatron-core runs the job (Megatron's error line (line 1))"
+        in out
+    )
 
 
 # 6. a site wrapper running a framework's own example script (`sh run_mcore_llama3_1.sh dsw 8B 1 ...`, holdout21 01):

@@ -207,7 +207,11 @@ _COACH = (
 def test_e_generic_keys_name_no_framework(tmp_path, capsys):
     """Round 5: "framework transformers (its metric lines' keys (epoch, learning_rate, loss))"."""
     doc, out = _doctor(tmp_path, capsys, _COACH)
-    assert doc["framework"] == {"name": "unknown", "release": None, "how": "nothing in the input names a framework"}
+    assert doc["framework"] == {
+        "name": "unknown",
+        "release": None,
+        "how": "nothing in the input names a framework nanscope catalogues",
+    }
     assert "transformers" not in out
     assert doc["metrics"]["first_nonfinite"]["line"] == 2
 

@@ -433,15 +433,24 @@ def _temperature(cfg: Config) -> tuple[str, list[str]]:
     return RULED_OUT, [cfg.flag_text("rollout_temperature") + ": not 0"]
 
 
+MODEL_FAULT = "a fault in the model: no flag enables or excludes it"
+DEVICE_FAULT = "a device that computed a wrong value once: no flag enables or excludes it"
+
+
+def unflagged(hazard) -> str:
+    """Why no flag decides a fault in the model or the device (catalogue.Hazard), in words."""
+    return DEVICE_FAULT if hazard.cause_class == HARDWARE else MODEL_FAULT
+
+
 def _model(cfg: Config) -> tuple[str, list[str]]:
-    evidence = ["a fault in the model: no flag enables or excludes it"]
+    evidence = [MODEL_FAULT]
     if "--fp16" in cfg.given:
         evidence.append("--fp16: an activation past 65504 is inf")
     return UNDECIDABLE, evidence
 
 
 def _hardware(cfg: Config) -> tuple[str, list[str]]:
-    evidence = ["a device that computed a wrong value once: no flag enables or excludes it"]
+    evidence = [DEVICE_FAULT]
     if cfg.get("custom_megatron_before_train_step_hook_path") == HOOK_PATH:
         evidence.append(f"{HOOK_PATH} is installed: its rerun verdict (NANSCOPE_RERUN, default on) decides it")
     return UNDECIDABLE, evidence

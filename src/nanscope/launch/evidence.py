@@ -64,7 +64,8 @@ class Framework:
         return {"name": self.name, "release": self.release, "how": self.how}
 
 
-UNKNOWN = Framework(frameworks.UNKNOWN, None, "nothing in the input names a framework")
+UNKNOWN = Framework(frameworks.UNKNOWN, None, "nothing in the input names a framework nanscope catalogues")
+UNCATALOGUED = "no framework nanscope catalogues"  # the libraries the input shows follow (launch.libraries)
 
 
 @dataclass

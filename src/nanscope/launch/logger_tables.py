@@ -32,6 +32,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from nanscope.launch.scales import SCALE_KEYS
+
 MAX_ROWS = 256  # rows of one table read
 MAX_ROW = 400  # characters of a row
 _BEFORE = 4  # lines before a table where the loop's `Iteration N` line is looked for
@@ -223,7 +225,8 @@ def feed(metrics, table: LoggerTable) -> None:
     row; a first reading it makes is said as the table's: its rows, its step's source, its model."""
     bad = table.bad()
     before = metrics.first
-    metrics.feed(table.line(), bad[0][2] if bad else table.last)
+    scale = next((number for key, _, number in table.rows if key.lower() in SCALE_KEYS), None)  # said at its row
+    metrics.feed(table.line(), bad[0][2] if bad else scale or table.last)
     first = metrics.first
     if first is None or first is before:
         return

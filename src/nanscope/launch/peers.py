@@ -13,7 +13,7 @@ from __future__ import annotations
 from nanscope.causes import catalogue
 from nanscope.causes.neutral import neutral
 from nanscope.facts import frameworks, peer_code
-from nanscope.launch.candidates import Candidate, core_of, judged, reported_candidates, without_megatron
+from nanscope.launch.candidates import Candidate, core_of, judged, reported_candidates, unflagged, without_megatron
 from nanscope.launch.evidence import Framework
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.reported import Context
@@ -52,7 +52,7 @@ def peer_candidates(
         elif framework.name == frameworks.OPENRLHF and hazard.name.startswith("moe-"):
             status, evidence = RULED_OUT, ["OpenRLHF runs Hugging Face models under DeepSpeed: no megatron-core router"]
         else:
-            status, evidence = UNDECIDABLE, ["a fault in the model: no flag enables or excludes it"]
+            status, evidence = UNDECIDABLE, [unflagged(hazard)]
         if view is None and status == ENABLED:
             status, evidence = UNDECIDABLE, ["no launch script: the flags that decide it are unknown", *evidence]
         out.append(judged(hazard, status, evidence, traceback if status != RULED_OUT else None, None))

@@ -170,7 +170,7 @@ class Scales:
             words = f"the initial scale the run's config prints (line {line}: {said})"
             return words, "its initial scale, as the run's config prints it, halving", min(LOW, scale * LOW / HIGH)
         if self.first is not None and self.first >= HIGH:
-            return "where fp16 loss scalers start", "a high first scale halving", LOW
+            return "as high as fp16 loss scalers start (2^16 or more)", "a high first scale halving", LOW
         return None
 
     def calibrating(self, loss_step: int | None = None) -> str | None:
@@ -265,8 +265,8 @@ class Scales:
                     f"{self._halves()}: the scale calibrating at a run's start, not a NaN failure by "
                     "itself (a scale that keeps falling is one).")  # fmt: skip
         if lowest <= LOW and self.halved and self.first >= HIGH and self.stepped is None:
-            return (f"The loss scale is down to {_shown(lowest)} from {_shown(self.first)}, where fp16 loss scalers "
-                    f"start ({self.count} overflow line(s), halving; no line names its step): at a run's start the "
+            return (f"The loss scale is down to {_shown(lowest)} from {_shown(self.first)}, as high as fp16 loss "
+                    f"scalers start ({self.count} overflow line(s), halving; no line names its step): at a run's start the "
                     "scale calibrating can halve this far; a scale that keeps falling toward its minimum is the "
                     "gradients overflowing step after step.")  # fmt: skip
         if lowest <= LOW and self.halved:
@@ -277,6 +277,13 @@ class Scales:
 
 
 _SCALE_KEYS = ("loss_scale", "loss scale", "loss-scale")  # a loss scaler's scale, as metric lines print it
+# guided-diffusion's and improved-diffusion's fp16 trainers keep the log2 of their scale, from 20.0 (INITIAL_LOG_LOSS_SCALE),
+# lowered by 1 on each step whose gradients hold inf or NaN (the step skipped) and raised by fp16_scale_growth (1e-3)
+# on each other step; their logger tables print it as `| lg_loss_scale | -0.821 |` (guided-diffusion 22e0df8
+# guided_diffusion/fp16_util.py:12, :190-207, its interval's mean; improved-diffusion 1bc7bbb
+# improved_diffusion/train_util.py:26, :229-242, :269): tomeramit/SegDiff#20, holdout25 05
+LOG2_SCALE_KEY, LOG2_START = "lg_loss_scale", 20.0
+SCALE_KEYS = (*_SCALE_KEYS, LOG2_SCALE_KEY)  # every key whose value PrintedScale reads
 # a printed scale below 2^-10 has been halved on overflow after overflow far below any start (fp16 scalers start at
 # 2^7, fairseq's fp16_init_scale, or above): fairseq's epoch line prints `loss_scale 0.000` (facebookresearch/fairseq#1529, holdout17 18)
 COLLAPSED = 2.0**-10
@@ -307,6 +314,7 @@ class PrintedScale:
     lowest: float | None = None  # the lowest scale a fall printed
     uncounted: Where | None = None  # the first line where the scale fell whose skip counter says 0
     stride: int | None = None  # the steps between the last two lines (the logging interval, where none is cut out)
+    log2: float | None = None  # the log2 scale printed where `collapsed` was (an lg_loss_scale below 0)
 
     def feed(self, found: list[tuple[str, str, int]], number: int, step: int | None) -> None:
         """One metric line's (key, value, where) pairs: its scale, if it prints one."""
@@ -314,6 +322,11 @@ class PrintedScale:
             if key.lower() in _SCALE_KEYS and (scale := _finite(value)) is not None:
                 counter = next((_finite(v) for k, v, _ in found if k.lower() == SKIP_COUNTER), None)
                 self.value(scale, number, step, counter)
+                return
+            if key.lower() == LOG2_SCALE_KEY and (lg := _finite(value)) is not None and lg <= 1000:
+                if lg < 0 and self.collapsed is None:  # a scale below 1 from a start of 2^20: collapsed
+                    self.collapsed, self.log2 = (2.0**lg, (number, step)), lg
+                self.value(2.0**lg, number, step)
                 return
 
     def value(self, scale: float, number: int, step: int | None, skipped: float | None = None) -> None:
@@ -370,6 +383,17 @@ class PrintedScale:
     def past_start(self) -> bool:
         """The scale fell past a run's start (the step before its first fall is past EARLY)."""
         return self.drop is not None and self.drop[2][1] is not None and self.drop[2][1] > EARLY
+
+    def log2_sentence(self) -> str | None:
+        """An lg_loss_scale printed below 0, in words: the overflowing steps it proves (None: none printed)."""
+        if self.log2 is None or self.collapsed is None:
+            return None
+        at_least = math.ceil(LOG2_START - self.log2)
+        return (f"The {LOG2_SCALE_KEY} its metric lines print is {self.log2:g} at {where_words(*self.collapsed[1])}: "
+                f"the log2 of guided-diffusion's fp16 loss scale (improved-diffusion's the same), which starts at "
+                f"{LOG2_START:g}, falls by 1 on each step whose gradients hold inf or NaN (that step skipped) and "
+                f"rises by 0.001 on every other, so at least {at_least} steps overflowed and were skipped; a scale "
+                "below 1 means the gradients overflow fp16 whatever the scale: not a calibration.")  # fmt: skip
 
     def uncounted_sentence(self) -> str | None:
         """The lines' own skip counter at 0 where the scale fell (None: not printed so)."""

@@ -128,6 +128,8 @@ def summarize(traceback) -> Summary:
         )
     elif failure is None and seen.metrics.scale.drop is not None and seen.metrics.scale.collapsed is None:
         _fell(out, seen.metrics.scale)
+    elif failure is None and seen.metrics.scale.collapsed is not None:
+        _collapsed(out, seen.metrics.scale)
     weak = seen.metrics.weak
     if weak is not None and reading is None and out.metric is None and failure is None:  # nothing stronger said it
         out.metric, out.lines["metric"] = weak.metric, weak.line
@@ -163,6 +165,15 @@ def _fell(out: Summary, scale) -> None:
         )
     out.points_to = (f"a dynamic loss scaler skipped at least {scale.skipped} step(s) whose gradients held inf or NaN, "
                      "lowering its scale on each")  # fmt: skip
+
+
+def _collapsed(out: Summary, scale) -> None:
+    """The loss scale metric lines print is far below any start (launch.scales.PrintedScale.collapsed), and nothing
+    else says a value went non-finite: the line that printed it (its step is when it was seen, not when it began)."""
+    out.check, out.lines["metric"] = "loss-scale-collapsed", scale.collapsed[1][0]
+    out.metric = "lg_loss_scale" if scale.log2 is not None else "loss scale"
+    out.points_to = ("the gradients overflow fp16 step after step: a dynamic loss scaler skipped each such step, "
+                     "lowering its scale far below any start")  # fmt: skip
 
 
 def _failure_model(out: Summary, failure, traceback) -> None:

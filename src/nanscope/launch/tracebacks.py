@@ -19,9 +19,18 @@ from nanscope.launch import anomaly, code_lines, plugin_report
 from nanscope.launch.code_lines import CodeHit
 from nanscope.launch.elastic import Elastic
 from nanscope.launch.error_line import error_line
-from nanscope.launch.evidence import UNKNOWN, FrameEvidence, Framework, annotate, framework_of, read_frames
+from nanscope.launch.evidence import (
+    UNCATALOGUED,
+    UNKNOWN,
+    FrameEvidence,
+    Framework,
+    annotate,
+    framework_of,
+    read_frames,
+)
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
+from nanscope.launch.libraries import shown
 from nanscope.launch.line_pairs import pairs
 from nanscope.launch.logs import Found, read_log, scan
 from nanscope.launch.metrics import Metrics
@@ -142,6 +151,8 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
             "Unexpected result nan (message='...')\" in any of Megatron's forms, its message alone, or a traceback "
             "through megatron-core or a framework nanscope knows)"
         )
+    if framework is UNKNOWN and (libraries := shown(frames, _named_lines(found))) is not None:
+        framework = Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; the input shows {libraries}")
     failure = found.failure or _from_verdict(found.rerun) or from_signal(found.nonfinite)
     _merge(failure, found.rerun)
     forward = parse_frames(found.forward)[0]

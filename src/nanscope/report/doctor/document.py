@@ -213,14 +213,15 @@ def _metrics(traceback) -> dict:
         "counters": [counter.to_dict() for counter in lines.counters],
         "loss_scale_fall": None if lines.scale.drop is None else _fall(lines.scale.drop),
         "loss_scale_falls": None if lines.scale.drop is None else _falls(lines.scale),
-        "loss_scale_collapsed": None if lines.scale.collapsed is None else _collapsed(lines.scale.collapsed),
+        "loss_scale_collapsed": None if lines.scale.collapsed is None else _collapsed(lines.scale),
     }
 
 
-def _collapsed(collapsed) -> dict:
-    """The first loss scale the metric lines print below 2^-10, and the line and step that printed it."""
-    scale, (line, step) = collapsed
-    return {"scale": scale, "line": line, "step": step}
+def _collapsed(printed) -> dict:
+    """The first loss scale the metric lines print below 2^-10 (or an lg_loss_scale below 0: `log2`), and the line
+    and step that printed it."""
+    scale, (line, step) = printed.collapsed
+    return {"scale": scale, "line": line, "step": step, **({"log2": printed.log2} if printed.log2 is not None else {})}
 
 
 def _fall(drop) -> dict:

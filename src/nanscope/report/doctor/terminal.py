@@ -224,9 +224,13 @@ def _findings_section(diagnosis, console) -> None:
 
 
 def _candidates_section(diagnosis, console) -> None:
+    # slime's job gets every catalogued cause; another stack's not slime's loss and rollouts, nor megatron-core's
+    # own where nothing points to it (launch.candidates.without_flags)
     every = "every cause nanscope catalogues"
     if diagnosis.framework.name in frameworks.WITHOUT_MEGATRON:
         every = "the catalogued causes of a job without megatron-core"
+    elif diagnosis.framework.name != "slime":
+        every = "the catalogued causes that fit this input"
     _heading(console, "candidate causes", f"({len(diagnosis.candidates)}: {every})")
     for candidate in diagnosis.candidates:
         evidence = "; ".join(candidate.evidence)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from nanscope.facts import frameworks
 from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
+from nanscope.launch.evidence import UNCATALOGUED
 from nanscope.launch.scales import shown, where_words
 from nanscope.launch.summary import read_metric_lines
 from nanscope.report.doctor.evidence_text import (
@@ -122,7 +123,9 @@ def _metric_sentences(diagnosis) -> list[str]:
         parts += [said] if (said := metrics.scale.sentence()) is not None else []  # the overflow lines' series said it
     if collapsed is None and (said := metrics.scale.uncounted_sentence()) is not None:
         parts.append(said)
-    if collapsed is not None:
+    if collapsed is not None and (said := metrics.scale.log2_sentence()) is not None:
+        parts.append(said)
+    elif collapsed is not None:
         scale, where = collapsed
         drop = metrics.scale.drop
         fell = f" (it fell from {shown(drop[0])} at {where_words(*drop[2])})" if drop is not None else ""
@@ -207,11 +210,14 @@ def _framework_sentence(diagnosis) -> str:
         read = [] if diagnosis.script is None else ["the launch script"]
         if traceback is not None:
             read.append("the traceback" if traceback.frames else "the log")
+        if framework.how.startswith(UNCATALOGUED):  # the libraries it shows (launch.libraries)
+            libraries = framework.how.split("; ", 1)[1]
+            return f"{UNCATALOGUED.capitalize()} is named ({libraries}), so no framework's own causes are weighed."
         core = framework.how.split("; megatron-core runs it: ", 1)[1:]
         core = f"; megatron-core runs the job ({core[0]})" if core else ""
         return (
-            f"Nothing in {' or '.join(read) or 'the input'} names the framework{core}, so no framework's own causes "
-            "are weighed."
+            f"Nothing in {' or '.join(read) or 'the input'} names a framework nanscope catalogues{core}, so no "
+            "framework's own causes are weighed."
         )
     release = f" {framework.release}" if framework.release else ""
     return f"The job is {_owner(framework.name + release)} ({balanced(framework.how)})."
