@@ -79,3 +79,20 @@ def test_3_a_device_fault_is_said_to_be_the_device_s(tmp_path, capsys):
     assert doc["framework"]["name"] == "llama-factory"
     (transient,) = [c for c in doc["candidates"] if c["id"] == "transient-fault"]
     assert transient["evidence"][0] == "a device that computed a wrong value once: no flag enables or excludes it"
+
+
+# 4. a finite loss far past its range beside a non-finite gradient norm (transformers' Trainer, holdout14 19; a loss
+# from 14 to 8195, holdout24 08): the loss's growth, not "the backward pass" alone
+def test_4_a_huge_finite_loss_beside_a_nan_grad_norm_points_to_the_loss_s_size(tmp_path, capsys):
+    log = (
+        "{'loss': 2.31, 'grad_norm': 1.2, 'learning_rate': 1e-05, 'epoch': 0.1}\n"
+        "{'loss': 153318.95, 'grad_norm': nan, 'learning_rate': 1e-05, 'epoch': 0.2}\n"
+    )
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert doc["summary"]["points_to"] == (
+        "the loss's size before its backward pass: the loss on the line is finite but 153319, past 1000, and the "
+        "gradient norm is not: the gradients of a loss that large overflow, so its growth is where to look first (a "
+        "backward op alone can do it too: anomaly mode names it)"
+    )
+    doc, _ = _doctor(tmp_path, capsys, log.replace("153318.95", "2.29"))
+    assert doc["summary"]["points_to"].startswith("the backward pass: the loss on the line is finite")

@@ -23,6 +23,7 @@ from nanscope.facts.metric_names import (
 )
 from nanscope.launch.line_shapes import AVERAGE
 from nanscope.launch.line_steps import number  # a printed value as a float
+from nanscope.launch.metrics import RANGES
 
 # keys that say a preference (DPO) or an RL log: there the unprefixed loss and gradient are the policy's
 _PREFERENCE = ("rewards/chosen", "logps/chosen", "logits/chosen", "rewards_train/chosen", "logps_train/chosen")
@@ -185,6 +186,12 @@ def points_to(
         return ("the policy's forward pass: its log-probs are non-finite (a preference reward is a log-ratio of them); "
                 "the reference's are not logged")  # fmt: skip
     if any(k in ("grad_norm", "grad norm") for k in last) and loss_ok:
+        bound = RANGES["loss"].bound  # the loss's range: past it, the excursion doctor says beside this
+        big = [v for k, v in finite.items() if term(k) in ("loss", "lm loss") and abs(v) > bound]
+        if big:
+            return (f"the loss's size before its backward pass: the loss on the line is finite but {big[0]:g}, past "
+                    f"{bound:g}, and the gradient norm is not: the gradients of a loss that large overflow, so its "
+                    "growth is where to look first (a backward op alone can do it too: anomaly mode names it)")  # fmt: skip
         return ("the backward pass: the loss on the line is finite and the gradient norm is not (an fp16 loss scaler "
                 "skipping the step, else a backward op: anomaly mode names it)")  # fmt: skip
     if any(k in ("loss", "lm loss") for k in last) and grad_zero:
