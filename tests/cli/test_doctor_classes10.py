@@ -25,10 +25,12 @@ ValueError: loss=nan, policy_loss=nan, entropy_loss=nan, advantage_loss=0.25
 
 
 def test_1_an_error_naming_its_terms_names_their_model(tmp_path, capsys):
-    """Round 9: the metric `loss` (the total: class 4 names its first term), the model None."""
+    """Round 9: the metric `loss`, the model None; its two non-finite terms are the policy's (round 28: the total
+    with the others non-finite on the line, none of them first)."""
     doc, out = _doctor(tmp_path, capsys, _PPO_GUARD)
-    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("policy_loss", "policy")
-    assert "The first non-finite metric: policy_loss (the policy)" in out
+    assert (doc["summary"]["metric"], doc["summary"]["model"]) == ("loss", "policy")
+    assert doc["summary"]["also"] == ["policy_loss", "entropy_loss"]
+    assert "The first non-finite metric: loss (the policy)" in out
 
 
 def test_1_critic_terms_name_the_critic_and_mixed_terms_no_model():
@@ -136,11 +138,19 @@ _TOTAL_ALONE = """Epoch 1/20
 """
 
 
-def test_4_a_total_before_its_nonfinite_terms_names_the_first_term(tmp_path, capsys):
-    """Round 9: "The first non-finite metric: Total Loss" (the sum of the others)."""
+def test_4_a_total_before_its_nonfinite_terms_names_them(tmp_path, capsys):
+    """Round 9: "The first non-finite metric: Total Loss" (the sum of the others), its terms unsaid; round 9 named the
+    first term printed, which round 28's re-grade found no line supports (one record prints its terms at once): the
+    total, with its non-finite terms; a single non-finite term is named."""
     doc, out = _doctor(tmp_path, capsys, _ARRAY)
-    assert (doc["summary"]["metric"], doc["summary"]["step"]) == ("KL Loss", 67438)
-    assert "The first non-finite metric: KL Loss at step 67438 (line 2)" in out
+    assert (doc["summary"]["metric"], doc["summary"]["step"]) == ("Total Loss", 67438)
+    assert doc["summary"]["also"] == ["KL Loss", "Frame Loss"]
+    assert (
+        "The first non-finite metric: Total Loss at step 67438 (line 2), with KL Loss, Frame Loss non-finite on the "
+        "same line too (which went first the line does not say)." in out
+    )
+    doc, out = _doctor(tmp_path, capsys, _ARRAY.replace("[  nan   nan", "[  nan   0.5"))
+    assert (doc["summary"]["metric"], doc["summary"]["also"]) == ("Frame Loss", [])
 
 
 def test_4_a_total_alone_nonfinite_stays_the_total(tmp_path, capsys):
@@ -150,7 +160,8 @@ def test_4_a_total_alone_nonfinite_stays_the_total(tmp_path, capsys):
 
 def test_4_totals_and_terms():
     pairs = [("loss", "nan"), ("loss (running average)", "nan"), ("loss_classifier", "nan"), ("loss_mask", "nan")]
-    assert totals.first_term(pairs) == "loss_classifier"
+    assert totals.first_term(pairs) is None  # two terms: none of them first
+    assert totals.nonfinite_terms(pairs) == ["loss_classifier", "loss_mask"]
     assert totals.first_term([("total_loss", "nan"), ("grad_norm", "nan")]) is None  # no term: a norm is no loss
     assert totals.first_term([("lm loss", "nan"), ("load_balancing_loss", "nan")]) is None  # lm loss is no total
     assert totals.first_term([]) is None

@@ -8,23 +8,24 @@ from tests.cli.doctoring import doctor_log as _doctor
 pytestmark = pytest.mark.usefixtures("wide_terminal")
 
 
-# 1. ZeRO stage 2's overflow line printed by each rank that overflowed (THUDM/GLM#32): not rank 0's for all
-def test_1_an_overflow_line_naming_another_rank_is_that_rank_s_own(tmp_path, capsys):
+# 1. ZeRO stage 2's overflow line printed by every rank (THUDM/GLM#32): not rank 0's for all; round 28: each rank's
+# print of an all-reduced flag, not that rank's own overflow (DeepSpeed v0.3.13 zero/stage2.py:1387-1391, :1561)
+def test_1_an_overflow_line_naming_another_rank_is_that_rank_s_print(tmp_path, capsys):
     stamp = "[2022-09-14 22:58:01,089] [INFO] [stage2.py:1387:step] [deepspeed] fp16 dynamic loss scale overflow! "
     log = "".join(f"{stamp}Rank {r} Skipping step. Attempted loss scale: 536870912.0, reducing to 268435456.0\n"
                   for r in (6, 4))  # fmt: skip
     doc, out = _doctor(tmp_path, capsys, log)
-    assert doc["failure"]["other_ranks"] == ["rank 6 logs it (its own overflow: this line is printed by each rank that "
-                                       "overflowed)"]  # fmt: skip
+    assert doc["failure"]["other_ranks"] == ["rank 6 logs it (ZeRO stage 2 prints this line on every rank once the "
+                                       "overflow flag is all-reduced: an overflow on any rank, not rank 6's own)"]  # fmt: skip
     assert "DeepSpeed prints it on rank 0 only" not in out
 
 
-def test_1_stage_2_s_line_on_rank_0_is_rank_0_s_own_too(tmp_path, capsys):
+def test_1_stage_2_s_line_on_rank_0_is_every_rank_s_too(tmp_path, capsys):
     log = ("[INFO] [stage2.py:1387:step] [deepspeed] fp16 dynamic loss scale overflow! Rank 0 Skipping step. Attempted "
            "loss scale: 65536.0, reducing to 32768.0\n")  # fmt: skip
     doc, out = _doctor(tmp_path, capsys, log)
-    assert doc["failure"]["other_ranks"] == ["rank 0 logs it (its own overflow: this line is printed by each rank that "
-                                       "overflowed)"]  # fmt: skip
+    assert doc["failure"]["other_ranks"] == ["rank 0 logs it (ZeRO stage 2 prints this line on every rank once the "
+                                       "overflow flag is all-reduced: an overflow on any rank, not rank 0's own)"]  # fmt: skip
 
 
 def test_1_loss_scaler_s_line_is_rank_0_s_for_all(tmp_path, capsys):

@@ -96,3 +96,90 @@ def test_4_a_huge_finite_loss_beside_a_nan_grad_norm_points_to_the_loss_s_size(t
     )
     doc, _ = _doctor(tmp_path, capsys, log.replace("153318.95", "2.29"))
     assert doc["summary"]["points_to"].startswith("the backward pass: the loss on the line is finite")
+
+
+# 5. a total and several of its terms non-finite on one record (`loss: nan  loss_rpn_cls: nan  loss_rpn_bbox: nan`,
+# open-mmlab/mmdetection, holdout15 10; guided-diffusion's sorted table, holdout25 04): the line does not say which
+# term went first, so the total is named, with them, not the first term printed
+def test_5_several_nonfinite_terms_of_a_total_name_none_of_them_first(tmp_path, capsys):
+    log = "Epoch [1][50/500]  loss: 1.2  loss_rpn_cls: 0.3  loss_cls: 0.9\nEpoch [1][100/500]  loss: nan  loss_rpn_cls: nan  loss_cls: nan  acc: 0.0\n"  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert (doc["summary"]["metric"], doc["summary"]["also"]) == ("loss", ["loss_rpn_cls", "loss_cls"])
+    assert "with loss_rpn_cls, loss_cls non-finite on the same line too (which went first the line does not" in out
+    doc, _ = _doctor(tmp_path, capsys, log.replace("loss_rpn_cls: nan", "loss_rpn_cls: 0.3"))
+    assert (doc["summary"]["metric"], doc["summary"]["also"]) == ("loss", ["loss_cls"])  # a bare loss beside one
+
+
+# 6. NeMo 1's Hydra command line (NeMo-Aligner's train_gpt_sft.py, holdout20 09): Lightning's `trainer.devices=-1` is
+# every visible GPU, not "no size" (a HIGH finding that the script is not the one that ran), and the model's
+# parallel sizes (`model.pipeline_model_parallel_size=4`, `+model.context_parallel_size=2`) are read, not CP 1 / PP 1
+_NEMO1 = (
+    "python -u examples/nlp/gpt/train_gpt_sft.py trainer.num_nodes=2 trainer.devices=-1 "
+    "model.tensor_model_parallel_size=2 model.pipeline_model_parallel_size=4 model.sequence_parallel=True "
+    "+model.context_parallel_size=2\n"
+)
+
+
+def test_6_nemo_1_s_every_device_and_model_sizes_are_read(tmp_path, capsys):
+    log = "Epoch 0: 10%| 5/50 [00:10<01:30, reduced_train_loss=nan, global_step=4.000]\n"
+    doc, out = _doctor(tmp_path, capsys, log, _NEMO1)
+    assert doc["framework"]["name"] == "nemo"
+    assert [f["id"] for f in doc["findings"] if f["id"] == "not-a-size"] == []
+    assert "gpus per node: trainer.devices=-1: every visible GPU, a count the script does not give" in out
+    layout = doc["topology"]
+    assert (layout["tp"], layout["pp"], layout["cp"], layout["nodes"]) == (2, 4, 2, 2)
+    assert "gpus per node: not given" not in out
+    (masked,) = [c for c in doc["candidates"] if c["id"] == "cp-rank-all-masked"]
+    assert masked["status"] != "ruled-out"
+
+
+def test_6_torchrun_s_nproc_per_node_auto_is_every_visible_gpu(tmp_path, capsys):
+    script = "torchrun --nnodes 1 --nproc_per_node auto pretrain_gpt.py --tensor-model-parallel-size 2\n"
+    doc, out = _doctor(tmp_path, capsys, "iteration 3/ 100 | lm loss: nan |\n", script)
+    assert [f["id"] for f in doc["findings"] if f["id"] == "not-a-size"] == []
+    assert "gpus per node: --nproc_per_node auto: every visible GPU, a count the script does not give" in out
+
+
+# 7. DeepSpeed's log_dist prefix before its FP16 optimizer's overflow line (holdout16 02): rank 0 prints it
+def test_7_a_log_dist_rank_prefix_names_who_logs_the_overflow(tmp_path, capsys):
+    log = (
+        "[2023-04-15 05:51:04,058] [INFO] [logging.py:96:log_dist] [Rank 0] Overflow detected. Skipping step. "
+        "Attempted loss scale: 1, reducing to 1\n"
+    )
+    doc, out = _doctor(tmp_path, capsys, log)
+    (signal,) = doc["signals"]["signals"]
+    assert "rank 0 logs it (DeepSpeed prints it on rank 0 only)" in out
+    assert signal["check"] == "deepspeed-overflow"
+
+
+# 8. lines at one time stamp are several processes only where they repeat one message (DeepSpeed's three messages of
+# one overflow in one millisecond, holdout12 11, are one process's); icefall's `(rank/world)` prefix names the ranks
+# (holdout25 24)
+def test_8_one_time_stamp_is_several_processes_only_for_one_message_and_names_its_ranks(tmp_path, capsys):
+    stamp = "2023-03-06 12:41:16,652 WARNING [trainer.py:680]"
+    log = f"{stamp} (2/4) Grad scale is small: 0.0\n{stamp} (0/4) Grad scale is small: 0.0\n"
+    _, out = _doctor(tmp_path, capsys, log)
+    assert (
+        "all at one time stamp, 2023-03-06 12:41:16,652: several processes at once (ranks 2 and 0 of 4, as their "
+        "`(rank/world)` prefixes say)" in " ".join(out.split())
+    )
+    stamp = "[2021-12-19 16:54:45,098] [INFO]"
+    log = (
+        f"{stamp} [unfused_optimizer.py:275:_update_scale] Grad overflow on iteration: 445299\n"
+        f"{stamp} [unfused_optimizer.py:277:_update_scale] Reducing dynamic loss scale from 1 to 1\n"
+        f"{stamp} [unfused_optimizer.py:202:step] [deepspeed] fp16 dynamic loss scale overflow! Skipping step.\n"
+    )
+    _, out = _doctor(tmp_path, capsys, log)
+    assert "several processes" not in out
+
+
+# 5. the other metrics non-finite on the first record are said with it (`grad_norm=nan, loss=nan`, holdout25 01):
+# the record does not say which went first
+def test_5_the_other_nonfinite_metrics_of_the_first_record_are_said(tmp_path, capsys):
+    log = "step=1 grad_norm=1.5 loss=2.1 lr=1e-4\nstep=2 grad_norm=nan loss=nan lr=1e-4\n"
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert (doc["summary"]["metric"], doc["summary"]["also"]) == ("grad_norm", ["loss"])
+    assert (
+        "The first non-finite metric: grad_norm at step 2 (line 2), with loss non-finite on the same line too (which "
+        "went first the line does not say)." in " ".join(out.split())
+    )

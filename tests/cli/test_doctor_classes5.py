@@ -175,7 +175,7 @@ def test_d_a_step_in_brackets(tmp_path, capsys):
     """Round 4: "the line names no step"."""
     doc, out = _doctor(tmp_path, capsys, _LOGURU)
     assert (doc["summary"]["metric"], doc["summary"]["step"]) == ("loss", 1999)
-    assert "The first non-finite metric: loss at step 1999 (line 2)." in out
+    assert "The first non-finite metric: loss at step 1999 (line 2), with " in out  # round 28: the others said
 
 
 def test_d_a_first_reading_on_the_first_line_is_at_or_before_its_step(tmp_path, capsys):
@@ -183,7 +183,7 @@ def test_d_a_first_reading_on_the_first_line_is_at_or_before_its_step(tmp_path, 
     assert doc["summary"]["step"] == 1999
     assert (
         "The first non-finite metric: loss at or before step 1999 (line 1: the input's first line, so an earlier "
-        "step may have been non-finite too)." in out
+        "step may have been non-finite too), with " in out
     )
 
 

@@ -63,8 +63,8 @@ def test_a_marian_up_is_the_step(tmp_path, capsys):
     assert _first(doc) == (2, "Cost", 300, None)
     assert doc["metrics"]["first_nonfinite"]["step_from"] == "the line (Marian's `Up.`: the update count)"
     assert (
-        "The first non-finite metric: Cost at step 300 (line 2). What it points to: the forward pass or the loss "
-        "itself: the loss is non-finite." in out
+        "The first non-finite metric: Cost at step 300 (line 2), with " in out
+        and "What it points to: the forward pass or the loss itself: the loss is non-finite." in out
     )
 
 
@@ -308,7 +308,7 @@ def test_g_fairseq_num_updates_is_the_step(tmp_path, capsys):
     """Round 5: "loss (the line names no step)"."""
     doc, out = _doctor(tmp_path, capsys, _FAIRSEQ)
     assert _first(doc) == (2, "loss", 2468, None)
-    assert "The first non-finite metric: loss at step 2468 (line 2)." in out
+    assert "The first non-finite metric: loss at step 2468 (line 2), with " in out
 
 
 # every new pattern is linear: a line of about 100 KB built to make a backtracking one hang is read at once (a hang

@@ -61,9 +61,11 @@ def test_1_stable_baselines_table_is_one_record_with_its_n_updates_step(tmp_path
     assert first["values"] == [["approxkl", "nan"], ["policy_entropy", "nan"], ["policy_loss", "nan"],
                                ["value_loss", "nan"]]  # fmt: skip
     assert (
-        "The first non-finite metric: approxkl (the policy) at step 30 (line 14). What it points to: the policy "
+        "The first non-finite metric: approxkl (the policy) at step 30 (line 14), with " in out
+        and "What it points to: the policy "
         "(approxkl, policy_entropy, policy_loss) and the value function (value_loss) of the same update (one "
-        "iteration's dump, its rows sorted by key: their order does not say which went first)" in out
+        "iteration's dump, its rows sorted by key: their order does not say which went first)"
+        in out
     )
 
 
@@ -272,10 +274,11 @@ _DOTA = (
 def test_8_error_line_names_its_first_key_as_written(tmp_path, capsys):
     """Round 6: "Its entropy left its range" (the range scan's `entropy` key read `entropy_loss`)."""
     doc, out = _doctor(tmp_path, capsys, _DOTA)
-    # round 10: the total `loss` names its first term (test_doctor_classes10 4), and policy_loss the policy
-    assert doc["failure"]["check"] == "nonfinite-error" and doc["summary"]["metric"] == "policy_loss"
+    # round 10 named the total's first term; round 28: the total, with its terms (test_doctor_classes10 4)
+    assert doc["failure"]["check"] == "nonfinite-error" and doc["summary"]["metric"] == "loss"
+    assert doc["summary"]["also"] == ["policy_loss", "entropy_loss", "advantage_loss"]
     assert "entropy left its range" not in out and "Its entropy" not in out
-    assert "The first non-finite metric: policy_loss (the policy)" in out
+    assert "The first non-finite metric: loss (the policy) (the line names no step) (line 4), with policy_loss, " in out
 
 
 def test_8_key_reader_is_linear_on_a_100kb_line():
@@ -304,7 +307,7 @@ def test_2_mmcv_iter_names_the_step(tmp_path, capsys):
         "the line",
         "decode.loss_seg",
     )
-    assert "The first non-finite metric: decode.loss_seg at step 100 (line 2)." in out
+    assert "The first non-finite metric: decode.loss_seg at step 100 (line 2), with " in out
 
 
 # a loop's own progress line before its error: TimZaman/dotaclient (8615b90) optimizer.py:438 logs `iteration

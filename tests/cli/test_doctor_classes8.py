@@ -175,8 +175,8 @@ def test_5_names_over_a_printed_array_name_each_value(tmp_path, capsys):
     assert (first["line"], first["step"], first["metric"]) == (3, 67438, "Total Loss")
     assert first["values"] == [["Total Loss", "nan"], ["KL Loss", "nan"], ["Frame Loss", "nan"]]
     assert first["finite"] == {"Reg Loss": 2.301}
-    # round 10: the total names its first non-finite term (test_doctor_classes10 4)
-    assert "The first non-finite metric: KL Loss at step 67438 (line 3)." in out
+    # round 10 named the total's first non-finite term; round 28: the total, with its terms (test_doctor_classes10 4)
+    assert "The first non-finite metric: Total Loss at step 67438 (line 3), with KL Loss, Frame Loss non-finite" in out
 
 
 def test_5_names_and_values_not_as_many_are_not_paired(tmp_path, capsys):

@@ -57,6 +57,14 @@ HYDRA = {
     "trainer.strategy.sequence_parallel": "--sequence-parallel",
     "resume.restore_config.path": "--load",
     "resume.resume_if_exists": "--resume-from-checkpoint",
+    # NeMo 1's Megatron models on a Hydra command line (`python examples/nlp/gpt/train_gpt_sft.py model.x=...`): their
+    # config's `model:` section (NVIDIA/NeMo examples/nlp/language_modeling/conf/megatron_gpt_config.yaml; a key the
+    # config lacks is added with `+`, which of_hydra drops)
+    "model.tensor_model_parallel_size": "--tensor-model-parallel-size",
+    "model.pipeline_model_parallel_size": "--pipeline-model-parallel-size",
+    "model.virtual_pipeline_model_parallel_size": "--virtual-pipeline-model-parallel-size",
+    "model.context_parallel_size": "--context-parallel-size",
+    "model.sequence_parallel": "--sequence-parallel",
 }
 
 

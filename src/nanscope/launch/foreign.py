@@ -212,8 +212,13 @@ def _world(launch: Foreign, script: LaunchScript) -> None:
     )  # fmt: skip
     env = {"nodes": "NNODES", "gpus_per_node": "NPROC_PER_NODE"}
     for size, *places in pairs:
-        launch.sizes[size] = None
+        launch.sizes[size], every = None, False
         for source, flag in places:
+            if source.has(flag) and size == "gpus_per_node" and _every_device(source, flag):
+                launch.origins[size], every = source.show(flag), True
+                launch.notes.append(f"gpus per node: {source.show(flag)}: every visible GPU, a count the script does "
+                                    "not give")  # fmt: skip
+                break
             if source.has(flag):
                 launch.sizes[size], launch.origins[size] = _checked(launch, source, flag), source.show(flag)
                 break
@@ -223,9 +228,17 @@ def _world(launch: Foreign, script: LaunchScript) -> None:
             launch.sizes[size] = _size(launch, f"{env[size]}={text}", text)
         if size == "gpus_per_node" and launch.sizes[size] is None and launcher.has("--num-processes"):
             _processes(launch, launcher)
-        if launch.sizes[size] is None:
+        if launch.sizes[size] is None and not every:
             launch.notes.append(f"{size.replace('_', ' ')}: not given (or read from an unset variable)")
     _bridge_nodes(launch)
+
+
+def _every_device(view: FlagView, flag: str) -> bool:
+    """The value asks for every visible GPU: torchrun's `--nproc_per_node auto` or `gpu` (torch/distributed/run.py's
+    determine_local_world_size), Lightning's `devices=-1` or `auto` (NeMo's `trainer.devices`: Lightning's docs,
+    accelerators/gpu_basic: -1 is all available GPUs)."""
+    value = (view.value(flag) or "").strip().strip("'\"").lower()
+    return value in ("auto", "gpu") or (value == "-1" and "devices" in view.show(flag))
 
 
 def _bridge_nodes(launch: Foreign) -> None:

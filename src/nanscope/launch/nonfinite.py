@@ -34,6 +34,7 @@ from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines
 from nanscope.launch.scales import Scales
 from nanscope.launch.signals import Hit, read_line
 from nanscope.launch.stale_norms import StaleNorms
+from nanscope.launch.stamps import Stamped, Stamps
 from nanscope.launch.tables import is_rule
 from nanscope.launch.wrapped import dict_record, record
 
@@ -82,8 +83,6 @@ NEEDLES = (
 _LOWER = range(97, 123)
 _MEGATRON = ("Unexpected result", " in local grad norm", " in local forward loss", "rerun: unexpected result")
 _WATCHDOG_RANK = re.compile(r"rank (\d{1,9}) waited")
-# a logger's time stamp at a line's start, to the millisecond (`2025-04-27 17:00:18,438`, `[2024-07-17 19:44:06,829]`)
-_STAMP = re.compile(r"\[?(?P<stamp>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d{3,6})")
 
 
 _OVERFLOWS = ("deepspeed-overflow", "scaler-overflow")
@@ -172,8 +171,7 @@ class Nonfinite:
     norms: StaleNorms = field(default_factory=StaleNorms)  # the gradient norms logged after DeepSpeed overflows
     scales: Scales = field(default_factory=Scales)  # the loss scaler's overflow series
     unstepped: list[Hit] = field(default_factory=list)  # evidence lines waiting for the next metric line's step
-    stamps: dict[str, tuple[str, int]] = field(default_factory=dict)  # signal id -> (its first line's time stamp,
-    # how many of its lines carry that same stamp): several processes printing one step's line at once
+    stamps: Stamps = field(default_factory=Stamps)  # several processes printing one step's line at once
     megatron_after: tuple[int | None, str | None] | None = None  # Megatron's iteration line before its first error
     # line: (the iteration done, how), (None, None) without one; None: no such error line
     last_line: int = 0  # the last metric line read (the lines before the next one are read only if not read yet)
@@ -408,18 +406,12 @@ class Nonfinite:
         return False
 
     def _stamp(self, signal: str, text: str) -> None:
-        """Count the lines of `signal` that carry its first line's time stamp (a logger's, to the millisecond)."""
-        stamp = _STAMP.match(text)
-        first = self.stamps.get(signal)
-        if first is None and self.counts[signal] == 1 and stamp is not None:
-            self.stamps[signal] = (stamp["stamp"], 1)
-        elif first is not None and stamp is not None and stamp["stamp"] == first[0]:
-            self.stamps[signal] = (first[0], first[1] + 1)
+        """Count the lines of `signal` that repeat its first line's time stamp and message (launch.stamps)."""
+        self.stamps.add(signal, text, first=self.counts[signal] == 1)
 
-    def same_stamp(self, signal: str) -> str | None:
-        """The time stamp every line of `signal` carries, where there are several (None: not so)."""
-        first, count = self.stamps.get(signal, (None, 0))
-        return first if count > 1 and count == self.counts.get(signal, 0) else None
+    def same_stamp(self, signal: str) -> Stamped | None:
+        """The time stamp and message every line of `signal` repeats, where there are several (None: not so)."""
+        return self.stamps.same(signal, self.counts.get(signal, 0))
 
     def softest(self) -> Hit | None:
         """The first non-fatal hit (a skipped step, a warning), when nothing fatal was met."""

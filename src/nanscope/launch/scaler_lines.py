@@ -4,8 +4,10 @@ each read as evidence (launch.signals.read_line hands each its anchored window).
 
 Whose rank a DeepSpeed overflow line names: `[deepspeed] OVERFLOW! Rank 0 Skipping step` is logged by rank 0 for every
 rank (DeepSpeed 0.16.4 deepspeed/runtime/fp16/loss_scaler.py:180-188, rank 0 only); ZeRO stage 2's `fp16 dynamic loss
-scale overflow! Rank 6 Skipping step` is printed by each rank that overflowed (ranks 6, 4, 1, ... at one time stamp:
-THUDM/GLM#32, holdout17 10), so its rank is that rank's own, rank 0's included.
+scale overflow! Rank 6 Skipping step` is printed by every rank (ranks 6, 4, 1, ... at one time stamp: THUDM/GLM#32,
+holdout17 10) once the overflow flag is all-reduced (MAX over the data- and model-parallel groups: DeepSpeed v0.3.13
+deepspeed/runtime/zero/stage2.py:1387-1391 after has_overflow's all_reduce, :1561), so the rank it names printed an
+overflow that may be any rank's, not its own.
 
     signal, fields = overflow(text, before)     # None: not such a line
     logging_rank("0", every_rank=False)         # 'rank 0 logs it (DeepSpeed prints it on rank 0 only)'
@@ -42,6 +44,8 @@ def overflow(text: str, before: str):
     if match is None:
         return None
     rank = match["rank"] or match["rank2"]
+    logged = _LOG_DIST.search(text, max(0, match.start() - 12), match.start())
+    rank = rank or (logged["rank"] if logged is not None else None)
     if match["next"] is not None:
         detail = f"loss scale {match['scale']} -> {match['next']}"
     elif match["hysteresis"] is not None:
@@ -77,6 +81,10 @@ def _float(text: str | None) -> float | None:
 
 
 _LOGGER = re.compile(r"\] \[(?P<file>\w{1,60}\.py):\d{1,6}:\w{1,60}\]")  # DeepSpeed's: `[INFO] [stage2.py:1357:step]`
+# DeepSpeed's log_dist prefix, `[Rank 0] Overflow detected. ...`: the rank that printed it, rank 0 for the FP16 optimizer's
+# overflow line (deepspeedai/DeepSpeed edaa722 deepspeed/utils/logging.py:107-108 get_dist_msg;
+# runtime/fp16/fused_optimizer.py:267-270 log_dist(..., ranks=[0]))
+_LOG_DIST = re.compile(r"\[Rank (?P<rank>\d{1,9})\] $")
 _ITERATION_OVERFLOW = re.compile(r"Grad overflow on iteration:? (?P<step>\d{1,12})")
 _DEEPSPEED_LOGGER = ("_update_scale]", "fused_optimizer.py:", "[deepspeed]")
 
@@ -184,4 +192,7 @@ def logging_rank(rank: str, *, every_rank: bool) -> str:
     """What the line's `Rank N` says about who logged it (`every_rank`: a wording every rank prints)."""
     if int(rank) == 0 and not every_rank:
         return "rank 0 logs it (DeepSpeed prints it on rank 0 only)"
+    if every_rank:
+        return (f"rank {int(rank)} logs it (ZeRO stage 2 prints this line on every rank once the overflow flag is "
+                f"all-reduced: an overflow on any rank, not rank {int(rank)}'s own)")  # fmt: skip
     return f"rank {int(rank)} logs it (its own overflow: this line is printed by each rank that overflowed)"

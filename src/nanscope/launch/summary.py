@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 from nanscope.launch.code_lines import points_to
 from nanscope.launch.failure_models import message_keys, message_model, sampling_model, step_model
+from nanscope.launch.line_shapes import AVERAGE
 from nanscope.launch.tf_scopes import scope_model
-from nanscope.launch.totals import first_term
+from nanscope.launch.totals import first_term, is_total
 
 # a frame's function -> the model that was running (the innermost one that names one wins)
 _FRAME_MODELS = {
@@ -65,6 +66,7 @@ class Summary:
     opening: bool = False  # the metric's line is the input's first record of it: an earlier step may have been too
     rank_from: str | None = None  # where the rank comes from, where no error line names it (torch elastic's agent)
     model_from: str | None = None  # why the model is the one an error or evidence line points to (no metric names it)
+    also: tuple[str, ...] = ()  # the other metrics non-finite on the metric's record (it does not say which went first)
 
     def to_dict(self) -> dict:
         return {
@@ -74,6 +76,7 @@ class Summary:
             "model": self.model,
             "metric": self.metric, "op": self.op, "points_to": self.points_to, "lines": dict(self.lines),
             "contradicted": self.contradicted, "benign": self.benign, "rank_from": self.rank_from,
+            "also": list(self.also),
         }  # fmt: skip
 
 
@@ -100,6 +103,7 @@ def summarize(traceback) -> Summary:
         out.rank_from = f"torch elastic's agent: {agent[1]}, the process it observed fail first"
     if reading is not None:
         out.metric, out.model = first_term(reading.values) or reading.metric, reading.model
+        out.also = _also(out.metric, reading.values)
         if out.kind in (None, "NaN or Inf") and (failure is None or failure.format == "signal"):
             out.kind = _kind(reading.values) or out.kind
         out.lines["metric"], out.opening = reading.line, seen.opening
@@ -115,8 +119,10 @@ def summarize(traceback) -> Summary:
         failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
     ):
         out.metric, out.lines["metric"] = hit.metric, hit.line
-        if failure.signal.id == "nonfinite-error":  # a total first among the terms it names: its first term
-            out.metric = first_term([(key, "nan") for key in message_keys(failure.detail)]) or out.metric
+        if failure.signal.id == "nonfinite-error":  # a total first among the terms it names: its one term, or them
+            said = [(key, "nan") for key in message_keys(failure.detail)]
+            out.metric = first_term(said) or out.metric
+            out.also = _also(out.metric, said)
     elif seen.metrics.counters:
         counter = seen.metrics.counters[0]
         out.metric, out.lines["metric"] = counter.key, counter.line
@@ -165,6 +171,15 @@ def _fell(out: Summary, scale) -> None:
         )
     out.points_to = (f"a dynamic loss scaler skipped at least {scale.skipped} step(s) whose gradients held inf or NaN, "
                      "lowering its scale on each")  # fmt: skip
+
+
+def _also(metric: str | None, values: list[tuple[str, str]]) -> tuple[str, ...]:
+    """The record's other non-finite metrics (not its running averages, nor a value it leaves out, nor the total its
+    one non-finite term makes: launch.totals), in its order."""
+    total = values[0][0] if values and values[0][0] != metric and is_total(values[0][0]) else None
+    keys = [key for key, value in values
+            if key not in (metric, total) and value != "missing" and not key.endswith(AVERAGE)]  # fmt: skip
+    return tuple(dict.fromkeys(keys))
 
 
 def _collapsed(out: Summary, scale) -> None:

@@ -1,9 +1,11 @@
-"""A total loss beside its own terms: where a line prints the total first and some of its terms non-finite too, the
-first non-finite term is what went non-finite first, and the total (their sum) follows from it:
+"""A total loss beside its own terms: where a line prints the total first and one of its terms non-finite too, that
+term is what went non-finite, and the total (their sum) follows from it; where several terms are, the line does not
+say which went first (one record prints them at once, in its own order): the total, with its non-finite terms.
 
-    [Total Loss, KL Loss, Reg Loss, Frame Loss] : [nan nan 2.301 nan]     -> KL Loss (ksw0306/ClariNet#7)
-    loss: nan (nan)  loss_classifier: nan (nan)  loss_box_reg: nan ...     -> loss_classifier (maskrcnn_benchmark)
-    ValueError: loss=nan, policy_loss=nan, entropy_loss=nan, ...           -> policy_loss (a PPO guard's message)
+    [Total Loss, KL Loss, Reg Loss, Frame Loss] : [nan 0.5 2.301 nan]     -> Frame Loss
+    [Total Loss, KL Loss, Reg Loss, Frame Loss] : [nan nan 2.301 nan]     -> Total Loss; KL Loss, Frame Loss (ClariNet#7)
+    loss: nan (nan)  loss_classifier: nan (nan)  loss_box_reg: nan ...     -> loss; loss_classifier, loss_box_reg
+    ValueError: total_loss=nan, policy_loss=nan, value_loss=1.2            -> policy_loss (a PPO guard's message)
 
 A bare `loss` is taken for a total only beside two or more non-finite terms (`loss: nan, implicit loss: nan`, one
 other loss, may be two losses of their own: JegZheng/truncated-diffusion-probabilistic-models#3, where `loss` is
@@ -14,6 +16,7 @@ language-model loss, a term of nothing on its line), nor the same loss seen anot
 `reduced_train_loss`).
 
     metric = first_term(values)      # values: [(key, value)], the line's non-finite values in order
+    terms = nonfinite_terms(values)  # the total's non-finite terms, where it heads them
 """
 
 from __future__ import annotations
@@ -34,13 +37,23 @@ def is_total(key: str) -> bool:
 
 
 def first_term(values: list[tuple[str, str]]) -> str | None:
-    """The first non-finite term of a total that heads `values` (None: the first value is no total, or no term of
-    it is non-finite on the line)."""
+    """The one non-finite term of a total by name that heads `values` (None: the first value is no total by name, or
+    not exactly one term of it is non-finite on the line: none, or several, none of them first)."""
     if not values or not is_total(values[0][0]):
         return None
-    terms = [key for key, value in values[1:] if value != "missing" and _term(key)]
+    terms = nonfinite_terms(values)
     spelled = values[0][0].lower().replace("_", " ").strip() != "loss"  # `Total Loss`, `losses`: a total by name
-    return terms[0] if terms and (spelled or len(terms) >= 2) else None
+    return terms[0] if spelled and len(terms) == 1 else None
+
+
+def nonfinite_terms(values: list[tuple[str, str]]) -> list[str]:
+    """The non-finite terms of a total that heads `values`, in the line's order ([]: the first value is no total). A
+    bare `loss` is a total beside two or more."""
+    if not values or not is_total(values[0][0]):
+        return []
+    terms = [key for key, value in values[1:] if value != "missing" and _term(key)]
+    spelled = values[0][0].lower().replace("_", " ").strip() != "loss"
+    return terms if spelled or len(terms) >= 2 else []
 
 
 def _term(key: str) -> bool:

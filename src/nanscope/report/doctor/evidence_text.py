@@ -86,13 +86,16 @@ def _mid(text: str) -> str:
     return text if any(c.isupper() for c in word[1:]) or word in _NAMES else text[0].lower() + text[1:]
 
 
-def signal_sentence(failure, count: int = 1, stamp: str | None = None) -> str:
+def signal_sentence(failure, count: int = 1, stamp=None) -> str:
     """One sentence: what the evidence line says (`count`: lines of its kind in the log; `stamp`: the one time stamp
-    they all carry), where, rank and step."""
+    and message they all repeat, launch.stamps.Stamped), where, rank and step."""
     signal = failure.signal
     said = [f"line {failure.line}" + (f", and {count - 1} more such line(s)" if count > 1 else "")]
     if stamp is not None:
-        said[0] += f", all at one time stamp, {stamp}: several processes at once"
+        said[0] += f", all at one time stamp, {stamp.stamp}: several processes at once"
+        if len(stamp.ranks) > 1:
+            ranks = ", ".join(map(str, stamp.ranks[:-1])) + f" and {stamp.ranks[-1]}"
+            said[0] += f" (ranks {ranks} of {stamp.world}, as their `(rank/world)` prefixes say)"
     if failure.op:
         said.append(f"{failure.op}" + (f", output {failure.output}" if failure.output is not None else ""))
     if failure.detail and failure.detail != failure.op and not failure.detail.startswith(failure.op or "\0"):
@@ -166,7 +169,11 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
         first = "the input's first line" if line == 1 else f"the input's first record of {summary.metric}"
         where = f" (line {line}: {first}, so an earlier step may have been non-finite too)"
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
-    return f"The first non-finite metric: {summary.metric}{model}{step}{where}.{points}"
+    also = ""
+    if summary.also:  # one record prints them at once: no order among them
+        shown = ", ".join(summary.also[:4]) + (f" and {len(summary.also) - 4} more" if len(summary.also) > 4 else "")
+        also = f", with {shown} non-finite on the same line too (which went first the line does not say)"
+    return f"The first non-finite metric: {summary.metric}{model}{step}{where}{also}.{points}"
 
 
 def forward_sentence(traceback) -> str | None:
