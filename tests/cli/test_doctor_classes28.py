@@ -183,3 +183,28 @@ def test_5_the_other_nonfinite_metrics_of_the_first_record_are_said(tmp_path, ca
         "The first non-finite metric: grad_norm at step 2 (line 2), with loss non-finite on the same line too (which "
         "went first the line does not say)." in " ".join(out.split())
     )
+
+
+# 9. DeepSpeed prints its scale through int(): `Attempted loss scale: 0, reducing to 0` is a scale below 1 still
+# halved, not a floor (holdout17 04); and a scale below 1 is no proof that every step is skipped (fairseq's
+# num_updates keep rising under it, holdout17 19)
+def test_9_an_int_printed_zero_scale_is_below_1_not_a_floor(tmp_path, capsys):
+    log = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 0, reducing to 0\n" * 2
+    _, out = _doctor(tmp_path, capsys, log)
+    flat = " ".join(out.split())
+    assert "The loss scale prints as 0: DeepSpeed prints the scale through int()" in flat
+    assert "at its floor" not in flat
+    log = "| WARNING: overflow detected, setting loss scale to: 0.0625\n| WARNING: overflow detected, setting loss scale to: 0.03125\n"  # fmt: skip
+    _, out = _doctor(tmp_path, capsys, log)
+    assert "does not train" not in out and "below 1: halved on overflow after overflow" in " ".join(out.split())
+
+
+# 10. causes ruled out by sizes or defaults the input never gave: CP 1 / PP 1 for a launch without megatron-core that
+# sets neither (a JAX job, holdout17 20), verl's default sequence parallelism with no launch script (holdout19 21)
+def test_10_no_cause_is_ruled_out_by_a_size_or_default_the_input_does_not_give(tmp_path, capsys):
+    megatron = ("cp-rank-all-masked", "non-flash-attention-mask-pp", "sp-new-architecture")
+    doc, _ = _doctor(tmp_path, capsys, "step 5 | loss nan | grad_norm nan\n", "python train.py --lr 1e-4 --bf16\n")
+    assert [c["id"] for c in doc["candidates"] if c["id"] in megatron] == []  # not offered: nothing runs megatron-core
+    doc, _ = _doctor(tmp_path, capsys, "{'actor/pg_loss': nan, 'actor/grad_norm': nan, 'critic/vf_loss': 0.1}\n")
+    assert doc["framework"]["name"] == "verl"
+    assert [c["id"] for c in doc["candidates"] if c["id"] in megatron] == []

@@ -63,6 +63,7 @@ _RELEASE = {
 }
 # The flags only slime's parser defines (not Megatron's): a script that gives one is slime's.
 SLIME_ONLY = tuple(spelling for spelling, flag in BY_SPELLING.items() if flag.owner == SLIME)
+DEFAULTED = "Megatron's default (not given)"  # a parallel size the script does not give
 _SIZES = {
     "tp": "--tensor-model-parallel-size",
     "pp": "--pipeline-model-parallel-size",
@@ -151,6 +152,10 @@ class Foreign:
     refused: list[str] = field(default_factory=list)  # values given that are no size: one line each, as written
     model: dict[str, int] = field(default_factory=dict)  # the model's sizes the layout needs ({"--num-layers": 4})
 
+    def given(self, size: str) -> int | None:
+        """A parallel size the script gives (None: not given, only Megatron's default, DEFAULTED)."""
+        return None if self.origins.get(size) == DEFAULTED else self.sizes.get(size)
+
 
 # Sizes of the model a Megatron launch gives, which the layer split and the experts per rank need (megatron-core
 # 0.15.0rc0 transformer_config.py: num_layers, num_moe_experts; --decoder-{first,last}-pipeline-num-layers).
@@ -195,7 +200,7 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     _visible_devices(launch, script)
     for size, value in launch.sizes.items():
         if value is None and size in ("tp", "pp", "cp", "ep"):
-            launch.sizes[size], launch.origins[size] = 1, "Megatron's default (not given)"
+            launch.sizes[size], launch.origins[size] = 1, DEFAULTED
     return launch
 
 

@@ -208,6 +208,8 @@ def _mask_pp(context: Context) -> tuple[str, list[str]]:
 
 def _sp_new(context: Context) -> tuple[str, list[str]]:
     view = context.view
+    if not context.script:  # neither the flag nor the model is known: no default of the framework's decides it
+        return UNDECIDABLE, ["no launch script: whether it sets --sequence-parallel on a new architecture is unknown"]
     sp = view.on("--sequence-parallel") or (
         context.framework == frameworks.VERL and not view.off("--sequence-parallel")
     )

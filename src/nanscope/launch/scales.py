@@ -96,6 +96,10 @@ class Scales:
         if next_scale is not None:
             if scale is not None and next_scale < scale:
                 self.halved = True
+            elif (
+                scale == next_scale == 0
+            ):  # DeepSpeed prints int(scale): a scale below 1, no floor (loss_scaler.py:276)
+                pass
             elif scale is not None and next_scale == scale and self._floor(scale):
                 self.floor = self.floor or (scale, next_scale)
                 self.floored += 1
@@ -153,9 +157,9 @@ class Scales:
         if self.collapsed():
             start = _shown(self.first_set) if self.first_set >= 1 else repr(self.first_set)  # as printed
             return (f"The loss scale the scaler set is down to {self.lowest!r} ({self.count} overflow line(s), "
-                    f"from {start}), below 1: halved on every overflow far past any start, so every "
-                    "step overflows and is skipped and the run does not train; the loss or its gradients are "
-                    "non-finite whatever the scale (not a scale calibrating).")  # fmt: skip
+                    f"from {start}), below 1: halved on overflow after overflow, far past any start: gradients "
+                    "overflow fp16 even unscaled, and each step where they do is skipped (not a scale calibrating; "
+                    "how many steps still train, the run's own step counters say).")  # fmt: skip
         return (f"The loss scale the scaler set falls from {_shown(self.first_set)} to {_shown(self.lowest)} over "
                 f"{self.count} overflow line(s) (the scale it attempted is not printed): steps with inf or NaN "
                 "gradients keep coming, each one skipped.")  # fmt: skip
@@ -234,6 +238,11 @@ class Scales:
                          "overflows and is skipped, so the run does not train (persistent inf or NaN gradients, not a "
                          "scale calibrating).")  # fmt: skip
             return said
+        if self.first == 0 and self.lowest == 0:  # DeepSpeed's int(scale) (fp16/loss_scaler.py:276): below 1
+            return ("The loss scale prints as 0: DeepSpeed prints the scale through int() (deepspeedai/DeepSpeed "
+                    "edaa722 deepspeed/runtime/fp16/loss_scaler.py:276), so it is below 1, under its default floor "
+                    "(min_loss_scale 1) and far past any start: gradients overflow fp16 even unscaled, and each step "
+                    "where they do is skipped (not a scale calibrating).")  # fmt: skip
         if (probe := self.probing(loss_step, finite)) is not None:
             lines = f" ({self.count} overflow lines)" if self.count > 1 else ""
             return (f"{probe[0].upper()}{probe[1:]}{lines}, past a run's start (its first {EARLY} steps), no loss "
