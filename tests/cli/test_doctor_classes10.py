@@ -146,8 +146,8 @@ def test_4_a_total_before_its_nonfinite_terms_names_them(tmp_path, capsys):
     assert (doc["summary"]["metric"], doc["summary"]["step"]) == ("Total Loss", 67438)
     assert doc["summary"]["also"] == ["KL Loss", "Frame Loss"]
     assert (
-        "The first non-finite metric: Total Loss at step 67438 (line 2), with KL Loss, Frame Loss non-finite on the "
-        "same line too (which went first the line does not say)." in out
+        "The first non-finite metric: Total Loss at step 67438 (line 2), with KL Loss, Frame Loss non-finite in the "
+        "same record too (which went first the record does not say)." in out
     )
     doc, out = _doctor(tmp_path, capsys, _ARRAY.replace("[  nan   nan", "[  nan   0.5"))
     assert (doc["summary"]["metric"], doc["summary"]["also"]) == ("Frame Loss", [])

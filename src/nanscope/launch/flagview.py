@@ -65,6 +65,9 @@ HYDRA = {
     "model.virtual_pipeline_model_parallel_size": "--virtual-pipeline-model-parallel-size",
     "model.context_parallel_size": "--context-parallel-size",
     "model.sequence_parallel": "--sequence-parallel",
+    "model.restore_from_path": "--pretrained-checkpoint",  # a .nemo file's weights (NeMo-Aligner's, the config's top)
+    "restore_from_path": "--pretrained-checkpoint",
+    "exp_manager.resume_if_exists": "--resume-from-checkpoint",
 }
 
 

@@ -226,7 +226,10 @@ def feed(metrics, table: LoggerTable) -> None:
     bad = table.bad()
     before = metrics.first
     scale = next((number for key, _, number in table.rows if key.lower() in SCALE_KEYS), None)  # said at its row
-    metrics.feed(table.line(), bad[0][2] if bad else scale or table.last)
+    number = bad[0][2] if bad else scale or table.last
+    metrics.feed(table.line(), number)
+    if scale is not None:
+        metrics.scale.at_row(number, scale)
     first = metrics.first
     if first is None or first is before:
         return

@@ -110,6 +110,11 @@ def _loads(view: FlagView, flag: str) -> str:
     """What `flag` loads, as the framework that wrote it means it."""
     if view.show(flag).startswith("resume.restore_config"):
         return "weights (NeMo's restore_config: the optimizer state only where load_optim_state is set)"
+    if view.show(flag).lstrip("+").split("=", 1)[0].endswith("resume_if_exists"):
+        return (
+            "weights and optimizer state of the run directory's last checkpoint, where one exists (NeMo's "
+            "resume_if_exists)"
+        )
     return _LOADS[flag]
 
 

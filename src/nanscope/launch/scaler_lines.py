@@ -62,7 +62,10 @@ def overflow(text: str, before: str):
         wording = "overflow-detected"
     else:
         wording = "deepspeed-overflow-rank" if rank is not None else "deepspeed-overflow-plain"
-    ranks = [] if rank is None else [logging_rank(rank, every_rank=wording == "deepspeed-dynamic-overflow")]
+    # ZeRO stage 2 prints its line on every rank (its `[deepscale] OVERFLOW!` too: v0.3.10 zero/stage2.py:1357-1361, no
+    # rank check), stage 3 and the loss scaler on rank 0 only (v0.4.0 zero/stage3.py:2695-2700)
+    stage2 = wording == "deepscale-overflow" and logger is not None and logger["file"] == "stage2.py"
+    ranks = [] if rank is None else [logging_rank(rank, every_rank=wording == "deepspeed-dynamic-overflow" or stage2)]
     scale = _float(match["scale"])
     after = _float(match["next"]) if match["next"] is not None else scale
     said = WORDING[wording]

@@ -32,6 +32,9 @@ def _shown(scale: float) -> str:
 
 
 _STAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")  # a log prefix's time, to the second
+# DeepSpeed's loss scaler prints int(scale) (deepspeedai/DeepSpeed edaa722 deepspeed/runtime/fp16/loss_scaler.py:276):
+# `0, reducing to 0` is a scale below 1; older ZeRO lines print the float (`0.0, reducing to 0.0`: a floor of 0)
+_INT_ZERO = re.compile(r"loss scale: 0, reducing to 0(?![.\d])")
 _RANK = re.compile(r"\bRank (\d{1,7})\b")
 
 
@@ -58,6 +61,7 @@ class Scales:
     lowest: float | None = None  # the lowest scale set
     last: float | None = None  # the last scale set
     regrew: tuple[float, float] | None = None  # (a scale set, a later attempted scale above it)
+    truncated: bool = False  # a line printed int(scale) 0 -> 0: the scale below 1, not at a floor
     floor: tuple[float, float] | None = None  # an attempted scale the scaler could not lower: (attempted, set)
     halved: bool = False  # a scale was lowered
     stepped: tuple[int, int, str | None] | None = None  # the first overflow line that has a step: (step, line, how)
@@ -96,10 +100,8 @@ class Scales:
         if next_scale is not None:
             if scale is not None and next_scale < scale:
                 self.halved = True
-            elif (
-                scale == next_scale == 0
-            ):  # DeepSpeed prints int(scale): a scale below 1, no floor (loss_scaler.py:276)
-                pass
+            elif scale == next_scale == 0 and _INT_ZERO.search(text):  # int(scale) printed: below 1, no floor
+                self.truncated = True
             elif scale is not None and next_scale == scale and self._floor(scale):
                 self.floor = self.floor or (scale, next_scale)
                 self.floored += 1
@@ -157,9 +159,9 @@ class Scales:
         if self.collapsed():
             start = _shown(self.first_set) if self.first_set >= 1 else repr(self.first_set)  # as printed
             return (f"The loss scale the scaler set is down to {self.lowest!r} ({self.count} overflow line(s), "
-                    f"from {start}), below 1: halved on overflow after overflow, far past any start: gradients "
-                    "overflow fp16 even unscaled, and each step where they do is skipped (not a scale calibrating; "
-                    "how many steps still train, the run's own step counters say).")  # fmt: skip
+                    f"from {start}), below 1: halved on overflow after overflow, far past any start: the loss "
+                    "or its gradients overflow fp16 even unscaled, and each step where they do is skipped (not a "
+                    "scale calibrating; how many steps still train, the run's own step counters say).")  # fmt: skip
         return (f"The loss scale the scaler set falls from {_shown(self.first_set)} to {_shown(self.lowest)} over "
                 f"{self.count} overflow line(s) (the scale it attempted is not printed): steps with inf or NaN "
                 "gradients keep coming, each one skipped.")  # fmt: skip
@@ -238,11 +240,11 @@ class Scales:
                          "overflows and is skipped, so the run does not train (persistent inf or NaN gradients, not a "
                          "scale calibrating).")  # fmt: skip
             return said
-        if self.first == 0 and self.lowest == 0:  # DeepSpeed's int(scale) (fp16/loss_scaler.py:276): below 1
+        if self.truncated and self.first == 0 and self.lowest == 0:  # DeepSpeed's int(scale): below 1
             return ("The loss scale prints as 0: DeepSpeed prints the scale through int() (deepspeedai/DeepSpeed "
                     "edaa722 deepspeed/runtime/fp16/loss_scaler.py:276), so it is below 1, under its default floor "
-                    "(min_loss_scale 1) and far past any start: gradients overflow fp16 even unscaled, and each step "
-                    "where they do is skipped (not a scale calibrating).")  # fmt: skip
+                    "(min_loss_scale 1) and far past any start: the loss or its gradients overflow fp16 even "
+                    "unscaled, and each step where they do is skipped (not a scale calibrating).")  # fmt: skip
         if (probe := self.probing(loss_step, finite)) is not None:
             lines = f" ({self.count} overflow lines)" if self.count > 1 else ""
             return (f"{probe[0].upper()}{probe[1:]}{lines}, past a run's start (its first {EARLY} steps), no loss "
@@ -393,6 +395,12 @@ class PrintedScale:
         """The scale fell past a run's start (the step before its first fall is past EARLY)."""
         return self.drop is not None and self.drop[2][1] is not None and self.drop[2][1] > EARLY
 
+    def at_row(self, fed: int, row: int) -> None:
+        """A logger table fed as one line at `fed` prints its scale on its own `row`: a collapse seen there is said
+        at that row (launch.logger_tables)."""
+        if self.collapsed is not None and self.collapsed[1][0] == fed:
+            self.collapsed = (self.collapsed[0], (row, self.collapsed[1][1]))
+
     def log2_sentence(self) -> str | None:
         """An lg_loss_scale printed below 0, in words: the overflowing steps it proves (None: none printed)."""
         if self.log2 is None or self.collapsed is None:
@@ -402,7 +410,8 @@ class PrintedScale:
                 f"the log2 of guided-diffusion's fp16 loss scale (improved-diffusion's the same), which starts at "
                 f"{LOG2_START:g}, falls by 1 on each step whose gradients hold inf or NaN (that step skipped) and "
                 f"rises by 0.001 on every other, so at least {at_least} steps overflowed and were skipped; a scale "
-                "below 1 means the gradients overflow fp16 whatever the scale: not a calibration.")  # fmt: skip
+                "below 1 means the loss or its gradients overflow fp16 whatever the scale: not a "
+                "calibration.")  # fmt: skip
 
     def uncounted_sentence(self) -> str | None:
         """The lines' own skip counter at 0 where the scale fell (None: not printed so)."""

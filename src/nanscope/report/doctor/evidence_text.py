@@ -172,7 +172,7 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     also = ""
     if summary.also:  # one record prints them at once: no order among them
         shown = ", ".join(summary.also[:4]) + (f" and {len(summary.also) - 4} more" if len(summary.also) > 4 else "")
-        also = f", with {shown} non-finite on the same line too (which went first the line does not say)"
+        also = f", with {shown} non-finite in the same record too (which went first the record does not say)"
     return f"The first non-finite metric: {summary.metric}{model}{step}{where}{also}.{points}"
 
 

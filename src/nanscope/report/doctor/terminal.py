@@ -230,7 +230,7 @@ def _candidates_section(diagnosis, console) -> None:
     if diagnosis.framework.name in frameworks.WITHOUT_MEGATRON:
         every = "the catalogued causes of a job without megatron-core"
     elif diagnosis.framework.name != "slime":
-        every = "the catalogued causes that fit this input"
+        every = "the catalogued causes weighed for this input"
     _heading(console, "candidate causes", f"({len(diagnosis.candidates)}: {every})")
     for candidate in diagnosis.candidates:
         evidence = "; ".join(candidate.evidence)
