@@ -22,6 +22,7 @@ import time
 import warnings
 from pathlib import Path
 
+from nanscope import outputs
 from nanscope.megatron import bootstrap, hidden_cuda
 from nanscope.megatron.spec import WorkerSpec
 from nanscope.megatron.watchdog import Watchdog, barrier
@@ -71,7 +72,7 @@ class MegatronTrainRayActor:
         torch.set_num_threads(1)
         self.startup["init_s"] = time.time() - t_init
         self.startup["cuda_visible_devices"] = os.environ.get(hidden_cuda.VISIBLE)  # as Ray left it for this actor
-        (self.out / f"startup.rank{self.rank}.json").write_text(json.dumps(self.startup))
+        outputs.write_bytes(self.out / f"startup.rank{self.rank}.json", json.dumps(self.startup).encode())  # whole
         self.runner = Runner(spec, self.out, wd)
         return os.getpid()
 

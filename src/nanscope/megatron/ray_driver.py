@@ -28,6 +28,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from nanscope import outputs
 from nanscope.errors import UserError
 from nanscope.facts.megatron import bucket_check_pattern
 from nanscope.launch.logs import clean
@@ -122,7 +123,7 @@ class TrainGroup:
                 continue
             text = ray.get(actor.record.remote(index))
             if text is not None:
-                (self.out / f"run{index}.rank{rank}.json").write_text(text)
+                outputs.write_bytes(self.out / f"run{index}.rank{rank}.json", text.encode())  # whole or absent
                 records[rank] = RankRecord.from_json(text)
         return records
 

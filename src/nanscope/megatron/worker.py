@@ -31,6 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
+from nanscope import outputs
 from nanscope.megatron import bootstrap, hidden_cuda, proctree, progress, scratch
 from nanscope.megatron.run import Runner
 from nanscope.megatron.spec import WorkerSpec
@@ -168,13 +169,14 @@ def _rank(spec: WorkerSpec, out: Path, started: float, imports_s: float) -> int:
     torch.set_num_threads(1)
     startup = {"started": started, "imports_s": imports_s, "init_s": time.time() - t_init,
                "cuda_visible_devices": os.environ.get(hidden_cuda.VISIBLE)}  # fmt: skip
-    (out / f"startup.rank{rank}.json").write_text(json.dumps(startup))
+    outputs.write_bytes(out / f"startup.rank{rank}.json", json.dumps(startup).encode())  # whole or absent: the parent
+    # reads it after a kill too
     runner = Runner(spec, out, wd)
     for i in range(spec.first_run, len(spec.runs)):
         barrier(wd, spec.rank_timeout_s, f"run {i}")
         wd.arm(f"run {i}", spec.rank_timeout_s)
         rec = runner.execute(i, spec.runs[i])
-        (out / f"run{i}.rank{rank}.json").write_text(rec.to_json())
+        outputs.write_bytes(out / f"run{i}.rank{rank}.json", rec.to_json().encode())
         if rank == 0:
             progress.note(out, run=i)
     barrier(wd, spec.rank_timeout_s, "exit")
