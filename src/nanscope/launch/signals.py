@@ -296,13 +296,16 @@ def _not_finite(text: str, before: str):
     if match is None:
         return None
     actor = match["rank"] is not None  # only verl's actor names its rank (facts.signals: verl-actor-not-finite)
-    return BY_ID["skip-nonfinite-grad"], {
-        "detail": f"grad_norm {match['value']}: the step skipped",
-        "metric": "grad_norm",
-        "wording": WORDING["verl-actor-not-finite" if actor else "verl-not-finite"],
-        "rank": int(match["rank"]) if actor else None,
-        "rank_from": "the line's words (verl's actor prints its rank)" if actor else None,
-    }
+    return _skipped(match["value"], "verl-actor-not-finite" if actor else "verl-not-finite",
+                    rank=int(match["rank"]) if actor else None,
+                    rank_from="the line's words (verl's actor prints its rank)" if actor else None)  # fmt: skip
+
+
+def _skipped(norm: str, wording: str, **fields):
+    """A framework's skip of the optimizer step on the gradient norm `norm`, as printed (facts.signals WORDINGS'
+    `wording`), with the reader's own `fields`."""
+    return BY_ID["skip-nonfinite-grad"], {"detail": f"grad_norm {norm}: the step skipped", "metric": "grad_norm",
+                                          "wording": WORDING[wording], **fields}  # fmt: skip
 
 
 _BAD_NORM = re.compile(r"Bad grad_norm detected \(grad_norm=(?P<value>[\w.+-]{1,40})\)")
@@ -310,13 +313,7 @@ _BAD_NORM = re.compile(r"Bad grad_norm detected \(grad_norm=(?P<value>[\w.+-]{1,
 
 def _bad_norm(text: str, before: str):
     match = _BAD_NORM.search(text)
-    if match is None:
-        return None
-    return BY_ID["skip-nonfinite-grad"], {
-        "detail": f"grad_norm {match['value']}: the step skipped",
-        "metric": "grad_norm",
-        "wording": WORDING["megatron-llm-bad-grad-norm"],
-    }
+    return None if match is None else _skipped(match["value"], "megatron-llm-bad-grad-norm")
 
 
 _CALL = re.compile(r"(?P<name>[A-Za-z_]\w{0,80})\s?\(")
@@ -360,12 +357,7 @@ def _skipping_update(text: str, before: str):
     match = _SKIPPING_UPDATE.search(text)
     if match is None:
         return None
-    return BY_ID["skip-nonfinite-grad"], {
-        "detail": f"grad_norm {match['value']}: the step skipped",
-        "metric": "grad_norm",
-        "wording": WORDING["espnet-skipping-update"],
-        "value": "Inf" if "inf" in match["value"] else "NaN",
-    }
+    return _skipped(match["value"], "espnet-skipping-update", value="Inf" if "inf" in match["value"] else "NaN")
 
 
 def _logged(text: str, before: str):

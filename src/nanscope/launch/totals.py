@@ -39,11 +39,8 @@ def is_total(key: str) -> bool:
 def first_term(values: list[tuple[str, str]]) -> str | None:
     """The one non-finite term of a total by name that heads `values` (None: the first value is no total by name, or
     not exactly one term of it is non-finite on the line: none, or several, none of them first)."""
-    if not values or not is_total(values[0][0]):
-        return None
-    terms = nonfinite_terms(values)
-    spelled = values[0][0].lower().replace("_", " ").strip() != "loss"  # `Total Loss`, `losses`: a total by name
-    return terms[0] if spelled and len(terms) == 1 else None
+    terms = nonfinite_terms(values)  # a bare `loss` has none but two or more: one term is a total by name's
+    return terms[0] if len(terms) == 1 else None
 
 
 def nonfinite_terms(values: list[tuple[str, str]]) -> list[str]:
@@ -52,7 +49,7 @@ def nonfinite_terms(values: list[tuple[str, str]]) -> list[str]:
     if not values or not is_total(values[0][0]):
         return []
     terms = [key for key, value in values[1:] if value != "missing" and _term(key)]
-    spelled = values[0][0].lower().replace("_", " ").strip() != "loss"
+    spelled = values[0][0].lower().replace("_", " ").strip() != "loss"  # `Total Loss`, `losses`: a total by name
     return terms if spelled or len(terms) >= 2 else []
 
 

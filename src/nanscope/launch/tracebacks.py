@@ -126,7 +126,8 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
     mixed = found is not None and found.failure is None and interleaved(found.context)
     frames = unique(frames) if mixed else frames
     code = code_lines.read(found.context) if found is not None else []
-    framework = framework_of(frames, _named_lines(found), _keys(found), code)
+    named = _named_lines(found)
+    framework = framework_of(frames, named, _keys(found), code)
     if framework.name == frameworks.MEGATRON_LM and found is not None and found.nonfinite.metrics.scale.uncounted:
         framework = _scaled_elsewhere(framework)
     if framework is UNKNOWN and found is not None and found.later:  # the frames of a traceback pasted after it
@@ -151,7 +152,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
             "Unexpected result nan (message='...')\" in any of Megatron's forms, its message alone, or a traceback "
             "through megatron-core or a framework nanscope knows)"
         )
-    if framework is UNKNOWN and (libraries := shown(frames, _named_lines(found))) is not None:
+    if framework is UNKNOWN and (libraries := shown(frames, named)) is not None:
         framework = Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; the input shows {libraries}")
     failure = found.failure or _from_verdict(found.rerun) or from_signal(found.nonfinite)
     _merge(failure, found.rerun)

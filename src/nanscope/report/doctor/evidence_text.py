@@ -138,12 +138,12 @@ def earlier_sentence(failure, seen) -> str | None:
     )
 
 
+_SCALE_CHECKS = ("loss-scale-fall", "loss-scale-collapsed")  # said by the printed scale's own sentence (verdict)
+
+
 def first_sentence(summary: Summary, weak: bool = False) -> str | None:
     """The first non-finite metric, its model and step, and what it points to (None: no metric line says one)."""
-    if summary.metric is None or summary.check in (
-        "loss-scale-fall",
-        "loss-scale-collapsed",
-    ):  # the scale's own sentence
+    if summary.metric is None or summary.check in _SCALE_CHECKS:
         return None
     model = f" ({MODEL_WORDS.get(summary.model, summary.model)})" if summary.model else ""
     epoch = f"; epoch {summary.epoch}" if summary.epoch is not None else ""
