@@ -152,7 +152,7 @@ def test_11_a_counter_before_the_overflow_is_not_given_its_step(tmp_path, capsys
            "reducing to 1\n"
            "[INFO] [logging.py:96:log_dist] [Rank 0] step=2499, skipped=1585, lr=[0.0001371], mom=[(0.9, 0.95)]\n")  # fmt: skip
     _, out = _doctor(tmp_path, capsys, log)
-    assert "A skip counter rose: skipped (line 1)." in out
+    assert "A skip counter rose: skipped (line 1), to 1585 by step 2499 (line 3): 1585 of 2499 steps skipped." in out
 
 
 # 12. Megatron's raise form wrapped over lines by hand (holdout19 13, 20): its rank, iteration and message

@@ -116,12 +116,9 @@ def test_2_keras_finished_bar_is_its_epoch(tmp_path, capsys):
     """Round 7: "loss (the line names no step)"."""
     doc, out = _doctor(tmp_path, capsys, _KERAS_EPOCHS)
     first = doc["metrics"]["first_nonfinite"]
-    assert (first["line"], first["step"], first["metric"]) == (6, 3, "loss")
-    assert first["step_from"] == (
-        "the epoch: Keras's `Epoch 3/8` line before its finished progress bar 4000/4000 (an epoch's metrics are "
-        "printed on its last bar)"
-    )
-    assert "The first non-finite metric: loss at step 3 (line 6)" in out
+    assert (first["line"], first["step"], first["epoch"], first["metric"]) == (6, None, "3", "loss")
+    assert "The first non-finite metric: loss (the line names no step; epoch 3) (line 6)" in out  # round 29: an
+    # epoch is no step
 
 
 _KERAS_BAR = (
@@ -169,12 +166,6 @@ def test_2_keras_bar_inside_its_epoch_is_its_batch(tmp_path, capsys):
             2,
             78,
         ),
-        # golbin/TensorFlow-Tutorials GAN: print('Epoch:', '%04d' % epoch, 'D loss: {:.4}'.format(loss_val_D), ...)
-        # (https://github.com/golbin/TensorFlow-Tutorials/issues/42)
-        ("Epoch: 0041 D loss: -0.41 G loss: -2.9\nEpoch: 0042 D loss: nan G loss: nan\n", 2, 42),
-        # apoorvnandan/speech-recognition-primer: print("Epoch    : ", epoch) then print("LOSS     : ", loss)
-        # (https://github.com/apoorvnandan/speech-recognition-primer/issues/2)
-        ("Epoch    :  3\nLOSS     :  31.0525\n\nEpoch    :  4\nLOSS     :  nan\n", 5, 4),
     ],
 )
 def test_3_a_loop_s_counter_next_to_its_number_is_the_step(log, line, step, tmp_path, capsys):
@@ -184,14 +175,34 @@ def test_3_a_loop_s_counter_next_to_its_number_is_the_step(log, line, step, tmp_
     assert (first["line"], first["step"]) == (line, step)
 
 
+@pytest.mark.parametrize(
+    "log, line, epoch",
+    [
+        # golbin/TensorFlow-Tutorials GAN: print('Epoch:', '%04d' % epoch, 'D loss: {:.4}'.format(loss_val_D), ...)
+        # (https://github.com/golbin/TensorFlow-Tutorials/issues/42)
+        ("Epoch: 0041 D loss: -0.41 G loss: -2.9\nEpoch: 0042 D loss: nan G loss: nan\n", 2, "0042"),
+        # apoorvnandan/speech-recognition-primer: print("Epoch    : ", epoch) then print("LOSS     : ", loss)
+        # (https://github.com/apoorvnandan/speech-recognition-primer/issues/2)
+        ("Epoch    :  3\nLOSS     :  31.0525\n\nEpoch    :  4\nLOSS     :  nan\n", 5, "4"),
+    ],
+)
+def test_3_a_loop_s_only_counter_an_epoch_is_its_epoch(log, line, epoch, tmp_path, capsys):
+    """Round 29: an epoch is no step (holdout19 03)."""
+    doc, _ = _doctor(tmp_path, capsys, log)
+    first = doc["metrics"]["first_nonfinite"]
+    assert (first["line"], first["step"], first["epoch"]) == (line, None, epoch)
+
+
 def test_3_the_finer_counter_wins_and_a_count_of_epochs_is_no_step():
     assert loop_counters.step_of("000 epoch, 06000 iter, average time 0.66, loss nan", []) == (
         6000,
         "the line (iter 06000: its iter counter)",
+        False,
     )
     assert loop_counters.step_of("Epoch: 0564 D loss: nan G loss: nan", []) == (
         564,
         "the line (epoch 0564: the epoch is the unit: its only counter)",
+        True,
     )
     assert loop_counters.step_of("training for 10 epochs, loss nan", []) is None
     assert loop_counters.step_of("time/time/step=467 loss=nan", []) is None
@@ -210,7 +221,7 @@ def test_4_spaced_names_and_the_gan_model_they_name(tmp_path, capsys):
     doc, out = _doctor(tmp_path, capsys, "Epoch: 0042 D loss: 0.31 G loss: nan\n")
     first = doc["metrics"]["first_nonfinite"]
     assert (first["values"], first["model"]) == ([["G loss", "nan"]], "generator")
-    assert "The first non-finite metric: G loss (generator) at or before step 42 (line 1" in out
+    assert "The first non-finite metric: G loss (generator) (the line names no step; epoch 0042) (line 1" in out
 
 
 def test_4_each_value_keeps_its_own_name_in_the_line_s_order(tmp_path, capsys):

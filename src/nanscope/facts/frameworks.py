@@ -32,12 +32,16 @@ PRIMUS = "primus"
 # issue 41's twenty-second round: NeMo AutoModel, NeMo's PyTorch DTensor-native trainer of Hugging Face models (FSDP2,
 # its own recipes: NVIDIA-NeMo/Automodel nemo_automodel/recipes/{llm,vlm}/...), no megatron-core DDP
 NEMO_AUTOMODEL = "nemo-automodel"
+# NeMo 0.x, the neural-modules API of 2019-2020 (NVIDIA/NeMo 6a687a1 nemo/backends/pytorch/actions.py: its train loop
+# skips a step on a NaN loss, `Loss is NaN or inf. Skipping update.`; nemo/core/neural_factory.py), years before
+# megatron-core: none of its causes are this job's
+NEMO_0 = "nemo-0.x"
 FAIRSEQ = "fairseq"  # issue 41's sixteenth round: fairseq's `| epoch 027 | loss 6.343 | ... | num_updates 10198 |`
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
 # Trainer, which calls DeepSpeed).
 NAMES = (
-    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, PRIMUS, NEMO_AUTOMODEL, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
+    SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, PRIMUS, NEMO_AUTOMODEL, NEMO_0, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
     DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING,
     LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, FAIRSEQ, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
     UNKNOWN,
@@ -45,7 +49,11 @@ NAMES = (
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
-                    MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL, FAIRSEQ, NEMO_AUTOMODEL)  # fmt: skip
+                    MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL, FAIRSEQ, NEMO_AUTOMODEL, NEMO_0,
+                    MEGATRON_DEEPSPEED)  # fmt: skip
+# Megatron-DeepSpeed trains a Megatron-LM copy with DeepSpeed's engine: its MoE is DeepSpeed's (microsoft/Megatron-
+# DeepSpeed 066632b megatron/model/transformer.py:32, `from deepspeed.moe.layer import MoE`), its megatron/core a
+# partial copy (tensor_parallel, pipeline_parallel) without megatron-core's router, DDP or distributed optimizer
 
 # The jobs that run Megatron-LM's training loop (Pai-Megatron-Patch's and ms-swift's Megatron backend call its
 # pretrain; Primus launches it) or Megatron-Bridge's (NeMo 2): started by torchrun or Slurm, ranks filling the nodes in
@@ -95,6 +103,7 @@ PATHS: dict[str, tuple[str, ...]] = {
     MS_SWIFT: ("/swift/megatron/", "/swift/cli/", "/swift/llm/", "/swift/trainers/"),
     PAI: ("/megatron_patch/",),
     NEMO_AUTOMODEL: ("/nemo_automodel/",),
+    NEMO_0: ("/nemo/backends/", "/nemo/core/neural_factory.py", "/nemo/core/neural_modules.py"),
     NEMO: ("/nemo/lightning/", "/nemo/collections/", "/megatron/bridge/", "/nemo/core/"),
     LLAMA_FACTORY: ("/llamafactory/", "/llmtuner/", LLAMA_FACTORY_ENTRY),
     TRL: ("/trl/trainer/", "/trl/models/"),

@@ -69,8 +69,9 @@ SIGNALS: tuple[Signal, ...] = (
         stack="deepspeed",
         source=f"{DEEPSPEED} deepspeed/runtime/fp16/loss_scaler.py:180-188; each wording's own source: WORDINGS",
         means="DeepSpeed's fp16 loss scaler found inf/NaN in the scaled gradients and skipped the step, lowering the scale "
-        "(or spending its hysteresis); at the start of a run this is the scale calibrating, later a gradient that "
-        "overflows fp16 step after step",
+        "(or spending its hysteresis); at the start of a run this is the scale calibrating, mid-run one overflow after "
+        "a window of clean steps is the scaler probing a higher scale, and overflow after overflow is a gradient that "
+        "overflows fp16 at every scale it tries",
         causes=("activation-overflow", "backward-only-fault"),
     ),
     Signal(
@@ -81,7 +82,8 @@ SIGNALS: tuple[Signal, ...] = (
         stack="-",
         source="each wording's own source: WORDINGS (apex, fairseq, ColossalAI, DeepSpeed's and apex's FP16_Optimizer)",
         means="a dynamic loss scaler found inf/NaN in the scaled gradients and skipped the step, lowering the scale: "
-        "at the start of a run the scale calibrating, later a gradient that overflows fp16 step after step",
+        "at the start of a run the scale calibrating, mid-run one overflow after a window of clean steps the scaler "
+        "probing a higher scale, and overflow after overflow a gradient that overflows fp16 at every scale it tries",
         causes=("activation-overflow", "backward-only-fault"),
     ),
     Signal(

@@ -40,6 +40,10 @@ _ELIDED = re.compile(r"\s{0,8}(?:\.{3}|\u2026)")
 # module, never an op, so the op's own call is a frame further in
 DISPATCH = ("_wrapped_call_impl", "_call_impl")
 DISPATCH_SOURCE = "torch 2.13.0 torch/nn/modules/module.py:1774-1789, :1917"
+# torch's Python wrapper of a Tensor operator: `x ** 2` calls Tensor.__pow__, `2 - x` Tensor.__rsub__, each wrapped by
+# _handle_torch_function_and_wrap_type_error_to_not_implemented, whose `wrapped` calls the op (torch 2.13.0
+# torch/_tensor.py:29-43, :1106-1126): the expression that used the operator is the last frame outside torch
+OPERATOR_SOURCE = "torch 2.13.0 torch/_tensor.py:29-43, :1106-1126"
 _TORCH = re.compile(r"(?:^|[/\\](?:site|dist)-packages[/\\])torch[/\\]")
 
 
@@ -81,15 +85,20 @@ def _torchs(frame) -> bool:
 def short_of_op(frames, lines: list[str]):
     """(why the forward call's frames end before the op's own call, the last frame outside torch: the call it came
     through, or None): `cut` where a partial `File "` line follows the last whole frame, `dispatch` where that frame is
-    torch's module dispatch, `cut dispatch` both; None where the last frame may be the op's call, or no frames."""
+    torch's module dispatch, `operator` where it is torch's wrapper of a Tensor operator (it calls the op: the
+    expression is the frame outside torch), several joined by spaces; None where the last frame may be the op's call,
+    or no frames."""
     if not frames:
         return None
     frame = frames[-1]
     mark = f", line {frame.line}, in {frame.function}"
     at = max((i for i, line in enumerate(lines) if mark in line), default=len(lines))
     why = ["cut"] if any('File "' in line for line in lines[at + 1 :]) else []
-    if frame.function in DISPATCH and frame.path.replace("\\", "/").endswith("torch/nn/modules/module.py"):
+    path = frame.path.replace("\\", "/")
+    if frame.function in DISPATCH and path.endswith("torch/nn/modules/module.py"):
         why.append("dispatch")
+    if frame.function == "wrapped" and path.endswith("/_tensor.py") and _torchs(frame):
+        why.append("operator")
     if not why:
         return None
     return " ".join(why), next((each for each in reversed(frames) if not _torchs(each)), None)

@@ -195,7 +195,9 @@ def framework_of(
         how += "loop never runs"
         return Framework(frameworks.MEGATRON_DEEPSPEED, None, how)
     how = found[name]
-    others = [other for other in frameworks.NAMES if other in found and other != name]
+    # NeMo 0.x's frames and log prefix are NeMo's too: one package, not a library it calls
+    others = [other for other in frameworks.NAMES if other in found and other != name
+              and not (name == frameworks.NEMO_0 and other == frameworks.NEMO)]  # fmt: skip
     if others:
         how += f"; it calls {', '.join(others)}"
     if name != frameworks.SLIME:

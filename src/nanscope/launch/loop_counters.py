@@ -4,24 +4,26 @@ loop prints beside its metrics, and the names of metrics written with spaces:
     Epoch:[0/2](7000/293491) loss:nan lr:0.0000987               the iteration in parentheses after the epoch: 7000
     000 epoch, 06000 iter, average time 0.6607, loss nan          the number before its counter's name: iter 6000
     0 epoch,  153  batch, Discriminator  Loss:  nan               batch 153 (the finer counter), "Discriminator Loss"
-    Epoch: 0564 D loss: nan G loss: nan                           epoch 564 (the only counter), "D loss", "G loss"
+    Epoch: 0564 D loss: nan G loss: nan                           epoch 564 (the only counter: no step), "D loss"...
     Epoch    :  8                                                 a counter's line alone, just before the metric's
     LOSS     :  nan                                               line: epoch 8
     Epoch 2/10                                                    Keras's epoch line, then its finished progress bar
-    9595/9595 [==============================] - 1s - loss: nan   (Progbar): epoch 2, the epoch being the unit
+    9595/9595 [==============================] - 1s - loss: nan   (Progbar): epoch 2 (no step)
     9/500 [..............................] - ETA: 43:03 - loss: nan   a bar inside its epoch: batch 9
 
 A counter is one of COUNTERS next to its number, either order; of several on a line the finest (an iteration, a
-batch, a step) is the step, an epoch only where it is the only one and the lines before count one epoch a line. Each regex has bounded repeats only and is applied
-to a line's first WINDOW characters: linear in the line.
+batch, a step) is the step. An epoch, where it is the only one and the lines before count one epoch a line, is said
+as the reading's epoch, not as a step (the bad step within it the line does not say). Each regex has bounded repeats
+only and is applied to a line's first WINDOW characters: linear in the line.
 
-    fill(reading, text, before)       # reading.step from `text` (its line) or `before` (the lines just before it)
+    fill(reading, text, before)       # reading.step (or .epoch) from `text` or `before` (the lines just before it)
     rename(reading, text)             # `Loss` -> `Discriminator Loss`, `loss` -> `D loss`; the model a name says
 """
 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from nanscope.facts.metric_names import NAME_MODELS, STATISTIC_WORDS
 from nanscope.launch import epoch_steps
@@ -52,13 +54,21 @@ _FINE = ("iteration", "iter", "batch", "step")
 BEFORE = 2  # lines before a metric line read for a counter's line alone
 
 
-def _own(text: str, before: tuple[str, ...] | list[str] = ()) -> tuple[int, str] | None:
+class Counted(NamedTuple):
+    """A metric line's count and how it was read; `epoch`: the count is an epoch's (said as the epoch, not a step)."""
+
+    count: int
+    how: str
+    epoch: bool = False
+
+
+def _own(text: str, before: tuple[str, ...] | list[str] = ()) -> Counted | None:
     """The step `text` gives itself by a counter next to its number (the finest of several; an epoch alone only where
     the lines `before` it do not count epochs otherwise than one a line)."""
     head = text[:WINDOW]
     paren = _EPOCH_PAREN.search(head)
     if paren is not None:
-        return int(paren["n"]), f"the line's iteration within its epoch ({paren.group(0)})"
+        return Counted(int(paren["n"]), f"the line's iteration within its epoch ({paren.group(0)})")
     found = [
         (m["word"].lower(), m["n"], m.start())
         for pattern in (_WORD_FIRST, _NUMBER_FIRST)
@@ -71,7 +81,7 @@ def _own(text: str, before: tuple[str, ...] | list[str] = ()) -> tuple[int, str]
     if word == "epoch" and not epoch_steps.one_a_line(int(number), list(before)):
         return None  # several lines per epoch, or a gap: the epoch says nothing of the step
     unit = "the epoch is the unit: its only counter" if word == "epoch" else f"its {word} counter"
-    return int(number), f"the line ({word} {number}: {unit})"
+    return Counted(int(number), f"the line ({word} {number}: {unit})", word == "epoch")
 
 
 def _alone(line: str) -> tuple[str, int, int | None] | None:
@@ -81,34 +91,39 @@ def _alone(line: str) -> tuple[str, int, int | None] | None:
     return match["word"].lower(), int(match["n"]), None if match["total"] is None else int(match["total"])
 
 
-def step_of(text: str, before: list[str]) -> tuple[int, str] | None:
-    """The step of the metric line `text` (`before`: the lines just before it, in order), or None."""
+def step_of(text: str, before: list[str]) -> Counted | None:
+    """The count of the metric line `text` (`before`: the lines just before it, in order): its step, or its epoch
+    where that is its only counter; None: none."""
     bar = _PROGBAR.match(text[:WINDOW])
     header = next(((line, found) for line in before[::-1][:BEFORE] if (found := _alone(line)) is not None), None)
     if bar is not None:
         count, total = int(bar["n"]), int(bar["total"])
         if header is not None and header[1][0] == "epoch" and count == total:
-            return header[1][1], (f"the epoch: Keras's `{header[0].strip()}` line before its finished progress bar "
-                                  f"{count}/{total} (an epoch's metrics are printed on its last bar)")  # fmt: skip
+            return Counted(header[1][1], f"the epoch: Keras's `{header[0].strip()}` line before its finished progress "
+                           f"bar {count}/{total} (an epoch's metrics are printed on its last bar)", True)  # fmt: skip
         said = f" of epoch {header[1][1]}" if header is not None and header[1][0] == "epoch" else ""
-        return count, f"the line (Keras's progress bar {count}/{total}: batch {count}{said})"
+        return Counted(count, f"the line (Keras's progress bar {count}/{total}: batch {count}{said})")
     own = _own(text, before)
     if own is not None:
         return own
     if header is not None:
         word, number, _ = header[1]
-        return number, f"the line before it ({header[0].strip()[:60]!r}: {word} {number})"
+        return Counted(number, f"the line before it ({header[0].strip()[:60]!r}: {word} {number})", word == "epoch")
     return None
 
 
 def fill(reading, text: str, before: list[str]) -> bool:
-    """Give a first reading without a step (none named, none before) the step its loop's counters say; True if so."""
+    """Give a first reading without a step (none named, none before) the step its loop's counters say; True if so
+    (an epoch, its only counter, is its epoch instead)."""
     if reading.step is not None or reading.after is not None:
         return False
     found = step_of(text, before)
     if found is None:
         return False
-    reading.step, reading.step_from = found
+    if found.epoch:  # an epoch is no step: said as the epoch (the first bad step within it the line does not say)
+        reading.epoch = reading.epoch or str(found.count)
+        return False
+    reading.step, reading.step_from = found.count, found.how
     return True
 
 

@@ -409,7 +409,10 @@ class MetricLines:
             self.seen[name] = count
             cumulative = COUNTERS[name]
             rose = count > 0 and (not cumulative or before is None or count > before)
-            if rose and not any(counter.key == key for counter in self.counters):
+            kept = next((counter for counter in self.counters if counter.key == key), None)
+            if kept is not None and cumulative and count > kept.value:  # where it ended up: how many steps skipped
+                kept.last = (count, step, number)
+            if rose and kept is None:
                 known = step if (not cumulative or (before is not None and count > before)) else None
                 self.counters.append(Counter(key, count, number, known, cumulative))
 

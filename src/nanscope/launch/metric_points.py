@@ -183,8 +183,7 @@ def points_to(
                 "finite, so the backward pass saw finite values (a mean over an empty set: a batch with no rejected, "
                 "or no chosen, examples; a logging reduction)")  # fmt: skip
     if any(key.startswith(("logps", "rewards")) for key in keys):
-        return ("the policy's forward pass: its log-probs are non-finite (a preference reward is a log-ratio of them); "
-                "the reference's are not logged")  # fmt: skip
+        return _preference(keys, found or [])
     if any(k in ("grad_norm", "grad norm") for k in last) and loss_ok:
         bound = RANGES["loss"].bound  # the loss's range: past it, the excursion doctor says beside this
         big = [v for k, v in finite.items() if term(k) in ("loss", "lm loss") and abs(v) > bound]
@@ -204,6 +203,33 @@ def points_to(
     if any("loss" in k or k == "cost" for k in last):  # Marian prints its training loss as `Cost`
         return "the forward pass or the loss itself: the loss is non-finite"
     return "a non-finite logged value, and nothing else on the line says where it came from"
+
+
+# TRL's ORPO: no reference model, its reward beta times the policy's own log-probs, each response's log-probs averaged
+# over its label tokens, its log-odds logged (trl f2cd577 trl/experimental/orpo/orpo_trainer.py:698-705, :743-744,
+# :805-809, :871-872)
+_ORPO = ("log_odds_ratio", "log_odds_chosen")
+ORPO_SOURCE = "trl f2cd577 trl/experimental/orpo/orpo_trainer.py:698-705, :743-744, :805-809"
+
+
+def _preference(keys: list[str], found) -> str:
+    """A preference trainer's non-finite log-probs or rewards (`keys`, lowered), beside the record's pairs `found`
+    ((key, value, span)): whose log-probs, and the step its finite logits clear."""
+    finite = [key for key, value, _ in found if (number := _number(value)) is not None and math.isfinite(number)]
+    orpo = any(term(key) in _ORPO for key, _, _ in found) or any(term(key) in _ORPO for key in keys)
+    logits = [key for key in finite if key.lower().startswith("logits/")]
+    if not logits or not any(key.startswith("logps") for key in keys):
+        whose = " (ORPO's reward is beta times them: it has no reference model)" if orpo else (
+            " (a preference reward is a log-ratio of them); the reference's are not logged")  # fmt: skip
+        return f"the policy's forward pass: its log-probs are non-finite{whose}"
+    said = (f"the policy's log-probs, not its logits: they are non-finite while {', '.join(logits)} on the line "
+            f"{'is' if len(logits) == 1 else 'are'} finite (a mean over the logits: none of them NaN), so the step "
+            "from logits to log-probs")  # fmt: skip
+    if orpo:
+        return (f"{said}: ORPO averages a response's log-probs over its label tokens, and a response with none (a "
+                f"prompt that fills the length limit) is 0/0 ({ORPO_SOURCE}); its reward is beta times them: it has "
+                "no reference model")  # fmt: skip
+    return f"{said}: a log-softmax at the labels, summed or averaged over a response's label tokens (over none: 0/0)"
 
 
 _EVALUATION = ("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", "valid ", "test ")  # lowered keys

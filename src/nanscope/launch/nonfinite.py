@@ -148,6 +148,7 @@ def candidate_starts(block: bytes, extra: tuple[bytes, ...] = (), *, only_extra:
 # lines between CUDA's `device-side assert triggered` and the kernel's own assert line naming which (Ground-R1#4,
 # holdout16 04: the two lines next to each other)
 ASSERT_WITHIN = 5
+AFTER_IT = "the metric line after it"  # how a hit's step came from the next metric line that names one
 
 
 @dataclass
@@ -177,6 +178,7 @@ class Nonfinite:
     last_line: int = 0  # the last metric line read (the lines before the next one are read only if not read yet)
     opening: bool = False  # the first reading is the input's first record of its metric: every line before it read,
     # one of them a record of other keys
+    forward_open: bool = False  # an anomaly-mode warning's header was read and its `(Triggered internally at` end not
 
     def block(self, block: bytes, lines_before: int, clean) -> list[tuple[int, Hit]]:
         """Read the lines of `block` worth reading (`clean`: a raw line as a terminal shows it); the fatal hits that
@@ -339,7 +341,7 @@ class Nonfinite:
             if b"step" in raw.lower():
                 step = self.metrics.step_named(clean(raw.decode("utf-8", "replace")))
                 if step is not None and step != hit.step:
-                    hit.step_from = (f"the metric line after it, line {hit.line + ahead} (the optimizer's own count is "
+                    hit.step_from = (f"{AFTER_IT}, line {hit.line + ahead} (the optimizer's own count is "
                                      f"{hit.step}: its iterations, not the training steps)")  # fmt: skip
                     hit.step = step
                     return
@@ -351,7 +353,7 @@ class Nonfinite:
         for hit in self.unstepped:
             own = hit.step_from == OWN_COUNT and hit.step != self.metrics.explicit
             if (hit.step is None or own) and number - hit.line <= LOOKAHEAD:
-                before, how = hit.step, f"the metric line after it, line {number}"
+                before, how = hit.step, f"{AFTER_IT}, line {number}"
                 how += (
                     f" (the optimizer's own count is {before}: its iterations, not the training steps)" if own else ""
                 )
@@ -362,13 +364,15 @@ class Nonfinite:
                 ):
                     self.scales.first_step = hit.step
                 if own and hit.signal.id in ("deepspeed-overflow", "scaler-overflow"):
-                    self.scales.step(hit.step, hit.line, "the metric line after it")
+                    self.scales.step(hit.step, hit.line, AFTER_IT)
         self.unstepped = []
 
     def _keep(self, hit: Hit, text: str, parted: bool = False) -> bool:
         """Count `hit` (its step from the progress bar it follows, where its line names none, and no blank line
         `parted` them: a pasted excerpt's next part); True when it is the log's first fatal one."""
         signal = hit.signal
+        if signal.id == "anomaly-forward" and self._same_warning(hit):
+            return False
         timeout = signal.id == "nccl-timeout"  # it fires a timeout after the step that failed: no step of its own
         logged = signal.id == "logged-nonfinite"  # it logs the step just done
         if hit.step is None and not timeout and hit.at:
@@ -404,6 +408,13 @@ class Nonfinite:
                     hit.rank, hit.rank_from = self.fatal.rank, self.fatal.rank_from
                 self.fatal = hit
         return False
+
+    def _same_warning(self, hit: Hit) -> bool:
+        """Whether `hit` is the `(Triggered internally at ...)` end of the anomaly-mode warning whose header was the
+        last one read (launch.anomaly): one warning, not a second one with its header cut."""
+        tail = (hit.detail or "").startswith("its header")
+        same, self.forward_open = tail and self.forward_open, not tail
+        return same
 
     def _stamp(self, signal: str, text: str) -> None:
         """Count the lines of `signal` that repeat its first line's time stamp and message (launch.stamps)."""

@@ -72,6 +72,19 @@ class Counter:
     line: int
     step: int | None
     cumulative: bool
+    last: tuple[int, int | None, int] | None = None  # a cumulative counter's last reading above its first: (value,
+    # step, line)
 
     def to_dict(self) -> dict:
-        return dict(key=self.key, value=self.value, line=self.line, step=self.step, cumulative=self.cumulative)
+        last = None if self.last is None else dict(zip(("value", "step", "line"), self.last, strict=True))
+        return dict(key=self.key, value=self.value, line=self.line, step=self.step, cumulative=self.cumulative,
+                    last=last)  # fmt: skip
+
+    def rise(self) -> str:
+        """Where a cumulative counter ended up, in words (`, to 1586 by step 2500 (line 38)`); '' if it did not."""
+        if self.last is None:
+            return ""
+        value, step, line = self.last
+        by = f" by step {step}" if step is not None else ""
+        share = f": {value} of {step} steps skipped" if step else ""
+        return f", to {value}{by} (line {line}){share}"

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from nanscope.launch.held_scale import HeldScale
 
 HIGH = 65536.0  # 2^16: fp16 loss scalers start here or above (DeepSpeed's initial_scale_power 16 .. 32)
 LOW = 1024.0  # a scale this low has been halved many times from any start
@@ -236,9 +238,9 @@ class Scales:
             said = (f"The loss scale is at its floor ({_shown(self.floor[0])} -> {_shown(self.floor[1])}): it cannot "
                     "go lower, so every step whose gradients overflow is skipped.")  # fmt: skip
             if self.floored == self.count >= 2:
-                said += (f" All {self.count} overflow lines are at the floor{self._steps()}: every step they cover "
-                         "overflows and is skipped, so the run does not train (persistent inf or NaN gradients, not a "
-                         "scale calibrating).")  # fmt: skip
+                said += (f" All {self.count} overflow lines are at the floor{self._steps()}: each step they cover "
+                         "overflows and is skipped (persistent inf or NaN gradients, not a scale calibrating); how many "
+                         "steps still train, the run's own step counters say.")  # fmt: skip
             return said
         if self.truncated and self.first == 0 and self.lowest == 0:  # DeepSpeed's int(scale): below 1
             return ("The loss scale prints as 0: DeepSpeed prints the scale through int() (deepspeedai/DeepSpeed "
@@ -271,6 +273,13 @@ class Scales:
             return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, but the "
                     f"loss itself is non-finite at step {loss_step}: a scale calibrating does not explain a NaN "
                     "loss.")  # fmt: skip
+        given = self.initial is not None and self.first == self.initial[0]  # the config's initial scale: a start
+        single = self.count == 1 or self.count == 2 and bool(self.held)  # one overflow (its hysteresis spent first)
+        if reach and single and not given and self.first_step is None and self.last_step is None:  # a start or a probe
+            return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, and it {self._halves()}; no "
+                    "line names its step: at a run's start the scale calibrating, later the scaler probing a higher "
+                    "scale (it doubles after a window of clean steps), either way not a NaN failure by itself (a scale "
+                    "that keeps falling is one).")  # fmt: skip
         if reach:
             return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, and it "
                     f"{self._halves()}: the scale calibrating at a run's start, not a NaN failure by "
@@ -326,6 +335,7 @@ class PrintedScale:
     uncounted: Where | None = None  # the first line where the scale fell whose skip counter says 0
     stride: int | None = None  # the steps between the last two lines (the logging interval, where none is cut out)
     log2: float | None = None  # the log2 scale printed where `collapsed` was (an lg_loss_scale below 0)
+    unmoved: HeldScale = field(default_factory=HeldScale)  # one scale printed while every iteration is skipped
 
     def feed(self, found: list[tuple[str, str, int]], number: int, step: int | None) -> None:
         """One metric line's (key, value, where) pairs: its scale, if it prints one."""
@@ -357,6 +367,7 @@ class PrintedScale:
             self.lowest = scale if self.lowest is None else min(self.lowest, scale)
             if skipped == 0 and covered and self.uncounted is None:
                 self.uncounted = (number, step)
+        self.unmoved.feed(scale, step, skipped, interval if covered else None)
         self.stride = interval
         # a training line's (it names its step) or a scale after another: not a config's `"loss_scale": 0`
         # or `0.0` (DeepSpeed's dynamic scaling)

@@ -251,7 +251,8 @@ def _forward(text: str, after: str):
 
 
 def _probability(text: str, before: str):
-    where = "a CUDA device-side assert (asynchronous)" if "Assertion" in text else "a RuntimeError the call raised"
+    device = "Assertion" in text or "device-side assert" in text  # the kernel's own assert, or the words about it
+    where = "a CUDA device-side assert (asynchronous)" if device else "a RuntimeError the call raised"
     return BY_ID["probability-assert"], {"op": "torch.multinomial (sampling)", "detail": where}
 
 

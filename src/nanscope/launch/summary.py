@@ -124,14 +124,7 @@ def summarize(traceback) -> Summary:
             out.metric = first_term(said) or out.metric
             out.also = _also(out.metric, said)
     elif seen.metrics.counters:
-        counter = seen.metrics.counters[0]
-        out.metric, out.lines["metric"] = counter.key, counter.line
-        out.check = out.check or "skip-counter"
-        out.step = out.step if out.step is not None else counter.step
-        out.points_to = out.points_to or (
-            f"the loss scaler skipped steps ({counter.key} {counter.value}): their gradients held inf or NaN "
-            "(at the start of an fp16 run, its scale calibrating)"
-        )
+        _counter(out, seen.metrics)
     elif failure is None and seen.metrics.scale.drop is not None and seen.metrics.scale.collapsed is None:
         _fell(out, seen.metrics.scale)
     elif failure is None and seen.metrics.scale.collapsed is not None:
@@ -182,13 +175,25 @@ def _also(metric: str | None, values: list[tuple[str, str]]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
+def _counter(out: Summary, metrics) -> None:
+    """A skip counter that rose, and nothing else says a value went non-finite: its line, and what a scale held over
+    every skipped iteration (launch.held_scale) says, else a scaler's skips."""
+    counter = metrics.counters[0]
+    out.metric, out.lines["metric"] = counter.key, counter.line
+    out.check = out.check or "skip-counter"
+    out.step = out.step if out.step is not None else counter.step
+    skips = (f"the loss scaler skipped steps ({counter.key} {counter.value}): their gradients held inf or NaN (at the "
+             "start of an fp16 run, its scale calibrating)")  # fmt: skip
+    out.points_to = out.points_to or metrics.scale.unmoved.points_to() or skips
+
+
 def _collapsed(out: Summary, scale) -> None:
     """The loss scale metric lines print is far below any start (launch.scales.PrintedScale.collapsed), and nothing
     else says a value went non-finite: the line that printed it (its step is when it was seen, not when it began)."""
     out.check, out.lines["metric"] = "loss-scale-collapsed", scale.collapsed[1][0]
     out.metric = "lg_loss_scale" if scale.log2 is not None else "loss scale"
-    out.points_to = ("the gradients overflow fp16 step after step: a dynamic loss scaler skipped each such step, "
-                     "lowering its scale far below any start")  # fmt: skip
+    out.points_to = ("the gradients overflowed fp16 over and over: a dynamic loss scaler skips each step that "
+                     "overflows and lowers its scale, and it is now far below any start")  # fmt: skip
 
 
 def _failure_model(out: Summary, failure, traceback) -> None:

@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
-from nanscope.launch.anomaly import DISPATCH_SOURCE, SOURCE
+from nanscope.launch.anomaly import DISPATCH_SOURCE, OPERATOR_SOURCE, SOURCE
 from nanscope.launch.code_lines import pointed, whose
 from nanscope.launch.metric_lines import COUNTERS
+from nanscope.launch.nonfinite import AFTER_IT
 from nanscope.launch.summary import Summary
 
 _WHO = {
@@ -116,6 +117,8 @@ def signal_sentence(failure, count: int = 1, stamp=None) -> str:
     if failure.step is not None:
         how = failure.step_from
         step = f" at step {failure.step}" + (f" ({how})" if how and not how.startswith("the line") else "")
+        if signal.fatal and how and how.startswith(AFTER_IT):  # the lines after a run's end are of its last step
+            step = f" at or after step {failure.step} ({how}: a run ends after its last step's lines)"
     sentence = f"{head}{step} ({'; '.join(said)})."
     if signal.id == "nccl-timeout":
         sentence += " The ranks its lines name waited; the one that failed is not in them."
@@ -141,8 +144,9 @@ def earlier_sentence(failure, seen) -> str | None:
 _SCALE_CHECKS = ("loss-scale-fall", "loss-scale-collapsed")  # said by the printed scale's own sentence (verdict)
 
 
-def first_sentence(summary: Summary, weak: bool = False) -> str | None:
-    """The first non-finite metric, its model and step, and what it points to (None: no metric line says one)."""
+def first_sentence(summary: Summary, weak: bool = False, counters=()) -> str | None:
+    """The first non-finite metric, its model and step, and what it points to (None: no metric line says one;
+    `counters`: the skip counters that rose, launch.readings.Counter)."""
     if summary.metric is None or summary.check in _SCALE_CHECKS:
         return None
     model = f" ({MODEL_WORDS.get(summary.model, summary.model)})" if summary.model else ""
@@ -159,7 +163,11 @@ def first_sentence(summary: Summary, weak: bool = False) -> str | None:
         # the summary's step is the evidence line's: the counter's only where it follows that line (holdout19 06: a
         # counter at line 17, step 1, and the overflow at step 2499, line 30)
         after = summary.lines.get("metric", 0) > summary.lines.get("check", 0)
-        return f"A skip counter rose: {summary.metric}{step if after else ''}{where}. What it points to: {summary.points_to}."
+        rise = next(
+            (c.rise() for c in counters if c.key == summary.metric and c.line == summary.lines.get("metric")), ""
+        )
+        return (f"A skip counter rose: {summary.metric}{step if after else ''}{where}{rise}. What it points to: "
+                f"{summary.points_to}.")  # fmt: skip
     if summary.contradicted is not None:
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
@@ -202,6 +210,12 @@ def _where(frame) -> str:
 def _short_of_op(where: str, why: str, through) -> str:
     """The forward call's frames end before the op's own call (launch.anomaly.short_of_op): why, and the last frame
     outside torch, the call the op was reached through."""
+    if why == "operator":
+        said = (
+            f"its last frame, {where}, is torch's wrapper of a Tensor operator, which calls the op ({OPERATOR_SOURCE})"
+        )
+        return said + (f"; the last frame outside torch, {_where(through)}, is the expression that used it"
+                       if through is not None else "")  # fmt: skip
     said = f"the paste ends before the op's own call: its last whole frame is {where}"
     if "dispatch" in why:
         said += f", torch's module dispatch, which calls a module's forward, never an op ({DISPATCH_SOURCE})"
@@ -267,5 +281,5 @@ def evidence_lines(traceback) -> list[str]:
     for counter in seen.metrics.counters:
         step = f" at step {counter.step}" if counter.step is not None else ""
         kind = "cumulative" if counter.cumulative else "over the logging interval"
-        out.append(f"skip counter: {counter.key} {counter.value}{step} (line {counter.line}, {kind})")
+        out.append(f"skip counter: {counter.key} {counter.value}{step} (line {counter.line}, {kind}){counter.rise()}")
     return out

@@ -94,7 +94,7 @@ def _metric_sentences(diagnosis) -> list[str]:
     metrics, parts = traceback.nonfinite.metrics, []
     weak = metrics.weak
     based_on_weak = metrics.first is None and weak is not None and summary.lines.get("metric") == weak.line
-    first = first_sentence(summary, weak=based_on_weak)
+    first = first_sentence(summary, weak=based_on_weak, counters=metrics.counters)
     if first is not None:
         parts.append(first)
     if traceback.metrics.zeroed is not None:
@@ -122,6 +122,8 @@ def _metric_sentences(diagnosis) -> list[str]:
     if collapsed is None and (failure is None or not failure.signal or not failure.signal.id.endswith("overflow")):
         parts += [said] if (said := metrics.scale.sentence()) is not None else []  # the overflow lines' series said it
     if collapsed is None and (said := metrics.scale.uncounted_sentence()) is not None:
+        parts.append(said)
+    if collapsed is None and (said := metrics.scale.unmoved.sentence(shown)) is not None:
         parts.append(said)
     if collapsed is not None and (said := metrics.scale.log2_sentence()) is not None:
         parts.append(said)
@@ -250,23 +252,37 @@ def _rank_sentences(diagnosis) -> list[str]:
     if rank.layers is not None:
         layers = ", " + (f"decoder layers {span(rank.layers)}" if rank.layers else "no decoder layers")
         layers += " plus the final norm and output layer" if rank.holds_output_layer else ""
-    parts = [
-        f"Rank {rank.rank}{what}",
-        f"It is TP {rank.tp} / CP {rank.cp} / DP {rank.dp} / PP {rank.pp} (EP {rank.ep}): {stage}{layers}.",
-    ]
+    parts = [f"Rank {rank.rank}{what}", _coordinates(diagnosis, f"{stage}{layers}")]
     if last and layout.pp > 1 and reported:
         check, kind = failure.check, failure.kind
+        the = "At that world the" if diagnosis.inferred else "The"  # its stage holds only at the inferred world
         if check is not None and check.quantity == "loss":
             parts.append(
-                "The last stage computes the loss, so its check reports a value that can have started in any layer."
+                f"{the} last stage computes the loss, so its check reports a value that can have started in any layer."
             )
         elif check is not None or kind in ("NaN", "Inf"):
             value = "large gradient" if kind == "large" else kind
             parts.append(
-                "The last stage holds the loss and checks its gradients first in 1F1B, so the "
+                f"{the} last stage holds the loss and checks its gradients first in 1F1B, so the "
                 f"{value} can have started in any layer."
             )
     return parts
+
+
+def _coordinates(diagnosis, stage: str) -> str:
+    """The failing rank's coordinates; where the world is inferred (the least the input allows), those before DP in
+    the layout's order hold at any world (a rank's digits faster than DP's: tp, cp, ep in tp-cp-ep-dp-pp), DP and
+    those after it only at that world."""
+    rank, layout = diagnosis.failing, diagnosis.topology
+    said = {"tp": f"TP {rank.tp}", "cp": f"CP {rank.cp}", "dp": f"DP {rank.dp}", "pp": f"PP {rank.pp}"}
+    if not diagnosis.inferred:
+        return f"It is {' / '.join(said.values())} (EP {rank.ep}): {stage}."
+    order = [dim for dim in layout.order.split("-") if dim in said]
+    fixed = order[: order.index("dp")] if "dp" in order else order
+    moving = [said[dim] for dim in order if dim not in fixed]
+    return (f"It is {' / '.join(said[dim] for dim in fixed)} (EP {rank.ep}) at any world size; at world "
+            f"{layout.world}, the least the input allows (inferred, see the layout), it is {' / '.join(moving)}: "
+            f"{stage} (a larger world moves those).")  # fmt: skip
 
 
 def _iteration_sentence(failure, summary) -> list[str]:
