@@ -221,7 +221,7 @@ def test_17_a_kl_beside_a_finite_gradient_is_a_statistic(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, text)
     assert doc["summary"]["points_to"] == (
         "a logged statistic only (over the raw logits, or over an empty token set), while the gradient norm on the "
-        "line is finite: not a diverged model"
+        "line is finite: not a diverged model on that line"
     )
 
 

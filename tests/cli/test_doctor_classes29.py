@@ -217,3 +217,77 @@ def test_11_a_cumulative_skip_counter_is_said_where_it_ended_up(tmp_path, capsys
     assert doc["metrics"]["counters"][0]["last"] == {"value": 1586, "step": 2500, "line": 5}
     assert "the run does not train" not in out
     assert "how many steps still train, the run's own step counters say" in out
+
+
+# 12. icefall's Whitening line names the module whose forward input its fp32 metric is computed from (holdout25 19)
+def test_12_icefall_s_whitening_metric_names_its_module(tmp_path, capsys):
+    log = ("2025-03-09 17:13:39,924 INFO [scaling.py:1024] Whitening: name=encoder.encoders.1.encoder.layers.0.whiten, "
+           "num_groups=1, num_channels=256, metric=nan vs. limit=12.0\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert doc["summary"]["points_to"] == (
+        "the forward activations entering encoder.encoders.1.encoder.layers.0.whiten (icefall's Whiten module): its "
+        "whitening metric is computed in fp32 from them, so they held inf or NaN (an fp16 activation overflowed to inf "
+        "is one) (k2-fsa/icefall 36e0420 egs/librispeech/ASR/zipformer/scaling.py:971-1005, :1019-1031)"
+    )
+
+
+# 13. finite rewards beside a non-finite training loss are rollouts finite weights generated: the loss's computation,
+# not the weights (holdout23 10: mlx_lm's GRPO, `Total rewards mean 1.406` beside `Train loss nan`, `KL nan`)
+def test_13_finite_rewards_beside_a_nan_training_loss_clear_the_weights(tmp_path, capsys):
+    log = ("Iter 10: Val loss nan, Val total_rewards_mean 0.000, Val kl nan\n"
+           "Iter 10: Train loss nan, Total rewards mean 1.406, Total rewards std 1.239, KL nan, Learning Rate 1.000e-05\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert doc["summary"]["points_to"] == (
+        "the loss's computation, not the weights: the training loss of step 10 is non-finite too (line 2), while the "
+        "rewards of the rollouts the weights generated are finite (Total rewards mean 1.406), so the log-probs the "
+        "loss is computed from, and KL non-finite beside it (it needs the policy's and the reference's log-probs)"
+    )
+
+
+def test_13_without_rewards_the_weights_stay_the_reading(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "Iter 10: Val loss nan, Val kl nan\nIter 10: Train loss nan, KL nan\n")
+    assert doc["summary"]["points_to"].startswith("the weights, not the evaluation alone")
+
+
+# 14. rsl-rl's block is one record: its later NaN losses join the first, and no one model is said for several
+# (holdout25 09: the value-function loss first in the block's order beside NaN surrogate and AMP losses)
+_BLOCK = ("                      Learning iteration 17/50000\n\n"
+          "          Mean value_function loss: nan\n"
+          "               Mean surrogate loss: nan\n"
+          "                 Mean entropy loss: 17.0273\n"
+          "                Mean amp_loss loss: nan\n"
+          "                       Mean reward: 2.69\n")  # fmt: skip
+
+
+def test_14_an_rsl_rl_block_is_one_record(tmp_path, capsys):
+    doc, out = _doctor(tmp_path, capsys, _BLOCK)
+    summary = doc["summary"]
+    assert (summary["metric"], summary["model"], summary["step"]) == ("Mean value_function loss", None, 17)
+    assert summary["also"] == ["Mean surrogate loss", "Mean amp_loss loss"]
+    assert "later metric line" not in out and "(the critic" not in out
+
+
+def test_14_a_block_with_the_critic_s_loss_alone_keeps_the_critic(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _BLOCK.replace("Mean surrogate loss: nan", "Mean surrogate loss: 0.1").replace(
+        "Mean amp_loss loss: nan", "Mean amp_loss loss: 0.2"))  # fmt: skip
+    assert doc["summary"]["model"] == "critic"
+
+
+# 15. after a first reading that is a logged statistic only (a KL), the first later non-finite loss or gradient norm is
+# said (holdout20 07, 08: TRL's `kl` nan from step 3, `grad_norm` nan at step 14)
+def test_15_a_later_nan_gradient_norm_after_a_statistic_is_said(tmp_path, capsys):
+    log = ("{'loss': 0.0, 'grad_norm': 0.1259, 'learning_rate': 6e-06, 'reward': 1.02, 'kl': nan, 'epoch': 0.0}\n"
+           "{'loss': -0.0, 'grad_norm': nan, 'learning_rate': 1.5e-05, 'reward': 1.03, 'kl': nan, 'epoch': 0.01}\n")  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, log)
+    assert "not a diverged model on that line. A model's own value went non-finite later: grad_norm (line 2): " in out
+    assert doc["metrics"]["graver_nonfinite"]["values"] == [["grad_norm", "nan"], ["kl", "nan"]]
+
+
+# 16. LLaMA-Factory's --checkpoint_dir (up to v0.3.3) loads the fine-tuned checkpoints it names (holdout12 19)
+def test_16_llama_factory_s_checkpoint_dir_loads_a_checkpoint(tmp_path, capsys):
+    script = ("accelerate launch src/train_bash.py --stage rm --model_name_or_path meta-llama/Llama-2-7b-hf --do_train "
+              "--finetuning_type lora --checkpoint_dir llama-2-7b-sft --output_dir llama-2-7b-rm --bf16\n")  # fmt: skip
+    doc, out = _doctor(tmp_path, capsys, "{'loss': nan, 'learning_rate': 1e-05, 'epoch': 0.1}\n", script)
+    (found,) = [c for c in doc["candidates"] if c["id"] == "bad-checkpoint-resume"]
+    assert found["status"] == "enabled"
+    assert "--checkpoint_dir llama-2-7b-sft: the run loads the fine-tuned (LoRA) checkpoints it names" in out

@@ -83,12 +83,21 @@ def test_a_a_bare_bracketed_step_at_the_head(tmp_path, capsys):
 
 
 def test_a_rsl_rl_value_function_loss_is_the_critic_s_at_its_iteration(tmp_path, capsys):
-    """Round 5: metric `loss`, no step, no model."""
+    """Round 5: metric `loss`, no step, no model. Round 29: the block is one record, so a NaN surrogate loss in it
+    leaves no one model (launch.blocks)."""
     doc, out = _doctor(tmp_path, capsys, _RSL)
-    assert _first(doc) == (14, "Value function loss", 121, "critic")
+    assert _first(doc) == (14, "Value function loss", 121, None)
     assert doc["metrics"]["first_nonfinite"]["step_from"] == (
         "the block it is in (line 11: `Learning iteration 121/...`)"
     )
+    assert (
+        "The first non-finite metric: Value function loss at step 121 (line 14), with Surrogate loss non-finite in the "
+        "same record too (which went first the record does not say). What it points to: both the actor's and the "
+        "critic's losses on the same logged step" in out
+    )
+    alone = _rsl_block(120, "0.0123", "-0.0051") + _rsl_block(121, "inf", "-0.0052")
+    doc, out = _doctor(tmp_path, capsys, alone)
+    assert _first(doc) == (14, "Value function loss", 121, "critic")
     assert (
         "The first non-finite metric: Value function loss (the critic, the value model) at step 121 (line 14). What it "
         "points to: the critic (the value model): its value loss went non-finite first in the block's order (its line "
@@ -108,7 +117,8 @@ def _rsl_logger_block(iteration: int, value: str) -> str:
 
 def test_a_rsl_rl_s_logger_names_the_critic_s_mean_value_loss(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, _rsl_logger_block(5, "0.0100") + _rsl_logger_block(6, "nan"))
-    assert _first(doc) == (11, "Mean value loss", 6, "critic")
+    assert _first(doc) == (11, "Mean value loss", 6, None)  # round 29: its surrogate loss is NaN in the same block
+    assert doc["summary"]["also"] == ["Mean surrogate loss"]
 
 
 def test_a_a_bracketed_date_is_no_step():

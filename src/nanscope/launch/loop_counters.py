@@ -155,9 +155,14 @@ def rename(reading, text: str) -> None:
         used[key] = index + 1
         values.append((spelled[index], value) if index < len(spelled) and spelled[index] else (key, value))
     reading.values = values
-    models = {NAME_MODELS.get(_first_word(key)) for key, value in values if " " in key and value != "missing"}
+    models = {spelled_model(key) for key, value in values if " " in key and value != "missing"}
     if len(models) == 1 and None not in models:
         reading.model = models.pop()
+
+
+def spelled_model(name: str) -> str | None:
+    """The model a spelled-out name's first word names (`Mean value_function loss`: the critic), or None."""
+    return NAME_MODELS.get(_first_word(name))
 
 
 def _first_word(name: str) -> str:

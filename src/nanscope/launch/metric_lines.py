@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from nanscope.facts.frameworks import PY_DICT
 from nanscope.facts.metric_names import is_step_key
-from nanscope.launch import dict_bars, epoch_steps, line_steps
+from nanscope.launch import blocks, dict_bars, epoch_steps, line_steps
 from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, bodiless, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
@@ -39,6 +39,8 @@ from nanscope.launch.loose import loose_pairs
 from nanscope.launch.metric_points import (
     ESTIMATED,
     EVALUATION_ONLY,
+    MODEL_VALUES,
+    STATISTIC_ONLY,
     contradiction,
     estimated,
     evaluation_cleared,
@@ -48,7 +50,9 @@ from nanscope.launch.metric_points import (
     same_iteration,
     term,
     training_too,
+    whitening,
 )
+from nanscope.launch.missing_loss import missing_loss
 from nanscope.launch.readings import Counter, Reading
 from nanscope.launch.scales import SKIP_COUNTER, PrintedScale
 from nanscope.launch.tables import Table, header
@@ -67,7 +71,6 @@ _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
 # key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
 COUNTERS = {SKIP_COUNTER: False, "number of nan iterations": False, "inf_nan_skip_batches": True,
             "skipped": True, "skipped_steps": True}  # fmt: skip
-_ITERATION = ("consumed samples", "elapsed time per iteration (ms)", "elapsed time per iteration")
 
 
 def _nonfinite(value: str) -> bool:
@@ -144,6 +147,7 @@ class MetricLines:
     evaluation_decided: bool = False  # an evaluation-only first reading was judged by the training loss after it
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
     block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
+    graver: Reading | None = None  # after a statistic-only first reading, the first non-finite loss or gradient norm
     counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
     epochs: list = field(default_factory=list)  # the epoch counters of the lines just before (launch.epoch_steps)
     episodes: Episodes = field(default_factory=Episodes)  # a second non-finite episode of the first reading's metric
@@ -213,7 +217,7 @@ class MetricLines:
         self._counters([pair for pair in found if shapes.separated(piece, pair[2])], number, step)
         head = MEGATRON_HEAD.match(piece) if step is None else None  # its iteration, behind a time stamp
         self.scale.feed(found, number, step if head is None else int(head["step"]))
-        missing = self._missing_loss(found)
+        missing = missing_loss(found, self.loss_keys)
         bad = [
             (key, value, at)
             for key, value, at in found
@@ -238,8 +242,9 @@ class MetricLines:
         if bad and (len(found) >= 2 or loose):
             if self.first is None:
                 self._first(line, number, found, values, step=step, step_from=step_from)
-            else:
+            elif not blocks.fold(self.first, self.block, number, values):  # rsl-rl's block: one record
                 self.later += 1
+                self._graver(line, number, found, values, step=step, step_from=step_from)
             self._rank(found, step, number)
         elif missing and self.weak is None and self.first is None:
             self.weak = self._reading(line, number, found, missing, step=step, step_from=step_from)
@@ -248,6 +253,16 @@ class MetricLines:
             self.explicit, self.explicit_line = step, number
         if offset == 0 and piece is line:
             self._shape(piece, bad or missing)
+
+    def _graver(self, line: str, number: int, found, values, *, step: int | None, step_from: str | None) -> None:
+        """After a first reading that is a logged statistic only (a KL), the first later line whose loss or gradient
+        norm is non-finite: a model's own value (holdout20 07: `kl` nan from step 3, `grad_norm` nan at step 14)."""
+        if self.graver is None and self.first.points_to.startswith(STATISTIC_ONLY):
+            if any(term(key) in MODEL_VALUES for key, _ in values):
+                graver = self._reading(line, number, found, values, step=step, step_from=step_from)
+                if graver.step_from == _BAR_BEFORE:  # a Trainer dict logs after the bar before it: a later step
+                    graver.after, graver.step, graver.step_from = graver.step, None, None
+                self.graver = graver
 
     def _rank(self, found, step: int | None, number: int) -> None:
         """The rank a line of the first reading's step names (`... grad_norm nan rank 2`: CosyVoice's trainer logs
@@ -280,7 +295,8 @@ class MetricLines:
             return
         self.evaluation_decided = True
         if any(_nonfinite(value) for value in losses):
-            first.points_to = training_too(step, number, same=step is not None and step == first.step)
+            same = step is not None and step == first.step
+            first.points_to = training_too(step, number, same=same, found=found, text=piece)
             return
         numbers = [_number(value) for value in losses]
         nonzero = all(n is not None and math.isfinite(n) and n != 0.0 for n in numbers)  # a Trainer's 0.0: NaN filtered
@@ -414,22 +430,7 @@ class MetricLines:
                 kept.last = (count, step, number)
             if rose and kept is None:
                 known = step if (not cumulative or (before is not None and count > before)) else None
-                self.counters.append(Counter(key, count, number, known, cumulative))
-
-    def _missing_loss(self, found) -> list[tuple[str, str]]:
-        """Megatron's iteration line without the loss its earlier lines printed (or, with `loss scale` and no skip,
-        without any loss): training_log prints an average only when it is > 0 (NaN is not)."""
-        keys = {key.lower(): value for key, value, _ in found}
-        if not any(key in keys for key in _ITERATION):
-            return []
-        losses = {key for key in keys if key.endswith(" loss") and key != "loss scale"}
-        if losses:
-            self.loss_keys |= losses
-            return []
-        skipped = _number(keys.get(SKIP_COUNTER, "0")) or 0
-        if skipped > 0 or "loss scale" not in keys:
-            return []
-        return [(key, "missing") for key in sorted(self.loss_keys)] or [("lm loss", "missing")]
+                self.counters.append(Counter(key, count, number, known, cumulative, named=step))
 
     def _confirm(self, found, bad: bool, number: int) -> None:
         """A later line that names its step and shares keys with a first reading on the input's first line: that
@@ -475,7 +476,7 @@ class MetricLines:
         }  # fmt: skip
         model = model_of([key for key, value in values if value != "missing"], {key.lower() for key, _, _ in found})
         contradicted = contradiction(values, found)
-        said = points_to(values, finite, model, found, trainer=shapes.trainer_dict(line))
+        said = whitening(line) or points_to(values, finite, model, found, trainer=shapes.trainer_dict(line))
         said = ESTIMATED if said == EVALUATION_ONLY and estimated(line) else said  # nanoGPT's line: the same weights
         if contradicted is not None:
             said = (f"the progress bar's running mean only: its {values[0][0]} (a mean over the last training steps) "

@@ -120,6 +120,12 @@ def _rewards_finite(found) -> list[str]:
     ][:2]  # fmt: skip
 
 
+STATISTIC_ONLY = (
+    "a logged statistic only"  # a first reading no model's failure: a later loss or gradient norm is watched
+)
+MODEL_VALUES = ("loss", "lm loss", "grad_norm", "grad norm")  # a model's own values (terms), not a statistic
+
+
 def term(key: str) -> str:
     """A metric key's own term, lowered: its last `/` part, less a training split's word before it (`train_` as
     NeMo-Aligner's SFT bar puts it before each, `train_grad_norm`: NeMo-Aligner af2b3bd nemo_aligner/algorithms/
@@ -172,8 +178,8 @@ def points_to(
         loss_ok or grad_ok
     ):
         finite_said = "the loss" if loss_ok else "the gradient norm"
-        return ("a logged statistic only (over the raw logits, or over an empty token set), while "
-                f"{finite_said} on the line is finite: not a diverged model")  # fmt: skip
+        return (f"{STATISTIC_ONLY} (over the raw logits, or over an empty token set), while {finite_said} on the "
+                "line is finite: not a diverged model on that line")  # fmt: skip
     if model == "reward" or any(
         key in ("reward_std", "reward", "rewards") or key.startswith("rewards/") and model is None for key in keys
     ):
@@ -232,6 +238,25 @@ def _preference(keys: list[str], found) -> str:
     return f"{said}: a log-softmax at the labels, summed or averaged over a response's label tokens (over none: 0/0)"
 
 
+# icefall's Zipformer Whiten modules log `Whitening: name=<module>, num_groups=1, num_channels=256, metric=nan vs.
+# limit=12.0`: a covariance statistic computed in fp32, in the backward pass, from the module's saved forward input
+# (k2-fsa/icefall 36e0420 egs/librispeech/ASR/zipformer/scaling.py:971-1005, :1019-1031), so a non-finite metric is
+# that input holding inf or NaN (an fp16 activation overflowed to inf is one)
+_WHITENING = re.compile(r"Whitening: name=(?P<name>[\w.]{1,200}), num_groups=\d{1,6}, num_channels=\d{1,8}, "
+                        r"metric=[-+]?(?:nan|inf)", re.IGNORECASE)  # fmt: skip
+WHITENING_SOURCE = "k2-fsa/icefall 36e0420 egs/librispeech/ASR/zipformer/scaling.py:971-1005, :1019-1031"
+
+
+def whitening(line: str) -> str | None:
+    """What icefall's non-finite Whitening metric on `line` points to (None: no such line)."""
+    match = _WHITENING.search(line, 0, 2048)
+    if match is None:
+        return None
+    return (f"the forward activations entering {match['name']} (icefall's Whiten module): its whitening metric is "
+            "computed in fp32 from them, so they held inf or NaN (an fp16 activation overflowed to inf is one) "
+            f"({WHITENING_SOURCE})")  # fmt: skip
+
+
 _EVALUATION = ("eval_", "eval/", "val_", "val/", "validation", "eval ", "val ", "valid ", "test ")  # lowered keys
 # a held-out loss is computed after its step's update, a training loss before its own (transformers' Trainer logs the
 # step's loss, then evaluates: 4.57.6 trainer.py _maybe_log_save_evaluate), so only a training loss logged after the
@@ -285,11 +310,28 @@ def evaluation_only(keys: list[str]) -> bool:
     return all(key.startswith(_EVALUATION) for key in keys)
 
 
-def training_too(step: int | None, line: int, *, same: bool) -> str:
+# a reward printed in words before its value (mlx_lm's `Total rewards mean 1.406`, whose pairs keep only `mean`)
+_REWARD_WORDS = re.compile(
+    r"(?<![\w/])(?P<key>[A-Za-z][\w ]{0,30}?rewards?(?: mean)?)[ :=]{1,3}(?P<value>-?\d{1,12}\.\d{1,12})"
+)
+
+
+def training_too(step: int | None, line: int, *, same: bool, found=(), text: str = "") -> str:
     """What a held-out loss non-finite points to where a training loss logged after it is non-finite too: of the same
     step (`same`: mlx_lm prints `Iter 10: Val loss nan, ...` before `Iter 10: Train loss nan, ...`:
     ml-explore/mlx-examples#1233, holdout23 10), or the next training loss logged (`Epoch 3/50 | Train Loss: nan`
-    after `Epoch 2/50 | ... | Val Loss: nan`: holdout22 04)."""
+    after `Epoch 2/50 | ... | Val Loss: nan`: holdout22 04). `found`: the training line's pairs; finite rewards on it
+    are rollouts the weights generated, so those weights were finite (`text`: the line, for a reward in words)."""
+    words = [f"{m['key']} {m['value']}" for m in _REWARD_WORDS.finditer(text, 0, 2048)][:2]
+    rewards = _rewards_finite(found) or words
+    if same and rewards:
+        kl = [key for key, value, _ in found if term(key) == "kl" and (n := _number(value)) is not None and not math.isfinite(n)]  # fmt: skip
+        beside = (
+            f", and {kl[0]} non-finite beside it (it needs the policy's and the reference's log-probs)" if kl else ""
+        )
+        return (f"the loss's computation, not the weights: the training loss of step {step} is non-finite too (line "
+                f"{line}), while the rewards of the rollouts the weights generated are finite ({', '.join(rewards)}), "
+                f"so the log-probs the loss is computed from{beside}")  # fmt: skip
     if same:
         return (f"the weights, not the evaluation alone: the training loss of step {step} is non-finite too (line "
                 f"{line}): weights already non-finite make both losses so")  # fmt: skip

@@ -74,6 +74,7 @@ class Counter:
     cumulative: bool
     last: tuple[int, int | None, int] | None = None  # a cumulative counter's last reading above its first: (value,
     # step, line)
+    named: int | None = None  # the step its line names (a cumulative counter's rise may be earlier)
 
     def to_dict(self) -> dict:
         last = None if self.last is None else dict(zip(("value", "step", "line"), self.last, strict=True))

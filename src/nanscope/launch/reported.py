@@ -118,11 +118,21 @@ def _loads(view: FlagView, flag: str) -> str:
     return _LOADS[flag]
 
 
+# LLaMA-Factory up to v0.3.3: --checkpoint_dir loads the fine-tuned (LoRA) checkpoints it names onto the model
+# (hiyouga/LLaMA-Factory v0.1.0 src/llmtuner/hparams/model_args.py:50-53, src/llmtuner/tuner/core/adapter.py:52-92;
+# gone from model_args.py in v0.4.0)
+_DELTA = "--checkpoint-dir"
+_DELTA_LOADS = ("the fine-tuned (LoRA) checkpoints it names, onto the model (LLaMA-Factory up to v0.3.3: v0.1.0 "
+                "src/llmtuner/tuner/core/adapter.py:52-92)")  # fmt: skip
+
+
 def _checkpoint(context: Context) -> tuple[str, list[str]]:
     view = context.view
     given = [flag for flag in _LOADS if view.has(flag) and not view.off(flag)]
-    if given:
-        return ENABLED, [f"{view.show(flag)}: the run loads {_loads(view, flag)}" for flag in given]
+    delta = context.framework == frameworks.LLAMA_FACTORY and view.has(_DELTA) and not view.off(_DELTA)
+    if given or delta:
+        said = [f"{view.show(flag)}: the run loads {_loads(view, flag)}" for flag in given]
+        return ENABLED, said + ([f"{view.show(_DELTA)}: the run loads {_DELTA_LOADS}"] if delta else [])
     if not context.script:
         return UNDECIDABLE, ["no launch script: whether the run loads a checkpoint is unknown"]
     return UNDECIDABLE, ["the script loads no checkpoint by these flags; a conversion of the weights may still be bad"]

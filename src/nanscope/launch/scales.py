@@ -176,9 +176,9 @@ class Scales:
         if self.initial is not None and self.first == self.initial[0]:
             scale, line, said = self.initial
             words = f"the initial scale the run's config prints (line {line}: {said})"
-            return words, "its initial scale, as the run's config prints it, halving", min(LOW, scale * LOW / HIGH)
+            return words, "its initial scale, as the run's config prints it", min(LOW, scale * LOW / HIGH)
         if self.first is not None and self.first >= HIGH:
-            return "as high as fp16 loss scalers start (2^16 or more)", "a high first scale halving", LOW
+            return "as high as fp16 loss scalers start (2^16 or more)", "a high first scale", LOW
         return None
 
     def calibrating(self, loss_step: int | None = None) -> str | None:
@@ -191,7 +191,14 @@ class Scales:
         start = self._start()
         if start is None or lowest < start[2] or still or (self.first_step is not None and self.first_step > EARLY):
             return None
-        return start[1]
+        return f"{start[1]}, {'halving' if self.halved else 'kept (its hysteresis spent)'}"
+
+    def stepless(self) -> bool:
+        """One overflow (its hysteresis spent first, or not) with no line naming a step, its scale not the config's
+        initial one: a run's start or a probe later, the text does not say which."""
+        single = self.count == 1 or self.count == 2 and bool(self.held)
+        given = self.initial is not None and self.first == self.initial[0]  # the config's initial scale: a start
+        return single and not given and self.first_step is None and self.last_step is None
 
     def probing(self, loss_step: int | None = None, finite: bool = True) -> str | None:
         """The series is a dynamic loss scaler probing a higher scale mid-run: every overflow line names its step, the
@@ -273,9 +280,7 @@ class Scales:
             return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, but the "
                     f"loss itself is non-finite at step {loss_step}: a scale calibrating does not explain a NaN "
                     "loss.")  # fmt: skip
-        given = self.initial is not None and self.first == self.initial[0]  # the config's initial scale: a start
-        single = self.count == 1 or self.count == 2 and bool(self.held)  # one overflow (its hysteresis spent first)
-        if reach and single and not given and self.first_step is None and self.last_step is None:  # a start or a probe
+        if reach and self.stepless():  # a start or a probe
             return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, and it {self._halves()}; no "
                     "line names its step: at a run's start the scale calibrating, later the scaler probing a higher "
                     "scale (it doubles after a window of clean steps), either way not a NaN failure by itself (a scale "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from nanscope.launch.code_lines import points_to
 from nanscope.launch.failure_models import message_keys, message_model, sampling_model, step_model
 from nanscope.launch.line_shapes import AVERAGE
+from nanscope.launch.nonfinite import AFTER_IT
 from nanscope.launch.tf_scopes import scope_model
 from nanscope.launch.totals import first_term, is_total
 
@@ -90,6 +91,8 @@ def summarize(traceback) -> Summary:
         out.check = failure.check.id if failure.check is not None else failure.signal.id if failure.signal else None
         step = failure.step if failure.step is not None else failure.iteration
         out.step = step if step is not None and step >= 0 else None
+        if failure.signal is not None and failure.signal.fatal and (failure.step_from or "").startswith(AFTER_IT):
+            out.step, out.after_step, out.after_from = None, step, failure.step_from  # a run's end: at or after it
         out.lines.update(dict.fromkeys(("rank", "check"), failure.line))
         out.points_to = failure.signal.means if failure.signal is not None else None
         overflow = failure.signal is not None and failure.signal.id.endswith("overflow")
@@ -228,7 +231,9 @@ def benign(traceback, out: Summary) -> str | None:
     if failure is not None and failure.signal is not None and failure.signal.id.endswith("overflow") and soft:
         calibrating = seen.scales.calibrating(seen.loss_step())
         if (metrics.first is None or metrics.first.contradicted) and calibrating:
-            return f"the fp16 loss scale calibrating at the run's start ({calibrating}), no loss non-finite"
+            when = "at a run's start or probing a higher scale later (no line names its step; " if (
+                seen.scales.stepless()) else "at the run's start ("  # fmt: skip
+            return f"the fp16 loss scale calibrating {when}{calibrating}), no loss non-finite"
         probing = seen.scales.probing(seen.loss_step())
         if (metrics.first is None or metrics.first.contradicted) and probing:
             return f"the fp16 loss scale probing a higher scale mid-run ({probing}), no loss non-finite"

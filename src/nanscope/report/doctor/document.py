@@ -209,6 +209,7 @@ def _metrics(traceback) -> dict:
     return traceback.metrics.to_dict() | {
         "first_nonfinite": None if (lines.first or lines.weak) is None else (lines.first or lines.weak).to_dict(),
         "later_nonfinite_lines": lines.later,
+        "graver_nonfinite": None if lines.graver is None else lines.graver.to_dict(),
         "nonfinite_again": None if lines.episodes.again is None else lines.episodes.again.to_dict(),
         "counters": [counter.to_dict() for counter in lines.counters],
         "loss_scale_fall": None if lines.scale.drop is None else _fall(lines.scale.drop),

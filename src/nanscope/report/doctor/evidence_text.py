@@ -163,10 +163,12 @@ def first_sentence(summary: Summary, weak: bool = False, counters=()) -> str | N
         # the summary's step is the evidence line's: the counter's only where it follows that line (holdout19 06: a
         # counter at line 17, step 1, and the overflow at step 2499, line 30)
         after = summary.lines.get("metric", 0) > summary.lines.get("check", 0)
-        rise = next(
-            (c.rise() for c in counters if c.key == summary.metric and c.line == summary.lines.get("metric")), ""
-        )
-        return (f"A skip counter rose: {summary.metric}{step if after else ''}{where}{rise}. What it points to: "
+        kept = next((c for c in counters if c.key == summary.metric and c.line == summary.lines.get("metric")), None)
+        own = step  # the evidence line's step, else the counter's line's own
+        if kept is not None and (kept.step is not None or kept.named is not None):
+            own = f" at step {kept.step}" if kept.step is not None else f" {kept.value} by step {kept.named}"
+        rise = kept.rise() if kept is not None else ""
+        return (f"A skip counter rose: {summary.metric}{own if after else ''}{where}{rise}. What it points to: "
                 f"{summary.points_to}.")  # fmt: skip
     if summary.contradicted is not None:
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "

@@ -102,6 +102,11 @@ def _metric_sentences(diagnosis) -> list[str]:
     reading = metrics.first
     if reading is not None and metrics.episodes.again is not None and first is not None:
         parts.append(metrics.episodes.again.sentence(reading.step))
+    if (graver := metrics.graver) is not None and first is not None:
+        at = f"at step {graver.step} " if graver.step is not None else ""
+        at = f"after step {graver.after} " if graver.after is not None else at  # the bar before it
+        parts.append(f"A model's own value went non-finite later: {graver.metric} {at}(line {graver.line}): "
+                     f"{graver.points_to}.")  # fmt: skip
     if reading is not None and reading.fragment is not None:
         step = f" at or before step {reading.step}" if reading.step is not None else " before this line"
         parts.append(f"{balanced(reading.fragment[0].upper() + reading.fragment[1:])}: the first non-finite value is"
