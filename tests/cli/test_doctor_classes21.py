@@ -185,7 +185,11 @@ def test_12_megatron_bridges_num_gpus_is_the_world(tmp_path, capsys):
     log = " [NeMo I 2025-01-01 00:00:00 nemo_logging:393] iteration 10/50 | grad norm: nan | lm loss: 7.1\n"
     doc, out = _doctor(tmp_path, capsys, log, script)
     assert doc["framework"]["name"] == "nemo"
-    assert (doc["topology"]["world"], doc["topology"]["nodes"], doc["topology"]["pp"]) == (1024, 128, 8)
+    # its recipe sets TP, CP and EP, which nanscope does not read: no layout of Megatron's defaults (round 30)
+    assert doc["topology"] is None
+    assert (
+        "its recipe sets TP, CP, EP, not read here, so nemo's ranks are not placed; world 1024 = 128 nodes x 8" in out
+    )
 
 
 # 13. a NaN gradient norm beside a loss logged as -0.0 (holdout21 09: TRL GRPO under Unsloth, rewards and kl finite):

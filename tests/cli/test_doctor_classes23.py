@@ -61,7 +61,7 @@ def test_3_a_training_loss_of_the_same_step_is_not_the_evaluation_only(tmp_path,
     doc, out = _doctor(tmp_path, capsys, log)
     assert doc["metrics"]["first_nonfinite"]["metric"] == "Val loss"
     assert doc["summary"]["points_to"] == (
-        "the weights, not the evaluation alone: the training loss of step 10 is non-finite too (line 2): weights "
+        "the weights, not the evaluation alone: the training loss reported at step 10 is non-finite too (line 2): weights "
         "already non-finite make both losses so"
     )
 

@@ -76,7 +76,7 @@ def test_a_benign_deepspeed_log_is_not_refused(tmp_path, capsys):
 
 def test_a_plain_log_does_not_claim_metric_lines(tmp_path, capsys):
     _, out = _doctor(tmp_path, capsys, _PLAIN)
-    assert "The log has no error line and no metric line." in out
+    assert "No error line in the log names a NaN or an Inf, and it has no metric line." in out
     assert "only its metric lines say" not in out
 
 

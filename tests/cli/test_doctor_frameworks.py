@@ -236,7 +236,9 @@ def test_a_log_of_metrics_alone_after_a_checkpoint_load(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, "--traceback", str(REPORTS / "slime-1695.log"))
     assert doc["failure"]["format"] is None and doc["metrics"]["checkpoint_load_line"] == 3
     assert [(e["metric"], e["step"]) for e in doc["metrics"]["excursions"]] == [("train_rollout_logprob_abs_diff", 121)]
-    assert doc["verdict"].startswith("The log has no error line: only its metric lines say what happened.")
+    assert doc["verdict"].startswith(
+        "No error line in the log names a NaN or an Inf: only its metric lines say what happened."
+    )
     assert _evidence(doc, "bad-checkpoint-resume")[-1].endswith("after the checkpoint load the log names at line 3")
 
 

@@ -106,7 +106,7 @@ def test_a_real_report_alone(path, report, failure, framework, release, schedule
     assert doc["config"] is None and doc["topology"] is None and doc["failing_rank"] is None
     assert doc["missing"][0].startswith("no launch script: give it to place ")
     assert "No launch script: no flag rule ran" in doc["verdict"]
-    assert "(a traceback alone: no launch script)" in out
+    assert "(a log or traceback alone: no launch script)" in out
     names = {candidate["id"] for candidate in doc["candidates"]}
     # slime's loss and rollout hazards are slime's rules: only a slime job gets them
     assert ("kl-exp-overflow" in names) == (framework == "slime"), names

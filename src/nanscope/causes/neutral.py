@@ -31,6 +31,8 @@ DISCRIMINATORS: dict[str, str] = {
     "module before it finite",
     "cpu-offloaded-optimizer": "the parameters after a step with finite gradients: non-finite ones; the step rerun "
     "with the optimizer on the device",
+    "bad-checkpoint-resume": "the first step after the load: non-finite (or its gradient norm far out of range) there "
+    "and not on a fresh start from the same weights",
 }
 
 

@@ -63,7 +63,8 @@ LIBRARY_REGRESSION = Reported(
     "computes a wrong value on some shapes or GPUs: the same script and data were finite before an upgrade. No flag "
     "enables it; the versions do.",
     ("TransformerEngine, flash-attention or torch version (no flag)",),
-    "the RerunStateMachine's verdict 'reproducible on the same GPU' (and on another GPU), then a bisect over the "
+    "the failing step rerun on the same GPU and on another (megatron-core's RerunStateMachine: 'reproducible on the "
+    "same GPU', then on another), then a bisect over the "
     "TransformerEngine / flash-attention / torch versions on the saved step",
     (
         "NVIDIA/Megatron-LM#5026 (CI: NaN after the TransformerEngine 2.16 update; reproducible on the same GPU)",

@@ -9,6 +9,8 @@ megatron-core, so a traceback holds frames of several: the first of `NAMES` with
 
 from __future__ import annotations
 
+import re
+
 SLIME, MEGATRON_LM, NEMO, NEMO_RL, VERL, OPENRLHF, ROLL, MS_SWIFT, PAI, UNKNOWN = (
     "slime", "megatron-lm", "nemo", "nemo-rl", "verl", "openrlhf", "roll", "ms-swift", "pai-megatron-patch", "unknown",
 )  # fmt: skip
@@ -36,6 +38,9 @@ NEMO_AUTOMODEL = "nemo-automodel"
 # skips a step on a NaN loss, `Loss is NaN or inf. Skipping update.`; nemo/core/neural_factory.py), years before
 # megatron-core: none of its causes are this job's
 NEMO_0 = "nemo-0.x"
+# issue 41's thirtieth round: Apple's mlx-lm, whose tuner trains on MLX (ml-explore/mlx-lm 00e8dc2
+# mlx_lm/tuner/trainer.py: `Iter {it}: Train loss ...`, `Iter {it}: Val loss ...`, `Saved final weights to ...`)
+MLX_LM = "mlx-lm"
 FAIRSEQ = "fairseq"  # issue 41's sixteenth round: fairseq's `| epoch 027 | loss 6.343 | ... | num_updates 10198 |`
 # In order of precedence: a job's own framework before the libraries it calls (NeMo's recipes and ms-swift call
 # Megatron-LM's training loop; every one of them calls megatron-core; TRL and LLaMA-Factory call transformers'
@@ -43,14 +48,14 @@ FAIRSEQ = "fairseq"  # issue 41's sixteenth round: fairseq's `| epoch 027 | loss
 NAMES = (
     SLIME, VERL, OPENRLHF, NEMO_RL, ROLL, RLINF, MS_SWIFT, PAI, PRIMUS, NEMO_AUTOMODEL, NEMO_0, NEMO, LLAMA_FACTORY, UNSLOTH, AXOLOTL, TRL, DPO_REFERENCE,
     DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, MMCV, COLOSSALAI, COMPOSER, LIT_LLAMA, LITGPT, LIGHTNING,
-    LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, FAIRSEQ, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
+    LLAMA_RECIPES, GPT_NEOX, TORCHTUNE, TORCHTITAN, FAIRSEQ, MLX_LM, MEGATRON_DEEPSPEED, MEGATRON_LM, NANOGPT, TRANSFORMERS, DEEPSPEED,
     UNKNOWN,
 )  # fmt: skip
 # The stacks that train without megatron-core: its DDP, schedules and optimizer causes are not theirs.
 WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO, XTUNER, MMENGINE, COLOSSALAI,
                     COMPOSER, LIGHTNING, NANOGPT, TRANSFORMERS, DEEPSPEED, GPT_NEOX, LIT_LLAMA, LITGPT, LLAMA_RECIPES,
                     MMCV, TORCHTUNE, TORCHTITAN, UNSLOTH, AXOLOTL, FAIRSEQ, NEMO_AUTOMODEL, NEMO_0,
-                    MEGATRON_DEEPSPEED)  # fmt: skip
+                    MEGATRON_DEEPSPEED, MLX_LM)  # fmt: skip
 # Megatron-DeepSpeed trains a Megatron-LM copy with DeepSpeed's engine: its MoE is DeepSpeed's (microsoft/Megatron-
 # DeepSpeed 066632b megatron/model/transformer.py:32, `from deepspeed.moe.layer import MoE`), its megatron/core a
 # partial copy (tensor_parallel, pipeline_parallel) without megatron-core's router, DDP or distributed optimizer
@@ -138,6 +143,18 @@ PATHS: dict[str, tuple[str, ...]] = {
 }
 # a file of PATHS -> what it is, for the evidence a frame in it gives
 FILES = {LLAMA_FACTORY_ENTRY: "LLaMA-Factory's entry script up to v0.7.0, LLaMA-Efficient-Tuning's then"}
+# framework -> (a line only its code prints, as a pattern; why it is that framework's). NeMo's logger prefix
+# `[NeMo W <time> <module>:<line>]` (the same formatter in 0.x and 1.x) from a module only NeMo 0.x has (NVIDIA/NeMo
+# 6a687a1 nemo/backends/pytorch/actions.py, nemo/core/neural_factory.py); DeepSpeed-Chat's epoch line (microsoft/
+# DeepSpeedExamples 7cc6cc3 applications/DeepSpeed-Chat/training/step2_reward_model_finetuning/main.py: the epoch's
+# mean loss, printed by its reward-model step; forks print it in other steps too)
+PATTERNS: dict[str, tuple[re.Pattern, str]] = {
+    NEMO_0: (re.compile(r"\[NeMo [DIWEC] [\d-]{10} [\d:]{8} (?:actions|neural_factory):\d{1,6}\]"),
+             "a module only nemo-0.x has"),
+    DEEPSPEED_CHAT: (re.compile(r"^Epoch \d{1,6}/\d{1,6} with loss \S{1,40}$"),
+                     "the epoch-mean loss line of DeepSpeed-Chat's reward-model step (step 2)"),
+    MLX_LM: (re.compile(r"^Iter \d{1,9}: (?:Train|Val) loss "), "the report line of mlx-lm's tuner (its ports copy it)"),
+}  # fmt: skip
 # framework -> texts in a log line that name it (a Ray actor, a logger's prefix)
 TEXTS: dict[str, tuple[str, ...]] = {
     SLIME: ("MegatronTrainRayActor", "slime.backends.megatron_utils"),

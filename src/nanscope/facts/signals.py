@@ -129,7 +129,8 @@ SIGNALS: tuple[Signal, ...] = (
         stack="torch",
         source="torch/csrc/autograd/python_anomaly_mode.cpp (the warning before the error)",
         means="autograd's anomaly mode traces the forward call of a backward function that raised (its NaN check, or "
-        "any other error in the backward pass): the frames below it are the forward op's; the error line says which",
+        "any other error in the backward pass): the frames below it are the forward op's; the error line after them "
+        "(where the text has it) says which",
         causes=("backward-only-fault", "activation-overflow"),
     ),
     Signal(

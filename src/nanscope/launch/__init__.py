@@ -292,7 +292,7 @@ def _foreign(
     launch = read_foreign(script, framework)
     core = core_evidence.evidence(framework, traceback, script=script, view=launch.view)
     hint = rank if rank is not None else _traceback_rank(traceback)
-    layout, inferred = _foreign_layout(launch, hint) if core is not None else (None, _without_layout(launch, script))
+    layout, inferred = _foreign_layout(launch, hint) if core is not None else (None, _without_layout(launch))
     # without megatron-core's layout, a size the script does not give is unknown, not Megatron's default
     pp, cp = (layout.pp, layout.cp) if layout is not None else (launch.given("pp"), launch.given("cp"))
     kind = run_kind(script.train_script, launch.view)
@@ -345,12 +345,12 @@ def _merged(framework: Framework, traceback: Traceback | None) -> Framework:
     return framework
 
 
-def _without_layout(launch: Foreign, script: LaunchScript) -> list[str]:
-    """A launch nothing ties to megatron-core: no Megatron layout (no TP/PP/CP/EP to place a rank in), only the
-    process count its launcher gives, when it gives one."""
+def _without_layout(launch: Foreign, why: str = "nothing in the inputs points to megatron-core") -> list[str]:
+    """A launch nothing ties to megatron-core (or whose sizes are not read, `why`): no Megatron layout (no TP/PP/CP/EP
+    to place a rank in), only the process count its launcher gives, when it gives one."""
     nodes, gpus = launch.sizes.get("nodes"), launch.sizes.get("gpus_per_node")
     name = launch.framework.name if launch.framework.name != frameworks.UNKNOWN else "the job"
-    head = f"no megatron-core layout: nothing in the inputs points to megatron-core, so {name}'s ranks are not placed"
+    head = f"no megatron-core layout: {why}, so {name}'s ranks are not placed"
     if nodes is not None and gpus is not None:
         launch.notes.append(f"{head}; world {nodes * gpus} = {count(nodes, 'node')} x {count(gpus, 'GPU')}")
     elif gpus is not None:
@@ -370,6 +370,8 @@ def _foreign_layout(launch: Foreign, rank: int | None):
     if launch.framework.name == frameworks.OPENRLHF:
         launch.notes.append("OpenRLHF trains with DeepSpeed: no megatron-core layout")
         return None, inferred
+    if launch.recipe:  # Megatron-Bridge's performance recipe sets them (launch.bridge_perf)
+        return None, _without_layout(launch, f"its recipe sets {', '.join(launch.recipe)}, not read here")
     gpn = sizes.get("gpus_per_node") or 8
     if sizes.get("gpus_per_node") is None:
         inferred.append("GPUs per node not given (nor CUDA_VISIBLE_DEVICES): 8 assumed, for the layout only")

@@ -18,6 +18,12 @@ from nanscope.launch.metric_points import model_of, points_to
 _BLOCK = "the block it is in"  # how a reading's step came from its block's header (launch.metric_lines)
 
 
+def opening(first, headers: int) -> bool:
+    """The first reading lies in the input's first block (`headers`: the block headers read so far): the text starts
+    at its iteration, and an earlier one may have been non-finite too."""
+    return (first.step_from or "").startswith(_BLOCK) and headers == 1
+
+
 def fold(first, block: tuple[int, int] | None, number: int, values: list[tuple[str, str]]) -> bool:
     """Join the non-finite `values` of line `number` to the first reading `first` (launch.readings.Reading) where
     both lie in rsl-rl's block `block` ((its iteration, its header's line)); True if so."""

@@ -144,9 +144,8 @@ def without_flags(traceback, framework, release, core: str | None = "") -> list[
         for cause in immune.IMMUNE:
             evidence = [f"slime {key} is immune: {cause.why}", *cause.evidence]
             out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
-    context = Context(
-        framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False, script=False
-    )
+    context = Context(framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False,
+                      script=False, loaded=None if traceback is None else traceback.metrics.loaded())  # fmt: skip
     out += reported_candidates(context, traceback, script=False)
     if not slime:
         neutral(out)

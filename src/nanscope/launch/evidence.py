@@ -128,8 +128,27 @@ def read_frames(frames: list[Frame]) -> FrameEvidence:
     if core is not None:
         evidence.core_releases, shown = core
         fits = _range(evidence.core_releases) or "no release nanscope knows"
+        if any(frame.path.replace("\\", "/").endswith(wordings.GRAD_BUFFER) for frame in frames):
+            fits += " (or a Megatron-LM main before 0.6.0, which renamed grad_buffer.py param_and_grad_buffer.py)"
         evidence.lines.append(f"megatron-core {fits}: the lines of {', '.join(shown)}")
     return evidence
+
+
+def unreleased(failure, evidence: FrameEvidence, frames: list[Frame]) -> None:
+    """Megatron's grad-norm assertion (launch.failure.Failure, form assert) through a frame of grad_buffer.py: printed
+    by a Megatron-LM main of a window no release has (facts.wordings.GRAD_BUFFER), not by core 0.6 to 0.9."""
+    if failure is None or failure.format != "assert" or failure.check is None or failure.check.id != "grad-norm-nan":
+        return
+    if not any(frame.path.replace("\\", "/").endswith(wordings.GRAD_BUFFER) for frame in frames):
+        return
+    failure.releases, failure.unreleased, evidence.core_releases = (), wordings.GRAD_BUFFER_MAIN, ()
+    evidence.lines = [line for line in evidence.lines if not line.startswith(("megatron-core ", "the check reached"))]
+    evidence.lines.append("the check reached: grad_buffer.py's DDP bucket check (finish_grad_sync): each bucket's local "
+                          "gradient norm asserted finite before the data-parallel reduce")  # fmt: skip
+    evidence.lines.append(
+        f"megatron-core: {wordings.GRAD_BUFFER_MAIN}: the frame of grad_buffer.py, under the "
+        "grad-norm assertion it had there"
+    )
 
 
 def _range(found: tuple[str, ...]) -> str:
@@ -144,6 +163,9 @@ def core_releases(frames: list[Frame]) -> tuple[tuple[str, ...], list[str]] | No
     have, shown = set(wordings.RELEASES), []
     for frame in frames:
         path = frame.path.replace("\\", "/")
+        if path.endswith(wordings.GRAD_BUFFER):  # the file of 0.4.0 and 0.5.0 (and of main until 0.6.0)
+            have &= {"0.4.0", "0.5.0"}
+            shown.append(f"grad_buffer.py:{frame.line} {frame.function}")
         for suffix, function in wordings.FRAME_LINES:
             if function == frame.function and frame.line is not None and path.endswith(suffix):
                 have &= wordings.frame_releases(suffix, function, frame.line)
@@ -173,6 +195,9 @@ def framework_of(
             if hit is not None:
                 found.setdefault(name, _path_how(hit, frame))
     for line in lines:
+        for name, (pattern, why) in frameworks.PATTERNS.items():
+            if (said := pattern.search(line.strip()[:200])) is not None:
+                found.setdefault(name, f"the log names it: `{said.group().strip()}`, {why}")
         for name, texts in frameworks.TEXTS.items():
             hit = next((text for text in texts if text in line), None)
             if hit is not None:

@@ -115,6 +115,7 @@ class Failure:
     output: int | None = None  # anomaly mode: the backward function's output index
     detail: str | None = None
     ranks: list[str] = field(default_factory=list)  # ranks named that are not the failing one (logging, waiting)
+    unreleased: str | None = None  # the Megatron-LM main that prints it where its frames fit no release (releases ())
 
 
 def failures(text: str, origin: str = "traceback") -> Iterator[Failure]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+_SHORT = re.compile(r"-[A-Za-z][A-Za-z0-9]{0,5}")  # a CLI's short flag (`-ng`, `-hf`), read where it has aliases
 _TRUE = ("", "true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off", "none", "null")
 # verl's hydra keys that carry Megatron options (their last part is the option's name), and its own keys nanscope
@@ -84,12 +85,14 @@ class FlagView:
     written: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of_argv(cls, argv: list[str]) -> FlagView:
-        view, current = cls(), None
+    def of_argv(cls, argv: list[str], aliases: dict[str, str] | None = None) -> FlagView:
+        """`aliases`: a CLI's short flags -> their long spelling (`-ng` -> `--num_gpus`); given, any other short flag
+        (`-hf`) is a flag of its own too."""
+        view, current, aliases = cls(), None, aliases or {}
         for word in argv:
-            if word.startswith("--") and len(word) > 2:
+            if word.startswith("--") and len(word) > 2 or aliases and _SHORT.fullmatch(word.partition("=")[0]):
                 name, eq, value = word.partition("=")
-                current = spelling(name)
+                current = spelling(aliases.get(name, name))
                 view.given[current] = [value] if eq else []
                 view.written[current] = word
             elif current is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from nanscope.facts import frameworks
 from nanscope.facts.flags import BY_SPELLING, SLIME
+from nanscope.launch import bridge_perf
 from nanscope.launch.detect import named_release
 from nanscope.launch.evidence import UNKNOWN, Framework
 from nanscope.launch.flagview import FlagView
@@ -151,6 +152,7 @@ class Foreign:
     notes: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # values given that are no size: one line each, as written
     model: dict[str, int] = field(default_factory=dict)  # the model's sizes the layout needs ({"--num-layers": 4})
+    recipe: list[str] = field(default_factory=list)  # the parallel sizes a recipe sets, not read (launch.bridge_perf)
 
     def given(self, size: str) -> int | None:
         """A parallel size the script gives (None: not given, only Megatron's default, DEFAULTED)."""
@@ -171,7 +173,12 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     """The flags and sizes of a non-slime launch."""
     overrides = any("=" in word and not word.startswith("-") for word in script.argv)
     hydra = framework.name == frameworks.VERL or (framework.name == frameworks.NEMO and overrides)  # key=value
-    view = FlagView.of_hydra(script.argv) if hydra else FlagView.of_argv(script.argv)
+    perf = bridge_perf.is_perf(script.train_script)
+    view = (
+        FlagView.of_hydra(script.argv)
+        if hydra
+        else FlagView.of_argv(script.argv, bridge_perf.ALIASES if perf else None)
+    )
     launch = Foreign(framework, view, {})
     for size, flag in {**_SIZES, "vpp": "--virtual-pipeline-model-parallel-size"}.items():
         launch.sizes[size] = _checked(launch, view, flag)
@@ -197,6 +204,7 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     ]
     _deepspeed_config(launch, view)
     _world(launch, script)
+    launch.recipe = bridge_perf.recipe_sizes(view) if perf else []
     _visible_devices(launch, script)
     for size, value in launch.sizes.items():
         if value is None and size in ("tp", "pp", "cp", "ep"):
@@ -233,6 +241,9 @@ def _world(launch: Foreign, script: LaunchScript) -> None:
             launch.sizes[size] = _size(launch, f"{env[size]}={text}", text)
         if size == "gpus_per_node" and launch.sizes[size] is None and launcher.has("--num-processes"):
             _processes(launch, launcher)
+        typed = bridge_perf.per_node(view) if bridge_perf.is_perf(script.train_script) else None
+        if size == "gpus_per_node" and launch.sizes[size] is None and typed is not None:
+            launch.sizes[size], launch.origins[size] = typed
         if launch.sizes[size] is None and not every:
             launch.notes.append(f"{size.replace('_', ' ')}: not given (or read from an unset variable)")
     _bridge_nodes(launch)

@@ -26,11 +26,39 @@ _EPOCH_ITER = re.compile(
 _BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\]|\A\[(?P<at>\d{1,12})\] ", re.IGNORECASE)  # fmt: skip
 LINE = "the line"  # how: its own step key
 _ITER = "the line's iter, each micro-batch; "  # how: a micro-batch iteration beside the optimizer's count
+ROUNDED = ", printed "  # how, after the source: the step printed rounded (`1.53e+05`), said as printed
 
 
 def own(how: str | None) -> bool:
     """`how` says the step came from the line's own step key."""
+    how = None if how is None else how.split(ROUNDED, 1)[0]
     return how == LINE or how is not None and how.startswith(_ITER)
+
+
+def rounded(value: str) -> str | None:
+    """`value` where it prints a step rounded: e-notation with fewer significant digits than the step's (baselines'
+    logger prints 153021 as `1.53e+05`, '%-8.3g'); None: it prints the step exactly."""
+    text = value.strip("'\"").lower()
+    mantissa, e, exponent = text.partition("e")
+    try:
+        power = int(exponent) if e else -1
+    except ValueError:
+        return None
+    digits = len(mantissa.lstrip("+-").replace(".", "").lstrip("0").rstrip("0")) or 1
+    return text if power >= digits else None
+
+
+def printed(how: str | None) -> str | None:
+    """The step as printed, where `how` (a step's source) says it was rounded; None: exact."""
+    if how is None or ROUNDED not in how:
+        return None
+    return how.split(ROUNDED, 1)[1].split(":", 1)[0]
+
+
+def with_rounding(how: str, value: str) -> str:
+    """`how`, saying the step was printed rounded where `value` is (launch.line_steps.rounded)."""
+    shown = rounded(value)
+    return how if shown is None else f"{how}{ROUNDED}{shown}: rounded, so not exact"
 
 
 def named(piece: str, found: list[tuple[str, str, int]]) -> tuple[int | None, str | None]:
@@ -41,13 +69,13 @@ def named(piece: str, found: list[tuple[str, str, int]]) -> tuple[int | None, st
         if is_step_key(key) and not shapes.percent(piece, at, value) and not shapes.setting(piece, at, key):
             count = number(value.split("/")[0])
             if count is not None and math.isfinite(count):
-                steps.append((key, int(count)))
+                steps.append((key, int(count), value))
     glob = next((pair for pair in steps if pair[0].lower() == "global_step"), None)
     if glob is not None and len(steps) > 1:  # `step: 4, global_step:1` (liucongg/ChatGLM-Finetuning#132): the
         other = next(pair for pair in steps if pair is not glob)  # optimizer's count, beside another count
         return glob[1], f"the line's global_step (its {other[0]} {other[1]} counts something else)"
     if steps:
-        return steps[0][1], _optimizer_count(steps)
+        return steps[0][1], with_rounding(_optimizer_count([pair[:2] for pair in steps]), steps[0][2])
     match = _EPOCH_ITER.search(piece, 0, WINDOW)
     if match is not None and match["step"] is not None:
         return int(match["step"]), "the line (the iteration within its epoch)"

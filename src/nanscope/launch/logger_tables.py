@@ -32,6 +32,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from nanscope.launch import line_steps
 from nanscope.launch.scales import SCALE_KEYS
 
 MAX_ROWS = 256  # rows of one table read
@@ -205,7 +206,7 @@ def _step(table: LoggerTable, block: bytes, top: int, top_number: int, clean) ->
     for key in _STEPS:
         value = values.get(key)
         if value is not None and _number(value) and math.isfinite(float(value)):
-            table.step, table.step_from = int(float(value)), f"the table's {key} row"
+            table.step, table.step_from = int(float(value)), line_steps.with_rounding(f"the table's {key} row", value)
             return
     for distance, (_, text) in enumerate(_lines_before(block, top, _BEFORE + 1), start=1):
         text = clean(text)

@@ -53,7 +53,7 @@ from nanscope.launch.metric_points import (
     whitening,
 )
 from nanscope.launch.missing_loss import missing_loss
-from nanscope.launch.readings import Counter, Reading
+from nanscope.launch.readings import COUNTERS, Counter, Reading, found_counters
 from nanscope.launch.scales import SKIP_COUNTER, PrintedScale
 from nanscope.launch.tables import Table, header
 
@@ -68,9 +68,6 @@ _SHAPE_KEYS = re.compile(r"([A-Za-z][^|:\n]{0,100}?):")
 _SHAPE = str.maketrans("", "", "0123456789 ")  # a line less its digits and spaces: its keys and punctuation
 _SETTINGS = ("max_", "min_", "best_", "best ")  # a setting or a sentinel (`max_grad_norm: inf`, `best_loss inf`)
 _NONFINITE = ("nan", "nan.0", "inf", "-inf", "+inf", "infinity", "-infinity")
-# key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
-COUNTERS = {SKIP_COUNTER: False, "number of nan iterations": False, "inf_nan_skip_batches": True,
-            "skipped": True, "skipped_steps": True}  # fmt: skip
 
 
 def _nonfinite(value: str) -> bool:
@@ -147,10 +144,12 @@ class MetricLines:
     evaluation_decided: bool = False  # an evaluation-only first reading was judged by the training loss after it
     scale: PrintedScale = field(default_factory=PrintedScale)  # the loss scale the lines print, and its first fall
     block: tuple[int, int] | None = None  # rsl-rl's last `Learning iteration N/M` header: (N, its line)
+    headers: int = 0  # rsl-rl's block headers so far
     graver: Reading | None = None  # after a statistic-only first reading, the first non-finite loss or gradient norm
     counted: list[int] = field(default_factory=list)  # the steps of the bare `step value` lines just read
     epochs: list = field(default_factory=list)  # the epoch counters of the lines just before (launch.epoch_steps)
     episodes: Episodes = field(default_factory=Episodes)  # a second non-finite episode of the first reading's metric
+    started: tuple[int, int] | None = None  # Megatron's first iteration line: (its iteration, its line)
 
     def rule(self, line: str, header_line: str, caption: list[str]) -> bool:
         """A table's rule row (`-- | --`) under `header_line` (`caption`: the lines before that): its columns are read
@@ -164,7 +163,7 @@ class MetricLines:
     def feed(self, line: str, number: int, *, bars: bool = True) -> None:
         """One metric line (`bars`: read its progress bar too; False: the caller reads the whole line's)."""
         if (header := shapes.block_header(line)) is not None:
-            self.block = (header, number)
+            self.block, self.headers = (header, number), self.headers + 1
             return
         if not self._quiet(line, number):
             for offset, piece in segments(line):
@@ -214,9 +213,12 @@ class MetricLines:
         counted = shapes.trainer_dict(piece) and offset == 0 and not shapes.evaluation_dict(piece)
         self.since_bar += counted
         step, step_from = self._step(line, piece, offset, found)
-        self._counters([pair for pair in found if shapes.separated(piece, pair[2])], number, step)
+        found_counters(self.counters, self.seen, [p for p in found if shapes.separated(piece, p[2])], number, step)
         head = MEGATRON_HEAD.match(piece) if step is None else None  # its iteration, behind a time stamp
-        self.scale.feed(found, number, step if head is None else int(head["step"]))
+        if self.started is None and (megatron := head or MEGATRON_HEAD.match(piece)) is not None:
+            self.started = (int(megatron["step"]), number)
+        exact = step if line_steps.printed(step_from) is None else None  # a rounded step is not said as a number
+        self.scale.feed(found, number, exact if head is None else int(head["step"]))
         missing = missing_loss(found, self.loss_keys)
         bad = [
             (key, value, at)
@@ -416,22 +418,6 @@ class MetricLines:
         step, how = self._step(line, line, 0, pairs(line))
         return step if how is not None and how.startswith("the line") else None
 
-    def _counters(self, found, number: int, step: int | None) -> None:
-        for key, value, _ in found:
-            name = key.lower()
-            if name not in COUNTERS or (count := _number(value)) is None:
-                continue
-            count, before = int(count), self.seen.get(name)
-            self.seen[name] = count
-            cumulative = COUNTERS[name]
-            rose = count > 0 and (not cumulative or before is None or count > before)
-            kept = next((counter for counter in self.counters if counter.key == key), None)
-            if kept is not None and cumulative and count > kept.value:  # where it ended up: how many steps skipped
-                kept.last = (count, step, number)
-            if rose and kept is None:
-                known = step if (not cumulative or (before is not None and count > before)) else None
-                self.counters.append(Counter(key, count, number, known, cumulative, named=step))
-
     def _confirm(self, found, bad: bool, number: int) -> None:
         """A later line that names its step and shares keys with a first reading on the input's first line: that
         line was cut at its start (the excerpt begins mid-line). Its reading gives way to this line's, or keeps its
@@ -457,9 +443,10 @@ class MetricLines:
         after, block = None, self.block
         if step is None and block is not None and 0 < number - block[1] <= shapes.BLOCK_LINES:
             step, step_from = block[0], f"the block it is in (line {block[1]}: `Learning iteration {block[0]}/...`)"
-        if step is None and self.explicit is not None:
-            after = self.explicit
-        elif step is None and self.bar is not None and number - self.bar_line <= LOOKAHEAD and not self.bar_done:
+        near = self.bar is not None and number - self.bar_line <= LOOKAHEAD and not self.bar_done
+        if step is None and self.explicit is not None and not (near and self.bar_line > self.explicit_line):
+            after = self.explicit  # a step named since the last bar (a bar after it is later: holdout20 08)
+        elif step is None and near:
             trainer = shapes.trainer_dict(line)
             if trainer and self.redrawn == self.bar:  # the bar redrawn after the dict before: this one is later
                 after = self.bar  # (holdout22 04: dict, `1/300` redrawn with a warning glued, dict: after step 1)

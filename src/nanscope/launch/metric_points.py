@@ -329,12 +329,13 @@ def training_too(step: int | None, line: int, *, same: bool, found=(), text: str
         beside = (
             f", and {kl[0]} non-finite beside it (it needs the policy's and the reference's log-probs)" if kl else ""
         )
-        return (f"the loss's computation, not the weights: the training loss of step {step} is non-finite too (line "
-                f"{line}), while the rewards of the rollouts the weights generated are finite ({', '.join(rewards)}), "
-                f"so the log-probs the loss is computed from{beside}")  # fmt: skip
+        return (f"the log-probs the loss is computed from{beside}, or weights that went non-finite late in the "
+                f"window: the training loss reported at step {step} is non-finite too (line {line}: a mean over the "
+                f"steps since the last report), while the rewards reported beside it are finite ({', '.join(rewards)}): "
+                "the weights generated finite rollouts for at least part of that window")  # fmt: skip
     if same:
-        return (f"the weights, not the evaluation alone: the training loss of step {step} is non-finite too (line "
-                f"{line}): weights already non-finite make both losses so")  # fmt: skip
+        return (f"the weights, not the evaluation alone: the training loss reported at step {step} is non-finite too "
+                f"(line {line}): weights already non-finite make both losses so")  # fmt: skip
     return (f"the weights, not the evaluation alone: the next training loss logged after it is non-finite too "
             f"({_where(step, line)}): weights already non-finite make both losses so")  # fmt: skip
 

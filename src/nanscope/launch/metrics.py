@@ -79,7 +79,8 @@ _QUICK = {
 }
 # A checkpoint load in the log: an excursion after it points at the checkpoint (causes.reported BAD_CHECKPOINT).
 # Matched in the lowered block with bytes.rfind (a case-insensitive regex has no literal fast path: 30 MB/s).
-_LOADS = (b"loading checkpoint", b"loaded checkpoint", b"load checkpoint", b"resuming from", b"resume from")
+_LOADS = (b"loading checkpoint", b"loaded checkpoint", b"load checkpoint", b"resuming from", b"resume from",
+          b"weights loaded", b"weights restored", b"restored from checkpoint")  # fmt: skip
 _STEP = re.compile(r"\b(?:step|iteration|global_step)['\"]?\s*(?:[:=]\s*)?(?P<step>\d{1,12})\b", re.IGNORECASE)
 
 
@@ -133,16 +134,20 @@ class Metrics:
     first_step: int | None = None
     excursions: dict[str, Excursion] = field(default_factory=dict)
     load_line: int | None = None  # the last checkpoint load before the first excursion
+    load_text: str = ""  # ... its line, cut
     zeroed: ZeroedLoss | None = None  # the first Trainer-logged loss of 0.0 after a non-zero one
     trainer_loss: float | None = None  # the last Trainer-logged loss read (until `zeroed` is found)
 
     def scan(self, block: bytes, lines_before: int) -> None:
         """The metric values in `block` (whole lines); `lines_before`: the log's lines before it."""
         if not self.excursions:
-            lowered = block.lower()
+            # transformers' from_pretrained prints `Loading checkpoint shards`: a model's weights, no training state
+            lowered = block.lower().replace(b"loading checkpoint shards", b"loading pretrained shards")  # same length
             last = max(lowered.rfind(text) for text in _LOADS)
             if last >= 0:
                 self.load_line = lines_before + block.count(b"\n", 0, last) + 1
+                start = block.rfind(b"\n", 0, last) + 1
+                self.load_text = block[start : start + 200].split(b"\n", 1)[0].decode("utf-8", "replace").strip()
         if not self.seen:  # the first metric line's step; until one is seen, a block without a key is passed over
             found = [at for keys in _KEYS.values() for key in keys if (at := block.find(key)) >= 0]
             if not found:
@@ -188,6 +193,10 @@ class Metrics:
                 line = lines_before + block.count(b"\n", 0, at) + 1
                 self.excursions[metric] = Excursion(metric, _step(block, at), value, line, why)
                 return
+
+    def loaded(self) -> tuple[int, str] | None:
+        """(line, text) of the checkpoint load the log names (None: none)."""
+        return None if self.load_line is None else (self.load_line, self.load_text)
 
     def after_load(self, excursion: Excursion) -> bool:
         """The excursion comes after a checkpoint load the log names."""

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from nanscope.launch import (
+    blocks,
     error_words,
     glued,
     json_records,
@@ -214,8 +215,9 @@ class Nonfinite:
                 continue
             table = logger_tables.read(block, start, lines + 1, clean) if logger_tables.row(text) else None
             if table is not None:  # a baselines logger's table: one record
-                consumed = table.stop
+                consumed, before = table.stop, self.metrics.first
                 logger_tables.feed(self.metrics, table)
+                self.opening = self.opening or (before is None and self.metrics.first is not None and table.first <= 2)
                 continue
             previous = clean(_line_before(block, start).decode("utf-8", "replace"))
             caption = [clean(raw.decode("utf-8", "replace")) for raw in _before(block, start, 3)[:-1]]
@@ -273,6 +275,7 @@ class Nonfinite:
         if first is not None and first.line == number:  # this line holds the first non-finite metric
             if before is not None:
                 self.opening = bool(before) and first.metric.lower() not in before  # records before it, none of it
+            self.opening = self.opening or blocks.opening(first, self.metrics.headers)
             loop_counters.rename(first, text)  # an ad hoc loop's counters, a name with spaces
             if first.step is None and first.after is None:  # a record printed a key per line: its step key before
                 step, how, epoch = loop_lines.record_before(block, start, number, clean)

@@ -34,7 +34,7 @@ def _failure_lines(failure: Failure, framework: str, pp: int | None, overlap: bo
     """The failure's iteration, bucket and check, explained (each only where the failure names it)."""
     out = [explain_iteration(failure.iteration, framework)] if failure.iteration is not None else []
     bucket = explain_bucket(failure.bucket, pp, overlap)
-    check = explain_check(failure) if failure.message else ""
+    check = explain_check(failure) if failure.message and failure.format != "signal" else ""  # Megatron's forms only
     return out + [text for text in (bucket, check) if text]
 
 

@@ -52,17 +52,34 @@ def peer_candidates(
         elif framework.name == frameworks.OPENRLHF and hazard.name.startswith("moe-"):
             status, evidence = RULED_OUT, ["OpenRLHF runs Hugging Face models under DeepSpeed: no megatron-core router"]
         else:
-            status, evidence = UNDECIDABLE, [unflagged(hazard)]
+            status, evidence = UNDECIDABLE, _model_flags(hazard, view) or [unflagged(hazard)]
         if view is None and status == ENABLED:
             status, evidence = UNDECIDABLE, ["no launch script: the flags that decide it are unknown", *evidence]
         out.append(judged(hazard, status, evidence, traceback if status != RULED_OUT else None, None))
     known = framework.name in (frameworks.MEGATRON_LM, frameworks.PAI)  # Megatron's argparse defaults: off
+    started = None if traceback is None else traceback.nonfinite.metrics.started
+    loaded = None if traceback is None else traceback.metrics.loaded()
     context = Context(framework.name, view or FlagView(), pp, cp, core=core_of(traceback), defaults_known=known,
-                      script=view is not None)  # fmt: skip
+                      script=view is not None, started=started, loaded=loaded)  # fmt: skip
     out += reported_candidates(context, traceback, script=view is not None)
     neutral(out)
     out = without_megatron(out, framework.name, core)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
+
+
+def _model_flags(hazard, view: FlagView | None) -> list[str]:
+    """What the launch's flags say of a fault in the model: those of the hazard's flags it gives (each a single flag,
+    not off, not 0: they switch on what the cause needs), and --fp16's overflow at 65504 for activation-overflow."""
+    if view is None:
+        return []
+    given = [view.show(entry) for entry in hazard.flags if " " not in entry and view.has(entry) and not view.off(entry)
+             and view.number(entry) != 0]  # fmt: skip
+    said = [f"{', '.join(given)}: given, which switches on what this cause needs; no flag says whether it fired"]
+    fp16 = hazard.name == "activation-overflow" and view.on("--fp16")
+    fp16_said = (
+        [f"{view.show('--fp16')}: an activation past 65504 is inf; no flag says whether one was"] if fp16 else []
+    )
+    return (said if given else []) + fp16_said
 
 
 def _rollouts(framework: Framework) -> tuple[str, list[str]]:

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanscope.launch import line_steps
+from nanscope.launch.scales import SKIP_COUNTER
+
+# key (lowered, last part) -> cumulative; a counter of skipped or NaN steps
+COUNTERS = {SKIP_COUNTER: False, "number of nan iterations": False, "inf_nan_skip_batches": True,
+            "skipped": True, "skipped_steps": True}  # fmt: skip
+
 
 @dataclass
 class Reading:
@@ -48,6 +55,11 @@ class Reading:
         return self.values[0][0]
 
     @property
+    def printed(self) -> str | None:
+        """Its step as the text prints it, where rounded (`1.53e+05`); None: exact, or none."""
+        return line_steps.printed(self.step_from) if self.step is not None else None
+
+    @property
     def said_epoch(self) -> str | None:
         """`epoch` where it says something: a number above 0 (a Trainer's `0.0` in its first hundredth of an epoch
         says nothing)."""
@@ -89,3 +101,22 @@ class Counter:
         by = f" by step {step}" if step is not None else ""
         share = f": {value} of {step} steps skipped" if step else ""
         return f", to {value}{by} (line {line}){share}"
+
+
+def found_counters(counters: list[Counter], seen: dict[str, int], found, number: int, step: int | None) -> None:
+    """The skip counters among a metric line's pairs (`found`, line `number`, its step `step`): one that rose joins
+    `counters`; `seen`: each counter's last value (key lowered)."""
+    for key, value, _ in found:
+        name = key.lower()
+        if name not in COUNTERS or (count := line_steps.number(value)) is None:
+            continue
+        count, before = int(count), seen.get(name)
+        seen[name] = count
+        cumulative = COUNTERS[name]
+        rose = count > 0 and (not cumulative or before is None or count > before)
+        kept = next((counter for counter in counters if counter.key == key), None)
+        if kept is not None and cumulative and count > kept.value:  # where it ended up: how many steps skipped
+            kept.last = (count, step, number)
+        if rose and kept is None:
+            known = step if (not cumulative or (before is not None and count > before)) else None
+            counters.append(Counter(key, count, number, known, cumulative, named=step))

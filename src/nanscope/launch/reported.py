@@ -48,6 +48,8 @@ class Context:
     unread: bool = False
     defaults_known: bool = True
     script: bool = True  # a launch script was read (False: no flag, and no sentence about "the script")
+    started: tuple[int, int] | None = None  # the log's first Megatron iteration line: (its iteration, its line)
+    loaded: tuple[int, str] | None = None  # a line of the log that says it loaded a checkpoint: (line, text)
 
 
 def reported(context: Context) -> list[tuple[causes.Reported, str, list[str]]]:
@@ -126,16 +128,36 @@ _DELTA_LOADS = ("the fine-tuned (LoRA) checkpoints it names, onto the model (LLa
                 "src/llmtuner/tuner/core/adapter.py:52-92)")  # fmt: skip
 
 
+def _fresh(view: FlagView, line: int) -> str:
+    """--load beside a log whose first Megatron iteration is 1: no training checkpoint was resumed."""
+    same = (
+        " (--save's directory too: a first run finds nothing there)"
+        if view.value("--save") == view.value("--load")
+        else ""
+    )
+    return (f"{view.show('--load')}{same}, but the log's first iteration line (line {line}) is iteration 1: Megatron "
+            "resumes a checkpoint at the iteration after the one it saved, so none was resumed: the directory held none "
+            "(Megatron then starts from its own initialisation) or weights saved at iteration 0 (a converted release "
+            "checkpoint); Megatron-LM core_v0.15.0rc0 megatron/training/checkpointing.py:1088-1100 (no tracker file: "
+            "start from random), :1600-1610 (the saved iteration, 0 for --finetune or a release)")  # fmt: skip
+
+
 def _checkpoint(context: Context) -> tuple[str, list[str]]:
     view = context.view
     given = [flag for flag in _LOADS if view.has(flag) and not view.off(flag)]
     delta = context.framework == frameworks.LLAMA_FACTORY and view.has(_DELTA) and not view.off(_DELTA)
+    if given == ["--load"] and not delta and context.started is not None and context.started[0] == 1:
+        return UNDECIDABLE, [_fresh(view, context.started[1])]
     if given or delta:
         said = [f"{view.show(flag)}: the run loads {_loads(view, flag)}" for flag in given]
         return ENABLED, said + ([f"{view.show(_DELTA)}: the run loads {_DELTA_LOADS}"] if delta else [])
+    said = [] if context.loaded is None else [f"the log says the run loaded one at line {context.loaded[0]}: "
+                                              f"`{context.loaded[1][:120]}`"]  # fmt: skip
     if not context.script:
-        return UNDECIDABLE, ["no launch script: whether the run loads a checkpoint is unknown"]
-    return UNDECIDABLE, ["the script loads no checkpoint by these flags; a conversion of the weights may still be bad"]
+        return UNDECIDABLE, said or ["no launch script: whether the run loads a checkpoint is unknown"]
+    return UNDECIDABLE, said or [
+        "the script loads no checkpoint by these flags; a conversion of the weights may still be bad"
+    ]
 
 
 def _offload(context: Context) -> tuple[str, list[str]]:
@@ -242,9 +264,21 @@ def _sp_new(context: Context) -> tuple[str, list[str]]:
     return RULED_OUT, [shown, "no flag or model path of a new architecture (MTP, gated delta net, Mamba hybrids)"]
 
 
+# Megatron-Bridge's performance recipes' compute precision (NVIDIA-NeMo/Megatron-Bridge 067f987
+# scripts/performance/argument_parser.py:695: bf16, fp8_cs, fp8_mx, fp8_sc, nvfp4; default bf16)
+_COMPUTE = "--compute-dtype"
+
+
 def _fp8(context: Context) -> tuple[str, list[str]]:
     flags = ("--fp8-format", "--fp8-recipe", "--fp4-format", "--fp4", "--fp8", "--fp8-param-gather")
     given = [context.view.show(flag) for flag in flags if context.view.has(flag) and not context.view.off(flag)]
     if given:
         return ENABLED, given
+    dtype = (context.view.value(_COMPUTE) or "").lower() if context.framework == frameworks.NEMO else ""
+    where = "NVIDIA-NeMo/Megatron-Bridge 067f987 scripts/performance/argument_parser.py:695"
+    if dtype.startswith(("fp8", "nvfp4")):
+        return ENABLED, [f"{context.view.show(_COMPUTE)}: Megatron-Bridge's {dtype} compute precision ({where})"]
+    if dtype in ("bf16", "fp16"):
+        return RULED_OUT, [f"{context.view.show(_COMPUTE)}: Megatron-Bridge's {dtype} compute precision, no fp8 or fp4 "
+                           f"({where})"]  # fmt: skip
     return _off(context, ("--fp8-format", "--fp4-format"), "bf16/fp16 training")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from nanscope.facts.signals import BY_ID, WORDING, Signal, Wording
 from nanscope.launch import error_words, glued, plugin_report, said_errors, scaler_lines
+from nanscope.launch.bars import bars
 from nanscope.launch.cuts import cut
 from nanscope.launch.memory import out_of_memory
 
@@ -87,6 +88,7 @@ _SAYS = re.compile(
     r"\b(?P<what>loss(?:es)?|grad(?:ient)?s?(?:[ _]norm)?|weights?|logits|outputs?|activations?)\b[^.\n]{0,40}?"
     r"\b(?:is|are|was|were|became|becomes|contains?|got|gets|detected|occurs?|has|have)\b[^.\n]{0,20}?"
     r"(?<![A-Za-z])(?:nan|inf|infinite|infinity|non-?finite|not finite)(?![A-Za-z])"
+    r"(?:\s?(?:or|and|/)\s?(?:nan|inf|infinite|infinity)(?![A-Za-z]))?"  # `Loss is NaN or inf`: said whole
     r"|(?<![A-Za-z])(?:nan|inf)[ _](?P<what2>loss|grad(?:ient)?s?(?:[ _]norm)?)\b[^.\n]{0,20}?"
     r"\b(?:detected|occurs?|found|encountered)\b"
     r"|\bfound (?:an? )?(?:nan|inf)s?\b(?! during)"
@@ -196,10 +198,11 @@ def unwrapped(line: str) -> str:
 def _start(line: str) -> int:
     """Where a line's own text starts after a progress bar it is glued to (0: no bar before it)."""
     close = line.rfind("]", 0, WINDOW)
-    if close < 0 or "/" not in line[:close]:
-        return 0
     found = _EVIDENCE_START.search(line, 0, WINDOW)
-    return found.start() if found is not None else 0
+    if close >= 0 and "/" in line[:close]:
+        return found.start() if found is not None else 0
+    # a bar cut at the terminal's width before its `]` (`20%|▏| 9929/50000 [1:55:09<10:34:44,  1.05i/opt/...`)
+    return found.start() if found is not None and found.start() and bars(line[: found.start()]) else 0
 
 
 def _window(line: str, anchor: str) -> tuple[str, int] | None:

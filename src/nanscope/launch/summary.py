@@ -54,6 +54,7 @@ class Summary:
     kind: str | None = None
     check: str | None = None
     step: int | None = None
+    step_printed: str | None = None  # the step as the metric line prints it, where rounded (`1.53e+05`)
     after_step: int | None = None
     after_from: str | None = None
     epoch: str | None = None  # the metric line's epoch, where it names no step
@@ -71,7 +72,8 @@ class Summary:
 
     def to_dict(self) -> dict:
         return {
-            "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step, "after_step": self.after_step,
+            "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step,
+            "step_printed": self.step_printed, "after_step": self.after_step,
             "after_from": self.after_from,
             "epoch": self.epoch,
             "model": self.model,
@@ -118,6 +120,7 @@ def summarize(traceback) -> Summary:
                 out.step = reading.step  # a skip or a warning after the first non-finite value: the value's step
         out.points_to = reading.points_to if failure is None or failure.format == "signal" else out.points_to
         out.epoch = reading.said_epoch if out.step is None else None
+        out.step_printed = reading.printed if out.step is not None and out.step == reading.step else None
     elif (
         failure is not None and failure.signal is not None and (hit := seen.first.get(failure.signal.id)) and hit.metric
     ):

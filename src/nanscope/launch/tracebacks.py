@@ -27,6 +27,7 @@ from nanscope.launch.evidence import (
     annotate,
     framework_of,
     read_frames,
+    unreleased,
 )
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
@@ -154,10 +155,17 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         )
     if framework is UNKNOWN and (libraries := shown(frames, named)) is not None:
         framework = Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; the input shows {libraries}")
+    if framework is UNKNOWN:  # an evidence line in the words of stacks nanscope does not catalogue (guided-diffusion's)
+        hit = next((hit for hit in found.nonfinite.first.values() if hit.wording is not None
+                    and not set(hit.wording.stacks) & set(frameworks.NAMES)), None)  # fmt: skip
+        if hit is not None:
+            said = f"its {hit.signal.id} line (line {hit.line}) is printed by {hit.wording.printed_by}"
+            framework = Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; {said}")
     failure = found.failure or _from_verdict(found.rerun) or from_signal(found.nonfinite)
     _merge(failure, found.rerun)
     forward = parse_frames(found.forward)[0]
     evidence = read_frames(frames)
+    unreleased(failure, evidence, frames)
     code = code if len(code) > len(frames) else []  # fewer frames than known code lines: `File "` lines were lost
     evidence.lines += code_lines.evidence_lines(code) if failure is None else []  # what is left of a cut traceback
     return Traceback(

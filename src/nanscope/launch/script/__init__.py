@@ -89,6 +89,9 @@ class LaunchScript:
     read_as: list[str] = field(default_factory=list)  # how a Slurm wrapper was read (`bash -c`, #SBATCH)
     pasted: str | None = None  # a Markdown paste given as the script: what of it was read (script.markdown)
     cut: str | None = None  # the train command cut short by a comment in its `\` continuation, said as bash cuts it
+    earlier: list[tuple[int, str]] = field(
+        default_factory=list
+    )  # the train commands before the one read: (line, script)
 
 
 def parse_script(
@@ -142,6 +145,7 @@ def parse_script(
         limits=reader.budget.all_notes(),
         command_env=train.env,
         cut=reader.cut,
+        earlier=reader.earlier,
         pasted=reader.pasted,
         read_as=reader.read_as,
     )

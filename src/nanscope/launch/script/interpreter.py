@@ -36,7 +36,7 @@ from nanscope.launch.script.commands import called_script, inline_script, train_
 from nanscope.launch.script.continuation import cut_note
 from nanscope.launch.script.expansion import Expander, unescape_word
 from nanscope.launch.script.markdown import as_pasted
-from nanscope.launch.script.syntax import TooSlow, line, parse, snippet, without_controls
+from nanscope.launch.script.syntax import TooSlow, error_lines, line, parse, snippet, without_controls
 
 
 class NotBash(UserError):
@@ -92,6 +92,7 @@ class Interpreter:
         self.model_args = model_args
         self.limit = limit
         self.train: TrainCommand | None = None  # the last one met
+        self.earlier: list[tuple[int, str]] = []  # the train commands met before it: (line, script)
         self.errors: list[int] = []
         self.depth = 0  # nested `source` files
         self.assumptions: list[str] = []
@@ -129,7 +130,7 @@ class Interpreter:
             where = "" if self.depth == 0 else f"{path}: "
             self.budget.note(removed.line, where + removed.note())
         if tree.root_node.has_error and self.depth == 0:
-            self.errors = _error_lines(tree.root_node)
+            self.errors = error_lines(tree.root_node)
         try:
             self.visit(tree.root_node)
         finally:
@@ -382,6 +383,7 @@ class Interpreter:
         found = train_command(words)
         if found is not None:
             script, argv, launcher = found
+            self.earlier += [(self.train.line, self.train.script)] if self.train is not None else []
             self.train = TrainCommand(script, argv, launcher, line(node), self._prefix_env(node))
             self.cut = cut_note(self.source, node.end_byte, node.end_point[0] + 1)
 
@@ -467,17 +469,6 @@ def _keyed(element) -> tuple[list, str, list] | None:
         if text == "]" and i + 1 < len(parts) and parts[i + 1].type == "word" and parts[i + 1].text.startswith(b"="):
             return parts[1:i], unescape_word(parts[i + 1].text.decode()[1:]), parts[i + 2 :]
     return None
-
-
-def _error_lines(root) -> list[int]:
-    """1-based lines of tree-sitter's error and missing nodes (iterative: trees can be deep)."""
-    lines, stack = set(), [root]
-    while stack:
-        node = stack.pop()
-        if node.type == "ERROR" or node.is_missing:
-            lines.add(line(node))
-        stack.extend(child for child in node.children if child.has_error or child.type == "ERROR" or child.is_missing)
-    return sorted(lines)
 
 
 def _not_a_file(path: Path) -> str:

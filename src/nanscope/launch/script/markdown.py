@@ -102,8 +102,9 @@ def _script_file(lines: list[str]) -> bool:
 
 
 # `<data_path>`: a word in angle brackets after a space or `=`, followed by a space or the line's end (`<in >out`,
-# `2>&1`, `<<EOF` do not match: a redirection's `<` is followed by its file, and `>` never closes that file's name)
-_PLACEHOLDER = re.compile(r"(?<=[ \t=])<([A-Za-z][A-Za-z0-9_./:-]{0,60})>(?=[ \t]|$)", re.MULTILINE)
+# `2>&1`, `<<EOF` do not match: a redirection's `<` is followed by its file, and `>` never closes that file's name);
+# `--train_dataset=<>`: an empty one after `=` (bash's `<>` redirection takes a file after it, never an `=` before)
+_PLACEHOLDER = re.compile(r"(?<=[ \t=])<([A-Za-z][A-Za-z0-9_./:-]{0,60})>(?=[ \t]|$)|(?<==)<>(?=[ \t]|$)", re.MULTILINE)
 
 
 def as_pasted(text: str) -> tuple[str, str | None, list[tuple[int, str]]]:
@@ -114,7 +115,8 @@ def as_pasted(text: str) -> tuple[str, str | None, list[tuple[int, str]]]:
     read = None if pasted is None else pasted[1]
     if not placeholders:
         return text, read, []
-    words = ", ".join(f"`{word}`" for _, word in placeholders[:4]) + (", ..." if len(placeholders) > 4 else "")
+    distinct = list(dict.fromkeys(word for _, word in placeholders))
+    words = ", ".join(f"`{word}`" for word in distinct[:4]) + (", ..." if len(distinct) > 4 else "")
     return text, read, [(placeholders[0][0], f"{words} read as value(s) the poster left out (bash would read their "
                                               "`<` and `>` as redirections)")]  # fmt: skip
 

@@ -118,3 +118,14 @@ def snippet(node) -> str:
     if node.end_byte - node.start_byte <= SNIPPET:
         return node.text.decode(errors="replace")
     return node.text[:SNIPPET].decode(errors="replace") + "..."
+
+
+def error_lines(root) -> list[int]:
+    """1-based lines of tree-sitter's error and missing nodes (iterative: trees can be deep)."""
+    lines, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node.type == "ERROR" or node.is_missing:
+            lines.add(line(node))
+        stack.extend(child for child in node.children if child.has_error or child.type == "ERROR" or child.is_missing)
+    return sorted(lines)

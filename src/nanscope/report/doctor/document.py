@@ -189,6 +189,7 @@ def _failure(failure, rerun) -> dict:
         "slime_runs_this_check": None if check is None else check.slime,
         "format": failure.format,
         "megatron_core": _releases(failure.releases),
+        "megatron_lm_main": failure.unreleased,
         "line": failure.line,
         "rank_from": failure.rank_from,
         "ambiguous": failure.ambiguous,

@@ -92,6 +92,8 @@ def failure_lines(diagnosis) -> list[str]:
         if failure.releases:
             first, last = failure.releases[0], failure.releases[-1]
             out.append(f"megatron-core that prints it: {first}" + ("" if first == last else f" .. {last}"))
+        elif failure.unreleased:
+            out.append(f"megatron-core that prints it: {failure.unreleased}")
         if failure.rank_from:
             out.append(f"rank {failure.rank} from {failure.rank_from}")
     elif traceback.frames and traceback.error is not None:

@@ -39,7 +39,7 @@ def render_terminal(diagnosis, console) -> None:
             f"([dim]{escape(script.train_script)}, line {script.line}[/dim])"
         )
     else:
-        console.print("[bold]nanscope doctor[/bold]  [dim](a traceback alone: no launch script)[/dim]")
+        console.print("[bold]nanscope doctor[/bold]  [dim](a log or traceback alone: no launch script)[/dim]")
     _plain(console, release_line(diagnosis))
     border = "red" if diagnosis.traceback else "blue"
     console.print(Panel(escape(verdict(diagnosis)), title="verdict", title_align="left", border_style=border))
@@ -89,7 +89,11 @@ def _rank_section(diagnosis, console) -> None:
     rank, layout = diagnosis.failing, diagnosis.topology
     if rank is None:
         return
-    table = Table(title=f"rank {rank.rank}", title_justify="left", show_header=False, box=None, padding=(0, 2))
+    title = f"rank {rank.rank}"
+    if diagnosis.inferred:  # the world is the least the input allows (report.doctor.verdict._coordinates)
+        title += (f" (at world {layout.world}, inferred: its DP and PP coordinates, node, layers and DP and PP groups "
+                  "hold at that world only)")  # fmt: skip
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
     layers = span(rank.layers)
     if rank.chunks and len(rank.chunks) > 1:
         layers = " | ".join(span(chunk.layers) for chunk in rank.chunks) + " (virtual stages)"

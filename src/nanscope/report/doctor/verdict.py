@@ -38,6 +38,8 @@ def verdict(diagnosis) -> str:
         parts.append(f"The rerun state machine's verdict ({rerun.rerun} rerun): {rerun.means}.")
     if diagnosis.script is not None and diagnosis.script.cut:
         parts.append(f"The launch script's train command is cut short: {diagnosis.script.cut}.")
+    if diagnosis.script is not None and diagnosis.script.earlier:
+        parts.append(_commands_sentence(diagnosis.script))
     if diagnosis.script is None:
         parts.append(_framework_sentence(diagnosis))
         if diagnosis.unread_script:
@@ -197,9 +199,9 @@ def _failure_sentences(diagnosis) -> list[str]:
                          f"{frame.line} {frame.function}).")  # fmt: skip
         parts += code_sentences(traceback)  # what is left of frames whose `File "` lines were lost
     elif read_metric_lines(traceback):
-        parts.append("The log has no error line: only its metric lines say what happened.")
+        parts.append("No error line in the log names a NaN or an Inf: only its metric lines say what happened.")
     else:
-        parts.append("The log has no error line and no metric line.")
+        parts.append("No error line in the log names a NaN or an Inf, and it has no metric line.")
     other = failure.rank if failure is not None and failure.rank is not None else traceback.prefix_rank
     parts += [said] if (said := traceback.elastic.sentence(other)) is not None else []
     zeroed = traceback.metrics.zeroed  # said after the first non-finite metric (_metric_sentences)
@@ -299,6 +301,17 @@ def _iteration_sentence(failure, summary) -> list[str]:
     return []
 
 
+def _commands_sentence(script) -> str:
+    """A script of several commands that run a Python script or module (launch.script.LaunchScript.earlier): the
+    last is read as the run."""
+    met = sorted({*script.earlier, (script.line, script.train_script)})
+    if len(met) == 1:  # one command met twice (a function called twice)
+        return f"The launch script runs its command at line {script.line} more than once."
+    shown = ", ".join(f"line {line}: {name}" for line, name in met[:6]) + (", ..." if len(met) > 6 else "")
+    return (f"The launch script runs {len(met)} Python scripts or modules ({shown}): the last met, line "
+            f"{script.line}, is read as the run's command.")  # fmt: skip
+
+
 def _what_it_found(failure) -> str:
     """What the failing rank's check found, in the words of its message."""
     check, bucket = failure.check, f" (bucket #{failure.bucket})" if failure.bucket is not None else ""
@@ -307,7 +320,8 @@ def _what_it_found(failure) -> str:
     if check is not None and check.id == "clip-grad-norm-nan":
         return "found NaN in its local gradient norm in clip_grads (the optimizer step, Megatron-LM core 0.4/0.5)"
     if check is not None and check.id == "grad-norm-nan" and failure.format == "assert":
-        return "found NaN in its local gradient norm before the data-parallel reduce (core 0.6 to 0.9's assertion)"
+        whose = "core 0.6 to 0.9's assertion" if not failure.unreleased else "grad_buffer.py's assertion, in no release"
+        return f"found NaN in its local gradient norm before the data-parallel reduce ({whose})"
     if not failure.message:
         return f"had a check reject the result {failure.result}" if failure.result else "had a check reject a result"
     nonfinite_norm = failure.kind in ("NaN", "Inf") and "grad norm" in failure.message  # a message cut or reworded
