@@ -17,8 +17,9 @@ def test_1_a_log2_loss_scale_below_0_is_a_collapsed_scale(tmp_path, capsys):
     assert (
         "The lg_loss_scale its metric lines print is -0.821 at line 3 (step 200): the log2 of guided-diffusion's fp16 "
         "loss scale (improved-diffusion's the same), which starts at 20, falls by 1 on each step whose gradients hold "
-        "inf or NaN (that step skipped) and rises by 0.001 on every other, so at least 21 steps overflowed and were "
-        "skipped; a scale below 1 means the loss or its gradients overflow fp16 whatever the scale: not a calibration."
+        "inf or NaN (that step skipped) and rises by 0.001 on every other, so at least 21 steps were skipped; a scale "
+        "below 1 means the gradients hold inf or NaN even unscaled (an overflow, or a non-finite forward pass or "
+        "weights, which no scale helps): not a calibration."
     ) in " ".join(out.split())
     assert "no non-finite value" not in out
     summary = doc["summary"]

@@ -311,7 +311,8 @@ def test_13_given_model_flags_are_said(tmp_path, capsys):
         "--moe_aux_loss_coeff 1e-3: given, which switches on what this cause needs; no flag says whether it fired"
     )
     assert (
-        evidence["activation-overflow"] == "--fp16 true: an activation past 65504 is inf; no flag says whether one was"
+        evidence["activation-overflow"]
+        == "--fp16 true: an activation past 65504 is inf in fp16; no flag says whether one was"
     )
 
 
@@ -348,7 +349,7 @@ def test_15_an_uncatalogued_stack_s_words_are_said_in_the_framework_line(tmp_pat
     doc, _ = _doctor(tmp_path, capsys, "Found NaN, decreased lg_loss_scale to -3.5\n")
     assert doc["framework"]["name"] == "unknown"
     assert doc["framework"]["how"] == (
-        "no framework nanscope catalogues; its scaler-overflow line (line 1) is printed by guided-diffusion's fp16 "
+        "no framework nanscope catalogues; the log's scaler-overflow line (line 1) is printed by guided-diffusion's fp16 "
         "trainer (improved-diffusion's prints the same words)"
     )
 
@@ -363,3 +364,69 @@ def test_16_observations_fit_another_stack(tmp_path, capsys):
         "start from the same weights"
     )
     assert said["library-regression"].startswith("the failing step rerun on the same GPU and on another")
+
+
+# 17. guided-diffusion's lg_loss_scale below -1074: its scale 2 ** lg is 0.0 in a Python float, the gradient norm is
+# divided by it, and every step is skipped whatever the gradients (holdout25 04: -16200; fp16_util.py:192-194, :225)
+def test_17_a_log2_scale_past_the_least_float_skips_every_step(tmp_path, capsys):
+    doc, out = _doctor(
+        tmp_path, capsys, _table("1.53e+05").replace("| lg_loss_scale | 12.5      |", "| lg_loss_scale | -1.62e+04 |")
+    )
+    assert (
+        "below -1074 the scale, 2 ** lg_loss_scale in a Python float, is 0.0, and the gradient norm is divided by it: "
+        "inf or NaN whatever the gradients, so every step is skipped from then on and the run no longer trains"
+    ) in out
+    assert "overflow fp16" not in out
+
+
+def test_17_a_log2_scale_above_it_is_a_scale_below_1(tmp_path, capsys):
+    _, out = _doctor(
+        tmp_path, capsys, _table("1.53e+05").replace("| lg_loss_scale | 12.5      |", "| lg_loss_scale | -0.821    |")
+    )
+    assert "a scale below 1 means the gradients hold inf or NaN even unscaled" in out
+    assert "below -1074" not in out
+
+
+# 18. a record that starts the input is "at or before" its step in the candidates' evidence too (holdout25 04)
+def test_18_the_candidates_say_at_or_before_too(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _table("1.53e+05", start=""))
+    evidence = " ".join(e for c in doc["candidates"] for e in c["evidence"])
+    assert "the metrics: loss non-finite first at or before step 1.53e+05:" in evidence
+
+
+# 19. a launch script whose text ends inside its command's `\` continuation is a cut paste: said, and a parallel size
+# it does not give rules nothing out (holdout21 02: "CP 1" ruled cp-rank-all-masked out)
+def test_19_a_command_cut_at_the_text_s_end_is_said(tmp_path, capsys):
+    script = "NPROC_PER_NODE=8 megatron sft \\\n    --model m \\\n    --tensor_model_parallel_size 2 \\\n"
+    doc, out = _doctor(tmp_path, capsys, "{'loss': nan, 'grad_norm': nan}\n", script)
+    assert (
+        "The launch script's train command is cut short: line 3: the text ends inside the command's `\\` "
+        "continuation: the paste is cut there, and what followed it is not read."
+    ) in out
+    cp = next(c for c in doc["candidates"] if c["id"] == "cp-rank-all-masked")
+    assert cp["status"] == "undecidable"
+
+
+def test_19_a_whole_command_is_not_cut(tmp_path, capsys):
+    script = "NPROC_PER_NODE=8 megatron sft \\\n    --model m \\\n    --tensor_model_parallel_size 2\n"
+    _, out = _doctor(tmp_path, capsys, "{'loss': nan, 'grad_norm': nan}\n", script)
+    assert "cut short" not in out
+
+
+# 20. the grad_buffer.py frame is a known one (its own release and meaning), its assertion's source the JSON's, and no
+# rerun verdict is expected of it (holdout19 09)
+def test_20_the_grad_buffer_frame_is_known(tmp_path, capsys):
+    doc, out = _doctor(tmp_path, capsys, _ASSERT.format(file="grad_buffer.py"))
+    assert "unknown frame" not in out
+    assert doc["failure"]["message_source"] == f"{wordings.GRAD_BUFFER} ({wordings.GRAD_BUFFER_MAIN})"
+    assert "rerun verdict: none in the input (Megatron's assertion comes before the RerunStateMachine" in out
+
+
+# 21. apex amp's opt levels O1-O3 run in fp16 (holdout13 10: `--amp_opt_level=O2`)
+def test_21_apex_amp_is_fp16(tmp_path, capsys):
+    script = "python speech2text.py --amp_opt_level=O2 --batch_size=42\n"
+    doc, _ = _doctor(tmp_path, capsys, "[NeMo W 2020-09-26 17:52:50 actions:1479] Loss is NaN or inf.\n", script)
+    activation = next(c for c in doc["candidates"] if c["id"] == "activation-overflow")
+    assert activation["evidence"][0] == (
+        "--amp_opt_level=O2: an activation past 65504 is inf in fp16; no flag says whether one was"
+    )

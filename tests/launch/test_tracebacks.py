@@ -70,8 +70,8 @@ def test_explanations():
     assert explain_iteration(-1).startswith("iteration -1: Megatron's RerunStateMachine starts its counter at -1")
     assert explain_bucket(0, 3).endswith(
         "on a PP stage > 0 Megatron turns bucketing off, so each gradient buffer "
-        "is a single bucket: the check covered all of this rank's dense parameters "
-        "(expert parameters are a separate buffer, checked after)."
+        "is a single bucket: the check covered the gradients of all of this rank's dense parameters that train "
+        "(under LoRA, its adapters; expert parameters are a separate buffer, checked after)."
     )
     assert "overlap-grad-reduce off" in explain_bucket(0, 0) and "turns bucketing off" not in explain_bucket(0, 0, True)
     assert explain_bucket(1, 3).startswith("bucket #1: a bucket group with several buckets")

@@ -150,10 +150,10 @@ FILES = {LLAMA_FACTORY_ENTRY: "LLaMA-Factory's entry script up to v0.7.0, LLaMA-
 # mean loss, printed by its reward-model step; forks print it in other steps too)
 PATTERNS: dict[str, tuple[re.Pattern, str]] = {
     NEMO_0: (re.compile(r"\[NeMo [DIWEC] [\d-]{10} [\d:]{8} (?:actions|neural_factory):\d{1,6}\]"),
-             "a module only nemo-0.x has"),
+             "NeMo's logger prefix from a module only nemo-0.x has"),
     DEEPSPEED_CHAT: (re.compile(r"^Epoch \d{1,6}/\d{1,6} with loss \S{1,40}$"),
-                     "the epoch-mean loss line of DeepSpeed-Chat's reward-model step (step 2)"),
-    MLX_LM: (re.compile(r"^Iter \d{1,9}: (?:Train|Val) loss "), "the report line of mlx-lm's tuner (its ports copy it)"),
+                     "in the format of DeepSpeed-Chat's epoch-mean loss line (its reward-model step, step 2)"),
+    MLX_LM: (re.compile(r"^Iter \d{1,9}: (?:Train|Val) loss "), "in the format of mlx-lm's tuner's report line (its ports copy it)"),
 }  # fmt: skip
 # framework -> texts in a log line that name it (a Ray actor, a logger's prefix)
 TEXTS: dict[str, tuple[str, ...]] = {

@@ -99,10 +99,11 @@ FRAME_LINES: dict[tuple[str, str], str] = {
 
 
 # The DDP buffer's file of core 0.4.0 and 0.5.0, renamed param_and_grad_buffer.py on main by 247fcc11f4 (2024-03-20,
-# before 0.6.0). Its NaN assertion came on main by d66807759c (2023-12-05), after 0.5.0's branch (core_v0.5.0 has no
-# check in it, :85-116): the assertion through a frame of this file is a Megatron-LM main of that window, no release.
+# before 0.6.0). Its NaN assertion came on main by d66807759c (written 2023-12-05, on main 2024-02-27, the day after
+# core_v0.5.0, whose file has no check in it, :85-116): the assertion through a frame of this file is a Megatron-LM
+# main of that window, no release.
 GRAD_BUFFER = "megatron/core/distributed/grad_buffer.py"
-GRAD_BUFFER_MAIN = "Megatron-LM main between core 0.5.0 and 0.6.0 (December 2023 to March 2024), in no release"
+GRAD_BUFFER_MAIN = "Megatron-LM main between core 0.5.0 and 0.6.0 (February to March 2024), in no release"
 
 
 def frame_releases(suffix: str, function: str, line: int) -> set[str] | None:

@@ -293,8 +293,8 @@ def _foreign(
     core = core_evidence.evidence(framework, traceback, script=script, view=launch.view)
     hint = rank if rank is not None else _traceback_rank(traceback)
     layout, inferred = _foreign_layout(launch, hint) if core is not None else (None, _without_layout(launch))
-    # without megatron-core's layout, a size the script does not give is unknown, not Megatron's default
-    pp, cp = (layout.pp, layout.cp) if layout is not None else (launch.given("pp"), launch.given("cp"))
+    # without megatron-core's layout (or past a cut in the command), a size not given is unknown, not Megatron's default
+    pp, cp = (layout.pp, layout.cp) if layout and not script.cut else (launch.given("pp"), launch.given("cp"))
     kind = run_kind(script.train_script, launch.view)
     diagnosis = Diagnosis(
         script=script,

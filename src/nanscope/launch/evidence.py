@@ -197,7 +197,7 @@ def framework_of(
     for line in lines:
         for name, (pattern, why) in frameworks.PATTERNS.items():
             if (said := pattern.search(line.strip()[:200])) is not None:
-                found.setdefault(name, f"the log names it: `{said.group().strip()}`, {why}")
+                found.setdefault(name, f"its line `{said.group().strip()}` is {why}")
         for name, texts in frameworks.TEXTS.items():
             hit = next((text for text in texts if text in line), None)
             if hit is not None:

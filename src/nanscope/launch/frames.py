@@ -198,6 +198,14 @@ KNOWN_FRAMES: tuple[KnownFrame, ...] = (
         None,
         "the bucket group's NaN check before the data-parallel reduce (before check_grads).",
     ),
+    KnownFrame(
+        "megatron/core/distributed/grad_buffer.py",
+        "finish_grad_sync",
+        "megatron-core 0.4 to 0.5, and main until 0.6",
+        None,
+        "a bucket's data-parallel reduce, started here when the reduce does not overlap the backward; on main between "
+        "0.5.0 and 0.6.0 its start asserts the bucket's gradient norm is not NaN (renamed param_and_grad_buffer.py).",
+    ),
     KnownFrame("megatron/training/training.py", "train_step", MEGATRON_LM, None, _LM_LOOP + "one optimizer step."),
     KnownFrame("megatron/training/training.py", "train", MEGATRON_LM, None, _LM_LOOP + "the iteration loop."),
     KnownFrame("megatron/training/training.py", "pretrain", MEGATRON_LM, None, _LM_LOOP + "its entry point."),

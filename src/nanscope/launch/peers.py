@@ -75,11 +75,13 @@ def _model_flags(hazard, view: FlagView | None) -> list[str]:
     given = [view.show(entry) for entry in hazard.flags if " " not in entry and view.has(entry) and not view.off(entry)
              and view.number(entry) != 0]  # fmt: skip
     said = [f"{', '.join(given)}: given, which switches on what this cause needs; no flag says whether it fired"]
-    fp16 = hazard.name == "activation-overflow" and view.on("--fp16")
-    fp16_said = (
-        [f"{view.show('--fp16')}: an activation past 65504 is inf; no flag says whether one was"] if fp16 else []
+    activation = hazard.name == "activation-overflow"
+    amp = activation and (view.value("--amp-opt-level") or "").upper() in ("O1", "O2", "O3")  # apex amp: fp16
+    fp16 = "--fp16" if activation and view.on("--fp16") else "--amp-opt-level" if amp else None
+    halves = (
+        [f"{view.show(fp16)}: an activation past 65504 is inf in fp16; no flag says whether one was"] if fp16 else []
     )
-    return (said if given else []) + fp16_said
+    return (said if given else []) + halves
 
 
 def _rollouts(framework: Framework) -> tuple[str, list[str]]:

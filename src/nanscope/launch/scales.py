@@ -161,9 +161,10 @@ class Scales:
         if self.collapsed():
             start = _shown(self.first_set) if self.first_set >= 1 else repr(self.first_set)  # as printed
             return (f"The loss scale the scaler set is down to {self.lowest!r} ({self.count} overflow line(s), "
-                    f"from {start}), below 1: halved on overflow after overflow, far past any start: the loss "
-                    "or its gradients overflow fp16 even unscaled, and each step where they do is skipped (not a "
-                    "scale calibrating; how many steps still train, the run's own step counters say).")  # fmt: skip
+                    f"from {start}), below 1: halved on overflow after overflow, far past any start: the gradients "
+                    "hold inf or NaN even unscaled (an overflow, or a non-finite forward pass or weights, which no "
+                    "scale helps), and each step where they do is skipped (not a scale calibrating; how many steps "
+                    "still train, the run's own step counters say).")  # fmt: skip
         return (f"The loss scale the scaler set falls from {_shown(self.first_set)} to {_shown(self.lowest)} over "
                 f"{self.count} overflow line(s) (the scale it attempted is not printed): steps with inf or NaN "
                 "gradients keep coming, each one skipped.")  # fmt: skip
@@ -308,6 +309,7 @@ _SCALE_KEYS = ("loss_scale", "loss scale", "loss-scale")  # a loss scaler's scal
 # guided_diffusion/fp16_util.py:12, :190-207, its interval's mean; improved-diffusion 1bc7bbb
 # improved_diffusion/train_util.py:26, :229-242, :269): tomeramit/SegDiff#20, holdout25 05
 LOG2_SCALE_KEY, LOG2_START = "lg_loss_scale", 20.0
+LOG2_ZERO = -1074  # 2.0 ** -1074 is the least float above 0; below it 2 ** lg_loss_scale is 0.0
 SCALE_KEYS = (*_SCALE_KEYS, LOG2_SCALE_KEY)  # every key whose value PrintedScale reads
 # a printed scale below 2^-10 has been halved on overflow after overflow far below any start (fp16 scalers start at
 # 2^7, fairseq's fp16_init_scale, or above): fairseq's epoch line prints `loss_scale 0.000` (facebookresearch/fairseq#1529, holdout17 18)
@@ -422,12 +424,18 @@ class PrintedScale:
         if self.log2 is None or self.collapsed is None:
             return None
         at_least = math.ceil(LOG2_START - self.log2)
+        tail = ("a scale below 1 means the gradients hold inf or NaN even unscaled (an overflow, or a non-finite "
+                "forward pass or weights, which no scale helps): not a calibration")  # fmt: skip
+        if self.log2 < LOG2_ZERO:  # 2 ** lg_loss_scale is 0.0: the norm divided by it is inf or NaN, whatever it is
+            tail = (
+                f"below {LOG2_ZERO} the scale, 2 ** lg_loss_scale in a Python float, is 0.0, and the gradient norm "
+                "is divided by it: inf or NaN whatever the gradients, so every step is skipped from then on and "
+                "the run no longer trains (guided-diffusion 22e0df8 guided_diffusion/fp16_util.py:192-194, :225)"
+            )
         return (f"The {LOG2_SCALE_KEY} its metric lines print is {self.log2:g} at {where_words(*self.collapsed[1])}: "
                 f"the log2 of guided-diffusion's fp16 loss scale (improved-diffusion's the same), which starts at "
                 f"{LOG2_START:g}, falls by 1 on each step whose gradients hold inf or NaN (that step skipped) and "
-                f"rises by 0.001 on every other, so at least {at_least} steps overflowed and were skipped; a scale "
-                "below 1 means the loss or its gradients overflow fp16 whatever the scale: not a "
-                "calibration.")  # fmt: skip
+                f"rises by 0.001 on every other, so at least {at_least} steps were skipped; {tail}.")  # fmt: skip
 
     def uncounted_sentence(self) -> str | None:
         """The lines' own skip counter at 0 where the scale fell (None: not printed so)."""

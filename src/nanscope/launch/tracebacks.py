@@ -159,7 +159,7 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         hit = next((hit for hit in found.nonfinite.first.values() if hit.wording is not None
                     and not set(hit.wording.stacks) & set(frameworks.NAMES)), None)  # fmt: skip
         if hit is not None:
-            said = f"its {hit.signal.id} line (line {hit.line}) is printed by {hit.wording.printed_by}"
+            said = f"the log's {hit.signal.id} line (line {hit.line}) is printed by {hit.wording.printed_by}"
             framework = Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; {said}")
     failure = found.failure or _from_verdict(found.rerun) or from_signal(found.nonfinite)
     _merge(failure, found.rerun)
@@ -329,8 +329,9 @@ def explain_bucket(bucket: int | None, pp_rank: int | None, overlap_grad_reduce:
         scope = ""
     whole = (
         (
-            f"; {scope}, so each gradient buffer is a single bucket: the check covered all of this rank's dense "
-            "parameters (expert parameters are a separate buffer, checked after)"
+            f"; {scope}, so each gradient buffer is a single bucket: the check covered the gradients of all of this "
+            "rank's dense parameters that train (under LoRA, its adapters; expert parameters are a separate buffer, "
+            "checked after)"
         )
         if scope
         else ""

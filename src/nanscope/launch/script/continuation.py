@@ -19,11 +19,15 @@ import re
 # after the command's last word: its `\` and newline, one or more comment or blank lines (each through its own
 # newline: no two ways to match, linear), then an indented line
 _CUT = re.compile(rb"[ \t]*\\\r?\n((?:[ \t]*(?:#[^\n]*)?\n)+)[ \t]+(\S[^\n]{0,80})")
+_AT_END = re.compile(rb"[ \t]*\\[ \t\r\n]*\Z")  # a `\` continuation, then nothing: a paste cut mid-command
 
 
 def cut_note(source: bytes, end_byte: int, end_line: int) -> str | None:
     """The note for a command ending at `end_byte` (its last line `end_line`) cut by a comment or a blank line; None:
     not cut."""
+    if _AT_END.match(source, end_byte):
+        return (f"line {end_line}: the text ends inside the command's `\\` continuation: the paste is cut there, and "
+                "what followed it is not read")  # fmt: skip
     match = _CUT.match(source, end_byte)
     if match is None:
         return None

@@ -3,6 +3,7 @@ the resolved flags with their origins. Its keys are in the order written here.""
 
 from __future__ import annotations
 
+from nanscope.facts import wordings
 from nanscope.launch import code_lines
 from nanscope.launch.topology import MAX_LISTED
 from nanscope.report.doctor.shared import ranks_text
@@ -185,7 +186,15 @@ def _failure(failure, rerun) -> dict:
         "truncated": failure.truncated,
         "check": check.id if check is not None else signal.id if signal is not None else None,
         "checked": check.quantity if check is not None else signal.quantity if signal is not None else None,
-        "message_source": check.source if check is not None else signal.source if signal is not None else None,
+        "message_source": (
+            f"{wordings.GRAD_BUFFER} ({failure.unreleased})"
+            if failure.unreleased
+            else check.source
+            if check is not None
+            else signal.source
+            if signal is not None
+            else None
+        ),
         "slime_runs_this_check": None if check is None else check.slime,
         "format": failure.format,
         "megatron_core": _releases(failure.releases),

@@ -101,7 +101,7 @@ def failure_lines(diagnosis) -> list[str]:
     elif traceback.frames or traceback.code:  # frames, or what is left of them: known code lines
         out.append("no error line: the traceback ends before it")
     else:
-        out.append("no error line")
+        out.append("no error line that names a NaN or an Inf")
     if failure is None or failure.signal is None:
         out += evidence_lines(traceback)
     for excursion in traceback.excursions():
@@ -114,6 +114,8 @@ def failure_lines(diagnosis) -> list[str]:
     elif diagnosis.framework.name not in frameworks.WITHOUT_MEGATRON and diagnosis.megatron_core is not None:
         why = ("slime runs the RerunStateMachine disabled: no rerun, no verdict" if diagnosis.framework.name == "slime"
                else "a RerunStateMachine run disabled reruns nothing and gives no verdict")  # fmt: skip
+        if failure is not None and failure.format == "assert":  # core 0.4 to 0.9: no RerunStateMachine yet
+            why = "Megatron's assertion comes before the RerunStateMachine: nothing reruns it"
         out.append(f"rerun verdict: none in the input ({why})")
     return out
 
