@@ -291,9 +291,8 @@ def with_evidence(found: list[Candidate], traceback) -> None:
             cause for key, _ in reading.values for cause in _NONFINITE_CAUSES.get(key.lower().rsplit("/", 1)[-1], ())
         )
         step = f"step {reading.printed or reading.step}" if reading.step is not None else f"line {reading.line}"
-        step = (
-            f"or before {step}" if traceback.nonfinite.opening and reading.step is not None else step
-        )  # the input's first record
+        if traceback.nonfinite.opening and reading.step is not None:  # the input's first record: an earlier step too
+            step = f"or before {step}"
         said.append((names, f"the metrics: {reading.metric} non-finite first at {step}: {reading.points_to}"))
     for names, text in said:
         for candidate in found:

@@ -128,10 +128,15 @@ def read_frames(frames: list[Frame]) -> FrameEvidence:
     if core is not None:
         evidence.core_releases, shown = core
         fits = _range(evidence.core_releases) or "no release nanscope knows"
-        if any(frame.path.replace("\\", "/").endswith(wordings.GRAD_BUFFER) for frame in frames):
+        if _grad_buffer(frames):
             fits += " (or a Megatron-LM main before 0.6.0, which renamed grad_buffer.py param_and_grad_buffer.py)"
         evidence.lines.append(f"megatron-core {fits}: the lines of {', '.join(shown)}")
     return evidence
+
+
+def _grad_buffer(frames: list[Frame]) -> bool:
+    """A frame of core 0.4 and 0.5's DDP buffer file (facts.wordings.GRAD_BUFFER)."""
+    return any(frame.path.replace("\\", "/").endswith(wordings.GRAD_BUFFER) for frame in frames)
 
 
 def unreleased(failure, evidence: FrameEvidence, frames: list[Frame]) -> None:
@@ -139,7 +144,7 @@ def unreleased(failure, evidence: FrameEvidence, frames: list[Frame]) -> None:
     by a Megatron-LM main of a window no release has (facts.wordings.GRAD_BUFFER), not by core 0.6 to 0.9."""
     if failure is None or failure.format != "assert" or failure.check is None or failure.check.id != "grad-norm-nan":
         return
-    if not any(frame.path.replace("\\", "/").endswith(wordings.GRAD_BUFFER) for frame in frames):
+    if not _grad_buffer(frames):
         return
     failure.releases, failure.unreleased, evidence.core_releases = (), wordings.GRAD_BUFFER_MAIN, ()
     evidence.lines = [line for line in evidence.lines if not line.startswith(("megatron-core ", "the check reached"))]

@@ -173,12 +173,8 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     """The flags and sizes of a non-slime launch."""
     overrides = any("=" in word and not word.startswith("-") for word in script.argv)
     hydra = framework.name == frameworks.VERL or (framework.name == frameworks.NEMO and overrides)  # key=value
-    perf = bridge_perf.is_perf(script.train_script)
-    view = (
-        FlagView.of_hydra(script.argv)
-        if hydra
-        else FlagView.of_argv(script.argv, bridge_perf.ALIASES if perf else None)
-    )
+    aliases = bridge_perf.ALIASES if bridge_perf.is_perf(script.train_script) else None  # its short flags
+    view = FlagView.of_hydra(script.argv) if hydra else FlagView.of_argv(script.argv, aliases)
     launch = Foreign(framework, view, {})
     for size, flag in {**_SIZES, "vpp": "--virtual-pipeline-model-parallel-size"}.items():
         launch.sizes[size] = _checked(launch, view, flag)
@@ -204,7 +200,7 @@ def read_foreign(script: LaunchScript, framework: Framework) -> Foreign:
     ]
     _deepspeed_config(launch, view)
     _world(launch, script)
-    launch.recipe = bridge_perf.recipe_sizes(view) if perf else []
+    launch.recipe = bridge_perf.recipe_sizes(view) if aliases else []
     _visible_devices(launch, script)
     for size, value in launch.sizes.items():
         if value is None and size in ("tp", "pp", "cp", "ep"):

@@ -153,9 +153,9 @@ def first_sentence(summary: Summary, weak: bool = False, counters=()) -> str | N
     epoch = f"; epoch {summary.epoch}" if summary.epoch is not None else ""
     step = f" at step {summary.step}" if summary.step is not None else f" (the line names no step{epoch})"
     where = f" (line {summary.lines['metric']})" if "metric" in summary.lines else ""
-    if summary.step_printed is not None:  # `1.53e+05`: said as printed
-        rounded = f"the step printed rounded: about {summary.step})"
-        step, where = f" at step {summary.step_printed}", f"{where[:-1]}, {rounded}" if where else f" ({rounded}"
+    rounded = f"the step printed rounded: about {summary.step}" if summary.step_printed is not None else ""
+    if rounded:  # `1.53e+05`: said as printed
+        step, where = f" at step {summary.step_printed}", f" ({', '.join(filter(None, [where.strip(' ()'), rounded]))})"
     if weak:
         at = f"of step {summary.step} " if summary.step is not None else ""
         return (f"The only sign in the metric lines: the iteration line {at}{where.strip()} prints no {summary.metric}. "
@@ -180,8 +180,9 @@ def first_sentence(summary: Summary, weak: bool = False, counters=()) -> str | N
     if (line == 1 or summary.opening) and summary.step is not None and summary.step > 1:  # the text starts there
         step = f" at or before step {summary.step_printed or summary.step}"
         first = "the input's first line" if line == 1 else f"the input's first record of {summary.metric}"
-        rounded = f"; the step printed rounded: about {summary.step}" if summary.step_printed else ""
-        where = f" (line {line}: {first}, so an earlier step may have been non-finite too{rounded})"
+        where = (
+            f" (line {line}: {first}, so an earlier step may have been non-finite too{'; ' * bool(rounded)}{rounded})"
+        )
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     also = ""
     if summary.also:  # one record prints them at once: no order among them
