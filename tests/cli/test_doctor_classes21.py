@@ -101,7 +101,7 @@ def test_5_megatrons_error_alone_says_megatron_core_runs_the_job(tmp_path, capsy
     doc, out = _doctor(tmp_path, capsys, _ASSERTED)
     assert doc["framework"] == {"name": "unknown", "release": None,
                                 "how": "nothing names the job's framework; megatron-core runs it: Megatron's error "
-                                       "line (line 1)"}  # fmt: skip
+                                       "line (line 1)", "stack": None}  # fmt: skip
     assert (
         "Nothing in the log names a framework nanscope catalogues; megatron-core runs the job (Megatron's error line (line 1))"
         in out
@@ -203,7 +203,8 @@ def test_13_a_loss_logged_as_negative_zero_was_computed(tmp_path, capsys):
 
 def test_13_a_grpo_zero_loss_beside_finite_rewards_is_either(tmp_path, capsys):
     _, out = _doctor(tmp_path, capsys, _DICT.replace("'loss': -0.0", "'loss': 0.0"))
-    assert "or an RL loss 0 by construction (GRPO's on its first steps" in out
+    assert ("or an RL loss 0 by construction (TRL's GRPO trains each generation batch once by default, so its "
+            "probability ratio is 1 at every step") in out  # fmt: skip
     assert "the line cannot tell which" in out
 
 

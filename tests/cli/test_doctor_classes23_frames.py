@@ -40,6 +40,7 @@ def test_1_a_traceback_left_with_its_code_lines_is_read_by_them(tmp_path, capsys
         "release": None,
         "how": "its code line `tr_loss_step = self.training_step(model, inputs)` is transformers' Trainer's "
         "(transformers 4.31.0 src/transformers/trainer.py:1809 Trainer._inner_training_loop); it calls deepspeed",
+        "stack": None,
     }
     assert (
         "The traceback ends before its error line: only its frames say what happened. The frames of several processes "
@@ -77,6 +78,7 @@ def test_1_a_frame_in_llama_factorys_entry_script_names_it(tmp_path, capsys):
         "release": None,
         "how": "a frame in train_bash.py (train_bash.py:10 main): LLaMA-Factory's entry script up to v0.7.0, "
         "LLaMA-Efficient-Tuning's then; it calls transformers, deepspeed",
+        "stack": None,
     }
     assert _POINTS in out
 

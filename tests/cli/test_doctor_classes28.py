@@ -55,7 +55,8 @@ def test_2_the_libraries_the_input_shows_are_said_where_no_catalogued_framework_
     )
     doc, out = _doctor(tmp_path, capsys, log)
     shows = "the input shows accelerate (its frames), tensorflow (its log lines)"
-    assert doc["framework"] == {"name": "unknown", "release": None, "how": f"no framework nanscope catalogues; {shows}"}
+    assert doc["framework"] == {"name": "unknown", "release": None, "how": f"no framework nanscope catalogues; {shows}",
+                                "stack": None}  # fmt: skip
     assert f"No framework nanscope catalogues is named ({shows}), so no framework's own causes are weighed." in out
     assert "candidate causes (6: the catalogued causes weighed for this input)" in out
 

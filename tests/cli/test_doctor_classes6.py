@@ -92,8 +92,8 @@ def test_a_rsl_rl_value_function_loss_is_the_critic_s_at_its_iteration(tmp_path,
     )
     assert (
         "The first non-finite metric: Value function loss at step 121 (line 14), with Surrogate loss non-finite in the "
-        "same record too (which went first the record does not say). What it points to: both the actor's and the "
-        "critic's losses on the same logged step" in out
+        "same record too (which went first the record does not say). What it points to: the actor's and the "
+        "critic's losses at once: an input they share" in out
     )
     alone = _rsl_block(120, "0.0123", "-0.0051") + _rsl_block(121, "inf", "-0.0052")
     doc, out = _doctor(tmp_path, capsys, alone)
@@ -221,6 +221,7 @@ def test_e_generic_keys_name_no_framework(tmp_path, capsys):
         "name": "unknown",
         "release": None,
         "how": "nothing in the input names a framework nanscope catalogues",
+        "stack": None,
     }
     assert "transformers" not in out
     assert doc["metrics"]["first_nonfinite"]["line"] == 2

@@ -250,6 +250,7 @@ def test_the_case_keeps_its_diagnosis_and_ranking(tmp_path, capsys):
         "how": "frames under slime/backends/ (actor.py:258 train); its frames actor.py:258 train, model.py:431 train, "
         "model.py:310 train_one_step are slime v0.1.0's lines; the launch script runs deepresearch/train.py with "
         "slime's flags",
+        "stack": None,
     }
     enabled = [c["id"] for c in doc["candidates"] if c["status"] == "enabled"]
     assert enabled == [

@@ -36,6 +36,20 @@ DISCRIMINATORS: dict[str, str] = {
 }
 
 
+# A job without megatron-core: no TransformerEngine of Megatron's, no RerunStateMachine, and a loss that is torch's
+LIBRARIES = "the versions of torch, CUDA and the attention kernels the model calls (flash-attention, xformers)"
+LIBRARY_REGRESSION = (
+    "the failing step rerun on the same GPU and on another (finite on another: the device), then a bisect over the "
+    "torch / CUDA / attention-kernel versions on the saved step"
+)
+# torch's cross_entropy averages over the targets not ignored: none makes 0/0 (measured: F.cross_entropy(logits,
+# torch.full((4,), -100)) is nan, torch 2.13 CPU)
+ALL_MASKED = (
+    "a batch whose every label is masked (-100: padding, or a prompt longer than the cut) has no token to average "
+    "over: torch's cross_entropy (reduction 'mean') is 0/0, NaN, on it"
+)
+
+
 def neutral(found: list) -> None:
     """Each candidate (launch.candidates.Candidate) of a non-slime job with the observation in any framework's words."""
     for candidate in found:

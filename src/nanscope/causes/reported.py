@@ -182,6 +182,15 @@ FP8_RECIPE = Reported(
     cause_class=MODEL_FORWARD,
 )
 
+# the reports and code of stacks that train with megatron-core: a job without it is told none of them
+MEGATRON_SOURCES = ("NVIDIA/Megatron-LM#", "NVIDIA-NeMo/", "alibaba/Pai-Megatron-Patch#", "THUDM/slime#", f"{_CORE} ")
+
+
+def megatron_sourced(line: str) -> bool:
+    """`line`, a reported cause's evidence (Reported.evidence), comes from a stack that trains with megatron-core."""
+    return line.startswith(MEGATRON_SOURCES)
+
+
 REPORTED: tuple[Reported, ...] = (
     GRAD_REDUCE_RACE, LIBRARY_REGRESSION, BAD_CHECKPOINT, CPU_OFFLOAD_OPTIMIZER, CP_ALL_MASKED, EMPTY_MICRO_BATCH,
     NON_FLASH_MASK_PP, SP_NEW_ARCHITECTURE, FP8_RECIPE,

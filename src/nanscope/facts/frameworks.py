@@ -60,6 +60,21 @@ WITHOUT_MEGATRON = (LLAMA_FACTORY, TRL, DPO_REFERENCE, DEEPSPEED_CHAT, INTERNEVO
 # DeepSpeed 066632b megatron/model/transformer.py:32, `from deepspeed.moe.layer import MoE`), its megatron/core a
 # partial copy (tensor_parallel, pipeline_parallel) without megatron-core's router, DDP or distributed optimizer
 
+# Stacks nanscope does not catalogue but names by their own lines (Framework.stack): their evidence wordings
+# (facts.evidence_wordings) and rsl-rl's `Learning iteration N/M` block (launch.line_shapes). Their models read no
+# tokens: a diffusion model's loss is a mean over each image's pixels (guided-diffusion 22e0df8
+# guided_diffusion/gaussian_diffusion.py:809, nn.py:86 mean_flat), rsl-rl's PPO losses means over a mini-batch of a
+# simulator's transitions (leggedrobotics/rsl_rl 010cd22 rsl_rl/algorithms/ppo.py: surrogate_loss and value_loss,
+# `.mean()`): no loss of theirs divides by a count of tokens that a batch of padding makes 0.
+RSL_RL, GUIDED_DIFFUSION, IMPROVED_DIFFUSION = "rsl-rl", "guided-diffusion", "improved-diffusion"
+TOKEN_FREE = {
+    RSL_RL: "rsl-rl's PPO trains a policy and its critic on a simulator's observations",
+    GUIDED_DIFFUSION: "guided-diffusion trains an image diffusion model",
+    IMPROVED_DIFFUSION: "improved-diffusion trains an image diffusion model",
+}
+# their packages, as a frame's path under site-packages names them
+STACK_PACKAGES = {"rsl_rl": RSL_RL, "guided_diffusion": GUIDED_DIFFUSION, "improved_diffusion": IMPROVED_DIFFUSION}
+
 # The jobs that run Megatron-LM's training loop (Pai-Megatron-Patch's and ms-swift's Megatron backend call its
 # pretrain; Primus launches it) or Megatron-Bridge's (NeMo 2): started by torchrun or Slurm, ranks filling the nodes in
 # order, and the RerunStateMachine's iteration theirs (core_v0.15.0rc0 megatron/training/training.py train_step;

@@ -452,11 +452,7 @@ def _without_script(traceback: Traceback, rank: int | None, slime_version: str |
     )
     _with_traceback(diagnosis, traceback)
     failure = traceback.failure
-    where = f"rank {failure.rank}" if failure is not None and failure.rank is not None else "the failing rank"
-    diagnosis.missing.append(
-        f"no launch script: give it to place {where} in the layout (its TP/CP/DP/PP/EP coordinates, node and "
-        "layers), to read the flags that enable or rule out each cause, and to check the frames against the layout"
-    )
+    diagnosis.missing.append(notes.script_adds(failure, framework))
     if rank is not None:
         diagnosis.notes.append(
             f"--rank {rank}: a rank is placed in a launch's layout; without a launch script it is not"

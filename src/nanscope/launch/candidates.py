@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope.causes import catalogue, immune
+from nanscope.causes import neutral as neutral_words
+from nanscope.causes import reported as reported_causes
 from nanscope.causes.classes import HARDWARE
 from nanscope.causes.neutral import neutral
 from nanscope.facts import frameworks, releases
@@ -31,7 +33,8 @@ from nanscope.facts.paths import HOOK_PATH
 from nanscope.launch import moe
 from nanscope.launch.config import Config
 from nanscope.launch.flagview import FlagView
-from nanscope.launch.reported import Context, reported
+from nanscope.launch.line_steps import bound
+from nanscope.launch.reported import MEGATRON_LIBRARIES, Context, reported
 from nanscope.launch.status import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE
 
 
@@ -145,14 +148,19 @@ def without_flags(traceback, framework, release, core: str | None = "") -> list[
             evidence = [f"slime {key} is immune: {cause.why}", *cause.evidence]
             out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
     context = Context(framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False,
-                      script=False, loaded=None if traceback is None else traceback.metrics.loaded())  # fmt: skip
+                      script=False, loaded=None if traceback is None else traceback.metrics.loaded(),
+                      loaded_then=None if traceback is None else traceback.loaded_then())  # fmt: skip
     out += reported_candidates(context, traceback, script=False)
     if not slime:
         neutral(out)
     out = without_megatron(out, framework.name, core)
+    if framework.stack in frameworks.TOKEN_FREE:  # its model reads no tokens: no batch of them is empty
+        out = [candidate for candidate in out if candidate.id != EMPTY]
+        _own_reports(out)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
 
 
+EMPTY = "empty-micro-batch"  # a cause of a token-normalised loss only (frameworks.TOKEN_FREE: models that read none)
 # the causes that live in megatron-core (its router, DDP, schedules, optimizer, TransformerEngine recipes)
 MEGATRON_CAUSES = ("moe-aux-loss", "moe-zero-token-expert", "moe-router-logits", "grad-reduce-overlap-race",
                    "cpu-offloaded-optimizer", "cp-rank-all-masked", "non-flash-attention-mask-pp",
@@ -165,11 +173,27 @@ def without_megatron(found: list[Candidate], framework: str, core: str | None = 
     are megatron-core's are not offered."""
     if framework not in frameworks.WITHOUT_MEGATRON and core is not None:
         return found
+    for candidate in found:  # no TransformerEngine of Megatron's, no RerunStateMachine to tell a kernel from a device
+        if candidate.id == "library-regression" and candidate.discriminator is not None:
+            candidate.discriminator = neutral_words.LIBRARY_REGRESSION
+            said = f"no flag decides it: {neutral_words.LIBRARIES} do"
+            candidate.evidence = [said if line == MEGATRON_LIBRARIES else line for line in candidate.evidence]
     if framework in frameworks.WITHOUT_MEGATRON:
+        _own_reports(found)
         return [candidate for candidate in found if candidate.id not in MEGATRON_CAUSES]
     # nothing points to megatron-core: its causes are not offered, but one the framework's own code rules out (with
     # its reason: OpenRLHF's DeepSpeed has no megatron-core router) is said so
     return [c for c in found if c.id not in MEGATRON_CAUSES or c.status == RULED_OUT]
+
+
+def _own_reports(found: list[Candidate]) -> None:
+    """A job without megatron-core: its reported causes keep the reports of stacks like it, not those of stacks that
+    train with megatron-core (causes.reported.megatron_sourced)."""
+    for candidate in found:
+        cause = reported_causes.BY_NAME.get(candidate.id)
+        if cause is not None:
+            candidate.evidence = [line for line in candidate.evidence
+                                  if line not in cause.evidence or not reported_causes.megatron_sourced(line)]  # fmt: skip
 
 
 def judged(hazard, status: str, evidence: list[str], traceback, cfg: Config | None) -> Candidate:
@@ -290,10 +314,10 @@ def with_evidence(found: list[Candidate], traceback) -> None:
         names = tuple(
             cause for key, _ in reading.values for cause in _NONFINITE_CAUSES.get(key.lower().rsplit("/", 1)[-1], ())
         )
-        step = f"step {reading.printed or reading.step}" if reading.step is not None else f"line {reading.line}"
-        if traceback.nonfinite.opening and reading.step is not None:  # the input's first record: an earlier step too
-            step = f"or before {step}"
-        said.append((names, f"the metrics: {reading.metric} non-finite first at {step}: {reading.points_to}"))
+        opening = traceback.nonfinite.opening or reading.line == 1  # the input's first record: an earlier step too
+        at = bound(reading.step, reading.step_from, opening=opening)
+        step = f"{at} step {reading.printed or reading.step}" if at is not None else f"at line {reading.line}"
+        said.append((names, f"the metrics: {reading.metric} non-finite first {step}: {reading.points_to}"))
     for names, text in said:
         for candidate in found:
             if candidate.id in names and candidate.status != RULED_OUT and text not in candidate.evidence:

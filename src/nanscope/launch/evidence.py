@@ -59,9 +59,10 @@ class Framework:
     name: str
     release: str | None
     how: str
+    stack: str | None = None  # a stack nanscope does not catalogue, named by its own lines (frameworks.TOKEN_FREE)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "release": self.release, "how": self.how}
+        return {"name": self.name, "release": self.release, "how": self.how, "stack": self.stack}
 
 
 UNKNOWN = Framework(frameworks.UNKNOWN, None, "nothing in the input names a framework nanscope catalogues")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from nanscope.facts import frameworks
+
 # an installed package's frame: the directory under site-packages or dist-packages
 _PACKAGE = re.compile(r"/(?:site|dist)-packages/(?P<name>[A-Za-z_]\w{0,40})/")
 # Python's logging.basicConfig format, `LEVEL:logger:message` (CPython Lib/logging/__init__.py BASIC_FORMAT), after
@@ -39,3 +41,12 @@ def shown(frames, lines: list[str]) -> str | None:
     if not found:
         return None
     return ", ".join(f"{name} ({how})" for name, how in list(found.items())[:MAX_SHOWN])
+
+
+def named_stack(frames) -> str | None:
+    """The uncatalogued stack a frame's package names (facts.frameworks.STACK_PACKAGES; None: none)."""
+    for frame in frames:
+        match = _PACKAGE.search(frame.path.replace("\\", "/"))
+        if match is not None and match["name"] in frameworks.STACK_PACKAGES:
+            return frameworks.STACK_PACKAGES[match["name"]]
+    return None

@@ -27,6 +27,21 @@ _BRACKET_STEP = re.compile(r"\[(?:step|iter|iteration)\s{1,4}(?P<step>\d{1,12})\
 LINE = "the line"  # how: its own step key
 _ITER = "the line's iter, each micro-batch; "  # how: a micro-batch iteration beside the optimizer's count
 ROUNDED = ", printed "  # how, after the source: the step printed rounded (`1.53e+05`), said as printed
+BAR_BEFORE = "the progress bar before it"  # how: the count of the bar drawn before the line (it logs at or after it)
+# what a line whose step is a bar's count before it says of that count
+BAR_AFTER = "the progress bar drawn before it counts the steps done by then; the line was logged at or after that"
+AT, AT_OR_BEFORE, AT_OR_AFTER = "at", "at or before", "at or after"  # what a step said of a line bounds
+
+
+def bound(step: int | None, how: str | None, *, opening: bool) -> str | None:
+    """How the step a metric line was given bounds its own (None: no step): the input's first record of its metric
+    (`opening`) is at or before it, an earlier step maybe non-finite too; a progress bar's count drawn before the
+    line, at or after it (a bar lags the steps it counts; a Trainer logs once a step is done); else at it."""
+    if step is None:
+        return None
+    if opening and step > 1:
+        return AT_OR_BEFORE
+    return AT_OR_AFTER if how == BAR_BEFORE else AT
 
 
 def own(how: str | None) -> bool:

@@ -67,6 +67,7 @@ _PREFIX = re.compile(
 )
 _RANK_TAG = re.compile(r"\[rank(\d+)\]:")
 _TRACEBACK = "Traceback (most recent call last):"
+_HEADER = _TRACEBACK.encode()
 
 
 def clean(line: str) -> str:
@@ -112,6 +113,8 @@ class Found:
     head: list[str] = field(default_factory=list)  # the log's first lines (HEAD_LINES), cleaned
     forward: list[str] = field(default_factory=list)  # anomaly mode's warning after its header (launch.anomaly)
     elastic: Elastic = field(default_factory=Elastic)  # torch elastic's first observed failure (launch.elastic)
+    tracebacks: tuple[int, tuple[int, ...]] = (0, ())  # the `Traceback (most recent call last):` lines: (how many, the
+    # first MAX_NOTES of their line numbers)
 
 
 # Python source (a file, not a log): its first line of code at a line's start
@@ -150,6 +153,7 @@ class _Scanner:
         self.head = b""  # the first _HEAD bytes
         self.forward: list[str] | None = None  # anomaly mode's forward call before the first fatal evidence line
         self.elastic = Elastic()  # torch elastic's first observed failure, wherever in the log
+        self.tracebacks: tuple[int, tuple[int, ...]] = (0, ())  # Found.tracebacks
 
     def feed(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -203,7 +207,7 @@ class _Scanner:
         else:
             found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
         found.notes, found.nonfinite, found.lines = notes, seen, lines
-        found.elastic = self.elastic
+        found.elastic, found.tracebacks = self.elastic, self.tracebacks
         if "anomaly-forward" in seen.first:  # the forward call anomaly mode printed (launch.anomaly)
             found.forward = self.forward if self.forward is not None else _forward(self.tail)
         found.head = [clean(line) for line in self.head.decode("utf-8", "replace").split("\n")[:HEAD_LINES]]
@@ -241,8 +245,20 @@ class _Scanner:
                 self.signal = (_context(raw), raw)
                 self.forward = _forward(self.tail + block[:start])
         self.elastic.block(block, self.lines)
+        self._headers(block)
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
+
+    def _headers(self, block: bytes) -> None:
+        """Count the traceback headers in `block` (its first line is the log's line self.lines + 1)."""
+        count, shown = self.tracebacks
+        at = block.find(_HEADER)
+        while at >= 0:
+            count += 1
+            if len(shown) < MAX_NOTES:
+                shown += (self.lines + block.count(b"\n", 0, at) + 1,)
+            at = block.find(_HEADER, at + len(_HEADER))
+        self.tracebacks = (count, shown)
 
     def _line(self, block: bytes, start: int, end: int, number: int, last: bool) -> int:
         """Read the line at `start` (the log's line `number`); where it ends, with a wrapped error's rest."""

@@ -33,6 +33,7 @@ from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, bodiless, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
 from nanscope.launch.line_pairs import WINDOW, pairs
+from nanscope.launch.line_steps import BAR_BEFORE
 from nanscope.launch.line_steps import number as _number  # a printed value as a float
 from nanscope.launch.loop_lines import MEGATRON_HEAD
 from nanscope.launch.loose import loose_pairs
@@ -84,9 +85,6 @@ def _with_loose(found: list[tuple[str, str, int]], piece: str) -> tuple[list[tup
         return found, False
     taken = {at for _, _, at in found}
     return sorted(found + [pair for pair in loose if pair[2] not in taken], key=lambda item: item[2]), True
-
-
-_BAR_BEFORE = "the progress bar before it"
 
 
 _NORMS = ("grad_norm", "grad norm", "gradient_norm")
@@ -262,7 +260,7 @@ class MetricLines:
         if self.graver is None and self.first.points_to.startswith(STATISTIC_ONLY):
             if any(term(key) in MODEL_VALUES for key, _ in values):
                 graver = self._reading(line, number, found, values, step=step, step_from=step_from)
-                if graver.step_from == _BAR_BEFORE:  # a Trainer dict logs after the bar before it: a later step
+                if graver.step_from == BAR_BEFORE:  # a Trainer dict logs after the bar before it: a later step
                     graver.after, graver.step, graver.step_from = graver.step, None, None
                 self.graver = graver
 
@@ -393,7 +391,7 @@ class MetricLines:
         """The first reading took its step from the bar before it, of `bar`'s loop (the same total)."""
         first = self.first
         zero = first.step is None and self.zero_before == first.line
-        before = zero or first.step_from is not None and first.step_from.startswith(_BAR_BEFORE)
+        before = zero or first.step_from is not None and first.step_from.startswith(BAR_BEFORE)
         return self.fresh == bar.total and before
 
     def _glued_bar(self, bar) -> None:
@@ -442,7 +440,7 @@ class MetricLines:
     def _reading(self, line: str, number: int, found, values, *, step: int | None, step_from: str | None) -> Reading:
         after, block = None, self.block
         if step is None and block is not None and 0 < number - block[1] <= shapes.BLOCK_LINES:
-            step, step_from = block[0], f"the block it is in (line {block[1]}: `Learning iteration {block[0]}/...`)"
+            step, step_from = block[0], blocks.step_from(block)
         near = self.bar is not None and number - self.bar_line <= LOOKAHEAD and not self.bar_done
         if step is None and self.explicit is not None and not (near and self.bar_line > self.explicit_line):
             after = self.explicit  # a step named since the last bar (a bar after it is later: holdout20 08)
@@ -453,7 +451,7 @@ class MetricLines:
             elif trainer and self.bar == 0:  # a Trainer logs after a step, never at step 0: the bar after says
                 self.zero_before = number
             else:
-                step, step_from = self.bar, _BAR_BEFORE
+                step, step_from = self.bar, BAR_BEFORE
         finite = {
             key: number_
             for key, value, _ in found
@@ -480,7 +478,7 @@ class MetricLines:
         if number == 1 and self.first.step is None and self.first.after is None:
             self.provisional = {key.lower() for key, _, _ in found}
         unstepped = self.first.step is None and (self.first.after is None or self.first.after == self.redrawn)
-        if unstepped or self.first.step_from == _BAR_BEFORE and shapes.trainer_dict(line):  # a dict's bar after it
+        if unstepped or self.first.step_from == BAR_BEFORE and shapes.trainer_dict(line):  # a dict's bar after it
             self.pending = number  # gives its step (a bar redrawn after a dict is its step's)
             self.fresh, self.nth = self.bar_total, self.since_bar
         if not _norm_only(self.first):  # a second episode of its metric is watched for (launch.episodes)

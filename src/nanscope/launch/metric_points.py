@@ -123,6 +123,17 @@ def _rewards_finite(found) -> list[str]:
 STATISTIC_ONLY = (
     "a logged statistic only"  # a first reading no model's failure: a later loss or gradient norm is watched
 )
+# TRL's GRPO logs the mean of a logging window's per-step KLs (v0.16.0 trl/trainer/grpo_trainer.py:956), each the
+# KL of the policy's and the reference model's per-token log-probs (:914-918), in that step's loss where beta is not 0
+# (:930-931); transformers' Trainer logs a NaN step's loss as the mean before it (4.57.6 trainer.py:2677-2682), and
+# its grad_norm is the window's last step's
+WINDOW_KL = (
+    "TRL's GRPO logs the mean of its logging window's per-step KLs (trl v0.16.0 grpo_trainer.py:956), each from the "
+    "policy's and the reference model's per-token log-probs (:914-918) and a term of that step's loss wherever beta "
+    "is not 0 (:930-931), so that step's loss was non-finite too: the line's finite loss (transformers' Trainer logs "
+    "a NaN step's loss as the mean before it: logging_nan_inf_filter) and gradient norm (the window's last step's) "
+    "do not clear it; with beta 0 the KL is neither computed nor logged"
+)
 MODEL_VALUES = ("loss", "lm loss", "grad_norm", "grad norm")  # a model's own values (terms), not a statistic
 
 
@@ -131,6 +142,18 @@ def term(key: str) -> str:
     NeMo-Aligner's SFT bar puts it before each, `train_grad_norm`: NeMo-Aligner af2b3bd nemo_aligner/algorithms/
     supervised.py:244, :265; nanoGPT's `train loss`), in any stack's log."""
     return key.lower().rsplit("/", 1)[-1].removeprefix("train_").removeprefix("train ").removeprefix("training ")
+
+
+def shared_input(models: set[str]) -> str:
+    """Several models' losses non-finite in one logged record (`models`: their names, the actor and the critic among
+    them): which went first it cannot say, and an input they share is likelier than one model's own update."""
+    named = (
+        "the actor's and the critic's"
+        if models == {"actor", "critic"}
+        else f"{len(models)} models' ({', '.join(sorted(models))})"
+    )
+    return (f"{named} losses at once: an input they share (the observations, the rewards, the advantages and "
+            "returns, the rollout) more than one model's own update")  # fmt: skip
 
 
 def points_to(
@@ -164,8 +187,7 @@ def points_to(
                 "prints an average loss only when it is > 0, which NaN is not)")  # fmt: skip
     models = {model_of([key], set()) for key in keys}
     if {"actor", "critic"} <= models:
-        return ("both the actor's and the critic's losses on the same logged step: the line cannot tell which went "
-                "first (a shared input: the rewards, the advantages, or the rollout)")  # fmt: skip
+        return shared_input(models - {None})
     if model == "critic" and len(found or ()) <= len(bad):  # rsl-rl's block: a line of its own
         return ("the critic (the value model): its value loss went non-finite first in the block's order (its line "
                 "holds no actor metric): the returns or values it is fit to, or its own update")  # fmt: skip
@@ -173,13 +195,16 @@ def points_to(
         return ("the critic (the value model): its value loss or gradient went non-finite while the actor's metrics "
                 "on the line are finite: the returns or values it is fit to, or its own update")  # fmt: skip
     grad_ok = any(term(k) in ("grad_norm", "grad norm") and v > 0 for k, v in finite.items())
-    # a statistic beside a finite loss, or a finite gradient (a GRPO loss is 0 on its first steps: holdout20 07, 08)
+    # a statistic beside a finite loss, or a finite gradient (a GRPO loss about 0 at every step: holdout20 07, 08)
     if all(key.startswith(("logits/", "clip_ratio/")) or term(key) in ("kl", "clip_ratio") for key in keys) and (
         loss_ok or grad_ok
     ):
         finite_said = "the loss" if loss_ok else "the gradient norm"
-        return (f"{STATISTIC_ONLY} (over the raw logits, or over an empty token set), while {finite_said} on the "
-                "line is finite: not a diverged model on that line")  # fmt: skip
+        if trainer and "kl" in last:  # TRL's GRPO: a window's mean, and a term of each step's loss
+            return f"{STATISTIC_ONLY} on the line, but not in the steps it averages: {WINDOW_KL}"
+        over = "the raw logits" if any(key.startswith("logits/") for key in keys) else "an empty token set"
+        return (f"{STATISTIC_ONLY} (over {over}), while {finite_said} on the line is finite: not a diverged model "
+                "on that line")  # fmt: skip
     if model == "reward" or any(
         key in ("reward_std", "reward", "rewards") or key.startswith("rewards/") and model is None for key in keys
     ):
@@ -350,8 +375,9 @@ def _norm_beside_zero(finite: dict[str, float], found, *, trainer: bool) -> str:
                 "backward pass, or a forward that went non-finite on that last step")  # fmt: skip
     if trainer and _rewards_finite(found):
         return (f"a non-finite gradient norm beside a logged loss of 0.0: {TRAINER_ZERO}, or an RL loss 0 by "
-                "construction (GRPO's on its first steps: the probability ratio 1, the group-normalised advantages "
-                "summing to 0): the line cannot tell which; its rewards are scored from the generations, not from the "
+                "construction (TRL's GRPO trains each generation batch once by default, so its probability ratio is 1 at "
+                "every step and its loss, the group-normalised advantages' mean, about 0: trl v0.16.0 "
+                "grpo_config.py:267-270, grpo_trainer.py:924-932): the line cannot tell which; its rewards are scored from the generations, not from the "
                 "training forward")  # fmt: skip
     if trainer:
         return (f"a non-finite gradient norm beside a logged loss of 0.0: {TRAINER_ZERO}, so the forward pass or the "

@@ -132,6 +132,7 @@ class Metrics:
 
     seen: bool = False  # a metric line was read
     first_step: int | None = None
+    first_line: int | None = None  # the first metric line's
     excursions: dict[str, Excursion] = field(default_factory=dict)
     load_line: int | None = None  # the last checkpoint load before the first excursion
     load_text: str = ""  # ... its line, cut
@@ -153,6 +154,7 @@ class Metrics:
             if not found:
                 return
             self.seen, self.first_step = True, _step(block, min(found))
+            self.first_line = lines_before + block.count(b"\n", 0, min(found)) + 1
         for metric in _KEYS:
             if metric not in self.excursions:
                 self._past(metric, block, lines_before)

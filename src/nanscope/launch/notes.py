@@ -4,6 +4,7 @@ and the launch script disagree."""
 
 from __future__ import annotations
 
+from nanscope.facts import frameworks
 from nanscope.launch.config import Config
 from nanscope.launch.diagnosis import Diagnosis
 from nanscope.launch.failure import Failure
@@ -146,3 +147,14 @@ def explain(diagnosis: Diagnosis) -> list[str]:
         overlap = diagnosis.config["overlap_grad_reduce"] if diagnosis.config is not None else False
         out += _failure_lines(failure, diagnosis.framework.name, pp, overlap)
     return out
+
+
+def script_adds(failure, framework) -> str:
+    """What a launch script would add to a traceback alone (`framework`: launch.evidence.Framework): a megatron-core job's layout (where one may run), and
+    the flags that decide the causes."""
+    if framework.name in frameworks.WITHOUT_MEGATRON or framework.stack is not None:  # no TP/CP/PP/EP layout
+        return "no launch script: give it to read the flags that enable or rule out each cause"
+    where = f"rank {failure.rank}" if failure is not None and failure.rank is not None else "the failing rank"
+    return (f"no launch script: give it to place {where} in the layout (its TP/CP/DP/PP/EP coordinates, node and "
+            "layers), to read the flags that enable or rule out each cause, and to check the frames against the "
+            "layout")  # fmt: skip

@@ -60,7 +60,8 @@ def peer_candidates(
     started = None if traceback is None else traceback.nonfinite.metrics.started
     loaded = None if traceback is None else traceback.metrics.loaded()
     context = Context(framework.name, view or FlagView(), pp, cp, core=core_of(traceback), defaults_known=known,
-                      script=view is not None, started=started, loaded=loaded)  # fmt: skip
+                      script=view is not None, started=started, loaded=loaded,
+                      loaded_then=None if traceback is None else traceback.loaded_then())  # fmt: skip
     out += reported_candidates(context, traceback, script=view is not None)
     neutral(out)
     out = without_megatron(out, framework.name, core)

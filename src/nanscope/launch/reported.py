@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nanscope.causes import neutral
 from nanscope.causes import reported as causes
 from nanscope.facts import frameworks, wordings
 from nanscope.facts.releases import SLIME_V0_1_0
@@ -50,6 +51,7 @@ class Context:
     script: bool = True  # a launch script was read (False: no flag, and no sentence about "the script")
     started: tuple[int, int] | None = None  # the log's first Megatron iteration line: (its iteration, its line)
     loaded: tuple[int, str] | None = None  # a line of the log that says it loaded a checkpoint: (line, text)
+    loaded_then: int | None = None  # the first metric line after that load, non-finite already (its line)
 
 
 def reported(context: Context) -> list[tuple[causes.Reported, str, list[str]]]:
@@ -93,8 +95,11 @@ def _race(context: Context) -> tuple[str, list[str]]:
     return _off(context, flags[:2], "the data-parallel reduce runs after the backward, on the same stream")
 
 
+MEGATRON_LIBRARIES = "no flag decides it: the TransformerEngine, flash-attention and torch versions do"
+
+
 def _library(context: Context) -> tuple[str, list[str]]:
-    return UNDECIDABLE, ["no flag decides it: the TransformerEngine, flash-attention and torch versions do"]
+    return UNDECIDABLE, [MEGATRON_LIBRARIES]  # a job without megatron-core: neutral.LIBRARIES (launch.candidates)
 
 
 # flag -> what a run that gives it loads, in that flag's own meaning (Megatron-LM arguments.py at core_v0.15.0rc0;
@@ -153,6 +158,9 @@ def _checkpoint(context: Context) -> tuple[str, list[str]]:
         return ENABLED, said + ([f"{view.show(_DELTA)}: the run loads {_DELTA_LOADS}"] if delta else [])
     said = [] if context.loaded is None else [f"the log says the run loaded one at line {context.loaded[0]}: "
                                               f"`{context.loaded[1][:120]}`"]  # fmt: skip
+    if said and context.loaded_then is not None:  # what the cause's discriminator looks for, in the log already
+        said.append(f"the first metric line after it (line {context.loaded_then}) is already non-finite, as a bad "
+                    "load makes it; a fresh start from the same weights would tell")  # fmt: skip
     if not context.script:
         return UNDECIDABLE, said or ["no launch script: whether the run loads a checkpoint is unknown"]
     return UNDECIDABLE, said or [
@@ -207,6 +215,8 @@ def _empty(context: Context) -> tuple[str, list[str]]:
         return _verl_accumulation(context)
     if context.framework == frameworks.OPENRLHF:
         return UNDECIDABLE, ["OpenRLHF's loss aggregation is not read"]
+    if context.framework in frameworks.WITHOUT_MEGATRON:  # its loss is torch's, not megatron-core's schedules'
+        return UNDECIDABLE, [neutral.ALL_MASKED, "no flag decides it: the data does"]
     status, evidence = _by_core(context, "a micro-batch of padding only has no tokens to divide by")
     return (status if status == RULED_OUT else UNDECIDABLE), evidence + ["no flag decides it: the data does"]
 

@@ -279,7 +279,7 @@ class Scales:
         reach = start is not None and lowest >= start[2] and early
         if reach and loss_step is not None:
             return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, but the "
-                    f"loss itself is non-finite at step {loss_step}: a scale calibrating does not explain a NaN "
+                    f"{LOSS_ITSELF} at step {loss_step}: a scale calibrating does not explain a NaN "
                     "loss.")  # fmt: skip
         if reach and self.stepless():  # a start or a probe
             return (f"The first attempted loss scale is {_shown(self.first)}, {start[0]}, and it {self._halves()}; no "
@@ -458,3 +458,26 @@ def _finite(value: str) -> float | None:
     except ValueError:
         return None
     return number if math.isfinite(number) else None
+
+
+LOSS_ITSELF = "loss itself is non-finite"  # what a scale cannot explain, said once in a verdict
+
+
+def forward_loss(reading) -> str | None:
+    """Beside a loss scaler's overflows, a loss the metric line `reading` (launch.readings.Reading) prints non-finite:
+    the forward pass already is, which no scale explains (a scaler multiplies the loss only for the backward, after
+    the forward computed it); None: no loss on it is."""
+    if reading is None or reading.contradicted is not None:
+        return None
+    losses = [key for key, value in reading.values if _forward_loss(key) and value != "missing"]
+    if not losses:
+        return None
+    return (f"The {LOSS_ITSELF} ({losses[0]} at line {reading.line}): a loss scaler multiplies the loss "
+            "only for the backward, after the forward computed it, so the forward pass (its weights or its inputs) "
+            "was already non-finite there, and no scale, lowered or raised, explains or cures that.")  # fmt: skip
+
+
+def _forward_loss(key: str) -> bool:
+    """A key naming a loss the forward pass computes (not a loss scale, not a gradient)."""
+    key = key.lower()
+    return "loss" in key and "scale" not in key and "grad" not in key

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from nanscope.launch.code_lines import points_to
 from nanscope.launch.failure_models import message_keys, message_model, sampling_model, step_model
 from nanscope.launch.line_shapes import AVERAGE
+from nanscope.launch.line_steps import bound
 from nanscope.launch.nonfinite import AFTER_IT
 from nanscope.launch.tf_scopes import scope_model
 from nanscope.launch.totals import first_term, is_total
@@ -55,6 +56,7 @@ class Summary:
     check: str | None = None
     step: int | None = None
     step_printed: str | None = None  # the step as the metric line prints it, where rounded (`1.53e+05`)
+    step_bound: str | None = None  # how `step` bounds the metric line's own (launch.line_steps.bound): at, or before
     after_step: int | None = None
     after_from: str | None = None
     epoch: str | None = None  # the metric line's epoch, where it names no step
@@ -73,7 +75,7 @@ class Summary:
     def to_dict(self) -> dict:
         return {
             "rank": self.rank, "kind": self.kind, "check": self.check, "step": self.step,
-            "step_printed": self.step_printed, "after_step": self.after_step,
+            "step_printed": self.step_printed, "step_bound": self.step_bound, "after_step": self.after_step,
             "after_from": self.after_from,
             "epoch": self.epoch,
             "model": self.model,
@@ -155,6 +157,10 @@ def summarize(traceback) -> Summary:
     if out.model is None and failure is not None:
         _failure_model(out, failure, traceback)
     out.benign = benign(traceback, out)
+    if out.step is not None:  # the metric line's own step, or an error line's
+        read = reading is not None and out.step == reading.step and out.lines.get("metric") == reading.line
+        opening = read and (seen.opening or reading.line == 1)
+        out.step_bound = bound(out.step, reading.step_from if read else None, opening=opening)
     return out
 
 

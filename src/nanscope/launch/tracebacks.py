@@ -15,7 +15,7 @@ from nanscope.errors import UserError
 from nanscope.facts import frameworks
 from nanscope.facts.frameworks import PY_DICT
 from nanscope.facts.megatron import Check, core_frame
-from nanscope.launch import anomaly, code_lines, plugin_report
+from nanscope.launch import anomaly, blocks, code_lines, plugin_report
 from nanscope.launch.code_lines import CodeHit
 from nanscope.launch.elastic import Elastic
 from nanscope.launch.error_line import error_line
@@ -31,7 +31,7 @@ from nanscope.launch.evidence import (
 )
 from nanscope.launch.failure import Failure
 from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
-from nanscope.launch.libraries import shown
+from nanscope.launch.libraries import named_stack, shown
 from nanscope.launch.line_pairs import pairs
 from nanscope.launch.logs import Found, read_log, scan
 from nanscope.launch.metrics import Metrics
@@ -65,6 +65,7 @@ class Traceback:
     forward_cut: bool = False  # ... and the paste left lines out after its last frame
     forward_short: tuple | None = None  # ... why it ends before the op's call, and the last frame outside torch
     elastic: Elastic = field(default_factory=Elastic)  # torch elastic's first observed failure (launch.elastic)
+    tracebacks: tuple[int, tuple[int, ...]] = (0, ())  # its traceback headers: how many, their first lines
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
@@ -73,6 +74,14 @@ class Traceback:
         exact = self.nonfinite.metrics.first is not None or named
         zeroed = [self.metrics.zeroed] if self.metrics.zeroed is not None else []  # a Trainer's 0.0 after a loss
         return [e for e in self.metrics.excursions.values() if not (exact and not math.isfinite(e.value))] + zeroed
+
+    def loaded_then(self) -> int | None:
+        """The first metric line after the checkpoint load the log names, where it is the first non-finite one too
+        (what bad-checkpoint-resume makes: launch.reported); None: not so, or no load named."""
+        load, first, reading = self.metrics.load_line, self.metrics.first_line, self.nonfinite.metrics.first
+        if load is None or first is None or reading is None or not load < first == reading.line:
+            return None
+        return first
 
     def reaches(self) -> tuple[str, Frame] | None:
         """What the frames reach, by the most specific component any of them is in (facts.frameworks.COMPONENTS),
@@ -154,13 +163,10 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
             "through megatron-core or a framework nanscope knows)"
         )
     if framework is UNKNOWN and (libraries := shown(frames, named)) is not None:
-        framework = Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; the input shows {libraries}")
-    if framework is UNKNOWN:  # an evidence line in the words of stacks nanscope does not catalogue (guided-diffusion's)
-        hit = next((hit for hit in found.nonfinite.first.values() if hit.wording is not None
-                    and not set(hit.wording.stacks) & set(frameworks.NAMES)), None)  # fmt: skip
-        if hit is not None:
-            said = f"the log's {hit.signal.id} line (line {hit.line}) is printed by {hit.wording.printed_by}"
-            framework = Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; {said}")
+        framework = Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; the input shows {libraries}",
+                              stack=named_stack(frames))  # fmt: skip
+    if framework is UNKNOWN:
+        framework = _uncatalogued(found) or framework
     failure = found.failure or _from_verdict(found.rerun) or from_signal(found.nonfinite)
     _merge(failure, found.rerun)
     forward = parse_frames(found.forward)[0]
@@ -188,7 +194,24 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         forward_cut=anomaly.last_frame(forward, found.forward)[1],
         forward_short=anomaly.short_of_op(forward, found.forward),
         elastic=found.elastic,
+        tracebacks=found.tracebacks,
     )
+
+
+def _uncatalogued(found: Found) -> Framework | None:
+    """A stack nanscope does not catalogue, named by its own lines (None: none is): an evidence line in its words
+    (guided-diffusion's), or rsl-rl's `Learning iteration N/M` block around the first non-finite metric."""
+    hit = next((hit for hit in found.nonfinite.first.values() if hit.wording is not None
+                and not set(hit.wording.stacks) & set(frameworks.NAMES)), None)  # fmt: skip
+    if hit is not None:
+        said = f"the log's {hit.signal.id} line (line {hit.line}) is printed by {hit.wording.printed_by}"
+        return Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; {said}", stack=hit.wording.stacks[0])
+    header = blocks.header_line(found.nonfinite.metrics.first)
+    if header is not None:
+        said = (f"its `Learning iteration N/M` block (line {header}), a key a line under it, is printed by "
+                "rsl-rl's runner (rsl_rl/runners/on_policy_runner.py:178 at ff9e971)")  # fmt: skip
+        return Framework(frameworks.UNKNOWN, None, f"{UNCATALOGUED}; {said}", stack=frameworks.RSL_RL)
+    return None
 
 
 def _one_stack(hit) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from nanscope.launch.anomaly import DISPATCH_SOURCE, OPERATOR_SOURCE, SOURCE
 from nanscope.launch.code_lines import pointed, whose
+from nanscope.launch.line_steps import AT_OR_AFTER, AT_OR_BEFORE, BAR_AFTER, bound
 from nanscope.launch.nonfinite import AFTER_IT
 from nanscope.launch.readings import COUNTERS
 from nanscope.launch.summary import Summary
@@ -177,12 +178,15 @@ def first_sentence(summary: Summary, weak: bool = False, counters=()) -> str | N
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
     line = summary.lines.get("metric")
-    if (line == 1 or summary.opening) and summary.step is not None and summary.step > 1:  # the text starts there
+    if summary.step_bound == AT_OR_BEFORE:  # the text starts there
         step = f" at or before step {summary.step_printed or summary.step}"
         first = "the input's first line" if line == 1 else f"the input's first record of {summary.metric}"
         where = (
             f" (line {line}: {first}, so an earlier step may have been non-finite too{'; ' * bool(rounded)}{rounded})"
         )
+    elif summary.step_bound == AT_OR_AFTER:  # a bar's count drawn before the line: the steps done by then
+        step = f" at or after step {summary.step_printed or summary.step}"
+        where = f" (line {line}: {BAR_AFTER})"
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     also = ""
     if summary.also:  # one record prints them at once: no order among them
@@ -274,6 +278,11 @@ def evidence_lines(traceback) -> list[str]:
         shown = ", ".join(f"{key} {value}" for key, value in reading.values[:8])
         epoch = f" (epoch {reading.said_epoch})" if reading.said_epoch is not None else ""
         step = f"step {reading.step} ({reading.step_from})" if reading.step is not None else f"no step named{epoch}"
+        said = bound(reading.step, reading.step_from, opening=seen.opening or reading.line == 1)
+        if said == AT_OR_BEFORE:
+            step = f"at or before {step}; the input's first record of it, so an earlier step may have been too"
+        elif said == AT_OR_AFTER:
+            step = f"at or after step {reading.step} ({BAR_AFTER})"
         after = f", after step {reading.after}" if reading.after is not None else ""
         out.append(f"first non-finite metric line {reading.line}, {step}{after}: {shown}")
         if len(reading.ranks) > 1:
@@ -285,8 +294,25 @@ def evidence_lines(traceback) -> list[str]:
             out.append(f"{seen.metrics.later} later metric line(s) hold non-finite values too")
         if seen.metrics.episodes.again is not None:
             out.append(seen.metrics.episodes.again.sentence(reading.step))
+    if (said := tracebacks_line(traceback)) is not None:
+        out.append(said)
     for counter in seen.metrics.counters:
         step = f" at step {counter.step}" if counter.step is not None else ""
         kind = "cumulative" if counter.cumulative else "over the logging interval"
         out.append(f"skip counter: {counter.key} {counter.value}{step} (line {counter.line}, {kind}){counter.rise()}")
     return out
+
+
+def tracebacks_line(traceback) -> str | None:
+    """Several tracebacks in one input: which one is read, and what the others may be (None: one or none)."""
+    count, lines = traceback.tracebacks
+    if count < 2:
+        return None
+    failure = traceback.failure
+    read = "the one whose error line is read" if failure is not None else "the last one"
+    if failure is not None and failure.line is not None:
+        read = f"the one whose error line is line {failure.line}"
+    shown = ", ".join(map(str, lines)) + (", ..." if count > len(lines) else "")
+    return (f"{count} tracebacks in the input (starting at lines {shown}): {read} is read; each other one may be "
+            "another rank's, the same failure again (after a restart or a resume) or a different error, which only "
+            "its own error line says")  # fmt: skip

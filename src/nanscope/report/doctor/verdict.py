@@ -6,7 +6,7 @@ from __future__ import annotations
 from nanscope.facts import frameworks
 from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
 from nanscope.launch.evidence import UNCATALOGUED
-from nanscope.launch.scales import shown, where_words
+from nanscope.launch.scales import LOSS_ITSELF, forward_loss, shown, where_words
 from nanscope.launch.summary import read_metric_lines
 from nanscope.report.doctor.evidence_text import (
     MODEL_WORDS,
@@ -141,6 +141,10 @@ def _metric_sentences(diagnosis) -> list[str]:
         parts.append(f"The loss scale its metric lines print is {shown(scale)} at {where_words(*where)}{fell}: below "
                      "2^-10, a dynamic loss scaler halved it on overflow after overflow, far below any start: the "
                      "gradients overflow step after step, not a calibration.")  # fmt: skip
+    scaled = failure is not None and failure.signal is not None and failure.signal.id.endswith("overflow")
+    said_once = any(LOSS_ITSELF in part for part in parts)  # a calibrating scale's sentence said it
+    if (scaled or collapsed is not None) and not said_once and (said := forward_loss(reading)) is not None:
+        parts.append(said)
     if (
         summary.benign is not None
         and summary.contradicted is None
@@ -152,6 +156,10 @@ def _metric_sentences(diagnosis) -> list[str]:
 
 def _core_sentence(diagnosis) -> list[str]:
     """What is unknown about megatron-core: its causes are not offered where nothing points to it."""
+    stack = diagnosis.framework.stack
+    if stack in frameworks.TOKEN_FREE:  # a named stack's model: megatron-core's causes and a token count not its own
+        return [f"{frameworks.TOKEN_FREE[stack]}: its loss divides by no count of tokens, and nothing in the input "
+                "points to megatron-core, so neither empty-micro-batch nor megatron-core's own causes are offered."]  # fmt: skip
     if diagnosis.megatron_core is not None or diagnosis.framework.name in frameworks.WITHOUT_MEGATRON:
         return []
     return [f"Nothing in the input points to megatron-core, so its own causes ({', '.join(MEGATRON_CAUSES)}) are "
