@@ -223,8 +223,8 @@ def test_17_a_kl_beside_a_finite_gradient_is_a_statistic(tmp_path, capsys):
             "'completion_length': 230.1, 'kl': nan, 'epoch': 0.0}\n")  # fmt: skip
     doc, _ = _doctor(tmp_path, capsys, text)
     assert doc["summary"]["points_to"].startswith(
-        "a logged statistic only on the line, but not in the steps it averages: TRL's GRPO logs the mean of its "
-        "logging window's per-step KLs (trl v0.16.0 grpo_trainer.py:956)"
+        "a logged statistic only on the line, maybe more in a step of its window: TRL's GRPO logs its metrics as "
+        "means over the logging window's steps (trl v0.16.0 grpo_trainer.py:956)"
     )  # round 31: a window's mean, and a term of each step's loss (not 'not a diverged model')
 
 

@@ -281,7 +281,7 @@ def test_15_a_later_nan_gradient_norm_after_a_statistic_is_said(tmp_path, capsys
     log = ("{'loss': 0.0, 'grad_norm': 0.1259, 'learning_rate': 6e-06, 'reward': 1.02, 'kl': nan, 'epoch': 0.0}\n"
            "{'loss': -0.0, 'grad_norm': nan, 'learning_rate': 1.5e-05, 'reward': 1.03, 'kl': nan, 'epoch': 0.01}\n")  # fmt: skip
     doc, out = _doctor(tmp_path, capsys, log)
-    assert "do not clear it; with beta 0 the KL is neither computed nor logged. A model's own value went non-finite later: grad_norm (line 2): " in out  # fmt: skip
+    assert "clear no step of the window but the last. A model's own value went non-finite later: grad_norm (line 2): " in out  # fmt: skip
     assert doc["metrics"]["graver_nonfinite"]["values"] == [["grad_norm", "nan"], ["kl", "nan"]]
 
 

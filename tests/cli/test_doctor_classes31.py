@@ -169,15 +169,23 @@ def test_4_what_a_step_bounds(step, how, opening, said):
 def test_5_a_grpo_kl_is_a_windows_mean_in_the_steps_loss(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, _GRPO)
     points = doc["summary"]["points_to"]
-    assert points.startswith("a logged statistic only on the line, but not in the steps it averages: TRL's GRPO")
-    assert "so that step's loss was non-finite too" in points
+    assert points.startswith(
+        "a logged statistic only on the line, maybe more in a step of its window: TRL's GRPO logs its metrics as "
+        "means over the logging window's steps (trl v0.16.0 grpo_trainer.py:956)"
+    )
+    assert "some step of the window had non-finite log-probs, or completions of no token" in points
+    assert points.endswith("clear no step of the window but the last")
     assert "not a diverged model" not in points
 
 
 # 6. a checkpoint load the log names, then a first metric line already non-finite: what bad-checkpoint-resume's
 # discriminator looks for, said (holdout20 08)
+_LOADED = "[+] Adapter weights loaded, continuing from step 100.\n"
+
+
 def test_6_a_load_then_a_non_finite_first_metric_line_is_said(tmp_path, capsys):
-    doc, _ = _doctor(tmp_path, capsys, "[+] Adapter weights loaded, continuing from step 100.\n" + _GRPO)
+    nan = "{'loss': nan, 'grad_norm': nan, 'learning_rate': 6e-06, 'epoch': 0.01}\n"
+    doc, _ = _doctor(tmp_path, capsys, _LOADED + "  1% 3/300 [01:33<2:24:37, 29.22s/it]\n" + nan)
     evidence = next(c for c in doc["candidates"] if c["id"] == "bad-checkpoint-resume")["evidence"]
     assert evidence[1] == (
         "the first metric line after it (line 3) is already non-finite, as a bad load makes it; a fresh start from "
@@ -185,9 +193,13 @@ def test_6_a_load_then_a_non_finite_first_metric_line_is_said(tmp_path, capsys):
     )
 
 
-def test_6_a_finite_first_metric_line_after_a_load_says_nothing_more(tmp_path, capsys):
-    finite = "{'loss': 0.1, 'grad_norm': 0.2, 'learning_rate': 6e-06, 'kl': 0.001, 'epoch': 0.0}\n"
-    doc, _ = _doctor(tmp_path, capsys, "[+] Adapter weights loaded, continuing from step 100.\n" + finite + _GRPO)
+@pytest.mark.parametrize(
+    "after",
+    ["{'loss': 0.1, 'grad_norm': 0.2, 'learning_rate': 6e-06, 'kl': 0.001, 'epoch': 0.0}\n" + _GRPO, _GRPO],
+    ids=["a finite line first", "a statistic only"],
+)
+def test_6_a_first_metric_line_after_a_load_finite_or_a_statistic_says_nothing_more(tmp_path, capsys, after):
+    doc, _ = _doctor(tmp_path, capsys, _LOADED + after)
     evidence = next(c for c in doc["candidates"] if c["id"] == "bad-checkpoint-resume")["evidence"]
     assert len(evidence) == 1
 
@@ -215,3 +227,145 @@ def test_7_one_traceback_is_not_counted(tmp_path, capsys):
     log = "Traceback (most recent call last):\nRuntimeError: Function 'LogBackward0' returned nan values in its 0th output.\n"
     _, out = _doctor(tmp_path, capsys, log)
     assert "tracebacks in the input" not in out
+
+
+# 8. the library versions a log prints at its start (a trainer's banner, `transformers-cli env`) are said for
+# library-regression, as printed (holdout20 07, 08, holdout19 14, holdout21 09)
+_BANNER = (
+    "==((====))==  Unsloth 2026.5.8: Fast Qwen2 patching. Transformers: 4.57.6. vLLM: 0.7.2.\n"
+    "O^O/ \\_/ \\    Torch: 2.5.1+cu124. CUDA: 7.5. CUDA Toolkit: 12.4. Triton: 3.1.0\n"
+)
+
+
+def test_8_the_versions_a_log_prints_are_said_for_library_regression(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _BANNER + _GRPO)
+    library = next(c for c in doc["candidates"] if c["id"] == "library-regression")
+    assert library["evidence"][1] == (
+        "the versions the log prints: transformers 4.57.6 (line 1), vLLM 0.7.2 (line 1), torch 2.5.1+cu124 (line 2), "
+        "the CUDA toolkit 12.4 (line 2), triton 3.1.0 (line 2)"
+    )
+
+
+def test_8_which_lines_print_a_version():
+    from nanscope.launch.versions import printed
+
+    lines = ["- `transformers` version: 4.36.2", "- PyTorch version (GPU?): 2.1.0+cu121 (True)", "CUDA: 7.5",
+             "torch-npu: 2.1", '  File "/x/torch/nn/modules/module.py", line 1501', "pip install deepspeed==0.7.4"]  # fmt: skip
+    assert [str(v) for v in printed(lines)] == [
+        "transformers 4.36.2 (line 1)", "torch 2.1.0+cu121 (line 2)", "DeepSpeed 0.7.4 (line 6)"
+    ]  # fmt: skip
+
+
+# 9. a native library's error line names no NaN but may say what made one: a negative size asked for is a 32-bit count
+# wrapped (PhysX, as Isaac Gym runs it: holdout25 09)
+def test_9_a_native_error_lines_negative_size_is_read(tmp_path, capsys):
+    physx = (
+        "/buildAgent/work/src/gpubroadphase/src/PxgAABBManager.cpp (1048) : invalid parameter : The application "
+        "needs to increase PxgDynamicsMemoryConfig::foundLostAggregatePairsCapacity to -2014081303 , otherwise, the "
+        "simulation will miss interactions\n"
+    )
+    _, out = _doctor(tmp_path, capsys, _rsl(17, "nan", "nan") + "\n" + physx)
+    assert (
+        "native error line 10 (it names no NaN or Inf): /buildAgent/work/src/gpubroadphase/src/PxgAABBManager.cpp "
+        "(1048) : invalid parameter : The application needs to increase"
+    ) in out
+    assert (
+        "A native error line (line 10, naming no NaN) asks for a size of -2014081303: a signed 32-bit count wrapped "
+        "past 2^31 - 1, so what it counts exploded"
+    ) in out
+
+
+def test_9_a_log_without_a_native_error_line_says_none(tmp_path, capsys):
+    _, out = _doctor(tmp_path, capsys, _rsl(17, "nan", "nan"))
+    assert "native error line" not in out
+
+
+# 10. after the blind re-check: a Megatron-LM copy on DeepSpeed (Megatron-DeepSpeed, gpt-neox) divides by
+# loss_mask.sum() and has Megatron-LM's layout; mlx-lm's kernels and loss are MLX's; diffusers trains no tokens; verl's
+# own reports are verl's
+def _empty(doc: dict) -> list[str]:
+    return next(c for c in doc["candidates"] if c["id"] == "empty-micro-batch")["evidence"]
+
+
+def test_10_a_megatron_copy_divides_by_its_loss_mask_and_has_a_layout(tmp_path, capsys):
+    script = ("torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 2 "
+              "--fp16 --deepspeed_config=./ds.json --deepspeed\n")  # fmt: skip
+    doc, _ = _doctor(tmp_path, capsys, "step 3: loss nan\n", script=script)
+    assert doc["framework"]["name"] == "megatron-deepspeed"
+    assert _empty(doc)[0] == (
+        "a micro-batch of padding only has no tokens to divide by: its loss is the masked sum over loss_mask.sum(), "
+        "unclamped (microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162)"
+    )
+    assert not any(line.startswith(("megatron-core ", "verl")) for line in _empty(doc))  # no megatron-core, no verl
+    from nanscope.launch.evidence import Framework
+    from nanscope.launch.notes import script_adds
+
+    for name in ("megatron-deepspeed", "gpt-neox"):
+        said = script_adds(None, Framework(name, None, "its lines"))
+        assert said.startswith("no launch script: give it to place the failing rank in the layout")
+    assert script_adds(None, Framework("trl", None, "its keys")) == (
+        "no launch script: give it to read the flags that enable or rule out each cause"
+    )
+
+
+def test_10_mlx_lms_libraries_and_loss_are_its_own(tmp_path, capsys):
+    log = "Iter 10: Val loss nan, Val took 1.2s\nIter 10: Train loss nan, Learning Rate 1.000e-05, It/sec 0.1\n"
+    doc, _ = _doctor(tmp_path, capsys, log)
+    library = next(c for c in doc["candidates"] if c["id"] == "library-regression")
+    assert library["evidence"][0] == "no flag decides it: the versions of MLX and mlx-lm do"
+    assert _empty(doc)[0] == (
+        "a batch with no target tokens: mlx-lm's loss is the masked sum over its token count, unclamped "
+        "(ml-explore/mlx-lm 00e8dc2 mlx_lm/tuner/trainer.py:70-81)"
+    )
+
+
+def test_10_a_transformers_job_is_told_no_verl_report(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _GRPO)
+    assert not any(line.startswith(("verl-project/verl#", "verl v")) for line in _empty(doc))
+
+
+def test_10_a_diffusers_frame_names_a_stack_without_tokens(tmp_path, capsys):
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "/opt/venv/lib/python3.10/site-packages/diffusers/training_utils.py", line 120, in compute_snr\n'
+        "    snr = (alpha / sigma) ** 2\n"
+        "ValueError: Loss is NaN: tensor(nan, device='cuda:0')\n"
+    )
+    doc, _ = _doctor(tmp_path, capsys, log)
+    assert doc["framework"]["stack"] == "diffusers"
+    assert "empty-micro-batch" not in [c["id"] for c in doc["candidates"]]
+
+
+# 11. Unsloth's banner prints its release (holdout20 07)
+def test_11_unsloths_banner_gives_its_release(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, "Unsloth: Will patch your computer to enable 2x faster free finetuning.\n"
+                     + _BANNER + _GRPO)  # fmt: skip
+    assert (doc["framework"]["name"], doc["framework"]["release"]) == ("unsloth", "2026.5.8")
+    assert doc["framework"]["how"].endswith("its banner prints `Unsloth 2026.5.8`")
+
+
+# 12. grad_buffer.py's finish_grad_sync at line 146 (155) calls start_grad_sync only where overlap_grad_reduce is off
+# (NVIDIA/Megatron-LM 53a350eddb grad_buffer.py:145-146, 293e10419f :154-155): the race is ruled out (holdout19 09)
+def _assertion(line: int) -> str:
+    return (
+        "Traceback (most recent call last):\n"
+        f'  File "/w/megatron/core/distributed/grad_buffer.py", line {line}, in finish_grad_sync\n'
+        "AssertionError: Rank 5: found NaN in local grad norm in backward pass before data-parallel communication "
+        "collective. Device: 5, node: n1\n"
+    )
+
+
+def test_12_a_synchronous_bucket_frame_rules_the_overlap_race_out(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _assertion(146))
+    race = next(c for c in doc["candidates"] if c["id"] == "grad-reduce-overlap-race")
+    assert race["status"] == "ruled-out"
+    assert race["evidence"][0].startswith(
+        "the frame grad_buffer.py:146 finish_grad_sync is its call of start_grad_sync under "
+        "`if not self.overlap_grad_reduce:`"
+    )
+
+
+def test_12_another_line_of_the_bucket_file_rules_nothing_out(tmp_path, capsys):
+    doc, _ = _doctor(tmp_path, capsys, _assertion(169))
+    race = next(c for c in doc["candidates"] if c["id"] == "grad-reduce-overlap-race")
+    assert race["status"] != "ruled-out"

@@ -6,6 +6,8 @@ framework (verl, TRL, DeepSpeed, Megatron-LM, ...) gets these instead.
 
 from __future__ import annotations
 
+from nanscope.facts import frameworks
+
 DISCRIMINATORS: dict[str, str] = {
     "kl-exp-overflow": "the KL term on the failing step: an exp of a log-ratio past 88.7 overflows fp32 (a kl metric "
     "far from 0 on the steps before)",
@@ -43,11 +45,23 @@ LIBRARY_REGRESSION = (
     "torch / CUDA / attention-kernel versions on the saved step"
 )
 # torch's cross_entropy averages over the targets not ignored: none makes 0/0 (measured: F.cross_entropy(logits,
-# torch.full((4,), -100)) is nan, torch 2.13 CPU)
+# torch.full((4,), -100)) is nan, and the logits' gradient 0, torch 2.13 CPU)
 ALL_MASKED = (
     "a batch whose every label is masked (-100: padding, or a prompt longer than the cut) has no token to average "
-    "over: torch's cross_entropy (reduction 'mean') is 0/0, NaN, on it"
+    "over: torch's cross_entropy (reduction 'mean') is 0/0, NaN, on it, and its gradient 0 (a NaN loss beside a "
+    "finite gradient norm)"
 )
+# framework -> how its loss divides by a token count that an empty batch makes 0 (frameworks.MEGATRON_COPIES, mlx-lm)
+EMPTY_BATCH = {
+    frameworks.MEGATRON_DEEPSPEED: "a micro-batch of padding only has no tokens to divide by: its loss is the masked "
+    "sum over loss_mask.sum(), unclamped (microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162)",
+    frameworks.GPT_NEOX: "a micro-batch of padding only has no tokens to divide by: its loss is the masked sum over "
+    "loss_mask.sum(), unclamped (EleutherAI/gpt-neox 557751f megatron/model/gpt2_model.py:52-69)",
+    frameworks.MLX_LM: "a batch with no target tokens: mlx-lm's loss is the masked sum over its token count, "
+    "unclamped (ml-explore/mlx-lm 00e8dc2 mlx_lm/tuner/trainer.py:70-81)",
+}
+# mlx-lm trains on MLX, not torch: its kernels are MLX's
+MLX_LIBRARIES = "the versions of MLX and mlx-lm"
 
 
 def neutral(found: list) -> None:

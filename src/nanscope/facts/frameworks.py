@@ -72,8 +72,20 @@ TOKEN_FREE = {
     GUIDED_DIFFUSION: "guided-diffusion trains an image diffusion model",
     IMPROVED_DIFFUSION: "improved-diffusion trains an image diffusion model",
 }
+DIFFUSERS = "diffusers"  # Hugging Face diffusers' training scripts: an MSE over latents (or noise), no tokens
+TOKEN_FREE[DIFFUSERS] = "diffusers trains an image diffusion model"
 # their packages, as a frame's path under site-packages names them
-STACK_PACKAGES = {"rsl_rl": RSL_RL, "guided_diffusion": GUIDED_DIFFUSION, "improved_diffusion": IMPROVED_DIFFUSION}
+STACK_PACKAGES = {"rsl_rl": RSL_RL, "guided_diffusion": GUIDED_DIFFUSION, "improved_diffusion": IMPROVED_DIFFUSION,
+                  "diffusers": DIFFUSERS}  # fmt: skip
+
+# framework -> its release as its own lines print it (Unsloth's banner: `==((====))==  Unsloth 2026.5.8: Fast Qwen2
+# patching. Transformers: 4.57.6.`)
+PRINTED_RELEASES = {UNSLOTH: re.compile(r"==\(\(====\)\)==\s{1,4}Unsloth (?P<release>\d{4}\.\d{1,2}\.\d{1,3})\b")}
+
+# Megatron-LM copies trained by DeepSpeed's engine: no megatron-core, but Megatron-LM's TP/PP layout and its loss, a
+# masked sum over loss_mask.sum() tokens, unclamped (microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162;
+# EleutherAI/gpt-neox 557751f megatron/model/gpt2_model.py:52-69)
+MEGATRON_COPIES = (MEGATRON_DEEPSPEED, GPT_NEOX)
 
 # The jobs that run Megatron-LM's training loop (Pai-Megatron-Patch's and ms-swift's Megatron backend call its
 # pretrain; Primus launches it) or Megatron-Bridge's (NeMo 2): started by torchrun or Slurm, ranks filling the nodes in

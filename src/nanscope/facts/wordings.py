@@ -104,6 +104,13 @@ FRAME_LINES: dict[tuple[str, str], str] = {
 # main of that window, no release.
 GRAD_BUFFER = "megatron/core/distributed/grad_buffer.py"
 GRAD_BUFFER_MAIN = "Megatron-LM main between core 0.5.0 and 0.6.0 (February to March 2024), in no release"
+# the lines of finish_grad_sync's synchronous call of start_grad_sync (whose check raises the assertion), taken only
+# where overlap_grad_reduce is off: NVIDIA/Megatron-LM d66807759c and 53a350eddb grad_buffer.py:145-146, 293e10419f
+# :154-155 (with overlap on, start_grad_sync runs from register_grad_ready instead)
+GRAD_BUFFER_SYNC = (146, 155)
+GRAD_BUFFER_SYNC_SOURCE = (
+    "NVIDIA/Megatron-LM 53a350eddb megatron/core/distributed/grad_buffer.py:145-146; 293e10419f :154-155"
+)
 
 
 def frame_releases(suffix: str, function: str, line: int) -> set[str] | None:

@@ -23,18 +23,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanscope.causes import catalogue, immune
-from nanscope.causes import neutral as neutral_words
-from nanscope.causes import reported as reported_causes
 from nanscope.causes.classes import HARDWARE
 from nanscope.causes.neutral import neutral
-from nanscope.facts import frameworks, releases
+from nanscope.facts import releases
 from nanscope.facts.flags import BY_NAME, SCRIPT
 from nanscope.facts.paths import HOOK_PATH
 from nanscope.launch import moe
 from nanscope.launch.config import Config
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.line_steps import bound
-from nanscope.launch.reported import MEGATRON_LIBRARIES, Context, reported
+from nanscope.launch.other_stacks import token_free, without_megatron
+from nanscope.launch.reported import Context, reported
 from nanscope.launch.status import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE
 
 
@@ -105,6 +104,21 @@ def core_of(traceback) -> tuple[str, ...] | None:
     return failure.releases if failure is not None and failure.releases else None
 
 
+def seen_in(traceback) -> dict:
+    """What a traceback or log (launch.tracebacks.Traceback; None: none given) tells the reported causes' rules
+    (launch.reported.Context's fields)."""
+    if traceback is None:
+        return {"core": None}
+    return {
+        "core": core_of(traceback),
+        "started": traceback.nonfinite.metrics.started,
+        "loaded": traceback.metrics.loaded(),
+        "loaded_then": traceback.loaded_then(),
+        "versions": tuple(traceback.versions),
+        "overlap_off": traceback.evidence.overlap_off,
+    }
+
+
 def reported_candidates(context: Context, traceback, script: bool = True) -> list[Candidate]:
     """The causes real reports had (launch.reported), the rerun verdict applied (`script` False: no flag read, so no
     flag enables one)."""
@@ -147,53 +161,12 @@ def without_flags(traceback, framework, release, core: str | None = "") -> list[
         for cause in immune.IMMUNE:
             evidence = [f"slime {key} is immune: {cause.why}", *cause.evidence]
             out.append(Candidate(cause.name, RULED_OUT, evidence, None, cause.cause_class))
-    context = Context(framework.name, FlagView(), None, None, core=core_of(traceback), defaults_known=False,
-                      script=False, loaded=None if traceback is None else traceback.metrics.loaded(),
-                      loaded_then=None if traceback is None else traceback.loaded_then())  # fmt: skip
+    context = Context(framework.name, FlagView(), None, None, defaults_known=False, script=False, **seen_in(traceback))
     out += reported_candidates(context, traceback, script=False)
     if not slime:
         neutral(out)
-    out = without_megatron(out, framework.name, core)
-    if framework.stack in frameworks.TOKEN_FREE:  # its model reads no tokens: no batch of them is empty
-        out = [candidate for candidate in out if candidate.id != EMPTY]
-        _own_reports(out)
+    out = token_free(without_megatron(out, framework.name, core), framework.stack)
     return sorted(out, key=lambda candidate: STATUSES.index(candidate.status))
-
-
-EMPTY = "empty-micro-batch"  # a cause of a token-normalised loss only (frameworks.TOKEN_FREE: models that read none)
-# the causes that live in megatron-core (its router, DDP, schedules, optimizer, TransformerEngine recipes)
-MEGATRON_CAUSES = ("moe-aux-loss", "moe-zero-token-expert", "moe-router-logits", "grad-reduce-overlap-race",
-                   "cpu-offloaded-optimizer", "cp-rank-all-masked", "non-flash-attention-mask-pp",
-                   "sp-new-architecture", "fp8-fp4-recipe")  # fmt: skip
-
-
-def without_megatron(found: list[Candidate], framework: str, core: str | None = "") -> list[Candidate]:
-    """The candidates of a stack that trains without megatron-core (facts.frameworks.WITHOUT_MEGATRON), or of a job
-    where nothing points to megatron-core (`core` None: launch.core_evidence): those whose mechanism and evidence
-    are megatron-core's are not offered."""
-    if framework not in frameworks.WITHOUT_MEGATRON and core is not None:
-        return found
-    for candidate in found:  # no TransformerEngine of Megatron's, no RerunStateMachine to tell a kernel from a device
-        if candidate.id == "library-regression" and candidate.discriminator is not None:
-            candidate.discriminator = neutral_words.LIBRARY_REGRESSION
-            said = f"no flag decides it: {neutral_words.LIBRARIES} do"
-            candidate.evidence = [said if line == MEGATRON_LIBRARIES else line for line in candidate.evidence]
-    if framework in frameworks.WITHOUT_MEGATRON:
-        _own_reports(found)
-        return [candidate for candidate in found if candidate.id not in MEGATRON_CAUSES]
-    # nothing points to megatron-core: its causes are not offered, but one the framework's own code rules out (with
-    # its reason: OpenRLHF's DeepSpeed has no megatron-core router) is said so
-    return [c for c in found if c.id not in MEGATRON_CAUSES or c.status == RULED_OUT]
-
-
-def _own_reports(found: list[Candidate]) -> None:
-    """A job without megatron-core: its reported causes keep the reports of stacks like it, not those of stacks that
-    train with megatron-core (causes.reported.megatron_sourced)."""
-    for candidate in found:
-        cause = reported_causes.BY_NAME.get(candidate.id)
-        if cause is not None:
-            candidate.evidence = [line for line in candidate.evidence
-                                  if line not in cause.evidence or not reported_causes.megatron_sourced(line)]  # fmt: skip
 
 
 def judged(hazard, status: str, evidence: list[str], traceback, cfg: Config | None) -> Candidate:

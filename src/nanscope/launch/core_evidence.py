@@ -1,5 +1,5 @@
 """Whether a job runs megatron-core, by what the input shows: the causes that live in megatron-core (its router, DDP
-buckets, schedules, optimizer offload, TransformerEngine recipes: candidates.MEGATRON_CAUSES) are offered only
+buckets, schedules, optimizer offload, TransformerEngine recipes: other_stacks.MEGATRON_CAUSES) are offered only
 where something points to it.
 
     frames under megatron/core/, Megatron's error line, the rerun state machine's verdict      the traceback

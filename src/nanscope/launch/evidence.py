@@ -91,6 +91,7 @@ class FrameEvidence:
     log_prob_pass: bool = False
     lines: list[str] = field(default_factory=list)
     core_releases: tuple[str, ...] | None = None  # the megatron-core releases the frames' lines fit
+    overlap_off: str | None = None  # a frame that runs only where the data-parallel reduce is not overlapped
 
     def to_dict(self) -> dict:
         return {
@@ -155,6 +156,12 @@ def unreleased(failure, evidence: FrameEvidence, frames: list[Frame]) -> None:
         f"megatron-core: {wordings.GRAD_BUFFER_MAIN}: the frame of grad_buffer.py, under the "
         "grad-norm assertion it had there"
     )
+    sync = next((frame for frame in frames if frame.path.replace("\\", "/").endswith(wordings.GRAD_BUFFER)
+                 and frame.function == "finish_grad_sync" and frame.line in wordings.GRAD_BUFFER_SYNC), None)  # fmt: skip
+    if sync is not None:
+        evidence.overlap_off = (f"the frame grad_buffer.py:{sync.line} finish_grad_sync is its call of start_grad_sync "
+                                f"under `if not self.overlap_grad_reduce:` ({wordings.GRAD_BUFFER_SYNC_SOURCE}): the "
+                                "data-parallel reduce ran after the backward, not overlapped with it")  # fmt: skip
 
 
 def _range(found: tuple[str, ...]) -> str:
@@ -232,9 +239,18 @@ def framework_of(
     if others:
         how += f"; it calls {', '.join(others)}"
     if name != frameworks.SLIME:
-        return Framework(name, None, how)
+        return Framework(name, *_printed_release(name, lines, how))
     release, why = slime_release(frames)
     return Framework(name, release, f"{how}; {why}")
+
+
+def _printed_release(name: str, lines: list[str], how: str) -> tuple[str | None, str]:
+    """The release a framework's own line prints (facts.frameworks.PRINTED_RELEASES), and `how` with that line said."""
+    pattern = frameworks.PRINTED_RELEASES.get(name)
+    for line in lines if pattern is not None else ():
+        if (match := pattern.search(line[:300])) is not None:
+            return match["release"], f"{how}; its banner prints `{match.group().split(None, 1)[1]}`"
+    return None, how
 
 
 def _path_how(hit: str, frame: Frame) -> str:

@@ -28,20 +28,32 @@ LINE = "the line"  # how: its own step key
 _ITER = "the line's iter, each micro-batch; "  # how: a micro-batch iteration beside the optimizer's count
 ROUNDED = ", printed "  # how, after the source: the step printed rounded (`1.53e+05`), said as printed
 BAR_BEFORE = "the progress bar before it"  # how: the count of the bar drawn before the line (it logs at or after it)
-# what a line whose step is a bar's count before it says of that count
-BAR_AFTER = "the progress bar drawn before it counts the steps done by then; the line was logged at or after that"
+BAR_AFTER = "the progress bar after it"  # how, then the bar as shown: the count of the bar drawn after the line
+# what a bar's count drawn before (after) a line says of the line's step
+LAGS = "the progress bar drawn before it counts the steps done by then; the line was logged at or after that"
+LEADS = "the progress bar drawn after it counts the steps done by then; the line was logged at or before that"
 AT, AT_OR_BEFORE, AT_OR_AFTER = "at", "at or before", "at or after"  # what a step said of a line bounds
 
 
 def bound(step: int | None, how: str | None, *, opening: bool) -> str | None:
     """How the step a metric line was given bounds its own (None: no step): the input's first record of its metric
-    (`opening`) is at or before it, an earlier step maybe non-finite too; a progress bar's count drawn before the
-    line, at or after it (a bar lags the steps it counts; a Trainer logs once a step is done); else at it."""
+    (`opening`) is at or before it, an earlier step maybe non-finite too; a progress bar's count drawn before the line
+    is at or after it, one drawn after the line at or before it (a bar counts the steps done when it is drawn, and a
+    pasted terminal may have lost the bars between); else at it."""
     if step is None:
         return None
     if opening and step > 1:
         return AT_OR_BEFORE
-    return AT_OR_AFTER if how == BAR_BEFORE else AT
+    if how == BAR_BEFORE:
+        return AT_OR_AFTER
+    return AT_OR_BEFORE if (how or "").startswith(BAR_AFTER) else AT
+
+
+def bar_words(how: str | None) -> str | None:
+    """What a progress bar a step was read from says of the line (None: the step is not a bar's)."""
+    if how == BAR_BEFORE:
+        return LAGS
+    return LEADS if (how or "").startswith(BAR_AFTER) else None
 
 
 def own(how: str | None) -> bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from nanscope import inputs
 from nanscope.errors import UserError
-from nanscope.launch import anomaly, code_lines, trainer_bars
+from nanscope.launch import anomaly, code_lines, native_errors, trainer_bars
 from nanscope.launch.elastic import Elastic
 from nanscope.launch.failure import Failure, Impossible, line_failures
 from nanscope.launch.logsource import open_log
@@ -115,6 +115,7 @@ class Found:
     elastic: Elastic = field(default_factory=Elastic)  # torch elastic's first observed failure (launch.elastic)
     tracebacks: tuple[int, tuple[int, ...]] = (0, ())  # the `Traceback (most recent call last):` lines: (how many, the
     # first MAX_NOTES of their line numbers)
+    native: list[tuple[int, str]] = field(default_factory=list)  # native code's error lines (launch.native_errors)
 
 
 # Python source (a file, not a log): its first line of code at a line's start
@@ -154,6 +155,7 @@ class _Scanner:
         self.forward: list[str] | None = None  # anomaly mode's forward call before the first fatal evidence line
         self.elastic = Elastic()  # torch elastic's first observed failure, wherever in the log
         self.tracebacks: tuple[int, tuple[int, ...]] = (0, ())  # Found.tracebacks
+        self.native: list[tuple[int, str]] = []  # Found.native
 
     def feed(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -207,7 +209,7 @@ class _Scanner:
         else:
             found = Found(self.first, self.context, sorted(self.ranks), rerun=rerun, raw=self.raw, metrics=self.metrics)
         found.notes, found.nonfinite, found.lines = notes, seen, lines
-        found.elastic, found.tracebacks = self.elastic, self.tracebacks
+        found.elastic, found.tracebacks, found.native = self.elastic, self.tracebacks, self.native
         if "anomaly-forward" in seen.first:  # the forward call anomaly mode printed (launch.anomaly)
             found.forward = self.forward if self.forward is not None else _forward(self.tail)
         found.head = [clean(line) for line in self.head.decode("utf-8", "replace").split("\n")[:HEAD_LINES]]
@@ -246,6 +248,7 @@ class _Scanner:
                 self.forward = _forward(self.tail + block[:start])
         self.elastic.block(block, self.lines)
         self._headers(block)
+        native_errors.scan(block, self.lines, self.native)
         self.lines = lines + block.count(b"\n", counted)
         self.tail = (self.tail + block)[-CONTEXT:] if self.first is None else b""
 

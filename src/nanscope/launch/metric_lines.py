@@ -33,7 +33,7 @@ from nanscope.launch import line_shapes as shapes
 from nanscope.launch.bars import bars, bodiless, glued, interval_before, segments, step_at
 from nanscope.launch.episodes import Episodes
 from nanscope.launch.line_pairs import WINDOW, pairs
-from nanscope.launch.line_steps import BAR_BEFORE
+from nanscope.launch.line_steps import BAR_AFTER, BAR_BEFORE
 from nanscope.launch.line_steps import number as _number  # a printed value as a float
 from nanscope.launch.loop_lines import MEGATRON_HEAD
 from nanscope.launch.loose import loose_pairs
@@ -375,7 +375,7 @@ class MetricLines:
                 if not dict_bars.ran_past(base, bar.count, same_loop=same and self.nth == 1 and bodiless(line, bar)):
                     first.step, first.step_from, first.after = (
                         self.bar,
-                        f"the progress bar after it, {bar.shown()}",
+                        f"{BAR_AFTER}, {bar.shown()}",
                         None,
                     )
             self.pending, self.glued = None, []

@@ -123,16 +123,18 @@ def _rewards_finite(found) -> list[str]:
 STATISTIC_ONLY = (
     "a logged statistic only"  # a first reading no model's failure: a later loss or gradient norm is watched
 )
-# TRL's GRPO logs the mean of a logging window's per-step KLs (v0.16.0 trl/trainer/grpo_trainer.py:956), each the
-# KL of the policy's and the reference model's per-token log-probs (:914-918), in that step's loss where beta is not 0
-# (:930-931); transformers' Trainer logs a NaN step's loss as the mean before it (4.57.6 trainer.py:2677-2682), and
-# its grad_norm is the window's last step's
+# TRL's GRPO logs the mean of a logging window's per-step values (v0.16.0 trl/trainer/grpo_trainer.py:956), its kl
+# the KL of the policy's and the reference model's per-token log-probs over the completions' tokens (:914-918,
+# :937-939), a term of that step's loss where beta is not 0 (:930-931); transformers' Trainer logs a NaN step's loss
+# as the mean before it (4.57.6 trainer.py:2677-2682), and its grad_norm is the window's last step's. Which TRL (or
+# Unsloth's patch of it) logged the line, and its beta, the line does not say.
 WINDOW_KL = (
-    "TRL's GRPO logs the mean of its logging window's per-step KLs (trl v0.16.0 grpo_trainer.py:956), each from the "
-    "policy's and the reference model's per-token log-probs (:914-918) and a term of that step's loss wherever beta "
-    "is not 0 (:930-931), so that step's loss was non-finite too: the line's finite loss (transformers' Trainer logs "
-    "a NaN step's loss as the mean before it: logging_nan_inf_filter) and gradient norm (the window's last step's) "
-    "do not clear it; with beta 0 the KL is neither computed nor logged"
+    "TRL's GRPO logs its metrics as means over the logging window's steps (trl v0.16.0 grpo_trainer.py:956), kl the "
+    "KL of the policy's and the reference model's per-token log-probs over the completions' tokens (:914-918, "
+    ":937-939): some step of the window had non-finite log-probs, or completions of no token (a mean over an empty "
+    "set); a loss that adds the same KL (beta not 0: :930-931) was non-finite on that step too, and the line's finite "
+    "loss (transformers' Trainer logs a NaN step's loss as the mean before it: logging_nan_inf_filter) and gradient "
+    "norm (the window's last step's) clear no step of the window but the last"
 )
 MODEL_VALUES = ("loss", "lm loss", "grad_norm", "grad norm")  # a model's own values (terms), not a statistic
 
@@ -201,7 +203,7 @@ def points_to(
     ):
         finite_said = "the loss" if loss_ok else "the gradient norm"
         if trainer and "kl" in last:  # TRL's GRPO: a window's mean, and a term of each step's loss
-            return f"{STATISTIC_ONLY} on the line, but not in the steps it averages: {WINDOW_KL}"
+            return f"{STATISTIC_ONLY} on the line, maybe more in a step of its window: {WINDOW_KL}"
         over = "the raw logits" if any(key.startswith("logits/") for key in keys) else "an empty token set"
         return (f"{STATISTIC_ONLY} (over {over}), while {finite_said} on the line is finite: not a diverged model "
                 "on that line")  # fmt: skip

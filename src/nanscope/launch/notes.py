@@ -152,7 +152,8 @@ def explain(diagnosis: Diagnosis) -> list[str]:
 def script_adds(failure, framework) -> str:
     """What a launch script would add to a traceback alone (`framework`: launch.evidence.Framework): a megatron-core job's layout (where one may run), and
     the flags that decide the causes."""
-    if framework.name in frameworks.WITHOUT_MEGATRON or framework.stack is not None:  # no TP/CP/PP/EP layout
+    copy = framework.name in frameworks.MEGATRON_COPIES  # Megatron-LM's layout, without megatron-core
+    if (framework.name in frameworks.WITHOUT_MEGATRON and not copy) or framework.stack is not None:  # no layout
         return "no launch script: give it to read the flags that enable or rule out each cause"
     where = f"rank {failure.rank}" if failure is not None and failure.rank is not None else "the failing rank"
     return (f"no launch script: give it to place {where} in the layout (its TP/CP/DP/PP/EP coordinates, node and "

@@ -13,9 +13,10 @@ from __future__ import annotations
 from nanscope.causes import catalogue
 from nanscope.causes.neutral import neutral
 from nanscope.facts import frameworks, peer_code
-from nanscope.launch.candidates import Candidate, core_of, judged, reported_candidates, unflagged, without_megatron
+from nanscope.launch.candidates import Candidate, judged, reported_candidates, seen_in, unflagged
 from nanscope.launch.evidence import Framework
 from nanscope.launch.flagview import FlagView
+from nanscope.launch.other_stacks import without_megatron
 from nanscope.launch.reported import Context
 from nanscope.launch.run_kind import RunKind
 from nanscope.launch.status import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE
@@ -57,11 +58,8 @@ def peer_candidates(
             status, evidence = UNDECIDABLE, ["no launch script: the flags that decide it are unknown", *evidence]
         out.append(judged(hazard, status, evidence, traceback if status != RULED_OUT else None, None))
     known = framework.name in (frameworks.MEGATRON_LM, frameworks.PAI)  # Megatron's argparse defaults: off
-    started = None if traceback is None else traceback.nonfinite.metrics.started
-    loaded = None if traceback is None else traceback.metrics.loaded()
-    context = Context(framework.name, view or FlagView(), pp, cp, core=core_of(traceback), defaults_known=known,
-                      script=view is not None, started=started, loaded=loaded,
-                      loaded_then=None if traceback is None else traceback.loaded_then())  # fmt: skip
+    context = Context(framework.name, view or FlagView(), pp, cp, defaults_known=known, script=view is not None,
+                      **seen_in(traceback))  # fmt: skip
     out += reported_candidates(context, traceback, script=view is not None)
     neutral(out)
     out = without_megatron(out, framework.name, core)

@@ -52,6 +52,8 @@ class Context:
     started: tuple[int, int] | None = None  # the log's first Megatron iteration line: (its iteration, its line)
     loaded: tuple[int, str] | None = None  # a line of the log that says it loaded a checkpoint: (line, text)
     loaded_then: int | None = None  # the first metric line after that load, non-finite already (its line)
+    versions: tuple = ()  # the library versions the log prints (launch.versions.Version)
+    overlap_off: str | None = None  # what in the frames shows the data-parallel reduce ran unoverlapped
 
 
 def reported(context: Context) -> list[tuple[causes.Reported, str, list[str]]]:
@@ -90,6 +92,8 @@ def _race(context: Context) -> tuple[str, list[str]]:
         return RULED_OUT, ["OpenRLHF trains with DeepSpeed, not megatron-core's DDP"]
     flags = ("--overlap-grad-reduce", "--tp-comm-overlap", "--num-distributed-optimizer-instances")
     on = _given(context, flags)
+    if not on and context.overlap_off is not None:  # the frames show the reduce ran after the backward
+        return RULED_OUT, [context.overlap_off]
     if on:
         return ENABLED, on + ["the reduce runs on its own stream while the backward still writes gradients"]
     return _off(context, flags[:2], "the data-parallel reduce runs after the backward, on the same stream")
@@ -99,7 +103,8 @@ MEGATRON_LIBRARIES = "no flag decides it: the TransformerEngine, flash-attention
 
 
 def _library(context: Context) -> tuple[str, list[str]]:
-    return UNDECIDABLE, [MEGATRON_LIBRARIES]  # a job without megatron-core: neutral.LIBRARIES (launch.candidates)
+    said = [f"the versions the log prints: {', '.join(map(str, context.versions))}"] if context.versions else []
+    return UNDECIDABLE, [MEGATRON_LIBRARIES, *said]  # a job without megatron-core: neutral.LIBRARIES (candidates)
 
 
 # flag -> what a run that gives it loads, in that flag's own meaning (Megatron-LM arguments.py at core_v0.15.0rc0;
@@ -215,8 +220,9 @@ def _empty(context: Context) -> tuple[str, list[str]]:
         return _verl_accumulation(context)
     if context.framework == frameworks.OPENRLHF:
         return UNDECIDABLE, ["OpenRLHF's loss aggregation is not read"]
-    if context.framework in frameworks.WITHOUT_MEGATRON:  # its loss is torch's, not megatron-core's schedules'
-        return UNDECIDABLE, [neutral.ALL_MASKED, "no flag decides it: the data does"]
+    if context.framework in frameworks.WITHOUT_MEGATRON:  # its own loss, not megatron-core's schedules'
+        said = neutral.EMPTY_BATCH.get(context.framework, neutral.ALL_MASKED)
+        return UNDECIDABLE, [said, "no flag decides it: the data does"]
     status, evidence = _by_core(context, "a micro-batch of padding only has no tokens to divide by")
     return (status if status == RULED_OUT else UNDECIDABLE), evidence + ["no flag decides it: the data does"]
 

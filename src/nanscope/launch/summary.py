@@ -57,6 +57,7 @@ class Summary:
     step: int | None = None
     step_printed: str | None = None  # the step as the metric line prints it, where rounded (`1.53e+05`)
     step_bound: str | None = None  # how `step` bounds the metric line's own (launch.line_steps.bound): at, or before
+    step_how: str | None = None  # where the metric line's step came from, where `step` is its (not in the JSON)
     after_step: int | None = None
     after_from: str | None = None
     epoch: str | None = None  # the metric line's epoch, where it names no step
@@ -160,7 +161,8 @@ def summarize(traceback) -> Summary:
     if out.step is not None:  # the metric line's own step, or an error line's
         read = reading is not None and out.step == reading.step and out.lines.get("metric") == reading.line
         opening = read and (seen.opening or reading.line == 1)
-        out.step_bound = bound(out.step, reading.step_from if read else None, opening=opening)
+        out.step_how = reading.step_from if read else None
+        out.step_bound = bound(out.step, out.step_how, opening=opening)
     return out
 
 

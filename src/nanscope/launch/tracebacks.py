@@ -34,10 +34,12 @@ from nanscope.launch.frames import Frame, interleaved, parse_frames, unique
 from nanscope.launch.libraries import named_stack, shown
 from nanscope.launch.line_pairs import pairs
 from nanscope.launch.logs import Found, read_log, scan
+from nanscope.launch.metric_points import STATISTIC_ONLY
 from nanscope.launch.metrics import Metrics
 from nanscope.launch.nonfinite import Nonfinite
 from nanscope.launch.rerun import Rerun
 from nanscope.launch.summary import prefix_rank
+from nanscope.launch.versions import Version, printed
 
 
 @dataclass
@@ -66,6 +68,8 @@ class Traceback:
     forward_short: tuple | None = None  # ... why it ends before the op's call, and the last frame outside torch
     elastic: Elastic = field(default_factory=Elastic)  # torch elastic's first observed failure (launch.elastic)
     tracebacks: tuple[int, tuple[int, ...]] = (0, ())  # its traceback headers: how many, their first lines
+    versions: list[Version] = field(default_factory=list)  # the library versions its first lines print
+    native: list[tuple[int, str]] = field(default_factory=list)  # native code's error lines (launch.native_errors)
 
     def excursions(self) -> list:
         """The metrics' range excursions to say (launch.metrics): a non-finite one is left to the first non-finite
@@ -81,7 +85,8 @@ class Traceback:
         load, first, reading = self.metrics.load_line, self.metrics.first_line, self.nonfinite.metrics.first
         if load is None or first is None or reading is None or not load < first == reading.line:
             return None
-        return first
+        # a model's own value (a loss, a gradient norm), not a logged statistic only (a KL beside finite ones)
+        return first if not reading.points_to.startswith(STATISTIC_ONLY) else None
 
     def reaches(self) -> tuple[str, Frame] | None:
         """What the frames reach, by the most specific component any of them is in (facts.frameworks.COMPONENTS),
@@ -195,6 +200,8 @@ def _traceback(found: Found | None, origin: str) -> Traceback:
         forward_short=anomaly.short_of_op(forward, found.forward),
         elastic=found.elastic,
         tracebacks=found.tracebacks,
+        versions=printed(found.head),
+        native=found.native,
     )
 
 

@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
+from nanscope.launch import native_errors
 from nanscope.launch.anomaly import DISPATCH_SOURCE, OPERATOR_SOURCE, SOURCE
 from nanscope.launch.code_lines import pointed, whose
-from nanscope.launch.line_steps import AT_OR_AFTER, AT_OR_BEFORE, BAR_AFTER, bound
+from nanscope.launch.line_steps import AT_OR_AFTER, AT_OR_BEFORE, bar_words, bound
 from nanscope.launch.nonfinite import AFTER_IT
 from nanscope.launch.readings import COUNTERS
 from nanscope.launch.summary import Summary
@@ -178,15 +179,15 @@ def first_sentence(summary: Summary, weak: bool = False, counters=()) -> str | N
         return (f"The only non-finite value is a progress bar's running mean: {summary.metric}{where}, while "
                 f"{summary.contradicted} on the same line are finite: not a NaN failure by itself.")  # fmt: skip
     line = summary.lines.get("metric")
-    if summary.step_bound == AT_OR_BEFORE:  # the text starts there
+    bar = bar_words(summary.step_how)
+    if summary.step_bound == AT_OR_BEFORE and bar is None:  # the text starts there
         step = f" at or before step {summary.step_printed or summary.step}"
         first = "the input's first line" if line == 1 else f"the input's first record of {summary.metric}"
         where = (
             f" (line {line}: {first}, so an earlier step may have been non-finite too{'; ' * bool(rounded)}{rounded})"
         )
-    elif summary.step_bound == AT_OR_AFTER:  # a bar's count drawn before the line: the steps done by then
-        step = f" at or after step {summary.step_printed or summary.step}"
-        where = f" (line {line}: {BAR_AFTER})"
+    elif summary.step_bound in (AT_OR_BEFORE, AT_OR_AFTER) and bar is not None:  # a bar's count: the steps done
+        step, where = f" {summary.step_bound} step {summary.step_printed or summary.step}", f" (line {line}: {bar})"
     points = f" What it points to: {summary.points_to}." if summary.points_to else ""
     also = ""
     if summary.also:  # one record prints them at once: no order among them
@@ -279,10 +280,12 @@ def evidence_lines(traceback) -> list[str]:
         epoch = f" (epoch {reading.said_epoch})" if reading.said_epoch is not None else ""
         step = f"step {reading.step} ({reading.step_from})" if reading.step is not None else f"no step named{epoch}"
         said = bound(reading.step, reading.step_from, opening=seen.opening or reading.line == 1)
-        if said == AT_OR_BEFORE:
+        bar = bar_words(reading.step_from)
+        if said == AT_OR_BEFORE and bar is None:
             step = f"at or before {step}; the input's first record of it, so an earlier step may have been too"
-        elif said == AT_OR_AFTER:
-            step = f"at or after step {reading.step} ({BAR_AFTER})"
+        elif said in (AT_OR_BEFORE, AT_OR_AFTER):
+            drawn = "".join(f": {bar}" for bar in reading.step_from.split(", ", 1)[1:])  # the bar after, as shown
+            step = f"{said} step {reading.step} ({bar}{drawn})"
         after = f", after step {reading.after}" if reading.after is not None else ""
         out.append(f"first non-finite metric line {reading.line}, {step}{after}: {shown}")
         if len(reading.ranks) > 1:
@@ -296,6 +299,10 @@ def evidence_lines(traceback) -> list[str]:
             out.append(seen.metrics.episodes.again.sentence(reading.step))
     if (said := tracebacks_line(traceback)) is not None:
         out.append(said)
+    for line, text in traceback.native:  # a native library's diagnostic: no NaN named, maybe what made one
+        what = native_errors.meaning(text)
+        shown = text if len(text) <= 300 else text[:300] + " ..."
+        out.append(f"native error line {line} (it names no NaN or Inf): {shown}" + (f"; {what}" if what else ""))
     for counter in seen.metrics.counters:
         step = f" at step {counter.step}" if counter.step is not None else ""
         kind = "cumulative" if counter.cumulative else "over the logging interval"

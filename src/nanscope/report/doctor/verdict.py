@@ -4,8 +4,10 @@ mechanism, and how many catalogued causes remain."""
 from __future__ import annotations
 
 from nanscope.facts import frameworks
-from nanscope.launch.candidates import ENABLED, MEGATRON_CAUSES, UNDECIDABLE, remaining
+from nanscope.launch import native_errors
+from nanscope.launch.candidates import ENABLED, UNDECIDABLE, remaining
 from nanscope.launch.evidence import UNCATALOGUED
+from nanscope.launch.other_stacks import MEGATRON_CAUSES
 from nanscope.launch.scales import LOSS_ITSELF, forward_loss, shown, where_words
 from nanscope.launch.summary import read_metric_lines
 from nanscope.report.doctor.evidence_text import (
@@ -142,6 +144,10 @@ def _metric_sentences(diagnosis) -> list[str]:
                      "2^-10, a dynamic loss scaler halved it on overflow after overflow, far below any start: the "
                      "gradients overflow step after step, not a calibration.")  # fmt: skip
     scaled = failure is not None and failure.signal is not None and failure.signal.id.endswith("overflow")
+    for line, text in traceback.native:  # what a native error line's negative size says, where it says one
+        if (what := native_errors.meaning(text)) is not None:
+            parts.append(f"A native error line (line {line}, naming no NaN) {what.removeprefix('it ')}.")
+            break
     said_once = any(LOSS_ITSELF in part for part in parts)  # a calibrating scale's sentence said it
     if (scaled or collapsed is not None) and not said_once and (said := forward_loss(reading)) is not None:
         parts.append(said)
