@@ -297,6 +297,8 @@ def test_10_a_megatron_copy_divides_by_its_loss_mask_and_has_a_layout(tmp_path, 
         "unclamped (microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162)"
     )
     assert not any(line.startswith(("megatron-core ", "verl")) for line in _empty(doc))  # no megatron-core, no verl
+    library = next(c for c in doc["candidates"] if c["id"] == "library-regression")["evidence"]
+    assert not any(line.startswith(("NVIDIA/Megatron-LM#", "alibaba/Pai-Megatron-Patch#")) for line in library)
     from nanscope.launch.evidence import Framework
     from nanscope.launch.notes import script_adds
 
@@ -314,8 +316,8 @@ def test_10_mlx_lms_libraries_and_loss_are_its_own(tmp_path, capsys):
     library = next(c for c in doc["candidates"] if c["id"] == "library-regression")
     assert library["evidence"][0] == "no flag decides it: the versions of MLX and mlx-lm do"
     assert _empty(doc)[0] == (
-        "a batch with no target tokens: mlx-lm's loss is the masked sum over its token count, unclamped "
-        "(ml-explore/mlx-lm 00e8dc2 mlx_lm/tuner/trainer.py:70-81)"
+        "a batch with no target tokens: mlx-lm's fine-tuning loss is the masked sum over its token count, unclamped "
+        "(ml-explore/mlx-lm 00e8dc2 mlx_lm/tuner/trainer.py:70-81; another trainer's loss is its own)"
     )
 
 

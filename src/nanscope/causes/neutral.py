@@ -57,8 +57,8 @@ EMPTY_BATCH = {
     "sum over loss_mask.sum(), unclamped (microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162)",
     frameworks.GPT_NEOX: "a micro-batch of padding only has no tokens to divide by: its loss is the masked sum over "
     "loss_mask.sum(), unclamped (EleutherAI/gpt-neox 557751f megatron/model/gpt2_model.py:52-69)",
-    frameworks.MLX_LM: "a batch with no target tokens: mlx-lm's loss is the masked sum over its token count, "
-    "unclamped (ml-explore/mlx-lm 00e8dc2 mlx_lm/tuner/trainer.py:70-81)",
+    frameworks.MLX_LM: "a batch with no target tokens: mlx-lm's fine-tuning loss is the masked sum over its token "
+    "count, unclamped (ml-explore/mlx-lm 00e8dc2 mlx_lm/tuner/trainer.py:70-81; another trainer's loss is its own)",
 }
 # mlx-lm trains on MLX, not torch: its kernels are MLX's
 MLX_LIBRARIES = "the versions of MLX and mlx-lm"

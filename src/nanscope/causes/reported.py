@@ -182,18 +182,15 @@ FP8_RECIPE = Reported(
     cause_class=MODEL_FORWARD,
 )
 
-# the reports of stacks that train with megatron-core, and its code: a job without it is told none of them (a
-# Megatron-LM copy, frameworks.MEGATRON_COPIES, the reports)
+# the reports of stacks that train with megatron-core, and its code: a job without it is told none of them
 MEGATRON_REPORTS = ("NVIDIA/Megatron-LM#", "NVIDIA-NeMo/", "alibaba/Pai-Megatron-Patch#", "THUDM/slime#")
 VERL_SOURCES = ("verl-project/verl#", "verl v")  # verl's reports and code: its own mechanisms (its FSDP actor's)
 
 
-def foreign(line: str, megatron_copy: bool = False) -> bool:
+def foreign(line: str) -> bool:
     """`line`, a reported cause's evidence (Reported.evidence), is another kind of job's than one without megatron-core:
-    verl's, megatron-core's code, or a report of a stack that trains with it (not foreign to a Megatron-LM copy:
-    `megatron_copy`)."""
-    own = () if megatron_copy else MEGATRON_REPORTS
-    return line.startswith((*VERL_SOURCES, f"{_CORE} ", *own))
+    verl's, megatron-core's code, or a report of a stack that trains with it (TransformerEngine's, NeMo's, slime's)."""
+    return line.startswith((*VERL_SOURCES, f"{_CORE} ", *MEGATRON_REPORTS))
 
 
 REPORTED: tuple[Reported, ...] = (

@@ -125,16 +125,15 @@ STATISTIC_ONLY = (
 )
 # TRL's GRPO logs the mean of a logging window's per-step values (v0.16.0 trl/trainer/grpo_trainer.py:956), its kl
 # the KL of the policy's and the reference model's per-token log-probs over the completions' tokens (:914-918,
-# :937-939), a term of that step's loss where beta is not 0 (:930-931); transformers' Trainer logs a NaN step's loss
-# as the mean before it (4.57.6 trainer.py:2677-2682), and its grad_norm is the window's last step's. Which TRL (or
-# Unsloth's patch of it) logged the line, and its beta, the line does not say.
+# :937-939); transformers' Trainer logs a NaN step's loss as the mean before it (4.57.6 trainer.py:2677-2682), and its
+# grad_norm is the window's last step's. Whether the loss took the same KL (beta, and how each release or Unsloth's
+# patch counts its tokens), the line does not say.
 WINDOW_KL = (
     "TRL's GRPO logs its metrics as means over the logging window's steps (trl v0.16.0 grpo_trainer.py:956), kl the "
     "KL of the policy's and the reference model's per-token log-probs over the completions' tokens (:914-918, "
     ":937-939): some step of the window had non-finite log-probs, or completions of no token (a mean over an empty "
-    "set); a loss that adds the same KL (beta not 0: :930-931) was non-finite on that step too, and the line's finite "
-    "loss (transformers' Trainer logs a NaN step's loss as the mean before it: logging_nan_inf_filter) and gradient "
-    "norm (the window's last step's) clear no step of the window but the last"
+    "set); the line's finite loss (transformers' Trainer logs a NaN step's loss as the mean before it: "
+    "logging_nan_inf_filter) and gradient norm (the window's last step's) clear no step of the window but the last"
 )
 MODEL_VALUES = ("loss", "lm loss", "grad_norm", "grad norm")  # a model's own values (terms), not a statistic
 

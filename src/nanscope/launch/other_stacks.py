@@ -34,21 +34,21 @@ def without_megatron(found: list, framework: str, core: str | None = "") -> list
             said = f"no flag decides it: {libraries} do"
             candidate.evidence = [said if line == MEGATRON_LIBRARIES else line for line in candidate.evidence]
     if framework in frameworks.WITHOUT_MEGATRON:
-        own_reports(found, copy=framework in frameworks.MEGATRON_COPIES)
+        own_reports(found)
         return [candidate for candidate in found if candidate.id not in MEGATRON_CAUSES]
     # nothing points to megatron-core: its causes are not offered, but one the framework's own code rules out (with
     # its reason: OpenRLHF's DeepSpeed has no megatron-core router) is said so
     return [c for c in found if c.id not in MEGATRON_CAUSES or c.status == RULED_OUT]
 
 
-def own_reports(found: list, copy: bool = False) -> None:
+def own_reports(found: list) -> None:
     """A job without megatron-core: its reported causes keep the reports of stacks like it, not verl's or those of
-    stacks that train with megatron-core (`copy`: a Megatron-LM copy, frameworks.MEGATRON_COPIES, keeps those)."""
+    stacks that train with megatron-core (causes.reported.foreign)."""
     for candidate in found:
         cause = reported_causes.BY_NAME.get(candidate.id)
         if cause is not None:
             candidate.evidence = [line for line in candidate.evidence
-                                  if line not in cause.evidence or not reported_causes.foreign(line, copy)]  # fmt: skip
+                                  if line not in cause.evidence or not reported_causes.foreign(line)]  # fmt: skip
 
 
 def token_free(found: list, stack: str | None) -> list:
