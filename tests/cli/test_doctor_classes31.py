@@ -21,6 +21,11 @@ def _rsl(iteration: int, value: str, surrogate: str, pad: int = 35) -> str:
     )
 
 
+def _cause(doc: dict, name: str) -> dict:
+    """The candidate `name` of doctor's JSON."""
+    return next(c for c in doc["candidates"] if c["id"] == name)
+
+
 _MISSING_MEGATRON = (
     "no launch script: give it to place the failing rank in the layout (its TP/CP/DP/PP/EP coordinates, node and "
     "layers)"
@@ -120,7 +125,7 @@ def test_3_a_job_without_megatron_core_is_told_its_own_libraries_and_reports(tmp
 def test_3_a_megatron_job_keeps_megatron_cores_words(tmp_path, capsys):
     log = "Rank 5, node n1, device 5, iteration 7: Unexpected result nan (message='found NaN in local grad norm')\n"
     doc, out = _doctor(tmp_path, capsys, log)
-    library = next(c for c in doc["candidates"] if c["id"] == "library-regression")
+    library = _cause(doc, "library-regression")
     assert library["evidence"][0] == (
         "no flag decides it: the TransformerEngine, flash-attention and torch versions do"
     )
@@ -186,7 +191,7 @@ _LOADED = "[+] Adapter weights loaded, continuing from step 100.\n"
 def test_6_a_load_then_a_non_finite_first_metric_line_is_said(tmp_path, capsys):
     nan = "{'loss': nan, 'grad_norm': nan, 'learning_rate': 6e-06, 'epoch': 0.01}\n"
     doc, _ = _doctor(tmp_path, capsys, _LOADED + "  1% 3/300 [01:33<2:24:37, 29.22s/it]\n" + nan)
-    evidence = next(c for c in doc["candidates"] if c["id"] == "bad-checkpoint-resume")["evidence"]
+    evidence = _cause(doc, "bad-checkpoint-resume")["evidence"]
     assert evidence[1] == (
         "the first metric line after it (line 3) is already non-finite, as a bad load makes it; a fresh start from "
         "the same weights would tell"
@@ -200,7 +205,7 @@ def test_6_a_load_then_a_non_finite_first_metric_line_is_said(tmp_path, capsys):
 )
 def test_6_a_first_metric_line_after_a_load_finite_or_a_statistic_says_nothing_more(tmp_path, capsys, after):
     doc, _ = _doctor(tmp_path, capsys, _LOADED + after)
-    evidence = next(c for c in doc["candidates"] if c["id"] == "bad-checkpoint-resume")["evidence"]
+    evidence = _cause(doc, "bad-checkpoint-resume")["evidence"]
     assert len(evidence) == 1
 
 
@@ -239,7 +244,7 @@ _BANNER = (
 
 def test_8_the_versions_a_log_prints_are_said_for_library_regression(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, _BANNER + _GRPO)
-    library = next(c for c in doc["candidates"] if c["id"] == "library-regression")
+    library = _cause(doc, "library-regression")
     assert library["evidence"][1] == (
         "the versions the log prints: transformers 4.57.6 (line 1), vLLM 0.7.2 (line 1), torch 2.5.1+cu124 (line 2), "
         "the CUDA toolkit 12.4 (line 2), triton 3.1.0 (line 2)"
@@ -284,7 +289,7 @@ def test_9_a_log_without_a_native_error_line_says_none(tmp_path, capsys):
 # loss_mask.sum() and has Megatron-LM's layout; mlx-lm's kernels and loss are MLX's; diffusers trains no tokens; verl's
 # own reports are verl's
 def _empty(doc: dict) -> list[str]:
-    return next(c for c in doc["candidates"] if c["id"] == "empty-micro-batch")["evidence"]
+    return _cause(doc, "empty-micro-batch")["evidence"]
 
 
 def test_10_a_megatron_copy_divides_by_its_loss_mask_and_has_a_layout(tmp_path, capsys):
@@ -297,7 +302,7 @@ def test_10_a_megatron_copy_divides_by_its_loss_mask_and_has_a_layout(tmp_path, 
         "unclamped (microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162)"
     )
     assert not any(line.startswith(("megatron-core ", "verl")) for line in _empty(doc))  # no megatron-core, no verl
-    library = next(c for c in doc["candidates"] if c["id"] == "library-regression")["evidence"]
+    library = _cause(doc, "library-regression")["evidence"]
     assert not any(line.startswith(("NVIDIA/Megatron-LM#", "alibaba/Pai-Megatron-Patch#")) for line in library)
     from nanscope.launch.evidence import Framework
     from nanscope.launch.notes import script_adds
@@ -313,7 +318,7 @@ def test_10_a_megatron_copy_divides_by_its_loss_mask_and_has_a_layout(tmp_path, 
 def test_10_mlx_lms_libraries_and_loss_are_its_own(tmp_path, capsys):
     log = "Iter 10: Val loss nan, Val took 1.2s\nIter 10: Train loss nan, Learning Rate 1.000e-05, It/sec 0.1\n"
     doc, _ = _doctor(tmp_path, capsys, log)
-    library = next(c for c in doc["candidates"] if c["id"] == "library-regression")
+    library = _cause(doc, "library-regression")
     assert library["evidence"][0] == "no flag decides it: the versions of MLX and mlx-lm do"
     assert _empty(doc)[0] == (
         "a batch with no target tokens: mlx-lm's fine-tuning loss is the masked sum over its token count, unclamped "
@@ -359,7 +364,7 @@ def _assertion(line: int) -> str:
 
 def test_12_a_synchronous_bucket_frame_rules_the_overlap_race_out(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, _assertion(146))
-    race = next(c for c in doc["candidates"] if c["id"] == "grad-reduce-overlap-race")
+    race = _cause(doc, "grad-reduce-overlap-race")
     assert race["status"] == "ruled-out"
     assert race["evidence"][0].startswith(
         "the frame grad_buffer.py:146 finish_grad_sync is its call of start_grad_sync under "
@@ -369,5 +374,5 @@ def test_12_a_synchronous_bucket_frame_rules_the_overlap_race_out(tmp_path, caps
 
 def test_12_another_line_of_the_bucket_file_rules_nothing_out(tmp_path, capsys):
     doc, _ = _doctor(tmp_path, capsys, _assertion(169))
-    race = next(c for c in doc["candidates"] if c["id"] == "grad-reduce-overlap-race")
+    race = _cause(doc, "grad-reduce-overlap-race")
     assert race["status"] != "ruled-out"
