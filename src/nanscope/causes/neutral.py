@@ -51,12 +51,12 @@ ALL_MASKED = (
     "over: torch's cross_entropy (reduction 'mean') is 0/0, NaN, on it, and its gradient 0 (a NaN loss beside a "
     "finite gradient norm)"
 )
+PADDING_ONLY = "a micro-batch of padding only has no tokens to divide by"
+_MASK_SUM = PADDING_ONLY + ": its loss is the masked sum over loss_mask.sum(), unclamped ({})"
 # framework -> how its loss divides by a token count that an empty batch makes 0 (frameworks.MEGATRON_COPIES, mlx-lm)
 EMPTY_BATCH = {
-    frameworks.MEGATRON_DEEPSPEED: "a micro-batch of padding only has no tokens to divide by: its loss is the masked "
-    "sum over loss_mask.sum(), unclamped (microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162)",
-    frameworks.GPT_NEOX: "a micro-batch of padding only has no tokens to divide by: its loss is the masked sum over "
-    "loss_mask.sum(), unclamped (EleutherAI/gpt-neox 557751f megatron/model/gpt2_model.py:52-69)",
+    frameworks.MEGATRON_DEEPSPEED: _MASK_SUM.format("microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162"),
+    frameworks.GPT_NEOX: _MASK_SUM.format("EleutherAI/gpt-neox 557751f megatron/model/gpt2_model.py:52-69"),
     frameworks.MLX_LM: "a batch with no target tokens: mlx-lm's fine-tuning loss is the masked sum over its token "
     "count, unclamped (ml-explore/mlx-lm 00e8dc2 mlx_lm/tuner/trainer.py:70-81; another trainer's loss is its own)",
 }

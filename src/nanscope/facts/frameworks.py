@@ -82,9 +82,8 @@ STACK_PACKAGES = {"rsl_rl": RSL_RL, "guided_diffusion": GUIDED_DIFFUSION, "impro
 # patching. Transformers: 4.57.6.`)
 PRINTED_RELEASES = {UNSLOTH: re.compile(r"==\(\(====\)\)==\s{1,4}Unsloth (?P<release>\d{4}\.\d{1,2}\.\d{1,3})\b")}
 
-# Megatron-LM copies trained by DeepSpeed's engine: no megatron-core, but Megatron-LM's TP/PP layout and its loss, a
-# masked sum over loss_mask.sum() tokens, unclamped (microsoft/Megatron-DeepSpeed 0782d75 pretrain_gpt.py:158-162;
-# EleutherAI/gpt-neox 557751f megatron/model/gpt2_model.py:52-69)
+# Megatron-LM copies trained by DeepSpeed's engine: no megatron-core, but Megatron-LM's TP/PP layout and its loss (a
+# masked sum over loss_mask.sum(): causes.neutral.EMPTY_BATCH)
 MEGATRON_COPIES = (MEGATRON_DEEPSPEED, GPT_NEOX)
 
 # The jobs that run Megatron-LM's training loop (Pai-Megatron-Patch's and ms-swift's Megatron backend call its

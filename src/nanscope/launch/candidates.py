@@ -31,7 +31,6 @@ from nanscope.facts.paths import HOOK_PATH
 from nanscope.launch import moe
 from nanscope.launch.config import Config
 from nanscope.launch.flagview import FlagView
-from nanscope.launch.line_steps import bound
 from nanscope.launch.other_stacks import token_free, without_megatron
 from nanscope.launch.reported import Context, reported
 from nanscope.launch.status import ENABLED, RULED_OUT, STATUSES, UNDECIDABLE
@@ -287,8 +286,7 @@ def with_evidence(found: list[Candidate], traceback) -> None:
         names = tuple(
             cause for key, _ in reading.values for cause in _NONFINITE_CAUSES.get(key.lower().rsplit("/", 1)[-1], ())
         )
-        opening = traceback.nonfinite.opening or reading.line == 1  # the input's first record: an earlier step too
-        at = bound(reading.step, reading.step_from, opening=opening)
+        at = traceback.nonfinite.first_bound()  # the input's first record: an earlier step too
         step = f"{at} step {reading.printed or reading.step}" if at is not None else f"at line {reading.line}"
         said.append((names, f"the metrics: {reading.metric} non-finite first {step}: {reading.points_to}"))
     for names, text in said:

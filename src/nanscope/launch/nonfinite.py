@@ -31,6 +31,7 @@ from nanscope.launch import (
 )
 from nanscope.launch.bars import bars, step_at
 from nanscope.launch.failure_models import CALL_REACH, rl_call
+from nanscope.launch.line_steps import bound
 from nanscope.launch.metric_lines import LOOKAHEAD, MetricLines
 from nanscope.launch.scales import Scales
 from nanscope.launch.signals import Hit, read_line
@@ -453,6 +454,14 @@ class Nonfinite:
             {"overflows": self.scales.count, "first": self.scales.first, "first_step": self.scales.first_step,
              "lowest": self.scales.lowest, "copies": self.scales.copies, "says": self.scales.sentence(self.loss_step())},
         }  # fmt: skip
+
+    def first_bound(self) -> str | None:
+        """How the first reading's step bounds its own (launch.line_steps.bound; None: no reading or no step): the
+        input's first record of its metric, or its first line, is at or before it."""
+        first = self.metrics.first
+        if first is None:
+            return None
+        return bound(first.step, first.step_from, opening=self.opening or first.line == 1)
 
     def loss_step(self) -> int | None:
         """The step of the first non-finite loss on a metric line (what a calibrating scaler does not explain)."""

@@ -150,8 +150,8 @@ def explain(diagnosis: Diagnosis) -> list[str]:
 
 
 def script_adds(failure, framework) -> str:
-    """What a launch script would add to a traceback alone (`framework`: launch.evidence.Framework): a megatron-core job's layout (where one may run), and
-    the flags that decide the causes."""
+    """What a launch script would add to a traceback alone (`framework`: launch.evidence.Framework): the layout of a
+    job with Megatron-LM's parallelism (megatron-core's, or a copy's), and the flags that decide the causes."""
     copy = framework.name in frameworks.MEGATRON_COPIES  # Megatron-LM's layout, without megatron-core
     if (framework.name in frameworks.WITHOUT_MEGATRON and not copy) or framework.stack is not None:  # no layout
         return "no launch script: give it to read the flags that enable or rule out each cause"

@@ -223,7 +223,7 @@ def _empty(context: Context) -> tuple[str, list[str]]:
     if context.framework in frameworks.WITHOUT_MEGATRON:  # its own loss, not megatron-core's schedules'
         said = neutral.EMPTY_BATCH.get(context.framework, neutral.ALL_MASKED)
         return UNDECIDABLE, [said, "no flag decides it: the data does"]
-    status, evidence = _by_core(context, "a micro-batch of padding only has no tokens to divide by")
+    status, evidence = _by_core(context, neutral.PADDING_ONLY)
     return (status if status == RULED_OUT else UNDECIDABLE), evidence + ["no flag decides it: the data does"]
 
 

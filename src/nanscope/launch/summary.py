@@ -160,9 +160,8 @@ def summarize(traceback) -> Summary:
     out.benign = benign(traceback, out)
     if out.step is not None:  # the metric line's own step, or an error line's
         read = reading is not None and out.step == reading.step and out.lines.get("metric") == reading.line
-        opening = read and (seen.opening or reading.line == 1)
         out.step_how = reading.step_from if read else None
-        out.step_bound = bound(out.step, out.step_how, opening=opening)
+        out.step_bound = seen.first_bound() if read else bound(out.step, None, opening=False)
     return out
 
 

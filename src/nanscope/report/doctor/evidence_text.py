@@ -11,7 +11,7 @@ from __future__ import annotations
 from nanscope.launch import native_errors
 from nanscope.launch.anomaly import DISPATCH_SOURCE, OPERATOR_SOURCE, SOURCE
 from nanscope.launch.code_lines import pointed, whose
-from nanscope.launch.line_steps import AT_OR_AFTER, AT_OR_BEFORE, bar_words, bound
+from nanscope.launch.line_steps import AT_OR_AFTER, AT_OR_BEFORE, bar_words
 from nanscope.launch.nonfinite import AFTER_IT
 from nanscope.launch.readings import COUNTERS
 from nanscope.launch.summary import Summary
@@ -279,13 +279,12 @@ def evidence_lines(traceback) -> list[str]:
         shown = ", ".join(f"{key} {value}" for key, value in reading.values[:8])
         epoch = f" (epoch {reading.said_epoch})" if reading.said_epoch is not None else ""
         step = f"step {reading.step} ({reading.step_from})" if reading.step is not None else f"no step named{epoch}"
-        said = bound(reading.step, reading.step_from, opening=seen.opening or reading.line == 1)
-        bar = bar_words(reading.step_from)
+        said, bar = seen.first_bound(), bar_words(reading.step_from)
         if said == AT_OR_BEFORE and bar is None:
             step = f"at or before {step}; the input's first record of it, so an earlier step may have been too"
         elif said in (AT_OR_BEFORE, AT_OR_AFTER):
-            drawn = "".join(f": {bar}" for bar in reading.step_from.split(", ", 1)[1:])  # the bar after, as shown
-            step = f"{said} step {reading.step} ({bar}{drawn})"
+            drawn = reading.step_from.partition(", ")[2]  # the bar after, as shown
+            step = f"{said} step {reading.step} ({bar}{f': {drawn}' if drawn else ''})"
         after = f", after step {reading.after}" if reading.after is not None else ""
         out.append(f"first non-finite metric line {reading.line}, {step}{after}: {shown}")
         if len(reading.ranks) > 1:
