@@ -430,6 +430,7 @@ def _temperature(cfg: Config) -> tuple[str, list[str]]:
 
 
 MODEL_FAULT = "a fault in the model: no flag enables or excludes it"
+FP16_OVERFLOW = "an activation past 65504 is inf"  # fp16's largest finite value: what --fp16 lets an activation reach
 DEVICE_FAULT = "a device that computed a wrong value once: no flag enables or excludes it"
 
 
@@ -441,7 +442,7 @@ def unflagged(hazard) -> str:
 def _model(cfg: Config) -> tuple[str, list[str]]:
     evidence = [MODEL_FAULT]
     if "--fp16" in cfg.given:
-        evidence.append("--fp16: an activation past 65504 is inf")
+        evidence.append(f"--fp16: {FP16_OVERFLOW}")
     return UNDECIDABLE, evidence
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from nanscope.causes import catalogue
 from nanscope.causes.neutral import neutral
 from nanscope.facts import frameworks, peer_code
-from nanscope.launch.candidates import Candidate, judged, reported_candidates, seen_in, unflagged
+from nanscope.launch.candidates import FP16_OVERFLOW, Candidate, judged, reported_candidates, seen_in, unflagged
 from nanscope.launch.evidence import Framework
 from nanscope.launch.flagview import FlagView
 from nanscope.launch.other_stacks import without_megatron
@@ -77,9 +77,7 @@ def _model_flags(hazard, view: FlagView | None) -> list[str]:
     activation = hazard.name == "activation-overflow"
     amp = activation and (view.value("--amp-opt-level") or "").upper() in ("O1", "O2", "O3")  # apex amp: fp16
     fp16 = "--fp16" if activation and view.on("--fp16") else "--amp-opt-level" if amp else None
-    halves = (
-        [f"{view.show(fp16)}: an activation past 65504 is inf in fp16; no flag says whether one was"] if fp16 else []
-    )
+    halves = [f"{view.show(fp16)}: {FP16_OVERFLOW} in fp16; no flag says whether one was"] if fp16 else []
     return (said if given else []) + halves
 
 
